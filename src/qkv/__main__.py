@@ -1,0 +1,5 @@
+"""`python -m qkv` is the `qkv` command."""
+
+from .cli import main
+
+main()

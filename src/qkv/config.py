@@ -1,0 +1,70 @@
+"""ModelConfig: one dataclass whose knobs describe every family (STYLE habit 4).
+
+A family is a set of knob values, not a subclass:
+  BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
+  GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
+  Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Norm = Literal["layer", "rms"]
+NormPlace = Literal["pre", "post"]
+Position = Literal["learned", "sinusoidal", "rope"]
+Activation = Literal["gelu", "gelu_tanh", "silu", "relu"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every knob of a transformer the engine runs, in the seeds' letters."""
+
+    family: str                       # "bert", "gpt2", "llama", "mistral", "qwen2", ...
+    vocab_size: int                   # V
+    d_model: int                      # d_model
+    n_layers: int                     # L
+    n_heads: int                      # H
+    d_ff: int                         # inner width of the FFN (often 4·d_model)
+    max_positions: int                # the longest input the model was trained for
+    n_kv_heads: int | None = None     # GQA/MQA: K/V heads shared by H / n_kv_heads query heads
+    d_head: int | None = None         # d_k; defaults to d_model / H
+    causal: bool = True               # decoder (causal mask) or encoder (bidirectional)
+    norm: Norm = "layer"
+    norm_place: NormPlace = "pre"
+    norm_eps: float = 1e-5
+    position: Position = "learned"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, compare=False)
+    activation: Activation = "gelu"
+    gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
+    qkv_bias: bool = True
+    out_bias: bool = True             # bias of W_O
+    ffn_bias: bool = True
+    tied_embeddings: bool = False     # W_vocab = embedding tableᵀ
+    type_vocab_size: int = 0          # BERT token types (segment A/B); 0 = none
+    embed_norm: bool = False          # BERT: LayerNorm right after the embeddings
+    final_norm: bool = True           # pre-norm models normalise once more before W_vocab
+    lm_head: bool = True              # produce logits (decoders); encoders give hidden states
+    sliding_window: int | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.d_head is None:
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @property
+    def group_size(self) -> int:
+        """How many query heads share one K/V head (1 = plain multi-head, H = MQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def with_(self, **changes) -> "ModelConfig":
+        """A copy with some knobs changed."""
+        return replace(self, **changes)

@@ -1,0 +1,272 @@
+"""The transformer, top to bottom as the seeds draw it (seeds §1–6).
+
+    text ─tokenizer─▶ ids ─embed (+ positions)─▶ X (n × d_model)
+      └─▶ L × block:  X + Attention(Norm(X)), X + FFN(Norm(X))   (pre-norm: GPT-2, Llama)
+                      Norm(X + Attention(X)), Norm(X + FFN(X))   (post-norm: BERT)
+      └─▶ final norm ─▶ logits = Z·W_vocab
+
+Each box is one function below; `Model` ties them to a config, weights and tokenizer.
+Everything works on a batch: B rows of n tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .attention import causal_mask, mask_bias, merge_heads, padding_mask, scaled_dot_product_attention, \
+    sliding_window_mask, split_heads
+from .config import ModelConfig
+from .errors import QkvError
+from .ops import ACTIVATIONS, layer_norm, rms_norm
+from .positions import apply_rope, positions_from_mask, rope_cos_sin, rope_inv_freq
+from .tokenizer import Tokenizer
+from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
+from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+
+
+# ── the boxes ────────────────────────────────────────────────────────────────────
+
+def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """x·W + b over the last axis, as one GEMM over all B·n rows."""
+    y = x.reshape(-1, x.shape[-1]) @ W                  # (B·n, out)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], W.shape[1])          # (B, n, out)
+
+
+def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
+    """LayerNorm or RMSNorm, as the config says."""
+    if cfg.norm == "rms":
+        return rms_norm(x, w.weight, cfg.norm_eps)
+    return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
+
+
+def embed(w: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
+          token_type_ids: np.ndarray | None = None) -> np.ndarray:
+    """X = E[ids] (+ P[positions]) (+ T[types]), then BERT's LayerNorm (seeds §1)."""
+    x = w.tok_embed[ids]                                 # (B, n, d_model)
+    if w.pos_embed is not None:
+        x += w.pos_embed[positions]                      # learned or sinusoidal table
+    if w.type_embed is not None:
+        types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
+        x += w.type_embed[types]
+    if w.embed_norm is not None:
+        x = norm(x, w.embed_norm, cfg)
+    return x
+
+
+def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: np.ndarray | None,
+                   rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int) -> np.ndarray:
+    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5)."""
+    q = split_heads(linear(x, w.W_Q, w.b_Q), cfg.n_heads)     # (B, H, n, d_k)
+    k = split_heads(linear(x, w.W_K, w.b_K), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
+    v = split_heads(linear(x, w.W_V, w.b_V), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
+    z, a, s = scaled_dot_product_attention(q, k, v, bias, keep_scores=rec.wants(layer, "scores"))
+    for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
+        rec.put(layer, name, value)
+    return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model)
+
+
+def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
+    act = ACTIVATIONS[cfg.activation]
+    h = linear(x, w.W_in, w.b_in)                            # (B, n, d_ff)
+    if w.W_gate is not None:
+        h *= act(linear(x, w.W_gate))
+    else:
+        h = act(h)
+    return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
+
+
+def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
+          rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int) -> np.ndarray:
+    """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
+    rec.put(layer, "residual", x)
+    if cfg.norm_place == "post":                             # BERT
+        a = self_attention(x, w.attn, cfg, bias, rope, rec, layer)
+        x = norm(x + a, w.attn_norm, cfg)
+        f = feed_forward(x, w.ffn, cfg)
+        x = norm(x + f, w.ffn_norm, cfg)
+    else:                                                    # GPT-2, Llama
+        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope, rec, layer)
+        x = x + a
+        f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        x = x + f
+    rec.put(layer, "attn_out", a)
+    rec.put(layer, "ffn_out", f)
+    return x                                                 # (B, n, d_model)
+
+
+def attention_bias(cfg: ModelConfig, attention_mask: np.ndarray, dtype) -> np.ndarray | None:
+    """The additive mask M (B, 1, n, n): causal (seeds §5), sliding window, padding keys."""
+    B, n = attention_mask.shape
+    allowed = np.ones((1, 1, n, n), dtype=bool)
+    if cfg.causal:
+        window = cfg.sliding_window
+        allowed = (sliding_window_mask(n, window) if window and window < n else causal_mask(n))[None, None]
+    if not attention_mask.all():
+        allowed = allowed & padding_mask(attention_mask)     # (B, 1, n, n)
+    elif not cfg.causal:
+        return None                                          # nothing masked: skip the add
+    return mask_bias(allowed, dtype)
+
+
+def logits_of(hidden: np.ndarray, w: Weights) -> np.ndarray | None:
+    """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6)."""
+    if w.W_vocab is None:
+        return None
+    return linear(hidden, w.W_vocab, w.b_vocab)              # (B, n, V)
+
+
+@dataclass
+class Output:
+    """What `Model.forward` returns."""
+
+    hidden: np.ndarray                  # (B, n, d_model) after the final norm where there is one
+    logits: np.ndarray | None           # (B, n, V), None for encoders
+    attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
+
+
+def transformer(w: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray,
+                token_type_ids: np.ndarray | None, rec: Recorder) -> tuple[np.ndarray, np.ndarray | None]:
+    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None)."""
+    dtype = w.tok_embed.dtype
+    # Decoders count positions over real tokens (left padding does not shift them);
+    # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
+    positions = positions_from_mask(attention_mask) if cfg.causal else np.broadcast_to(
+        np.arange(ids.shape[1]), ids.shape)
+    x = embed(w, cfg, ids, positions, token_type_ids)        # (B, n, d_model)
+    rope = None
+    if cfg.position == "rope":
+        inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
+        rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
+    bias = attention_bias(cfg, attention_mask, dtype)
+    for layer, bw in enumerate(w.blocks):
+        x = block(x, bw, cfg, bias, rope, rec, layer)
+    if w.final_norm is not None:
+        x = norm(x, w.final_norm, cfg)
+    return x, logits_of(x, w)
+
+
+# ── the model a user holds ───────────────────────────────────────────────────────
+
+class Model:
+    """A loaded checkpoint: config, weights under the seeds' names, and its tokenizer."""
+
+    def __init__(self, config: ModelConfig, weights: Weights, tokenizer: Tokenizer | None = None,
+                 name: str = "model"):
+        self.config = config
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.name = name
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({self.name!r}: {c.family}, L={c.n_layers}, H={c.n_heads}, Hkv={c.n_kv_heads}, "
+                f"d_model={c.d_model}, V={c.vocab_size}, {'decoder' if c.causal else 'encoder'})")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.weights.tok_embed.dtype
+
+    def astype(self, dtype) -> "Model":
+        """The same model computing in another float type (float64 for checks)."""
+        return Model(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+
+    # inputs ------------------------------------------------------------------
+
+    def check_ids(self, input_ids, attention_mask=None) -> tuple[np.ndarray, np.ndarray]:
+        """Validate token ids (B, n) or (n,) and the mask; one clear error for each problem."""
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise QkvError(f"input_ids must be integers of shape (B, n) or (n,), got {ids.dtype} {ids.shape}")
+        if ids.shape[1] == 0:
+            raise QkvError("the input is empty; give at least one token")
+        V = self.config.vocab_size
+        if ids.min() < 0 or ids.max() >= V:
+            raise QkvError(f"token id {int(ids.max() if ids.max() >= V else ids.min())} is outside the "
+                           f"vocabulary [0, {V}); use ids from this model's tokenizer")
+        self.check_length(ids.shape[1])
+        if attention_mask is None:
+            mask = np.ones(ids.shape, dtype=np.int64)
+        else:
+            mask = np.asarray(attention_mask)
+            if mask.ndim == 1:
+                mask = mask[None]
+            if mask.shape != ids.shape:
+                raise QkvError(f"attention_mask has shape {mask.shape} but input_ids {ids.shape}; give one 0/1 per token")
+        return ids.astype(np.int64, copy=False), mask.astype(np.int64, copy=False)
+
+    def check_length(self, n: int) -> None:
+        limit = self.config.max_positions
+        if n > limit:
+            raise QkvError(f"the input has {n} tokens but {self.name} handles at most {limit}; shorten the text")
+
+    def encode(self, text: str) -> tuple[np.ndarray, list[str]]:
+        """Text → (ids (n,), tokens) with this model's tokenizer, special tokens included."""
+        if not isinstance(text, str) or not text.strip():
+            raise QkvError("the text is empty; give some words to look at")
+        if self.tokenizer is None:
+            raise QkvError(f"{self.name} has no tokenizer.json, so text cannot be encoded; "
+                           "add the checkpoint's tokenizer.json or pass token ids")
+        ids, tokens = self.tokenizer.encode(text)
+        if len(ids) == 0:
+            raise QkvError("the text gives no tokens; give some words to look at")
+        self.check_length(len(ids))
+        return ids, tokens
+
+    # the passes --------------------------------------------------------------
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, attentions: bool = True) -> Output:
+        """ids (B, n) → Output(hidden (B, n, d), logits (B, n, V) | None, attentions (L, B, H, n, n)).
+
+        Padding (attention_mask 0) is never attended to; rows of padding positions are
+        computed but meaningless.
+        """
+        ids, mask = self.check_ids(input_ids, attention_mask)
+        types = None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64).reshape(ids.shape)
+        rec = Recorder(keep=("attentions",) if attentions else ())
+        hidden, logits = transformer(self.weights, self.config, ids, mask, types, rec)
+        att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
+        return Output(hidden=hidden, logits=logits, attentions=att)
+
+    def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
+            keep: Iterable[str] = tuple(INTERMEDIATES)) -> Trace:
+        """One text (or a list of token ids) through the model, keeping what you ask for.
+
+        layers: which layers to keep (default all; negative counts from the end);
+        keep: which intermediates, from `qkv.trace.INTERMEDIATES`.
+        """
+        if isinstance(text, str):
+            ids, tokens = self.encode(text)
+        else:
+            ids, _ = self.check_ids(text)
+            ids = ids[0]
+            tokens = [self.tokenizer.id_to_token(i) if self.tokenizer else str(int(i)) for i in ids]
+        L = self.config.n_layers
+        kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
+        rec = Recorder(layers=kept, keep=keep)
+        hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
+                                     None, rec)
+        return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
+                     layers=layer_traces(rec.store), text=text if isinstance(text, str) else None)
+
+    def check_layer(self, layer: int) -> int:
+        """A layer index (negative from the end) → 0..L-1, or a clear error."""
+        L = self.config.n_layers
+        if not -L <= layer < L:
+            raise QkvError(f"layer {layer} does not exist: {self.name} has layers 0..{L - 1}")
+        return layer % L
+
+    def check_head(self, head: int) -> int:
+        H = self.config.n_heads
+        if not -H <= head < H:
+            raise QkvError(f"head {head} does not exist: {self.name} has heads 0..{H - 1}")
+        return head % H

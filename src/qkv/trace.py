@@ -1,0 +1,105 @@
+"""What one forward pass saw: every intermediate by name, as plain arrays (STYLE habit 5).
+
+The caller picks which layers and which intermediates to keep (a `Recorder`), so
+memory stays bounded on long inputs: attention weights alone are L·H·n² numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from .errors import QkvError
+
+# Names a forward pass can record, per layer, with their batched shapes:
+INTERMEDIATES = {
+    "residual": "(B, n, d_model)  the residual stream entering the block",
+    "q": "(B, H, n, d_k)  queries, after RoPE where the model uses it",
+    "k": "(B, Hkv, n, d_k)  keys, after RoPE",
+    "v": "(B, Hkv, n, d_k)  values",
+    "scores": "(B, H, n, n)  S = Q·Kᵀ/√d_k with the mask applied (-inf), before softmax",
+    "attentions": "(B, H, n, n)  A = softmax(S), rows sum to 1",
+    "heads": "(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O",
+    "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
+    "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
+}
+
+
+class Recorder:
+    """Collects the intermediates a caller asked for during one forward pass."""
+
+    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(INTERMEDIATES)):
+        self.layers = None if layers is None else set(layers)
+        self.keep = set(keep)
+        unknown = self.keep - set(INTERMEDIATES)
+        if unknown:
+            raise QkvError(f"unknown intermediate(s) {sorted(unknown)}; choose from {list(INTERMEDIATES)}")
+        self.store: dict[int, dict[str, np.ndarray]] = {}
+
+    def wants(self, layer: int, name: str) -> bool:
+        return name in self.keep and (self.layers is None or layer in self.layers)
+
+    def put(self, layer: int, name: str, value: np.ndarray) -> None:
+        if self.wants(layer, name):
+            self.store.setdefault(layer, {})[name] = value
+
+
+@dataclass
+class LayerTrace:
+    """One layer's intermediates for one text (batch axis removed); None = not kept."""
+
+    layer: int
+    residual: np.ndarray | None = None      # (n, d_model)
+    q: np.ndarray | None = None             # (H, n, d_k)
+    k: np.ndarray | None = None             # (Hkv, n, d_k)
+    v: np.ndarray | None = None             # (Hkv, n, d_k)
+    scores: np.ndarray | None = None        # (H, n, n) before softmax, masked = -inf
+    attentions: np.ndarray | None = None    # (H, n, n)
+    heads: np.ndarray | None = None         # (H, n, d_k)
+    attn_out: np.ndarray | None = None      # (n, d_model)
+    ffn_out: np.ndarray | None = None       # (n, d_model)
+
+
+@dataclass
+class Trace:
+    """One text through the model: tokens, final states, and the kept layers.
+
+    `attentions` stacks the weights of the kept layers, in the order of `layer_ids`
+    (every layer by default): (L, H, n, n).
+    """
+
+    tokens: list[str]
+    ids: np.ndarray                          # (n,)
+    hidden: np.ndarray                       # (n, d_model) final hidden states
+    logits: np.ndarray | None                # (n, V) or None for encoders
+    layers: dict[int, LayerTrace] = field(default_factory=dict)
+    text: str | None = None
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return sorted(self.layers)
+
+    @property
+    def attentions(self) -> np.ndarray | None:
+        """(L, H, n, n) attention weights of the kept layers, or None if not kept."""
+        if not self.layers or any(t.attentions is None for t in self.layers.values()):
+            return None
+        return np.stack([self.layers[i].attentions for i in self.layer_ids])
+
+    def layer(self, i: int) -> LayerTrace:
+        """The trace of model layer i (negative counts from the end of the kept layers)."""
+        if i < 0:
+            i = self.layer_ids[i]
+        if i not in self.layers:
+            raise QkvError(f"layer {i} was not kept in this trace; kept: {self.layer_ids}")
+        return self.layers[i]
+
+
+def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[int, LayerTrace]:
+    """Per-layer traces of batch row `row` from a recorder's store."""
+    return {
+        layer: LayerTrace(layer=layer, **{name: arr[row] for name, arr in named.items()})
+        for layer, named in sorted(store.items())
+    }

@@ -1,0 +1,139 @@
+"""The parameters of a model, under the seeds' names (STYLE habit 3).
+
+Every matrix is stored the way the math multiplies it, `x · W`: W_Q is (d_model, H·d_k).
+A loader may hand in transposed views of a checkpoint's (out, in) matrices; NumPy's
+matmul passes those to BLAS without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .config import ModelConfig
+from .positions import sinusoidal_table
+
+
+@dataclass
+class NormWeights:
+    """γ and (for LayerNorm) β, each (d_model,)."""
+
+    weight: np.ndarray
+    bias: np.ndarray | None = None
+
+
+@dataclass
+class AttentionWeights:
+    """Q = X·W_Q, K = X·W_K, V = X·W_V (seeds §2); output Concat(heads)·W_O (§4)."""
+
+    W_Q: np.ndarray                  # (d_model, H·d_k)
+    W_K: np.ndarray                  # (d_model, Hkv·d_k)
+    W_V: np.ndarray                  # (d_model, Hkv·d_k)
+    W_O: np.ndarray                  # (H·d_k, d_model)
+    b_Q: np.ndarray | None = None    # (H·d_k,)
+    b_K: np.ndarray | None = None    # (Hkv·d_k,)
+    b_V: np.ndarray | None = None    # (Hkv·d_k,)
+    b_O: np.ndarray | None = None    # (d_model,)
+
+
+@dataclass
+class FFNWeights:
+    """FFN(x) = act(x·W_in + b_in)·W_out + b_out; gated: (act(x·W_gate) ⊙ x·W_in)·W_out."""
+
+    W_in: np.ndarray                 # (d_model, d_ff)
+    W_out: np.ndarray                # (d_ff, d_model)
+    b_in: np.ndarray | None = None   # (d_ff,)
+    b_out: np.ndarray | None = None  # (d_model,)
+    W_gate: np.ndarray | None = None  # (d_model, d_ff), SwiGLU only
+
+
+@dataclass
+class BlockWeights:
+    """One transformer block: attention and FFN, each with its norm (before or after)."""
+
+    attn_norm: NormWeights
+    attn: AttentionWeights
+    ffn_norm: NormWeights
+    ffn: FFNWeights
+
+
+@dataclass
+class Weights:
+    """Everything a forward pass reads: embeddings, L blocks, final norm, W_vocab."""
+
+    tok_embed: np.ndarray                      # (V, d_model) the embedding table
+    blocks: list[BlockWeights]
+    pos_embed: np.ndarray | None = None        # (P, d_model) learned or sinusoidal positions
+    type_embed: np.ndarray | None = None       # (T, d_model) BERT token types
+    embed_norm: NormWeights | None = None      # BERT: LayerNorm after the embeddings
+    final_norm: NormWeights | None = None      # pre-norm models: before W_vocab
+    W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ
+    b_vocab: np.ndarray | None = None          # (V,)
+
+    def astype(self, dtype) -> "Weights":
+        """A copy with every array in `dtype` (float64 for checks)."""
+        return _map_arrays(self, lambda a: a.astype(dtype))
+
+    def nbytes(self) -> int:
+        """Bytes of all parameters (a tied W_vocab counted once)."""
+        total = 0
+
+        def add(a: np.ndarray) -> np.ndarray:
+            nonlocal total
+            total += a.nbytes
+            return a
+
+        _map_arrays(self, add)
+        if self.W_vocab is not None and np.shares_memory(self.W_vocab, self.tok_embed):
+            total -= self.W_vocab.nbytes
+        return total
+
+
+def _map_arrays(obj, fn):
+    """Apply fn to every array inside the nested weight dataclasses; returns the new tree."""
+    if isinstance(obj, np.ndarray):
+        return fn(obj)
+    if isinstance(obj, list):
+        return [_map_arrays(x, fn) for x in obj]
+    if obj is None:
+        return None
+    return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn) for f in fields(obj)})
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, dtype=np.float32, scale: float = 0.02) -> Weights:
+    """Random parameters for `cfg` (benchmarks and tests): N(0, scale²), norms near 1."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    def norm():
+        return NormWeights(1 + w(cfg.d_model), w(cfg.d_model) if cfg.norm == "layer" else None)
+
+    d, f, dk = cfg.d_model, cfg.d_ff, cfg.d_head
+    hq, hkv = cfg.n_heads * dk, cfg.n_kv_heads * dk
+    bias = (lambda *s: w(*s)) if cfg.qkv_bias else (lambda *s: None)
+    blocks = [
+        BlockWeights(
+            attn_norm=norm(),
+            attn=AttentionWeights(w(d, hq), w(d, hkv), w(d, hkv), w(hq, d), bias(hq), bias(hkv), bias(hkv),
+                                  w(d) if cfg.out_bias else None),
+            ffn_norm=norm(),
+            ffn=FFNWeights(w(d, f), w(f, d), w(f) if cfg.ffn_bias else None, w(d) if cfg.ffn_bias else None,
+                           w(d, f) if cfg.gated_ffn else None),
+        )
+        for _ in range(cfg.n_layers)
+    ]
+    tok = w(cfg.vocab_size, d)
+    return Weights(
+        tok_embed=tok,
+        blocks=blocks,
+        pos_embed={"learned": lambda: w(cfg.max_positions, d),
+                   "sinusoidal": lambda: sinusoidal_table(cfg.max_positions, d).astype(dtype),
+                   "rope": lambda: None}[cfg.position](),
+        type_embed=w(cfg.type_vocab_size, d) if cfg.type_vocab_size else None,
+        embed_norm=norm() if cfg.embed_norm else None,
+        final_norm=norm() if cfg.final_norm else None,
+        W_vocab=(tok.T if cfg.tied_embeddings else w(d, cfg.vocab_size)) if cfg.lm_head else None,
+    )
