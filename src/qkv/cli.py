@@ -1,0 +1,128 @@
+"""`qkv ...`: the command line. User mistakes print one line and exit with code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .errors import QkvError
+
+MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
+
+
+def _console() -> Console:
+    # Off a terminal rich assumes 80 columns; a table of 12 heads needs more.
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def _shade(weight: float) -> str:
+    """A colour for an attention weight: brighter = more attention."""
+    level = int(round(min(max(weight, 0.0), 1.0) * 5))
+    return ["grey35", "grey50", "cyan", "bright_cyan", "bold bright_cyan", "bold bright_white"][level]
+
+
+def _label(token: str, width: int = 10) -> str:
+    return token if len(token) <= width else token[: width - 1] + "…"
+
+
+def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int]) -> Table:
+    """For each token (row) and head (column): the token it attends to most, and how much."""
+    table = Table(title=f"layer {layer}: where each token looks most (argmax of its attention row)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("#", justify="right", style="grey50")
+    table.add_column("token", style="bold")
+    for h in heads:
+        table.add_column(f"h{h}", no_wrap=True)
+    for i, tok in enumerate(tokens):
+        row = [Text(str(i)), Text(_label(tok))]
+        for h in heads:
+            j = int(np.argmax(attn[h, i]))
+            w = float(attn[h, i, j])
+            row.append(Text(f"{_label(tokens[j], 7)} {w:.2f}".replace("0.", ".", 1), style=_shade(w)))
+        table.add_row(*row)
+    return table
+
+
+def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limit: int = 32) -> Table:
+    """One head's full attention matrix A (rows: queries, columns: keys), as numbers."""
+    n = min(len(tokens), limit)
+    table = Table(title=f"layer {layer}, head {head}: attention weights A (row = query, column = key)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("query", style="bold")
+    for j in range(n):
+        table.add_column(Text(_label(tokens[j], 6)), justify="right", no_wrap=True)
+    for i in range(n):
+        cells = [Text(f"{attn[head, i, j]:.2f}", style=_shade(float(attn[head, i, j]))) for j in range(n)]
+        table.add_row(Text(_label(tokens[i])), *cells)
+    return table
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="qkv")
+def cli() -> None:
+    """qkv: see inside transformer language models."""
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@click.option("--layer", type=int, default=0, show_default=True, help="Layer to show (negative counts from the end).")
+@click.option("--head", type=int, default=None, help="Show this head's whole attention matrix instead.")
+def show(text: str, source: str, layer: int, head: int | None) -> None:
+    """Print the tokens of TEXT and where each head of a layer looks."""
+    from .checkpoints import load
+
+    model = load(source)
+    layer = model.check_layer(layer)
+    if head is not None:
+        head = model.check_head(head)
+    trace = model.run(text, layers=[layer], keep=("attentions",))
+    attn = trace.layer(layer).attentions                              # (H, n, n)
+    console = _console()
+    console.print(Text(f"{model.name}: {len(trace.tokens)} tokens, {model.config.n_layers} layers × "
+                       f"{model.config.n_heads} heads"))
+    console.print(Text("tokens: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(trace.tokens))))
+    if head is not None:
+        console.print(head_matrix(trace.tokens, attn, layer, head))
+        if len(trace.tokens) > 32:
+            console.print(Text(f"(first 32 of {len(trace.tokens)} tokens shown)"))
+        return
+    H = model.config.n_heads
+    per_table = max(1, (console.width - 16) // 12)
+    for start in range(0, H, per_table):
+        console.print(heads_table(trace.tokens, attn, layer, list(range(start, min(H, start + per_table)))))
+
+
+@cli.command()
+def models() -> None:
+    """List the models that can be loaded on this machine."""
+    from .checkpoints import available
+
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("source", style="bold")
+    table.add_column("what")
+    for source, what in available():
+        table.add_row(Text(source), Text(what))
+    _console().print(table)
+    _console().print(Text("Any local directory with config.json + model.safetensors (bert, gpt2, llama, mistral, "
+                          "qwen2) works too: --model PATH"))
+
+
+def main() -> None:
+    """Entry point: a QkvError becomes one line on stderr and exit code 2."""
+    try:
+        cli.main(standalone_mode=False)
+    except QkvError as e:
+        click.echo(f"qkv: error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("qkv: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

@@ -1,0 +1,34 @@
+"""Shared test helpers: where the fixtures are, and how to compare with the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODELS = FIXTURES / "models"
+FAMILY_FIXTURES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
+DECODER_FIXTURES = [n for n in FAMILY_FIXTURES if not n.startswith("bert")]
+
+# Tolerances against transformers (float32), as the project promises.
+TOL_HIDDEN = 1e-4       # hidden states and logits, max abs
+TOL_ATTENTION = 1e-5    # attention weights, max abs
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(MODELS / name / "reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    import qkv
+
+    return qkv.load("minilm")

@@ -1,0 +1,97 @@
+"""attention: masks, heads, and softmax(QKᵀ/√d_k)·V against a loop over heads in float64."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qkv import attention as A
+
+
+def naive_attention(q, k, v, allowed=None):
+    """The seeds' four steps, one head and one row at a time, in float64."""
+    B, H, n, dk = q.shape
+    Hkv, m = k.shape[1], k.shape[2]
+    z = np.zeros((B, H, n, dk))
+    w = np.zeros((B, H, n, m))
+    for b in range(B):
+        for h in range(H):
+            kv = h // (H // Hkv)                                   # GQA: shared K/V head
+            for i in range(n):
+                s = np.array([q[b, h, i] @ k[b, kv, j] / math.sqrt(dk) for j in range(m)])
+                ok = np.ones(m, bool) if allowed is None else np.broadcast_to(allowed, (B, H, n, m))[b, h, i]
+                if not ok.any():
+                    continue
+                e = np.where(ok, np.exp(s - s[ok].max()), 0.0)
+                w[b, h, i] = e / e.sum()
+                z[b, h, i] = w[b, h, i] @ v[b, kv]
+    return z, w
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_equals_the_loop(H, Hkv, causal):
+    rng = np.random.default_rng(H * 10 + Hkv)
+    B, n, dk = 2, 7, 8
+    q = rng.standard_normal((B, H, n, dk)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, n, dk)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, n, dk)).astype(np.float32)
+    allowed = A.causal_mask(n)[None, None] if causal else None
+    bias = None if allowed is None else A.mask_bias(allowed)
+    z, w, s = A.scaled_dot_product_attention(q, k, v, bias, keep_scores=True)
+    zr, wr = naive_attention(q, k, v, allowed)
+    assert z.dtype == w.dtype == np.float32
+    np.testing.assert_allclose(w, wr, atol=1e-6)
+    np.testing.assert_allclose(z, zr, atol=1e-5)
+    raw = np.einsum("bhnd,bhmd->bhnm", q.astype(np.float64), np.repeat(k, H // Hkv, axis=1)) / math.sqrt(dk)
+    if causal:
+        raw = np.where(allowed, raw, -np.inf)
+    np.testing.assert_allclose(s, raw, atol=1e-5)                  # S kept before softmax, masked = -inf
+    if causal:
+        assert (w[..., np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0).all()
+
+
+def test_gqa_equals_plain_attention_with_repeated_kv():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 8, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    z, w, _ = A.scaled_dot_product_attention(q, k, v)
+    z2, w2, _ = A.scaled_dot_product_attention(q, np.repeat(k, 4, axis=1), np.repeat(v, 4, axis=1))
+    np.testing.assert_allclose(z, z2, atol=1e-6)
+    np.testing.assert_allclose(w, w2, atol=1e-7)
+
+
+def test_seeds_three_token_example():
+    """Z_1 = 0.7·v1 + 0.2·v2 + 0.1·v3 (seeds §3): attend() mixes values by the weights."""
+    a = np.array([[[[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.2, 0.3, 0.5]]]], dtype=np.float32)
+    v = np.eye(3, dtype=np.float32)[None, None]
+    np.testing.assert_allclose(A.attend(a, v)[0, 0], a[0, 0])
+
+
+def test_masks():
+    assert A.causal_mask(3).tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    # two new queries after three cached keys: they sit at positions 3 and 4
+    assert A.causal_mask(2, 5).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert A.sliding_window_mask(4, 2).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert A.padding_mask(np.array([[1, 1, 0]])).shape == (1, 1, 1, 3)
+
+
+def test_fully_masked_rows_give_zero_weights_and_outputs():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((3, 1, 2, 3, 4)).astype(np.float32)
+    allowed = np.array([[True, False, False], [False, False, False], [True, True, True]])[None, None]
+    z, w, _ = A.scaled_dot_product_attention(q, k, v, A.mask_bias(allowed))
+    assert np.isfinite(w).all() and np.isfinite(z).all()
+    assert (w[:, :, 1] == 0).all() and (z[:, :, 1] == 0).all()
+    np.testing.assert_allclose(w[:, :, 0, 0], 1.0)
+
+
+def test_split_and_merge_heads_are_inverse():
+    x = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
+    h = A.split_heads(x, 4)
+    assert h.shape == (2, 4, 3, 3)
+    assert (h[1, 2, 0] == x[1, 0, 6:9]).all()                     # head 2 = columns 6..8
+    assert (A.merge_heads(h) == x).all()

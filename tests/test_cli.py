@@ -1,0 +1,65 @@
+"""The command line: what a user sees, and one line + exit code 2 for each mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from qkv.cli import cli
+from conftest import MODELS
+
+
+def qkv_cmd(*args: str) -> subprocess.CompletedProcess:
+    """`python -m qkv ARGS`, as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_show_default_model_finds_the_previous_token_head():
+    r = CliRunner().invoke(cli, ["show", "The cat sat on the mat"])
+    assert r.exit_code == 0, r.output
+    assert "0:[CLS] 1:the 2:cat 3:sat 4:on 5:the 6:mat 7:[SEP]" in r.output
+    rows = {line.split("│")[1].strip(): line for line in r.output.splitlines() if line.count("│") > 5}
+    cells = [rows[tok].split("│")[4].split()[0] for tok in ("cat", "sat", "on", "mat")]   # head 2's column
+    assert cells == ["the", "cat", "sat", "the"]                                      # each token's previous one
+
+
+def test_show_one_head_prints_its_matrix():
+    r = CliRunner().invoke(cli, ["show", "The cat sat on the mat", "--layer", "0", "--head", "2"])
+    assert r.exit_code == 0, r.output
+    sat = next(line for line in r.output.splitlines() if line.startswith("sat"))
+    assert sat.split("│")[3].strip() == "1.00"                                          # sat → cat
+
+
+def test_show_a_decoder_directory():
+    r = CliRunner().invoke(cli, ["show", "the cat sat", "--model", str(MODELS / "gpt2"), "--layer", "-1"])
+    assert r.exit_code == 0, r.output
+    assert "layer 1" in r.output
+
+
+def test_models_lists_the_default():
+    r = CliRunner().invoke(cli, ["models"])
+    assert r.exit_code == 0 and "minilm" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["show", ""], "the text is empty"),
+    (["show", "hi", "--model", "no-such-model"], "no model 'no-such-model'"),
+    (["show", "hi", "--layer", "6"], "layer 6 does not exist"),
+    (["show", "hi", "--head", "12"], "head 12 does not exist"),
+    (["show", "word " * 600], "at most 512"),
+    (["show", "hi", "--model", str(MODELS / "llama_mqa")], "no tokenizer.json"),
+])
+def test_mistakes_give_one_line_and_exit_2(args, message):
+    r = qkv_cmd(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_help_everywhere():
+    for args in (["--help"], ["show", "--help"], ["models", "--help"]):
+        assert CliRunner().invoke(cli, args).exit_code == 0

@@ -1,0 +1,89 @@
+"""Every family against transformers: tiny random checkpoints and their reference outputs.
+
+The fixtures (tests/fixtures/models/*) were made by tests/fixtures/make_fixtures.py with
+transformers; every parameter is perturbed away from its init, so a loader that dropped
+or swapped a bias or norm would fail here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qkv
+from conftest import DECODER_FIXTURES, FAMILY_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
+
+
+@pytest.mark.parametrize("name", FAMILY_FIXTURES)
+def test_padded_batch_equals_reference(name):
+    ref = reference(name)
+    model = qkv.load(MODELS / name)
+    out = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
+    valid = ref["attention_mask"].astype(bool)                      # (B, n): compare real tokens only
+    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
+    L, B, H, n, _ = ref["attentions"].shape
+    assert out.attentions.shape == (L, B, H, n, n)
+    for b in range(B):
+        rows = valid[b]
+        assert max_abs(out.attentions[:, b][:, :, rows], ref["attentions"][:, b][:, :, rows]) <= TOL_ATTENTION
+    if "logits" in ref:
+        assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
+    else:
+        assert out.logits is None                                  # encoders give hidden states
+
+
+@pytest.mark.parametrize("name", FAMILY_FIXTURES)
+def test_every_layer_equals_reference(name):
+    """The residual stream entering each block equals transformers' hidden_states[i].
+
+    Row 1 of the batch is right-padded and has token type 0: its real tokens, run
+    alone, must give the reference's numbers at those positions.
+    """
+    ref = reference(name)
+    model = qkv.load(MODELS / name)
+    n = int(ref["attention_mask"][1].sum())
+    assert not ref.get("token_type_ids", np.zeros((2, 1)))[1].any()
+    trace = model.run(ref["input_ids"][1, :n], keep=("residual",))
+    for i in range(model.config.n_layers):
+        assert max_abs(trace.layer(i).residual, ref["hidden_states"][i, 1, :n]) <= TOL_HIDDEN
+    assert max_abs(trace.hidden, ref["hidden"][1, :n]) <= TOL_HIDDEN
+
+
+@pytest.mark.parametrize("name", DECODER_FIXTURES)
+def test_single_sequence_logits(name):
+    ref = reference(name)
+    out = qkv.load(MODELS / name).forward(ref["single_input_ids"])
+    assert max_abs(out.logits, ref["single_logits"]) <= TOL_HIDDEN
+    assert max_abs(out.attentions, ref["single_attentions"]) <= TOL_ATTENTION
+
+
+@pytest.mark.parametrize("name", FAMILY_FIXTURES)
+def test_float64_agrees_with_float32(name):
+    ref = reference(name)
+    m32 = qkv.load(MODELS / name)
+    m64 = qkv.load(MODELS / name, dtype=np.float64)
+    o32 = m32.forward(ref["input_ids"], ref["attention_mask"])
+    o64 = m64.forward(ref["input_ids"], ref["attention_mask"])
+    assert o32.hidden.dtype == np.float32 and o64.hidden.dtype == np.float64
+    valid = ref["attention_mask"].astype(bool)
+    assert max_abs(o32.hidden[valid], o64.hidden[valid]) <= TOL_HIDDEN
+
+
+@pytest.mark.parametrize("name", DECODER_FIXTURES)
+def test_left_padding_equals_unpadded(name):
+    """Positions count real tokens, so a left-padded row equals the row alone."""
+    model = qkv.load(MODELS / name)
+    ids = reference(name)["single_input_ids"][0, :9]
+    alone = model.forward(ids[None]).logits[0]
+    padded = np.concatenate([[0, 0, 0], ids])[None]
+    mask = np.array([[0, 0, 0] + [1] * len(ids)])
+    out = model.forward(padded, mask).logits[0, 3:]
+    assert max_abs(out, alone) <= TOL_HIDDEN
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILY_FIXTURES if "text" in reference(n)])
+def test_tokenizer_matches_reference(name):
+    ref = reference(name)
+    ids, tokens = qkv.load(MODELS / name).encode(str(ref["text"]))
+    assert ids.tolist() == ref["text_ids"].tolist()
+    assert len(tokens) == len(ids)

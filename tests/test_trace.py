@@ -1,0 +1,64 @@
+"""trace: what Model.run keeps, and that the kept intermediates fit together as the math says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv.attention import merge_heads
+from qkv.ops import softmax
+from conftest import MODELS
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return qkv.load(MODELS / "gpt2")
+
+
+def test_keeps_only_what_was_asked(minilm):
+    t = minilm.run("The cat sat on the mat", layers=[1, -1], keep=("attentions", "q"))
+    assert t.layer_ids == [1, 5]
+    assert t.attentions.shape == (2, 12, 8, 8)
+    assert t.layer(1).q.shape == (12, 8, 32) and t.layer(1).k is None and t.layer(5).scores is None
+    with pytest.raises(qkv.QkvError, match="not kept"):
+        t.layer(0)
+    with pytest.raises(qkv.QkvError, match="unknown intermediate"):
+        minilm.run("x", keep=("nope",))
+    with pytest.raises(qkv.QkvError, match="layers 0..5"):
+        minilm.run("x", layers=[6])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama_gqa"])
+def test_intermediates_fit_together(name):
+    model = qkv.load(MODELS / name)
+    w, cfg = model.weights, model.config
+    t = model.run(list(range(3, 12)))
+    for i in range(cfg.n_layers):
+        lt = t.layer(i)
+        np.testing.assert_allclose(softmax(lt.scores), lt.attentions, atol=1e-6)      # A = softmax(S)
+        G = cfg.n_heads // cfg.n_kv_heads
+        np.testing.assert_allclose(lt.heads, lt.attentions @ np.repeat(lt.v, G, axis=0), atol=1e-5)  # Z = A·V
+        b = w.blocks[i].attn
+        out = merge_heads(lt.heads[None])[0] @ b.W_O + (0 if b.b_O is None else b.b_O)
+        np.testing.assert_allclose(out, lt.attn_out, atol=1e-5)                      # Concat(heads)·W_O
+        if cfg.norm_place == "pre" and i + 1 < cfg.n_layers:
+            np.testing.assert_allclose(lt.residual + lt.attn_out + lt.ffn_out, t.layer(i + 1).residual, atol=1e-5)
+
+
+def test_causal_models_never_look_ahead(gpt2):
+    a = gpt2.run(list(range(10)), keep=("attentions",)).attentions
+    assert (np.triu(a, 1) == 0).all()
+    np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-5)
+
+
+def test_forward_without_attentions_gives_the_same_states(gpt2):
+    ids = np.arange(1, 9)[None]
+    a, b = gpt2.forward(ids), gpt2.forward(ids, attentions=False)
+    assert b.attentions is None and np.array_equal(a.logits, b.logits)
+
+
+def test_trace_of_text_has_tokens_and_logits(gpt2):
+    t = gpt2.run("the cat sat")
+    assert len(t.tokens) == len(t.ids) == t.hidden.shape[0] == t.logits.shape[0]
+    assert t.text == "the cat sat" and t.logits.shape[1] == gpt2.config.vocab_size
