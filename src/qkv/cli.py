@@ -99,6 +99,55 @@ def show(text: str, source: str, layer: int, head: int | None) -> None:
 
 
 @cli.command()
+@click.argument("prompt")
+@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP + " Must be a decoder.")
+@click.option("--max-new-tokens", "-n", type=int, default=40, show_default=True, help="How many tokens to add.")
+@click.option("--temperature", "-t", type=float, default=1.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
+@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
+@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Save what every token attended to into this directory.")
+def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, top_k: int | None,
+             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None) -> None:
+    """Continue PROMPT with a decoder model, streaming the text as it is written."""
+    from .checkpoints import load
+    from .generate import TextStream
+    from .sampling import check_sampling
+
+    check_sampling(temperature, top_k, top_p)
+    model = load(source)
+    if trace_dir is not None:
+        _check_writable(trace_dir)
+    stream = TextStream(model, prompt, max_new_tokens, stop=list(stop) or None, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed)
+    click.echo(prompt, nl=False)
+    for piece in stream:
+        click.echo(piece, nl=False)
+    click.echo()
+    if trace_dir is not None:
+        ids = np.concatenate([stream.prompt_ids, np.asarray(stream.new_ids, dtype=np.int64)])
+        trace = model.run(ids, keep=("attentions",))
+        trace.prompt_length = len(stream.prompt_ids)
+        out = trace.save(trace_dir, model.name)
+        click.echo(f"attention of {len(ids)} tokens ({len(stream.new_ids)} generated) saved in {out}", err=True)
+
+
+def _check_writable(directory: str) -> None:
+    """Fail before the work, not after it, when an output directory cannot be written."""
+    import os
+    import tempfile
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise QkvError(f"cannot write to {directory}: {e.strerror}; choose a writable directory") from None
+
+
+@cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""
     from .checkpoints import available

@@ -18,6 +18,7 @@ import numpy as np
 
 from .attention import causal_mask, mask_bias, merge_heads, padding_mask, scaled_dot_product_attention, \
     sliding_window_mask, split_heads
+from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
 from .ops import ACTIVATIONS, layer_norm, rms_norm
@@ -59,13 +60,19 @@ def embed(w: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
 
 
 def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: np.ndarray | None,
-                   rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int) -> np.ndarray:
-    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5)."""
+                   rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
+                   cache: KVCache | None = None) -> np.ndarray:
+    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
+
+    With a KV cache, X holds only the new tokens; their K, V join the cached past.
+    """
     q = split_heads(linear(x, w.W_Q, w.b_Q), cfg.n_heads)     # (B, H, n, d_k)
     k = split_heads(linear(x, w.W_K, w.b_K), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
     v = split_heads(linear(x, w.W_V, w.b_V), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
+    if cache is not None:
+        k, v = cache.append(layer, k, v)                      # (B, Hkv, m, d_k) past + new
     z, a, s = scaled_dot_product_attention(q, k, v, bias, keep_scores=rec.wants(layer, "scores"))
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
@@ -84,16 +91,17 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
 
 
 def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
-          rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int) -> np.ndarray:
+          rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
+          cache: KVCache | None = None) -> np.ndarray:
     """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
     rec.put(layer, "residual", x)
     if cfg.norm_place == "post":                             # BERT
-        a = self_attention(x, w.attn, cfg, bias, rope, rec, layer)
+        a = self_attention(x, w.attn, cfg, bias, rope, rec, layer, cache)
         x = norm(x + a, w.attn_norm, cfg)
         f = feed_forward(x, w.ffn, cfg)
         x = norm(x + f, w.ffn_norm, cfg)
     else:                                                    # GPT-2, Llama
-        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope, rec, layer)
+        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope, rec, layer, cache)
         x = x + a
         f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
         x = x + f
@@ -102,15 +110,19 @@ def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | N
     return x                                                 # (B, n, d_model)
 
 
-def attention_bias(cfg: ModelConfig, attention_mask: np.ndarray, dtype) -> np.ndarray | None:
-    """The additive mask M (B, 1, n, n): causal (seeds §5), sliding window, padding keys."""
-    B, n = attention_mask.shape
-    allowed = np.ones((1, 1, n, n), dtype=bool)
+def attention_bias(cfg: ModelConfig, attention_mask: np.ndarray, dtype, n: int | None = None) -> np.ndarray | None:
+    """The additive mask M (B, 1, n, m): causal (seeds §5), sliding window, padding keys.
+
+    attention_mask (B, m) covers every key; the n queries are the last n of them.
+    """
+    B, m = attention_mask.shape
+    n = m if n is None else n
+    allowed = np.ones((1, 1, n, m), dtype=bool)
     if cfg.causal:
         window = cfg.sliding_window
-        allowed = (sliding_window_mask(n, window) if window and window < n else causal_mask(n))[None, None]
+        allowed = (sliding_window_mask(n, window, m) if window and window < m else causal_mask(n, m))[None, None]
     if not attention_mask.all():
-        allowed = allowed & padding_mask(attention_mask)     # (B, 1, n, n)
+        allowed = allowed & padding_mask(attention_mask)     # (B, 1, n, m)
     elif not cfg.causal:
         return None                                          # nothing masked: skip the add
     return mask_bias(allowed, dtype)
@@ -133,24 +145,33 @@ class Output:
 
 
 def transformer(w: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray | None, rec: Recorder) -> tuple[np.ndarray, np.ndarray | None]:
-    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None)."""
+                token_type_ids: np.ndarray | None, rec: Recorder, cache: KVCache | None = None,
+                logits: str = "all") -> tuple[np.ndarray, np.ndarray | None]:
+    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
+
+    With a KV cache, ids are the n new tokens after the cache's past and attention_mask
+    (B, past + n) covers past and new. logits="last" computes them for the last position
+    only (all that generation needs).
+    """
     dtype = w.tok_embed.dtype
+    n = ids.shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
-    positions = positions_from_mask(attention_mask) if cfg.causal else np.broadcast_to(
-        np.arange(ids.shape[1]), ids.shape)
+    positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
+        np.arange(n), ids.shape)
     x = embed(w, cfg, ids, positions, token_type_ids)        # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
-    bias = attention_bias(cfg, attention_mask, dtype)
+    bias = attention_bias(cfg, attention_mask, dtype, n)
     for layer, bw in enumerate(w.blocks):
-        x = block(x, bw, cfg, bias, rope, rec, layer)
+        x = block(x, bw, cfg, bias, rope, rec, layer, cache)
+    if cache is not None:
+        cache.advance(n)
     if w.final_norm is not None:
         x = norm(x, w.final_norm, cfg)
-    return x, logits_of(x, w)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, w)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -257,6 +278,36 @@ class Model:
                                      None, rec)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None)
+
+    # writing -----------------------------------------------------------------
+
+    def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, stop=None, *, attention_mask=None,
+                 stop_at_eos: bool = True, use_cache: bool = True, trace: bool = False):
+        """Continue a prompt (seeds §6: sample from softmax(logits[last] / temperature)).
+
+        prompt text → the continuation (str); prompt ids (B, n) → ids (B, n + new), as
+        transformers' generate. temperature 0 or top_k 1 is greedy; seed makes sampling
+        repeatable; stop: token id(s) or string(s); the model's EOS stops too unless
+        stop_at_eos=False. trace=True returns a Trace of prompt + continuation instead.
+        """
+        from .generate import generate
+
+        return generate(self, prompt, max_new_tokens, attention_mask=attention_mask, stop=stop, trace=trace,
+                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
+                        use_cache=use_cache)
+
+    def stream(self, prompt, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, stop=None, *, attention_mask=None,
+               stop_at_eos: bool = True, use_cache: bool = True):
+        """Like generate, but yields as it goes: text pieces for a text prompt, (B,) ids for ids."""
+        from .generate import TextStream, stream_ids
+
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
+                        use_cache=use_cache)
+        if isinstance(prompt, str):
+            return iter(TextStream(self, prompt, max_new_tokens, stop=stop, **sampling))
+        return stream_ids(self, prompt, max_new_tokens, attention_mask=attention_mask, stop=stop, **sampling)
 
     def check_layer(self, layer: int) -> int:
         """A layer index (negative from the end) → 0..L-1, or a clear error."""

@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import json
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
 from .errors import QkvError
@@ -72,10 +77,11 @@ class Trace:
 
     tokens: list[str]
     ids: np.ndarray                          # (n,)
-    hidden: np.ndarray                       # (n, d_model) final hidden states
+    hidden: np.ndarray | None                # (n, d_model) final hidden states
     logits: np.ndarray | None                # (n, V) or None for encoders
     layers: dict[int, LayerTrace] = field(default_factory=dict)
     text: str | None = None
+    prompt_length: int | None = None         # generation traces: tokens before this were the prompt
 
     @property
     def layer_ids(self) -> list[int]:
@@ -87,6 +93,37 @@ class Trace:
         if not self.layers or any(t.attentions is None for t in self.layers.values()):
             return None
         return np.stack([self.layers[i].attentions for i in self.layer_ids])
+
+    def save(self, directory: str | os.PathLike, model_name: str = "") -> Path:
+        """Write tokens and attention weights to DIRECTORY/trace.npz + trace.json (atomically).
+
+        Reload with `Trace.load`. Only tokens, ids and attentions are saved.
+        """
+        out = Path(directory)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            meta = {"model": model_name, "text": self.text, "tokens": self.tokens, "layers": self.layer_ids,
+                    "prompt_length": self.prompt_length}
+            _atomic_write(out / "trace.npz", lambda f: np.savez_compressed(
+                f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids)))
+            _atomic_write(out / "trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
+        except OSError as e:
+            raise QkvError(f"cannot write to {out}: {e.strerror}; choose a writable directory") from None
+        return out
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "Trace":
+        """A trace written by `save` (tokens, ids, attentions)."""
+        d = Path(directory)
+        try:
+            meta = json.loads((d / "trace.json").read_text())
+            with np.load(d / "trace.npz") as z:
+                ids, att, layers = z["ids"], z["attentions"], z["layers"].tolist()
+        except (OSError, ValueError, KeyError) as e:
+            raise QkvError(f"{d} does not hold a qkv trace ({e}); give a directory written by --trace") from None
+        return cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
+                   prompt_length=meta.get("prompt_length"),
+                   layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)})
 
     def layer(self, i: int) -> LayerTrace:
         """The trace of model layer i (negative counts from the end of the kept layers)."""
@@ -103,3 +140,15 @@ def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[
         layer: LayerTrace(layer=layer, **{name: arr[row] for name, arr in named.items()})
         for layer, named in sorted(store.items())
     }
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write through a temporary file renamed into place: never a half-written file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,197 @@
+"""Writing text (seeds §6–7): one token at a time, each step reading the past from a KV cache.
+
+    prefill:  the prompt through the model once → cache K, V of every prompt position
+    step:     the newest token alone → logits[last] → sample → append → repeat
+
+`decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .cache import KVCache
+from .errors import QkvError
+from .model import Model, transformer
+from .sampling import check_sampling, sample
+from .trace import Recorder
+
+
+@dataclass
+class Step:
+    """One generated token for every row of the batch."""
+
+    ids: np.ndarray                    # (B,) the new tokens
+    done: np.ndarray                   # (B,) rows that have stopped (their ids are padding from now on)
+    attentions: np.ndarray | None      # (L, B, H, m) what the last fed token attended to (m = keys so far)
+
+
+def check_can_generate(model: Model, prompt_length: int, max_new_tokens: int) -> None:
+    """Encoders cannot write; the prompt and what we add must fit the model's context."""
+    cfg = model.config
+    if not cfg.causal or model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} is an encoder ({cfg.family}): it reads the whole text at once and cannot "
+                       "generate; use a decoder, e.g. --model path/to/gpt2 (any GPT-2, Llama, Mistral or Qwen2 "
+                       "directory; the repository has a tiny one in tests/fixtures/models/gpt2)")
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise QkvError(f"max_new_tokens must be a whole number ≥ 1, got {max_new_tokens}")
+    if prompt_length + max_new_tokens > cfg.max_positions:
+        raise QkvError(f"the prompt has {prompt_length} tokens and {max_new_tokens} new ones would pass "
+                       f"{model.name}'s context of {cfg.max_positions}; shorten the prompt or lower max_new_tokens")
+
+
+def stop_ids(model: Model, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
+    eos = model.config.eos_token_id if stop_at_eos else None
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return np.array(sorted(set(eos) | set(stop_tokens)), dtype=np.int64)
+
+
+def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int, *,
+           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int | None = None, stop_tokens: list[int] | None = None, stop_at_eos: bool = True,
+           use_cache: bool = True, keep_attentions: bool = False) -> Iterator[Step]:
+    """Yield one Step per new token until max_new_tokens or every row has stopped.
+
+    use_cache=False recomputes the whole sequence each step (the slow baseline the
+    cache exists to avoid; same numbers). keep_attentions also returns, per step, what
+    the token fed at that step attended to (the prompt's last token at step 0).
+    """
+    check_sampling(temperature, top_k, top_p)
+    B, n = ids.shape
+    check_can_generate(model, n, max_new_tokens)
+    cfg, w = model.config, model.weights
+    rng = np.random.default_rng(seed)
+    stops = stop_ids(model, stop_at_eos, stop_tokens or [])
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
+    cache = KVCache(cfg, B, n + max_new_tokens, dtype=w.tok_embed.dtype) if use_cache else None
+    seq, mask = ids, attention_mask
+    new = ids                                            # what the next forward pass reads
+    done = np.zeros(B, dtype=bool)
+    for _ in range(max_new_tokens):
+        rec = Recorder(keep=("attentions",) if keep_attentions else ())
+        if use_cache:
+            _, logits = transformer(w, cfg, new, mask, None, rec, cache, logits="last")
+        else:
+            _, logits = transformer(w, cfg, seq, mask, None, rec, logits="last")
+        next_ids = sample(logits[:, -1], rng, temperature, top_k, top_p)      # (B,)
+        next_ids = np.where(done, pad, next_ids)
+        atts = None
+        if keep_attentions:
+            atts = np.stack([rec.store[i]["attentions"][:, :, -1] for i in range(cfg.n_layers)])  # (L, B, H, m)
+        done = done | np.isin(next_ids, stops)
+        yield Step(ids=next_ids, done=done.copy(), attentions=atts)
+        if done.all():
+            return
+        new = next_ids[:, None]
+        seq = np.concatenate([seq, new], axis=1)
+        mask = np.concatenate([mask, np.ones((B, 1), dtype=mask.dtype)], axis=1)
+
+
+
+def _split_stop(stop) -> tuple[list[int], list[str]]:
+    """stop: a token id, a string, or a list of both → (stop ids, stop strings)."""
+    if stop is None:
+        return [], []
+    items = list(stop) if isinstance(stop, (list, tuple)) else [stop]
+    ids = [int(s) for s in items if isinstance(s, (int, np.integer))]
+    strs = [s for s in items if isinstance(s, str)]
+    if len(ids) + len(strs) != len(items) or any(s == "" for s in strs):
+        raise QkvError(f"stop must be token ids or non-empty strings, got {stop!r}")
+    return ids, strs
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters might begin a stop string (not safe to show yet)."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return hold
+
+
+class TextStream:
+    """The continuation of a text prompt, piece by piece, as soon as each piece is final.
+
+    Iterate it for the pieces; afterwards `prompt_ids` and `new_ids` hold the tokens.
+    A piece is held back while it could still be the start of a stop string, or while
+    it ends inside a multi-byte character. Stop tokens (EOS) end the text unshown.
+    """
+
+    def __init__(self, model: Model, prompt: str, max_new_tokens: int, *, stop=None, **sampling):
+        self.model, self.max_new_tokens, self.sampling = model, max_new_tokens, sampling
+        self.prompt_ids, _ = model.encode(prompt)
+        self.stop_tokens, self.stop_strings = _split_stop(stop)
+        check_sampling(sampling.get("temperature", 1.0), sampling.get("top_k"), sampling.get("top_p"))
+        check_can_generate(model, len(self.prompt_ids), max_new_tokens)   # fail now, not mid-stream
+        self.new_ids: list[int] = []
+
+    def __iter__(self) -> Iterator[str]:
+        model, ids = self.model, self.prompt_ids
+        ends = set(stop_ids(model, self.sampling.get("stop_at_eos", True), self.stop_tokens).tolist())
+        shown = ""
+        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens,
+                           stop_tokens=self.stop_tokens, **self.sampling):
+            token = int(step.ids[0])
+            if token in ends:
+                break
+            self.new_ids.append(token)
+            text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
+            cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
+            if cut >= 0:
+                if cut > len(shown):
+                    yield text[len(shown):cut]
+                return
+            safe = len(text) - _held_back(text, self.stop_strings)
+            if text.endswith("\ufffd"):                  # an unfinished UTF-8 character
+                safe = min(safe, len(text) - 1)
+            if safe > len(shown):
+                yield text[len(shown):safe]
+                shown = text[:safe]
+        text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
+        if len(text) > len(shown):
+            yield text[len(shown):]
+
+
+def stream_ids(model: Model, input_ids, max_new_tokens: int, *, attention_mask=None, stop=None,
+               **sampling) -> Iterator[np.ndarray]:
+    """Yield the new token of every row, (B,), step by step."""
+    ids, mask = model.check_ids(input_ids, attention_mask)
+    stop_tokens, stop_strings = _split_stop(stop)
+    if stop_strings:
+        raise QkvError("stop strings need a text prompt; with token ids give stop token ids")
+    for step in decode(model, ids, mask, max_new_tokens, stop_tokens=stop_tokens, **sampling):
+        yield step.ids
+
+
+def generate(model: Model, prompt, max_new_tokens: int, *, attention_mask=None, stop=None, trace: bool = False,
+             **sampling):
+    """Text in → the continuation as text; ids (B, n) in → ids (B, n + new), like transformers.
+
+    trace=True returns instead a Trace of the whole sequence (prompt + generated), whose
+    attentions show what every generated token attended to; `trace.prompt_length` marks
+    where the generated part begins.
+    """
+    if isinstance(prompt, str):
+        stream = TextStream(model, prompt, max_new_tokens, stop=stop, **sampling)
+        text = "".join(stream)
+        if not trace:
+            return text
+        ids = np.concatenate([stream.prompt_ids, np.asarray(stream.new_ids, dtype=np.int64)])
+        result = model.run(ids, keep=("attentions",))
+        result.text, result.prompt_length = prompt + text, len(stream.prompt_ids)
+        return result
+    ids, mask = model.check_ids(prompt, attention_mask)
+    steps = list(stream_ids(model, ids, max_new_tokens, attention_mask=mask, stop=stop, **sampling))
+    out = np.concatenate([ids, np.stack(steps, axis=1)], axis=1) if steps else ids
+    if not trace:
+        return out
+    if len(out) != 1:
+        raise QkvError("trace=True follows one sequence; give a batch of one")
+    result = model.run(out[0], keep=("attentions",))
+    result.prompt_length = ids.shape[1]
+    return result

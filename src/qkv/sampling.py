@@ -1,0 +1,73 @@
+"""Choosing the next token (seeds §6): P(next) = softmax(logits[last] / temperature).
+
+The filters follow transformers' order and definitions: temperature, then top-k, then
+top-p, each turning the logits of excluded tokens into -inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import QkvError
+from .ops import softmax
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """One clear error for each impossible setting."""
+    if temperature is None or not np.isfinite(temperature) or temperature < 0:
+        raise QkvError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise QkvError(f"top_k must be a whole number ≥ 1, got {top_k}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise QkvError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the k largest logits of each row (ties at the k-th value kept too), -inf elsewhere."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k, axis=-1)[..., -k, None]        # (B, 1) the k-th largest
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Nucleus: keep the most probable tokens until their probability mass reaches p.
+
+    As transformers: sort ascending, drop tokens whose cumulative probability is ≤ 1 - p,
+    always keep the most probable one.
+    """
+    if p >= 1.0:
+        return logits
+    order = np.argsort(logits, axis=-1, kind="stable")             # ascending
+    probs = softmax(np.take_along_axis(logits, order, axis=-1).astype(np.float64))
+    drop_sorted = np.cumsum(probs, axis=-1) <= 1 - p
+    drop_sorted[..., -1] = False                                   # keep the top token
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, logits)
+
+
+def next_token_distribution(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
+                            top_p: float | None = None) -> np.ndarray:
+    """softmax(filter(logits / T)) over the vocabulary, in float64: (B, V)."""
+    x = logits.astype(np.float64) / temperature
+    if top_k is not None:
+        x = top_k_filter(x, int(top_k))
+    if top_p is not None:
+        x = top_p_filter(x, float(top_p))
+    return softmax(x)
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
+    """The next token of each row: (B, V) logits → (B,) ids.
+
+    Temperature 0 (or top_k 1) is greedy: the argmax, no randomness used.
+    """
+    if temperature == 0 or top_k == 1:
+        return np.argmax(logits, axis=-1)
+    probs = next_token_distribution(logits, temperature, top_k, top_p)
+    u = 1.0 - rng.random((probs.shape[0], 1))                        # one uniform in (0, 1] per row
+    cdf = np.cumsum(probs, axis=-1)
+    cdf /= cdf[:, -1:]                                               # exact 1 at the end
+    return np.minimum((cdf < u).sum(axis=-1), probs.shape[-1] - 1)   # inverse CDF
