@@ -12,6 +12,7 @@ Hkv = 1 for MQA), n queries, m keys (m = n except when a KV cache holds the past
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -100,3 +101,84 @@ def scaled_dot_product_attention(
     a = softmax_(s.copy() if keep_scores else s)         # ③ (B, H, n, m)
     z = attend(a, v)                                     # ④ (B, H, n, d_k)
     return z, a, (s if keep_scores else None)
+
+
+# ── choosing how to compute it ─────────────────────────────────────────────────
+
+# From this many scores per head (n · m), the output is computed by tiles with an online
+# softmax (kernels.py) unless someone asked to see the weights: the n × m matrix then
+# never exists. Measured in docs/benchmarks.md ("Attention at length").
+TILED_MIN_SCORES = 1024 * 1024
+
+
+@dataclass
+class AttentionMask:
+    """Which keys each query may see, described rather than built: causal, window, padding.
+
+    n queries are the last n of m keys. Building the (B, 1, n, m) mask costs as much memory
+    as the scores themselves, so it is only built where the plain path needs it.
+    """
+
+    n: int
+    m: int
+    causal: bool
+    window: int | None = None                   # sliding window (causal only), None = unlimited
+    key_mask: np.ndarray | None = None          # (B, m) False on padding keys; None = no padding
+    _bias: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def allowed(self, q0: int = 0, q1: int | None = None) -> np.ndarray | None:
+        """True where query rows q0..q1 may see each key: (B or 1, 1, q1 - q0, m); None = everywhere."""
+        q1 = self.n if q1 is None else q1
+        ok = None
+        if self.causal:
+            pos = np.arange(q0, q1)[:, None] + (self.m - self.n)        # (rows, 1) absolute positions
+            rel = pos - np.arange(self.m)[None, :]                      # (rows, m) how far back each key is
+            ok = (rel >= 0) & (rel < self.window) if self.window else rel >= 0
+            ok = ok[None, None]
+        if self.key_mask is not None:
+            pad = self.key_mask[:, None, None, :]                       # (B, 1, 1, m)
+            ok = pad if ok is None else ok & pad
+        return ok
+
+    def bias(self, dtype=np.float32) -> np.ndarray | None:
+        """The additive mask M: 0 where allowed, -∞ elsewhere; None when nothing is masked.
+
+        Built once and shared by every layer of a forward pass.
+        """
+        key = np.dtype(dtype)
+        if key not in self._bias:
+            ok = self.allowed()
+            self._bias[key] = None if ok is None else mask_bias(ok, dtype)
+        return self._bias[key]
+
+
+def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask) -> np.ndarray:
+    """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
+    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES:
+        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
+    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))
+    return z
+
+
+def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: list[int],
+                      block_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """(A, S) for some heads only, computed by blocks of query rows: (B, h, n, m) each.
+
+    For looking at a long input: memory grows with the heads asked for, not with all H.
+    """
+    B, H, n, dk = q.shape
+    G = H // k.shape[1]
+    hs = np.asarray(heads)
+    qh, kh = q[:, hs], k[:, hs // G]                                    # (B, h, n, d_k), (B, h, m, d_k)
+    s = np.empty((B, len(hs), n, k.shape[2]), dtype=q.dtype)           # (B, h, n, m)
+    for q0 in range(0, n, block_size):
+        q1 = min(n, q0 + block_size)
+        s[:, :, q0:q1] = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2)) * (1.0 / math.sqrt(dk))
+        ok = mask.allowed(q0, q1)
+        if ok is not None:
+            s[:, :, q0:q1] = np.where(ok, s[:, :, q0:q1], -np.inf)
+    return softmax_(s.copy()), s
+
+
+# Attention at length: the same function computed without the n × n matrix (kernels.py).
+from .kernels import linear_attention, sliding_window_attention, tiled_attention  # noqa: E402,F401

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .attention import causal_mask, mask_bias, merge_heads, padding_mask, scaled_dot_product_attention, \
-    sliding_window_mask, split_heads
+from .attention import AttentionMask, attention_output, attention_weights, merge_heads, \
+    scaled_dot_product_attention, split_heads
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
@@ -59,12 +59,14 @@ def embed(w: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
     return x
 
 
-def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: np.ndarray | None,
+def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, mask: AttentionMask,
                    rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
                    cache: KVCache | None = None) -> np.ndarray:
     """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
 
     With a KV cache, X holds only the new tokens; their K, V join the cached past.
+    The weights A are only materialised when the recorder keeps them (for the heads it
+    asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
     q = split_heads(linear(x, w.W_Q, w.b_Q), cfg.n_heads)     # (B, H, n, d_k)
     k = split_heads(linear(x, w.W_K, w.b_K), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
@@ -73,7 +75,12 @@ def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: n
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
     if cache is not None:
         k, v = cache.append(layer, k, v)                      # (B, Hkv, m, d_k) past + new
-    z, a, s = scaled_dot_product_attention(q, k, v, bias, keep_scores=rec.wants(layer, "scores"))
+    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
+    if want and rec.heads is None:                            # every head's weights: the plain path
+        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
+    else:
+        z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
+        a, s = attention_weights(q, k, mask, rec.heads) if want else (None, None)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
     return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model)
@@ -90,18 +97,18 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
 
-def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
+def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, mask: AttentionMask,
           rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
           cache: KVCache | None = None) -> np.ndarray:
     """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
     rec.put(layer, "residual", x)
     if cfg.norm_place == "post":                             # BERT
-        a = self_attention(x, w.attn, cfg, bias, rope, rec, layer, cache)
+        a = self_attention(x, w.attn, cfg, mask, rope, rec, layer, cache)
         x = norm(x + a, w.attn_norm, cfg)
         f = feed_forward(x, w.ffn, cfg)
         x = norm(x + f, w.ffn_norm, cfg)
     else:                                                    # GPT-2, Llama
-        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope, rec, layer, cache)
+        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, mask, rope, rec, layer, cache)
         x = x + a
         f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
         x = x + f
@@ -110,22 +117,13 @@ def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | N
     return x                                                 # (B, n, d_model)
 
 
-def attention_bias(cfg: ModelConfig, attention_mask: np.ndarray, dtype, n: int | None = None) -> np.ndarray | None:
-    """The additive mask M (B, 1, n, m): causal (seeds §5), sliding window, padding keys.
-
-    attention_mask (B, m) covers every key; the n queries are the last n of them.
-    """
-    B, m = attention_mask.shape
-    n = m if n is None else n
-    allowed = np.ones((1, 1, n, m), dtype=bool)
-    if cfg.causal:
-        window = cfg.sliding_window
-        allowed = (sliding_window_mask(n, window, m) if window and window < m else causal_mask(n, m))[None, None]
-    if not attention_mask.all():
-        allowed = allowed & padding_mask(attention_mask)     # (B, 1, n, m)
-    elif not cfg.causal:
-        return None                                          # nothing masked: skip the add
-    return mask_bias(allowed, dtype)
+def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> AttentionMask:
+    """Who may see whom (seeds §5): causal for decoders (within the sliding window if the
+    model has one), never a padding key. attention_mask (B, m) covers every key; the n
+    queries are the last n of them."""
+    return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
+                         window=cfg.sliding_window if cfg.causal else None,
+                         key_mask=None if attention_mask.all() else attention_mask.astype(bool))
 
 
 def logits_of(hidden: np.ndarray, w: Weights) -> np.ndarray | None:
@@ -164,9 +162,9 @@ def transformer(w: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: n
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
-    bias = attention_bias(cfg, attention_mask, dtype, n)
+    mask = attention_mask_of(cfg, attention_mask, n)
     for layer, bw in enumerate(w.blocks):
-        x = block(x, bw, cfg, bias, rope, rec, layer, cache)
+        x = block(x, bw, cfg, mask, rope, rec, layer, cache)
     if cache is not None:
         cache.advance(n)
     if w.final_norm is not None:
@@ -194,6 +192,10 @@ class Model:
     @property
     def dtype(self) -> np.dtype:
         return self.weights.tok_embed.dtype
+
+    def with_config(self, **changes) -> "Model":
+        """The same weights under changed knobs, e.g. `model.with_config(sliding_window=512)`."""
+        return Model(self.config.with_(**changes), self.weights, self.tokenizer, self.name)
 
     def astype(self, dtype) -> "Model":
         """The same model computing in another float type (float64 for checks)."""
@@ -259,11 +261,13 @@ class Model:
         return Output(hidden=hidden, logits=logits, attentions=att)
 
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
-            keep: Iterable[str] = tuple(INTERMEDIATES)) -> Trace:
+            keep: Iterable[str] = tuple(INTERMEDIATES), heads: Iterable[int] | None = None) -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
-        keep: which intermediates, from `qkv.trace.INTERMEDIATES`.
+        keep: which intermediates, from `qkv.trace.INTERMEDIATES`;
+        heads: keep scores and attention weights of these heads only (default all) — on
+        long inputs the rest of the pass then runs tiled, never holding n × n per head.
         """
         if isinstance(text, str):
             ids, tokens = self.encode(text)
@@ -271,13 +275,14 @@ class Model:
             ids, _ = self.check_ids(text)
             ids = ids[0]
             tokens = [self.tokenizer.id_to_token(i) if self.tokenizer else str(int(i)) for i in ids]
-        L = self.config.n_layers
         kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
-        rec = Recorder(layers=kept, keep=keep)
+        head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
+        rec = Recorder(layers=kept, keep=keep, heads=head_ids)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
                                      None, rec)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
-                     layers=layer_traces(rec.store), text=text if isinstance(text, str) else None)
+                     layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
+                     head_ids=head_ids)
 
     # writing -----------------------------------------------------------------
 

@@ -35,8 +35,10 @@ INTERMEDIATES = {
 class Recorder:
     """Collects the intermediates a caller asked for during one forward pass."""
 
-    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(INTERMEDIATES)):
+    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(INTERMEDIATES),
+                 heads: Iterable[int] | None = None):
         self.layers = None if layers is None else set(layers)
+        self.heads = None if heads is None else sorted(set(heads))   # weights/scores of these heads only
         self.keep = set(keep)
         unknown = self.keep - set(INTERMEDIATES)
         if unknown:
@@ -46,8 +48,8 @@ class Recorder:
     def wants(self, layer: int, name: str) -> bool:
         return name in self.keep and (self.layers is None or layer in self.layers)
 
-    def put(self, layer: int, name: str, value: np.ndarray) -> None:
-        if self.wants(layer, name):
+    def put(self, layer: int, name: str, value: np.ndarray | None) -> None:
+        if value is not None and self.wants(layer, name):
             self.store.setdefault(layer, {})[name] = value
 
 
@@ -72,7 +74,7 @@ class Trace:
     """One text through the model: tokens, final states, and the kept layers.
 
     `attentions` stacks the weights of the kept layers, in the order of `layer_ids`
-    (every layer by default): (L, H, n, n).
+    (every layer by default): (L, H, n, n), or (L, h, n, n) for the heads in `head_ids`.
     """
 
     tokens: list[str]
@@ -82,6 +84,7 @@ class Trace:
     layers: dict[int, LayerTrace] = field(default_factory=dict)
     text: str | None = None
     prompt_length: int | None = None         # generation traces: tokens before this were the prompt
+    head_ids: list[int] | None = None        # the heads whose scores/attentions were kept (None = all)
 
     @property
     def layer_ids(self) -> list[int]:

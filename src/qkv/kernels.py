@@ -1,0 +1,171 @@
+"""Attention at length (seeds §7): the same softmax(QKᵀ/√d_k)·V without the n × n matrix.
+
+Plain attention holds S (B, H, n, m): at n = 8192 and 12 heads that is 3 GB of float32.
+The kernels here hold one block of scores at a time:
+
+  tiled_attention           exact; FlashAttention's online softmax: for each block of keys,
+                            keep a running row max M, a running sum ℓ of exp(S - M), and a
+                            running output; rescale them by exp(M_old - M_new) as M grows.
+  sliding_window_attention  exact local attention (Mistral): only the key blocks that the
+                            window reaches are visited, O(n · window) time and memory.
+  linear_attention          Katharopoulos et al. 2020: softmax(QKᵀ) replaced by φ(Q)φ(K)ᵀ with
+                            φ(x) = elu(x) + 1, so (φ(Q)φ(K)ᵀ)V = φ(Q)(φ(K)ᵀV): O(n·d²), not O(n²·d).
+
+Shapes: q (B, H, n, d), k and v (B, Hkv, m, d) with H a multiple of Hkv (GQA/MQA: query
+head h reads K/V head h // (H/Hkv), never copied). With m > n the queries are the last n
+positions (cached decoding). float32 in, float32 out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _grouped(q: np.ndarray, Hkv: int) -> np.ndarray:
+    """(B, H, n, d) → (B, Hkv, G, n, d): the query heads that share each K/V head."""
+    B, H, n, d = q.shape
+    return q.reshape(B, Hkv, H // Hkv, n, d)
+
+
+def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
+                    block_size: int = 256, window: int | None = None,
+                    key_mask: np.ndarray | None = None) -> np.ndarray:
+    """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head.
+
+    causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
+    sees only the last `window` positions (itself included); key_mask (B, m): False for
+    padding keys. A query that sees no key gets zeros.
+
+    Plain form it equals:  softmax(q @ kᵀ / √d + mask) @ v   (see `attention.scaled_dot_product_attention`).
+    """
+    B, H, n, d = q.shape
+    Hkv, m = k.shape[1], k.shape[2]
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(d)                                    # Python float: stays float32
+    qg = _grouped(q, Hkv)                                         # (B, Hkv, G, n, d)
+    out = np.empty((B, Hkv, G, n, d), dtype=q.dtype)
+    offset = m - n                                                # absolute position of query 0
+    kt = k.transpose(0, 1, 3, 2)                                  # (B, Hkv, d, m) a view
+    for q0 in range(0, n, block_size):
+        q1 = min(n, q0 + block_size)
+        bq = q1 - q0
+        qb = (qg[:, :, :, q0:q1] * scale).reshape(B, Hkv, G * bq, d)   # (B, Hkv, G·bq, d), pre-scaled
+        pos = offset + np.arange(q0, q1)                          # (bq,) absolute query positions
+        # the keys this query block can see at all
+        k_end = min(m, offset + q1) if causal or window else m
+        k_start = max(0, offset + q0 - window + 1) if window else 0
+        row_max = np.full((B, Hkv, G * bq, 1), -np.inf, dtype=q.dtype)
+        row_sum = np.zeros((B, Hkv, G * bq, 1), dtype=q.dtype)
+        acc = np.zeros((B, Hkv, G * bq, d), dtype=q.dtype)
+        for k0 in range(k_start - k_start % block_size, k_end, block_size):
+            k0, k1 = max(k0, k_start), min(k0 + block_size, k_end)
+            s = np.matmul(qb, kt[:, :, :, k0:k1])                 # (B, Hkv, G·bq, bk) scores of this block
+            allowed = _block_mask(pos, np.arange(k0, k1), causal, window)        # (bq, bk) or None
+            if key_mask is not None:
+                km = key_mask[:, None, None, None, k0:k1]         # (B, 1, 1, 1, bk)
+                allowed = km if allowed is None else (allowed & km)
+            if allowed is not None:                               # grouped layout (B, Hkv, G, bq, bk)
+                s5 = s.reshape(B, Hkv, G, bq, k1 - k0)
+                s = np.where(allowed, s5, -np.inf).astype(q.dtype, copy=False).reshape(B, Hkv, G * bq, k1 - k0)
+            new_max = np.maximum(row_max, s.max(axis=-1, keepdims=True))
+            safe_max = np.where(np.isfinite(new_max), new_max, 0).astype(q.dtype, copy=False)
+            np.subtract(s, safe_max, out=s)
+            np.exp(s, out=s)                                      # P = exp(S - M_new)
+            rescale = np.exp(row_max - safe_max)                  # exp(M_old - M_new) ≤ 1
+            row_sum *= rescale
+            row_sum += s.sum(axis=-1, keepdims=True)
+            acc *= rescale
+            acc += np.matmul(s, v[:, :, k0:k1])                   # + P·V_block
+            row_max = new_max
+        np.divide(acc, row_sum, out=acc, where=row_sum > 0)
+        acc[np.broadcast_to(row_sum == 0, acc.shape)] = 0          # saw no key: zeros
+        out[:, :, :, q0:q1] = acc.reshape(B, Hkv, G, bq, d)
+    return out.reshape(B, H, n, d)
+
+
+def _block_mask(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int | None) -> np.ndarray | None:
+    """Which (query, key) pairs of a block may attend; None when all may (no work to do)."""
+    if not causal and not window:
+        return None
+    if q_pos[0] >= k_pos[-1] and (not window or q_pos[-1] - k_pos[0] < window):
+        return None                                               # block entirely visible
+    rel = q_pos[:, None] - k_pos[None, :]                         # (bq, bk) distance back
+    allowed = rel >= 0
+    if window:
+        allowed &= rel < window
+    return allowed
+
+
+def sliding_window_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, window: int,
+                             block_size: int | None = None) -> np.ndarray:
+    """Causal local attention: each position sees the last `window` positions, itself included.
+
+    Exact; visits only the key blocks the window reaches: O(n · window) time and memory.
+    """
+    if window < 1:
+        raise ValueError(f"window must be ≥ 1, got {window}")
+    bs = block_size or max(64, min(512, window))
+    return tiled_attention(q, k, v, causal=True, window=window, block_size=bs)
+
+
+def elu_feature_map(x: np.ndarray) -> np.ndarray:
+    """φ(x) = elu(x) + 1 = x + 1 for x > 0, eˣ otherwise: positive, so φ(q)·φ(k) > 0."""
+    return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype, copy=False)
+
+
+def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = True,
+                     chunk_size: int = 128) -> np.ndarray:
+    """Linear attention (Katharopoulos et al. 2020):  out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j).
+
+    Non-causal: the sums run over all j, computed once: O(n·d²). Causal: over j ≤ i, as
+    running sums carried from chunk to chunk (within a chunk, the small c × c masked
+    product): O(n·c·d + n·d²) time, O(d²) state per head. No 1/√d: the feature map
+    replaces the softmax's scaling, as in the paper.
+    """
+    B, H, n, d = q.shape
+    Hkv, m = k.shape[1], k.shape[2]
+    G = H // Hkv
+    fq = _grouped(elu_feature_map(q), Hkv)                         # (B, Hkv, G, n, d)
+    fk = elu_feature_map(k)[:, :, None]                            # (B, Hkv, 1, m, d)
+    vv = v[:, :, None]                                             # (B, Hkv, 1, m, d_v)
+    if not causal:
+        kv = np.matmul(fk.swapaxes(-1, -2), vv)                    # (B, Hkv, 1, d, d_v) Σ φ(k_j) v_jᵀ
+        z = fk.sum(axis=-2, keepdims=True)                         # (B, Hkv, 1, 1, d)   Σ φ(k_j)
+        num = np.matmul(fq, kv)                                    # (B, Hkv, G, n, d_v)
+        den = np.matmul(fq, z.swapaxes(-1, -2))                    # (B, Hkv, G, n, 1)
+        return (num / den).reshape(B, H, n, -1).astype(q.dtype, copy=False)
+    offset = m - n
+    state = np.zeros((B, Hkv, 1, d, v.shape[-1]), dtype=np.float64)   # Σ φ(k_j) v_jᵀ over past chunks
+    norm = np.zeros((B, Hkv, 1, 1, d), dtype=np.float64)               # Σ φ(k_j) over past chunks
+    out = np.empty((B, Hkv, G, n, v.shape[-1]), dtype=q.dtype)
+    if offset:                                                     # keys before the first query
+        state += np.matmul(fk[..., :offset, :].swapaxes(-1, -2), vv[..., :offset, :])
+        norm += fk[..., :offset, :].sum(axis=-2, keepdims=True)
+    for c0 in range(0, n, chunk_size):
+        c1 = min(n, c0 + chunk_size)
+        qc = fq[..., c0:c1, :]                                     # (B, Hkv, G, c, d)
+        kc, vc = fk[..., offset + c0:offset + c1, :], vv[..., offset + c0:offset + c1, :]
+        tri = np.tril(np.ones((c1 - c0, c1 - c0), dtype=q.dtype))  # j ≤ i inside the chunk
+        w = np.matmul(qc, kc.swapaxes(-1, -2)) * tri               # (B, Hkv, G, c, c) φ(q_i)·φ(k_j)
+        num = np.matmul(qc, state) + np.matmul(w, vc)              # past chunks + this chunk
+        den = np.matmul(qc, norm.swapaxes(-1, -2)) + w.sum(axis=-1, keepdims=True)
+        out[..., c0:c1, :] = num / den
+        state += np.matmul(kc.swapaxes(-1, -2), vc)
+        norm += kc.sum(axis=-2, keepdims=True)
+    return out.reshape(B, H, n, -1)
+
+
+def compare_to_softmax(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = True) -> dict[str, np.ndarray]:
+    """How far linear attention is from softmax attention on the same q, k, v, per head.
+
+    Returns per head (H,): the relative error ‖lin - soft‖ / ‖soft‖ of the outputs and their
+    mean cosine similarity over positions. Use it on real activations (a Trace's q, k, v).
+    """
+    soft = tiled_attention(q, k, v, causal=causal)
+    lin = linear_attention(q, k, v, causal=causal)
+    diff = np.linalg.norm((lin - soft).astype(np.float64), axis=(-2, -1))
+    rel = diff / np.linalg.norm(soft.astype(np.float64), axis=(-2, -1))
+    cos = np.sum(lin * soft, axis=-1) / (np.linalg.norm(lin, axis=-1) * np.linalg.norm(soft, axis=-1) + 1e-30)
+    return {"relative_error": rel.mean(axis=0), "cosine": cos.mean(axis=(0, 2))}
