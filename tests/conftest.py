@@ -16,6 +16,10 @@ DECODER_FIXTURES = [n for n in FAMILY_FIXTURES if not n.startswith("bert")]
 TOL_HIDDEN = 1e-4       # hidden states and logits, max abs
 TOL_ATTENTION = 1e-5    # attention weights, max abs
 
+# tests/live needs torch + transformers and re-checks against them live: only
+# `make test-live` (pytest tests/live) runs it, never the ordinary `pytest`.
+collect_ignore = ["live"]
+
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)

@@ -1,0 +1,212 @@
+"""Helpers for the live cross-checks: random checkpoints made on the fly with transformers.
+
+Every checkpoint is built from a seeded config, every parameter is perturbed with small
+noise (so no bias is 0 and no norm weight is 1), saved with `save_pretrained` as
+safetensors, loaded back by qkv, and run on a padded batch next to the same model in
+transformers (eager attention, eval mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch  # module-level imports: without the reference stack these tests fail, never skip
+import transformers
+from transformers.utils import logging as hf_logging
+
+import qkv
+
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# Tolerances against transformers, as the project promises (max abs, valid positions only).
+TOL_HIDDEN = 1e-4        # hidden states and logits, float32
+TOL_ATTENTION = 1e-5     # attention weights, float32
+TOL_HIDDEN_F64 = 1e-9    # float64 end to end
+TOL_ATTENTION_F64 = 1e-10
+
+INIT_RANGE = 0.15        # larger than HF's 0.02 so attention is far from uniform
+NOISE = 0.02             # added to every parameter
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64}
+
+
+def perturb_(model: torch.nn.Module, seed: int) -> None:
+    """Add N(0, NOISE²) to every parameter (biases leave 0, norm weights leave 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * NOISE)
+
+
+def build(cls, config, seed: int, **init_kwargs) -> torch.nn.Module:
+    """A seeded, perturbed float32 model in eval mode with eager attention."""
+    torch.manual_seed(seed)
+    model = cls(config, **init_kwargs)
+    perturb_(model, seed + 1)
+    model = model.to(torch.float32).eval()
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    return model
+
+
+def save(model: torch.nn.Module, directory: Path, dtype: str = "float32", **kwargs) -> Path:
+    """save_pretrained (safetensors) in `dtype`, without touching `model`; returns the directory.
+
+    transformers 5 always writes safetensors (safe_serialization is accepted and ignored);
+    4.x honours it. Either way the directory must hold no pickle weights.
+    """
+    to_save = model if dtype == "float32" else copy.deepcopy(model).to(TORCH_DTYPES[dtype])
+    to_save.save_pretrained(directory, safe_serialization=True, **kwargs)
+    files = {p.name for p in Path(directory).iterdir()}
+    assert "config.json" in files
+    assert "model.safetensors" in files or "model.safetensors.index.json" in files, files
+    assert not any(f.endswith((".bin", ".pt")) for f in files), files
+    return Path(directory)
+
+
+def padded_batch(vocab_size: int, lengths: list[int], seed: int, *, low: int = 3, side: str = "right",
+                 pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(B, n) random ids in [low, vocab_size), n = max(lengths); padded on `side` with pad_id / mask 0."""
+    gen = torch.Generator().manual_seed(seed)
+    n = max(lengths)
+    ids = torch.randint(low, vocab_size, (len(lengths), n), generator=gen, dtype=torch.int64).numpy()
+    mask = np.zeros_like(ids)
+    for r, k in enumerate(lengths):
+        sl = slice(0, k) if side == "right" else slice(n - k, n)
+        mask[r, sl] = 1
+    ids[mask == 0] = pad_id
+    return ids, mask
+
+
+def decoder_positions(mask: np.ndarray) -> np.ndarray:
+    """Positions over real tokens, as qkv counts them: cumsum(mask) - 1, clipped at 0."""
+    return np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)
+
+
+@dataclass
+class Ref:
+    hidden: np.ndarray                    # (B, n, d) last hidden state (after the final norm)
+    attentions: np.ndarray                # (L, B, H, n, n)
+    logits: np.ndarray | None = None      # (B, n, V)
+
+
+def to_np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def run_reference(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray, *, token_type_ids=None,
+                  position_ids=None) -> Ref:
+    """The transformers model on a batch: last hidden state, attention weights, logits if any."""
+    kwargs = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                  output_hidden_states=True, output_attentions=True)
+    if token_type_ids is not None:
+        kwargs["token_type_ids"] = torch.from_numpy(token_type_ids)
+    if position_ids is not None:
+        kwargs["position_ids"] = torch.from_numpy(position_ids)
+    with torch.no_grad():
+        out = model(**kwargs)
+    logits = getattr(out, "logits", None)
+    return Ref(hidden=to_np(out.hidden_states[-1]), attentions=np.stack([to_np(a) for a in out.attentions]),
+               logits=None if logits is None else to_np(logits))
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def compare(out: qkv.Output, ref: Ref, mask: np.ndarray, *, tol_hidden: float = TOL_HIDDEN,
+            tol_attention: float = TOL_ATTENTION, logits: np.ndarray | None | str = "ref",
+            label: str = "") -> dict[str, float]:
+    """Hidden, logits and attention weights at valid (mask == 1) query positions, within tolerance.
+
+    `logits="ref"` compares with ref.logits (both None for encoders); an array compares with it.
+    Returns the max-abs figures (also printed: `pytest -rP tests/live` shows them).
+    """
+    valid = mask.astype(bool)                                             # (B, n)
+    figures = {"hidden": max_abs(out.hidden[valid], ref.hidden[valid])}
+    expected_logits = ref.logits if isinstance(logits, str) else logits
+    if expected_logits is None:
+        assert out.logits is None, "an encoder must not produce logits"
+    else:
+        assert out.logits is not None
+        figures["logits"] = max_abs(out.logits[valid], expected_logits[valid])
+    assert out.attentions.shape == ref.attentions.shape, (out.attentions.shape, ref.attentions.shape)
+    # (L, B, H, n_q, n_k): every valid query row, all keys (padding keys must be 0 in both).
+    figures["attentions"] = max(max_abs(out.attentions[:, b][:, :, valid[b]], ref.attentions[:, b][:, :, valid[b]])
+                                for b in range(valid.shape[0]))
+    print(f"{label or 'case'}: " + ", ".join(f"{k} {v:.2e}" for k, v in figures.items()))
+    assert figures["hidden"] <= tol_hidden, figures
+    assert figures.get("logits", 0.0) <= tol_hidden, figures
+    assert figures["attentions"] <= tol_attention, figures
+    return figures
+
+
+# ── a float64 reference for the Llama family ─────────────────────────────────────
+# transformers' Llama/Qwen2/Mistral keep three islands of float32 even in a float64 model:
+# RoPE's cos/sin (computed from float32 inv_freq and positions), RMSNorm (upcasts to
+# float32) and the eager softmax (dtype=torch.float32). They cap agreement near 1e-6, and
+# with padding the float64 mask minimum overflows to -inf in the float32 softmax, so a
+# fully masked padding row becomes NaN and leaks into real rows (0 weight × NaN value).
+# float64_reference lifts exactly those three casts, nothing else.
+
+
+def _eager_attention_float64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' eager_attention_forward with the softmax in the query's dtype."""
+    groups = module.num_key_value_groups
+    key = key.repeat_interleave(groups, dim=1)                      # = repeat_kv
+    value = value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def float64_reference(model: torch.nn.Module, monkeypatch) -> torch.nn.Module:
+    """`model` in float64; for RoPE models also float64 RoPE, RMSNorm and softmax (see above)."""
+    model = model.to(torch.float64)
+    inner = getattr(model, "model", None)
+    rot = getattr(inner, "rotary_emb", None)
+    if rot is None:
+        return model                                                 # BERT, GPT-2: float64 throughout
+    cfg = model.config
+    params = cfg.rope_parameters
+    assert params.get("rope_type", "default") == "default", "float64 reference: plain RoPE only"
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv = 1.0 / (float(params["rope_theta"]) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+
+    def rope_forward(x, position_ids):
+        angles = position_ids[..., None].to(torch.float64) * inv
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    monkeypatch.setattr(rot, "forward", rope_forward)
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            def rms_forward(x, m=module):
+                return m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
+            monkeypatch.setattr(module, "forward", rms_forward)
+    modeling = importlib.import_module(type(model).__module__)
+    assert hasattr(modeling, "eager_attention_forward")
+    monkeypatch.setattr(modeling, "eager_attention_forward", _eager_attention_float64)
+    return model
+
+
+def transformers_version() -> str:
+    return transformers.__version__
