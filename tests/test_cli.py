@@ -63,3 +63,34 @@ def test_mistakes_give_one_line_and_exit_2(args, message):
 def test_help_everywhere():
     for args in (["--help"], ["show", "--help"], ["models", "--help"]):
         assert CliRunner().invoke(cli, args).exit_code == 0
+
+
+def test_generate_streams_and_saves_a_trace(tmp_path):
+    gpt2 = str(MODELS / "gpt2")
+    r = qkv_cmd("generate", "the cat", "--model", gpt2, "-n", "6", "--seed", "4", "--trace", str(tmp_path / "t"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("the cat") and len(r.stdout) > len("the cat\n")
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["trace.json", "trace.npz"]
+    again = qkv_cmd("generate", "the cat", "--model", gpt2, "-n", "6", "--seed", "4")
+    assert again.stdout == r.stdout                                   # same seed, same text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "The cat"], "is an encoder"),
+    (["generate", "x", "--model", str(MODELS / "gpt2"), "--top-p", "2"], "top_p"),
+    (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "0"], "max_new_tokens"),
+    (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "500"], "context of 128"),
+    (["generate", "x", "--model", str(MODELS / "gpt2"), "--temperature", "-1"], "temperature"),
+])
+def test_generate_mistakes_give_one_line_and_exit_2(args, message):
+    r = qkv_cmd(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_generate_refuses_an_unwritable_trace_dir_before_working(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = qkv_cmd("generate", "x", "--model", str(MODELS / "gpt2"), "--trace", str(blocker / "sub"))
+    assert r.returncode == 2 and "cannot write" in r.stderr and r.stdout == ""
