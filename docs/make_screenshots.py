@@ -1,0 +1,90 @@
+"""Screenshots of the viewer and the web app for the README, made by qkv's own code.
+
+    .venv/bin/python docs/make_screenshots.py        # writes docs/images/*.png
+
+Runs the default model on "The cat sat on the mat", writes the viewer with
+`qkv.viz.html.save_viewer`, serves the app with `qkv.server`, and photographs both in
+the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import qkv
+from qkv.server import make_server
+from qkv.viz.html import save_viewer
+
+CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+OUT = Path(__file__).parent / "images"
+TEXT = "The cat sat on the mat"
+READY = "[data-qkv-root][data-ready='1']"
+
+
+def roles_of(text: str):
+    """What each head does on TEXT (qkv.analysis), to label the model view; None if unavailable."""
+    try:
+        from qkv.analysis import analyse
+
+        return analyse("minilm", [text]).roles
+    except Exception as e:                      # the screenshots still work without roles
+        print(f"no roles ({e})")
+        return None
+
+
+def shoot(page, name: str, selector: str = "[data-qkv-root]") -> None:
+    path = OUT / f"{name}.png"
+    page.locator(selector).first.screenshot(path=str(path), animations="disabled")
+    print(f"{path}  {path.stat().st_size / 1024:.0f} KB")
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    model = qkv.load("minilm")
+    trace = model.run(TEXT, keep=("attentions",))
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        viewer = save_viewer(trace, Path(tmp) / "cat.html", model_name=model.name, roles=roles_of(TEXT))
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 920, "height": 700}, device_scale_factor=1)
+        page.goto(viewer.as_uri())
+        page.wait_for_selector(READY)
+
+        page.click(".qkv-chip >> nth=2")                         # layer 0, head 2: the previous-token head
+        shoot(page, "head_view")
+
+        page.click(".qkv-tab >> text=Matrix")
+        canvas = page.eval_on_selector(".qkv-heat", "c => ({...c.dataset, box: c.getBoundingClientRect().toJSON()})")
+        cell = float(canvas["cell"])
+        x = canvas["box"]["x"] + float(canvas["padL"]) + 2.5 * cell   # key 2 "cat"
+        y = canvas["box"]["y"] + float(canvas["padT"]) + 3.5 * cell   # query 3 "sat"
+        page.mouse.move(x, y)
+        shoot(page, "matrix_view")
+
+        page.mouse.move(0, 0)
+        page.click(".qkv-tab >> text=Model view")
+        shoot(page, "model_view")
+
+        server = make_server("minilm", port=0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        page.goto(server.url)
+        page.wait_for_selector(READY)
+        page.fill("textarea", "The animal didn't cross the street because it was too tired.")
+        page.click("button[type=submit]")
+        page.wait_for_function("() => document.querySelectorAll('.qkv-col-q .qkv-tok').length > 10")
+        page.select_option(".qkv-layer", "2")
+        page.hover(".qkv-col-q .qkv-tok >> nth=10")             # "it"
+        shoot(page, "web_app", ".qkv-app")
+        server.shutdown()
+        server.server_close()
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The sentences of `qkv explain`, in English and in Korean (the seeds' language and vocabulary).
+
+Each entry is a `str.format` template; `explain.py` fills in the numbers it computed from
+the real model. Both languages have exactly the same keys (a test checks it).
+"""
+
+from __future__ import annotations
+
+EN = {
+    "title": "qkv explain · {model} · layer {layer} · head {head} of {H}",
+    "formula": "Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k) · V, for one head of the real model, step by step. "
+               "d_model = {d_model}, H = {H} heads, d_k = d_model / H = {d_k}.",
+    "library": "The seeds' library: the query is what you are looking for, each key is a book's index label, "
+               "each value is the book itself; a query that matches a key takes more of that value.",
+
+    "s_tokens": "⓪ Tokens → ids",
+    "tokens": "The tokenizer cuts the text into n = {n} tokens; each id picks a row of the embedding table.",
+    "col_token": "token", "col_id": "id",
+
+    "s_x": "① X: the input of layer {layer}",
+    "x": "X is the residual stream entering layer {layer}: one row of d_model numbers per token. Shape {shape}.",
+    "x_embed": "In layer 0, X is the embedding: token + position{types} vectors{embed_norm}.",
+    "x_types": " + segment", "x_embed_norm": ", then LayerNorm",
+    "x_post": "{model} is post-norm (BERT): attention reads X itself, and LayerNorm comes after the residual "
+              "add: X' = Norm(X + Attention(X)).",
+    "x_pre": "{model} is pre-norm: attention reads Norm(X), and X flows on unchanged through the residual: "
+             "X' = X + Attention(Norm(X)).",
+    "first_values": "first {k} values",
+
+    "s_qkv": "② Q, K, V: three projections of the same X",
+    "w_q": "W_Q is {W} (d_model × H·d_k); head {head} uses its columns {lo}..{hi}: W_Q^{head} is {Wh}.",
+    "qkv": "Q = {x_name}·W_Q^{head}{b}   {xs} · {ws} = {qs}.   K and V the same way with W_K, W_V: "
+           "K {ks}, V {vs}.",
+    "qkv_check": "Equal to the q, k, v the model computed (largest difference {diff:.1e}).",
+    "rope": "RoPE then rotates each query and key by its position (seeds §1); the steps below use the "
+            "rotated Q and K the model used.",
+    "gqa": "This model shares K and V between groups of {G} query heads (GQA/MQA): head {head} reads K/V "
+           "head {kv}.",
+    "row_of": "row of “{token}”",
+
+    "s_s": "③ S = Q·Kᵀ: every query against every key",
+    "s": "{qs} · {kts} = {ss}. S[i, j] is the dot product of token i's query with token j's key: "
+         "how well they point the same way. Top-left corner:",
+
+    "s_scale": "④ Scaling: S / √d_k",
+    "scale": "√d_k = √{d_k} = {sqrt:.3f}. Dividing keeps the scores in a range where softmax still spreads "
+             "its weight (why: step ⑧). Shape {ss}. Top-left corner:",
+    "mask": "Causal mask (seeds §5): M[i, j] = −∞ where key j comes after query i, so softmax gives it 0; "
+            "shown as −∞.",
+    "scale_check": "Equal to the scores the model computed (largest difference {diff:.1e}).",
+
+    "s_softmax": "⑤ Softmax: A = softmax(S / √d_k), row by row",
+    "softmax": "Each row turns into weights between 0 and 1 that sum to 1 (largest deviation of a row sum: "
+               "{dev:.1e}). Shape {ss}. The row of “{token}”:",
+    "looks_most": "“{token}” looks most at “{target}” (token {j}), with weight {w:.3f}.",
+    "col_key": "key",
+
+    "s_z": "⑥ Z = A·V: the weighted sum of the values",
+    "z": "{as_} · {vs} = {zs}. Each token's output is a mix of every token's value, in proportion to "
+         "its weights. For “{token}”:",
+    "z_seed": "(as the seeds' 3-token example: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
+    "z_check": "Equal to the head output the model computed (largest difference {diff:.1e}).",
+
+    "s_out": "⑦ Concat(Z_0 … Z_{last}) · W_O: the heads together",
+    "out": "The {H} heads' outputs side by side make {cs}; W_O {ws} mixes them back to d_model: "
+           "{cs} · {ws} + b_O = {os}.",
+    "out_check": "Equal to the attention output the model computed (largest difference {diff:.1e}).",
+    "out_post": "The block then adds it to X and normalises: Norm(X + Attention(X)); the FFN follows.",
+    "out_pre": "The block then adds it to X (the residual); the FFN follows.",
+
+    "s_why": "⑧ Why divide by √d_k",
+    "why_var": "The dot product of two random vectors with d_k independent unit-variance entries has variance "
+               "d_k (its typical size grows like √d_k). Measured on {N} random pairs (seed 0):",
+    "col_dk": "d_k", "col_var": "var(q·k)", "col_std": "std(q·k)", "col_var_scaled": "var(q·k / √d_k)",
+    "why_var_end": "At d_k = 64 the scores are about 8 times larger (√64 = 8); divided by √d_k the variance is "
+                   "about 1 at every size.",
+    "why_softmax": "Large scores make softmax saturate: nearly all weight on one key, and its gradient "
+                   "p·(1 − p) vanishes, so training stops learning from the others.",
+    "why_softmax_end": "The seeds' [100, 1, 1] leaves the other keys about 10⁻⁴³ of the weight; scaled down 10 "
+                       "times they get about 10⁻⁴ and the gradient is alive again; 100 times, a real share.",
+    "col_scores": "scores", "col_softmax": "softmax", "col_grad": "largest p·(1 − p)",
+    "why_model": "On the real model, the same rows without the 1/√d_k scaling "
+                 "(entropy in nats: 0 = all weight on one key, log n = {logn:.2f} = spread evenly):",
+    "col_what": "", "col_scaled": "with /√d_k", "col_unscaled": "without",
+    "this_head": "head {head}: mean entropy of a row", "this_head_max": "head {head}: mean largest weight",
+    "all_heads": "all {H} heads of layer {layer}: mean entropy", "all_heads_max":
+        "all {H} heads of layer {layer}: mean largest weight",
+    "why_end": "Without the scaling the rows are sharper: the model would attend to fewer tokens at once.",
+}
+
+KO = {
+    "title": "qkv explain · {model} · {layer}번 층 · {H}개 헤드 중 {head}번 헤드",
+    "formula": "Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k) · V 를 실제 모델의 헤드 하나로 한 단계씩 계산합니다. "
+               "d_model = {d_model}, 헤드 H = {H}개, d_k = d_model / H = {d_k}.",
+    "library": "도서관 비유: 쿼리는 내가 찾는 검색어, 키는 각 책의 색인표, 밸류는 책의 실제 내용입니다. "
+               "쿼리와 잘 맞는 키일수록 그 밸류를 더 많이 가져옵니다.",
+
+    "s_tokens": "⓪ 토큰 → ID",
+    "tokens": "토크나이저가 텍스트를 n = {n}개의 토큰으로 자르고, 각 ID로 임베딩 테이블의 행을 조회합니다.",
+    "col_token": "토큰", "col_id": "ID",
+
+    "s_x": "① X: {layer}번 층의 입력",
+    "x": "X는 {layer}번 층으로 들어가는 잔차 스트림으로, 토큰마다 d_model개의 숫자가 한 행을 이룹니다. shape {shape}.",
+    "x_embed": "0번 층에서 X는 임베딩입니다: 토큰 + 위치{types} 벡터{embed_norm}.",
+    "x_types": " + 세그먼트", "x_embed_norm": ", 그다음 LayerNorm",
+    "x_post": "{model}은(는) post-norm(BERT)입니다: 어텐션은 X를 그대로 읽고, LayerNorm은 잔차 연결 뒤에 옵니다: "
+              "X' = Norm(X + Attention(X)).",
+    "x_pre": "{model}은(는) pre-norm입니다: 어텐션은 Norm(X)를 읽고, X는 잔차 연결로 그대로 흘러갑니다: "
+             "X' = X + Attention(Norm(X)).",
+    "first_values": "앞 {k}개 값",
+
+    "s_qkv": "② Q, K, V: 같은 X를 세 방향으로 선형 변환",
+    "w_q": "W_Q는 {W}(d_model × H·d_k)이고, {head}번 헤드는 그중 {lo}..{hi}번 열을 씁니다: W_Q^{head}는 {Wh}.",
+    "qkv": "Q = {x_name}·W_Q^{head}{b}   {xs} · {ws} = {qs}.   K와 V도 W_K, W_V로 같은 방식입니다: "
+           "K {ks}, V {vs}.",
+    "qkv_check": "모델이 계산한 q, k, v와 같습니다(최대 차이 {diff:.1e}).",
+    "rope": "그다음 RoPE가 각 쿼리와 키를 위치만큼 회전시킵니다(시드 §1). 아래 단계는 모델이 실제로 쓴 회전된 Q와 K를 씁니다.",
+    "gqa": "이 모델은 쿼리 헤드 {G}개가 K와 V를 함께 씁니다(GQA/MQA): {head}번 헤드는 {kv}번 K/V 헤드를 읽습니다.",
+    "row_of": "“{token}”의 행",
+
+    "s_s": "③ 점수 행렬 S = Q·Kᵀ: 모든 쿼리와 모든 키의 내적",
+    "s": "{qs} · {kts} = {ss}. S[i, j]는 토큰 i의 쿼리와 토큰 j의 키의 내적, 즉 두 벡터가 얼마나 같은 방향을 "
+         "가리키는지입니다. 왼쪽 위 모서리:",
+
+    "s_scale": "④ 스케일링: S / √d_k",
+    "scale": "√d_k = √{d_k} = {sqrt:.3f}. 이렇게 나누면 점수가 소프트맥스가 가중치를 고르게 나눌 수 있는 범위에 "
+             "머뭅니다(이유는 ⑧단계). shape {ss}. 왼쪽 위 모서리:",
+    "mask": "인과 마스킹(시드 §5): 키 j가 쿼리 i보다 뒤에 있으면 M[i, j] = −∞ 이고, 소프트맥스가 그 자리를 0으로 "
+            "만듭니다. −∞로 표시합니다.",
+    "scale_check": "모델이 계산한 점수와 같습니다(최대 차이 {diff:.1e}).",
+
+    "s_softmax": "⑤ 소프트맥스: A = softmax(S / √d_k), 행마다",
+    "softmax": "각 행이 0과 1 사이의 가중치로 바뀌고 합은 1입니다(행 합의 최대 오차 {dev:.1e}). shape {ss}. "
+               "“{token}”의 행:",
+    "looks_most": "“{token}”은(는) “{target}”(토큰 {j})을(를) 가장 많이 봅니다. 가중치 {w:.3f}.",
+    "col_key": "키",
+
+    "s_z": "⑥ Z = A·V: 밸류의 가중합",
+    "z": "{as_} · {vs} = {zs}. 각 토큰의 출력은 모든 토큰의 밸류를 가중치만큼 섞은 것입니다. “{token}”의 경우:",
+    "z_seed": "(시드의 토큰 3개 예시처럼: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
+    "z_check": "모델이 계산한 헤드 출력과 같습니다(최대 차이 {diff:.1e}).",
+
+    "s_out": "⑦ Concat(Z_0 … Z_{last}) · W_O: 헤드를 하나로",
+    "out": "{H}개 헤드의 출력을 이어 붙이면(Concat) {cs}가 되고, W_O {ws}가 이를 다시 d_model 차원으로 압축합니다: "
+           "{cs} · {ws} + b_O = {os}.",
+    "out_check": "모델이 계산한 어텐션 출력과 같습니다(최대 차이 {diff:.1e}).",
+    "out_post": "블록은 이 값을 X에 더한 뒤 정규화합니다: Norm(X + Attention(X)). 그다음 FFN이 이어집니다.",
+    "out_pre": "블록은 이 값을 X에 더합니다(잔차 연결). 그다음 FFN이 이어집니다.",
+
+    "s_why": "⑧ 왜 √d_k로 나누나",
+    "why_var": "분산이 1인 독립 성분 d_k개로 된 두 랜덤 벡터의 내적은 분산이 d_k입니다(전형적인 크기는 √d_k에 "
+               "비례해 커집니다). 랜덤 벡터 쌍 {N}개로 측정(seed 0):",
+    "col_dk": "d_k", "col_var": "var(q·k)", "col_std": "std(q·k)", "col_var_scaled": "var(q·k / √d_k)",
+    "why_var_end": "d_k = 64이면 점수가 약 8배 커집니다(√64 = 8). √d_k로 나누면 어느 크기에서든 분산이 약 1이 됩니다.",
+    "why_softmax": "점수가 크면 소프트맥스가 포화됩니다: 가중치가 거의 한 키에 몰리고, 기울기 p·(1 − p)가 0에 "
+                   "가까워져 나머지 단어로부터 학습이 멈춥니다.",
+    "why_softmax_end": "시드의 [100, 1, 1]에서는 나머지 키의 가중치가 약 10⁻⁴³입니다. 10배 줄이면 약 10⁻⁴가 되어 "
+                       "기울기가 다시 살아나고, 100배 줄이면 실제로 몫을 나눠 갖습니다.",
+    "col_scores": "점수", "col_softmax": "소프트맥스", "col_grad": "가장 큰 p·(1 − p)",
+    "why_model": "실제 모델에서 같은 행을 1/√d_k 스케일링 없이 계산하면 "
+                 "(엔트로피, 단위 nat: 0 = 한 키에 전부, log n = {logn:.2f} = 고르게 분포):",
+    "col_what": "", "col_scaled": "/√d_k 적용", "col_unscaled": "미적용",
+    "this_head": "{head}번 헤드: 행 엔트로피 평균", "this_head_max": "{head}번 헤드: 가장 큰 가중치 평균",
+    "all_heads": "{layer}번 층의 {H}개 헤드 전체: 엔트로피 평균", "all_heads_max":
+        "{layer}번 층의 {H}개 헤드 전체: 가장 큰 가중치 평균",
+    "why_end": "스케일링이 없으면 행이 더 날카로워집니다: 모델이 한 번에 더 적은 토큰만 보게 됩니다.",
+}
+
+TEXTS = {"en": EN, "ko": KO}

@@ -1,0 +1,492 @@
+/* qkv attention viewer: head, matrix and model views of one trace, drawn on canvas.
+ *
+ * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated).
+ * Tokens reach the page only through textContent, attributes and canvas fillText:
+ * never parsed as HTML. No network: everything is in this file and its payload.
+ *
+ *   QKV.mount(root, payload, state?) → Promise<Viewer>   draw a payload into an element
+ *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
+ *
+ * Every root keeps its own state and DOM (no ids), so several viewers share a page.
+ * The root's data-* attributes (view, layer, head, hover, cell, ready) say what is shown.
+ */
+(function (global) {
+  "use strict";
+
+  // ── colours ────────────────────────────────────────────────────────────────
+  const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                        "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3949ab", "#ad494a"];
+  const ROLE_COLOURS = ["#e6550d", "#31a354", "#756bb1", "#c51b8a", "#3182bd", "#8c6d31",
+                        "#d6616b", "#17becf", "#636363", "#bcbd22"];
+  // matplotlib "Blues": white (0) → dark blue (1)
+  const STOPS = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
+                 [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
+  const LUT = (function () {
+    const lut = new Uint8Array(256 * 3);
+    for (let q = 0; q < 256; q++) {
+      const x = q / 255 * (STOPS.length - 1), k = Math.min(Math.floor(x), STOPS.length - 2), t = x - k;
+      for (let c = 0; c < 3; c++) lut[q * 3 + c] = Math.round(STOPS[k][c] * (1 - t) + STOPS[k + 1][c] * t);
+    }
+    return lut;
+  })();
+
+  function headColour(h, H) {
+    return H <= HEAD_COLOURS.length ? HEAD_COLOURS[h] : `hsl(${Math.round(h * 137.508) % 360},62%,44%)`;
+  }
+
+  // ── small helpers ──────────────────────────────────────────────────────────
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;           // text, never HTML
+    return e;
+  }
+  const clamp = (x, lo, hi) => Math.max(lo, Math.min(hi, x));
+  // Tokens as shown: visible stand-ins for whitespace-only tokens, capped length.
+  function shown(tok, max) {
+    let s = tok.replace(/\n/g, "↵").replace(/\t/g, "⇥");
+    if (s.trim() === "") s = s.length ? "␣".repeat(Math.min(s.length, 3)) : "∅";
+    return max && s.length > max ? s.slice(0, max - 1) + "…" : s;
+  }
+  // A weight as text, honest about the one-byte precision (±0.002).
+  function fmt(q) {
+    if (q === 0) return "0.00";
+    const v = q / 255;
+    return v < 0.01 ? "<0.01" : v.toFixed(2);
+  }
+  function sizeCanvas(canvas, w, h) {
+    const ratio = Math.min(global.devicePixelRatio || 1, 2, 32000 / Math.max(w, h));
+    canvas.width = Math.round(w * ratio);
+    canvas.height = Math.round(h * ratio);
+    canvas.style.width = w + "px";
+    canvas.style.height = h + "px";
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    return ctx;
+  }
+  // w×h bytes (row-major) → a w×h canvas coloured by the LUT, to be drawn scaled.
+  function heatmapImage(bytes, w, h, gamma) {
+    const off = document.createElement("canvas");
+    off.width = w;
+    off.height = h;
+    const ctx = off.getContext("2d");
+    const img = ctx.createImageData(w, h), px = img.data;
+    for (let p = 0; p < w * h; p++) {
+      const q = gamma ? gamma[bytes[p]] : bytes[p];
+      px[4 * p] = LUT[3 * q]; px[4 * p + 1] = LUT[3 * q + 1]; px[4 * p + 2] = LUT[3 * q + 2]; px[4 * p + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+    return off;
+  }
+
+  // ── data ───────────────────────────────────────────────────────────────────
+  async function decode(att) {
+    if (att.encoding !== "uint8-deflate-base64") throw new Error("unknown attention encoding " + att.encoding);
+    if (typeof DecompressionStream === "undefined")
+      throw new Error("this browser lacks DecompressionStream; use Chrome 80+, Firefox 113+ or Safari 16.4+");
+    let packed;
+    if (Uint8Array.fromBase64) packed = Uint8Array.fromBase64(att.data);
+    else {
+      const raw = atob(att.data);
+      packed = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) packed[i] = raw.charCodeAt(i);
+    }
+    const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("deflate"));
+    const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+    const want = att.shape.reduce((a, b) => a * b, 1);
+    if (bytes.length !== want) throw new Error(`attention has ${bytes.length} values, expected ${want}`);
+    return bytes;                                           // (L, H, n, n) row-major, q = round(a·255)
+  }
+
+  // ── the viewer ─────────────────────────────────────────────────────────────
+  class Viewer {
+    constructor(root, payload, bytes, state) {
+      this.root = root;
+      this.p = payload;
+      this.bytes = bytes;
+      [this.L, this.H, this.n] = payload.attention.shape;
+      this.tokens = payload.tokens;
+      this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
+      const s = state || {};
+      const li = payload.layers.indexOf(s.layer);
+      this.state = {view: ["head", "matrix", "model"].includes(s.view) ? s.view : "head",
+                    layer: li >= 0 ? li : 0, head: s.head >= 0 && s.head < this.H ? s.head : -1,
+                    hover: null, cell: null};
+      this.roleColour = {};
+      const roles = [...new Set((payload.roles || []).flat().filter(r => r))].sort();
+      roles.forEach((r, k) => { this.roleColour[r] = ROLE_COLOURS[k % ROLE_COLOURS.length]; });
+      this.build();
+    }
+
+    // attention of (kept layer l, head h): an n×n view of the bytes, rows = queries
+    A(l, h) { const nn = this.n * this.n; return this.bytes.subarray((l * this.H + h) * nn, (l * this.H + h + 1) * nn); }
+    heads() { return this.state.head < 0 ? [...Array(this.H).keys()] : [this.state.head]; }
+    role(l, h) { return this.p.roles ? this.p.roles[l][h] : null; }
+    headName(l, h) { const r = this.role(l, h); return `head ${h}` + (r ? ` (${r})` : ""); }
+    // The matrix of the selected head, or the mean of all heads (bytes, same scale).
+    selected() {
+      const l = this.state.layer;
+      if (this.state.head >= 0) return this.A(l, this.state.head);
+      const nn = this.n * this.n, sum = new Float32Array(nn), out = new Uint8Array(nn);
+      for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
+      for (let p = 0; p < nn; p++) out[p] = Math.round(sum[p] / this.H);
+      return out;
+    }
+
+    set(patch) {
+      Object.assign(this.state, patch);
+      this.render();
+    }
+
+    build() {
+      const root = this.root, H = this.H;
+      root.textContent = "";
+      root.classList.add("qkv");
+      const bar = el("div", "qkv-bar");
+      this.tabs = {};
+      const tabs = el("div", "qkv-tabs");
+      for (const [v, label] of [["head", "Head view"], ["matrix", "Matrix"], ["model", "Model view"]]) {
+        const b = el("button", "qkv-tab", label);
+        b.type = "button";
+        b.addEventListener("click", () => this.set({view: v, hover: null, cell: null}));
+        tabs.append(b);
+        this.tabs[v] = b;
+      }
+      this.layerSel = el("select", "qkv-layer");
+      this.p.layers.forEach((layer, k) => { const o = el("option", null, String(layer)); o.value = k; this.layerSel.append(o); });
+      this.layerSel.addEventListener("change", () => this.set({layer: +this.layerSel.value, cell: null}));
+      this.headSel = el("select", "qkv-head");
+      const all = el("option", null, "all"); all.value = -1; this.headSel.append(all);
+      for (let h = 0; h < H; h++) { const o = el("option", null, String(h)); o.value = h; this.headSel.append(o); }
+      this.headSel.addEventListener("change", () => this.set({head: +this.headSel.value, cell: null}));
+      const lab = (text, sel) => { const l = el("label", "qkv-field", text); l.append(sel); return l; };
+      this.meta = el("span", "qkv-meta");
+      bar.append(tabs, lab("Layer ", this.layerSel), lab("Head ", this.headSel), this.meta);
+
+      this.chips = el("div", "qkv-chips");
+      this.chips.append(el("span", "qkv-hint", "heads:"));
+      this.chipEls = [];
+      for (let h = 0; h < H; h++) {
+        const c = el("button", "qkv-chip", String(h));
+        c.type = "button";
+        c.style.setProperty("--c", headColour(h, H));
+        c.addEventListener("click", () => this.set({head: this.state.head === h ? -1 : h, cell: null}));
+        this.chips.append(c);
+        this.chipEls.push(c);
+      }
+      this.hint = el("span", "qkv-hint");
+      this.chips.append(this.hint);
+
+      this.panels = {head: el("div", "qkv-panel qkv-headview"), matrix: el("div", "qkv-panel qkv-matrix"),
+                     model: el("div", "qkv-panel qkv-model")};
+      root.append(bar, this.chips, this.panels.head, this.panels.matrix, this.panels.model);
+      this.built = {};
+    }
+
+    render() {
+      const s = this.state, root = this.root;
+      for (const v in this.tabs) {
+        this.tabs[v].setAttribute("aria-pressed", String(v === s.view));
+        this.panels[v].hidden = v !== s.view;
+      }
+      this.layerSel.value = s.layer;
+      this.headSel.value = s.head;
+      this.chipEls.forEach((c, h) => {
+        c.setAttribute("aria-pressed", String(s.head < 0 || s.head === h));
+        c.title = this.headName(s.layer, h) + (s.head === h ? " · click again for all heads" : " · click to show it alone");
+      });
+      this.chips.hidden = s.view === "model";
+      const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
+      this.meta.textContent = [this.p.model, `${this.n} tokens`, `layer ${this.p.layers[s.layer]}`, who]
+        .filter(x => x).join(" · ");
+      this.hint.textContent = {head: "hover a token to isolate its lines",
+                               matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
+                               model: ""}[s.view];
+      const t0 = performance.now();
+      if (!this.built[s.view]) { this["build_" + s.view](); this.built[s.view] = true; }
+      this["draw_" + s.view]();
+      root.dataset.drawMs = (performance.now() - t0).toFixed(1);     // for tests and curious users
+      Object.assign(root.dataset, {view: s.view, layer: this.p.layers[s.layer], head: s.head < 0 ? "all" : s.head,
+                                   hover: s.hover ? s.hover.side + s.hover.i : "",
+                                   cell: s.cell ? s.cell.i + "," + s.cell.j : ""});
+    }
+
+    // ── head view: two token columns, one line per (query, key), alpha = weight ──
+    build_head() {
+      const n = this.n, panel = this.panels.head;
+      const rowH = n <= 48 ? 22 : n <= 160 ? 17 : 14;
+      this.hv = {rowH, W: n <= 48 ? 260 : 220};
+      panel.style.setProperty("--row", rowH + "px");
+      panel.classList.add(n <= 48 ? "qkv-big" : n <= 160 ? "qkv-mid" : "qkv-small");
+      const column = (side) => {
+        const col = el("div", "qkv-col qkv-col-" + side), rows = [];
+        for (let i = 0; i < n; i++) {
+          const t = el("div", "qkv-tok" + (i >= this.gen ? " qkv-gen" : ""), shown(this.tokens[i]));
+          t.dataset.i = i;
+          t.tabIndex = 0;
+          t.title = `${side === "q" ? "query" : "key"} ${i}: ${this.tokens[i]}` + (i >= this.gen ? " (generated)" : "");
+          col.append(t);
+          rows.push(t);
+        }
+        const enter = (e) => {
+          const t = e.target.closest(".qkv-tok");
+          if (t && (!this.state.hover || this.state.hover.side !== side || this.state.hover.i !== +t.dataset.i))
+            this.set({hover: {side, i: +t.dataset.i}});
+        };
+        const leave = () => { if (this.state.hover) this.set({hover: null}); };
+        col.addEventListener("mouseover", enter);
+        col.addEventListener("focusin", enter);
+        col.addEventListener("mouseleave", leave);
+        col.addEventListener("focusout", leave);
+        return [col, rows];
+      };
+      const [left, lrows] = column("q"), [right, rrows] = column("k");
+      this.hv.rows = {q: lrows, k: rrows};
+      this.hv.canvas = el("canvas", "qkv-lines");
+      this.hv.ctx = sizeCanvas(this.hv.canvas, this.hv.W, n * rowH);
+      const head = el("div", "qkv-heads-row");
+      head.append(el("span", "qkv-axis", "query (looks from)"), el("span"), el("span", "qkv-axis", "key (looks at)"));
+      const grid = el("div", "qkv-headgrid");
+      grid.append(left, this.hv.canvas, right);
+      panel.append(head, grid);
+      if (this.gen < n) panel.append(el("p", "qkv-note", `tokens from ${this.gen} on (underlined) were generated`));
+    }
+
+    draw_head() {
+      const {ctx, W, rowH, rows} = this.hv, n = this.n, s = this.state, hover = s.hover;
+      ctx.clearRect(0, 0, W, n * rowH);
+      const heads = this.heads();
+      const minQ = hover || n <= 64 ? 1 : n <= 160 ? 4 : 8;   // long inputs: skip lines too faint to see (a < 0.03)
+      const shade = new Float32Array(n);
+      ctx.lineWidth = heads.length === 1 ? 2 : n > 100 ? 1 : 1.5;
+      for (const h of heads) {
+        const a = this.A(s.layer, h);
+        // several heads: each ends at its own height within a row, so their lines stay apart
+        const dy = heads.length > 1 ? ((h + 0.5) / this.H - 0.5) * rowH * 0.6 : 0;
+        const y = (i) => (i + 0.5) * rowH + dy;
+        const paths = [];                                   // one path per alpha level: ≤ 16 strokes per head
+        const line = (i, j, q) => {
+          const b = q >> 4;
+          (paths[b] || (paths[b] = new Path2D())).moveTo(0, y(i));
+          paths[b].lineTo(W, y(j));
+        };
+        if (!hover) {
+          for (let i = 0; i < n; i++) for (let j = 0, o = i * n; j < n; j++) { if (a[o + j] >= minQ) line(i, j, a[o + j]); }
+        } else if (hover.side === "q") {
+          const i = hover.i;
+          for (let j = 0; j < n; j++) { const q = a[i * n + j]; if (q) { line(i, j, q); shade[j] = Math.max(shade[j], q); } }
+        } else {
+          const j = hover.i;
+          for (let i = 0; i < n; i++) { const q = a[i * n + j]; if (q) { line(i, j, q); shade[i] = Math.max(shade[i], q); } }
+        }
+        ctx.strokeStyle = headColour(h, this.H);
+        paths.forEach((p, b) => { if (p) { ctx.globalAlpha = Math.min(1, (16 * b + 12) / 255); ctx.stroke(p); } });
+      }
+      ctx.globalAlpha = 1;
+      // the hovered token, and how much each token on the other side gets (or gives)
+      for (const side of ["q", "k"]) {
+        rows[side].forEach((t, i) => {
+          const mine = !!hover && hover.side === side && hover.i === i;
+          const other = hover && hover.side !== side && shade[i] > 0;
+          const bg = other ? `rgba(33,113,181,${(0.08 + 0.6 * shade[i] / 255).toFixed(2)})` : "";
+          if (mine !== t.classList.contains("qkv-hot")) t.classList.toggle("qkv-hot", mine);
+          if (bg !== (t._bg || "")) { t.style.background = bg; t._bg = bg; }   // touch only what changed
+        });
+      }
+    }
+
+    // ── matrix view: the n×n heatmap, a cell's weight on hover ────────────────
+    build_matrix() {
+      const panel = this.panels.matrix;
+      this.mx = {canvas: el("canvas", "qkv-heat"), tip: el("div", "qkv-tip"), readout: el("p", "qkv-readout")};
+      this.mx.tip.hidden = true;
+      const wrap = el("div", "qkv-heatwrap");
+      wrap.append(this.mx.canvas, this.mx.tip);
+      const bar = el("canvas", "qkv-colourbar"), scale = el("div", "qkv-scale");
+      const bctx = sizeCanvas(bar, 160, 10);
+      const ramp = new Uint8Array(256).map((_, q) => q);
+      bctx.imageSmoothingEnabled = true;
+      bctx.drawImage(heatmapImage(ramp, 256, 1), 0, 0, 160, 10);
+      scale.append(el("span", null, "0"), bar, el("span", null, "1   attention weight (±0.002)"));
+      panel.append(wrap, this.mx.readout, scale);
+      this.mx.readout.textContent = "hover a cell";
+      this.mx.canvas.addEventListener("mousemove", (e) => this.matrixHover(e));
+      this.mx.canvas.addEventListener("mouseleave", () => { this.mx.tip.hidden = true; this.set({cell: null}); });
+    }
+
+    draw_matrix() {
+      const n = this.n, mx = this.mx, s = this.state;
+      const key = s.layer + ":" + s.head;
+      if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.image = heatmapImage(mx.values, n, n); }
+      const cell = clamp(Math.floor(560 / n), 1, 44), labels = cell >= 10, size = n * cell;
+      const font = `${clamp(cell - 4, 9, 13)}px system-ui, sans-serif`;
+      let lw = 0;
+      if (labels) {
+        const c = mx.canvas.getContext("2d");
+        c.font = font;
+        for (const t of this.tokens) lw = Math.max(lw, c.measureText(shown(t, 14)).width);
+      }
+      const padL = labels ? Math.ceil(lw) + 12 : 40, padT = labels ? Math.ceil(lw * 0.71) + 14 : 22;
+      const padR = labels ? Math.ceil(lw * 0.71) : 8;
+      if (!mx.geo || mx.geo.size !== size || mx.geo.padL !== padL) {
+        mx.ctx = sizeCanvas(mx.canvas, padL + size + padR, padT + size + 6);
+      }
+      mx.geo = {cell, size, padL, padT};
+      Object.assign(mx.canvas.dataset, {cell, padL, padT});       // where the cells are, for tests
+      const ctx = mx.ctx;
+      ctx.clearRect(0, 0, padL + size + padR, padT + size + 6);
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(mx.image, padL, padT, size, size);
+      ctx.fillStyle = "#333";
+      ctx.font = font;
+      if (labels) {
+        ctx.textBaseline = "middle";
+        ctx.textAlign = "right";
+        for (let i = 0; i < n; i++) {
+          ctx.fillStyle = i >= this.gen ? "#b45309" : s.cell && s.cell.i === i ? "#08306b" : "#333";
+          ctx.fillText(shown(this.tokens[i], 14), padL - 6, padT + (i + 0.5) * cell);
+        }
+        ctx.textAlign = "left";
+        for (let j = 0; j < n; j++) {
+          ctx.save();
+          ctx.translate(padL + (j + 0.5) * cell, padT - 5);
+          ctx.rotate(-Math.PI / 4);
+          ctx.fillStyle = j >= this.gen ? "#b45309" : s.cell && s.cell.j === j ? "#08306b" : "#333";
+          ctx.fillText(shown(this.tokens[j], 14), 0, 0);
+          ctx.restore();
+        }
+      } else {
+        ctx.textBaseline = "alphabetic";
+        ctx.textAlign = "left";
+        ctx.fillText("key →", padL, padT - 6);
+        ctx.save();
+        ctx.translate(padL - 8, padT);
+        ctx.rotate(Math.PI / 2);
+        ctx.fillText("query →", 0, 0);
+        ctx.restore();
+      }
+      if (s.cell) {
+        ctx.strokeStyle = "#d62728";
+        ctx.lineWidth = 1.5;
+        ctx.strokeRect(padL + s.cell.j * cell - 0.5, padT + s.cell.i * cell - 0.5, cell + 1, cell + 1);
+      }
+    }
+
+    matrixHover(e) {
+      const g = this.mx.geo, n = this.n;
+      const j = Math.floor((e.offsetX - g.padL) / g.cell), i = Math.floor((e.offsetY - g.padT) / g.cell);
+      if (i < 0 || j < 0 || i >= n || j >= n) {
+        this.mx.tip.hidden = true;
+        if (this.state.cell) this.set({cell: null});
+        return;
+      }
+      const q = this.mx.values[i * n + j];
+      const text = `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.tokens[j], 24)}” (key ${j}): ${fmt(q)}`;
+      this.mx.readout.textContent = text;
+      const tip = this.mx.tip;
+      tip.textContent = fmt(q) + "  " + shown(this.tokens[i], 16) + " → " + shown(this.tokens[j], 16);
+      tip.hidden = false;
+      tip.style.left = (e.offsetX + 14) + "px";
+      tip.style.top = (e.offsetY + 12) + "px";
+      if (!this.state.cell || this.state.cell.i !== i || this.state.cell.j !== j) this.set({cell: {i, j}});
+    }
+
+    // ── model view: layers × heads thumbnails; click one to open it ───────────
+    build_model() {
+      const panel = this.panels.model, H = this.H, n = this.n;
+      const width = (this.root.clientWidth || 900) - 24 - 64;   // minus padding and the row labels
+      const t = clamp(Math.floor(width / H) - 10, 30, 84);        // a thumb's button adds 6px, the gap 4px
+      const grid = el("div", "qkv-grid");
+      grid.style.gridTemplateColumns = `auto repeat(${H}, ${t + 6}px)`;
+      grid.append(el("span"));
+      for (let h = 0; h < H; h++) grid.append(el("span", "qkv-axis qkv-colhead", String(h)));
+      this.thumbs = [];
+      const bins = Math.min(n, Math.round(t * Math.min(global.devicePixelRatio || 1, 2)));
+      const map = new Int32Array(n).map((_, k) => Math.floor(k * bins / n));
+      const gamma = new Uint8Array(256).map((_, q) => Math.round(255 * Math.sqrt(q / 255)));
+      for (let l = 0; l < this.L; l++) {
+        grid.append(el("span", "qkv-axis qkv-rowhead", "layer " + this.p.layers[l]));
+        for (let h = 0; h < H; h++) {
+          const b = el("button", "qkv-thumb"), c = el("canvas");
+          b.type = "button";
+          b.title = `layer ${this.p.layers[l]} · ${this.headName(l, h)} · click to open`;
+          b.dataset.layer = this.p.layers[l];
+          b.dataset.head = h;
+          const role = this.role(l, h);
+          if (role) { b.style.borderColor = this.roleColour[role]; b.classList.add("qkv-hasrole"); }
+          // max-pool the n×n matrix to bins×bins so thin diagonals stay visible
+          const a = this.A(l, h), pooled = new Uint8Array(bins * bins);
+          for (let i = 0; i < n; i++) {
+            const r = map[i] * bins, o = i * n;
+            for (let j = 0; j < n; j++) { const p = r + map[j]; if (a[o + j] > pooled[p]) pooled[p] = a[o + j]; }
+          }
+          const ctx = sizeCanvas(c, t, t);
+          ctx.imageSmoothingEnabled = bins > t;
+          ctx.drawImage(heatmapImage(pooled, bins, bins, gamma), 0, 0, t, t);
+          b.append(c);
+          if (role) { const r = el("span", "qkv-thumb-role", role); r.style.color = this.roleColour[role]; r.style.width = t + "px"; b.append(r); }
+          b.addEventListener("click", () => this.set({view: "head", layer: l, head: h, hover: null}));
+          grid.append(b);
+          this.thumbs.push(b);
+        }
+      }
+      panel.append(grid);
+      const legend = el("p", "qkv-note", "Each square is one head's attention (rows = queries, columns = keys; " +
+                        "√ colour scale, max-pooled on long inputs). Click one to open it in the head view.");
+      panel.append(legend);
+      const roles = Object.keys(this.roleColour);
+      if (roles.length) {
+        const keyRow = el("div", "qkv-roles");
+        keyRow.append(el("span", "qkv-hint", "roles:"));
+        for (const r of roles) { const k = el("span", "qkv-role", r); k.style.setProperty("--c", this.roleColour[r]); keyRow.append(k); }
+        panel.append(keyRow);
+      }
+    }
+
+    draw_model() {
+      const s = this.state;
+      this.thumbs.forEach((b, k) => {
+        const l = Math.floor(k / this.H), h = k % this.H;
+        b.classList.toggle("qkv-current", l === s.layer && (s.head < 0 || s.head === h));
+      });
+    }
+
+    // what a fresh viewer needs to show the same layer, head and view
+    saved() { return {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head}; }
+  }
+
+  function fail(root, err) {
+    root.textContent = "";
+    root.classList.add("qkv");
+    root.append(el("div", "qkv-error", "qkv viewer: " + (err && err.message ? err.message : String(err))));
+    root.dataset.ready = "error";
+  }
+
+  async function mount(root, payload, state) {
+    const t0 = performance.now();
+    try {
+      const bytes = await decode(payload.attention);
+      const t1 = performance.now();
+      const viewer = new Viewer(root, payload, bytes, state);
+      viewer.render();
+      root.dataset.decodeMs = (t1 - t0).toFixed(1);
+      root.dataset.renderMs = (performance.now() - t1).toFixed(1);
+      root.dataset.ready = "1";
+      return viewer;
+    } catch (err) {
+      fail(root, err);
+      throw err;
+    }
+  }
+
+  function boot() {
+    for (const root of document.querySelectorAll("[data-qkv-root]")) {
+      const script = root.nextElementSibling;
+      let payload;
+      try { payload = JSON.parse(script.textContent); } catch (err) { fail(root, err); continue; }
+      mount(root, payload).catch((err) => console.error("qkv viewer:", err));
+    }
+  }
+
+  global.QKV = {mount, boot};
+})(window);

@@ -1,0 +1,375 @@
+"""Attention as pictures, as the seeds' hands-on draws them (parts 2 and 3).
+
+    head_heatmap    one head's A = softmax(Q·Kᵀ/√d_k): rows = queries i, columns = keys j
+    layer_grid      the H heads of one layer side by side ("compare their patterns")
+    model_overview  every layer × head as small multiples
+    save_figures    all of them as PNG and SVG files, written atomically
+
+Brighter = more attention (the seeds' convention). Cells a decoder's causal mask removes
+(key after query, seeds §5) are hatched grey, so they never read as a weight of 0.
+matplotlib is imported inside the functions (`import qkv` stays light) and every figure
+draws on its own Agg canvas: no display, no pyplot state.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from ..errors import QkvError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..trace import Trace
+
+CMAP = "viridis"          # perceptually uniform, bright = high, readable in grey
+MASKED = "#d4d4d4"        # cells the mask removed
+HATCH = "#8a8a8a"
+DPI = 110
+MAX_NUMBERS = 16          # write each cell's weight up to this many tokens
+MAX_LABELS = 40           # tick labels per axis before thinning them
+SQRT_SCALE = 64           # past this many tokens colours follow √weight
+GRID_LABELS = 16          # token labels on the panels of a layer grid up to this many tokens
+FORMATS = ("png", "svg", "pdf")
+
+
+# ── what to draw ─────────────────────────────────────────────────────────────────
+
+def _attentions(trace: "Trace", layer: int) -> np.ndarray:
+    """The kept layer's weights A (H, n, n), or a clear error."""
+    a = trace.layer(layer).attentions
+    if a is None:
+        raise QkvError(f"the trace holds no attention weights for layer {layer}; "
+                       "run the model with keep=('attentions',)")
+    return a
+
+
+def _check_head(head: int, H: int) -> int:
+    if not -H <= head < H:
+        raise QkvError(f"head {head} does not exist: the trace has heads 0..{H - 1}")
+    return head % H
+
+
+def masked_cells(trace: "Trace", layer: int, causal: bool | None = None) -> np.ndarray | None:
+    """The (query, key) cells the mask removed, (n, n) bool, or None when nothing was masked.
+
+    From the kept scores (-∞ = masked) when there are any; otherwise the causal triangle
+    (key j > query i) when `causal` says so, or, if causal is None, when every weight
+    above the diagonal is exactly 0 (a softmax of finite scores never gives exact zeros
+    in a whole triangle).
+    """
+    lt = trace.layer(layer)
+    if lt.scores is not None:
+        mask = np.isneginf(lt.scores).all(axis=0)                 # (n, n)
+        return mask if mask.any() else None
+    a = _attentions(trace, layer)                                 # (H, n, n)
+    n = a.shape[-1]
+    upper = np.triu(np.ones((n, n), dtype=bool), 1)               # key after query
+    if causal is None:
+        causal = n > 1 and not a[:, upper].any()
+    return upper if causal and n > 1 else None
+
+
+def focused_head(trace: "Trace", layer: int) -> int:
+    """The head of a layer whose rows are most focused: lowest mean entropy −Σ_j A[i,j]·log A[i,j]."""
+    a = _attentions(trace, layer).astype(np.float64)               # (H, n, n)
+    entropy = -(a * np.log(np.where(a > 0, a, 1.0))).sum(-1)       # (H, n)
+    return int(np.argmin(entropy.mean(-1)))
+
+
+def _label(token: str, width: int = 12) -> str:
+    """A token as a tick label: short, and never read as mathtext."""
+    token = token if len(token) <= width else token[: width - 1] + "…"
+    return token.replace("$", r"\$")
+
+
+def _ticks(tokens: Sequence[str]) -> tuple[list[int], list[str]]:
+    """Tick positions and labels: every token, or every k-th with its index when there are many."""
+    n = len(tokens)
+    if n <= MAX_LABELS:
+        return list(range(n)), [_label(t) for t in tokens]
+    step = math.ceil(n / MAX_LABELS)
+    at = list(range(0, n, step))
+    return at, [f"{i} {_label(tokens[i], 8)}" for i in at]
+
+
+# ── drawing ──────────────────────────────────────────────────────────────────────
+
+# Tokens of Korean (the seeds' language), Japanese or Chinese text need a font with those
+# glyphs; DejaVu Sans (matplotlib's own) has none. The first of these that is installed
+# backs it up.
+CJK_FONTS = ("Noto Sans CJK KR", "Noto Sans KR", "NanumGothic", "NanumBarunGothic", "Malgun Gothic",
+             "Apple SD Gothic Neo", "AppleGothic", "Noto Sans CJK JP", "Noto Sans CJK SC", "Source Han Sans KR")
+
+
+@functools.lru_cache(maxsize=1)
+def _fonts() -> tuple[str, ...]:
+    """DejaVu Sans, then the installed CJK fonts of `CJK_FONTS`, as a fallback list."""
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return ("DejaVu Sans", *(f for f in CJK_FONTS if f in installed))
+
+
+def _styled(draw):
+    """Draw with the fallback fonts (every text, including tick labels made at render time)."""
+    @functools.wraps(draw)
+    def wrapper(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"font.family": list(_fonts())}):
+            return draw(*args, **kwargs)
+    return wrapper
+
+
+def _figure(width: float, height: float, layout: str | None = "constrained") -> "Figure":
+    """A figure on its own Agg canvas (no pyplot, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _panels(rows: int, cols: int, panel: float, *, left: float, bottom: float, top: float, wgap: float,
+            hgap: float, title: str):
+    """A rows × cols grid of square panels laid out by hand (sizes in inches), a colour-bar axis on
+    the right. Many panels make matplotlib's automatic layout slow; fixed margins are instant."""
+    right = 1.0
+    width = left + cols * panel + (cols - 1) * wgap + right
+    height = top + rows * panel + (rows - 1) * hgap + bottom
+    fig = _figure(width, height, layout=None)
+    axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw=dict(
+        left=left / width, right=(width - right) / width, bottom=bottom / height, top=(height - top) / height,
+        wspace=wgap / panel, hspace=hgap / panel))
+    span = min(height - top - bottom, 4.0)
+    cax = fig.add_axes([(width - right + 0.15) / width, (height - top - span) / height, 0.15 / width, span / height])
+    fig.suptitle(title, y=1 - 0.12 / height, va="top")
+    return fig, axes, cax
+
+
+def _image(ax, a: np.ndarray, mask: np.ndarray | None):
+    """imshow of one head's weights on a fixed 0..1 scale, masked cells grey.
+
+    Past 64 tokens most weights are near 1/n, so the scale turns to √ (PowerNorm 0.5)
+    to keep the faint patterns visible; the colour bar shows it.
+    """
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize, PowerNorm
+
+    cmap = colormaps[CMAP].with_extremes(bad=MASKED)
+    data = a if mask is None else np.ma.masked_array(a, mask)
+    n = a.shape[-1]
+    norm = Normalize(0.0, 1.0) if n <= SQRT_SCALE else PowerNorm(0.5, 0.0, 1.0)
+    return ax.imshow(data, cmap=cmap, norm=norm, aspect="equal",
+                     interpolation="nearest" if n <= 128 else "antialiased")
+
+
+def _bar_label(n: int, masked: bool = False) -> str:
+    return ("attention weight" + (" (√ scale)" if n > SQRT_SCALE else "")
+            + ("   grey: masked" if masked else ""))
+
+
+def _hatch(ax, mask: np.ndarray) -> None:
+    """Hatch the masked cells: one rectangle per run of masked keys in a row."""
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
+
+    rects = []
+    for i, row in enumerate(mask):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(np.int8), [0]])))
+        for start, stop in zip(edges[::2], edges[1::2]):                # masked keys start..stop-1
+            rects.append(Rectangle((start - 0.5, i - 0.5), stop - start, 1.0))
+    ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor=HATCH, linewidth=0, hatch="///"))
+
+
+def _numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
+    """Write each weight in its cell (2 decimals; dark text on bright cells)."""
+    n = a.shape[-1]
+    size = 9 if n <= 10 else 7
+    for i in range(n):
+        for j in range(n):
+            if mask is not None and mask[i, j]:
+                continue
+            w = float(a[i, j])
+            if w < 0.005:                                         # a quiet 0, so the weights stand out
+                ax.text(j, i, "0", ha="center", va="center", fontsize=size, color="white", alpha=0.45)
+            else:
+                ax.text(j, i, f"{w:.2f}".lstrip("0"), ha="center", va="center", fontsize=size,
+                        color="black" if w > 0.6 else "white")
+
+
+def _title(model_name: str, *parts: str) -> str:
+    return " · ".join(p for p in (model_name, *parts) if p)
+
+
+@_styled
+def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str = "",
+                 causal: bool | None = None) -> "Figure":
+    """One head's attention weights A (n × n): tokens on both axes, rows = queries.
+
+    Up to 16 tokens each cell shows its weight; past 40 tokens the tick labels thin out
+    to every k-th token (with its index). Decoders: the masked triangle is hatched grey.
+    """
+    layer = trace.layer(layer).layer
+    att = _attentions(trace, layer)                               # (H, n, n)
+    head = _check_head(head, att.shape[0])
+    a = att[head]                                                 # (n, n)
+    n = a.shape[-1]
+    mask = masked_cells(trace, layer, causal)
+    side = float(np.clip(1.6 + 0.42 * n, 4.2, 10.0))
+    fig = _figure(side + 1.3, side + 0.5)
+    ax = fig.add_subplot()
+    im = _image(ax, a, mask)
+    if mask is not None:
+        _hatch(ax, mask)
+    if n <= MAX_NUMBERS:
+        _numbers(ax, a, mask)
+    at, labels = _ticks(trace.tokens)
+    fontsize = 10 if n <= MAX_NUMBERS else 8 if n <= MAX_LABELS else 7
+    fonts = _fonts()
+    ax.set_xticks(at, labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize, family=fonts)
+    ax.set_yticks(at, labels, fontsize=fontsize, family=fonts)
+    ax.set_xlabel("key j (attended to)")
+    ax.set_ylabel("query i (looking)")
+    ax.set_title(_title(model_name, f"layer {layer}", f"head {head}"), fontsize=11)
+    bar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
+    bar.set_label(_bar_label(n, mask is not None))
+    return fig
+
+
+def _panel(ax, a: np.ndarray, mask: np.ndarray | None):
+    im = _image(ax, a, mask)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return im
+
+
+@_styled
+def layer_grid(trace: "Trace", layer: int, *, model_name: str = "", causal: bool | None = None) -> "Figure":
+    """All H heads of one layer side by side (up to 6 per row), titled h0, h1, …
+
+    Short inputs (≤ 16 tokens) carry token labels on the outer panels.
+    """
+    layer = trace.layer(layer).layer
+    att = _attentions(trace, layer)                               # (H, n, n)
+    H, n = att.shape[0], att.shape[-1]
+    mask = masked_cells(trace, layer, causal)
+    rows = math.ceil(H / 6)
+    cols = math.ceil(H / rows)
+    labelled = n <= GRID_LABELS
+    title = _title(model_name, f"layer {layer}", f"all {H} heads (rows = queries, columns = keys)")
+    fig, axes, cax = _panels(rows, cols, 2.0, left=0.8 if labelled else 0.2, bottom=0.75 if labelled else 0.2,
+                             top=0.75, wgap=0.15, hgap=0.35, title=title)
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.set_axis_off()
+            continue
+        im = _panel(ax, att[h], mask)
+        ax.set_title(f"h{h}", fontsize=10)
+        if labelled and h % cols == 0:
+            ax.set_yticks(range(n), [_label(t, 8) for t in trace.tokens], fontsize=7, family=_fonts())
+        if labelled and h + cols >= H:                            # the lowest panel of its column
+            ax.set_xticks(range(n), [_label(t, 8) for t in trace.tokens], fontsize=7, rotation=90,
+                          family=_fonts())
+    fig.colorbar(im, cax=cax, label=_bar_label(n))
+    return fig
+
+
+@_styled
+def model_overview(trace: "Trace", *, model_name: str = "", causal: bool | None = None) -> "Figure":
+    """Every kept layer × head as small multiples: one row per layer, one column per head."""
+    layers = trace.layer_ids
+    H = _attentions(trace, layers[0]).shape[0]
+    panel = float(np.clip(14.0 / H, 0.45, 1.0))
+    fig, axes, cax = _panels(len(layers), H, panel, left=0.45, bottom=0.15, top=0.75, wgap=0.08, hgap=0.08,
+                             title=_title(model_name, f"{len(layers)} layers × {H} heads",
+                                          f"{len(trace.tokens)} tokens"))
+    for r, layer in enumerate(layers):
+        att = _attentions(trace, layer)                           # (H, n, n)
+        mask = masked_cells(trace, layer, causal)
+        for h in range(H):
+            ax = axes[r, h]
+            im = _panel(ax, att[h], mask)
+            if r == 0:
+                ax.set_title(f"h{h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+    fig.colorbar(im, cax=cax, label=_bar_label(len(trace.tokens)))
+    return fig
+
+
+# ── files ────────────────────────────────────────────────────────────────────────
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@_styled
+def _render(fig: "Figure", path: Path, fmt: str) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph .* missing")   # tokens in scripts the font lacks
+        fig.savefig(path, format=fmt, dpi=DPI)
+
+
+def save_figures(trace: "Trace", out_dir: str | os.PathLike, *, model_name: str = "", layer: int = 0,
+                 head: int | None = None, formats: Sequence[str] = ("png", "svg"),
+                 causal: bool | None = None) -> list[Path]:
+    """Write the figures of a trace into OUT_DIR and return their paths.
+
+    heatmap_layer{L}_head{h}  `head` of `layer` (default: its most focused head, `focused_head`)
+    grid_layer{L}             the heads of `layer` side by side
+    overview                  every kept layer × head
+    each in every format of `formats`. All files are rendered to temporary names first
+    and renamed into place at the end: on any error none of them is left behind.
+    """
+    formats = [f.lower().lstrip(".") for f in formats]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
+    layer = trace.layer(layer).layer
+    H = _attentions(trace, layer).shape[0]
+    head = focused_head(trace, layer) if head is None else _check_head(head, H)
+    style = dict(model_name=model_name, causal=causal)
+    makers: list[tuple[str, Callable[[], "Figure"]]] = [
+        (f"heatmap_layer{layer}_head{head}", lambda: head_heatmap(trace, layer, head, **style)),
+        (f"grid_layer{layer}", lambda: layer_grid(trace, layer, **style)),
+        ("overview", lambda: model_overview(trace, **style)),
+    ]
+    out = Path(out_dir)
+    created = not out.exists()
+    done: list[tuple[str, Path]] = []                             # (temporary file, final path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, make in makers:
+            fig = make()
+            for fmt in formats:
+                fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=f".{fmt}.tmp")
+                os.close(fd)
+                done.append((tmp, out / f"{name}.{fmt}"))
+                _render(fig, Path(tmp), fmt)
+                fig.set_layout_engine("none")                     # laid out once: the next format reuses it
+                os.chmod(tmp, 0o666 & ~_umask())                  # mkstemp makes 0600; give the usual mode
+        for tmp, final in done:
+            os.replace(tmp, final)
+    except BaseException as e:
+        for tmp, _ in done:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        if isinstance(e, OSError):
+            raise QkvError(f"cannot write figures to {out}: {e.strerror or e}; choose a writable directory") from None
+        raise
+    return [final for _, final in done]

@@ -1,0 +1,110 @@
+"""The interactive viewer: one self-contained HTML file (inline JS, CSS and data; no network).
+
+Three views of a trace's attention, drawn on canvas so 512 tokens stay smooth:
+a head view (queries and keys in two columns, one line per pair weighted by attention,
+a colour per head; hover a token to isolate its lines), a matrix view (the heatmap,
+a cell's weight on hover) and a model view (layers × heads thumbnails; click one to
+open it). The data travels compactly (see `payload`: one byte per weight, ±0.002).
+
+    save_viewer(trace, "attention.html", model_name=model.name)   # a file to open or share
+    View(trace)                                                   # shows itself in Jupyter / VS Code
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import QkvError
+from ..trace import Trace
+from .payload import script_json, trace_payload
+
+# No request may leave the page: scripts and styles are inline, nothing else is allowed.
+_CSP_VIEWER = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    """The text of a file in qkv/viz/assets (the viewer's JS and CSS)."""
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) -> str:
+    """A complete HTML document: the viewer's CSS, BODY (trusted markup), then SCRIPTS inline."""
+    inline = "".join(f"<script>{s}</script>\n" for s in scripts)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        "<link rel=\"icon\" href=\"data:,\">\n"
+        f"<title>{html.escape(title)}</title>\n<style>\n{asset('viewer.css')}</style>\n</head>\n<body>\n"
+        f"{body}\n{inline}</body>\n</html>\n"
+    )
+
+
+def viewer_html(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
+                title: str | None = None) -> str:
+    """One complete, self-contained HTML document showing TRACE's attention.
+
+    roles: optional kept-layers × heads names ("previous", "[SEP]", ...) that colour the
+    model view; title: the page title (default: model name and text).
+    """
+    payload = trace_payload(trace, model_name=model_name, roles=roles, title=title)
+    body = (f"<div data-qkv-root></div>\n"
+            f"<script type=\"application/json\" class=\"qkv-data\">{script_json(payload)}</script>")
+    return page(payload["title"], body, [asset("viewer.js"), "QKV.boot();"])
+
+
+def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str = "",
+                roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None) -> Path:
+    """Write the viewer of TRACE to PATH atomically (never a half-written file)."""
+    return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title), path)
+
+
+def write_html(document: str, path: str | os.PathLike) -> Path:
+    """Write DOCUMENT through a temporary file renamed into place; a clear error if PATH is not writable."""
+    out = Path(path)
+    if out.is_dir():
+        raise QkvError(f"{out} is a directory; give a file name such as {out / 'attention.html'}")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.write(document)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise QkvError(f"cannot write {out}: {e.strerror}; choose a writable path") from None
+    return out
+
+
+class View:
+    """The viewer of a trace, for notebooks: the last expression of a cell shows it.
+
+    Each view is an <iframe srcdoc> with scripts sandboxed to themselves, so several
+    views in one notebook never clash, and nothing is loaded from the network.
+    """
+
+    def __init__(self, trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
+                 title: str | None = None, height: int | None = None):
+        self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title)
+        n, L = len(trace.tokens), len(trace.layer_ids)
+        # tall enough for the head view's tokens and the model view's rows, then it scrolls inside
+        self.height = height or min(900, max(420, 130 + 22 * n, 150 + 90 * L))
+
+    def _repr_html_(self) -> str:
+        return (f"<iframe class=\"qkv-view\" srcdoc=\"{html.escape(self.html, quote=True)}\" "
+                f"sandbox=\"allow-scripts\" title=\"qkv attention viewer\" "
+                f"style=\"width: 100%; height: {int(self.height)}px; border: 1px solid #d0d7de; border-radius: 6px;\">"
+                "</iframe>")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the viewer to PATH as a standalone HTML file."""
+        return write_html(self.html, path)

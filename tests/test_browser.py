@@ -1,0 +1,302 @@
+"""The viewer and the web app in a real browser: Debian's Chromium, driven by Playwright.
+
+Chromium is the system's (`apt-get install chromium`; `make test` installs it), never one
+downloaded by `playwright install`. Without it these tests fail: they do not skip.
+Timings are measured in the page and printed (pytest -s shows them), never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+import qkv
+from qkv.server import make_server
+from qkv.viz.html import View, save_viewer
+from conftest import MODELS
+from test_viewer import XSS, random_trace
+
+CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+READY = "[data-qkv-root][data-ready='1']"
+SENTENCE = "The cat sat on the mat"
+
+# In-page helpers (functions, not strings to eval: the pages forbid eval by CSP).
+CHECKSUM = """(sel) => { const c = document.querySelector(sel);
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let s = 0; for (let i = 0; i < d.length; i++) s = (s * 31 + d[i]) >>> 0; return s; }"""
+TIMED = """async ([sel, kind]) => { const el = document.querySelector(sel); const t = performance.now();
+  if (kind === 'click') el.click(); else el.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return performance.now() - t; }"""
+
+
+@dataclass
+class Tab:
+    """A page and what it did: console errors, dialogs, and every request it tried."""
+    page: Page
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+
+    def root(self, frame=None):
+        return (frame or self.page).locator("[data-qkv-root]").first
+
+    def state(self, frame=None) -> dict:
+        return (frame or self.page).eval_on_selector("[data-qkv-root]", "e => Object.assign({}, e.dataset)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Browser:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"Chromium is missing at {CHROMIUM}: install it with `apt-get install chromium` "
+                    "(make test does), or point QKV_CHROMIUM at it")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def tab(browser):
+    """A fresh page with no network: anything but file:, data: and the local test server is blocked."""
+    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    t = Tab(context.new_page())
+    allowed = ("file:", "data:", "about:", "http://127.0.0.1:")
+
+    def route(r):
+        if r.request.url.startswith(allowed):
+            r.continue_()
+        else:
+            t.blocked.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    context.on("request", lambda r: t.requests.append(r.url))
+    t.page.on("console", lambda m: t.errors.append(m.text) if m.type == "error" else None)
+    t.page.on("pageerror", lambda e: t.errors.append(str(e)))
+    t.page.on("dialog", lambda d: (t.dialogs.append(d.message), d.dismiss()))
+    yield t
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def cat(minilm):
+    return minilm.run(SENTENCE, keep=("attentions",))
+
+
+def open_viewer(tab: Tab, path: Path) -> None:
+    tab.page.goto(path.as_uri())
+    tab.page.wait_for_selector(READY, timeout=15000)
+
+
+def assert_offline(tab: Tab) -> None:
+    assert tab.blocked == [] and all(u.startswith(("file:", "data:", "about:")) for u in tab.requests), tab.requests
+
+
+def tokens_shown(where, side: str = "q") -> list[str]:
+    return where.eval_on_selector_all(f".qkv-col-{side} .qkv-tok", "ts => ts.map(t => t.textContent)")
+
+
+# the viewer ---------------------------------------------------------------------
+
+def test_viewer_loads_from_a_file_with_the_network_blocked(tab, cat, tmp_path):
+    tab.page.context.set_offline(True)
+    open_viewer(tab, save_viewer(cat, tmp_path / "v.html", model_name="all-MiniLM-L6-v2"))
+    assert tokens_shown(tab.page, "q") == tokens_shown(tab.page, "k") == cat.tokens
+    assert tab.state().items() >= {"view": "head", "layer": "0", "head": "all", "hover": ""}.items()
+    assert "all-MiniLM-L6-v2 · 8 tokens · layer 0 · all heads" in tab.page.text_content(".qkv-meta")
+    assert_offline(tab)
+    assert tab.errors == []
+
+
+def test_clicking_a_head_and_hovering_a_token_change_what_is_drawn(tab, cat, tmp_path):
+    open_viewer(tab, save_viewer(cat, tmp_path / "v.html"))
+    page = tab.page
+    all_heads = page.evaluate(CHECKSUM, ".qkv-lines")
+    page.click(".qkv-chip >> nth=2")
+    assert tab.state()["head"] == "2" and page.input_value(".qkv-head") == "2"
+    head2 = page.evaluate(CHECKSUM, ".qkv-lines")
+    assert head2 != all_heads
+
+    page.hover(".qkv-col-q .qkv-tok >> nth=3")                                 # "sat"
+    assert tab.state()["hover"] == "q3" and page.evaluate(CHECKSUM, ".qkv-lines") != head2
+    lit = page.eval_on_selector_all(".qkv-col-k .qkv-tok", "ts => ts.map(t => t.style.background !== '')")
+    assert lit == [tok == 2 for tok in range(8)]                               # head 0.2: sat → cat only
+    assert page.get_attribute(".qkv-col-q .qkv-tok >> nth=3", "class").split().count("qkv-hot") == 1
+
+    page.mouse.move(5, 600)                                                    # away: every line again
+    assert tab.state()["hover"] == "" and page.evaluate(CHECKSUM, ".qkv-lines") == head2
+    page.click(".qkv-chip >> nth=2")                                           # again: all heads
+    assert tab.state()["head"] == "all" and page.evaluate(CHECKSUM, ".qkv-lines") == all_heads
+
+    page.select_option(".qkv-layer", "3")
+    assert tab.state()["layer"] == "3" and page.evaluate(CHECKSUM, ".qkv-lines") != all_heads
+    assert tab.errors == []
+
+
+def test_matrix_view_shows_a_cells_weight_as_python_computed_it(tab, cat, tmp_path):
+    open_viewer(tab, save_viewer(cat, tmp_path / "v.html"))
+    page = tab.page
+    page.click(".qkv-tab >> text=Matrix")
+    page.select_option(".qkv-head", "2")
+    assert tab.state()["view"] == "matrix"
+    geo = page.eval_on_selector(".qkv-heat", "c => ({...c.dataset, box: c.getBoundingClientRect().toJSON()})")
+    cell, x0, y0 = float(geo["cell"]), geo["box"]["x"] + float(geo["padL"]), geo["box"]["y"] + float(geo["padT"])
+    for i, j in [(3, 2), (3, 5), (7, 6)]:
+        page.mouse.move(x0 + (j + 0.5) * cell, y0 + (i + 0.5) * cell)
+        assert tab.state()["cell"] == f"{i},{j}"
+        a = float(cat.attentions[0, 2, i, j])
+        value = "0.00" if round(a * 255) == 0 else "<0.01" if a < 0.01 else f"{round(a * 255) / 255:.2f}"
+        want = f"“{cat.tokens[i]}” (query {i}) → “{cat.tokens[j]}” (key {j}): {value}"
+        assert page.text_content(".qkv-readout") == want
+    assert page.is_visible(".qkv-tip")
+    assert tab.errors == []
+
+
+def test_model_view_opens_the_head_you_click(tab, cat, tmp_path):
+    roles = [["previous" if (layer, h) == (0, 2) else None for h in range(12)] for layer in range(6)]
+    open_viewer(tab, save_viewer(cat, tmp_path / "v.html", roles=roles))
+    page = tab.page
+    page.click(".qkv-tab >> text=Model view")
+    assert page.locator(".qkv-thumb").count() == 6 * 12
+    assert page.get_attribute(".qkv-thumb >> nth=2", "title") == "layer 0 · head 2 (previous) · click to open"
+    assert page.locator(".qkv-thumb.qkv-hasrole").count() == 1
+    page.click(".qkv-thumb[data-layer='4'][data-head='7']")
+    assert tab.state().items() >= {"view": "head", "layer": "4", "head": "7"}.items()
+    assert page.is_visible(".qkv-headview") and not page.is_visible(".qkv-model")
+    assert tab.errors == []
+
+
+def test_a_decoders_generation_marks_generated_tokens_and_kept_layers(tab, tmp_path):
+    model = qkv.load(str(MODELS / "gpt2"))
+    generated = model.generate("the cat sat", max_new_tokens=4, temperature=0, trace=True)
+    trace = model.run(generated.ids, layers=[1], keep=("attentions",))
+    trace.prompt_length = generated.prompt_length
+    n, p = len(trace.tokens), trace.prompt_length
+    open_viewer(tab, save_viewer(trace, tmp_path / "gen.html"))
+    page = tab.page
+    assert page.eval_on_selector_all(".qkv-layer option", "os => os.map(o => o.textContent)") == ["1"]
+    marked = page.eval_on_selector_all(".qkv-col-q .qkv-tok", "ts => ts.map(t => t.classList.contains('qkv-gen'))")
+    assert marked == [i >= p for i in range(n)] and page.is_visible(f"text=tokens from {p} on")
+    page.click(".qkv-chip >> nth=0")
+    page.hover(".qkv-col-q .qkv-tok >> nth=0")                                 # causal: the first token sees itself only
+    lit = page.eval_on_selector_all(".qkv-col-k .qkv-tok", "ts => ts.map(t => t.style.background !== '')")
+    assert lit == [True] + [False] * (n - 1)
+    assert tab.errors == []
+
+
+def test_hostile_tokens_show_as_text(tab, tmp_path):
+    hostile = ["[CLS]", XSS, "</script><script>alert(2)</script>", "<b onmouseover=alert(3)>x</b>", "[SEP]"]
+    open_viewer(tab, save_viewer(random_trace(hostile, L=1, H=2), tmp_path / "x.html", model_name=XSS,
+                                 title=XSS))
+    page = tab.page
+    assert tokens_shown(page, "q") == hostile and page.title() == XSS
+    assert XSS in page.text_content(".qkv-meta")
+    page.hover(".qkv-col-q .qkv-tok >> nth=1")
+    page.hover(".qkv-col-k .qkv-tok >> nth=3")
+    page.click(".qkv-tab >> text=Matrix")
+    page.mouse.move(400, 300)
+    page.click(".qkv-tab >> text=Model view")
+    assert page.evaluate("() => [document.querySelectorAll('img, b').length, document.scripts.length]") == [0, 3]
+    assert tab.dialogs == [] and tab.errors == []
+
+
+def test_two_views_in_one_notebook_page_work_independently(tab, minilm, cat, tmp_path):
+    other = minilm.run("Attention is all you need", keep=("attentions",))
+    notebook = tmp_path / "notebook.html"                  # what Jupyter does: outputs side by side in one page
+    notebook.write_text("<!DOCTYPE html><meta charset=utf-8><body>"
+                        f"<div class=output>{View(cat)._repr_html_()}</div>"
+                        f"<div class=output>{View(other)._repr_html_()}</div></body>")
+    tab.page.goto(notebook.as_uri())
+    frames = [f for f in tab.page.frames if f != tab.page.main_frame]
+    assert len(frames) == 2
+    for f in frames:
+        f.wait_for_selector(READY, timeout=15000)
+    first, second = frames
+    assert tokens_shown(first) == cat.tokens and tokens_shown(second) == other.tokens
+    first.click(".qkv-chip >> nth=2")
+    second.hover(".qkv-col-k .qkv-tok >> nth=1")
+    assert tab.state(first)["head"] == "2" and tab.state(first)["hover"] == ""
+    assert tab.state(second)["head"] == "all" and tab.state(second)["hover"] == "k1"
+    assert_offline(tab)
+    assert tab.dialogs == [] and tab.errors == []
+
+
+def test_512_tokens_load_and_stay_interactive(tab, minilm, tmp_path):
+    ids, _ = minilm.tokenizer.encode("The quick brown fox jumps over the lazy dog near the river bank. " * 50)
+    trace = minilm.run(ids[:512], keep=("attentions",))
+    path = save_viewer(trace, tmp_path / "long.html")
+    open_viewer(tab, path)
+    page = tab.page
+    state = tab.state()
+    assert len(tokens_shown(page)) == 512
+    ready = page.evaluate("() => performance.now()")
+    before = page.evaluate(CHECKSUM, ".qkv-lines")
+    timings = {
+        "click head 2": page.evaluate(TIMED, [".qkv-chip:nth-of-type(3)", "click"]),
+        "hover a token": page.evaluate(TIMED, [".qkv-col-q .qkv-tok:nth-child(40)", "mouseover"]),
+        "all heads again": page.evaluate(TIMED, [".qkv-chip:nth-of-type(3)", "click"]),
+        "matrix view": page.evaluate(TIMED, [".qkv-tab:nth-child(2)", "click"]),
+        "model view (72 thumbnails)": page.evaluate(TIMED, [".qkv-tab:nth-child(3)", "click"]),
+        "open a thumbnail": page.evaluate(TIMED, [".qkv-thumb:nth-of-type(30)", "click"]),
+    }
+    assert tab.state()["view"] == "head" and tab.state()["head"] == "5"
+    assert page.evaluate(CHECKSUM, ".qkv-lines") != before
+    print(f"\n512 tokens: {path.stat().st_size / 1e6:.2f} MB of HTML; page ready {ready:.0f} ms after navigation "
+          f"(inflate {state['decodeMs']} ms, first draw {state['renderMs']} ms)")
+    for what, ms in timings.items():
+        print(f"  {what}: {ms:.0f} ms to the next frame")
+    assert tab.errors == []
+
+
+# the web app --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def app_server():
+    srv = make_server("minilm", port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_web_app_answers_a_typed_sentence(tab, app_server):
+    page = tab.page
+    page.goto(app_server.url)
+    page.wait_for_selector(READY, timeout=30000)                               # the example runs on load
+    assert tokens_shown(page) == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
+    page.click(".qkv-chip >> nth=2")                                           # a head: kept across texts
+    page.fill("textarea", "A dog barked at the mailman")
+    page.click("button[type=submit]")
+    page.wait_for_function("() => [...document.querySelectorAll('.qkv-col-q .qkv-tok')].some(t => t.textContent === 'dog')")
+    assert tokens_shown(page)[:3] == ["[CLS]", "a", "dog"] and tab.state()["head"] == "2"
+    assert "all-MiniLM-L6-v2: " in page.text_content(".qkv-status")
+    page.select_option(".qkv-layer", "5")
+    assert tab.state()["layer"] == "5"
+    assert all(u.startswith(app_server.url) or u.startswith("data:") for u in tab.requests), tab.requests
+    assert tab.errors == [] and tab.dialogs == []
+
+
+def test_the_web_app_shows_why_it_refuses_a_long_text(tab, app_server):
+    page = tab.page
+    page.goto(app_server.url)
+    page.wait_for_selector(READY, timeout=30000)
+    page.fill("textarea", "word " * 600)
+    page.click("button[type=submit]")
+    page.wait_for_selector(".qkv-error:not([hidden])")
+    assert page.text_content(".qkv-error") == "the text has 602 tokens but all-MiniLM-L6-v2 here takes at most 512; shorten it"
+    assert page.get_attribute(".qkv-app", "data-state") == "error"
+    # the browser itself logs the 413; nothing else may go wrong
+    assert all("status of 413" in e for e in tab.errors) and len(tab.errors) == 1, tab.errors
+    page.fill("textarea", "Short again.")
+    page.click("button[type=submit]")
+    page.wait_for_selector(".qkv-error[hidden]", state="attached")
+    assert page.get_attribute(".qkv-app", "data-state") == "shown"

@@ -1,0 +1,134 @@
+"""explain: the seeds' steps for one head of the real model, numbers equal to the model's, in English and Korean."""
+
+from __future__ import annotations
+
+import math
+import string
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+import qkv
+from qkv import explain
+from qkv.cli import main
+from qkv.explain_text import TEXTS
+from conftest import MODELS
+
+STEPS = ["⓪", "①", "②", "③", "④", "⑤", "⑥", "⑦", "⑧"]
+
+
+@pytest.fixture(scope="module")
+def walk(minilm):
+    return explain.walkthrough(minilm)                              # "The cat sat on the mat", layer 0, head 2
+
+
+def printed(w: explain.Walkthrough, lang: str) -> str:
+    console = Console(record=True, width=200, highlight=False)
+    for part in explain.render(w, lang):
+        console.print(part)
+    return console.export_text()
+
+
+def line_of(text: str, start: str) -> list[str]:
+    """The words of the first line that starts with `start` (after leading spaces)."""
+    return next(line.split() for line in text.splitlines() if line.lstrip().startswith(start))
+
+
+def test_walkthrough_is_the_models_computation(walk, minilm):
+    t = minilm.run("The cat sat on the mat", layers=[0]).layer(0)
+    assert (walk.layer, walk.head, walk.d_k, walk.n) == (0, 2, 32, 8)
+    assert walk.Q.shape == walk.K.shape == walk.V.shape == walk.Z.shape == (8, 32)
+    np.testing.assert_allclose(walk.S, t.scores[2], atol=1e-5)
+    np.testing.assert_allclose(walk.S_raw / math.sqrt(32), t.scores[2], atol=1e-5)
+    np.testing.assert_allclose(walk.A, t.attentions[2], atol=1e-6)
+    np.testing.assert_allclose(walk.out, t.attn_out, atol=1e-4)
+    assert walk.tokens[walk.row] == "sat" and int(np.argmax(walk.A[walk.row])) == 2   # sat → cat
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+def test_every_step_with_real_shapes_and_numbers(walk, lang):
+    text = printed(walk, lang)
+    for mark in STEPS:
+        assert mark in text
+    for shape in ["(8, 384)", "(384, 384)", "(384, 32)", "(8, 32)", "(32, 8)", "(8, 8)"]:
+        assert shape in text
+    assert "[CLS]" in text and "√32 = 5.657" in text
+    # the S/√d_k corner: the row of "sat" in step ④ is the model's scores, to 2 decimals
+    after_scaling = text[text.index("④"):]
+    assert line_of(after_scaling, "sat") == ["sat"] + [f"{v:.2f}" for v in walk.S[3, :4]]
+    # the softmax row of "sat" in step ⑤
+    row = line_of(text, "A[sat]")[1:]
+    assert row == [explain._num(float(v)) for v in walk.A[3]] and row[2] == "1.000"
+    # the variance table: d_k = 64 gives about 64, scaled about 1
+    var64 = line_of(text[text.index("⑧"):], "64 ")
+    assert abs(float(var64[1]) - 64) < 4 and abs(float(var64[3]) - 1) < 0.06
+    assert "[1.000, 1.0e-43, 1.0e-43]" in text                          # softmax([100, 1, 1])
+
+
+def test_korean_uses_the_seeds_vocabulary(walk):
+    text = printed(walk, "ko")
+    for word in ["쿼리", "키", "밸류", "점수 행렬", "스케일링", "소프트맥스", "가중합", "도서관", "인과 마스킹"
+                 if walk.causal else "잔차"]:
+        assert word in text, word
+    assert "“sat”은(는) “cat”(토큰 2)을(를) 가장 많이 봅니다" in text
+
+
+def test_both_languages_say_the_same_things():
+    fields = {lang: {k: sorted(f for _, f, _, _ in string.Formatter().parse(v) if f) for k, v in t.items()}
+              for lang, t in TEXTS.items()}
+    assert fields["en"] == fields["ko"]
+
+
+def test_scaling_demonstration_measures_d_k():
+    for d_k, var, scaled in explain.scaling_variance():
+        assert abs(var / d_k - 1) < 0.1 and abs(scaled - 1) < 0.1
+    w = explain.softmax(np.array([100.0, 1.0, 1.0]))
+    assert w[0] > 0.999999 and w[1] < 1e-40
+
+
+def test_a_wrong_step_cannot_print(minilm, monkeypatch):
+    monkeypatch.setattr(explain, "softmax", lambda s: np.exp(s) / np.exp(s).sum(-1, keepdims=True) * 0.99)
+    with pytest.raises(AssertionError, match="A differs from the model's"):
+        explain.walkthrough(minilm)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+def test_decoders_with_mask_rope_and_gqa(name):
+    w = explain.walkthrough(qkv.load(MODELS / name), "the cat sat on the mat", layer=-1, head=1)
+    text = printed(w, "en")
+    assert w.causal and "−∞" in text and "Causal mask" in text
+    assert ("RoPE" in text) == (name == "llama_gqa") and ("GQA" in text) == (w.group > 1)
+    assert "pre-norm" in text and "Norm(X)·W_Q^1" in text
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qkv", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lang", "xx"], "unknown language 'xx'"),
+    (["--layer", "6"], "layer 6 does not exist"),
+    (["--head", "-13"], "head -13 does not exist"),
+    ([""], "the text is empty"),
+    (["word " * 600], "at most 512"),
+])
+def test_mistakes_give_one_line_and_exit_2(monkeypatch, capsys, args, message):
+    code, out, err = run_main(monkeypatch, capsys, "explain", *args)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+
+
+def test_cli_explain_in_korean():
+    r = subprocess.run([sys.executable, "-m", "qkv", "explain", "--lang", "ko", "--head", "-10"],
+                       capture_output=True, text=True, timeout=120, encoding="utf-8")
+    assert r.returncode == 0, r.stderr
+    assert "12개 헤드 중 2번 헤드" in r.stdout and "⑧ 왜 √d_k로 나누나" in r.stdout

@@ -1,0 +1,83 @@
+"""`qkv show TEXT --out DIR`: figures and the viewer written together, all or nothing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from qkv.cli import cli, main
+from conftest import MODELS
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qkv", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_show_out_writes_figures_and_viewer(tmp_path):
+    out = tmp_path / "views"
+    r = CliRunner().invoke(cli, ["show", "The cat sat on the mat", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(["attention.html", "grid_layer0.png", "grid_layer0.svg", "heatmap_layer0_head2.png",
+                            "heatmap_layer0_head2.svg", "overview.png", "overview.svg"])   # no temp folder left
+    assert "0:[CLS] 1:the 2:cat" in r.output                          # the terminal view is still printed
+    assert f"wrote 7 files to {out} (heatmap of head 2, the most focused of layer 0" in r.output
+    for name in names:
+        assert f"  {out / name}\n" in r.output
+    assert (out / "heatmap_layer0_head2.png").read_bytes().startswith(b"\x89PNG")
+    assert "all-MiniLM-L6-v2" in (out / "attention.html").read_text()
+
+
+def test_show_out_for_a_decoder_and_a_chosen_head(tmp_path):
+    r = CliRunner().invoke(cli, ["show", "the cat sat", "--model", str(MODELS / "gpt2"), "--layer", "1",
+                                 "--head", "3", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "heatmap_layer1_head3.png").is_file() and (tmp_path / "grid_layer1.svg").is_file()
+    assert "(heatmap of head 3):" in r.output
+
+
+def test_unwritable_out_is_one_line_and_writes_nothing(monkeypatch, capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, out, err = run_main(monkeypatch, capsys, "show", "hi", "--out", str(blocker / "views"))
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "cannot write to" in lines[0] and "choose a writable directory" in lines[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["file"] and blocker.read_text() == "x"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", "--out"], "the text is empty"),
+    (["word " * 600, "--out"], "at most 512"),
+    (["hi", "--layer", "9", "--out"], "layer 9 does not exist"),
+])
+def test_bad_input_with_out_touches_nothing(monkeypatch, capsys, tmp_path, args, message):
+    target = tmp_path / "views"
+    code, out, err = run_main(monkeypatch, capsys, "show", *args, str(target))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
+    assert not target.exists()
+
+
+def test_a_failing_viewer_leaves_no_partial_files(monkeypatch, capsys, tmp_path):
+    import qkv.viz.html
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(qkv.viz.html, "save_viewer", broken)
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for target in (fresh, existing):
+        code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(MODELS / "bert"),
+                                "--out", str(target))
+        assert code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
+    assert not fresh.exists()                                          # the directory it made is gone
+    assert [p.name for p in existing.iterdir()] == ["notes.txt"]       # no figure, no temporary folder

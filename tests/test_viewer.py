@@ -1,0 +1,184 @@
+"""The HTML viewer without a browser: one safe, self-contained document, and data that round-trips.
+
+tests/test_browser.py drives the same documents in Chromium.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qkv import QkvError
+from qkv.trace import LayerTrace, Trace
+from qkv.viz import payload
+from qkv.viz.html import View, save_viewer, viewer_html
+from qkv.viz.payload import PRECISION, decode_attention, encode_attention, script_json
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def random_trace(tokens: list[str], L: int = 2, H: int = 3, seed: int = 0, **kw) -> Trace:
+    """A trace with random attention rows (softmax of noise), no model needed."""
+    n = len(tokens)
+    s = np.random.default_rng(seed).normal(size=(L, H, n, n)) * 3           # (L, H, n, n)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    layers = {i: LayerTrace(layer=i, attentions=a[i].astype(np.float32)) for i in range(L)}
+    return Trace(tokens=tokens, ids=np.arange(n), hidden=None, logits=None, layers=layers, **kw)
+
+
+def data_of(document: str) -> dict:
+    """The JSON payload inside a viewer document, as the browser's JSON.parse would read it."""
+    found = re.findall(r'<script type="application/json" class="qkv-data">(.*?)</script>', document, re.S)
+    assert len(found) == 1
+    return json.loads(found[0])
+
+
+def test_attention_round_trips_within_the_documented_precision():
+    trace = random_trace(["a", "b", "c", "d", "e"], L=3, H=4)
+    decoded = decode_attention(encode_attention(trace.attentions))
+    assert decoded.shape == trace.attentions.shape
+    err = np.abs(decoded - trace.attentions).max()
+    assert err <= PRECISION + 1e-7 and PRECISION == pytest.approx(1 / 510)
+    # one byte per weight: exactly the 256 levels k/255
+    assert np.allclose(decoded * 255, np.rint(decoded * 255), atol=1e-4)
+
+
+def test_real_trace_round_trips_and_rows_still_sum_to_one(minilm):
+    trace = minilm.run("The cat sat on the mat", keep=("attentions",))
+    data = data_of(viewer_html(trace, model_name=minilm.name))
+    decoded = decode_attention(data["attention"])                            # (6, 12, 8, 8)
+    assert decoded.shape == (6, 12, 8, 8)
+    assert np.abs(decoded - trace.attentions).max() <= PRECISION + 1e-7
+    assert np.abs(decoded.sum(-1) - 1).max() <= 8 * PRECISION
+    assert data["tokens"] == trace.tokens and data["layers"] == list(range(6)) and data["heads"] == 12
+    assert data["model"] == "all-MiniLM-L6-v2" and data["text"] == "The cat sat on the mat"
+    assert np.argmax(decoded[0, 2, 3]) == 2                                  # head 0.2: sat → cat
+
+
+def test_out_of_range_and_nan_weights_are_clamped_not_wrapped():
+    a = np.array([[[[1.5, -0.2], [np.nan, 0.5]]]], dtype=np.float32)          # (1, 1, 2, 2)
+    assert decode_attention(encode_attention(a)).ravel().tolist() == pytest.approx([1.0, 0.0, 0.0, 128 / 255])
+
+
+def test_script_json_never_closes_the_script_and_parses_back():
+    obj = {"tokens": ["</script><script>alert(1)</script>", XSS, "a & b", "line\u2028sep\u2029", "<!--"]}
+    text = script_json(obj)
+    assert not set("<>&") & set(text)
+    assert "\u2028" not in text and "\u2029" not in text
+    assert json.loads(text) == obj
+
+
+def test_hostile_tokens_and_title_stay_text():
+    tokens = ["[CLS]", XSS, "</script><script>alert(2)</script>", '" onmouseover="alert(3)', "[SEP]"]
+    doc = viewer_html(random_trace(tokens), model_name="<b>m</b>", title="</title><script>alert(4)</script>")
+    assert "<img" not in doc and "alert(2)</script>" not in doc and "<b>m</b>" not in doc
+    assert "<title>&lt;/title&gt;&lt;script&gt;alert(4)&lt;/script&gt;</title>" in doc
+    assert data_of(doc)["tokens"] == tokens                                  # the text itself survives
+    assert doc.count("<script") == 3                                         # data, viewer.js, boot: no more
+    js = doc[doc.index("<script>"):]
+    assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
+
+
+def test_the_document_needs_no_network():
+    doc = viewer_html(random_trace(["x", "y"]))
+    assert re.search(r"https?://|//cdn|src=|@import|url\(", doc) is None
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', doc).group(1)
+    assert "default-src 'none'" in csp and "connect-src" not in csp
+    assert doc.startswith("<!DOCTYPE html>") and doc.rstrip().endswith("</html>")
+
+
+def test_roles_and_prompt_length_reach_the_page():
+    roles = [["previous", None, "[SEP]"], ["broad", "broad", ""]]
+    data = data_of(viewer_html(random_trace(list("abcd"), prompt_length=2), roles=roles))
+    assert data["roles"] == [["previous", None, "[SEP]"], ["broad", "broad", None]]
+    assert data["prompt_length"] == 2
+
+
+@pytest.mark.parametrize("roles", [[["a", "b", "c"]], [["a", "b"], ["c", "d"]]])
+def test_roles_of_the_wrong_shape_say_so(roles):
+    with pytest.raises(QkvError, match="roles must be 2 × 3"):
+        viewer_html(random_trace(list("abc")), roles=roles)
+
+
+def test_a_trace_without_attention_says_how_to_keep_it(minilm):
+    trace = minilm.run("hi", keep=("q",), layers=[0])
+    with pytest.raises(QkvError, match="keep=\\('attentions',\\)"):
+        viewer_html(trace)
+
+
+def test_too_much_attention_for_one_page_says_keep_fewer_layers(monkeypatch):
+    monkeypatch.setattr(payload, "MAX_VALUES", 100)
+    with pytest.raises(QkvError, match="keep fewer layers"):
+        viewer_html(random_trace(list("abcdefg")))                             # 2·3·49 = 294 > 100
+
+
+def test_save_viewer_writes_atomically(tmp_path):
+    out = save_viewer(random_trace(["a", "b"]), tmp_path / "view.html", model_name="m")
+    assert out == tmp_path / "view.html" and data_of(out.read_text())["model"] == "m"
+    assert os.listdir(tmp_path) == ["view.html"]                             # no temporary file left
+
+
+def test_unwritable_path_is_one_clear_error(tmp_path):
+    (tmp_path / "a-file").write_text("")                 # a file where a directory should be: even root fails
+    with pytest.raises(QkvError, match="cannot write .*Not a directory.*choose a writable path"):
+        save_viewer(random_trace(["a"]), tmp_path / "a-file" / "view.html")
+    assert os.listdir(tmp_path) == ["a-file"]
+
+
+def test_missing_directory_and_directory_paths_are_clear_errors(tmp_path):
+    with pytest.raises(QkvError, match="cannot write .*No such file"):
+        save_viewer(random_trace(["a"]), tmp_path / "nope" / "view.html")
+    with pytest.raises(QkvError, match="is a directory"):
+        save_viewer(random_trace(["a"]), tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "view.html"
+    target.write_text("old")
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(QkvError, match="No space left"):
+        save_viewer(random_trace(["a"]), target)
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["view.html"]
+
+
+def test_notebook_view_is_a_sandboxed_iframe_holding_the_document():
+    view = View(random_trace([XSS, "b"]), model_name="m")
+    out = view._repr_html_()
+    assert out.startswith("<iframe") and out.endswith("</iframe>") and out.count("<") == 2
+    assert 'sandbox="allow-scripts"' in out and "allow-same-origin" not in out
+    srcdoc = html.unescape(re.search(r'srcdoc="([^"]*)"', out).group(1))
+    assert srcdoc == view.html and data_of(srcdoc)["tokens"][0] == XSS
+
+
+def test_notebook_view_saves_the_same_document(tmp_path):
+    view = View(random_trace(["a", "b"]))
+    assert view.save(tmp_path / "v.html").read_text() == view.html
+
+
+def test_importing_qkv_viz_stays_light():
+    code = "import sys, qkv.viz, qkv.viz.html; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_assets_ship_inside_the_package():
+    from importlib import resources
+
+    names = {p.name for p in resources.files("qkv.viz").joinpath("assets").iterdir()}
+    assert {"viewer.js", "viewer.css", "app.js"} <= names
+    for name in names:                                  # inlined in <script>/<style>: must not end them early
+        text = resources.files("qkv.viz").joinpath("assets", name).read_text()
+        assert "</" not in text and "<script" not in text.lower() and "<!--" not in text, name
