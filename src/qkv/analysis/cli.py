@@ -1,0 +1,205 @@
+"""`qkv heads`: what each head of a model does, for a few texts or a whole corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import QkvError
+from .backends import BACKENDS, CHUNK, local_cores
+from .corpus import SPLITS, open_corpus
+from .roles import BROAD, DOMINANT, INDUCTION, strength
+from .run import HeadReport, analyse
+from .stats import DESCRIPTIONS, STATS
+
+MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
+ROLE_STYLES = {
+    "previous": "bold blue", "next": "bold cyan", "self": "bold magenta", "[CLS]": "bold red",
+    "[SEP]": "bold dark_orange", "punctuation": "bold yellow", "first": "bold bright_magenta",
+    "induction": "bold green", "broad": "bright_black", "mixed": "grey50",
+}
+SHORT = {"previous": "prev", "punctuation": "punct", "induction": "induct"}
+CHECKPOINT_NAME = "heads-checkpoint.npz"
+
+
+def roles_table(report: HeadReport) -> Table:
+    """Rows = layers, columns = heads; each cell the head's role and the number behind it."""
+    table = Table(title=f"{report.model}: what each head does (role, and the share of attention behind it)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("layer", justify="right", style="grey50")
+    for h in range(report.heads):
+        table.add_column(f"h{h}", no_wrap=True)
+    for i, row in enumerate(report.roles):
+        cells = [Text(str(i))]
+        for h, role in enumerate(row):
+            value = strength(role, i, h, report.stats, report.uniform_entropy, report.detectors["induction"])
+            label = SHORT.get(role, role) + ("" if value is None or role == "mixed" else " " + _num(value))
+            cells.append(Text(label, style=ROLE_STYLES[role]))
+        table.add_row(*cells)
+    return table
+
+
+def _num(value: float) -> str:
+    """0.93 → ".93", 1.0 → "1.00": two decimals in four characters."""
+    text = f"{value:.2f}"
+    return text[1:] if text.startswith("0.") else text
+
+
+def stat_table(report: HeadReport, name: str) -> Table:
+    """One statistic as numbers, rows = layers, columns = heads."""
+    values = report.stats[name]
+    table = Table(title=f"{name}: {DESCRIPTIONS[name]}" + (" (nats)" if name == "entropy" else ""),
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("layer", justify="right", style="grey50")
+    for h in range(report.heads):
+        table.add_column(f"h{h}", justify="right", no_wrap=True)
+    top = float(np.max(values)) or 1.0
+    for i in range(report.layers):
+        table.add_row(Text(str(i)), *[Text(f"{v:.2f}", style="bold bright_white" if v >= 0.5 * top else "grey62")
+                                      for v in values[i]])
+    return table
+
+
+def legend(report: HeadReport) -> list[Text]:
+    lines = [Text(f"Roles: previous / next / self / [CLS] / [SEP] / punct = more than {DOMINANT:.0%} of each "
+                  f"token's attention, on average, goes there; broad = entropy ≥ {BROAD:.0%} of evenly spread "
+                  f"attention (number: that ratio); induction = induction score ≥ {INDUCTION} on repeated random "
+                  "tokens; mixed = none of these.")]
+    for name, why in report.not_applicable.items():
+        lines.append(Text(f"{name}: not applicable ({why})."))
+    return lines
+
+
+def warn_failures(report: HeadReport, limit: int = 10) -> None:
+    for f in report.failures[:limit]:
+        where = f"text {f.index}" + (f" (line {f.line})" if f.line is not None else "")
+        click.echo(f"qkv: warning: {where} skipped: {f.error}", err=True)
+    if len(report.failures) > limit:
+        click.echo(f"qkv: warning: {len(report.failures) - limit} more texts skipped (see 'failed' in --json)",
+                   err=True)
+
+
+@click.command()
+@click.argument("texts", nargs=-1)
+@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@click.option("--file", "corpus_path", default=None, metavar="CORPUS",
+              help="A UTF-8 text file: one text per line (or per paragraph with --split paragraph).")
+@click.option("--split", type=click.Choice(SPLITS), default="line", show_default=True,
+              help="How --file is cut into texts.")
+@click.option("--window", type=int, default=None,
+              help="Longest window in tokens (default: the model's context); longer texts are cut.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (L × H lists) instead of tables.")
+@click.option("--stat", "show", multiple=True, metavar="NAME",
+              help=f"Also print this statistic's L × H numbers ({', '.join(STATS)}); repeatable.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write heads.json, a layer × head map per statistic (PNG, SVG) and the viewer here.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help=f"Save progress here and continue from it (default with --file and --out: OUT/{CHECKPOINT_NAME}).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True,
+              help="local: this machine's cores; ray: a Ray cluster.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes (local) or actors (ray). Default: every core for a corpus, 1 for a few texts; "
+                   "ray: every CPU of the cluster.")
+@click.option("--address", default=None, help="Ray cluster to join (default: start Ray on this machine).")
+def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: str, window: int | None,
+          as_json: bool, show: tuple[str, ...], out_dir: str | None, checkpoint: str | None, backend: str,
+          workers: int | None, address: str | None) -> None:
+    """What each head does: attention to the previous / next token, [CLS], [SEP], punctuation, …
+
+    Give TEXT(s), or a corpus with --file. Each text counts equally in the averages.
+    """
+    from ..checkpoints import load
+    from ..cli import _check_writable, _console
+    from .text import prepare
+
+    unknown = [s for s in show if s not in STATS]
+    if unknown:
+        raise QkvError(f"unknown statistic {unknown[0]!r}; choose from {', '.join(STATS)}")
+    if bool(texts) == bool(corpus_path):
+        raise QkvError("give either TEXT(s) or --file CORPUS (not both, not neither); see qkv heads --help")
+    if address and backend != "ray":
+        raise QkvError("--address is for the Ray backend; add --backend ray")
+    for t in texts:
+        if not t.strip():
+            raise QkvError("the text is empty; give some words to look at")
+    if out_dir is not None:
+        _check_writable(out_dir)
+        if checkpoint is None and corpus_path is not None:
+            checkpoint = str(Path(out_dir) / CHECKPOINT_NAME)
+    if checkpoint is not None:
+        _check_writable(str(Path(checkpoint).resolve().parent))
+    corpus = open_corpus(corpus_path, split) if corpus_path else None
+    model = load(source)
+    lacking = prepare(model, window).not_applicable
+    for name in show:
+        if name in lacking:
+            raise QkvError(f"'{name}' does not apply to {model.name}: {lacking[name]}; choose another statistic")
+    if workers is None and backend == "local":
+        workers = local_cores() if corpus is not None and corpus.count >= 4 * CHUNK else 1
+    report = _run(model, corpus or list(texts), window, backend, workers, address, checkpoint)
+    warn_failures(report)
+    if out_dir is not None:
+        _write_out(report, Path(out_dir), model, texts[0] if texts else _first_text(corpus))
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+        return
+    console = _console()
+    console.print(Text(f"{report.model}: {report.layers} layers × {report.heads} heads, {report.texts} text"
+                       f"{'s' if report.texts != 1 else ''}, {report.tokens} tokens"
+                       + (f" in {report.windows} windows" if report.windows != report.texts else "")))
+    console.print(roles_table(report))
+    for line in legend(report):
+        console.print(line)
+    for name in show:
+        console.print(stat_table(report, name))
+
+
+def _run(model, texts, window, backend, workers, address, checkpoint) -> HeadReport:
+    """analyse(), with a progress bar on stderr for corpora."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    if isinstance(texts, list):
+        return analyse(model, texts, window=window, backend=backend, workers=workers, address=address,
+                       checkpoint=checkpoint)
+    columns = (TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("texts", total=texts.count)
+            return analyse(model, texts, window=window, backend=backend, workers=workers, address=address,
+                           checkpoint=checkpoint, progress=lambda k: bar.advance(task, k))
+    except KeyboardInterrupt:
+        if checkpoint is not None:
+            click.echo(f"qkv: progress saved in {checkpoint}; run the same command again to continue", err=True)
+        raise
+
+
+def _first_text(corpus) -> str | None:
+    for _, _, text in corpus.texts():
+        return text
+    return None
+
+
+def _write_out(report: HeadReport, out: Path, model, text: str | None) -> None:
+    """heads.json, the figures, and the viewer of the first text with heads coloured by role."""
+    from .totals import write_atomic
+    from .corpus import template_of, windows
+    from .figures import save_figures
+
+    write_atomic(out / "heads.json", lambda f: f.write(json.dumps(report.to_json(), indent=1).encode()))
+    written = save_figures(report, out)
+    try:
+        from ..viz.html import save_viewer
+    except ImportError:
+        save_viewer = None
+    if save_viewer is not None and text is not None:
+        ids, _ = model.tokenizer.encode(text)
+        first = windows(ids, model.config.max_positions, template_of(model.tokenizer))[0]
+        trace = model.run(first, keep=("attentions",))
+        written.append(save_viewer(trace, out / "viewer.html", model_name=report.model, roles=report.roles))
+    click.echo(f"wrote {len(written) + 1} files to {out}", err=True)
