@@ -95,3 +95,28 @@ def test_split_and_merge_heads_are_inverse():
     assert h.shape == (2, 4, 3, 3)
     assert (h[1, 2, 0] == x[1, 0, 6:9]).all()                     # head 2 = columns 6..8
     assert (A.merge_heads(h) == x).all()
+
+
+@pytest.mark.parametrize("n, m, window, padded, Hkv", [
+    (200, 200, None, False, 4),     # prefill: n = m, blocks of 64 rows + a ragged last one
+    (130, 300, None, False, 2),     # queries after a cached past (m > n), GQA
+    (150, 150, 40, False, 4),       # sliding window
+    (100, 100, None, True, 1),      # padding keys, MQA
+])
+def test_causal_attention_by_blocks_equals_the_plain_path(n, m, window, padded, Hkv):
+    """The fast causal path (habit 8) gives the plain softmax(QKᵀ/√d_k + M)·V."""
+    rng = np.random.default_rng(7)
+    B, H, dk = 2, 4, 16
+    q = rng.standard_normal((B, H, n, dk)).astype(np.float32)
+    k, v = rng.standard_normal((2, B, Hkv, m, dk)).astype(np.float32)
+    key_mask = None
+    if padded:
+        key_mask = np.ones((B, m), dtype=bool)
+        key_mask[1, :5] = False                                     # row 1 left-padded
+    mask = A.AttentionMask(n=n, m=m, causal=True, window=window, key_mask=key_mask)
+    assert n > A.CAUSAL_BLOCK
+    plain, _, _ = A.scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))
+    fast = A.causal_attention(q, k, v, mask)
+    assert fast.dtype == np.float32
+    np.testing.assert_allclose(fast, plain, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(A.attention_output(q, k, v, mask), plain, atol=1e-6, rtol=0)

@@ -152,3 +152,14 @@ def test_memory_at_16k_tokens_is_far_below_the_score_matrix():
     assert m["finite"]
     extra = m["peak"] - m["out"]
     assert extra < m["scores"] / 50, m               # the n² matrix would be 2 GiB here
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_blocks_over_several_query_and_key_blocks(causal):
+    """The default Q_BLOCK × K_BLOCK tiling (query blocks in parallel), n not a multiple of either."""
+    from qkv.kernels import K_BLOCK, Q_BLOCK
+
+    n = K_BLOCK + Q_BLOCK + 37
+    q, k, v = qkv_arrays(np.random.default_rng(11), 1, 4, 2, n, n, 8)
+    allowed = A.causal_mask(n) if causal else np.ones((n, n), bool)
+    assert np.max(np.abs(tiled_attention(q, k, v, causal=causal) - reference(q, k, v, allowed))) <= TOL

@@ -271,6 +271,10 @@ from .analysis.cli import heads as _heads  # noqa: E402  (`qkv heads`: what each
 
 cli.add_command(_heads)
 
+from .bench.cli import bench as _bench  # noqa: E402  (`qkv bench`: timings against transformers)
+
+cli.add_command(_bench)
+
 
 def main() -> None:
     """Entry point: a QkvError becomes one line on stderr and exit code 2."""

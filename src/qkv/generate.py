@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -17,6 +18,7 @@ from .cache import KVCache
 from .errors import QkvError
 from .model import Model, transformer
 from .sampling import check_sampling, sample
+from .threads import blas_one_thread
 from .trace import Recorder
 
 
@@ -73,7 +75,10 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
     for _ in range(max_new_tokens):
         rec = Recorder(keep=("attentions",) if keep_attentions else ())
         if use_cache:
-            _, logits = transformer(w, cfg, new, mask, None, rec, cache, logits="last")
+            # A one-token step is matrix × vector products, bound by memory: one BLAS thread
+            # streams the weights about as fast as two, and never waits for a busy core (threads.py).
+            with blas_one_thread() if new.shape[1] == 1 else nullcontext():
+                _, logits = transformer(w, cfg, new, mask, None, rec, cache, logits="last")
         else:
             _, logits = transformer(w, cfg, seq, mask, None, rec, logits="last")
         next_ids = sample(logits[:, -1], rng, temperature, top_k, top_p)      # (B,)

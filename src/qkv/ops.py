@@ -98,17 +98,20 @@ def gelu(x: np.ndarray) -> np.ndarray:
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU ≈ ½x(1 + tanh(√(2/π)(x + 0.044715x³)))  — GPT-2's activation ("gelu_new").
 
-    Written x*x*x, not x**3: the power is ~265× slower on float32 arrays.
+    Plain form: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x*x*x))).
+    Computed as x / (1 + e^(-2u)), u = √(2/π)(x + 0.044715x³), which is the same number
+    because ½(1 + tanh u) = 1 / (1 + e^(-2u)): NumPy's float32 exp is ~1.6× faster than
+    its tanh, and this takes 7 passes over x instead of 9. (Never x**3: ~265× slower.)
     """
-    inner = x * x * x                                    # x³
-    inner *= 0.044715
-    inner += x
-    inner *= math.sqrt(2.0 / math.pi)
-    np.tanh(inner, out=inner)
-    inner += 1.0
-    inner *= x
-    inner *= 0.5
-    return inner
+    c = math.sqrt(2.0 / math.pi)
+    e = x * x                                            # x²
+    e *= -2.0 * c * 0.044715
+    e -= 2.0 * c                                         # -2√(2/π)(1 + 0.044715x²)
+    e *= x                                               # -2u
+    with np.errstate(over="ignore"):                     # e^(-2u) = inf for x ≪ 0: GELU → -0
+        np.exp(e, out=e)
+    e += 1.0
+    return np.divide(x, e, out=e)                        # x / (1 + e^(-2u))
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,118 @@
+"""What every benchmark shares: interleaved timing, the machine's facts, markdown sections.
+
+Nothing here imports torch or transformers: a benchmark imports them inside its own
+functions, so `import qkv.bench` works without the reference stack.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+# The OpenBLAS variables that pick a kernel and a cache size. Some machines set them and
+# get a slower kernel; benchmarks report them and never change them.
+OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median seconds of each run, the runs taking turns so machine noise hits all alike.
+
+    Every round runs each function once (after `warmup` untimed rounds); the order
+    rotates by one each round, so no run always follows the same other run.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be ≥ 1, got {repeats}")
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = clock()
+            runs[name]()
+            if r >= warmup:
+                times[name].append(clock() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def blas_info() -> dict:
+    """NumPy's BLAS as threadpoolctl sees it: library, kernel (architecture), threads."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return {"internal_api": "unknown (pip install threadpoolctl)"}
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            return {k: lib.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+    return {"internal_api": "none found"}
+
+
+def machine_facts() -> dict:
+    """The facts a timing depends on: CPU, cores, NumPy, its BLAS kernel, OpenBLAS variables."""
+    return {
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": blas_info(),
+        "env": {var: os.environ.get(var) for var in OPENBLAS_VARS},   # None = unset
+    }
+
+
+def cpu_snapshot() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds used by the whole machine, CPU seconds used by this process).
+
+    The machine's share comes from /proc/stat (Linux; None elsewhere): user, nice, system,
+    irq, softirq and steal time, i.e. everything but idle and I/O wait.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return time.perf_counter(), busy, own.user + own.system
+
+
+def others_cores(start: tuple | None, end: tuple | None) -> float | None:
+    """Cores that other processes kept busy, on average, between two `cpu_snapshot`s."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_section(path: str | Path, name: str, body: str, title: str = "# Benchmarks") -> None:
+    """Put `body` between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in the file at `path`.
+
+    Only that section changes: the rest of the file (other benchmarks, prose) is kept.
+    A missing section is appended; a missing file is created with `title`.
+    """
+    path = Path(path)
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    section = f"{start}\n{body.strip()}\n{end}"
+    text = path.read_text() if path.exists() else f"{title}\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,160 @@
+"""The forward benchmark: qkv against transformers on one prefill, same model, same run.
+
+    random GPT-2-small (L 12, d_model 768, H 12, V 50257, 1024 positions), float32, CPU
+      ─save_pretrained─▶ temp dir (safetensors) ─qkv.load─▶ the same weights, memory-mapped
+    per prompt length n: check the logits agree once, then time
+      qkv:           model.forward(ids, attentions=False)
+      transformers:  with torch.no_grad(): hf_model(ids)   (sdpa attention, the default;
+                                                             eager too when asked)
+    taking turns, median of `repeats` rounds after a warm-up.
+
+`measure` returns plain dicts; `markdown` turns them into the docs/benchmarks.md section.
+torch and transformers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import QkvError
+from .common import OPENBLAS_VARS, cpu_snapshot, machine_facts, others_cores, time_interleaved
+
+# GPT-2 small's shape (the config's defaults, written out so the benchmark says what it runs).
+GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+TOKENS = (128, 512)
+REPEATS = 7
+TOL_LOGITS = 1e-3          # max abs between qkv's and transformers' logits on this random model
+TARGET = 0.6               # qkv should take at most 0.6× the time of transformers
+COMMAND = "qkv bench forward --out docs/benchmarks.md"
+REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
+
+
+def reference_stack():
+    """(torch, transformers), or a QkvError that says how to install them."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise QkvError(f"the forward benchmark needs torch and transformers ({e.name} is missing); "
+                       f"{REFERENCE_FIX}") from None
+    return torch, transformers
+
+
+def random_gpt2(directory: Path, seed: int = 0, attn: str = "sdpa"):
+    """A random GPT-2-small in transformers (eval, float32), saved to `directory` as safetensors."""
+    torch, transformers = reference_stack()
+    transformers.utils.logging.disable_progress_bar()                  # keep the output to the table
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(**GPT2_SMALL)
+    model = transformers.GPT2LMHeadModel(cfg).float().eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return load_reference(directory, attn)
+
+
+def load_reference(directory: Path, attn: str):
+    """The saved checkpoint back in transformers, with attention implementation `attn`."""
+    torch, transformers = reference_stack()
+    model = transformers.GPT2LMHeadModel.from_pretrained(directory, attn_implementation=attn,
+                                                         dtype=torch.float32)
+    return model.eval()
+
+
+def timed_runs(model, hf: dict, ids: np.ndarray) -> dict:
+    """What gets timed for one input, by name: each call returns the logits (1, n, V) as NumPy."""
+    torch, _ = reference_stack()
+    ids_t = torch.from_numpy(ids)
+
+    def reference(hf_model):
+        def run():
+            with torch.no_grad():
+                return hf_model(ids_t).logits.numpy()
+        return run
+
+    runs = {"qkv": lambda: model.forward(ids, attentions=False).logits}
+    runs.update({f"transformers_{attn}": reference(m) for attn, m in hf.items()})
+    return runs
+
+
+def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 0, eager: bool = True) -> dict:
+    """Time qkv and transformers on prefills of each length in `tokens`; a plain dict of results.
+
+    {"model": {...}, "machine": {...}, "repeats": r, "rows": [{"tokens", "qkv_ms",
+    "transformers_ms", "ratio", "eager_ms" (with eager), "max_abs_logits"}, ...]}
+    """
+    torch, transformers = reference_stack()
+    from .. import load
+
+    limit = GPT2_SMALL["n_positions"]
+    for n in tokens:
+        if not 1 <= n <= limit:
+            raise QkvError(f"--tokens {n} is outside 1..{limit} (GPT-2's context); choose a length in it")
+    rng = np.random.default_rng(seed)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="qkv-bench-", ignore_cleanup_errors=True) as tmp:
+        hf = {"sdpa": random_gpt2(Path(tmp), seed)}
+        if eager:
+            hf["eager"] = load_reference(Path(tmp), "eager")
+        model = load(tmp)
+        before = cpu_snapshot()                                         # others' work slows both sides
+        for n in tokens:
+            ids = rng.integers(0, GPT2_SMALL["vocab_size"], size=(1, n))   # (1, n)
+            runs = timed_runs(model, hf, ids)
+            ours = runs["qkv"]()                                               # (1, n, V)
+            diff = max(float(np.max(np.abs(ours - runs[f"transformers_{a}"]()))) for a in hf)
+            if diff > TOL_LOGITS:
+                raise RuntimeError(f"qkv's logits differ from transformers' by {diff:.2e} > {TOL_LOGITS} "
+                                   f"at {n} tokens: the engine is wrong, the timing would be meaningless")
+            t = time_interleaved(runs, repeats=repeats, warmup=warmup)
+            row = {"tokens": n, "qkv_ms": 1e3 * t["qkv"], "transformers_ms": 1e3 * t["transformers_sdpa"],
+                   "ratio": t["qkv"] / t["transformers_sdpa"], "max_abs_logits": diff}
+            if eager:
+                row["eager_ms"] = 1e3 * t["transformers_eager"]
+            rows.append(row)
+        n_params = model.weights.nbytes() // model.dtype.itemsize      # tied W_vocab counted once
+        others = others_cores(before, cpu_snapshot())
+    machine = machine_facts()
+    machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
+                        "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    machine["transformers"] = transformers.__version__
+    return {"model": dict(GPT2_SMALL, parameters=n_params, dtype="float32", batch=1, seed=seed),
+            "machine": machine, "others_cores": others, "repeats": repeats, "warmup": warmup, "rows": rows}
+
+
+def markdown(result: dict, command: str = COMMAND) -> str:
+    """The "Forward (prefill)" section of docs/benchmarks.md, from `measure`'s dict."""
+    m, mach = result["model"], result["machine"]
+    eager = "eager_ms" in result["rows"][0]
+    head = "| tokens | qkv ms | transformers ms (sdpa) | qkv / transformers |" + (" transformers ms (eager) |" if eager else "")
+    rule = "|---:|---:|---:|---:|" + ("---:|" if eager else "")
+    lines = ["## Forward (prefill)", "",
+             f"A random GPT-2-small-sized model (L {m['n_layer']}, d_model {m['n_embd']}, H {m['n_head']}, "
+             f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters), "
+             f"float32, batch 1, on the CPU: qkv `model.forward(ids, attentions=False)` against transformers "
+             f"`hf_model(ids)` under `torch.no_grad()`, in the same process, taking turns; median of "
+             f"{result['repeats']} rounds after {result['warmup']} warm-up. Target: qkv / transformers ≤ {TARGET}.",
+             "", head, rule]
+    for r in result["rows"]:
+        cells = [str(r["tokens"]), f"{r['qkv_ms']:.0f}", f"{r['transformers_ms']:.0f}", f"{r['ratio']:.2f}×"]
+        if eager:
+            cells.append(f"{r['eager_ms']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    worst = max(r["max_abs_logits"] for r in result["rows"])
+    blas, torch_ = mach["blas"], mach["torch"]
+    env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
+    lines += ["", f"Logits agree: max abs difference {worst:.1e} (tolerance {TOL_LOGITS}).", "",
+              f"Machine: {mach['cpu']}, {mach['cores']} cores; Python {mach['python']}; NumPy {mach['numpy']} "
+              f"with {blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
+              f"{blas.get('num_threads')} threads); torch {torch_['version']} ({torch_['threads']} threads, "
+              f"{torch_['cpu_capability']}), transformers {mach['transformers']}; {env}.",
+              "", f"Other processes kept {_cores(result['others_cores'])} busy on average during the timing. "
+              "On a busy machine NumPy's multi-threaded BLAS slows down far more than torch does, "
+              "and the ratio with it: run on an idle machine.",
+              "", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
+    return "\n".join(lines)
+
+
+def _cores(x: float | None) -> str:
+    return "an unknown number of cores" if x is None else f"{x:.2f} cores"

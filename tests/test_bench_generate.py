@@ -1,0 +1,82 @@
+"""qkv bench generate: bandwidth share, KV-cache bytes, token agreement, the docs section (no torch)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from qkv import QkvError
+from qkv.bench import generate as gb
+from qkv.config import ModelConfig
+
+GPT2_SMALL = ModelConfig(family="gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+                         max_positions=1024, causal=True)
+
+
+def test_bandwidth_share_is_bytes_streamed_over_copy_bandwidth():
+    # 500 MB read per token at 30 tokens/s = 15 GB/s, against a 20 GB/s copy: 75 %
+    assert gb.bandwidth_share(500_000_000, 30.0, 20e9) == pytest.approx(0.75)
+
+
+def test_copy_and_gemv_bandwidths_are_positive_rates():
+    assert 1e8 < gb.copy_bandwidth(nbytes=8 << 20, repeats=1) < 1e13
+    assert 1e8 < gb.gemv_bandwidth(nbytes=8 << 20, repeats=1) < 1e13
+
+
+def test_kv_cache_bytes_and_the_saving_of_grouped_heads():
+    rows = gb.kv_cache_rows(GPT2_SMALL)
+    assert rows[0]["bytes_per_token"] == 2 * 12 * 12 * 64 * 4 == 73_728      # K and V, L, H, d_k, float32
+    assert (rows[1]["n_heads"], rows[1]["n_kv_heads"]) == (12, 4)
+    assert rows[1]["bytes_per_token"] == 24_576 and rows[1]["saving"] == pytest.approx(3.0)
+
+
+def test_first_difference():
+    a = np.array([1, 2, 3, 4])
+    assert gb.first_difference(a, a.copy()) is None
+    assert gb.first_difference(a, np.array([1, 2, 9, 4])) == 2
+    assert gb.first_difference(a, a[:3]) == 3                       # one is a prefix of the other
+
+
+def test_without_transformers_it_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)         # import transformers → ImportError
+    with pytest.raises(QkvError, match="pip install"):
+        gb.measure(new_tokens=2, no_cache_tokens=1, repeats=1)
+
+
+def fake_result(same: bool = True) -> dict:
+    tps = {"qkv_cache": 30.0, "qkv_no_cache": 3.0, "transformers": 10.0}
+    return {"model": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024,
+                      "parameters": 124_000_000},
+            "machine": {"cpu": "Test CPU", "cores": 2, "python": "3.11", "numpy": "2.0",
+                        "blas": {"internal_api": "openblas", "version": "0.3", "architecture": "Haswell",
+                                 "num_threads": 2},
+                        "env": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": None},
+                        "torch": {"version": "2.13", "threads": 2}, "transformers": "5.0"},
+            "prompt": 16, "new_tokens": 128, "no_cache_tokens": 32, "repeats": 3, "tokens_per_s": tps,
+            "speedup": 3.0, "weight_bytes": 500_000_000, "copy_bytes_per_s": 20e9,
+            "copy_bytes_per_s_runs": [19e9, 21e9], "bandwidth_limit_tokens_per_s": 40.0,
+            "gemv_bytes_per_s": 16e9, "gemv_share": gb.bandwidth_share(500_000_000, 30.0, 16e9),
+            "share": {k: gb.bandwidth_share(500_000_000, v, 20e9) for k, v in tps.items()},
+            "same_tokens": same, "first_difference": None if same else 57, "same_without_cache": True,
+            "kv_cache": gb.kv_cache_rows(GPT2_SMALL)}
+
+
+def test_markdown_section():
+    text = gb.markdown(fake_result(), command="qkv bench generate --repeats 5")
+    assert text.startswith("## Generation")
+    assert "| qkv, KV cache | 128 | 30.0 | 3.00× | 75 % |" in text
+    assert "| qkv, no cache | 32 | 3.0 | 0.30× | 8 % |" in text
+    assert "(here 3.00×: met)" in text and "(here 75 %: not met)" in text and "**40.0 tokens/s**" in text
+    assert "19.0, 21.0 GB/s" in text and "the same 128 greedy tokens" in text
+    assert "streams 16.0 GB/s: measured against that, qkv's steps reach 94 %" in text
+    assert "| 73,728 (72 KiB) | 1× |" in text and "| 24,576 (24 KiB) | 3× |" in text
+    assert "OPENBLAS_CORETYPE=Haswell, OPENBLAS_L2_SIZE=unset" in text and "qkv bench generate --repeats 5" in text
+    assert "at new token 57" in gb.markdown(fake_result(same=False))
+
+
+def test_command_line_names_only_changed_options():
+    assert gb.generate_command_line(gb.NEW_TOKENS, gb.NO_CACHE_TOKENS, gb.REPEATS, None) == "qkv bench generate"
+    assert gb.generate_command_line(64, 8, 5, "docs/benchmarks.md") == \
+        "qkv bench generate --new-tokens 64 --no-cache-tokens 8 --repeats 5 --out docs/benchmarks.md"
