@@ -105,7 +105,7 @@ def test_markdown_section():
     assert "| 0 | 0.500 | 0.900 | 0.800 |" in text
     assert "OPENBLAS_CORETYPE=unset, OPENBLAS_L2_SIZE=1000000" in text and "qkv bench attention --sizes 512" in text
     bare = ar.markdown(fake_result(torch=False))
-    assert "torch is not installed" in bare and "tiled / torch" not in bare
+    assert "torch is not installed" in bare and "| tiled / torch |" not in bare
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -111,8 +111,11 @@ def markdown(result: dict, command: str = COMMAND, plot_path: str | None = None,
     blas = mach["blas"]
     env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
     torch_ = mach.get("torch")
-    lines += [f"Machine: {mach['cpu']}, {mach['cores']} cores, shared with other work while this ran (figures "
-              f"are medians; expect ±15 %); Python {mach['python']}; NumPy {mach['numpy']} with "
+    lines += [f"Machine: {mach['cpu']}, {mach['cores']} cores, shared with other work while this ran: figures "
+              "are medians, the methods of a row take turns, yet a cell can be off by up to 2× when that work "
+              "starts or stops mid-run (two full runs made here differed that much in single cells; in most rows "
+              f"of both, tiled / torch was 1.5–2× from n = 2048 up); Python {mach['python']}; "
+              f"NumPy {mach['numpy']} with "
               f"{blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
               f"{blas.get('num_threads')} threads)"
               + (f"; torch {torch_['version']} ({torch_['threads']} threads)" if torch_ else "") + f"; {env}.",

@@ -200,7 +200,9 @@ def markdown(result: dict, command: str = COMMAND) -> str:
               "GB/s (their mean is used).",
               "", f"One core reading a matrix (`W @ x`, one BLAS thread, the way qkv's one-token steps run) "
               f"streams {result['gemv_bytes_per_s'] / 1e9:.1f} GB/s: measured against that, qkv's steps reach "
-              f"{100 * result['gemv_share']:.0f} % (the rest is Python and the small ops between the products). "
+              f"{100 * result['gemv_share']:.0f} % (the rest: 73 smaller matrices, some of them strided views, stream a "
+              "little slower than one large one, and the Python and small ops between the products take "
+              "~2.5 ms a step). "
               "A second BLAS thread would read faster on an idle machine, but on a shared one it waits for a "
               "busy core at every product (qkv/threads.py).",
               "", f"Same tokens: {same}; without the cache qkv chooses "
@@ -214,7 +216,8 @@ def markdown(result: dict, command: str = COMMAND) -> str:
     blas, torch_ = mach["blas"], mach["torch"]
     env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
     lines += ["", f"Machine: {mach['cpu']}, {mach['cores']} cores, shared with other work while this ran "
-              "(figures are medians; expect ±15 %); "
+              "(figures are medians of runs taking turns; between runs of this benchmark here, tokens/s moved "
+              "by up to 15 % for qkv and 20 % for transformers); "
               f"Python {mach['python']}; NumPy {mach['numpy']} with {blas.get('internal_api')} "
               f"{blas.get('version') or ''} (kernel {blas.get('architecture')}, {blas.get('num_threads')} threads; "
               f"qkv's one-token steps run BLAS on one thread, see qkv/threads.py); torch {torch_['version']} "
