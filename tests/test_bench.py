@@ -132,8 +132,8 @@ def result_dict() -> dict:
 def test_markdown_has_the_table_the_facts_and_the_command():
     text = fwd.markdown(result_dict(), command="qkv bench forward --out docs/benchmarks.md")
     assert text.startswith("## Forward (prefill)")
-    assert "| 128 | 210 | 350 | 0.60× | 360 |" in text
-    assert "| 512 | 1000 | 1400 | 0.71× | 1500 |" in text
+    assert "| 128 | 210 | 350 | 0.60× | 360 | 0.58× |" in text
+    assert "| 512 | 1000 | 1400 | 0.71× | 1500 | 0.67× |" in text
     assert "max abs difference 4.0e-06" in text                       # the worst row
     assert "kernel Haswell, 2 threads" in text and "torch 2.13.0+cpu (2 threads" in text
     assert "OPENBLAS_CORETYPE=unset, OPENBLAS_L2_SIZE=1048576" in text
