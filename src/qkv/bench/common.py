@@ -16,6 +16,22 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import QkvError
+
+REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
+
+
+def reference_stack(benchmark: str):
+    """(torch, transformers), or a QkvError that names the benchmark and how to install them."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise QkvError(f"the {benchmark} benchmark needs torch and transformers ({e.name} is missing); "
+                       f"{REFERENCE_FIX}") from None
+    return torch, transformers
+
+
 # The OpenBLAS variables that pick a kernel and a cache size. Some machines set them and
 # get a slower kernel; benchmarks report them and never change them.
 OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QkvError
+from . import common
 from .common import OPENBLAS_VARS, cpu_snapshot, machine_facts, others_cores, time_interleaved
 
 # GPT-2 small's shape (the config's defaults, written out so the benchmark says what it runs).
@@ -29,18 +30,11 @@ REPEATS = 9
 TOL_LOGITS = 1e-3          # max abs between qkv's and transformers' logits on this random model
 TARGET = 0.6               # qkv should take at most 0.6× the time of transformers
 COMMAND = "qkv bench forward --out docs/benchmarks.md"
-REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
 
 
 def reference_stack():
-    """(torch, transformers), or a QkvError that says how to install them."""
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise QkvError(f"the forward benchmark needs torch and transformers ({e.name} is missing); "
-                       f"{REFERENCE_FIX}") from None
-    return torch, transformers
+    """(torch, transformers) for this benchmark, or a QkvError that says how to install them."""
+    return common.reference_stack("forward")
 
 
 def random_gpt2(directory: Path, seed: int = 0, attn: str = "sdpa"):

@@ -23,6 +23,7 @@ import numpy as np
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import QkvError
+from . import common
 from .common import OPENBLAS_VARS, machine_facts, time_interleaved, write_section
 from .forward import GPT2_SMALL
 
@@ -35,18 +36,11 @@ TARGET_SPEEDUP = 2.0         # qkv ≥ 2× transformers' tokens/s
 TARGET_SHARE = 0.85          # qkv ≥ 85 % of the bandwidth limit
 GQA = {"n_heads": 12, "n_kv_heads": 4}     # a Llama-style grouping of GPT-2-small's 12 heads
 COMMAND = "qkv bench generate --out docs/benchmarks.md"
-INSTALL = "pip install torch==2.13.0 transformers (or run `make bench`)"
 
 
 def reference_stack():
-    """(torch, transformers), or a QkvError that says how to install them: they are the baseline."""
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise QkvError(f"the generation benchmark compares with transformers, and {e.name} is missing; "
-                       f"{INSTALL}") from None
-    return torch, transformers
+    """(torch, transformers): the baseline, or a QkvError that says how to install them."""
+    return common.reference_stack("generation")
 
 
 def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
