@@ -37,7 +37,7 @@ test-live: $(VENV)/.reference
 	$(PY) -m pytest -q tests/live
 
 bench: $(VENV)/.reference
-	$(VENV)/bin/qkv bench forward
+	$(VENV)/bin/qkv bench forward --out docs/benchmarks.md
 
 # Regenerate the committed reference fixtures (needs the reference stack).
 fixtures: $(VENV)/.reference

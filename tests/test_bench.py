@@ -51,6 +51,21 @@ def test_cpu_snapshot_counts_this_process():
     assert snap[1] >= snap[2] >= 0
 
 
+def test_time_interleaved_settles_before_every_run_without_timing_the_sleep():
+    clock, slept = FakeClock(), []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock.now += seconds                                 # sleeping passes time, outside the timing
+
+    def run():
+        clock.now += 2.0
+
+    got = time_interleaved({"a": run, "b": run}, repeats=2, warmup=1, clock=clock, settle=0.3, sleep=sleep)
+    assert got == {"a": 2.0, "b": 2.0}
+    assert slept == [0.3] * 6                                # (1 warm-up + 2) rounds × 2 runs
+
+
 def test_time_interleaved_needs_a_repeat():
     with pytest.raises(ValueError):
         time_interleaved({"a": lambda: None}, repeats=0)
@@ -121,7 +136,7 @@ def result_dict() -> dict:
                     "torch": {"version": "2.13.0+cpu", "threads": 2, "cpu_capability": "AVX2"},
                     "transformers": "5.24.0"},
         "others_cores": 0.04,
-        "repeats": 7, "warmup": 1,
+        "repeats": 7, "warmup": 1, "settle_s": 0.3,
         "rows": [{"tokens": 128, "qkv_ms": 210.4, "transformers_ms": 350.0, "ratio": 0.601, "eager_ms": 360.0,
                   "max_abs_logits": 3e-6},
                  {"tokens": 512, "qkv_ms": 1000.0, "transformers_ms": 1400.0, "ratio": 0.714, "eager_ms": 1500.0,
@@ -135,6 +150,7 @@ def test_markdown_has_the_table_the_facts_and_the_command():
     assert "| 128 | 210 | 350 | 0.60× | 360 | 0.58× |" in text
     assert "| 512 | 1000 | 1400 | 0.71× | 1500 | 0.67× |" in text
     assert "max abs difference 4.0e-06" in text                       # the worst row
+    assert "with 0.3 s of sleep before each run" in text
     assert "kernel Haswell, 2 threads" in text and "torch 2.13.0+cpu (2 threads" in text
     assert "OPENBLAS_CORETYPE=unset, OPENBLAS_L2_SIZE=1048576" in text
     assert "Other processes kept 0.04 cores busy" in text

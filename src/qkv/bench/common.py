@@ -38,11 +38,14 @@ OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
-                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+                     clock: Callable[[], float] = time.perf_counter, settle: float = 0.0,
+                     sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
     """Median seconds of each run, the runs taking turns so machine noise hits all alike.
 
     Every round runs each function once (after `warmup` untimed rounds); the order
-    rotates by one each round, so no run always follows the same other run.
+    rotates by one each round, so no run always follows the same other run. `settle`
+    seconds of sleep before each run let the previous run's thread pools go idle: after
+    a call OpenBLAS's workers keep spinning for ~0.1 s and slow whatever runs next.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be ≥ 1, got {repeats}")
@@ -51,6 +54,8 @@ def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, wa
     for r in range(warmup + repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
+            if settle:
+                sleep(settle)
             start = clock()
             runs[name]()
             if r >= warmup:

@@ -30,6 +30,9 @@ REPEATS = 9
 TOL_LOGITS = 1e-3          # max abs between qkv's and transformers' logits on this random model
 TARGET = 0.6               # qkv should take at most 0.6× the time of transformers
 COMMAND = "qkv bench forward --out docs/benchmarks.md"
+# Seconds of sleep before each timed run. Without it, transformers right after qkv ran
+# ~100 ms slower at 128 tokens (OpenBLAS's workers still spinning), flattering qkv.
+SETTLE = 0.3
 
 
 def reference_stack():
@@ -101,7 +104,7 @@ def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 
             if diff > TOL_LOGITS:
                 raise RuntimeError(f"qkv's logits differ from transformers' by {diff:.2e} > {TOL_LOGITS} "
                                    f"at {n} tokens: the engine is wrong, the timing would be meaningless")
-            t = time_interleaved(runs, repeats=repeats, warmup=warmup)
+            t = time_interleaved(runs, repeats=repeats, warmup=warmup, settle=SETTLE)
             row = {"tokens": n, "qkv_ms": 1e3 * t["qkv"], "transformers_ms": 1e3 * t["transformers_sdpa"],
                    "ratio": t["qkv"] / t["transformers_sdpa"], "max_abs_logits": diff}
             if eager:
@@ -114,7 +117,8 @@ def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 
                         "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     machine["transformers"] = transformers.__version__
     return {"model": dict(GPT2_SMALL, parameters=n_params, dtype="float32", batch=1, seed=seed),
-            "machine": machine, "others_cores": others, "repeats": repeats, "warmup": warmup, "rows": rows}
+            "machine": machine, "others_cores": others, "repeats": repeats, "warmup": warmup,
+            "settle_s": SETTLE, "rows": rows}
 
 
 def markdown(result: dict, command: str = COMMAND) -> str:
@@ -129,7 +133,9 @@ def markdown(result: dict, command: str = COMMAND) -> str:
              f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters), "
              f"float32, batch 1, on the CPU: qkv `model.forward(ids, attentions=False)` against transformers "
              f"`hf_model(ids)` under `torch.no_grad()`, in the same process, taking turns; median of "
-             f"{result['repeats']} rounds after {result['warmup']} warm-up. Target: qkv / transformers ≤ {TARGET}.",
+             f"{result['repeats']} rounds after {result['warmup']} warm-up, with {result.get('settle_s', 0):g} s "
+             f"of sleep before each run so that neither library's idle threads (OpenBLAS's keep spinning ~0.1 s "
+             f"after a call) slow the other. Target: qkv / transformers ≤ {TARGET}.",
              "", head, rule]
     for r in result["rows"]:
         cells = [str(r["tokens"]), f"{r['qkv_ms']:.0f}", f"{r['transformers_ms']:.0f}", f"{r['ratio']:.2f}×"]
