@@ -8,17 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # run from a checkout
 
-import click  # noqa: E402
-
-from qkv.bench.cli import forward  # noqa: E402
-from qkv.errors import QkvError  # noqa: E402
+from qkv.bench.cli import forward as command  # noqa: E402
+from qkv.cli import run  # noqa: E402
 
 if __name__ == "__main__":
-    try:
-        forward.main(prog_name="benchmarks/forward.py", standalone_mode=False)
-    except QkvError as e:                      # a missing reference stack: one line, exit 2
-        click.echo(f"qkv: error: {e}", err=True)
-        sys.exit(2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+    run(command, prog_name="benchmarks/forward.py")

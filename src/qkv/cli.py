@@ -278,8 +278,16 @@ cli.add_command(_bench)
 
 def main() -> None:
     """Entry point: a QkvError becomes one line on stderr and exit code 2."""
+    run(cli)
+
+
+def run(command: click.Command, prog_name: str | None = None) -> None:
+    """Run a click command as `qkv` does: a QkvError is one line on stderr and exit code 2.
+
+    Also the entry of the scripts in benchmarks/, which run one `qkv bench` command each.
+    """
     try:
-        cli.main(standalone_mode=False)
+        command.main(prog_name=prog_name, standalone_mode=False)
     except QkvError as e:
         click.echo(f"qkv: error: {e}", err=True)
         sys.exit(2)
