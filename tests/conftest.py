@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,18 @@ TOL_ATTENTION = 1e-5    # attention weights, max abs
 # tests/live needs torch + transformers and re-checks against them live: only
 # `make test-live` (pytest tests/live) runs it, never the ordinary `pytest`.
 collect_ignore = ["live"]
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`qkv ARGS` through the real entry point (`qkv.cli.main`): (exit code, stdout, stderr)."""
+    from qkv.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["qkv", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
 
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:

@@ -13,9 +13,9 @@ from rich.console import Console
 
 import qkv
 from qkv import explain
-from qkv.cli import main
+
 from qkv.explain_text import TEXTS
-from conftest import MODELS
+from conftest import MODELS, run_main
 
 STEPS = ["⓪", "①", "②", "③", "④", "⑤", "⑥", "⑦", "⑧"]
 
@@ -104,13 +104,6 @@ def test_decoders_with_mask_rope_and_gqa(name):
     assert "pre-norm" in text and "Norm(X)·W_Q^1" in text
 
 
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qkv", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 from click.testing import CliRunner
 
-from qkv.cli import cli, main
-from conftest import MODELS
+from qkv.cli import cli
+from conftest import MODELS, run_main
 
 
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qkv", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_show_out_writes_figures_and_viewer(tmp_path):
