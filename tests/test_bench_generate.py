@@ -80,3 +80,86 @@ def test_command_line_names_only_changed_options():
     assert gb.generate_command_line(gb.NEW_TOKENS, gb.NO_CACHE_TOKENS, gb.REPEATS, None) == "qkv bench generate"
     assert gb.generate_command_line(64, 8, 5, "docs/benchmarks.md") == \
         "qkv bench generate --new-tokens 64 --no-cache-tokens 8 --repeats 5 --out docs/benchmarks.md"
+
+
+# ── qkv bench generate --model smollm2 (bench/llm.py) ───────────────────────────
+
+from qkv.bench import llm  # noqa: E402
+
+
+def fake_llm_result(reference: bool = True, llama: bool = True) -> dict:
+    tps = {"qkv": 40.0, "qkv_1": 25.0, "qkv_2": 40.5}
+    if reference:
+        tps["transformers"] = 20.0
+    if llama:
+        tps["llama.cpp"] = 80.0
+    return {"model": {"name": "SmolLM2-135M-Instruct", "source": "smollm2", "n_layers": 30, "d_model": 576,
+                      "n_heads": 9, "n_kv_heads": 3, "d_ff": 1536, "vocab_size": 49152, "parameters": 134_515_008},
+            "machine": {"cpu": "Test CPU", "cores": 2, "python": "3.11", "numpy": "2.0", "vector": ["avx2", "fma"],
+                        "blas": {"internal_api": "openblas", "version": "0.3", "architecture": "Haswell",
+                                 "num_threads": 2},
+                        "env": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None},
+                        **({"torch": {"version": "2.13", "threads": 2, "capability": "AVX2"}, "transformers": "5.0"}
+                           if reference else {})},
+            "missing": None if reference else "torch", "prompt": 40, "question": llm.QUESTION, "new_tokens": 64,
+            "repeats": 3, "pinned_threads": None, "tokens_per_s": tps,
+            "prefill_seconds": {"128": {"qkv": 0.2, **({"transformers": 0.25} if reference else {})},
+                                "512": {"qkv": 0.9, **({"transformers": 0.8} if reference else {})}},
+            "weight_bytes": 538_060_032, "copy_bytes_per_s": 25e9, "copy_bytes_per_s_runs": [24e9, 26e9],
+            "bandwidth_limit_tokens_per_s": 25e9 / 538_060_032,
+            "share": {k: gb.bandwidth_share(538_060_032, v, 25e9) for k, v in tps.items() if k != "llama.cpp"},
+            "first_difference": {k: None for k in tps if k not in ("qkv", "llama.cpp")},
+            "others_cores": {"decode": 0.1, "prefill": 0.2},
+            "llama_cpp": ({"version": "0.3", "threads": 2, "weights": "4-bit", "weight_bytes": 98_000_000,
+                           "decode_s": 0.8, "prefill_s": {"128": 0.05, "512": 0.2}, "first_difference": 12}
+                          if llama else None)}
+
+
+def test_llm_markdown_with_every_generator():
+    text = llm.markdown(fake_llm_result(), command="qkv bench generate --model smollm2")
+    assert text.startswith("## Generation: SmolLM2-135M-Instruct")
+    assert "| qkv, as shipped (BLAS threads of one-token steps chosen by timing them) | 40.0 | 2.00× | 86 % |" in text
+    assert "| qkv, one-token steps on 2 BLAS threads (`QKV_DECODE_THREADS=2`) | 40.5 | 2.02× |" in text
+    assert "| transformers (torch, its threads) | 20.0 | 1.00× | 43 % |" in text
+    assert "| llama.cpp 0.3 (4-bit weights, 2 threads) | 80.0 | 4.00× |" in text
+    assert "the same 64 tokens" in text and "(here 2.00×: met)" in text and "(here 86 %: met)" in text
+    assert "| 128 | 200 | 250 | 0.80× | 50 |" in text and "| 512 | 900 | 800 | 1.12× | 200 |" in text
+    assert "leave qkv's at new token 12" in text and "98 MB against 538 MB" in text
+    assert "vector extensions avx2, fma" in text and "kernel Haswell" in text and "AVX2 kernels" in text
+
+
+def test_llm_markdown_without_transformers_says_what_it_cannot_compare():
+    text = llm.markdown(fake_llm_result(reference=False, llama=False), command="qkv bench generate --model smollm2")
+    assert "transformers is not installed (torch is missing)" in text
+    assert "| qkv, as shipped (BLAS threads of one-token steps chosen by timing them) | 40.0 | — | 86 % |" in text
+    assert "| 128 | 200 | — | — |" in text and "llama.cpp" not in text
+
+
+def test_llm_command_line():
+    assert gb.llm_command_line("smollm2", llm.NEW_TOKENS, llm.REPEATS, False, "docs/benchmarks.md") == \
+        "qkv bench generate --model smollm2 --out docs/benchmarks.md"
+    assert gb.llm_command_line("smollm2", 32, 5, True, None) == \
+        "qkv bench generate --model smollm2 --new-tokens 32 --repeats 5 --llama-python PATH/TO/python"
+
+
+def test_vector_extensions_are_known_names():
+    assert set(llm.vector_extensions()) <= set(llm.VECTOR_FLAGS)
+
+
+def test_llm_bench_runs_without_torch(monkeypatch):
+    """No torch: qkv's figures alone, and the report says what it could not compare (SmolLM2, short run)."""
+    monkeypatch.setitem(sys.modules, "torch", None)                  # import torch → ImportError
+    monkeypatch.setattr(gb, "COPY_BYTES", 8 << 20)
+    monkeypatch.setattr(llm, "copy_bandwidth", lambda: gb.copy_bandwidth(nbytes=8 << 20, repeats=1))
+    result = llm.measure("smollm2", new_tokens=3, prefill=(8,), repeats=1)
+    assert result["missing"] == "torch" and set(result["tokens_per_s"]) == {"qkv", "qkv_1", "qkv_2"}
+    assert result["first_difference"] == {"qkv_1": None, "qkv_2": None}     # the thread count never changes tokens
+    assert result["weight_bytes"] == 4 * result["model"]["parameters"]
+    assert "transformers is not installed" in llm.markdown(result, "qkv bench generate --model smollm2")
+
+
+def test_llama_python_needs_a_model():
+    from click.testing import CliRunner
+
+    out = CliRunner().invoke(gb.generate_command, ["--llama-python", sys.executable])
+    assert out.exit_code != 0 and "--llama-python needs --model" in str(out.exception or out.output)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 from threadpoolctl import threadpool_info
 
-from qkv import threads
+from qkv import QkvError, threads
 from qkv.attention import tiled_attention
 
 
@@ -46,3 +47,45 @@ def test_tiled_attention_is_the_same_in_parallel_and_in_order(monkeypatch):
     monkeypatch.setattr(threads, "cores", lambda: 1)
     in_order = tiled_attention(q, k, v, causal=True, block_size=64)
     assert np.array_equal(parallel, in_order)
+
+
+class StepClock:
+    """A fake clock: each step 'takes' seconds[n] for the thread count n it runs with."""
+
+    def __init__(self, seconds: dict[int, float]):
+        self.seconds, self.now, self.n = seconds, 0.0, None
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(chooser: threads.StepThreads, clock: StepClock, steps: int) -> list[int]:
+    used = []
+    for _ in range(steps):
+        def step():
+            n = blas_threads()[0]
+            used.append(n)
+            clock.now += clock.seconds[n]
+        chooser.run(step)
+    return used
+
+
+def test_step_threads_keep_the_faster_count_and_probe_less_when_it_loses():
+    if threads.cores() < 2:
+        return
+    slow_second = StepClock({1: 0.03, 2: 0.45})                     # a busy machine: 2 threads 15× slower
+    used = run_steps(threads.StepThreads(clock=slow_second), slow_second, 200)
+    assert used[:3] == [1, 2, 1] and used.count(2) <= 3               # 1 probe at the start, then rarely
+    fast_second = StepClock({1: 0.03, 2: 0.02})                     # an idle machine: 2 threads faster
+    used = run_steps(threads.StepThreads(clock=fast_second), fast_second, 64)
+    assert used[:3] == [1, 2, 1] and used[3:].count(2) >= 56
+
+
+def test_step_threads_pinned(monkeypatch):
+    clock = StepClock({1: 0.03, 2: 0.01})
+    assert set(run_steps(threads.StepThreads(pinned=1, clock=clock), clock, 10)) == {1}
+    monkeypatch.setenv(threads.DECODE_THREADS_VAR, "2")
+    assert threads.decode_threads() == 2
+    monkeypatch.setenv(threads.DECODE_THREADS_VAR, "two")
+    with pytest.raises(QkvError, match="QKV_DECODE_THREADS"):
+        threads.decode_threads()

@@ -53,9 +53,18 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: 
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm(x) = x / √(mean(x²) + eps) · γ over the last axis (Llama)."""
-    ms = np.mean(x * x, axis=-1, keepdims=True)          # (..., 1)
-    y = x / np.sqrt(ms + float(eps))                     # (..., d)
+    """RMSNorm(x) = x / √(mean(x²) + eps) · γ over the last axis (Llama).
+
+    Plain form: x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight. The mean
+    is np.mean's own steps (a sum, then ÷ d: the same float32 numbers) without its Python
+    wrapper, and the small (..., 1) array is updated in place: a decoding step calls this
+    61 times for SmolLM2.
+    """
+    ms = np.add.reduce(x * x, axis=-1, keepdims=True)    # (..., 1) Σ x²
+    ms /= x.shape[-1]                                    # mean(x²)
+    ms += float(eps)
+    np.sqrt(ms, out=ms)
+    y = x / ms                                           # (..., d)
     y *= weight
     return y
 

@@ -1,13 +1,13 @@
-"""Using every core from NumPy: a thread pool for independent blocks, BLAS held to one thread.
+"""Using every core from NumPy: a thread pool for independent blocks, BLAS threads chosen per task.
 
 NumPy releases the GIL inside matmul and ufuncs, so independent pieces of work (the query
 blocks of tiled attention) run in parallel on plain Python threads, exp and all, where
 BLAS threading would only parallelise the matmuls. BLAS must then run one thread per
-call: two levels of threads would fight for the same cores. One BLAS thread is also what
-a one-token decoding step wants: its matrix-vector products are bound by memory, which
-one core nearly saturates, and a second BLAS thread that must wait for a busy core makes
-every call wait with it (on a shared 2-core machine, 20 ms per product instead of 0.1 ms;
-docs/benchmarks.md). threadpoolctl sets the limit; without it, nothing is limited.
+call: two levels of threads would fight for the same cores. A one-token decoding step is
+matrix × vector products bound by memory: whether a second BLAS thread helps (idle
+machine) or makes every product wait for a busy core (shared machine) is measured while
+generating (`StepThreads`), or pinned with QKV_DECODE_THREADS. threadpoolctl sets the
+limits; without it, nothing is limited.
 """
 
 from __future__ import annotations
@@ -37,8 +37,22 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+# Pins the BLAS threads of one-token decoding steps (e.g. QKV_DECODE_THREADS=2 on an idle machine).
+DECODE_THREADS_VAR = "QKV_DECODE_THREADS"
+
+
 def blas_one_thread() -> AbstractContextManager:
     """A context in which NumPy's BLAS uses one thread (restored on exit); no-op without threadpoolctl."""
+    return blas_threads(1)
+
+
+def blas_threads(n: int) -> AbstractContextManager:
+    """A context in which NumPy's BLAS uses n threads (restored on exit); no-op without threadpoolctl.
+
+    Plain form: threadpoolctl's `ThreadpoolController().limit(limits=n, user_api="blas")`. That
+    re-reads every library's state on each entry (~0.7 ms a decoding step, 64 entries for 64
+    tokens); this asks NumPy's BLAS libraries directly (a few µs).
+    """
     global _controller
     if _controller is None:
         try:
@@ -46,7 +60,97 @@ def blas_one_thread() -> AbstractContextManager:
         except ImportError:
             return nullcontext()
         _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
+    return _BlasThreads([lib for lib in _controller.lib_controllers if lib.user_api == "blas"], n)
+
+
+class _BlasThreads(AbstractContextManager):
+    """Set each BLAS library to n threads on entry, back to what it had on exit."""
+
+    def __init__(self, libs: list, n: int):
+        self.libs, self.n, self.before = libs, n, []
+
+    def __enter__(self):
+        self.before = [lib.get_num_threads() for lib in self.libs]
+        for lib in self.libs:
+            lib.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lib, n in zip(self.libs, self.before):
+            lib.set_num_threads(n)
+
+
+def decode_threads() -> int | None:
+    """BLAS threads pinned for one-token decoding steps by QKV_DECODE_THREADS, or None: chosen by timing."""
+    value = os.environ.get(DECODE_THREADS_VAR, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        from .errors import QkvError
+        raise QkvError(f"{DECODE_THREADS_VAR}={value!r} is not a thread count; set it to a whole number ≥ 1 "
+                       "or unset it")
+    return int(value)
+
+
+class StepThreads:
+    """BLAS threads for the one-token steps of one generation, chosen by timing those steps.
+
+    A step's products are matrix × vector, bound by memory. On an idle 2-core machine two
+    threads stream the weights ~1.5× faster than one; on a busy one a second thread makes
+    every product wait for a core the scheduler gave to someone else (~10× slower; both
+    measured, docs/benchmarks.md). Which holds changes with the load, so it is measured here,
+    while generating: steps 0-2 run on 1, `most`, 1 threads (step 0 also warms up), later
+    steps on the faster, and the slower is tried again now and then: after a lost probe that
+    took r× the faster step, max(2, r)× later than the time before, so probes cost at most
+    ~1/8 of the steps' time even where a second thread is 15× slower. The numbers do not
+    depend on the choice: each output of a product is summed by one thread either way.
+
+    `pinned` (QKV_DECODE_THREADS) fixes the count; one core means one thread.
+    """
+
+    def __init__(self, pinned: int | None = None, most: int | None = None, clock: Callable[[], float] | None = None):
+        import time
+
+        self.clock = clock or time.perf_counter
+        self.most = most if most is not None else min(2, cores())
+        self.pinned = pinned if pinned is not None else (1 if self.most <= 1 else None)
+        self.seconds: dict[int, float] = {}         # the latest time of a step with n threads
+        self.step = 0
+        self.gap = 8
+        self.next_probe = 3 + self.gap              # step at which the slower count is tried again
+        self.last: int | None = None                # the count the latest step ran with
+
+    def choose(self) -> int:
+        """The thread count for the next step."""
+        if self.pinned is not None:
+            return self.pinned
+        if self.step < 3:                           # 1, most, 1: the first step warms up
+            return self.most if self.step == 1 else 1
+        best = min(self.seconds, key=self.seconds.get)
+        if self.step >= self.next_probe:
+            return self.most if best == 1 else 1
+        return best
+
+    def run(self, fn: Callable[[], R]) -> R:
+        """fn() as one step, with the chosen BLAS threads, timed to inform the next choices."""
+        n = self.choose()
+        start = self.clock()
+        with blas_threads(n):
+            result = fn()
+        seconds = self.clock() - start
+        if self.pinned is None:
+            best = min(self.seconds, key=self.seconds.get) if len(self.seconds) == 2 else None
+            self.seconds[n] = seconds
+            if self.step == 2:                      # both measured: the slower waits gap × r steps
+                slow, fast = max(self.seconds.values()), min(self.seconds.values())
+                self.next_probe = 3 + int(self.gap * max(1.0, slow / fast))
+            elif self.step > 2 and n != best:       # a probe: if it lost by r×, wait max(2, r)× longer
+                if min(self.seconds, key=self.seconds.get) == best:
+                    self.gap = int(self.gap * max(2.0, seconds / self.seconds[best]))
+                self.next_probe = self.step + self.gap
+        self.step += 1
+        self.last = n
+        return result
 
 
 def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:

@@ -35,6 +35,9 @@ class AttentionWeights:
     b_K: np.ndarray | None = None    # (Hkv·d_k,)
     b_V: np.ndarray | None = None    # (Hkv·d_k,)
     b_O: np.ndarray | None = None    # (d_model,)
+    # Set by qkv.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
+    # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
+    W_QKV: np.ndarray | None = None
 
 
 @dataclass
@@ -46,6 +49,9 @@ class FFNWeights:
     b_in: np.ndarray | None = None   # (d_ff,)
     b_out: np.ndarray | None = None  # (d_model,)
     W_gate: np.ndarray | None = None  # (d_model, d_ff), SwiGLU only
+    # Set by qkv.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
+    # for both; W_gate and W_in are then views of its columns.
+    W_gate_in: np.ndarray | None = None
 
 
 @dataclass
@@ -76,7 +82,7 @@ class Weights:
         return _map_arrays(self, lambda a: a.astype(dtype))
 
     def nbytes(self) -> int:
-        """Bytes of all parameters (a tied W_vocab counted once)."""
+        """Bytes of all parameters, each counted once (a tied W_vocab, the views into W_QKV)."""
         total = 0
 
         def add(a: np.ndarray) -> np.ndarray:
@@ -87,6 +93,10 @@ class Weights:
         _map_arrays(self, add)
         if self.W_vocab is not None and np.shares_memory(self.W_vocab, self.tok_embed):
             total -= self.W_vocab.nbytes
+        for b in self.blocks:
+            for fused in (b.attn.W_QKV, b.ffn.W_gate_in):
+                if fused is not None:
+                    total -= fused.nbytes                # its columns are W_Q|W_K|W_V or W_gate|W_in
         return total
 
 

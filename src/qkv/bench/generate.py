@@ -197,8 +197,9 @@ def markdown(result: dict, command: str = COMMAND) -> str:
               f"{100 * result['gemv_share']:.0f} % (the rest: 73 smaller matrices, some of them strided views, stream a "
               "little slower than one large one, and the Python and small ops between the products take "
               "~2.5 ms a step). "
-              "A second BLAS thread would read faster on an idle machine, but on a shared one it waits for a "
-              "busy core at every product (qkv/threads.py).",
+              "qkv times its one-token steps with one and two BLAS threads while generating and keeps the "
+              "faster: a second thread reads faster on an idle machine, and on a shared one waits for a busy "
+              "core at every product (qkv/threads.py, `QKV_DECODE_THREADS` pins it).",
               "", f"Same tokens: {same}; without the cache qkv chooses "
               f"{'the same' if result['same_without_cache'] else 'different'} tokens as with it.",
               "", "KV cache: what each token adds to the cache (K and V, every layer, float32), "
@@ -214,7 +215,7 @@ def markdown(result: dict, command: str = COMMAND) -> str:
               "by up to 15 % for qkv and 20 % for transformers); "
               f"Python {mach['python']}; NumPy {mach['numpy']} with {blas.get('internal_api')} "
               f"{blas.get('version') or ''} (kernel {blas.get('architecture')}, {blas.get('num_threads')} threads; "
-              f"qkv's one-token steps run BLAS on one thread, see qkv/threads.py); torch {torch_['version']} "
+              f"qkv's one-token steps on 1 or 2, chosen by timing them, see qkv/threads.py); torch {torch_['version']} "
               f"({torch_['threads']} threads), transformers {mach['transformers']}; {env}.",
               "", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
     return "\n".join(lines)
@@ -233,24 +234,59 @@ def generate_command_line(new_tokens: int, no_cache_tokens: int, repeats: int, o
     return " ".join(parts)
 
 
+def llm_command_line(model: str, new_tokens: int, repeats: int, llama: bool, out: str | None) -> str:
+    """The command line that reproduces a run on a real model (written into the docs)."""
+    from . import llm
+
+    parts = [f"qkv bench generate --model {model}"]
+    if new_tokens != llm.NEW_TOKENS:
+        parts.append(f"--new-tokens {new_tokens}")
+    if repeats != llm.REPEATS:
+        parts.append(f"--repeats {repeats}")
+    if llama:
+        parts.append("--llama-python PATH/TO/python")
+    if out:
+        parts.append(f"--out {out}")
+    return " ".join(parts)
+
+
 @click.command("generate")
-@click.option("--new-tokens", type=click.IntRange(min=1), default=NEW_TOKENS, show_default=True,
-              help="Tokens to generate with a cache (qkv and transformers).")
+@click.option("--model", "model_source", default=None,
+              help="A real decoder instead of the random GPT-2-small: smollm2, a .gguf or a checkpoint directory "
+                   "(compared with transformers on the same float32 weights).")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=None,
+              help=f"Tokens to generate with a cache [default: {NEW_TOKENS}; 64 with --model].")
 @click.option("--no-cache-tokens", type=click.IntRange(min=1), default=NO_CACHE_TOKENS, show_default=True,
-              help="Tokens to generate without qkv's cache (each step recomputes the sequence).")
+              help="Tokens to generate without qkv's cache (each step recomputes the sequence; random model only).")
 @click.option("--repeats", type=click.IntRange(min=1), default=REPEATS, show_default=True,
               help="Timed rounds (the median is reported), after one warm-up.")
+@click.option("--llama-python", type=click.Path(dir_okay=False), default=None,
+              help="With --model: the python of an environment with llama-cpp-python, to time llama.cpp beside.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Markdown file whose 'bench:generate' section to (re)write, e.g. docs/benchmarks.md.")
+              help="Markdown file whose 'bench:generate' section (or 'bench:generate-MODEL') to (re)write.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
-def generate_command(new_tokens: int, no_cache_tokens: int, repeats: int, out: str | None, as_json: bool) -> None:
-    """Greedy generation on a random GPT-2-small: tokens/s of qkv (cache, no cache) and transformers."""
+def generate_command(model_source: str | None, new_tokens: int | None, no_cache_tokens: int, repeats: int,
+                     llama_python: str | None, out: str | None, as_json: bool) -> None:
+    """Greedy generation: tokens/s of qkv and transformers (random GPT-2-small, or --model smollm2)."""
     import json
 
     start = time.perf_counter()
-    result = measure(new_tokens, no_cache_tokens, repeats, log=lambda msg: click.echo(msg, err=True))
-    text = markdown(result, generate_command_line(new_tokens, no_cache_tokens, repeats, out))
-    click.echo(json.dumps(result, indent=2) if as_json else text)
+    log = lambda msg: click.echo(msg, err=True)   # noqa: E731
+    if model_source is not None:
+        from . import llm
+
+        n = new_tokens or llm.NEW_TOKENS
+        result = llm.measure(model_source, n, repeats=repeats, llama_python=llama_python, log=log)
+        text = llm.markdown(result, llm_command_line(model_source, n, repeats, bool(llama_python), out))
+        section = "generate-" + "".join(c if c.isalnum() else "-" for c in model_source.lower())
+    else:
+        if llama_python:
+            raise QkvError("--llama-python needs --model (llama.cpp runs the GGUF file itself)")
+        n = new_tokens or NEW_TOKENS
+        result = measure(n, no_cache_tokens, repeats, log=log)
+        text = markdown(result, generate_command_line(n, no_cache_tokens, repeats, out))
+        section = "generate"
+    click.echo(json.dumps(result, indent=2, default=str) if as_json else text)
     if out:
-        write_section(out, "generate", text)
-        click.echo(f"wrote the generate section of {out} ({time.perf_counter() - start:.0f} s)", err=True)
+        write_section(out, section, text)
+        click.echo(f"wrote the {section} section of {out} ({time.perf_counter() - start:.0f} s)", err=True)

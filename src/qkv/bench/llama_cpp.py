@@ -1,0 +1,83 @@
+"""llama.cpp beside qkv: its Python binding, run by another interpreter in a child process.
+
+llama-cpp-python is not a dependency of qkv (it compiles llama.cpp from source); a benchmark
+run names a Python that has it (`--llama-python`). The child loads the GGUF as it is (4-bit
+weights), feeds the same prompt ids, decodes greedily and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import QkvError
+
+# Runs in the child: argv[1] is a JSON job. Greedy = top_k 1; `generate` never stops at EOS.
+CHILD = r"""
+import json, os, statistics, sys, time
+import llama_cpp
+job = json.loads(sys.argv[1])
+threads = job["threads"]
+llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_threads=threads, n_threads_batch=threads,
+                      n_batch=512, verbose=False)
+
+def decode():
+    out = []
+    for tok in llm.generate(job["ids"], top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(int(tok))
+        if len(out) == job["new_tokens"]:
+            return out
+
+def prefill(ids):
+    llm.reset()
+    llm.eval(ids)
+
+tokens = decode()
+times = []
+for _ in range(job["repeats"]):
+    t = time.perf_counter(); decode(); times.append(time.perf_counter() - t)
+pre = {}
+for n, ids in job["prefill"].items():
+    prefill(ids)
+    ts = []
+    for _ in range(job["repeats"]):
+        time.sleep(0.3)
+        t = time.perf_counter(); prefill(ids); ts.append(time.perf_counter() - t)
+    pre[n] = statistics.median(ts)
+print(json.dumps({"version": getattr(llama_cpp, "__version__", "?"), "tokens": tokens,
+                  "decode_s": statistics.median(times), "prefill_s": pre, "threads": threads}))
+"""
+
+# What SmolLM2's GGUF holds (other files: see their tensor types).
+_GGUF_WEIGHTS = "4-bit (Q4_1) and 8-bit (Q8_0 embedding)"
+
+
+def run_llama_cpp(python: str, gguf: Path | None, ids: np.ndarray, new_tokens: int,
+                  prefill: dict[int, np.ndarray], repeats: int, timeout: float = 900) -> dict:
+    """Time llama.cpp on the GGUF with `python` (which must import llama_cpp): decode after `ids`
+    and prefill of each prompt in `prefill` (n → (n,) ids); a plain dict of results."""
+    if gguf is None:
+        raise QkvError("--llama-python compares llama.cpp on the GGUF file itself; give --model smollm2 or a .gguf")
+    if not Path(python).is_file():
+        raise QkvError(f"--llama-python {python} is not a file; give the python of an environment with "
+                       "llama-cpp-python installed")
+    longest = max((len(p) for p in prefill.values()), default=0)
+    job = {"gguf": str(gguf), "ids": [int(i) for i in ids], "new_tokens": new_tokens, "repeats": repeats,
+           "threads": os.cpu_count() or 1, "n_ctx": max(longest, len(ids) + new_tokens) + 8,
+           "prefill": {str(n): [int(i) for i in p] for n, p in prefill.items()}}
+    try:
+        done = subprocess.run([python, "-c", CHILD, json.dumps(job)], capture_output=True, text=True,
+                              timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"llama.cpp did not run: {e}"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return {"error": f"llama.cpp failed: {last}"}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["weights"] = _GGUF_WEIGHTS
+    result["weight_bytes"] = gguf.stat().st_size
+    return result

@@ -1,0 +1,295 @@
+"""`qkv bench generate --model smollm2`: a real LLM, qkv beside transformers on the same float32 weights.
+
+    the model ─qkv.load─▶ qkv (float32)            same file ─from_pretrained(gguf_file=…)─▶ transformers
+    a chat prompt (the model's template) → ids; then, taking turns, median of `repeats` rounds:
+      decode:   64 new tokens, greedy, end-of-turn ignored (both write the same 64 tokens; checked)
+                qkv model.generate(ids, 64, temperature=0, stop_at_eos=False), with its BLAS-thread
+                choice for one-token steps and with the other count (1 ↔ 2)
+                transformers hf.generate(ids, do_sample=False, max_new_tokens=64, eos_token_id=None)
+      prefill:  time to the first token of a 128- and a 512-token prompt (generate 1 token),
+                0.3 s of sleep before each run (idle BLAS / torch threads)
+    share of the bandwidth limit = weight bytes × tokens/s ÷ copy bandwidth (generate.copy_bandwidth).
+    llama.cpp (4-bit weights, its own threads) beside them when `--llama-python` names a Python
+    with llama-cpp-python (bench/llama_cpp.py runs it there, in a child process).
+
+Without torch/transformers the qkv figures are still measured and the report says what it
+could not compare.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import QkvError
+from ..threads import DECODE_THREADS_VAR, decode_threads
+from .common import OPENBLAS_VARS, cpu_snapshot, machine_facts, others_cores, time_interleaved
+from .generate import TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference
+
+MODEL = "smollm2"
+QUESTION = "Explain how a language model predicts the next word."
+NEW_TOKENS = 64
+PREFILL = (128, 512)
+REPEATS = 3
+SETTLE = 0.3                 # seconds of sleep before each prefill run
+TARGET_SPEEDUP = 1.5         # decode ≥ 1.5× transformers' tokens/s (issue 9)
+THREADS = (1, 2)             # qkv is also timed with its one-token steps pinned to these BLAS thread counts
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
+                "neon", "asimd", "sve")
+
+
+def vector_extensions() -> list[str]:
+    """The SIMD extensions this CPU reports (/proc/cpuinfo flags), among those kernels care about."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return [f for f in VECTOR_FLAGS if f in flags]
+
+
+def chat_ids(model, question: str = QUESTION) -> np.ndarray:
+    """The ids of a one-turn chat prompt, rendered by the model's own template when it has one."""
+    tok = model.tokenizer
+    messages = [{"role": "user", "content": question}]
+    if getattr(tok, "chat_template", None) and hasattr(tok, "apply_chat_template"):
+        return np.asarray(tok.apply_chat_template(messages, add_generation_prompt=True), dtype=np.int64)
+    ids, _ = model.encode(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")   # ChatML
+    return ids
+
+
+def gguf_of(source: str) -> Path | None:
+    """The .gguf file behind a model source ("smollm2" or a path ending in .gguf), else None."""
+    from ..checkpoints import LLM, smollm2_file
+
+    if source.lower() == LLM:
+        return smollm2_file()
+    return Path(source) if source.lower().endswith(".gguf") else None
+
+
+def load_reference(source: str, torch, transformers):
+    """transformers' model of the same checkpoint, float32 (a GGUF dequantised as qkv does)."""
+    gguf = gguf_of(source)
+    kwargs = {"dtype": torch.float32}
+    transformers.utils.logging.disable_progress_bar()
+    if gguf is not None:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs)
+    else:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    return hf.eval()
+
+
+def _with_threads(n: int, fn):
+    """fn run with QKV_DECODE_THREADS=n (the variable restored after)."""
+    def run():
+        old = os.environ.get(DECODE_THREADS_VAR)
+        os.environ[DECODE_THREADS_VAR] = str(n)
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ[DECODE_THREADS_VAR]
+            else:
+                os.environ[DECODE_THREADS_VAR] = old
+    return run
+
+
+def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[int, ...] = PREFILL,
+            repeats: int = REPEATS, llama_python: str | None = None, seed: int = 0, log=None) -> dict:
+    """Time qkv, transformers (if installed) and llama.cpp (if asked) on a real model; a plain dict."""
+    from .. import load
+
+    log = log or (lambda msg: None)
+    model = load(source)
+    cfg = model.config
+    if not cfg.causal or model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} is an encoder and cannot generate; give a decoder, e.g. --model smollm2")
+    ids = chat_ids(model)
+    if len(ids) + new_tokens > cfg.max_positions or max(prefill, default=1) + 1 > cfg.max_positions:
+        raise QkvError(f"the prompts do not fit {model.name}'s {cfg.max_positions} positions; choose fewer tokens")
+    try:
+        import torch
+        import transformers
+        missing = None
+    except ImportError as e:
+        torch = transformers = None
+        missing = e.name
+    hf = None
+    if torch is not None:
+        log("loading the same weights in transformers")
+        hf = load_reference(source, torch, transformers)
+
+    pinned = decode_threads()
+    decode_runs = {
+        "qkv": lambda: model.generate(ids[None], new_tokens, temperature=0, stop_at_eos=False)[0, len(ids):],
+    }
+    for n in THREADS:
+        decode_runs[f"qkv_{n}"] = _with_threads(n, decode_runs["qkv"])
+    if hf is not None:
+        ids_t = torch.from_numpy(ids[None])
+        ones = torch.ones_like(ids_t)
+
+        def reference(prompt=ids_t, mask=ones, n=new_tokens):
+            with torch.no_grad():
+                out = hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, eos_token_id=None,
+                                  pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+            return out[0, prompt.shape[1]:].numpy()
+        decode_runs["transformers"] = reference
+    log("checking that they choose the same tokens")
+    tokens = {name: run() for name, run in decode_runs.items()}
+    same = {name: first_difference(tokens["qkv"], t) for name, t in tokens.items() if name != "qkv"}
+    log("copy bandwidth")
+    bandwidth = copy_bandwidth()
+    log(f"decode: {repeats} rounds after a warm-up, taking turns")
+    snap = cpu_snapshot()
+    decode_s = time_interleaved(decode_runs, repeats=repeats)
+    busy_decode = others_cores(snap, cpu_snapshot())
+
+    prefill_s: dict[int, dict[str, float]] = {}
+    rng = np.random.default_rng(seed)
+    prompts = {n: rng.integers(0, cfg.vocab_size, size=(1, n)) for n in prefill}      # (1, n) each
+    snap = cpu_snapshot()
+    for n, p in prompts.items():
+        runs = {"qkv": lambda p=p: model.generate(p, 1, temperature=0, stop_at_eos=False)}
+        if hf is not None:
+            runs["transformers"] = (lambda p=torch.from_numpy(p): reference(p, torch.ones_like(p), 1))
+        log(f"prefill of {n} tokens")
+        prefill_s[n] = time_interleaved(runs, repeats=repeats, settle=SETTLE)
+    busy_prefill = others_cores(snap, cpu_snapshot())
+    bandwidth_after = copy_bandwidth()
+
+    llama = None
+    if llama_python:
+        from .llama_cpp import run_llama_cpp
+
+        log("llama.cpp (child process)")
+        llama = run_llama_cpp(llama_python, gguf_of(source), ids, new_tokens,
+                              {n: p[0] for n, p in prompts.items()}, repeats)
+        if llama.get("tokens") is not None:
+            llama["first_difference"] = first_difference(tokens["qkv"], np.asarray(llama["tokens"]))
+
+    weight_bytes = model.weights.nbytes()
+    copy_bw = float(np.mean([bandwidth, bandwidth_after]))
+    tps = {name: new_tokens / s for name, s in decode_s.items()}
+    if llama and llama.get("decode_s"):
+        tps["llama.cpp"] = new_tokens / llama["decode_s"]
+    machine = machine_facts()
+    machine["vector"] = vector_extensions()
+    if torch is not None:
+        capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+        machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
+                            "capability": capability}
+        machine["transformers"] = transformers.__version__
+    return {
+        "model": {"name": model.name, "source": source, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                  "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "d_ff": cfg.d_ff,
+                  "vocab_size": cfg.vocab_size, "parameters": weight_bytes // 4},
+        "machine": machine, "missing": missing, "prompt": len(ids), "question": QUESTION,
+        "new_tokens": new_tokens, "repeats": repeats, "pinned_threads": pinned,
+        "decode_seconds": decode_s, "tokens_per_s": tps, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
+        "weight_bytes": weight_bytes, "copy_bytes_per_s": copy_bw, "copy_bytes_per_s_runs": [bandwidth, bandwidth_after],
+        "bandwidth_limit_tokens_per_s": copy_bw / weight_bytes,
+        "share": {name: bandwidth_share(weight_bytes, v, copy_bw) for name, v in tps.items() if name != "llama.cpp"},
+        "first_difference": same, "others_cores": {"decode": busy_decode, "prefill": busy_prefill},
+        "reply": model.tokenizer.decode(tokens["qkv"].tolist()) if model.tokenizer else None,
+        "llama_cpp": llama,
+    }
+
+
+def markdown(result: dict, command: str) -> str:
+    """The "Generation: <model>" section of docs/benchmarks.md, from `measure`'s dict."""
+    m, mach, tps, share = result["model"], result["machine"], result["tokens_per_s"], result["share"]
+    n = result["new_tokens"]
+    has_ref = "transformers" in tps
+    ref = tps.get("transformers")
+    gib = m["parameters"] * 4 / 1e6
+    lines = [f"## Generation: {m['name']}", "",
+             f"{m['name']} (L {m['n_layers']}, d_model {m['d_model']}, {m['n_heads']} query heads / "
+             f"{m['n_kv_heads']} K/V heads, d_ff {m['d_ff']}, V {m['vocab_size']}, {m['parameters'] / 1e6:.0f}M "
+             f"parameters = {gib:.0f} MB of float32 read per step), from `--model {m['source']}`: qkv and "
+             "transformers run the same float32 weights (the GGUF dequantised), batch 1, CPU, one process, "
+             f"taking turns; median of {result['repeats']} rounds after a warm-up.", "",
+             f"**Decode**: {n} new tokens, greedy, after a {result['prompt']}-token chat prompt (the model's "
+             f"template around \"{result['question']}\"), end-of-turn ignored; tokens/s = {n} ÷ the wall time "
+             "of the whole `generate` call (prompt included).", "",
+             "| generator | tokens/s | × transformers | share of the bandwidth limit |", "|---|---:|---:|---:|"]
+    pinned = result.get("pinned_threads")
+    names = {"qkv": "qkv, as shipped (" + (f"QKV_DECODE_THREADS={pinned} set" if pinned else
+                                           "BLAS threads of one-token steps chosen by timing them") + ")"}
+    names.update({f"qkv_{t}": f"qkv, one-token steps on {t} BLAS thread{'s' if t > 1 else ''} "
+                              f"(`QKV_DECODE_THREADS={t}`)" for t in THREADS})
+    names["transformers"] = "transformers (torch, its threads)"
+    for k in names:
+        if k in tps:
+            ratio = f"{tps[k] / ref:.2f}×" if ref else "—"
+            lines.append(f"| {names[k]} | {tps[k]:.1f} | {ratio} | {100 * share[k]:.0f} % |")
+    llama = result.get("llama_cpp")
+    if llama and "llama.cpp" in tps:
+        ratio = f"{tps['llama.cpp'] / ref:.2f}×" if ref else "—"
+        lines.append(f"| llama.cpp {llama.get('version', '')} ({llama.get('weights', '4-bit')} weights, "
+                     f"{llama.get('threads')} threads) | {tps['llama.cpp']:.1f} | {ratio} | "
+                     f"— ({llama.get('weight_bytes', 0) / 1e6:.0f} MB read per step) |")
+    lines.append("")
+    if has_ref:
+        diffs = result["first_difference"]
+        d = diffs.get("transformers")
+        lines.append(f"Same tokens: qkv and transformers write "
+                     + ("the same %d tokens" % n if d is None else f"different tokens from new token {d}")
+                     + "; qkv with 1 or 2 BLAS threads: "
+                     + ("the same" if all(diffs.get(f"qkv_{t}") is None for t in THREADS) else "different") + ".")
+        speed = tps["qkv"] / ref
+        met = {True: "met", False: "not met"}
+        lines += ["", f"Targets: decode ≥ {TARGET_SPEEDUP:g}× transformers (here {speed:.2f}×: "
+                  f"{met[speed >= TARGET_SPEEDUP]}), ≥ {100 * TARGET_SHARE:.0f} % of the bandwidth limit (here "
+                  f"{100 * share['qkv']:.0f} %: {met[share['qkv'] >= TARGET_SHARE]}), prefill no slower than "
+                  "transformers (below)."]
+    else:
+        lines.append(f"transformers is not installed ({result['missing']} is missing), so nothing is compared: "
+                     "`pip install torch transformers accelerate` to see it beside qkv.")
+    lines += ["", f"Bandwidth limit: copy bandwidth ÷ weight bytes = **{result['bandwidth_limit_tokens_per_s']:.1f} "
+              f"tokens/s** (a step reads every weight once, {result['weight_bytes'] / 1e6:.0f} MB, the tied W_vocab "
+              "counted once; `np.copyto` of a 1 GiB float32 array, read + write, before and after the timing: "
+              f"{', '.join(f'{b / 1e9:.1f}' for b in result['copy_bytes_per_s_runs'])} GB/s)."]
+    if llama and "llama.cpp" in tps:
+        lines += ["", f"llama.cpp reads its {llama.get('weights', '4-bit')} weights as they are in the file "
+                  f"({llama.get('weight_bytes', 0) / 1e6:.0f} MB against {result['weight_bytes'] / 1e6:.0f} MB of "
+                  "float32): fewer bytes per step is what its speed buys, at the price of the weights themselves "
+                  "— its greedy tokens "
+                  + ("equal qkv's" if llama.get("first_difference") is None
+                     else f"leave qkv's at new token {llama.get('first_difference')}")
+                  + ", since qkv and transformers run the dequantised float32 numbers and it runs 4-bit blocks "
+                    "with 8-bit activations."]
+    lines += ["", "**Prefill**: time to the first token (`generate` of 1 token) of a prompt of random token ids, "
+              f"0.3 s of sleep before each run.", "",
+              "| prompt tokens | qkv ms | transformers ms | qkv / transformers |" +
+              (" llama.cpp ms |" if llama and llama.get("prefill_s") else ""),
+              "|---:|---:|---:|---:|" + ("---:|" if llama and llama.get("prefill_s") else "")]
+    for k, s in result["prefill_seconds"].items():
+        ours, theirs = s["qkv"], s.get("transformers")
+        ref_ms = f"{1e3 * theirs:.0f}" if theirs else "—"
+        ratio = f"{ours / theirs:.2f}×" if theirs else "—"
+        row = f"| {k} | {1e3 * ours:.0f} | {ref_ms} | {ratio} |"
+        if llama and llama.get("prefill_s"):
+            lp = llama["prefill_s"].get(k)
+            row += f" {1e3 * lp:.0f} |" if lp else " — |"
+        lines.append(row)
+    blas = mach["blas"]
+    env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
+    torch_ = mach.get("torch")
+    busy = result.get("others_cores") or {}
+    busy_txt = ", ".join(f"{k} {v:.1f}" for k, v in busy.items() if v is not None)
+    lines += ["", f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
+              f"{', '.join(mach.get('vector') or ['unknown'])}; Python {mach['python']}; NumPy {mach['numpy']} with "
+              f"{blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
+              f"{blas.get('num_threads')} threads for products of many rows); "
+              + (f"torch {torch_['version']} ({torch_['threads']} threads, {torch_.get('capability')} kernels), "
+                 f"transformers {mach['transformers']}; " if torch_ else "")
+              + f"{env}. Other processes kept {busy_txt or '?'} cores busy on average (decode, prefill)."]
+    lines += ["", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
+    return "\n".join(lines)
