@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -9,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.cli import cli
+from qkv.trace import Trace
 from conftest import MODELS
 
 
@@ -70,7 +73,14 @@ def test_generate_streams_and_saves_a_trace(tmp_path):
     r = qkv_cmd("generate", "the cat", "--model", gpt2, "-n", "6", "--seed", "4", "--trace", str(tmp_path / "t"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("the cat") and len(r.stdout) > len("the cat\n")
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["trace.json", "trace.npz"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["attention.html", "trace.json", "trace.npz"]
+    page = (tmp_path / "t" / "attention.html").read_text()
+    data = json.loads(re.search(r'class="qkv-data">(.*?)</script>', page, re.S).group(1))
+    saved = Trace.load(tmp_path / "t")
+    assert data["tokens"] == saved.tokens and data["prompt_length"] == saved.prompt_length
+    steps = data["next"]["steps"]                    # one candidate list per generated token
+    assert [s["position"] for s in steps] == list(range(saved.prompt_length, len(saved.tokens)))
+    assert [s["chosen"] for s in steps] == saved.ids[saved.prompt_length:].tolist()
     again = qkv_cmd("generate", "the cat", "--model", gpt2, "-n", "6", "--seed", "4")
     assert again.stdout == r.stdout                                   # same seed, same text
 

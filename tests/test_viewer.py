@@ -182,3 +182,77 @@ def test_assets_ship_inside_the_package():
     for name in names:                                  # inlined in <script>/<style>: must not end them early
         text = resources.files("qkv.viz").joinpath("assets", name).read_text()
         assert "</" not in text and "<script" not in text.lower() and "<!--" not in text, name
+
+
+# the next-token view of a generation (payload "next") --------------------------------
+
+def generation(seed: int = 3, n: int = 12):
+    """A sampled continuation by the tiny GPT-2 fixture, traced with its logits."""
+    from conftest import MODELS
+    import qkv
+
+    model = qkv.load(str(MODELS / "gpt2"))
+    return model, model.generate("the cat sat", max_new_tokens=n, temperature=1.5, seed=seed, stop_at_eos=False,
+                                 trace=True)
+
+
+def page_probs(step: dict, T: float) -> tuple[np.ndarray, float]:
+    """What viewer.js computes from the page data: P of the kept tokens and the mass of the rest."""
+    z = np.array(step["logits"])
+    if T == 0:
+        return (np.arange(len(z)) == 0).astype(float), 0.0
+    rest = step["rest"][payload.NEXT_TEMPERATURES.index(T)]
+    m = max(z.max() / T, rest)
+    e, er = np.exp(z / T - m), np.exp(rest - m)
+    return e / (e.sum() + er), er / (e.sum() + er)
+
+
+def test_a_generation_carries_each_generated_tokens_candidates():
+    from qkv.nexttoken import distribution, token_text
+
+    model, trace = generation()
+    p, n = trace.prompt_length, len(trace.ids)
+    nx = data_of(viewer_html(trace, tokenizer=model.tokenizer))["next"]
+    assert nx["k"] == 10 and nx["vocab"] == 400 and nx["temperatures"] == [round(0.1 * i, 1) for i in range(1, 21)]
+    assert [s["position"] for s in nx["steps"]] == list(range(p, n))
+    assert [s["chosen"] for s in nx["steps"]] == trace.ids[p:].tolist()
+    outside = 0
+    for step in nx["steps"]:
+        i = step["position"]
+        z = trace.logits[i - 1]                                              # row i-1 predicts token i
+        assert step["tokens"] == [token_text(model.tokenizer, t) for t in step["ids"]]
+        assert step["rank"] == 1 + int((z > z[step["chosen"]]).sum())
+        assert step["chosen"] in step["ids"] and len(step["ids"]) == (10 if step["rank"] <= 10 else 11)
+        outside += step["rank"] > 10
+        for T in (0, 0.1, 0.5, 1.0, 2.0):
+            P = distribution(z, T)                                           # the whole vocabulary
+            shown, other = page_probs(step, T)
+            assert np.abs(shown - P[step["ids"]]).max() < 1e-3               # logits kept to 4 decimals
+            assert abs(other - (1 - P[step["ids"]].sum())) < 1e-3
+    assert outside > 0                                                       # the chosen-below-top-10 case is covered
+
+
+def test_the_candidates_need_a_tokenizer_logits_and_a_generation(tmp_path):
+    model, trace = generation(n=3)
+    assert data_of(viewer_html(trace))["next"] is None                       # no tokenizer: nothing to spell them with
+    plain = model.run("the cat sat", keep=("attentions",))
+    assert data_of(viewer_html(plain, tokenizer=model.tokenizer))["next"] is None        # not a generation
+    trace.save(tmp_path)
+    loaded = Trace.load(tmp_path)                                            # saved traces keep no logits
+    assert data_of(viewer_html(loaded, tokenizer=model.tokenizer))["next"] is None
+
+
+def test_candidate_tokens_stay_text_and_the_page_stays_small():
+    model, trace = generation(n=20)
+
+    class Hostile:                                   # a tokenizer whose tokens are markup
+        def decode(self, ids):
+            return XSS + str(ids[0])
+
+        def id_to_token(self, i):
+            return XSS
+
+    doc = viewer_html(trace, tokenizer=Hostile())
+    assert "<img" not in doc and data_of(doc)["next"]["steps"][0]["tokens"][0].startswith(XSS.replace(" ", "␣"))
+    size = len(script_json(data_of(viewer_html(trace, tokenizer=model.tokenizer))["next"]))
+    assert size / 20 < 1000                                                  # < 1 kB per generated token

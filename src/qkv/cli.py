@@ -188,11 +188,101 @@ def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, 
         click.echo(piece, nl=False)
     click.echo()
     if trace_dir is not None:
-        ids = np.concatenate([stream.prompt_ids, np.asarray(stream.new_ids, dtype=np.int64)])
-        trace = model.run(ids, keep=("attentions",))
-        trace.prompt_length = len(stream.prompt_ids)
-        out = trace.save(trace_dir, model.name)
-        click.echo(f"attention of {len(ids)} tokens ({len(stream.new_ids)} generated) saved in {out}", err=True)
+        _save_generation(stream, trace_dir, "generated")
+
+
+CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D quits, Ctrl-C stops a reply"
+
+
+@cli.command(name="chat")
+@click.argument("question", required=False)
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A chat model: 'smollm2', a .gguf file, or a Hugging Face directory with a chat template.")
+@click.option("--system", default=None, help="A system message to begin the conversation with.")
+@click.option("--max-new-tokens", "-n", type=int, default=256, show_default=True, help="At most this many tokens a reply.")
+@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
+              help="0 = greedy: the same question, the same answer.")
+@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
+@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
+@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Save what every token of the conversation and reply attended to into this directory "
+                   "(in a conversation: after each reply).")
+def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
+             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None) -> None:
+    """Ask a chat model QUESTION and stream its answer.
+
+    Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
+    outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
+    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits.
+    """
+    from .chat import Conversation
+    from .checkpoints import load
+    from .sampling import check_sampling
+
+    check_sampling(temperature, top_k, top_p)
+    conversation = Conversation(load(source), system, max_new_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed)
+    if trace_dir is not None:
+        _check_writable(trace_dir)
+    if question is not None:
+        _chat_turn(conversation, question, trace_dir)
+        return
+    if sys.stdin.isatty():
+        import readline  # noqa: F401  (line editing and history for input())
+    click.echo(f"chatting with {conversation.model.name}: {CHAT_HELP}")
+    while True:
+        try:
+            line = input("> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            click.echo()
+            return
+        if line in ("/quit", "/exit"):
+            return
+        if line == "/reset":
+            conversation.reset()
+            click.echo("(the conversation is cleared)")
+        elif line == "/help":
+            click.echo(CHAT_HELP)
+        elif line.startswith("/"):
+            click.echo(f"unknown command {line.split()[0]}: {CHAT_HELP}")
+        elif line:
+            try:
+                _chat_turn(conversation, line, trace_dir)
+            except QkvError as e:                                   # this turn fails, the chat goes on
+                click.echo(f"qkv: error: {e}", err=True)
+
+
+def _chat_turn(conversation, text: str, trace_dir: str | None) -> None:
+    """One question and its streamed answer (Ctrl-C stops the answer), then the trace if asked."""
+    dropped = conversation.dropped
+    pieces = conversation.reply(text)
+    if conversation.dropped > dropped:
+        click.echo(f"(dropped the {conversation.dropped - dropped} oldest turns to fit the context of "
+                   f"{conversation.model.config.max_positions} tokens)", err=True)
+    try:
+        for piece in pieces:
+            click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        pieces.close()
+        click.echo(" [stopped]", nl=False)
+    click.echo()
+    if trace_dir is not None:
+        _save_generation(conversation.last, trace_dir, "in the reply")
+
+
+def _save_generation(stream, trace_dir: str, what: str) -> None:
+    """--trace DIR of a generation: trace.npz + trace.json (reload with Trace.load) and
+    attention.html, the viewer of what each token attended to and of each generated token's
+    candidates at any temperature."""
+    from .viz.html import save_viewer
+
+    model = stream.model
+    trace = stream.trace()
+    out = trace.save(trace_dir, model.name)
+    viewer = save_viewer(trace, out / "attention.html", model_name=model.name, tokenizer=model.tokenizer)
+    click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "
+               f"open {viewer} in a browser", err=True)
 
 
 def _check_writable(directory: str) -> None:
@@ -217,6 +307,7 @@ def _check_writable(directory: str) -> None:
 def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str) -> None:
     """Walk one head of the real model through the seeds' steps, with shapes and numbers:
     X → Q, K, V → S = Q·Kᵀ → /√d_k → softmax → A·V → Concat·W_O, then why √d_k matters.
+    On a decoder (--model smollm2) also RMSNorm, RoPE, GQA and the causal mask.
 
     TEXT defaults to "The cat sat on the mat"."""
     from .checkpoints import load
@@ -227,6 +318,73 @@ def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str)
     console = _console()
     for part in render(steps, lang):
         console.print(part)
+
+
+def _temperatures(values: tuple[str, ...]) -> list[float]:
+    """-t 0.5 -t 1 or -t 0.5,1,2 → [0.5, 1.0, 2.0] (repeats dropped), or one clear error."""
+    from .sampling import check_sampling
+
+    temps: list[float] = []
+    for item in ",".join(values).split(","):
+        try:
+            T = float(item)
+        except ValueError:
+            raise QkvError(f"temperature {item.strip()!r} is not a number; "
+                           "give numbers ≥ 0, e.g. -t 0.5,1,2") from None
+        check_sampling(T, None, None)
+        if T not in temps:
+            temps.append(T)
+    return temps
+
+
+@cli.command(name="next")
+@click.argument("text")
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+@click.option("--temperature", "-t", "temperatures", multiple=True, default=("0.5,1,2",), show_default=True,
+              help="Temperatures T: a comma list or repeated -t (0 = greedy).")
+@click.option("--top-k", type=click.IntRange(1), default=10, show_default=True, help="How many tokens to list.")
+@click.option("--chat", is_flag=True, help="Wrap TEXT as one user turn of the model's chat template.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the bar chart (next_token.png, .svg) into this directory.")
+def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
+             out_dir: str | None) -> None:
+    """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
+    and the entropy H = −Σ P·log₂ P of the whole distribution, in bits."""
+    from functools import partial
+
+    from .checkpoints import load
+    from .nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
+
+    temps = _temperatures(temperatures)
+    model = load(source)
+    if chat:                                                                   # one user turn, then the reply begins
+        ids = np.asarray(model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                             add_generation_prompt=True), dtype=np.int64)
+    else:
+        ids, _ = model.encode(text)
+    z = next_token_logits(model, ids)                                          # (V,)
+    P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
+    top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
+    label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible
+    console = _console()
+    console.print(Text(f"{model.name}: the next token after {len(ids)} tokens, P = softmax(logits / T)"))
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("#", "token", "id", *(f"T={T:g}" for T in temps)):
+        table.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
+    for r, i in enumerate(top):
+        table.add_row(str(r + 1), Text(label(i)), str(int(i)), *(f"{P[T][i]:.4f}" for T in temps))
+    table.add_section()
+    table.add_row("", Text(f"other {len(z) - len(top)} tokens"), "",
+                  *(f"{max(0.0, 1 - P[T][top].sum()):.4f}" for T in temps))
+    table.add_row("", Text("entropy (bits)"), "", *(f"{float(entropy(P[T])):.3f}" for T in temps))
+    console.print(table)
+    if out_dir is not None:
+        from .viz.distribution import next_token_figure, save_next_token
+
+        fig = next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text)
+        for f in save_next_token(fig, out_dir):
+            click.echo(f"wrote {f}")
 
 
 @cli.command()

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -18,7 +17,7 @@ from .cache import KVCache
 from .errors import QkvError
 from .model import Model, transformer
 from .sampling import check_sampling, sample
-from .threads import blas_one_thread
+from .threads import StepThreads, decode_threads
 from .trace import Recorder
 
 
@@ -72,13 +71,15 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
     seq, mask = ids, attention_mask
     new = ids                                            # what the next forward pass reads
     done = np.zeros(B, dtype=bool)
+    threads = StepThreads(decode_threads())              # BLAS threads of one-token steps, by timing them
     for _ in range(max_new_tokens):
         rec = Recorder(keep=("attentions",) if keep_attentions else ())
         if use_cache:
-            # A one-token step is matrix × vector products, bound by memory: one BLAS thread
-            # streams the weights about as fast as two, and never waits for a busy core (threads.py).
-            with blas_one_thread() if new.shape[1] == 1 else nullcontext():
-                _, logits = transformer(w, cfg, new, mask, None, rec, cache, logits="last")
+            def step(new=new, mask=mask, rec=rec):
+                return transformer(w, cfg, new, mask, None, rec, cache, logits="last")[1]
+            # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
+            # whichever streams faster on this machine now (threads.StepThreads). The prompt: all threads.
+            logits = threads.run(step) if new.shape[1] == 1 else step()
         else:
             _, logits = transformer(w, cfg, seq, mask, None, rec, logits="last")
         next_ids = sample(logits[:, -1], rng, temperature, top_k, top_p)      # (B,)
@@ -119,17 +120,26 @@ def _held_back(text: str, stops: list[str]) -> int:
     return hold
 
 
+def _one_row(model: Model, ids) -> np.ndarray:
+    """A prompt already in token ids (e.g. a rendered chat template): (n,) or (1, n) → (n,)."""
+    ids, _ = model.check_ids(ids)
+    if len(ids) != 1:
+        raise QkvError(f"a text stream follows one sequence; give ids of shape (n,), got {len(ids)} rows")
+    return ids[0]
+
+
 class TextStream:
-    """The continuation of a text prompt, piece by piece, as soon as each piece is final.
+    """The continuation of a prompt (text, or token ids), as text, piece by piece, as soon as
+    each piece is final.
 
     Iterate it for the pieces; afterwards `prompt_ids` and `new_ids` hold the tokens.
     A piece is held back while it could still be the start of a stop string, or while
     it ends inside a multi-byte character. Stop tokens (EOS) end the text unshown.
     """
 
-    def __init__(self, model: Model, prompt: str, max_new_tokens: int, *, stop=None, **sampling):
+    def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int, *, stop=None, **sampling):
         self.model, self.max_new_tokens, self.sampling = model, max_new_tokens, sampling
-        self.prompt_ids, _ = model.encode(prompt)
+        self.prompt_ids = model.encode(prompt)[0] if isinstance(prompt, str) else _one_row(model, prompt)
         self.stop_tokens, self.stop_strings = _split_stop(stop)
         check_sampling(sampling.get("temperature", 1.0), sampling.get("top_k"), sampling.get("top_p"))
         check_can_generate(model, len(self.prompt_ids), max_new_tokens)   # fail now, not mid-stream
@@ -161,6 +171,15 @@ class TextStream:
         if len(text) > len(shown):
             yield text[len(shown):]
 
+    def trace(self):
+        """A Trace of prompt + continuation (after iterating): what every generated token
+        attended to, and the logits it was chosen from; `prompt_length` marks where the
+        generated part begins."""
+        ids = np.concatenate([self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64)])   # (n + new,)
+        result = self.model.run(ids, keep=("attentions",))
+        result.prompt_length = len(self.prompt_ids)
+        return result
+
 
 def stream_ids(model: Model, input_ids, max_new_tokens: int, *, attention_mask=None, stop=None,
                **sampling) -> Iterator[np.ndarray]:
@@ -186,9 +205,8 @@ def generate(model: Model, prompt, max_new_tokens: int, *, attention_mask=None, 
         text = "".join(stream)
         if not trace:
             return text
-        ids = np.concatenate([stream.prompt_ids, np.asarray(stream.new_ids, dtype=np.int64)])
-        result = model.run(ids, keep=("attentions",))
-        result.text, result.prompt_length = prompt + text, len(stream.prompt_ids)
+        result = stream.trace()
+        result.text = prompt + text
         return result
     ids, mask = model.check_ids(prompt, attention_mask)
     steps = list(stream_ids(model, ids, max_new_tokens, attention_mask=mask, stop=stop, **sampling))

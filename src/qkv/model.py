@@ -21,6 +21,7 @@ from .attention import AttentionMask, attention_output, attention_weights, merge
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
+from .layout import fast_layout
 from .ops import ACTIVATIONS, layer_norm, rms_norm
 from .positions import apply_rope, positions_from_mask, rope_cos_sin, rope_inv_freq
 from .tokenizer import Tokenizer
@@ -59,6 +60,25 @@ def embed(w: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
     return x
 
 
+def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (seeds §2).
+
+    Plain form: linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V).
+    With the weights laid out by qkv.layout it is one product, X·[W_Q | W_K | W_V], whose
+    column blocks are Q, K and V: one pass over the weights instead of three (decoding is
+    bound by how fast they stream).
+    """
+    if w.W_QKV is None:
+        return linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V)
+    qkv = linear(x, w.W_QKV)                                  # (B, n, (H + 2·Hkv)·d_k)
+    hq, hkv = w.W_Q.shape[1], w.W_K.shape[1]
+    q, k, v = qkv[..., :hq], qkv[..., hq:hq + hkv], qkv[..., hq + hkv:]    # views
+    for y, b in ((q, w.b_Q), (k, w.b_K), (v, w.b_V)):
+        if b is not None:
+            y += b
+    return q, k, v
+
+
 def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, mask: AttentionMask,
                    rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
                    cache: KVCache | None = None) -> np.ndarray:
@@ -68,9 +88,10 @@ def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, mask: A
     The weights A are only materialised when the recorder keeps them (for the heads it
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
-    q = split_heads(linear(x, w.W_Q, w.b_Q), cfg.n_heads)     # (B, H, n, d_k)
-    k = split_heads(linear(x, w.W_K, w.b_K), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
-    v = split_heads(linear(x, w.W_V, w.b_V), cfg.n_kv_heads)  # (B, Hkv, n, d_k)
+    q, k, v = projections(x, w)                               # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+    q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
+    k = split_heads(k, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
+    v = split_heads(v, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
     if cache is not None:
@@ -89,6 +110,15 @@ def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, mask: A
 def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
     """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
     act = ACTIVATIONS[cfg.activation]
+    if w.W_gate_in is not None:                              # laid out by qkv.layout: one product,
+        gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
+        d_ff = w.W_in.shape[1]
+        up = gate_in[..., d_ff:]                             # x·W_in
+        if w.b_in is not None:
+            up += w.b_in
+        h = act(gate_in[..., :d_ff])                         # act(x·W_gate)
+        h *= up                                              # ⊙ (x·W_in + b_in)
+        return linear(h, w.W_out, w.b_out)                   # (B, n, d_model)
     h = linear(x, w.W_in, w.b_in)                            # (B, n, d_ff)
     if w.W_gate is not None:
         h *= act(linear(x, w.W_gate))
@@ -180,7 +210,9 @@ class Model:
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer: Tokenizer | None = None,
                  name: str = "model"):
         self.config = config
-        self.weights = weights
+        # Decoders: equal values laid out for one-token steps (qkv/layout.py), copied out of the
+        # memory-mapped file. Encoders never decode: they stay mapped (shared between processes).
+        self.weights = fast_layout(weights) if config.causal else weights
         self.tokenizer = tokenizer
         self.name = name
 
@@ -313,6 +345,23 @@ class Model:
         if isinstance(prompt, str):
             return iter(TextStream(self, prompt, max_new_tokens, stop=stop, **sampling))
         return stream_ids(self, prompt, max_new_tokens, attention_mask=attention_mask, stop=stop, **sampling)
+
+    def chat(self, messages, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, *, system: str | None = None,
+             stream: bool = False, use_cache: bool = True):
+        """The reply to a message (a str is one user turn) or to a conversation
+        [{"role": "system" | "user" | "assistant", "content": str}, ...], through the model's
+        chat template, ending at its end-of-turn token. Greedy by default (temperature 0).
+
+        system: a system message to put first; stream=True yields the reply's text pieces
+        as they are written instead of returning the whole text (see qkv.chat).
+        """
+        from .chat import chat, chat_stream
+
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache)
+        if stream:
+            return iter(chat_stream(self, messages, max_new_tokens, system=system, **sampling))
+        return chat(self, messages, max_new_tokens, system=system, **sampling)
 
     def check_layer(self, layer: int) -> int:
         """A layer index (negative from the end) → 0..L-1, or a clear error."""

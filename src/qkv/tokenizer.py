@@ -1,18 +1,38 @@
-"""Text ⇄ token ids: a thin wrapper over the `tokenizers` library (tokenizer.json)."""
+"""Text ⇄ token ids: a thin wrapper over the `tokenizers` library (tokenizer.json), and chat
+messages → text → ids through the checkpoint's own chat template (tokenizer_config.json).
+
+    [{"role": "user", "content": "Hi"}] ─chat template (Jinja, sandboxed)─▶ "<|im_start|>user\\nHi<|im_end|>\\n…"
+                                        ─tokenizer─▶ ids
+
+The template is a Jinja program shipped with the checkpoint, so it is untrusted: it runs in
+Jinja's immutable sandbox (no `__class__`, no attributes of Python internals, no changing the
+messages), with the same settings and helpers as transformers' `apply_chat_template`.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
 from .errors import QkvError
 
+# The special tokens a template may read by name (transformers passes its special_tokens_map).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
 
 class Tokenizer:
-    """Encodes text to ids and tokens exactly as the checkpoint's tokenizer.json says."""
+    """Encodes text to ids and tokens exactly as the checkpoint's tokenizer.json says.
 
-    def __init__(self, path: str | Path):
+    chat_template and special_tokens come from tokenizer_config.json (see `from_directory`);
+    without a template, `apply_chat_template` says so.
+    """
+
+    def __init__(self, path: str | Path, chat_template: str | None = None,
+                 special_tokens: dict[str, str] | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -23,10 +43,23 @@ class Tokenizer:
         # exactly the tokens of the text, and says so when a text is too long.
         self._tok.no_padding()
         self._tok.no_truncation()
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
 
-    def encode(self, text: str) -> tuple[np.ndarray, list[str]]:
-        """ids (n,) and tokens as the tokenizer spells them, special tokens included."""
-        enc = self._tok.encode(text)
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> "Tokenizer":
+        """tokenizer.json of a checkpoint directory, with the chat template and special tokens of
+        its tokenizer_config.json (and chat_template.jinja, which newer transformers write) if present."""
+        directory = Path(directory)
+        template, specials = read_tokenizer_config(directory)
+        return cls(directory / "tokenizer.json", chat_template=template, special_tokens=specials)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> tuple[np.ndarray, list[str]]:
+        """ids (n,) and tokens as the tokenizer spells them, special tokens included.
+
+        add_special_tokens=False leaves out what the tokenizer adds around a text ([CLS], BOS).
+        """
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -41,3 +74,169 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The id of tokenizer_config.json's eos_token: for chat models, the end of a turn."""
+        eos = self.special_tokens.get("eos_token")
+        return None if eos is None else self.token_to_id(eos)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            tokenize: bool = True) -> list[int] | str:
+        """Messages → the text the model was trained on (tokenize=False) or its ids, as
+        transformers' `apply_chat_template`.
+
+        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...];
+        add_generation_prompt: end with the header of the assistant's turn, so that what the
+        model writes next is its reply.
+        """
+        if self.chat_template is None:
+            raise QkvError("this tokenizer has no chat template (no chat_template in tokenizer_config.json); "
+                           "use a chat model, e.g. --model smollm2, or continue plain text with generate")
+        text = render_chat_template(self.chat_template, check_messages(messages), add_generation_prompt,
+                                    self.special_tokens)
+        if not tokenize:
+            return text
+        # The template writes the special tokens itself (BOS included): add nothing around it.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+
+# ── tokenizer_config.json ───────────────────────────────────────────────────────
+
+def _token_text(value, key: str, path: Path) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": str, ...}."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    raise QkvError(f"{path}: {key} must be a string or {{\"content\": string}}, got {value!r}; "
+                   "fix or remove it")
+
+
+def _template_text(value, path: Path) -> str | None:
+    """chat_template: one string, or transformers' list of {"name", "template"} (we use "default")."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                       and isinstance(t.get("template"), str) for t in value):
+        named = {t["name"]: t["template"] for t in value}
+        if "default" not in named:
+            raise QkvError(f"{path}: chat_template names {', '.join(sorted(named))} but no 'default'; "
+                           "name the chat template 'default'")
+        return named["default"]
+    raise QkvError(f"{path}: chat_template must be a string or a list of {{\"name\", \"template\"}} strings; "
+                   "fix or remove it")
+
+
+def read_tokenizer_config(directory: Path) -> tuple[str | None, dict[str, str]]:
+    """(chat template, special tokens by name) of a checkpoint directory; (None, {}) without a config."""
+    path = directory / "tokenizer_config.json"
+    config = {}
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's tokenizer_config.json "
+                           "or remove it") from None
+        if not isinstance(config, dict):
+            raise QkvError(f"{path} is not a JSON object; restore the checkpoint's tokenizer_config.json "
+                           "or remove it")
+    specials = {key: _token_text(config.get(key), key, path) for key in SPECIAL_TOKENS}
+    template = _template_text(config.get("chat_template"), path)
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():                                  # transformers ≥ 4.49 saves the template here
+        try:
+            template = jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise QkvError(f"cannot read {jinja} ({e}); restore it or remove it") from None
+    return template, {k: v for k, v in specials.items() if v is not None}
+
+
+# ── chat templates ──────────────────────────────────────────────────────────────
+
+def check_messages(messages) -> list[dict[str, str]]:
+    """A conversation must be a non-empty list of {"role": str, "content": str}; a copy of it."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise QkvError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} dicts, "
+                       f"got {messages!r:.80}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"} or not all(
+                isinstance(m[k], str) for k in ("role", "content")):
+            raise QkvError(f"message {i} must be {{\"role\": str, \"content\": str}} and nothing else, "
+                           f"got {m!r:.80}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _environment():
+    """Jinja as transformers sets it up for chat templates: the immutable sandbox, blocks that
+    leave no stray newlines, {% break %}/{% continue %}, and its helpers."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Undefined(jinja2.Undefined):
+        """An undefined name is empty and false, as usual; but what the sandbox refused
+        (`''.__class__`) fails as soon as it is used at all, where Jinja would print ''."""
+
+        def _refused(self) -> bool:
+            return self._undefined_exception is jinja2.exceptions.SecurityError
+
+        def __str__(self):
+            return self._fail_with_undefined_error() if self._refused() else super().__str__()
+
+        def __bool__(self):
+            return self._fail_with_undefined_error() if self._refused() else super().__bool__()
+
+        def __iter__(self):
+            return self._fail_with_undefined_error() if self._refused() else super().__iter__()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=Undefined,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson                      # Jinja's own escapes HTML characters
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):
+    """The compiled template (a conversation renders the same one every turn)."""
+    return _environment().from_string(template)
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def render_chat_template(template: str, messages: list[dict[str, str]], add_generation_prompt: bool,
+                         special_tokens: dict[str, str]) -> str:
+    """The template's text for these messages. Its mistakes (bad syntax, a refusal through
+    raise_exception, an unsafe attribute) are one QkvError, never a traceback or an escape."""
+    import jinja2
+
+    try:
+        compiled = _compiled(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise QkvError(f"the chat template is not valid Jinja (line {e.lineno}: {_one_line(e)}); "
+                       "fix chat_template in tokenizer_config.json") from None
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), tools=None,
+                               documents=None, **special_tokens)
+    except jinja2.exceptions.SecurityError as e:
+        raise QkvError(f"the chat template tried something unsafe and was stopped ({_one_line(e)}); "
+                       "use a trusted chat template") from None
+    except jinja2.TemplateError as e:
+        if not isinstance(e, jinja2.UndefinedError):      # the template's raise_exception(...)
+            raise QkvError(f"the chat template refused these messages: {_one_line(e)}") from None
+        raise QkvError(f"the chat template failed ({_one_line(e)}); fix chat_template in tokenizer_config.json") \
+            from None
+    except Exception as e:                              # the template's own bug, e.g. 'a' + 1
+        raise QkvError(f"the chat template failed ({type(e).__name__}: {_one_line(e)}); "
+                       "fix chat_template in tokenizer_config.json") from None

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import QkvError
+from ..layout import fast_layout
 from ..model import Model
 from ..tokenizer import Tokenizer
 from . import bert, gguf, gpt2, llama
@@ -79,9 +80,9 @@ def resolve(source: str | os.PathLike) -> Path:
     if text.lower() in _LLM_ALIASES:
         return gguf.converted(smollm2_file())
     path = Path(text).expanduser()
-    if path.is_dir():
+    if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if path.suffix.lower() == ".gguf" and path.exists():     # a file, or a directory: one clear error
         return gguf.converted(path)
     if path.is_file():
         raise QkvError(f"{text} is a file; give a .gguf file or the directory that holds config.json and "
@@ -125,9 +126,12 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
         raise QkvError(f"dtype {dtype} is not supported; use float32 or float64")
     directory = resolve(source)
     cfg = read_config(directory)
-    weights = FAMILIES[cfg.family].weights(TensorStore(directory), cfg, dtype.type)
+    store = TensorStore(directory)
+    weights = FAMILIES[cfg.family].weights(store, cfg, dtype.type)
+    if cfg.causal:                    # decoders: copied into the decoding layout (layout.py), page by page
+        weights = fast_layout(weights, after_copy=store.release)
     tok_path = directory / "tokenizer.json"
-    tokenizer = Tokenizer(tok_path) if tok_path.is_file() else None
+    tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
     if gguf.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     return Model(cfg, weights, tokenizer, name=_display_name(source))

@@ -4,7 +4,9 @@ Three views of a trace's attention, drawn on canvas so 512 tokens stay smooth:
 a head view (queries and keys in two columns, one line per pair weighted by attention,
 a colour per head; hover a token to isolate its lines), a matrix view (the heatmap,
 a cell's weight on hover) and a model view (layers × heads thumbnails; click one to
-open it). The data travels compactly (see `payload`: one byte per weight, ±0.002).
+open it); a generation with logits adds a next-token view (each generated token's top
+candidates, with a temperature slider; see `payload` for how it re-normalises).
+The data travels compactly (see `payload`: one byte per weight, ±0.002).
 
     save_viewer(trace, "attention.html", model_name=model.name)   # a file to open or share
     View(trace)                                                   # shows itself in Jupyter / VS Code
@@ -48,22 +50,26 @@ def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) 
 
 
 def viewer_html(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
-                title: str | None = None) -> str:
+                title: str | None = None, tokenizer=None) -> str:
     """One complete, self-contained HTML document showing TRACE's attention.
 
     roles: optional kept-layers × heads names ("previous", "[SEP]", ...) that colour the
-    model view; title: the page title (default: model name and text).
+    model view; title: the page title (default: model name and text); tokenizer: the
+    model's, to add a "Next token" view to a generation trace that kept its logits
+    (each generated token's top candidates, with a temperature slider).
     """
-    payload = trace_payload(trace, model_name=model_name, roles=roles, title=title)
+    payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer)
     body = (f"<div data-qkv-root></div>\n"
             f"<script type=\"application/json\" class=\"qkv-data\">{script_json(payload)}</script>")
     return page(payload["title"], body, [asset("viewer.js"), "QKV.boot();"])
 
 
 def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str = "",
-                roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None) -> Path:
+                roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
+                tokenizer=None) -> Path:
     """Write the viewer of TRACE to PATH atomically (never a half-written file)."""
-    return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title), path)
+    return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer),
+                      path)
 
 
 def write_html(document: str, path: str | os.PathLike) -> Path:
@@ -93,8 +99,8 @@ class View:
     """
 
     def __init__(self, trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
-                 title: str | None = None, height: int | None = None):
-        self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title)
+                 title: str | None = None, height: int | None = None, tokenizer=None):
+        self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer)
         n, L = len(trace.tokens), len(trace.layer_ids)
         # tall enough for the head view's tokens and the model view's rows, then it scrolls inside
         self.height = height or min(900, max(420, 130 + 22 * n, 150 + 90 * L))

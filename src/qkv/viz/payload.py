@@ -11,7 +11,25 @@ the browser inflates them with its built-in DecompressionStream("deflate").
      "prompt_length": int | null (tokens from here on were generated),
      "roles": [[str | null] (H)] (L) | null,
      "attention": {"encoding": "uint8-deflate-base64", "shape": [L, H, n, n],
-                   "scale": 255, "data": str}}
+                   "scale": 255, "data": str},
+     "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
+                     "steps": [{"position": i, "chosen": id, "rank": int,
+                                "ids": [id], "tokens": [str], "logits": [float],
+                                "rest": [float | null] (t), "entropy": [float] (t)}]}}
+
+"next" (generation traces that kept their logits, given a tokenizer): for each generated
+token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The page cannot
+hold all V logits per token, so it gets the top K (NEXT_K) logits, plus the chosen token's
+when it ranks lower (then last in "ids"), and for each temperature T of a fixed grid
+(NEXT_TEMPERATURES: 0.1, 0.2, …, 2.0) rest(T) = log Σ exp(z_v / T) over every other token
+(`qkv.nexttoken.candidates`). The page's temperature slider moves on that grid (and to 0,
+greedy: one-hot, needing no data) and computes
+    P_v(T) = exp(z_v / T) / (Σ_kept exp(z_u / T) + exp(rest(T))),
+the probability over the whole vocabulary, exactly (logits kept to 4 decimals), not a
+renormalisation over the top K; exp(rest(T)) / (…) is the mass of the tokens not listed.
+The entropy of the whole distribution (bits) comes precomputed per T for the same reason.
+Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) itself.
+About 0.6 kB of JSON per generated token.
 """
 
 from __future__ import annotations
@@ -24,12 +42,15 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import QkvError
+from ..nexttoken import candidates, token_text
 from ..trace import Trace
 
 ENCODING = "uint8-deflate-base64"
 SCALE = 255
 PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in [0, 1]
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
+NEXT_K = 10                                                   # candidates listed per generated token
+NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
 # inside older JavaScript string literals): written as JSON \u escapes instead.
@@ -77,9 +98,31 @@ def check_roles(roles, n_layers: int, n_heads: int) -> list[list[str | None]] | 
     return [[None if r is None or str(r) == "" else str(r) for r in row] for row in rows]
 
 
+def next_token_payload(trace: Trace, tokenizer) -> dict | None:
+    """The "next" part of the payload (see the module doc), or None when the trace is not a
+    generation, kept no logits, or no tokenizer is given to spell the candidates."""
+    p = trace.prompt_length
+    if trace.logits is None or p is None or tokenizer is None or p >= len(trace.ids) or p < 1:
+        return None
+    chosen = np.asarray(trace.ids[p:], dtype=np.int64)                      # (m,) the generated tokens
+    c = candidates(trace.logits[p - 1:-1], chosen, NEXT_K, NEXT_TEMPERATURES)   # row i-1 predicts token i
+    steps = []
+    for r in range(len(chosen)):
+        keep = c["ids"][r] >= 0
+        ids = c["ids"][r][keep].tolist()
+        steps.append({"position": p + r, "chosen": int(chosen[r]), "rank": int(c["rank"][r]), "ids": ids,
+                      "tokens": [token_text(tokenizer, i) for i in ids],
+                      "logits": [round(float(x), 4) for x in c["logits"][r][keep]],
+                      "rest": [round(float(x), 4) if np.isfinite(x) else None for x in c["rest"][r]],
+                      "entropy": [round(float(x), 4) for x in c["entropy"][r]]})
+    return {"k": NEXT_K, "vocab": int(trace.logits.shape[-1]), "temperatures": list(NEXT_TEMPERATURES),
+            "steps": steps}
+
+
 def trace_payload(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
-                  title: str | None = None) -> dict:
-    """The JSON object the viewer draws: tokens, kept layers, roles and compact attention."""
+                  title: str | None = None, tokenizer=None) -> dict:
+    """The JSON object the viewer draws: tokens, kept layers, roles, compact attention, and for
+    a generation with logits (and a tokenizer), each generated token's candidates."""
     att = trace.attentions                                                  # (L, H, n, n)
     if att is None:
         raise QkvError("this trace has no attention weights; run the model with keep=('attentions',)")
@@ -100,6 +143,7 @@ def trace_payload(trace: Trace, *, model_name: str = "", roles: Sequence[Sequenc
         "prompt_length": None if trace.prompt_length is None else int(trace.prompt_length),
         "roles": check_roles(roles, L, H),
         "attention": encode_attention(att),
+        "next": next_token_payload(trace, tokenizer),
     }
 
 

@@ -1,6 +1,7 @@
 /* qkv attention viewer: head, matrix and model views of one trace, drawn on canvas.
  *
- * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated).
+ * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated; for a
+ * generation, each generated token's candidates: the next-token view and its temperature slider).
  * Tokens reach the page only through textContent, attributes and canvas fillText:
  * never parsed as HTML. No network: everything is in this file and its payload.
  *
@@ -8,7 +9,8 @@
  *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
  *
  * Every root keeps its own state and DOM (no ids), so several viewers share a page.
- * The root's data-* attributes (view, layer, head, hover, cell, ready) say what is shown.
+ * The root's data-* attributes (view, layer, head, hover, cell, ready; with a next-token view
+ * also temperature and step) say what is shown.
  */
 (function (global) {
   "use strict";
@@ -54,6 +56,8 @@
     const v = q / 255;
     return v < 0.01 ? "<0.01" : v.toFixed(2);
   }
+  // A probability as text: 4 decimals, never a misleading 0 for a tiny non-zero value.
+  function fmtP(p) { return p >= 0.00005 ? p.toFixed(4) : p > 0 ? "<0.0001" : "0"; }
   function sizeCanvas(canvas, w, h) {
     const ratio = Math.min(global.devicePixelRatio || 1, 2, 32000 / Math.max(w, h));
     canvas.width = Math.round(w * ratio);
@@ -107,11 +111,17 @@
       [this.L, this.H, this.n] = payload.attention.shape;
       this.tokens = payload.tokens;
       this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
+      this.next = payload.next && payload.next.steps.length ? payload.next : null;
+      this.views = ["head", "matrix", "model"].concat(this.next ? ["next"] : []);
       const s = state || {};
       const li = payload.layers.indexOf(s.layer);
-      this.state = {view: ["head", "matrix", "model"].includes(s.view) ? s.view : "head",
+      // temperature: an index on the slider, 0 = greedy, k = next.temperatures[k - 1]; starts at T = 1
+      const temps = this.next ? this.next.temperatures : [];
+      const ti = temps.indexOf(s.temperature >= 0 ? s.temperature : 1);
+      this.state = {view: this.views.includes(s.view) ? s.view : "head",
                     layer: li >= 0 ? li : 0, head: s.head >= 0 && s.head < this.H ? s.head : -1,
-                    hover: null, cell: null};
+                    hover: null, cell: null, temp: s.temperature === 0 ? 0 : ti >= 0 ? ti + 1 : temps.length,
+                    step: 0};
       this.roleColour = {};
       const roles = [...new Set((payload.roles || []).flat().filter(r => r))].sort();
       roles.forEach((r, k) => { this.roleColour[r] = ROLE_COLOURS[k % ROLE_COLOURS.length]; });
@@ -145,7 +155,8 @@
       const bar = el("div", "qkv-bar");
       this.tabs = {};
       const tabs = el("div", "qkv-tabs");
-      for (const [v, label] of [["head", "Head view"], ["matrix", "Matrix"], ["model", "Model view"]]) {
+      const names = {head: "Head view", matrix: "Matrix", model: "Model view", next: "Next token"};
+      for (const [v, label] of this.views.map(v => [v, names[v]])) {
         const b = el("button", "qkv-tab", label);
         b.type = "button";
         b.addEventListener("click", () => this.set({view: v, hover: null, cell: null}));
@@ -161,7 +172,8 @@
       this.headSel.addEventListener("change", () => this.set({head: +this.headSel.value, cell: null}));
       const lab = (text, sel) => { const l = el("label", "qkv-field", text); l.append(sel); return l; };
       this.meta = el("span", "qkv-meta");
-      bar.append(tabs, lab("Layer ", this.layerSel), lab("Head ", this.headSel), this.meta);
+      this.fields = [lab("Layer ", this.layerSel), lab("Head ", this.headSel)];   // no use in the next-token view
+      bar.append(tabs, ...this.fields, this.meta);
 
       this.chips = el("div", "qkv-chips");
       this.chips.append(el("span", "qkv-hint", "heads:"));
@@ -179,7 +191,8 @@
 
       this.panels = {head: el("div", "qkv-panel qkv-headview"), matrix: el("div", "qkv-panel qkv-matrix"),
                      model: el("div", "qkv-panel qkv-model")};
-      root.append(bar, this.chips, this.panels.head, this.panels.matrix, this.panels.model);
+      if (this.next) this.panels.next = el("div", "qkv-panel qkv-next");
+      root.append(bar, this.chips, ...this.views.map(v => this.panels[v]));
       this.built = {};
     }
 
@@ -195,13 +208,15 @@
         c.setAttribute("aria-pressed", String(s.head < 0 || s.head === h));
         c.title = this.headName(s.layer, h) + (s.head === h ? " · click again for all heads" : " · click to show it alone");
       });
-      this.chips.hidden = s.view === "model";
+      this.chips.hidden = s.view === "model" || s.view === "next";
+      this.fields.forEach(f => { f.hidden = s.view === "next"; });
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
-      this.meta.textContent = [this.p.model, `${this.n} tokens`, `layer ${this.p.layers[s.layer]}`, who]
+      const where = s.view === "next" ? [`${this.n - this.gen} generated`] : [`layer ${this.p.layers[s.layer]}`, who];
+      this.meta.textContent = [this.p.model, `${this.n} tokens`, ...where]
         .filter(x => x).join(" · ");
       this.hint.textContent = {head: "hover a token to isolate its lines",
                                matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
-                               model: ""}[s.view];
+                               model: "", next: ""}[s.view];
       const t0 = performance.now();
       if (!this.built[s.view]) { this["build_" + s.view](); this.built[s.view] = true; }
       this["draw_" + s.view]();
@@ -209,6 +224,7 @@
       Object.assign(root.dataset, {view: s.view, layer: this.p.layers[s.layer], head: s.head < 0 ? "all" : s.head,
                                    hover: s.hover ? s.hover.side + s.hover.i : "",
                                    cell: s.cell ? s.cell.i + "," + s.cell.j : ""});
+      if (this.next) Object.assign(root.dataset, {temperature: this.temperature(), step: this.next.steps[s.step].position});
     }
 
     // ── head view: two token columns, one line per (query, key), alpha = weight ──
@@ -451,8 +467,108 @@
       });
     }
 
+    // ── next-token view: each generated token's candidates, P = softmax(logits / T) ──
+    // The payload holds, per generated token, the top K logits z (plus the chosen token's when it
+    // ranks lower) and, per temperature T of a grid, rest(T) = log Σ exp(z_v / T) over all the other
+    // tokens of the vocabulary (see payload.py). So P_v(T) = exp(z_v/T) / (Σ_kept exp(z_u/T) + exp(rest(T)))
+    // is the probability over the whole vocabulary, not a renormalisation over the K shown.
+    temperature() { const k = this.state.temp; return k === 0 ? 0 : this.next.temperatures[k - 1]; }
+
+    // {p: probabilities of step.ids, other: mass of every token not kept, H: entropy in bits}
+    probs(step) {
+      const k = this.state.temp, z = step.logits;
+      if (k === 0) return {p: z.map((_, i) => (i === 0 ? 1 : 0)), other: 0, H: 0};   // greedy: the argmax, ids[0]
+      const T = this.next.temperatures[k - 1];
+      const rest = step.rest[k - 1] == null ? -Infinity : step.rest[k - 1];
+      const m = Math.max(rest, ...z.map(v => v / T));                   // subtract the max: no overflow
+      const e = z.map(v => Math.exp(v / T - m)), er = Math.exp(rest - m);
+      const Z = e.reduce((a, b) => a + b, 0) + er;
+      return {p: e.map(x => x / Z), other: er / Z, H: step.entropy[k - 1]};
+    }
+
+    chosenText(step) { return step.tokens[step.ids.indexOf(step.chosen)]; }
+
+    build_next() {
+      const panel = this.panels.next, nx = this.next;
+      const ctl = el("div", "qkv-temp");
+      const slider = el("input", "qkv-temp-slider");
+      Object.assign(slider, {type: "range", min: 0, max: nx.temperatures.length, step: 1, value: this.state.temp});
+      slider.setAttribute("aria-label", "temperature T");
+      slider.addEventListener("input", () => this.set({temp: +slider.value}));
+      const tval = el("span", "qkv-temp-value");
+      ctl.append(el("span", "qkv-hint", "temperature"), slider, tval,
+                 el("span", "qkv-hint", "0 = greedy · 1 = the model's own distribution · higher = flatter"));
+      const strip = el("div", "qkv-steps");
+      strip.append(el("span", "qkv-hint", "generated:"));
+      const chips = nx.steps.map((st, k) => {
+        const b = el("button", "qkv-step", shown(this.chosenText(st), 16));
+        b.type = "button";
+        b.dataset.k = k;
+        b.addEventListener("click", () => this.set({step: k}));
+        strip.append(b);
+        return b;
+      });
+      const table = el("table", "qkv-cands"), head = el("tr");
+      for (const h of ["rank", "token", "", "P"]) head.append(el("th", null, h));
+      const thead = el("thead");
+      thead.append(head);
+      const body = el("tbody");
+      table.append(thead, body);
+      const readout = el("p", "qkv-readout");
+      panel.append(ctl, strip, readout, table,
+                   el("p", "qkv-note", `P = softmax(logits / T) over all ${nx.vocab} tokens (exact: the page holds the ` +
+                      `top ${nx.k} logits and, per T, the log-sum-exp of the rest). Top-k / top-p filters of the ` +
+                      "generation are not applied. The orange line under each generated token: its probability at this T."));
+      this.nt = {slider, tval, chips, body, readout};
+    }
+
+    draw_next() {
+      const nt = this.nt, s = this.state, nx = this.next, T = this.temperature();
+      nt.slider.value = s.temp;
+      nt.tval.textContent = `T = ${T.toFixed(1)}` + (T === 0 ? " (greedy)" : "");
+      nt.chips.forEach((b, k) => {                                         // how likely each drawn token was
+        const st = nx.steps[k], p = this.probs(st).p[st.ids.indexOf(st.chosen)];
+        b.style.setProperty("--p", (100 * p).toFixed(1) + "%");
+        b.title = `token ${st.position}: P = ${fmtP(p)} at T = ${T}, rank ${st.rank} at T > 0`;
+        b.setAttribute("aria-pressed", String(k === s.step));
+      });
+      const st = nx.steps[s.step], {p, other, H} = this.probs(st);
+      nt.body.textContent = "";
+      const row = (rank, i, cls) => {
+        const tr = el("tr", cls), bar = el("span", "qkv-pbar"), cell = el("td", "qkv-pcell");
+        bar.style.width = (100 * p[i]).toFixed(2) + "%";
+        cell.append(bar);
+        tr.append(el("td", "qkv-rank", String(rank)), el("td", "qkv-ctok", st.tokens[i]), cell,
+                  el("td", "qkv-p", fmtP(p[i])));
+        Object.assign(tr.dataset, {id: st.ids[i], p: String(p[i])});
+        tr.title = `id ${st.ids[i]}` + (st.ids[i] === st.chosen ? " · the token generated here" : "");
+        nt.body.append(tr);
+      };
+      const K = Math.min(nx.k, st.ids.length);
+      for (let i = 0; i < K; i++) row(i + 1, i, st.ids[i] === st.chosen ? "qkv-chosen" : "");
+      if (st.ids.length > K) {                                             // the chosen token ranked below the top K
+        const gap = el("tr", "qkv-gap");
+        gap.append(el("td", null, "…"));
+        nt.body.append(gap);
+        row(st.rank, K, "qkv-chosen");
+      }
+      const rest = el("tr", "qkv-other");
+      rest.dataset.p = String(other);
+      rest.append(el("td"), el("td", "qkv-ctok", `other ${nx.vocab - st.ids.length} tokens`), el("td"),
+                  el("td", "qkv-p", fmtP(other)));
+      nt.body.append(rest);
+      const chosen = p[st.ids.indexOf(st.chosen)];
+      nt.readout.textContent = `token ${st.position} “${shown(this.chosenText(st), 24)}” was drawn from ` +
+        `P = softmax(logits[${st.position - 1}] / T) · T = ${T.toFixed(1)} · its P = ${fmtP(chosen)} · ` +
+        `entropy H = ${H.toFixed(2)} bits`;
+    }
+
     // what a fresh viewer needs to show the same layer, head and view
-    saved() { return {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head}; }
+    saved() {
+      const out = {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head};
+      if (this.next) out.temperature = this.temperature();
+      return out;
+    }
   }
 
   function fail(root, err) {

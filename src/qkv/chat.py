@@ -1,0 +1,130 @@
+"""Chat: a conversation through the model's own chat template, then writing until the turn ends.
+
+    [{"role": "user", "content": "What is the capital of France?"}]
+      ─chat template (tokenizer.py: Jinja, sandboxed)─▶ "<|im_start|>user\\nWhat is …<|im_end|>\\n<|im_start|>assistant\\n"
+      ─tokenizer─▶ prompt ids (n,)
+      ─decode (generate.py: prefill, then one token at a time from the KV cache)─▶ the reply
+                                                                 … until the end-of-turn token
+
+The end of a turn is the tokenizer's eos_token (SmolLM2: <|im_end|>) or the model's EOS.
+Sampling is greedy by default (temperature 0): the same question gets the same answer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from .errors import QkvError
+from .generate import TextStream, check_can_generate
+from .model import Model
+
+MAX_NEW_TOKENS = 256
+TEMPERATURE = 0.0
+
+
+def check_can_chat(model: Model) -> None:
+    """Chat needs a decoder whose checkpoint ships a chat template."""
+    if not model.config.causal or model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} is an encoder ({model.config.family}): it cannot write a reply; "
+                       "chat with a chat model, e.g. --model smollm2")
+    if model.tokenizer is None or model.tokenizer.chat_template is None:
+        raise QkvError(f"{model.name} has no chat template (no chat_template in its tokenizer_config.json), so "
+                       "it was not trained to chat; use a chat model, e.g. --model smollm2, or continue plain "
+                       "text with `qkv generate`")
+
+
+def as_messages(messages_or_text, system: str | None = None) -> list[dict[str, str]]:
+    """A text is one user turn; `system`, if given, goes first."""
+    if isinstance(messages_or_text, str):
+        if not messages_or_text.strip():
+            raise QkvError("the message is empty; ask something")
+        messages = [{"role": "user", "content": messages_or_text}]
+    else:
+        messages = list(messages_or_text) if isinstance(messages_or_text, (list, tuple)) else messages_or_text
+    if system is not None:
+        if not isinstance(system, str):
+            raise QkvError(f"system must be a string, got {type(system).__name__}")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
+                and messages[0].get("role") == "system":
+            raise QkvError("the messages already begin with a system message; give the system message once")
+        messages = [{"role": "system", "content": system}] + messages
+    return messages
+
+
+def end_of_turn(model: Model) -> list[int]:
+    """The token ids that end a reply: the tokenizer's eos_token (the chat template's end of a
+    turn); the model's own EOS stops generation as well (generate.stop_ids)."""
+    eos = model.tokenizer.eos_token_id
+    return [] if eos is None else [eos]
+
+
+def chat_stream(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, *,
+                system: str | None = None, **sampling) -> TextStream:
+    """The reply as a TextStream: iterate it for text pieces; then `prompt_ids` (the rendered
+    conversation) and `new_ids` (the reply, without the end-of-turn token) hold the tokens.
+
+    sampling: temperature (default 0, greedy), top_k, top_p, seed, use_cache, as for generate."""
+    check_can_chat(model)
+    sampling.setdefault("temperature", TEMPERATURE)
+    ids = model.tokenizer.apply_chat_template(as_messages(messages_or_text, system), add_generation_prompt=True)
+    return TextStream(model, ids, max_new_tokens, stop=end_of_turn(model), **sampling)
+
+
+def chat(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, *, system: str | None = None,
+         **sampling) -> str:
+    """The model's reply to a message (a text is one user turn) or a conversation, as text."""
+    return "".join(chat_stream(model, messages_or_text, max_new_tokens, system=system, **sampling))
+
+
+class Conversation:
+    """The turns so far, for a chat that goes on: `reply(text)` streams the answer to the user's
+    next turn; both join the conversation (the part written so far, if the reply is stopped).
+
+    When the conversation and max_new_tokens no longer fit the model's context, the oldest
+    turns (a user message and its reply) are dropped, the system message kept; `dropped`
+    counts them.
+    """
+
+    def __init__(self, model: Model, system: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+                 **sampling):
+        check_can_chat(model)
+        self.model, self.system, self.max_new_tokens, self.sampling = model, system, max_new_tokens, sampling
+        self.messages = as_messages([], system)
+        self.dropped = 0
+        self.last: TextStream | None = None      # the latest reply's stream (its prompt_ids, new_ids)
+
+    def reset(self) -> None:
+        """Forget every turn (the system message stays)."""
+        self.messages = as_messages([], self.system)
+        self.last = None
+
+    def reply(self, text: str) -> Iterator[str]:
+        """The reply's pieces (a generator) to `text` as the user's next turn. Both turns join
+        the conversation when the generator ends, even stopped early, if the reply said anything.
+
+        Raises QkvError now, before any piece, if the message cannot be answered."""
+        messages, dropped = self._fitted(as_messages(text))
+        stream = chat_stream(self.model, messages, self.max_new_tokens, **self.sampling)
+        self.dropped, self.last = self.dropped + dropped, stream
+        return self._pieces(messages, stream)
+
+    def _pieces(self, messages: list[dict[str, str]], stream: TextStream) -> Iterator[str]:
+        try:
+            yield from stream
+        finally:                                   # also when stopped (Ctrl-C, or the caller closes it)
+            said = self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True).rstrip("\ufffd")
+            if said:
+                self.messages = messages + [{"role": "assistant", "content": said}]
+
+    def _fitted(self, new: list[dict[str, str]]) -> tuple[list[dict[str, str]], int]:
+        """The conversation with the new turn, the oldest turns dropped until it fits the context."""
+        messages = self.messages + new
+        first = 1 if self.system is not None else 0
+        dropped = 0
+        while True:
+            ids = self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            if len(ids) + self.max_new_tokens <= self.model.config.max_positions or len(messages) - first <= 1:
+                check_can_generate(self.model, len(ids), self.max_new_tokens)   # the new turn alone too long
+                return messages, dropped
+            messages = messages[:first] + messages[first + 2:]
+            dropped += 1

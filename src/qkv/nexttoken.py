@@ -1,0 +1,161 @@
+"""The next-token distribution (seeds §6): logits → softmax(logits / T) → next token.
+
+    P(next = v) = softmax(z / T)_v = exp(z_v / T) / Σ_u exp(z_u / T)      z = logits[last], (V,)
+
+T = 1 is the model's own distribution; T < 1 sharpens it, T > 1 flattens it, and T = 0
+is greedy: all the mass on the argmax (one-hot). Dividing by T > 0 never changes the
+order of the tokens, only how the mass is shared. The numbers are the ones sampling
+draws from (`qkv.sampling.next_token_distribution`, reused here, never copied).
+
+    distribution(z, T)      softmax(z / T), float64, (..., V)
+    top_tokens(p, k)        the k most probable ids and their probabilities
+    entropy(p)              H = −Σ p·log₂ p, in bits
+    candidates(z, chosen, k, temperatures)   what the viewer needs to re-normalise in the page
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import QkvError
+from .sampling import check_sampling, next_token_distribution
+
+
+def distribution(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """P = softmax(logits / T) over the last axis, float64: (..., V) → (..., V).
+
+    T = 0 is greedy: one-hot on the argmax (the first one on ties, as `sample` picks).
+    """
+    check_sampling(temperature, None, None)
+    z = np.asarray(logits)
+    if z.ndim == 0 or z.shape[-1] == 0:
+        raise QkvError(f"logits must have a vocabulary axis, got shape {z.shape}")
+    if temperature == 0:
+        one_hot = np.zeros(z.shape)                                       # (..., V)
+        np.put_along_axis(one_hot, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    rows = z.reshape(-1, z.shape[-1])                                     # (B, V)
+    return next_token_distribution(rows, temperature).reshape(z.shape)    # (..., V)
+
+
+def top_tokens(probs: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable tokens of a (V,) distribution: (ids (k,), probabilities (k,)), most probable first.
+
+    Ties go to the lower id.
+    """
+    p = np.asarray(probs)
+    if p.ndim != 1:
+        raise QkvError(f"top_tokens takes one distribution (V,), got shape {p.shape}")
+    if int(k) != k or k < 1:
+        raise QkvError(f"k must be a whole number ≥ 1, got {k}")
+    ids = np.argsort(-p, kind="stable")[: int(k)]                        # (k,)
+    return ids, p[ids]
+
+
+def entropy(probs: np.ndarray) -> np.ndarray:
+    """H(P) = −Σ_v P_v · log₂ P_v in bits (0 · log 0 = 0), over the last axis: (..., V) → (...)."""
+    p = np.asarray(probs, dtype=np.float64)
+    logs = np.log2(np.where(p > 0, p, 1.0))                              # (..., V)
+    return -(p * logs).sum(axis=-1) + 0.0                                 # + 0.0: no -0.0
+
+
+def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: Sequence[float]) -> dict:
+    """For each row of logits (m, V) and the token chosen there: what a page needs to show
+    softmax(z / T) for the top k tokens at any T of `temperatures`, exactly.
+
+    The page cannot hold all V logits per token, so it gets the top k logits (plus the chosen
+    token's when it is not among them), and, per temperature T > 0, the log-sum-exp of
+    every other logit: rest(T) = log Σ_{v not kept} exp(z_v / T). Then for a kept token
+
+        P_v(T) = exp(z_v / T) / (Σ_{u kept} exp(z_u / T) + exp(rest(T)))
+
+    is the full-vocabulary probability, not a renormalisation over the top k, and
+    exp(rest(T)) / (…) is the mass of the tokens not shown. Entropies (bits) come along,
+    because they need every logit too. Arrays:
+
+        ids (m, k+1)  logits (m, k+1) float32   the kept tokens, most probable first; slot k holds
+                                                the chosen token when it is outside the top k, else -1 / 0
+        rank (m,)     1 + how many tokens are more probable than the chosen one (any T > 0)
+        rest (m, t)   entropy (m, t)            per temperature of `temperatures`
+    """
+    z = np.asarray(logits, dtype=np.float64)                                # (m, V)
+    chosen = np.asarray(chosen, dtype=np.int64)                             # (m,)
+    temps = [float(t) for t in temperatures]
+    if z.ndim != 2 or chosen.shape != (z.shape[0],):
+        raise QkvError(f"candidates needs logits (m, V) and one chosen id per row, got {z.shape} and {chosen.shape}")
+    if any(not np.isfinite(t) or t <= 0 for t in temps):
+        raise QkvError(f"temperatures must be > 0 (T = 0, greedy, needs no data), got {temps}")
+    m, V = z.shape
+    k = min(int(k), V)
+    # Plain form: np.argsort(-z, kind="stable")[:, :k]; partitioning first skips sorting all V.
+    part = np.argpartition(-z, k - 1, axis=-1)[:, :k]                       # (m, k) the k largest, unordered
+    key = np.take_along_axis(z, part, axis=1)                                # (m, k)
+    order = np.lexsort((part, -key), axis=-1)                                # by logit, then lower id first
+    top = np.take_along_axis(part, order, axis=1)                           # (m, k) most probable first
+    inside = (top == chosen[:, None]).any(axis=-1)                          # (m,)
+    ids = np.concatenate([top, np.where(inside, -1, chosen)[:, None]], axis=1)       # (m, k+1)
+    kept = np.zeros((m, V), dtype=bool)
+    np.put_along_axis(kept, np.where(ids < 0, top[:, :1], ids), True, axis=1)
+    z_chosen = np.take_along_axis(z, chosen[:, None], axis=1)               # (m, 1)
+    rank = 1 + (z > z_chosen).sum(axis=-1)                                   # (m,)
+    rest = np.empty((m, len(temps)))
+    ent = np.empty((m, len(temps)))
+    top_z = np.take_along_axis(z, top[:, :1], axis=1)                        # (m, 1) the largest logit
+    for j, T in enumerate(temps):
+        # Plain form: rest = logsumexp(z/T over tokens not kept), H = entropy(distribution(z, T));
+        # this one shares one exp for both (H in nats = log Z − Σ P·z/T, then / ln 2).
+        x = (z - top_z) / T                                                  # (m, V) ≤ 0: exp never overflows
+        e = np.exp(x)                                                        # (m, V)
+        Z = e.sum(axis=-1)                                                   # (m,) ≥ 1
+        with np.errstate(divide="ignore"):                                   # log 0 = -inf: nothing outside
+            rest[:, j] = np.log(np.where(kept, 0.0, e).sum(axis=-1)) + top_z[:, 0] / T
+        ent[:, j] = (np.log(Z) - np.einsum("mv,mv->m", e, x) / Z) / np.log(2)
+    kept_logits = np.where(ids < 0, 0.0, np.take_along_axis(z, np.maximum(ids, 0), axis=1))
+    return {"ids": ids, "logits": kept_logits.astype(np.float32), "rank": rank, "rest": rest, "entropy": ent}
+
+
+def visible(text: str) -> str:
+    """A token's text with its whitespace made visible: ' ' → ␣, newline → ↵, tab → ⇥,
+    other control characters as \\xNN; the empty string as ∅."""
+    if text == "":
+        return "∅"
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("␣")
+        elif ch == "\n":
+            out.append("↵")
+        elif ch == "\t":
+            out.append("⇥")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """One token as a reader sees it: its decoded text, whitespace visible (`visible`).
+
+    A byte-level piece of a character (decodes to U+FFFD) is shown as the tokenizer spells it.
+    """
+    text = tokenizer.decode([int(token_id)])
+    if "\ufffd" in text:
+        return tokenizer.id_to_token(int(token_id))
+    return visible(text)
+
+
+def next_token_logits(model, ids: np.ndarray) -> np.ndarray:
+    """logits[last] (V,) of a decoder for token ids (n,): the scores of every possible next token."""
+    cfg = model.config
+    if not cfg.causal or model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} is an encoder ({cfg.family}): it has no next-token distribution; "
+                       "use a decoder, e.g. --model smollm2")
+    from .model import transformer                     # the core pass; logits of the last position only
+    from .trace import Recorder
+
+    ids, mask = model.check_ids(ids)                                        # (1, n)
+    _, logits = transformer(model.weights, cfg, ids, mask, None, Recorder(keep=()), logits="last")
+    return logits[0, -1]                                                    # (V,)

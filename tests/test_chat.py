@@ -1,0 +1,325 @@
+"""Chat: the chat template renders as transformers renders it (sandboxed), SmolLM2's greedy reply equals
+transformers', and `qkv chat` answers once or keeps a conversation. Fixtures: fixtures/make_chat_fixtures.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import qkv
+from qkv.chat import Conversation, as_messages, chat_stream
+from qkv.cli import cli
+from qkv.errors import QkvError
+from qkv.generate import TextStream
+from qkv.tokenizer import Tokenizer, render_chat_template
+from qkv.trace import Trace
+from conftest import FIXTURES, MODELS, run_main
+
+SMOLLM2 = json.loads((FIXTURES / "chat" / "smollm2.json").read_text())
+HF_DIRECTORY = json.loads((FIXTURES / "chat" / "hf_directory.json").read_text())
+FRANCE = "What is the capital of France?"
+PARIS = "The capital of France is Paris."
+USER = [{"role": "user", "content": FRANCE}]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return qkv.load("smollm2")
+
+
+def hf_directory(tmp_path, config: dict | str | None, jinja: str | None = None):
+    """A checkpoint-like directory: the gpt2 fixture's tokenizer.json and this tokenizer_config.json."""
+    shutil.copy(MODELS / "gpt2" / "tokenizer.json", tmp_path / "tokenizer.json")
+    if config is not None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        (tmp_path / "tokenizer_config.json").write_text(text)
+    if jinja is not None:
+        (tmp_path / "chat_template.jinja").write_text(jinja)
+    return tmp_path
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message
+
+
+# ── the template: equal to transformers ──────────────────────────────────────────
+
+@pytest.mark.parametrize("case", SMOLLM2["templates"], ids=lambda c: f"{len(c['messages'])}msg-"
+                         f"{'gen' if c['add_generation_prompt'] else 'nogen'}")
+def test_smollm2_template_equals_transformers(smollm2, case):
+    tok = smollm2.tokenizer
+    agp = case["add_generation_prompt"]
+    assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp, tokenize=False) == case["text"]
+    assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp) == case["ids"]
+
+
+def test_smollm2_reads_its_template_and_tokens_from_the_gguf(smollm2):
+    tok = smollm2.tokenizer
+    assert "<|im_start|>" in tok.chat_template
+    assert tok.special_tokens["eos_token"] == SMOLLM2["eos_token"] and tok.eos_token_id == 2
+    text = tok.apply_chat_template(USER, tokenize=False)
+    assert text.endswith(f"<|im_start|>user\n{FRANCE}<|im_end|>\n<|im_start|>assistant\n")   # the default system
+    assert text.startswith("<|im_start|>system\n")                                           # message comes first
+
+
+@pytest.mark.parametrize("i", range(len(HF_DIRECTORY["cases"])))
+def test_hf_directory_template_equals_transformers(tmp_path, i):
+    """List-of-named-templates, {"content": ...} tokens, tojson, {% break %}, raise_exception."""
+    case = HF_DIRECTORY["cases"][i]
+    tok = Tokenizer.from_directory(hf_directory(tmp_path, case["tokenizer_config"]))
+    agp = case["add_generation_prompt"]
+    if "error" in case:
+        with pytest.raises(QkvError) as e:
+            tok.apply_chat_template(case["messages"], add_generation_prompt=agp)
+        assert one_line(e) == f"the chat template refused these messages: {case['error']}"
+        return
+    assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp, tokenize=False) == case["text"]
+    assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp) == case["ids"]
+
+
+def test_chat_template_jinja_file_wins_over_the_config(tmp_path):
+    tok = Tokenizer.from_directory(hf_directory(tmp_path, {"chat_template": "config"}, jinja="file {{ eos_token }}"))
+    assert tok.apply_chat_template(USER, tokenize=False) == "file "
+    assert Tokenizer.from_directory(hf_directory(tmp_path / "..", None)).chat_template is None
+
+
+# ── bad input: one line ──────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("config, message", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "is not a JSON object"),
+    ({"chat_template": 3}, "chat_template must be a string or a list"),
+    ({"chat_template": [{"name": "tool_use", "template": "x"}]}, "no 'default'"),
+    ({"chat_template": [{"name": "default"}]}, "chat_template must be a string or a list"),
+    ({"eos_token": 2}, "eos_token must be a string"),
+    ({"bos_token": {"text": "<s>"}}, "bos_token must be a string"),
+])
+def test_a_bad_tokenizer_config_is_one_line(tmp_path, config, message):
+    with pytest.raises(QkvError) as e:
+        Tokenizer.from_directory(hf_directory(tmp_path, config))
+    assert message in one_line(e) and "tokenizer_config.json" in str(e.value)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__ }}",                                     # printing what the sandbox refused
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{% if messages.__class__ %}yes{% endif %}",
+    "{{ messages.append({'role': 'user', 'content': 'injected'}) }}",      # the messages are immutable
+    "{{ cycler.__init__.__globals__ }}",
+    "{{ raise_exception.__globals__['os'] }}",
+])
+def test_the_sandbox_stops_a_template_touching_python_internals(template):
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(QkvError) as e:
+        render_chat_template(template, messages, True, {})
+    assert "unsafe" in one_line(e)
+    assert messages == [{"role": "user", "content": "hi"}]
+
+
+def test_undefined_names_render_empty_as_in_transformers():
+    assert render_chat_template("{{ nothing }}{% if tools %}x{% endif %}{{ eos_token }}.", USER, True, {}) == "."
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}", "not valid Jinja"),
+    ("{{ raise_exception('Only user turns, please') }}", "refused these messages: Only user turns, please"),
+    ("{{ 1 + 'a' }}", "failed (TypeError"),
+    ("{{ nothing.at_all }}", "failed"),
+])
+def test_a_broken_template_is_one_line(template, message):
+    with pytest.raises(QkvError) as e:
+        render_chat_template(template, USER, True, {})
+    assert message in one_line(e)
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "non-empty list"),
+    ("hello", "non-empty list"),
+    ([{"role": "user"}], "message 0"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": 3}], "message 1"),
+    ([{"role": "user", "content": "a", "name": "x"}], "nothing else"),
+    (["hello"], "message 0"),
+])
+def test_bad_messages_are_one_line(smollm2, messages, message):
+    with pytest.raises(QkvError) as e:
+        smollm2.tokenizer.apply_chat_template(messages)
+    assert message in one_line(e)
+
+
+def test_no_template_says_so(tmp_path):
+    with pytest.raises(QkvError) as e:
+        Tokenizer.from_directory(hf_directory(tmp_path, {"eos_token": "</s>"})).apply_chat_template(USER)
+    assert "no chat template" in one_line(e)
+
+
+def test_as_messages():
+    assert as_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert as_messages("hi", system="be kind") == [{"role": "system", "content": "be kind"},
+                                                   {"role": "user", "content": "hi"}]
+    with pytest.raises(QkvError, match="once"):
+        as_messages([{"role": "system", "content": "a"}, {"role": "user", "content": "b"}], system="c")
+    with pytest.raises(QkvError, match="empty"):
+        as_messages("  ")
+
+
+# ── the reply: equal to transformers' greedy generate ────────────────────────────
+
+@pytest.mark.parametrize("case", SMOLLM2["replies"], ids=lambda c: c["text"][:20])
+def test_greedy_reply_equals_transformers(smollm2, case):
+    """Token for token (the reply up to <|im_end|>, or max_new_tokens), and the same text."""
+    stream = chat_stream(smollm2, case["messages"], case["max_new_tokens"])
+    assert "".join(stream) == case["text"]
+    assert stream.new_ids == case["ids"]
+
+
+def test_model_chat_text_stream_and_system(smollm2):
+    assert smollm2.chat(FRANCE, max_new_tokens=32) == PARIS                   # ended by <|im_end|>, not the limit
+    pieces = list(smollm2.chat(USER, max_new_tokens=32, stream=True))
+    assert len(pieces) > 1 and "".join(pieces) == PARIS
+    system = "You are a concise assistant. Answer in one sentence."
+    case = SMOLLM2["replies"][1]
+    assert smollm2.chat("Why is the sky blue?", max_new_tokens=case["max_new_tokens"], system=system) == case["text"]
+
+
+def test_text_stream_from_ids_equals_from_text():
+    model = qkv.load(MODELS / "gpt2")
+    ids, _ = model.encode("the cat sat")
+    a = TextStream(model, "the cat sat", 6, temperature=0, stop_at_eos=False)
+    b = TextStream(model, ids, 6, temperature=0, stop_at_eos=False)
+    assert "".join(a) == "".join(b) and a.new_ids == b.new_ids and len(a.new_ids) == 6
+    with pytest.raises(QkvError, match="one sequence"):
+        TextStream(model, np.stack([ids, ids]), 6)
+
+
+def test_chat_refuses_encoders_and_models_without_a_template(minilm):
+    with pytest.raises(QkvError, match="is an encoder"):
+        minilm.chat("hi")
+    with pytest.raises(QkvError, match="no chat template"):
+        qkv.load(MODELS / "gpt2").chat("hi")
+
+
+# ── a conversation ───────────────────────────────────────────────────────────────
+
+PAST = [{"role": "user", "content": "Hi! My name is Ana."},
+        {"role": "assistant", "content": "Nice to meet you, Ana! How can I help you today?"},
+        {"role": "user", "content": "Tell me a joke."},
+        {"role": "assistant", "content": "Why did the chicken cross the road? To get to the other side."}]
+
+
+def test_a_conversation_keeps_the_turns(smollm2):
+    chat = Conversation(smollm2, system="Be brief.", max_new_tokens=32)
+    assert "".join(chat.reply(FRANCE)) == smollm2.chat(FRANCE, max_new_tokens=32, system="Be brief.")
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant"]
+    "".join(chat.reply("And of Italy?"))
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert chat.last.prompt_ids.tolist() == smollm2.tokenizer.apply_chat_template(chat.messages[:4])
+    chat.reset()
+    assert chat.messages == [{"role": "system", "content": "Be brief."}] and chat.last is None
+
+
+def test_a_long_conversation_drops_its_oldest_turns(smollm2):
+    """The whole conversation is 84 tokens, without its first exchange 51: with a context of 60 and 4 new
+    tokens, the first exchange goes (the system message stays)."""
+    small = smollm2.with_config(max_positions=60)
+    chat = Conversation(small, system="Be brief.", max_new_tokens=4)
+    chat.messages = chat.messages + PAST
+    "".join(chat.reply("Another one?"))
+    assert chat.dropped == 1
+    assert chat.messages[:4] == [{"role": "system", "content": "Be brief."}] + PAST[2:] + [
+        {"role": "user", "content": "Another one?"}]
+    assert len(chat.last.prompt_ids) == 51
+    kept = list(chat.messages)
+    with pytest.raises(QkvError) as e:                        # the question alone is too long: nothing changes
+        chat.reply("word " * 100)
+    assert "context of 60" in one_line(e) and chat.messages == kept
+
+
+def test_a_stopped_reply_keeps_what_was_said(smollm2):
+    chat = Conversation(smollm2, max_new_tokens=32)
+    pieces = chat.reply(FRANCE)
+    first = next(pieces)
+    pieces.close()                                            # as Ctrl-C does
+    assert chat.messages[-1] == {"role": "assistant", "content": first} and PARIS.startswith(first)
+    kept = list(chat.messages)
+    pieces = chat.reply("And of Italy?")
+    pieces.close()                                            # stopped before a word: the question goes too
+    assert chat.messages == kept
+
+
+# ── qkv chat ─────────────────────────────────────────────────────────────────────
+
+def test_cli_answers_once_streaming_and_saves_the_trace(monkeypatch, capsys, tmp_path):
+    code, out, err = run_main(monkeypatch, capsys, "chat", FRANCE, "--trace", str(tmp_path / "t"))
+    assert code == 0 and out == PARIS + "\n", err
+    trace = Trace.load(tmp_path / "t")
+    prompt = qkv.load("smollm2").tokenizer.apply_chat_template(USER)
+    assert trace.ids[:len(prompt)].tolist() == prompt and trace.prompt_length == len(prompt)
+    assert len(trace.ids) == len(prompt) + 7                  # "The capital of France is Paris." = 7 tokens
+    assert trace.attentions.shape == (30, 9, len(trace.ids), len(trace.ids))
+
+
+def test_cli_system_and_sampling_options(monkeypatch, capsys):
+    case = SMOLLM2["replies"][1]
+    code, out, _ = run_main(monkeypatch, capsys, "chat", "Why is the sky blue?", "--system",
+                            case["messages"][0]["content"], "-n", str(case["max_new_tokens"]))
+    assert code == 0 and out == case["text"] + "\n"
+    runs = [run_main(monkeypatch, capsys, "chat", "Name a colour.", "-t", "1", "--top-k", "40", "--seed", "7",
+                     "-n", "8")[1] for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0].strip()             # sampled, repeatable with a seed
+
+
+def test_cli_interactive_loop_keeps_resets_and_ends_at_eof():
+    lines = [FRANCE, "And of Italy?", "/reset", "/help", "/nonsense", "", FRANCE]
+    r = CliRunner().invoke(cli, ["chat", "-n", "24"], input="\n".join(lines) + "\n")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("chatting with SmolLM2-135M-Instruct: /reset clears the conversation")
+    assert r.output.count(f"> {PARIS}\n") == 2                # after /reset, the same first answer again
+    assert "(the conversation is cleared)" in r.output
+    assert "unknown command /nonsense" in r.output and r.output.count("/quit or Ctrl-D quits") == 3
+    assert r.output.endswith("> \n")                          # EOF: a clean end
+
+
+def test_cli_interactive_a_failed_turn_does_not_end_the_chat():
+    r = CliRunner().invoke(cli, ["chat", "-n", "16"], input="word " * 9000 + f"\n{FRANCE}\n/quit\n")
+    assert r.exit_code == 0
+    assert "qkv: error: the prompt has" in r.output and f"> {PARIS}\n" in r.output
+
+
+def test_cli_interactive_ctrl_c_stops_only_the_reply(monkeypatch):
+    """Ctrl-C after the first piece of a reply: the reply stops, the chat goes on."""
+    real = TextStream.__iter__
+    calls = []
+
+    def interrupted(self):
+        calls.append(1)
+        for i, piece in enumerate(real(self)):
+            if i == 1 and len(calls) == 1:
+                raise KeyboardInterrupt
+            yield piece
+
+    monkeypatch.setattr(TextStream, "__iter__", interrupted)
+    r = CliRunner().invoke(cli, ["chat", "-n", "24"], input=f"{FRANCE}\n{FRANCE}\n")
+    assert r.exit_code == 0, r.output
+    assert "> The [stopped]\n" in r.output and f"> {PARIS}\n" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["chat", "hi", "--model", "minilm"], "is an encoder"),
+    (["chat", "--model", "minilm"], "is an encoder"),                         # the loop refuses before asking
+    (["chat", "hi", "--model", str(MODELS / "gpt2")], "has no chat template"),
+    (["chat", "hi", "--top-p", "2"], "top_p"),
+    (["chat", "hi", "-n", "0"], "max_new_tokens"),
+    (["chat", "hi", "-n", "9000"], "context of 8192"),
+    (["chat", " "], "the message is empty"),
+])
+def test_cli_mistakes_give_one_line_and_exit_2(monkeypatch, capsys, args, message):
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
