@@ -300,3 +300,149 @@ def test_the_web_app_shows_why_it_refuses_a_long_text(tab, app_server):
     page.click("button[type=submit]")
     page.wait_for_selector(".qkv-error[hidden]", state="attached")
     assert page.get_attribute(".qkv-app", "data-state") == "shown"
+
+
+# the chat -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def chat_server():
+    srv = make_server("smollm2", port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, chat_server):
+    page = tab.page
+    page.goto(chat_server.url)
+    page.wait_for_selector(".qkv-app[data-mode='chat']")                       # a chat model: the page opens in chat
+    assert page.get_attribute(".qkv-mode[data-mode='chat']", "aria-pressed") == "true"
+    # record every text the reply bubble showed while it was being written
+    page.evaluate("""() => { window.seen = [];
+      new MutationObserver(() => { const r = document.querySelector('.qkv-msg-assistant .qkv-msg-text');
+        if (r) window.seen.push(r.textContent); }).observe(document.querySelector('.qkv-chat-log'),
+        {subtree: true, childList: true, characterData: true}); }""")
+    page.fill("textarea[name=message]", "What is the capital of France?")
+    page.press("textarea[name=message]", "Enter")
+    page.wait_for_selector(".qkv-app[data-state='shown']", timeout=120000)
+    model = chat_server.app.model("smollm2")
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = model.chat(question, max_new_tokens=160)
+    assert page.text_content(".qkv-msg-user .qkv-msg-text") == question[0]["content"]
+    assert page.text_content(".qkv-msg-assistant .qkv-msg-text") == reply and "Paris" in reply
+    seen = [s for s in page.evaluate("() => window.seen") if s]
+    assert len(set(seen)) > 2 and all(reply.startswith(s) for s in seen)      # it grew piece by piece
+    prompt = model.tokenizer.apply_chat_template(question, add_generation_prompt=True)
+    tokens = tokens_shown(page)
+    marked = page.eval_on_selector_all(".qkv-col-q .qkv-tok", "ts => ts.map(t => t.classList.contains('qkv-gen'))")
+    assert tokens[0] == "<|im_start|>" and len(tokens) > len(prompt)
+    assert marked == [i >= len(prompt) for i in range(len(tokens))]           # the reply's tokens are marked
+    assert "a reply of" in page.text_content(".qkv-status")
+    # a second turn carries the first one
+    page.fill("textarea[name=message]", "And of Italy?")
+    page.click(".qkv-chat-form button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('.qkv-msg').length === 4 && "
+                           "document.querySelector('.qkv-app').dataset.state === 'shown'", timeout=120000)
+    turns = question + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
+    assert page.text_content(".qkv-msg-assistant >> nth=1") .endswith(model.chat(turns, max_new_tokens=160))
+    page.click(".qkv-new-chat")
+    assert page.locator(".qkv-msg").count() == 0
+    assert all(u.startswith(chat_server.url) or u.startswith("data:") for u in tab.requests), tab.requests
+    assert tab.errors == [] and tab.dialogs == []
+
+
+def test_the_chat_shows_why_it_refuses(tab, chat_server):
+    page = tab.page
+    page.goto(chat_server.url)
+    page.wait_for_selector(".qkv-app[data-mode='chat']")
+    page.select_option(".qkv-chat-model", "minilm")
+    page.fill("textarea[name=message]", "Hello")
+    page.press("textarea[name=message]", "Enter")
+    page.wait_for_selector(".qkv-error:not([hidden])", timeout=60000)
+    assert "all-MiniLM-L6-v2 is an encoder" in page.text_content(".qkv-error")
+    assert page.locator(".qkv-msg").count() == 0                                # the question is taken back
+    assert page.input_value("textarea[name=message]") == "Hello"
+    assert all("status of 400" in e for e in tab.errors) and len(tab.errors) == 1, tab.errors
+
+
+# the next-token view ------------------------------------------------------------
+
+def shown_candidates(page) -> list[tuple[int, float]]:
+    """(token id, probability) of each candidate row, as the page computed it."""
+    rows = page.eval_on_selector_all(".qkv-cands tbody tr[data-id]", "rs => rs.map(r => [+r.dataset.id, +r.dataset.p])")
+    return [(int(i), p) for i, p in rows]
+
+
+def test_the_temperature_slider_renormalises_the_candidates(tab, tmp_path):
+    import numpy as np
+
+    from qkv.nexttoken import distribution
+    from qkv.viz.payload import NEXT_TEMPERATURES
+
+    model = qkv.load(str(MODELS / "gpt2"))
+    trace = model.generate("the cat sat", max_new_tokens=8, temperature=1.5, seed=3, stop_at_eos=False, trace=True)
+    open_viewer(tab, save_viewer(trace, tmp_path / "gen.html", tokenizer=model.tokenizer))
+    page = tab.page
+    page.click(".qkv-tab >> text=Next token")
+    p = trace.prompt_length
+    assert tab.state()["view"] == "next" and tab.state()["temperature"] == "1" and tab.state()["step"] == str(p)
+    assert page.locator(".qkv-step").count() == len(trace.ids) - p
+
+    def check(step: int, T: float) -> list[float]:
+        """The rows equal softmax(logits / T) over the whole vocabulary; rows + other tokens = 1."""
+        P = distribution(trace.logits[p + step - 1], T)                    # (V,)
+        rows = shown_candidates(page)
+        top10 = np.argsort(-trace.logits[p + step - 1], kind="stable")[:10]
+        assert [i for i, _ in rows][:10] == top10.tolist()
+        assert max(abs(q - P[i]) for i, q in rows) < 1e-3                   # page data: logits to 4 decimals
+        other = float(page.get_attribute(".qkv-other", "data-p"))
+        assert abs(sum(q for _, q in rows) + other - 1) < 1e-9
+        chosen = page.eval_on_selector_all(".qkv-cands tr.qkv-chosen", "rs => rs.map(r => +r.dataset.id)")
+        assert chosen == [int(trace.ids[p + step])]
+        return [q for _, q in rows]
+
+    at_1 = check(0, 1.0)
+    page.fill(".qkv-temp-slider", str(NEXT_TEMPERATURES.index(2.0) + 1))     # T = 2: flatter
+    assert tab.state()["temperature"] == "2" and page.text_content(".qkv-temp-value") == "T = 2.0"
+    at_2 = check(0, 2.0)
+    assert at_2[0] < at_1[0]
+    page.fill(".qkv-temp-slider", str(NEXT_TEMPERATURES.index(0.3) + 1))     # T = 0.3: sharper
+    at_03 = check(0, 0.3)
+    assert at_03[0] > at_1[0]
+    page.press(".qkv-temp-slider", "ArrowRight")                              # the keyboard moves it too
+    assert tab.state()["temperature"] == "0.4"
+    check(0, 0.4)
+    page.fill(".qkv-temp-slider", "0")                                        # greedy: one-hot on the argmax
+    assert page.text_content(".qkv-temp-value") == "T = 0.0 (greedy)"
+    assert [q for _, q in shown_candidates(page)][:2] == [1.0, 0.0]
+    page.fill(".qkv-temp-slider", str(NEXT_TEMPERATURES.index(0.7) + 1))
+    page.click(".qkv-step >> nth=5")                                          # another generated token
+    assert tab.state()["step"] == str(p + 5)
+    check(5, 0.7)
+    ranks = page.eval_on_selector_all(".qkv-rank", "cs => cs.map(c => c.textContent)")
+    assert ranks[:10] == [str(r) for r in range(1, 11)]
+    assert tab.errors == [] and tab.dialogs == []
+    assert_offline(tab)
+
+
+def test_candidate_tokens_show_as_text(tab, tmp_path):
+    model = qkv.load(str(MODELS / "gpt2"))
+    trace = model.generate("the cat sat", max_new_tokens=3, temperature=0, stop_at_eos=False, trace=True)
+
+    class Hostile:
+        def decode(self, ids):
+            return "<b onmouseover=alert(1)>" + str(ids[0]) + "</b>"
+
+        def id_to_token(self, i):
+            return XSS
+
+    open_viewer(tab, save_viewer(trace, tmp_path / "x.html", tokenizer=Hostile()))
+    page = tab.page
+    page.click(".qkv-tab >> text=Next token")
+    first = page.text_content(".qkv-cands tbody .qkv-ctok")
+    assert first.startswith("<b␣onmouseover=alert(1)>") and first.endswith("</b>")
+    page.hover(".qkv-cands tbody tr >> nth=0")
+    page.click(".qkv-step >> nth=1")
+    assert page.evaluate("() => [document.querySelectorAll('img, b').length, document.scripts.length]") == [0, 3]
+    assert tab.dialogs == [] and tab.errors == []

@@ -125,3 +125,68 @@ def test_cli_explain_in_korean():
                        capture_output=True, text=True, timeout=120, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     assert "12개 헤드 중 2번 헤드" in r.stdout and "⑧ 왜 √d_k로 나누나" in r.stdout
+
+
+# a real LLM: SmolLM2 (RMSNorm, RoPE, GQA, the causal mask) -------------------------
+
+@pytest.fixture(scope="module")
+def smol():
+    return qkv.load("smollm2")
+
+
+@pytest.fixture(scope="module")
+def smol_walk(smol):
+    return explain.walkthrough(smol)                                 # "The cat sat on the mat", layer 0, head 2
+
+
+def test_smollm2_walkthrough_recomputes_rope_gqa_and_rmsnorm(smol, smol_walk):
+    w, t = smol_walk, smol.run("The cat sat on the mat", layers=[0]).layer(0)
+    assert (w.n, w.H, w.H_kv, w.group, w.d_k, w.kv_head, w.group_heads) == (6, 9, 3, 3, 64, 0, [0, 1, 2])
+    assert w.W_Q == (576, 576) and w.W_K == (576, 192) and t.q.shape == (9, 6, 64) and t.k.shape == (3, 6, 64)
+    assert w.norm == "rms" and w.row == 5 and w.tokens[w.row] == "Ġmat"            # a decoder: its last token
+    # RMSNorm by its formula
+    g = smol.weights.blocks[0].attn_norm.weight.astype(np.float64)
+    X = t.residual.astype(np.float64)
+    np.testing.assert_allclose(w.Xn, X / np.sqrt((X ** 2).mean(-1, keepdims=True) + 1e-5) * g, rtol=1e-9)
+    # RoPE: the unrotated q, k turned pair by pair (angle p·θ^(−2i/d)) are the model's q, k
+    r = w.rope
+    pos, inv = np.arange(6)[:, None], 100000.0 ** (-np.arange(32) / 32)
+    c, s = np.cos(pos * inv), np.sin(pos * inv)
+    for pre, used in ((r.Q_pre, t.q[2]), (r.K_pre, t.k[0])):
+        turned = np.concatenate([pre[:, :32] * c - pre[:, 32:] * s, pre[:, :32] * s + pre[:, 32:] * c], -1)
+        np.testing.assert_allclose(turned, used, atol=2e-5)
+        np.testing.assert_allclose(np.linalg.norm(turned, axis=-1), np.linalg.norm(pre, axis=-1), rtol=1e-12)
+    # q·k after RoPE: the same at the same distance, different at another; row 1 is the model's score
+    dots = {(m, p): d for m, p, d in r.relative}
+    assert len({round(d, 9) for (m, p), d in dots.items() if m - p == 2}) == 1 and len(dots) == 6
+    assert abs(dots[(5, 3)] - t.scores[2, 5, 3] * 8) < 1e-4 and abs(dots[(5, 5)] - dots[(5, 3)]) > 0.1
+    # GQA: heads 0, 1, 2 all read K/V head 0; the causal mask is −∞ exactly above the diagonal
+    for h in (0, 1, 2):
+        np.testing.assert_allclose(np.tril(t.q[h] @ t.k[0].T / 8), np.tril(t.scores[h]), atol=1e-5)
+    assert np.array_equal(np.isneginf(w.S), np.triu(np.ones((6, 6), bool), 1))
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+def test_smollm2_prints_the_steps_bert_lacks(smol_walk, lang):
+    text = printed(smol_walk, lang)
+    for mark in STEPS + ["①a RMSNorm", "②a RoPE", "②b GQA"]:
+        assert mark in text, mark
+    for shape in ["(6, 576)", "(576, 192)", "(9, 6, 64)", "(3, 6, 64)", "(6, 6)"]:
+        assert shape in text
+    assert "θ" in text and "= 100000" in text and "0, 1, [2]" in text and "ε = 1e-05" in text
+    # the relative-position table: 4 rows at distance 2 with the same q·k, the model's S[mat, on]·√d_k
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()
+            and len(line.split()) == 4 and line.split()[2] == "2"]
+    assert [r[:2] for r in rows] == [["5", "3"], ["15", "13"], ["105", "103"], ["1005", "1003"]]
+    assert {r[3] for r in rows} == {f"{smol_walk.S_raw[5, 3]:.4f}"}
+    # the scaled scores of step ④, whole: 15 of 36 masked (and −∞ twice in the sentence about the mask)
+    after = text[text.index("④"):text.index("⑤")]
+    assert after.count("−∞") == 2 + 15 and line_of(after, "Ġmat")[1:] == [f"{v:.2f}" for v in smol_walk.S[5]]
+    assert "b_O" not in text                                            # SmolLM2 has no bias in W_O
+
+
+def test_cli_explain_smollm2_in_korean(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "explain", "--model", "smollm2", "--lang", "ko")
+    assert code == 0, err
+    assert "②a RoPE: 위치만큼 회전하는 Q와 K" in out and "쿼리 헤드 9개가 K/V 헤드 3개를 공유" in out
+    assert "9개 헤드 중 2번 헤드" in out

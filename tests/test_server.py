@@ -191,3 +191,126 @@ def test_serve_mistakes_give_one_line_and_exit_2():
             r = qkv_cmd("serve", *args)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
+
+
+# chat ---------------------------------------------------------------------------
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def llm_server():
+    srv = make_server("smollm2", port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def chat_events(srv, obj) -> tuple[int, str, list[dict]]:
+    """(status, content type, the JSON lines of the answer) of one POST /api/chat."""
+    status, r, body = call(srv, "POST", "/api/chat", json.dumps(obj).encode(), {"Content-Type": "application/json"})
+    kind = r.getheader("Content-Type")
+    if kind == "application/json":
+        return status, kind, [body]
+    return status, kind, [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
+    status, kind, events = chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 24})
+    assert status == 200 and kind == "application/x-ndjson", events
+    model = llm_server.app.model("smollm2")
+    prompt = model.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+    assert events[0] == {"prompt": len(prompt), "dropped": 0}
+    pieces = [e["piece"] for e in events[1:-1]]
+    done = events[-1]
+    assert len(pieces) > 3 and all(set(e) == {"piece"} for e in events[1:-1])     # streamed, piece by piece
+    assert "".join(pieces) == done["reply"] == model.chat(QUESTION, max_new_tokens=24)   # greedy, as Model.chat
+    assert "Paris" in done["reply"] and done["stopped"] == "end of turn"
+    p = done["payload"]
+    new = len(p["tokens"]) - len(prompt)
+    assert p["prompt_length"] == len(prompt) and 3 < new < 24 and p["model"] == "SmolLM2-135M-Instruct"
+    ids = np.concatenate([prompt, model.tokenizer.encode(done["reply"], add_special_tokens=False)[0]])
+    want = model.run(ids, keep=("attentions",))
+    assert p["tokens"] == want.tokens
+    got = decode_attention(p["attention"])                                   # (30, 9, n, n)
+    assert got.shape == want.attentions.shape == (30, 9, len(ids), len(ids))
+    assert np.abs(got - want.attentions).max() <= PRECISION + 1e-6
+    assert len(p["next"]["steps"]) == new                                     # each reply token's candidates
+
+
+def test_chat_stops_at_max_new_tokens_and_carries_the_conversation(llm_server):
+    turns = QUESTION + [{"role": "assistant", "content": "The capital of France is Paris."},
+                        {"role": "user", "content": "And of Italy?"}]
+    status, _, events = chat_events(llm_server, {"messages": turns, "max_new_tokens": 3, "model": "smollm2"})
+    assert status == 200 and events[-1]["stopped"] == "length"
+    model = llm_server.app.model("smollm2")
+    assert events[-1]["reply"] == model.chat(turns, max_new_tokens=3)
+    assert events[0]["prompt"] == len(model.tokenizer.apply_chat_template(turns, add_generation_prompt=True))
+
+
+def test_chat_leaves_out_the_oldest_turns_when_the_conversation_is_too_long(llm_server):
+    old = [{"role": r, "content": "word " * 300} for r in ("user", "assistant")]
+    status, _, events = chat_events(llm_server, {"messages": old + QUESTION, "max_new_tokens": 2})
+    assert status == 200 and events[0]["dropped"] == 1
+    model = llm_server.app.model("smollm2")
+    assert events[0]["prompt"] == len(model.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("request_body, status, message", [
+    ({}, 400, "missing field 'messages'"),
+    ({"messages": []}, 400, "missing field 'messages'"),
+    ({"messages": [{"role": "user"}]}, 400, "message 0 must be"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "message 0 must be"),
+    ({"messages": [{"role": "user", "content": "  "}]}, 400, "the last message must be the user's, and not empty"),
+    ({"messages": QUESTION + [{"role": "assistant", "content": "Paris."}]}, 400, "the last message must be"),
+    ({"messages": [{"role": "user", "content": "a" * 2001}]}, 413, "2,001 characters; the limit is 2,000"),
+    ({"messages": QUESTION * 65}, 413, "65 messages; the limit is 64"),
+    ({"messages": [{"role": "user", "content": "word " * 399}]}, 413, "shorten the message"),
+    ({"messages": QUESTION, "max_new_tokens": 257}, 400, "max_new_tokens must be a whole number from 1 to 256"),
+    ({"messages": QUESTION, "max_new_tokens": "9"}, 400, "max_new_tokens must be"),
+    ({"messages": QUESTION, "model": "minilm"}, 400, "all-MiniLM-L6-v2 is an encoder"),
+    ({"messages": QUESTION, "model": "/etc"}, 400, "unknown model '/etc'"),
+])
+def test_chat_refusals_are_one_clear_json_error(llm_server, request_body, status, message):
+    got, kind, events = chat_events(llm_server, request_body)
+    assert (got, kind) == (status, "application/json") and message in events[0]["error"], events
+
+
+def test_one_reply_at_a_time(llm_server):
+    app = llm_server.app
+    assert app._running.acquire(timeout=60)                  # as if another reply were being written
+    try:
+        status, _, events = chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})
+        assert status == 503 and "busy writing another reply" in events[0]["error"]
+    finally:
+        app._running.release()
+    assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
+
+
+def test_a_client_that_leaves_frees_the_writer(llm_server):
+    body = json.dumps({"messages": QUESTION, "max_new_tokens": 40}).encode()
+    with socket.create_connection(llm_server.server_address[:2], timeout=60) as sock:
+        sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        answer = sock.makefile("rb")
+        while answer.readline().strip():                     # the status line and headers
+            pass
+        assert json.loads(answer.readline())["prompt"] > 0
+        answer.close()
+        sock.shutdown(socket.SHUT_RDWR)                      # leave in the middle of the reply
+    for _ in range(600):                                     # the writer notices, stops, and lets go
+        if llm_server.app._running.acquire(timeout=0.1):
+            llm_server.app._running.release()
+            break
+    else:
+        pytest.fail("the writer still holds the model after its client left")
+    assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
+
+
+def test_the_page_starts_in_chat_mode_for_a_chat_model(llm_server, server):
+    page = call(llm_server, "GET", "/")[2]
+    config = json.loads(page.split('class="qkv-app-config">')[1].split("</script>")[0])
+    assert config["chat_ready"] is True and config["chat_model"] == "smollm2" and "smollm2" in config["models"]
+    config = json.loads(call(server, "GET", "/")[2].split('class="qkv-app-config">')[1].split("</script>")[0])
+    assert config["chat_ready"] is False and config["chat_model"] == "smollm2"

@@ -4,11 +4,19 @@
     GET  /api/models      {"models": [...], "default": ...}: what this server may load
     POST /api/attention   {"text": ..., "model": ...} → the viewer's payload (viz/payload.py)
     GET  /api/attention?text=...&model=...   the same, for curl
+    POST /api/chat        {"messages": [{"role", "content"}, ...], "model": ..., "max_new_tokens": ...}
+                          → the reply as it is written, one JSON object per line (NDJSON):
+                            {"prompt": n, "dropped": k}   the conversation took n tokens (k old turns left out)
+                            {"piece": "..."} …            the reply, piece by piece
+                            {"done": true, "reply": ..., "stopped": "end of turn" | "length",
+                             "payload": the viewer's payload of the conversation and the reply}
+                          or {"error": ...} as the last line if something breaks mid-way
 
 Mistakes get a JSON {"error": "..."} naming the fix: 400 (bad request), 404, 411, 413
-(text too long for the page or the model); a bug gets 500 and the server keeps running.
-Only models on the allow-list load (--model and `qkv.available()`), one forward pass at
-a time, so memory stays bounded. It binds 127.0.0.1 unless told otherwise, and there it
+(text too long for the page or the model), 503 (another reply is being written); a bug gets
+500 and the server keeps running. Only models on the allow-list load (--model and
+`qkv.available()`), one forward pass or one reply at a time, so memory stays bounded.
+The server keeps no conversation: the page sends the turns so far with each message. It binds 127.0.0.1 unless told otherwise, and there it
 answers only requests addressed to a loopback name (403 otherwise: DNS rebinding).
 """
 
@@ -23,7 +31,9 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from .checkpoints import available, load
+import numpy as np
+
+from .checkpoints import LLM, available, load
 from .errors import QkvError
 from .model import Model
 from .viz.html import asset, page as html_page
@@ -33,6 +43,11 @@ MAX_CHARS = 10_000                  # characters of text per request
 MAX_BODY = 64 * 1024                # bytes of request body (10,000 characters of UTF-8 fit)
 MAX_ATTENTION = 60_000_000          # L·H·n² weights per answer (about 60 MB before compression)
 EXAMPLE = "The cat sat on the mat"
+MAX_MESSAGE = 2_000                 # characters of one chat message
+MAX_TURNS = 64                      # messages in one conversation
+MAX_NEW_TOKENS = 256                # the longest reply the page may ask for
+NEW_TOKENS = 160                    # the reply's length when the page does not say
+ROLES = ("system", "user", "assistant")
 
 _CSP_APP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
             "connect-src 'self'; form-action 'none'; base-uri 'none'")
@@ -96,12 +111,119 @@ class App:
             trace = model.run(text, keep=("attentions",))
         return trace_payload(trace, model_name=model.name)
 
+    def chat(self, request: dict) -> "ChatReply":
+        """Check a chat request and take the writer's place; the reply is written as it is iterated."""
+        from .chat import check_can_chat
+
+        messages, source, max_new = self._chat_request(request)
+        model = self.model(source)
+        check_can_chat(model)
+        messages, n, dropped = self._fitted(model, messages, max_new)
+        if not self._running.acquire(blocking=False):
+            raise HttpError(503, "the model is busy writing another reply; send again when it is done")
+        return ChatReply(self._running, model, messages, n, max_new, dropped)
+
+    def _chat_request(self, request: dict) -> tuple[list[dict], str, int]:
+        """(messages, model source, max_new_tokens) of a chat request, or the reason it is refused."""
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise HttpError(400, "missing field 'messages': send {\"messages\": [{\"role\": \"user\", "
+                                 "\"content\": \"...\"}], \"model\": \"...\"}")
+        if len(messages) > MAX_TURNS:
+            raise HttpError(413, f"the conversation has {len(messages)} messages; the limit is {MAX_TURNS}: "
+                                 "start a new chat")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or set(m) != {"role", "content"} or m["role"] not in ROLES \
+                    or not isinstance(m["content"], str):
+                raise HttpError(400, f"message {i} must be {{\"role\": \"system\" | \"user\" | \"assistant\", "
+                                     "\"content\": \"...\"}")
+            if len(m["content"]) > MAX_MESSAGE:
+                raise HttpError(413, f"message {i} has {len(m['content']):,} characters; the limit is "
+                                     f"{MAX_MESSAGE:,}: shorten it")
+        if messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+            raise HttpError(400, "the last message must be the user's, and not empty: type a message")
+        if sum(len(m["content"]) for m in messages) > MAX_CHARS:
+            raise HttpError(413, f"the conversation has more than {MAX_CHARS:,} characters: start a new chat")
+        source = request.get("model", self.chat_default)
+        if not isinstance(source, str):
+            raise HttpError(400, "field 'model' must be a string, one of " + ", ".join(map(repr, self.sources)))
+        max_new = request.get("max_new_tokens", NEW_TOKENS)
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or not 1 <= max_new <= MAX_NEW_TOKENS:
+            raise HttpError(400, f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, "
+                                 f"got {max_new!r}")
+        return messages, source, max_new
+
+    def _fitted(self, model: Model, messages: list[dict], max_new: int) -> tuple[list[dict], int, int]:
+        """The conversation without its oldest turns (a system message stays) as far as needed for the
+        prompt and the reply to fit what one answer may show: (messages, prompt tokens, turns left out)."""
+        first = 1 if messages[0]["role"] == "system" else 0
+        limit = self.max_tokens(model)
+        dropped = 0
+        while True:
+            n = len(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            if n + max_new <= limit:
+                return messages, n, dropped
+            if len(messages) - first <= 1:
+                raise HttpError(413, f"the message takes {n:,} tokens and the reply up to {max_new}, but "
+                                     f"{model.name} here shows at most {limit:,}: shorten the message")
+            messages = messages[:first] + messages[first + 2:]
+            dropped += 1
+
+    def can_chat(self, source: str) -> bool:
+        """Whether SOURCE, if already loaded, is a decoder with a chat template."""
+        from .chat import check_can_chat
+
+        model = self._models.get(source)
+        try:
+            return model is not None and check_can_chat(model) is None
+        except QkvError:
+            return False
+
+    @property
+    def chat_default(self) -> str:
+        """The model the chat starts with: the server's own if it can chat, else the bundled LLM."""
+        return self.default if self.can_chat(self.default) or LLM not in self.sources else LLM
+
     def page(self) -> str:
-        """The app's HTML: the viewer's JS and CSS, the form's JS, and the config."""
-        config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": EXAMPLE}
-        body = ("<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
+        """The app's HTML: the viewer's JS and CSS, the form's and the chat's JS and CSS, and the config."""
+        config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": EXAMPLE,
+                  "chat_model": self.chat_default, "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS}
+        body = (f"<style>\n{asset('app.css')}</style>\n"
+                "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
         return html_page("qkv · see attention", body, [asset("viewer.js"), asset("app.js")], csp=_CSP_APP)
+
+
+class ChatReply:
+    """One reply being written: holds the writer's lock from creation until `close`.
+
+    Iterating `events()` writes the reply (greedy, as `Model.chat`), yielding the NDJSON
+    events of the module doc; the last carries the viewer's payload of prompt + reply.
+    """
+
+    def __init__(self, lock: threading.Lock, model: Model, messages: list[dict], prompt: int, max_new: int,
+                 dropped: int):
+        self._lock, self.model, self.messages, self.max_new = lock, model, messages, max_new
+        self.prompt, self.dropped = prompt, dropped
+        self._held = True
+
+    def events(self):
+        from .chat import chat_stream
+
+        yield {"prompt": self.prompt, "dropped": self.dropped}
+        stream = chat_stream(self.model, self.messages, self.max_new)      # greedy, ends at the end of turn
+        for piece in stream:
+            yield {"piece": piece}
+        trace = stream.trace()
+        payload = trace_payload(trace, model_name=self.model.name, title=f"{self.model.name} · chat",
+                                tokenizer=self.model.tokenizer)
+        yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),
+               "stopped": "length" if len(stream.new_ids) >= self.max_new else "end of turn", "payload": payload}
+
+    def close(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -133,8 +255,11 @@ class Handler(BaseHTTPRequestHandler):
         raise HttpError(404, f"no page {url.path}; the app is at /")
 
     def _post(self):
-        if urlsplit(self.path).path != "/api/attention":
-            raise HttpError(404, f"no endpoint {urlsplit(self.path).path}; POST to /api/attention")
+        path = urlsplit(self.path).path
+        if path == "/api/chat":
+            return 200, self.app.chat(self._json_body())
+        if path != "/api/attention":
+            raise HttpError(404, f"no endpoint {path}; POST to /api/attention or /api/chat")
         request = self._json_body()
         return 200, self.app.attention(request.get("text"), request.get("model"))
 
@@ -178,6 +303,8 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:                 # a bug: say so, log it, keep serving
             traceback.print_exc(file=sys.stderr)
             status, body = 500, {"error": f"internal error ({type(e).__name__}); see the server's log"}
+        if isinstance(body, ChatReply):
+            return self._stream(body)
         if isinstance(body, str):
             data, kind = body.encode("utf-8"), "text/html; charset=utf-8"
         else:
@@ -194,6 +321,38 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass                               # the client left; nothing to tell it
+
+    def _stream(self, reply: ChatReply) -> None:
+        """Send the reply's events as they come, one JSON line each, then close the connection
+        (no Content-Length: HTTP/1.0 ends the body by closing). A client that leaves stops the writing."""
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            events = reply.events()
+            try:
+                for event in events:
+                    self._line(event)
+            except (BrokenPipeError, ConnectionResetError):
+                return                         # the client left: stop writing
+            except QkvError as e:
+                self._line({"error": str(e)})
+            except Exception as e:             # a bug: say so, log it, keep serving
+                traceback.print_exc(file=sys.stderr)
+                self._line({"error": f"internal error ({type(e).__name__}); see the server's log"})
+            finally:
+                events.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            reply.close()
+
+    def _line(self, event: dict) -> None:
+        self.wfile.write(json.dumps(event, ensure_ascii=True).encode("ascii") + b"\n")
+        self.wfile.flush()
 
     def log_message(self, format: str, *args) -> None:
         sys.stderr.write(f"qkv serve: {self.address_string()} {format % args}\n")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..errors import QkvError
 from .backends import BACKENDS, CHUNK, local_cores
+from .detectors import top_heads
 from .corpus import SPLITS, open_corpus
 from .roles import BROAD, DOMINANT, INDUCTION, strength
 from .run import HeadReport, analyse
@@ -72,6 +73,25 @@ def legend(report: HeadReport) -> list[Text]:
                   "tokens; mixed = none of these.")]
     for name, why in report.not_applicable.items():
         lines.append(Text(f"{name}: not applicable ({why})."))
+    return lines
+
+
+DETECTOR_TEXTS = {
+    "previous_token": "previous-token (your texts)",
+    "duplicate_token": "duplicate-token (your texts)",
+    "induction": "induction (repeated random tokens)",
+    "duplicate_token_repeated": "duplicate-token (repeated random tokens)",
+}
+
+
+def detector_lines(report: HeadReport, k: int = 3) -> list[Text]:
+    """For each detector, its k best heads: "L16 h0 .69"."""
+    lines = [Text("Detectors (TransformerLens's score Σ(A⊙P)/ΣA), best heads:")]
+    for name, what in DETECTOR_TEXTS.items():
+        scores = report.detectors.get(name)
+        best = "no repeated token in the texts" if scores is None else ", ".join(
+            f"L{layer} h{head} {_num(value)}" for layer, head, value in top_heads(scores, k))
+        lines.append(Text(f"  {what}: {best}"))
     return lines
 
 
@@ -153,7 +173,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
                        f"{'s' if report.texts != 1 else ''}, {report.tokens} tokens"
                        + (f" in {report.windows} windows" if report.windows != report.texts else "")))
     console.print(roles_table(report))
-    for line in legend(report):
+    for line in legend(report) + detector_lines(report):
         console.print(line)
     for name in show:
         console.print(stat_table(report, name))

@@ -11,7 +11,11 @@ where a head of that kind would look; a head's score is the "mul" measure
                     (look at what followed the earlier copy of the current token)
 
 Induction heads show on repeated random tokens (Olsson et al. 2022): a random sequence
-followed by itself; in the second half an induction head looks one past the first copy.
+followed by itself; in the second half an induction head looks one past the first copy,
+a duplicate-token head at the first copy itself. Both are scored on the same sequences
+(`repeated_scores`); on ordinary text few tokens repeat, so duplicate-token scores there
+stay small even for a head that does nothing else. Only the second half can match either
+pattern, so on a sequence of 2 × 25 tokens the largest possible score is about 0.5.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 
 from ..errors import QkvError
 
-DETECTORS = ("previous_token", "duplicate_token", "induction")
+DETECTORS = ("previous_token", "duplicate_token", "induction", "duplicate_token_repeated")
 INDUCTION_HALF = 25          # random tokens per half of a repeated sequence
 INDUCTION_BATCH = 4          # repeated sequences averaged over
 INDUCTION_SEED = 0
@@ -96,9 +100,24 @@ def repeated_random_tokens(model, half: int = INDUCTION_HALF, batch: int = INDUC
     return np.stack(rows)                                         # (batch, n)
 
 
-def induction_scores(model, prefix=(), suffix=(), **kw) -> np.ndarray:
-    """(L, H): each head's induction score, averaged over repeated random sequences."""
+def repeated_scores(model, prefix=(), suffix=(), **kw) -> dict[str, np.ndarray]:
+    """{"induction", "duplicate_token_repeated"} → (L, H): each head's score, averaged over the
+    same repeated random sequences (one forward pass)."""
     ids = repeated_random_tokens(model, prefix=prefix, suffix=suffix, **kw)     # (B, n)
     att = model.forward(ids, attentions=True).attentions                        # (L, B, H, n, n)
-    scores = [pattern_score(att[:, b], induction_pattern(ids[b])) for b in range(len(ids))]   # B × (L, H)
-    return np.mean(scores, axis=0)                                              # (L, H)
+    out = {}
+    for name, pattern in (("induction", induction_pattern), ("duplicate_token_repeated", duplicate_token_pattern)):
+        scores = [pattern_score(att[:, b], pattern(ids[b])) for b in range(len(ids))]   # B × (L, H)
+        out[name] = np.mean(scores, axis=0)                                             # (L, H)
+    return out
+
+
+def induction_scores(model, prefix=(), suffix=(), **kw) -> np.ndarray:
+    """(L, H): each head's induction score, averaged over repeated random sequences."""
+    return repeated_scores(model, prefix, suffix, **kw)["induction"]
+
+
+def top_heads(scores: np.ndarray, k: int = 3) -> list[tuple[int, int, float]]:
+    """The k heads with the highest scores: [(layer, head, score)], best first."""
+    flat = np.argsort(-np.asarray(scores), axis=None, kind="stable")[:k]
+    return [(int(i // scores.shape[1]), int(i % scores.shape[1]), float(scores.flat[i])) for i in flat]

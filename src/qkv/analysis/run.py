@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import QkvError
 from . import backends
 from .corpus import Corpus
-from .detectors import induction_scores
+from .detectors import repeated_scores
 from .roles import THRESHOLDS, classify
 from .stats import STATS
 from .text import Setup, prepare
@@ -40,7 +40,7 @@ class HeadReport:
     tokens: int
     windows: int
     stats: dict[str, np.ndarray | None]          # STATS → (L, H), None = not applicable
-    detectors: dict[str, np.ndarray | None]      # previous_token, duplicate_token, induction → (L, H)
+    detectors: dict[str, np.ndarray | None]      # detectors.DETECTORS → (L, H), None = no evidence
     uniform_entropy: float                       # mean entropy of evenly spread attention, same texts
     roles: list[list[str]]
     not_applicable: dict[str, str] = field(default_factory=dict)
@@ -135,9 +135,10 @@ def report(setup: Setup, totals: Totals) -> HeadReport:
     stats = {name: totals.mean(name) for name in STATS}
     uniform = float(totals.mean("uniform_entropy"))
     with backends.one_blas_thread():                 # small products: threads only slow them down
-        induction = induction_scores(model, setup.template.prefix, setup.template.suffix)
+        repeated = repeated_scores(model, setup.template.prefix, setup.template.suffix)
+    induction = repeated["induction"]
     detectors = {"previous_token": totals.mean("previous_token"),
-                 "duplicate_token": totals.mean("duplicate_token"), "induction": induction}
+                 "duplicate_token": totals.mean("duplicate_token"), **repeated}
     return HeadReport(model=model.name, layers=L, heads=H, texts=totals.texts, tokens=totals.tokens,
                       windows=totals.windows, stats=stats, detectors=detectors, uniform_entropy=uniform,
                       roles=classify(stats, uniform, induction), not_applicable=setup.not_applicable,

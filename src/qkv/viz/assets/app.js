@@ -1,8 +1,17 @@
-/* qkv serve: the page's form. Type text, pick a model, see the viewer (viewer.js) update.
+/* qkv serve: the page's two modes, above one viewer (viewer.js).
  *
- * Config: the JSON script element of class qkv-app-config ({models, model, max_chars, text}).
- * The server answers POST api/attention with the viewer's payload, or {"error": ...}
- * with a 4xx/5xx status; the error is shown as text above the views.
+ *   Attention  type text, pick a model, see its attention.
+ *   Chat       talk with a chat model (a decoder with a chat template, e.g. smollm2): the reply
+ *              streams in, then the viewer shows what every token of the conversation attended to.
+ *
+ * Config: the JSON script element of class qkv-app-config ({models, model, max_chars, text,
+ * chat_model, chat_ready, max_message, max_new_tokens}).
+ * POST api/attention answers the viewer's payload, or {"error": ...} with a 4xx/5xx status.
+ * POST api/chat {messages, model, max_new_tokens} answers one JSON object per line:
+ * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload};
+ * or {"error": ...} (a 4xx/5xx status before the reply, or a last line if it breaks mid-way).
+ * The server keeps no conversation: the page sends every turn so far with each message.
+ * Every text from the user or the model is shown with textContent, never as HTML.
  */
 (function () {
   "use strict";
@@ -16,7 +25,28 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  function picker(cls, value) {
+    const s = el("select", cls);
+    s.name = "model";
+    s.setAttribute("aria-label", "model");
+    for (const m of cfg.models) { const o = el("option", null, m); o.value = m; s.append(o); }
+    s.value = value;
+    return s;
+  }
 
+  // ── the modes ──────────────────────────────────────────────────────────────────
+  const modes = el("div", "qkv-modes");
+  const modeButtons = {};
+  for (const [name, label] of [["attention", "Attention"], ["chat", "Chat"]]) {
+    const b = el("button", "qkv-mode", label);
+    b.type = "button";
+    b.dataset.mode = name;
+    b.addEventListener("click", () => setMode(name));
+    modeButtons[name] = b;
+    modes.append(b);
+  }
+
+  // ── attention: a text, a model, the views ──────────────────────────────────────
   const form = el("form", "qkv-form");
   const text = el("textarea");
   text.name = "text";
@@ -24,35 +54,70 @@
   text.setAttribute("aria-label", "text to look at");
   text.spellcheck = false;
   const side = el("div", "qkv-side");
-  const model = el("select", "qkv-model-picker");
-  model.name = "model";
-  model.setAttribute("aria-label", "model");
-  for (const m of cfg.models) { const o = el("option", null, m); o.value = m; model.append(o); }
-  model.value = cfg.model;
+  const model = picker("qkv-model-picker", cfg.model);
   const go = el("button", null, "Show attention");
   go.type = "submit";
   side.append(model, go);
   form.append(text, side);
+
+  // ── chat: the transcript, a message box ────────────────────────────────────────
+  const chat = el("div", "qkv-chat");
+  const log = el("div", "qkv-chat-log");
+  log.setAttribute("aria-live", "polite");
+  const hint = el("p", "qkv-chat-hint",
+    "Ask the model something. Its reply streams in; then the views below show what every token " +
+    "of the conversation attended to (the reply's tokens are marked as generated).");
+  log.append(hint);
+  const chatForm = el("form", "qkv-form qkv-chat-form");
+  const message = el("textarea");
+  message.name = "message";
+  message.maxLength = cfg.max_message;
+  message.placeholder = "Your message · Enter to send, Shift+Enter for a new line";
+  message.setAttribute("aria-label", "message");
+  const chatSide = el("div", "qkv-side");
+  const chatModel = picker("qkv-chat-model", cfg.chat_model);
+  const send = el("button", null, "Send");
+  send.type = "submit";
+  const fresh = el("button", "qkv-new-chat", "New chat");
+  fresh.type = "button";
+  chatSide.append(chatModel, send, fresh);
+  chatForm.append(message, chatSide);
+  chat.append(log, chatForm);
+
   const status = el("p", "qkv-status");
   status.setAttribute("role", "status");
   const error = el("div", "qkv-error");
   error.setAttribute("role", "alert");
   error.hidden = true;
-  app.insertBefore(form, root);
-  app.insertBefore(status, root);
-  app.insertBefore(error, root);
+  for (const part of [modes, form, chat, status, error]) app.insertBefore(part, root);
 
+  let viewer = null;
+  function fail(messageText) {
+    error.textContent = messageText;
+    error.hidden = false;
+    root.classList.add("qkv-stale");                 // the views below belong to the previous answer
+    app.dataset.state = "error";
+  }
+  async function show(payload) {
+    error.hidden = true;
+    root.classList.remove("qkv-stale");
+    viewer = await QKV.mount(root, payload, viewer ? viewer.saved() : undefined);
+  }
+
+  function setMode(name) {
+    app.dataset.mode = name;
+    form.hidden = name !== "attention";
+    chat.hidden = name !== "chat";
+    for (const [m, b] of Object.entries(modeButtons)) b.setAttribute("aria-pressed", String(m === name));
+    if (name === "attention") count(); else (status.textContent = chatCount());
+    (name === "attention" ? text : message).focus();
+  }
+
+  // ── attention ──────────────────────────────────────────────────────────────────
   const count = () => { status.textContent = `${text.value.length.toLocaleString("en")} / ${cfg.max_chars.toLocaleString("en")} characters · Ctrl+Enter to show`; };
   text.addEventListener("input", count);
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit(); });
 
-  let viewer = null;
-  function fail(message) {
-    error.textContent = message;
-    error.hidden = false;
-    root.classList.add("qkv-stale");                 // the views below belong to the previous text
-    app.dataset.state = "error";
-  }
   async function run() {
     go.disabled = true;
     status.textContent = "running the model…";
@@ -67,9 +132,7 @@
       }
       try { body = await r.json(); } catch (e) { body = {error: `the server answered ${r.status} without JSON`}; }
       if (!r.ok || body.error) { count(); return fail(body.error || `the server answered ${r.status}`); }
-      error.hidden = true;
-      root.classList.remove("qkv-stale");
-      viewer = await QKV.mount(root, body, viewer ? viewer.saved() : undefined);
+      await show(body);
       status.textContent = `${body.model}: ${body.tokens.length} tokens, ${body.layers.length} layers × ` +
         `${body.heads} heads, in ${Math.round(performance.now() - t0)} ms`;
       app.dataset.state = "shown";
@@ -80,5 +143,121 @@
     }
   }
   form.addEventListener("submit", (e) => { e.preventDefault(); run(); });
-  run();
+
+  // ── chat ───────────────────────────────────────────────────────────────────────
+  let turns = [];                                     // [{role, content}] the conversation so far
+  const chatCount = () => `${turns.length} message${turns.length === 1 ? "" : "s"} · ` +
+    `${message.value.length.toLocaleString("en")} / ${cfg.max_message.toLocaleString("en")} characters`;
+  message.addEventListener("input", () => { status.textContent = chatCount(); });
+  message.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); chatForm.requestSubmit(); }
+  });
+  function bubble(role, content) {
+    hint.hidden = true;
+    const b = el("div", `qkv-msg qkv-msg-${role}`);
+    b.append(el("span", "qkv-msg-who", role === "user" ? "you" : chatModel.value), el("span", "qkv-msg-text", content));
+    log.append(b);
+    log.scrollTop = log.scrollHeight;
+    return b.querySelector(".qkv-msg-text");
+  }
+  fresh.addEventListener("click", () => {
+    turns = [];
+    for (const b of log.querySelectorAll(".qkv-msg")) b.remove();
+    hint.hidden = false;
+    error.hidden = true;
+    status.textContent = chatCount();
+    message.focus();
+  });
+  chatModel.addEventListener("change", () => fresh.click());   // another model: another conversation
+
+  // The response body, one JSON object per line, as the lines arrive.
+  async function* lines(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      buffer += decoder.decode(value || new Uint8Array(), {stream: !done});
+      let i;
+      while ((i = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, i);
+        buffer = buffer.slice(i + 1);
+        if (line.trim()) yield JSON.parse(line);
+      }
+      if (done) return;
+    }
+  }
+
+  async function talk() {
+    const said = message.value;
+    if (!said.trim()) return;
+    send.disabled = fresh.disabled = chatModel.disabled = true;
+    error.hidden = true;
+    app.dataset.state = "writing";
+    const asked = turns.concat([{role: "user", content: said}]);
+    const mine = bubble("user", said).parentNode;
+    const reply = bubble("assistant", "");
+    reply.parentNode.classList.add("qkv-writing");
+    message.value = "";
+    status.textContent = "reading the conversation…";
+    const t0 = performance.now();
+    let written = "", done = null, pieces = 0;
+    const undo = (why) => {                           // nothing was answered: take the question back
+      mine.remove();
+      reply.parentNode.remove();
+      if (!turns.length) hint.hidden = false;
+      message.value = said;
+      fail(why);
+    };
+    try {
+      let r;
+      try {
+        r = await fetch("api/chat", {method: "POST", headers: {"Content-Type": "application/json"},
+          body: JSON.stringify({messages: asked, model: chatModel.value, max_new_tokens: cfg.max_new_tokens})});
+      } catch (e) {
+        return undo(`cannot reach the qkv server (${e.message}); is \`qkv serve\` still running?`);
+      }
+      if (!r.ok) {
+        let body;
+        try { body = await r.json(); } catch (e) { body = {}; }
+        return undo(body.error || `the server answered ${r.status}`);
+      }
+      for await (const event of lines(r)) {
+        if (event.error) return undo(event.error);
+        if (event.prompt !== undefined) {
+          status.textContent = `writing… (the conversation is ${event.prompt} tokens` +
+            (event.dropped ? `; the ${event.dropped} oldest turn${event.dropped > 1 ? "s" : ""} left out to fit` : "") + ")";
+        } else if (event.piece !== undefined) {
+          written += event.piece;
+          pieces += 1;
+          reply.textContent = written;
+          log.scrollTop = log.scrollHeight;
+        } else if (event.done) {
+          done = event;
+        }
+      }
+      if (!done) return undo("the reply broke off; send the message again");
+      reply.textContent = done.reply;
+      reply.parentNode.classList.remove("qkv-writing");
+      turns = asked.concat([{role: "assistant", content: done.reply}]);
+      const p = done.payload;
+      status.textContent = `${p.model}: a reply of ${p.tokens.length - p.prompt_length} tokens ` +
+        `(${done.stopped}) in ${Math.round(performance.now() - t0)} ms; below, what each of the ` +
+        `${p.tokens.length} tokens attended to`;
+      await show(p);
+      app.dataset.state = "shown";
+    } catch (e) {
+      undo("cannot show this reply: " + e.message);
+    } finally {
+      send.disabled = fresh.disabled = chatModel.disabled = false;
+    }
+  }
+  chatForm.addEventListener("submit", (e) => { e.preventDefault(); talk(); });
+
+  if (cfg.chat_ready) {
+    setMode("chat");                                  // the server's model can chat: start there
+  } else {
+    setMode("attention");
+    run();                                            // the example, at once
+  }
 })();
