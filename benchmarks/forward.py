@@ -1,6 +1,6 @@
 """The forward benchmark as a script: `python benchmarks/forward.py [--out docs/benchmarks.md]`.
 
-The same code as `qkv bench forward` (src/qkv/bench/forward.py); takes the same options.
+The same code as `qkv bench forward` (src/qkv/bench/cli.py); takes the same options.
 """
 
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # run from a checkout
 
 from qkv.bench.cli import forward as command  # noqa: E402
-from qkv.cli import run  # noqa: E402
+from qkv.cli_common import run  # noqa: E402
 
 if __name__ == "__main__":
     run(command, prog_name="benchmarks/forward.py")

@@ -50,7 +50,7 @@ def main() -> None:
     model = qkv.load("minilm")
     trace = model.run(TEXT, keep=("attentions",))
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        viewer = save_viewer(trace, Path(tmp) / "cat.html", model_name=model.name, roles=roles_of(TEXT))
+        viewer = save_viewer(trace, Path(tmp) / "cat.html", roles=roles_of(TEXT))
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 920, "height": 700}, device_scale_factor=1)
         page.goto(viewer.as_uri())

@@ -119,3 +119,17 @@ def test_statistics_from_qkv_equal_statistics_from_the_reference(minilm, path):
     ours, theirs = head_stats(trace.attentions, tokens), head_stats(ref, tokens)
     for name in STATS:
         assert np.max(np.abs(ours[name] - theirs[name])) <= TOL_REFERENCE, name
+
+
+def test_cross_attention_statistics_over_the_keys_text():
+    """n_q = 2 queries over the n_k = 7 keys of TOKENS: the per-key statistics are defined as for
+    self-attention, averaged over the queries; self/prev/next compare positions of two texts: None."""
+    A = np.zeros((2, N))
+    A[0, 0], A[0, 3] = 0.5, 0.5                                        # [CLS] and ","
+    A[1, 6] = 1.0                                                      # [SEP]
+    s = head_stats(A, TOKENS)
+    assert s["self"] is None and s["prev"] is None and s["next"] is None
+    assert s["cls"] == pytest.approx(0.25) and s["sep"] == pytest.approx(0.5) and s["punct"] == pytest.approx(0.25)
+    assert s["first"] == pytest.approx(0.25) and s["entropy"] == pytest.approx(math.log(2) / 2)
+    with pytest.raises(ValueError):
+        head_stats(np.ones((2, 3)) / 3, TOKENS)                        # keys must match the tokens given

@@ -120,3 +120,20 @@ def test_causal_attention_by_blocks_equals_the_plain_path(n, m, window, padded, 
     assert fast.dtype == np.float32
     np.testing.assert_allclose(fast, plain, atol=1e-6, rtol=0)
     np.testing.assert_allclose(A.attention_output(q, k, v, mask), plain, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_one_rule_for_every_mask(window):
+    """masks.visible, and every mask built from it, equal the definition: j <= i and i - j < window."""
+    from qkv import kernels, masks
+
+    n, m = 5, 9
+    pos = np.arange(m - n, m)                                            # the last n positions query
+    want = np.array([[j <= i and (window is None or i - j < window) for j in range(m)] for i in pos])
+    assert np.array_equal(masks.visible(pos, np.arange(m), True, window), want)
+    built = A.AttentionMask(n=n, m=m, causal=True, window=window).allowed()[0, 0]
+    assert np.array_equal(built, want)
+    assert np.array_equal(A.causal_mask(n, m) if window is None else A.sliding_window_mask(n, window, m), want)
+    block = kernels._block_mask(pos, np.arange(m), True, window)
+    assert block is None and want.all() or np.array_equal(block, want)
+    assert masks.visible(pos, np.arange(m), False) is None                # not causal, no window: nothing to build

@@ -189,3 +189,41 @@ def test_a_length_beyond_the_context_is_a_user_error(monkeypatch):
     monkeypatch.setattr(fwd, "reference_stack", lambda: (None, None))   # get past the import check
     with pytest.raises(QkvError, match="outside 1..1024"):
         fwd.measure(tokens=(2048,))
+
+
+# ── the pieces every report is built from (bench/markdown.py) ───────────────────
+
+from qkv.bench import markdown as md  # noqa: E402
+from qkv.bench.common import time_rounds  # noqa: E402
+
+
+def test_table_aligns_each_column_as_asked():
+    assert md.table(["name", "n"], [["a", "1"], ["b", "22"]], "lr") == [
+        "| name | n |", "|---|---:|", "| a | 1 |", "| b | 22 |"]
+
+
+def test_background_is_labelled_and_targets_say_met_or_not():
+    assert md.background("found earlier.").startswith("*Background, not measured in this run:* ")
+    assert md.target("≥ 2×", 2.5, 2.0, "2.50×") == "≥ 2× (here 2.50×: met)"
+    assert md.target("≥ 2×", 1.5, 2.0, "1.50×") == "≥ 2× (here 1.50×: not met)"
+
+
+def test_join_separates_paragraphs_and_keeps_line_groups_together():
+    assert md.join("a", None, ["b", "c"], [], "d") == "a\n\nb\nc\n\nd"
+
+
+def test_time_rounds_keeps_every_round_and_interleaved_takes_their_median():
+    clock = FakeClock()
+    steps = iter([9.0, 1.0, 4.0, 2.0])                        # the first is the warm-up
+
+    def run():
+        clock.now += next(steps)
+
+    assert time_rounds({"a": run}, repeats=3, warmup=1, clock=clock) == {"a": [1.0, 4.0, 2.0]}
+
+
+def test_the_forward_report_labels_what_it_did_not_measure():
+    text = fwd.markdown(result_dict())
+    for sentence in ("OpenBLAS keeps its threads spinning", "slows down far more than torch"):
+        line = next(p for p in text.split("\n\n") if sentence in p)
+        assert "*Background, not measured in this run:*" in line

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from qkv import QkvError
 from qkv.attention import causal_mask, sliding_window_mask
 from qkv.bench import attention as ab
+from qkv.bench import cli as bench_cli
 from qkv.bench import attention_report as ar
 
 H, D = ab.HEADS, ab.D_HEAD
@@ -115,9 +116,9 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_command_line_names_only_changed_options():
-    assert ab.attention_command_line(ab.SIZES, ab.REPEATS, ab.MAX_SECONDS, ab.WINDOW, None, None) == \
+    assert bench_cli.attention_command_line(ab.SIZES, ab.REPEATS, ab.MAX_SECONDS, ab.WINDOW, None, None) == \
         "qkv bench attention"
-    assert ab.attention_command_line((512, 1024), 5, 60.0, 256, "docs/b.md", "docs/p.png") == (
+    assert bench_cli.attention_command_line((512, 1024), 5, 60.0, 256, "docs/b.md", "docs/p.png") == (
         "qkv bench attention --sizes 512 --sizes 1024 --repeats 5 --max-seconds 60 --window 256 "
         "--out docs/b.md --plot docs/p.png")
 
@@ -135,7 +136,7 @@ def test_command_end_to_end_without_torch(tmp_path, monkeypatch):
     out.write_text("# Benchmarks\n\nprose kept\n")
     args = ["--sizes", "64", "--sizes", "128", "--repeats", "1", "--window", "32", "--no-linear",
             "--out", str(out), "--plot", str(png)]
-    result = CliRunner().invoke(ab.attention_command, args)
+    result = CliRunner().invoke(bench_cli.attention_command, args)
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "prose kept" in text and text.count("<!-- bench:attention -->") == 1
@@ -144,6 +145,30 @@ def test_command_end_to_end_without_torch(tmp_path, monkeypatch):
 
 
 def test_bad_plot_path_is_a_user_error(tmp_path):
-    result = CliRunner().invoke(ab.attention_command, ["--sizes", "64", "--plot", str(tmp_path / "a.svg")])
+    result = CliRunner().invoke(bench_cli.attention_command, ["--sizes", "64", "--plot", str(tmp_path / "a.svg")])
     assert isinstance(result.exception, QkvError) and "must name a .png file" in str(result.exception)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_report_takes_the_exp_time_and_the_load_from_its_run():
+    res = fake_result()
+    res["exp_ns"], res["others_cores"] = 0.5, 0.3
+    text = ar.markdown(res)
+    # not causal, n = 2048: 0.2 s × 2 cores over 12 · 2048² scores = 7.95 ns a score; 0.5 / 7.95 = 6 %
+    assert "exp took 0.50 ns an element on one core in this run" in text
+    assert "tiled spent 7.95 ns of one core a score, so exp alone is about 6% of it" in text
+    assert "Other processes kept 0.30 cores busy" in text
+    for fixed in ("1.3 ns", "AVX2", "two full runs", "1.5–2×"):
+        assert fixed not in text
+    assert "*Background, not measured in this run:* with BLAS's own threads" in text
+
+
+def test_the_threshold_note_says_what_this_run_found_and_labels_the_rest():
+    note = ar.threshold_note(fake_result())
+    assert note.startswith("Tiled beats plain causal from n = 2048, not causal: not faster at the sizes measured "
+                           "in this run.")
+    assert "*Background, not measured in this run:* that threshold was set from an earlier run" in note
+
+
+def test_exp_time_is_a_positive_rate():
+    assert 0.01 < ab.exp_ns(size=1 << 16, repeats=1) < 100

@@ -9,6 +9,7 @@ import pytest
 
 from qkv import QkvError
 from qkv.bench import generate as gb
+from qkv.bench import cli as bench_cli
 from qkv.config import ModelConfig
 
 GPT2_SMALL = ModelConfig(family="gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
@@ -77,8 +78,8 @@ def test_markdown_section():
 
 
 def test_command_line_names_only_changed_options():
-    assert gb.generate_command_line(gb.NEW_TOKENS, gb.NO_CACHE_TOKENS, gb.REPEATS, None) == "qkv bench generate"
-    assert gb.generate_command_line(64, 8, 5, "docs/benchmarks.md") == \
+    assert bench_cli.generate_command_line(gb.NEW_TOKENS, gb.NO_CACHE_TOKENS, gb.REPEATS, None) == "qkv bench generate"
+    assert bench_cli.generate_command_line(64, 8, 5, "docs/benchmarks.md") == \
         "qkv bench generate --new-tokens 64 --no-cache-tokens 8 --repeats 5 --out docs/benchmarks.md"
 
 
@@ -136,9 +137,9 @@ def test_llm_markdown_without_transformers_says_what_it_cannot_compare():
 
 
 def test_llm_command_line():
-    assert gb.llm_command_line("smollm2", llm.NEW_TOKENS, llm.REPEATS, False, "docs/benchmarks.md") == \
+    assert bench_cli.llm_command_line("smollm2", llm.NEW_TOKENS, llm.REPEATS, False, "docs/benchmarks.md") == \
         "qkv bench generate --model smollm2 --out docs/benchmarks.md"
-    assert gb.llm_command_line("smollm2", 32, 5, True, None) == \
+    assert bench_cli.llm_command_line("smollm2", 32, 5, True, None) == \
         "qkv bench generate --model smollm2 --new-tokens 32 --repeats 5 --llama-python PATH/TO/python"
 
 
@@ -161,5 +162,55 @@ def test_llm_bench_runs_without_torch(monkeypatch):
 def test_llama_python_needs_a_model():
     from click.testing import CliRunner
 
-    out = CliRunner().invoke(gb.generate_command, ["--llama-python", sys.executable])
+    out = CliRunner().invoke(bench_cli.generate_command, ["--llama-python", sys.executable])
     assert out.exit_code != 0 and "--llama-python needs --model" in str(out.exception or out.output)
+
+
+# ── every sentence from the run ──────────────────────────────────────────────────
+
+def test_the_report_says_what_its_own_run_measured():
+    result = fake_result()
+    result["new_tokens"], result["tokens_per_s"]["qkv_cache"] = 64, 20.0
+    result["others_cores"] = 0.25
+    result["rounds_seconds"] = {"qkv_cache": [3.2, 3.3, 4.0], "qkv_no_cache": [10.0, 10.0, 10.0],
+                                "transformers": [6.0, 6.6, 6.3]}
+    text = gb.markdown(result)
+    assert "the same 64 greedy tokens" in text and "128" not in text.split("Same tokens")[1].split(".")[0]
+    assert "a step took 50.0 ms, the whole call ÷ 64 tokens; reading the weights at that rate takes 31.2 ms" in text
+    assert "Other processes kept 0.25 cores busy" in text
+    assert "moved by 25 % (qkv, KV cache), 0 % (qkv, no cache), 10 % (transformers (cache))" in text
+    for fixed in ("15 %", "20 %", "73 smaller", "2.5 ms"):
+        assert fixed not in text
+    assert "*Background, not measured in this run:* the rest of a step" in text
+
+
+def test_a_report_without_the_new_fields_still_renders():
+    text = gb.markdown(fake_result())                               # a result saved before rounds were kept
+    assert "moved by" not in text and "Other processes" not in text
+
+
+def test_the_decoding_helpers_are_shared_not_copied():
+    from qkv.bench import decoding
+
+    assert llm.copy_bandwidth is decoding.copy_bandwidth is gb.copy_bandwidth
+    assert llm.first_difference is decoding.first_difference
+    assert decoding.spread([2.0, 3.0, 2.5]) == pytest.approx(0.5)
+
+
+def test_llm_report_checks_the_prefill_target_and_uses_the_runs_settle():
+    result = fake_llm_result()
+    result["settle_s"] = 0.5
+    text = llm.markdown(result, command="qkv bench generate --model smollm2")
+    assert "here at worst 1.12× its time: not met" in text and "0.5 s of sleep before each run" in text
+    result["prefill_seconds"]["512"]["qkv"] = 0.6                    # 0.75× transformers; 128 tokens: 0.80×
+    assert "here at worst 0.80× its time: met" in llm.markdown(result, command="x")
+
+
+def test_llama_cpp_reads_the_weight_types_from_the_file():
+    from qkv.bench.llama_cpp import gguf_weights
+    from qkv.checkpoints import smollm2_file
+
+    path = smollm2_file()
+    kinds, nbytes = gguf_weights(path)
+    assert kinds == "Q4_1 + Q8_0 + F32"                              # SmolLM2's file: most bytes first
+    assert 0.9 * path.stat().st_size < nbytes < path.stat().st_size  # the tensors, without the metadata

@@ -193,6 +193,44 @@ def test_a_decoders_generation_marks_generated_tokens_and_kept_layers(tab, tmp_p
     assert tab.errors == []
 
 
+def test_readable_tokens_the_causal_mask_and_cross_attention(tab, tmp_path):
+    import numpy as np
+
+    from qkv.trace import LayerTrace, Trace
+
+    model = qkv.load(str(MODELS / "gpt2"))
+    trace = model.run("the cat\nsat", keep=("attentions",))
+    open_viewer(tab, save_viewer(trace, tmp_path / "causal.html"))
+    page = tab.page
+    assert tokens_shown(page) == trace.labels and "␣c" in trace.labels and "↵" in trace.labels   # never Ġ, Ċ
+    assert page.get_attribute(".qkv-col-q .qkv-tok >> nth=2", "title") == "query 2: ␣c (spelled Ġc)"
+    page.click(".qkv-tab >> text=Matrix")
+    page.select_option(".qkv-head", "0")
+    geo = page.eval_on_selector(".qkv-heat", "c => ({...c.dataset, box: c.getBoundingClientRect().toJSON()})")
+    cell, x0, y0 = float(geo["cell"]), geo["box"]["x"] + float(geo["padL"]), geo["box"]["y"] + float(geo["padT"])
+    page.mouse.move(x0 + 3.5 * cell, y0 + 0.5 * cell)                        # query 0 → key 3: after it
+    assert page.text_content(".qkv-readout").endswith("(key 3): masked")
+    assert "grey: masked" in page.text_content(".qkv-scale")
+    # cross-attention: 3 queries over 5 keys of another text
+    a = np.random.default_rng(0).dirichlet(np.ones(5), size=(1, 2, 3)).astype(np.float32)   # (L, H, n_q, n_k)
+    cross = Trace(tokens=["a", "b", "c"], ids=np.arange(3), hidden=None, logits=None, causal=False, model="m",
+                  source_tokens=["v", "w", "x", "y", "z"], layers={0: LayerTrace(layer=0, attentions=a[0])})
+    open_viewer(tab, save_viewer(cross, tmp_path / "cross.html"))
+    assert tokens_shown(page, "q") == ["a", "b", "c"] and tokens_shown(page, "k") == ["v", "w", "x", "y", "z"]
+    assert "m · 3 × 5 tokens" in page.text_content(".qkv-meta")
+    page.hover(".qkv-col-k .qkv-tok >> nth=4")
+    page.click(".qkv-tab >> text=Matrix")
+    page.select_option(".qkv-head", "1")
+    geo = page.eval_on_selector(".qkv-heat", "c => ({...c.dataset, box: c.getBoundingClientRect().toJSON()})")
+    cell, x0, y0 = float(geo["cell"]), geo["box"]["x"] + float(geo["padL"]), geo["box"]["y"] + float(geo["padT"])
+    page.mouse.move(x0 + 4.5 * cell, y0 + 2.5 * cell)
+    assert tab.state()["cell"] == "2,4"
+    assert page.text_content(".qkv-readout") == f"“c” (query 2) → “z” (key 4): {round(a[0, 1, 2, 4] * 255) / 255:.2f}"
+    page.click(".qkv-tab >> text=Model view")
+    assert page.locator(".qkv-thumb").count() == 2
+    assert tab.errors == []
+
+
 def test_hostile_tokens_show_as_text(tab, tmp_path):
     hostile = ["[CLS]", XSS, "</script><script>alert(2)</script>", "<b onmouseover=alert(3)>x</b>", "[SEP]"]
     open_viewer(tab, save_viewer(random_trace(hostile, L=1, H=2), tmp_path / "x.html", model_name=XSS,

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 import qkv
-from qkv import explain
+from qkv import explain, explain_render
 
 from qkv.explain_text import TEXTS
 from conftest import MODELS, run_main
@@ -27,7 +27,7 @@ def walk(minilm):
 
 def printed(w: explain.Walkthrough, lang: str) -> str:
     console = Console(record=True, width=200, highlight=False)
-    for part in explain.render(w, lang):
+    for part in explain_render.render(w, lang):
         console.print(part)
     return console.export_text()
 
@@ -39,7 +39,7 @@ def line_of(text: str, start: str) -> list[str]:
 
 def test_walkthrough_is_the_models_computation(walk, minilm):
     t = minilm.run("The cat sat on the mat", layers=[0]).layer(0)
-    assert (walk.layer, walk.head, walk.d_k, walk.n) == (0, 2, 32, 8)
+    assert (walk.layer, walk.head, walk.arch.d_k, walk.n) == (0, 2, 32, 8)
     assert walk.Q.shape == walk.K.shape == walk.V.shape == walk.Z.shape == (8, 32)
     np.testing.assert_allclose(walk.S, t.scores[2], atol=1e-5)
     np.testing.assert_allclose(walk.S_raw / math.sqrt(32), t.scores[2], atol=1e-5)
@@ -61,7 +61,7 @@ def test_every_step_with_real_shapes_and_numbers(walk, lang):
     assert line_of(after_scaling, "sat") == ["sat"] + [f"{v:.2f}" for v in walk.S[3, :4]]
     # the softmax row of "sat" in step ⑤
     row = line_of(text, "A[sat]")[1:]
-    assert row == [explain._num(float(v)) for v in walk.A[3]] and row[2] == "1.000"
+    assert row == [explain_render._num(float(v)) for v in walk.A[3]] and row[2] == "1.000"
     # the variance table: d_k = 64 gives about 64, scaled about 1
     var64 = line_of(text[text.index("⑧"):], "64 ")
     assert abs(float(var64[1]) - 64) < 4 and abs(float(var64[3]) - 1) < 0.06
@@ -100,7 +100,7 @@ def test_decoders_with_mask_rope_and_gqa(name):
     w = explain.walkthrough(qkv.load(MODELS / name), "the cat sat on the mat", layer=-1, head=1)
     text = printed(w, "en")
     assert w.causal and "−∞" in text and "Causal mask" in text
-    assert ("RoPE" in text) == (name == "llama_gqa") and ("GQA" in text) == (w.group > 1)
+    assert ("RoPE" in text) == (name == "llama_gqa") and ("GQA" in text) == (w.arch.group > 1)
     assert "pre-norm" in text and "Norm(X)·W_Q^1" in text
 
 
@@ -141,9 +141,10 @@ def smol_walk(smol):
 
 def test_smollm2_walkthrough_recomputes_rope_gqa_and_rmsnorm(smol, smol_walk):
     w, t = smol_walk, smol.run("The cat sat on the mat", layers=[0]).layer(0)
-    assert (w.n, w.H, w.H_kv, w.group, w.d_k, w.kv_head, w.group_heads) == (6, 9, 3, 3, 64, 0, [0, 1, 2])
-    assert w.W_Q == (576, 576) and w.W_K == (576, 192) and t.q.shape == (9, 6, 64) and t.k.shape == (3, 6, 64)
-    assert w.norm == "rms" and w.row == 5 and w.tokens[w.row] == "Ġmat"            # a decoder: its last token
+    a = w.arch
+    assert (w.n, a.H, a.H_kv, a.group, a.d_k, w.kv_head, w.group_heads) == (6, 9, 3, 3, 64, 0, [0, 1, 2])
+    assert a.W_Q == (576, 576) and a.W_K == (576, 192) and t.q.shape == (9, 6, 64) and t.k.shape == (3, 6, 64)
+    assert a.norm == "rms" and w.row == 5 and w.tokens[w.row] == "Ġmat"            # a decoder: its last token
     # RMSNorm by its formula
     g = smol.weights.blocks[0].attn_norm.weight.astype(np.float64)
     X = t.residual.astype(np.float64)

@@ -193,3 +193,24 @@ def test_importing_qkv_does_not_import_matplotlib():
     code = "import sys, qkv, qkv.viz.figures; print('matplotlib' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_causality_comes_from_the_trace_never_from_zeros():
+    a = np.tril(np.ones((3, 3)))
+    a /= a.sum(-1, keepdims=True)                                   # a decoder's pattern: exact zeros above
+    t = synthetic(a[None, None])
+    assert t.causal is None and figures.masked_cells(t, 0) is None  # not said: nothing hatched
+    t.causal = True
+    assert np.array_equal(figures.masked_cells(t, 0), np.triu(np.ones((3, 3), bool), 1))
+    assert figures.masked_cells(t, 0, causal=False) is None         # the caller may still say otherwise
+
+
+def test_cross_attention_draws_queries_by_keys():
+    a = np.full((1, 2, 3, 5), 0.2)                                  # (L, H, n_q, n_k)
+    t = Trace(tokens=["a", "b", "c"], ids=np.arange(3), hidden=None, logits=None, causal=False, model="m",
+              source_tokens=["v", "w", "x", "y", "z"], layers={0: LayerTrace(layer=0, attentions=a[0])})
+    ax = figures.head_heatmap(t, 0, 1).axes[0]
+    assert [x.get_text() for x in ax.get_yticklabels()] == ["a", "b", "c"]
+    assert [x.get_text() for x in ax.get_xticklabels()] == ["v", "w", "x", "y", "z"]
+    assert ax.get_title() == "m · layer 0 · head 1"
+    assert figures.layer_grid(t, 0) is not None and figures.model_overview(t) is not None

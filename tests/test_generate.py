@@ -9,6 +9,7 @@ import qkv
 from qkv.cache import KVCache
 from qkv.generate import decode
 from qkv.model import transformer
+from qkv.sampling import Sampling
 from qkv.trace import Recorder
 from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
@@ -23,9 +24,10 @@ def test_each_cached_step_equals_a_full_recompute(name):
     ids = reference(name)["single_input_ids"]                       # (1, 17)
     n0, cfg, w = 6, model.config, model.weights
     cache = KVCache(cfg, 1, ids.shape[1])
-    transformer(w, cfg, ids[:, :n0], np.ones((1, n0), np.int64), None, Recorder(keep=()), cache)
+    transformer(w, cfg, ids[:, :n0], np.ones((1, n0), np.int64), rec=Recorder(keep=()), cache=cache)
     for t in range(n0, ids.shape[1]):
-        _, step = transformer(w, cfg, ids[:, t:t + 1], np.ones((1, t + 1), np.int64), None, Recorder(keep=()), cache)
+        _, step = transformer(w, cfg, ids[:, t:t + 1], np.ones((1, t + 1), np.int64), rec=Recorder(keep=()),
+                              cache=cache)
         full = model.forward(ids[:, : t + 1], attentions=False).logits[:, -1:]
         assert max_abs(step, full) <= TOL_HIDDEN
 
@@ -66,7 +68,7 @@ def test_cache_keeps_only_kv_heads_and_keys_after_rope():
     cache = KVCache(cfg, 1, 16)
     ids = np.arange(3, 11)[None]
     rec = Recorder(keep=("k",))
-    transformer(model.weights, cfg, ids, np.ones((1, 8), np.int64), None, rec, cache)
+    transformer(model.weights, cfg, ids, np.ones((1, 8), np.int64), rec=rec, cache=cache)
     assert cache.k.shape == (cfg.n_layers, 1, 1, 16, cfg.d_head) and cache.length == 8
     np.testing.assert_array_equal(cache.k[0, :, :, :8], rec.store[0]["k"])     # the rotated keys
     assert KVCache.bytes_per_token(cfg) == 2 * cfg.n_layers * 1 * cfg.d_head * 4
@@ -137,3 +139,12 @@ def test_bad_requests(kwargs, message):
 def test_encoders_refuse_and_name_a_decoder(minilm):
     with pytest.raises(qkv.QkvError, match="encoder.*use a decoder.*gpt2"):
         minilm.generate("The cat", 5)
+
+
+def test_a_sampling_value_equals_its_settings_by_name():
+    model = load("gpt2")
+    chosen = Sampling(temperature=0.8, top_k=20, seed=5, stop_at_eos=False)
+    by_name = model.generate("the cat", 8, temperature=0.8, top_k=20, seed=5, stop_at_eos=False)
+    assert model.generate("the cat", 8, chosen) == by_name
+    assert model.generate("the cat", 8, Sampling(temperature=0.8, top_k=20), seed=5, stop_at_eos=False) == by_name
+    assert "".join(model.stream("the cat", 8, chosen)) == by_name

@@ -78,3 +78,11 @@ def test_activations(dtype):
 def test_silu_of_very_negative_input_is_quiet_and_zero():
     with np.errstate(all="raise"):
         assert ops.silu(np.array([-1000.0], dtype=np.float32))[0] == 0
+
+
+def test_entropy_is_minus_sum_p_log_p():
+    p = np.array([[0.5, 0.25, 0.25, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    want = [-(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)), 0.0]     # 0·log 0 = 0
+    np.testing.assert_allclose(ops.entropy(p), want, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(ops.entropy(p, bits=True), [1.5, 0.0], rtol=1e-12, atol=0)
+    assert ops.entropy(p).dtype == np.float64 and not np.signbit(ops.entropy(p)[1])

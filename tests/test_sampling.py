@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qkv.errors import QkvError
-from qkv.sampling import check_sampling, next_token_distribution, sample, top_k_filter, top_p_filter
+from qkv.sampling import Sampling, check_sampling, next_token_distribution, sample, top_k_filter, top_p_filter
 
 # χ² critical values at significance 0.001, by degrees of freedom (tables; no SciPy needed).
 CHI2_CRIT_0001 = {2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
@@ -85,3 +85,17 @@ def test_same_seed_same_draws():
 def test_bad_settings(T, k, p, msg):
     with pytest.raises(QkvError, match=msg):
         check_sampling(T, k, p)
+
+
+def test_settings_are_one_value_checked_when_made():
+    assert Sampling() == Sampling(temperature=1.0, top_k=None, top_p=None, seed=None, stop_at_eos=True)
+    base = Sampling(temperature=0.7, top_k=5)
+    assert Sampling.of(base, seed=3) == Sampling(temperature=0.7, top_k=5, seed=3)     # the rest kept
+    assert Sampling.of(base) is base and Sampling.of(None, top_p=0.9) == Sampling(top_p=0.9)
+    with pytest.raises(QkvError, match="top_k"):
+        Sampling(top_k=0)
+    with pytest.raises(TypeError, match="temprature"):
+        Sampling.of(temprature=0)
+    rng = Sampling(seed=7).rng()
+    assert Sampling(seed=7).pick(np.tile(LOGITS, (50, 1)), rng).tolist() == \
+        sample(np.tile(LOGITS, (50, 1)), np.random.default_rng(7)).tolist()

@@ -63,7 +63,7 @@ def test_a_failing_viewer_leaves_no_partial_files(monkeypatch, capsys, tmp_path)
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(qkv.viz.html, "save_viewer", broken)
+    monkeypatch.setattr(qkv.viz.html, "viewer_html", broken)
     fresh, existing = tmp_path / "fresh", tmp_path / "existing"
     existing.mkdir()
     (existing / "notes.txt").write_text("mine")

@@ -89,3 +89,14 @@ def test_step_threads_pinned(monkeypatch):
     monkeypatch.setenv(threads.DECODE_THREADS_VAR, "two")
     with pytest.raises(QkvError, match="QKV_DECODE_THREADS"):
         threads.decode_threads()
+
+
+def test_set_blas_threads_lasts_until_set_again():
+    before = blas_threads()
+    try:
+        threads.set_blas_threads(1)
+        assert blas_threads() == [1] * len(before)
+    finally:
+        for lib, n in zip(threads._blas_libs(), before):
+            lib.set_num_threads(n)
+    assert blas_threads() == before

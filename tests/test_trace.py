@@ -62,3 +62,52 @@ def test_trace_of_text_has_tokens_and_logits(gpt2):
     t = gpt2.run("the cat sat")
     assert len(t.tokens) == len(t.ids) == t.hidden.shape[0] == t.logits.shape[0]
     assert t.text == "the cat sat" and t.logits.shape[1] == gpt2.config.vocab_size
+
+
+# what a trace knows about itself ------------------------------------------------
+
+def test_a_trace_knows_its_model_family_causality_and_spelling(gpt2, minilm):
+    t = gpt2.run("the cat sat", keep=("attentions",))
+    assert (t.model, t.family, t.causal, t.spelling) == (gpt2.name, "gpt2", True, "byte-level")
+    from qkv.tokenizer import visible
+
+    assert "Ġs" in t.tokens and "␣s" in t.labels                      # "Ġs" is " s": the tokenizer's decode says so
+    assert t.labels == [visible(gpt2.tokenizer.decode([i])) for i in t.ids]
+    assert t.key_labels == t.labels                                    # self-attention: keys are the tokens
+    b = minilm.run("The cat sat", keep=("attentions",))
+    assert (b.model, b.family, b.causal, b.spelling) == ("all-MiniLM-L6-v2", "bert", False, "plain")
+    assert b.labels == b.tokens == ["[CLS]", "the", "cat", "sat", "[SEP]"]
+    assert gpt2.generate("the cat", 2, temperature=0, trace=True).causal is True
+
+
+def test_saved_traces_keep_what_they_know_and_old_ones_still_load(gpt2, tmp_path):
+    import json
+
+    from qkv.trace import Trace
+
+    t = gpt2.run("the cat\nsat", keep=("attentions",))
+    back = Trace.load(t.save(tmp_path / "new"))
+    assert (back.model, back.family, back.causal, back.spelling) == (gpt2.name, "gpt2", True, "byte-level")
+    assert back.tokens == t.tokens and back.labels == t.labels and "↵" in back.labels
+    assert np.array_equal(back.attentions, t.attentions)
+    assert Trace.load(t.save(tmp_path / "named", "other")).model == "other"
+    # a trace saved before these fields existed: it loads, and says it does not know
+    old = tmp_path / "old"
+    t.save(old)
+    meta = json.loads((old / "trace.json").read_text())
+    (old / "trace.json").write_text(json.dumps({k: meta[k] for k in ("model", "text", "tokens", "layers",
+                                                                       "prompt_length")}))
+    back = Trace.load(old)
+    assert (back.model, back.family, back.causal, back.spelling) == (gpt2.name, "", None, "plain")
+    assert back.labels == t.tokens                                     # shown as spelled, never guessed
+
+
+def test_a_trace_holds_cross_attention_of_any_shape():
+    from qkv.trace import LayerTrace, Trace
+
+    a = np.full((1, 2, 3, 5), 0.2)                                     # (L, H, n_q, n_k): 3 queries, 5 keys
+    t = Trace(tokens=["a", "Ġb", "c"], ids=np.arange(3), hidden=None, logits=None, spelling="byte-level",
+              causal=False, source_tokens=["x", "Ġy", "z", "w", "."],
+              layers={0: LayerTrace(layer=0, attentions=a[0])})
+    assert t.attentions.shape == (1, 2, 3, 5)
+    assert t.labels == ["a", "␣b", "c"] and t.key_labels == ["x", "␣y", "z", "w", "."]

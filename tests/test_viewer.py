@@ -256,3 +256,19 @@ def test_candidate_tokens_stay_text_and_the_page_stays_small():
     assert "<img" not in doc and data_of(doc)["next"]["steps"][0]["tokens"][0].startswith(XSS.replace(" ", "␣"))
     size = len(script_json(data_of(viewer_html(trace, tokenizer=model.tokenizer))["next"]))
     assert size / 20 < 1000                                                  # < 1 kB per generated token
+
+
+def test_the_payload_carries_what_the_trace_knows_and_any_shape():
+    a = np.full((2, 3, 4, 6), 1 / 6, dtype=np.float32)                    # (L, H, n_q, n_k)
+    t = Trace(tokens=["a", "Ġb", "c", "d"], ids=np.arange(4), hidden=None, logits=None, model="m", family="t5",
+              causal=False, spelling="byte-level", source_tokens=["Ġx", "y", "z", "u", "v", "w"],
+              layers={i: LayerTrace(layer=i, attentions=a[i]) for i in range(2)})
+    data = data_of(viewer_html(t))
+    assert data["attention"]["shape"] == [2, 3, 4, 6]
+    assert np.abs(decode_attention(data["attention"]) - a).max() <= PRECISION + 1e-7
+    assert data["tokens"] == ["a", "Ġb", "c", "d"] and data["labels"] == ["a", "␣b", "c", "d"]
+    assert data["key_tokens"] == t.source_tokens and data["key_labels"] == ["␣x", "y", "z", "u", "v", "w"]
+    assert (data["model"], data["family"], data["causal"]) == ("m", "t5", False)
+    assert data_of(viewer_html(t, model_name="other"))["model"] == "other"
+    self_attn = random_trace(["a", "b"])
+    assert data_of(viewer_html(self_attn))["key_tokens"] is None and data_of(viewer_html(self_attn))["causal"] is None

@@ -7,6 +7,8 @@
 
 Shapes: B batch, H query heads, Hkv key/value heads (H = Hkv for plain multi-head,
 Hkv = 1 for MQA), n queries, m keys (m = n except when a KV cache holds the past).
+Who may see whom is one rule (masks.visible); the kernels for long inputs (kernels.py)
+are re-exported here, so the whole family is `qkv.attention.*`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .kernels import linear_attention, sliding_window_attention, tiled_attention  # noqa: F401  (re-exported)
+from .masks import visible
 from .ops import softmax_
 
 
@@ -26,16 +30,13 @@ def causal_mask(n: int, m: int | None = None) -> np.ndarray:
     query i sits at position m - n + i.
     """
     m = n if m is None else m
-    i = np.arange(n)[:, None] + (m - n)                  # (n, 1) absolute query positions
-    return np.arange(m)[None, :] <= i                    # (n, m)
+    return visible(np.arange(m - n, m), np.arange(m), causal=True)      # (n, m)
 
 
 def sliding_window_mask(n: int, window: int, m: int | None = None) -> np.ndarray:
     """Causal and local: query i sees the last `window` positions, itself included."""
     m = n if m is None else m
-    i = np.arange(n)[:, None] + (m - n)                  # (n, 1)
-    j = np.arange(m)[None, :]                            # (1, m)
-    return (j <= i) & (j > i - window)                   # (n, m)
+    return visible(np.arange(m - n, m), np.arange(m), causal=True, window=window)   # (n, m)
 
 
 def padding_mask(attention_mask: np.ndarray) -> np.ndarray:
@@ -132,10 +133,8 @@ class AttentionMask:
         q1 = self.n if q1 is None else q1
         ok = None
         if self.causal:
-            pos = np.arange(q0, q1)[:, None] + (self.m - self.n)        # (rows, 1) absolute positions
-            rel = pos - np.arange(self.m)[None, :]                      # (rows, m) how far back each key is
-            ok = (rel >= 0) & (rel < self.window) if self.window else rel >= 0
-            ok = ok[None, None]
+            offset = self.m - self.n                                    # absolute position of query 0
+            ok = visible(np.arange(q0, q1) + offset, np.arange(self.m), True, self.window)[None, None]
         if self.key_mask is not None:
             pad = self.key_mask[:, None, None, :]                       # (B, 1, 1, m)
             ok = pad if ok is None else ok & pad
@@ -207,7 +206,3 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
         if ok is not None:
             s[:, :, q0:q1] = np.where(ok, s[:, :, q0:q1], -np.inf)
     return softmax_(s.copy()), s
-
-
-# Attention at length: the same function computed without the n × n matrix (kernels.py).
-from .kernels import linear_attention, sliding_window_attention, tiled_attention  # noqa: E402,F401

@@ -8,15 +8,19 @@
 
 The end of a turn is the tokenizer's eos_token (SmolLM2: <|im_end|>) or the model's EOS.
 Sampling is greedy by default (temperature 0): the same question gets the same answer.
+The model comes in as an argument: this module never imports qkv.model (which imports it).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .errors import QkvError
 from .generate import TextStream, check_can_generate
-from .model import Model
+from .sampling import Sampling
+
+if TYPE_CHECKING:
+    from .model import Model
 
 MAX_NEW_TOKENS = 256
 TEMPERATURE = 0.0
@@ -58,22 +62,29 @@ def end_of_turn(model: Model) -> list[int]:
     return [] if eos is None else [eos]
 
 
-def chat_stream(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, *,
-                system: str | None = None, **sampling) -> TextStream:
+def chat_sampling(sampling: Sampling | None = None, **settings) -> Sampling:
+    """`sampling` with settings changed by name; by default greedy (temperature TEMPERATURE)."""
+    return Sampling.of(sampling or Sampling(temperature=TEMPERATURE), **settings)
+
+
+def chat_stream(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS,
+                sampling: Sampling | None = None, *, system: str | None = None, use_cache: bool = True,
+                **settings) -> TextStream:
     """The reply as a TextStream: iterate it for text pieces; then `prompt_ids` (the rendered
     conversation) and `new_ids` (the reply, without the end-of-turn token) hold the tokens.
 
-    sampling: temperature (default 0, greedy), top_k, top_p, seed, use_cache, as for generate."""
+    sampling (or its fields by name: temperature, top_k, top_p, seed): greedy by default."""
     check_can_chat(model)
-    sampling.setdefault("temperature", TEMPERATURE)
+    sampling = chat_sampling(sampling, **settings)
     ids = model.tokenizer.apply_chat_template(as_messages(messages_or_text, system), add_generation_prompt=True)
-    return TextStream(model, ids, max_new_tokens, stop=end_of_turn(model), **sampling)
+    return TextStream(model, ids, max_new_tokens, sampling, stop=end_of_turn(model), use_cache=use_cache)
 
 
-def chat(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, *, system: str | None = None,
-         **sampling) -> str:
+def chat(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, sampling: Sampling | None = None, *,
+         system: str | None = None, use_cache: bool = True, **settings) -> str:
     """The model's reply to a message (a text is one user turn) or a conversation, as text."""
-    return "".join(chat_stream(model, messages_or_text, max_new_tokens, system=system, **sampling))
+    return "".join(chat_stream(model, messages_or_text, max_new_tokens, sampling, system=system,
+                               use_cache=use_cache, **settings))
 
 
 class Conversation:
@@ -86,9 +97,10 @@ class Conversation:
     """
 
     def __init__(self, model: Model, system: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                 **sampling):
+                 sampling: Sampling | None = None, *, use_cache: bool = True, **settings):
         check_can_chat(model)
-        self.model, self.system, self.max_new_tokens, self.sampling = model, system, max_new_tokens, sampling
+        self.model, self.system, self.max_new_tokens = model, system, max_new_tokens
+        self.sampling, self.use_cache = chat_sampling(sampling, **settings), use_cache
         self.messages = as_messages([], system)
         self.dropped = 0
         self.last: TextStream | None = None      # the latest reply's stream (its prompt_ids, new_ids)
@@ -104,7 +116,7 @@ class Conversation:
 
         Raises QkvError now, before any piece, if the message cannot be answered."""
         messages, dropped = self._fitted(as_messages(text))
-        stream = chat_stream(self.model, messages, self.max_new_tokens, **self.sampling)
+        stream = chat_stream(self.model, messages, self.max_new_tokens, self.sampling, use_cache=self.use_cache)
         self.dropped, self.last = self.dropped + dropped, stream
         return self._pieces(messages, stream)
 

@@ -8,28 +8,20 @@ from pathlib import Path
 
 import click
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .analysis.cli import heads as heads_cmd
+from .bench.cli import bench as bench_cmd
+from .cli_common import MODEL_HELP, check_writable, new_console, run
 from .errors import QkvError
-
-MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
-
-
-def _console() -> Console:
-    # Off a terminal rich assumes 80 columns; a table of 12 heads needs more.
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+from .tokenizer import shorten as _label
 
 
 def _shade(weight: float) -> str:
-    """A colour for an attention weight: brighter = more attention."""
+    """A colour for an attention weight: brighter = more attention (as every view, `viz.palette`)."""
     level = int(round(min(max(weight, 0.0), 1.0) * 5))
     return ["grey35", "grey50", "cyan", "bright_cyan", "bold bright_cyan", "bold bright_white"][level]
-
-
-def _label(token: str, width: int = 10) -> str:
-    return token if len(token) <= width else token[: width - 1] + "…"
 
 
 def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int]) -> Table:
@@ -41,11 +33,11 @@ def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int
     for h in heads:
         table.add_column(f"h{h}", no_wrap=True)
     for i, tok in enumerate(tokens):
-        row = [Text(str(i)), Text(_label(tok))]
+        row = [Text(str(i)), Text(_label(tok, 10))]
         for h in heads:
             j = int(np.argmax(attn[h, i]))
-            w = float(attn[h, i, j])
-            row.append(Text(f"{_label(tokens[j], 7)} {w:.2f}".replace("0.", ".", 1), style=_shade(w)))
+            weight = float(attn[h, i, j])
+            row.append(Text(f"{_label(tokens[j], 7)} {weight:.2f}".replace("0.", ".", 1), style=_shade(weight)))
         table.add_row(*row)
     return table
 
@@ -60,7 +52,7 @@ def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limi
         table.add_column(Text(_label(tokens[j], 6)), justify="right", no_wrap=True)
     for i in range(n):
         cells = [Text(f"{attn[head, i, j]:.2f}", style=_shade(float(attn[head, i, j]))) for j in range(n)]
-        table.add_row(Text(_label(tokens[i])), *cells)
+        table.add_row(Text(_label(tokens[i], 10)), *cells)
     return table
 
 
@@ -94,7 +86,7 @@ def show(text: str, source: str, layer: int, head: int | None, out_dir: str | No
     existed = out_dir is not None and os.path.isdir(out_dir)
     if out_dir is not None:
         model.encode(text)                                          # a bad text fails before DIR is touched
-        _check_writable(out_dir)
+        check_writable(out_dir)
     try:
         trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",))
         _print_layer(trace, model, layer, head)
@@ -116,47 +108,38 @@ def show(text: str, source: str, layer: int, head: int | None, out_dir: str | No
 
 
 def _print_layer(trace, model, layer: int, head: int | None) -> None:
-    """The terminal part of `show`: tokens, then one head's matrix or every head's argmax."""
+    """The terminal part of `show`: tokens (as a reader sees them), then one head's matrix or every head's argmax."""
     attn = trace.layer(layer).attentions                              # (H, n, n)
-    console = _console()
-    console.print(Text(f"{model.name}: {len(trace.tokens)} tokens, {model.config.n_layers} layers × "
+    labels = trace.labels
+    console = new_console()
+    console.print(Text(f"{model.name}: {len(labels)} tokens, {model.config.n_layers} layers × "
                        f"{model.config.n_heads} heads"))
-    console.print(Text("tokens: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(trace.tokens))))
+    console.print(Text("tokens: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(labels))))
     if head is not None:
-        console.print(head_matrix(trace.tokens, attn, layer, head))
-        if len(trace.tokens) > 32:
-            console.print(Text(f"(first 32 of {len(trace.tokens)} tokens shown)"))
+        console.print(head_matrix(labels, attn, layer, head))
+        if len(labels) > 32:
+            console.print(Text(f"(first 32 of {len(labels)} tokens shown)"))
         return
     H = model.config.n_heads
     per_table = max(1, (console.width - 16) // 12)
     for start in range(0, H, per_table):
-        console.print(heads_table(trace.tokens, attn, layer, list(range(start, min(H, start + per_table)))))
+        console.print(heads_table(labels, attn, layer, list(range(start, min(H, start + per_table)))))
 
 
 def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
-    """Figures and the viewer into OUT_DIR, all or nothing: rendered in a temporary folder
-    inside it, then moved into place."""
-    import shutil
-    import tempfile
-
+    """The viewer and the figures into OUT_DIR, all or nothing (`io.FileBatch`)."""
+    from .io import FileBatch
     from .viz.figures import save_figures
-    from .viz.html import save_viewer
+    from .viz.html import viewer_html
 
     out = Path(out_dir)
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".qkv-"))
     try:
-        files = [save_viewer(trace, tmp / "attention.html", model_name=model.name)]
-        files += save_figures(trace, tmp, model_name=model.name, layer=layer, head=head, causal=model.config.causal)
-        final = [out / f.name for f in files]
-        for f, g in zip(files, final):
-            os.replace(f, g)
+        with FileBatch(out) as files:
+            files.write_text("attention.html", viewer_html(trace))              # the trace knows its model
+            save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
-    except QkvError as e:
-        raise QkvError(str(e).replace(str(tmp), str(out))) from None     # name DIR, not the temporary folder
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return files.paths
 
 
 @cli.command()
@@ -175,14 +158,13 @@ def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, 
     """Continue PROMPT with a decoder model, streaming the text as it is written."""
     from .checkpoints import load
     from .generate import TextStream
-    from .sampling import check_sampling
+    from .sampling import Sampling
 
-    check_sampling(temperature, top_k, top_p)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     model = load(source)
     if trace_dir is not None:
-        _check_writable(trace_dir)
-    stream = TextStream(model, prompt, max_new_tokens, stop=list(stop) or None, temperature=temperature,
-                        top_k=top_k, top_p=top_p, seed=seed)
+        check_writable(trace_dir)
+    stream = TextStream(model, prompt, max_new_tokens, sampling, stop=list(stop) or None)
     click.echo(prompt, nl=False)
     for piece in stream:
         click.echo(piece, nl=False)
@@ -218,13 +200,12 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
     """
     from .chat import Conversation
     from .checkpoints import load
-    from .sampling import check_sampling
+    from .sampling import Sampling
 
-    check_sampling(temperature, top_k, top_p)
-    conversation = Conversation(load(source), system, max_new_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
+    conversation = Conversation(load(source), system, max_new_tokens, sampling)
     if trace_dir is not None:
-        _check_writable(trace_dir)
+        check_writable(trace_dir)
     if question is not None:
         _chat_turn(conversation, question, trace_dir)
         return
@@ -279,23 +260,10 @@ def _save_generation(stream, trace_dir: str, what: str) -> None:
 
     model = stream.model
     trace = stream.trace()
-    out = trace.save(trace_dir, model.name)
-    viewer = save_viewer(trace, out / "attention.html", model_name=model.name, tokenizer=model.tokenizer)
+    out = trace.save(trace_dir)
+    viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer)
     click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "
                f"open {viewer} in a browser", err=True)
-
-
-def _check_writable(directory: str) -> None:
-    """Fail before the work, not after it, when an output directory cannot be written."""
-    import os
-    import tempfile
-
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as e:
-        raise QkvError(f"cannot write to {directory}: {e.strerror}; choose a writable directory") from None
 
 
 @cli.command(name="explain")
@@ -311,11 +279,12 @@ def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str)
 
     TEXT defaults to "The cat sat on the mat"."""
     from .checkpoints import load
-    from .explain import check_lang, render, walkthrough
+    from .explain import check_lang, walkthrough
+    from .explain_render import render
 
     check_lang(lang)
     steps = walkthrough(load(source), text, layer, head)
-    console = _console()
+    console = new_console()
     for part in render(steps, lang):
         console.print(part)
 
@@ -367,7 +336,7 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
     top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
     label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible
-    console = _console()
+    console = new_console()
     console.print(Text(f"{model.name}: the next token after {len(ids)} tokens, P = softmax(logits / T)"))
     table = Table(show_edge=False, pad_edge=False)
     for name in ("#", "token", "id", *(f"T={T:g}" for T in temps)):
@@ -397,8 +366,8 @@ def models() -> None:
     table.add_column("what")
     for source, what in available():
         table.add_row(Text(source), Text(what))
-    _console().print(table)
-    _console().print(Text("Any local directory with config.json + model.safetensors (bert, gpt2, llama, mistral, "
+    new_console().print(table)
+    new_console().print(Text("Any local directory with config.json + model.safetensors (bert, gpt2, llama, mistral, "
                           "qwen2) works too: --model PATH"))
 
 
@@ -425,33 +394,10 @@ def serve(source: str, port: int, host: str) -> None:
         server.server_close()
 
 
-from .analysis.cli import heads as _heads  # noqa: E402  (`qkv heads`: what each head does)
-
-cli.add_command(_heads)
-
-from .bench.cli import bench as _bench  # noqa: E402  (`qkv bench`: timings against transformers)
-
-cli.add_command(_bench)
+cli.add_command(heads_cmd)        # `qkv heads`: what each head does (analysis/cli.py)
+cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (bench/cli.py)
 
 
 def main() -> None:
-    """Entry point: a QkvError becomes one line on stderr and exit code 2."""
+    """Entry point: a QkvError becomes one line on stderr and exit code 2 (`cli_common.run`)."""
     run(cli)
-
-
-def run(command: click.Command, prog_name: str | None = None) -> None:
-    """Run a click command as `qkv` does: a QkvError is one line on stderr and exit code 2.
-
-    Also the entry of the scripts in benchmarks/, which run one `qkv bench` command each.
-    """
-    try:
-        command.main(prog_name=prog_name, standalone_mode=False)
-    except QkvError as e:
-        click.echo(f"qkv: error: {e}", err=True)
-        sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("qkv: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)

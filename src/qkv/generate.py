@@ -3,22 +3,25 @@
     prefill:  the prompt through the model once → cache K, V of every prompt position
     step:     the newest token alone → logits[last] → sample → append → repeat
 
-`decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids.
+`decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids. The
+model comes in as an argument: this module never imports qkv.model (which imports it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from .cache import KVCache
 from .errors import QkvError
-from .model import Model, transformer
-from .sampling import check_sampling, sample
+from .sampling import Sampling
 from .threads import StepThreads, decode_threads
 from .trace import Recorder
+
+if TYPE_CHECKING:
+    from .model import Model
 
 
 @dataclass
@@ -45,29 +48,31 @@ def check_can_generate(model: Model, prompt_length: int, max_new_tokens: int) ->
 
 
 def stop_ids(model: Model, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
+    """The ids that end a row: the model's EOS (unless stop_at_eos is False) and stop_tokens."""
     eos = model.config.eos_token_id if stop_at_eos else None
     eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     return np.array(sorted(set(eos) | set(stop_tokens)), dtype=np.int64)
 
 
-def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int, *,
-           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-           seed: int | None = None, stop_tokens: list[int] | None = None, stop_at_eos: bool = True,
-           use_cache: bool = True, keep_attentions: bool = False) -> Iterator[Step]:
+def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+           sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None, use_cache: bool = True,
+           keep_attentions: bool = False, **settings) -> Iterator[Step]:
     """Yield one Step per new token until max_new_tokens or every row has stopped.
+
+    sampling, or its fields by name in settings (temperature=0, seed=3, …): qkv.sampling.Sampling.
 
     use_cache=False recomputes the whole sequence each step (the slow baseline the
     cache exists to avoid; same numbers). keep_attentions also returns, per step, what
     the token fed at that step attended to (the prompt's last token at step 0).
     """
-    check_sampling(temperature, top_k, top_p)
+    sampling = Sampling.of(sampling, **settings)
     B, n = ids.shape
     check_can_generate(model, n, max_new_tokens)
-    cfg, w = model.config, model.weights
-    rng = np.random.default_rng(seed)
-    stops = stop_ids(model, stop_at_eos, stop_tokens or [])
+    cfg = model.config
+    rng = sampling.rng()
+    stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
-    cache = KVCache(cfg, B, n + max_new_tokens, dtype=w.tok_embed.dtype) if use_cache else None
+    cache = KVCache(cfg, B, n + max_new_tokens, dtype=model.dtype) if use_cache else None
     seq, mask = ids, attention_mask
     new = ids                                            # what the next forward pass reads
     done = np.zeros(B, dtype=bool)
@@ -76,13 +81,13 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
         rec = Recorder(keep=("attentions",) if keep_attentions else ())
         if use_cache:
             def step(new=new, mask=mask, rec=rec):
-                return transformer(w, cfg, new, mask, None, rec, cache, logits="last")[1]
+                return model.last_logits(new, mask, rec=rec, cache=cache)
             # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
             # whichever streams faster on this machine now (threads.StepThreads). The prompt: all threads.
             logits = threads.run(step) if new.shape[1] == 1 else step()
         else:
-            _, logits = transformer(w, cfg, seq, mask, None, rec, logits="last")
-        next_ids = sample(logits[:, -1], rng, temperature, top_k, top_p)      # (B,)
+            logits = model.last_logits(seq, mask, rec=rec)
+        next_ids = sampling.pick(logits[:, -1], rng)                          # (B,)
         next_ids = np.where(done, pad, next_ids)
         atts = None
         if keep_attentions:
@@ -137,20 +142,22 @@ class TextStream:
     it ends inside a multi-byte character. Stop tokens (EOS) end the text unshown.
     """
 
-    def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int, *, stop=None, **sampling):
-        self.model, self.max_new_tokens, self.sampling = model, max_new_tokens, sampling
+    def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int,
+                 sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, **settings):
+        """sampling, or its fields by name in settings (temperature=0, …): see qkv.sampling.Sampling."""
+        self.model, self.max_new_tokens = model, max_new_tokens
+        self.sampling, self.use_cache = Sampling.of(sampling, **settings), use_cache
         self.prompt_ids = model.encode(prompt)[0] if isinstance(prompt, str) else _one_row(model, prompt)
         self.stop_tokens, self.stop_strings = _split_stop(stop)
-        check_sampling(sampling.get("temperature", 1.0), sampling.get("top_k"), sampling.get("top_p"))
         check_can_generate(model, len(self.prompt_ids), max_new_tokens)   # fail now, not mid-stream
         self.new_ids: list[int] = []
 
     def __iter__(self) -> Iterator[str]:
         model, ids = self.model, self.prompt_ids
-        ends = set(stop_ids(model, self.sampling.get("stop_at_eos", True), self.stop_tokens).tolist())
+        ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
         shown = ""
-        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens,
-                           stop_tokens=self.stop_tokens, **self.sampling):
+        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
+                           stop_tokens=self.stop_tokens, use_cache=self.use_cache):
             token = int(step.ids[0])
             if token in ends:
                 break
@@ -175,33 +182,40 @@ class TextStream:
         """A Trace of prompt + continuation (after iterating): what every generated token
         attended to, and the logits it was chosen from; `prompt_length` marks where the
         generated part begins."""
-        ids = np.concatenate([self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64)])   # (n + new,)
-        result = self.model.run(ids, keep=("attentions",))
-        result.prompt_length = len(self.prompt_ids)
-        return result
+        return generation_trace(self.model, self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64))
 
 
-def stream_ids(model: Model, input_ids, max_new_tokens: int, *, attention_mask=None, stop=None,
-               **sampling) -> Iterator[np.ndarray]:
+def generation_trace(model: Model, prompt_ids: np.ndarray, new_ids: np.ndarray):
+    """A Trace of prompt (n,) + generated (new,) ids: their attention, recomputed in one pass
+    (equal to what each token attended to while generating); `prompt_length` = n."""
+    result = model.run(np.concatenate([prompt_ids, new_ids]), keep=("attentions",))    # (n + new,)
+    result.prompt_length = len(prompt_ids)
+    return result
+
+
+def stream_ids(model: Model, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
+               attention_mask=None, stop=None, use_cache: bool = True, **settings) -> Iterator[np.ndarray]:
     """Yield the new token of every row, (B,), step by step."""
+    sampling = Sampling.of(sampling, **settings)
     ids, mask = model.check_ids(input_ids, attention_mask)
     stop_tokens, stop_strings = _split_stop(stop)
     if stop_strings:
         raise QkvError("stop strings need a text prompt; with token ids give stop token ids")
-    for step in decode(model, ids, mask, max_new_tokens, stop_tokens=stop_tokens, **sampling):
+    for step in decode(model, ids, mask, max_new_tokens, sampling, stop_tokens=stop_tokens, use_cache=use_cache):
         yield step.ids
 
 
-def generate(model: Model, prompt, max_new_tokens: int, *, attention_mask=None, stop=None, trace: bool = False,
-             **sampling):
+def generate(model: Model, prompt, max_new_tokens: int, sampling: Sampling | None = None, *, attention_mask=None,
+             stop=None, use_cache: bool = True, trace: bool = False, **settings):
     """Text in → the continuation as text; ids (B, n) in → ids (B, n + new), like transformers.
 
     trace=True returns instead a Trace of the whole sequence (prompt + generated), whose
     attentions show what every generated token attended to; `trace.prompt_length` marks
-    where the generated part begins.
+    where the generated part begins. sampling, or its fields by name: see decode.
     """
+    sampling = Sampling.of(sampling, **settings)
     if isinstance(prompt, str):
-        stream = TextStream(model, prompt, max_new_tokens, stop=stop, **sampling)
+        stream = TextStream(model, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache)
         text = "".join(stream)
         if not trace:
             return text
@@ -209,12 +223,11 @@ def generate(model: Model, prompt, max_new_tokens: int, *, attention_mask=None, 
         result.text = prompt + text
         return result
     ids, mask = model.check_ids(prompt, attention_mask)
-    steps = list(stream_ids(model, ids, max_new_tokens, attention_mask=mask, stop=stop, **sampling))
+    steps = list(stream_ids(model, ids, max_new_tokens, sampling, attention_mask=mask, stop=stop,
+                            use_cache=use_cache))
     out = np.concatenate([ids, np.stack(steps, axis=1)], axis=1) if steps else ids
     if not trace:
         return out
     if len(out) != 1:
         raise QkvError("trace=True follows one sequence; give a batch of one")
-    result = model.run(out[0], keep=("attentions",))
-    result.prompt_length = ids.shape[1]
-    return result
+    return generation_trace(model, ids[0], out[0, ids.shape[1]:])

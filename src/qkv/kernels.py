@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .masks import visible
 from .threads import parallel_map
 
 # Rows of queries and of keys per block of tiled attention: big enough that each matmul runs
@@ -119,16 +120,10 @@ def _block_bias(q_pos: np.ndarray, k0: int, k1: int, causal: bool, window: int |
 
 
 def _block_mask(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int | None) -> np.ndarray | None:
-    """Which (query, key) pairs of a block may attend; None when all may (no work to do)."""
-    if not causal and not window:
-        return None
-    if q_pos[0] >= k_pos[-1] and (not window or q_pos[-1] - k_pos[0] < window):
+    """Which (query, key) pairs of a block may attend (masks.visible); None when all may (no work to do)."""
+    if (causal or window) and q_pos[0] >= k_pos[-1] and (not window or q_pos[-1] - k_pos[0] < window):
         return None                                               # block entirely visible
-    rel = q_pos[:, None] - k_pos[None, :]                         # (bq, bk) distance back
-    allowed = rel >= 0
-    if window:
-        allowed &= rel < window
-    return allowed
+    return visible(q_pos, k_pos, causal, window)                  # (bq, bk) or None
 
 
 def sliding_window_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, window: int,
@@ -180,10 +175,10 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: boo
         c1 = min(n, c0 + chunk_size)
         qc = fq[..., c0:c1, :]                                     # (B, Hkv, G, c, d)
         kc, vc = fk[..., offset + c0:offset + c1, :], vv[..., offset + c0:offset + c1, :]
-        tri = np.tril(np.ones((c1 - c0, c1 - c0), dtype=q.dtype))  # j ≤ i inside the chunk
-        w = np.matmul(qc, kc.swapaxes(-1, -2)) * tri               # (B, Hkv, G, c, c) φ(q_i)·φ(k_j)
-        num = np.matmul(qc, state) + np.matmul(w, vc)              # past chunks + this chunk
-        den = np.matmul(qc, norm.swapaxes(-1, -2)) + w.sum(axis=-1, keepdims=True)
+        tri = visible(np.arange(c0, c1), np.arange(c0, c1), causal=True).astype(q.dtype)   # j ≤ i inside the chunk
+        qk = np.matmul(qc, kc.swapaxes(-1, -2)) * tri              # (B, Hkv, G, c, c) φ(q_i)·φ(k_j)
+        num = np.matmul(qc, state) + np.matmul(qk, vc)             # past chunks + this chunk
+        den = np.matmul(qc, norm.swapaxes(-1, -2)) + qk.sum(axis=-1, keepdims=True)
         out[..., c0:c1, :] = num / den
         state += np.matmul(kc.swapaxes(-1, -2), vc)
         norm += kc.sum(axis=-2, keepdims=True)

@@ -65,9 +65,9 @@ def _ffn(w: FFNWeights) -> FFNWeights:
                       W_gate_in=W_gate_in)
 
 
-def is_fast(w: Weights) -> bool:
-    """Whether `w` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
-    for b in w.blocks:
+def is_fast(weights: Weights) -> bool:
+    """Whether `weights` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
+    for b in weights.blocks:
         a, f = b.attn, b.ffn
         if a.W_QKV is None or not a.W_QKV.flags.c_contiguous or not np.shares_memory(a.W_Q, a.W_QKV):
             return False
@@ -75,28 +75,28 @@ def is_fast(w: Weights) -> bool:
             return False
         if not (a.W_O.flags.c_contiguous and f.W_out.flags.c_contiguous):
             return False
-    return w.W_vocab is None or w.W_vocab.flags.c_contiguous
+    return weights.W_vocab is None or weights.W_vocab.flags.c_contiguous
 
 
-def fast_layout(w: Weights, after_copy: Callable[[], None] | None = None) -> Weights:
-    """The same weights (equal values, same names and shapes) laid out for speed; `w` is left as it is.
+def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) -> Weights:
+    """The same weights (equal values, same names and shapes) laid out for speed; the input is left as it is.
 
     Idempotent: weights already laid out are returned unchanged. `after_copy` runs after each
     block and table is copied: a loader passes its TensorStore's `release`, so the pages of the
     mapped file just read leave the process and memory peaks at one copy of the weights, not two.
     """
-    if is_fast(w):
-        return w
+    if is_fast(weights):
+        return weights
     done = after_copy or (lambda: None)
-    tied = w.W_vocab is not None and np.shares_memory(w.W_vocab, w.tok_embed)
-    W_vocab = _c(w.W_vocab)                                      # (d_model, V), C order
-    tok_embed = W_vocab.T if tied else _c(w.tok_embed)           # tied: (V, d_model), a view of W_vocab
+    tied = weights.W_vocab is not None and np.shares_memory(weights.W_vocab, weights.tok_embed)
+    W_vocab = _c(weights.W_vocab)                                # (d_model, V), C order
+    tok_embed = W_vocab.T if tied else _c(weights.tok_embed)     # tied: (V, d_model), a view of W_vocab
     done()
     blocks = []
-    for b in w.blocks:
+    for b in weights.blocks:
         blocks.append(BlockWeights(attn_norm=_norm(b.attn_norm), attn=_attention(b.attn),
                                    ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn)))
         done()
-    return replace(w, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(w.pos_embed), type_embed=_c(w.type_embed),
-                   embed_norm=_norm(w.embed_norm), final_norm=_norm(w.final_norm), W_vocab=W_vocab,
-                   b_vocab=_c(w.b_vocab))
+    return replace(weights, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(weights.pos_embed),
+                   type_embed=_c(weights.type_embed), embed_norm=_norm(weights.embed_norm),
+                   final_norm=_norm(weights.final_norm), W_vocab=W_vocab, b_vocab=_c(weights.b_vocab))

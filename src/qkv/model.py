@@ -5,25 +5,31 @@
                       Norm(X + Attention(X)), Norm(X + FFN(X))   (post-norm: BERT)
       └─▶ final norm ─▶ logits = Z·W_vocab
 
-Each box is one function below; `Model` ties them to a config, weights and tokenizer.
-Everything works on a batch: B rows of n tokens.
+Each box is one function below, called as box(x, w, …) with `w` the weights of that box
+(`weights` is the whole model's); what every box of one pass shares (the config, the mask,
+the rotation of positions, the recorder, the KV cache) travels in one `Context`. `Model`
+ties the boxes to a config, weights and tokenizer. Everything works on a batch: B rows of
+n tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .attention import AttentionMask, attention_output, attention_weights, merge_heads, \
-    scaled_dot_product_attention, split_heads
+from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
+                        scaled_dot_product_attention, split_heads)
 from .cache import KVCache
+from .chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
-from .errors import QkvError
+from .errors import QkvError, check_index
+from .generate import TextStream, generate, stream_ids
 from .layout import fast_layout
 from .ops import ACTIVATIONS, layer_norm, rms_norm
 from .positions import apply_rope, positions_from_mask, rope_cos_sin, rope_inv_freq
+from .sampling import Sampling
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
 from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
@@ -46,17 +52,17 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
     return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
 
 
-def embed(w: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
+def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None) -> np.ndarray:
     """X = E[ids] (+ P[positions]) (+ T[types]), then BERT's LayerNorm (seeds §1)."""
-    x = w.tok_embed[ids]                                 # (B, n, d_model)
-    if w.pos_embed is not None:
-        x += w.pos_embed[positions]                      # learned or sinusoidal table
-    if w.type_embed is not None:
+    x = weights.tok_embed[ids]                           # (B, n, d_model)
+    if weights.pos_embed is not None:
+        x += weights.pos_embed[positions]                # learned or sinusoidal table
+    if weights.type_embed is not None:
         types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
-        x += w.type_embed[types]
-    if w.embed_norm is not None:
-        x = norm(x, w.embed_norm, cfg)
+        x += weights.type_embed[types]
+    if weights.embed_norm is not None:
+        x = norm(x, weights.embed_norm, cfg)
     return x
 
 
@@ -79,23 +85,33 @@ def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndar
     return q, k, v
 
 
-def self_attention(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, mask: AttentionMask,
-                   rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
-                   cache: KVCache | None = None) -> np.ndarray:
+@dataclass
+class Context:
+    """What every box of one forward pass shares, besides its input and its weights."""
+
+    cfg: ModelConfig
+    mask: AttentionMask                              # who may see whom (seeds §5)
+    rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
+    rec: Recorder                                    # which intermediates to keep, and where
+    cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
+
+
+def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
     """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
 
     With a KV cache, X holds only the new tokens; their K, V join the cached past.
     The weights A are only materialised when the recorder keeps them (for the heads it
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
+    cfg, mask, rec = ctx.cfg, ctx.mask, ctx.rec
     q, k, v = projections(x, w)                               # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
     k = split_heads(k, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
     v = split_heads(v, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
-    if cache is not None:
-        k, v = cache.append(layer, k, v)                      # (B, Hkv, m, d_k) past + new
+    if ctx.rope is not None:
+        q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
+    if ctx.cache is not None:
+        k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if want and rec.heads is None:                            # every head's weights: the plain path
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
@@ -127,23 +143,22 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
 
-def block(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, mask: AttentionMask,
-          rope: tuple[np.ndarray, np.ndarray] | None, rec: Recorder, layer: int,
-          cache: KVCache | None = None) -> np.ndarray:
+def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
     """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
-    rec.put(layer, "residual", x)
+    cfg = ctx.cfg
+    ctx.rec.put(layer, "residual", x)
     if cfg.norm_place == "post":                             # BERT
-        a = self_attention(x, w.attn, cfg, mask, rope, rec, layer, cache)
+        a = self_attention(x, w.attn, ctx, layer)
         x = norm(x + a, w.attn_norm, cfg)
         f = feed_forward(x, w.ffn, cfg)
         x = norm(x + f, w.ffn_norm, cfg)
     else:                                                    # GPT-2, Llama
-        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, cfg, mask, rope, rec, layer, cache)
+        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
         x = x + a
         f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
         x = x + f
-    rec.put(layer, "attn_out", a)
-    rec.put(layer, "ffn_out", f)
+    ctx.rec.put(layer, "attn_out", a)
+    ctx.rec.put(layer, "ffn_out", f)
     return x                                                 # (B, n, d_model)
 
 
@@ -156,11 +171,11 @@ def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> A
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
 
 
-def logits_of(hidden: np.ndarray, w: Weights) -> np.ndarray | None:
+def logits_of(hidden: np.ndarray, weights: Weights) -> np.ndarray | None:
     """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6)."""
-    if w.W_vocab is None:
+    if weights.W_vocab is None:
         return None
-    return linear(hidden, w.W_vocab, w.b_vocab)              # (B, n, V)
+    return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
 
 
 @dataclass
@@ -172,34 +187,34 @@ class Output:
     attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
 
 
-def transformer(w: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray | None, rec: Recorder, cache: KVCache | None = None,
-                logits: str = "all") -> tuple[np.ndarray, np.ndarray | None]:
+def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
+                token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
+                cache: KVCache | None = None, logits: str = "all") -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
-    With a KV cache, ids are the n new tokens after the cache's past and attention_mask
-    (B, past + n) covers past and new. logits="last" computes them for the last position
-    only (all that generation needs).
+    rec: the intermediates to keep (default none). With a KV cache, ids are the n new
+    tokens after the cache's past and attention_mask (B, past + n) covers past and new.
+    logits="last" computes them for the last position only (all that generation needs).
     """
-    dtype = w.tok_embed.dtype
+    dtype = weights.tok_embed.dtype
     n = ids.shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
     positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
         np.arange(n), ids.shape)
-    x = embed(w, cfg, ids, positions, token_type_ids)        # (B, n, d_model)
+    x = embed(weights, cfg, ids, positions, token_type_ids)  # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
-    mask = attention_mask_of(cfg, attention_mask, n)
-    for layer, bw in enumerate(w.blocks):
-        x = block(x, bw, cfg, mask, rope, rec, layer, cache)
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache)
+    for layer, w in enumerate(weights.blocks):
+        x = block(x, w, ctx, layer)
     if cache is not None:
         cache.advance(n)
-    if w.final_norm is not None:
-        x = norm(x, w.final_norm, cfg)
-    return x, logits_of(x[:, -1:] if logits == "last" else x, w)
+    if weights.final_norm is not None:
+        x = norm(x, weights.final_norm, cfg)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, weights)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -288,7 +303,7 @@ class Model:
         ids, mask = self.check_ids(input_ids, attention_mask)
         types = None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64).reshape(ids.shape)
         rec = Recorder(keep=("attentions",) if attentions else ())
-        hidden, logits = transformer(self.weights, self.config, ids, mask, types, rec)
+        hidden, logits = transformer(self.weights, self.config, ids, mask, token_type_ids=types, rec=rec)
         att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
         return Output(hidden=hidden, logits=logits, attentions=att)
 
@@ -311,16 +326,24 @@ class Model:
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
         rec = Recorder(layers=kept, keep=keep, heads=head_ids)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
-                                     None, rec)
+                                     rec=rec)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
-                     head_ids=head_ids)
+                     head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
+                     spelling=self.tokenizer.spelling if self.tokenizer else "plain")
+
+    def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
+                    cache: KVCache | None = None) -> np.ndarray:
+        """The logits of the last position (B, 1, V) of ids (B, n) that the caller has checked:
+        one step of writing (after the cache's past, with a cache)."""
+        return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last")[1]
 
     # writing -----------------------------------------------------------------
+    # settings: the fields of qkv.sampling.Sampling by name (temperature, top_k, top_p, seed,
+    # stop_at_eos), over `sampling` (a Sampling; default Sampling(), chat: greedy).
 
-    def generate(self, prompt, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, stop=None, *, attention_mask=None,
-                 stop_at_eos: bool = True, use_cache: bool = True, trace: bool = False):
+    def generate(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
+                 attention_mask=None, use_cache: bool = True, trace: bool = False, **settings: Any):
         """Continue a prompt (seeds §6: sample from softmax(logits[last] / temperature)).
 
         prompt text → the continuation (str); prompt ids (B, n) → ids (B, n + new), as
@@ -328,27 +351,20 @@ class Model:
         repeatable; stop: token id(s) or string(s); the model's EOS stops too unless
         stop_at_eos=False. trace=True returns a Trace of prompt + continuation instead.
         """
-        from .generate import generate
+        return generate(self, prompt, max_new_tokens, Sampling.of(sampling, **settings), stop=stop,
+                        attention_mask=attention_mask, use_cache=use_cache, trace=trace)
 
-        return generate(self, prompt, max_new_tokens, attention_mask=attention_mask, stop=stop, trace=trace,
-                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
-                        use_cache=use_cache)
-
-    def stream(self, prompt, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, stop=None, *, attention_mask=None,
-               stop_at_eos: bool = True, use_cache: bool = True):
+    def stream(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
+               attention_mask=None, use_cache: bool = True, **settings: Any):
         """Like generate, but yields as it goes: text pieces for a text prompt, (B,) ids for ids."""
-        from .generate import TextStream, stream_ids
-
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
-                        use_cache=use_cache)
+        sampling = Sampling.of(sampling, **settings)
         if isinstance(prompt, str):
-            return iter(TextStream(self, prompt, max_new_tokens, stop=stop, **sampling))
-        return stream_ids(self, prompt, max_new_tokens, attention_mask=attention_mask, stop=stop, **sampling)
+            return iter(TextStream(self, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache))
+        return stream_ids(self, prompt, max_new_tokens, sampling, attention_mask=attention_mask, stop=stop,
+                          use_cache=use_cache)
 
-    def chat(self, messages, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None, *, system: str | None = None,
-             stream: bool = False, use_cache: bool = True):
+    def chat(self, messages, max_new_tokens: int = 256, sampling: Sampling | None = None, *,
+             system: str | None = None, stream: bool = False, use_cache: bool = True, **settings: Any):
         """The reply to a message (a str is one user turn) or to a conversation
         [{"role": "system" | "user" | "assistant", "content": str}, ...], through the model's
         chat template, ending at its end-of-turn token. Greedy by default (temperature 0).
@@ -356,22 +372,15 @@ class Model:
         system: a system message to put first; stream=True yields the reply's text pieces
         as they are written instead of returning the whole text (see qkv.chat).
         """
-        from .chat import chat, chat_stream
-
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache)
+        sampling = chat_sampling(sampling, **settings)
         if stream:
-            return iter(chat_stream(self, messages, max_new_tokens, system=system, **sampling))
-        return chat(self, messages, max_new_tokens, system=system, **sampling)
+            return iter(chat_stream(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache))
+        return chat(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache)
 
     def check_layer(self, layer: int) -> int:
         """A layer index (negative from the end) → 0..L-1, or a clear error."""
-        L = self.config.n_layers
-        if not -L <= layer < L:
-            raise QkvError(f"layer {layer} does not exist: {self.name} has layers 0..{L - 1}")
-        return layer % L
+        return check_index("layer", layer, self.config.n_layers, self.name)
 
     def check_head(self, head: int) -> int:
-        H = self.config.n_heads
-        if not -H <= head < H:
-            raise QkvError(f"head {head} does not exist: {self.name} has heads 0..{H - 1}")
-        return head % H
+        """A query head index (negative from the end) → 0..H-1, or a clear error."""
+        return check_index("head", head, self.config.n_heads, self.name)

@@ -20,7 +20,9 @@ from typing import Sequence
 import numpy as np
 
 from .errors import QkvError
+from .ops import entropy as ops_entropy
 from .sampling import check_sampling, next_token_distribution
+from .tokenizer import visible
 
 
 def distribution(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -56,9 +58,7 @@ def top_tokens(probs: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
 
 def entropy(probs: np.ndarray) -> np.ndarray:
     """H(P) = −Σ_v P_v · log₂ P_v in bits (0 · log 0 = 0), over the last axis: (..., V) → (...)."""
-    p = np.asarray(probs, dtype=np.float64)
-    logs = np.log2(np.where(p > 0, p, 1.0))                              # (..., V)
-    return -(p * logs).sum(axis=-1) + 0.0                                 # + 0.0: no -0.0
+    return ops_entropy(probs, bits=True)                                  # (...)
 
 
 def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: Sequence[float]) -> dict:
@@ -116,35 +116,16 @@ def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: 
     return {"ids": ids, "logits": kept_logits.astype(np.float32), "rank": rank, "rest": rest, "entropy": ent}
 
 
-def visible(text: str) -> str:
-    """A token's text with its whitespace made visible: ' ' → ␣, newline → ↵, tab → ⇥,
-    other control characters as \\xNN; the empty string as ∅."""
-    if text == "":
-        return "∅"
-    out = []
-    for ch in text:
-        if ch == " ":
-            out.append("␣")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("⇥")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
 def token_text(tokenizer, token_id: int) -> str:
-    """One token as a reader sees it: its decoded text, whitespace visible (`visible`).
+    """One token as a reader sees it: `Tokenizer.label` ("ĠParis" → "␣Paris", "Ċ" → "↵").
 
-    A byte-level piece of a character (decodes to U+FFFD) is shown as the tokenizer spells it.
+    Any other tokenizer (with decode and id_to_token): its decoded text, whitespace visible,
+    or its spelling for a piece of a character (which decodes to U+FFFD).
     """
+    if hasattr(tokenizer, "label"):
+        return tokenizer.label(int(token_id))
     text = tokenizer.decode([int(token_id)])
-    if "\ufffd" in text:
-        return tokenizer.id_to_token(int(token_id))
-    return visible(text)
+    return tokenizer.id_to_token(int(token_id)) if "\ufffd" in text else visible(text)
 
 
 def next_token_logits(model, ids: np.ndarray) -> np.ndarray:
@@ -153,9 +134,5 @@ def next_token_logits(model, ids: np.ndarray) -> np.ndarray:
     if not cfg.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({cfg.family}): it has no next-token distribution; "
                        "use a decoder, e.g. --model smollm2")
-    from .model import transformer                     # the core pass; logits of the last position only
-    from .trace import Recorder
-
     ids, mask = model.check_ids(ids)                                        # (1, n)
-    _, logits = transformer(model.weights, cfg, ids, mask, None, Recorder(keep=()), logits="last")
-    return logits[0, -1]                                                    # (V,)
+    return model.last_logits(ids, mask)[0, -1]                              # (V,) the last position only

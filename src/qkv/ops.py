@@ -40,6 +40,17 @@ def softmax_(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def entropy(p: np.ndarray, bits: bool = False) -> np.ndarray:
+    """H(p) = −Σ p·ln p over the last axis, 0·ln 0 = 0: (..., m) → (...), in nats (bits: log₂).
+
+    The one entropy of qkv: of attention rows (analysis, explain, figures) and of the
+    next-token distribution (nexttoken). A measure, not part of the pass: always float64.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    log = np.log2 if bits else np.log
+    return -(p * log(np.where(p > 0, p, 1.0))).sum(axis=-1) + 0.0        # + 0.0: no -0.0
+
+
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """LayerNorm(x) = (x - mean) / √(var + eps) · γ + β over the last axis (d_model)."""
     mean = x.mean(axis=-1, keepdims=True)               # (..., 1)

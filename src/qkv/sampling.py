@@ -1,10 +1,14 @@
 """Choosing the next token (seeds §6): P(next) = softmax(logits[last] / temperature).
 
 The filters follow transformers' order and definitions: temperature, then top-k, then
-top-p, each turning the logits of excluded tokens into -inf.
+top-p, each turning the logits of excluded tokens into -inf. `Sampling` holds the settings
+of one generation; everything that writes (Model.generate / stream / chat, TextStream,
+Conversation, decode, the CLI and the server) takes it, or its fields by name.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -20,6 +24,44 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise QkvError(f"top_k must be a whole number ≥ 1, got {top_k}")
     if top_p is not None and not (0 < top_p <= 1):
         raise QkvError(f"top_p must be in (0, 1], got {top_p}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen, and whether the model's EOS ends the text. Checked when made.
+
+    temperature 0 (or top_k 1) is greedy; seed makes sampling repeatable (None: fresh each run).
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p)
+
+    @classmethod
+    def of(cls, base: Sampling | None = None, **settings) -> Sampling:
+        """`base` (default Sampling()) with some fields changed by name: the one place keyword
+        settings (temperature=0, seed=3, …) become a Sampling."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise TypeError(f"unknown sampling setting(s) {unknown}; choose from {sorted(names)}")
+        if base is not None and not isinstance(base, cls):
+            raise TypeError(f"sampling must be a Sampling, got {base!r}; give settings by name, e.g. temperature=0.7")
+        base = cls() if base is None else base
+        return replace(base, **settings) if settings else base
+
+    def rng(self) -> np.random.Generator:
+        """A fresh generator for one generation (the same draws for the same seed)."""
+        return np.random.default_rng(self.seed)
+
+    def pick(self, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The next token of each row: (B, V) logits → (B,) ids."""
+        return sample(logits, rng, self.temperature, self.top_k, self.top_p)
 
 
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:

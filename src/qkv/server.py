@@ -109,7 +109,7 @@ class App:
                                      "shorten it")
         with self._running:
             trace = model.run(text, keep=("attentions",))
-        return trace_payload(trace, model_name=model.name)
+        return trace_payload(trace)                                     # named after trace.model
 
     def chat(self, request: dict) -> "ChatReply":
         """Check a chat request and take the writer's place; the reply is written as it is iterated."""
@@ -215,7 +215,7 @@ class ChatReply:
         for piece in stream:
             yield {"piece": piece}
         trace = stream.trace()
-        payload = trace_payload(trace, model_name=self.model.name, title=f"{self.model.name} · chat",
+        payload = trace_payload(trace, title=f"{self.model.name} · chat",
                                 tokenizer=self.model.tokenizer)
         yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),
                "stopped": "length" if len(stream.new_ids) >= self.max_new else "end of turn", "payload": payload}

@@ -6,8 +6,10 @@ BLAS threading would only parallelise the matmuls. BLAS must then run one thread
 call: two levels of threads would fight for the same cores. A one-token decoding step is
 matrix × vector products bound by memory: whether a second BLAS thread helps (idle
 machine) or makes every product wait for a busy core (shared machine) is measured while
-generating (`StepThreads`), or pinned with QKV_DECODE_THREADS. threadpoolctl sets the
-limits; without it, nothing is limited.
+generating (`StepThreads`), or pinned with QKV_DECODE_THREADS. Worker processes that
+parallelise by themselves (analysis/backends.py) set one BLAS thread for their whole life
+(`set_blas_threads`). threadpoolctl sets the limits. This module is the one place qkv
+counts cores and sets BLAS threads.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np  # noqa: F401  (loaded before threadpoolctl looks for NumPy's BLAS)
+from threadpoolctl import ThreadpoolController
+
+from .errors import QkvError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,26 +46,33 @@ def cores() -> int:
 DECODE_THREADS_VAR = "QKV_DECODE_THREADS"
 
 
+def _blas_libs() -> list:
+    """NumPy's BLAS libraries, as threadpoolctl controls them (found once)."""
+    global _controller
+    if _controller is None:
+        _controller = ThreadpoolController()
+    return [lib for lib in _controller.lib_controllers if lib.user_api == "blas"]
+
+
 def blas_one_thread() -> AbstractContextManager:
-    """A context in which NumPy's BLAS uses one thread (restored on exit); no-op without threadpoolctl."""
+    """A context in which NumPy's BLAS uses one thread (restored on exit)."""
     return blas_threads(1)
 
 
 def blas_threads(n: int) -> AbstractContextManager:
-    """A context in which NumPy's BLAS uses n threads (restored on exit); no-op without threadpoolctl.
+    """A context in which NumPy's BLAS uses n threads (restored on exit).
 
     Plain form: threadpoolctl's `ThreadpoolController().limit(limits=n, user_api="blas")`. That
     re-reads every library's state on each entry (~0.7 ms a decoding step, 64 entries for 64
     tokens); this asks NumPy's BLAS libraries directly (a few µs).
     """
-    global _controller
-    if _controller is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return nullcontext()
-        _controller = ThreadpoolController()
-    return _BlasThreads([lib for lib in _controller.lib_controllers if lib.user_api == "blas"], n)
+    return _BlasThreads(_blas_libs(), n)
+
+
+def set_blas_threads(n: int) -> None:
+    """NumPy's BLAS on n threads from now on, never restored: for a worker process's whole life."""
+    for lib in _blas_libs():
+        lib.set_num_threads(n)
 
 
 class _BlasThreads(AbstractContextManager):
@@ -86,7 +98,6 @@ def decode_threads() -> int | None:
     if not value:
         return None
     if not value.isdigit() or int(value) < 1:
-        from .errors import QkvError
         raise QkvError(f"{DECODE_THREADS_VAR}={value!r} is not a thread count; set it to a whole number ≥ 1 "
                        "or unset it")
     return int(value)

@@ -7,12 +7,18 @@ messages → text → ids through the checkpoint's own chat template (tokenizer_
 The template is a Jinja program shipped with the checkpoint, so it is untrusted: it runs in
 Jinja's immutable sandbox (no `__class__`, no attributes of Python internals, no changing the
 messages), with the same settings and helpers as transformers' `apply_chat_template`.
+
+Tokens as a reader sees them (`Tokenizer.labels`, `visible`, `shorten`): byte-level BPE (GPT-2,
+SmolLM2, Qwen2, Llama 3) spells " capital" as "Ġcapital" and a newline as "Ċ"; SentencePiece spells
+" capital" as "▁capital". Every view shows the text instead, whitespace made visible: "␣capital", "↵".
+The analysis keeps reading the tokens as spelled ([CLS], "Ġ," …).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -68,6 +74,28 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str:
         return self._tok.id_to_token(int(i)) or f"<{int(i)}>"
 
+    def label(self, token_id: int) -> str:
+        """One token as a reader sees it ("ĠParis" → "␣Paris", "Ċ" → "↵"): `label` in its `spelling`."""
+        return label(self.id_to_token(token_id), self.spelling)
+
+    def labels(self, ids) -> list[str]:
+        """`label` of every id: the tokens of a text as a reader sees them."""
+        return [self.label(i) for i in ids]
+
+    @functools.cached_property
+    def spelling(self) -> str:
+        """How the vocabulary spells text: "byte-level" (GPT-2's Ġ = space), "sentencepiece" (▁ = space)
+        or "plain" (WordPiece: "##ing"), from the tokenizer's decoder."""
+        decoder = self._tok.decoder
+        state = json.loads(decoder.__getstate__()) if decoder is not None else {}
+        parts = [state, *state.get("decoders", [])]
+        if any(d.get("type") == "ByteLevel" for d in parts):
+            return "byte-level"
+        if any(d.get("type") == "Metaspace" or "▁" in json.dumps(d.get("pattern"), ensure_ascii=False)
+               for d in parts):
+            return "sentencepiece"
+        return "plain"
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
@@ -99,6 +127,82 @@ class Tokenizer:
             return text
         # The template writes the special tokens itself (BOS included): add nothing around it.
         return self._tok.encode(text, add_special_tokens=False).ids
+
+
+# ── tokens as a reader sees them ────────────────────────────────────────────────
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character → byte: printable bytes stand for themselves, the
+    others (space, newline, control bytes, ...) for the characters from U+0100 on ("Ġ" = space)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+BYTE_OF = _byte_alphabet()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")           # SentencePiece's byte fallback, "<0x0A>"
+
+
+def readable(token: str, style: str) -> str:
+    """The text a vocabulary entry stands for (whitespace not yet made visible); the entry as
+    spelled when it is a piece of a character or not text of that style.
+
+    style: "byte-level" (Ġ = space), "sentencepiece" (▁ = space, <0xNN> = a byte) or "plain".
+    """
+    if style == "byte-level":
+        if any(ch not in BYTE_OF for ch in token):
+            return token
+        raw = bytes(BYTE_OF[ch] for ch in token)
+    elif style == "sentencepiece":
+        byte = _BYTE_TOKEN.fullmatch(token)
+        if byte is None:
+            return token.replace("▁", " ")
+        raw = bytes([int(byte.group(1), 16)])
+    else:
+        return token
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return token
+
+
+def visible(text: str) -> str:
+    """Text with its whitespace made visible: ' ' → ␣, newline → ↵, tab → ⇥, other control
+    characters as \\xNN; the empty string as ∅."""
+    if text == "":
+        return "∅"
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("␣")
+        elif ch == "\n":
+            out.append("↵")
+        elif ch == "\t":
+            out.append("⇥")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def label(token: str, spelling: str) -> str:
+    """A token as a reader sees it: the text it stands for, whitespace visible ("Ġcapital" → "␣capital",
+    "Ċ" → "↵", "▁Paris" → "␣Paris"). Plain tokens (WordPiece's "##ing", a hand-made trace's), special
+    tokens ("<|im_start|>", whose characters all stand for themselves) and pieces of a character stay
+    as spelled."""
+    return token if spelling == "plain" else visible(readable(token, spelling))
+
+
+def shorten(text: str, width: int) -> str:
+    """A label cut to WIDTH characters, "…" marking the cut (the one truncation of every view)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # ── tokenizer_config.json ───────────────────────────────────────────────────────

@@ -11,12 +11,13 @@ from typing import Iterable
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import QkvError
+from .tokenizer import label
+from .io import FileBatch
 
 # Names a forward pass can record, per layer, with their batched shapes:
 INTERMEDIATES = {
@@ -62,8 +63,8 @@ class LayerTrace:
     q: np.ndarray | None = None             # (H, n, d_k)
     k: np.ndarray | None = None             # (Hkv, n, d_k)
     v: np.ndarray | None = None             # (Hkv, n, d_k)
-    scores: np.ndarray | None = None        # (H, n, n) before softmax, masked = -inf
-    attentions: np.ndarray | None = None    # (H, n, n)
+    scores: np.ndarray | None = None        # (H, n_q, n_k) before softmax, masked = -inf
+    attentions: np.ndarray | None = None    # (H, n_q, n_k); self-attention: n_q = n_k = n
     heads: np.ndarray | None = None         # (H, n, d_k)
     attn_out: np.ndarray | None = None      # (n, d_model)
     ffn_out: np.ndarray | None = None       # (n, d_model)
@@ -71,10 +72,16 @@ class LayerTrace:
 
 @dataclass
 class Trace:
-    """One text through the model: tokens, final states, and the kept layers.
+    """One text through the model: tokens, final states, the kept layers, and what made them.
 
     `attentions` stacks the weights of the kept layers, in the order of `layer_ids`
-    (every layer by default): (L, H, n, n), or (L, h, n, n) for the heads in `head_ids`.
+    (every layer by default): (L, H, n_q, n_k), or (L, h, n_q, n_k) for the heads in
+    `head_ids`. Rows are the queries (`tokens`), columns the keys: the same tokens in
+    self-attention (n_q = n_k = n); in cross-attention the source's (`source_tokens`).
+
+    `tokens` are spelled as the tokenizer spells them ("Ġcapital", "[CLS]"), which the
+    analysis reads; `labels` are the same tokens as a reader sees them ("␣capital"), which
+    every view shows, read with the tokenizer's `spelling` (`qkv.tokenizer.label`).
     """
 
     tokens: list[str]
@@ -85,6 +92,11 @@ class Trace:
     text: str | None = None
     prompt_length: int | None = None         # generation traces: tokens before this were the prompt
     head_ids: list[int] | None = None        # the heads whose scores/attentions were kept (None = all)
+    model: str = ""                          # the model's name ("" = unknown)
+    family: str = ""                         # "bert", "gpt2", "llama", ... ("" = unknown)
+    causal: bool | None = None               # each query saw only keys up to its own position; None = unknown
+    spelling: str = "plain"                  # how tokens spell text: "byte-level" (Ġ), "sentencepiece" (▁), "plain"
+    source_tokens: list[str] | None = None   # (n_k,) cross-attention's keys; None = self-attention
 
     @property
     def layer_ids(self) -> list[int]:
@@ -92,31 +104,43 @@ class Trace:
 
     @property
     def attentions(self) -> np.ndarray | None:
-        """(L, H, n, n) attention weights of the kept layers, or None if not kept."""
+        """(L, H, n_q, n_k) attention weights of the kept layers, or None if not kept."""
         if not self.layers or any(t.attentions is None for t in self.layers.values()):
             return None
         return np.stack([self.layers[i].attentions for i in self.layer_ids])
 
-    def save(self, directory: str | os.PathLike, model_name: str = "") -> Path:
+    @property
+    def labels(self) -> list[str]:
+        """(n,) the tokens as a reader sees them: "Ġcapital" → "␣capital", "Ċ" → "↵" (byte-level BPE)."""
+        return [label(t, self.spelling) for t in self.tokens]
+
+    @property
+    def key_labels(self) -> list[str]:
+        """(n_k,) the keys as a reader sees them, attention's columns: `labels` in self-attention."""
+        return self.labels if self.source_tokens is None else [label(t, self.spelling) for t in self.source_tokens]
+
+    def save(self, directory: str | os.PathLike, model_name: str | None = None) -> Path:
         """Write tokens and attention weights to DIRECTORY/trace.npz + trace.json (atomically).
 
-        Reload with `Trace.load`. Only tokens, ids and attentions are saved.
+        Reload with `Trace.load`. Only the tokens, ids, attentions and what made them (model,
+        family, causal, spelling) are saved. model_name: instead of the trace's `model`.
         """
         out = Path(directory)
+        meta = {"model": self.model if model_name is None else model_name, "family": self.family,
+                "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
+                "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length}
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            meta = {"model": model_name, "text": self.text, "tokens": self.tokens, "layers": self.layer_ids,
-                    "prompt_length": self.prompt_length}
-            _atomic_write(out / "trace.npz", lambda f: np.savez_compressed(
-                f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids)))
-            _atomic_write(out / "trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
+            with FileBatch(out) as files:                       # both files or neither
+                files.write("trace.npz", lambda f: np.savez_compressed(
+                    f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids)))
+                files.write("trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
         except OSError as e:
             raise QkvError(f"cannot write to {out}: {e.strerror}; choose a writable directory") from None
         return out
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Trace":
-        """A trace written by `save` (tokens, ids, attentions)."""
+        """A trace written by `save` (tokens, ids, attentions; older ones lack family, causal, spelling)."""
         d = Path(directory)
         try:
             meta = json.loads((d / "trace.json").read_text())
@@ -125,7 +149,9 @@ class Trace:
         except (OSError, ValueError, KeyError) as e:
             raise QkvError(f"{d} does not hold a qkv trace ({e}); give a directory written by --trace") from None
         return cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
-                   prompt_length=meta.get("prompt_length"),
+                   prompt_length=meta.get("prompt_length"), model=meta.get("model") or "",
+                   family=meta.get("family") or "", causal=meta.get("causal"),
+                   spelling=meta.get("spelling") or "plain", source_tokens=meta.get("source_tokens"),
                    layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)})
 
     def layer(self, i: int) -> LayerTrace:
@@ -143,15 +169,3 @@ def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[
         layer: LayerTrace(layer=layer, **{name: arr[row] for name, arr in named.items()})
         for layer, named in sorted(store.items())
     }
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary file renamed into place: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -11,9 +11,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .config import ModelConfig
-from .positions import sinusoidal_table
-
 
 @dataclass
 class NormWeights:
@@ -109,41 +106,3 @@ def _map_arrays(obj, fn):
     if obj is None:
         return None
     return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn) for f in fields(obj)})
-
-
-def random_weights(cfg: ModelConfig, seed: int = 0, dtype=np.float32, scale: float = 0.02) -> Weights:
-    """Random parameters for `cfg` (benchmarks and tests): N(0, scale²), norms near 1."""
-    rng = np.random.default_rng(seed)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) * scale).astype(dtype)
-
-    def norm():
-        return NormWeights(1 + w(cfg.d_model), w(cfg.d_model) if cfg.norm == "layer" else None)
-
-    d, f, dk = cfg.d_model, cfg.d_ff, cfg.d_head
-    hq, hkv = cfg.n_heads * dk, cfg.n_kv_heads * dk
-    bias = (lambda *s: w(*s)) if cfg.qkv_bias else (lambda *s: None)
-    blocks = [
-        BlockWeights(
-            attn_norm=norm(),
-            attn=AttentionWeights(w(d, hq), w(d, hkv), w(d, hkv), w(hq, d), bias(hq), bias(hkv), bias(hkv),
-                                  w(d) if cfg.out_bias else None),
-            ffn_norm=norm(),
-            ffn=FFNWeights(w(d, f), w(f, d), w(f) if cfg.ffn_bias else None, w(d) if cfg.ffn_bias else None,
-                           w(d, f) if cfg.gated_ffn else None),
-        )
-        for _ in range(cfg.n_layers)
-    ]
-    tok = w(cfg.vocab_size, d)
-    return Weights(
-        tok_embed=tok,
-        blocks=blocks,
-        pos_embed={"learned": lambda: w(cfg.max_positions, d),
-                   "sinusoidal": lambda: sinusoidal_table(cfg.max_positions, d).astype(dtype),
-                   "rope": lambda: None}[cfg.position](),
-        type_embed=w(cfg.type_vocab_size, d) if cfg.type_vocab_size else None,
-        embed_norm=norm() if cfg.embed_norm else None,
-        final_norm=norm() if cfg.final_norm else None,
-        W_vocab=(tok.T if cfg.tied_embeddings else w(d, cfg.vocab_size)) if cfg.lm_head else None,
-    )

@@ -8,19 +8,20 @@ bounded number of chunks in flight, so the corpus is never all in memory.
 Each worker computes with one BLAS thread: a text is a few small matrix products, which
 threads do not speed up, and N processes × several BLAS threads on N cores slow to a crawl
 (measured: 40 ms → 620 ms a text on a busy 2-core machine). Parallelism comes from workers.
+Cores and BLAS threads are counted and set by qkv.threads, as everywhere.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ..errors import QkvError
+from ..threads import blas_one_thread, cores, set_blas_threads
 from .text import Setup, analyse_job, prepare
 
 BACKENDS = ("local", "ray")
@@ -45,29 +46,10 @@ class WorkerSpec:
         return prepare(load(self.source, dtype=self.dtype), self.window)
 
 
-def local_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def chunks(jobs: Iterable[Job], size: int = CHUNK) -> Iterator[list[Job]]:
     it = iter(jobs)
     while chunk := list(itertools.islice(it, size)):
         yield chunk
-
-
-def one_blas_thread():
-    """Limit NumPy's BLAS to one thread (a context manager; a no-op without threadpoolctl)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        import contextlib
-
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
 
 
 def run_chunk(setup: Setup, chunk: list[Job]) -> list:
@@ -77,7 +59,7 @@ def run_chunk(setup: Setup, chunk: list[Job]) -> list:
 # ── this process ────────────────────────────────────────────────────────────────
 
 def in_process(setup: Setup, jobs: Iterable[Job]) -> Iterator:
-    with one_blas_thread():
+    with blas_one_thread():
         for job in jobs:
             yield analyse_job(setup, *job)
 
@@ -85,13 +67,12 @@ def in_process(setup: Setup, jobs: Iterable[Job]) -> Iterator:
 # ── local cores ─────────────────────────────────────────────────────────────────
 
 _WORKER_SETUP: Setup | None = None
-_WORKER_LIMIT = None
 
 
 def _init_worker(spec: WorkerSpec) -> None:
-    global _WORKER_SETUP, _WORKER_LIMIT
+    global _WORKER_SETUP
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the parent's to handle
-    _WORKER_LIMIT = one_blas_thread()                 # applied now, kept for the life of the worker
+    set_blas_threads(1)                               # for the life of the worker
     _WORKER_SETUP = spec.setup()
 
 
@@ -135,7 +116,7 @@ class RayWorker:
     """A Ray actor: loads the model once, then analyses the chunks it is sent."""
 
     def __init__(self, spec: WorkerSpec):
-        self._limit = one_blas_thread()
+        set_blas_threads(1)                           # for the life of the actor's process
         self.setup = spec.setup()
 
     def run(self, chunk: list[Job]) -> list:
@@ -158,7 +139,7 @@ def ray_cluster(spec: WorkerSpec, jobs: Iterable[Job], workers: int | None = Non
             if address:
                 ray.init(address=address, **options)
             else:
-                ray.init(num_cpus=workers or local_cores(), **options)
+                ray.init(num_cpus=workers or cores(), **options)
         except ConnectionError as e:
             raise QkvError(f"cannot reach the Ray cluster at {address}: {e}; start it (ray start --head) "
                            "or give its address") from None

@@ -10,20 +10,20 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
+from ..cli_common import MODEL_HELP, check_writable, new_console
 from ..errors import QkvError
-from .backends import BACKENDS, CHUNK, local_cores
+from ..io import write_atomic
+from ..threads import cores
+from ..viz.palette import ROLE_COLOURS
+from .backends import BACKENDS, CHUNK
 from .detectors import top_heads
 from .corpus import SPLITS, open_corpus
 from .roles import BROAD, DOMINANT, INDUCTION, strength
 from .run import HeadReport, analyse
 from .stats import DESCRIPTIONS, STATS
 
-MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
-ROLE_STYLES = {
-    "previous": "bold blue", "next": "bold cyan", "self": "bold magenta", "[CLS]": "bold red",
-    "[SEP]": "bold dark_orange", "punctuation": "bold yellow", "first": "bold bright_magenta",
-    "induction": "bold green", "broad": "bright_black", "mixed": "grey50",
-}
+# the roles' colours of every view (viz.palette), bold where a head has one clear target
+ROLE_STYLES = {role: ("" if role in ("broad", "mixed") else "bold ") + colour for role, colour in ROLE_COLOURS.items()}
 SHORT = {"previous": "prev", "punctuation": "punct", "induction": "induct"}
 CHECKPOINT_NAME = "heads-checkpoint.npz"
 
@@ -134,7 +134,6 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
     Give TEXT(s), or a corpus with --file. Each text counts equally in the averages.
     """
     from ..checkpoints import load
-    from ..cli import _check_writable, _console
     from .text import prepare
 
     unknown = [s for s in show if s not in STATS]
@@ -148,11 +147,11 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         if not t.strip():
             raise QkvError("the text is empty; give some words to look at")
     if out_dir is not None:
-        _check_writable(out_dir)
+        check_writable(out_dir)
         if checkpoint is None and corpus_path is not None:
             checkpoint = str(Path(out_dir) / CHECKPOINT_NAME)
     if checkpoint is not None:
-        _check_writable(str(Path(checkpoint).resolve().parent))
+        check_writable(str(Path(checkpoint).resolve().parent))
     corpus = open_corpus(corpus_path, split) if corpus_path else None
     model = load(source)
     lacking = prepare(model, window).not_applicable
@@ -160,7 +159,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         if name in lacking:
             raise QkvError(f"'{name}' does not apply to {model.name}: {lacking[name]}; choose another statistic")
     if workers is None and backend == "local":
-        workers = local_cores() if corpus is not None and corpus.count >= 4 * CHUNK else 1
+        workers = cores() if corpus is not None and corpus.count >= 4 * CHUNK else 1
     report = _run(model, corpus or list(texts), window, backend, workers, address, checkpoint)
     warn_failures(report)
     if out_dir is not None:
@@ -168,7 +167,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
     if as_json:
         click.echo(json.dumps(report.to_json()))
         return
-    console = _console()
+    console = new_console()
     console.print(Text(f"{report.model}: {report.layers} layers × {report.heads} heads, {report.texts} text"
                        f"{'s' if report.texts != 1 else ''}, {report.tokens} tokens"
                        + (f" in {report.windows} windows" if report.windows != report.texts else "")))
@@ -207,19 +206,15 @@ def _first_text(corpus) -> str | None:
 
 def _write_out(report: HeadReport, out: Path, model, text: str | None) -> None:
     """heads.json, the figures, and the viewer of the first text with heads coloured by role."""
-    from .totals import write_atomic
+    from ..viz.html import save_viewer
     from .corpus import template_of, windows
     from .figures import save_figures
 
     write_atomic(out / "heads.json", lambda f: f.write(json.dumps(report.to_json(), indent=1).encode()))
     written = save_figures(report, out)
-    try:
-        from ..viz.html import save_viewer
-    except ImportError:
-        save_viewer = None
-    if save_viewer is not None and text is not None:
+    if text is not None:
         ids, _ = model.tokenizer.encode(text)
         first = windows(ids, model.config.max_positions, template_of(model.tokenizer))[0]
         trace = model.run(first, keep=("attentions",))
-        written.append(save_viewer(trace, out / "viewer.html", model_name=report.model, roles=report.roles))
+        written.append(save_viewer(trace, out / "viewer.html", roles=report.roles))
     click.echo(f"wrote {len(written) + 1} files to {out}", err=True)

@@ -9,23 +9,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import QkvError
+from ..io import FileBatch
+from ..viz.palette import CMAP, ROLE_COLOURS   # the colours of every view (roles: also terminal, viewer)
 from .run import HeadReport
 from .stats import DESCRIPTIONS, STATS
 
-# One colour per role (figures and the terminal's legend use the same hues).
-ROLE_COLOURS = {
-    "previous": "#1f77b4", "next": "#17becf", "self": "#9467bd", "[CLS]": "#d62728", "[SEP]": "#ff7f0e",
-    "punctuation": "#8c564b", "first": "#e377c2", "induction": "#2ca02c", "broad": "#bcbd22",
-    "mixed": "#c7c7c7",
-}
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise QkvError("figures need matplotlib, which is not installed; pip install matplotlib") from None
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -56,7 +49,7 @@ def stat_figure(report: HeadReport, name: str):
     L, H = report.layers, report.heads
     fig, ax = _axes(plt, L, H, f"{report.model}: {name} — {DESCRIPTIONS[name]} ({_texts(report)})")
     vmax = max(float(np.max(values)), 1e-9) if name == "entropy" else 1.0
-    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
+    image = ax.imshow(values, cmap=CMAP, vmin=0.0, vmax=vmax, aspect="auto")
     fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="nats" if name == "entropy" else "fraction")
     for i in range(L):
         for h in range(H):
@@ -87,17 +80,14 @@ def roles_figure(report: HeadReport):
 def save_figures(report: HeadReport, out_dir: str | Path, formats=("png", "svg")) -> list[Path]:
     """heads-roles.* and heads-<statistic>.* for every statistic that applies; the paths written."""
     plt = _pyplot()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     figures = {"roles": roles_figure(report)}
     figures.update({name: stat_figure(report, name) for name in STATS if report.stats[name] is not None})
-    written = []
-    for name, fig in figures.items():
-        for fmt in formats:
-            path = out / f"heads-{name}.{fmt}"
-            tmp = path.with_name(f".{path.name}.tmp")
-            fig.savefig(tmp, format=fmt)
-            tmp.replace(path)                                  # never a half-written figure
-            written.append(path)
-        plt.close(fig)
-    return written
+    try:
+        with FileBatch(out_dir) as files:                      # every figure or none
+            for name, fig in figures.items():
+                for fmt in formats:
+                    files.write(f"heads-{name}.{fmt}", lambda f: fig.savefig(f, format=fmt))
+    finally:
+        for fig in figures.values():
+            plt.close(fig)
+    return files.paths

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..errors import QkvError
+from ..threads import blas_one_thread
 from . import backends
 from .corpus import Corpus
 from .detectors import repeated_scores
@@ -134,7 +135,7 @@ def report(setup: Setup, totals: Totals) -> HeadReport:
     L, H = model.config.n_layers, model.config.n_heads
     stats = {name: totals.mean(name) for name in STATS}
     uniform = float(totals.mean("uniform_entropy"))
-    with backends.one_blas_thread():                 # small products: threads only slow them down
+    with blas_one_thread():                 # small products: threads only slow them down
         repeated = repeated_scores(model, setup.template.prefix, setup.template.suffix)
     induction = repeated["induction"]
     detectors = {"previous_token": totals.mean("previous_token"),

@@ -11,9 +11,13 @@ For a text of n tokens and a head's attention A (n × n, rows = queries, each ro
     first   = (1/n)·Σᵢ A[i,0]                   to position 0 (the attention sink of decoders)
     entropy = (1/n)·Σᵢ −Σⱼ A[i,j]·ln A[i,j]      in nats, with 0·ln 0 = 0
 
-Every function takes A with any leading axes, (..., n, n) — one head, a layer (H, n, n)
-or a whole trace (L, H, n, n) — and returns one number per head, (...). Sums run in
-float64 whatever the input's type.
+Cross-attention (n_q queries over n_k keys of another text, n_q ≠ n_k) has the same
+definitions with (1/n_q)·Σᵢ over its queries and the tokens of its keys, except self, prev
+and next: positions in two texts are not comparable, so those are None (not applicable).
+
+Every function takes A with any leading axes, (..., n_q, n_k) — one head, a layer
+(H, n_q, n_k) or a whole trace (L, H, n_q, n_k) — and returns one number per head, (...).
+Sums run in float64 whatever the input's type.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
+from ..ops import entropy as row_entropy
 
 STATS = ("self", "prev", "next", "cls", "sep", "punct", "first", "entropy")
 DESCRIPTIONS = {
@@ -40,37 +46,38 @@ BPE_SPACE = ("Ġ", "▁")          # the word-start markers of byte-level BPE an
 
 def _f64(attn: np.ndarray) -> np.ndarray:
     attn = np.asarray(attn)
-    if attn.ndim < 2 or attn.shape[-1] != attn.shape[-2] or attn.shape[-1] == 0:
-        raise ValueError(f"attention must be (..., n, n) with n ≥ 1, got {attn.shape}")
+    if attn.ndim < 2 or 0 in attn.shape[-2:]:
+        raise ValueError(f"attention must be (..., n_q, n_k) with n_q, n_k ≥ 1, got {attn.shape}")
     return attn.astype(np.float64, copy=False)
 
 
 def diagonal(attn: np.ndarray, offset: int) -> np.ndarray:
-    """(1/n)·Σᵢ A[i, i+offset]: offset 0 = self, −1 = prev, +1 = next."""
+    """(1/n)·Σᵢ A[i, i+offset]: offset 0 = self, −1 = prev, +1 = next (self-attention only, n × n)."""
     A = _f64(attn)
     n = A.shape[-1]
+    if A.shape[-2] != n:
+        raise ValueError(f"self/prev/next need self-attention (..., n, n), got {A.shape}")
     return np.diagonal(A, offset, axis1=-2, axis2=-1).sum(-1) / n      # (...)
 
 
 def attention_to(attn: np.ndarray, positions: Sequence[int]) -> np.ndarray:
-    """(1/n)·Σᵢ Σ_{j∈positions} A[i,j]: how much of the text's attention goes to these keys."""
+    """(1/n_q)·Σᵢ Σ_{j∈positions} A[i,j]: how much of the queries' attention goes to these keys."""
     A = _f64(attn)
-    n = A.shape[-1]
+    n_q = A.shape[-2]
     cols = sorted(set(int(j) for j in positions))
-    return A[..., :, cols].sum((-2, -1)) / n                             # (...)
+    return A[..., :, cols].sum((-2, -1)) / n_q                           # (...)
 
 
 def entropy(attn: np.ndarray) -> np.ndarray:
-    """(1/n)·Σᵢ −Σⱼ A[i,j]·ln A[i,j], in nats; 0·ln 0 = 0 (masked keys count for nothing)."""
-    A = _f64(attn)
-    safe = np.where(A > 0, A, 1.0)                                       # ln 1 = 0 where A = 0
-    return -(A * np.log(safe)).sum(-1).mean(-1)                          # (...)
+    """(1/n_q)·Σᵢ −Σⱼ A[i,j]·ln A[i,j], in nats; 0·ln 0 = 0 (masked keys count for nothing)."""
+    return row_entropy(_f64(attn)).mean(-1)                              # (...)
 
 
 def uniform_entropy(n: int, causal: bool) -> float:
     """The entropy of attention spread evenly over every visible key: the most a head can have.
 
-    Encoders see n keys from every row (ln n); decoders see i+1 keys from row i.
+    Encoders (and cross-attention, over n = n_k keys) see n keys from every row (ln n);
+    decoders see i+1 keys from row i.
     """
     if not causal:
         return float(np.log(n))
@@ -98,17 +105,20 @@ def head_stats(attn: np.ndarray, tokens: Sequence[str], *, cls: str | None = CLS
                sep: str | None = SEP) -> dict[str, np.ndarray | None]:
     """Every statistic of STATS for one text: name → (...) per head, None when it does not apply.
 
+    tokens: the keys' tokens as the tokenizer spells them (n_k; "[CLS]", "Ġ,").
     cls / sep: how the tokenizer spells [CLS] / [SEP], or None when it adds no such token
-    (GPT-2, Llama): then that statistic is None, never 0.
+    (GPT-2, Llama): then that statistic is None, never 0. Cross-attention (n_q ≠ n_k):
+    self, prev and next are None.
     """
     A = _f64(attn)
     if A.shape[-1] != len(tokens):
         raise ValueError(f"attention is over {A.shape[-1]} tokens but {len(tokens)} tokens were given")
+    square = A.shape[-2] == A.shape[-1]
     cls_at, sep_at = positions_of(tokens, cls), positions_of(tokens, sep)
     return {
-        "self": diagonal(A, 0),
-        "prev": diagonal(A, -1),
-        "next": diagonal(A, 1),
+        "self": diagonal(A, 0) if square else None,
+        "prev": diagonal(A, -1) if square else None,
+        "next": diagonal(A, 1) if square else None,
         "cls": None if cls_at is None else attention_to(A, cls_at),
         "sep": None if sep_at is None else attention_to(A, sep_at),
         "punct": attention_to(A, punctuation_positions(tokens)),

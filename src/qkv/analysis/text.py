@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import QkvError
+from ..model import Model
 from .corpus import Template, template_of, windows
 from .detectors import duplicate_token_pattern, pattern_mass, previous_token_pattern
 from .stats import CLS, SEP, head_stats, uniform_entropy
@@ -25,7 +26,7 @@ from .totals import Failure, TextResult
 class Setup:
     """What a worker needs to analyse texts, made once per worker: the model and its template."""
 
-    model: object
+    model: Model
     window: int
     template: Template
     cls: str | None               # how the tokenizer spells [CLS], None if it adds none
@@ -38,7 +39,7 @@ class Setup:
                 for name, tok, spelled in (("cls", CLS, self.cls), ("sep", SEP, self.sep)) if spelled is None}
 
 
-def prepare(model, window: int | None = None) -> Setup:
+def prepare(model: Model, window: int | None = None) -> Setup:
     """Check the model can read text and the window fits; find its [CLS]/[SEP]."""
     if model.tokenizer is None:
         raise QkvError(f"{model.name} has no tokenizer.json, so text cannot be encoded; "

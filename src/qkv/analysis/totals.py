@@ -10,13 +10,13 @@ resumed from its checkpoint gives the same bits as one never interrupted.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import QkvError
+from ..io import write_atomic
 
 
 @dataclass
@@ -115,16 +115,3 @@ class Totals:
         return cls(sums=sums, counts=meta["counts"], texts=meta["texts"], tokens=meta["tokens"],
                    windows=meta["windows"], next_index=meta["next_index"],
                    failures=[Failure(*f) for f in meta["failures"]])
-
-
-def write_atomic(path: str | Path, write) -> None:
-    """write(file) into a temporary file next to `path`, then rename it there: never a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

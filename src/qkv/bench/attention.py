@@ -8,7 +8,8 @@
     each method once in a fresh subprocess (its time and peak memory), then, where a call
     is short, `repeats` more rounds taking turns in this process (the median is reported).
     FLOPs = 4·n²·d·H (half that when causal; window: 4·n·w·d·H); the ceiling is a large
-    matmul's GFLOP/s measured in the same run.
+    matmul's GFLOP/s measured in the same run, as are NumPy's exp per element and the cores
+    other processes kept busy.
 
 `measure` returns plain dicts; `attention_report.markdown` and `.plot` turn them into docs/benchmarks.md's
 section and its figure. torch is optional: without it its column is left out, with a note.
@@ -23,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-import click
 import numpy as np
 
 from ..errors import QkvError
-from .common import machine_facts, time_interleaved, write_section
+from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
 
 SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 HEADS, D_HEAD = 12, 64
@@ -195,6 +195,13 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size ** 3 / t / 1e9
 
 
+def exp_ns(size: int = 1 << 22, repeats: int = 5) -> float:
+    """Nanoseconds NumPy's float32 exp takes per element (one thread, an array of `size`)."""
+    x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
+    y = np.empty_like(x)
+    return 1e9 * time_interleaved({"exp": lambda: np.exp(x, out=y)}, repeats=repeats)["exp"] / size
+
+
 def measure(sizes=SIZES, repeats: int = REPEATS, max_seconds: float = MAX_SECONDS, window: int = WINDOW,
             log=None) -> dict:
     """Every method at every size, causal and not; a plain dict of rows (see `attention_report.markdown`)."""
@@ -205,6 +212,7 @@ def measure(sizes=SIZES, repeats: int = REPEATS, max_seconds: float = MAX_SECOND
     log = log or (lambda msg: None)
     torch_ok = have_torch()
     rows = []
+    before = cpu_snapshot()                                      # others' work slows every method
     for causal in (True, False):
         measured: dict[str, dict[int, float]] = {m: {} for m in METHODS}
         for n in sorted(set(sizes)):
@@ -238,13 +246,14 @@ def measure(sizes=SIZES, repeats: int = REPEATS, max_seconds: float = MAX_SECOND
             rows.append(row)
             log(f"{'causal' if causal else 'full'} n={n}: " + ", ".join(
                 f"{m} {r['seconds']:.3f} s" for m, r in row["methods"].items() if "seconds" in r))
+    others = others_cores(before, cpu_snapshot())
     machine = machine_facts()
     if torch_ok:
         import torch
         machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads()}
     return {"shape": {"heads": HEADS, "d_head": D_HEAD, "batch": 1, "window": window, "dtype": "float32"},
-            "machine": machine, "matmul_gflops": matmul_gflops(), "repeats": repeats, "rows": rows,
-            "torch": torch_ok}
+            "machine": machine, "matmul_gflops": matmul_gflops(), "exp_ns": exp_ns(), "others_cores": others,
+            "repeats": repeats, "rows": rows, "torch": torch_ok}
 
 
 # ── linear attention on real activations ─────────────────────────────────────────
@@ -267,65 +276,6 @@ def linear_vs_softmax(text: str = TEXT, source: str = "minilm") -> dict:
         layers.append({"layer": i, "relative_error": float(c["relative_error"].mean()),
                        "worst_relative_error": float(c["relative_error"].max()), "cosine": float(c["cosine"].mean())})
     return {"model": model.name, "tokens": len(trace.tokens), "causal": model.config.causal, "layers": layers}
-
-
-# ── the command ───────────────────────────────────────────────────────────────────
-
-def attention_command_line(sizes, repeats, max_seconds, window, out, plot_path) -> str:
-    """The command line that reproduces a run with these options (written into the docs)."""
-    parts = ["qkv bench attention"]
-    if tuple(sizes) != SIZES:
-        parts += [f"--sizes {n}" for n in sizes]
-    for flag, value, default in (("--repeats", repeats, REPEATS), ("--max-seconds", max_seconds, MAX_SECONDS),
-                                 ("--window", window, WINDOW)):
-        if value != default:
-            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
-    if out:
-        parts.append(f"--out {out}")
-    if plot_path:
-        parts.append(f"--plot {plot_path}")
-    return " ".join(parts)
-
-
-@click.command("attention")
-@click.option("--sizes", type=click.IntRange(min=1), multiple=True, default=SIZES, show_default=True,
-              help="Token counts n; repeat the option for several.")
-@click.option("--repeats", type=click.IntRange(min=1), default=REPEATS, show_default=True,
-              help="Timed rounds for calls shorter than 20 s (the median is reported); longer calls run once.")
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=MAX_SECONDS, show_default=True,
-              help="Skip a size whose predicted time for one call (from the smaller sizes) is longer.")
-@click.option("--window", type=click.IntRange(min=1), default=WINDOW, show_default=True,
-              help="Sliding window width w.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Markdown file whose 'bench:attention' section to (re)write, e.g. docs/benchmarks.md.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Also draw time and memory against n into this PNG.")
-@click.option("--linear/--no-linear", default=True, show_default=True,
-              help="Also compare linear attention with softmax on MiniLM's real activations.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
-def attention_command(sizes, repeats, max_seconds, window, out, plot_path, linear, as_json) -> None:
-    """Attention at n = 512 … 65536: plain, tiled, sliding window and torch's SDPA; time, memory, GFLOP/s."""
-    if plot_path and not plot_path.lower().endswith(".png"):
-        raise QkvError(f"--plot {plot_path} must name a .png file")
-    for path in filter(None, (out, plot_path)):
-        parent = Path(path).resolve().parent
-        if parent.exists() and not os.access(parent, os.W_OK):
-            raise QkvError(f"cannot write {path}: its directory is not writable; choose another path")
-    result = measure(sizes, repeats, max_seconds, window, log=lambda msg: click.echo(msg, err=True))
-    from .attention_report import markdown, plot, threshold_note
-
-    result["linear"] = linear_vs_softmax() if linear else None
-    if plot_path:
-        plot(result, plot_path)
-    rel_plot = None
-    if plot_path:
-        rel_plot = os.path.relpath(Path(plot_path).resolve(), Path(out).resolve().parent) if out else plot_path
-    text = markdown(result, attention_command_line(sizes, repeats, max_seconds, window, out, plot_path),
-                    plot_path=rel_plot, linear=result["linear"], threshold_note=threshold_note(result))
-    click.echo(json.dumps(result, indent=2) if as_json else text)
-    if out:
-        write_section(out, "attention", text)
-        click.echo(f"wrote the attention section of {out}", err=True)
 
 
 if __name__ == "__main__":                      # the subprocess of probe_in_subprocess

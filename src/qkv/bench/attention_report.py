@@ -1,18 +1,19 @@
 """The attention benchmark's docs section and figure, from `attention.measure`'s dict.
 
     markdown  the "Attention at length" section of docs/benchmarks.md: a table per mode
-              (causal, not), the figure, how the tiled kernel runs, the engine's threshold,
-              linear attention against softmax on real activations, the machine
+              (causal, not), the figure, how the tiled kernel runs (with the run's exp time),
+              the engine's threshold against the run's crossover, linear attention against
+              softmax on real activations, the machine and its load during the run
     plot      time and peak memory against n, log–log, every method
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from ..io import write_atomic
+from . import markdown as md
 from .attention import COMMAND, METHODS
-from .common import OPENBLAS_VARS
 
 
 def _cell(r: dict) -> str:
@@ -49,78 +50,93 @@ def crossover(rows: list[dict], causal: bool) -> int | None:
 HOW_TILED = (
     "How the tiled kernel runs (qkv/kernels.py): query blocks of `Q_BLOCK` rows are independent, so they run "
     "on one thread per core (NumPy releases the GIL inside matmul and exp), each with BLAS on one thread "
-    "(qkv/threads.py; with BLAS's own threads every small matmul waited for a busy core on this shared machine, "
-    "~10× slower). For each block of `K_BLOCK` keys, all heads' scores come from one batched matmul into a "
+    "(qkv/threads.py). For each block of `K_BLOCK` keys, all heads' scores come from one batched matmul into a "
     "buffer reused by every key block; only blocks that cross the mask's edge (the causal diagonal, the "
-    "window's edge, padding) get a mask, added in place, and blocks the mask hides entirely are never visited. "
-    "What separates it from torch's fused kernel: NumPy's float32 exp (~1.3 ns a score on this AVX2 CPU, "
-    "about a quarter of the time) and the separate passes for the row max, the subtraction and the row sum, "
-    "which torch does in registers.")
+    "window's edge, padding) get a mask, added in place, and blocks the mask hides entirely are never visited.")
+TILED_BACKGROUND = (
+    "with BLAS's own threads inside each block, every small matmul waited for a busy core on a shared machine "
+    "(~10× slower when the kernel was written). What separates the kernel from torch's fused one is NumPy's "
+    "float32 exp and the separate passes for the row max, the subtraction and the row sum, which torch does "
+    "in registers.")
 
 
 def markdown(result: dict, command: str = COMMAND, plot_path: str | None = None, linear: dict | None = None,
              threshold_note: str = "") -> str:
     """The "Attention at length" section of docs/benchmarks.md, from `measure`'s dict."""
-    sh, mach = result["shape"], result["machine"]
-    methods = [m for m in METHODS if result["torch"] or m != "torch"]
-    lines = ["## Attention at length", "",
-             f"One attention call on random q, k, v of shape (1, H {sh['heads']}, n, d {sh['d_head']}), "
-             f"{sh['dtype']}: plain NumPy (`scaled_dot_product_attention`, holds H·n² scores), tiled "
-             f"(`tiled_attention`, online softmax), sliding window (`sliding_window_attention`, w = "
-             f"{sh['window']}, causal only)" + (" and torch's `scaled_dot_product_attention`" if result["torch"]
-                                               else "") + ". "
-             f"Each cell: median time ({result['repeats']} rounds taking turns after a warm-up, or one run "
-             "where a call is long), GFLOP/s (useful FLOPs: 4·n²·d·H, half when causal; window 4·n·w·d·H) "
-             "and the peak memory the call added (the process's high-water mark during the call, in a "
-             "fresh process, inputs excluded, output included). "
-             f"Ceiling: a 2048² float32 matmul runs at **{result['matmul_gflops']:.0f} GFLOP/s** here.",
-             ""]
-    if not result["torch"]:
-        lines += ["*torch is not installed: its column is left out (pip install torch to add it).*", ""]
-    for causal in (True, False):
-        rows = [r for r in result["rows"] if r["causal"] == causal]
-        if not rows:
-            continue
-        ms = [m for m in methods if causal or m != "window"]
-        lines += [f"### {'Causal' if causal else 'Not causal'}", "",
-                  "| n | " + " | ".join(ms) + " | tiled / plain |" + (" tiled / torch |" if result["torch"] else ""),
-                  "|---:|" + "---:|" * len(ms) + "---:|" + ("---:|" if result["torch"] else "")]
-        for r in rows:
-            cells = [str(r["n"])] + [_cell(r["methods"][m]) for m in ms]
-            for other in ("plain",) + (("torch",) if result["torch"] else ()):
-                x = ratio(r, "tiled", other)
-                cells.append("—" if x is None else f"{x:.2f}×")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    if plot_path:
-        lines += [f"![time and memory against n]({plot_path})", ""]
-    lines += [HOW_TILED, ""]
-    if threshold_note:
-        lines += [threshold_note, ""]
-    if linear:
-        lines += ["### Linear attention against softmax on real activations", "",
-                  f"`qkv.kernels.compare_to_softmax` on {linear['model']} reading a {linear['tokens']}-token "
-                  f"paragraph ({'causal' if linear['causal'] else 'not causal'}): q, k, v of every layer from "
-                  "`Model.run`, softmax attention (tiled) against linear attention (φ = elu + 1) on the same "
-                  "inputs; mean over the heads, and the worst head.", "",
-                  "| layer | relative error ‖lin − soft‖ / ‖soft‖ | worst head | cosine |", "|---:|---:|---:|---:|"]
-        for la in linear["layers"]:
-            lines.append(f"| {la['layer']} | {la['relative_error']:.3f} | {la['worst_relative_error']:.3f} | "
-                         f"{la['cosine']:.3f} |")
-        lines.append("")
-    blas = mach["blas"]
-    env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
-    torch_ = mach.get("torch")
-    lines += [f"Machine: {mach['cpu']}, {mach['cores']} cores, shared with other work while this ran: figures "
-              "are medians, the methods of a row take turns, yet a cell can be off by up to 2× when that work "
-              "starts or stops mid-run (two full runs made here differed that much in single cells; in most rows "
-              f"of both, tiled / torch was 1.5–2× from n = 2048 up); Python {mach['python']}; "
-              f"NumPy {mach['numpy']} with "
-              f"{blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
-              f"{blas.get('num_threads')} threads)"
-              + (f"; torch {torch_['version']} ({torch_['threads']} threads)" if torch_ else "") + f"; {env}.",
-              "", "Reproduce (rewrites only this section and the figure):", "", "```sh", command, "```"]
-    return "\n".join(lines)
+    tables = [_mode_table(result, causal) for causal in (True, False)]
+    return md.join("## Attention at length", _method(result),
+                   None if result["torch"] else
+                   "*torch is not installed: its column is left out (pip install torch to add it).*",
+                   *[part for t in tables if t for part in t],
+                   f"![time and memory against n]({plot_path})" if plot_path else None,
+                   HOW_TILED + " " + _exp_share(result) + md.background(TILED_BACKGROUND),
+                   threshold_note or None, *(_linear(linear) if linear else []),
+                   _machine(result), md.reproduce(command, "this section and the figure"))
+
+
+def _method(result: dict) -> str:
+    sh = result["shape"]
+    return (f"One attention call on random q, k, v of shape (1, H {sh['heads']}, n, d {sh['d_head']}), "
+            f"{sh['dtype']}: plain NumPy (`scaled_dot_product_attention`, holds H·n² scores), tiled "
+            f"(`tiled_attention`, online softmax), sliding window (`sliding_window_attention`, w = "
+            f"{sh['window']}, causal only)" + (" and torch's `scaled_dot_product_attention`" if result["torch"]
+                                              else "") + ". "
+            f"Each cell: median time ({result['repeats']} rounds taking turns after a warm-up, or one run "
+            "where a call is long), GFLOP/s (useful FLOPs: 4·n²·d·H, half when causal; window 4·n·w·d·H) "
+            "and the peak memory the call added (the process's high-water mark during the call, in a "
+            "fresh process, inputs excluded, output included). "
+            f"Ceiling: a 2048² float32 matmul runs at **{result['matmul_gflops']:.0f} GFLOP/s** here.")
+
+
+def _mode_table(result: dict, causal: bool) -> list | None:
+    """The heading and table of one mode (causal or not); None when the run has no row of it."""
+    rows = [r for r in result["rows"] if r["causal"] == causal]
+    if not rows:
+        return None
+    methods = [m for m in METHODS if (result["torch"] or m != "torch") and (causal or m != "window")]
+    others = ("plain",) + (("torch",) if result["torch"] else ())
+    cells = []
+    for r in rows:
+        ratios = [ratio(r, "tiled", other) for other in others]
+        cells.append([str(r["n"])] + [_cell(r["methods"][m]) for m in methods]
+                     + ["—" if x is None else f"{x:.2f}×" for x in ratios])
+    header = ["n", *methods] + [f"tiled / {other}" for other in others]
+    return [f"### {'Causal' if causal else 'Not causal'}", md.table(header, cells, "r" * len(header))]
+
+
+def _exp_share(result: dict) -> str:
+    """NumPy's exp per score, measured in this run, against tiled's time per score at the largest full n."""
+    if "exp_ns" not in result:
+        return ""
+    said = f"NumPy's float32 exp took {result['exp_ns']:.2f} ns an element on one core in this run"
+    full = [r for r in result["rows"] if not r["causal"] and "seconds" in r["methods"].get("tiled", {})]
+    if not full:
+        return said + ". "
+    r = max(full, key=lambda r: r["n"])
+    scores = result["shape"]["heads"] * r["n"] ** 2
+    per_score = 1e9 * r["methods"]["tiled"]["seconds"] * result["machine"]["cores"] / scores   # ns on one core
+    return (said + f"; at n = {r['n']} (not causal) tiled spent {per_score:.2f} ns of one core a score, so exp "
+            f"alone is about {min(1.0, result['exp_ns'] / per_score):.0%} of it. ")
+
+
+def _linear(linear: dict) -> list:
+    rows = [[str(la["layer"]), f"{la['relative_error']:.3f}", f"{la['worst_relative_error']:.3f}",
+             f"{la['cosine']:.3f}"] for la in linear["layers"]]
+    return ["### Linear attention against softmax on real activations",
+            f"`qkv.kernels.compare_to_softmax` on {linear['model']} reading a {linear['tokens']}-token "
+            f"paragraph ({'causal' if linear['causal'] else 'not causal'}): q, k, v of every layer from "
+            "`Model.run`, softmax attention (tiled) against linear attention (φ = elu + 1) on the same "
+            "inputs; mean over the heads, and the worst head.",
+            md.table(["layer", "relative error ‖lin − soft‖ / ‖soft‖", "worst head", "cosine"], rows, "rrrr")]
+
+
+def _machine(result: dict) -> str:
+    mach, torch_ = result["machine"], result["machine"].get("torch")
+    noise = (md.busy(result["others_cores"]) + " " if "others_cores" in result else "")
+    return (f"Machine: {mach['cpu']}, {mach['cores']} cores; {md.numpy_blas(mach)}"
+            + (f"; torch {torch_['version']} ({torch_['threads']} threads)" if torch_ else "")
+            + f"; {md.openblas_env(mach)}. " + noise + "Figures are medians and the methods of a row take turns, "
+            "but a call timed once (a long one) has no median to steady it.")
 
 
 def plot(result: dict, path: str | Path) -> Path:
@@ -155,10 +171,8 @@ def plot(result: dict, path: str | Path) -> Path:
     fig.suptitle(f"Attention, H {result['shape']['heads']}, d {result['shape']['d_head']}, float32")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -171,6 +185,6 @@ def threshold_note(result: dict) -> str:
                      f"{'causal' if c else 'not causal'}: not faster at the sizes measured"
                      for c, n in found.items())
     side = int(TILED_MIN_SCORES ** 0.5)
-    return (f"Tiled beats plain {said}. The engine switches to the tiled path from n·m ≥ "
-            f"`TILED_MIN_SCORES` = {TILED_MIN_SCORES:,} scores per head (n = m = {side}), "
-            "set from these measurements (qkv/attention.py).")
+    return (f"Tiled beats plain {said} in this run. The engine switches to the tiled path from n·m ≥ "
+            f"`TILED_MIN_SCORES` = {TILED_MIN_SCORES:,} scores per head (n = m = {side}; qkv/attention.py). "
+            + md.background("that threshold was set from an earlier run of this benchmark."))

@@ -1,5 +1,9 @@
 """`qkv bench ...`: the benchmark commands (registered in qkv.cli with `cli.add_command(bench)`).
 
+Each command measures with its module (forward, attention, generate, llm, heads), writes the
+report with it (attention_report for attention) and (re)writes its section of the docs;
+those modules hold no command line, so they never import this one.
+
 Importing this module does not import torch or transformers; each command does, and says
 how to install them when they are missing (one line, via QkvError).
 """
@@ -7,10 +11,18 @@ how to install them when they are missing (one line, via QkvError).
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 import click
 
+from ..errors import QkvError
+from . import attention as ab
+from . import attention_report as report
 from . import forward as fwd
+from . import generate as gb
+from . import llm
 from .common import write_section
 
 
@@ -19,18 +31,40 @@ def bench() -> None:
     """Time qkv against transformers (needs torch and transformers: `make bench`)."""
 
 
-def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None) -> str:
-    """The command line that reproduces a run with these options (written into the docs)."""
-    parts = ["qkv bench forward"]
-    if tuple(tokens) != fwd.TOKENS:
-        parts += [f"--tokens {n}" for n in tokens]
-    if repeats != fwd.REPEATS:
-        parts.append(f"--repeats {repeats}")
-    if not eager:
-        parts.append("--no-eager")
-    if out:
-        parts.append(f"--out {out}")
+def command_line(command: str, options: list[tuple[str, object, object]]) -> str:
+    """COMMAND and each (flag, value, default) whose value differs from its default: the line that
+    reproduces a run, written into the docs. A tuple repeats the flag, True is a bare flag."""
+    parts = [command]
+    for flag, value, default in options:
+        if value == default or value is None or value is False:
+            continue
+        for v in (value if isinstance(value, tuple) else (value,)):
+            parts.append(flag if v is True else f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
     return " ".join(parts)
+
+
+def publish(result: dict, text: str, as_json: bool, out: str | None, section: str, took: str = "") -> None:
+    """Print the report (or the results as JSON) and (re)write its section of OUT."""
+    click.echo(json.dumps(result, indent=2, default=str) if as_json else text)
+    if out:
+        write_section(out, section, text)
+        click.echo(f"wrote the {section} section of {out}{took}", err=True)
+
+
+def out_option(what: str):
+    """The --out option of a benchmark: the docs file whose section WHAT it rewrites."""
+    return click.option("--out", type=click.Path(dir_okay=False), default=None,
+                        help=f"Markdown file whose {what} to (re)write, e.g. docs/benchmarks.md.")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
+
+
+def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None) -> str:
+    """The command line that reproduces a forward run with these options."""
+    return command_line("qkv bench forward", [("--tokens", tuple(tokens), fwd.TOKENS),
+                                              ("--repeats", repeats, fwd.REPEATS), ("--no-eager", not eager, False),
+                                              ("--out", out, None)])
 
 
 @bench.command()
@@ -40,17 +74,13 @@ def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str
               help="Timed rounds per length (the median is reported), after one warm-up.")
 @click.option("--eager/--no-eager", default=True, show_default=True,
               help="Also time transformers with eager attention.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Markdown file whose 'bench:forward' section to (re)write, e.g. docs/benchmarks.md.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
+@out_option("'bench:forward' section")
+@json_option
 def forward(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None, as_json: bool) -> None:
     """Prefill of a random GPT-2-small: qkv's time over transformers', same run, same weights."""
     result = fwd.measure(tokens=tokens, repeats=repeats, eager=eager)
     text = fwd.markdown(result, command=forward_command(tokens, repeats, eager, out))
-    click.echo(json.dumps(result, indent=2) if as_json else text)
-    if out:
-        write_section(out, "forward", text)
-        click.echo(f"wrote the forward section of {out}", err=True)
+    publish(result, text, as_json, out, "forward")
 
 
 @bench.command(name="heads")
@@ -59,26 +89,106 @@ def forward(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None,
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes / Ray actors for the parallel runs [default: every core].")
 @click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Also time the Ray backend.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Markdown file whose 'bench:heads' section to (re)write, e.g. docs/benchmarks.md.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
+@out_option("'bench:heads' section")
+@json_option
 def heads_bench(sentences: int, workers: int | None, use_ray: bool, out: str | None, as_json: bool) -> None:
     """Texts per second of `qkv heads` on the default model: one process, local cores, Ray (no torch needed)."""
     from . import heads as hb
 
     result = hb.measure(sentences=sentences, workers=workers, ray=use_ray)
-    command = hb.COMMAND if (sentences, workers, use_ray) == (hb.SENTENCES, None, True) else " ".join(
-        ["qkv bench heads", f"--sentences {sentences}"] + ([f"--workers {workers}"] if workers else [])
-        + ([] if use_ray else ["--no-ray"]) + ([f"--out {out}"] if out else []))
+    command = hb.COMMAND if (sentences, workers, use_ray) == (hb.SENTENCES, None, True) else command_line(
+        "qkv bench heads", [("--sentences", sentences, None), ("--workers", workers, None),
+                            ("--no-ray", not use_ray, False), ("--out", out, None)])
     text = hb.markdown(result, command=command)
-    click.echo(json.dumps(result, indent=2) if as_json else text)
-    if out:
-        write_section(out, "heads", text)
-        click.echo(f"wrote the heads section of {out}", err=True)
+    publish(result, text, as_json, out, "heads")
 
 
-from .attention import attention_command  # noqa: E402
-from .generate import generate_command  # noqa: E402
+def attention_command_line(sizes, repeats, max_seconds, window, out, plot_path) -> str:
+    """The command line that reproduces an attention run with these options."""
+    return command_line("qkv bench attention", [
+        ("--sizes", tuple(sizes), ab.SIZES), ("--repeats", repeats, ab.REPEATS),
+        ("--max-seconds", max_seconds, ab.MAX_SECONDS), ("--window", window, ab.WINDOW), ("--out", out, None),
+        ("--plot", plot_path, None)])
 
-bench.add_command(attention_command)
-bench.add_command(generate_command)
+
+@bench.command("attention")
+@click.option("--sizes", type=click.IntRange(min=1), multiple=True, default=ab.SIZES, show_default=True,
+              help="Token counts n; repeat the option for several.")
+@click.option("--repeats", type=click.IntRange(min=1), default=ab.REPEATS, show_default=True,
+              help="Timed rounds for calls shorter than 20 s (the median is reported); longer calls run once.")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=ab.MAX_SECONDS, show_default=True,
+              help="Skip a size whose predicted time for one call (from the smaller sizes) is longer.")
+@click.option("--window", type=click.IntRange(min=1), default=ab.WINDOW, show_default=True,
+              help="Sliding window width w.")
+@out_option("'bench:attention' section")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw time and memory against n into this PNG.")
+@click.option("--linear/--no-linear", default=True, show_default=True,
+              help="Also compare linear attention with softmax on MiniLM's real activations.")
+@json_option
+def attention_command(sizes, repeats, max_seconds, window, out, plot_path, linear, as_json) -> None:
+    """Attention at n = 512 … 65536: plain, tiled, sliding window and torch's SDPA; time, memory, GFLOP/s."""
+    if plot_path and not plot_path.lower().endswith(".png"):
+        raise QkvError(f"--plot {plot_path} must name a .png file")
+    for path in filter(None, (out, plot_path)):
+        parent = Path(path).resolve().parent
+        if parent.exists() and not os.access(parent, os.W_OK):
+            raise QkvError(f"cannot write {path}: its directory is not writable; choose another path")
+    result = ab.measure(sizes, repeats, max_seconds, window, log=lambda msg: click.echo(msg, err=True))
+    result["linear"] = ab.linear_vs_softmax() if linear else None
+    if plot_path:
+        report.plot(result, plot_path)
+    rel_plot = None
+    if plot_path:
+        rel_plot = os.path.relpath(Path(plot_path).resolve(), Path(out).resolve().parent) if out else plot_path
+    text = report.markdown(result, attention_command_line(sizes, repeats, max_seconds, window, out, plot_path),
+                           plot_path=rel_plot, linear=result["linear"], threshold_note=report.threshold_note(result))
+    publish(result, text, as_json, out, "attention")
+
+
+def generate_command_line(new_tokens: int, no_cache_tokens: int, repeats: int, out: str | None) -> str:
+    """The command line that reproduces a generation run on the random model with these options."""
+    return command_line("qkv bench generate", [
+        ("--new-tokens", new_tokens, gb.NEW_TOKENS), ("--no-cache-tokens", no_cache_tokens, gb.NO_CACHE_TOKENS),
+        ("--repeats", repeats, gb.REPEATS), ("--out", out, None)])
+
+
+def llm_command_line(model: str, new_tokens: int, repeats: int, llama: bool, out: str | None) -> str:
+    """The command line that reproduces a generation run on a real model."""
+    return command_line("qkv bench generate", [
+        ("--model", model, None), ("--new-tokens", new_tokens, llm.NEW_TOKENS), ("--repeats", repeats, llm.REPEATS),
+        ("--llama-python", "PATH/TO/python" if llama else None, None), ("--out", out, None)])
+
+
+@bench.command("generate")
+@click.option("--model", "model_source", default=None,
+              help="A real decoder instead of the random GPT-2-small: smollm2, a .gguf or a checkpoint directory "
+                   "(compared with transformers on the same float32 weights).")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=None,
+              help=f"Tokens to generate with a cache [default: {gb.NEW_TOKENS}; 64 with --model].")
+@click.option("--no-cache-tokens", type=click.IntRange(min=1), default=gb.NO_CACHE_TOKENS, show_default=True,
+              help="Tokens to generate without qkv's cache (each step recomputes the sequence; random model only).")
+@click.option("--repeats", type=click.IntRange(min=1), default=gb.REPEATS, show_default=True,
+              help="Timed rounds (the median is reported), after one warm-up.")
+@click.option("--llama-python", type=click.Path(dir_okay=False), default=None,
+              help="With --model: the python of an environment with llama-cpp-python, to time llama.cpp beside.")
+@out_option("'bench:generate' section (or 'bench:generate-MODEL')")
+@json_option
+def generate_command(model_source: str | None, new_tokens: int | None, no_cache_tokens: int, repeats: int,
+                     llama_python: str | None, out: str | None, as_json: bool) -> None:
+    """Greedy generation: tokens/s of qkv and transformers (random GPT-2-small, or --model smollm2)."""
+    start = time.perf_counter()
+    log = lambda msg: click.echo(msg, err=True)   # noqa: E731
+    if model_source is not None:
+        n = new_tokens or llm.NEW_TOKENS
+        result = llm.measure(model_source, n, repeats=repeats, llama_python=llama_python, log=log)
+        text = llm.markdown(result, llm_command_line(model_source, n, repeats, bool(llama_python), out))
+        section = "generate-" + "".join(c if c.isalnum() else "-" for c in model_source.lower())
+    else:
+        if llama_python:
+            raise QkvError("--llama-python needs --model (llama.cpp runs the GGUF file itself)")
+        n = new_tokens or gb.NEW_TOKENS
+        result = gb.measure(n, no_cache_tokens, repeats, log=log)
+        text = gb.markdown(result, generate_command_line(n, no_cache_tokens, repeats, out))
+        section = "generate"
+    publish(result, text, as_json, out, section, took=f" ({time.perf_counter() - start:.0f} s)")

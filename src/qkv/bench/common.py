@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import QkvError
+from ..io import write_text
 
 REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
 
@@ -47,6 +48,14 @@ def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, wa
     seconds of sleep before each run let the previous run's thread pools go idle: after
     a call OpenBLAS's workers keep spinning for ~0.1 s and slow whatever runs next.
     """
+    times = time_rounds(runs, repeats, warmup, clock, settle, sleep)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def time_rounds(runs: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter, settle: float = 0.0,
+                sleep: Callable[[float], None] = time.sleep) -> dict[str, list[float]]:
+    """Every timed round's seconds of each run, in round order (`time_interleaved` takes their medians)."""
     if repeats < 1:
         raise ValueError(f"repeats must be ≥ 1, got {repeats}")
     names = list(runs)
@@ -60,15 +69,13 @@ def time_interleaved(runs: dict[str, Callable[[], object]], repeats: int = 7, wa
             runs[name]()
             if r >= warmup:
                 times[name].append(clock() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
 
 
 def blas_info() -> dict:
     """NumPy's BLAS as threadpoolctl sees it: library, kernel (architecture), threads."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return {"internal_api": "unknown (pip install threadpoolctl)"}
+    from threadpoolctl import threadpool_info
+
     for lib in threadpool_info():
         if lib.get("user_api") == "blas":
             return {k: lib.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
@@ -136,4 +143,4 @@ def write_section(path: str | Path, name: str, body: str, title: str = "# Benchm
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_text(path, text)                                     # atomically: never a half-written page

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import QkvError
 from . import common
-from .common import OPENBLAS_VARS, cpu_snapshot, machine_facts, others_cores, time_interleaved
+from . import markdown as md
+from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
 
 # GPT-2 small's shape (the config's defaults, written out so the benchmark says what it runs).
 GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
@@ -123,39 +124,43 @@ def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 
 
 def markdown(result: dict, command: str = COMMAND) -> str:
     """The "Forward (prefill)" section of docs/benchmarks.md, from `measure`'s dict."""
-    m, mach = result["model"], result["machine"]
-    eager = "eager_ms" in result["rows"][0]
-    head = "| tokens | qkv ms | transformers ms (sdpa) | qkv / transformers |" + (
-        " transformers ms (eager) | qkv / eager |" if eager else "")
-    rule = "|---:|---:|---:|---:|" + ("---:|---:|" if eager else "")
-    lines = ["## Forward (prefill)", "",
-             f"A random GPT-2-small-sized model (L {m['n_layer']}, d_model {m['n_embd']}, H {m['n_head']}, "
-             f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters), "
-             f"float32, batch 1, on the CPU: qkv `model.forward(ids, attentions=False)` against transformers "
-             f"`hf_model(ids)` under `torch.no_grad()`, in the same process, taking turns; median of "
-             f"{result['repeats']} rounds after {result['warmup']} warm-up, with {result.get('settle_s', 0):g} s "
-             f"of sleep before each run so that neither library's idle threads (OpenBLAS's keep spinning ~0.1 s "
-             f"after a call) slow the other. Target: qkv / transformers ≤ {TARGET}.",
-             "", head, rule]
-    for r in result["rows"]:
-        cells = [str(r["tokens"]), f"{r['qkv_ms']:.0f}", f"{r['transformers_ms']:.0f}", f"{r['ratio']:.2f}×"]
-        if eager:
-            cells += [f"{r['eager_ms']:.0f}", f"{r['qkv_ms'] / r['eager_ms']:.2f}×"]
-        lines.append("| " + " | ".join(cells) + " |")
     worst = max(r["max_abs_logits"] for r in result["rows"])
-    blas, torch_ = mach["blas"], mach["torch"]
-    env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
-    lines += ["", f"Logits agree: max abs difference {worst:.1e} (tolerance {TOL_LOGITS}).", "",
-              f"Machine: {mach['cpu']}, {mach['cores']} cores; Python {mach['python']}; NumPy {mach['numpy']} "
-              f"with {blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
-              f"{blas.get('num_threads')} threads); torch {torch_['version']} ({torch_['threads']} threads, "
-              f"{torch_['cpu_capability']}), transformers {mach['transformers']}; {env}.",
-              "", f"Other processes kept {_cores(result['others_cores'])} busy on average during the timing. "
-              "On a busy machine NumPy's multi-threaded BLAS slows down far more than torch does, "
-              "and the ratio with it: run on an idle machine.",
-              "", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
-    return "\n".join(lines)
+    return md.join("## Forward (prefill)", _method(result), _table(result["rows"]),
+                   f"Logits agree: max abs difference {worst:.1e} (tolerance {TOL_LOGITS}).",
+                   _machine(result["machine"]),
+                   md.busy(result["others_cores"]) + " " + md.background(
+                       "on a busy machine NumPy's multi-threaded BLAS slows down far more than torch does, "
+                       "and the ratio with it: run on an idle machine."),
+                   md.reproduce(command))
 
 
-def _cores(x: float | None) -> str:
-    return "an unknown number of cores" if x is None else f"{x:.2f} cores"
+def _method(result: dict) -> str:
+    m = result["model"]
+    return (f"A random GPT-2-small-sized model (L {m['n_layer']}, d_model {m['n_embd']}, H {m['n_head']}, "
+            f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters), "
+            f"float32, batch 1, on the CPU: qkv `model.forward(ids, attentions=False)` against transformers "
+            f"`hf_model(ids)` under `torch.no_grad()`, in the same process, taking turns; median of "
+            f"{result['repeats']} rounds after {result['warmup']} warm-up, with {result.get('settle_s', 0):g} s "
+            "of sleep before each run so that neither library's idle threads slow the other "
+            f"({md.background('OpenBLAS keeps its threads spinning ~0.1 s after a call')}). "
+            f"Target: qkv / transformers ≤ {TARGET}.")
+
+
+def _table(rows: list[dict]) -> list[str]:
+    eager = "eager_ms" in rows[0]
+    header = ["tokens", "qkv ms", "transformers ms (sdpa)", "qkv / transformers"]
+    header += ["transformers ms (eager)", "qkv / eager"] if eager else []
+    cells = []
+    for r in rows:
+        row = [str(r["tokens"]), f"{r['qkv_ms']:.0f}", f"{r['transformers_ms']:.0f}", f"{r['ratio']:.2f}×"]
+        if eager:
+            row += [f"{r['eager_ms']:.0f}", f"{r['qkv_ms'] / r['eager_ms']:.2f}×"]
+        cells.append(row)
+    return md.table(header, cells, "r" * len(header))
+
+
+def _machine(mach: dict) -> str:
+    torch_ = mach["torch"]
+    return (f"Machine: {mach['cpu']}, {mach['cores']} cores; {md.numpy_blas(mach)}; torch {torch_['version']} "
+            f"({torch_['threads']} threads, {torch_['cpu_capability']}), transformers {mach['transformers']}; "
+            f"{md.openblas_env(mach)}.")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import markdown as md
 from .common import machine_facts
 
 SENTENCES = 1000
@@ -57,7 +58,7 @@ def synthetic_corpus(n: int = SENTENCES, seed: int = 0) -> list[str]:
 def measure(sentences: int = SENTENCES, workers: int | None = None, ray: bool = True) -> dict:
     """Time the three backends on the synthetic corpus; a plain dict of results."""
     from ..analysis import analyse, open_corpus
-    from ..analysis.backends import local_cores
+    from ..threads import cores as local_cores
 
     cores = workers or local_cores()
     rows = []
@@ -108,25 +109,24 @@ def measure(sentences: int = SENTENCES, workers: int | None = None, ray: bool = 
 def markdown(result: dict, command: str = COMMAND) -> str:
     """The "Head statistics over a corpus" section of docs/benchmarks.md."""
     mach = result["machine"]
-    lines = ["## Head statistics over a corpus", "",
-             f"`qkv heads` over {result['sentences']:,} synthetic English sentences ({result['tokens']:,} tokens "
-             f"with [CLS] and [SEP]) on the default model (all-MiniLM-L6-v2, float32): every statistic, the "
-             "detectors and the roles. Each worker computes with one BLAS thread. All runs give the same JSON, "
-             "bit for bit (checked by the benchmark).", "",
-             "| backend | workers | seconds | texts / s | vs one process |", "|---|---:|---:|---:|---:|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['texts_per_s']:.0f} | "
-                     f"{r['speedup']:.2f}× |")
+    rows = [[r["backend"], str(r["workers"]), f"{r['seconds']:.1f}", f"{r['texts_per_s']:.0f}", f"{r['speedup']:.2f}×"]
+            for r in result["rows"]]
+    return md.join("## Head statistics over a corpus",
+                   f"`qkv heads` over {result['sentences']:,} synthetic English sentences ({result['tokens']:,} "
+                   "tokens with [CLS] and [SEP]) on the default model (all-MiniLM-L6-v2, float32): every statistic, "
+                   "the detectors and the roles. Each worker computes with one BLAS thread. All runs give the same "
+                   "JSON, bit for bit (checked by the benchmark).",
+                   md.table(["backend", "workers", "seconds", "texts / s", "vs one process"], rows, "lrrrr"),
+                   ["Seconds are wall time of the whole run, including spawning worker processes and loading "
+                    "the model in each.", *_ray_note(result)],
+                   f"Machine: {mach['cpu']}, {mach['cores']} cores; Python {mach['python']}; NumPy "
+                   f"{mach['numpy']} with {mach['blas'].get('internal_api')} {mach['blas'].get('version') or ''}.",
+                   md.reproduce(command))
+
+
+def _ray_note(result: dict) -> list[str]:
     ray_row = next((r for r in result["rows"] if r["backend"] == "ray"), None)
-    notes = ["", "Seconds are wall time of the whole run, including spawning worker processes and loading "
-             "the model in each."]
     if ray_row is not None:
-        notes.append(f"Ray's own start-up (`ray.init`, {ray_row['startup_s']:.1f} s) is not included: a cluster "
-                     "is started once and serves many runs.")
-    elif result["ray_note"]:
-        notes.append(f"Ray: {result['ray_note']}.")
-    blas = mach["blas"]
-    lines += notes + ["", f"Machine: {mach['cpu']}, {mach['cores']} cores; Python {mach['python']}; NumPy "
-                      f"{mach['numpy']} with {blas.get('internal_api')} {blas.get('version') or ''}.",
-                      "", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
-    return "\n".join(lines)
+        return [f"Ray's own start-up (`ray.init`, {ray_row['startup_s']:.1f} s) is not included: a cluster "
+                "is started once and serves many runs."]
+    return [f"Ray: {result['ray_note']}."] if result["ray_note"] else []

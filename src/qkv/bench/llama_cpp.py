@@ -1,8 +1,8 @@
 """llama.cpp beside qkv: its Python binding, run by another interpreter in a child process.
 
 llama-cpp-python is not a dependency of qkv (it compiles llama.cpp from source); a benchmark
-run names a Python that has it (`--llama-python`). The child loads the GGUF as it is (4-bit
-weights), feeds the same prompt ids, decodes greedily and prints one JSON line.
+run names a Python that has it (`--llama-python`). The child loads the GGUF as it is (its
+quantised weights), feeds the same prompt ids, decodes greedily and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -52,8 +52,14 @@ print(json.dumps({"version": getattr(llama_cpp, "__version__", "?"), "tokens": t
                   "decode_s": statistics.median(times), "prefill_s": pre, "threads": threads}))
 """
 
-# What SmolLM2's GGUF holds (other files: see their tensor types).
-_GGUF_WEIGHTS = "4-bit (Q4_1) and 8-bit (Q8_0 embedding)"
+def gguf_weights(gguf: Path) -> tuple[str, int]:
+    """("Q4_1 + Q8_0 + F32", bytes): the tensor types of a GGUF file, most bytes first, and their bytes."""
+    from ..checkpoints.gguf_reader import open_reader
+
+    by_type: dict[str, int] = {}
+    for t in open_reader(gguf).tensors:
+        by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    return " + ".join(sorted(by_type, key=by_type.get, reverse=True)), sum(by_type.values())
 
 
 def run_llama_cpp(python: str, gguf: Path | None, ids: np.ndarray, new_tokens: int,
@@ -78,6 +84,5 @@ def run_llama_cpp(python: str, gguf: Path | None, ids: np.ndarray, new_tokens: i
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return {"error": f"llama.cpp failed: {last}"}
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["weights"] = _GGUF_WEIGHTS
-    result["weight_bytes"] = gguf.stat().st_size
+    result["weights"], result["weight_bytes"] = gguf_weights(gguf)      # as stored in the file, read per step
     return result

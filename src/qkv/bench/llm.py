@@ -8,8 +8,8 @@
                 transformers hf.generate(ids, do_sample=False, max_new_tokens=64, eos_token_id=None)
       prefill:  time to the first token of a 128- and a 512-token prompt (generate 1 token),
                 0.3 s of sleep before each run (idle BLAS / torch threads)
-    share of the bandwidth limit = weight bytes × tokens/s ÷ copy bandwidth (generate.copy_bandwidth).
-    llama.cpp (4-bit weights, its own threads) beside them when `--llama-python` names a Python
+    share of the bandwidth limit = weight bytes × tokens/s ÷ copy bandwidth (decoding.copy_bandwidth).
+    llama.cpp (the file's quantised weights, its own threads) beside them when `--llama-python` names a Python
     with llama-cpp-python (bench/llama_cpp.py runs it there, in a child process).
 
 Without torch/transformers the qkv figures are still measured and the report says what it
@@ -25,8 +25,9 @@ import numpy as np
 
 from ..errors import QkvError
 from ..threads import DECODE_THREADS_VAR, decode_threads
-from .common import OPENBLAS_VARS, cpu_snapshot, machine_facts, others_cores, time_interleaved
-from .generate import TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference
+from . import markdown as md
+from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
+from .decoding import COPY_BYTES, TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference
 
 MODEL = "smollm2"
 QUESTION = "Explain how a language model predicts the next word."
@@ -191,7 +192,7 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
                   "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "d_ff": cfg.d_ff,
                   "vocab_size": cfg.vocab_size, "parameters": weight_bytes // 4},
         "machine": machine, "missing": missing, "prompt": len(ids), "question": QUESTION,
-        "new_tokens": new_tokens, "repeats": repeats, "pinned_threads": pinned,
+        "new_tokens": new_tokens, "repeats": repeats, "settle_s": SETTLE, "pinned_threads": pinned,
         "decode_seconds": decode_s, "tokens_per_s": tps, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
         "weight_bytes": weight_bytes, "copy_bytes_per_s": copy_bw, "copy_bytes_per_s_runs": [bandwidth, bandwidth_after],
         "bandwidth_limit_tokens_per_s": copy_bw / weight_bytes,
@@ -204,92 +205,124 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
 
 def markdown(result: dict, command: str) -> str:
     """The "Generation: <model>" section of docs/benchmarks.md, from `measure`'s dict."""
-    m, mach, tps, share = result["model"], result["machine"], result["tokens_per_s"], result["share"]
-    n = result["new_tokens"]
-    has_ref = "transformers" in tps
-    ref = tps.get("transformers")
-    gib = m["parameters"] * 4 / 1e6
-    lines = [f"## Generation: {m['name']}", "",
-             f"{m['name']} (L {m['n_layers']}, d_model {m['d_model']}, {m['n_heads']} query heads / "
-             f"{m['n_kv_heads']} K/V heads, d_ff {m['d_ff']}, V {m['vocab_size']}, {m['parameters'] / 1e6:.0f}M "
-             f"parameters = {gib:.0f} MB of float32 read per step), from `--model {m['source']}`: qkv and "
-             "transformers run the same float32 weights (the GGUF dequantised), batch 1, CPU, one process, "
-             f"taking turns; median of {result['repeats']} rounds after a warm-up.", "",
-             f"**Decode**: {n} new tokens, greedy, after a {result['prompt']}-token chat prompt (the model's "
-             f"template around \"{result['question']}\"), end-of-turn ignored; tokens/s = {n} ÷ the wall time "
-             "of the whole `generate` call (prompt included).", "",
-             "| generator | tokens/s | × transformers | share of the bandwidth limit |", "|---|---:|---:|---:|"]
+    m, n = result["model"], result["new_tokens"]
+    return md.join(f"## Generation: {m['name']}", _setup(result),
+                   f"**Decode**: {n} new tokens, greedy, after a {result['prompt']}-token chat prompt (the model's "
+                   f"template around \"{result['question']}\"), end-of-turn ignored; tokens/s = {n} ÷ the wall time "
+                   "of the whole `generate` call (prompt included).",
+                   _decode_table(result), _comparison(result), _bandwidth(result), _llama_note(result),
+                   "**Prefill**: time to the first token (`generate` of 1 token) of a prompt of random token ids, "
+                   f"{result.get('settle_s', SETTLE):g} s of sleep before each run.",
+                   _prefill_table(result), _machine(result), md.reproduce(command))
+
+
+def _setup(result: dict) -> str:
+    m = result["model"]
+    return (f"{m['name']} (L {m['n_layers']}, d_model {m['d_model']}, {m['n_heads']} query heads / "
+            f"{m['n_kv_heads']} K/V heads, d_ff {m['d_ff']}, V {m['vocab_size']}, {m['parameters'] / 1e6:.0f}M "
+            f"parameters = {m['parameters'] * 4 / 1e6:.0f} MB of float32 read per step), from "
+            f"`--model {m['source']}`: qkv and transformers run the same float32 weights (the GGUF dequantised), "
+            f"batch 1, CPU, one process, taking turns; median of {result['repeats']} rounds after a warm-up.")
+
+
+def _ratio(x: float | None, ref: float | None) -> str:
+    return f"{x / ref:.2f}×" if x and ref else "—"
+
+
+def _llama(result: dict) -> dict | None:
+    """llama.cpp's results when it ran (None when not asked or when it failed)."""
+    llama = result.get("llama_cpp")
+    return llama if llama and "llama.cpp" in result["tokens_per_s"] else None
+
+
+def _decode_table(result: dict) -> list[str]:
+    tps, share, ref = result["tokens_per_s"], result["share"], result["tokens_per_s"].get("transformers")
     pinned = result.get("pinned_threads")
     names = {"qkv": "qkv, as shipped (" + (f"QKV_DECODE_THREADS={pinned} set" if pinned else
                                            "BLAS threads of one-token steps chosen by timing them") + ")"}
     names.update({f"qkv_{t}": f"qkv, one-token steps on {t} BLAS thread{'s' if t > 1 else ''} "
                               f"(`QKV_DECODE_THREADS={t}`)" for t in THREADS})
     names["transformers"] = "transformers (torch, its threads)"
-    for k in names:
-        if k in tps:
-            ratio = f"{tps[k] / ref:.2f}×" if ref else "—"
-            lines.append(f"| {names[k]} | {tps[k]:.1f} | {ratio} | {100 * share[k]:.0f} % |")
-    llama = result.get("llama_cpp")
-    if llama and "llama.cpp" in tps:
-        ratio = f"{tps['llama.cpp'] / ref:.2f}×" if ref else "—"
-        lines.append(f"| llama.cpp {llama.get('version', '')} ({llama.get('weights', '4-bit')} weights, "
-                     f"{llama.get('threads')} threads) | {tps['llama.cpp']:.1f} | {ratio} | "
-                     f"— ({llama.get('weight_bytes', 0) / 1e6:.0f} MB read per step) |")
-    lines.append("")
-    if has_ref:
-        diffs = result["first_difference"]
-        d = diffs.get("transformers")
-        lines.append(f"Same tokens: qkv and transformers write "
-                     + ("the same %d tokens" % n if d is None else f"different tokens from new token {d}")
-                     + "; qkv with 1 or 2 BLAS threads: "
-                     + ("the same" if all(diffs.get(f"qkv_{t}") is None for t in THREADS) else "different") + ".")
-        speed = tps["qkv"] / ref
-        met = {True: "met", False: "not met"}
-        lines += ["", f"Targets: decode ≥ {TARGET_SPEEDUP:g}× transformers (here {speed:.2f}×: "
-                  f"{met[speed >= TARGET_SPEEDUP]}), ≥ {100 * TARGET_SHARE:.0f} % of the bandwidth limit (here "
-                  f"{100 * share['qkv']:.0f} %: {met[share['qkv'] >= TARGET_SHARE]}), prefill no slower than "
-                  "transformers (below)."]
-    else:
-        lines.append(f"transformers is not installed ({result['missing']} is missing), so nothing is compared: "
-                     "`pip install torch transformers accelerate` to see it beside qkv.")
-    lines += ["", f"Bandwidth limit: copy bandwidth ÷ weight bytes = **{result['bandwidth_limit_tokens_per_s']:.1f} "
-              f"tokens/s** (a step reads every weight once, {result['weight_bytes'] / 1e6:.0f} MB, the tied W_vocab "
-              "counted once; `np.copyto` of a 1 GiB float32 array, read + write, before and after the timing: "
-              f"{', '.join(f'{b / 1e9:.1f}' for b in result['copy_bytes_per_s_runs'])} GB/s)."]
-    if llama and "llama.cpp" in tps:
-        lines += ["", f"llama.cpp reads its {llama.get('weights', '4-bit')} weights as they are in the file "
-                  f"({llama.get('weight_bytes', 0) / 1e6:.0f} MB against {result['weight_bytes'] / 1e6:.0f} MB of "
-                  "float32): fewer bytes per step is what its speed buys, at the price of the weights themselves "
-                  "— its greedy tokens "
-                  + ("equal qkv's" if llama.get("first_difference") is None
-                     else f"leave qkv's at new token {llama.get('first_difference')}")
-                  + ", since qkv and transformers run the dequantised float32 numbers and it runs 4-bit blocks "
-                    "with 8-bit activations."]
-    lines += ["", "**Prefill**: time to the first token (`generate` of 1 token) of a prompt of random token ids, "
-              f"0.3 s of sleep before each run.", "",
-              "| prompt tokens | qkv ms | transformers ms | qkv / transformers |" +
-              (" llama.cpp ms |" if llama and llama.get("prefill_s") else ""),
-              "|---:|---:|---:|---:|" + ("---:|" if llama and llama.get("prefill_s") else "")]
+    rows = [[name, f"{tps[k]:.1f}", _ratio(tps[k], ref), f"{100 * share[k]:.0f} %"]
+            for k, name in names.items() if k in tps]
+    llama = _llama(result)
+    if llama:
+        rows.append([f"llama.cpp {llama.get('version', '')} ({llama.get('weights')} weights, "
+                     f"{llama.get('threads')} threads)", f"{tps['llama.cpp']:.1f}", _ratio(tps["llama.cpp"], ref),
+                     f"— ({llama.get('weight_bytes', 0) / 1e6:.0f} MB read per step)"])
+    return md.table(["generator", "tokens/s", "× transformers", "share of the bandwidth limit"], rows, "lrrr")
+
+
+def _comparison(result: dict) -> list[str]:
+    """Same tokens and the targets, or why nothing is compared."""
+    tps, n = result["tokens_per_s"], result["new_tokens"]
+    ref = tps.get("transformers")
+    if ref is None:
+        return [f"transformers is not installed ({result['missing']} is missing), so nothing is compared: "
+                "`pip install torch transformers accelerate` to see it beside qkv."]
+    diffs = result["first_difference"]
+    d = diffs.get("transformers")
+    threads_same = all(diffs.get(f"qkv_{t}") is None for t in THREADS)
+    speed, share = tps["qkv"] / ref, result["share"]["qkv"]
+    prefill = [s["qkv"] / s["transformers"] for s in result["prefill_seconds"].values() if s.get("transformers")]
+    worst = max(prefill, default=None)
+    prefill_target = "prefill no slower than transformers (table below" + (
+        "" if worst is None else f"; here at worst {worst:.2f}× its time: {md.MET[worst <= 1.0]}") + ")"
+    return [f"Same tokens: qkv and transformers write "
+            + (f"the same {n} tokens" if d is None else f"different tokens from new token {d}")
+            + "; qkv with 1 or 2 BLAS threads: " + ("the same" if threads_same else "different") + ".",
+            "",
+            "Targets: " + md.target(f"decode ≥ {TARGET_SPEEDUP:g}× transformers", speed, TARGET_SPEEDUP,
+                                    f"{speed:.2f}×")
+            + ", " + md.target(f"≥ {100 * TARGET_SHARE:.0f} % of the bandwidth limit", share, TARGET_SHARE,
+                               f"{100 * share:.0f} %")
+            + ", " + prefill_target + "."]
+
+
+def _bandwidth(result: dict) -> str:
+    runs = ", ".join(f"{b / 1e9:.1f}" for b in result["copy_bytes_per_s_runs"])
+    return (f"Bandwidth limit: copy bandwidth ÷ weight bytes = **{result['bandwidth_limit_tokens_per_s']:.1f} "
+            f"tokens/s** (a step reads every weight once, {result['weight_bytes'] / 1e6:.0f} MB, the tied W_vocab "
+            f"counted once; `np.copyto` of a {COPY_BYTES / 2**30:g} GiB float32 array, read + write, before and "
+            f"after the timing: {runs} GB/s, their mean used).")
+
+
+def _llama_note(result: dict) -> str | None:
+    llama = _llama(result)
+    if llama is None:
+        return None
+    d = llama.get("first_difference")
+    return (f"llama.cpp reads its {llama.get('weights')} weights as they are in the file "
+            f"({llama.get('weight_bytes', 0) / 1e6:.0f} MB against {result['weight_bytes'] / 1e6:.0f} MB of "
+            "float32); its greedy tokens " + ("equal qkv's" if d is None else f"leave qkv's at new token {d}")
+            + ": qkv and transformers run the dequantised float32 numbers, llama.cpp the quantised blocks "
+              "themselves (with quantised activations).")
+
+
+def _prefill_table(result: dict) -> list[str]:
+    llama = _llama(result)
+    llama_prefill = (llama or {}).get("prefill_s")
+    rows = []
     for k, s in result["prefill_seconds"].items():
         ours, theirs = s["qkv"], s.get("transformers")
-        ref_ms = f"{1e3 * theirs:.0f}" if theirs else "—"
-        ratio = f"{ours / theirs:.2f}×" if theirs else "—"
-        row = f"| {k} | {1e3 * ours:.0f} | {ref_ms} | {ratio} |"
-        if llama and llama.get("prefill_s"):
-            lp = llama["prefill_s"].get(k)
-            row += f" {1e3 * lp:.0f} |" if lp else " — |"
-        lines.append(row)
-    blas = mach["blas"]
-    env = ", ".join(f"{k}={mach['env'][k] if mach['env'][k] is not None else 'unset'}" for k in OPENBLAS_VARS)
-    torch_ = mach.get("torch")
+        row = [k, f"{1e3 * ours:.0f}", f"{1e3 * theirs:.0f}" if theirs else "—", _ratio(ours, theirs)]
+        if llama_prefill:
+            lp = llama_prefill.get(k)
+            row.append(f"{1e3 * lp:.0f}" if lp else "—")
+        rows.append(row)
+    header = ["prompt tokens", "qkv ms", "transformers ms", "qkv / transformers"] + (
+        ["llama.cpp ms"] if llama_prefill else [])
+    return md.table(header, rows, "r" * len(header))
+
+
+def _machine(result: dict) -> str:
+    mach, torch_ = result["machine"], result["machine"].get("torch")
     busy = result.get("others_cores") or {}
-    busy_txt = ", ".join(f"{k} {v:.1f}" for k, v in busy.items() if v is not None)
-    lines += ["", f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
-              f"{', '.join(mach.get('vector') or ['unknown'])}; Python {mach['python']}; NumPy {mach['numpy']} with "
-              f"{blas.get('internal_api')} {blas.get('version') or ''} (kernel {blas.get('architecture')}, "
-              f"{blas.get('num_threads')} threads for products of many rows); "
-              + (f"torch {torch_['version']} ({torch_['threads']} threads, {torch_.get('capability')} kernels), "
-                 f"transformers {mach['transformers']}; " if torch_ else "")
-              + f"{env}. Other processes kept {busy_txt or '?'} cores busy on average (decode, prefill)."]
-    lines += ["", "Reproduce (rewrites only this section):", "", "```sh", command, "```"]
-    return "\n".join(lines)
+    busy_txt = ", ".join(f"{v:.1f} ({k})" for k, v in busy.items() if v is not None)
+    return (f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
+            f"{', '.join(mach.get('vector') or ['unknown'])}; "
+            + md.numpy_blas(mach, " for products of many rows") + "; "
+            + (f"torch {torch_['version']} ({torch_['threads']} threads, {torch_.get('capability')} kernels), "
+               f"transformers {mach['transformers']}; " if torch_ else "")
+            + f"{md.openblas_env(mach)}. Other processes kept {busy_txt or 'an unknown number of'} cores busy "
+              "on average during the timing.")

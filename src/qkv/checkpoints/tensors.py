@@ -82,10 +82,6 @@ class TensorStore:
             if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
                 mm.madvise(mmap.MADV_DONTNEED)
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._where)
-
     def find(self, name: str) -> str | None:
         """The stored name of tensor `name`, trying the usual base-model prefixes."""
         for p in _PREFIXES:

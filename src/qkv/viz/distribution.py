@@ -10,7 +10,6 @@ them), so the eye compares one token's bar across temperatures.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from ..errors import QkvError
 from ..nexttoken import distribution, entropy, top_tokens
-from .figures import FORMATS, _figure, _fonts, _render, _styled, _title, _umask
+from .figures import FORMATS, _figure, _fonts, _styled, _title, save_all
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -75,26 +74,4 @@ def save_next_token(fig: "Figure", out_dir: str | os.PathLike, name: str = "next
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
-    out = Path(out_dir)
-    created = not out.exists()
-    done: list[tuple[str, Path]] = []                                        # (temporary file, final path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for fmt in formats:
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=f".{fmt}.tmp")
-            os.close(fd)
-            done.append((tmp, out / f"{name}.{fmt}"))
-            _render(fig, Path(tmp), fmt)
-            os.chmod(tmp, 0o666 & ~_umask())
-        for tmp, final in done:
-            os.replace(tmp, final)                                           # replaces a symlink, never follows it
-    except BaseException as e:
-        for tmp, _ in done:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        if isinstance(e, OSError):
-            raise QkvError(f"cannot write figures to {out}: {e.strerror or e}; choose a writable directory") from None
-        raise
-    return [final for _, final in done]
+    return save_all(out_dir, [(name, lambda: fig)], formats)

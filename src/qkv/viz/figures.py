@@ -5,8 +5,11 @@
     model_overview  every layer × head as small multiples
     save_figures    all of them as PNG and SVG files, written atomically
 
-Brighter = more attention (the seeds' convention). Cells a decoder's causal mask removes
-(key after query, seeds §5) are hatched grey, so they never read as a weight of 0.
+Brighter = more attention (the seeds' convention; `viz.palette` holds the colours every view
+shares). Cells a decoder's causal mask removes (key after query, seeds §5) are hatched grey,
+so they never read as a weight of 0. Rows are the queries (`trace.labels`), columns the keys
+(`trace.key_labels`: the same tokens in self-attention; n_q × n_k in general). Titles name
+`trace.model` unless given `model_name`.
 matplotlib is imported inside the functions (`import qkv` stays light) and every figure
 draws on its own Agg canvas: no display, no pyplot state.
 """
@@ -16,23 +19,24 @@ from __future__ import annotations
 import functools
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..errors import QkvError
+from ..attention import causal_mask
+from ..errors import QkvError, check_index
+from ..ops import entropy
+from ..io import FileBatch
+from ..tokenizer import shorten
+from .palette import CMAP, HATCH, MASKED
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..trace import Trace
 
-CMAP = "viridis"          # perceptually uniform, bright = high, readable in grey
-MASKED = "#d4d4d4"        # cells the mask removed
-HATCH = "#8a8a8a"
 DPI = 110
 MAX_NUMBERS = 16          # write each cell's weight up to this many tokens
 MAX_LABELS = 40           # tick labels per axis before thinning them
@@ -44,7 +48,7 @@ FORMATS = ("png", "svg", "pdf")
 # ── what to draw ─────────────────────────────────────────────────────────────────
 
 def _attentions(trace: "Trace", layer: int) -> np.ndarray:
-    """The kept layer's weights A (H, n, n), or a clear error."""
+    """The kept layer's weights A (H, n_q, n_k), or a clear error."""
     a = trace.layer(layer).attentions
     if a is None:
         raise QkvError(f"the trace holds no attention weights for layer {layer}; "
@@ -53,52 +57,46 @@ def _attentions(trace: "Trace", layer: int) -> np.ndarray:
 
 
 def _check_head(head: int, H: int) -> int:
-    if not -H <= head < H:
-        raise QkvError(f"head {head} does not exist: the trace has heads 0..{H - 1}")
-    return head % H
+    return check_index("head", head, H, "the trace")
 
 
 def masked_cells(trace: "Trace", layer: int, causal: bool | None = None) -> np.ndarray | None:
-    """The (query, key) cells the mask removed, (n, n) bool, or None when nothing was masked.
+    """The (query, key) cells the mask removed, (n_q, n_k) bool, or None when nothing was masked.
 
     From the kept scores (-∞ = masked) when there are any; otherwise the causal triangle
-    (key j > query i) when `causal` says so, or, if causal is None, when every weight
-    above the diagonal is exactly 0 (a softmax of finite scores never gives exact zeros
-    in a whole triangle).
+    (key j > query i) when the trace's attention is causal (`trace.causal`, or `causal`
+    when given). A trace that does not say (None) has nothing hatched: no guessing from zeros.
     """
     lt = trace.layer(layer)
     if lt.scores is not None:
-        mask = np.isneginf(lt.scores).all(axis=0)                 # (n, n)
+        mask = np.isneginf(lt.scores).all(axis=0)                 # (n_q, n_k)
         return mask if mask.any() else None
-    a = _attentions(trace, layer)                                 # (H, n, n)
-    n = a.shape[-1]
-    upper = np.triu(np.ones((n, n), dtype=bool), 1)               # key after query
-    if causal is None:
-        causal = n > 1 and not a[:, upper].any()
-    return upper if causal and n > 1 else None
+    causal = trace.causal if causal is None else causal
+    n_q, n_k = _attentions(trace, layer).shape[-2:]
+    if not causal or n_k < 2:
+        return None
+    return ~causal_mask(n_q, n_k)                                 # key after query (the engine's own mask)
 
 
 def focused_head(trace: "Trace", layer: int) -> int:
     """The head of a layer whose rows are most focused: lowest mean entropy −Σ_j A[i,j]·log A[i,j]."""
     a = _attentions(trace, layer).astype(np.float64)               # (H, n, n)
-    entropy = -(a * np.log(np.where(a > 0, a, 1.0))).sum(-1)       # (H, n)
-    return int(np.argmin(entropy.mean(-1)))
+    return int(np.argmin(entropy(a).mean(-1)))                     # entropy: (H, n)
 
 
-def _label(token: str, width: int = 12) -> str:
-    """A token as a tick label: short, and never read as mathtext."""
-    token = token if len(token) <= width else token[: width - 1] + "…"
-    return token.replace("$", r"\$")
+def _label(label: str, width: int = 12) -> str:
+    """A token's label as a tick label: short, and never read as mathtext."""
+    return shorten(label, width).replace("$", r"\$")
 
 
-def _ticks(tokens: Sequence[str]) -> tuple[list[int], list[str]]:
+def _ticks(labels: Sequence[str]) -> tuple[list[int], list[str]]:
     """Tick positions and labels: every token, or every k-th with its index when there are many."""
-    n = len(tokens)
+    n = len(labels)
     if n <= MAX_LABELS:
-        return list(range(n)), [_label(t) for t in tokens]
+        return list(range(n)), [_label(t) for t in labels]
     step = math.ceil(n / MAX_LABELS)
     at = list(range(0, n, step))
-    return at, [f"{i} {_label(tokens[i], 8)}" for i in at]
+    return at, [f"{i} {_label(labels[i], 8)}" for i in at]
 
 
 # ── drawing ──────────────────────────────────────────────────────────────────────
@@ -168,7 +166,7 @@ def _image(ax, a: np.ndarray, mask: np.ndarray | None):
 
     cmap = colormaps[CMAP].with_extremes(bad=MASKED)
     data = a if mask is None else np.ma.masked_array(a, mask)
-    n = a.shape[-1]
+    n = a.shape[-1]                                               # keys
     norm = Normalize(0.0, 1.0) if n <= SQRT_SCALE else PowerNorm(0.5, 0.0, 1.0)
     return ax.imshow(data, cmap=cmap, norm=norm, aspect="equal",
                      interpolation="nearest" if n <= 128 else "antialiased")
@@ -194,37 +192,42 @@ def _hatch(ax, mask: np.ndarray) -> None:
 
 def _numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
     """Write each weight in its cell (2 decimals; dark text on bright cells)."""
-    n = a.shape[-1]
-    size = 9 if n <= 10 else 7
-    for i in range(n):
-        for j in range(n):
+    n_q, n_k = a.shape
+    size = 9 if max(n_q, n_k) <= 10 else 7
+    for i in range(n_q):
+        for j in range(n_k):
             if mask is not None and mask[i, j]:
                 continue
-            w = float(a[i, j])
-            if w < 0.005:                                         # a quiet 0, so the weights stand out
+            weight = float(a[i, j])
+            if weight < 0.005:                                         # a quiet 0, so the weights stand out
                 ax.text(j, i, "0", ha="center", va="center", fontsize=size, color="white", alpha=0.45)
             else:
-                ax.text(j, i, f"{w:.2f}".lstrip("0"), ha="center", va="center", fontsize=size,
-                        color="black" if w > 0.6 else "white")
+                ax.text(j, i, f"{weight:.2f}".lstrip("0"), ha="center", va="center", fontsize=size,
+                        color="black" if weight > 0.6 else "white")
 
 
-def _title(model_name: str, *parts: str) -> str:
+def _title(model_name: str | None, *parts: str) -> str:
     return " · ".join(p for p in (model_name, *parts) if p)
 
 
+def _name(trace: "Trace", model_name: str | None) -> str:
+    """The model named in titles: the trace's own unless the caller gives one."""
+    return trace.model if model_name is None else model_name
+
+
 @_styled
-def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str = "",
+def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | None = None,
                  causal: bool | None = None) -> "Figure":
-    """One head's attention weights A (n × n): tokens on both axes, rows = queries.
+    """One head's attention weights A (n_q × n_k): tokens on both axes, rows = queries.
 
     Up to 16 tokens each cell shows its weight; past 40 tokens the tick labels thin out
     to every k-th token (with its index). Decoders: the masked triangle is hatched grey.
     """
     layer = trace.layer(layer).layer
-    att = _attentions(trace, layer)                               # (H, n, n)
+    att = _attentions(trace, layer)                               # (H, n_q, n_k)
     head = _check_head(head, att.shape[0])
-    a = att[head]                                                 # (n, n)
-    n = a.shape[-1]
+    a = att[head]                                                 # (n_q, n_k)
+    n = max(a.shape)
     mask = masked_cells(trace, layer, causal)
     side = float(np.clip(1.6 + 0.42 * n, 4.2, 10.0))
     fig = _figure(side + 1.3, side + 0.5)
@@ -234,14 +237,14 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str = "",
         _hatch(ax, mask)
     if n <= MAX_NUMBERS:
         _numbers(ax, a, mask)
-    at, labels = _ticks(trace.tokens)
     fontsize = 10 if n <= MAX_NUMBERS else 8 if n <= MAX_LABELS else 7
     fonts = _fonts()
-    ax.set_xticks(at, labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize, family=fonts)
-    ax.set_yticks(at, labels, fontsize=fontsize, family=fonts)
+    ax.set_xticks(*_ticks(trace.key_labels), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
+                  family=fonts)
+    ax.set_yticks(*_ticks(trace.labels), fontsize=fontsize, family=fonts)
     ax.set_xlabel("key j (attended to)")
     ax.set_ylabel("query i (looking)")
-    ax.set_title(_title(model_name, f"layer {layer}", f"head {head}"), fontsize=11)
+    ax.set_title(_title(_name(trace, model_name), f"layer {layer}", f"head {head}"), fontsize=11)
     bar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     bar.set_label(_bar_label(n, mask is not None))
     return fig
@@ -255,19 +258,20 @@ def _panel(ax, a: np.ndarray, mask: np.ndarray | None):
 
 
 @_styled
-def layer_grid(trace: "Trace", layer: int, *, model_name: str = "", causal: bool | None = None) -> "Figure":
+def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
+               causal: bool | None = None) -> "Figure":
     """All H heads of one layer side by side (up to 6 per row), titled h0, h1, …
 
     Short inputs (≤ 16 tokens) carry token labels on the outer panels.
     """
     layer = trace.layer(layer).layer
-    att = _attentions(trace, layer)                               # (H, n, n)
-    H, n = att.shape[0], att.shape[-1]
+    att = _attentions(trace, layer)                               # (H, n_q, n_k)
+    H, n_q, n_k = att.shape
     mask = masked_cells(trace, layer, causal)
     rows = math.ceil(H / 6)
     cols = math.ceil(H / rows)
-    labelled = n <= GRID_LABELS
-    title = _title(model_name, f"layer {layer}", f"all {H} heads (rows = queries, columns = keys)")
+    labelled = max(n_q, n_k) <= GRID_LABELS
+    title = _title(_name(trace, model_name), f"layer {layer}", f"all {H} heads (rows = queries, columns = keys)")
     fig, axes, cax = _panels(rows, cols, 2.0, left=0.8 if labelled else 0.2, bottom=0.75 if labelled else 0.2,
                              top=0.75, wgap=0.15, hgap=0.35, title=title)
     for h, ax in enumerate(axes.flat):
@@ -277,25 +281,25 @@ def layer_grid(trace: "Trace", layer: int, *, model_name: str = "", causal: bool
         im = _panel(ax, att[h], mask)
         ax.set_title(f"h{h}", fontsize=10)
         if labelled and h % cols == 0:
-            ax.set_yticks(range(n), [_label(t, 8) for t in trace.tokens], fontsize=7, family=_fonts())
+            ax.set_yticks(range(n_q), [_label(t, 8) for t in trace.labels], fontsize=7, family=_fonts())
         if labelled and h + cols >= H:                            # the lowest panel of its column
-            ax.set_xticks(range(n), [_label(t, 8) for t in trace.tokens], fontsize=7, rotation=90,
+            ax.set_xticks(range(n_k), [_label(t, 8) for t in trace.key_labels], fontsize=7, rotation=90,
                           family=_fonts())
-    fig.colorbar(im, cax=cax, label=_bar_label(n))
+    fig.colorbar(im, cax=cax, label=_bar_label(n_k))
     return fig
 
 
 @_styled
-def model_overview(trace: "Trace", *, model_name: str = "", causal: bool | None = None) -> "Figure":
+def model_overview(trace: "Trace", *, model_name: str | None = None, causal: bool | None = None) -> "Figure":
     """Every kept layer × head as small multiples: one row per layer, one column per head."""
     layers = trace.layer_ids
     H = _attentions(trace, layers[0]).shape[0]
     panel = float(np.clip(14.0 / H, 0.45, 1.0))
     fig, axes, cax = _panels(len(layers), H, panel, left=0.45, bottom=0.15, top=0.75, wgap=0.08, hgap=0.08,
-                             title=_title(model_name, f"{len(layers)} layers × {H} heads",
+                             title=_title(_name(trace, model_name), f"{len(layers)} layers × {H} heads",
                                           f"{len(trace.tokens)} tokens"))
     for r, layer in enumerate(layers):
-        att = _attentions(trace, layer)                           # (H, n, n)
+        att = _attentions(trace, layer)                           # (H, n_q, n_k)
         mask = masked_cells(trace, layer, causal)
         for h in range(H):
             ax = axes[r, h]
@@ -304,27 +308,21 @@ def model_overview(trace: "Trace", *, model_name: str = "", causal: bool | None 
                 ax.set_title(f"h{h}", fontsize=8)
             if h == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
-    fig.colorbar(im, cax=cax, label=_bar_label(len(trace.tokens)))
+    fig.colorbar(im, cax=cax, label=_bar_label(len(trace.key_labels)))
     return fig
 
 
 # ── files ────────────────────────────────────────────────────────────────────────
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @_styled
-def _render(fig: "Figure", path: Path, fmt: str) -> None:
+def _render(fig: "Figure", path: Path | IO[bytes], fmt: str) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing")   # tokens in scripts the font lacks
         fig.savefig(path, format=fmt, dpi=DPI)
 
 
-def save_figures(trace: "Trace", out_dir: str | os.PathLike, *, model_name: str = "", layer: int = 0,
-                 head: int | None = None, formats: Sequence[str] = ("png", "svg"),
+def save_figures(trace: "Trace", out_dir: str | os.PathLike | FileBatch, *, model_name: str | None = None,
+                 layer: int = 0, head: int | None = None, formats: Sequence[str] = ("png", "svg"),
                  causal: bool | None = None) -> list[Path]:
     """Write the figures of a trace into OUT_DIR and return their paths.
 
@@ -333,6 +331,7 @@ def save_figures(trace: "Trace", out_dir: str | os.PathLike, *, model_name: str 
     overview                  every kept layer × head
     each in every format of `formats`. All files are rendered to temporary names first
     and renamed into place at the end: on any error none of them is left behind.
+    OUT_DIR may also be an `io.FileBatch`: the figures then join its other files.
     """
     formats = [f.lower().lstrip(".") for f in formats]
     bad = [f for f in formats if f not in FORMATS]
@@ -347,29 +346,25 @@ def save_figures(trace: "Trace", out_dir: str | os.PathLike, *, model_name: str 
         (f"grid_layer{layer}", lambda: layer_grid(trace, layer, **style)),
         ("overview", lambda: model_overview(trace, **style)),
     ]
-    out = Path(out_dir)
-    created = not out.exists()
-    done: list[tuple[str, Path]] = []                             # (temporary file, final path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
+    return save_all(out_dir, makers, formats)
+
+
+def save_all(out: str | os.PathLike | FileBatch, makers: Sequence[tuple[str, Callable[[], "Figure"]]],
+             formats: Sequence[str]) -> list[Path]:
+    """The figure of each (name, make) as name.fmt in every format, into OUT: a directory
+    (all files or none: rendered to temporary names, renamed into place at the end) or an
+    `io.FileBatch` already being written."""
+    if isinstance(out, FileBatch):
+        paths = []
         for name, make in makers:
             fig = make()
             for fmt in formats:
-                fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=f".{fmt}.tmp")
-                os.close(fd)
-                done.append((tmp, out / f"{name}.{fmt}"))
-                _render(fig, Path(tmp), fmt)
+                paths.append(out.write(f"{name}.{fmt}", lambda f: _render(fig, f, fmt)))
                 fig.set_layout_engine("none")                     # laid out once: the next format reuses it
-                os.chmod(tmp, 0o666 & ~_umask())                  # mkstemp makes 0600; give the usual mode
-        for tmp, final in done:
-            os.replace(tmp, final)
-    except BaseException as e:
-        for tmp, _ in done:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        if isinstance(e, OSError):
-            raise QkvError(f"cannot write figures to {out}: {e.strerror or e}; choose a writable directory") from None
-        raise
-    return [final for _, final in done]
+        return paths
+    try:
+        with FileBatch(out) as files:
+            save_all(files, makers, formats)
+    except OSError as e:
+        raise QkvError(f"cannot write figures to {out}: {e.strerror or e}; choose a writable directory") from None
+    return files.paths

@@ -8,7 +8,7 @@ open it); a generation with logits adds a next-token view (each generated token'
 candidates, with a temperature slider; see `payload` for how it re-normalises).
 The data travels compactly (see `payload`: one byte per weight, ±0.002).
 
-    save_viewer(trace, "attention.html", model_name=model.name)   # a file to open or share
+    save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     View(trace)                                                   # shows itself in Jupyter / VS Code
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import QkvError
+from ..io import write_text
 from ..trace import Trace
 from .payload import script_json, trace_payload
 
@@ -49,12 +49,13 @@ def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) 
     )
 
 
-def viewer_html(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
+def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[Sequence[str | None]] | None = None,
                 title: str | None = None, tokenizer=None) -> str:
     """One complete, self-contained HTML document showing TRACE's attention.
 
-    roles: optional kept-layers × heads names ("previous", "[SEP]", ...) that colour the
-    model view; title: the page title (default: model name and text); tokenizer: the
+    model_name: instead of the trace's own `model`; roles: optional kept-layers × heads
+    names ("previous", "[SEP]", ...) that colour the model view (`palette.ROLE_COLOURS`);
+    title: the page title (default: model name and text); tokenizer: the
     model's, to add a "Next token" view to a generation trace that kept its logits
     (each generated token's top candidates, with a temperature slider).
     """
@@ -64,7 +65,7 @@ def viewer_html(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[
     return page(payload["title"], body, [asset("viewer.js"), "QKV.boot();"])
 
 
-def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str = "",
+def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str | None = None,
                 roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
                 tokenizer=None) -> Path:
     """Write the viewer of TRACE to PATH atomically (never a half-written file)."""
@@ -77,16 +78,9 @@ def write_html(document: str, path: str | os.PathLike) -> Path:
     out = Path(path)
     if out.is_dir():
         raise QkvError(f"{out} is a directory; give a file name such as {out / 'attention.html'}")
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-            f.write(document)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
+        write_text(out, document)
     except OSError as e:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         raise QkvError(f"cannot write {out}: {e.strerror}; choose a writable path") from None
     return out
 
@@ -98,10 +92,11 @@ class View:
     views in one notebook never clash, and nothing is loaded from the network.
     """
 
-    def __init__(self, trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
-                 title: str | None = None, height: int | None = None, tokenizer=None):
+    def __init__(self, trace: Trace, *, model_name: str | None = None,
+                 roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
+                 height: int | None = None, tokenizer=None):
         self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer)
-        n, L = len(trace.tokens), len(trace.layer_ids)
+        n, L = len(trace.labels), len(trace.layer_ids)
         # tall enough for the head view's tokens and the model view's rows, then it scrolls inside
         self.height = height or min(900, max(420, 130 + 22 * n, 150 + 90 * L))
 

@@ -2,15 +2,19 @@
 
 Attention weights travel as one byte each, q = round(a · 255), so a value read back
 as q / 255 is within 1/510 ≈ 0.002 of the weight the model computed (PRECISION).
-The bytes, laid out (L, H, n, n) row-major (rows = queries), are zlib-compressed
+The bytes, laid out (L, H, n_q, n_k) row-major (rows = queries), are zlib-compressed
 (most weights are near zero, so this shrinks them several times) and base64-encoded;
 the browser inflates them with its built-in DecompressionStream("deflate").
 
-    {"version": 1, "title": str, "model": str, "text": str | null,
-     "tokens": [str] (n), "layers": [int] (L, model layer numbers), "heads": H,
+    {"version": 1, "title": str, "model": str, "family": str, "text": str | null,
+     "tokens": [str] (n_q, as the tokenizer spells them: "Ġcapital"),
+     "labels": [str] (n_q, as a reader sees them: "␣capital", `Trace.labels`; what the page shows),
+     "key_tokens", "key_labels": [str] (n_k) | null (null: self-attention, the keys are the tokens),
+     "causal": bool | null (key j > query i was masked; null = not known),
+     "layers": [int] (L, model layer numbers), "heads": H,
      "prompt_length": int | null (tokens from here on were generated),
-     "roles": [[str | null] (H)] (L) | null,
-     "attention": {"encoding": "uint8-deflate-base64", "shape": [L, H, n, n],
+     "roles": [[str | null] (H)] (L) | null, "role_colours": {role: "#rrggbb"} (`palette`),
+     "attention": {"encoding": "uint8-deflate-base64", "shape": [L, H, n_q, n_k],
                    "scale": 255, "data": str},
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
@@ -44,6 +48,7 @@ import numpy as np
 from ..errors import QkvError
 from ..nexttoken import candidates, token_text
 from ..trace import Trace
+from .palette import role_colours
 
 ENCODING = "uint8-deflate-base64"
 SCALE = 255
@@ -58,31 +63,32 @@ _SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u
 
 
 def encode_attention(attentions: np.ndarray) -> dict:
-    """(L, H, n, n) weights in [0, 1] → {"encoding", "shape", "scale", "data"} (see module doc)."""
+    """(L, H, n_q, n_k) weights in [0, 1] → {"encoding", "shape", "scale", "data"} (see module doc)."""
     a = np.asarray(attentions)
-    if a.ndim != 4 or a.shape[2] != a.shape[3]:
-        raise QkvError(f"attention must have shape (L, H, n, n), got {a.shape}; pass trace.attentions")
+    if a.ndim != 4:
+        raise QkvError(f"attention must have shape (L, H, n_q, n_k), got {a.shape}; pass trace.attentions")
     if a.size > MAX_VALUES:
-        L, H, n, _ = a.shape
-        raise QkvError(f"{L} layers × {H} heads × {n}² tokens is too much attention for one page "
+        L, H, n_q, n_k = a.shape
+        cells = f"{n_q}²" if n_q == n_k else f"{n_q} × {n_k}"
+        raise QkvError(f"{L} layers × {H} heads × {cells} tokens is too much attention for one page "
                        f"({a.size:,} weights, limit {MAX_VALUES:,}); keep fewer layers, "
                        "e.g. model.run(text, layers=[0, -1], keep=('attentions',))")
     # Plain form: q = uint8(round(clip(a, 0, 1) · 255)); this one makes fewer copies (and NaN → 0).
-    x = np.multiply(a, SCALE, dtype=np.float32)                           # (L, H, n, n)
+    x = np.multiply(a, SCALE, dtype=np.float32)                           # (L, H, n_q, n_k)
     np.fmax(x, 0.0, out=x)
     np.fmin(x, SCALE, out=x)
     x += 0.5
-    q = x.astype(np.uint8)                                                  # (L, H, n, n)
+    q = x.astype(np.uint8)                                                  # (L, H, n_q, n_k)
     data = base64.b64encode(zlib.compress(q.tobytes(), 6)).decode("ascii")
     return {"encoding": ENCODING, "shape": list(q.shape), "scale": SCALE, "data": data}
 
 
 def decode_attention(encoded: dict) -> np.ndarray:
-    """The inverse of `encode_attention`: (L, H, n, n) float32, within PRECISION of the original."""
+    """The inverse of `encode_attention`: (L, H, n_q, n_k) float32, within PRECISION of the original."""
     if encoded.get("encoding") != ENCODING:
         raise QkvError(f"unknown attention encoding {encoded.get('encoding')!r}; expected {ENCODING!r}")
     raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    q = np.frombuffer(raw, dtype=np.uint8).reshape(encoded["shape"])       # (L, H, n, n)
+    q = np.frombuffer(raw, dtype=np.uint8).reshape(encoded["shape"])       # (L, H, n_q, n_k)
     return q.astype(np.float32) / encoded["scale"]
 
 
@@ -119,16 +125,23 @@ def next_token_payload(trace: Trace, tokenizer) -> dict | None:
             "steps": steps}
 
 
-def trace_payload(trace: Trace, *, model_name: str = "", roles: Sequence[Sequence[str | None]] | None = None,
-                  title: str | None = None, tokenizer=None) -> dict:
+def trace_payload(trace: Trace, *, model_name: str | None = None,
+                  roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
+                  tokenizer=None) -> dict:
     """The JSON object the viewer draws: tokens, kept layers, roles, compact attention, and for
-    a generation with logits (and a tokenizer), each generated token's candidates."""
-    att = trace.attentions                                                  # (L, H, n, n)
+    a generation with logits (and a tokenizer), each generated token's candidates.
+
+    model_name: instead of the trace's own `model` (what the title and the page name)."""
+    att = trace.attentions                                                  # (L, H, n_q, n_k)
     if att is None:
         raise QkvError("this trace has no attention weights; run the model with keep=('attentions',)")
-    L, H, n, _ = att.shape
-    if n != len(trace.tokens):
-        raise QkvError(f"the trace has {len(trace.tokens)} tokens but attention over {n}; use an unmodified trace")
+    L, H, n_q, n_k = att.shape
+    if (n_q, n_k) != (len(trace.labels), len(trace.key_labels)):
+        raise QkvError(f"the trace has {len(trace.labels)} × {len(trace.key_labels)} tokens but attention over "
+                       f"{n_q} × {n_k}; use an unmodified trace")
+    model_name = trace.model if model_name is None else model_name
+    roles = check_roles(roles, L, H)
+    cross = trace.source_tokens is not None
     if title is None:
         text = " ".join(trace.text.split()) if trace.text else ""
         title = " · ".join(p for p in (model_name, text[:80] + ("…" if len(text) > 80 else "")) if p)
@@ -136,12 +149,18 @@ def trace_payload(trace: Trace, *, model_name: str = "", roles: Sequence[Sequenc
         "version": 1,
         "title": title or "attention",
         "model": model_name,
+        "family": trace.family,
         "text": trace.text,
         "tokens": [str(t) for t in trace.tokens],
+        "labels": trace.labels,
+        "key_tokens": [str(t) for t in trace.source_tokens] if cross else None,
+        "key_labels": trace.key_labels if cross else None,
+        "causal": trace.causal,
         "layers": [int(i) for i in trace.layer_ids],
         "heads": int(H),
         "prompt_length": None if trace.prompt_length is None else int(trace.prompt_length),
-        "roles": check_roles(roles, L, H),
+        "roles": roles,
+        "role_colours": role_colours(roles),
         "attention": encode_attention(att),
         "next": next_token_payload(trace, tokenizer),
     }

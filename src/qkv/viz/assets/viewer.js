@@ -2,6 +2,9 @@
  *
  * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated; for a
  * generation, each generated token's candidates: the next-token view and its temperature slider).
+ * Attention is n_q × n_k: rows = queries ("tokens"), columns = keys ("key_tokens", or the same
+ * tokens in self-attention). Colours follow qkv/viz/palette.py: brighter = more attention
+ * (viridis, as the figures), cells the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
  * never parsed as HTML. No network: everything is in this file and its payload.
  *
@@ -18,19 +21,24 @@
   // ── colours ────────────────────────────────────────────────────────────────
   const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3949ab", "#ad494a"];
-  const ROLE_COLOURS = ["#e6550d", "#31a354", "#756bb1", "#c51b8a", "#3182bd", "#8c6d31",
-                        "#d6616b", "#17becf", "#636363", "#bcbd22"];
-  // matplotlib "Blues": white (0) → dark blue (1)
-  const STOPS = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
-                 [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
-  const LUT = (function () {
-    const lut = new Uint8Array(256 * 3);
+  // spares for role names palette.py does not know (its ROLE_COLOURS come in the payload)
+  const SPARE_ROLE_COLOURS = ["#e6550d", "#31a354", "#756bb1", "#c51b8a", "#3182bd", "#8c6d31",
+                              "#d6616b", "#636363"];
+  // matplotlib "viridis" at 17 evenly spaced points (palette.CMAP): dark violet (0) → bright yellow (1)
+  const VIRIDIS = [[68, 1, 84], [72, 24, 106], [71, 45, 123], [66, 64, 134], [59, 82, 139], [51, 99, 141],
+                   [44, 114, 142], [38, 130, 142], [33, 145, 140], [31, 160, 136], [40, 174, 128],
+                   [63, 188, 115], [94, 201, 98], [132, 212, 75], [173, 220, 48], [216, 226, 25], [253, 231, 37]];
+  const MASKED = [212, 212, 212];                                 // palette.MASKED, #d4d4d4
+  const LUT = (function () {                                      // q = 0..255 → rgb; q = 256 (masked) → grey
+    const lut = new Uint8Array(257 * 3);
     for (let q = 0; q < 256; q++) {
-      const x = q / 255 * (STOPS.length - 1), k = Math.min(Math.floor(x), STOPS.length - 2), t = x - k;
-      for (let c = 0; c < 3; c++) lut[q * 3 + c] = Math.round(STOPS[k][c] * (1 - t) + STOPS[k + 1][c] * t);
+      const x = q / 255 * (VIRIDIS.length - 1), k = Math.min(Math.floor(x), VIRIDIS.length - 2), t = x - k;
+      for (let c = 0; c < 3; c++) lut[q * 3 + c] = Math.round(VIRIDIS[k][c] * (1 - t) + VIRIDIS[k + 1][c] * t);
     }
+    lut.set(MASKED, 256 * 3);
     return lut;
   })();
+  const MASK = 256;                                              // a cell value meaning "masked"
 
   function headColour(h, H) {
     return H <= HEAD_COLOURS.length ? HEAD_COLOURS[h] : `hsl(${Math.round(h * 137.508) % 360},62%,44%)`;
@@ -68,7 +76,7 @@
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     return ctx;
   }
-  // w×h bytes (row-major) → a w×h canvas coloured by the LUT, to be drawn scaled.
+  // w×h values 0..255 or MASK (row-major) → a w×h canvas coloured by the LUT, to be drawn scaled.
   function heatmapImage(bytes, w, h, gamma) {
     const off = document.createElement("canvas");
     off.width = w;
@@ -76,7 +84,7 @@
     const ctx = off.getContext("2d");
     const img = ctx.createImageData(w, h), px = img.data;
     for (let p = 0; p < w * h; p++) {
-      const q = gamma ? gamma[bytes[p]] : bytes[p];
+      const q = bytes[p] === MASK ? MASK : gamma ? gamma[bytes[p]] : bytes[p];
       px[4 * p] = LUT[3 * q]; px[4 * p + 1] = LUT[3 * q + 1]; px[4 * p + 2] = LUT[3 * q + 2]; px[4 * p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
@@ -99,7 +107,7 @@
     const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
     const want = att.shape.reduce((a, b) => a * b, 1);
     if (bytes.length !== want) throw new Error(`attention has ${bytes.length} values, expected ${want}`);
-    return bytes;                                           // (L, H, n, n) row-major, q = round(a·255)
+    return bytes;                                           // (L, H, n_q, n_k) row-major, q = round(a·255)
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
@@ -108,8 +116,13 @@
       this.root = root;
       this.p = payload;
       this.bytes = bytes;
-      [this.L, this.H, this.n] = payload.attention.shape;
-      this.tokens = payload.tokens;
+      [this.L, this.H, this.n, this.nk] = payload.attention.shape;     // n queries, nk keys
+      this.tokens = payload.labels || payload.tokens;                   // as a reader sees them: "␣capital"
+      this.spelled = payload.tokens;                                    // as the tokenizer spells them: "Ġcapital"
+      this.self = !payload.key_tokens;                                  // self-attention: keys are the tokens
+      this.keys = this.self ? this.tokens : payload.key_labels || payload.key_tokens;
+      this.keysSpelled = this.self ? this.spelled : payload.key_tokens;
+      this.causal = payload.causal === true;
       this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
       this.next = payload.next && payload.next.steps.length ? payload.next : null;
       this.views = ["head", "matrix", "model"].concat(this.next ? ["next"] : []);
@@ -124,12 +137,22 @@
                     step: 0};
       this.roleColour = {};
       const roles = [...new Set((payload.roles || []).flat().filter(r => r))].sort();
-      roles.forEach((r, k) => { this.roleColour[r] = ROLE_COLOURS[k % ROLE_COLOURS.length]; });
+      const known = payload.role_colours || {};
+      roles.filter(r => !(r in known)).forEach((r, k) => { this.roleColour[r] = SPARE_ROLE_COLOURS[k % SPARE_ROLE_COLOURS.length]; });
+      roles.filter(r => r in known).forEach(r => { this.roleColour[r] = known[r]; });
       this.build();
     }
 
-    // attention of (kept layer l, head h): an n×n view of the bytes, rows = queries
-    A(l, h) { const nn = this.n * this.n; return this.bytes.subarray((l * this.H + h) * nn, (l * this.H + h + 1) * nn); }
+    // attention of (kept layer l, head h): an n×nk view of the bytes, rows = queries
+    A(l, h) { const nn = this.n * this.nk; return this.bytes.subarray((l * this.H + h) * nn, (l * this.H + h + 1) * nn); }
+    masked(i, j) { return this.causal && j > i; }                 // key after query: the causal mask removed it
+    // a copy of an n×nk matrix of bytes with the masked cells set to MASK (drawn grey)
+    withMask(a) {
+      if (!this.causal) return a;
+      const out = new Uint16Array(a), nk = this.nk;
+      for (let i = 0; i < this.n; i++) for (let j = i + 1; j < nk; j++) out[i * nk + j] = MASK;
+      return out;
+    }
     heads() { return this.state.head < 0 ? [...Array(this.H).keys()] : [this.state.head]; }
     role(l, h) { return this.p.roles ? this.p.roles[l][h] : null; }
     headName(l, h) { const r = this.role(l, h); return `head ${h}` + (r ? ` (${r})` : ""); }
@@ -137,7 +160,7 @@
     selected() {
       const l = this.state.layer;
       if (this.state.head >= 0) return this.A(l, this.state.head);
-      const nn = this.n * this.n, sum = new Float32Array(nn), out = new Uint8Array(nn);
+      const nn = this.n * this.nk, sum = new Float32Array(nn), out = new Uint8Array(nn);
       for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
       for (let p = 0; p < nn; p++) out[p] = Math.round(sum[p] / this.H);
       return out;
@@ -212,7 +235,8 @@
       this.fields.forEach(f => { f.hidden = s.view === "next"; });
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
       const where = s.view === "next" ? [`${this.n - this.gen} generated`] : [`layer ${this.p.layers[s.layer]}`, who];
-      this.meta.textContent = [this.p.model, `${this.n} tokens`, ...where]
+      const size = this.self ? `${this.n} tokens` : `${this.n} × ${this.nk} tokens`;
+      this.meta.textContent = [this.p.model, size, ...where]
         .filter(x => x).join(" · ");
       this.hint.textContent = {head: "hover a token to isolate its lines",
                                matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
@@ -229,18 +253,21 @@
 
     // ── head view: two token columns, one line per (query, key), alpha = weight ──
     build_head() {
-      const n = this.n, panel = this.panels.head;
+      const n = Math.max(this.n, this.nk), panel = this.panels.head;
       const rowH = n <= 48 ? 22 : n <= 160 ? 17 : 14;
       this.hv = {rowH, W: n <= 48 ? 260 : 220};
       panel.style.setProperty("--row", rowH + "px");
       panel.classList.add(n <= 48 ? "qkv-big" : n <= 160 ? "qkv-mid" : "qkv-small");
       const column = (side) => {
         const col = el("div", "qkv-col qkv-col-" + side), rows = [];
-        for (let i = 0; i < n; i++) {
-          const t = el("div", "qkv-tok" + (i >= this.gen ? " qkv-gen" : ""), shown(this.tokens[i]));
+        const labels = side === "q" ? this.tokens : this.keys, spell = side === "q" ? this.spelled : this.keysSpelled;
+        for (let i = 0; i < labels.length; i++) {
+          const gen = (side === "q" || this.self) && i >= this.gen;
+          const spelled = spell[i] !== labels[i] ? ` (spelled ${spell[i]})` : "";
+          const t = el("div", "qkv-tok" + (gen ? " qkv-gen" : ""), shown(labels[i]));
           t.dataset.i = i;
           t.tabIndex = 0;
-          t.title = `${side === "q" ? "query" : "key"} ${i}: ${this.tokens[i]}` + (i >= this.gen ? " (generated)" : "");
+          t.title = `${side === "q" ? "query" : "key"} ${i}: ${labels[i]}${spelled}` + (gen ? " (generated)" : "");
           col.append(t);
           rows.push(t);
         }
@@ -265,15 +292,15 @@
       const grid = el("div", "qkv-headgrid");
       grid.append(left, this.hv.canvas, right);
       panel.append(head, grid);
-      if (this.gen < n) panel.append(el("p", "qkv-note", `tokens from ${this.gen} on (underlined) were generated`));
+      if (this.gen < this.n) panel.append(el("p", "qkv-note", `tokens from ${this.gen} on (underlined) were generated`));
     }
 
     draw_head() {
-      const {ctx, W, rowH, rows} = this.hv, n = this.n, s = this.state, hover = s.hover;
-      ctx.clearRect(0, 0, W, n * rowH);
+      const {ctx, W, rowH, rows} = this.hv, n = this.n, nk = this.nk, s = this.state, hover = s.hover;
+      ctx.clearRect(0, 0, W, Math.max(n, nk) * rowH);
       const heads = this.heads();
       const minQ = hover || n <= 64 ? 1 : n <= 160 ? 4 : 8;   // long inputs: skip lines too faint to see (a < 0.03)
-      const shade = new Float32Array(n);
+      const shade = new Float32Array(Math.max(n, nk));
       ctx.lineWidth = heads.length === 1 ? 2 : n > 100 ? 1 : 1.5;
       for (const h of heads) {
         const a = this.A(s.layer, h);
@@ -287,13 +314,13 @@
           paths[b].lineTo(W, y(j));
         };
         if (!hover) {
-          for (let i = 0; i < n; i++) for (let j = 0, o = i * n; j < n; j++) { if (a[o + j] >= minQ) line(i, j, a[o + j]); }
+          for (let i = 0; i < n; i++) for (let j = 0, o = i * nk; j < nk; j++) { if (a[o + j] >= minQ) line(i, j, a[o + j]); }
         } else if (hover.side === "q") {
           const i = hover.i;
-          for (let j = 0; j < n; j++) { const q = a[i * n + j]; if (q) { line(i, j, q); shade[j] = Math.max(shade[j], q); } }
+          for (let j = 0; j < nk; j++) { const q = a[i * nk + j]; if (q) { line(i, j, q); shade[j] = Math.max(shade[j], q); } }
         } else {
           const j = hover.i;
-          for (let i = 0; i < n; i++) { const q = a[i * n + j]; if (q) { line(i, j, q); shade[i] = Math.max(shade[i], q); } }
+          for (let i = 0; i < n; i++) { const q = a[i * nk + j]; if (q) { line(i, j, q); shade[i] = Math.max(shade[i], q); } }
         }
         ctx.strokeStyle = headColour(h, this.H);
         paths.forEach((p, b) => { if (p) { ctx.globalAlpha = Math.min(1, (16 * b + 12) / 255); ctx.stroke(p); } });
@@ -311,7 +338,7 @@
       }
     }
 
-    // ── matrix view: the n×n heatmap, a cell's weight on hover ────────────────
+    // ── matrix view: the n×nk heatmap, a cell's weight on hover ───────────────
     build_matrix() {
       const panel = this.panels.matrix;
       this.mx = {canvas: el("canvas", "qkv-heat"), tip: el("div", "qkv-tip"), readout: el("p", "qkv-readout")};
@@ -323,7 +350,8 @@
       const ramp = new Uint8Array(256).map((_, q) => q);
       bctx.imageSmoothingEnabled = true;
       bctx.drawImage(heatmapImage(ramp, 256, 1), 0, 0, 160, 10);
-      scale.append(el("span", null, "0"), bar, el("span", null, "1   attention weight (±0.002)"));
+      scale.append(el("span", null, "0"), bar, el("span", null, "1   attention weight (±0.002), brighter = more" +
+                                                  (this.causal ? " · grey: masked (key after query)" : "")));
       panel.append(wrap, this.mx.readout, scale);
       this.mx.readout.textContent = "hover a cell";
       this.mx.canvas.addEventListener("mousemove", (e) => this.matrixHover(e));
@@ -331,28 +359,29 @@
     }
 
     draw_matrix() {
-      const n = this.n, mx = this.mx, s = this.state;
+      const n = this.n, nk = this.nk, mx = this.mx, s = this.state;
       const key = s.layer + ":" + s.head;
-      if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.image = heatmapImage(mx.values, n, n); }
-      const cell = clamp(Math.floor(560 / n), 1, 44), labels = cell >= 10, size = n * cell;
+      if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.image = heatmapImage(this.withMask(mx.values), nk, n); }
+      const cell = clamp(Math.floor(560 / Math.max(n, nk)), 1, 44), labels = cell >= 10;
+      const size = nk * cell, height = n * cell;
       const font = `${clamp(cell - 4, 9, 13)}px system-ui, sans-serif`;
       let lw = 0;
       if (labels) {
         const c = mx.canvas.getContext("2d");
         c.font = font;
-        for (const t of this.tokens) lw = Math.max(lw, c.measureText(shown(t, 14)).width);
+        for (const t of this.tokens.concat(this.self ? [] : this.keys)) lw = Math.max(lw, c.measureText(shown(t, 14)).width);
       }
       const padL = labels ? Math.ceil(lw) + 12 : 40, padT = labels ? Math.ceil(lw * 0.71) + 14 : 22;
       const padR = labels ? Math.ceil(lw * 0.71) : 8;
-      if (!mx.geo || mx.geo.size !== size || mx.geo.padL !== padL) {
-        mx.ctx = sizeCanvas(mx.canvas, padL + size + padR, padT + size + 6);
+      if (!mx.geo || mx.geo.size !== size || mx.geo.height !== height || mx.geo.padL !== padL) {
+        mx.ctx = sizeCanvas(mx.canvas, padL + size + padR, padT + height + 6);
       }
-      mx.geo = {cell, size, padL, padT};
+      mx.geo = {cell, size, height, padL, padT};
       Object.assign(mx.canvas.dataset, {cell, padL, padT});       // where the cells are, for tests
       const ctx = mx.ctx;
-      ctx.clearRect(0, 0, padL + size + padR, padT + size + 6);
+      ctx.clearRect(0, 0, padL + size + padR, padT + height + 6);
       ctx.imageSmoothingEnabled = false;
-      ctx.drawImage(mx.image, padL, padT, size, size);
+      ctx.drawImage(mx.image, padL, padT, size, height);
       ctx.fillStyle = "#333";
       ctx.font = font;
       if (labels) {
@@ -363,12 +392,12 @@
           ctx.fillText(shown(this.tokens[i], 14), padL - 6, padT + (i + 0.5) * cell);
         }
         ctx.textAlign = "left";
-        for (let j = 0; j < n; j++) {
+        for (let j = 0; j < nk; j++) {
           ctx.save();
           ctx.translate(padL + (j + 0.5) * cell, padT - 5);
           ctx.rotate(-Math.PI / 4);
-          ctx.fillStyle = j >= this.gen ? "#b45309" : s.cell && s.cell.j === j ? "#08306b" : "#333";
-          ctx.fillText(shown(this.tokens[j], 14), 0, 0);
+          ctx.fillStyle = this.self && j >= this.gen ? "#b45309" : s.cell && s.cell.j === j ? "#08306b" : "#333";
+          ctx.fillText(shown(this.keys[j], 14), 0, 0);
           ctx.restore();
         }
       } else {
@@ -389,18 +418,18 @@
     }
 
     matrixHover(e) {
-      const g = this.mx.geo, n = this.n;
+      const g = this.mx.geo, n = this.n, nk = this.nk;
       const j = Math.floor((e.offsetX - g.padL) / g.cell), i = Math.floor((e.offsetY - g.padT) / g.cell);
-      if (i < 0 || j < 0 || i >= n || j >= n) {
+      if (i < 0 || j < 0 || i >= n || j >= nk) {
         this.mx.tip.hidden = true;
         if (this.state.cell) this.set({cell: null});
         return;
       }
-      const q = this.mx.values[i * n + j];
-      const text = `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.tokens[j], 24)}” (key ${j}): ${fmt(q)}`;
+      const q = this.mx.values[i * nk + j], w = this.masked(i, j) ? "masked" : fmt(q);
+      const text = `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.keys[j], 24)}” (key ${j}): ${w}`;
       this.mx.readout.textContent = text;
       const tip = this.mx.tip;
-      tip.textContent = fmt(q) + "  " + shown(this.tokens[i], 16) + " → " + shown(this.tokens[j], 16);
+      tip.textContent = w + "  " + shown(this.tokens[i], 16) + " → " + shown(this.keys[j], 16);
       tip.hidden = false;
       tip.style.left = (e.offsetX + 14) + "px";
       tip.style.top = (e.offsetY + 12) + "px";
@@ -409,7 +438,7 @@
 
     // ── model view: layers × heads thumbnails; click one to open it ───────────
     build_model() {
-      const panel = this.panels.model, H = this.H, n = this.n;
+      const panel = this.panels.model, H = this.H, n = this.n, nk = this.nk;
       const width = (this.root.clientWidth || 900) - 24 - 64;   // minus padding and the row labels
       const t = clamp(Math.floor(width / H) - 10, 30, 84);        // a thumb's button adds 6px, the gap 4px
       const grid = el("div", "qkv-grid");
@@ -417,8 +446,10 @@
       grid.append(el("span"));
       for (let h = 0; h < H; h++) grid.append(el("span", "qkv-axis qkv-colhead", String(h)));
       this.thumbs = [];
-      const bins = Math.min(n, Math.round(t * Math.min(global.devicePixelRatio || 1, 2)));
-      const map = new Int32Array(n).map((_, k) => Math.floor(k * bins / n));
+      const px = Math.round(t * Math.min(global.devicePixelRatio || 1, 2));
+      const bq = Math.min(n, px), bk = Math.min(nk, px);                 // bins of queries, of keys
+      const mapQ = new Int32Array(n).map((_, k) => Math.floor(k * bq / n));
+      const mapK = new Int32Array(nk).map((_, k) => Math.floor(k * bk / nk));
       const gamma = new Uint8Array(256).map((_, q) => Math.round(255 * Math.sqrt(q / 255)));
       for (let l = 0; l < this.L; l++) {
         grid.append(el("span", "qkv-axis qkv-rowhead", "layer " + this.p.layers[l]));
@@ -430,15 +461,19 @@
           b.dataset.head = h;
           const role = this.role(l, h);
           if (role) { b.style.borderColor = this.roleColour[role]; b.classList.add("qkv-hasrole"); }
-          // max-pool the n×n matrix to bins×bins so thin diagonals stay visible
-          const a = this.A(l, h), pooled = new Uint8Array(bins * bins);
+          // max-pool the n×nk matrix to bq×bk bins so thin diagonals stay visible; a bin of
+          // masked cells only stays MASK (grey)
+          const a = this.A(l, h), pooled = new Uint16Array(bq * bk).fill(this.causal ? MASK : 0);
           for (let i = 0; i < n; i++) {
-            const r = map[i] * bins, o = i * n;
-            for (let j = 0; j < n; j++) { const p = r + map[j]; if (a[o + j] > pooled[p]) pooled[p] = a[o + j]; }
+            const r = mapQ[i] * bk, o = i * nk, last = this.causal ? Math.min(i + 1, nk) : nk;
+            for (let j = 0; j < last; j++) {
+              const p = r + mapK[j], q = a[o + j];
+              if (pooled[p] === MASK || q > pooled[p]) pooled[p] = q;
+            }
           }
           const ctx = sizeCanvas(c, t, t);
-          ctx.imageSmoothingEnabled = bins > t;
-          ctx.drawImage(heatmapImage(pooled, bins, bins, gamma), 0, 0, t, t);
+          ctx.imageSmoothingEnabled = Math.max(bq, bk) > t;
+          ctx.drawImage(heatmapImage(pooled, bk, bq, gamma), 0, 0, t, t);
           b.append(c);
           if (role) { const r = el("span", "qkv-thumb-role", role); r.style.color = this.roleColour[role]; r.style.width = t + "px"; b.append(r); }
           b.addEventListener("click", () => this.set({view: "head", layer: l, head: h, hover: null}));
@@ -448,7 +483,8 @@
       }
       panel.append(grid);
       const legend = el("p", "qkv-note", "Each square is one head's attention (rows = queries, columns = keys; " +
-                        "√ colour scale, max-pooled on long inputs). Click one to open it in the head view.");
+                        "brighter = more, √ colour scale, max-pooled on long inputs" +
+                        (this.causal ? "; grey: masked" : "") + "). Click one to open it in the head view.");
       panel.append(legend);
       const roles = Object.keys(this.roleColour);
       if (roles.length) {

@@ -1,0 +1,52 @@
+"""What every command shares (`qkv`, `qkv heads`, `qkv bench`): the console, the --model help,
+the early check of an output directory, and `run`, which turns a user's mistake (QkvError)
+into one line on stderr and exit code 2.
+
+cli.py, analysis/cli.py and bench/cli.py import this module; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import click
+from rich.console import Console
+
+from .errors import QkvError
+
+MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
+
+
+def new_console() -> Console:
+    """A console on stdout; off a terminal rich assumes 80 columns, and a table of 12 heads needs more."""
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def check_writable(directory: str | os.PathLike) -> None:
+    """Fail before the work, not after it, when an output directory cannot be written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise QkvError(f"cannot write to {directory}: {e.strerror}; choose a writable directory") from None
+
+
+def run(command: click.Command, prog_name: str | None = None) -> None:
+    """Run a click command as `qkv` does: a QkvError is one line on stderr and exit code 2.
+
+    Also the entry of the scripts in benchmarks/, which run one `qkv bench` command each.
+    """
+    try:
+        command.main(prog_name=prog_name, standalone_mode=False)
+    except QkvError as e:
+        click.echo(f"qkv: error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("qkv: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

@@ -1,0 +1,145 @@
+"""Writing files safely: the whole file or none of it, and never through a planted link.
+
+    write_atomic(path, write)   write(f) into a new temporary file beside PATH, then rename it onto PATH
+    write_text(path, text)      the same for a string (UTF-8)
+    FileBatch(directory)        several files in one directory, all renamed into place together or none
+
+How: the temporary file is made by `tempfile.mkstemp` in the target's own directory (the rename must
+stay on one file system to be atomic). mkstemp picks an unpredictable name and creates it with
+O_CREAT | O_EXCL, so a link planted at that name makes it fail instead of being followed; and
+`os.replace` renames onto the target name itself, replacing a link there rather than writing where
+it points. A reader sees the old file or the new one, never half of one; on any error the temporary
+file is removed and the target is unchanged.
+
+Mode: every file is written 0o644 narrowed by the umask (FILE_MODE & ~umask), so the usual umask 022
+gives rw-r--r--, a private umask 077 gives rw-------, and no file is ever group- or world-writable.
+(mkstemp alone would give 0o600 whatever the umask; `open()` would give 0o666 & ~umask.)
+
+Writes are not fsynced unless asked (`fsync=True`): after a crash of the machine a file may be empty,
+but never half-written by a crash of qkv. Errors are OSError; callers turn them into a QkvError that
+says what they were writing.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Callable
+
+FILE_MODE = 0o644
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (threads may be writing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)                  # elsewhere: set and restore (the only portable way)
+    os.umask(mask)
+    return mask
+
+
+def temporary_file(path: str | os.PathLike) -> tuple[int, Path]:
+    """(fd, name) of a new, empty temporary file beside PATH, mode FILE_MODE & ~umask, to be renamed onto PATH."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, FILE_MODE & ~umask())
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, Path(tmp)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object], *, fsync: bool = False) -> Path:
+    """write(f) into a temporary file beside PATH (f open for binary writing), then rename it onto PATH.
+
+    PATH is replaced whole or not at all; a link at PATH is replaced, never followed.
+    """
+    path = Path(path)
+    fd, tmp = temporary_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str, *, fsync: bool = False) -> Path:
+    """TEXT as UTF-8 into PATH, atomically (see `write_atomic`)."""
+    data = text.encode("utf-8", errors="replace")          # a lone surrogate from a token becomes '?'
+    return write_atomic(path, lambda f: f.write(data), fsync=fsync)
+
+
+class FileBatch:
+    """Files written into one directory together: all of them, or none.
+
+        with FileBatch(out) as batch:
+            batch.write("a.png", lambda f: fig.savefig(f, format="png"))
+            batch.write_text("b.html", page)
+        batch.paths                     # [out/a.png, out/b.html], renamed into place at the end
+
+    Each file goes to its own temporary file beside its final name as it is written; when the
+    block ends without an error they are all renamed into place, else all removed, and a
+    directory the batch created (and left empty) is removed too. (Only a rename failing
+    midway, e.g. the directory removed under it, could leave some files renamed.)
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, fsync: bool = False):
+        self.directory = Path(directory)
+        self.fsync = fsync
+        self.paths: list[Path] = []                               # final names, in the order written
+        self._pending: list[tuple[Path, Path]] = []               # (temporary file, final name)
+        self._created = False
+
+    def __enter__(self) -> "FileBatch":
+        self._created = not os.path.lexists(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def write(self, name: str, write: Callable[[IO[bytes]], object]) -> Path:
+        """write(f) into a temporary file for DIRECTORY/NAME; renamed there when the batch ends well."""
+        final = self.directory / name
+        fd, tmp = temporary_file(final)
+        self._pending.append((tmp, final))
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return final
+
+    def write_text(self, name: str, text: str) -> Path:
+        """TEXT as UTF-8 into DIRECTORY/NAME, with the batch."""
+        data = text.encode("utf-8", errors="replace")
+        return self.write(name, lambda f: f.write(data))
+
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is None:
+            try:
+                for tmp, final in self._pending:
+                    os.replace(tmp, final)
+                    self.paths.append(final)
+                return
+            except BaseException:
+                self._discard()
+                raise
+        self._discard()
+
+    def _discard(self) -> None:
+        for tmp, _ in self._pending:
+            tmp.unlink(missing_ok=True)
+        if self._created and self.directory.is_dir() and not any(self.directory.iterdir()):
+            self.directory.rmdir()

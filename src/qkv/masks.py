@@ -1,0 +1,27 @@
+"""Who may see whom (seeds §5), by position: the one rule every attention mask is built from.
+
+    query at position i sees key at position j  ⇔  j ≤ i             (causal: decoders)
+                                                    and i - j < w     (sliding window w: Mistral)
+
+attention.py builds whole masks from it (causal_mask, sliding_window_mask, AttentionMask),
+kernels.py the mask of one block of tiled attention, viz the cells a figure leaves out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int | None = None) -> np.ndarray | None:
+    """True where the query at q_pos[r] may see the key at k_pos[c]: (len(q_pos), len(k_pos)) bool.
+
+    None when every pair may (neither causal nor windowed): nothing to build. A window
+    is causal too: it reaches back, never forward.
+    """
+    if not causal and not window:
+        return None
+    rel = np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :]      # (rows, cols) how far back each key is
+    allowed = rel >= 0
+    if window:
+        allowed &= rel < window
+    return allowed
