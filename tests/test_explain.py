@@ -182,7 +182,7 @@ def test_smollm2_prints_the_steps_bert_lacks(smol_walk, lang):
     assert {r[3] for r in rows} == {f"{smol_walk.S_raw[5, 3]:.4f}"}
     # the scaled scores of step ④, whole: 15 of 36 masked (and −∞ twice in the sentence about the mask)
     after = text[text.index("④"):text.index("⑤")]
-    assert after.count("−∞") == 2 + 15 and line_of(after, "Ġmat")[1:] == [f"{v:.2f}" for v in smol_walk.S[5]]
+    assert after.count("−∞") == 2 + 15 and line_of(after, "␣mat")[1:] == [f"{v:.2f}" for v in smol_walk.S[5]]
     assert "b_O" not in text                                            # SmolLM2 has no bias in W_O
 
 

@@ -99,7 +99,8 @@ class Walkthrough:
     kv_head: int
     group_heads: list[int]       # the query heads that read this head's K/V head
     row: int                     # the token whose row is shown
-    tokens: list[str]
+    tokens: list[str]            # as the tokenizer spells them ('Ġmat')
+    labels: list[str]            # as a reader sees them ('␣mat'): what every table shows
     ids: np.ndarray              # (n,)
     X: np.ndarray                # (n, d_model) the residual stream entering the layer
     Xn: np.ndarray               # (n, d_model) Norm(X), what attention reads (pre-norm); X itself (post-norm)
@@ -188,7 +189,7 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
 
     return Walkthrough(
         arch=_arch(model, attn), layer=layer, head=head, kv_head=kv, group_heads=group, row=row,
-        tokens=list(trace.tokens), ids=np.asarray(trace.ids), X=X, Xn=Xn, rope=rope, Q=Q, K=K, V=V,
+        tokens=list(trace.tokens), labels=list(trace.labels), ids=np.asarray(trace.ids), X=X, Xn=Xn, rope=rope, Q=Q, K=K, V=V,
         S_raw=S_raw, S=S, causal=bool(masked.any()), A=A, Z=Z, out=out,
         checks=Checks(norm=norm_diff, qkv=qkv_diff, scores=scores_diff, group=group_diff, heads=heads_diff,
                       out=out_diff),

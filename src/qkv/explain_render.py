@@ -46,7 +46,7 @@ class Page:
     def __init__(self, w: Walkthrough, lang: str):
         check_lang(lang)
         self.w, self.a, self.t = w, w.arch, TEXTS[lang]
-        self.token = w.tokens[w.row]                              # the token whose row is shown
+        self.token = w.labels[w.row]                              # the token whose row is shown
 
     def say(self, key: str, **values) -> Text:
         return Text(self.t[key].format(**values))
@@ -62,9 +62,9 @@ class Page:
 
     def matrix(self, m: np.ndarray, k: int, digits: int = 2) -> Table:
         """The top-left k × k of m, labelled by tokens."""
-        tab = self.table("", *self.w.tokens[:k])
+        tab = self.table("", *self.w.labels[:k])
         for i in range(k):
-            tab.add_row(Text(self.w.tokens[i], style="bold"), *[Text(_num(m[i, j], digits)) for j in range(k)])
+            tab.add_row(Text(self.w.labels[i], style="bold"), *[Text(_num(m[i, j], digits)) for j in range(k)])
         return tab
 
     def row_heading(self, token: str) -> str:
@@ -97,11 +97,12 @@ def _title(p: Page) -> list:
 def _tokens(p: Page) -> list:
     """⓪ the tokens and their ids."""
     w = p.w
-    tab = p.table("#", p.t["col_token"], p.t["col_id"])
-    for j, (token, id_) in enumerate(zip(w.tokens, w.ids)):
-        tab.add_row(Text(str(j)), Text(token), Text(str(int(id_))))
+    spelled = w.labels != w.tokens                               # byte-level BPE: show both
+    tab = p.table("#", p.t["col_token"], *([p.t["col_spelled"]] if spelled else []), p.t["col_id"])
+    for j, (label, token, id_) in enumerate(zip(w.labels, w.tokens, w.ids)):
+        tab.add_row(Text(str(j)), Text(label), *([Text(token)] if spelled else []), Text(str(int(id_))))
     out = [p.rule("s_tokens"), p.say("tokens", n=w.n), tab]
-    if any(token.startswith("Ġ") for token in w.tokens):
+    if spelled:
         out.append(p.say("tokens_bpe"))
     return out
 
@@ -117,7 +118,7 @@ def _x(p: Page) -> list:
     out.append(p.say("x_post" if a.post_norm else "x_pre", model=a.name))
     tab = p.table(p.t["col_token"], p.t["first_values"].format(k=SHOWN))
     for j in range(min(w.n, CORNER)):
-        tab.add_row(Text(w.tokens[j]), Text(_vec(w.X[j])))
+        tab.add_row(Text(w.labels[j]), Text(_vec(w.X[j])))
     return out + [tab]
 
 
@@ -165,7 +166,7 @@ def _rope(p: Page) -> list:
     moved = p.table(t["col_qpos"], t["col_kpos"], "m − n", "q·k")
     for m, n, dot in r.relative:
         moved.add_row(Text(str(m)), Text(str(n)), Text(str(m - n)), Text(f"{dot:.4f}"))
-    key = w.tokens[r.key]
+    key = w.labels[r.key]
     return [p.rule("s_rope"),
             p.say("rope_what", d_k=d_k, pairs=half, theta=r.theta, w0=float(r.omega[0]), last=half - 1,
                   wl=float(r.omega[-1])),
@@ -213,19 +214,19 @@ def _softmax(p: Page) -> list:
     """⑤ A = softmax(S/√d_k): the shown token's row (its 10 largest weights past 12 tokens)."""
     w, i = p.w, p.w.row
     shown = range(w.n) if w.n <= 12 else sorted(np.argsort(w.A[i])[-10:])
-    tab = p.table(p.t["col_key"], *[w.tokens[j] for j in shown])
+    tab = p.table(p.t["col_key"], *[w.labels[j] for j in shown])
     tab.add_row(Text(f"A[{p.token}]", style="bold"), *[Text(_num(w.A[i, j])) for j in shown])
     j = int(np.argmax(w.A[i]))
     return [p.rule("s_softmax"),
             p.say("softmax", dev=float(np.max(np.abs(w.A.sum(-1) - 1))), ss=_shape(w.n, w.n), token=p.token),
-            tab, p.say("looks_most", token=p.token, target=w.tokens[j], j=j, w=w.A[i, j])]
+            tab, p.say("looks_most", token=p.token, target=w.labels[j], j=j, w=w.A[i, j])]
 
 
 def _z(p: Page) -> list:
     """⑥ Z = A·V: the shown token's output as its three largest terms."""
     w, i, tok, d_k = p.w, p.w.row, p.token, p.a.d_k
     top = np.argsort(w.A[i])[::-1][:3]
-    terms = " + ".join(f"{w.A[i, j]:.3f}·v[{w.tokens[j]}]" for j in top) + (" + …" if w.n > 3 else "")
+    terms = " + ".join(f"{w.A[i, j]:.3f}·v[{w.labels[j]}]" for j in top) + (" + …" if w.n > 3 else "")
     return [p.rule("s_z"),
             p.say("z", as_=_shape(w.n, w.n), vs=_shape(w.n, d_k), zs=_shape(w.n, d_k), token=tok),
             Text(f"Z[{tok}] = {terms}"), p.say("z_seed"), Text(f"Z[{tok}] = {_vec(w.Z[i])}"),

@@ -15,8 +15,9 @@ EN = {
 
     "s_tokens": "⓪ Tokens → ids",
     "tokens": "The tokenizer cuts the text into n = {n} tokens; each id picks a row of the embedding table.",
-    "col_token": "token", "col_id": "id",
-    "tokens_bpe": "“Ġ” marks a token that begins with a space: byte-level BPE spells the space as Ġ.",
+    "col_token": "token", "col_spelled": "spelled", "col_id": "id",
+    "tokens_bpe": "Tokens are shown as text, whitespace visible (␣ a space, ↵ a new line); byte-level BPE "
+                  "spells them with one character per byte (a space as Ġ, a new line as Ċ).",
 
     "s_x": "① X: the input of layer {layer}",
     "x": "X is the residual stream entering layer {layer}: one row of d_model numbers per token. Shape {shape}.",
@@ -134,8 +135,9 @@ KO = {
 
     "s_tokens": "⓪ 토큰 → ID",
     "tokens": "토크나이저가 텍스트를 n = {n}개의 토큰으로 자르고, 각 ID로 임베딩 테이블의 행을 조회합니다.",
-    "col_token": "토큰", "col_id": "ID",
-    "tokens_bpe": "“Ġ”는 공백으로 시작하는 토큰 표시입니다: 바이트 수준 BPE는 공백을 Ġ로 씁니다.",
+    "col_token": "토큰", "col_spelled": "표기", "col_id": "ID",
+    "tokens_bpe": "토큰은 공백이 보이도록 표시합니다(␣ 공백, ↵ 줄바꿈). 바이트 수준 BPE는 바이트마다 "
+                  "한 글자로 씁니다(공백은 Ġ, 줄바꿈은 Ċ).",
 
     "s_x": "① X: {layer}번 층의 입력",
     "x": "X는 {layer}번 층으로 들어가는 잔차 스트림으로, 토큰마다 d_model개의 숫자가 한 행을 이룹니다. shape {shape}.",
