@@ -64,3 +64,52 @@ def test_workers_need_a_source_they_can_load(minilm):
         analyse(changed, ["a text"], workers=2)
     with pytest.raises(QkvError, match="unknown backend"):
         analyse(minilm, ["a text"], backend="spark")
+
+
+_ORPHAN_SCRIPT = """
+import itertools, multiprocessing, sys
+from qkv.analysis.backends import WorkerSpec, process_pool
+
+spec = WorkerSpec(sys.argv[1], "float32", 64)
+jobs = ((i, None, "the cat sat on the mat") for i in itertools.count())     # never ends
+for n, _ in enumerate(process_pool(spec, jobs, 2)):
+    if n == 40:                                 # the workers are up and busy: say who they are
+        print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process PID runs (a zombie waiting for its new parent to reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_parent_is_killed():
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import MODELS
+
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(MODELS / "bert")],
+                              stdout=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]       # blocks until the pool runs
+        assert len(workers) >= 2 and all(_alive(p) for p in workers)
+        parent.send_signal(signal.SIGKILL)                                 # no cleanup can run
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in workers if _alive(p)], "workers outlived their parent"
+    finally:
+        parent.kill()
+        for p in workers:                                                  # never leave them running
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

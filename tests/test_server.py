@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.server import MAX_CHARS, make_server
+from qkv.server import MAX_CHARS, Busy, make_server
 from qkv.viz.payload import PRECISION, decode_attention
 from conftest import MODELS
 
@@ -279,12 +280,12 @@ def test_chat_refusals_are_one_clear_json_error(llm_server, request_body, status
 
 def test_one_reply_at_a_time(llm_server):
     app = llm_server.app
-    assert app._running.acquire(timeout=60)                  # as if another reply were being written
+    app.long.enter()                                         # as if another reply were being written
     try:
         status, _, events = chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})
         assert status == 503 and "busy writing another reply" in events[0]["error"]
     finally:
-        app._running.release()
+        app.long.leave()
     assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
 
 
@@ -300,9 +301,13 @@ def test_a_client_that_leaves_frees_the_writer(llm_server):
         answer.close()
         sock.shutdown(socket.SHUT_RDWR)                      # leave in the middle of the reply
     for _ in range(600):                                     # the writer notices, stops, and lets go
-        if llm_server.app._running.acquire(timeout=0.1):
-            llm_server.app._running.release()
-            break
+        try:
+            llm_server.app.long.enter(wait=False)
+        except Busy:
+            time.sleep(0.1)
+            continue
+        llm_server.app.long.leave()
+        break
     else:
         pytest.fail("the writer still holds the model after its client left")
     assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
@@ -314,3 +319,182 @@ def test_the_page_starts_in_chat_mode_for_a_chat_model(llm_server, server):
     assert config["chat_ready"] is True and config["chat_model"] == "smollm2" and "smollm2" in config["models"]
     config = json.loads(call(server, "GET", "/")[2].split('class="qkv-app-config">')[1].split("</script>")[0])
     assert config["chat_ready"] is False and config["chat_model"] == "smollm2"
+
+
+# ── hostile requests (issue 11): other sites, odd JSON, a full server ───────────────────────────
+
+SECURITY = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def has_security_headers(r) -> bool:
+    return all(r.getheader(k) == v for k, v in SECURITY.items())
+
+
+def test_the_api_refuses_other_sites_and_origins(server):
+    host, port = server.server_address[:2]
+    body, json_kind = json.dumps({"text": "hi"}).encode(), {"Content-Type": "application/json"}
+    for headers in ({"Origin": "https://attacker.example"}, {"Origin": "null"},
+                    {"Origin": f"http://{host}:{port + 1}"},                    # another port: another origin
+                    {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
+        status, r, answer = call(server, "POST", "/api/attention", body, {**json_kind, **headers})
+        assert status == 403 and "another" in answer["error"] and has_security_headers(r), (headers, answer)
+    status, _, answer = call(server, "GET", "/api/attention?text=hi", headers={"Sec-Fetch-Site": "cross-site"})
+    assert status == 403 and "another site" in answer["error"]
+    # the page's own requests, and the page opened from a link on another site, are answered
+    own = {"Origin": f"http://{host}:{port}", "Sec-Fetch-Site": "same-origin"}
+    assert call(server, "POST", "/api/attention", body, {**json_kind, **own})[0] == 200
+    assert call(server, "GET", "/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"})[0] == 200
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"text": "a \\ud800 b"}', "not valid JSON in UTF-8"),                # a lone surrogate
+    (b'{"text": "hi", "x": ["\\udfff"]}', "not valid JSON in UTF-8"),
+    (b"[" * 30_000 + b"]" * 30_000, "nests too deeply"),
+    (b'{"text": ' + b"[" * 2_000 + b"]" * 2_000 + b"}", "nests too deeply"),
+])
+def test_odd_json_is_a_400_not_a_500(server, body, message):
+    got, r, answer = call(server, "POST", "/api/attention", body, {"Content-Type": "application/json"})
+    assert got == 400 and message in answer["error"] and has_security_headers(r), answer
+
+
+def test_every_error_page_carries_the_security_headers(server):
+    status, r, answer = call(server, "PUT", "/api/attention", b"{}")
+    assert status == 501 and r.getheader("Content-Type") == "application/json" and has_security_headers(r)
+    assert "GET and POST" in answer["error"]
+    status, r, _ = call(server, "GET", "/nope")
+    assert status == 404 and has_security_headers(r)
+
+
+def test_any_loopback_address_keeps_the_host_check():
+    from qkv.server import exposure_warning
+
+    srv = make_server(BERT, host="127.0.0.2", port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        status, _, body = call(srv, "GET", "/api/models", headers={"Host": f"attacker.example:{port}"})
+        assert status == 403 and "only requests to 127.0.0.2 or localhost" in body["error"]
+        assert call(srv, "GET", "/api/models", headers={"Host": f"127.0.0.2:{port}"})[0] == 200
+        assert call(srv, "GET", "/api/models", headers={"Host": f"localhost:{port}"})[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert exposure_warning("127.0.0.2") is None and exposure_warning("::1") is None
+    assert exposure_warning("localhost") is None
+    assert "other machines can reach" in exposure_warning("0.0.0.0") and exposure_warning("192.168.1.5")
+
+
+def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
+    import qkv.server
+
+    monkeypatch.setattr(qkv.server, "SMALL_TOKENS", 6)
+    app = server.app
+    app.long.enter()                                     # as if a long text were being computed
+    try:
+        status, body = post(server, {"text": "the cat"})                       # short: its own lane
+        assert status == 200 and body["tokens"]
+        monkeypatch.setattr(app.long, "waiting", 0)
+        status, r, answer = call(server, "POST", "/api/attention",
+                                 json.dumps({"text": "the cat sat on the mat and then on the dog"}).encode())
+        assert status == 503 and r.getheader("Retry-After") and "send again" in answer["error"]
+        assert has_security_headers(r)
+    finally:
+        app.long.leave()
+    assert post(server, {"text": "the cat sat on the mat and then on the dog"})[0] == 200
+
+
+def test_lanes_serve_in_order_and_bound_their_queue():
+    from qkv.server import Lane
+
+    lane, order = Lane("tests", waiting=2), []
+    lane.enter()
+
+    def wait_in_line(i):
+        lane.enter()
+        order.append(i)
+        lane.leave()
+
+    threads = []
+    for i in range(2):
+        threads.append(threading.Thread(target=wait_in_line, args=(i,)))
+        threads[-1].start()
+        while lane._next < i + 2:                          # the thread holds its ticket
+            time.sleep(0.01)
+    with pytest.raises(Busy, match="busy with 3 tests"):
+        lane.enter()                                       # 1 running + 2 waiting: full
+    taken = Lane("replies")
+    taken.enter()
+    with pytest.raises(Busy, match="busy with 1 replies"):
+        taken.enter(wait=False)                            # a chat reply does not queue: 503 at once
+    lane.leave()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == [0, 1]
+
+
+def test_connections_beyond_the_thread_cap_get_503_at_once(monkeypatch):
+    import qkv.server
+
+    monkeypatch.setattr(qkv.server, "MAX_THREADS", 3)
+    srv = make_server(BERT, port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    idle = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]   # say nothing
+    try:
+        time.sleep(0.2)
+        status, r, answer = call(srv, "GET", "/api/models")
+        assert status == 503 and r.getheader("Retry-After") and has_security_headers(r)
+        assert "busy with 3 connections" in answer["error"]
+    finally:
+        for s in idle:
+            s.close()
+    for _ in range(100):                                   # their threads end: the server answers again
+        if call(srv, "GET", "/api/models")[0] == 200:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the server did not recover after the idle connections closed")
+    srv.shutdown()
+    srv.server_close()
+    assert srv.request_queue_size >= 128
+
+
+def test_a_broken_hugging_face_cache_entry_breaks_neither_models_nor_serve(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from conftest import run_main
+
+    hub = tmp_path / "hub"
+
+    def cached(name: str, ref: str | None = "abc123") -> object:
+        snap = hub / f"models--someone--{name}" / "snapshots" / "abc123"
+        shutil.copytree(MODELS / "gpt2", snap)
+        if ref is not None:
+            (snap.parents[1] / "refs").mkdir()
+            (snap.parents[1] / "refs" / "main").write_text(ref)
+        return snap
+
+    cached("good")
+    cached("list-config").joinpath("config.json").write_text("[1]")
+    cached("odd-type").joinpath("config.json").write_text('{"model_type": ["gpt2"]}')
+    cached("not-json").joinpath("config.json").write_text("{")
+    cached("escape", ref="../..")                               # refs/main leads out of the snapshots
+    cached("no-ref", ref=None)
+    (hub / "models--someone--empty").mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+
+    listed = dict(qkv.available())
+    assert listed["someone/good"] == "gpt2 (supported) in the Hugging Face cache" and "someone/no-ref" in listed
+    assert not {"someone/list-config", "someone/odd-type", "someone/not-json", "someone/escape",
+                "someone/empty"} & set(listed)
+    code, out, err = run_main(monkeypatch, capsys, "models")
+    assert code == 0 and "someone/good" in out and not err
+    with pytest.raises(qkv.QkvError, match="refs/main leads outside its snapshots; delete"):
+        qkv.load("someone/escape")
+    with pytest.raises(qkv.QkvError, match="not a JSON object"):
+        qkv.load("someone/list-config")
+    assert qkv.load("someone/no-ref").config.family == "gpt2"
+    srv = make_server(BERT, port=0)                             # the model list skips the broken ones
+    try:
+        assert "someone/good" in srv.app.sources and "someone/escape" not in srv.app.sources
+    finally:
+        srv.server_close()

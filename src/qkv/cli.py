@@ -13,7 +13,7 @@ from rich.text import Text
 
 from .analysis.cli import heads as heads_cmd
 from .bench.cli import bench as bench_cmd
-from .cli_common import MODEL_HELP, check_writable, new_console, run
+from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run
 from .errors import QkvError
 from .tokenizer import shorten as _label
 
@@ -84,8 +84,9 @@ def show(text: str, source: str, layer: int, head: int | None, out_dir: str | No
     if head is not None:
         head = model.check_head(head)
     existed = out_dir is not None and os.path.isdir(out_dir)
+    ids, _ = model.encode(text)                                     # a bad text fails before DIR is touched
+    check_attention_memory(model, len(ids), n_layers=model.config.n_layers if out_dir else 1)
     if out_dir is not None:
-        model.encode(text)                                          # a bad text fails before DIR is touched
         check_writable(out_dir)
     try:
         trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",))
@@ -105,6 +106,29 @@ def show(text: str, source: str, layer: int, head: int | None, out_dir: str | No
         for f in files:
             click.echo(f"  {f}")
         click.echo(f"open {files[0]} in a browser to explore every layer and head")
+
+
+def memory_bound() -> int:
+    """Bytes of attention weights one command may hold: half the machine's memory, at most 8 GiB."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 8 << 30
+    return min(physical // 2, 8 << 30)
+
+
+def check_attention_memory(model, n: int, n_layers: int) -> None:
+    """Refuse, before allocating, a run whose kept attention weights (n_layers·H·n² numbers, plus
+    one layer's scores and weights while it is computed) would not fit `memory_bound()`."""
+    H, size = model.config.n_heads, np.dtype(model.dtype).itemsize
+    need = (n_layers + 2) * H * n * n * size
+    bound = memory_bound()
+    if need <= bound:
+        return
+    fits = int((bound / ((n_layers + 2) * H * size)) ** 0.5)
+    how = ("drop --out to keep one layer (--layer), or " if n_layers > 1 else "") + f"give at most {fits:,} tokens"
+    raise QkvError(f"the attention of {n:,} tokens over {n_layers} layer(s) × {H} heads needs about "
+                   f"{need / 2**30:.1f} GiB, more than the {bound / 2**30:.1f} GiB allowed here; {how}")
 
 
 def _print_layer(trace, model, layer: int, head: int | None) -> None:
@@ -162,15 +186,16 @@ def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, 
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     model = load(source)
-    if trace_dir is not None:
-        check_writable(trace_dir)
     stream = TextStream(model, prompt, max_new_tokens, sampling, stop=list(stop) or None)
-    click.echo(prompt, nl=False)
-    for piece in stream:
-        click.echo(piece, nl=False)
-    click.echo()
-    if trace_dir is not None:
-        _save_generation(stream, trace_dir, "generated")
+    with removed_if_failed(trace_dir):
+        if trace_dir is not None:
+            check_writable(trace_dir)
+        click.echo(prompt, nl=False)
+        for piece in stream:
+            click.echo(piece, nl=False)
+        click.echo()
+        if trace_dir is not None:
+            _save_generation(stream, trace_dir, "generated")
 
 
 CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D quits, Ctrl-C stops a reply"
@@ -204,11 +229,14 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     conversation = Conversation(load(source), system, max_new_tokens, sampling)
+    if question is not None:
+        with removed_if_failed(trace_dir):
+            if trace_dir is not None:
+                check_writable(trace_dir)
+            _chat_turn(conversation, question, trace_dir)
+        return
     if trace_dir is not None:
         check_writable(trace_dir)
-    if question is not None:
-        _chat_turn(conversation, question, trace_dir)
-        return
     if sys.stdin.isatty():
         import readline  # noqa: F401  (line editing and history for input())
     click.echo(f"chatting with {conversation.model.name}: {CHAT_HELP}")
@@ -379,12 +407,13 @@ def models() -> None:
               help="Address to listen on; 127.0.0.1 keeps the page on this machine.")
 def serve(source: str, port: int, host: str) -> None:
     """A local web page: type text, pick model, layer and head, and see the attention."""
-    from .server import make_server
+    from .server import exposure_warning, make_server
 
     server = make_server(source, host, port)
     click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"qkv: warning: listening on {host}, so other machines can reach this page", err=True)
+    warning = exposure_warning(host)
+    if warning:
+        click.echo(warning, err=True)
     sys.stdout.flush()
     try:
         server.serve_forever()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 
 import click
 from rich.console import Console
@@ -32,6 +34,18 @@ def check_writable(directory: str | os.PathLike) -> None:
             pass
     except OSError as e:
         raise QkvError(f"cannot write to {directory}: {e.strerror}; choose a writable directory") from None
+
+
+@contextmanager
+def removed_if_failed(directory: str | os.PathLike | None) -> Iterator[None]:
+    """Around a command's work: if it fails, a DIRECTORY it created and left empty is removed."""
+    existed = directory is None or os.path.lexists(directory)
+    try:
+        yield
+    except BaseException:
+        if not existed and os.path.isdir(directory) and not os.listdir(directory):
+            os.rmdir(directory)
+        raise
 
 
 def run(command: click.Command, prog_name: str | None = None) -> None:

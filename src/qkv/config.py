@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from .errors import QkvError
+
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
 Position = Literal["learned", "sinusoidal", "rope"]
@@ -57,8 +59,14 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_head is None:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        for knob in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_kv_heads", "d_head"):
+            if getattr(self, knob) <= 0:
+                raise QkvError(f"{knob}={getattr(self, knob)} must be positive; fix the model's config")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+            raise QkvError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}; "
+                           "fix the model's config")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise QkvError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or none)")
 
     @property
     def group_size(self) -> int:

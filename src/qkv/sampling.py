@@ -41,6 +41,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):
+            raise QkvError(f"seed must be a whole number ≥ 0, got {self.seed!r}")
 
     @classmethod
     def of(cls, base: Sampling | None = None, **settings) -> Sampling:

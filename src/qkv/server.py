@@ -12,22 +12,34 @@
                              "payload": the viewer's payload of the conversation and the reply}
                           or {"error": ...} as the last line if something breaks mid-way
 
-Mistakes get a JSON {"error": "..."} naming the fix: 400 (bad request), 404, 411, 413
-(text too long for the page or the model), 503 (another reply is being written); a bug gets
-500 and the server keeps running. Only models on the allow-list load (--model and
-`qkv.available()`), one forward pass or one reply at a time, so memory stays bounded.
-The server keeps no conversation: the page sends the turns so far with each message. It binds 127.0.0.1 unless told otherwise, and there it
-answers only requests addressed to a loopback name (403 otherwise: DNS rebinding).
+Mistakes get a JSON {"error": "..."} naming the fix: 400 (bad request), 403 (another site or
+host name), 404, 411, 413 (text too long for the page or the model), 503 with Retry-After (the
+server is full: try again); a bug gets 500 and the server keeps running. Every answer, errors
+included, carries the security headers. Only models on the allow-list load (--model and
+`qkv.available()`). The server keeps no conversation: the page sends the turns so far with each message.
+
+Load: at most MAX_THREADS connections are served at once (more get 503 at once), the kernel
+queues BACKLOG more. Work that runs a model waits in one of two lanes, each one pass at a time
+and at most LANE_WAITING waiting (more get 503): short texts (≤ SMALL_TOKENS tokens) in their
+own lane, so a one-line request never waits behind long ones; long texts and chat replies in the
+other. Memory stays bounded by two passes.
+
+Other sites: it binds 127.0.0.1 unless told otherwise, and on any loopback address answers only
+requests addressed to a loopback name (403 otherwise: DNS rebinding). The API refuses requests a
+browser marks as coming from another site (Sec-Fetch-Site) and POSTs whose Origin is not this
+server, so a page the user visits cannot drive it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import socket
 import sys
 import threading
 import traceback
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -48,6 +60,11 @@ MAX_TURNS = 64                      # messages in one conversation
 MAX_NEW_TOKENS = 256                # the longest reply the page may ask for
 NEW_TOKENS = 160                    # the reply's length when the page does not say
 ROLES = ("system", "user", "assistant")
+BACKLOG = 128                       # connections the kernel queues before accept (the default is 5)
+MAX_THREADS = 64                    # connections served at once; one more gets 503 at once
+SMALL_TOKENS = 64                   # a text up to this many tokens runs in the short lane
+LANE_WAITING = 8                    # requests waiting in one lane; one more gets 503 (one user needs few)
+RETRY_AFTER = 2                     # seconds a 503 asks the client to wait
 
 _CSP_APP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
             "connect-src 'self'; form-action 'none'; base-uri 'none'")
@@ -55,6 +72,26 @@ _CSP_HEADER = _CSP_APP + "; frame-ancestors 'none'"     # only a header can forb
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_SAME_SITE = ("same-origin", "none")       # Sec-Fetch-Site of the page's own requests, or typed by the user
+_SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether HOST (a name or an address) is this machine only: localhost, 127.0.0.0/8, ::1."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning `qkv serve --host HOST` prints, or None when only this machine can connect."""
+    if is_loopback(host):
+        return None
+    return f"qkv: warning: listening on {host}, so other machines can reach this page"
 
 
 class HttpError(Exception):
@@ -65,6 +102,38 @@ class HttpError(Exception):
         self.status = status
 
 
+class Busy(HttpError):
+    """503: the server is full; the client should send again after RETRY_AFTER seconds."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
+
+
+class Lane:
+    """Work of one kind: one at a time, first come first served, at most `waiting` in the queue."""
+
+    def __init__(self, name: str, waiting: int = LANE_WAITING):
+        self.name, self.waiting = name, waiting
+        self._turn = threading.Condition()
+        self._next = self._serving = 0            # tickets: the next to hand out, the one running
+
+    def enter(self, wait: bool = True) -> None:
+        """Wait for this lane's turn (Busy if the queue is full, or if not `wait` and it is taken)."""
+        with self._turn:
+            queued = self._next - self._serving
+            if queued > self.waiting or (queued and not wait):
+                raise Busy(f"the server is busy with {queued} {self.name}; send again in a few seconds")
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._turn.wait()
+
+    def leave(self) -> None:
+        with self._turn:
+            self._serving += 1
+            self._turn.notify_all()
+
+
 class App:
     """What the server knows: the allowed model sources, and the models loaded so far."""
 
@@ -73,7 +142,8 @@ class App:
         self.sources = list(dict.fromkeys([source, *(s for s, _ in available())]))
         self._models: dict[str, Model] = {}
         self._loading = threading.Lock()
-        self._running = threading.Lock()     # one forward pass at a time: bounded memory
+        self.short = Lane("short texts")       # one pass at a time per lane: bounded memory
+        self.long = Lane("long texts or chat replies")
 
     def model(self, source: str) -> Model:
         """The model for SOURCE, loaded on first use; only sources on the allow-list."""
@@ -102,14 +172,18 @@ class App:
         if not text.strip():
             raise HttpError(400, "the text is empty; type some words to look at")
         model = self.model(source)
+        n = len(text)
         if model.tokenizer is not None:
             n, limit = len(model.tokenizer.encode(text)[0]), self.max_tokens(model)
             if n > limit:
                 raise HttpError(413, f"the text has {n:,} tokens but {model.name} here takes at most {limit:,}; "
                                      "shorten it")
-        with self._running:
-            trace = model.run(text, keep=("attentions",))
-        return trace_payload(trace)                                     # named after trace.model
+        lane = self.short if n <= SMALL_TOKENS else self.long
+        lane.enter()
+        try:                                   # the payload too: one L·H·n² array per lane at a time
+            return trace_payload(model.run(text, keep=("attentions",)))    # named after trace.model
+        finally:
+            lane.leave()
 
     def chat(self, request: dict) -> "ChatReply":
         """Check a chat request and take the writer's place; the reply is written as it is iterated."""
@@ -119,9 +193,11 @@ class App:
         model = self.model(source)
         check_can_chat(model)
         messages, n, dropped = self._fitted(model, messages, max_new)
-        if not self._running.acquire(blocking=False):
-            raise HttpError(503, "the model is busy writing another reply; send again when it is done")
-        return ChatReply(self._running, model, messages, n, max_new, dropped)
+        try:
+            self.long.enter(wait=False)
+        except Busy:
+            raise Busy("the model is busy writing another reply; send again when it is done") from None
+        return ChatReply(self.long, model, messages, n, max_new, dropped)
 
     def _chat_request(self, request: dict) -> tuple[list[dict], str, int]:
         """(messages, model source, max_new_tokens) of a chat request, or the reason it is refused."""
@@ -195,15 +271,15 @@ class App:
 
 
 class ChatReply:
-    """One reply being written: holds the writer's lock from creation until `close`.
+    """One reply being written: holds the long lane from creation until `close`.
 
     Iterating `events()` writes the reply (greedy, as `Model.chat`), yielding the NDJSON
     events of the module doc; the last carries the viewer's payload of prompt + reply.
     """
 
-    def __init__(self, lock: threading.Lock, model: Model, messages: list[dict], prompt: int, max_new: int,
+    def __init__(self, lane: Lane, model: Model, messages: list[dict], prompt: int, max_new: int,
                  dropped: int):
-        self._lock, self.model, self.messages, self.max_new = lock, model, messages, max_new
+        self._lane, self.model, self.messages, self.max_new = lane, model, messages, max_new
         self.prompt, self.dropped = prompt, dropped
         self._held = True
 
@@ -223,14 +299,14 @@ class ChatReply:
     def close(self) -> None:
         if self._held:
             self._held = False
-            self._lock.release()
+            self._lane.leave()
 
 
 class Handler(BaseHTTPRequestHandler):
     """Routes one request to the App; every answer is JSON except the page itself."""
 
     server_version = "qkv"
-    timeout = 60                               # a stalled client frees its thread
+    timeout = 20                               # a stalled client frees its thread
 
     @property
     def app(self) -> App:
@@ -265,11 +341,34 @@ class Handler(BaseHTTPRequestHandler):
 
     def _check_host(self) -> None:
         """Against DNS rebinding: on loopback, answer only requests addressed to a loopback name."""
-        if self.server.server_address[0] not in _LOOPBACK:
+        if not is_loopback(self.server.server_address[0]):
             return
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
-        if host not in _LOOPBACK:
-            raise HttpError(403, f"this server answers only requests to {' or '.join(_LOOPBACK[:2])}")
+        host = self.headers.get("Host") or ""
+        if not host.startswith("["):
+            host = host.rsplit(":", 1)[0]
+        elif "]" in host:
+            host = host[:host.index("]") + 1]
+        if not is_loopback(host):
+            raise HttpError(403, f"this server answers only requests to {self.server.server_address[0]} or localhost")
+
+    def _check_site(self) -> None:
+        """Against other sites: the API answers only the page itself, curl and the like.
+
+        Browsers mark each request with the site it comes from (Sec-Fetch-Site) and a POST with its
+        Origin; either one naming another site or another port is refused. The page itself (GET /)
+        may be opened from a link anywhere."""
+        if not urlsplit(self.path).path.startswith("/api/"):
+            return
+        site = self.headers.get("Sec-Fetch-Site")
+        if site is not None and site.lower() not in _SAME_SITE:
+            raise HttpError(403, f"refused a request from another site (Sec-Fetch-Site: {site[:40]}); "
+                                 "use the page this server serves")
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return
+        if origin.lower() != f"http://{self.headers.get('Host', '')}".lower():
+            raise HttpError(403, f"refused a request from another origin ({origin[:80]}); "
+                                 "use the page this server serves")
 
     def _json_body(self) -> dict:
         length = self.headers.get("Content-Length")
@@ -285,8 +384,12 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(max(size, 0))
         try:
             request = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise HttpError(400, f"the request body is not valid JSON ({e}); "
+            json.dumps(request, ensure_ascii=False).encode("utf-8")     # a lone surrogate (\\ud800) fails here
+        except (UnicodeError, ValueError) as e:
+            raise HttpError(400, f"the request body is not valid JSON in UTF-8 ({e}); "
+                                 "send {\"text\": \"...\", \"model\": \"...\"}") from None
+        except RecursionError:
+            raise HttpError(400, "the request body nests too deeply; "
                                  "send {\"text\": \"...\", \"model\": \"...\"}") from None
         if not isinstance(request, dict):
             raise HttpError(400, "the request body must be a JSON object: {\"text\": \"...\", \"model\": \"...\"}")
@@ -295,6 +398,7 @@ class Handler(BaseHTTPRequestHandler):
     def _answer(self, route) -> None:
         try:
             self._check_host()
+            self._check_site()
             status, body = route()
         except HttpError as e:
             status, body = e.status, {"error": str(e)}
@@ -305,6 +409,10 @@ class Handler(BaseHTTPRequestHandler):
             status, body = 500, {"error": f"internal error ({type(e).__name__}); see the server's log"}
         if isinstance(body, ChatReply):
             return self._stream(body)
+        self._send(status, body)
+
+    def _send(self, status: int, body) -> None:
+        """One whole answer: the page (a str) or JSON, with the security headers."""
         if isinstance(body, str):
             data, kind = body.encode("utf-8"), "text/html; charset=utf-8"
         else:
@@ -313,14 +421,28 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("X-Content-Type-Options", "nosniff")
+            for name, value in _SECURITY_HEADERS.items():
+                self.send_header(name, value)
             if kind.startswith("text/html"):
                 self.send_header("Content-Security-Policy", _CSP_HEADER)
+            if status == 503:
+                self.send_header("Retry-After", str(RETRY_AFTER))
             self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass                               # the client left; nothing to tell it
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (bad request line, 501 unknown method, 414 ...) as JSON
+        with the security headers, like every other answer."""
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        hint = "; the API takes GET and POST" if code == 501 else ""
+        self._send(code, {"error": f"{message or phrase}{hint}"})
 
     def _stream(self, reply: ChatReply) -> None:
         """Send the reply's events as they come, one JSON line each, then close the connection
@@ -329,8 +451,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.send_response(200)
             self.send_header("Content-Type", "application/x-ndjson")
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("X-Content-Type-Options", "nosniff")
+            for name, value in _SECURITY_HEADERS.items():
+                self.send_header(name, value)
             self.end_headers()
             events = reply.events()
             try:
@@ -359,13 +481,51 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class Server(ThreadingHTTPServer):
+    """One thread per connection, at most MAX_THREADS; a connection beyond gets 503 at once."""
+
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, address: tuple[str, int], app: App):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
         self.app = app
+        self._threads_free = threading.BoundedSemaphore(MAX_THREADS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._threads_free.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._threads_free.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._threads_free.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """503 on a connection no thread can take, written without waiting (this is the accept loop)."""
+        body = json.dumps({"error": f"the server is busy with {MAX_THREADS} connections; "
+                                    "send again in a few seconds"}).encode("ascii")
+        head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER}\r\nConnection: close\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in _SECURITY_HEADERS.items()) + "\r\n")
+        try:
+            request.setblocking(False)
+            try:
+                request.recv(MAX_BODY)             # what has come already: closing on unread data resets
+            except (BlockingIOError, OSError):
+                pass
+            request.send(head.encode("ascii") + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     @property
     def url(self) -> str:

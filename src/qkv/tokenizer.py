@@ -65,7 +65,7 @@ class Tokenizer:
 
         add_special_tokens=False leaves out what the tokenizer adds around a text ([CLS], BOS).
         """
-        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        enc = self._tok.encode(check_text(text), add_special_tokens=add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -258,6 +258,20 @@ def read_tokenizer_config(directory: Path) -> tuple[str | None, dict[str, str]]:
 
 # ── chat templates ──────────────────────────────────────────────────────────────
 
+def check_text(text: str) -> str:
+    """Text that is not valid UTF-8 (a command line's bytes such as 0xff arrive as lone surrogates)
+    → one clear error, not the tokenizer's TypeError."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = text[e.start]
+            byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
+            raise QkvError(f"the text is not valid UTF-8 ({byte} at character {e.start}); "
+                           "give the text in UTF-8") from None
+    return text
+
+
 def check_messages(messages) -> list[dict[str, str]]:
     """A conversation must be a non-empty list of {"role": str, "content": str}; a copy of it."""
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -269,7 +283,7 @@ def check_messages(messages) -> list[dict[str, str]]:
                 isinstance(m[k], str) for k in ("role", "content")):
             raise QkvError(f"message {i} must be {{\"role\": str, \"content\": str}} and nothing else, "
                            f"got {m!r:.80}")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": check_text(m["role"]), "content": check_text(m["content"])})
     return out
 
 

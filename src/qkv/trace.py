@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import json
+import math
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -140,14 +142,18 @@ class Trace:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Trace":
-        """A trace written by `save` (tokens, ids, attentions; older ones lack family, causal, spelling)."""
+        """A trace written by `save` (tokens, ids, attentions; older ones lack family, causal, spelling).
+
+        Checked before use: the sizes in trace.npz's zip directory and array headers (a zip bomb
+        is refused before it expands), trace.json's keys and types, and the arrays' shapes."""
         d = Path(directory)
         try:
-            meta = json.loads((d / "trace.json").read_text())
-            with np.load(d / "trace.npz") as z:
-                ids, att, layers = z["ids"], z["attentions"], z["layers"].tolist()
-        except (OSError, ValueError, KeyError) as e:
-            raise QkvError(f"{d} does not hold a qkv trace ({e}); give a directory written by --trace") from None
+            meta = json.loads((d / "trace.json").read_text(encoding="utf-8"))
+            arrays = _read_npz(d / "trace.npz", ("ids", "attentions", "layers"))
+        except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile) as e:
+            raise QkvError(f"{d} does not hold a qkv trace ({_short(e)}); give a directory written by --trace") from None
+        meta = _check_meta(d, meta)
+        ids, att, layers = _check_arrays(d, meta, *arrays)
         return cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
                    prompt_length=meta.get("prompt_length"), model=meta.get("model") or "",
                    family=meta.get("family") or "", causal=meta.get("causal"),
@@ -169,3 +175,80 @@ def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[
         layer: LayerTrace(layer=layer, **{name: arr[row] for name, arr in named.items()})
         for layer, named in sorted(store.items())
     }
+
+
+# ── reading a saved trace: nothing is trusted ───────────────────────────────────
+
+TRACE_MIN_BOUND = 64 << 20        # a trace.npz may always expand to 64 MiB ...
+TRACE_RATIO = 100                 # ... and beyond that to at most 100× its size on disk (attention
+                                  # weights compress 2-5×; a zip bomb of zeros, ~1000×)
+
+
+def _short(e: Exception) -> str:
+    text = str(e).replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _read_npz(path: Path, names: tuple[str, ...]) -> list[np.ndarray]:
+    """The named arrays of an .npz, after checking the zip directory's uncompressed sizes against a
+    bound and each .npy header's shape against its member's size: nothing large is allocated first."""
+    bound = max(TRACE_MIN_BOUND, TRACE_RATIO * path.stat().st_size)
+    with zipfile.ZipFile(path) as z:
+        members = {info.filename: info for info in z.infolist()}
+        total = sum(info.file_size for info in members.values())
+        if total > bound:
+            raise ValueError(f"trace.npz would expand to {total / 2**20:.0f} MiB from "
+                             f"{path.stat().st_size / 2**20:.1f} MiB on disk, more than a trace can hold")
+        out = []
+        for name in names:
+            info = members.get(name + ".npy")
+            if info is None:
+                raise KeyError(f"trace.npz has no {name!r}")
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+            if dtype.hasobject or math.prod(shape) * dtype.itemsize > info.file_size:
+                raise ValueError(f"{name} in trace.npz claims shape {shape} of {dtype}, more than it holds")
+            with z.open(info) as f:
+                out.append(np.lib.format.read_array(f, allow_pickle=False))
+        return out
+
+
+def _check_meta(d: Path, meta) -> dict:
+    """trace.json: an object with a list of string tokens; the optional keys of the right types."""
+    def bad(what: str) -> QkvError:
+        return QkvError(f"{d}/trace.json is not a qkv trace ({what}); give a directory written by --trace")
+
+    if not isinstance(meta, dict):
+        raise bad("not a JSON object")
+    for key in ("tokens", "source_tokens"):
+        v = meta.get(key)
+        if (key == "tokens" or v is not None) and not (isinstance(v, list) and all(isinstance(t, str) for t in v)):
+            raise bad(f"{key!r} must be a list of strings")
+    for key in ("model", "family", "spelling", "text"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise bad(f"{key!r} must be a string")
+    if meta.get("causal") is not None and not isinstance(meta["causal"], bool):
+        raise bad("'causal' must be true, false or null")
+    p = meta.get("prompt_length")
+    if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= len(meta["tokens"])):
+        raise bad("'prompt_length' must be a token count")
+    return meta
+
+
+def _check_arrays(d: Path, meta: dict, ids, att, layers) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """ids (n,) integers, layers (L,) distinct integers, attentions (L, H, n, n_k) floats."""
+    n = len(meta["tokens"])
+    n_k = n if meta.get("source_tokens") is None else len(meta["source_tokens"])
+
+    def bad(what: str) -> QkvError:
+        return QkvError(f"{d}/trace.npz does not match trace.json ({what}); give a directory written by --trace")
+
+    if ids.shape != (n,) or ids.dtype.kind not in "iu":
+        raise bad(f"ids have shape {ids.shape} of {ids.dtype}, expected ({n},) integers for {n} tokens")
+    if layers.ndim != 1 or layers.dtype.kind not in "iu" or len(set(layers.tolist())) != len(layers):
+        raise bad("layers must be distinct layer numbers")
+    if att.ndim != 4 or att.shape[0] != len(layers) or att.shape[2:] != (n, n_k) or att.dtype.kind != "f":
+        raise bad(f"attentions have shape {att.shape} of {att.dtype}, expected ({len(layers)}, H, {n}, {n_k}) floats")
+    return ids, att, layers.tolist()

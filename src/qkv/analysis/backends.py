@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import signal
+import sys
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -69,8 +73,35 @@ def in_process(setup: Setup, jobs: Iterable[Job]) -> Iterator:
 _WORKER_SETUP: Setup | None = None
 
 
-def _init_worker(spec: WorkerSpec) -> None:
+def die_with_parent(parent: int) -> None:
+    """End this worker process when process PARENT ends, even by kill -9 (no cleanup can run there).
+
+    The worker holds both ends of its task queue, so it would otherwise wait on it forever.
+    Linux: the kernel sends SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG); elsewhere a
+    thread looks every half second whether the parent is still this process's parent.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:                # the parent died before the prctl
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="qkv-parent-watch", daemon=True).start()
+
+
+def _init_worker(spec: WorkerSpec, parent: int | None = None) -> None:
     global _WORKER_SETUP
+    if parent is not None:
+        die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the parent's to handle
     set_blas_threads(1)                               # for the life of the worker
     _WORKER_SETUP = spec.setup()
@@ -85,7 +116,7 @@ def process_pool(spec: WorkerSpec, jobs: Iterable[Job], workers: int) -> Iterato
     import multiprocessing
 
     ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(spec,))
+                             initializer=_init_worker, initargs=(spec, os.getpid()))
     try:
         pending = set()
         for chunk in chunks(jobs):

@@ -21,6 +21,7 @@ from ..layout import fast_layout
 from ..model import Model
 from ..tokenizer import Tokenizer
 from . import bert, gguf, gpt2, llama
+from .common import check_config
 from .tensors import TensorStore
 
 FAMILIES = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
@@ -59,17 +60,66 @@ def hf_cache_dir() -> Path:
     return Path(home) / "hub"
 
 
+def _in_snapshots(snapshot: Path, cache: Path) -> bool:
+    """Whether SNAPSHOT is a folder right inside some models--*/snapshots/ of CACHE (links resolved),
+    so a refs/main holding ../.. or a planted link cannot lead out of the cache."""
+    try:
+        real, root = snapshot.resolve(strict=True), cache.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return real.is_dir() and real.parent.name == "snapshots" and real.parent.parent.parent == root
+
+
 def _cached_snapshot(repo_id: str) -> Path | None:
-    """The snapshot of `repo_id` in the local cache (the one refs/main points at, else the newest)."""
-    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
+    """The snapshot of `repo_id` that refs/main names in the local Hugging Face cache (without
+    refs/main: the newest), found offline by huggingface_hub (never downloaded); None if none."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:                              # tokenizers depends on it: not expected
         return None
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-        return snapshots / ref.read_text().strip()
-    found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    cache = hf_cache_dir()
+    try:
+        snap = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except ValueError:                               # not a repo id (HFValidationError)
+        return None
+    except OSError:                                  # no refs/main (LocalEntryNotFoundError): the scan's pick
+        return dict(_cached_repos()).get(repo_id)
+    if not _in_snapshots(snap, cache):
+        raise QkvError(f"the Hugging Face cache entry of {repo_id!r} is broken: refs/main leads outside its "
+                       f"snapshots; delete {cache / ('models--' + repo_id.replace('/', '--'))} and download it again")
+    return snap
+
+
+def _cached_repos() -> list[tuple[str, Path]]:
+    """(repo id, snapshot: refs/main's, else the newest) of every model in the local Hugging Face
+    cache, scanned offline by huggingface_hub; broken entries are left out."""
+    cache = hf_cache_dir()
+    if not cache.is_dir():
+        return []
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir(cache)                 # broken repos go to info.warnings, not here
+    except Exception:                                # noqa: BLE001 — an unreadable cache lists nothing
+        return []
+    found = []
+    for repo in info.repos:
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        main = repo.refs.get("main") or max(repo.revisions, key=lambda r: r.last_modified)
+        if _in_snapshots(main.snapshot_path, cache):
+            found.append((repo.repo_id, main.snapshot_path))
+    return sorted(found)
+
+
+def _model_type(snapshot: Path) -> str | None:
+    """The model_type a cached config.json names, or None if it is missing, unreadable or not an object."""
+    try:
+        hf = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def resolve(source: str | os.PathLike) -> Path:
@@ -103,11 +153,14 @@ def read_config(directory: Path) -> ModelConfig:
     if not path.is_file():
         raise QkvError(f"{directory} has no config.json; give a checkpoint directory in Hugging Face layout")
     try:
-        hf = json.loads(path.read_text())
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise QkvError(f"{path} is nested too deeply to be a config; restore the checkpoint's config.json") from None
     except ValueError as e:
         raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
     if not isinstance(hf, dict):
         raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
+    hf = check_config(hf)                             # types and ranges of every knob, first
     kind = hf.get("model_type")
     if kind not in FAMILIES:
         raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
@@ -128,10 +181,14 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
     cfg = read_config(directory)
     store = TensorStore(directory)
     weights = FAMILIES[cfg.family].weights(store, cfg, dtype.type)
+    store.release()                   # reading every tensor once (the NaN check) mapped all its pages
     if cfg.causal:                    # decoders: copied into the decoding layout (layout.py), page by page
         weights = fast_layout(weights, after_copy=store.release)
     tok_path = directory / "tokenizer.json"
     tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:     # ids are never checked again
+        raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} "
+                       "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
     if gguf.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     return Model(cfg, weights, tokenizer, name=_display_name(source))
@@ -157,17 +214,10 @@ def available() -> list[tuple[str, str]]:
         found.append((LLM, f"SmolLM2-135M-Instruct (bundled LLM, GGUF) at {smollm2_file()}"))
     except QkvError as e:
         found.append((LLM, f"not installed: {e}"))
-    cache = hf_cache_dir()
-    if cache.is_dir():
-        for repo in sorted(cache.glob("models--*")):
-            repo_id = repo.name[len("models--"):].replace("--", "/")
-            snap = _cached_snapshot(repo_id)
-            if snap is None or not (snap / "config.json").is_file():
-                continue
-            try:
-                kind = json.loads((snap / "config.json").read_text()).get("model_type")
-            except ValueError:
-                continue
-            status = "supported" if kind in FAMILIES else "unsupported model_type"
-            found.append((repo_id, f"{kind} ({status}) in the Hugging Face cache"))
+    for repo_id, snap in _cached_repos():
+        kind = _model_type(snap)
+        if kind is None:
+            continue                                 # no model here, or a broken config.json
+        status = "supported" if kind in FAMILIES else "unsupported model_type"
+        found.append((repo_id, f"{kind} ({status}) in the Hugging Face cache"))
     return found

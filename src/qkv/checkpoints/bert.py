@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import activation, linear_T, need
+from .common import activation, check_shapes, linear_T, need
 from .tensors import TensorStore
 
 
@@ -27,6 +27,7 @@ def config(hf: dict) -> ModelConfig:
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise QkvError(f"BERT position_embedding_type {hf['position_embedding_type']!r} is not supported; "
                        "only 'absolute' is")
+    check_shapes(hf, need(hf, "hidden_size"), need(hf, "num_attention_heads"))
     return ModelConfig(
         family="bert", vocab_size=need(hf, "vocab_size"), d_model=need(hf, "hidden_size"),
         n_layers=need(hf, "num_hidden_layers"), n_heads=need(hf, "num_attention_heads"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import QkvError
@@ -10,6 +12,91 @@ from .tensors import TensorStore
 # Hugging Face activation names → ours.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
+
+
+# Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
+_POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
+                 "n_inner", "n_positions", "type_vocab_size", "sliding_window")
+_ANY_INT = ("pad_token_id", "bos_token_id")                  # some Llama conversions say pad_token_id -1
+_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
+_BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
+         "scale_attn_by_inverse_layer_idx", "scale_attn_weights")
+_TEXT = ("model_type", "hidden_act", "activation_function", "position_embedding_type")
+_OBJECT = ("rope_scaling", "rope_parameters")
+# Inside rope_scaling / rope_parameters.
+_ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _bad(where: str, key: str, value, want: str) -> QkvError:
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return QkvError(f"{where} {key} = {shown} is not {want}; restore the checkpoint's config.json")
+
+
+def check_config(hf: dict, where: str = "config.json") -> dict:
+    """The types and ranges of every knob, before any of them shapes an array: one QkvError naming
+    the first bad value (a string "768", a float 12.0, a bool, 0 heads, a negative eps, ...).
+    Returns the config without its null values: null means "absent" (the family's default)."""
+    hf = {k: v for k, v in hf.items() if v is not None}
+    for key in _POSITIVE_INT:
+        v = hf.get(key)
+        if v is not None and not (_is_int(v) and v > 0):
+            raise _bad(where, key, v, "a positive integer")
+    for key in _ANY_INT:
+        v = hf.get(key)
+        if v is not None and not _is_int(v):
+            raise _bad(where, key, v, "an integer token id")
+    eos = hf.get("eos_token_id")
+    if eos is not None and not (_is_int(eos) or (isinstance(eos, list) and all(_is_int(e) for e in eos))):
+        raise _bad(where, "eos_token_id", eos, "a token id or a list of token ids")
+    for key in _POSITIVE_FLOAT:
+        v = hf.get(key)
+        if v is not None and not (_is_number(v) and v > 0):
+            raise _bad(where, key, v, "a positive number")
+    v = hf.get("partial_rotary_factor")
+    if v is not None and not (_is_number(v) and 0 < v <= 1):
+        raise _bad(where, "partial_rotary_factor", v, "a number in (0, 1]")
+    for key in _BOOL:
+        v = hf.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise _bad(where, key, v, "true or false")
+    for key in _TEXT:
+        v = hf.get(key)
+        if v is not None and not isinstance(v, str):
+            raise _bad(where, key, v, "a string")
+    for key in _OBJECT:
+        v = hf.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise _bad(where, key, v, "an object (or null)")
+        for kind in ("rope_type", "type"):
+            if v.get(kind) is not None and not isinstance(v[kind], str):
+                raise _bad(where, f"{key}.{kind}", v[kind], "a string")
+        for inner in _ROPE_FLOAT:
+            if v.get(inner) is not None and not (_is_number(v[inner]) and v[inner] > 0):
+                raise _bad(where, f"{key}.{inner}", v[inner], "a positive number")
+    return hf
+
+
+def check_shapes(hf: dict, d_model: int, n_heads: int) -> None:
+    """The knobs that must divide each other: d_model by the heads (unless head_dim is given)
+    and the query heads by the K/V heads."""
+    if hf.get("head_dim") is None and d_model % n_heads:
+        raise QkvError(f"config.json: hidden size {d_model} is not divisible by {n_heads} attention heads; "
+                       "restore the checkpoint's config.json")
+    kv = hf.get("num_key_value_heads")
+    if kv is not None and (kv > n_heads or n_heads % kv):
+        raise QkvError(f"config.json: num_key_value_heads {kv} does not divide num_attention_heads {n_heads}; "
+                       "restore the checkpoint's config.json")
 
 
 def activation(name: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import activation, linear_T, need
+from .common import activation, check_shapes, linear_T, need
 from .tensors import TensorStore
 
 
@@ -28,6 +28,7 @@ def config(hf: dict) -> ModelConfig:
     if hf.get("scale_attn_weights") is False:
         raise QkvError("GPT-2 option scale_attn_weights=false is not supported; use a standard GPT-2 checkpoint")
     d = need(hf, "n_embd")
+    check_shapes(hf, d, need(hf, "n_head"))
     return ModelConfig(
         family="gpt2", vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "n_layer"),
         n_heads=need(hf, "n_head"), d_ff=hf.get("n_inner") or 4 * d, max_positions=need(hf, "n_positions"),

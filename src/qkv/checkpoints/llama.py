@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import activation, linear_T, need
+from .common import activation, check_shapes, linear_T, need
 from .tensors import TensorStore
 
 
@@ -34,6 +34,7 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
 def config(hf: dict) -> ModelConfig:
     family = hf["model_type"]
     d, H = need(hf, "hidden_size"), need(hf, "num_attention_heads")
+    check_shapes(hf, d, H)
     theta, scaling = _rope(hf)
     window = None
     if family == "mistral":

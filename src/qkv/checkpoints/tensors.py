@@ -8,6 +8,7 @@ tensor in place; sharded checkpoints list their files in model.safetensors.index
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from pathlib import Path
@@ -23,22 +24,74 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
 _PREFIXES = ("", "model.", "bert.", "transformer.")
 
 
+_FLOATS = ("F64", "F32", "F16", "BF16")
+_ITEMSIZE = {"BF16": 2, **{k: np.dtype(v).itemsize for k, v in _DTYPES.items() if k != "BF16"}}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_entries(path: Path, header: dict, data_size: int) -> None:
+    """Every tensor entry: a known dtype, a shape of non-negative ints, two ordered offsets inside
+    the data that hold exactly the shape's bytes, no two tensors sharing bytes."""
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(kind, str) or kind not in _DTYPES:
+            raise QkvError(f"{path.name}: tensor {name!r} has dtype {kind!r}, which qkv cannot read; "
+                           "save the model in float32/16")
+        if not (isinstance(shape, list) and all(_is_int(n) and n >= 0 for n in shape)):
+            raise QkvError(f"{path.name}: tensor {name!r} has a bad shape {shape!r:.40}; re-download or re-save it")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise QkvError(f"{path.name}: tensor {name!r} has bad data_offsets {offsets!r:.40} "
+                           f"(the data holds {data_size} bytes); re-download or re-save it")
+        if offsets[1] - offsets[0] != math.prod(shape) * _ITEMSIZE[kind]:
+            raise QkvError(f"{path.name}: tensor {name!r} has {offsets[1] - offsets[0]} bytes but its shape "
+                           f"{tuple(shape)} needs {math.prod(shape) * _ITEMSIZE[kind]}; re-download or re-save it")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+        if begin < end:
+            raise QkvError(f"{path.name}: tensors {a!r} and {b!r} overlap in the file; re-download or re-save it")
+
+
 def _read_header(path: Path) -> tuple[dict, int]:
+    total = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
             raise QkvError(f"{path} is not a safetensors file (too short); re-download or re-save the checkpoint")
         (size,) = struct.unpack("<Q", raw)
-        try:
-            header = json.loads(f.read(size))
-            ok = isinstance(header, dict) and all(
-                isinstance(v, dict) and {"dtype", "shape", "data_offsets"} <= v.keys()
-                for k, v in header.items() if k != "__metadata__")
-        except (ValueError, MemoryError, OverflowError):
-            ok = False
+        ok = size <= total - 8
+        if ok:
+            try:
+                header = json.loads(f.read(size))
+                ok = isinstance(header, dict) and all(
+                    isinstance(v, dict) and {"dtype", "shape", "data_offsets"} <= v.keys()
+                    for k, v in header.items() if k != "__metadata__")
+            except (ValueError, MemoryError, OverflowError, RecursionError):
+                ok = False
         if not ok:
             raise QkvError(f"{path} is not a safetensors file (bad header); re-download or re-save it")
+    _check_entries(path, header, total - 8 - size)
     return header, 8 + size
+
+
+def _read_index(index: Path) -> list[str]:
+    """The shard file names of a sharded checkpoint's model.safetensors.index.json."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (ValueError, AttributeError, RecursionError):
+        weight_map = None
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(f, str) and f and Path(f).name == f for f in weight_map.values())):
+        raise QkvError(f"{index.name} is not a safetensors index (it needs a weight_map from tensor names "
+                       "to shard files in the same directory); re-download the checkpoint")
+    return sorted(set(weight_map.values()))
 
 
 class TensorStore:
@@ -50,8 +103,7 @@ class TensorStore:
         if single.is_file():
             files = [single]
         elif index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted({directory / f for f in weight_map.values()})
+            files = [directory / f for f in _read_index(index)]
         else:
             found = sorted(p.name for p in directory.glob("*.safetensors"))
             if len(found) == 1:
@@ -100,8 +152,9 @@ class TensorStore:
                            "(wrong family or a partial download)")
         mm, info, start = self._where[stored]
         kind = info["dtype"]
-        if kind not in _DTYPES:
-            raise QkvError(f"tensor {stored} has dtype {kind}, which qkv cannot read; save the model in float32/16")
+        if kind not in _FLOATS:
+            raise QkvError(f"tensor {stored} has dtype {kind}, but weights must be floats; "
+                           "save the model in float32/16")
         got = tuple(info["shape"])
         if got != tuple(shape):
             raise QkvError(f"tensor {stored} has shape {got} but config.json implies {tuple(shape)}; "
@@ -115,4 +168,15 @@ class TensorStore:
         if kind == "BF16":                                # bfloat16 = the top half of a float32
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
         arr = raw.reshape(got)
-        return arr if arr.dtype == dtype else arr.astype(dtype)
+        arr = arr if arr.dtype == dtype else arr.astype(dtype)
+        check_finite(stored, arr)
+        return arr
+
+
+def check_finite(name: str, arr: np.ndarray) -> None:
+    """Refuse a tensor holding NaN or ±Inf, by name. One float64 sum per tensor: it cannot overflow
+    on float32 values and carries any NaN/Inf through, so finite tensors cost one pass and no copy."""
+    total = np.add.reduce(arr, axis=None, dtype=np.float64)
+    if not np.isfinite(total) and not np.isfinite(arr).all():
+        raise QkvError(f"tensor {name} holds NaN or infinite values; the checkpoint is corrupt "
+                       "(re-download it, or re-save the model after fixing its weights)")

@@ -1,0 +1,378 @@
+"""Hostile and careless input (issue 11): every malformed config, weight file, tokenizer, saved
+trace and command-line value ends in one line on stderr naming the problem, exit code 2, and
+no file left behind. Each case is built here, from the committed fixtures, and run through the
+real entry point (`qkv.cli.main`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qkv
+from conftest import MODELS, run_main
+
+TEXT = "the cat sat"
+
+
+def copy_model(tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(MODELS / name, dst)
+    return dst
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def assert_one_line(monkeypatch, capsys, tmp_path: Path, args: list[str], match: str) -> None:
+    """`qkv ARGS` exits 2 with one stderr line containing MATCH, and leaves tmp_path as it was."""
+    before = files_under(tmp_path)
+    code, _, err = run_main(monkeypatch, capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("qkv: error: "), err
+    assert match.lower() in lines[0].lower(), lines[0]
+    assert files_under(tmp_path) == before, files_under(tmp_path) ^ before
+
+
+# ── config.json: types and ranges of every knob (family, key, value, what the error names) ──
+
+DELETE = object()
+
+CONFIG_CASES = [
+    ("gpt2", "n_embd", "64", "n_embd"),
+    ("gpt2", "n_embd", 64.0, "n_embd"),
+    ("gpt2", "n_embd", True, "n_embd"),
+    ("gpt2", "n_head", 0, "n_head"),
+    ("gpt2", "n_head", -4, "n_head"),
+    ("gpt2", "n_head", 5, "not divisible"),
+    ("gpt2", "n_layer", [2], "n_layer"),
+    ("gpt2", "n_positions", None, "n_positions"),
+    ("gpt2", "vocab_size", 0, "vocab_size"),
+    ("gpt2", "vocab_size", 10 ** 30 + 0.5, "vocab_size"),
+    ("gpt2", "layer_norm_epsilon", -1e-5, "layer_norm_epsilon"),
+    ("gpt2", "layer_norm_epsilon", "tiny", "layer_norm_epsilon"),
+    ("gpt2", "activation_function", ["gelu"], "activation_function"),
+    ("gpt2", "activation_function", "swishy", "not supported"),
+    ("gpt2", "model_type", ["gpt2"], "model_type"),
+    ("gpt2", "model_type", {"a": 1}, "model_type"),
+    ("gpt2", "model_type", DELETE, "model_type"),
+    ("gpt2", "tie_word_embeddings", "yes", "tie_word_embeddings"),
+    ("gpt2", "n_inner", -1, "n_inner"),
+    ("gpt2", "eos_token_id", "2", "eos_token_id"),
+    ("gpt2", "eos_token_id", [2, "x"], "eos_token_id"),
+    ("gpt2", "bos_token_id", 1.5, "bos_token_id"),
+    ("llama_gqa", "num_key_value_heads", 3, "num_key_value_heads"),
+    ("llama_gqa", "num_key_value_heads", 16, "num_key_value_heads"),
+    ("llama_gqa", "num_key_value_heads", 8, "k_proj.weight has shape"),          # valid, but not these weights
+    ("llama_gqa", "num_key_value_heads", 0, "num_key_value_heads"),
+    ("llama_gqa", "num_attention_heads", "4", "num_attention_heads"),
+    ("llama_gqa", "hidden_size", 0, "hidden_size"),
+    ("llama_gqa", "head_dim", -16, "head_dim"),
+    ("llama_gqa", "intermediate_size", 1e3, "intermediate_size"),
+    ("llama_gqa", "num_hidden_layers", 0, "num_hidden_layers"),
+    ("llama_gqa", "max_position_embeddings", "128", "max_position_embeddings"),
+    ("llama_gqa", "rope_theta", "abc", "rope_theta"),
+    ("llama_gqa", "rope_theta", 0, "rope_theta"),
+    ("llama_gqa", "rope_theta", -10000.0, "rope_theta"),
+    ("llama_gqa", "rope_scaling", "linear", "rope_scaling"),
+    ("llama_gqa", "rope_scaling", [1, 2], "rope_scaling"),
+    ("llama_gqa", "rope_scaling", {"rope_type": ["linear"]}, "rope_scaling.rope_type"),
+    ("llama_gqa", "rope_scaling", {"rope_type": "linear", "factor": "2"}, "rope_scaling.factor"),
+    ("llama_gqa", "rope_scaling", {"rope_type": "linear", "factor": 0}, "rope_scaling.factor"),
+    ("llama_gqa", "rope_parameters", "default", "rope_parameters"),
+    ("llama_gqa", "rope_parameters", {"rope_theta": "x"}, "rope_parameters.rope_theta"),
+    ("llama_gqa", "rms_norm_eps", -1e-6, "rms_norm_eps"),
+    ("llama_gqa", "rms_norm_eps", 0, "rms_norm_eps"),
+    ("llama_gqa", "hidden_act", ["silu"], "hidden_act"),
+    ("llama_gqa", "attention_bias", "false", "attention_bias"),
+    ("llama_gqa", "partial_rotary_factor", 2, "partial_rotary_factor"),
+    ("mistral", "sliding_window", 0, "sliding_window"),
+    ("mistral", "sliding_window", -5, "sliding_window"),
+    ("mistral", "sliding_window", "4096", "sliding_window"),
+    ("bert", "num_attention_heads", 5, "not divisible"),
+    ("bert", "type_vocab_size", 0, "type_vocab_size"),
+    ("bert", "layer_norm_eps", None, None),                       # null = absent: loads with the default
+    ("bert", "position_embedding_type", 3, "position_embedding_type"),
+]
+
+
+@pytest.mark.parametrize("family, key, value, match", CONFIG_CASES,
+                         ids=[f"{f}-{k}-{v!r:.20}" for f, k, v, _ in CONFIG_CASES])
+def test_config_values(monkeypatch, capsys, tmp_path, family, key, value, match):
+    d = copy_model(tmp_path, family)
+    hf = json.loads((d / "config.json").read_text())
+    if value is DELETE:
+        del hf[key]
+    else:
+        hf[key] = value
+    (d / "config.json").write_text(json.dumps(hf))
+    if match is None:
+        assert qkv.load(d).config.norm_eps == 1e-12
+        return
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], match)
+
+
+def test_a_tokenizer_larger_than_the_vocabulary(monkeypatch, capsys, tmp_path):
+    """Ids beyond the embedding table are refused once, at load (the mistral fixture has V = 352)."""
+    d = copy_model(tmp_path, "mistral")
+    shutil.copy(MODELS / "llama_gqa" / "tokenizer.json", d / "tokenizer.json")
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)],
+                    "the tokenizer has 400 tokens but the model only 352")
+
+
+@pytest.mark.parametrize("text", ["[1]", '"config"', "null", "{", "[" * 100_000 + "]" * 100_000, "\xff\xfe"])
+def test_config_not_an_object(monkeypatch, capsys, tmp_path, text):
+    d = copy_model(tmp_path, "gpt2")
+    (d / "config.json").write_text(text, encoding="latin-1")
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], "config.json")
+
+
+# ── safetensors headers ──────────────────────────────────────────────────────────
+
+def safetensors_bytes(header: dict | bytes, data: bytes) -> bytes:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def entry(dtype="F32", shape=(2,), offsets=(0, 8)):
+    return {"dtype": dtype, "shape": list(shape) if isinstance(shape, tuple) else shape,
+            "data_offsets": list(offsets) if isinstance(offsets, tuple) else offsets}
+
+
+HEADER_CASES = [
+    ("offsets-strings", {"a": entry(offsets=["0", "8"])}, b"\0" * 8, "data_offsets"),
+    ("offsets-floats", {"a": entry(offsets=[0.0, 8.0])}, b"\0" * 8, "data_offsets"),
+    ("offsets-null", {"a": entry(offsets=None)}, b"\0" * 8, "data_offsets"),
+    ("offsets-three", {"a": entry(offsets=[0, 4, 8])}, b"\0" * 8, "data_offsets"),
+    ("offsets-negative", {"a": entry(offsets=[-8, 0])}, b"\0" * 8, "data_offsets"),
+    ("offsets-reversed", {"a": entry(offsets=[8, 0])}, b"\0" * 8, "data_offsets"),
+    ("offsets-past-end", {"a": entry(offsets=[0, 8])}, b"\0" * 4, "data_offsets"),
+    ("offsets-huge", {"a": entry(offsets=[0, 2 ** 70])}, b"\0" * 8, "data_offsets"),
+    ("offsets-bool", {"a": entry(offsets=[False, True])}, b"\0" * 8, "data_offsets"),
+    ("overlapping", {"a": entry(offsets=(0, 8)), "b": entry(offsets=(4, 12))}, b"\0" * 12, "overlap"),
+    ("size-mismatch", {"a": entry(shape=(3,), offsets=(0, 8))}, b"\0" * 8, "needs 12"),
+    ("shape-int", {"a": entry(shape=2)}, b"\0" * 8, "shape"),
+    ("shape-null", {"a": entry(shape=None)}, b"\0" * 8, "shape"),
+    ("shape-floats", {"a": entry(shape=[2.0])}, b"\0" * 8, "shape"),
+    ("shape-negative", {"a": entry(shape=[-2])}, b"\0" * 8, "shape"),
+    ("dtype-list", {"a": entry(dtype=["F32"])}, b"\0" * 8, "dtype"),
+    ("dtype-unknown", {"a": entry(dtype="F8_E4M3")}, b"\0" * 8, "dtype"),
+    ("entry-not-object", {"a": [1, 2]}, b"", "not a safetensors file"),
+    ("entry-missing-key", {"a": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, "not a safetensors file"),
+    ("header-list", b"[]", b"", "not a safetensors file"),
+    ("header-not-json", b"{nope", b"", "not a safetensors file"),
+    ("header-deep", b"[" * 200_000 + b"]" * 200_000, b"", "not a safetensors file"),
+    ("header-deep-object", b'{"a":' * 200_000 + b"1" + b"}" * 200_000, b"", "not a safetensors file"),
+    ("header-bad-utf8", b'{"\xff": 1}', b"", "not a safetensors file"),
+]
+
+
+@pytest.mark.parametrize("header, data, match", [c[1:] for c in HEADER_CASES], ids=[c[0] for c in HEADER_CASES])
+def test_safetensors_headers(monkeypatch, capsys, tmp_path, header, data, match):
+    d = copy_model(tmp_path, "gpt2")
+    (d / "model.safetensors").write_bytes(safetensors_bytes(header, data))
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], match)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"", "too short"),
+    (b"\x01\x02", "too short"),
+    (struct.pack("<Q", 2 ** 63), "bad header"),                 # a header longer than the file
+    (struct.pack("<Q", 100) + b"{}", "bad header"),
+])
+def test_safetensors_length(monkeypatch, capsys, tmp_path, raw, match):
+    d = copy_model(tmp_path, "gpt2")
+    (d / "model.safetensors").write_bytes(raw)
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], match)
+
+
+def rewrite_tensor(d: Path, name: str, change) -> None:
+    """Rewrite model.safetensors with tensor NAME replaced by change(array) (same layout otherwise)."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    tensors[name] = change(tensors[name])
+    save_file(tensors, d / "model.safetensors")
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.astype(np.int32), "must be floats"),
+    (lambda a: a.astype(np.int8), "must be floats"),
+    (lambda a: (a > 0), "must be floats"),
+    (lambda a: np.where(np.arange(a.size).reshape(a.shape) == 5, np.nan, a).astype(a.dtype), "NaN"),
+    (lambda a: np.where(np.arange(a.size).reshape(a.shape) == 0, np.inf, a).astype(a.dtype), "h.1.mlp.c_fc.weight"),
+    (lambda a: np.full_like(a, -np.inf), "infinite"),
+])
+def test_weights_of_the_wrong_kind(monkeypatch, capsys, tmp_path, change, match):
+    d = copy_model(tmp_path, "gpt2")
+    rewrite_tensor(d, "transformer.h.1.mlp.c_fc.weight", change)
+    for command in (["show", TEXT], ["generate", TEXT, "-n", "2"], ["heads", TEXT, "--json"], ["next", TEXT]):
+        assert_one_line(monkeypatch, capsys, tmp_path, [*command, "--model", str(d)], match)
+
+
+def test_large_finite_weights_are_not_taken_for_inf(tmp_path):
+    d = copy_model(tmp_path, "gpt2")
+    rewrite_tensor(d, "transformer.h.1.mlp.c_fc.weight", lambda a: np.full_like(a, 3e38))   # the float32 sum overflows
+    qkv.load(d)
+
+
+@pytest.mark.parametrize("index, match", [
+    ("{not json", "not a safetensors index"),
+    ("[]", "not a safetensors index"),
+    ("{}", "not a safetensors index"),
+    ('{"weight_map": []}', "not a safetensors index"),
+    ('{"weight_map": {}}', "not a safetensors index"),
+    ('{"weight_map": {"wte.weight": 3}}', "not a safetensors index"),
+    ('{"weight_map": {"wte.weight": "../model.safetensors"}}', "not a safetensors index"),
+    ('{"weight_map": {"wte.weight": "/etc/passwd"}}', "not a safetensors index"),
+    ('{"weight_map": {"wte.weight": "model-00001.safetensors"}}', "missing"),
+])
+def test_sharded_index(monkeypatch, capsys, tmp_path, index, match):
+    d = copy_model(tmp_path, "gpt2")
+    (d / "model.safetensors").rename(d / "weights.bin.safetensors")
+    (d / "model.safetensors.index.json").write_text(index)
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], match)
+
+
+# ── command-line values ──────────────────────────────────────────────────────────
+
+BAD_UTF8 = b"caf\xff".decode("utf-8", "surrogateescape")          # what Python makes of argv bytes 0xff
+
+
+@pytest.mark.parametrize("args, match", [
+    (["show", BAD_UTF8], "not valid UTF-8"),
+    (["show", BAD_UTF8, "--out", "{tmp}/figs"], "not valid UTF-8"),
+    (["generate", BAD_UTF8, "--model", "{gpt2}"], "not valid UTF-8"),
+    (["generate", BAD_UTF8, "--model", "{gpt2}", "--trace", "{tmp}/t"], "not valid UTF-8"),
+    (["explain", BAD_UTF8], "not valid UTF-8"),
+    (["next", BAD_UTF8, "--model", "{gpt2}"], "not valid UTF-8"),
+    (["chat", BAD_UTF8], "not valid UTF-8"),
+    (["chat", "hello", "--system", BAD_UTF8], "not valid UTF-8"),
+    (["generate", TEXT, "--model", "{gpt2}", "--seed", "-1"], "seed"),
+    (["chat", "hello", "--seed", "-1"], "seed"),
+    (["generate", TEXT, "--model", "minilm", "--trace", "{tmp}/t"], "decoder"),
+    (["show", TEXT, "--layer", "99", "--out", "{tmp}/figs"], "layer 99"),
+    (["show", "   ", "--out", "{tmp}/figs"], "empty"),
+])
+def test_command_line_values(monkeypatch, capsys, tmp_path, args, match):
+    args = [a.format(tmp=tmp_path, gpt2=MODELS / "gpt2") for a in args]
+    assert_one_line(monkeypatch, capsys, tmp_path, args, match)
+    assert not (tmp_path / "figs").exists() and not (tmp_path / "t").exists()
+
+
+def test_show_refuses_attention_that_does_not_fit(monkeypatch, capsys, tmp_path):
+    """L·H·n² is estimated before anything is allocated; the message says how to ask for less."""
+    import qkv.cli
+
+    monkeypatch.setattr(qkv.cli, "memory_bound", lambda: 100_000)
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT * 20, "--out", str(tmp_path / "figs")],
+                    "drop --out to keep one layer (--layer), or give at most")
+    assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT * 40], "give at most")
+    code, out, _ = run_main(monkeypatch, capsys, "show", TEXT)          # a short text still fits
+    assert code == 0 and "tokens" in out
+
+
+# ── saved traces ─────────────────────────────────────────────────────────────────
+
+@pytest.fixture
+def saved_trace(tmp_path) -> Path:
+    model = qkv.load(MODELS / "gpt2")
+    return model.run(TEXT, keep=("attentions",)).save(tmp_path / "trace")
+
+
+def test_a_good_trace_loads(saved_trace):
+    t = load_trace(saved_trace)
+    assert t.attentions.shape[2] == len(t.tokens)
+
+
+def load_trace(d: Path):
+    from qkv.trace import Trace
+
+    return Trace.load(d)
+
+
+def edit_json(d: Path, change) -> None:
+    meta = json.loads((d / "trace.json").read_text())
+    (d / "trace.json").write_text(json.dumps(change(meta)))
+
+
+def edit_npz(d: Path, **arrays) -> None:
+    with np.load(d / "trace.npz") as z:
+        kept = {k: z[k] for k in z.files}
+    kept.update(arrays)
+    np.savez_compressed(d / "trace.npz", **{k: v for k, v in kept.items() if v is not None})
+
+
+TRACE_CASES = [
+    ("json-list", lambda d, n: (d / "trace.json").write_text("[1, 2]"), "not a JSON object"),
+    ("json-no-tokens", lambda d, n: edit_json(d, lambda m: {k: v for k, v in m.items() if k != "tokens"}), "tokens"),
+    ("json-tokens-ints", lambda d, n: edit_json(d, lambda m: {**m, "tokens": list(range(n))}), "tokens"),
+    ("json-tokens-str", lambda d, n: edit_json(d, lambda m: {**m, "tokens": "abc"}), "tokens"),
+    ("json-one-token-less", lambda d, n: edit_json(d, lambda m: {**m, "tokens": m["tokens"][:-1]}), "does not match"),
+    ("json-source-tokens", lambda d, n: edit_json(d, lambda m: {**m, "source_tokens": ["a"]}), "does not match"),
+    ("json-causal-str", lambda d, n: edit_json(d, lambda m: {**m, "causal": "yes"}), "causal"),
+    ("json-prompt-length", lambda d, n: edit_json(d, lambda m: {**m, "prompt_length": 99}), "prompt_length"),
+    ("json-prompt-length-neg", lambda d, n: edit_json(d, lambda m: {**m, "prompt_length": -1}), "prompt_length"),
+    ("json-model-list", lambda d, n: edit_json(d, lambda m: {**m, "model": ["x"]}), "model"),
+    ("json-not-json", lambda d, n: (d / "trace.json").write_text("{"), "does not hold a qkv trace"),
+    ("json-bad-utf8", lambda d, n: (d / "trace.json").write_bytes(b'{"tokens": ["\xff"]}'), "does not hold a qkv trace"),
+    ("json-missing", lambda d, n: (d / "trace.json").unlink(), "does not hold a qkv trace"),
+    ("json-deep", lambda d, n: (d / "trace.json").write_text("[" * 100_000 + "]" * 100_000),
+     "does not hold a qkv trace"),
+    ("npz-missing", lambda d, n: (d / "trace.npz").unlink(), "does not hold a qkv trace"),
+    ("npz-not-zip", lambda d, n: (d / "trace.npz").write_bytes(b"PK\x03\x04 not really"), "does not hold a qkv trace"),
+    ("npz-no-ids", lambda d, n: edit_npz(d, ids=None), "ids"),
+    ("npz-attn-3d", lambda d, n: edit_npz(d, attentions=np.zeros((2, 4, n), np.float32)), "attentions have shape"),
+    ("npz-attn-wrong-n", lambda d, n: edit_npz(d, attentions=np.zeros((2, 4, n + 1, n + 1), np.float32)),
+     "attentions have shape"),
+    ("npz-attn-ints", lambda d, n: edit_npz(d, attentions=np.zeros((2, 4, n, n), np.int64)), "attentions have shape"),
+    ("npz-layers-repeat", lambda d, n: edit_npz(d, layers=np.array([0, 0])), "layers"),
+    ("npz-layers-float", lambda d, n: edit_npz(d, layers=np.array([0.0, 1.0])), "layers"),
+    ("npz-layers-fewer", lambda d, n: edit_npz(d, layers=np.array([0])), "attentions have shape"),
+    ("npz-ids-2d", lambda d, n: edit_npz(d, ids=np.zeros((1, n), np.int64)), "ids"),
+    ("npz-ids-float", lambda d, n: edit_npz(d, ids=np.zeros(n, np.float32)), "ids"),
+    ("npz-object", lambda d, n: edit_npz(d, ids=np.array([None] * n, dtype=object)), "does not hold a qkv trace"),
+]
+
+
+@pytest.mark.parametrize("spoil, match", [c[1:] for c in TRACE_CASES], ids=[c[0] for c in TRACE_CASES])
+def test_saved_traces(saved_trace, spoil, match):
+    n = len(json.loads((saved_trace / "trace.json").read_text())["tokens"])
+    spoil(saved_trace, n)
+    with pytest.raises(qkv.QkvError, match=match) as e:
+        load_trace(saved_trace)
+    assert "\n" not in str(e.value)
+
+
+def test_a_zip_bomb_is_refused_before_it_expands(saved_trace):
+    """512 MiB of zeros (compressed < 4 MB): the zip directory's sizes are read, nothing is inflated."""
+    path = saved_trace / "trace.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        with z.open("attentions.npy", "w", force_zip64=True) as f:
+            f.write(np.lib.format.magic(1, 0))
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": "<f4", "fortran_order": False, "shape": (1, 1, 11585, 11585)})
+            block = bytes(1 << 21)
+            for _ in range(256):                                           # 512 MiB
+                f.write(block)
+    assert path.stat().st_size < 4 << 20
+    with pytest.raises(qkv.QkvError, match="would expand to 512 MiB"):
+        load_trace(saved_trace)
+
+
+def test_an_npy_header_claiming_more_than_it_holds(saved_trace):
+    path = saved_trace / "trace.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        header = b"{'descr': '<i8', 'fortran_order': False, 'shape': (1000000000000,), }"
+        header += b" " * (63 - (10 + len(header)) % 64) + b"\n"                 # .npy: 64-byte aligned
+        z.writestr("ids.npy", np.lib.format.magic(1, 0) + struct.pack("<H", len(header)) + header + bytes(64))
+    with pytest.raises(qkv.QkvError, match="claims shape"):
+        load_trace(saved_trace)
