@@ -121,7 +121,7 @@ def test_mistakes_give_one_line_and_exit_2(monkeypatch, capsys, args, message):
     (b"", "holds no text"),
     (b"   \n\t \n", "holds no text"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "looks binary"),
-    (b"\xff\xfe\xfd\n", "not UTF-8"),
+    (b"\xff\xfe\xfd\n", "not valid UTF-8"),            # its only text fails: nothing to analyse
 ])
 def test_bad_corpus_files_give_one_line_and_exit_2(monkeypatch, capsys, tmp_path, content, message):
     path = tmp_path / "corpus.txt"
@@ -129,6 +129,17 @@ def test_bad_corpus_files_give_one_line_and_exit_2(monkeypatch, capsys, tmp_path
     code, out, err = run_main(monkeypatch, capsys, "heads", "--file", str(path), "--json")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_line_that_is_not_utf8_is_reported_and_skipped(monkeypatch, capsys, tmp_path):
+    """One undecodable line fails alone (README: a text that fails is reported and skipped)."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"The cat sat on the mat.\nA bad \xff\xfe line.\nDogs bark at night.\n")
+    code, out, err = run_main(monkeypatch, capsys, "heads", "--file", str(path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["texts"] == 2 and [f["line"] for f in report["failed"]] == [2]
+    assert "line 2" in err and "not valid UTF-8" in err
 
 
 def test_an_unwritable_out_directory_fails_before_the_work(monkeypatch, capsys, tmp_path):

@@ -50,7 +50,8 @@ def open_corpus(path: str | Path, split: str = "line") -> Corpus:
 
 
 def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line) of a UTF-8 text file; a clear QkvError for anything else."""
+    """(line number from 1, line) of a UTF-8 text file; a clear QkvError for a file that cannot be read
+    or is binary (a line that is not UTF-8 fails alone, when its text is encoded)."""
     try:
         f = open(path, "rb")
     except IsADirectoryError:
@@ -74,10 +75,9 @@ def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
                 digest.update(raw)
             if b"\x00" in raw:
                 raise QkvError(f"{path} looks binary (a NUL byte on line {number}); give a UTF-8 text file")
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise QkvError(f"{path} is not UTF-8 text (line {number}); give a UTF-8 text file") from None
+            # A line that is not UTF-8 keeps its bad bytes as lone surrogates: encoding it fails
+            # with a clear message, so the run reports that one text and skips it.
+            line = raw.decode("utf-8", errors="surrogateescape")
             if number == 1:
                 line = line.removeprefix("\ufeff")             # a byte-order mark is not text
             yield number, line.rstrip("\r\n")
