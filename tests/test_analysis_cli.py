@@ -142,6 +142,15 @@ def test_a_line_that_is_not_utf8_is_reported_and_skipped(monkeypatch, capsys, tm
     assert "line 2" in err and "not valid UTF-8" in err
 
 
+def test_a_failed_run_leaves_no_out_folder(monkeypatch, capsys, tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"\xff\xfe\xfd\n")                  # its only text fails: the run fails
+    out = tmp_path / "out"
+    code, _, err = run_main(monkeypatch, capsys, "heads", "--file", str(path), "--out", str(out))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()                                   # nor its checkpoint
+
+
 def test_an_unwritable_out_directory_fails_before_the_work(monkeypatch, capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -146,6 +147,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
     for t in texts:
         if not t.strip():
             raise QkvError("the text is empty; give some words to look at")
+    made_out = out_dir is not None and not os.path.lexists(out_dir)      # this run creates it
     if out_dir is not None:
         check_writable(out_dir)
         if checkpoint is None and corpus_path is not None:
@@ -160,10 +162,15 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
             raise QkvError(f"'{name}' does not apply to {model.name}: {lacking[name]}; choose another statistic")
     if workers is None and backend == "local":
         workers = cores() if corpus is not None and corpus.count >= 4 * CHUNK else 1
-    report = _run(model, corpus or list(texts), window, backend, workers, address, checkpoint)
-    warn_failures(report)
-    if out_dir is not None:
-        _write_out(report, Path(out_dir), model, texts[0] if texts else _first_text(corpus))
+    try:
+        report = _run(model, corpus or list(texts), window, backend, workers, address, checkpoint)
+        warn_failures(report)
+        if out_dir is not None:
+            _write_out(report, Path(out_dir), model, texts[0] if texts else _first_text(corpus))
+    except QkvError:
+        if made_out:                                   # a failed run leaves no folder of its own behind
+            _remove_made_out(Path(out_dir), checkpoint)
+        raise
     if as_json:
         click.echo(json.dumps(report.to_json()))
         return
@@ -176,6 +183,15 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         console.print(line)
     for name in show:
         console.print(stat_table(report, name))
+
+
+def _remove_made_out(out: Path, checkpoint: str | None) -> None:
+    """Undo what a failed run wrote into the OUT folder it created: its checkpoint, then the folder
+    if nothing else is in it (an interrupted run keeps its checkpoint, to be resumed)."""
+    if checkpoint is not None and Path(checkpoint).parent == out:
+        Path(checkpoint).unlink(missing_ok=True)
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
 
 
 def _run(model, texts, window, backend, workers, address, checkpoint) -> HeadReport:
