@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -32,6 +35,20 @@ def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         raise SystemExit(0)
     out = capsys.readouterr()
     return e.value.code, out.out, out.err
+
+
+@contextmanager
+def running_server(source: str, **options) -> Iterator:
+    """`qkv serve` for SOURCE on a free port of 127.0.0.1, serving from a thread while inside."""
+    from qkv.server import make_server
+
+    srv = make_server(source, port=0, **options)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:

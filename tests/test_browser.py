@@ -8,7 +8,6 @@ Timings are measured in the page and printed (pytest -s shows them), never asser
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +15,8 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 import qkv
-from qkv.server import make_server
 from qkv.viz.html import View, save_viewer
-from conftest import MODELS
+from conftest import MODELS, running_server
 from test_viewer import XSS, random_trace
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
@@ -299,11 +297,8 @@ def test_512_tokens_load_and_stay_interactive(tab, minilm, tmp_path):
 
 @pytest.fixture(scope="module")
 def app_server():
-    srv = make_server("minilm", port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running_server("minilm") as srv:
+        yield srv
 
 
 def test_the_web_app_answers_a_typed_sentence(tab, app_server):
@@ -344,11 +339,8 @@ def test_the_web_app_shows_why_it_refuses_a_long_text(tab, app_server):
 
 @pytest.fixture(scope="module")
 def chat_server():
-    srv = make_server("smollm2", port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running_server("smollm2") as srv:
+        yield srv
 
 
 def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, chat_server):

@@ -21,19 +21,15 @@ import pytest
 import qkv
 from qkv.server import MAX_CHARS, Busy, make_server
 from qkv.viz.payload import PRECISION, decode_attention
-from conftest import MODELS
+from conftest import MODELS, running_server
 
 BERT = str(MODELS / "bert")                     # 2 layers × 4 heads, 64 positions: fast
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = make_server(BERT, port=0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running_server(BERT) as srv:
+        yield srv
 
 
 def call(srv, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
@@ -201,11 +197,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def llm_server():
-    srv = make_server("smollm2", port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running_server("smollm2") as srv:
+        yield srv
 
 
 def chat_events(srv, obj) -> tuple[int, str, list[dict]]:
@@ -368,17 +361,12 @@ def test_every_error_page_carries_the_security_headers(server):
 def test_any_loopback_address_keeps_the_host_check():
     from qkv.server import exposure_warning
 
-    srv = make_server(BERT, host="127.0.0.2", port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with running_server(BERT, host="127.0.0.2") as srv:
         port = srv.server_address[1]
         status, _, body = call(srv, "GET", "/api/models", headers={"Host": f"attacker.example:{port}"})
         assert status == 403 and "only requests to 127.0.0.2 or localhost" in body["error"]
         assert call(srv, "GET", "/api/models", headers={"Host": f"127.0.0.2:{port}"})[0] == 200
         assert call(srv, "GET", "/api/models", headers={"Host": f"localhost:{port}"})[0] == 200
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert exposure_warning("127.0.0.2") is None and exposure_warning("::1") is None
     assert exposure_warning("localhost") is None
     assert "other machines can reach" in exposure_warning("0.0.0.0") and exposure_warning("192.168.1.5")
@@ -436,25 +424,22 @@ def test_connections_beyond_the_thread_cap_get_503_at_once(monkeypatch):
     import qkv.server
 
     monkeypatch.setattr(qkv.server, "MAX_THREADS", 3)
-    srv = make_server(BERT, port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    idle = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]   # say nothing
-    try:
-        time.sleep(0.2)
-        status, r, answer = call(srv, "GET", "/api/models")
-        assert status == 503 and r.getheader("Retry-After") and has_security_headers(r)
-        assert "busy with 3 connections" in answer["error"]
-    finally:
-        for s in idle:
-            s.close()
-    for _ in range(100):                                   # their threads end: the server answers again
-        if call(srv, "GET", "/api/models")[0] == 200:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the server did not recover after the idle connections closed")
-    srv.shutdown()
-    srv.server_close()
+    with running_server(BERT) as srv:
+        idle = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]   # say nothing
+        try:
+            time.sleep(0.2)
+            status, r, answer = call(srv, "GET", "/api/models")
+            assert status == 503 and r.getheader("Retry-After") and has_security_headers(r)
+            assert "busy with 3 connections" in answer["error"]
+        finally:
+            for s in idle:
+                s.close()
+        for _ in range(100):                               # their threads end: the server answers again
+            if call(srv, "GET", "/api/models")[0] == 200:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the server did not recover after the idle connections closed")
     assert srv.request_queue_size >= 128
 
 

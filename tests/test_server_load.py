@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from qkv.server import make_server
+from conftest import running_server
 
 LONG = 50                                          # long requests sent at once
 SHORT = 5                                          # short requests sent one by one meanwhile
@@ -25,11 +25,8 @@ SHORT_TEXT = "The cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def server():
-    srv = make_server("minilm", port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running_server("minilm") as srv:
+        yield srv
 
 
 def request(srv, text: str) -> tuple[int, dict, float]:
