@@ -3,8 +3,8 @@
     .venv/bin/python docs/make_screenshots.py        # writes docs/images/*.png
 
 Runs the default model on "The cat sat on the mat", writes the viewer with
-`qkv.viz.html.save_viewer`, serves the app with `qkv.server`, and photographs both in
-the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
+`qkv.viz.html.save_viewer`, serves the app with `qkv.server`, asks SmolLM2 a question
+for the viewer's Next token tab, and photographs them in the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import qkv
+import qkv.chat
 from qkv.server import make_server
 from qkv.viz.html import save_viewer
 
@@ -23,6 +24,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 OUT = Path(__file__).parent / "images"
 TEXT = "The cat sat on the mat"
+QUESTION = "What is the capital of France?"
 READY = "[data-qkv-root][data-ready='1']"
 
 
@@ -83,7 +85,22 @@ def main() -> None:
         shoot(page, "web_app", ".qkv-app")
         server.shutdown()
         server.server_close()
+        next_token_view(browser, Path(tmp))
         browser.close()
+
+
+def next_token_view(browser, tmp: Path) -> None:
+    """SmolLM2's answer to a question, in the viewer's Next token tab, on the token " Paris"."""
+    model = qkv.load("smollm2")
+    stream = qkv.chat.chat_stream(model, QUESTION)
+    "".join(stream)
+    viewer = save_viewer(stream.trace(), tmp / "chat.html", tokenizer=model.tokenizer)
+    page = browser.new_page(viewport={"width": 920, "height": 560}, device_scale_factor=1)
+    page.goto(viewer.as_uri())
+    page.wait_for_selector(READY)
+    page.click(".qkv-tab >> text=Next token")
+    page.click(".qkv-step >> text=␣Paris")
+    shoot(page, "next_token_view")
 
 
 if __name__ == "__main__":
