@@ -93,7 +93,8 @@ def next_token_view(browser, tmp: Path) -> None:
     """SmolLM2's answer to a question, in the viewer's Next token tab, on the token " Paris"."""
     model = qkv.load("smollm2")
     stream = qkv.chat.chat_stream(model, QUESTION)
-    "".join(stream)
+    for _ in stream:                                            # write the answer (greedy)
+        pass
     viewer = save_viewer(stream.trace(), tmp / "chat.html", tokenizer=model.tokenizer)
     page = browser.new_page(viewport={"width": 920, "height": 560}, device_scale_factor=1)
     page.goto(viewer.as_uri())
