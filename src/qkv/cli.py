@@ -70,7 +70,11 @@ def cli() -> None:
               help="Show this head's whole attention matrix instead (with --out: draw its heatmap).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write figures (PNG, SVG) and the interactive viewer (HTML) into this directory.")
-def show(text: str, source: str, layer: int, head: int | None, out_dir: str | None) -> None:
+@click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
+              help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
+                   "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
+def show(text: str, source: str, layer: int, head: int | None, out_dir: str | None,
+         ablate: tuple[str, ...]) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
@@ -83,13 +87,15 @@ def show(text: str, source: str, layer: int, head: int | None, out_dir: str | No
     layer = model.check_layer(layer)
     if head is not None:
         head = model.check_head(head)
+    knocked_out = _head_pairs(ablate)
+    model.ablation(knocked_out)                                     # bad heads fail before DIR is touched
     existed = out_dir is not None and os.path.isdir(out_dir)
     ids, _ = model.encode(text)                                     # a bad text fails before DIR is touched
     check_attention_memory(model, len(ids), n_layers=model.config.n_layers if out_dir else 1)
     if out_dir is not None:
         check_writable(out_dir)
     try:
-        trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",))
+        trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",), ablate=knocked_out)
         _print_layer(trace, model, layer, head)
         if out_dir is not None:
             from .viz.figures import focused_head
@@ -317,6 +323,19 @@ def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str)
         console.print(part)
 
 
+def _head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
+    """--ablate 3.2 --ablate 5.1 or --ablate 3.2,5.1 → [(3, 2), (5, 1)], or one clear error
+    (the model checks that the layers and heads exist)."""
+    pairs = []
+    for item in (i.strip() for i in ",".join(values).split(",") if i.strip()):
+        layer, dot, head = item.partition(".")
+        try:
+            pairs.append((int(layer), int(head)))
+        except ValueError:
+            raise QkvError(f"--ablate {item!r} is not LAYER.HEAD; give e.g. --ablate 3.2 (layer 3, head 2)") from None
+    return pairs
+
+
 def _temperatures(values: tuple[str, ...]) -> list[float]:
     """-t 0.5 -t 1 or -t 0.5,1,2 → [0.5, 1.0, 2.0] (repeats dropped), or one clear error."""
     from .sampling import check_sampling
@@ -344,8 +363,11 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
 @click.option("--chat", is_flag=True, help="Wrap TEXT as one user turn of the model's chat template.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the bar chart (next_token.png, .svg) into this directory.")
+@click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
+              help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
+                   "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
 def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
-             out_dir: str | None) -> None:
+             out_dir: str | None, ablate: tuple[str, ...]) -> None:
     """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
     and the entropy H = −Σ P·log₂ P of the whole distribution, in bits."""
     from functools import partial
@@ -360,12 +382,14 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
                                                              add_generation_prompt=True), dtype=np.int64)
     else:
         ids, _ = model.encode(text)
-    z = next_token_logits(model, ids)                                          # (V,)
+    knocked_out = _head_pairs(ablate)
+    z = next_token_logits(model, ids, ablate=knocked_out)                      # (V,)
     P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
     top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
     label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible
     console = new_console()
-    console.print(Text(f"{model.name}: the next token after {len(ids)} tokens, P = softmax(logits / T)"))
+    console.print(Text(f"{model.name}: the next token after {len(ids)} tokens, P = softmax(logits / T)"
+                       + (f", heads {', '.join(ablate)} zero-ablated" if knocked_out else "")))
     table = Table(show_edge=False, pad_edge=False)
     for name in ("#", "token", "id", *(f"T={T:g}" for T in temps)):
         table.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
@@ -381,6 +405,59 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
 
         fig = next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text)
         for f in save_next_token(fig, out_dir):
+            click.echo(f"wrote {f}")
+
+
+@cli.command(name="lens")
+@click.argument("text")
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+@click.option("--top", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="How many tokens to list per layer.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the layers × positions map (lens.png, .svg) into this directory.")
+def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
+    """The logit lens: what each layer would predict after TEXT, reading the residual stream
+    after l blocks through the final norm and W_vocab (layer 0: the embeddings)."""
+    from .analysis.lens import check_lens
+    from .checkpoints import load
+
+    model = load(source)
+    check_lens(model)
+    model.encode(text)                                                        # a bad text fails before DIR is touched
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        _lens(model, text, top, out_dir)
+
+
+def _lens(model, text: str, top: int, out_dir: str | None) -> None:
+    """`qkv lens`'s work: the table of the last position, and with OUT_DIR the map."""
+    from .analysis.lens import KEEP, final_prediction, lens_of_trace
+    from .nexttoken import distribution, top_tokens
+
+    trace = model.run(text, keep=KEEP)
+    lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
+    ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
+    label = model.tokenizer.label
+    console = new_console()
+    console.print(Text(f"{model.name}: the logit lens at the last position ({trace.labels[-1]}), "
+                       f"final prediction {label(int(ids[-1]))}"))
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("layer", justify="right", style="grey50")
+    for r in range(top):
+        table.add_column(f"top {r + 1}", no_wrap=True)
+    table.add_column("P(final)", justify="right")
+    for l, z in enumerate(lens[:, -1]):
+        best, p = top_tokens(distribution(z, 1.0), top)
+        table.add_row("emb" if l == 0 else str(l), *(Text(f"{label(int(i))} {q:.2f}") for i, q in zip(best, p)),
+                      f"{probs[l, -1]:.3f}")
+    console.print(table)
+    if out_dir is not None:
+        from .analysis.lens import lens_figure, save_lens
+
+        fig = lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name)
+        for f in save_lens(fig, out_dir):
             click.echo(f"wrote {f}")
 
 

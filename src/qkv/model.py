@@ -85,6 +85,41 @@ def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndar
     return q, k, v
 
 
+ABLATIONS = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Heads knocked out of a pass: their Z = A·V replaced before Concat·W_O.
+
+    how="zero": Z_h = 0, so the head adds nothing (the same as zeroing rows h·d_k..(h+1)·d_k
+    of W_O). how="mean": Z_h = its mean over the positions of the same input (real tokens
+    only, every position, future ones included even in a decoder), so the head adds a
+    constant instead of what it read at each position. `Model.ablation` builds and checks one.
+    """
+
+    heads: dict[int, tuple[int, ...]]              # layer → its ablated query heads (0..H-1)
+    how: str = "zero"
+
+    def apply(self, layer: int, z: np.ndarray, mask: AttentionMask) -> np.ndarray:
+        """z (B, H, n, d_k) → a copy with this layer's ablated heads replaced (z itself if none)."""
+        heads = self.heads.get(layer)
+        if not heads:
+            return z
+        z = z.copy()
+        h = list(heads)
+        if self.how == "zero":
+            z[:, h] = 0
+            return z                                               # (B, H, n, d_k)
+        n = z.shape[2]
+        real = (np.ones((z.shape[0], n), bool) if mask.key_mask is None
+                else mask.key_mask[:, -n:])                        # (B, n) the real tokens
+        w = (real / np.maximum(real.sum(axis=1, keepdims=True), 1)).astype(z.dtype)   # (B, n)
+        mean = np.einsum("bn,bhnd->bhd", w, z[:, h])               # (B, h, d_k)
+        z[:, h] = mean[:, :, None, :]
+        return z                                                   # (B, H, n, d_k)
+
+
 @dataclass
 class Context:
     """What every box of one forward pass shares, besides its input and its weights."""
@@ -94,6 +129,7 @@ class Context:
     rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
+    ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
 
 
 def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -118,6 +154,8 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
     else:
         z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
         a, s = attention_weights(q, k, mask, rec.heads) if want else (None, None)
+    if ctx.ablate is not None:
+        z = ctx.ablate.apply(layer, z, mask)                  # (B, H, n, d_k) ablated heads replaced
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
     return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model)
@@ -189,11 +227,13 @@ class Output:
 
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
-                cache: KVCache | None = None, logits: str = "all") -> tuple[np.ndarray, np.ndarray | None]:
+                cache: KVCache | None = None, logits: str = "all",
+                ablate: Ablation | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
-    rec: the intermediates to keep (default none). With a KV cache, ids are the n new
-    tokens after the cache's past and attention_mask (B, past + n) covers past and new.
+    rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation).
+    With a KV cache, ids are the n new tokens after the cache's past and attention_mask
+    (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
     """
     dtype = weights.tok_embed.dtype
@@ -207,7 +247,9 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache)
+    if ablate is not None and ablate.how == "mean" and cache is not None:
+        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate)
     for layer, w in enumerate(weights.blocks):
         x = block(x, w, ctx, layer)
     if cache is not None:
@@ -294,28 +336,35 @@ class Model:
 
     # the passes --------------------------------------------------------------
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, attentions: bool = True) -> Output:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, attentions: bool = True,
+                ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero") -> Output:
         """ids (B, n) → Output(hidden (B, n, d), logits (B, n, V) | None, attentions (L, B, H, n, n)).
 
         Padding (attention_mask 0) is never attended to; rows of padding positions are
-        computed but meaningless.
+        computed but meaningless. ablate, how: heads to knock out, as in `run`.
         """
         ids, mask = self.check_ids(input_ids, attention_mask)
         types = None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64).reshape(ids.shape)
         rec = Recorder(keep=("attentions",) if attentions else ())
-        hidden, logits = transformer(self.weights, self.config, ids, mask, token_type_ids=types, rec=rec)
+        hidden, logits = transformer(self.weights, self.config, ids, mask, token_type_ids=types, rec=rec,
+                                     ablate=self.ablation(ablate, how))
         att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
         return Output(hidden=hidden, logits=logits, attentions=att)
 
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
-            keep: Iterable[str] = tuple(INTERMEDIATES), heads: Iterable[int] | None = None) -> Trace:
+            keep: Iterable[str] = tuple(INTERMEDIATES), heads: Iterable[int] | None = None,
+            ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero") -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
         keep: which intermediates, from `qkv.trace.INTERMEDIATES`;
         heads: keep scores and attention weights of these heads only (default all) — on
-        long inputs the rest of the pass then runs tiled, never holding n × n per head.
+        long inputs the rest of the pass then runs tiled, never holding n × n per head;
+        ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to
+        0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
+        the trace then keeps the ablated Z as "heads" (attention weights are unchanged).
         """
+        ablation = self.ablation(ablate, how)
         if isinstance(text, str):
             ids, tokens = self.encode(text)
         else:
@@ -326,17 +375,18 @@ class Model:
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
         rec = Recorder(layers=kept, keep=keep, heads=head_ids)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
-                                     rec=rec)
+                                     rec=rec, ablate=ablation)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
                      head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
                      spelling=self.tokenizer.spelling if self.tokenizer else "plain")
 
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
-                    cache: KVCache | None = None) -> np.ndarray:
+                    cache: KVCache | None = None, ablate: Ablation | None = None) -> np.ndarray:
         """The logits of the last position (B, 1, V) of ids (B, n) that the caller has checked:
-        one step of writing (after the cache's past, with a cache)."""
-        return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last")[1]
+        one step of writing (after the cache's past, with a cache); ablate: see `ablation`."""
+        return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last",
+                           ablate=ablate)[1]
 
     # writing -----------------------------------------------------------------
     # settings: the fields of qkv.sampling.Sampling by name (temperature, top_k, top_p, seed,
@@ -376,6 +426,22 @@ class Model:
         if stream:
             return iter(chat_stream(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache))
         return chat(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache)
+
+    def ablation(self, ablate: Iterable[tuple[int, int]] | None, how: str = "zero") -> Ablation | None:
+        """(layer, head) pairs → a checked Ablation (None when there is nothing to ablate)."""
+        if how not in ABLATIONS:
+            raise QkvError(f"unknown ablation {how!r}; choose from {list(ABLATIONS)}")
+        if ablate is None:
+            return None
+        heads: dict[int, set[int]] = {}
+        for pair in ablate:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                    or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in pair)):
+                raise QkvError(f"ablate takes (layer, head) pairs of integers, got {pair!r}; e.g. ablate=[(3, 2)]")
+            heads.setdefault(self.check_layer(int(pair[0])), set()).add(self.check_head(int(pair[1])))
+        if not heads:
+            return None
+        return Ablation({layer: tuple(sorted(h)) for layer, h in heads.items()}, how)
 
     def check_layer(self, layer: int) -> int:
         """A layer index (negative from the end) → 0..L-1, or a clear error."""

@@ -128,11 +128,12 @@ def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.id_to_token(int(token_id)) if "\ufffd" in text else visible(text)
 
 
-def next_token_logits(model, ids: np.ndarray) -> np.ndarray:
-    """logits[last] (V,) of a decoder for token ids (n,): the scores of every possible next token."""
+def next_token_logits(model, ids: np.ndarray, ablate=None, how: str = "zero") -> np.ndarray:
+    """logits[last] (V,) of a decoder for token ids (n,): the scores of every possible next token.
+    ablate: (layer, head) pairs knocked out of the pass (see `Model.run`)."""
     cfg = model.config
     if not cfg.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({cfg.family}): it has no next-token distribution; "
                        "use a decoder, e.g. --model smollm2")
     ids, mask = model.check_ids(ids)                                        # (1, n)
-    return model.last_logits(ids, mask)[0, -1]                              # (V,) the last position only
+    return model.last_logits(ids, mask, ablate=model.ablation(ablate, how))[0, -1]   # (V,) the last position only

@@ -1,0 +1,141 @@
+"""The logit lens (nostalgebraist 2020): what each layer would predict if the model stopped there.
+
+    logit_lens          text or ids → (L+1, n, V): the residual stream after l blocks through
+                        the final norm and W_vocab (row 0: the embeddings; row L: the logits)
+    lens_of_trace       the same, from a trace that kept "residual", "attn_out" and "ffn_out"
+    residual_stream     that trace's residual stream after 0..L blocks, (L+1, n, d_model)
+    final_prediction    each position's final top token and its probability at every layer
+    lens_figure         layers × positions: the probability of the final prediction at each layer
+    save_lens           that figure as PNG and SVG, written atomically
+
+The norm and W_vocab are the model's own (`qkv.model.norm`, `qkv.model.logits_of`), so row L
+is the model's logits by construction of the same arithmetic, and the tests check that it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import QkvError
+from ..model import logits_of, norm
+from ..viz.figures import FORMATS, _figure, _fonts, _styled, _ticks, _title, save_all
+from ..viz.palette import CMAP
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import Model
+    from ..trace import Trace
+
+KEEP = ("residual", "attn_out", "ffn_out")       # what a trace must keep for the lens
+MAX_BYTES = 2 << 30                              # the lens array (L+1)·n·V; past this, one clear error
+
+
+def check_lens(model: "Model") -> None:
+    """The lens reads through W_vocab: an encoder without an LM head has none."""
+    if model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no LM head (W_vocab), so it has no logits to read the layers through; "
+                       "the logit lens needs a decoder, e.g. --model smollm2")
+
+
+def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
+    """(L+1, n, d_model): row l is the residual stream after l blocks (row 0: the embeddings).
+
+    Rows 0..L-1 are the blocks' inputs ("residual"); row L is the last block's output:
+    X + attn_out + ffn_out for pre-norm models (added in the block's own order), and the
+    final hidden states for post-norm ones (whose blocks end in their own norm).
+    """
+    L = model.config.n_layers
+    if trace.layer_ids != list(range(L)) or any(trace.layers[i].residual is None for i in range(L)):
+        raise QkvError("the logit lens needs every layer's residual stream; run the model with "
+                       f"keep={KEEP} and every layer")
+    rows = [trace.layers[i].residual for i in range(L)]                    # L × (n, d_model)
+    last = trace.layers[L - 1]
+    if model.config.norm_place == "post":
+        rows.append(trace.hidden)
+    else:
+        if last.attn_out is None or last.ffn_out is None:
+            raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
+        rows.append((last.residual + last.attn_out) + last.ffn_out)        # x = x + a; x = x + f
+    return np.stack(rows)                                                  # (L+1, n, d_model)
+
+
+def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:
+    """(L+1, n, V) logits read from each row of the trace's residual stream (see `logit_lens`)."""
+    check_lens(model)
+    n = len(trace.ids)
+    size = (model.config.n_layers + 1) * n * model.weights.W_vocab.shape[1] * np.dtype(model.dtype).itemsize
+    if size > MAX_BYTES:
+        raise QkvError(f"the logit lens of {n:,} tokens needs {size / 2**30:.1f} GiB "
+                       f"(more than {MAX_BYTES / 2**30:.0f} GiB); give a shorter text")
+    x = residual_stream(model, trace)                                      # (L+1, n, d_model)
+    if model.weights.final_norm is not None:
+        x = norm(x, model.weights.final_norm, model.config)
+    return logits_of(x, model.weights)                                     # (L+1, n, V)
+
+
+def logit_lens(model: "Model", text_or_ids: str | Sequence[int]) -> np.ndarray:
+    """(L+1, n, V): row l reads the residual stream after l blocks through the final norm and
+    W_vocab (row 0: the embeddings), so row L equals the model's logits.
+
+    Memory: (L+1)·n·V numbers, about 6 MB per token for SmolLM2 (31 × 49,152 float32).
+    An encoder without an LM head (MiniLM, BERT) raises QkvError.
+    """
+    check_lens(model)
+    return lens_of_trace(model, model.run(text_or_ids, keep=KEEP))
+
+
+def final_prediction(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (n,), probabilities (L+1, n)): each position's top token at the last layer, and
+    softmax(row l)[that token] at every layer l (float64)."""
+    z = lens.astype(np.float64)                                            # (L+1, n, V)
+    ids = np.argmax(z[-1], axis=-1)                                        # (n,)
+    top = z.max(axis=-1, keepdims=True)                                    # (L+1, n, 1)
+    log_sum = np.log(np.exp(z - top).sum(axis=-1)) + top[..., 0]           # (L+1, n)
+    picked = np.take_along_axis(z, ids[None, :, None], axis=-1)[..., 0]    # (L+1, n)
+    return ids, np.exp(picked - log_sum)
+
+
+@_styled
+def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[str], *,
+                model_name: str = "") -> "Figure":
+    """Layers (rows, embeddings at the bottom) × positions (columns): the probability that
+    the lens at layer l gives the token the model finally predicts at that position.
+
+    probs: (L+1, n) from `final_prediction`; labels: the n input tokens (bottom axis);
+    predicted: the n final predictions (top axis).
+    """
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    rows, n = probs.shape
+    fig = _figure(float(np.clip(2.2 + 0.45 * n, 6.5, 16.0)), float(np.clip(1.8 + 0.22 * rows, 4.0, 11.0)))
+    ax = fig.add_subplot()
+    im = ax.imshow(probs, cmap=colormaps[CMAP], norm=Normalize(0.0, 1.0), aspect="auto", origin="lower",
+                   interpolation="nearest")
+    fonts = _fonts()
+    ax.set_xticks(*_ticks(list(labels)), rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=fonts)
+    step = max(1, rows // 16)
+    ax.set_yticks(range(0, rows, step), ["emb" if l == 0 else str(l) for l in range(0, rows, step)], fontsize=8)
+    ax.set_xlabel("position (input token)")
+    ax.set_ylabel("layer (residual stream after l blocks)")
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(*_ticks(list(predicted)), rotation=60, ha="left", rotation_mode="anchor", fontsize=8,
+                   family=fonts)
+    top.set_xlabel("final prediction")
+    ax.set_title(_title(model_name, "logit lens") + "\nP(final prediction) after each layer", fontsize=11)
+    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("probability")
+    return fig
+
+
+def save_lens(fig: "Figure", out_dir: str | os.PathLike, name: str = "lens",
+              formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Write FIG as OUT_DIR/NAME.{png,svg}: all files or none (temporary names, renamed at the end)."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
+    return save_all(out_dir, [(name, lambda: fig)], formats)
