@@ -461,6 +461,51 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
             click.echo(f"wrote {f}")
 
 
+@cli.command(name="dla")
+@click.argument("text")
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+@click.option("--target", required=True, help="The token whose logit to explain, one token (e.g. ' Mary').")
+@click.option("--other", default=None, help="Explain the logit difference target − other (one token).")
+@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True,
+              help="How many heads to list (largest |contribution| first).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the layers × heads map (dla.png, .svg) into this directory.")
+def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, out_dir: str | None) -> None:
+    """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
+    target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
+    from .analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
+                                       save_attribution, token_id)
+    from .checkpoints import load
+
+    model = load(source)
+    check_attribution(model)
+    model.encode(text)                                                        # bad input fails before DIR is touched
+    t, o = token_id(model, target), None if other is None else token_id(model, other)
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        a = attribution_of_trace(model, model.run(text, keep=KEEP), t, o)
+        label = model.tokenizer.label
+        what = f"logit({label(t)})" + ("" if o is None else f" − logit({label(o)})")
+        console = new_console()
+        console.print(Text(f"{model.name}: direct logit attribution of {what} = {a.logit:.3f} at the last position"))
+        table = Table(show_edge=False, pad_edge=False)
+        for name in ("#", "head", "contribution"):
+            table.add_column(name, justify="right")
+        for r, (layer, head, c) in enumerate(a.top(top)):
+            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{c:+.3f}")
+        console.print(table)
+        best = np.argsort(-np.abs(a.ffns))[:3]
+        console.print(Text(f"heads {a.heads.sum():+.3f}, FFNs {a.ffns.sum():+.3f} (largest: "
+                           + ", ".join(f"L{int(l)} {a.ffns[l]:+.3f}" for l in best) + "), "
+                           + ", ".join(f"{k} {v:+.3f}" for k, v in a.rest.items() if v) + f"; sum {a.total():.3f}"))
+        if out_dir is not None:
+            fig = attribution_figure(a.heads, model_name=model.name, what=what)
+            for f in save_attribution(fig, out_dir):
+                click.echo(f"wrote {f}")
+
+
 @cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""

@@ -8,9 +8,11 @@
 stats.py (one text's numbers per head) → detectors.py → roles.py; corpus.py reads files
 and cuts windows; text.py analyses one text; backends.py runs many (here, local cores,
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
-Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout).
+Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout),
+attribution.py (direct logit attribution).
 """
 
+from .attribution import direct_logit_attribution
 from .corpus import Corpus, open_corpus
 from .detectors import DETECTORS, induction_scores, pattern_score
 from .lens import logit_lens
@@ -20,4 +22,5 @@ from .run import HeadReport, analyse
 from .stats import STATS, head_stats
 
 __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
-           "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout"]
+           "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
+           "direct_logit_attribution"]

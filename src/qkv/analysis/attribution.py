@@ -1,0 +1,205 @@
+"""Direct logit attribution: how much each head and each FFN writes, directly, into one logit.
+
+    direct_logit_attribution   text or ids, a target token (and another) → Attribution:
+                               (L, H) heads, (L,) FFNs, and the terms that are neither
+    attribution_of_trace       the same, from a trace that kept KEEP
+    token_id                   a token given as text (one token exactly) or as an id
+    attribution_figure         layers × heads, a diverging map centred at 0
+    save_attribution           that figure as PNG and SVG, written atomically
+
+The residual stream at the last block's output is a sum of pieces,
+
+    x_L = embeddings + Σ_l (Σ_h Z_h·W_O[h] + b_O) + Σ_l (FFN_l − b_out + b_out),
+
+and the logit is Norm(x_L)·W_vocab[:, t] (+ b_vocab[t]). With the norm's scale s (its √(mean x²
++ eps), or for LayerNorm √(var + eps)) frozen at its value on the full x_L, as TransformerLens
+does, Norm is linear in x_L, so each piece's part is piece·u with u = γ ⊙ W_vocab[:, t] / s
+(LayerNorm centres each piece first: piece·(u − mean u)). The parts sum to the logit up to
+the final norm's β and b_vocab, reported with the other terms; the tests check that they do.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import QkvError
+from ..viz.figures import FORMATS, _figure, _styled, _title, save_all
+from .lens import residual_stream
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import Model
+    from ..trace import Trace
+
+KEEP = ("residual", "heads", "attn_out", "ffn_out")     # what a trace must keep
+CMAP = "RdBu_r"                                          # diverging: red adds to the logit, blue takes away
+
+
+@dataclass
+class Attribution:
+    """Each component's direct part of one logit (or logit difference) at one position."""
+
+    heads: np.ndarray              # (L, H) head h of layer l: Z_h·W_O[h rows]·u
+    ffns: np.ndarray               # (L,) FFN output without its output bias b_out
+    rest: dict[str, float]         # embeddings, b_O, b_out, final norm β, b_vocab (absent ones 0)
+    logit: float                   # the model's own logit (difference) at that position
+    target: int
+    other: int | None
+    position: int                  # 0..n-1
+    scale: float                   # the final norm's frozen scale s
+
+    def total(self) -> float:
+        """Σ heads + Σ FFNs + Σ rest: equals `logit` up to rounding."""
+        return float(self.heads.sum() + self.ffns.sum() + sum(self.rest.values()))
+
+    def top(self, k: int = 10) -> list[tuple[int, int, float]]:
+        """The k heads of largest |contribution|: (layer, head, contribution), largest first."""
+        order = np.argsort(-np.abs(self.heads), axis=None)[:k]
+        return [(int(i // self.heads.shape[1]), int(i % self.heads.shape[1]), float(self.heads.flat[i]))
+                for i in order]
+
+
+def check_attribution(model: "Model") -> None:
+    """Attribution reads through W_vocab: an encoder without an LM head has no logit to explain."""
+    if model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no LM head (W_vocab), so it has no logits to attribute; "
+                       "direct logit attribution needs a decoder, e.g. --model smollm2")
+
+
+def token_id(model: "Model", token: str | int) -> int:
+    """A token given as an id, or as text that must be exactly one token (" Mary", with its space)."""
+    if isinstance(token, (int, np.integer)):
+        i = int(token)
+        V = model.weights.W_vocab.shape[1]
+        if not 0 <= i < V:
+            raise QkvError(f"token id {i} is outside {model.name}'s vocabulary (0..{V - 1})")
+        return i
+    if model.tokenizer is None:
+        raise QkvError(f"{model.name} has no tokenizer.json; give the target as a token id")
+    if not isinstance(token, str) or token == "":
+        raise QkvError("the target token is empty; give one token, e.g. ' Mary' (with its leading space)")
+    ids, _ = model.tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        parts = " + ".join(repr(model.tokenizer.decode([int(i)])) for i in ids)
+        raise QkvError(f"{token!r} is {len(ids)} tokens for {model.name} ({parts}), not one; "
+                       "give a single token (a leading space often matters)")
+    return int(ids[0])
+
+
+def _direction(model: "Model", target: int, other: int | None) -> tuple[np.ndarray, float]:
+    """(W_vocab[:, t] − W_vocab[:, o] (float64, (d_model,)), b_vocab[t] − b_vocab[o])."""
+    W, b = model.weights.W_vocab, model.weights.b_vocab
+    w = W[:, target].astype(np.float64)
+    bias = 0.0 if b is None else float(b[target])
+    if other is not None:
+        w = w - W[:, other]
+        bias -= 0.0 if b is None else float(b[other])
+    return w, bias
+
+
+def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int | None = None,
+                         position: int = -1) -> Attribution:
+    """The direct logit attribution of a trace that kept KEEP (see `direct_logit_attribution`)."""
+    check_attribution(model)
+    cfg, weights = model.config, model.weights
+    if cfg.norm_place == "post":
+        raise QkvError(f"{model.name} normalises after each block (post-norm), so its residual stream is no sum "
+                       "of heads and FFNs; direct logit attribution needs a pre-norm decoder")
+    n = len(trace.ids)
+    if not -n <= position < n:
+        raise QkvError(f"position {position} is outside the text's {n} tokens (0..{n - 1}, or -1 for the last)")
+    p = position % n
+    L = cfg.n_layers
+    if any(trace.layers.get(l) is None or trace.layers[l].heads is None for l in range(L)):
+        raise QkvError(f"direct logit attribution needs every layer's heads; run the model with keep={KEEP}")
+    x = residual_stream(model, trace)[-1, p].astype(np.float64)              # (d_model,) the last block's output
+    w, vocab_bias = _direction(model, target, other)                         # (d_model,)
+    fn = weights.final_norm
+    gamma = np.ones_like(w) if fn is None else fn.weight.astype(np.float64)
+    if cfg.norm == "rms":
+        scale = float(np.sqrt(np.mean(x * x) + cfg.norm_eps))
+        u = gamma * w / scale                                                # (d_model,)
+    else:
+        xc = x - x.mean()
+        scale = float(np.sqrt(np.mean(xc * xc) + cfg.norm_eps))
+        u = gamma * w / scale
+        u = u - u.mean()                                                     # piece·(u − ū) = (piece − mean)·u
+    heads = np.zeros((L, cfg.n_heads))
+    ffns = np.zeros(L)
+    b_O = b_out = 0.0
+    for l, blk in enumerate(weights.blocks):
+        z = trace.layers[l].heads[:, p].astype(np.float64)                   # (H, d_k)
+        Wu = (blk.attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1)  # (H, d_k) W_O[h rows]·u
+        heads[l] = np.einsum("hd,hd->h", z, Wu)
+        f = trace.layers[l].ffn_out[p].astype(np.float64)                    # (d_model,)
+        if blk.ffn.b_out is not None:
+            bo = float(blk.ffn.b_out.astype(np.float64) @ u)
+            b_out += bo
+            ffns[l] = f @ u - bo
+        else:
+            ffns[l] = f @ u
+        if blk.attn.b_O is not None:
+            b_O += float(blk.attn.b_O.astype(np.float64) @ u)
+    emb = float(trace.layers[0].residual[p].astype(np.float64) @ u)
+    beta = 0.0
+    if fn is not None and fn.bias is not None:
+        beta = float(fn.bias.astype(np.float64) @ w)
+    logits = trace.logits
+    logit = float(logits[p, target]) - (0.0 if other is None else float(logits[p, other]))
+    rest = {"embeddings": emb, "attention biases b_O": b_O, "FFN biases b_out": b_out,
+            "final norm bias β": beta, "vocabulary bias b_vocab": vocab_bias}
+    return Attribution(heads=heads, ffns=ffns, rest=rest, logit=logit, target=target, other=other,
+                       position=p, scale=scale)
+
+
+def direct_logit_attribution(model: "Model", text_or_ids: str | Sequence[int], target: str | int,
+                             other: str | int | None = None, position: int = -1) -> Attribution:
+    """Each head's and each FFN's direct part of the logit of TARGET (minus OTHER's, if given)
+    at POSITION (default the last), the final norm's scale frozen (as TransformerLens does).
+
+    target, other: a token id, or text that is exactly one token (" Mary", with its space).
+    Returns an Attribution: .heads (L, H), .ffns (L,), .rest (embeddings, biases), .logit;
+    heads + FFNs + rest sum to the logit. An encoder without an LM head raises QkvError.
+    """
+    check_attribution(model)
+    t = token_id(model, target)
+    o = None if other is None else token_id(model, other)
+    return attribution_of_trace(model, model.run(text_or_ids, keep=KEEP), t, o, position)
+
+
+@_styled
+def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "") -> "Figure":
+    """Layers (rows, layer 0 at the bottom) × heads (columns): each head's direct part of the
+    logit, red adding to it and blue taking away, white at 0 (the scale symmetric)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    L, H = heads.shape
+    fig = _figure(float(np.clip(2.5 + 0.5 * H, 5.0, 14.0)), float(np.clip(1.8 + 0.22 * L, 4.0, 11.0)))
+    ax = fig.add_subplot()
+    m = float(np.abs(heads).max()) or 1.0
+    im = ax.imshow(heads, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",
+                   interpolation="nearest")
+    ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=8)
+    step = max(1, L // 16)
+    ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=8)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(_title(model_name, "direct logit attribution") + (f"\n{what}" if what else ""), fontsize=11)
+    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("direct contribution to the logit")
+    return fig
+
+
+def save_attribution(fig: "Figure", out_dir: str | os.PathLike, name: str = "dla",
+                     formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Write FIG as OUT_DIR/NAME.{png,svg}: all files or none (temporary names, renamed at the end)."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
+    return save_all(out_dir, [(name, lambda: fig)], formats)
