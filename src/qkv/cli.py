@@ -401,11 +401,18 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     table.add_row("", Text("entropy (bits)"), "", *(f"{float(entropy(P[T])):.3f}" for T in temps))
     console.print(table)
     if out_dir is not None:
-        from .viz.distribution import next_token_figure, save_next_token
+        from .viz.distribution import next_token_figure
 
-        fig = next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text)
-        for f in save_next_token(fig, out_dir):
-            click.echo(f"wrote {f}")
+        _write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
+                      "next_token")
+
+
+def _write_figure(fig, out_dir: str, name: str) -> None:
+    """OUT_DIR/NAME.png and .svg, written together (viz.figures.save_figure), and say so."""
+    from .viz.figures import save_figure
+
+    for f in save_figure(fig, out_dir, name):
+        click.echo(f"wrote {f}")
 
 
 @cli.command(name="lens")
@@ -454,11 +461,10 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
                       f"{probs[l, -1]:.3f}")
     console.print(table)
     if out_dir is not None:
-        from .analysis.lens import lens_figure, save_lens
+        from .analysis.lens import lens_figure
 
-        fig = lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name)
-        for f in save_lens(fig, out_dir):
-            click.echo(f"wrote {f}")
+        _write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
+                      out_dir, "lens")
 
 
 @cli.command(name="dla")
@@ -475,7 +481,7 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
     """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
     target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
     from .analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
-                                       save_attribution, token_id)
+                                       token_id)
     from .checkpoints import load
 
     model = load(source)
@@ -501,9 +507,7 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
                            + ", ".join(f"L{int(l)} {a.ffns[l]:+.3f}" for l in best) + "), "
                            + ", ".join(f"{k} {v:+.3f}" for k, v in a.rest.items() if v) + f"; sum {a.total():.3f}"))
         if out_dir is not None:
-            fig = attribution_figure(a.heads, model_name=model.name, what=what)
-            for f in save_attribution(fig, out_dir):
-                click.echo(f"wrote {f}")
+            _write_figure(attribution_figure(a.heads, model_name=model.name, what=what), out_dir, "dla")
 
 
 @cli.command()

@@ -5,7 +5,6 @@
     attribution_of_trace       the same, from a trace that kept KEEP
     token_id                   a token given as text (one token exactly) or as an id
     attribution_figure         layers × heads, a diverging map centred at 0
-    save_attribution           that figure as PNG and SVG, written atomically
 
 The residual stream at the last block's output is a sum of pieces,
 
@@ -20,15 +19,13 @@ the final norm's β and b_vocab, reported with the other terms; the tests check 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..errors import QkvError
-from ..viz.figures import FORMATS, _figure, _styled, _title, save_all
+from ..viz.figures import _figure, _styled, _title
 from .lens import residual_stream
 
 if TYPE_CHECKING:
@@ -195,11 +192,3 @@ def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("direct contribution to the logit")
     return fig
 
-
-def save_attribution(fig: "Figure", out_dir: str | os.PathLike, name: str = "dla",
-                     formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """Write FIG as OUT_DIR/NAME.{png,svg}: all files or none (temporary names, renamed at the end)."""
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
-    return save_all(out_dir, [(name, lambda: fig)], formats)

@@ -6,7 +6,6 @@
     residual_stream     that trace's residual stream after 0..L blocks, (L+1, n, d_model)
     final_prediction    each position's final top token and its probability at every layer
     lens_figure         layers × positions: the probability of the final prediction at each layer
-    save_lens           that figure as PNG and SVG, written atomically
 
 The norm and W_vocab are the model's own (`qkv.model.norm`, `qkv.model.logits_of`), so row L
 is the model's logits by construction of the same arithmetic, and the tests check that it is.
@@ -14,15 +13,13 @@ is the model's logits by construction of the same arithmetic, and the tests chec
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..errors import QkvError
 from ..model import logits_of, norm
-from ..viz.figures import FORMATS, _figure, _fonts, _styled, _ticks, _title, save_all
+from ..viz.figures import _figure, _fonts, _styled, _ticks, _title
 from ..viz.palette import CMAP
 
 if TYPE_CHECKING:
@@ -131,11 +128,3 @@ def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[st
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("probability")
     return fig
 
-
-def save_lens(fig: "Figure", out_dir: str | os.PathLike, name: str = "lens",
-              formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """Write FIG as OUT_DIR/NAME.{png,svg}: all files or none (temporary names, renamed at the end)."""
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
-    return save_all(out_dir, [(name, lambda: fig)], formats)

@@ -1,7 +1,6 @@
 """The next-token distribution as a bar chart (seeds §6: logits → softmax(logits / T)).
 
     next_token_figure   one panel per temperature: the top k tokens and their probabilities
-    save_next_token     that figure as PNG and SVG files, written atomically
 
 Every panel lists the same tokens in the same order (dividing by T > 0 never reorders
 them), so the eye compares one token's bar across temperatures.
@@ -9,15 +8,12 @@ them), so the eye compares one token's bar across temperatures.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..errors import QkvError
 from ..nexttoken import distribution, entropy, top_tokens
-from .figures import FORMATS, _figure, _fonts, _styled, _title, save_all
+from .figures import _figure, _fonts, _styled, _title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -66,12 +62,3 @@ def _short(text: str, width: int = 50) -> str:
     text = " ".join(text.split()).replace("$", r"\$")
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
-
-def save_next_token(fig: "Figure", out_dir: str | os.PathLike, name: str = "next_token",
-                    formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """Write FIG as OUT_DIR/NAME.{png,svg}: rendered to temporary files, renamed into place
-    at the end, so on any error no file (and no new empty directory) is left behind."""
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
-    return save_all(out_dir, [(name, lambda: fig)], formats)

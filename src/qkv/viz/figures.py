@@ -333,10 +333,7 @@ def save_figures(trace: "Trace", out_dir: str | os.PathLike | FileBatch, *, mode
     and renamed into place at the end: on any error none of them is left behind.
     OUT_DIR may also be an `io.FileBatch`: the figures then join its other files.
     """
-    formats = [f.lower().lstrip(".") for f in formats]
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
+    formats = check_formats(formats)
     layer = trace.layer(layer).layer
     H = _attentions(trace, layer).shape[0]
     head = focused_head(trace, layer) if head is None else _check_head(head, H)
@@ -347,6 +344,21 @@ def save_figures(trace: "Trace", out_dir: str | os.PathLike | FileBatch, *, mode
         ("overview", lambda: model_overview(trace, **style)),
     ]
     return save_all(out_dir, makers, formats)
+
+
+def check_formats(formats: Sequence[str]) -> list[str]:
+    """File formats ("png", ".SVG", …) as save_all takes them, or one clear error."""
+    formats = [f.lower().lstrip(".") for f in formats]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise QkvError(f"cannot write figures as {bad or 'nothing'}; choose formats from {list(FORMATS)}")
+    return formats
+
+
+def save_figure(fig: "Figure", out_dir: str | os.PathLike, name: str,
+                formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """One figure as OUT_DIR/NAME.{png,svg}: all files or none (temporary names, renamed at the end)."""
+    return save_all(out_dir, [(name, lambda: fig)], check_formats(formats))
 
 
 def save_all(out: str | os.PathLike | FileBatch, makers: Sequence[tuple[str, Callable[[], "Figure"]]],
