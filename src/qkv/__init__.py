@@ -4,13 +4,17 @@
     >>> model = qkv.load()                      # all-MiniLM-L6-v2, bundled
     >>> trace = model.run("The cat sat on the mat")
     >>> trace.attentions.shape                  # (L, H, n, n)
+    >>> fresh = qkv.init(model.config, seed=0)  # the same architecture, untrained
+    >>> fresh.save("my-model")                  # Hugging Face layout: qkv.load and transformers read it
 """
 
 from .checkpoints import available, load
+from .checkpoints.fresh import init
+from .checkpoints.save import save
 from .config import ModelConfig
 from .errors import QkvError
 from .model import Model, Output
 from .trace import LayerTrace, Trace
 
-__all__ = ["load", "available", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace"]
+__all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace"]
 __version__ = "0.1.0"

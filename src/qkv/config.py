@@ -4,6 +4,8 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
+to the residual stream, as in the induction-head studies.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class ModelConfig:
     d_model: int                      # d_model
     n_layers: int                     # L
     n_heads: int                      # H
-    d_ff: int                         # inner width of the FFN (often 4·d_model)
+    d_ff: int                         # inner width of the FFN (often 4·d_model); 0 = attention-only (no FFN)
     max_positions: int                # the longest input the model was trained for
     n_kv_heads: int | None = None     # GQA/MQA: K/V heads shared by H / n_kv_heads query heads
     d_head: int | None = None         # d_k; defaults to d_model / H
@@ -59,9 +61,11 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_head is None:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        for knob in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_kv_heads", "d_head"):
+        for knob in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions", "n_kv_heads", "d_head"):
             if getattr(self, knob) <= 0:
                 raise QkvError(f"{knob}={getattr(self, knob)} must be positive; fix the model's config")
+        if self.d_ff < 0:
+            raise QkvError(f"d_ff={self.d_ff} must be positive, or 0 for an attention-only model; fix the model's config")
         if self.n_heads % self.n_kv_heads:
             raise QkvError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}; "
                            "fix the model's config")

@@ -14,7 +14,9 @@ n tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -39,7 +41,7 @@ from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, We
 
 def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """x·W + b over the last axis, as one GEMM over all B·n rows."""
-    y = x.reshape(-1, x.shape[-1]) @ W                  # (B·n, out)
+    y = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) @ W   # (B·n, out); not -1: `in` may be 0 (d_ff = 0)
     if b is not None:
         y += b
     return y.reshape(*x.shape[:-1], W.shape[1])          # (B, n, out)
@@ -289,6 +291,13 @@ class Model:
     def astype(self, dtype) -> "Model":
         """The same model computing in another float type (float64 for checks)."""
         return Model(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the model into DIRECTORY in Hugging Face layout (config.json, model.safetensors,
+        tokenizer.json), readable by `qkv.load` and by transformers; see qkv.checkpoints.save."""
+        from .checkpoints.save import save      # the file formats live with the checkpoints
+
+        return save(self, directory)
 
     # inputs ------------------------------------------------------------------
 

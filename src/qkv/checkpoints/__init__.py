@@ -20,11 +20,10 @@ from ..errors import QkvError
 from ..layout import fast_layout
 from ..model import Model
 from ..tokenizer import Tokenizer
-from . import bert, gguf, gpt2, llama
-from .common import check_config
+from . import gguf
+from .families import FAMILIES, config_of, weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from .tensors import TensorStore
 
-FAMILIES = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
 DEFAULT = "minilm"
 _DEFAULT_ALIASES = {"minilm", "default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 LLM = "smollm2"
@@ -160,11 +159,7 @@ def read_config(directory: Path) -> ModelConfig:
         raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
     if not isinstance(hf, dict):
         raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
-    hf = check_config(hf)                             # types and ranges of every knob, first
-    kind = hf.get("model_type")
-    if kind not in FAMILIES:
-        raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
-    return FAMILIES[kind].config(hf)
+    return config_of(hf)                              # types and ranges of every knob, then the family's reader
 
 
 def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:

@@ -12,14 +12,18 @@
     encoder.layer.{i}.output.dense                 W_out
     encoder.layer.{i}.output.LayerNorm             ffn_norm (after the residual)
 The pooler and any task head are not part of the encoder and are ignored.
+torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
+checkpoint by this table; `hf_config` / `tensors` write one, a BertModel without a pooler.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import activation, check_shapes, linear_T, need
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
 
 
@@ -76,3 +80,39 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
         embed_norm=_norm(store, "embeddings.LayerNorm", d, dtype),
         blocks=[block(i) for i in range(cfg.n_layers)],
     )
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a BertModel with these knobs (no dropout: qkv trains without it)."""
+    return reads_back(cfg, {
+        "model_type": "bert", "architectures": ["BertModel"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff,
+        "max_position_embeddings": cfg.max_positions, "type_vocab_size": cfg.type_vocab_size,
+        "layer_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
+        "position_embedding_type": "absolute", "is_decoder": False,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "pad_token_id": cfg.pad_token_id,
+    }, config)
+
+
+def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Every tensor under BertModel's name, as its file stores it (Linear: (out, in)); new arrays."""
+    e = "embeddings"
+    t = {f"{e}.word_embeddings.weight": weights.tok_embed,                     # (V, d)
+         f"{e}.position_embeddings.weight": weights.pos_embed,                 # (P, d)
+         f"{e}.token_type_embeddings.weight": weights.type_embed,              # (T, d)
+         f"{e}.LayerNorm.weight": weights.embed_norm.weight, f"{e}.LayerNorm.bias": weights.embed_norm.bias}
+    for i, b in enumerate(weights.blocks):
+        p, a, f = f"encoder.layer.{i}", b.attn, b.ffn
+        t |= {
+            f"{p}.attention.self.query.weight": a.W_Q.T, f"{p}.attention.self.query.bias": a.b_Q,   # (d, d)
+            f"{p}.attention.self.key.weight": a.W_K.T, f"{p}.attention.self.key.bias": a.b_K,
+            f"{p}.attention.self.value.weight": a.W_V.T, f"{p}.attention.self.value.bias": a.b_V,
+            f"{p}.attention.output.dense.weight": a.W_O.T, f"{p}.attention.output.dense.bias": a.b_O,
+            f"{p}.attention.output.LayerNorm.weight": b.attn_norm.weight,
+            f"{p}.attention.output.LayerNorm.bias": b.attn_norm.bias,
+            f"{p}.intermediate.dense.weight": f.W_in.T, f"{p}.intermediate.dense.bias": f.b_in,   # (d_ff, d)
+            f"{p}.output.dense.weight": f.W_out.T, f"{p}.output.dense.bias": f.b_out,             # (d, d_ff)
+            f"{p}.output.LayerNorm.weight": b.ffn_norm.weight, f"{p}.output.LayerNorm.bias": b.ffn_norm.bias,
+        }
+    return c_arrays(t)

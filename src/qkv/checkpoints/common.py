@@ -1,23 +1,28 @@
-"""Helpers shared by the family modules: reading config.json values and linear layers."""
+"""Helpers shared by the family modules: reading and writing config.json values, linear layers."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import fields
+from typing import Callable
 
 import numpy as np
 
+from ..config import ModelConfig
 from ..errors import QkvError
 from .tensors import TensorStore
 
-# Hugging Face activation names → ours.
+# Hugging Face activation names → ours, and ours → the name a config.json we write gives.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu": "relu"}
 
 
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
-_POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+_POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
-                 "n_inner", "n_positions", "type_vocab_size", "sliding_window")
+                 "n_positions", "type_vocab_size", "sliding_window")
+_COUNT = ("intermediate_size", "n_inner")                   # the FFN's width: 0 = attention-only
 _ANY_INT = ("pad_token_id", "bos_token_id")                  # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
@@ -50,6 +55,10 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
         v = hf.get(key)
         if v is not None and not (_is_int(v) and v > 0):
             raise _bad(where, key, v, "a positive integer")
+    for key in _COUNT:
+        v = hf.get(key)
+        if v is not None and not (_is_int(v) and v >= 0):
+            raise _bad(where, key, v, "a whole number (0 = no FFN)")
     for key in _ANY_INT:
         v = hf.get(key)
         if v is not None and not _is_int(v):
@@ -116,3 +125,18 @@ def linear_T(store: TensorStore, name: str, n_in: int, n_out: int, dtype) -> np.
     """A torch Linear weight, stored (out, in), as our (in, out) W: a transposed view, no copy."""
     return store.get(name, (n_out, n_in), dtype).T
 
+
+def reads_back(cfg: ModelConfig, hf: dict, read: Callable[[dict], ModelConfig]) -> dict:
+    """HF, the config.json written for CFG, once it reads back as CFG (every knob, rope_scaling too);
+    a knob the family's config.json cannot hold (RMSNorm in GPT-2, a window in Llama) is refused."""
+    back = read(check_config(hf))
+    differ = [f.name for f in fields(cfg) if getattr(back, f.name) != getattr(cfg, f.name)]
+    if differ:
+        knobs = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in differ)
+        raise QkvError(f"a {hf['model_type']} config.json cannot hold {knobs}; change those knobs or the family")
+    return hf
+
+
+def c_arrays(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Each tensor as a new C-ordered array (never a view of the weights); None (absent) left out."""
+    return {name: np.array(t, order="C", copy=True) for name, t in tensors.items() if t is not None}

@@ -10,14 +10,21 @@
     layers.{i}.mlp.down_proj                   W_out
     norm                                       final_norm
     lm_head (absent when tied)                 W_vocab
+torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
+checkpoint by this table; `hf_config` / `tensors` write one, under LlamaForCausalLM's names
+("model." + the name above; the head is "lm_head"), Mistral's and Qwen2's alike.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import activation, check_shapes, linear_T, need
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 from .tensors import TensorStore
 
 
@@ -95,3 +102,58 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
         W_vocab = linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
     return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=rms("norm"),
                    W_vocab=W_vocab)
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a Llama / Mistral / Qwen2 ForCausalLM model with these knobs.
+
+    Biases: Llama has one switch for all four projections (attention_bias), Mistral none, Qwen2
+    always q/k/v and never o_proj. RoPE: rope_theta and rope_scaling as transformers 4 writes them,
+    and rope_parameters as transformers 5 does.
+    """
+    family = cfg.family
+    if family not in ARCHITECTURES:
+        raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
+    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    hf = {
+        "model_type": family, "architectures": [ARCHITECTURES[family]],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
+        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
+        "rms_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
+        "rope_theta": cfg.rope_theta, "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
+        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    }
+    if cfg.rope_scaling is not None:
+        hf["rope_scaling"] = dict(cfg.rope_scaling)
+    if family == "llama":
+        hf |= {"attention_bias": cfg.out_bias, "mlp_bias": False}
+    elif family == "mistral":
+        hf["sliding_window"] = cfg.sliding_window
+    else:
+        hf |= {"use_sliding_window": False, "sliding_window": None}
+    return reads_back(cfg, hf, config)
+
+
+def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Every tensor under the ForCausalLM model's name, as its file stores it (Linear: (out, in));
+    new arrays. Tied: no lm_head (W_vocab is embed_tokens)."""
+    t = {"model.embed_tokens.weight": weights.tok_embed}                       # (V, d)
+    for i, b in enumerate(weights.blocks):
+        p, a, f = f"model.layers.{i}", b.attn, b.ffn
+        t |= {
+            f"{p}.input_layernorm.weight": b.attn_norm.weight,                   # (d,)
+            f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
+            f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
+            f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,   # (Hkv·d_k, d)
+            f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
+            f"{p}.post_attention_layernorm.weight": b.ffn_norm.weight,           # (d,)
+            f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
+            f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)
+            f"{p}.mlp.down_proj.weight": f.W_out.T,                              # (d, d_ff)
+        }
+    t["model.norm.weight"] = weights.final_norm.weight                         # (d,)
+    if not cfg.tied_embeddings:
+        t["lm_head.weight"] = weights.W_vocab.T                                # (V, d)
+    return c_arrays(t)

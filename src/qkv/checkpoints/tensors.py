@@ -1,8 +1,12 @@
-"""Reading safetensors files: memory-mapped, zero-copy for float32, never pickle.
+"""Reading and writing safetensors files: memory-mapped, zero-copy for float32, never pickle.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the raw bytes. We map the file and view each
 tensor in place; sharded checkpoints list their files in model.safetensors.index.json.
+
+    TensorStore(directory)    the tensors of a checkpoint directory, by name (mapped files)
+    TensorDict(tensors)       the same interface over a dict of arrays in memory (views, no copies)
+    write_safetensors(f, …)   a dict of arrays → one safetensors file
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import math
 import mmap
 import struct
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -25,6 +30,7 @@ _PREFIXES = ("", "model.", "bert.", "transformer.")
 
 
 _FLOATS = ("F64", "F32", "F16", "BF16")
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items() if k != "BF16"}           # numpy dtype → safetensors name
 _ITEMSIZE = {"BF16": 2, **{k: np.dtype(v).itemsize for k, v in _DTYPES.items() if k != "BF16"}}
 
 
@@ -136,10 +142,7 @@ class TensorStore:
 
     def find(self, name: str) -> str | None:
         """The stored name of tensor `name`, trying the usual base-model prefixes."""
-        for p in _PREFIXES:
-            if p + name in self._where:
-                return p + name
-        return None
+        return _find(self._where, name)
 
     def has(self, name: str) -> bool:
         return self.find(name) is not None
@@ -171,6 +174,66 @@ class TensorStore:
         arr = arr if arr.dtype == dtype else arr.astype(dtype)
         check_finite(stored, arr)
         return arr
+
+
+def _find(names, name: str) -> str | None:
+    """The stored name of tensor `name` among NAMES, trying the usual base-model prefixes."""
+    for p in _PREFIXES:
+        if p + name in names:
+            return p + name
+    return None
+
+
+class TensorDict:
+    """A TensorStore over a dict of arrays in memory: `get` hands out the dict's own arrays (no copy),
+    so weights built from it are views of the dict (an in-place update of one shows in the other)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]):
+        self.tensors = tensors
+
+    def find(self, name: str) -> str | None:
+        return _find(self.tensors, name)
+
+    def has(self, name: str) -> bool:
+        return self.find(name) is not None
+
+    def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        """Tensor `name` itself, checked against the shape the config implies and the dtype asked for."""
+        stored = self.find(name)
+        if stored is None:
+            raise QkvError(f"no tensor {name!r}; the tensors do not match the config (wrong family or names)")
+        arr = self.tensors[stored]
+        if arr.shape != tuple(shape):
+            raise QkvError(f"tensor {stored} has shape {arr.shape} but the config implies {tuple(shape)}; "
+                           "the tensors and the config disagree")
+        if arr.dtype != dtype:
+            raise QkvError(f"tensor {stored} is {arr.dtype}, not {np.dtype(dtype)}; give every tensor one float type")
+        return arr
+
+
+def write_safetensors(f: IO[bytes], tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    """TENSORS (name → array; float, int or bool) as a safetensors file into F, in name order.
+
+    The header is padded with spaces to a multiple of 8 bytes, as the `safetensors` library
+    writes it, so every tensor starts 8-byte aligned; values are written little-endian, C order.
+    """
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    arrays, offset = [], 0
+    for name in sorted(tensors):
+        arr = np.asarray(tensors[name])
+        kind = _NAMES.get(arr.dtype.newbyteorder("="))                  # the type, whatever its byte order
+        if kind is None:
+            raise QkvError(f"tensor {name} has dtype {arr.dtype}, which safetensors cannot hold; use float32")
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        header[name] = {"dtype": kind, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        arrays.append(arr)
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    f.write(struct.pack("<Q", len(raw)))
+    f.write(raw)
+    for arr in arrays:
+        f.write(arr.reshape(-1).view(np.uint8))                       # the bytes, no copy
 
 
 def check_finite(name: str, arr: np.ndarray) -> None:

@@ -1,0 +1,53 @@
+"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py).
+
+Every family module is a table between the checkpoint's names and ours, read both ways:
+
+    config(hf) -> ModelConfig            config.json → the knobs
+    weights(store, cfg, dtype) -> Weights   tensors by checkpoint name → the seeds' names
+    hf_config(cfg) -> dict               the knobs → config.json (reads back as cfg)
+    tensors(weights, cfg) -> dict        the seeds' names → tensors under transformers' full names
+
+Here they meet: `config_of` picks the family of a config.json, `weights_from_tensors` builds
+Weights that are views of a dict of tensors (what training updates in place).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import QkvError
+from ..weights import Weights
+from . import bert, gpt2, llama
+from .common import check_config
+from .tensors import TensorDict
+
+FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
+
+
+def family_of(kind: str) -> ModuleType:
+    """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones."""
+    if kind not in FAMILIES:
+        raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[kind]
+
+
+def config_of(hf: dict, where: str = "config.json") -> ModelConfig:
+    """A config.json's dict → ModelConfig: every knob's type and range checked, then its family's reader."""
+    hf = check_config(hf, where)
+    return family_of(hf.get("model_type")).config(hf)
+
+
+def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> Weights:
+    """Weights whose arrays are the dict's own arrays or views of them (no copies), read by the
+    family's table from checkpoint names (`tensors(weights, cfg)` gives such a dict).
+
+    An in-place update of a tensor in the dict (an optimiser step) is seen by the Weights.
+    Every tensor must have one float dtype, the one the Weights will have.
+    """
+    kinds = {t.dtype for t in tensors.values()}
+    if len(kinds) != 1 or not np.issubdtype(next(iter(kinds)), np.floating):
+        raise QkvError(f"the tensors have dtypes {sorted(map(str, kinds))}; give them all one float type")
+    return family_of(cfg.family).weights(TensorDict(tensors), cfg, next(iter(kinds)).type)

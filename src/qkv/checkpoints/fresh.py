@@ -1,0 +1,86 @@
+"""A fresh, untrained model of any family, initialised as transformers initialises it.
+
+    every matrix and embedding table   N(0, σ²), σ = initializer_range (0.02)
+    GPT-2's c_proj and mlp.c_proj      N(0, (σ/√(2L))²): the residual stream's writes, scaled by depth
+    biases, LayerNorm β                0
+    norm weights γ                     1
+    the padding token's embedding row  0 (BERT and the Llama family: nn.Embedding's padding_idx)
+
+How: the family's own loader (`weights(store, cfg, dtype)`) asks a store for each tensor by its
+checkpoint name and shape; this store makes the tensor instead of reading it, by the rule for that
+name. So init follows the same name-by-name table as loading, and a new family gets init for free.
+Each tensor is drawn from its own generator, seeded by (seed, the tensor's name): the numbers depend
+on nothing else (not on the order of the table), in float64, then rounded to the model's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import QkvError
+from ..model import Model
+from ..tokenizer import Tokenizer
+from .families import config_of, family_of
+
+INITIALIZER_RANGE = 0.02                    # σ of transformers' PreTrainedConfig.initializer_range
+# Token tables that transformers builds as nn.Embedding(padding_idx=pad_token_id) (not GPT-2's wte).
+_PADDED = ("embed_tokens.weight", "embeddings.word_embeddings.weight")
+
+
+class _Initialiser:
+    """A TensorStore that makes each tensor it is asked for (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int, std: float):
+        self.cfg, self.seed, self.std = cfg, seed, std
+
+    def has(self, name: str) -> bool:
+        """A fresh checkpoint holds every tensor, except the head of a tied model (it is the embedding)."""
+        return not (name == "lm_head.weight" and self.cfg.tied_embeddings)
+
+    def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        if len(shape) == 1:                                              # a bias / β, or a norm's γ
+            is_gain = name.endswith(".weight") or name.endswith(".gamma")
+            t = (np.ones if is_gain else np.zeros)(shape, dtype=dtype)
+        else:                                                            # a matrix or a table
+            std = self.std
+            if self.cfg.family == "gpt2" and name.endswith("c_proj.weight"):
+                std /= math.sqrt(2 * self.cfg.n_layers)
+            rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+            t = (rng.standard_normal(shape) * std).astype(dtype)        # float64 draw, then rounded
+            pad = self.cfg.pad_token_id
+            if name in _PADDED and pad is not None and 0 <= pad < self.cfg.vocab_size:
+                t[pad] = 0                                               # the padding token's row
+        return t
+
+
+def init(config: ModelConfig | dict, seed: int = 0, dtype=np.float32, tokenizer: Tokenizer | None = None,
+         name: str = "fresh model", initializer_range: float | None = None) -> Model:
+    """A new model with random weights, deterministic in `seed`.
+
+    config: a ModelConfig, or a Hugging Face config.json dict (its model_type picks the family,
+    its initializer_range, if any, the σ); tokenizer: the model's tokenizer, if it has one.
+    """
+    std = initializer_range
+    if isinstance(config, dict):
+        std = std if std is not None else config.get("initializer_range")
+        config = config_of(config, where="the config")
+    if not isinstance(config, ModelConfig):
+        raise QkvError(f"init takes a ModelConfig or a config.json dict, not {type(config).__name__}")
+    std = INITIALIZER_RANGE if std is None else std
+    if isinstance(std, bool) or not isinstance(std, (int, float)) or not (math.isfinite(std) and std > 0):
+        raise QkvError(f"initializer_range {std!r} must be a positive number; e.g. 0.02")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise QkvError(f"seed {seed!r} must be a whole number ≥ 0")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise QkvError(f"dtype {dtype} is not supported; use float32 or float64")
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the config only vocab_size "
+                       f"{config.vocab_size}; make vocab_size at least the tokenizer's")
+    store = _Initialiser(config, int(seed), float(std))
+    weights = family_of(config.family).weights(store, config, dtype.type)
+    return Model(config, weights, tokenizer, name=name)
