@@ -8,9 +8,10 @@ function (a lazy import is still a dependency), resolved to the qkv module it lo
               layout model trace tokenizer threads nexttoken chat checkpoints/   (the engine, its data)
     viz       figures, the viewer, palettes                                (pictures of a trace)
     analysis  head statistics; explain (the walkthrough)                   (numbers about a trace)
+    train     gradients, optimiser, data, the training loop                (models that learn)
     bench     timings against the reference
     server    the local web app
-    cli       cli, cli_common, analysis/cli, bench/cli, __main__           (the commands)
+    cli       cli, cli_common, analysis/cli, bench/cli, train/cli, __main__           (the commands)
 
 A module may import its own layer and the layers above it in this list, never one below.
 """
@@ -24,12 +25,13 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-LAYERS = ("core", "viz", "analysis", "bench", "server", "cli")
-CLI = {"qkv.__main__", "qkv.cli", "qkv.cli_common", "qkv.analysis.cli", "qkv.bench.cli"}
+LAYERS = ("core", "viz", "analysis", "train", "bench", "server", "cli")
+CLI = {"qkv.__main__", "qkv.cli", "qkv.cli_common", "qkv.analysis.cli", "qkv.bench.cli", "qkv.train.cli"}
 CORE = {"qkv", "qkv.config", "qkv.errors", "qkv.io", "qkv.ops", "qkv.positions", "qkv.attention", "qkv.kernels",
         "qkv.cache", "qkv.sampling", "qkv.generate", "qkv.weights", "qkv.layout", "qkv.model", "qkv.trace",
         "qkv.tokenizer", "qkv.threads", "qkv.nexttoken", "qkv.chat", "qkv.masks"}
-PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.bench": "bench"}
+PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.train": "train",
+            "qkv.bench": "bench"}
 MODULES = {"qkv.explain": "analysis", "qkv.explain_text": "analysis", "qkv.explain_render": "analysis",
            "qkv.server": "server"}
 

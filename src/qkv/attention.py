@@ -20,7 +20,7 @@ import numpy as np
 
 from .kernels import linear_attention, sliding_window_attention, tiled_attention  # noqa: F401  (re-exported)
 from .masks import visible
-from .ops import softmax_
+from .ops import softmax_, softmax_backward
 
 
 def causal_mask(n: int, m: int | None = None) -> np.ndarray:
@@ -102,6 +102,32 @@ def scaled_dot_product_attention(
     a = softmax_(s.copy() if keep_scores else s)         # ③ (B, H, n, m)
     z = attend(a, v)                                     # ④ (B, H, n, d_k)
     return z, a, (s if keep_scores else None)
+
+
+def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dQ, dK, dV) of Z = A·V, A = softmax(S), S = Q·Kᵀ/√d_k + M, given dZ (seeds §3 backwards).
+
+        dV = Aᵀ·dZ            dA = dZ·Vᵀ
+        dS = A ⊙ (dA − rowsum(dA ⊙ A))                 (softmax_backward; masked keys: A = 0 → dS = 0)
+        dQ = dS·K / √d_k      dK = dSᵀ·Q / √d_k
+
+    q, dZ: (B, H, n, d_k); k, v: (B, Hkv, m, d_k); A: (B, H, n, m). A K/V head shared by G = H/Hkv
+    query heads (GQA/MQA) gets the sum of their gradients: the group is folded into the rows of
+    each product, as in the forward, so the sum is the matrix product's own.
+    """
+    B, H, n, dk = q.shape
+    Hkv, m = k.shape[1], k.shape[2]
+    G = H // Hkv
+    Ag = A.reshape(B, Hkv, G * n, m)                     # (B, Hkv, G·n, m)
+    dZg = dZ.reshape(B, Hkv, G * n, dk)                  # (B, Hkv, G·n, d_k)
+    dV = np.matmul(Ag.swapaxes(-1, -2), dZg)             # (B, Hkv, m, d_k)
+    dA = np.matmul(dZg, v.swapaxes(-1, -2))              # (B, Hkv, G·n, m)
+    dS = softmax_backward(dA, Ag)                        # (B, Hkv, G·n, m)
+    dS *= 1.0 / math.sqrt(dk)
+    dQ = np.matmul(dS, k).reshape(B, H, n, dk)           # (B, H, n, d_k)
+    dK = np.matmul(dS.swapaxes(-1, -2), q.reshape(B, Hkv, G * n, dk))   # (B, Hkv, m, d_k)
+    return dQ, dK, dV
 
 
 # ── choosing how to compute it ─────────────────────────────────────────────────

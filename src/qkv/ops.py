@@ -2,6 +2,11 @@
 
 All keep the input dtype (float32 stays float32): scalars are Python floats, never
 NumPy float64 scalars, which would silently promote float32 arrays under NumPy 2.
+
+Training (qkv.train) needs each function's backward: `f_backward(dy, x, …)` sits right after
+`f`, with the same letters, and returns dL/dx (and the weights' gradients) given dL/dy. It
+takes the forward's inputs, not its intermediates, and recomputes what it needs (a mean, a
+σ(x)): cheap next to the matrix products, and training keeps fewer arrays alive.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     s = np.sum(e, axis=axis, keepdims=True)
     np.divide(e, s, out=e, where=s > 0)
     return e
+
+
+def softmax_backward(dA: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """dS for A = softmax(S) along the last axis: dS = A ⊙ (dA − rowsum(dA ⊙ A)).
+
+    From ∂A_j/∂S_i = A_j(δ_ij − A_i). A fully masked row (A = 0) gets dS = 0.
+    """
+    dS = dA * A                                          # (..., m)
+    rowsum = np.add.reduce(dS, axis=-1, keepdims=True)   # (..., 1) Σ_j dA_j A_j
+    dS -= A * rowsum
+    return dS
 
 
 def softmax_(x: np.ndarray) -> np.ndarray:
@@ -63,6 +79,26 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: 
     return y
 
 
+def layer_norm_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx, dγ, dβ) of y = x̂·γ + β with x̂ = (x − mean) · r, r = 1/√(var + eps).
+
+        dx̂ = dy ⊙ γ
+        dx = r · (dx̂ − mean(dx̂) − x̂ ⊙ mean(dx̂ ⊙ x̂))      (means over d_model)
+        dγ = Σ_rows dy ⊙ x̂,   dβ = Σ_rows dy
+    """
+    d = x.shape[-1]
+    xc = x - x.mean(axis=-1, keepdims=True)              # (..., d)
+    r = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + float(eps))   # (..., 1)
+    xhat = xc * r                                        # (..., d)
+    dxhat = dy * weight                                  # (..., d)
+    dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
+    dx -= xhat * (np.add.reduce(dxhat * xhat, axis=-1, keepdims=True) / d)
+    dx *= r
+    rows = dy.reshape(-1, d)                             # (B·n, d)
+    return dx, np.add.reduce(rows * xhat.reshape(-1, d), axis=0), np.add.reduce(rows, axis=0)
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm(x) = x / √(mean(x²) + eps) · γ over the last axis (Llama).
 
@@ -78,6 +114,23 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     y = x / ms                                           # (..., d)
     y *= weight
     return y
+
+
+def rms_norm_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dγ) of y = x̂·γ with x̂ = x · r, r = 1/√(mean(x²) + eps).
+
+        dx̂ = dy ⊙ γ
+        dx = r · (dx̂ − x̂ ⊙ mean(dx̂ ⊙ x̂))
+        dγ = Σ_rows dy ⊙ x̂
+    """
+    d = x.shape[-1]
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + float(eps))   # (..., 1)
+    xhat = x * r                                         # (..., d)
+    dxhat = dy * weight                                  # (..., d)
+    dx = dxhat - xhat * (np.add.reduce(dxhat * xhat, axis=-1, keepdims=True) / d)
+    dx *= r
+    return dx, np.add.reduce(dy.reshape(-1, d) * xhat.reshape(-1, d), axis=0)
 
 
 # Rational approximation of erf for float32 (the XLA/Eigen form: odd polynomial over
@@ -115,6 +168,13 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
+def gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of GELU(x) = x·Φ(x): dx = dy · (Φ(x) + x·φ(x)), φ(x) = e^(−x²/2)/√(2π)."""
+    Phi = 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    phi = np.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return dy * (Phi + x * phi)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU ≈ ½x(1 + tanh(√(2/π)(x + 0.044715x³)))  — GPT-2's activation ("gelu_new").
 
@@ -134,10 +194,44 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.divide(x, e, out=e)                        # x / (1 + e^(-2u))
 
 
+def gelu_tanh_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of ½x(1 + tanh u), u = √(2/π)(x + 0.044715x³):
+    dx = dy · (½(1 + t) + ½x(1 − t²)·√(2/π)(1 + 3·0.044715x²)), t = tanh u.
+
+    Computed with s = ½(1 + t) = 1/(1 + e^(−2u)) and 1 − t² = 4s(1 − s), as the forward does
+    (exp is faster than tanh): dx = dy · (s + 2x·s(1 − s)·√(2/π)(1 + 3·0.044715x²)).
+    """
+    c = math.sqrt(2.0 / math.pi)
+    x2 = x * x                                           # x²
+    e = x2 * (-2.0 * c * 0.044715)
+    e -= 2.0 * c
+    e *= x                                               # −2u
+    with np.errstate(over="ignore"):
+        np.exp(e, out=e)
+    e += 1.0
+    s = np.divide(1.0, e, out=e)                         # s = σ(2u)
+    x2 *= 3 * 0.044715 * c
+    x2 += c                                              # √(2/π)(1 + 3·0.044715x²)
+    x2 *= x
+    x2 *= 2.0
+    x2 *= s
+    x2 *= 1.0 - s                                        # 2x·s(1 − s)·√(2/π)(1 + 3·0.044715x²)
+    x2 += s
+    x2 *= dy
+    return x2
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU(x) = x · σ(x) = x / (1 + e^(-x))  — the gate of Llama's SwiGLU."""
     with np.errstate(over="ignore"):                     # e^(-x) = inf for x ≪ 0: SiLU → -0
         return x / (1.0 + np.exp(-x))
+
+
+def silu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of x·σ(x): dx = dy · σ(x)·(1 + x·(1 − σ(x)))."""
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-x))                     # σ(x)
+    return dy * (s * (1.0 + x * (1.0 - s)))
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -145,4 +239,11 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
+def relu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of max(x, 0): dy where x > 0, else 0."""
+    return np.where(x > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
 ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu": relu}
+ACTIVATION_BACKWARDS = {"gelu": gelu_backward, "gelu_tanh": gelu_tanh_backward, "silu": silu_backward,
+                        "relu": relu_backward}

@@ -81,3 +81,11 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """RoPE(x) = x·cos + rotate_half(x)·sin: rotates each pair of Q or K by p·ω_i."""
     return x * cos + rotate_half(x) * sin                          # (B, H, n, d_k)
+
+
+def apply_rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """dx of y = x·cos + rotate_half(x)·sin: dx = dy·cos − rotate_half(dy·sin).
+
+    rotate_half is a 90° turn R of each pair, and Rᵀ = −R: the backward turns the other way.
+    """
+    return dy * cos - rotate_half(dy * sin)                        # (B, H, n, d_k)

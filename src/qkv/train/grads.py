@@ -1,0 +1,301 @@
+"""Backprop through a decoder, box by box: the forward of qkv.model keeping what the backward needs.
+
+    forward (qkv.model)                         backward (here, the same letters)
+    X = E[ids] + P[pos]                         dE[ids] += dX,  dP[pos] += dX
+    N = Norm(X)                                 ops.layer_norm_backward / rms_norm_backward
+    Q, K, V = N·W_Q, N·W_K, N·W_V               dW_Q = Nᵀ·dQ …,  dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ
+    Q, K ← RoPE(Q), RoPE(K)                     positions.apply_rope_backward (the opposite turn)
+    Z = softmax(Q·Kᵀ/√d_k + M)·V                attention.attention_backward (dS = A ⊙ (dA − rowsum(dA ⊙ A)))
+    O = Concat(Z)·W_O + b_O                     dW_O = Zᵀ·dO,  dZ = dO·W_Oᵀ
+    X ← X + O                                   the residual passes dX on unchanged, and adds dO's path
+    F = act(N·W_in + b)·W_out (+ SwiGLU gate)   ops.*_backward of the activation
+    logits = Norm(X)·W_vocab                    dW_vocab = Hᵀ·dlogits (tied: added to dE)
+    L = mean −log softmax(logits)[next id]      dlogits = (softmax(logits) − onehot(next id)) / N
+
+The elementwise backwards sit beside their forwards (ops.py, positions.py, attention.py); this
+module composes them in the order of qkv.model's boxes, reusing its forward functions, so the
+inference path is untouched. The forward keeps, per block, the inputs of each box and the
+attention weights A (L · B · H · n² floats: what training on short sequences can afford).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..attention import attention_backward, merge_heads, scaled_dot_product_attention, split_heads
+from ..config import ModelConfig
+from ..errors import QkvError
+from ..model import attention_mask_of, linear, norm, projections
+from ..ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward
+from ..positions import apply_rope, apply_rope_backward, positions_from_mask, rope_cos_sin, rope_inv_freq
+from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+
+
+# ── the boxes' backwards ─────────────────────────────────────────────────────────
+
+def linear_backward(dy: np.ndarray, x: np.ndarray, W: np.ndarray, bias: bool
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(dx, dW, db) of y = x·W + b over the last axis: dx = dy·Wᵀ, dW = xᵀ·dy, db = Σ_rows dy."""
+    rows = math.prod(x.shape[:-1])                        # B·n (not -1: d_ff may be 0, attention-only)
+    x2 = x.reshape(rows, x.shape[-1])                     # (B·n, in)
+    dy2 = dy.reshape(rows, dy.shape[-1])                  # (B·n, out)
+    dx = (dy2 @ W.T).reshape(*x.shape)                    # (B, n, in)
+    return dx, x2.T @ dy2, (np.add.reduce(dy2, axis=0) if bias else None)   # (in, out), (out,)
+
+
+def norm_backward(dy: np.ndarray, x: np.ndarray, w: NormWeights, cfg: ModelConfig
+                  ) -> tuple[np.ndarray, NormWeights]:
+    """dx and the norm's gradients (dγ, dβ) for LayerNorm or RMSNorm, as the config says."""
+    if cfg.norm == "rms":
+        dx, dg = rms_norm_backward(dy, x, w.weight, cfg.norm_eps)
+        return dx, NormWeights(dg)
+    dx, dg, db = layer_norm_backward(dy, x, w.weight, cfg.norm_eps)
+    return dx, NormWeights(dg, db if w.bias is not None else None)
+
+
+@dataclass
+class AttentionTape:
+    """What self_attention's backward needs: its input and Q, K, V (rotated), A, Concat(Z)."""
+
+    x: np.ndarray        # (B, n, d_model)
+    q: np.ndarray        # (B, H, n, d_k)
+    k: np.ndarray        # (B, Hkv, n, d_k)
+    v: np.ndarray        # (B, Hkv, n, d_k)
+    a: np.ndarray        # (B, H, n, n)
+    z: np.ndarray        # (B, n, H·d_k)
+
+
+def attention_forward(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: np.ndarray | None,
+                      rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, AttentionTape]:
+    """MultiHead(X) as qkv.model.self_attention computes it, keeping the tape."""
+    q, k, v = projections(x, w)                           # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+    q = split_heads(q, cfg.n_heads)                       # (B, H, n, d_k)
+    k = split_heads(k, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
+    v = split_heads(v, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    z, a, _ = scaled_dot_product_attention(q, k, v, bias) # (B, H, n, d_k), (B, H, n, n)
+    z = merge_heads(z)                                    # (B, n, H·d_k)
+    return linear(z, w.W_O, w.b_O), AttentionTape(x, q, k, v, a, z)
+
+
+def attention_backward_box(dout: np.ndarray, w: AttentionWeights, t: AttentionTape,
+                           rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, AttentionWeights]:
+    """dX and the gradients of W_Q, W_K, W_V, W_O (and biases) from dL/dMultiHead(X)."""
+    dz, dW_O, db_O = linear_backward(dout, t.z, w.W_O, w.b_O is not None)    # (B, n, H·d_k)
+    dz = split_heads(dz, t.q.shape[1])                    # (B, H, n, d_k)
+    dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a)
+    if rope is not None:
+        dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
+    dx_q, dW_Q, db_Q = linear_backward(merge_heads(dq), t.x, w.W_Q, w.b_Q is not None)
+    dx_k, dW_K, db_K = linear_backward(merge_heads(dk), t.x, w.W_K, w.b_K is not None)
+    dx_v, dW_V, db_V = linear_backward(merge_heads(dv), t.x, w.W_V, w.b_V is not None)
+    dx_q += dx_k
+    dx_q += dx_v                                          # (B, n, d_model): X feeds Q, K and V
+    return dx_q, AttentionWeights(W_Q=dW_Q, W_K=dW_K, W_V=dW_V, W_O=dW_O, b_Q=db_Q, b_K=db_K, b_V=db_V, b_O=db_O)
+
+
+@dataclass
+class FFNTape:
+    """What feed_forward's backward needs: its input, x·W_in + b, x·W_gate (gated) and act(…)."""
+
+    x: np.ndarray                 # (B, n, d_model)
+    u: np.ndarray                 # (B, n, d_ff) x·W_in + b_in
+    g: np.ndarray | None          # (B, n, d_ff) x·W_gate (SwiGLU), else None
+    h: np.ndarray                 # (B, n, d_ff) what W_out multiplies
+
+
+def ffn_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> tuple[np.ndarray, FFNTape]:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or (act(x·W_gate) ⊙ (x·W_in + b))·W_out + b (SwiGLU)."""
+    act = ACTIVATIONS[cfg.activation]
+    u = linear(x, w.W_in, w.b_in)                         # (B, n, d_ff)
+    g = None if w.W_gate is None else linear(x, w.W_gate) # (B, n, d_ff)
+    h = act(u) if g is None else act(g) * u               # (B, n, d_ff)
+    return linear(h, w.W_out, w.b_out), FFNTape(x, u, g, h)
+
+
+def ffn_backward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) -> tuple[np.ndarray, FFNWeights]:
+    """dx and the FFN's gradients. Gated: du = dh ⊙ act(g), dg = act'(g) ⊙ dh ⊙ u."""
+    act_backward = ACTIVATION_BACKWARDS[cfg.activation]
+    dh, dW_out, db_out = linear_backward(dout, t.h, w.W_out, w.b_out is not None)   # (B, n, d_ff)
+    if t.g is None:
+        du, dW_gate, dx_g = act_backward(dh, t.u), None, None
+    else:
+        du = dh * ACTIVATIONS[cfg.activation](t.g)
+        dx_g, dW_gate, _ = linear_backward(act_backward(dh * t.u, t.g), t.x, w.W_gate, False)
+    dx, dW_in, db_in = linear_backward(du, t.x, w.W_in, w.b_in is not None)
+    if dx_g is not None:
+        dx += dx_g
+    return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate)
+
+
+@dataclass
+class BlockTape:
+    """One block's tape: the inputs of its norms, and its attention and FFN tapes."""
+
+    norm_in: tuple[np.ndarray, np.ndarray]    # what attn_norm and ffn_norm normalised, (B, n, d_model) each
+    attn: AttentionTape
+    ffn: FFNTape
+
+
+def block_forward(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
+                  rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, BlockTape]:
+    """One block as qkv.model.block: pre-norm X + Attn(Norm(X)), X + FFN(Norm(X)); post-norm Norm(X + …)."""
+    if cfg.norm_place == "post":                          # BERT, Marian
+        a, ta = attention_forward(x, w.attn, cfg, bias, rope)
+        r1 = x + a                                        # (B, n, d_model)
+        x1 = norm(r1, w.attn_norm, cfg)
+        f, tf = ffn_forward(x1, w.ffn, cfg)
+        r2 = x1 + f
+        return norm(r2, w.ffn_norm, cfg), BlockTape((r1, r2), ta, tf)
+    a, ta = attention_forward(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope)
+    x1 = x + a                                            # (B, n, d_model)
+    f, tf = ffn_forward(norm(x1, w.ffn_norm, cfg), w.ffn, cfg)
+    return x1 + f, BlockTape((x, x1), ta, tf)
+
+
+def block_backward(dy: np.ndarray, w: BlockWeights, t: BlockTape, cfg: ModelConfig,
+                   rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, BlockWeights]:
+    """dX of the block's input and its weights' gradients; a residual passes its gradient on unchanged."""
+    if cfg.norm_place == "post":
+        dr2, g_ffn_norm = norm_backward(dy, t.norm_in[1], w.ffn_norm, cfg)
+        dx1, g_ffn = ffn_backward(dr2, w.ffn, t.ffn, cfg)
+        dx1 += dr2                                        # r2 = x1 + F(x1)
+        dr1, g_attn_norm = norm_backward(dx1, t.norm_in[0], w.attn_norm, cfg)
+        dx, g_attn = attention_backward_box(dr1, w.attn, t.attn, rope)
+        dx += dr1                                         # r1 = x + A(x)
+    else:
+        dn2, g_ffn = ffn_backward(dy, w.ffn, t.ffn, cfg)
+        dx1, g_ffn_norm = norm_backward(dn2, t.norm_in[1], w.ffn_norm, cfg)
+        dx1 += dy                                         # x2 = x1 + F(Norm(x1))
+        dn1, g_attn = attention_backward_box(dx1, w.attn, t.attn, rope)
+        dx, g_attn_norm = norm_backward(dn1, t.norm_in[0], w.attn_norm, cfg)
+        dx += dx1                                         # x1 = x + A(Norm(x))
+    return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn)
+
+
+# ── the loss ─────────────────────────────────────────────────────────────────────
+
+def next_token_loss(logits: np.ndarray, ids: np.ndarray, counted: np.ndarray) -> tuple[float, np.ndarray]:
+    """(L, dL/dlogits) of L = mean over counted t of −log softmax(logits[t])[ids[t+1]].
+
+    logits (B, n, V), ids (B, n), counted (B, n − 1) bool. The gradient is
+    (softmax(logits[t]) − onehot(ids[t+1])) / N at each counted t (N of them), 0 elsewhere.
+    """
+    B, n, V = logits.shape
+    z = logits[:, :-1]                                    # (B, n−1, V): position t predicts t+1
+    m = z.max(axis=-1, keepdims=True)
+    p = np.exp(z - m)                                     # (B, n−1, V)
+    total = p.sum(axis=-1, keepdims=True)                 # (B, n−1, 1)
+    target = ids[:, 1:]                                   # (B, n−1)
+    logp_target = (np.take_along_axis(z, target[..., None], -1) - m - np.log(total))[..., 0]   # (B, n−1)
+    N = int(counted.sum())
+    loss = float(-(logp_target.astype(np.float64) * counted).sum() / N)
+    p /= total                                            # softmax
+    np.put_along_axis(p, target[..., None], np.take_along_axis(p, target[..., None], -1) - 1.0, -1)
+    p *= (counted / N).astype(p.dtype)[..., None]
+    dlogits = np.zeros_like(logits)                       # (B, n, V): the last position predicts nothing
+    dlogits[:, :-1] = p
+    return loss, dlogits
+
+
+def counted_positions(attention_mask: np.ndarray, loss_mask: np.ndarray | None = None) -> np.ndarray:
+    """(B, n − 1) bool: positions t whose next-token loss counts — t and t+1 both real tokens
+    (transformers' labels=input_ids with padding labelled −100, padded on the right), and
+    loss_mask[t] where given."""
+    real = attention_mask.astype(bool)
+    counted = real[:, :-1] & real[:, 1:]
+    if loss_mask is not None:
+        counted &= np.asarray(loss_mask, dtype=bool)[:, :-1]
+    if not counted.any():
+        raise QkvError("no position has a next token to learn from; give sequences of at least 2 real tokens")
+    return counted
+
+
+# ── the whole model ──────────────────────────────────────────────────────────────
+
+def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray | None = None,
+                   loss_mask: np.ndarray | None = None) -> tuple[float, Weights]:
+    """The mean next-token cross-entropy of ids (B, n) and its gradient for every weight.
+
+    The gradients come back as a Weights tree of the same shapes (None where there is no
+    weight or no gradient: a sinusoidal table is fixed). A tied W_vocab's gradient is added
+    into tok_embed's, and the tree's W_vocab is then its transposed view (one table, one
+    gradient). ids and masks are checked by the caller (`gradients`, the training loop).
+    """
+    if not cfg.causal or weights.W_vocab is None:
+        raise QkvError(f"training needs a decoder with W_vocab (a causal LM); this is a {cfg.family} encoder")
+    mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    counted = counted_positions(mask, loss_mask)
+    dtype = weights.tok_embed.dtype
+    B, n = ids.shape
+    positions = positions_from_mask(mask)                 # (B, n)
+
+    # forward: X = E[ids] + P[positions] → blocks → final norm → logits
+    x = weights.tok_embed[ids]                            # (B, n, d_model)
+    if weights.pos_embed is not None:
+        x += weights.pos_embed[positions]
+    rope = None
+    if cfg.position == "rope":
+        rope = rope_cos_sin(positions, rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype))
+    bias = attention_mask_of(cfg, mask, n).bias(dtype)    # (B or 1, 1, n, n) M
+    tapes = []
+    for w in weights.blocks:
+        x, tape = block_forward(x, w, cfg, bias, rope)
+        tapes.append(tape)
+    h = x if weights.final_norm is None else norm(x, weights.final_norm, cfg)   # (B, n, d_model)
+    logits = linear(h, weights.W_vocab, weights.b_vocab)  # (B, n, V)
+    loss, dlogits = next_token_loss(logits, ids, counted)
+    del logits
+
+    # backward, the same boxes in the opposite order
+    dh, dW_vocab, db_vocab = linear_backward(dlogits, h, weights.W_vocab, weights.b_vocab is not None)
+    del dlogits
+    g_final = None
+    if weights.final_norm is not None:
+        dh, g_final = norm_backward(dh, x, weights.final_norm, cfg)
+    dx = dh                                               # (B, n, d_model)
+    g_blocks = [None] * len(weights.blocks)
+    for i in reversed(range(len(weights.blocks))):
+        dx, g_blocks[i] = block_backward(dx, weights.blocks[i], tapes[i], cfg, rope)
+        tapes[i] = None                                   # free what this block kept
+    d = cfg.d_model
+    d_tok = np.zeros_like(weights.tok_embed)              # (V, d_model)
+    np.add.at(d_tok, ids.reshape(-1), dx.reshape(-1, d))  # dE[ids] += dX
+    d_pos = None
+    if weights.pos_embed is not None and cfg.position == "learned":
+        d_pos = np.zeros_like(weights.pos_embed)          # (P, d_model)
+        np.add.at(d_pos, positions.reshape(-1), dx.reshape(-1, d))
+    if np.shares_memory(weights.W_vocab, weights.tok_embed):
+        d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
+        dW_vocab = d_tok.T
+    return loss, Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, final_norm=g_final,
+                         W_vocab=dW_vocab, b_vocab=db_vocab)
+
+
+def grads_by_name(grads: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """A gradient tree under the checkpoint's own tensor names and shapes (the family's table in
+    qkv.checkpoints), e.g. GPT-2's "transformer.h.0.attn.c_attn.weight" = [dW_Q | dW_K | dW_V]."""
+    from ..checkpoints import FAMILIES
+    return FAMILIES[cfg.family].tensors(grads, cfg)
+
+
+def gradients(model, input_ids, attention_mask=None, loss_mask=None) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, gradients) of a decoder's mean next-token cross-entropy on input_ids (B, n) or (n,).
+
+    The loss is transformers' with labels=input_ids: position t predicts token t+1, and
+    padding (attention_mask 0, on the right) is not learned. loss_mask (B, n): which positions'
+    predictions count besides (e.g. the repeated half of a sequence). The gradients are keyed
+    by the checkpoint's tensor names in the shapes its file stores them, a tied W_vocab once,
+    as torch's `named_parameters()` of the same model.
+    """
+    ids, mask = model.check_ids(input_ids, attention_mask)
+    if loss_mask is not None:
+        loss_mask = np.asarray(loss_mask, dtype=bool).reshape(ids.shape) if np.size(loss_mask) == ids.size else None
+        if loss_mask is None:
+            raise QkvError(f"loss_mask must have the shape of input_ids {ids.shape}; give one True/False per token")
+    loss, grads = loss_and_grads(model.weights, model.config, ids, mask, loss_mask)
+    return loss, grads_by_name(grads, model.config)
