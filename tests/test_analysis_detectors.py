@@ -127,3 +127,23 @@ def test_strength_is_the_number_behind_the_role():
     assert strength("previous", 0, 0, s, 2.0) == pytest.approx(0.9)
     assert strength("broad", 0, 1, s, 2.0) == pytest.approx(0.75)
     assert strength("mixed", 0, 1, s, 2.0) is None
+
+
+def test_induction_stripe_scores_a_perfect_head_one():
+    """On [bos] r r, a head whose second-copy rows look one past the first copy scores 1; the
+    TransformerLens-style pattern score of the same head is capped near 0.5 (half the rows cannot match)."""
+    from qkv.analysis.detectors import induction_stripe
+    half, offset = 6, 1
+    n = offset + 2 * half
+    ids = np.concatenate([[0], np.arange(10, 10 + half), np.arange(10, 10 + half)])
+    A = np.tril(np.ones((n, n)))
+    A /= A.sum(1, keepdims=True)                                  # uniform causal attention
+    perfect = A.copy()
+    for i in range(offset + half, n):
+        perfect[i] = 0
+        perfect[i, i - half + 1] = 1
+    assert induction_stripe(perfect, half, offset) == pytest.approx(1.0)
+    assert induction_stripe(A, half, offset) < 0.2
+    assert pattern_score(perfect, induction_pattern(ids)) < 0.55
+    stacked = np.stack([A, perfect])                              # (..., n, n) → (...)
+    np.testing.assert_allclose(induction_stripe(stacked, half, offset), [induction_stripe(A, half, offset), 1.0])

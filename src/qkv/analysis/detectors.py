@@ -117,6 +117,18 @@ def induction_scores(model, prefix=(), suffix=(), **kw) -> np.ndarray:
     return repeated_scores(model, prefix, suffix, **kw)["induction"]
 
 
+def induction_stripe(attn: np.ndarray, half: int, offset: int = 0) -> np.ndarray:
+    """Olsson et al.'s induction score on a sequence [prefix (offset tokens)] r r: the mean attention
+    from each token of the second copy to the token after its first occurrence, A[i, i − half + 1].
+
+    attn (..., n, n) → (...). 1 is a perfect induction head. Unlike `pattern_score`, which divides
+    by every row (so the first copy, where nothing can match, caps it at ~0.5), this averages the
+    rows that can match only: the measure that shows a head forming while a model learns.
+    """
+    i = np.arange(offset + half, offset + 2 * half)               # the second copy's positions
+    return np.asarray(attn, dtype=np.float64)[..., i, i - half + 1].mean(-1)
+
+
 def top_heads(scores: np.ndarray, k: int = 3) -> list[tuple[int, int, float]]:
     """The k heads with the highest scores: [(layer, head, score)], best first."""
     flat = np.argsort(-np.asarray(scores), axis=None, kind="stable")[:k]
