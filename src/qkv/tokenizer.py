@@ -60,6 +60,10 @@ class Tokenizer:
         template, specials = read_tokenizer_config(directory)
         return cls(directory / "tokenizer.json", chat_template=template, special_tokens=specials)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what `Model.save` writes)."""
+        return self._tok.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> tuple[np.ndarray, list[str]]:
         """ids (n,) and tokens as the tokenizer spells them, special tokens included.
 

@@ -72,7 +72,7 @@ def save(model: "Model", directory: str | os.PathLike) -> Path:
             batch.write("model.safetensors", lambda f: write_safetensors(f, tensors, {"format": "pt"}))
             batch.write_text("config.json", json.dumps(config, indent=2) + "\n")
             if model.tokenizer is not None:
-                batch.write_text("tokenizer.json", model.tokenizer._tok.to_str())   # the `tokenizers` object
+                batch.write_text("tokenizer.json", model.tokenizer.to_json())
                 batch.write_text("tokenizer_config.json", json.dumps(tokenizer_config(model), indent=2) + "\n")
     except OSError as e:
         raise QkvError(f"cannot save the model into {directory}: {e.strerror or e}; "
