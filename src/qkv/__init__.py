@@ -14,7 +14,9 @@ from .checkpoints.save import save
 from .config import ModelConfig
 from .errors import QkvError
 from .model import Model, Output
+from .seq2seq import Seq2SeqModel, Seq2SeqOutput
 from .trace import LayerTrace, Trace
 
-__all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace"]
+__all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace",
+           "Seq2SeqModel", "Seq2SeqOutput"]
 __version__ = "0.1.0"

@@ -4,6 +4,13 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
+the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
+blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
+  Marian = post-norm + sinusoidal positions + scaled embeddings + final_logits_bias (b_vocab)
+  BART   = post-norm + learned positions (offset 2) + embedding LayerNorm + GELU
+  T5     = pre-norm + RMSNorm + relative position buckets + no 1/√d_k + no biases + ReLU
+           (v1.1: gated GELU, untied W_vocab; original: tied, decoder output × d_model^-0.5)
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -17,7 +24,7 @@ from .errors import QkvError
 
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
-Position = Literal["learned", "sinusoidal", "rope"]
+Position = Literal["learned", "sinusoidal", "rope", "relative"]
 Activation = Literal["gelu", "gelu_tanh", "silu", "relu"]
 
 
@@ -55,8 +62,20 @@ class ModelConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # ── encoder–decoder models (Marian, BART, T5); the defaults leave single-stack models unchanged
+    encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
+    n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
+    scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
+    position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
+    relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
+    relative_max_distance: int = 128  # distances from here on share the last bucket
+    scale_scores: bool = True         # S = Q·Kᵀ/√d_k; False: S = Q·Kᵀ (T5 folds the scale into W_Q)
+    scale_decoder_output: bool = False   # T5 with a tied W_vocab: logits = (Z·d_model^-0.5)·W_vocab
+    decoder_start_token_id: int | None = None   # the first token the decoder reads (Marian: pad, T5: pad)
 
     def __post_init__(self) -> None:
+        if self.encoder_decoder and self.n_decoder_layers is None:
+            object.__setattr__(self, "n_decoder_layers", self.n_layers)
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_head is None:
@@ -71,6 +90,13 @@ class ModelConfig:
                            "fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise QkvError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or none)")
+        if self.encoder_decoder and self.n_decoder_layers <= 0:
+            raise QkvError(f"n_decoder_layers={self.n_decoder_layers} must be positive; fix the model's config")
+        if self.position == "relative" and not (2 <= self.relative_buckets // 2 < self.relative_max_distance):
+            raise QkvError(f"relative_buckets={self.relative_buckets} must be ≥ 4 and relative_max_distance="
+                           f"{self.relative_max_distance} more than half of it; fix the model's config")
+        if self.position_offset < 0:
+            raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
 
     @property
     def group_size(self) -> int:

@@ -1,7 +1,8 @@
-"""Where each token is (seeds §1): learned tables, sinusoids, and RoPE.
+"""Where each token is (seeds §1): learned tables, sinusoids, RoPE, and T5's relative buckets.
 
 Attention itself is blind to order, so position enters either added to the token
-embeddings (learned, sinusoidal) or as a rotation of Q and K (RoPE).
+embeddings (learned, sinusoidal), as a rotation of Q and K (RoPE), or as a learned bias
+on the scores that depends only on how far the key is from the query (relative, T5).
 """
 
 from __future__ import annotations
@@ -31,6 +32,55 @@ def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
     table[:, 0::2] = np.sin(pos * inv)
     table[:, 1::2] = np.cos(pos * inv[: d_model // 2])
     return table.astype(np.float32)
+
+
+def sinusoidal_halves(n_positions: int, d_model: int) -> np.ndarray:
+    """The same sinusoids with the sines first and the cosines after (Marian's table):
+
+        PE[p, i] = sin(p / 10000^(2i/d)),   PE[p, ⌈d/2⌉ + i] = cos(p / 10000^(2i/d))
+
+    As transformers' MarianSinusoidalPositionalEmbedding: the angles in float64, then float32.
+    It holds the numbers of `sinusoidal_table` with its columns reordered (not interleaved).
+    """
+    pos = np.arange(n_positions, dtype=np.float64)[:, None]                          # (P, 1)
+    j = np.arange(d_model)
+    angles = pos / np.power(10000.0, 2 * (j // 2) / d_model)                          # (P, d)
+    return np.concatenate([np.sin(angles[:, 0::2]), np.cos(angles[:, 1::2])], axis=1).astype(np.float32)
+
+
+def relative_buckets(q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool, n_buckets: int,
+                     max_distance: int) -> np.ndarray:
+    """T5's bucket of each (query, key) pair: (len(q_pos), len(k_pos)) ints in [0, n_buckets).
+
+    The distance r = key − query. Bidirectional (the encoder): half the buckets for keys
+    after the query, half for keys before; causal (the decoder): only r ≤ 0 counts. Of a
+    half's b buckets, distances 0..b/2−1 get one each, and larger ones share logarithmically
+    wider buckets up to max_distance, beyond which all share the last. As transformers'
+    T5Attention._relative_position_bucket, the logarithm in float32.
+    """
+    rel = np.asarray(k_pos)[None, :] - np.asarray(q_pos)[:, None]                   # (n_q, n_k) r = key − query
+    buckets = np.zeros(rel.shape, dtype=np.int64)
+    if bidirectional:
+        n_buckets //= 2
+        buckets += (rel > 0) * n_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    exact = n_buckets // 2
+    far = np.maximum(rel, exact).astype(np.float32)                                  # the log's input where it counts
+    log = np.log(far / np.float32(exact)) / np.float32(math.log(max_distance / exact))
+    large = exact + (log * np.float32(n_buckets - exact)).astype(np.int64)
+    large = np.minimum(large, n_buckets - 1)
+    return buckets + np.where(rel < exact, rel, large)                               # (n_q, n_k)
+
+
+def relative_bias(table: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool,
+                  max_distance: int) -> np.ndarray:
+    """B[h, i, j] = table[bucket(k_pos[j] − q_pos[i]), h]: T5's learned bias added to the
+    scores S = Q·Kᵀ + B, one number per head and distance bucket. table (n_buckets, H) →
+    (1, H, n_q, n_k), computed once per pass and shared by every layer of the stack."""
+    b = relative_buckets(q_pos, k_pos, bidirectional, table.shape[0], max_distance)   # (n_q, n_k)
+    return table[b].transpose(2, 0, 1)[None]                                           # (1, H, n_q, n_k)
 
 
 def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=np.float32) -> np.ndarray:

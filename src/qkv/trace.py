@@ -84,6 +84,12 @@ class Trace:
     `tokens` are spelled as the tokenizer spells them ("Ġcapital", "[CLS]"), which the
     analysis reads; `labels` are the same tokens as a reader sees them ("␣capital"), which
     every view shows, read with the tokenizer's `spelling` (`qkv.tokenizer.label`).
+
+    An encoder–decoder's trace (Seq2SeqModel.run) is the decoder's: tokens = what the decoder
+    read (decoder_start_token_id first, `prompt_length` 1), attentions (L_dec, H, n_tgt, n_tgt),
+    logits (n_tgt, V); with two more traces, each a plain Trace that saves on its own:
+    `encoder`, the source (attentions (L_enc, H, n_src, n_src), hidden = the encoder's output),
+    and `cross`, target × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens` the source).
     """
 
     tokens: list[str]
@@ -99,6 +105,8 @@ class Trace:
     causal: bool | None = None               # each query saw only keys up to its own position; None = unknown
     spelling: str = "plain"                  # how tokens spell text: "byte-level" (Ġ), "sentencepiece" (▁), "plain"
     source_tokens: list[str] | None = None   # (n_k,) cross-attention's keys; None = self-attention
+    encoder: Trace | None = None             # encoder–decoders: the source through the encoder (see above)
+    cross: Trace | None = None               # encoder–decoders: the decoder's cross-attention to the source
 
     @property
     def layer_ids(self) -> list[int]:

@@ -53,12 +53,19 @@ class FFNWeights:
 
 @dataclass
 class BlockWeights:
-    """One transformer block: attention and FFN, each with its norm (before or after)."""
+    """One transformer block: attention and FFN, each with its norm (before or after).
+
+    A decoder block of an encoder–decoder also has a cross-attention between the two, whose
+    W_Q reads the decoder's stream and W_K, W_V the encoder's output (seeds: "when the decoder
+    writes 'I' it looks at '나는'").
+    """
 
     attn_norm: NormWeights
     attn: AttentionWeights
     ffn_norm: NormWeights
     ffn: FFNWeights
+    cross_attn: AttentionWeights | None = None   # encoder–decoder decoders: Q from here, K, V from the encoder
+    cross_norm: NormWeights | None = None        # its norm (before or after, as the others)
 
 
 @dataclass
@@ -72,7 +79,8 @@ class Weights:
     embed_norm: NormWeights | None = None      # BERT: LayerNorm after the embeddings
     final_norm: NormWeights | None = None      # pre-norm models: before W_vocab
     W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ
-    b_vocab: np.ndarray | None = None          # (V,)
+    b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias
+    rel_bias: np.ndarray | None = None         # (buckets, H) T5: relative position bias, shared by the layers
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""
@@ -95,6 +103,34 @@ class Weights:
                 if fused is not None:
                     total -= fused.nbytes                # its columns are W_Q|W_K|W_V or W_gate|W_in
         return total
+
+
+@dataclass
+class Seq2SeqWeights:
+    """An encoder–decoder's two stacks. They share one embedding table (encoder.tok_embed is
+    decoder.tok_embed); only the decoder has W_vocab, and cross-attention in its blocks."""
+
+    encoder: Weights
+    decoder: Weights
+
+    @property
+    def tok_embed(self) -> np.ndarray:
+        return self.encoder.tok_embed                # (V, d_model), both stacks'
+
+    def astype(self, dtype) -> "Seq2SeqWeights":
+        """A copy with every array in `dtype` (float64 for checks); the table stays shared."""
+        table = self.tok_embed.astype(dtype)
+        enc, dec = self.encoder.astype(dtype), self.decoder.astype(dtype)
+        enc.tok_embed = dec.tok_embed = table
+        if self.decoder.W_vocab is not None and np.shares_memory(self.decoder.W_vocab, self.tok_embed):
+            dec.W_vocab = table.T
+        return Seq2SeqWeights(enc, dec)
+
+    def nbytes(self) -> int:
+        """Bytes of all parameters, the shared table counted once."""
+        enc, dec = self.encoder.tok_embed, self.decoder.tok_embed
+        shared = enc.nbytes if np.shares_memory(enc, dec) else 0
+        return self.encoder.nbytes() + self.decoder.nbytes() - shared
 
 
 def _map_arrays(obj, fn):

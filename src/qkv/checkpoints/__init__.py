@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from ..errors import QkvError
 from ..layout import fast_layout
 from ..model import Model
+from ..seq2seq import Seq2SeqModel
 from ..tokenizer import Tokenizer
 from . import gguf
 from .families import FAMILIES, config_of, weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
@@ -162,9 +163,9 @@ def read_config(directory: Path) -> ModelConfig:
     return config_of(hf)                              # types and ranges of every knob, then the family's reader
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
+def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2SeqModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
-    Hugging Face repo id.
+    Hugging Face repo id. An encoder–decoder (Marian, BART, T5) is a Seq2SeqModel.
 
     Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
     computes in double precision, for checks.
@@ -177,7 +178,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
     store = TensorStore(directory)
     weights = FAMILIES[cfg.family].weights(store, cfg, dtype.type)
     store.release()                   # reading every tensor once (the NaN check) mapped all its pages
-    if cfg.causal:                    # decoders: copied into the decoding layout (layout.py), page by page
+    if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
         weights = fast_layout(weights, after_copy=store.release)
     tok_path = directory / "tokenizer.json"
     tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
@@ -186,7 +187,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model:
                        "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
     if gguf.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
-    return Model(cfg, weights, tokenizer, name=_display_name(source))
+    model = Seq2SeqModel if cfg.encoder_decoder else Model
+    return model(cfg, weights, tokenizer, name=_display_name(source))
 
 
 def _display_name(source) -> str:

@@ -21,13 +21,19 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
 _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
-                 "n_positions", "type_vocab_size", "sliding_window")
-_COUNT = ("intermediate_size", "n_inner")                   # the FFN's width: 0 = attention-only
-_ANY_INT = ("pad_token_id", "bos_token_id")                  # some Llama conversions say pad_token_id -1
+                 "n_positions", "type_vocab_size", "sliding_window",
+                 # encoder–decoders (Marian, BART, T5)
+                 "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+                 "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
+                 "relative_attention_max_distance", "decoder_vocab_size")
+# The FFN's width: 0 = attention-only.
+_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff")
+_ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id")   # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
-         "scale_attn_by_inverse_layer_idx", "scale_attn_weights")
-_TEXT = ("model_type", "hidden_act", "activation_function", "position_embedding_type")
+         "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
+         "share_encoder_decoder_embeddings")
+_TEXT = ("model_type", "hidden_act", "activation_function", "position_embedding_type", "feed_forward_proj")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.
 _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

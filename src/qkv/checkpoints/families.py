@@ -1,4 +1,5 @@
-"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py).
+"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py;
+the encoder–decoders marian.py, bart.py, t5.py, whose weights are a Seq2SeqWeights of two stacks).
 
 Every family module is a table between the checkpoint's names and ours, read both ways:
 
@@ -20,11 +21,12 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..weights import Weights
-from . import bert, gpt2, llama
+from . import bart, bert, gpt2, llama, marian, t5
 from .common import check_config
 from .tensors import TensorDict
 
-FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
+FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama,
+                                   "marian": marian, "bart": bart, "t5": t5}
 
 
 def family_of(kind: str) -> ModuleType:

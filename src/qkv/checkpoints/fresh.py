@@ -23,6 +23,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import QkvError
 from ..model import Model
+from ..seq2seq import Seq2SeqModel
 from ..tokenizer import Tokenizer
 from .families import config_of, family_of
 
@@ -42,8 +43,8 @@ class _Initialiser:
         return not (name == "lm_head.weight" and self.cfg.tied_embeddings)
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
-        if len(shape) == 1:                                              # a bias / β, or a norm's γ
-            is_gain = name.endswith(".weight") or name.endswith(".gamma")
+        if len(shape) == 1 or name == "final_logits_bias":             # a bias / β (Marian's, BART's (1, V)), or γ
+            is_gain = len(shape) == 1 and (name.endswith(".weight") or name.endswith(".gamma"))
             t = (np.ones if is_gain else np.zeros)(shape, dtype=dtype)
         else:                                                            # a matrix or a table
             std = self.std
@@ -83,4 +84,4 @@ def init(config: ModelConfig | dict, seed: int = 0, dtype=np.float32, tokenizer:
                        f"{config.vocab_size}; make vocab_size at least the tokenizer's")
     store = _Initialiser(config, int(seed), float(std))
     weights = family_of(config.family).weights(store, config, dtype.type)
-    return Model(config, weights, tokenizer, name=name)
+    return (Seq2SeqModel if config.encoder_decoder else Model)(config, weights, tokenizer, name=name)

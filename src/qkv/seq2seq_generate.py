@@ -1,0 +1,153 @@
+"""Writing a target from a source (seeds §6–7): the encoder once, then the decoder a token at a time.
+
+    encode:   the source through the encoder once → M; each decoder layer's cross K = M·W_K, V = M·W_V
+    start:    the decoder reads decoder_start_token_id
+    step:     the newest target token alone → self-attention over the KV cache, cross-attention
+              over the source's K, V → logits[last] → sample → append → repeat
+
+`decode` is the loop (generate.decode's counterpart); `Seq2SeqModel.generate` and `.stream` wrap it
+for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.sampling, qkv.generate).
+The model comes in as an argument: this module never imports qkv.seq2seq (which imports it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from .errors import QkvError
+from .generate import Step, _held_back, _split_stop, stop_ids
+from .sampling import Sampling
+
+if TYPE_CHECKING:
+    from .seq2seq import Seq2SeqModel
+
+
+def check_can_generate(model: Seq2SeqModel, max_new_tokens: int) -> None:
+    """A whole number of new tokens that, after the start token, fits the decoder's positions."""
+    if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise QkvError(f"max_new_tokens must be a whole number ≥ 1, got {max_new_tokens}")
+    limit = model.config.max_positions
+    if 1 + max_new_tokens > limit:
+        raise QkvError(f"{max_new_tokens} new tokens would pass {model.name}'s {limit} target positions; "
+                       f"lower max_new_tokens to at most {limit - 1}")
+
+
+def decode(model: Seq2SeqModel, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
+           sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None,
+           use_cache: bool = True) -> Iterator[Step]:
+    """Yield one Step per new target token until max_new_tokens or every row has stopped.
+
+    ids, mask (B, n_src): checked source ids. use_cache=False re-runs the decoder over the whole
+    target each step (the slow baseline; same numbers). The encoder and the cross-attention's
+    K, V run once either way: the source does not change while the target grows.
+    """
+    sampling = Sampling.of(sampling)
+    check_can_generate(model, max_new_tokens)
+    cfg, B = model.config, len(ids)
+    rng = sampling.rng()
+    stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
+    memory = model.memory(model.encoder_output(ids, mask))      # L_dec × (K, V) (B, H, n_src, d_k)
+    cache = model.new_cache(B, 1 + max_new_tokens) if use_cache else None
+    seq = np.full((B, 1), model.start_token, dtype=np.int64)   # (B, 1) decoder_start_token_id
+    new = seq                                                   # what the next decoder pass reads
+    done = np.zeros(B, dtype=bool)
+    for _ in range(max_new_tokens):
+        logits = model.decoder_logits(new if use_cache else seq, memory, mask, cache=cache)   # (B, 1, V)
+        next_ids = np.where(done, pad, sampling.pick(logits[:, -1], rng))                    # (B,)
+        done = done | np.isin(next_ids, stops)
+        yield Step(ids=next_ids, done=done.copy(), attentions=None)
+        if done.all():
+            return
+        new = next_ids[:, None]
+        seq = np.concatenate([seq, new], axis=1)                # (B, t + 1)
+
+
+def stream_ids(model: Seq2SeqModel, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
+               attention_mask=None, stop=None, use_cache: bool = True) -> Iterator[np.ndarray]:
+    """Yield the new target token of every row, (B,), step by step."""
+    ids, mask = model.check_ids(input_ids, attention_mask)
+    stop_tokens, stop_strings = _split_stop(stop)
+    if stop_strings:
+        raise QkvError("stop strings need a text source; with token ids give stop token ids")
+    for step in decode(model, ids, mask, max_new_tokens, sampling, stop_tokens=stop_tokens, use_cache=use_cache):
+        yield step.ids
+
+
+class TargetStream:
+    """The target of a source (text or ids), as text, piece by piece, as soon as each piece is final
+    (generate.TextStream's counterpart: the same attributes, the same holding back).
+
+    Iterate it for the pieces; afterwards `prompt_ids` holds the source, `new_ids` the target's
+    tokens (without the start token). A piece is held back while it could still begin a stop
+    string or ends inside a multi-byte character; stop tokens (EOS) end the text unshown.
+    """
+
+    def __init__(self, model: Seq2SeqModel, source: str | np.ndarray, max_new_tokens: int,
+                 sampling: Sampling | None = None, *, stop=None, use_cache: bool = True):
+        if model.tokenizer is None:
+            raise QkvError(f"{model.name} has no tokenizer.json, so the target cannot be written as text; "
+                           "add the checkpoint's tokenizer.json or pass token ids")
+        self.model, self.source, self.max_new_tokens = model, source, max_new_tokens
+        self.sampling, self.use_cache = Sampling.of(sampling), use_cache
+        self.prompt_ids = model.encode(source)[0] if isinstance(source, str) else model.check_ids(source)[0][0]
+        self.stop_tokens, self.stop_strings = _split_stop(stop)
+        check_can_generate(model, max_new_tokens)               # fail now, not mid-stream
+        self.new_ids: list[int] = []
+
+    def __iter__(self) -> Iterator[str]:
+        model, ids = self.model, self.prompt_ids
+        ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
+        shown = ""
+        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
+                           stop_tokens=self.stop_tokens, use_cache=self.use_cache):
+            token = int(step.ids[0])
+            if token in ends:
+                break
+            self.new_ids.append(token)
+            text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
+            cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
+            if cut >= 0:
+                if cut > len(shown):
+                    yield text[len(shown):cut]
+                return
+            safe = len(text) - _held_back(text, self.stop_strings)
+            if text.endswith("\ufffd"):                         # an unfinished UTF-8 character
+                safe = min(safe, len(text) - 1)
+            if safe > len(shown):
+                yield text[len(shown):safe]
+                shown = text[:safe]
+        text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
+        if len(text) > len(shown):
+            yield text[len(shown):]
+
+    def trace(self):
+        """The Trace of the source and the written target (after iterating): what every target
+        token read in the source (`.cross`), in the target (the trace) and the source itself (`.encoder`)."""
+        target = np.array([self.model.start_token, *self.new_ids], dtype=np.int64)           # (1 + new,)
+        result = self.model.run(self.prompt_ids, target=target, keep=("attentions",))
+        result.text = self.model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
+        if isinstance(self.source, str):
+            result.encoder.text = self.source
+        return result
+
+
+def generate(model: Seq2SeqModel, source, max_new_tokens: int, sampling: Sampling | None = None, *,
+             attention_mask=None, stop=None, use_cache: bool = True, trace: bool = False):
+    """Text in → the target text; ids (B, n_src) in → decoder ids (B, 1 + new), starting with
+    decoder_start_token_id as transformers' generate (rows that stopped early are padded).
+    trace=True: the Trace of source and target instead (see Seq2SeqModel.run)."""
+    if isinstance(source, str):
+        stream = TargetStream(model, source, max_new_tokens, sampling, stop=stop, use_cache=use_cache)
+        text = "".join(stream)
+        return stream.trace() if trace else text
+    ids, mask = model.check_ids(source, attention_mask)
+    steps = list(stream_ids(model, ids, max_new_tokens, sampling, attention_mask=mask, stop=stop, use_cache=use_cache))
+    out = np.concatenate([np.full((len(ids), 1), model.start_token, np.int64), np.stack(steps, axis=1)], axis=1)
+    if not trace:
+        return out                                              # (B, 1 + new)
+    if len(out) != 1:
+        raise QkvError("trace=True follows one sequence; give a batch of one")
+    return model.run(ids[0], target=out[0], keep=("attentions",))
