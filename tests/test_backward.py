@@ -236,3 +236,44 @@ def test_whole_model_float64(name):
             assert grads[key][at] == pytest.approx((up - down) / 2e-6, abs=1e-7), f"{key}{at}"
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("name", ["marian", "bart"])
+def test_whole_encoder_decoder_float64(name):
+    """Encoder–decoder loss_and_grads (both stacks, cross-attention into the encoder's output, the shared
+    table) against finite differences of the loss at random entries of every learned weight."""
+    from pathlib import Path
+
+    import qkv
+    from qkv.train import seq2seq_grads as S
+    model = qkv.load(Path(__file__).parent / "fixtures" / "seq2seq" / name).astype(np.float64)
+    cfg, w = model.config, model.weights
+    rng = np.random.default_rng(2)
+    src = rng.integers(3, cfg.vocab_size, size=(2, 5))
+    mask = np.ones_like(src)
+    mask[1, 3:] = 0
+    labels = rng.integers(3, cfg.vocab_size, size=(2, 4))
+    labels[1, 2:] = -100
+    tgt_in = S.decoder_inputs(labels, model.start_token, cfg.pad_token_id)
+    loss = lambda: S.loss_and_grads(w, cfg, src, mask, tgt_in, labels)[0]   # noqa: E731
+    _, g = S.loss_and_grads(w, cfg, src, mask, tgt_in, labels)
+    grads, checked = dict(_arrays(g)), 0
+    for key, value in _arrays(w):
+        if grads.get(key) is None or key.startswith("decoder.tok_embed") or key == "decoder.W_vocab" \
+                or key.endswith("b_vocab"):
+            continue                              # the shared table is checked once; fixed buffers have no gradient
+        used = np.unique(np.concatenate([src.ravel(), tgt_in.ravel()]))
+        used = used[used != cfg.pad_token_id]     # transformers' padding_idx: a pad lookup passes no gradient
+        picks = (rng.choice(used, 3) * value.shape[1] + rng.integers(0, value.shape[1], 3)) if key.endswith("tok_embed") \
+            else rng.integers(0, value.size, 3)
+        for i in picks:
+            at = np.unravel_index(i, value.shape)
+            keep = value[at]
+            value[at] = keep + 1e-6
+            up = loss()
+            value[at] = keep - 1e-6
+            down = loss()
+            value[at] = keep
+            assert grads[key][at] == pytest.approx((up - down) / 2e-6, abs=1e-7), f"{key}{at}"
+            checked += 1
+    assert checked > 80

@@ -222,6 +222,8 @@ def test_mistakes_are_one_line_errors(call, message):
 
 @pytest.mark.parametrize("name, edit, message", [
     ("marian", {"share_encoder_decoder_embeddings": False}, "separate source and target embeddings"),
+    ("bart", {"tie_word_embeddings": False}, "tie_word_embeddings=false"),
+    ("marian", {"tie_word_embeddings": False}, "tie_word_embeddings=false"),
     ("bart", {"decoder_ffn_dim": 96}, "different heads or FFN widths"),
     ("t5", {"feed_forward_proj": "gated-gelu-x"}, "feed_forward_proj"),
     ("t5", {"relative_attention_max_distance": 4}, "relative_max_distance"),

@@ -39,6 +39,9 @@ def stacks_config(hf: dict, family: str) -> dict:
         raise QkvError(f"{family}: encoder and decoder with different heads or FFN widths are not supported; "
                        "use a checkpoint whose two stacks have the same width")
     check_shapes({}, d, heads)
+    if hf.get("tie_word_embeddings", True) is False:         # transformers then keeps three tables
+        raise QkvError(f"{family} with tie_word_embeddings=false (separate source, target and output embeddings) "
+                       "is not supported; use a checkpoint whose embeddings are shared")
     return dict(
         family=family, vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "encoder_layers"),
         n_decoder_layers=hf.get("decoder_layers", hf["encoder_layers"]), n_heads=heads, d_ff=ffn,

@@ -132,73 +132,97 @@ def ffn_backward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) 
     return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate)
 
 
-@dataclass
-class BlockTape:
-    """One block's tape: the inputs of its norms, and its attention and FFN tapes."""
+def residual_forward(x: np.ndarray, w: NormWeights, cfg: ModelConfig, box) -> tuple[np.ndarray, tuple]:
+    """One residual step and its tape: x + Box(Norm(x)) (pre-norm) or Norm(x + Box(x)) (post-norm).
 
-    norm_in: tuple[np.ndarray, np.ndarray]    # what attn_norm and ffn_norm normalised, (B, n, d_model) each
-    attn: AttentionTape
-    ffn: FFNTape
+    box(h) → (Box(h), its tape). The tape keeps what the norm normalised and the box's tape.
+    """
+    if cfg.norm_place == "post":                          # BERT, Marian, BART
+        out, tape = box(x)
+        r = x + out                                       # (B, n, d_model)
+        return norm(r, w, cfg), (r, tape)
+    out, tape = box(norm(x, w, cfg))
+    return x + out, (x, tape)                             # GPT-2, Llama, T5
+
+
+def residual_backward(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, saved: tuple, box_backward
+                      ) -> tuple[np.ndarray, NormWeights, object]:
+    """(dx, the norm's gradients, the box's gradients) of one residual step; box_backward(d_out, tape) →
+    (d_in, gradients). The residual passes its gradient on unchanged, the box adds its own path."""
+    norm_in, tape = saved
+    if cfg.norm_place == "post":
+        dr, g_norm = norm_backward(dy, norm_in, w, cfg)   # y = Norm(r), r = x + Box(x)
+        dx, g_box = box_backward(dr, tape)
+        dx += dr
+        return dx, g_norm, g_box
+    dh, g_box = box_backward(dy, tape)                    # y = x + Box(h), h = Norm(x)
+    dx, g_norm = norm_backward(dh, norm_in, w, cfg)
+    dx += dy
+    return dx, g_norm, g_box
 
 
 def block_forward(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
-                  rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, BlockTape]:
-    """One block as qkv.model.block: pre-norm X + Attn(Norm(X)), X + FFN(Norm(X)); post-norm Norm(X + …)."""
-    if cfg.norm_place == "post":                          # BERT, Marian
-        a, ta = attention_forward(x, w.attn, cfg, bias, rope)
-        r1 = x + a                                        # (B, n, d_model)
-        x1 = norm(r1, w.attn_norm, cfg)
-        f, tf = ffn_forward(x1, w.ffn, cfg)
-        r2 = x1 + f
-        return norm(r2, w.ffn_norm, cfg), BlockTape((r1, r2), ta, tf)
-    a, ta = attention_forward(norm(x, w.attn_norm, cfg), w.attn, cfg, bias, rope)
-    x1 = x + a                                            # (B, n, d_model)
-    f, tf = ffn_forward(norm(x1, w.ffn_norm, cfg), w.ffn, cfg)
-    return x1 + f, BlockTape((x, x1), ta, tf)
+                  rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, tuple]:
+    """One block as qkv.model.block (attention, then FFN, each a residual step), keeping its tape."""
+    x, t_attn = residual_forward(x, w.attn_norm, cfg, lambda h: attention_forward(h, w.attn, cfg, bias, rope))
+    x, t_ffn = residual_forward(x, w.ffn_norm, cfg, lambda h: ffn_forward(h, w.ffn, cfg))
+    return x, (t_attn, t_ffn)
 
 
-def block_backward(dy: np.ndarray, w: BlockWeights, t: BlockTape, cfg: ModelConfig,
+def block_backward(dy: np.ndarray, w: BlockWeights, tape: tuple, cfg: ModelConfig,
                    rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, BlockWeights]:
-    """dX of the block's input and its weights' gradients; a residual passes its gradient on unchanged."""
-    if cfg.norm_place == "post":
-        dr2, g_ffn_norm = norm_backward(dy, t.norm_in[1], w.ffn_norm, cfg)
-        dx1, g_ffn = ffn_backward(dr2, w.ffn, t.ffn, cfg)
-        dx1 += dr2                                        # r2 = x1 + F(x1)
-        dr1, g_attn_norm = norm_backward(dx1, t.norm_in[0], w.attn_norm, cfg)
-        dx, g_attn = attention_backward_box(dr1, w.attn, t.attn, rope)
-        dx += dr1                                         # r1 = x + A(x)
-    else:
-        dn2, g_ffn = ffn_backward(dy, w.ffn, t.ffn, cfg)
-        dx1, g_ffn_norm = norm_backward(dn2, t.norm_in[1], w.ffn_norm, cfg)
-        dx1 += dy                                         # x2 = x1 + F(Norm(x1))
-        dn1, g_attn = attention_backward_box(dx1, w.attn, t.attn, rope)
-        dx, g_attn_norm = norm_backward(dn1, t.norm_in[0], w.attn_norm, cfg)
-        dx += dx1                                         # x1 = x + A(Norm(x))
+    """dX of the block's input and its weights' gradients, the two residual steps in reverse."""
+    t_attn, t_ffn = tape
+    dx, g_ffn_norm, g_ffn = residual_backward(dy, w.ffn_norm, cfg, t_ffn,
+                                              lambda d, t: ffn_backward(d, w.ffn, t, cfg))
+    dx, g_attn_norm, g_attn = residual_backward(dx, w.attn_norm, cfg, t_attn,
+                                                lambda d, t: attention_backward_box(d, w.attn, t, rope))
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn)
+
+
+# Families whose transformers embedding is nn.Embedding(padding_idx=pad_token_id): a lookup of the
+# pad token passes no gradient to its row (the row still learns through a tied W_vocab).
+PAD_ROW_FROZEN = {"bert", "llama", "mistral", "qwen2", "bart", "marian"}
+
+
+def embedding_backward(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelConfig) -> None:
+    """dE[ids] += dX for X = E[ids], into d_table (V, d_model) in place; ids (B, n), dx (B, n, d_model).
+    A repeated id sums its rows' gradients (np.add.at, not fancy-index assignment, which would keep one)."""
+    rows = dx.reshape(-1, dx.shape[-1])                   # (B·n, d_model)
+    flat = ids.reshape(-1)
+    if cfg.family in PAD_ROW_FROZEN and cfg.pad_token_id is not None:
+        keep = flat != cfg.pad_token_id
+        flat, rows = flat[keep], rows[keep]
+    np.add.at(d_table, flat, rows)
 
 
 # ── the loss ─────────────────────────────────────────────────────────────────────
 
-def next_token_loss(logits: np.ndarray, ids: np.ndarray, counted: np.ndarray) -> tuple[float, np.ndarray]:
-    """(L, dL/dlogits) of L = mean over counted t of −log softmax(logits[t])[ids[t+1]].
+def token_loss(logits: np.ndarray, targets: np.ndarray, counted: np.ndarray) -> tuple[float, np.ndarray]:
+    """(L, dL/dlogits) of L = mean over counted positions t of −log softmax(logits[t])[targets[t]].
 
-    logits (B, n, V), ids (B, n), counted (B, n − 1) bool. The gradient is
-    (softmax(logits[t]) − onehot(ids[t+1])) / N at each counted t (N of them), 0 elsewhere.
+    logits (B, n, V), targets and counted (B, n). The gradient is (softmax(logits[t]) − onehot(targets[t])) / N
+    at each of the N counted positions, 0 elsewhere.
     """
-    B, n, V = logits.shape
-    z = logits[:, :-1]                                    # (B, n−1, V): position t predicts t+1
-    m = z.max(axis=-1, keepdims=True)
-    p = np.exp(z - m)                                     # (B, n−1, V)
-    total = p.sum(axis=-1, keepdims=True)                 # (B, n−1, 1)
-    target = ids[:, 1:]                                   # (B, n−1)
-    logp_target = (np.take_along_axis(z, target[..., None], -1) - m - np.log(total))[..., 0]   # (B, n−1)
+    m = logits.max(axis=-1, keepdims=True)                # (B, n, 1)
+    p = np.exp(logits - m)                                # (B, n, V)
+    total = p.sum(axis=-1, keepdims=True)
+    at = targets[..., None]                               # (B, n, 1)
+    logp_target = (np.take_along_axis(logits, at, -1) - m - np.log(total))[..., 0]   # (B, n)
     N = int(counted.sum())
     loss = float(-(logp_target.astype(np.float64) * counted).sum() / N)
     p /= total                                            # softmax
-    np.put_along_axis(p, target[..., None], np.take_along_axis(p, target[..., None], -1) - 1.0, -1)
+    np.put_along_axis(p, at, np.take_along_axis(p, at, -1) - 1.0, -1)
     p *= (counted / N).astype(p.dtype)[..., None]
-    dlogits = np.zeros_like(logits)                       # (B, n, V): the last position predicts nothing
-    dlogits[:, :-1] = p
+    return loss, p
+
+
+def next_token_loss(logits: np.ndarray, ids: np.ndarray, counted: np.ndarray) -> tuple[float, np.ndarray]:
+    """token_loss with position t predicting ids[t+1] (teacher forcing): counted (B, n − 1); the last
+    position predicts nothing and gets no gradient."""
+    loss, d = token_loss(logits[:, :-1], ids[:, 1:], counted)
+    dlogits = np.zeros_like(logits)                       # (B, n, V)
+    dlogits[:, :-1] = d
     return loss, dlogits
 
 
@@ -264,7 +288,7 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
         tapes[i] = None                                   # free what this block kept
     d = cfg.d_model
     d_tok = np.zeros_like(weights.tok_embed)              # (V, d_model)
-    np.add.at(d_tok, ids.reshape(-1), dx.reshape(-1, d))  # dE[ids] += dX
+    embedding_backward(d_tok, ids, dx, cfg)               # dE[ids] += dX
     d_pos = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)          # (P, d_model)
@@ -276,23 +300,41 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
                          W_vocab=dW_vocab, b_vocab=db_vocab)
 
 
-def grads_by_name(grads: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+def grads_by_name(grads, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """A gradient tree under the checkpoint's own tensor names and shapes (the family's table in
-    qkv.checkpoints), e.g. GPT-2's "transformer.h.0.attn.c_attn.weight" = [dW_Q | dW_K | dW_V]."""
+    qkv.checkpoints), e.g. GPT-2's "transformer.h.0.attn.c_attn.weight" = [dW_Q | dW_K | dW_V].
+    Buffers that are not learned (Marian's and BART's final_logits_bias) are left out."""
     from ..checkpoints import FAMILIES
-    return FAMILIES[cfg.family].tensors(grads, cfg)
+    named = FAMILIES[cfg.family].tensors(grads, cfg)
+    named.pop("final_logits_bias", None)
+    return named
 
 
-def gradients(model, input_ids, attention_mask=None, loss_mask=None) -> tuple[float, dict[str, np.ndarray]]:
-    """(loss, gradients) of a decoder's mean next-token cross-entropy on input_ids (B, n) or (n,).
+def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=None
+              ) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, gradients) of a model's mean cross-entropy, keyed by the checkpoint's tensor names in the
+    shapes its file stores them (a tied W_vocab once), as torch's `named_parameters()` of the same model.
 
-    The loss is transformers' with labels=input_ids: position t predicts token t+1, and
-    padding (attention_mask 0, on the right) is not learned. loss_mask (B, n): which positions'
-    predictions count besides (e.g. the repeated half of a sequence). The gradients are keyed
-    by the checkpoint's tensor names in the shapes its file stores them, a tied W_vocab once,
-    as torch's `named_parameters()` of the same model.
+    Decoders: the loss is transformers' with labels=input_ids — position t predicts token t+1, and
+    padding (attention_mask 0, on the right) is not learned; loss_mask (B, n) picks which positions'
+    predictions count besides (e.g. the repeated half of a sequence).
+    Encoder–decoders (Marian, BART): input_ids is the source and labels (B, n_tgt) the target, −100
+    where there is nothing to learn; the decoder reads [decoder_start] + labels[:-1], as transformers'.
     """
     ids, mask = model.check_ids(input_ids, attention_mask)
+    if model.config.encoder_decoder:
+        from .seq2seq_grads import decoder_inputs, loss_and_grads as seq2seq_loss_and_grads
+        if labels is None:
+            raise QkvError("an encoder–decoder learns from labels: pass labels=target ids (B, n_tgt)")
+        target = np.asarray(labels)
+        target = target[None] if target.ndim == 1 else target
+        if target.ndim != 2 or len(target) != len(ids):
+            raise QkvError(f"labels must be (B, n_tgt) with one row per source row ({len(ids)}); got {target.shape}")
+        model.check_ids(np.where(target == -100, 0, target))                   # ids in the vocabulary
+        cfg = model.config
+        tgt_in = decoder_inputs(target.astype(np.int64), model.start_token, cfg.pad_token_id or 0)
+        loss, grads = seq2seq_loss_and_grads(model.weights, cfg, ids, mask, tgt_in, target.astype(np.int64))
+        return loss, grads_by_name(grads, cfg)
     if loss_mask is not None:
         loss_mask = np.asarray(loss_mask, dtype=bool).reshape(ids.shape) if np.size(loss_mask) == ids.size else None
         if loss_mask is None:
