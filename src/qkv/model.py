@@ -14,10 +14,11 @@ n tokens.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from .chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
 from .errors import QkvError, check_index
 from .generate import TextStream, generate, stream_ids
+from .hooks import HookFn, Hooks
 from .layout import fast_layout
 from .ops import ACTIVATIONS, layer_norm, rms_norm
 from .positions import apply_rope, positions_from_mask, rope_cos_sin, rope_inv_freq
@@ -121,6 +123,14 @@ class Ablation:
         z[:, h] = mean[:, :, None, :]
         return z                                                   # (B, H, n, d_k)
 
+    def join(self, other: "Ablation") -> "Ablation":
+        """Both ablations' heads (an ablated view of a model ablated again)."""
+        if other.how != self.how:
+            raise QkvError(f"this model already {self.how}-ablates heads; ablate more with how={self.how!r}")
+        layers = self.heads.keys() | other.heads.keys()
+        return Ablation({l: tuple(sorted({*self.heads.get(l, ()), *other.heads.get(l, ())})) for l in layers},
+                        self.how)
+
 
 @dataclass
 class Context:
@@ -132,6 +142,7 @@ class Context:
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
     ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
+    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.hooks); None: none
 
 
 def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -148,19 +159,27 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
     v = split_heads(v, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
     if ctx.rope is not None:
         q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
+    hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
+    if hooks is not None:
+        q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
     if ctx.cache is not None:
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
-    if want and rec.heads is None:                            # every head's weights: the plain path
+    if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
+        z, a, s = hooks.attention(layer, q, k, v, mask, rec)
+    elif want and rec.heads is None:                          # every head's weights: the plain path
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
     else:
         z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
         a, s = attention_weights(q, k, mask, rec.heads) if want else (None, None)
     if ctx.ablate is not None:
         z = ctx.ablate.apply(layer, z, mask)                  # (B, H, n, d_k) ablated heads replaced
+    if hooks is not None:
+        z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
-    return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model)
+    out = linear(merge_heads(z), w.W_O, w.b_O)               # (B, n, d_model)
+    return out if hooks is None else hooks(layer, "attn_out", out)
 
 
 def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
@@ -185,17 +204,23 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
 
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
     """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
-    cfg = ctx.cfg
+    cfg, hooks = ctx.cfg, ctx.hooks
+    if hooks is not None:
+        x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
     if cfg.norm_place == "post":                             # BERT
         a = self_attention(x, w.attn, ctx, layer)
         x = norm(x + a, w.attn_norm, cfg)
         f = feed_forward(x, w.ffn, cfg)
+        if hooks is not None:
+            f = hooks(layer, "ffn_out", f)
         x = norm(x + f, w.ffn_norm, cfg)
     else:                                                    # GPT-2, Llama
         a = self_attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
         x = x + a
         f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        if hooks is not None:
+            f = hooks(layer, "ffn_out", f)
         x = x + f
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)
@@ -230,10 +255,11 @@ class Output:
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
-                ablate: Ablation | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                ablate: Ablation | None = None, hooks: Hooks | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
-    rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation).
+    rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
+    hooks: functions reading or replacing intermediates (qkv.hooks).
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
     (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
@@ -251,7 +277,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate)
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks)
     for layer, w in enumerate(weights.blocks):
         x = block(x, w, ctx, layer)
     if cache is not None:
@@ -265,6 +291,9 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
 
 class Model:
     """A loaded checkpoint: config, weights under the seeds' names, and its tokenizer."""
+
+    hooks: Hooks | None = None          # run by every pass of this model (a view made by `with_hooks`)
+    ablated: Ablation | None = None     # heads knocked out of every pass (a view made by `ablate`)
 
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer: Tokenizer | None = None,
                  name: str = "model"):
@@ -346,23 +375,26 @@ class Model:
     # the passes --------------------------------------------------------------
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, attentions: bool = True,
-                ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero") -> Output:
+                ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero",
+                hooks: Mapping[str, HookFn] | None = None) -> Output:
         """ids (B, n) → Output(hidden (B, n, d), logits (B, n, V) | None, attentions (L, B, H, n, n)).
 
         Padding (attention_mask 0) is never attended to; rows of padding positions are
-        computed but meaningless. ablate, how: heads to knock out, as in `run`.
+        computed but meaningless. ablate, how: heads to knock out, hooks: as in `run`.
         """
         ids, mask = self.check_ids(input_ids, attention_mask)
         types = None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64).reshape(ids.shape)
         rec = Recorder(keep=("attentions",) if attentions else ())
         hidden, logits = transformer(self.weights, self.config, ids, mask, token_type_ids=types, rec=rec,
-                                     ablate=self.ablation(ablate, how))
+                                     ablate=self.ablation(ablate, how),
+                                     hooks=Hooks.of(self.hooks, hooks, self.config, self.name))
         att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
         return Output(hidden=hidden, logits=logits, attentions=att)
 
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
             keep: Iterable[str] = tuple(INTERMEDIATES), heads: Iterable[int] | None = None,
-            ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero") -> Trace:
+            ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero",
+            hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
@@ -371,9 +403,12 @@ class Model:
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
         ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to
         0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
-        the trace then keeps the ablated Z as "heads" (attention weights are unchanged).
+        the trace then keeps the ablated Z as "heads" (attention weights are unchanged);
+        hooks: {"3.heads": fn, ...}, functions fn(value, layer) that read or replace
+        intermediates as the pass runs (see qkv.hooks); the trace keeps the values they return.
         """
         ablation = self.ablation(ablate, how)
+        hooked = Hooks.of(self.hooks, hooks, self.config, self.name)
         if isinstance(text, str):
             ids, tokens = self.encode(text)
         else:
@@ -384,7 +419,7 @@ class Model:
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
         rec = Recorder(layers=kept, keep=keep, heads=head_ids)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
-                                     rec=rec, ablate=ablation)
+                                     rec=rec, ablate=ablation, hooks=hooked)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
                      head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
@@ -395,21 +430,27 @@ class Model:
         """The logits of the last position (B, 1, V) of ids (B, n) that the caller has checked:
         one step of writing (after the cache's past, with a cache); ablate: see `ablation`."""
         return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last",
-                           ablate=ablate)[1]
+                           ablate=self.ablated if ablate is None else ablate, hooks=self.hooks)[1]
 
     # writing -----------------------------------------------------------------
     # settings: the fields of qkv.sampling.Sampling by name (temperature, top_k, top_p, seed,
     # stop_at_eos), over `sampling` (a Sampling; default Sampling(), chat: greedy).
 
     def generate(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
-                 attention_mask=None, use_cache: bool = True, trace: bool = False, **settings: Any):
+                 attention_mask=None, use_cache: bool = True, trace: bool = False,
+                 hooks: Mapping[str, HookFn] | None = None, **settings: Any):
         """Continue a prompt (seeds §6: sample from softmax(logits[last] / temperature)).
 
         prompt text → the continuation (str); prompt ids (B, n) → ids (B, n + new), as
         transformers' generate. temperature 0 or top_k 1 is greedy; seed makes sampling
         repeatable; stop: token id(s) or string(s); the model's EOS stops too unless
         stop_at_eos=False. trace=True returns a Trace of prompt + continuation instead.
+        hooks: as in `run`, called at every step (the prompt's pass, then one per new token).
         """
+        if hooks:
+            return self.with_hooks(hooks).generate(prompt, max_new_tokens, sampling, stop=stop,
+                                                   attention_mask=attention_mask, use_cache=use_cache,
+                                                   trace=trace, **settings)
         return generate(self, prompt, max_new_tokens, Sampling.of(sampling, **settings), stop=stop,
                         attention_mask=attention_mask, use_cache=use_cache, trace=trace)
 
@@ -436,12 +477,28 @@ class Model:
             return iter(chat_stream(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache))
         return chat(self, messages, max_new_tokens, sampling, system=system, use_cache=use_cache)
 
+    def with_hooks(self, hooks: Mapping[str, HookFn]) -> "Model":
+        """This model (the same weights, not copied) with HOOKS run by every pass: run, forward,
+        generate, stream, chat, ... (qkv.hooks). Hooks of a view of a view run in order."""
+        view = copy.copy(self)
+        view.hooks = Hooks.of(self.hooks, hooks, self.config, self.name)
+        return view
+
+    def ablate(self, heads: Iterable[tuple[int, int]], how: str = "zero") -> "Model":
+        """This model (the same weights) with HEADS, (layer, head) pairs, knocked out of every pass,
+        as `run(..., ablate=heads, how=how)` does; e.g. `model.ablate([(23, 3)]).generate(prompt)`.
+        Mean-ablation needs whole passes: generate with use_cache=False."""
+        view = copy.copy(self)
+        view.ablated = self.ablation(heads, how)
+        return view
+
     def ablation(self, ablate: Iterable[tuple[int, int]] | None, how: str = "zero") -> Ablation | None:
-        """(layer, head) pairs → a checked Ablation (None when there is nothing to ablate)."""
+        """(layer, head) pairs → a checked Ablation, joined with this view's own (`ablate`);
+        None when there is nothing to ablate."""
         if how not in ABLATIONS:
             raise QkvError(f"unknown ablation {how!r}; choose from {list(ABLATIONS)}")
         if ablate is None:
-            return None
+            return self.ablated
         heads: dict[int, set[int]] = {}
         for pair in ablate:
             if (not isinstance(pair, (tuple, list)) or len(pair) != 2
@@ -449,8 +506,9 @@ class Model:
                 raise QkvError(f"ablate takes (layer, head) pairs of integers, got {pair!r}; e.g. ablate=[(3, 2)]")
             heads.setdefault(self.check_layer(int(pair[0])), set()).add(self.check_head(int(pair[1])))
         if not heads:
-            return None
-        return Ablation({layer: tuple(sorted(h)) for layer, h in heads.items()}, how)
+            return self.ablated
+        new = Ablation({layer: tuple(sorted(h)) for layer, h in heads.items()}, how)
+        return new if self.ablated is None else self.ablated.join(new)
 
     def check_layer(self, layer: int) -> int:
         """A layer index (negative from the end) → 0..L-1, or a clear error."""

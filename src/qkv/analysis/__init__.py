@@ -8,19 +8,22 @@
 stats.py (one text's numbers per head) → detectors.py → roles.py; corpus.py reads files
 and cuts windows; text.py analyses one text; backends.py runs many (here, local cores,
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
-Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout),
-attribution.py (direct logit attribution).
+Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
+attribution.py (direct logit attribution), patch.py (activation patching), circuits.py (a head's
+QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.hooks).
 """
 
 from .attribution import direct_logit_attribution
+from .circuits import copying_scores, ov_circuit, qk_positions
 from .corpus import Corpus, open_corpus
 from .detectors import DETECTORS, induction_scores, pattern_score
 from .lens import logit_lens
+from .patch import patch
 from .roles import ROLES, THRESHOLDS, classify
-from .rollout import attention_rollout
+from .rollout import attention_flow, attention_rollout
 from .run import HeadReport, analyse
 from .stats import STATS, head_stats
 
 __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
            "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
-           "direct_logit_attribution"]
+           "direct_logit_attribution", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow"]

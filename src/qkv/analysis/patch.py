@@ -1,0 +1,306 @@
+"""Activation patching: which activations carry the answer (Meng et al. 2022; Wang et al. 2022).
+
+Run a clean input ("… John gave a drink to" → " Mary") and a corrupted one that changes the
+answer ("… Mary gave a drink to" → " John"), then run the corrupted one again with ONE activation
+copied from the clean run, and measure how much of the clean answer comes back:
+
+    effect = (m(corrupted, patched) − m(corrupted)) / (m(clean) − m(corrupted))
+
+0: the patch changes nothing; 1: it restores the clean metric entirely. The metric m is a
+function of the last position's logits, e.g. the logit difference logit(␣Mary) − logit(␣John).
+
+    patch           the effect tables: heads (L, H), each head's Z at every position; residual,
+                    attn_out, ffn_out (L, n), one position of the residual stream entering block l,
+                    or of layer l's attention or FFN output
+    patch_one       the effect of one patch (any positions or heads at once), for checks
+    patch_figure    the four tables as heatmaps, diverging at 0
+    save_patching   OUT/patch.png, .svg and patch.json (the tables), all files or none
+
+Speed: a patch at layer l leaves layers 0..l-1 as in the corrupted run, so the patched copies of
+layer l start from the corrupted residual stream entering block l and run only blocks l..L-1,
+as one batch (B = H + 3·n copies, split when B·n passes MAX_TOKENS): L passes in all, each
+over (L − l) blocks, instead of L·(H + 3n) whole forward passes. A patch whose clean value equals
+the corrupted one bit for bit (in a decoder: every position before the first token that differs)
+is the corrupted run itself: its effect is 0 and it is not run. The patches themselves are hooks
+(qkv.hooks) on "heads", "attn_out" and "ffn_out", each writing its own batch rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from ..errors import QkvError
+from ..hooks import Hooks
+from ..io import FileBatch
+from ..model import Context, attention_mask_of, block, logits_of, norm
+from ..positions import rope_cos_sin, rope_inv_freq
+from ..trace import Recorder
+from ..viz.figures import _figure, _fonts, _styled, _ticks, _title, check_formats, save_all
+from .attribution import CMAP, token_id
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import Model
+
+WHAT = ("heads", "residual", "attn_out", "ffn_out")      # the tables `patch` can make
+MAX_TOKENS = 2048                                        # B·n of one batched pass (memory ~ B·n·d_ff floats)
+Metric = Callable[[np.ndarray], np.ndarray]              # logits (B, V) of the last position → (B,)
+
+
+@dataclass
+class Patching:
+    """Effect tables of patching clean activations into the corrupted run (see the module)."""
+
+    heads: np.ndarray | None         # (L, H) head h's Z at every position
+    residual: np.ndarray | None      # (L, n) the residual stream entering block l, at position p
+    attn_out: np.ndarray | None      # (L, n) layer l's attention output at position p
+    ffn_out: np.ndarray | None       # (L, n) layer l's FFN output at position p
+    clean: float                     # m(clean)
+    corrupted: float                 # m(corrupted)
+    labels: list[str]                # (n,) the clean tokens, "clean/corrupted" where they differ
+    metric: str                      # what m is, e.g. "logit(␣Mary) − logit(␣John)"
+    normalised: bool = True          # False: the tables hold m(patched) − m(corrupted) itself
+    runs: int = 0                    # patched copies computed
+    skipped: int = 0                 # copies whose clean value equals the corrupted one (effect 0, not run)
+    passes: int = 0                  # batched forward passes (each over blocks l..L-1)
+    seconds: float = 0.0
+    model: str = ""
+    texts: tuple[str, str] = field(default=("", ""))
+
+    def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
+        """The k heads of largest |effect|: (layer, head, effect), largest first."""
+        order = np.argsort(-np.abs(self.heads), axis=None)[:k]
+        return [(int(i // self.heads.shape[1]), int(i % self.heads.shape[1]), float(self.heads.flat[i]))
+                for i in order]
+
+    def as_json(self) -> dict:
+        tables = {name: None if t is None else np.round(t, 6).tolist()
+                  for name, t in (("heads", self.heads), ("residual", self.residual),
+                                  ("attn_out", self.attn_out), ("ffn_out", self.ffn_out))}
+        return {"model": self.model, "clean": self.texts[0], "corrupted": self.texts[1], "labels": self.labels,
+                "metric": self.metric, "metric_clean": self.clean, "metric_corrupted": self.corrupted,
+                "normalised": self.normalised, **tables,
+                "top_heads": [{"layer": l, "head": h, "effect": round(e, 6)} for l, h, e in
+                              (self.top_heads(10) if self.heads is not None else [])],
+                "runs": self.runs, "skipped": self.skipped, "passes": self.passes, "seconds": round(self.seconds, 3)}
+
+
+# ── inputs and the metric ────────────────────────────────────────────────────────
+
+def _ids(model: "Model", x: str | Sequence[int]) -> tuple[np.ndarray, list[str]]:
+    if isinstance(x, str):
+        ids, _ = model.encode(x)
+    else:
+        ids = model.check_ids(x)[0][0]
+    labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]
+    return ids, labels
+
+
+def metric_of(model: "Model", metric) -> tuple[Metric, str]:
+    """A metric given as a function of logits (B, V) → (B,), a token (its logit), or a pair of
+    tokens (answer, wrong): logit(answer) − logit(wrong). Tokens: ids or one-token texts."""
+    if callable(metric):
+        return metric, getattr(metric, "__name__", "metric")
+    if model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no LM head, so no logits to compare tokens by; use a decoder "
+                       "(--model smollm2), or from Python a metric on the final hidden states (B, n, d_model) → (B,)")
+    pair = metric if isinstance(metric, (tuple, list)) else (metric,)
+    if not 1 <= len(pair) <= 2:
+        raise QkvError(f"metric must be a function, a token or (answer, wrong) tokens, got {metric!r}")
+    ids = [token_id(model, t) for t in pair]
+    name = " − ".join(f"logit({model.tokenizer.label(i) if model.tokenizer else i})" for i in ids)
+    if len(ids) == 1:
+        return (lambda z: z[:, ids[0]]), name
+    return (lambda z: z[:, ids[0]] - z[:, ids[1]]), name
+
+
+def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
+    values = np.asarray(metric(out), dtype=np.float64)
+    if values.shape != (len(out),):
+        raise QkvError(f"the metric returned shape {values.shape} for {len(out)} rows; it must give one number "
+                       f"per row: logits (B, V) → (B,)")
+    return values
+
+
+# ── the patched runs ─────────────────────────────────────────────────────────────
+
+def tail(model: "Model", x: np.ndarray, start: int, hooks: Hooks | None = None) -> np.ndarray:
+    """x (B, n, d_model), the residual stream entering block START, through blocks START..L-1
+    (and the final norm) → the last position's logits (B, V), or without an LM head the final
+    hidden states (B, n, d_model). The same boxes as qkv.model.transformer, from the middle."""
+    cfg, weights = model.config, model.weights
+    B, n, _ = x.shape
+    rope = None
+    if cfg.position == "rope":
+        inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, x.dtype)
+        rope = rope_cos_sin(np.broadcast_to(np.arange(n), (B, n)), inv_freq)     # 2 × (B, 1, n, d_k)
+    ctx = Context(cfg, attention_mask_of(cfg, np.ones((B, n), np.int64), n), rope, Recorder(keep=()), hooks=hooks)
+    for layer in range(start, cfg.n_layers):
+        x = block(x, weights.blocks[layer], ctx, layer)                            # (B, n, d_model)
+    if weights.final_norm is not None:
+        x = norm(x, weights.final_norm, cfg)
+    logits = logits_of(x[:, -1:], weights)                                         # (B, 1, V) or None
+    return x if logits is None else logits[:, 0]
+
+
+def _patched(model: "Model", clean, corrupted, layer: int, rows: list[tuple[str, np.ndarray]]) -> np.ndarray:
+    """The corrupted run from block LAYER on, one batch row per (what, index): index = the heads
+    (for "heads") or positions whose clean values replace the corrupted ones → outputs (B, ...)."""
+    c = clean.layers[layer]
+    x = np.repeat(corrupted.layers[layer].residual[None], len(rows), axis=0)      # (B, n, d_model)
+    marks: dict[str, list[tuple[int, np.ndarray]]] = {"heads": [], "attn_out": [], "ffn_out": []}
+    for r, (what, index) in enumerate(rows):
+        if what == "residual":
+            x[r, index] = c.residual[index]
+        else:
+            marks[what].append((r, index))
+
+    def copier(what: str, source: np.ndarray):
+        def fn(value: np.ndarray, _layer: int) -> np.ndarray:                     # (B, H, n, d_k) or (B, n, d)
+            value = value.copy()
+            for r, index in marks[what]:
+                value[r, index] = source[index]
+            return value
+        return fn
+
+    spec = {f"{layer}.{w}": copier(w, getattr(c, w)) for w in marks if marks[w]}
+    return tail(model, x, layer, Hooks(spec, model.config, model.name) if spec else None)
+
+
+def _traces(model: "Model", clean, corrupted):
+    (a, la), (b, lb) = _ids(model, clean), _ids(model, corrupted)
+    if len(a) != len(b):
+        raise QkvError(f"clean has {len(a)} tokens and corrupted {len(b)}; patching position by position needs "
+                       "the same count: reword the corrupted input so its tokens line up")
+    keep = ("residual", "heads", "attn_out", "ffn_out")
+    labels = [x if x == y else f"{x}/{y}" for x, y in zip(la, lb)]
+    return model.run(a, keep=keep), model.run(b, keep=keep), labels
+
+
+def _baselines(model, metric: Metric, clean, corrupted, normalise: bool) -> tuple[float, float]:
+    m_clean, m_corrupt = (float(_measure(metric, tail(model, t.layers[0].residual[None], 0))[0])
+                          for t in (clean, corrupted))
+    if normalise and math.isclose(m_clean, m_corrupt, rel_tol=1e-6, abs_tol=1e-9):
+        raise QkvError(f"clean and corrupted give the same metric ({m_clean:.4g}), so there is no effect to "
+                       "normalise; give a corrupted input that changes the answer (or normalise=False)")
+    return m_clean, m_corrupt
+
+
+def patch_one(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[int], metric, what: str,
+              layer: int, index: Sequence[int] | None = None, *, normalise: bool = True) -> float:
+    """The effect of one patch: WHAT ("heads", "residual", "attn_out", "ffn_out") of LAYER at INDEX
+    (heads, or positions; None = all of them) copied from clean into corrupted, in one pass."""
+    fn, _ = metric_of(model, metric)
+    c, k, _ = _traces(model, clean, corrupted)
+    m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
+    if what not in WHAT:
+        raise QkvError(f"unknown patch {what!r}; choose from {list(WHAT)}")
+    layer = model.check_layer(layer)
+    count = model.config.n_heads if what == "heads" else len(c.ids)
+    index = np.arange(count) if index is None else np.asarray(index, dtype=np.int64)
+    m = float(_measure(fn, _patched(model, c, k, layer, [(what, index)]))[0]) - m_corrupt
+    return m / (m_clean - m_corrupt) if normalise else m
+
+
+def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[int], metric, *,
+          what: Sequence[str] = WHAT, normalise: bool = True, batch: int | None = None,
+          progress: Callable[[int], None] | None = None) -> Patching:
+    """Effect tables of patching each head (L, H) and each position of the residual stream,
+    attention output and FFN output (L, n) from CLEAN into CORRUPTED (see the module).
+
+    clean, corrupted: texts or ids with the same token count. metric: a function of the last
+    position's logits (B, V) → (B,), a token, or (answer, wrong) tokens, e.g. (" Mary", " John").
+    normalise=False gives m(patched) − m(corrupted) itself. batch: at most this many patched
+    copies per pass (1: each alone; default as many as MAX_TOKENS allows). progress(k) is told
+    after each pass how many copies it ran.
+    """
+    unknown = set(what) - set(WHAT)
+    if unknown:
+        raise QkvError(f"unknown patch {sorted(unknown)}; choose from {list(WHAT)}")
+    fn, name = metric_of(model, metric)
+    started = time.perf_counter()
+    c, k, labels = _traces(model, clean, corrupted)
+    m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
+    L, H, n = model.config.n_layers, model.config.n_heads, len(c.ids)
+    size = {"heads": H, "residual": n, "attn_out": n, "ffn_out": n}
+    tables = {w: np.zeros((L, size[w])) for w in what}
+    per_pass = max(1, MAX_TOKENS // n) if batch is None else max(1, int(batch))
+    runs = passes = skipped = 0
+    for layer in range(L):
+        same = {w: [np.array_equal(x, y) for x, y in zip(getattr(c.layers[layer], w), getattr(k.layers[layer], w))]
+                for w in what}                                                  # per head / position
+        rows = [(w, np.array([i])) for w in what for i in range(size[w]) if not same[w][i]]
+        skipped += sum(sum(v) for v in same.values())
+        for s in range(0, len(rows), per_pass):
+            chunk = rows[s:s + per_pass]
+            values = _measure(fn, _patched(model, c, k, layer, chunk)) - m_corrupt       # (B,)
+            for (w, index), v in zip(chunk, values):
+                tables[w][layer, index[0]] = v
+            runs, passes = runs + len(chunk), passes + 1
+            if progress is not None:
+                progress(len(chunk))
+    scale = (m_clean - m_corrupt) if normalise else 1.0
+    return Patching(**{w: tables[w] / scale if w in tables else None for w in WHAT}, clean=m_clean,
+                    corrupted=m_corrupt, labels=labels, metric=name, normalised=normalise, runs=runs,
+                    skipped=skipped, passes=passes, seconds=time.perf_counter() - started, model=model.name,
+                    texts=tuple(x if isinstance(x, str) else "" for x in (clean, corrupted)))
+
+
+# ── the picture ──────────────────────────────────────────────────────────────────
+
+@_styled
+def patch_figure(p: Patching) -> "Figure":
+    """Four heatmaps, layer 0 at the bottom: heads (L × H) and, for each position (its token below),
+    the residual stream, attention output and FFN output (L × n). Red restores the clean answer,
+    blue pushes further away, white is no effect; each panel has its own symmetric scale."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    panels = [(w, t) for w, t in (("heads", p.heads), ("residual stream", p.residual),
+                                  ("attention output", p.attn_out), ("FFN output", p.ffn_out)) if t is not None]
+    L = panels[0][1].shape[0]
+    n = len(p.labels)
+    fig = _figure(float(np.clip(3.0 + 0.3 * (n * (len(panels) - 1) + 9), 8.0, 20.0)),
+                  float(np.clip(2.4 + 0.2 * L, 4.5, 10.0)))
+    ratios = [max(t.shape[1], 4) for _, t in panels]
+    axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": ratios}, squeeze=False)[0]
+    step = max(1, L // 16)
+    for ax, (what, t) in zip(axes, panels):
+        m = float(np.abs(t).max()) or 1.0
+        im = ax.imshow(t, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",
+                       interpolation="nearest")
+        if what == "heads":
+            ax.set_xticks(range(t.shape[1]), [str(h) for h in range(t.shape[1])], fontsize=7)
+            ax.set_xlabel("head")
+        else:
+            ax.set_xticks(*_ticks(p.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7,
+                          family=_fonts())
+            ax.set_xlabel("position")
+        ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=7)
+        ax.set_title(what, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.7, pad=0.02, location="top")
+    axes[0].set_ylabel("layer")
+    effect = "effect (0 = corrupted, 1 = clean)" if p.normalised else "m(patched) − m(corrupted)"
+    fig.suptitle(_title(p.model, "activation patching") + f"\n{p.metric}: {effect}", fontsize=11)
+    return fig
+
+
+def save_patching(p: Patching, out_dir: str | os.PathLike, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """OUT_DIR/patch.{png,svg} (patch_figure) and OUT_DIR/patch.json (`Patching.as_json`): all or none."""
+    formats = check_formats(formats)
+    try:
+        with FileBatch(out_dir) as files:
+            save_all(files, [("patch", lambda: patch_figure(p))], formats)
+            files.write_text("patch.json", json.dumps(p.as_json(), ensure_ascii=False, indent=1))
+    except OSError as e:
+        raise QkvError(f"cannot write to {out_dir}: {e.strerror or e}; choose a writable directory") from None
+    return files.paths
