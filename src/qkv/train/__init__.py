@@ -4,4 +4,7 @@
     qkv.train.grads.loss_and_grads(...)    the same on a Weights tree (what the loop uses)
 """
 
-from .grads import gradients, loss_and_grads  # noqa: F401
+from .gradients import gradients, grads_by_name
+from .grads import loss_and_grads
+
+__all__ = ["gradients", "grads_by_name", "loss_and_grads"]

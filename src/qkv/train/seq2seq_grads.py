@@ -24,8 +24,8 @@ from ..config import ModelConfig
 from ..errors import QkvError
 from ..model import linear, norm
 from ..weights import AttentionWeights, BlockWeights, Seq2SeqWeights, Weights
-from .grads import (attention_backward_box, embedding_backward, attention_forward, ffn_backward, ffn_forward, linear_backward,
-                    norm_backward, residual_backward, residual_forward, token_loss)
+from .grads import (attention_backward_box, attention_forward, embedding_backward, ffn_backward, ffn_forward,
+                    linear_backward, norm_backward, residual_backward, residual_forward, token_loss)
 
 
 @dataclass
