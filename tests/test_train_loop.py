@@ -1,0 +1,161 @@
+"""The training loop (qkv.train.loop): the loss goes down, checkpoints rotate, and a run killed with
+SIGKILL (or stopped with Ctrl-C) and started again ends with the same bytes as one never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner
+
+from qkv.cli import cli
+from qkv.train.loop import KEEP, _flatten, _unflatten, open_run, read_log
+from qkv.threads import blas_threads
+
+# A tiny induction model: one step takes a few milliseconds.
+TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--vocab", "8", "--half", "4", "--min-half", "3",
+        "--batch", "4"]
+
+
+def train(out: Path, *args: str):
+    """`qkv train --task induction --out OUT TINY ARGS` in this process."""
+    r = CliRunner().invoke(cli, ["train", "--task", "induction", "--out", str(out), *TINY, *args])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def tiny_text(path: Path) -> Path:
+    path.write_text("abcd efg " * 300, encoding="utf-8")
+    return path
+
+
+def test_loss_goes_down_on_a_tiny_task(tmp_path):
+    """A short, repetitive text: 80 steps take the loss from about ln V to a small fraction of it."""
+    given = dict(text=str(tiny_text(tmp_path / "t.txt")), steps=80, layers=1, heads=2, d_model=32, context=16,
+                 lr=1e-2, every=40, checkpoint_every=80, batch=8)
+    run = open_run(tmp_path / "run", "text", given)
+    with blas_threads(1):
+        run.train()
+    losses = [e["loss"] for e in run.log if "loss" in e]
+    V = run.config.vocab_size
+    assert len(losses) == 80
+    assert abs(losses[0] - np.log(V)) < 0.3                         # a fresh model guesses about uniformly
+    assert np.mean(losses[-10:]) < 0.3 * losses[0]
+    val = [e["val_loss"] for e in run.log if "val_loss" in e]
+    assert len(val) == 3 and val[-1] < 0.3 * val[0]                 # held-out text too (steps 0, 40, 80)
+
+
+def test_checkpoints_rotate_and_hold_the_state(tmp_path):
+    out = tmp_path / "run"
+    train(out, "--steps", "30", "--every", "10", "--checkpoint-every", "5")
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == ["step-00000025.npz", "step-00000030.npz"] and KEEP == 2
+    with np.load(out / "checkpoints" / kept[-1], allow_pickle=False) as z:
+        meta = json.loads(bytes(z["meta"]))
+        names = set(z.files)
+    assert meta["step"] == 30 and meta["settings"]["steps"] == 30 and meta["settings"]["d_model"] == 16
+    assert {"optim/step", "param/model.embed_tokens.weight", "optim/m.model.embed_tokens.weight",
+            "optim/v.model.embed_tokens.weight"} <= names
+
+
+def test_state_flattens_and_back():
+    state = {"step": np.array([3]), "m.a": np.ones((2, 2), np.float32), "nested": {"x": [1.5, np.zeros(2)]}}
+    arrays, rest = _flatten(state, "optim")
+    json.dumps(rest)                                                # what is not an array is JSON
+    back = _unflatten(arrays, rest)
+    assert back["step"] is state["step"] and back["m.a"] is state["m.a"]
+    assert back["nested"]["x"][0] == 1.5 and back["nested"]["x"][1] is state["nested"]["x"][1]
+
+
+def _start(out: Path, steps: int) -> subprocess.Popen:
+    """`python -m qkv train …` in a new process, as a user would start it."""
+    return subprocess.Popen([sys.executable, "-m", "qkv", "train", "--task", "induction", "--out", str(out), *TINY,
+                             "--steps", str(steps), "--every", "10", "--checkpoint-every", "10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
+    """Return as soon as the run in OUT has written a checkpoint (it goes on training)."""
+    deadline = time.monotonic() + timeout
+    while not any((out / "checkpoints").glob("step-*.npz")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+
+
+def _same_run(a: Path, b: Path) -> None:
+    """Two finished runs hold the same weights and optimiser state, bit for bit, and the same losses."""
+    assert (a / "model" / "model.safetensors").read_bytes() == (b / "model" / "model.safetensors").read_bytes()
+    last_a, last_b = (sorted((d / "checkpoints").iterdir())[-1] for d in (a, b))
+    assert last_a.name == last_b.name
+    with np.load(last_a, allow_pickle=False) as za, np.load(last_b, allow_pickle=False) as zb:
+        assert set(za.files) == set(zb.files)
+        for name in za.files:
+            if name != "meta":
+                assert np.array_equal(za[name], zb[name]), name
+    losses = [[(e["step"], e.get("loss"), e.get("induction")) for e in read_log(d / "log.jsonl")] for d in (a, b)]
+    assert losses[0] == losses[1]
+
+
+def test_a_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):
+    steps = 400
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    train(whole, "--steps", str(steps), "--every", "10", "--checkpoint-every", "10")
+    proc = _start(killed, steps)
+    _wait_for_checkpoint(proc, killed)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "model").exists()                          # no model before the end
+    saved = max(int(p.stem[5:]) for p in (killed / "checkpoints").glob("step-*.npz"))
+    assert saved < steps                                            # it was killed mid-run
+    r = train(killed, "--steps", str(steps), "--every", "10", "--checkpoint-every", "10")
+    assert f"resuming from step {saved} of {steps}" in r.output
+    _same_run(whole, killed)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_same_command_continues(tmp_path):
+    steps = 400
+    out = tmp_path / "run"
+    proc = _start(out, steps)
+    _wait_for_checkpoint(proc, out)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("qkv: interrupted at step") and "run the same command again" in line
+    stopped = int(line.split("step ")[1].split(";")[0])
+    assert (out / "checkpoints" / f"step-{stopped:08d}.npz").is_file() and not (out / "model").exists()
+    r = train(out, "--steps", str(steps))                           # options left out come from the run
+    assert f"resuming from step {stopped} of {steps}" in r.output
+    whole = tmp_path / "whole"
+    train(whole, "--steps", str(steps), "--every", "10", "--checkpoint-every", "10")
+    _same_run(whole, out)
+
+
+def test_a_finished_run_says_so_and_keeps_its_model(tmp_path):
+    out = tmp_path / "run"
+    train(out, "--steps", "10", "--every", "5")
+    before = (out / "model" / "model.safetensors").read_bytes()
+    r = train(out)
+    assert "resuming from step 10 of 10 (complete)" in r.output
+    assert (out / "model" / "model.safetensors").read_bytes() == before
+
+
+def test_a_torn_log_line_is_dropped_on_resume(tmp_path):
+    out = tmp_path / "run"
+    train(out, "--steps", "10", "--every", "5", "--checkpoint-every", "5")
+    lines = (out / "log.jsonl").read_text().splitlines()
+    os.remove(out / "checkpoints" / "step-00000010.npz")           # as if killed after step 8's line
+    (out / "checkpoints" / ".step-00000010.npz.abc123.tmp").write_bytes(b"half a checkpoint")
+    (out / "log.jsonl").write_text("\n".join(lines[:9]) + '\n{"step": 9, "lo')
+    train(out, "--steps", "10")
+    steps = [e["step"] for e in read_log(out / "log.jsonl")]
+    assert steps == list(range(11))                                 # 0 (the record before training) … 10
+    assert not list((out / "checkpoints").glob(".*"))                # the killed write's leftover is gone
