@@ -16,6 +16,7 @@ from .bench.cli import bench as bench_cmd
 from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run
 from .errors import QkvError
 from .tokenizer import shorten as _label
+from .train.cli import train as train_cmd
 
 
 def _shade(weight: float) -> str:
@@ -24,34 +25,42 @@ def _shade(weight: float) -> str:
     return ["grey35", "grey50", "cyan", "bright_cyan", "bold bright_cyan", "bold bright_white"][level]
 
 
-def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int]) -> Table:
-    """For each token (row) and head (column): the token it attends to most, and how much."""
-    table = Table(title=f"layer {layer}: where each token looks most (argmax of its attention row)",
+def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int], *, keys: list[str] | None = None,
+                title: str | None = None, mean: bool = False) -> Table:
+    """For each token (row) and head (column): the token it attends to most, and how much.
+
+    attn (H, n_q, n_k); keys: the columns' tokens when they are another sequence's (cross-attention:
+    the source), else the rows' own; mean: a last column for the mean of all H heads."""
+    keys = tokens if keys is None else keys
+    table = Table(title=title or f"layer {layer}: where each token looks most (argmax of its attention row)",
                   title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("#", justify="right", style="grey50")
     table.add_column("token", style="bold")
-    for h in heads:
-        table.add_column(f"h{h}", no_wrap=True)
+    columns = [(f"h{h}", attn[h]) for h in heads] + ([("mean", attn.mean(axis=0))] if mean else [])
+    for name, _ in columns:
+        table.add_column(name, no_wrap=True)
     for i, tok in enumerate(tokens):
         row = [Text(str(i)), Text(_label(tok, 10))]
-        for h in heads:
-            j = int(np.argmax(attn[h, i]))
-            weight = float(attn[h, i, j])
-            row.append(Text(f"{_label(tokens[j], 7)} {weight:.2f}".replace("0.", ".", 1), style=_shade(weight)))
+        for _, a in columns:                                          # a (n_q, n_k)
+            j = int(np.argmax(a[i]))
+            weight = float(a[i, j])
+            row.append(Text(f"{_label(keys[j], 7)} {weight:.2f}".replace("0.", ".", 1), style=_shade(weight)))
         table.add_row(*row)
     return table
 
 
-def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limit: int = 32) -> Table:
-    """One head's full attention matrix A (rows: queries, columns: keys), as numbers."""
-    n = min(len(tokens), limit)
-    table = Table(title=f"layer {layer}, head {head}: attention weights A (row = query, column = key)",
+def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limit: int = 32, *,
+                keys: list[str] | None = None, title: str | None = None) -> Table:
+    """One head's full attention matrix A (rows: queries, columns: keys, another sequence's if given), as numbers."""
+    keys = tokens if keys is None else keys
+    n, m = min(len(tokens), limit), min(len(keys), limit)
+    table = Table(title=title or f"layer {layer}, head {head}: attention weights A (row = query, column = key)",
                   title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("query", style="bold")
-    for j in range(n):
-        table.add_column(Text(_label(tokens[j], 6)), justify="right", no_wrap=True)
+    for j in range(m):
+        table.add_column(Text(_label(keys[j], 6)), justify="right", no_wrap=True)
     for i in range(n):
-        cells = [Text(f"{attn[head, i, j]:.2f}", style=_shade(float(attn[head, i, j]))) for j in range(n)]
+        cells = [Text(f"{attn[head, i, j]:.2f}", style=_shade(float(attn[head, i, j]))) for j in range(m)]
         table.add_row(Text(_label(tokens[i], 10)), *cells)
     return table
 
@@ -65,7 +74,9 @@ def cli() -> None:
 @cli.command()
 @click.argument("text")
 @click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
-@click.option("--layer", type=int, default=0, show_default=True, help="Layer to show (negative counts from the end).")
+@click.option("--layer", type=int, default=None,
+              help="Layer to show (negative counts from the end).  [default: 0; an encoder–decoder: the decoder's "
+                   "last layer]")
 @click.option("--head", type=int, default=None,
               help="Show this head's whole attention matrix instead (with --out: draw its heatmap).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -73,18 +84,32 @@ def cli() -> None:
 @click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
                    "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
-def show(text: str, source: str, layer: int, head: int | None, out_dir: str | None,
-         ablate: tuple[str, ...]) -> None:
+@click.option("--target", default=None,
+              help="Encoder–decoders: the target text to read (teacher forcing) instead of the model's own "
+                   "greedy translation of TEXT.")
+def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
+         ablate: tuple[str, ...], target: str | None) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
     most focused head), the layer's heads side by side, every layer × head, and
     attention.html, a viewer to open in a browser.
+
+    On an encoder–decoder (Marian, BART, T5, ko-en-tiny): translate TEXT (or read --target),
+    print where each target token looks most in the source (cross-attention of a decoder
+    layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
+    the viewer with its encoder / decoder / cross views.
     """
     from .checkpoints import load
+    from .seq2seq import Seq2SeqModel
 
     model = load(source)
-    layer = model.check_layer(layer)
+    if isinstance(model, Seq2SeqModel):
+        return _show_seq2seq(model, text, target, layer, head, out_dir, ablate)
+    if target is not None:
+        raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} is a single stack "
+                       f"({model.config.family}): drop --target")
+    layer = model.check_layer(0 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)
     knocked_out = _head_pairs(ablate)
@@ -156,6 +181,102 @@ def _print_layer(trace, model, layer: int, head: int | None) -> None:
         console.print(heads_table(labels, attn, layer, list(range(start, min(H, start + per_table)))))
 
 
+def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
+                  ablate: tuple[str, ...]) -> None:
+    """`qkv show` on an encoder–decoder: the translation (or --target), the cross-attention table of
+    a decoder layer, and with OUT_DIR the figures and the viewer of all three kinds of attention."""
+    from .viz.figures import focused_head
+    from .viz.seq2seq import cross_written
+
+    if ablate:
+        raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
+                       "drop --ablate")
+    layer = model.check_layer(-1 if layer is None else layer)                 # a decoder layer
+    if head is not None:
+        head = model.check_head(head)
+    ids, _ = model.encode(text)                                               # bad input fails before DIR is touched
+    forced = None if target is None else model.encode(target)[0]
+    c = model.config
+    check_attention_memory(model, max(len(ids), c.max_positions), n_layers=c.n_layers + 2 * c.n_decoder_layers)
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        trace = seq2seq_trace(model, text, forced)
+        cross = cross_written(trace, model.tokenizer)                         # rows: the token each row wrote
+        _print_cross(trace, cross, model, layer, head, translated=target is None)
+        if out_dir is not None:
+            picked = focused_head(cross, layer) if head is None else head
+            files = _save_seq2seq_views(trace, out_dir, model, layer, picked)
+    if out_dir is not None:
+        why = "" if head is not None else f", the most focused of decoder layer {layer}; choose another with --head"
+        click.echo(f"wrote {len(files)} files to {out_dir} (cross-attention heatmap of head {picked}{why}):")
+        for f in files:
+            click.echo(f"  {f}")
+        click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention, every layer and head")
+
+
+def seq2seq_trace(model, text: str, target: np.ndarray | None):
+    """The Trace of the source TEXT and a target: TARGET's ids (teacher forcing), or else the model's greedy
+    translation. The decoder reads the start token and the target without its final EOS, so row t
+    wrote target token t + 1 and the last row's choice is the target's end (`viz.seq2seq.written`)."""
+    from .generate import stop_ids
+
+    ids, _ = model.encode(text)                                               # (n_src,)
+    forced = target is not None
+    if not forced:
+        new = min(64, model.config.max_positions - 1)
+        target = model.generate(ids[None], new, temperature=0)[0, 1:]         # (≤ new,) after the start token
+    target = list(np.asarray(target).tolist())
+    ends = set(stop_ids(model, True, []).tolist())
+    if target and target[-1] in ends:
+        target.pop()                                                          # the end is written by the last row
+    trace = model.run(ids, target=np.array([model.start_token, *target], dtype=np.int64), keep=("attentions",))
+    trace.text = model.tokenizer.decode(target, skip_special_tokens=True)
+    trace.encoder.text = text
+    if forced:
+        trace.prompt_length = None                                            # given, not generated
+    return trace
+
+
+def _print_cross(trace, cross, model, layer: int, head: int | None, translated: bool) -> None:
+    """The terminal part of `show` on an encoder–decoder: source, target, and where each target token
+    (labelled by what it wrote) looks most in the source at one decoder layer."""
+    c, console = model.config, new_console()
+    src, tgt = trace.encoder.labels, cross.labels
+    console.print(Text(f"{model.name}: {len(src)} source tokens → {len(tgt)} target tokens; encoder {c.n_layers} "
+                       f"layers, decoder {c.n_decoder_layers} layers, {c.n_heads} heads"))
+    console.print(Text("source: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(src))))
+    console.print(Text(("translation (greedy): " if translated else "target (given): ") + (trace.text or "")))
+    console.print(Text("target, as written: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(tgt))))
+    attn = cross.layer(layer).attentions                                      # (H, n_tgt, n_src)
+    if head is not None:
+        console.print(head_matrix(tgt, attn, layer, head, keys=src, title=(
+            f"cross-attention, decoder layer {layer}, head {head}: A (row = target token written, column = source)")))
+        return
+    H, per_table = c.n_heads, max(1, (console.width - 16) // 12 - 1)
+    for start in range(0, H, per_table):
+        heads = list(range(start, min(H, start + per_table)))
+        console.print(heads_table(tgt, attn, layer, heads, keys=src, mean=heads[-1] == H - 1, title=(
+            f"cross-attention, decoder layer {layer}: where each target token (row: the token it wrote) "
+            "looks most in the source")))
+
+
+def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
+    """The viewer (encoder / decoder / cross views) and the figures into OUT_DIR, all or nothing."""
+    from .io import FileBatch
+    from .viz.html import viewer_html
+    from .viz.seq2seq import save_seq2seq_figures
+
+    out = Path(out_dir)
+    try:
+        with FileBatch(out) as files:
+            files.write_text("attention.html", viewer_html(trace, tokenizer=model.tokenizer))
+            save_seq2seq_figures(trace, files, layer=layer, head=head, tokenizer=model.tokenizer)
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
+    return files.paths
+
+
 def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
     """The viewer and the figures into OUT_DIR, all or nothing (`io.FileBatch`)."""
     from .io import FileBatch
@@ -174,25 +295,39 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
 
 @cli.command()
 @click.argument("prompt")
-@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP + " Must be a decoder.")
-@click.option("--max-new-tokens", "-n", type=int, default=40, show_default=True, help="How many tokens to add.")
-@click.option("--temperature", "-t", type=float, default=1.0, show_default=True, help="0 = greedy.")
+@click.option("--model", "source", default="minilm", show_default=True,
+              help=MODEL_HELP + " Must be a decoder, or an encoder–decoder (then PROMPT is translated, as by "
+                                "qkv translate).")
+@click.option("--max-new-tokens", "-n", type=int, default=None,
+              help="How many tokens to add.  [default: 40; an encoder–decoder: at most its target positions]")
+@click.option("--temperature", "-t", type=float, default=None,
+              help="0 = greedy.  [default: 1.0; an encoder–decoder: 0, as qkv translate]")
 @click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
 @click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
 @click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token attended to into this directory.")
-def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, top_k: int | None,
+def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None) -> None:
-    """Continue PROMPT with a decoder model, streaming the text as it is written."""
+    """Continue PROMPT with a decoder model, streaming the text as it is written.
+
+    With an encoder–decoder, translate PROMPT instead (qkv translate)."""
+    from dataclasses import replace
+
     from .checkpoints import load
     from .generate import TextStream
     from .sampling import Sampling
+    from .seq2seq import Seq2SeqModel
 
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
+    sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
+                        seed=seed)                                                # checked before loading
     model = load(source)
-    stream = TextStream(model, prompt, max_new_tokens, sampling, stop=list(stop) or None)
+    if isinstance(model, Seq2SeqModel):
+        sampling = replace(sampling, temperature=0.0) if temperature is None else sampling
+        return _translate(model, prompt, max_new_tokens, sampling, stop, trace_dir)
+    stream = TextStream(model, prompt, 40 if max_new_tokens is None else max_new_tokens, sampling,
+                        stop=list(stop) or None)
     with removed_if_failed(trace_dir):
         if trace_dir is not None:
             check_writable(trace_dir)
@@ -202,6 +337,73 @@ def generate(prompt: str, source: str, max_new_tokens: int, temperature: float, 
         click.echo()
         if trace_dir is not None:
             _save_generation(stream, trace_dir, "generated")
+
+
+@cli.command(name="translate")
+@click.argument("text")
+@click.option("--model", "source", default="ko-en-tiny", show_default=True,
+              help="An encoder–decoder: 'ko-en-tiny' (Korean → English, trained by qkv) or a local Hugging Face "
+                   "directory (Marian, BART, T5).")
+@click.option("--max-new-tokens", "-n", type=int, default=None,
+              help="At most this many target tokens.  [default: 40, or what the target positions allow]")
+@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
+              help="0 = greedy: the same text, the same translation.")
+@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
+@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
+@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Save what every target token looked at in the source (cross-attention), and both stacks' "
+                   "self-attention, into this directory, with attention.html to open in a browser.")
+def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
+                  top_p: float | None, seed: int | None, trace_dir: str | None) -> None:
+    """Translate TEXT with an encoder–decoder, streaming the target as it is written.
+
+    The encoder reads TEXT once; the decoder writes the target a token at a time, reading
+    the source through cross-attention (Q from the decoder, K and V from the encoder's output).
+    """
+    from .checkpoints import load
+    from .sampling import Sampling
+    from .seq2seq import Seq2SeqModel
+
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
+    model = load(source)
+    if not isinstance(model, Seq2SeqModel):
+        raise QkvError(f"{model.name} is not an encoder–decoder ({model.config.family}): it has no source to "
+                       "translate from; continue a text with `qkv generate` instead")
+    _translate(model, text, max_new_tokens, sampling, (), trace_dir)
+
+
+def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tuple[str, ...],
+               trace_dir: str | None) -> None:
+    """`qkv translate`'s work (and `qkv generate`'s on an encoder–decoder): the target streamed, then --trace."""
+    from .seq2seq_generate import TargetStream
+
+    if max_new_tokens is None:
+        max_new_tokens = min(40, model.config.max_positions - 1)
+    stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here
+    with removed_if_failed(trace_dir):
+        if trace_dir is not None:
+            check_writable(trace_dir)
+        for piece in stream:
+            click.echo(piece, nl=False)
+        click.echo()
+        if trace_dir is not None:
+            _save_translation(stream, trace_dir)
+
+
+def _save_translation(stream, trace_dir: str) -> None:
+    """--trace DIR of a translation: the decoder's trace.npz + trace.json, the encoder's in DIR/encoder
+    and the cross-attention's in DIR/cross (each reloads with Trace.load), and attention.html."""
+    from .viz.html import save_viewer
+
+    trace = stream.trace()
+    out = trace.save(trace_dir)
+    trace.encoder.save(out / "encoder")
+    trace.cross.save(out / "cross")
+    viewer = save_viewer(trace, out / "attention.html", tokenizer=stream.model.tokenizer)
+    n_tgt, n_src = trace.cross.attentions.shape[-2:]
+    click.echo(f"attention of {n_tgt} target tokens ({len(stream.new_ids)} written) over {n_src} source tokens "
+               f"(encoder, decoder, cross) saved in {out}; open {viewer} in a browser", err=True)
 
 
 CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D quits, Ctrl-C stops a reply"
@@ -366,29 +568,41 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
 @click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
                    "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
+@click.option("--target", default=None,
+              help="Encoder–decoders: the target written so far (default: none, so the translation's first token).")
 def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
-             out_dir: str | None, ablate: tuple[str, ...]) -> None:
+             out_dir: str | None, ablate: tuple[str, ...], target: str | None) -> None:
     """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
-    and the entropy H = −Σ P·log₂ P of the whole distribution, in bits."""
+    and the entropy H = −Σ P·log₂ P of the whole distribution, in bits.
+
+    On an encoder–decoder, TEXT is the source: the next target token after it (and --target)."""
     from functools import partial
 
     from .checkpoints import load
     from .nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
+    from .seq2seq import Seq2SeqModel
 
     temps = _temperatures(temperatures)
     model = load(source)
-    if chat:                                                                   # one user turn, then the reply begins
-        ids = np.asarray(model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                             add_generation_prompt=True), dtype=np.int64)
-    else:
-        ids, _ = model.encode(text)
     knocked_out = _head_pairs(ablate)
-    z = next_token_logits(model, ids, ablate=knocked_out)                      # (V,)
+    if isinstance(model, Seq2SeqModel):
+        z, what = _next_target_token(model, text, target, chat, knocked_out)  # (V,)
+    else:
+        if target is not None:
+            raise QkvError(f"--target is the target so far of an encoder–decoder; {model.name} is a single stack "
+                           f"({model.config.family}): drop --target")
+        if chat:                                                               # one user turn, then the reply begins
+            ids = np.asarray(model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                                 add_generation_prompt=True), dtype=np.int64)
+        else:
+            ids, _ = model.encode(text)
+        z = next_token_logits(model, ids, ablate=knocked_out)                  # (V,)
+        what = f"the next token after {len(ids)} tokens"
     P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
     top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
     label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible
     console = new_console()
-    console.print(Text(f"{model.name}: the next token after {len(ids)} tokens, P = softmax(logits / T)"
+    console.print(Text(f"{model.name}: {what}, P = softmax(logits / T)"
                        + (f", heads {', '.join(ablate)} zero-ablated" if knocked_out else "")))
     table = Table(show_edge=False, pad_edge=False)
     for name in ("#", "token", "id", *(f"T={T:g}" for T in temps)):
@@ -405,6 +619,20 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
 
         _write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
                       "next_token")
+
+
+def _next_target_token(model, text: str, target: str | None, chat: bool, knocked_out) -> tuple[np.ndarray, str]:
+    """An encoder–decoder's next-token logits (V,): the decoder after the source TEXT, its start token
+    and the TARGET written so far; and what they are, in words."""
+    if chat or knocked_out:
+        raise QkvError(f"{'--chat' if chat else '--ablate'} works on single-stack models; {model.name} is an "
+                       "encoder–decoder: give the source text alone")
+    ids, _ = model.encode(text)                                                # (n_src,)
+    prefix = [] if target is None else model.tokenizer.encode(target, add_special_tokens=False)[0].tolist()
+    dec = np.array([[model.start_token, *prefix]], dtype=np.int64)             # (1, 1 + prefix)
+    z = model.forward(ids[None], decoder_input_ids=dec, attentions=False).logits[0, -1]   # (V,)
+    after = f"the target {target!r}" if prefix else "the start token (the translation's first token)"
+    return z, f"the next target token after the {len(ids)} source tokens and {after}"
 
 
 def _write_figure(fig, out_dir: str, name: str) -> None:
@@ -510,6 +738,101 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
             _write_figure(attribution_figure(a.heads, model_name=model.name, what=what), out_dir, "dla")
 
 
+@cli.command(name="patch")
+@click.argument("clean")
+@click.argument("corrupted")
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+@click.option("--answer", required=True, help="CLEAN's answer, one token (e.g. ' Mary').")
+@click.option("--wrong", required=True, help="CORRUPTED's answer, one token (e.g. ' John').")
+@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many heads to list.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the heatmaps (patch.png, .svg) and the tables (patch.json) into this directory.")
+def patch_cmd(clean: str, corrupted: str, source: str, answer: str, wrong: str, top: int, out_dir: str | None) -> None:
+    """Activation patching: copy each head's output, and each position of the residual stream,
+    attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of
+    logit(answer) − logit(wrong) comes back (0 = corrupted, 1 = clean)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .analysis.patch import metric_of, patch, save_patching
+    from .checkpoints import load
+
+    model = load(source)
+    metric_of(model, (answer, wrong))                                         # bad input fails before DIR is touched
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        columns = (TextColumn("patched copies"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("patch", total=None)
+            p = patch(model, clean, corrupted, (answer, wrong), progress=lambda k: bar.advance(task, k))
+        console = new_console()
+        console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "
+                           f"{p.runs} patched copies in {p.passes} batched passes, {p.seconds:.1f} s "
+                           f"({p.skipped} equal to the corrupted run, not run)"))
+        table = Table(show_edge=False, pad_edge=False)
+        for name in ("#", "head", "effect"):
+            table.add_column(name, justify="right")
+        for r, (layer, head, e) in enumerate(p.top_heads(top)):
+            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{e:+.3f}")
+        console.print(table)
+        for name, t in (("residual", p.residual), ("attn_out", p.attn_out), ("ffn_out", p.ffn_out)):
+            layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
+            console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
+        if out_dir is not None:
+            for f in save_patching(p, out_dir):
+                click.echo(f"wrote {f}")
+
+
+@cli.command(name="circuits")
+@click.option("--model", "source", default="smollm2", show_default=True, help=MODEL_HELP)
+@click.option("--layer", type=int, required=True, help="Layer (negative counts from the end).")
+@click.option("--head", type=int, required=True, help="Query head (negative counts from the end).")
+@click.option("--text", default="When Mary and John went to the store, John gave a drink to Mary. "
+              "The cat sat on the mat.", show_default=True,
+              help="Its tokens are the OV circuit's token set; its activations give the QK pattern.")
+@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many entries to list.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the figure (circuits.png, .svg) into this directory.")
+def circuits_cmd(source: str, layer: int, head: int, text: str, top: int, out_dir: str | None) -> None:
+    """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
+    score) and where it looks by relative position."""
+    from .analysis.circuits import circuits_figure, ov_circuit, qk_positions
+    from .checkpoints import load
+
+    model = load(source)
+    layer, head = model.check_layer(layer), model.check_head(head)
+    model.encode(text)                                                        # bad input fails before DIR is touched
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        ov, qk = ov_circuit(model, layer, head, text), qk_positions(model, layer, head, text)
+        console = new_console()
+        console.print(Text(f"{model.name} layer {layer}, head {head}: OV copying score {ov.copying_score:+.3f} "
+                           f"(Σλ/Σ|λ|: +1 copies, −1 suppresses); {ov.diagonal:.0%} of the {len(ov.ids)} tokens "
+                           "raise their own logit most"))
+        table = Table(title="OV: attending to → raises", title_justify="left", show_edge=False, pad_edge=False)
+        for name in ("attended", "raises", "value", "its top outputs over the vocabulary"):
+            table.add_column(name)
+        where = {t: i for i, t in enumerate(ov.labels)}
+        for src, dst, v in ov.top(top):
+            outs = ", ".join(f"{t} {x:.2f}" for t, x in ov.top_outputs[where[src]])
+            table.add_row(Text(src), Text(dst), f"{v:+.3f}", Text(outs))
+        console.print(table)
+        near = np.abs(qk.deltas) < 12
+        console.print(Text("QK by relative distance Δ = query − key, on the text (Δ: mean score / mean attention):\n  "
+                           + "  ".join(f"{int(d)}: {s:+.2f}/{a:.2f}" for d, s, a in
+                                       zip(qk.deltas[near], qk.score[near], qk.attention[near]))))
+        if qk.table_by_delta is not None:
+            near = np.abs(qk.deltas_table) < 12
+            console.print(Text("QK by relative distance Δ, from the position table W_pos·W_Q·(W_pos·W_K)ᵀ/√d_k:\n  "
+                               + "  ".join(f"{int(d)}: {s:+.2f}" for d, s in
+                                           zip(qk.deltas_table[near], qk.table_by_delta[near]))))
+        if out_dir is not None:
+            _write_figure(circuits_figure(ov, qk, model_name=model.name), out_dir, "circuits")
+
+
 @cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""
@@ -551,6 +874,7 @@ def serve(source: str, port: int, host: str) -> None:
 
 cli.add_command(heads_cmd)        # `qkv heads`: what each head does (analysis/cli.py)
 cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (bench/cli.py)
+cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (train/cli.py)
 
 
 def main() -> None:

@@ -156,6 +156,12 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         check_writable(str(Path(checkpoint).resolve().parent))
     corpus = open_corpus(corpus_path, split) if corpus_path else None
     model = load(source)
+    if model.config.encoder_decoder:                   # three kinds of attention, not one stack's heads
+        if made_out:
+            _remove_made_out(Path(out_dir), checkpoint)
+        raise QkvError(f"{model.name} is an encoder–decoder; qkv heads reads single-stack models (encoders, "
+                       f"decoders): see its encoder, decoder and cross-attention with qkv show TEXT --model "
+                       f"{source} --out DIR")
     lacking = prepare(model, window).not_applicable
     for name in show:
         if name in lacking:

@@ -4,6 +4,7 @@
     layer_grid      the H heads of one layer side by side ("compare their patterns")
     model_overview  every layer × head as small multiples
     save_figures    all of them as PNG and SVG files, written atomically
+    (an encoder–decoder's set, cross-attention included: `viz.seq2seq.save_seq2seq_figures`)
 
 Brighter = more attention (the seeds' convention; `viz.palette` holds the colours every view
 shares). Cells a decoder's causal mask removes (key after query, seeds §5) are hatched grey,
@@ -217,11 +218,14 @@ def _name(trace: "Trace", model_name: str | None) -> str:
 
 @_styled
 def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | None = None,
-                 causal: bool | None = None) -> "Figure":
+                 causal: bool | None = None, what: str | None = None,
+                 axes: tuple[str, str] | None = None) -> "Figure":
     """One head's attention weights A (n_q × n_k): tokens on both axes, rows = queries.
 
     Up to 16 tokens each cell shows its weight; past 40 tokens the tick labels thin out
     to every k-th token (with its index). Decoders: the masked triangle is hatched grey.
+    what: the title's name of the head (default "head {head}"); axes: the (x, y) axis labels
+    (default key j / query i; cross-attention says target and source).
     """
     layer = trace.layer(layer).layer
     att = _attentions(trace, layer)                               # (H, n_q, n_k)
@@ -242,9 +246,11 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
     ax.set_xticks(*_ticks(trace.key_labels), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
                   family=fonts)
     ax.set_yticks(*_ticks(trace.labels), fontsize=fontsize, family=fonts)
-    ax.set_xlabel("key j (attended to)")
-    ax.set_ylabel("query i (looking)")
-    ax.set_title(_title(_name(trace, model_name), f"layer {layer}", f"head {head}"), fontsize=11)
+    xlabel, ylabel = axes or ("key j (attended to)", "query i (looking)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(_title(_name(trace, model_name), f"layer {layer}", what or f"head {head}"), fontsize=11,
+                 wrap=True)                                       # a long model name: two lines, not cut off
     bar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     bar.set_label(_bar_label(n, mask is not None))
     return fig
@@ -259,10 +265,11 @@ def _panel(ax, a: np.ndarray, mask: np.ndarray | None):
 
 @_styled
 def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
-               causal: bool | None = None) -> "Figure":
+               causal: bool | None = None, axes: str = "rows = queries, columns = keys") -> "Figure":
     """All H heads of one layer side by side (up to 6 per row), titled h0, h1, …
 
-    Short inputs (≤ 16 tokens) carry token labels on the outer panels.
+    Short inputs (≤ 16 tokens) carry token labels on the outer panels; axes: what rows and
+    columns are, for the title.
     """
     layer = trace.layer(layer).layer
     att = _attentions(trace, layer)                               # (H, n_q, n_k)
@@ -271,7 +278,7 @@ def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
     rows = math.ceil(H / 6)
     cols = math.ceil(H / rows)
     labelled = max(n_q, n_k) <= GRID_LABELS
-    title = _title(_name(trace, model_name), f"layer {layer}", f"all {H} heads (rows = queries, columns = keys)")
+    title = _title(_name(trace, model_name), f"layer {layer}", f"all {H} heads ({axes})")
     fig, axes, cax = _panels(rows, cols, 2.0, left=0.8 if labelled else 0.2, bottom=0.75 if labelled else 0.2,
                              top=0.75, wgap=0.15, hgap=0.35, title=title)
     for h, ax in enumerate(axes.flat):

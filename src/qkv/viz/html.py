@@ -6,6 +6,9 @@ a colour per head; hover a token to isolate its lines), a matrix view (the heatm
 a cell's weight on hover) and a model view (layers × heads thumbnails; click one to
 open it); a generation with logits adds a next-token view (each generated token's top
 candidates, with a temperature slider; see `payload` for how it re-normalises).
+An encoder–decoder's trace adds a selector of the kind of attention — encoder, decoder, cross
+(target tokens, labelled by the token each row wrote, against source tokens) — and every view
+draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)

@@ -34,6 +34,17 @@ renormalisation over the top K; exp(rest(T)) / (…) is the mass of the tokens n
 The entropy of the whole distribution (bits) comes precomputed per T for the same reason.
 Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) itself.
 About 0.6 kB of JSON per generated token.
+
+An encoder–decoder's trace (`Seq2SeqModel.run`) becomes three such objects, one per kind of
+attention (`viz.seq2seq`), under one title:
+
+    {"version": 1, "title", "model", "family", "text" (the source), "kind": "cross" (shown first),
+     "kinds": [{"kind": "encoder" | "decoder" | "cross", "name": str, "caption": str,
+                ...every field above, of that kind's trace...}]}
+
+encoder: source × source; decoder: target × target (with "next" when a tokenizer is given);
+cross: target × source, its "tokens"/"labels" what each row WROTE (row t: target token t + 1)
+and "read_tokens"/"read_labels" what it read (target token t), "key_tokens" the source.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from ..errors import QkvError
 from ..nexttoken import candidates, token_text
 from ..trace import Trace
 from .palette import role_colours
+from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
 
 ENCODING = "uint8-deflate-base64"
 SCALE = 255
@@ -131,7 +143,12 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     """The JSON object the viewer draws: tokens, kept layers, roles, compact attention, and for
     a generation with logits (and a tokenizer), each generated token's candidates.
 
-    model_name: instead of the trace's own `model` (what the title and the page name)."""
+    model_name: instead of the trace's own `model` (what the title and the page name).
+    An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`)."""
+    if trace.cross is not None:
+        if roles is not None:
+            raise QkvError("roles colour the heads of one stack; an encoder–decoder's trace takes none")
+        return seq2seq_payload(trace, model_name=model_name, title=title, tokenizer=tokenizer)
     att = trace.attentions                                                  # (L, H, n_q, n_k)
     if att is None:
         raise QkvError("this trace has no attention weights; run the model with keep=('attentions',)")
@@ -164,6 +181,31 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "attention": encode_attention(att),
         "next": next_token_payload(trace, tokenizer),
     }
+
+
+def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str | None = None,
+                    tokenizer=None) -> dict:
+    """The JSON object of an encoder–decoder's trace: one payload per kind of attention (module doc).
+
+    tokenizer: the model's, to spell what the last row would write and to add the decoder's
+    next-token view; without it the last row of the cross view is labelled "…"."""
+    kinds = kind_traces(trace, tokenizer)
+    model_name = trace.model if model_name is None else model_name
+    if title is None:
+        source = " ".join((trace.encoder.text or "").split())
+        target = " ".join((trace.text or "").split())
+        text = source + (f" → {target}" if target else "")
+        title = " · ".join(p for p in (model_name, text[:120] + ("…" if len(text) > 120 else "")) if p)
+    parts = []
+    for kind in KINDS:
+        part = trace_payload(kinds[kind], model_name=model_name, title=title,
+                             tokenizer=tokenizer if kind == "decoder" else None)
+        part.update(kind=kind, name=NAMES[kind], caption=CAPTIONS[kind])
+        if kind == "cross":
+            part.update(read_tokens=[str(t) for t in trace.tokens], read_labels=trace.labels)
+        parts.append(part)
+    return {"version": 1, "title": title or "attention", "model": model_name, "family": trace.family,
+            "text": trace.encoder.text, "kind": "cross", "kinds": parts}
 
 
 def script_json(obj) -> str:

@@ -3,7 +3,10 @@
  * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated; for a
  * generation, each generated token's candidates: the next-token view and its temperature slider).
  * Attention is n_q × n_k: rows = queries ("tokens"), columns = keys ("key_tokens", or the same
- * tokens in self-attention). Colours follow qkv/viz/palette.py: brighter = more attention
+ * tokens in self-attention). An encoder–decoder's payload holds one such payload per kind of
+ * attention ("kinds": encoder, decoder, cross); a selector switches between them, and every view
+ * (head, matrix, model) draws the kind selected. The cross kind's rows are labelled by the token
+ * each row wrote ("labels"), with the token it read beside them ("read_labels"). Colours follow qkv/viz/palette.py: brighter = more attention
  * (viridis, as the figures), cells the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
  * never parsed as HTML. No network: everything is in this file and its payload.
@@ -13,7 +16,7 @@
  *
  * Every root keeps its own state and DOM (no ids), so several viewers share a page.
  * The root's data-* attributes (view, layer, head, hover, cell, ready; with a next-token view
- * also temperature and step) say what is shown.
+ * also temperature and step; with kinds, kind) say what is shown.
  */
 (function (global) {
   "use strict";
@@ -111,22 +114,37 @@
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
+  const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
+
   class Viewer {
+    // bytes: the decoded attention of the payload, or of each of its "kinds" (an encoder–decoder)
     constructor(root, payload, bytes, state) {
       this.root = root;
+      this.top = payload;
+      this.kinds = payload.kinds || null;
+      this.allBytes = bytes;
+      const s = state || {}, want = s.kind || payload.kind;
+      this.load(this.kinds ? Math.max(0, this.kinds.findIndex(p => p.kind === want)) : -1, s);
+      this.build();
+    }
+
+    // what the views draw: the payload itself, or its kind k (the top's fields, then the kind's own)
+    load(k, s) {
+      const payload = k < 0 ? this.top : Object.assign({}, this.top, this.kinds[k]);
+      this.kind = k < 0 ? null : payload.kind;
       this.p = payload;
-      this.bytes = bytes;
+      this.bytes = k < 0 ? this.allBytes : this.allBytes[k];
       [this.L, this.H, this.n, this.nk] = payload.attention.shape;     // n queries, nk keys
       this.tokens = payload.labels || payload.tokens;                   // as a reader sees them: "␣capital"
       this.spelled = payload.tokens;                                    // as the tokenizer spells them: "Ġcapital"
       this.self = !payload.key_tokens;                                  // self-attention: keys are the tokens
       this.keys = this.self ? this.tokens : payload.key_labels || payload.key_tokens;
       this.keysSpelled = this.self ? this.spelled : payload.key_tokens;
+      this.read = payload.read_labels || null;                          // cross: the token each row read
       this.causal = payload.causal === true;
       this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
       this.next = payload.next && payload.next.steps.length ? payload.next : null;
       this.views = ["head", "matrix", "model"].concat(this.next ? ["next"] : []);
-      const s = state || {};
       const li = payload.layers.indexOf(s.layer);
       // temperature: an index on the slider, 0 = greedy, k = next.temperatures[k - 1]; starts at T = 1
       const temps = this.next ? this.next.temperatures : [];
@@ -140,7 +158,16 @@
       const known = payload.role_colours || {};
       roles.filter(r => !(r in known)).forEach((r, k) => { this.roleColour[r] = SPARE_ROLE_COLOURS[k % SPARE_ROLE_COLOURS.length]; });
       roles.filter(r => r in known).forEach(r => { this.roleColour[r] = known[r]; });
+    }
+
+    // another kind of attention: the same view, layer number (or the nearest) and head where they exist
+    switchKind(kind) {
+      const s = this.saved(), k = this.kinds.findIndex(p => p.kind === kind);
+      const layers = this.kinds[k].layers;
+      if (!layers.includes(s.layer)) s.layer = layers[Math.min(this.state.layer, layers.length - 1)];
+      this.load(k, Object.assign(s, {kind}));
       this.build();
+      this.render();
     }
 
     // attention of (kept layer l, head h): an n×nk view of the bytes, rows = queries
@@ -197,6 +224,21 @@
       this.meta = el("span", "qkv-meta");
       this.fields = [lab("Layer ", this.layerSel), lab("Head ", this.headSel)];   // no use in the next-token view
       bar.append(tabs, ...this.fields, this.meta);
+      if (this.kinds) {                                     // encoder / decoder / cross
+        const kinds = el("div", "qkv-kinds");
+        kinds.setAttribute("role", "group");
+        kinds.setAttribute("aria-label", "kind of attention");
+        for (const p of this.kinds) {
+          const b = el("button", "qkv-kind", p.name);
+          b.type = "button";
+          b.dataset.kind = p.kind;
+          b.title = KIND_WHAT[p.kind] || p.kind;
+          b.setAttribute("aria-pressed", String(p.kind === this.kind));
+          b.addEventListener("click", () => { if (p.kind !== this.kind) this.switchKind(p.kind); });
+          kinds.append(b);
+        }
+        bar.prepend(kinds);
+      }
 
       this.chips = el("div", "qkv-chips");
       this.chips.append(el("span", "qkv-hint", "heads:"));
@@ -215,7 +257,9 @@
       this.panels = {head: el("div", "qkv-panel qkv-headview"), matrix: el("div", "qkv-panel qkv-matrix"),
                      model: el("div", "qkv-panel qkv-model")};
       if (this.next) this.panels.next = el("div", "qkv-panel qkv-next");
-      root.append(bar, this.chips, ...this.views.map(v => this.panels[v]));
+      this.caption = el("p", "qkv-caption");
+      this.caption.hidden = !this.kinds;
+      root.append(bar, this.caption, this.chips, ...this.views.map(v => this.panels[v]));
       this.built = {};
     }
 
@@ -236,7 +280,7 @@
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
       const where = s.view === "next" ? [`${this.n - this.gen} generated`] : [`layer ${this.p.layers[s.layer]}`, who];
       const size = this.self ? `${this.n} tokens` : `${this.n} × ${this.nk} tokens`;
-      this.meta.textContent = [this.p.model, size, ...where]
+      this.meta.textContent = [this.p.model, KIND_WHAT[this.kind], size, ...where]
         .filter(x => x).join(" · ");
       this.hint.textContent = {head: "hover a token to isolate its lines",
                                matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
@@ -249,6 +293,23 @@
                                    hover: s.hover ? s.hover.side + s.hover.i : "",
                                    cell: s.cell ? s.cell.i + "," + s.cell.j : ""});
       if (this.next) Object.assign(root.dataset, {temperature: this.temperature(), step: this.next.steps[s.step].position});
+      else { delete root.dataset.temperature; delete root.dataset.step; }     // another kind may have set them
+      if (this.kinds) {
+        root.dataset.kind = this.kind;
+        this.caption.textContent = this.p.caption + this.example();
+        this.caption.hidden = s.view === "next";                        // the caption is about attention
+      }
+    }
+
+    // cross: "when the decoder writes “I” it looks at “나는”", for the first target token, the layer and head(s) shown
+    example() {
+      if (!this.read || !this.n || this.state.view === "next") return "";
+      const a = this.selected();
+      let j = 0;
+      for (let k = 1; k < this.nk; k++) if (a[k] > a[j]) j = k;
+      const who = this.state.head < 0 ? "the mean of its heads" : `head ${this.state.head}`;
+      return ` Here, layer ${this.p.layers[this.state.layer]} (${who}): when the decoder writes “${shown(this.tokens[0], 24)}” ` +
+             `it looks most at “${shown(this.keys[j], 24)}” (${fmt(a[j])}).`;
     }
 
     // ── head view: two token columns, one line per (query, key), alpha = weight ──
@@ -267,7 +328,8 @@
           const t = el("div", "qkv-tok" + (gen ? " qkv-gen" : ""), shown(labels[i]));
           t.dataset.i = i;
           t.tabIndex = 0;
-          t.title = `${side === "q" ? "query" : "key"} ${i}: ${labels[i]}${spelled}` + (gen ? " (generated)" : "");
+          t.title = `${side === "q" ? "query" : "key"} ${i}: ${labels[i]}${spelled}` + (gen ? " (generated)" : "") +
+                    (side === "q" && this.read ? ` · written by the query reading “${this.read[i]}”` : "");
           col.append(t);
           rows.push(t);
         }
@@ -288,7 +350,8 @@
       this.hv.canvas = el("canvas", "qkv-lines");
       this.hv.ctx = sizeCanvas(this.hv.canvas, this.hv.W, n * rowH);
       const head = el("div", "qkv-heads-row");
-      head.append(el("span", "qkv-axis", "query (looks from)"), el("span"), el("span", "qkv-axis", "key (looks at)"));
+      head.append(el("span", "qkv-axis", this.read ? "target token written (its query looks from)" : "query (looks from)"),
+                  el("span"), el("span", "qkv-axis", this.read ? "source token (key, looked at)" : "key (looks at)"));
       const grid = el("div", "qkv-headgrid");
       grid.append(left, this.hv.canvas, right);
       panel.append(head, grid);
@@ -426,7 +489,10 @@
         return;
       }
       const q = this.mx.values[i * nk + j], w = this.masked(i, j) ? "masked" : fmt(q);
-      const text = `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.keys[j], 24)}” (key ${j}): ${w}`;
+      const text = this.read                                      // cross: the row is named by what it wrote
+        ? `writing “${shown(this.tokens[i], 24)}” (query ${i}, reading “${shown(this.read[i], 24)}”) → ` +
+          `“${shown(this.keys[j], 24)}” (key ${j}): ${w}`
+        : `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.keys[j], 24)}” (key ${j}): ${w}`;
       this.mx.readout.textContent = text;
       const tip = this.mx.tip;
       tip.textContent = w + "  " + shown(this.tokens[i], 16) + " → " + shown(this.keys[j], 16);
@@ -451,6 +517,7 @@
       const mapQ = new Int32Array(n).map((_, k) => Math.floor(k * bq / n));
       const mapK = new Int32Array(nk).map((_, k) => Math.floor(k * bk / nk));
       const gamma = new Uint8Array(256).map((_, q) => Math.round(255 * Math.sqrt(q / 255)));
+      const tw = nk >= n ? t : Math.max(4, Math.round(t * nk / n)), th = n >= nk ? t : Math.max(4, Math.round(t * n / nk));
       for (let l = 0; l < this.L; l++) {
         grid.append(el("span", "qkv-axis qkv-rowhead", "layer " + this.p.layers[l]));
         for (let h = 0; h < H; h++) {
@@ -471,9 +538,9 @@
               if (pooled[p] === MASK || q > pooled[p]) pooled[p] = q;
             }
           }
-          const ctx = sizeCanvas(c, t, t);
+          const ctx = sizeCanvas(c, tw, th);                                // n × nk: the matrix's own shape
           ctx.imageSmoothingEnabled = Math.max(bq, bk) > t;
-          ctx.drawImage(heatmapImage(pooled, bk, bq, gamma), 0, 0, t, t);
+          ctx.drawImage(heatmapImage(pooled, bk, bq, gamma), 0, 0, tw, th);
           b.append(c);
           if (role) { const r = el("span", "qkv-thumb-role", role); r.style.color = this.roleColour[role]; r.style.width = t + "px"; b.append(r); }
           b.addEventListener("click", () => this.set({view: "head", layer: l, head: h, hover: null}));
@@ -482,7 +549,8 @@
         }
       }
       panel.append(grid);
-      const legend = el("p", "qkv-note", "Each square is one head's attention (rows = queries, columns = keys; " +
+      const axes = this.read ? "rows = target tokens written, columns = source tokens" : "rows = queries, columns = keys";
+      const legend = el("p", "qkv-note", `Each square is one head's ${KIND_WHAT[this.kind] || "attention"} (${axes}; ` +
                         "brighter = more, √ colour scale, max-pooled on long inputs" +
                         (this.causal ? "; grey: masked" : "") + "). Click one to open it in the head view.");
       panel.append(legend);
@@ -603,6 +671,7 @@
     saved() {
       const out = {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head};
       if (this.next) out.temperature = this.temperature();
+      if (this.kinds) out.kind = this.kind;
       return out;
     }
   }
@@ -617,7 +686,10 @@
   async function mount(root, payload, state) {
     const t0 = performance.now();
     try {
-      const bytes = await decode(payload.attention);
+      const parts = payload.kinds || [payload];            // an encoder–decoder: one attention per kind
+      const decoded = [];
+      for (const p of parts) decoded.push(await decode(p.attention));
+      const bytes = payload.kinds ? decoded : decoded[0];
       const t1 = performance.now();
       const viewer = new Viewer(root, payload, bytes, state);
       viewer.render();
