@@ -30,6 +30,16 @@ _DEFAULT_ALIASES = {"minilm", "default", "all-minilm-l6-v2", "sentence-transform
 LLM = "smollm2"
 _LLM_ALIASES = {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
 _LLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+KO_EN = "ko-en-tiny"          # the seeds' Korean→English translator, trained by qkv and shipped inside it
+
+
+def ko_en_dir() -> Path:
+    """The directory of ko-en-tiny inside qkv (src/qkv/models/ko-en-tiny; `qkv train --task
+    translate-ko-en` remakes it, see its README.md)."""
+    path = Path(__file__).resolve().parent.parent / "models" / KO_EN
+    if not (path / "config.json").is_file():
+        raise QkvError(f"{KO_EN} is missing from this installation of qkv ({path}); reinstall qkv")
+    return path
 
 
 def default_model_dir() -> Path:
@@ -129,6 +139,8 @@ def resolve(source: str | os.PathLike) -> Path:
         return default_model_dir()
     if text.lower() in _LLM_ALIASES:
         return gguf.converted(smollm2_file())
+    if text.lower() == KO_EN:
+        return ko_en_dir()
     path = Path(text).expanduser()
     if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
@@ -211,6 +223,10 @@ def available() -> list[tuple[str, str]]:
         found.append((LLM, f"SmolLM2-135M-Instruct (bundled LLM, GGUF) at {smollm2_file()}"))
     except QkvError as e:
         found.append((LLM, f"not installed: {e}"))
+    try:
+        found.append((KO_EN, f"Korean→English Marian trained by qkv (bundled) at {ko_en_dir()}"))
+    except QkvError as e:
+        found.append((KO_EN, f"not installed: {e}"))
     for repo_id, snap in _cached_repos():
         kind = _model_type(snap)
         if kind is None:
