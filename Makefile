@@ -1,4 +1,4 @@
-# qkv — quick start:  make demo   (set up + show the default model's attention, ask the LLM a question)
+# qkv — quick start:  make demo   (set up + show the default model's attention, ask the LLM a question, translate)
 #                     make test   (set up + run the tests)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -27,6 +27,7 @@ $(VENV)/.reference: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/qkv show "The cat sat on the mat" --out qkv-out
 	$(VENV)/bin/qkv chat "What is the capital of France?" --trace qkv-out/chat
+	$(VENV)/bin/qkv show "나는 학교에 간다" --model ko-en-tiny --out qkv-out/ko-en
 
 # The browser tests drive Debian's Chromium (never a browser downloaded by playwright).
 CHROMIUM ?= /usr/bin/chromium
