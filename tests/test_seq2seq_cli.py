@@ -265,9 +265,3 @@ def test_show_on_bart_with_its_own_tokenizer(tmp_path):
     r = invoke("show", "the cat sat", "--model", str(FIXTURES / "seq2seq" / "bart"), "--out", str(tmp_path))
     assert "source: 0:t 1:he 2:␣c 3:at 4:␣s 5:at" in r.output and "decoder layer 2:" in r.output
     assert (tmp_path / "cross_layer2.png").is_file() and not (tmp_path / "cross_layer3.png").exists()
-
-
-def test_heads_on_an_encoder_decoder_is_one_line(monkeypatch, capsys, marian_dir, tmp_path):
-    line = one_line_error(monkeypatch, capsys, "heads", SOURCE, "--model", str(marian_dir), "--out", str(tmp_path / "h"))
-    assert "is an encoder–decoder; qkv heads reads single-stack models" in line and "qkv show" in line
-    assert not (tmp_path / "h").exists()

@@ -21,6 +21,7 @@ from .detectors import top_heads
 from .corpus import SPLITS, open_corpus
 from .roles import BROAD, DOMINANT, INDUCTION, strength
 from .run import HeadReport, analyse
+from .seq2seq_heads import KIND_TITLES, SEQ2SEQ_DESCRIPTIONS, Seq2SeqHeadReport, analyse_seq2seq, check_options
 from .stats import DESCRIPTIONS, STATS
 
 # the roles' colours of every view (viz.palette), bold where a head has one clear target
@@ -148,6 +149,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         if not t.strip():
             raise QkvError("the text is empty; give some words to look at")
     made_out = out_dir is not None and not os.path.lexists(out_dir)      # this run creates it
+    asked_checkpoint = checkpoint
     if out_dir is not None:
         check_writable(out_dir)
         if checkpoint is None and corpus_path is not None:
@@ -156,12 +158,16 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         check_writable(str(Path(checkpoint).resolve().parent))
     corpus = open_corpus(corpus_path, split) if corpus_path else None
     model = load(source)
-    if model.config.encoder_decoder:                   # three kinds of attention, not one stack's heads
-        if made_out:
-            _remove_made_out(Path(out_dir), checkpoint)
-        raise QkvError(f"{model.name} is an encoder–decoder; qkv heads reads single-stack models (encoders, "
-                       f"decoders): see its encoder, decoder and cross-attention with qkv show TEXT --model "
-                       f"{source} --out DIR")
+    if model.config.encoder_decoder:                   # three kinds of attention, one table each
+        try:
+            check_options(window, backend, workers, asked_checkpoint)
+            report = analyse_seq2seq(model, corpus or list(texts))
+        except QkvError:
+            if made_out:
+                _remove_made_out(Path(out_dir), checkpoint)
+            raise
+        _show_seq2seq(report, out_dir, as_json)
+        return
     lacking = prepare(model, window).not_applicable
     for name in show:
         if name in lacking:
@@ -189,6 +195,51 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         console.print(line)
     for name in show:
         console.print(stat_table(report, name))
+
+
+def _show_seq2seq(report: Seq2SeqHeadReport, out_dir: str | None, as_json: bool) -> None:
+    """An encoder–decoder's report: heads.json in OUT, then JSON or one table per kind of attention."""
+    warn_failures(report)
+    if out_dir is not None:
+        write_atomic(Path(out_dir) / "heads.json", lambda f: f.write(json.dumps(report.to_json(), indent=1).encode()))
+        click.echo(f"wrote 1 file to {out_dir}", err=True)
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+        return
+    console = new_console()
+    shown = "; ".join(repr(t) for t in report.translations[:3]) + (" …" if len(report.translations) > 3 else "")
+    console.print(Text(f"{report.model}: encoder–decoder, {report.texts} text{'s' if report.texts != 1 else ''}, "
+                       f"each translated greedily: {shown}"))
+    for kind in report.kinds.values():
+        console.print(Text(f"{KIND_TITLES[kind.kind]}, {kind.layers} layers × {kind.heads} heads", style="bold"))
+        console.print(kind_table(kind))
+        reasons: dict[str, list[str]] = {}
+        for name, why in kind.not_applicable.items():
+            reasons.setdefault(why, []).append(name)
+        lacking = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+        console.print(Text(f"Entropy of evenly spread attention: {kind.uniform_entropy:.2f} nats"
+                           + (f". Not applicable — {lacking}." if lacking else ".")))
+    console.print(Text("; ".join(f"{name} = {what}" for name, what in
+                                 {**DESCRIPTIONS, **SEQ2SEQ_DESCRIPTIONS}.items() if name not in ("cls", "sep"))
+                       + " (averaged over each row, then over texts)."))
+
+
+def kind_table(kind) -> Table:
+    """One kind of attention (a seq2seq_heads.KindReport): rows = layer × head, columns = its statistics."""
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("layer", justify="right", style="grey50")
+    table.add_column("head", justify="right", style="grey50")
+    for name in kind.stats:
+        table.add_column(name, justify="right", no_wrap=True)
+    for i in range(kind.layers):
+        for h in range(kind.heads):
+            cells = []
+            for name, values in kind.stats.items():
+                v = float(values[i, h])
+                strong = name != "entropy" and v >= 0.5
+                cells.append(Text(f"{v:.2f}", style="bold bright_white" if strong else "grey62"))
+            table.add_row(Text(str(i) if h == 0 else ""), Text(f"h{h}"), *cells)
+    return table
 
 
 def _remove_made_out(out: Path, checkpoint: str | None) -> None:

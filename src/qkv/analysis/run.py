@@ -22,6 +22,7 @@ from . import backends
 from .corpus import Corpus
 from .detectors import repeated_scores
 from .roles import THRESHOLDS, classify
+from .seq2seq_heads import Seq2SeqHeadReport, analyse_seq2seq, check_options
 from .stats import STATS
 from .text import Setup, prepare
 from .totals import Failure, Totals
@@ -63,7 +64,7 @@ class HeadReport:
 
 def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, backend: str = "local",
             workers: int | None = None, address: str | None = None, checkpoint: str | Path | None = None,
-            progress: Callable[[int], None] | None = None, dtype=np.float32) -> HeadReport:
+            progress: Callable[[int], None] | None = None, dtype=np.float32) -> HeadReport | Seq2SeqHeadReport:
     """Analyse every head of `model` over `texts` (a list, or a Corpus streamed from disk).
 
     model: a source ("minilm", a directory) or a loaded Model (its name is its source).
@@ -72,6 +73,8 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     per CPU of the cluster); each worker loads the model itself from the source.
     checkpoint (corpus runs only): saved every few seconds and when stopped; a rerun with
     the same file continues where it stopped. progress: called with the number of texts done.
+    An encoder–decoder gives a Seq2SeqHeadReport: encoder, decoder and cross-attention apart,
+    each text translated greedily, in this process (seq2seq_heads.py).
     """
     from ..checkpoints import load
 
@@ -80,6 +83,9 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     if backend == "ray":
         backends.import_ray()                        # fail before any work when Ray is missing
     loaded = load(model, dtype=dtype) if isinstance(model, str) else model
+    if loaded.config.encoder_decoder:                # three kinds of attention, each with its own statistics
+        check_options(window, backend, workers, checkpoint)
+        return analyse_seq2seq(loaded, texts, progress=progress)
     source = model if isinstance(model, str) else loaded.name
     if backend == "ray" or (workers or 1) > 1:
         source = worker_source(source, loaded)
