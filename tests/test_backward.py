@@ -277,3 +277,38 @@ def test_whole_encoder_decoder_float64(name):
             assert grads[key][at] == pytest.approx((up - down) / 2e-6, abs=1e-7), f"{key}{at}"
             checked += 1
     assert checked > 80
+
+
+def test_fused_qkv_is_found_and_gives_the_same_gradients():
+    """GPT-2's c_attn holds [W_Q | W_K | W_V] side by side: the training path multiplies by it once
+    (forwards and backwards); the gradients equal those of three separate matrices."""
+    from pathlib import Path
+
+    import qkv
+    from qkv.checkpoints import FAMILIES, weights_from_tensors
+    model = qkv.load(Path(__file__).parent / "fixtures" / "models" / "gpt2")
+    cfg = model.config
+    params = FAMILIES["gpt2"].tensors(model.weights, cfg)
+    fused = weights_from_tensors(params, cfg)                     # W_Q, W_K, W_V: views of c_attn
+    assert G.fused_qkv(fused.blocks[0].attn) is params["transformer.h.0.attn.c_attn.weight"]
+    from dataclasses import replace
+    separate = replace(fused, blocks=[replace(b, attn=replace(b.attn, W_Q=b.attn.W_Q.copy(), W_K=b.attn.W_K.copy(),
+                                                              W_V=b.attn.W_V.copy())) for b in fused.blocks])
+    assert G.fused_qkv(separate.blocks[0].attn) is None
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
+    loss_f, g_f = G.loss_and_grads(fused, cfg, ids)
+    loss_s, g_s = G.loss_and_grads(separate, cfg, ids)
+    assert loss_f == pytest.approx(loss_s, abs=1e-6)
+    for (key, a), (_, b) in zip(_arrays(g_f), _arrays(g_s)):
+        np.testing.assert_allclose(a, b, atol=1e-6, err_msg=key)
+
+
+def test_add_rows_equals_add_at(rng):
+    idx = rng.integers(0, 7, 50)
+    rows = rng.normal(size=(50, 3))
+    table, expected = np.zeros((9, 3)), np.zeros((9, 3))
+    G.add_rows(table, idx, rows)
+    np.add.at(expected, idx, rows)
+    np.testing.assert_allclose(table, expected, atol=1e-12)
+    G.add_rows(table, idx[:0], rows[:0])                          # nothing to add
+    np.testing.assert_allclose(table, expected, atol=1e-12)

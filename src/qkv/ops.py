@@ -35,9 +35,9 @@ def softmax_backward(dA: np.ndarray, A: np.ndarray) -> np.ndarray:
 
     From ∂A_j/∂S_i = A_j(δ_ij − A_i). A fully masked row (A = 0) gets dS = 0.
     """
-    dS = dA * A                                          # (..., m)
-    rowsum = np.add.reduce(dS, axis=-1, keepdims=True)   # (..., 1) Σ_j dA_j A_j
-    dS -= A * rowsum
+    rowsum = np.einsum("...j,...j->...", dA, A)[..., None]   # (..., 1) Σ_j dA_j A_j, without dA ⊙ A in memory
+    dS = dA - rowsum                                     # (..., m)
+    dS *= A
     return dS
 
 
@@ -93,7 +93,7 @@ def layer_norm_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: 
     xhat = xc * r                                        # (..., d)
     dxhat = dy * weight                                  # (..., d)
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
-    dx -= xhat * (np.add.reduce(dxhat * xhat, axis=-1, keepdims=True) / d)
+    dx -= xhat * (np.einsum("...j,...j->...", dxhat, xhat)[..., None] / d)
     dx *= r
     rows = dy.reshape(-1, d)                             # (B·n, d)
     return dx, np.add.reduce(rows * xhat.reshape(-1, d), axis=0), np.add.reduce(rows, axis=0)
@@ -128,7 +128,7 @@ def rms_norm_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: fl
     r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + float(eps))   # (..., 1)
     xhat = x * r                                         # (..., d)
     dxhat = dy * weight                                  # (..., d)
-    dx = dxhat - xhat * (np.add.reduce(dxhat * xhat, axis=-1, keepdims=True) / d)
+    dx = dxhat - xhat * (np.einsum("...j,...j->...", dxhat, xhat)[..., None] / d)
     dx *= r
     return dx, np.add.reduce(dy.reshape(-1, d) * xhat.reshape(-1, d), axis=0)
 
