@@ -1,6 +1,6 @@
 """`qkv bench ...`: the benchmark commands (registered in qkv.cli with `cli.add_command(bench)`).
 
-Each command measures with its module (forward, attention, generate, llm, heads), writes the
+Each command measures with its module (forward, attention, generate, llm, heads, train), writes the
 report with it (attention_report for attention) and (re)writes its section of the docs;
 those modules hold no command line, so they never import this one.
 
@@ -23,6 +23,7 @@ from . import attention_report as report
 from . import forward as fwd
 from . import generate as gb
 from . import llm
+from . import train as tb
 from .common import write_section
 
 
@@ -192,3 +193,34 @@ def generate_command(model_source: str | None, new_tokens: int | None, no_cache_
         text = gb.markdown(result, generate_command_line(n, no_cache_tokens, repeats, out))
         section = "generate"
     publish(result, text, as_json, out, section, took=f" ({time.perf_counter() - start:.0f} s)")
+
+
+def train_command_line(models: tuple[str, ...], repeats: int, memory_tokens: tuple[int, ...], memory: bool,
+                       threads: int | None, out: str | None) -> str:
+    """The command line that reproduces a training-step run with these options."""
+    return command_line("qkv bench train", [
+        ("--model", tuple(models), tuple(tb.MODELS)), ("--repeats", repeats, tb.REPEATS),
+        ("--memory-tokens", tuple(memory_tokens), tb.MEMORY_TOKENS), ("--no-memory", not memory, False),
+        ("--threads", threads, None), ("--out", out, None)])
+
+
+@bench.command("train")
+@click.option("--model", "models", type=click.Choice(list(tb.MODELS)), multiple=True, default=tuple(tb.MODELS),
+              show_default=True, help="Model(s) to time; repeat the option for several.")
+@click.option("--repeats", type=click.IntRange(min=1), default=tb.REPEATS, show_default=True,
+              help="Timed rounds per model (the median is reported), after one warm-up.")
+@click.option("--memory-tokens", type=click.IntRange(min=2), multiple=True, default=tb.MEMORY_TOKENS,
+              show_default=True, help=f"Sequence lengths n of the activation-memory table ({tb.MEMORY_MODEL} model).")
+@click.option("--memory/--no-memory", default=True, show_default=True, help="Measure the activation memory.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="BLAS threads of qkv and torch's threads [default: every core, as `qkv train`].")
+@out_option("'bench:train' section")
+@json_option
+def train_command(models: tuple[str, ...], repeats: int, memory_tokens: tuple[int, ...], memory: bool,
+                  threads: int | None, out: str | None, as_json: bool) -> None:
+    """A training step (forward, backward, AdamW): qkv's tokens/s against torch's, and activation memory."""
+    start = time.perf_counter()
+    result = tb.measure(models=models, repeats=repeats, memory_tokens=memory_tokens if memory else (),
+                        threads=threads, log=lambda msg: click.echo(msg, err=True))
+    text = tb.markdown(result, train_command_line(models, repeats, memory_tokens, memory, threads, out))
+    publish(result, text, as_json, out, "train", took=f" ({time.perf_counter() - start:.0f} s)")
