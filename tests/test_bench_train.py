@@ -48,7 +48,7 @@ def test_the_qkv_step_learns_a_fixed_batch_and_updates_the_params_in_place(famil
 def test_the_benchmarked_models_are_fresh_qkv_models_of_their_specs():
     cfg, params = tb.qkv_model(tb.MODELS["induction"])
     assert (cfg.family, cfg.d_ff, cfg.n_layers, cfg.d_model) == ("llama", 0, 2, 64)    # as qkv train --task induction
-    assert params["transformer.h.0.mlp.c_fc.weight"].shape == (128, 0)      # attention-only
+    assert params["model.layers.0.mlp.up_proj.weight"].shape == (0, 64)       # attention-only
     cfg, params = tb.qkv_model(tb.MODELS["llama"])
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.gated_ffn) == (8, 2, 688, True)
     assert params["model.layers.0.self_attn.k_proj.weight"].shape == (64, 256)
