@@ -10,7 +10,7 @@ model comes in as an argument: this module never imports qkv.model (which import
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -133,6 +133,38 @@ def _one_row(model: Model, ids) -> np.ndarray:
     return ids[0]
 
 
+def text_pieces(tokenizer, steps: Iterable, ends: set[int], stop_strings: list[str], new_ids: list[int]
+                ) -> Iterator[str]:
+    """The text of one row's generated tokens, piece by piece as it becomes safe to show.
+
+    steps: the Steps of a decoding loop (one row); the loop ends at a token of `ends` (not shown)
+    or where a stop string appears (the text stops before it). Each token is appended to new_ids.
+    A piece is held back while it could still turn into a stop string, or ends in half a UTF-8
+    character; what is left is shown when the loop ends.
+    """
+    shown = ""
+    for step in steps:
+        token = int(step.ids[0])
+        if token in ends:
+            break
+        new_ids.append(token)
+        text = tokenizer.decode(new_ids, skip_special_tokens=True)
+        cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
+        if cut >= 0:
+            if cut > len(shown):
+                yield text[len(shown):cut]
+            return
+        safe = len(text) - _held_back(text, stop_strings)
+        if text.endswith("\ufffd"):                      # an unfinished UTF-8 character
+            safe = min(safe, len(text) - 1)
+        if safe > len(shown):
+            yield text[len(shown):safe]
+            shown = text[:safe]
+    text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    if len(text) > len(shown):
+        yield text[len(shown):]
+
+
 class TextStream:
     """The continuation of a prompt (text, or token ids), as text, piece by piece, as soon as
     each piece is final.
@@ -155,28 +187,9 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         model, ids = self.model, self.prompt_ids
         ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
-        shown = ""
-        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
-                           stop_tokens=self.stop_tokens, use_cache=self.use_cache):
-            token = int(step.ids[0])
-            if token in ends:
-                break
-            self.new_ids.append(token)
-            text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
-            cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
-            if cut >= 0:
-                if cut > len(shown):
-                    yield text[len(shown):cut]
-                return
-            safe = len(text) - _held_back(text, self.stop_strings)
-            if text.endswith("\ufffd"):                  # an unfinished UTF-8 character
-                safe = min(safe, len(text) - 1)
-            if safe > len(shown):
-                yield text[len(shown):safe]
-                shown = text[:safe]
-        text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
-        if len(text) > len(shown):
-            yield text[len(shown):]
+        steps = decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
+                       stop_tokens=self.stop_tokens, use_cache=self.use_cache)
+        yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
 
     def trace(self):
         """A Trace of prompt + continuation (after iterating): what every generated token

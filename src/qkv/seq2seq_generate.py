@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from .errors import QkvError
-from .generate import Step, _held_back, _split_stop, stop_ids
+from .generate import Step, _split_stop, stop_ids, text_pieces
 from .sampling import Sampling
 
 if TYPE_CHECKING:
@@ -100,28 +100,9 @@ class TargetStream:
     def __iter__(self) -> Iterator[str]:
         model, ids = self.model, self.prompt_ids
         ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
-        shown = ""
-        for step in decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
-                           stop_tokens=self.stop_tokens, use_cache=self.use_cache):
-            token = int(step.ids[0])
-            if token in ends:
-                break
-            self.new_ids.append(token)
-            text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
-            cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
-            if cut >= 0:
-                if cut > len(shown):
-                    yield text[len(shown):cut]
-                return
-            safe = len(text) - _held_back(text, self.stop_strings)
-            if text.endswith("\ufffd"):                         # an unfinished UTF-8 character
-                safe = min(safe, len(text) - 1)
-            if safe > len(shown):
-                yield text[len(shown):safe]
-                shown = text[:safe]
-        text = model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
-        if len(text) > len(shown):
-            yield text[len(shown):]
+        steps = decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
+                       stop_tokens=self.stop_tokens, use_cache=self.use_cache)
+        yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
 
     def trace(self):
         """The Trace of the source and the written target (after iterating): what every target
