@@ -5,8 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 # The reference stack (torch CPU build + transformers; accelerate lets it read GGUF), only for fixtures,
-# live checks and benchmarks.
-REF_PKGS := torch==2.13.0 transformers accelerate
+# live checks and benchmarks. transformer-lens (4.x: TransformerBridge over transformers 5) checks the
+# logit lens, DLA, head ablation and induction scores (tests/live/test_live_transformer_lens.py).
+REF_PKGS := torch==2.13.0 transformers accelerate transformer-lens==4.3.0
 
 .PHONY: setup demo test test-live bench fixtures fixtures-smollm2 clean
 
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-$(VENV)/.reference: $(VENV)/.installed
+$(VENV)/.reference: $(VENV)/.installed Makefile
 	$(PIP) $(REF_PKGS)
 	touch $@
 

@@ -695,6 +695,56 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
                       out_dir, "lens")
 
 
+@cli.command(name="rollout")
+@click.argument("text")
+@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@click.option("--flow", is_flag=True,
+              help="Also attention flow: one max-flow per (position, token) pair, so short texts only.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write raw attention, rollout (and flow) side by side (rollout.png, .svg) into this directory.")
+def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
+    """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
+    the input token it draws most from through every layer, beside the last layer's raw attention."""
+    from .checkpoints import load
+
+    model = load(source)
+    model.encode(text)                                                        # a bad text fails before DIR is touched
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        _rollout(model, text, flow, out_dir)
+
+
+def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
+    """`qkv rollout`'s work: each position's strongest source under raw / rollout / flow, and the figure."""
+    from .analysis.rollout import attention_flow, attention_rollout
+
+    trace = model.run(text, keep=("attentions",))
+    R = attention_rollout(trace)[-1]                                          # (n, n) after all L layers
+    F = attention_flow(trace) if flow else None                               # (n, n), or a clear error
+    A = trace.attentions[-1]                                                  # (H, n, n) the last layer
+    raw = A.astype(np.float64).mean(axis=0)                                   # (n, n)
+    labels, L = trace.labels, len(trace.layers)
+    console = new_console()
+    console.print(Text(f"{model.name}: the input token each position draws most from — raw: layer {L - 1}'s "
+                       f"attention (mean of {A.shape[0]} heads); rollout" + (" and flow" if flow else "")
+                       + f": through all {L} layers"))
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("#", "position", "raw", "rollout", *(("flow",) if flow else ())):
+        table.add_column(name, justify="right" if name == "#" else "left", no_wrap=True)
+    for i, position in enumerate(labels):
+        cells = [Text(f"{j} {labels[j]} {m[i, j]:.2f}") for m in (raw, R, *((F,) if flow else ()))
+                 for j in [int(np.argmax(m[i]))]]
+        table.add_row(str(i), Text(position), *cells)
+    console.print(table)
+    if out_dir is not None:
+        from .analysis.rollout_figure import rollout_figure
+        from .viz.figures import masked_cells
+
+        _write_figure(rollout_figure(raw, R, F, labels, mask=masked_cells(trace, L - 1), layer=L - 1,
+                                     heads=A.shape[0], model_name=model.name), out_dir, "rollout")
+
+
 @cli.command(name="dla")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
