@@ -13,7 +13,8 @@ from rich.text import Text
 
 from .analysis.cli import heads as heads_cmd
 from .bench.cli import bench as bench_cmd
-from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run
+from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run, write_figure
+from .cli_interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .errors import QkvError
 from .tokenizer import shorten as _label
 from .train.cli import train as train_cmd
@@ -617,7 +618,7 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     if out_dir is not None:
         from .viz.distribution import next_token_figure
 
-        _write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
+        write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
                       "next_token")
 
 
@@ -633,254 +634,6 @@ def _next_target_token(model, text: str, target: str | None, chat: bool, knocked
     z = model.forward(ids[None], decoder_input_ids=dec, attentions=False).logits[0, -1]   # (V,)
     after = f"the target {target!r}" if prefix else "the start token (the translation's first token)"
     return z, f"the next target token after the {len(ids)} source tokens and {after}"
-
-
-def _write_figure(fig, out_dir: str, name: str) -> None:
-    """OUT_DIR/NAME.png and .svg, written together (viz.figures.save_figure), and say so."""
-    from .viz.figures import save_figure
-
-    for f in save_figure(fig, out_dir, name):
-        click.echo(f"wrote {f}")
-
-
-@cli.command(name="lens")
-@click.argument("text")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
-@click.option("--top", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="How many tokens to list per layer.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the layers × positions map (lens.png, .svg) into this directory.")
-def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
-    """The logit lens: what each layer would predict after TEXT, reading the residual stream
-    after l blocks through the final norm and W_vocab (layer 0: the embeddings)."""
-    from .analysis.lens import check_lens
-    from .checkpoints import load
-
-    model = load(source)
-    check_lens(model)
-    model.encode(text)                                                        # a bad text fails before DIR is touched
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)
-        _lens(model, text, top, out_dir)
-
-
-def _lens(model, text: str, top: int, out_dir: str | None) -> None:
-    """`qkv lens`'s work: the table of the last position, and with OUT_DIR the map."""
-    from .analysis.lens import KEEP, final_prediction, lens_of_trace
-    from .nexttoken import distribution, top_tokens
-
-    trace = model.run(text, keep=KEEP)
-    lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
-    ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
-    label = model.tokenizer.label
-    console = new_console()
-    console.print(Text(f"{model.name}: the logit lens at the last position ({trace.labels[-1]}), "
-                       f"final prediction {label(int(ids[-1]))}"))
-    table = Table(show_edge=False, pad_edge=False)
-    table.add_column("layer", justify="right", style="grey50")
-    for r in range(top):
-        table.add_column(f"top {r + 1}", no_wrap=True)
-    table.add_column("P(final)", justify="right")
-    for l, z in enumerate(lens[:, -1]):
-        best, p = top_tokens(distribution(z, 1.0), top)
-        table.add_row("emb" if l == 0 else str(l), *(Text(f"{label(int(i))} {q:.2f}") for i, q in zip(best, p)),
-                      f"{probs[l, -1]:.3f}")
-    console.print(table)
-    if out_dir is not None:
-        from .analysis.lens import lens_figure
-
-        _write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
-                      out_dir, "lens")
-
-
-@cli.command(name="rollout")
-@click.argument("text")
-@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
-@click.option("--flow", is_flag=True,
-              help="Also attention flow: one max-flow per (position, token) pair, so short texts only.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write raw attention, rollout (and flow) side by side (rollout.png, .svg) into this directory.")
-def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
-    """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
-    the input token it draws most from through every layer, beside the last layer's raw attention."""
-    from .checkpoints import load
-
-    model = load(source)
-    model.encode(text)                                                        # a bad text fails before DIR is touched
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)
-        _rollout(model, text, flow, out_dir)
-
-
-def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
-    """`qkv rollout`'s work: each position's strongest source under raw / rollout / flow, and the figure."""
-    from .analysis.rollout import attention_flow, attention_rollout
-
-    trace = model.run(text, keep=("attentions",))
-    R = attention_rollout(trace)[-1]                                          # (n, n) after all L layers
-    F = attention_flow(trace) if flow else None                               # (n, n), or a clear error
-    A = trace.attentions[-1]                                                  # (H, n, n) the last layer
-    raw = A.astype(np.float64).mean(axis=0)                                   # (n, n)
-    labels, L = trace.labels, len(trace.layers)
-    console = new_console()
-    console.print(Text(f"{model.name}: the input token each position draws most from — raw: layer {L - 1}'s "
-                       f"attention (mean of {A.shape[0]} heads); rollout" + (" and flow" if flow else "")
-                       + f": through all {L} layers"))
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("#", "position", "raw", "rollout", *(("flow",) if flow else ())):
-        table.add_column(name, justify="right" if name == "#" else "left", no_wrap=True)
-    for i, position in enumerate(labels):
-        cells = [Text(f"{j} {labels[j]} {m[i, j]:.2f}") for m in (raw, R, *((F,) if flow else ()))
-                 for j in [int(np.argmax(m[i]))]]
-        table.add_row(str(i), Text(position), *cells)
-    console.print(table)
-    if out_dir is not None:
-        from .analysis.rollout_figure import rollout_figure
-        from .viz.figures import masked_cells
-
-        _write_figure(rollout_figure(raw, R, F, labels, mask=masked_cells(trace, L - 1), layer=L - 1,
-                                     heads=A.shape[0], model_name=model.name), out_dir, "rollout")
-
-
-@cli.command(name="dla")
-@click.argument("text")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
-@click.option("--target", required=True, help="The token whose logit to explain, one token (e.g. ' Mary').")
-@click.option("--other", default=None, help="Explain the logit difference target − other (one token).")
-@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True,
-              help="How many heads to list (largest |contribution| first).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the layers × heads map (dla.png, .svg) into this directory.")
-def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, out_dir: str | None) -> None:
-    """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
-    target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
-    from .analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
-                                       token_id)
-    from .checkpoints import load
-
-    model = load(source)
-    check_attribution(model)
-    model.encode(text)                                                        # bad input fails before DIR is touched
-    t, o = token_id(model, target), None if other is None else token_id(model, other)
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)
-        a = attribution_of_trace(model, model.run(text, keep=KEEP), t, o)
-        label = model.tokenizer.label
-        what = f"logit({label(t)})" + ("" if o is None else f" − logit({label(o)})")
-        console = new_console()
-        console.print(Text(f"{model.name}: direct logit attribution of {what} = {a.logit:.3f} at the last position"))
-        table = Table(show_edge=False, pad_edge=False)
-        for name in ("#", "head", "contribution"):
-            table.add_column(name, justify="right")
-        for r, (layer, head, c) in enumerate(a.top(top)):
-            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{c:+.3f}")
-        console.print(table)
-        best = np.argsort(-np.abs(a.ffns))[:3]
-        console.print(Text(f"heads {a.heads.sum():+.3f}, FFNs {a.ffns.sum():+.3f} (largest: "
-                           + ", ".join(f"L{int(l)} {a.ffns[l]:+.3f}" for l in best) + "), "
-                           + ", ".join(f"{k} {v:+.3f}" for k, v in a.rest.items() if v) + f"; sum {a.total():.3f}"))
-        if out_dir is not None:
-            _write_figure(attribution_figure(a.heads, model_name=model.name, what=what), out_dir, "dla")
-
-
-@cli.command(name="patch")
-@click.argument("clean")
-@click.argument("corrupted")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
-@click.option("--answer", required=True, help="CLEAN's answer, one token (e.g. ' Mary').")
-@click.option("--wrong", required=True, help="CORRUPTED's answer, one token (e.g. ' John').")
-@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many heads to list.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the heatmaps (patch.png, .svg) and the tables (patch.json) into this directory.")
-def patch_cmd(clean: str, corrupted: str, source: str, answer: str, wrong: str, top: int, out_dir: str | None) -> None:
-    """Activation patching: copy each head's output, and each position of the residual stream,
-    attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of
-    logit(answer) − logit(wrong) comes back (0 = corrupted, 1 = clean)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from .analysis.patch import metric_of, patch, save_patching
-    from .checkpoints import load
-
-    model = load(source)
-    metric_of(model, (answer, wrong))                                         # bad input fails before DIR is touched
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)
-        columns = (TextColumn("patched copies"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("patch", total=None)
-            p = patch(model, clean, corrupted, (answer, wrong), progress=lambda k: bar.advance(task, k))
-        console = new_console()
-        console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "
-                           f"{p.runs} patched copies in {p.passes} batched passes, {p.seconds:.1f} s "
-                           f"({p.skipped} equal to the corrupted run, not run)"))
-        table = Table(show_edge=False, pad_edge=False)
-        for name in ("#", "head", "effect"):
-            table.add_column(name, justify="right")
-        for r, (layer, head, e) in enumerate(p.top_heads(top)):
-            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{e:+.3f}")
-        console.print(table)
-        for name, t in (("residual", p.residual), ("attn_out", p.attn_out), ("ffn_out", p.ffn_out)):
-            layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
-            console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
-        if out_dir is not None:
-            for f in save_patching(p, out_dir):
-                click.echo(f"wrote {f}")
-
-
-@cli.command(name="circuits")
-@click.option("--model", "source", default="smollm2", show_default=True, help=MODEL_HELP)
-@click.option("--layer", type=int, required=True, help="Layer (negative counts from the end).")
-@click.option("--head", type=int, required=True, help="Query head (negative counts from the end).")
-@click.option("--text", default="When Mary and John went to the store, John gave a drink to Mary. "
-              "The cat sat on the mat.", show_default=True,
-              help="Its tokens are the OV circuit's token set; its activations give the QK pattern.")
-@click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many entries to list.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the figure (circuits.png, .svg) into this directory.")
-def circuits_cmd(source: str, layer: int, head: int, text: str, top: int, out_dir: str | None) -> None:
-    """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
-    score) and where it looks by relative position."""
-    from .analysis.circuits import circuits_figure, ov_circuit, qk_positions
-    from .checkpoints import load
-
-    model = load(source)
-    layer, head = model.check_layer(layer), model.check_head(head)
-    model.encode(text)                                                        # bad input fails before DIR is touched
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)
-        ov, qk = ov_circuit(model, layer, head, text), qk_positions(model, layer, head, text)
-        console = new_console()
-        console.print(Text(f"{model.name} layer {layer}, head {head}: OV copying score {ov.copying_score:+.3f} "
-                           f"(Σλ/Σ|λ|: +1 copies, −1 suppresses); {ov.diagonal:.0%} of the {len(ov.ids)} tokens "
-                           "raise their own logit most"))
-        table = Table(title="OV: attending to → raises", title_justify="left", show_edge=False, pad_edge=False)
-        for name in ("attended", "raises", "value", "its top outputs over the vocabulary"):
-            table.add_column(name)
-        where = {t: i for i, t in enumerate(ov.labels)}
-        for src, dst, v in ov.top(top):
-            outs = ", ".join(f"{t} {x:.2f}" for t, x in ov.top_outputs[where[src]])
-            table.add_row(Text(src), Text(dst), f"{v:+.3f}", Text(outs))
-        console.print(table)
-        near = np.abs(qk.deltas) < 12
-        console.print(Text("QK by relative distance Δ = query − key, on the text (Δ: mean score / mean attention):\n  "
-                           + "  ".join(f"{int(d)}: {s:+.2f}/{a:.2f}" for d, s, a in
-                                       zip(qk.deltas[near], qk.score[near], qk.attention[near]))))
-        if qk.table_by_delta is not None:
-            near = np.abs(qk.deltas_table) < 12
-            console.print(Text("QK by relative distance Δ, from the position table W_pos·W_Q·(W_pos·W_K)ᵀ/√d_k:\n  "
-                               + "  ".join(f"{int(d)}: {s:+.2f}" for d, s in
-                                           zip(qk.deltas_table[near], qk.table_by_delta[near]))))
-        if out_dir is not None:
-            _write_figure(circuits_figure(ov, qk, model_name=model.name), out_dir, "circuits")
 
 
 @cli.command()
@@ -925,6 +678,8 @@ def serve(source: str, port: int, host: str) -> None:
 cli.add_command(heads_cmd)        # `qkv heads`: what each head does (analysis/cli.py)
 cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (bench/cli.py)
 cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (train/cli.py)
+for command in (lens_cmd, rollout_cmd, dla_cmd, patch_cmd, circuits_cmd):
+    cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 
 
 def main() -> None:

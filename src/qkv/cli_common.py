@@ -64,3 +64,11 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+
+
+def write_figure(fig, out_dir: str, name: str) -> None:
+    """OUT_DIR/NAME.png and .svg, written together (viz.figures.save_figure), and say so."""
+    from .viz.figures import save_figure
+
+    for f in save_figure(fig, out_dir, name):
+        click.echo(f"wrote {f}")
