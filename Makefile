@@ -44,6 +44,8 @@ test-live: $(VENV)/.reference
 
 bench: $(VENV)/.reference
 	$(VENV)/bin/qkv bench forward --out docs/benchmarks.md
+	$(VENV)/bin/qkv bench train --out docs/benchmarks.md
+	$(VENV)/bin/qkv bench patch --out docs/benchmarks.md
 
 # Regenerate the committed reference fixtures (needs the reference stack).
 fixtures: $(VENV)/.reference

@@ -1,6 +1,6 @@
 """`qkv bench ...`: the benchmark commands (registered in qkv.cli with `cli.add_command(bench)`).
 
-Each command measures with its module (forward, attention, generate, llm, heads, train), writes the
+Each command measures with its module (forward, attention, generate, llm, heads, train, patching), writes the
 report with it (attention_report for attention) and (re)writes its section of the docs;
 those modules hold no command line, so they never import this one.
 
@@ -23,6 +23,7 @@ from . import attention_report as report
 from . import forward as fwd
 from . import generate as gb
 from . import llm
+from . import patching as pb
 from . import train as tb
 from .common import write_section
 
@@ -224,3 +225,24 @@ def train_command(models: tuple[str, ...], repeats: int, memory_tokens: tuple[in
                         threads=threads, log=lambda msg: click.echo(msg, err=True))
     text = tb.markdown(result, train_command_line(models, repeats, memory_tokens, memory, threads, out))
     publish(result, text, as_json, out, "train", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
+def patch_command_line(repeats: int, threads: int | None, out: str | None) -> str:
+    """The command line that reproduces a patching run with these options."""
+    return command_line("qkv bench patch", [("--repeats", repeats, pb.REPEATS), ("--threads", threads, None),
+                                            ("--out", out, None)])
+
+
+@bench.command("patch")
+@click.option("--repeats", type=click.IntRange(min=1), default=pb.REPEATS, show_default=True,
+              help="Runs of each side, taking turns (each run's time is reported).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="BLAS threads of qkv and torch's threads [default: every core].")
+@out_option("'bench:patch' section")
+@json_option
+def patch_command(repeats: int, threads: int | None, out: str | None, as_json: bool) -> None:
+    """Activation patching of every head on SmolLM2 (docs/patching.md's IOI run): qkv against TransformerLens."""
+    start = time.perf_counter()
+    result = pb.measure(repeats=repeats, threads=threads, log=lambda msg: click.echo(msg, err=True))
+    text = pb.markdown(result, patch_command_line(repeats, threads, out))
+    publish(result, text, as_json, out, "patch", took=f" ({time.perf_counter() - start:.0f} s)")
