@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import QkvError
 from . import markdown as md
-from .common import cpu_snapshot, machine_facts, others_cores, time_rounds
+from .common import cpu_snapshot, others_cores, time_rounds
 
 MODEL = "smollm2"
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -144,14 +144,9 @@ def measure(repeats: int = REPEATS, threads: int | None = None, log: Callable[[s
     if diff > TOL:
         raise RuntimeError(f"qkv's and TransformerLens's head tables differ by {diff:.2e} > {TOL}: not the same "
                            "patching, the timing would be meaningless")
-    machine = machine_facts()
-    machine["blas"]["num_threads"] = threads
-    from .llm import vector_extensions
+    from .train import torch_machine_facts
 
-    machine["vector"] = vector_extensions()
-    machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
-                        "capability": torch.backends.cpu.get_cpu_capability()}
-    machine["transformers"] = transformers.__version__
+    machine = torch_machine_facts(torch, transformers, threads)
     machine["transformer_lens"] = version("transformer-lens")
     top = np.argsort(-np.abs(ours["table"]), axis=None)[:3]
     H = ours["table"].shape[1]

@@ -294,16 +294,23 @@ def measure(models=tuple(MODELS), repeats: int = REPEATS, warmup: int = 1, seed:
             for row in memory:
                 ids = rng.integers(0, cfg.vocab_size, size=(spec.batch, row["tokens"]))
                 row["torch_saved_bytes"] = torch_saved_bytes(tm, ids)
-    machine = machine_facts()
-    machine["blas"]["num_threads"] = threads
+    machine = torch_machine_facts(torch, transformers, threads)
+    return {"rows": rows, "memory": memory, "memory_model": MEMORY_MODEL, "optim": OPTIM, "machine": machine,
+            "others_cores": others, "repeats": repeats, "warmup": warmup, "settle_s": SETTLE, "seed": seed}
+
+
+def torch_machine_facts(torch, transformers, threads: int) -> dict:
+    """machine_facts with qkv's BLAS thread count, the CPU's vector extensions and torch's side (version,
+    threads, kernel capability): what a report against torch names."""
     from .llm import vector_extensions
 
+    machine = machine_facts()
+    machine["blas"]["num_threads"] = threads
     machine["vector"] = vector_extensions()
     machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
                         "capability": torch.backends.cpu.get_cpu_capability()}
     machine["transformers"] = transformers.__version__
-    return {"rows": rows, "memory": memory, "memory_model": MEMORY_MODEL, "optim": OPTIM, "machine": machine,
-            "others_cores": others, "repeats": repeats, "warmup": warmup, "settle_s": SETTLE, "seed": seed}
+    return machine
 
 
 # ── the report ───────────────────────────────────────────────────────────────────
