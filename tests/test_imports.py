@@ -5,10 +5,11 @@ function (a lazy import is still a dependency), resolved to the qkv module it lo
 `if TYPE_CHECKING:` never run, so they count for the layers but not for cycles.
 
     core      config errors io ops positions masks attention kernels cache sampling generate weights
-              layout model hooks seq2seq seq2seq_generate trace tokenizer threads nexttoken chat checkpoints/
+              layout model hooks seq2seq seq2seq_generate trace tokenizer threads tuning nexttoken chat sparse
+              checkpoints/
                                                                            (the engine, its data)
     viz       figures, the viewer, palettes                                (pictures of a trace)
-    analysis  head statistics; explain (the walkthrough)                   (numbers about a trace)
+    analysis  head statistics; explain (the walkthrough), lessons/ (explain TOPIC)  (numbers about a trace)
     train     gradients, optimiser, data, the training loop                (models that learn)
     bench     timings against the reference
     server    the local web app
@@ -32,8 +33,9 @@ CLI = {"qkv.__main__", "qkv.cli", "qkv.cli_common", "qkv.analysis.cli", "qkv.ben
 CORE = {"qkv", "qkv.config", "qkv.errors", "qkv.io", "qkv.ops", "qkv.positions", "qkv.attention", "qkv.kernels",
         "qkv.cache", "qkv.sampling", "qkv.generate", "qkv.weights", "qkv.layout", "qkv.model", "qkv.trace",
         "qkv.tokenizer", "qkv.threads", "qkv.nexttoken", "qkv.chat", "qkv.masks", "qkv.seq2seq",
-        "qkv.seq2seq_generate", "qkv.hooks"}
-PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.train": "train",
+        "qkv.seq2seq_generate", "qkv.hooks", "qkv.sparse", "qkv.tuning"}
+PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.lessons": "analysis",
+            "qkv.train": "train",
             "qkv.bench": "bench"}
 MODULES = {"qkv.explain": "analysis", "qkv.explain_text": "analysis", "qkv.explain_render": "analysis",
            "qkv.server": "server"}
