@@ -1,0 +1,281 @@
+"""`qkv explain kv-cache`: what the KV cache holds and what it saves, token by token (seeds §7, KV 캐시).
+
+    without a cache   each new token runs the whole sequence again: m tokens → Q, K, V of all m
+    with the cache    the prompt runs once (prefill) and leaves every layer's K, V behind; each step
+                      then feeds the newest token alone, and its query reads the m cached keys
+
+Greedy generation of a few tokens from the text on SmolLM2, both ways, in this process: the
+cache's contents (per layer K and V of shape (Hkv, m, d_k), after RoPE) checked against a
+full pass, each step's time (best of REPEATS) and FLOPs counted from the weights' shapes,
+and the check that both ways choose the same token with logits equal within 1e-4. The cache
+of the same model with H K/V heads (MHA) and one (MQA) is computed beside the model's (GQA).
+No torch: qkv.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.generate.decode
+uses them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.text import Text
+
+from ..cache import KVCache
+from ..errors import QkvError
+from ..explain import DEFAULT_TEXT
+from ..generate import check_can_generate
+from ..threads import StepThreads, decode_threads
+from ..tokenizer import shorten
+from . import Page, nbytes, same, shape
+from .kvcache_text import TEXTS
+
+DEFAULT_MODEL = "smollm2"
+NEW_TOKENS = 8
+REPEATS = 3                     # each step is timed this many times, the fastest kept
+TOL_LOGITS = 1e-4
+
+
+@dataclass
+class Step:
+    """One new token, chosen with the cache and without it."""
+
+    fed: int                    # tokens fed to the model this step: the prompt (prefill), then 1
+    m: int                      # keys the new query reads (the sequence so far)
+    token: str                  # the chosen token, as a reader sees it
+    token_id: int
+    seconds_cache: float        # the step with the cache (best of REPEATS)
+    seconds_full: float         # the whole sequence recomputed
+    flops_cache: int
+    flops_full: int
+    diff: float                 # max |logits with the cache − logits without|
+    same: bool                  # both choose the same token
+
+
+@dataclass
+class Layout:
+    """The cache of this model's shape with H_kv K/V heads."""
+
+    name: str                   # MHA, GQA, MQA
+    H_kv: int
+    bytes_per_token: int
+    bytes_now: int              # for the tokens of this run
+    bytes_context: int          # for the model's whole context
+
+
+@dataclass
+class Lesson:
+    model: str
+    L: int
+    H: int
+    H_kv: int
+    d_k: int
+    d_model: int
+    d_ff: int
+    V: int
+    gated: bool
+    context: int                # the model's max_positions
+    prompt: list[str]           # the prompt's tokens
+    steps: list[Step]
+    layouts: list[Layout]
+    text: str                   # the prompt and the continuation
+    diff_cache: float           # cached K, V − a full pass's k, v (every layer)
+
+    @property
+    def n(self) -> int:
+        """Tokens in the cache at the end: the prompt and every new token but the last (never fed)."""
+        return len(self.prompt) + len(self.steps) - 1
+
+
+def flops(fed: int, m: int, d_model: int, H: int, H_kv: int, d_k: int, d_ff: int, L: int, V: int,
+          gated: bool) -> int:
+    """FLOPs (2 per multiply-add) of one pass feeding `fed` tokens whose queries read m keys, every score
+    counted (masked ones too), logits of the last position only:
+
+        L · [ 2·fed·d_model·(H + 2·Hkv)·d_k          Q, K, V projections
+            + 2·2·H·fed·m·d_k                        S = Q·Kᵀ and Z = A·V
+            + 2·fed·H·d_k·d_model                    Concat(Z)·W_O
+            + 2·fed·d_model·d_ff·(3 gated | 2) ]     the FFN
+        + 2·d_model·V                                logits = Z·W_vocab
+    """
+    per_layer = (2 * fed * d_model * (H + 2 * H_kv) * d_k + 4 * H * fed * m * d_k + 2 * fed * H * d_k * d_model
+                 + 2 * fed * d_model * d_ff * (3 if gated else 2))
+    return L * per_layer + 2 * d_model * V
+
+
+def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats: int = REPEATS) -> Lesson:
+    """Generate `new_tokens` greedily from `text` with the cache and without it; every number checked."""
+    text = text or DEFAULT_TEXT
+    cfg = model.config
+    if not cfg.causal or getattr(model.weights, "W_vocab", None) is None or cfg.encoder_decoder:
+        raise QkvError(f"{model.name} does not write text one token at a time ({cfg.family}), so it keeps no KV "
+                       "cache; use a decoder: qkv explain kv-cache --model smollm2 (the default)")
+    ids, _ = model.encode(text)
+    ids = np.asarray(ids, np.int64)[None]                                  # (1, n)
+    check_can_generate(model, ids.shape[1], new_tokens)
+    dims = _dims(model)
+    cache = KVCache(cfg, 1, ids.shape[1] + new_tokens, dtype=model.dtype)  # (L, 1, Hkv, max_len, d_k) × 2
+    seq, new, steps = ids, ids, []
+    threads = StepThreads(decode_threads())
+    for _ in range(new_tokens):
+        ones = np.ones_like(seq)
+        start = cache.length
+
+        def step(new=new, ones=ones, start=start):
+            cache.length = start                       # a repeat writes over what the last one appended
+            if new.shape[1] == 1:                      # one token: 1 or 2 BLAS threads, as decode runs it
+                return threads.run(lambda: model.last_logits(new, ones, cache=cache))
+            return model.last_logits(new, ones, cache=cache)
+
+        t_cache, with_cache = _best(repeats, step)
+        t_full, full = _best(repeats, lambda: model.last_logits(seq, ones))
+        with_cache, full = with_cache[0, -1], full[0, -1]                  # (V,) each
+        diff = same(f"the logits of new token {len(steps) + 1} with the KV cache", with_cache, full, TOL_LOGITS,
+                    rel=True)
+        token_id = int(np.argmax(with_cache))
+        chosen = int(np.argmax(full))
+        if chosen != token_id and full[token_id] < full[chosen] - 2 * TOL_LOGITS * max(1.0, abs(full[chosen])):
+            raise RuntimeError(f"lesson: with the cache token {token_id}, without it {chosen}")
+        m = seq.shape[1]
+        steps.append(Step(fed=new.shape[1], m=m, token=shorten(model.tokenizer.label(token_id), 14),
+                          token_id=token_id, seconds_cache=t_cache, seconds_full=t_full,
+                          flops_cache=flops(new.shape[1], m, **dims), flops_full=flops(m, m, **dims),
+                          diff=diff, same=chosen == token_id))
+        new = np.array([[token_id]])
+        seq = np.concatenate([seq, new], axis=1)
+    # what the cache holds: the K, V (after RoPE) a full pass computes for the same tokens
+    cached = seq[0, :-1]                                                   # the last token was never fed
+    trace = model.run(cached.tolist(), keep=("k", "v"))
+    n = len(cached)
+    diff_cache = max(same(f"cached {name} of layer {i}", getattr(cache, name)[i, 0, :, :n],
+                          getattr(trace.layer(i), name), 1e-4, rel=True)
+                     for i in range(cfg.n_layers) for name in ("k", "v"))
+    return Lesson(model=model.name, L=cfg.n_layers, H=cfg.n_heads, H_kv=cfg.n_kv_heads, d_k=cfg.d_head,
+                  d_model=cfg.d_model, d_ff=dims["d_ff"], V=dims["V"], gated=dims["gated"], context=cfg.max_positions,
+                  prompt=model.tokenizer.labels(ids[0]), steps=steps, layouts=cache_layouts(cfg, n, model.dtype),
+                  text=model.tokenizer.decode(seq[0].tolist()), diff_cache=diff_cache)
+
+
+def _best(repeats: int, fn):
+    """(fastest of `repeats` calls in seconds, the last call's result)."""
+    best, out = float("inf"), None
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _dims(model) -> dict:
+    """The sizes `flops` needs, read from the weights (a config that disagreed with them is a bug)."""
+    cfg, w = model.config, model.weights
+    b = w.blocks[0]
+    H, H_kv, d_k, d_model = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    for name, got, want in (("W_Q", b.attn.W_Q.shape, (d_model, H * d_k)),
+                            ("W_K", b.attn.W_K.shape, (d_model, H_kv * d_k)),
+                            ("W_V", b.attn.W_V.shape, (d_model, H_kv * d_k)),
+                            ("W_O", b.attn.W_O.shape, (H * d_k, d_model)),
+                            ("W_vocab", w.W_vocab.shape, (d_model, cfg.vocab_size))):
+        if tuple(got) != want:
+            raise RuntimeError(f"lesson: {name} is {tuple(got)}, the config says {want}")
+    return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=b.ffn.W_in.shape[1], L=cfg.n_layers,
+                V=w.W_vocab.shape[1], gated=b.ffn.W_gate is not None)
+
+
+def cache_layouts(cfg, n: int, dtype) -> list[Layout]:
+    """MHA (H K/V heads), the model's own, MQA (1): bytes per token = 2·L·Hkv·d_k·itemsize."""
+    item = np.dtype(dtype).itemsize
+    kinds = {cfg.n_heads: "MHA", 1: "MQA"}
+    rows = []
+    for h in sorted({cfg.n_heads, cfg.n_kv_heads, 1}, reverse=True):
+        per = KVCache.bytes_per_token(cfg.with_(n_kv_heads=h), dtype)
+        same(f"KV-cache bytes per token with {h} K/V heads", per, 2 * cfg.n_layers * h * cfg.d_head * item, 0)
+        rows.append(Layout(name=kinds.get(h, "GQA"), H_kv=h, bytes_per_token=per, bytes_now=per * n,
+                           bytes_context=per * cfg.max_positions))
+    return rows
+
+
+def own_layout(layouts: list[Layout], H_kv: int) -> Layout:
+    """The row of `cache_layouts` with the model's own K/V heads."""
+    return next(l for l in layouts if l.H_kv == H_kv)
+
+
+def layout_name(layout: Layout, H_kv: int) -> str:
+    return layout.name + (" ←" if layout.H_kv == H_kv else "")
+
+
+def per_token(layout: Layout) -> str:
+    return f"{layout.bytes_per_token:,} ({nbytes(layout.bytes_per_token)})"
+
+
+# ── the page ─────────────────────────────────────────────────────────────────────
+
+def render(lesson: Lesson, lang: str = "en") -> list:
+    p, s = Page(TEXTS, lang), lesson
+    last = s.steps[-1]
+    out = [p.rule("title", bold=True, model=s.model), p.say("intro"),
+           Text(""), p.rule("s_holds"),
+           p.say("holds", L=s.L, H=s.H, H_kv=s.H_kv, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
+                 shape=shape(s.H_kv, len(s.prompt), s.d_k), per=own_layout(s.layouts, s.H_kv).bytes_per_token),
+           p.say("holds_check", n=s.n, diff=s.diff_cache),
+           Text(""), p.rule("s_steps", k=len(s.steps))]
+    tab = p.table("#", "col_token", "col_fed", "m", "col_shape", "col_bytes", "col_ms_cache", "col_ms_full",
+                  "col_flops_cache", "col_flops_full", "col_same")
+    per = own_layout(s.layouts, s.H_kv).bytes_per_token
+    for i, st in enumerate(s.steps, 1):
+        p.row(tab, i, st.token, st.fed, st.m, shape(s.H_kv, st.m, s.d_k), nbytes(per * st.m),
+              f"{1e3 * st.seconds_cache:.1f}", f"{1e3 * st.seconds_full:.1f}", f"{st.flops_cache / 1e6:,.0f}M",
+              f"{st.flops_full / 1e6:,.0f}M", f"✓ {st.diff:.0e}" if st.same else f"✗ {st.diff:.0e}", bold_first=True)
+    steps = s.steps[1:] or s.steps
+    t_cache, t_full = sum(x.seconds_cache for x in steps), sum(x.seconds_full for x in steps)
+    out += [p.say("steps", prompt=len(s.prompt)), tab, p.say("text", text=s.text),
+            p.say("same", k=len(s.steps), diff=max(x.diff for x in s.steps), tol=TOL_LOGITS),
+            Text(""), p.rule("s_cost"),
+            p.say("flops", ffn="3" if s.gated else "2", d_model=s.d_model, H=s.H, H_kv=s.H_kv, d_k=s.d_k, d_ff=s.d_ff,
+                  L=s.L, V=s.V),
+            p.say("cost", m=last.m, fc=last.flops_cache / 1e6, ff=last.flops_full / 1e6,
+                  fr=last.flops_full / last.flops_cache, k=len(steps), tc=1e3 * t_cache, tf=1e3 * t_full,
+                  tr=t_full / t_cache),
+            p.say("ratio_memory" if t_full / t_cache < last.flops_full / last.flops_cache else "ratio_busy"),
+            Text(""), p.rule("s_layouts")]
+    lay = p.table("col_attention", "col_kv_heads", "col_per_token", p.t["col_now"].format(n=s.n), "col_context")
+    for l in s.layouts:
+        p.row(lay, layout_name(l, s.H_kv), l.H_kv, per_token(l), nbytes(l.bytes_now), nbytes(l.bytes_context),
+              bold_first=True)
+    mha, own, mqa = s.layouts[0], own_layout(s.layouts, s.H_kv), s.layouts[-1]
+    out += [p.say("layouts", L=s.L, d_k=s.d_k, n=s.n, context=s.context), lay,
+            p.say("layouts_end", H=s.H, H_kv=s.H_kv, saving=mha.bytes_per_token / own.bytes_per_token,
+                  mqa=mha.bytes_per_token / mqa.bytes_per_token)]
+    return out
+
+
+# ── the figure ───────────────────────────────────────────────────────────────────
+
+def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
+    """kvcache: time and FLOPs per step with and without the cache, and the cache's size (MHA/GQA/MQA)."""
+    from ..viz.figures import _figure, _styled, save_all
+
+    t, s = Page(TEXTS, lang).t, lesson
+
+    @_styled
+    def draw():
+        fig = _figure(13, 4)
+        a, b, c = fig.subplots(1, 3)
+        m = [x.m for x in s.steps]
+        a.plot(m, [1e3 * x.seconds_full for x in s.steps], "o-", label=t["fig_full"])
+        a.plot(m, [1e3 * x.seconds_cache for x in s.steps], "o-", label=t["fig_cache"])
+        a.set(xlabel=t["fig_m"], ylabel="ms", title=t["fig_time"], ylim=(0, None))
+        b.plot(m, [x.flops_full / 1e9 for x in s.steps], "o-", label=t["fig_full"])
+        b.plot(m, [x.flops_cache / 1e9 for x in s.steps], "o-", label=t["fig_cache"])
+        b.set(xlabel=t["fig_m"], ylabel="GFLOPs", title=t["fig_flops"], ylim=(0, None))
+        tokens = np.linspace(0, s.context, 50)
+        for l in s.layouts:
+            c.plot(tokens, tokens * l.bytes_per_token / 2 ** 20, lw=2.5 if l.H_kv == s.H_kv else 1.2,
+                   label=f"{l.name} (Hkv = {l.H_kv})")
+        c.set(xlabel=t["fig_tokens"], ylabel="MiB", title=t["fig_memory"].format(model=s.model))
+        for ax in (a, b, c):
+            ax.legend(fontsize=8)
+        return fig
+
+    return save_all(out_dir, [("kvcache", draw)], ["png", "svg"])

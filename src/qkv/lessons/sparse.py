@@ -1,0 +1,355 @@
+"""`qkv explain sparse`: sparse attention (seeds §7, 희소 어텐션) on a real model's q, k, v, measured.
+
+    gallery   causal, sliding window, dilated window, global + window (Longformer), + random
+              blocks (BigBird), block-sparse: each a mask `qkv.sparse.sparse_attention` runs,
+              skipping the tiles it hides (the tile map and the count of tiles it computed)
+    error     on every layer and head of the model reading a long text (a paragraph repeated to
+              ≥ 256 tokens): ‖Z_sparse − Z‖ / ‖Z‖ against the model's own output Z, and the mass
+              of the model's weights A the pattern keeps (as `kernels.compare_to_softmax` does
+              for linear attention)
+    cost      time and peak memory (tracemalloc) of one call on random q, k, v of the model's
+              shape at a few n: the dense matrix with the mask added, the tiled kernel, each pattern
+
+Checked before anything prints: the dense pattern's output equals the model's Z on every layer;
+every pattern's output equals the model's A cut to the pattern, renormalised row by row, times V
+(softmax over the kept keys is exactly that); each timed call's output equals the dense masked
+one. `qkv bench sparse` (bench/sparse.py) runs the cost part at larger n with `measure_cost`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.text import Text
+
+from .. import sparse as sp
+from ..attention import mask_bias, scaled_dot_product_attention
+from ..errors import QkvError
+from ..kernels import tiled_attention
+from . import Page, same
+from .sparse_text import TEXTS
+
+DEFAULT_MODEL = "smollm2"
+PARAGRAPH = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passing "
+             "in the night trusted its beam to guide them past the rocks, and for forty years it never "
+             "failed. When the keeper retired, the town replaced him with an automatic light, but people "
+             "still said the beam looked warmer in the years he tended it.")
+MIN_TOKENS, MAX_TOKENS = 256, 512     # the text is repeated up to MIN_TOKENS; longer than MAX_TOKENS is refused
+WINDOW, BLOCK = 64, 32                # the gallery's window and block; tiles of BLOCK × BLOCK
+COST_SIZES = (256, 512, 1024)
+REPEATS = 3
+DENSE_MAX_BYTES = 4 * 10 ** 9         # the dense masked method's scores beyond this: not run
+
+
+@dataclass
+class PatternResult:
+    """One pattern on the model: what it keeps, the work it skips, how far it moves each layer's output."""
+
+    name: str
+    label: str
+    density: float                # share of the n × n pairs kept
+    tiles: sp.TileCount           # the kernel's count for one call (every layer has the same map)
+    kinds: np.ndarray             # (⌈n/BLOCK⌉, ⌈n/BLOCK⌉) HIDDEN / PARTIAL / FULL
+    error: np.ndarray             # (L,) mean over heads of ‖Z_sparse − Z‖ / ‖Z‖
+    mass: np.ndarray              # (L,) mean over heads and rows of Σ A[i, j] over the kept keys j
+    check: float                  # largest |Z_sparse − (A cut to the pattern, renormalised)·V|
+
+
+@dataclass
+class Lesson:
+    model: str
+    causal: bool
+    n: int                        # tokens read
+    copies: int                   # times the text was repeated to reach MIN_TOKENS
+    copy_tokens: int              # tokens of one copy
+    L: int
+    H: int
+    H_kv: int
+    d_k: int
+    window: int
+    block: int
+    patterns: list[PatternResult]
+    dense_check: float            # the dense pattern's Z − the model's Z, every layer
+    first_mass: float             # mean weight of the first token (rows past the window): the attention sink
+    cost: dict                    # measure_cost's result
+
+
+def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int = REPEATS) -> Lesson:
+    """The gallery on `model` reading `text` (default: a paragraph), every number checked."""
+    cfg = model.config
+    if getattr(cfg, "encoder_decoder", False):
+        raise QkvError(f"{model.name} is an encoder–decoder; the sparse lesson needs one self-attention stack: "
+                       "use --model smollm2 or --model minilm")
+    text, copies, one = _long_enough(model, text or PARAGRAPH)
+    trace = model.run(" ".join([text] * copies), keep=("q", "k", "v", "heads", "attentions"))
+    n = len(trace.tokens)
+    gallery = sp.gallery(cfg.causal, WINDOW, BLOCK)
+    layers = [trace.layer(i) for i in trace.layer_ids]
+    q, k, v, Z, A = (np.stack([getattr(lt, name) for lt in layers])       # every layer as the batch axis:
+                     for name in ("q", "k", "v", "heads", "attentions"))   # (L, H or Hkv, n, d_k), A (L, H, n, n)
+    L, G = len(layers), cfg.n_heads // cfg.n_kv_heads
+    results, dense_check = [], 0.0
+    kept = np.empty_like(A)                                            # (L, H, n, n) reused by every pattern
+    for p in gallery:
+        allowed = p.mask(n)                                            # (n, n)
+        z, tiles = sp.sparse_attention(q, k, v, p, block=BLOCK)        # (L, H, n, d_k), one call for all layers
+        np.multiply(A, allowed, out=kept)                              # A cut to the pattern
+        total = kept.sum(-1, keepdims=True)                            # (L, H, n, 1)
+        want = (kept.reshape(L, cfg.n_kv_heads, G * n, n) @ v).reshape(z.shape)   # (L, H, n, d_k) ·V, GQA groups
+        np.divide(want, total, out=want, where=total > 0)              # renormalised row by row
+        check = same(f"{p.name}: Z (every layer)", z, want, 2e-4, rel=True)
+        if p.name in ("causal", "full"):
+            dense_check = same("dense Z (every layer)", z, Z, 1e-4, rel=True)
+        diff = np.linalg.norm((z - Z).astype(np.float64), axis=(2, 3))             # (L, H)
+        error = (diff / np.linalg.norm(Z.astype(np.float64), axis=(2, 3))).mean(axis=1)   # (L,)
+        mass = total.astype(np.float64).mean(axis=(1, 2, 3))           # (L,)
+        kinds = p.tiles(n, n, BLOCK)                                   # (⌈n/BLOCK⌉, ⌈n/BLOCK⌉)
+        if (tiles.total, tiles.skipped) != (kinds.size, int((kinds == sp.HIDDEN).sum())):
+            raise RuntimeError(f"lesson: {p.name}'s kernel skipped {tiles.skipped} tiles, its map hides "
+                               f"{int((kinds == sp.HIDDEN).sum())}")
+        results.append(PatternResult(p.name, p.label, p.density(n), tiles, kinds, error, mass, check))
+    del kept, want
+    far = slice(WINDOW, None)                                          # rows the window no longer reaches back to 0
+    first = float(A[:, :, far, 0].astype(np.float64).mean())
+    cost = measure_cost(gallery, cost_sizes, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, repeats=repeats)
+    return Lesson(model.name, cfg.causal, n, copies, one, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head,
+                  WINDOW, BLOCK, results, dense_check, first, cost)
+
+
+def _long_enough(model, text: str) -> tuple[str, int, int]:
+    """(text, copies, tokens a copy adds): the fewest copies that reach MIN_TOKENS; QkvError past MAX_TOKENS."""
+    def count(copies: int) -> int:
+        return len(model.encode(" ".join([text] * copies))[0])
+
+    n1 = count(1)
+    if n1 > MAX_TOKENS:
+        raise QkvError(f"the text has {n1} tokens; the sparse lesson keeps n × n weights of every head, so give at "
+                       f"most {MAX_TOKENS}")
+    one = max(1, count(2) - n1)                                        # special tokens ([CLS], [SEP]) come once
+    copies = max(1, math.ceil((MIN_TOKENS - (n1 - one)) / one))
+    while count(copies) < MIN_TOKENS:                                  # a merge across copies may cost a token
+        copies += 1
+    return text, copies, one
+
+
+# ── cost: time and peak memory of one call ───────────────────────────────────────
+
+def _inputs(n: int, H: int, H_kv: int, d: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, H, n, d), dtype=np.float32), rng.standard_normal((1, H_kv, n, d), dtype=np.float32),
+            rng.standard_normal((1, H_kv, n, d), dtype=np.float32))
+
+
+def _peak(fn) -> tuple[int, object]:
+    """(bytes the call allocated at its peak, its result): tracemalloc, which sees NumPy's arrays.
+    A trace already running (the caller's) is left running."""
+    mine = not tracemalloc.is_tracing()
+    if mine:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = fn()
+        return tracemalloc.get_traced_memory()[1] - before, out
+    finally:
+        if mine:
+            tracemalloc.stop()
+
+
+def measure_cost(patterns: list[sp.Pattern], sizes, H: int, H_kv: int, d: int, *, repeats: int = REPEATS,
+                 block: int = BLOCK, dense_max_bytes: int = DENSE_MAX_BYTES, check_max: int = 2048,
+                 log=None) -> dict:
+    """Seconds (median of `repeats` rounds taking turns) and peak bytes (tracemalloc, one call) of one
+    attention call on random q, k, v (1, H, n, d) at each n of `sizes`:
+
+        dense   softmax(Q·Kᵀ/√d + M)·V on the whole n × n matrix, M = the first pattern's mask
+        tiled   kernels.tiled_attention (the engine's tiled kernel, every key the first pattern sees)
+        <name>  sparse.sparse_attention with each pattern, tiles of `block`
+
+    Each call's output is checked against the dense masked one up to n = `check_max` (where dense runs): a bug
+    otherwise. A size whose dense scores would pass `dense_max_bytes` runs without the dense method.
+    A plain dict, ready for JSON (bench/sparse.py writes it into docs/benchmarks.md).
+    """
+    log = log or (lambda msg: None)
+    causal = patterns[0].causal
+    rows = []
+    for n in sizes:
+        q, k, v = _inputs(n, H, H_kv, d)
+        calls = {"tiled": lambda: tiled_attention(q, k, v, causal=causal)}
+        dense_ok = 4 * H * n * n <= dense_max_bytes
+        if dense_ok:
+            bias = mask_bias(patterns[0].mask(n))[None, None]                # (1, 1, n, n)
+            calls = {"dense": lambda: scaled_dot_product_attention(q, k, v, bias)[0], **calls}
+        for p in patterns:
+            calls[p.name] = (lambda p=p: sp.sparse_attention(q, k, v, p, block=block))
+        row = {"n": n, "methods": {}, "density": {p.name: p.density(n) for p in patterns}}
+        for name, fn in calls.items():
+            peak, out = _peak(fn)
+            z, tiles = out if isinstance(out, tuple) else (out, None)
+            row["methods"][name] = {"peak_bytes": int(peak)} | (
+                {"tiles": tiles.total, "visited": tiles.visited} if tiles else {})
+            if dense_ok and n <= check_max:
+                p = next((p for p in patterns if p.name == name), patterns[0])
+                want = scaled_dot_product_attention(q, k, v, mask_bias(p.mask(n))[None, None])[0]
+                same(f"{name} at n = {n}", z, want, 1e-4, rel=True)
+        seconds = {name: [] for name in calls}
+        names = list(calls)
+        for r in range(repeats):                                            # take turns: noise hits all alike
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                start = time.perf_counter()
+                calls[name]()
+                seconds[name].append(time.perf_counter() - start)
+        for name in names:
+            row["methods"][name]["seconds"] = float(np.median(seconds[name]))
+        log(f"n={n}: " + ", ".join(f"{m} {r['seconds'] * 1e3:.1f} ms" for m, r in row["methods"].items()))
+        rows.append(row)
+    return {"shape": {"H": H, "H_kv": H_kv, "d": d, "dtype": "float32"}, "causal": causal, "block": block,
+            "patterns": [{"name": p.name, "label": p.label} for p in patterns], "repeats": repeats, "rows": rows}
+
+
+# ── the page ─────────────────────────────────────────────────────────────────────
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}"
+
+
+def _mb(b: float) -> str:
+    return f"{b / 1e6:.1f}"
+
+
+def render(lesson: Lesson, lang: str = "en") -> list:
+    p, le = Page(TEXTS, lang), lesson
+    out = [p.rule("title", bold=True, model=le.model, n=le.n), p.say("intro"), Text("")]
+    gal = p.table("col_pattern", "col_defined", "col_density", "col_tiles", "col_skipped")
+    for r in le.patterns:
+        p.row(gal, p.t[f"m_{r.name}"], r.label, f"{r.density:.1%}", f"{r.tiles.visited} / {r.tiles.total}",
+              r.tiles.skipped)
+    mode = p.t["mode_causal" if le.causal else "mode_not_causal"]
+    out += [p.rule("s_gallery"), p.say("gallery", block=le.block, n=le.n, causal=mode), gal, p.say("gallery_end"),
+            Text("")]
+    err = p.table("col_pattern", "col_density", "col_error", "col_worst", "col_mass")
+    for r in le.patterns:
+        worst = int(np.argmax(r.error))
+        p.row(err, p.t[f"m_{r.name}"], f"{r.density:.1%}", f"{r.error.mean():.3f}", f"{r.error[worst]:.3f} (L{worst})",
+              f"{r.mass.mean():.1%}")
+    by = {r.name: r for r in le.patterns}
+    out += [p.rule("s_error"),
+            p.say("error", model=le.model, n=le.n, copies=le.copies, one=le.copy_tokens, L=le.L, H=le.H), err,
+            p.say("error_check", dense=le.dense_check, worst=max(r.check for r in le.patterns))]
+    if "window" in by and "longformer" in by:
+        out.append(p.say("sink", w=le.window, first=le.first_mass, win=by["window"].mass.mean(),
+                         lf=by["longformer"].mass.mean(), e_win=by["window"].error.mean(),
+                         e_lf=by["longformer"].error.mean()))
+    c = le.cost
+    if not c["rows"]:                                                  # built with cost_sizes=(): no cost part
+        return out
+    out += [Text(""), p.rule("s_cost")]
+    names = list(c["rows"][0]["methods"])
+    tab = p.table("col_method", *[f"ms · n={r['n']}" for r in c["rows"]], *[f"MB · n={r['n']}" for r in c["rows"]])
+    for m in names:
+        runs = [r["methods"].get(m) for r in c["rows"]]
+        p.row(tab, p.t.get(f"m_{m}", m), *[_ms(x["seconds"]) if x else "—" for x in runs],
+              *[_mb(x["peak_bytes"]) if x else "—" for x in runs])
+    out += [p.say("cost", H=c["shape"]["H"], H_kv=c["shape"]["H_kv"], d=c["shape"]["d"], repeats=c["repeats"],
+                  block=c["block"]), tab, p.say("cost_end")]
+    return out
+
+
+# ── the figures ──────────────────────────────────────────────────────────────────
+
+def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
+    """sparse_gallery (the masks and their tiles), sparse_error (per layer), sparse_cost (when measured): .png, .svg."""
+    from ..viz.figures import save_all
+
+    t = Page(TEXTS, lang).t
+    makers = [("sparse_gallery", lambda: _fig_gallery(lesson, t)), ("sparse_error", lambda: _fig_error(lesson, t))]
+    if lesson.cost["rows"]:
+        makers.append(("sparse_cost", lambda: _fig_cost(lesson, t)))
+    return save_all(out_dir, makers, ["png", "svg"])
+
+
+def _styled(draw):
+    from ..viz.figures import _styled as styled
+    return styled(draw)
+
+
+def _fig_gallery(le: Lesson, t: dict):
+    @_styled
+    def draw():
+        from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Rectangle
+
+        from ..viz.figures import _figure
+        from ..viz.palette import MASKED
+
+        cols = 3
+        rows = math.ceil(len(le.patterns) / cols)
+        fig = _figure(4.0 * cols, 4.1 * rows)
+        axes = fig.subplots(rows, cols, squeeze=False)
+        gallery = {p.name: p for p in sp.gallery(le.causal, le.window, le.block)}
+        for ax, r in zip(axes.flat, le.patterns):
+            allowed = gallery[r.name].mask(le.n)                             # (n, n)
+            ax.imshow(allowed, cmap=ListedColormap(["white", "#1f4e99"]), interpolation="nearest", vmin=0, vmax=1)
+            for (a, b), kind in np.ndenumerate(r.kinds):                    # the tiles the kernel skips: grey
+                if kind == sp.HIDDEN:
+                    ax.add_patch(Rectangle((b * le.block - 0.5, a * le.block - 0.5), le.block, le.block,
+                                           color=MASKED, alpha=0.6, lw=0))
+            for x in range(0, le.n, le.block):
+                ax.axhline(x - 0.5, color="#999999", lw=0.3)
+                ax.axvline(x - 0.5, color="#999999", lw=0.3)
+            kept = t["fig_kept"].format(d=r.density, v=r.tiles.visited, T=r.tiles.total)
+            ax.set_title(f"{t['m_' + r.name]}\n{r.label}\n{kept}", fontsize=8)
+            ax.set(xticks=[], yticks=[])
+            ax.set_xlabel(t["fig_key"], fontsize=8)
+            ax.set_ylabel(t["fig_query"], fontsize=8)
+        for ax in list(axes.flat)[len(le.patterns):]:
+            ax.set_visible(False)
+        fig.suptitle(t["fig_gallery"].format(n=le.n, block=le.block), fontsize=11)
+        return fig
+    return draw()
+
+
+def _fig_error(le: Lesson, t: dict):
+    @_styled
+    def draw():
+        from ..viz.figures import _figure
+
+        fig = _figure(11, 4)
+        a, b = fig.subplots(1, 2)
+        layers = np.arange(le.L)
+        for i, r in enumerate(le.patterns):
+            a.plot(layers, r.error, "o-", ms=3, color=f"C{i}", label=t[f"m_{r.name}"])
+            b.plot(layers, r.mass, "o-", ms=3, color=f"C{i}", label=t[f"m_{r.name}"])
+        a.set(xlabel=t["fig_layer"], ylabel="‖Z_sparse − Z‖ / ‖Z‖", title=t["fig_error"].format(model=le.model, n=le.n))
+        b.set(xlabel=t["fig_layer"], ylabel=t["fig_mass_axis"], ylim=(0, 1.02), title=t["fig_mass"])
+        a.legend(fontsize=7)
+        return fig
+    return draw()
+
+
+def _fig_cost(le: Lesson, t: dict):
+    @_styled
+    def draw():
+        from ..viz.figures import _figure
+
+        fig = _figure(11, 4)
+        a, b = fig.subplots(1, 2)
+        rows = le.cost["rows"]
+        for i, name in enumerate(rows[0]["methods"]):
+            ns = [r["n"] for r in rows if name in r["methods"]]
+            a.plot(ns, [r["methods"][name]["seconds"] * 1e3 for r in rows if name in r["methods"]], "o-", ms=3,
+                   color=f"C{i}", label=t.get(f"m_{name}", name))
+            b.plot(ns, [max(r["methods"][name]["peak_bytes"], 1) / 1e6 for r in rows if name in r["methods"]], "o-",
+                   ms=3, color=f"C{i}", label=t.get(f"m_{name}", name))
+        for ax, title, unit in ((a, t["fig_time"], "ms"), (b, t["fig_memory"], "MB")):
+            ax.set(xscale="log", yscale="log", xlabel="n", ylabel=unit, title=title)
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+        return fig
+    return draw()
