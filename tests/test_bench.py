@@ -227,3 +227,66 @@ def test_the_forward_report_labels_what_it_did_not_measure():
     for sentence in ("OpenBLAS keeps its threads spinning", "slows down far more than torch"):
         line = next(p for p in text.split("\n\n") if sentence in p)
         assert "*Background, not measured in this run:*" in line
+
+
+# ── qkv bench tune / qkv bench all ───────────────────────────────────────────────
+
+def test_bench_tune_measures_stores_and_prints(monkeypatch, tmp_path):
+    from qkv import tuning
+
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path))
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    made = tuning.Choices(decode=2, prefill=1, attention=2, q_block=64, k_block=512, source="measured")
+    monkeypatch.setattr(tuning, "measure", lambda: (made, {"decode": {1: 0.002, 2: 0.001}}))
+    try:
+        r = CliRunner().invoke(bench, ["tune"])
+        assert r.exit_code == 0, r.output
+        assert "decode: 2 BLAS thread(s)" in r.output and "q_block: 64, k_block: 512" in r.output
+        assert tuning.read_cache(tmp_path / tuning.FILE).numbers() == made.numbers()
+        assert tuning.choices().numbers() == made.numbers()             # this process uses them from now on
+    finally:
+        tuning.forget()
+
+
+def test_bench_all_names_only_options_its_commands_have():
+    from qkv.bench.cli import all_commands
+
+    titles = [t for t, _, _ in all_commands()]
+    assert titles[0] == "tune"
+    assert {t.split()[0] for t in titles} >= {"forward", "generate", "attention", "train", "heads", "patch"}
+    assert "forward --model smollm2" in titles and "generate --model smollm2" in titles
+    for title, command, options in all_commands():
+        params = {p.name for p in command.params}
+        assert set(options) <= params, title
+        if title != "tune":
+            assert "out" in params, title
+
+
+def test_bench_all_runs_each_benchmark_with_out_and_skips(monkeypatch, tmp_path):
+    import click
+
+    from qkv.bench import cli
+
+    ran = []
+
+    def fake(title):
+        @click.command()
+        @click.option("--out", default=None)
+        @click.option("--plot", "plot_path", default=None)
+        @click.option("--sizes", multiple=True, type=int)
+        def command(**kwargs):
+            ran.append((title, kwargs))
+        return command
+    real = cli.all_commands()
+    monkeypatch.setattr(cli, "all_commands", lambda: [(t, fake(t), dict(o)) for t, _, o in real])
+    out = str(tmp_path / "b.md")
+    r = CliRunner().invoke(bench, ["all", "--out", out, "--plot", "p.png", "--skip", "patch", "--skip", "heads"])
+    assert r.exit_code == 0, r.output
+    titles = [t for t, _ in ran]
+    assert titles == [t for t, _, _ in real if t.split()[0] not in ("patch", "heads")]
+    for title, kwargs in ran:
+        assert kwargs.get("out") == (None if title == "tune" else out)
+    attention = dict(ran)["attention"]
+    assert attention["plot_path"] == "p.png" and max(attention["sizes"]) <= 8192
+    r = CliRunner().invoke(bench, ["all", "--skip", "nothing"])
+    assert isinstance(r.exception, QkvError) and "--skip nothing" in str(r.exception)

@@ -17,7 +17,8 @@ import numpy as np
 from .cache import KVCache
 from .errors import QkvError
 from .sampling import Sampling
-from .threads import StepThreads, decode_threads
+from .threads import StepThreads, blas_at_most, cores, decode_threads
+from .tuning import choices, pinned
 from .trace import Recorder
 
 if TYPE_CHECKING:
@@ -54,6 +55,17 @@ def stop_ids(model: Model, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndar
     return np.array(sorted(set(eos) | set(stop_tokens)), dtype=np.int64)
 
 
+def step_threads() -> StepThreads:
+    """The BLAS threads of one generation's one-token steps: pinned by QKV_DECODE_THREADS=N (or
+    QKV_THREADS=decode:N), else timed while generating (threads.StepThreads) between 1 and the
+    count measured fastest on this machine (qkv.tuning; at least 2 where there are 2 cores, so a
+    measurement made while the machine was busy does not keep an idle machine on one thread)."""
+    pin = decode_threads() or pinned().get("decode")
+    if pin:
+        return StepThreads(pinned=pin)
+    return StepThreads(most=max(choices().decode, min(2, cores())))
+
+
 def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
            sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None, use_cache: bool = True,
            keep_attentions: bool = False, **settings) -> Iterator[Step]:
@@ -73,33 +85,45 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
     stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
     cache = KVCache(cfg, B, n + max_new_tokens, dtype=model.dtype) if use_cache else None
-    seq, mask = ids, attention_mask
+    seq = ids
+    masks = np.ones((B, n + max_new_tokens), dtype=attention_mask.dtype)    # (B, n + new): made once,
+    masks[:, :n] = attention_mask                                           # step t reads its first n + t
     new = ids                                            # what the next forward pass reads
     done = np.zeros(B, dtype=bool)
-    threads = StepThreads(decode_threads())              # BLAS threads of one-token steps, by timing them
-    for _ in range(max_new_tokens):
-        rec = Recorder(keep=("attentions",) if keep_attentions else ())
-        if use_cache:
-            def step(new=new, mask=mask, rec=rec):
-                return model.last_logits(new, mask, rec=rec, cache=cache)
-            # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
-            # whichever streams faster on this machine now (threads.StepThreads). The prompt: all threads.
-            logits = threads.run(step) if new.shape[1] == 1 else step()
-        else:
-            logits = model.last_logits(seq, mask, rec=rec)
-        next_ids = sampling.pick(logits[:, -1], rng)                          # (B,)
-        next_ids = np.where(done, pad, next_ids)
-        atts = None
-        if keep_attentions:
-            atts = np.stack([rec.store[i]["attentions"][:, :, -1] for i in range(cfg.n_layers)])  # (L, B, H, m)
-        done = done | np.isin(next_ids, stops)
-        yield Step(ids=next_ids, done=done.copy(), attentions=atts)
-        if done.all():
-            return
-        new = next_ids[:, None]
-        seq = np.concatenate([seq, new], axis=1)
-        mask = np.concatenate([mask, np.ones((B, 1), dtype=mask.dtype)], axis=1)
-
+    threads = step_threads()                             # BLAS threads of one-token steps, by timing them
+    prefill = choices().prefill                          # BLAS threads of the prompt's pass (qkv.tuning)
+    # One-token steps keep their BLAS thread count from step to step (threads.StepThreads: set
+    # again only when the choice changes); what BLAS had comes back when the generation ends.
+    with threads:
+        for t in range(max_new_tokens):
+            rec = Recorder(keep=("attentions",) if keep_attentions else ())
+            mask = masks[:, :n + t]                                               # (B, n + t) a view
+            if use_cache:
+                def step(new=new, mask=mask, rec=rec):
+                    return model.last_logits(new, mask, rec=rec, cache=cache)
+                # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
+                # whichever streams faster on this machine now (threads.StepThreads). The prompt: the
+                # count measured fastest for many rows (qkv.tuning).
+                if new.shape[1] == 1:
+                    logits = threads.run(step)
+                else:
+                    with blas_at_most(prefill):
+                        logits = step()
+            else:
+                with blas_at_most(prefill):
+                    logits = model.last_logits(seq, mask, rec=rec)
+            next_ids = sampling.pick(logits[:, -1], rng)                          # (B,)
+            next_ids = np.where(done, pad, next_ids)
+            atts = None
+            if keep_attentions:
+                atts = np.stack([rec.store[i]["attentions"][:, :, -1] for i in range(cfg.n_layers)])  # (L, B, H, m)
+            done = done | np.isin(next_ids, stops)
+            yield Step(ids=next_ids, done=done.copy(), attentions=atts)
+            if done.all():
+                return
+            new = next_ids[:, None]
+            if not use_cache:
+                seq = np.concatenate([seq, new], axis=1)
 
 
 def _split_stop(stop) -> tuple[list[int], list[str]]:

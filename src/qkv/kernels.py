@@ -24,12 +24,14 @@ import numpy as np
 
 from .masks import visible
 from .threads import parallel_map
+from .tuning import choices
 
-# Rows of queries and of keys per block of tiled attention: big enough that each matmul runs
-# near BLAS speed (~65 GFLOP/s a core here), small enough that a block of scores (H · Q_BLOCK ·
-# K_BLOCK floats, 3 MB for 12 heads) stays in the cache. Of {32, 64, 128, 256, 512} × {256,
-# 512, 1024} at n = 4096 (12 heads, d 64, 2-core AVX2, both cores busy), 128 × 512 and
-# 64 × 512 were fastest; 256 × 512 was 8–10 % slower, 32 × 1024 20 %.
+# Rows of queries and of keys per block of tiled attention when the machine's own measurement
+# is not used (qkv.tuning measures them where qkv runs, with the worker threads): big enough that
+# each matmul runs near BLAS speed, small enough that a block of scores (H · Q_BLOCK · K_BLOCK
+# floats, 3 MB for 12 heads) stays in the cache. Of {32, 64, 128, 256, 512} × {256, 512, 1024}
+# at n = 4096 (12 heads, d 64, 2-core AVX2, both cores busy), 128 × 512 and 64 × 512 were
+# fastest; 256 × 512 was 8–10 % slower, 32 × 1024 20 %.
 Q_BLOCK, K_BLOCK = 128, 512
 
 
@@ -47,21 +49,22 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
     sees only the last `window` positions (itself included); key_mask (B, m): False for
     padding keys. A query that sees no key gets zeros. block_size: rows of queries and
-    of keys per block (default Q_BLOCK × K_BLOCK). Query blocks are independent: they
-    run in parallel, one thread per core (threads.parallel_map).
+    of keys per block (default: measured on this machine, qkv.tuning). Query blocks are
+    independent: they run in parallel on the worker threads qkv.tuning chose (threads.parallel_map).
 
     Plain form it equals:  softmax(q @ kᵀ / √d + mask) @ v   (see `attention.scaled_dot_product_attention`).
     """
     B, H, n, d = q.shape
     Hkv = k.shape[1]
-    bq, bk = (block_size, block_size) if block_size else (Q_BLOCK, K_BLOCK)
+    tuned = choices()
+    bq, bk = (block_size, block_size) if block_size else (tuned.q_block, tuned.k_block)
     qg = _grouped(q, Hkv)                                         # (B, Hkv, G, n, d)
     out = np.empty_like(qg)                                       # (B, Hkv, G, n, d)
     starts = range(0, n, bq)
     if causal or window:                                          # later blocks see more keys:
         starts = reversed(starts)                                 # start them first (load balance)
     parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask),
-                 starts)
+                 starts, workers=tuned.attention)
     return out.reshape(B, H, n, d)
 
 

@@ -143,6 +143,8 @@ class Context:
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
     ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
     hooks: Hooks | None = None                       # functions reading or replacing values (qkv.hooks); None: none
+    step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
+    one_step: bool = False                           # a plain one-token step: blocks take `step_block`
 
 
 def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -202,9 +204,58 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
 
+def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
+    """`norm` of one row (1, 1, d): RMSNorm's three steps on its one number (mean, + eps, √) done as
+    scalars instead of (1, 1, 1) arrays (each NumPy call on an array costs ~2–4 µs; a SmolLM2 step
+    makes 61 norms). The same float32 numbers: each scalar step is computed in float64 and rounded
+    to float32, which for ÷, + and √ equals the float32 operation (float64 has more than 2·24 + 2 bits).
+    Plain form: rms_norm(x, w.weight, cfg.norm_eps)."""
+    if cfg.norm != "rms" or x.size != x.shape[-1]:
+        return norm(x, w, cfg)
+    ms = np.float32(float(np.add.reduce(x * x, axis=-1)[0, 0]) / x.shape[-1])     # mean(x²), float32
+    r = np.float32(math.sqrt(np.float32(ms + np.float32(cfg.norm_eps))))           # √(mean(x²) + eps)
+    y = x / r                                                                       # (1, 1, d)
+    y *= w.weight
+    return y
+
+
+def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
+    """`block` for one new token after a KV cache's past, pre-norm, with nothing recorded, hooked or
+    ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
+    goes through the same operations; tests/test_decode_fast.py), with less work around them:
+
+      - Q, K, V are one product and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
+        RoPE turns the Q and K heads in one call (plain form: apply_rope(q), apply_rope(k));
+      - K and V of the new position go straight into the cache (plain form: cache.append);
+      - a mask that hides nothing is not added (plain form: S + 0), no recorder is asked;
+      - RMSNorm of the one row with scalars (`row_norm`).
+    """
+    cfg, cache, a = ctx.cfg, ctx.cache, w.attn
+    B = x.shape[0]
+    H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    hq, hk = H * dk, Hkv * dk
+    qkv = linear(row_norm(x, w.attn_norm, cfg), a.W_QKV)       # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
+    for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
+        if b is not None:
+            qkv[..., lo:hi] += b
+    heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
+    qk = heads[:, :H + Hkv]
+    if ctx.rope is not None:
+        qk = apply_rope(qk, *ctx.rope)                          # (B, H + Hkv, 1, d_k) rotated by position
+    t = cache.length
+    cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
+    cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
+    k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
+    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias)    # (B, H, 1, d_k)
+    x = x + linear(z.reshape(B, 1, hq), a.W_O, a.b_O)          # Concat(Z)·W_O; n = 1: a reshape
+    return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
+
+
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
     """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
     cfg, hooks = ctx.cfg, ctx.hooks
+    if ctx.one_step:
+        return step_block(x, w, ctx, layer)
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
@@ -278,6 +329,10 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks)
+    if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
+            and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
+        bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
+        ctx.one_step, ctx.step_bias = True, None if bias is None or not bias.any() else bias
     for layer, w in enumerate(weights.blocks):
         x = block(x, w, ctx, layer)
     if cache is not None:

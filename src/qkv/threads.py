@@ -6,10 +6,11 @@ BLAS threading would only parallelise the matmuls. BLAS must then run one thread
 call: two levels of threads would fight for the same cores. A one-token decoding step is
 matrix × vector products bound by memory: whether a second BLAS thread helps (idle
 machine) or makes every product wait for a busy core (shared machine) is measured while
-generating (`StepThreads`), or pinned with QKV_DECODE_THREADS. Worker processes that
+generating (`StepThreads`, between 1 and the count qkv.tuning measured fastest), or pinned with
+QKV_THREADS=decode:N (or QKV_DECODE_THREADS=N). Worker processes that
 parallelise by themselves (analysis/backends.py) set one BLAS thread for their whole life
 (`set_blas_threads`). threadpoolctl sets the limits. This module is the one place qkv
-counts cores and sets BLAS threads.
+counts cores and sets BLAS threads; qkv.tuning measures how many each kind of work should use.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ def set_blas_threads(n: int) -> None:
     """NumPy's BLAS on n threads from now on, never restored: for a worker process's whole life."""
     for lib in _blas_libs():
         lib.set_num_threads(n)
+
+
+def blas_at_most(n: int) -> AbstractContextManager:
+    """A context in which NumPy's BLAS uses at most n threads: fewer if the caller already set fewer
+    (a worker process held to one thread stays on one). Restored on exit."""
+    libs = _blas_libs()
+    now = min((lib.get_num_threads() for lib in libs), default=n)
+    return _BlasThreads(libs, max(1, min(n, now)))
 
 
 class _BlasThreads(AbstractContextManager):
@@ -142,12 +151,35 @@ class StepThreads:
             return self.most if best == 1 else 1
         return best
 
+    def __enter__(self) -> "StepThreads":
+        """Hold the steps' thread count from step to step (set again only when the choice changes) until
+        exit, which restores what BLAS had: one setting per choice instead of a set and a restore
+        around every step (plain form: `with blas_threads(n)` around each step)."""
+        self._libs = _blas_libs()
+        self._before = [lib.get_num_threads() for lib in self._libs]
+        self._held: int | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lib, n in zip(self._libs, self._before):
+            lib.set_num_threads(n)
+        self._libs = []
+
     def run(self, fn: Callable[[], R]) -> R:
-        """fn() as one step, with the chosen BLAS threads, timed to inform the next choices."""
+        """fn() as one step, with the chosen BLAS threads, timed to inform the next choices.
+
+        Inside `with self:` the count stays set after the step; outside, it is restored after each."""
         n = self.choose()
         start = self.clock()
-        with blas_threads(n):
+        if getattr(self, "_libs", None):
+            if n != self._held:
+                for lib in self._libs:
+                    lib.set_num_threads(n)
+                self._held = n
             result = fn()
+        else:
+            with blas_threads(n):
+                result = fn()
         seconds = self.clock() - start
         if self.pinned is None:
             best = min(self.seconds, key=self.seconds.get) if len(self.seconds) == 2 else None
@@ -164,23 +196,31 @@ class StepThreads:
         return result
 
 
-def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """[fn(x) for x in items], spread over one thread per core, BLAS one thread each.
+def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None) -> list[R]:
+    """[fn(x) for x in items], spread over `workers` threads (default one per core), BLAS one thread each.
 
-    Runs in order on the calling thread (BLAS still on one thread) when there is one core
+    Runs in order on the calling thread (BLAS still on one thread) when there is one worker
     or one item, and as it is when called from inside the pool (no nested pools).
     """
     global _pool
     items = list(items)
     if getattr(_inside, "flag", False):
         return [fn(x) for x in items]
+    workers = min(workers or cores(), cores())
     with blas_one_thread():
-        if cores() == 1 or len(items) < 2:
+        if workers <= 1 or len(items) < 2:
             return [fn(x) for x in items]
         with _lock:
             if _pool is None:
                 _pool = ThreadPoolExecutor(cores(), thread_name_prefix="qkv", initializer=_mark_inside)
-        return list(_pool.map(fn, items))
+        if workers >= cores():
+            return list(_pool.map(fn, items))
+        chunks = [items[i::workers] for i in range(workers)]           # `workers` of the pool's threads
+        done = list(_pool.map(lambda chunk: [fn(x) for x in chunk], chunks))
+        out: list = [None] * len(items)
+        for i, results in enumerate(done):
+            out[i::workers] = results
+        return out
 
 
 def _mark_inside() -> None:

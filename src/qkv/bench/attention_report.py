@@ -48,16 +48,18 @@ def crossover(rows: list[dict], causal: bool) -> int | None:
 
 
 HOW_TILED = (
-    "How the tiled kernel runs (qkv/kernels.py): query blocks of `Q_BLOCK` rows are independent, so they run "
-    "on one thread per core (NumPy releases the GIL inside matmul and exp), each with BLAS on one thread "
-    "(qkv/threads.py). For each block of `K_BLOCK` keys, all heads' scores come from one batched matmul into a "
-    "buffer reused by every key block; only blocks that cross the mask's edge (the causal diagonal, the "
-    "window's edge, padding) get a mask, added in place, and blocks the mask hides entirely are never visited.")
+    "How the tiled kernel runs (qkv/kernels.py): query blocks of q_block rows are independent, so they run "
+    "on worker threads (NumPy releases the GIL inside matmul and exp), each with BLAS on one thread "
+    "(qkv/threads.py); the block sizes and the number of workers are measured on the machine (qkv/tuning.py, "
+    "named with the machine below). For each block of k_block keys, all heads' scores come from one batched "
+    "matmul into a buffer reused by every key block; only blocks that cross the mask's edge (the causal "
+    "diagonal, the window's edge, padding) get a mask, added in place, and blocks the mask hides entirely are "
+    "never visited. exp runs in place, and the row sums come out of the P·V product (P·[V | 1]) instead of a "
+    "pass of their own.")
 TILED_BACKGROUND = (
     "with BLAS's own threads inside each block, every small matmul waited for a busy core on a shared machine "
     "(~10× slower when the kernel was written). What separates the kernel from torch's fused one is NumPy's "
-    "float32 exp and the separate passes for the row max, the subtraction and the row sum, which torch does "
-    "in registers.")
+    "float32 exp and the separate passes for the row max and the subtraction, which torch does in registers.")
 
 
 def markdown(result: dict, command: str = COMMAND, plot_path: str | None = None, linear: dict | None = None,
@@ -133,7 +135,7 @@ def _linear(linear: dict) -> list:
 def _machine(result: dict) -> str:
     mach, torch_ = result["machine"], result["machine"].get("torch")
     noise = (md.busy(result["others_cores"]) + " " if "others_cores" in result else "")
-    return (f"Machine: {mach['cpu']}, {mach['cores']} cores; {md.numpy_blas(mach)}"
+    return (f"Machine: {md.cpu(mach)}; {md.numpy_blas(mach)}"
             + (f"; torch {torch_['version']} ({torch_['threads']} threads)" if torch_ else "")
             + f"; {md.openblas_env(mach)}. " + noise + "Figures are medians and the methods of a row take turns, "
             "but a call timed once (a long one) has no median to steady it.")

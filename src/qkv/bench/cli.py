@@ -53,6 +53,11 @@ def publish(result: dict, text: str, as_json: bool, out: str | None, section: st
         click.echo(f"wrote the {section} section of {out}{took}", err=True)
 
 
+def section_name(model_source: str) -> str:
+    """The docs section suffix of a model: 'smollm2', or a path with every other character a dash."""
+    return "".join(c if c.isalnum() else "-" for c in model_source.lower())
+
+
 def out_option(what: str):
     """The --out option of a benchmark: the docs file whose section WHAT it rewrites."""
     return click.option("--out", type=click.Path(dir_okay=False), default=None,
@@ -62,9 +67,10 @@ def out_option(what: str):
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of markdown.")
 
 
-def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None) -> str:
+def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None,
+                    model_source: str | None = None) -> str:
     """The command line that reproduces a forward run with these options."""
-    return command_line("qkv bench forward", [("--tokens", tuple(tokens), fwd.TOKENS),
+    return command_line("qkv bench forward", [("--model", model_source, None), ("--tokens", tuple(tokens), fwd.TOKENS),
                                               ("--repeats", repeats, fwd.REPEATS), ("--no-eager", not eager, False),
                                               ("--out", out, None)])
 
@@ -75,14 +81,18 @@ def forward_command(tokens: tuple[int, ...], repeats: int, eager: bool, out: str
 @click.option("--repeats", type=click.IntRange(min=1), default=fwd.REPEATS, show_default=True,
               help="Timed rounds per length (the median is reported), after one warm-up.")
 @click.option("--eager/--no-eager", default=True, show_default=True,
-              help="Also time transformers with eager attention.")
-@out_option("'bench:forward' section")
+              help="Also time transformers with eager attention (random model only).")
+@click.option("--model", "model_source", default=None,
+              help="A real decoder instead of the random GPT-2-small, e.g. smollm2 (transformers runs the same "
+                   "float32 weights).")
+@out_option("'bench:forward' section (or 'bench:forward-MODEL')")
 @json_option
-def forward(tokens: tuple[int, ...], repeats: int, eager: bool, out: str | None, as_json: bool) -> None:
-    """Prefill of a random GPT-2-small: qkv's time over transformers', same run, same weights."""
-    result = fwd.measure(tokens=tokens, repeats=repeats, eager=eager)
-    text = fwd.markdown(result, command=forward_command(tokens, repeats, eager, out))
-    publish(result, text, as_json, out, "forward")
+def forward(tokens: tuple[int, ...], repeats: int, eager: bool, model_source: str | None, out: str | None,
+            as_json: bool) -> None:
+    """Prefill of a random GPT-2-small (or --model smollm2): qkv's time over transformers', same run, same weights."""
+    result = fwd.measure(tokens=tokens, repeats=repeats, eager=eager and model_source is None, source=model_source)
+    text = fwd.markdown(result, command=forward_command(tokens, repeats, eager, out, model_source))
+    publish(result, text, as_json, out, "forward" + ("" if model_source is None else "-" + section_name(model_source)))
 
 
 @bench.command(name="heads")
@@ -185,7 +195,7 @@ def generate_command(model_source: str | None, new_tokens: int | None, no_cache_
         n = new_tokens or llm.NEW_TOKENS
         result = llm.measure(model_source, n, repeats=repeats, llama_python=llama_python, log=log)
         text = llm.markdown(result, llm_command_line(model_source, n, repeats, bool(llama_python), out))
-        section = "generate-" + "".join(c if c.isalnum() else "-" for c in model_source.lower())
+        section = "generate-" + section_name(model_source)
     else:
         if llama_python:
             raise QkvError("--llama-python needs --model (llama.cpp runs the GGUF file itself)")
@@ -246,3 +256,96 @@ def patch_command(repeats: int, threads: int | None, out: str | None, as_json: b
     result = pb.measure(repeats=repeats, threads=threads, log=lambda msg: click.echo(msg, err=True))
     text = pb.markdown(result, patch_command_line(repeats, threads, out))
     publish(result, text, as_json, out, "patch", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
+def sparse_command_line(sizes, repeats: int, window: int, block: int, out: str | None) -> str:
+    """The command line that reproduces a sparse run with these options."""
+    from . import sparse as sb
+
+    return command_line("qkv bench sparse", [("--sizes", tuple(sizes), sb.SIZES), ("--repeats", repeats, sb.REPEATS),
+                                             ("--window", window, sb.WINDOW), ("--block", block, sb.BLOCK),
+                                             ("--out", out, None)])
+
+
+@bench.command("sparse")
+@click.option("--sizes", type=click.IntRange(min=1), multiple=True, default=(512, 1024, 2048, 4096, 8192),
+              show_default=True, help="Token counts n; repeat the option for several.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed rounds per size (the median is reported), taking turns.")
+@click.option("--window", type=click.IntRange(min=1), default=256, show_default=True,
+              help="The patterns' window w.")
+@click.option("--block", type=click.IntRange(min=1), default=64, show_default=True,
+              help="BigBird's random blocks and block-sparse's blocks, in tokens.")
+@out_option("'bench:sparse' section")
+@json_option
+def sparse_command(sizes, repeats: int, window: int, block: int, out: str | None, as_json: bool) -> None:
+    """Sparse attention patterns in the tiled kernel (window, dilated, Longformer, BigBird, block): time, memory."""
+    from . import sparse as sb
+
+    start = time.perf_counter()
+    result = sb.measure(sizes, repeats, window, block, log=lambda msg: click.echo(msg, err=True))
+    text = sb.markdown(result, sparse_command_line(sizes, repeats, window, block, out))
+    publish(result, text, as_json, out, "sparse", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
+@bench.command("tune")
+@json_option
+def tune_command(as_json: bool) -> None:
+    """Measure this machine's choices again (BLAS threads, attention workers and blocks; ≈1–3 s) and print them."""
+    from ..tuning import describe, pinned, retune
+
+    found, seconds = retune()
+    pins = pinned()
+    if as_json:
+        click.echo(json.dumps({"choices": found.numbers(), "measured": seconds, "pinned": pins}, indent=2,
+                              default=str))
+        return
+    click.echo(describe(found, seconds))
+    if pins:
+        click.echo(f"QKV_THREADS pins {', '.join(f'{k}={v}' for k, v in pins.items())} over these")
+
+
+# `qkv bench all`: every benchmark, one after the other, each with options that keep the whole
+# run near 15 minutes on a 2-core machine (attention up to n = 8192; generate and forward also
+# on SmolLM2). Each rewrites its own section of --out.
+ALL_ATTENTION_SIZES = (512, 1024, 2048, 4096, 8192)
+ALL_ATTENTION_SECONDS = 60.0
+
+
+def all_commands() -> list[tuple[str, object, dict]]:
+    """(title, command, its options) of every benchmark `qkv bench all` runs, in order."""
+    return [("tune", tune_command, {}),
+            ("forward", forward, {}),
+            ("forward --model smollm2", forward, {"model_source": "smollm2", "repeats": 5}),
+            ("generate", generate_command, {}),
+            ("generate --model smollm2", generate_command, {"model_source": "smollm2"}),
+            ("attention", attention_command, {"sizes": ALL_ATTENTION_SIZES, "max_seconds": ALL_ATTENTION_SECONDS}),
+            ("sparse", sparse_command, {}),
+            ("train", train_command, {}),
+            ("heads", heads_bench, {}),
+            ("patch", patch_command, {})]
+
+
+@bench.command("all")
+@out_option("sections")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Where attention draws its figure, e.g. docs/images/attention_scaling.png.")
+@click.option("--skip", multiple=True, help="A benchmark to leave out (e.g. --skip patch); repeat for several.")
+@click.pass_context
+def all_command(ctx: click.Context, out: str | None, plot_path: str | None, skip: tuple[str, ...]) -> None:
+    """Every benchmark in one go (≈15 minutes on 2 cores): tune, forward, generate, attention, sparse, train, heads,
+    patch."""
+    names = [title.split()[0] for title, _, _ in all_commands()]
+    for s in skip:
+        if s not in names:
+            raise QkvError(f"--skip {s}: no such benchmark; choose from {', '.join(dict.fromkeys(names))}")
+    start = time.perf_counter()
+    for title, command, options in all_commands():
+        if title.split()[0] in skip:
+            continue
+        click.echo(f"── qkv bench {title} ({time.perf_counter() - start:.0f} s so far)", err=True)
+        extra = {"out": out} if title != "tune" else {}
+        if title == "attention":
+            extra["plot_path"] = plot_path
+        ctx.invoke(command, **options, **extra)
+    click.echo(f"every benchmark ran in {time.perf_counter() - start:.0f} s", err=True)

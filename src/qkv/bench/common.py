@@ -83,15 +83,39 @@ def blas_info() -> dict:
 
 
 def machine_facts() -> dict:
-    """The facts a timing depends on: CPU, cores, NumPy, its BLAS kernel, OpenBLAS variables."""
+    """The facts a timing depends on: CPU, its vector extensions, cores, NumPy, its BLAS kernel,
+    OpenBLAS variables, and the choices qkv measured on this machine (qkv.tuning)."""
+    from ..tuning import choices
+
+    tuned = choices()
     return {
         "cpu": _cpu_name(),
         "cores": os.cpu_count(),
+        "vector": vector_extensions(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "blas": blas_info(),
         "env": {var: os.environ.get(var) for var in OPENBLAS_VARS},   # None = unset
+        "tuned": {**tuned.numbers(), "source": tuned.source},
     }
+
+
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
+                "neon", "asimd", "sve")
+
+
+def vector_extensions() -> list[str]:
+    """The SIMD extensions this CPU reports (/proc/cpuinfo flags), among those kernels care about."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return [f for f in VECTOR_FLAGS if f in flags]
 
 
 def cpu_snapshot() -> tuple[float, float, float] | None:

@@ -76,56 +76,79 @@ def timed_runs(model, hf: dict, ids: np.ndarray) -> dict:
     return runs
 
 
-def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 0, eager: bool = True) -> dict:
+def measure(tokens=TOKENS, repeats: int = REPEATS, warmup: int = 1, seed: int = 0, eager: bool = True,
+            source: str | None = None) -> dict:
     """Time qkv and transformers on prefills of each length in `tokens`; a plain dict of results.
 
+    source: a real decoder (e.g. "smollm2") instead of the random GPT-2-small, compared with
+    transformers' model of the same float32 weights (sdpa only).
     {"model": {...}, "machine": {...}, "repeats": r, "rows": [{"tokens", "qkv_ms",
     "transformers_ms", "ratio", "eager_ms" (with eager), "max_abs_logits"}, ...]}
     """
     torch, transformers = reference_stack()
     from .. import load
 
-    limit = GPT2_SMALL["n_positions"]
-    for n in tokens:
-        if not 1 <= n <= limit:
-            raise QkvError(f"--tokens {n} is outside 1..{limit} (GPT-2's context); choose a length in it")
     rng = np.random.default_rng(seed)
-    rows = []
+    if source is None:
+        _check_lengths(tokens, GPT2_SMALL["n_positions"], "GPT-2")
     with tempfile.TemporaryDirectory(prefix="qkv-bench-", ignore_cleanup_errors=True) as tmp:
-        hf = {"sdpa": random_gpt2(Path(tmp), seed)}
-        if eager:
-            hf["eager"] = load_reference(Path(tmp), "eager")
-        model = load(tmp)
-        before = cpu_snapshot()                                         # others' work slows both sides
-        for n in tokens:
-            ids = rng.integers(0, GPT2_SMALL["vocab_size"], size=(1, n))   # (1, n)
-            runs = timed_runs(model, hf, ids)
-            ours = runs["qkv"]()                                               # (1, n, V)
-            diff = max(float(np.max(np.abs(ours - runs[f"transformers_{a}"]()))) for a in hf)
-            if diff > TOL_LOGITS:
-                raise RuntimeError(f"qkv's logits differ from transformers' by {diff:.2e} > {TOL_LOGITS} "
-                                   f"at {n} tokens: the engine is wrong, the timing would be meaningless")
-            t = time_interleaved(runs, repeats=repeats, warmup=warmup, settle=SETTLE)
-            row = {"tokens": n, "qkv_ms": 1e3 * t["qkv"], "transformers_ms": 1e3 * t["transformers_sdpa"],
-                   "ratio": t["qkv"] / t["transformers_sdpa"], "max_abs_logits": diff}
+        if source is None:
+            hf = {"sdpa": random_gpt2(Path(tmp), seed)}
             if eager:
-                row["eager_ms"] = 1e3 * t["transformers_eager"]
-            rows.append(row)
+                hf["eager"] = load_reference(Path(tmp), "eager")
+            model = load(tmp)
+        else:
+            from .llm import load_reference as load_real
+
+            model = load(source)
+            hf = {"sdpa": load_real(source, torch, transformers)}
+        V = model.config.vocab_size
+        _check_lengths(tokens, model.config.max_positions, model.name)
+        before = cpu_snapshot()                                         # others' work slows both sides
+        rows = [_row(model, hf, rng.integers(0, V, size=(1, n)), repeats, warmup) for n in tokens]   # (1, n) ids
         n_params = model.weights.nbytes() // model.dtype.itemsize      # tied W_vocab counted once
         others = others_cores(before, cpu_snapshot())
     machine = machine_facts()
     machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
                         "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     machine["transformers"] = transformers.__version__
-    return {"model": dict(GPT2_SMALL, parameters=n_params, dtype="float32", batch=1, seed=seed),
+    c = model.config
+    shape = (dict(GPT2_SMALL) if source is None else
+             {"name": model.name, "source": source, "n_layer": c.n_layers, "n_embd": c.d_model, "n_head": c.n_heads,
+              "n_kv_heads": c.n_kv_heads, "vocab_size": c.vocab_size, "n_positions": c.max_positions})
+    return {"model": dict(shape, parameters=n_params, dtype="float32", batch=1, seed=seed),
             "machine": machine, "others_cores": others, "repeats": repeats, "warmup": warmup,
             "settle_s": SETTLE, "rows": rows}
+
+
+def _check_lengths(tokens, limit: int, name: str) -> None:
+    for n in tokens:
+        if not 1 <= n <= limit:
+            raise QkvError(f"--tokens {n} is outside 1..{limit} ({name}'s context); choose a length in it")
+
+
+def _row(model, hf: dict, ids: np.ndarray, repeats: int, warmup: int) -> dict:
+    """One prompt length: the logits checked against transformers', then the timings taking turns."""
+    n = ids.shape[1]
+    runs = timed_runs(model, hf, ids)
+    ours = runs["qkv"]()                                               # (1, n, V)
+    diff = max(float(np.max(np.abs(ours - runs[f"transformers_{a}"]()))) for a in hf)
+    if diff > TOL_LOGITS:
+        raise RuntimeError(f"qkv's logits differ from transformers' by {diff:.2e} > {TOL_LOGITS} "
+                           f"at {n} tokens: the engine is wrong, the timing would be meaningless")
+    t = time_interleaved(runs, repeats=repeats, warmup=warmup, settle=SETTLE)
+    row = {"tokens": n, "qkv_ms": 1e3 * t["qkv"], "transformers_ms": 1e3 * t["transformers_sdpa"],
+           "ratio": t["qkv"] / t["transformers_sdpa"], "max_abs_logits": diff}
+    if "eager" in hf:
+        row["eager_ms"] = 1e3 * t["transformers_eager"]
+    return row
 
 
 def markdown(result: dict, command: str = COMMAND) -> str:
     """The "Forward (prefill)" section of docs/benchmarks.md, from `measure`'s dict."""
     worst = max(r["max_abs_logits"] for r in result["rows"])
-    return md.join("## Forward (prefill)", _method(result), _table(result["rows"]),
+    title = "## Forward (prefill)" + (f": {result['model']['name']}" if "source" in result["model"] else "")
+    return md.join(title, _method(result), _table(result["rows"]),
                    f"Logits agree: max abs difference {worst:.1e} (tolerance {TOL_LOGITS}).",
                    _machine(result["machine"]),
                    md.busy(result["others_cores"]) + " " + md.background(
@@ -136,8 +159,12 @@ def markdown(result: dict, command: str = COMMAND) -> str:
 
 def _method(result: dict) -> str:
     m = result["model"]
-    return (f"A random GPT-2-small-sized model (L {m['n_layer']}, d_model {m['n_embd']}, H {m['n_head']}, "
-            f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters), "
+    what = (f"{m['name']} (L {m['n_layer']}, d_model {m['n_embd']}, {m['n_head']} query heads / {m['n_kv_heads']} "
+            f"K/V heads, V {m['vocab_size']}, {m['parameters'] / 1e6:.0f}M parameters; transformers runs the same "
+            "float32 weights)" if "source" in m else
+            f"A random GPT-2-small-sized model (L {m['n_layer']}, d_model {m['n_embd']}, H {m['n_head']}, "
+            f"V {m['vocab_size']}, {m['n_positions']} positions, {m['parameters'] / 1e6:.0f}M parameters)")
+    return (f"{what}, "
             f"float32, batch 1, on the CPU: qkv `model.forward(ids, attentions=False)` against transformers "
             f"`hf_model(ids)` under `torch.no_grad()`, in the same process, taking turns; median of "
             f"{result['repeats']} rounds after {result['warmup']} warm-up, with {result.get('settle_s', 0):g} s "
@@ -161,6 +188,6 @@ def _table(rows: list[dict]) -> list[str]:
 
 def _machine(mach: dict) -> str:
     torch_ = mach["torch"]
-    return (f"Machine: {mach['cpu']}, {mach['cores']} cores; {md.numpy_blas(mach)}; torch {torch_['version']} "
+    return (f"Machine: {md.cpu(mach)}; {md.numpy_blas(mach)}; torch {torch_['version']} "
             f"({torch_['threads']} threads, {torch_['cpu_capability']}), transformers {mach['transformers']}; "
             f"{md.openblas_env(mach)}.")

@@ -190,7 +190,7 @@ def _one_core(result: dict) -> str:
             f"{100 * result['gemv_share']:.0f} % (a step took {step_ms:.1f} ms, the whole call ÷ "
             f"{result['new_tokens']} tokens; reading the weights at that rate takes {stream_ms:.1f} ms). "
             "qkv times its one-token steps with one and two BLAS threads while generating and keeps the "
-            "faster (qkv/threads.py, `QKV_DECODE_THREADS` pins it). " + md.background(
+            "faster (qkv/threads.py; `QKV_THREADS=decode:N` or `QKV_DECODE_THREADS=N` pins it). " + md.background(
                 "the rest of a step is the many smaller matrices, which stream a little slower than one large "
                 "one, and the Python and small ops between the products; a second BLAS thread reads faster on "
                 "an idle machine, and on a shared one waits for a busy core at every product."))
@@ -207,8 +207,8 @@ def _same_tokens(result: dict) -> str:
 
 def _machine(result: dict) -> str:
     mach, torch_ = result["machine"], result["machine"]["torch"]
-    return (f"Machine: {mach['cpu']}, {mach['cores']} cores; "
-            + md.numpy_blas(mach, "; qkv's one-token steps on 1 or 2, chosen by timing them, see qkv/threads.py")
+    return (f"Machine: {md.cpu(mach)}; "
+            + md.numpy_blas(mach, "; qkv's one-token steps on 1 or more, chosen by timing them, see qkv/threads.py")
             + f"; torch {torch_['version']} ({torch_['threads']} threads), transformers {mach['transformers']}; "
             f"{md.openblas_env(mach)}. " + _noise(result))
 

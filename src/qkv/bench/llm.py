@@ -25,8 +25,10 @@ import numpy as np
 
 from ..errors import QkvError
 from ..threads import DECODE_THREADS_VAR, decode_threads
+from ..tuning import pinned as tuning_pins
 from . import markdown as md
-from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
+from .common import (VECTOR_FLAGS, cpu_snapshot, machine_facts, others_cores, time_interleaved,  # noqa: F401
+                     vector_extensions)
 from .decoding import COPY_BYTES, TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference
 
 MODEL = "smollm2"
@@ -37,24 +39,6 @@ REPEATS = 3
 SETTLE = 0.3                 # seconds of sleep before each prefill run
 TARGET_SPEEDUP = 1.5         # decode ≥ 1.5× transformers' tokens/s (issue 9)
 THREADS = (1, 2)             # qkv is also timed with its one-token steps pinned to these BLAS thread counts
-VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
-                "neon", "asimd", "sve")
-
-
-def vector_extensions() -> list[str]:
-    """The SIMD extensions this CPU reports (/proc/cpuinfo flags), among those kernels care about."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return [f for f in VECTOR_FLAGS if f in flags]
-
-
 def chat_ids(model, question: str = QUESTION) -> np.ndarray:
     """The ids of a one-turn chat prompt, rendered by the model's own template when it has one."""
     tok = model.tokenizer
@@ -126,7 +110,7 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
         log("loading the same weights in transformers")
         hf = load_reference(source, torch, transformers)
 
-    pinned = decode_threads()
+    pinned = decode_threads() or tuning_pins().get("decode")
     decode_runs = {
         "qkv": lambda: model.generate(ids[None], new_tokens, temperature=0, stop_at_eos=False)[0, len(ids):],
     }

@@ -41,8 +41,23 @@ def blas(mach: dict, threads_note: str = "") -> str:
 
 
 def numpy_blas(mach: dict, threads_note: str = "") -> str:
-    """'Python 3.11.7; NumPy 2.4 with openblas … (…)'."""
-    return f"Python {mach['python']}; NumPy {mach['numpy']} with {blas(mach, threads_note)}"
+    """'Python 3.11.7; NumPy 2.4 with openblas … (…)', and qkv's measured choices when the run recorded them."""
+    text = f"Python {mach['python']}; NumPy {mach['numpy']} with {blas(mach, threads_note)}"
+    return text + (f"; {tuned(mach['tuned'])}" if mach.get("tuned") else "")
+
+
+def tuned(t: dict) -> str:
+    """The choices qkv.tuning made on this machine, as a report names them."""
+    return (f"qkv's choices for this machine (qkv.tuning, {t.get('source', 'measured')}): one-token steps "
+            f"fastest on {t['decode']} BLAS thread(s) when measured (generation still times 1 against 2 or more), "
+            f"a prompt's pass on {t['prefill']}, tiled attention on {t['attention']} worker(s) with "
+            f"{t['q_block']} × {t['k_block']} blocks")
+
+
+def cpu(mach: dict) -> str:
+    """'AMD EPYC, 2 cores, vector extensions avx2, avx512f, …' (the extensions when the run recorded them)."""
+    vector = mach.get("vector")
+    return f"{mach['cpu']}, {mach['cores']} cores" + (f", vector extensions {', '.join(vector)}" if vector else "")
 
 
 def cores(x: float | None) -> str:

@@ -302,11 +302,8 @@ def measure(models=tuple(MODELS), repeats: int = REPEATS, warmup: int = 1, seed:
 def torch_machine_facts(torch, transformers, threads: int) -> dict:
     """machine_facts with qkv's BLAS thread count, the CPU's vector extensions and torch's side (version,
     threads, kernel capability): what a report against torch names."""
-    from .llm import vector_extensions
-
     machine = machine_facts()
     machine["blas"]["num_threads"] = threads
-    machine["vector"] = vector_extensions()
     machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
                         "capability": torch.backends.cpu.get_cpu_capability()}
     machine["transformers"] = transformers.__version__

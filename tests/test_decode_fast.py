@@ -1,0 +1,91 @@
+"""The one-token step's fast path (model.step_block, model.row_norm) gives the very numbers of the plain
+blocks, and generation takes it only where nothing is recorded, hooked or ablated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qkv
+import qkv.model as qm
+from qkv.cache import KVCache
+from qkv.ops import rms_norm
+from qkv.weights import NormWeights
+
+from conftest import DECODER_FIXTURES, MODELS
+
+
+@pytest.fixture(scope="module", params=DECODER_FIXTURES)
+def decoder(request):
+    return qkv.load(str(MODELS / request.param))
+
+
+def plain_step_block(x, w, ctx, layer):
+    """block() with the fast path switched off: the plain boxes, recorder and all."""
+    ctx.one_step = False
+    try:
+        return qm.block(x, w, ctx, layer)
+    finally:
+        ctx.one_step = True
+
+
+def step_logits(model, ids, mask, steps: int) -> list[np.ndarray]:
+    """The prompt's pass, then `steps` one-token steps feeding back the greedy token: every logits."""
+    B, n = ids.shape
+    cache = KVCache(model.config, B, n + steps)
+    full = np.concatenate([mask, np.ones((B, steps), mask.dtype)], axis=1)
+    out = [model.last_logits(ids, full[:, :n], cache=cache)]
+    for t in range(steps):
+        new = out[-1][:, -1].argmax(-1)[:, None]                          # (B, 1)
+        out.append(model.last_logits(new, full[:, :n + t + 1], cache=cache))
+    return out
+
+
+def test_the_fast_step_gives_the_plain_numbers_bit_for_bit(decoder, monkeypatch):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, decoder.config.vocab_size, size=(2, 7))
+    mask = np.ones((2, 7), np.int64)
+    mask[1, :3] = 0                                                       # left padding in row 1
+    calls = []
+    real = qm.step_block
+    monkeypatch.setattr(qm, "step_block", lambda *a: calls.append(1) or real(*a))
+    fast = step_logits(decoder, ids, mask, 6)
+    assert len(calls) == 6 * decoder.config.n_layers                     # every step, every layer took it
+    monkeypatch.setattr(qm, "step_block", plain_step_block)
+    plain = step_logits(decoder, ids, mask, 6)
+    for a, b in zip(fast, plain):
+        assert np.array_equal(a, b)
+
+
+def test_generation_is_unchanged_and_recording_or_hooks_take_the_plain_path(monkeypatch):
+    model = qkv.load(str(MODELS / "llama_gqa"))
+    ids = np.arange(3, 9)[None]
+    calls = []
+    real = qm.step_block
+    monkeypatch.setattr(qm, "step_block", lambda *a: calls.append(1) or real(*a))
+    fast = model.generate(ids, 5, temperature=0, stop_at_eos=False)
+    assert calls
+    no_cache = model.generate(ids, 5, temperature=0, stop_at_eos=False, use_cache=False)
+    assert np.array_equal(fast, no_cache)
+    calls.clear()
+    seen = []
+    hooked = model.generate(ids, 5, temperature=0, stop_at_eos=False,
+                            hooks={"0.heads": lambda z, layer: seen.append(layer) or z})
+    assert np.array_equal(hooked, fast) and seen and not calls             # hooks: the plain path
+    model.ablate([(0, 1)]).generate(ids, 3, temperature=0, stop_at_eos=False)
+    assert not calls                                                       # ablation: the plain path
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e-6, 1.0, 3e5, 1e19, 1e25])
+def test_row_norm_is_rms_norm_bit_for_bit(scale):
+    rng = np.random.default_rng(1)
+    cfg = qkv.load(str(MODELS / "llama_gqa")).config
+    for d in (1, 7, 64, 576, 1000):
+        x = (rng.standard_normal((1, 1, d)) * scale).astype(np.float32)   # (1, 1, d)
+        w = NormWeights(rng.standard_normal(d).astype(np.float32), None)
+        with np.errstate(over="ignore"):                                  # x² overflows at the largest scales
+            fast, plain = qm.row_norm(x, w, cfg), rms_norm(x, w.weight, cfg.norm_eps)
+        assert np.array_equal(fast, plain, equal_nan=True)
+    many = rng.standard_normal((2, 1, 64)).astype(np.float32)             # more than one row: plain norm
+    w = NormWeights(np.ones(64, np.float32), None)
+    assert np.array_equal(qm.row_norm(many, w, cfg), rms_norm(many, w.weight, cfg.norm_eps))
