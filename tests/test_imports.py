@@ -8,7 +8,8 @@ function (a lazy import is still a dependency), resolved to the qkv module it lo
               layout model hooks seq2seq seq2seq_generate trace tokenizer threads tuning nexttoken chat sparse
               checkpoints/
                                                                            (the engine, its data)
-    viz       figures, the viewer, palettes                                (pictures of a trace)
+    viz       figures, the viewer, the pipeline page, palettes; explain_text (the walkthrough's words, shared
+              by qkv explain and the pipeline page)                         (pictures of a trace)
     analysis  head statistics; explain (the walkthrough), lessons/ (explain TOPIC)  (numbers about a trace)
     train     gradients, optimiser, data, the training loop                (models that learn)
     bench     timings against the reference
@@ -37,7 +38,7 @@ CORE = {"qkv", "qkv.config", "qkv.errors", "qkv.io", "qkv.ops", "qkv.positions",
 PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.lessons": "analysis",
             "qkv.train": "train",
             "qkv.bench": "bench"}
-MODULES = {"qkv.explain": "analysis", "qkv.explain_text": "analysis", "qkv.explain_render": "analysis",
+MODULES = {"qkv.explain": "analysis", "qkv.explain_text": "viz", "qkv.explain_render": "analysis",
            "qkv.server": "server"}
 
 

@@ -4,6 +4,12 @@
     GET  /api/models      {"models": [...], "default": ...}: what this server may load
     POST /api/attention   {"text": ..., "model": ...} → the viewer's payload (viz/payload.py)
     GET  /api/attention?text=...&model=...   the same, for curl
+    POST /api/pipeline    {"text": ..., "model": ..., "lang": "en" | "ko"} → the pipeline page's payload
+                          (viz/pipeline.py: every box of one forward pass), fetched when the page's
+                          Pipeline mode asks for it
+    POST /api/pipeline/next  {"text", "model", "lang", "temperature", "top_k", "top_p", "seed"} → one new
+                          token drawn by the engine (qkv.sampling) and the pipeline of the longer text:
+                          {"id", "token", "text", "payload"}
     POST /api/chat        {"messages": [{"role", "content"}, ...], "model": ..., "max_new_tokens": ...}
                           → the reply as it is written, one JSON object per line (NDJSON):
                             {"prompt": n, "dropped": k}   the conversation took n tokens (k old turns left out)
@@ -49,11 +55,15 @@ from .checkpoints import LLM, available, load
 from .errors import QkvError
 from .model import Model
 from .viz.html import asset, page as html_page
+from .sampling import Sampling
 from .viz.payload import script_json, trace_payload
+from .viz.pipeline import pipeline_payload, pipeline_trace
 
 MAX_CHARS = 10_000                  # characters of text per request
 MAX_BODY = 64 * 1024                # bytes of request body (10,000 characters of UTF-8 fit)
 MAX_ATTENTION = 60_000_000          # L·H·n² weights per answer (about 60 MB before compression)
+MAX_PIPELINE_TOKENS = 256           # tokens of one pipeline page (its S and A are L·H·n² bytes each)
+LANGS = ("en", "ko")
 EXAMPLE = "The cat sat on the mat"
 MAX_MESSAGE = 2_000                 # characters of one chat message
 MAX_TURNS = 64                      # messages in one conversation
@@ -159,8 +169,8 @@ class App:
         c = model.config
         return min(c.max_positions, math.isqrt(MAX_ATTENTION // (c.n_layers * c.n_heads)))
 
-    def attention(self, text, source=None) -> dict:
-        """The viewer's payload for TEXT through model SOURCE (default: the server's)."""
+    def _checked(self, text, source, limit: int | None = None) -> tuple[Model, int]:
+        """The model for SOURCE and TEXT's length in tokens, or the reason the request is refused."""
         if not isinstance(text, str):
             raise HttpError(400, "missing field 'text' (a string); send {\"text\": \"...\", \"model\": \"...\"}")
         if source is None:
@@ -174,16 +184,82 @@ class App:
         model = self.model(source)
         n = len(text)
         if model.tokenizer is not None:
-            n, limit = len(model.tokenizer.encode(text)[0]), self.max_tokens(model)
-            if n > limit:
-                raise HttpError(413, f"the text has {n:,} tokens but {model.name} here takes at most {limit:,}; "
-                                     "shorten it")
-        lane = self.short if n <= SMALL_TOKENS else self.long
+            n, most = len(model.tokenizer.encode(text)[0]), self.max_tokens(model)
+            most = most if limit is None else min(most, limit)
+            if n > most:
+                raise HttpError(413, f"the text has {n:,} tokens but {model.name} here takes at most {most:,}"
+                                     f"{' on this page' if limit is not None else ''}; shorten it")
+        return model, n
+
+    def _lane(self, n: int) -> Lane:
+        return self.short if n <= SMALL_TOKENS else self.long
+
+    def attention(self, text, source=None) -> dict:
+        """The viewer's payload for TEXT through model SOURCE (default: the server's)."""
+        model, n = self._checked(text, source)
+        lane = self._lane(n)
         lane.enter()
         try:                                   # the payload too: one L·H·n² array per lane at a time
             return trace_payload(model.run(text, keep=("attentions",)))    # named after trace.model
         finally:
             lane.leave()
+
+    def pipeline(self, request: dict) -> dict:
+        """The pipeline page's payload for request {"text", "model", "lang"} (viz/pipeline.py)."""
+        lang = self._lang(request)
+        model, n = self._checked(request.get("text"), request.get("model"), MAX_PIPELINE_TOKENS)
+        lane = self._lane(n)
+        lane.enter()
+        try:
+            return pipeline_payload(model, pipeline_trace(model, request["text"]), lang=lang)
+        finally:
+            lane.leave()
+
+    def next_token(self, request: dict) -> dict:
+        """One token more: the engine draws it from softmax(filter(logits[last] / T)) (qkv.sampling),
+        then the pipeline of the text with it: {"id", "token", "text", "payload"}."""
+        lang = self._lang(request)
+        sampling = self._sampling(request)
+        text = request.get("text")
+        model, n = self._checked(text, request.get("model"), MAX_PIPELINE_TOKENS - 1)
+        if getattr(model.config, "encoder_decoder", False):
+            raise HttpError(400, f"{model.name} is an encoder–decoder: the page shows its translation; "
+                                 f"\"next token\" writes with a decoder, e.g. {LLM!r}")
+        if model.weights.W_vocab is None or not model.config.causal:
+            raise HttpError(400, f"{model.name} is an encoder: it writes no next token; choose a decoder, "
+                                 f"e.g. {LLM!r}")
+        lane = self._lane(n + 1)
+        lane.enter()
+        try:
+            trace = model.run(text)
+            new = int(sampling.pick(trace.logits[-1:].astype(np.float64), sampling.rng())[0])
+            ids = [int(i) for i in trace.ids] + [new]                    # the very token drawn, not re-read
+            longer = model.run(ids)
+            longer.text = text + model.tokenizer.decode([new])
+            return {"id": new, "token": model.tokenizer.label(new), "text": longer.text,
+                    "payload": pipeline_payload(model, longer, lang=lang)}
+        finally:
+            lane.leave()
+
+    @staticmethod
+    def _lang(request: dict) -> str:
+        lang = request.get("lang", "en")
+        if lang not in LANGS:
+            raise HttpError(400, f"field 'lang' must be one of {', '.join(map(repr, LANGS))}, got {str(lang)[:20]!r}")
+        return lang
+
+    @staticmethod
+    def _sampling(request: dict) -> Sampling:
+        """The request's temperature, top_k, top_p and seed, checked (numbers or null)."""
+        settings = {}
+        for key, kind in (("temperature", (int, float)), ("top_k", int), ("top_p", (int, float)), ("seed", int)):
+            value = request.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+                raise HttpError(400, f"field {key!r} must be a number or null, got {str(value)[:20]!r}")
+            settings[key] = value
+        return Sampling(**settings)
 
     def chat(self, request: dict) -> "ChatReply":
         """Check a chat request and take the writer's place; the reply is written as it is iterated."""
@@ -263,11 +339,13 @@ class App:
     def page(self) -> str:
         """The app's HTML: the viewer's JS and CSS, the form's and the chat's JS and CSS, and the config."""
         config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": EXAMPLE,
-                  "chat_model": self.chat_default, "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS}
-        body = (f"<style>\n{asset('app.css')}</style>\n"
+                  "pipeline_tokens": MAX_PIPELINE_TOKENS, "chat_model": self.chat_default,
+                  "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS}
+        body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}</style>\n"
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
-        return html_page("qkv · see attention", body, [asset("viewer.js"), asset("app.js")], csp=_CSP_APP)
+        return html_page("qkv · see attention", body, [asset("viewer.js"), asset("pipeline.js"), asset("app.js")],
+                         csp=_CSP_APP)
 
 
 class ChatReply:
@@ -334,8 +412,13 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         if path == "/api/chat":
             return 200, self.app.chat(self._json_body())
+        if path == "/api/pipeline":
+            return 200, self.app.pipeline(self._json_body())
+        if path == "/api/pipeline/next":
+            return 200, self.app.next_token(self._json_body())
         if path != "/api/attention":
-            raise HttpError(404, f"no endpoint {path}; POST to /api/attention or /api/chat")
+            raise HttpError(404, f"no endpoint {path}; POST to /api/attention, /api/pipeline, /api/pipeline/next "
+                                 "or /api/chat")
         request = self._json_body()
         return 200, self.app.attention(request.get("text"), request.get("model"))
 

@@ -3,14 +3,18 @@
  *   Attention  type text, pick a model, see its attention.
  *   Chat       talk with a chat model (a decoder with a chat template, e.g. smollm2): the reply
  *              streams in, then the viewer shows what every token of the conversation attended to.
+ *   Pipeline   the whole model as its data flow (pipeline.js): fetched only when asked for;
+ *              "next token" asks the engine for one more token and redraws the longer text.
  *
  * Config: the JSON script element of class qkv-app-config ({models, model, max_chars, text,
- * chat_model, chat_ready, max_message, max_new_tokens}).
+ * pipeline_tokens, chat_model, chat_ready, max_message, max_new_tokens}).
  * POST api/attention answers the viewer's payload, or {"error": ...} with a 4xx/5xx status.
  * POST api/chat {messages, model, max_new_tokens} answers one JSON object per line:
  * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload};
  * or {"error": ...} (a 4xx/5xx status before the reply, or a last line if it breaks mid-way).
  * The server keeps no conversation: the page sends every turn so far with each message.
+ * POST api/pipeline {text, model, lang} answers the pipeline payload; POST api/pipeline/next
+ * {text, model, lang, temperature, top_k, top_p} answers {id, token, text, payload}.
  * Every text from the user or the model is shown with textContent, never as HTML.
  */
 (function () {
@@ -37,7 +41,7 @@
   // ── the modes ──────────────────────────────────────────────────────────────────
   const modes = el("div", "qkv-modes");
   const modeButtons = {};
-  for (const [name, label] of [["attention", "Attention"], ["chat", "Chat"]]) {
+  for (const [name, label] of [["attention", "Attention"], ["chat", "Chat"], ["pipeline", "Pipeline"]]) {
     const b = el("button", "qkv-mode", label);
     b.type = "button";
     b.dataset.mode = name;
@@ -84,12 +88,33 @@
   chatForm.append(message, chatSide);
   chat.append(log, chatForm);
 
+  // ── pipeline: a text, a model, a language, the flow (its own root) ────────────
+  const pipe = el("div", "qkv-pipe");
+  const pipeForm = el("form", "qkv-form qkv-pipe-form");
+  const pipeText = el("textarea");
+  pipeText.name = "pipeline-text";
+  pipeText.value = cfg.text;
+  pipeText.setAttribute("aria-label", "text to follow through the model");
+  pipeText.spellcheck = false;
+  const pipeSide = el("div", "qkv-side");
+  const pipeModel = picker("qkv-pipe-model", cfg.model);
+  const pipeLang = el("select", "qkv-pipe-lang");
+  pipeLang.setAttribute("aria-label", "language");
+  for (const [v, l] of [["en", "English"], ["ko", "한국어"]]) { const o = el("option", null, l); o.value = v; pipeLang.append(o); }
+  const pipeGo = el("button", null, "Show pipeline");
+  pipeGo.type = "submit";
+  pipeSide.append(pipeModel, pipeLang, pipeGo);
+  pipeForm.append(pipeText, pipeSide);
+  const pipeRoot = el("div");
+  pipeRoot.setAttribute("data-qkv-pipeline", "");
+  pipe.append(pipeForm, pipeRoot);
+
   const status = el("p", "qkv-status");
   status.setAttribute("role", "status");
   const error = el("div", "qkv-error");
   error.setAttribute("role", "alert");
   error.hidden = true;
-  for (const part of [modes, form, chat, status, error]) app.insertBefore(part, root);
+  for (const part of [modes, form, chat, pipe, status, error]) app.insertBefore(part, root);
 
   let viewer = null;
   function fail(messageText) {
@@ -108,9 +133,13 @@
     app.dataset.mode = name;
     form.hidden = name !== "attention";
     chat.hidden = name !== "chat";
+    pipe.hidden = name !== "pipeline";
+    root.hidden = name === "pipeline";
     for (const [m, b] of Object.entries(modeButtons)) b.setAttribute("aria-pressed", String(m === name));
-    if (name === "attention") count(); else (status.textContent = chatCount());
-    (name === "attention" ? text : message).focus();
+    if (name === "attention") count();
+    else if (name === "chat") status.textContent = chatCount();
+    else { status.textContent = `up to ${cfg.pipeline_tokens} tokens · Ctrl+Enter to show`; if (!pipeShown) pipeForm.requestSubmit(); }
+    ({attention: text, chat: message, pipeline: pipeText})[name].focus();
   }
 
   // ── attention ──────────────────────────────────────────────────────────────────
@@ -253,6 +282,57 @@
     }
   }
   chatForm.addEventListener("submit", (e) => { e.preventDefault(); talk(); });
+
+  // ── pipeline ───────────────────────────────────────────────────────────────────
+  let pipeShown = false, pipeView = null;
+  async function postJSON(path, body) {
+    let r, answer;
+    try {
+      r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+    } catch (e) {
+      throw new Error(`cannot reach the qkv server (${e.message}); is \`qkv serve\` still running?`);
+    }
+    try { answer = await r.json(); } catch (e) { answer = {error: `the server answered ${r.status} without JSON`}; }
+    if (!r.ok || answer.error) throw new Error(answer.error || `the server answered ${r.status}`);
+    return answer;
+  }
+  async function showPipeline(payload) {
+    error.hidden = true;
+    pipeView = await QKV_PIPELINE.mount(pipeRoot, payload, {onNext: nextToken, state: pipeView ? pipeView.s : null});
+    pipeShown = true;
+    app.dataset.state = "shown";
+  }
+  async function runPipeline() {
+    pipeGo.disabled = true;
+    status.textContent = "running the model…";
+    const t0 = performance.now();
+    try {
+      await showPipeline(await postJSON("api/pipeline", {text: pipeText.value, model: pipeModel.value,
+                                                                  lang: pipeLang.value}));
+      status.textContent = `${pipeModel.value}: every box of one pass, in ${Math.round(performance.now() - t0)} ms`;
+    } catch (e) {
+      fail(e.message);
+    } finally {
+      pipeGo.disabled = false;
+    }
+  }
+  async function nextToken(settings) {
+    const button = pipeRoot.querySelector(".qkv-p-next");
+    if (button) button.disabled = true;
+    status.textContent = "writing one token…";
+    try {
+      const answer = await postJSON("api/pipeline/next", Object.assign({text: pipeText.value, model: pipeModel.value,
+                                                                          lang: pipeLang.value}, settings));
+      pipeText.value = answer.text;
+      await showPipeline(answer.payload);
+      status.textContent = `${pipeModel.value} wrote “${answer.token}” (id ${answer.id})`;
+    } catch (e) {
+      fail(e.message);
+      if (button) button.disabled = false;
+    }
+  }
+  pipeForm.addEventListener("submit", (e) => { e.preventDefault(); runPipeline(); });
+  pipeText.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) pipeForm.requestSubmit(); });
 
   if (cfg.chat_ready) {
     setMode("chat");                                  // the server's model can chat: start there

@@ -1,0 +1,272 @@
+"""What the pipeline page receives: one forward pass, box by box, as one compact JSON object.
+
+The page (`pipeline`, assets/pipeline.js) draws the model as its data flow (seeds §1–6):
+
+    tokens → X = E[ids] (+ P) → L × [Norm → Q, K, V → S = Q·Kᵀ/√d_k → + M → A = softmax → Z = A·V
+           → Concat·W_O → + residual → Norm → FFN → + residual] → final norm → logits → softmax(logits/T)
+
+and opens each box to its real arrays for the chosen token, layer and head. Everything comes
+from the engine's trace (`Model.run`, every INTERMEDIATE kept); the vectors the trace does not
+hold by name (what attention and the FFN read, X after attention's residual) are made by the
+engine's own `norm` from the trace's arrays, as the block makes them.
+
+To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps only what it shows:
+
+    vector of d_model numbers   its length |x| (float32) and its first DIMS values (float32)
+    per-head vector (q, k, v, z)  its length (float32) and its first HEAD_DIMS values (float16)
+    A (L, H, n, n)              one byte per weight, as the attention viewer (±0.002, `payload`)
+    S (L, H, n, n)              one byte per score: code 0 = masked (−∞), else
+                                S = lo + (code − 1)·step with step = (hi − lo)/254 per (layer, head),
+                                so within step/2 of the engine's float32 score
+    logits (V,)                 the last position's, whole vocabulary, float32 (decoders): the page
+                                computes softmax(logits/T), top-k and top-p exactly as qkv.sampling
+
+Arrays travel as {"dtype": "f32" | "f16" | "u8", "shape", "data": base64(zlib(little-endian bytes))}.
+
+    {"version": 1, "kind": "pipeline", "title", "model", "family", "text", "lang": "en" | "ko",
+     "tokens", "labels": [str] (n), "ids": [int] (n),
+     "arch": {d_model, L, H, H_kv, G, d_k, d_ff, V, norm, norm_place, position, activation, gated,
+              causal, encoder, eps, scale, final_norm, seq2seq, L_dec, encoder_final_norm},
+     "dims": DIMS, "head_dims": HEAD_DIMS, "start": {"layer", "head", "box": str | null}  (what opens first),
+     "stream": {"norm" (L+1, n), "first" (L+1, n, DIMS)}   entering each block; row L: after the last
+     "blocks": {name: {"norm" (L, n), "first" (L, n, DIMS)}} for attn_in, attn_out, mid, ffn_in, ffn_out
+     "final": {"norm" (n,), "first" (n, DIMS)}             the final hidden states (after the final norm)
+     "heads": {q, z: {"norm" (L, H, n), "first" (L, H, n, HEAD_DIMS)}; k, v: (L, H_kv, …)},
+     "attention": the viewer's encode_attention (L, H, n, n),
+     "scores": {"shape", "lo" [[float]] (L × H), "step" [[float]] (L × H), "data" (u8 array)},
+     "output": {"position", "logits" (V,) f32, "top_ids": [int] (TOP), "top_labels": [str] (TOP)} | null,
+     "pooled": {"norm", "first" (DIMS,), "unit_first" (DIMS,)} | null   (encoders: mean pooling)
+     "text_en", "text_ko": {key: template}   the page's words (`pipeline_text`: `qkv explain`'s where they fit)}
+
+An encoder–decoder's payload has, instead of the one stack's fields (tokens … scores), "seq2seq": true,
+"target": str and "stacks": {"encoder": {tokens, labels, ids, L, causal, stream, blocks, final, heads,
+attention, scores}, "decoder": {the same, its blocks with cross_in, cross_out, mid2 too, and "cross":
+{heads (k, v over the source tokens), attention (L, H, n, n_src), scores, source_labels}}}; "output"
+is the decoder's last position.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+
+import numpy as np
+
+from ..errors import QkvError
+from ..model import norm
+from ..nexttoken import token_text
+from ..trace import INTERMEDIATES, Trace
+from .payload import encode_attention
+from .pipeline_text import TEXTS
+
+DIMS = 4                    # first values shown of each d_model vector
+HEAD_DIMS = 4               # first values shown of each per-head vector (q, k, v, z)
+TOP = 100                   # vocabulary entries spelled for the output list (the most probable first)
+MAX_TOKENS = 512            # longest text one page holds (its S and A are L·H·n² bytes each)
+SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
+BOXES = ("tokens", "embed", "norm1", "qkv", "scores", "mask", "attn", "z", "out", "res1",
+         "xnorm", "xqkv", "xattn", "xz", "xout", "xres",                # a decoder's cross-attention (encoder–decoders)
+         "norm2", "ffn", "res2", "final", "logits", "probs", "hidden", "pooled", "stream")   # the page's boxes (pipeline.js)
+
+
+def encode_array(a: np.ndarray, dtype: str) -> dict:
+    """An array as {"dtype", "shape", "data"} (module doc): "f32", "f16" or "u8", little-endian."""
+    kind = {"f32": "<f4", "f16": "<f2", "u8": "u1"}[dtype]
+    x = np.ascontiguousarray(a, dtype=kind)
+    return {"dtype": dtype, "shape": list(x.shape), "data": base64.b64encode(zlib.compress(x.tobytes(), 6)).decode()}
+
+
+def decode_array(encoded: dict) -> np.ndarray:
+    """The inverse of `encode_array` (tests read the page's data with it)."""
+    kind = {"f32": "<f4", "f16": "<f2", "u8": "u1"}[encoded["dtype"]]
+    raw = zlib.decompress(base64.b64decode(encoded["data"]))
+    return np.frombuffer(raw, dtype=kind).reshape(encoded["shape"])
+
+
+def summary(x: np.ndarray, k: int, dtype: str = "f32") -> dict:
+    """(..., d) vectors → their lengths (float32) and first k values (`dtype`)."""
+    x = np.asarray(x, dtype=np.float32)
+    return {"norm": encode_array(np.linalg.norm(x.astype(np.float64), axis=-1), "f32"),
+            "first": encode_array(x[..., :k], dtype)}
+
+
+def encode_scores(scores: np.ndarray) -> dict:
+    """(L, H, n, n) masked scores (−inf) → one byte each, affine per (layer, head) (module doc)."""
+    s = np.asarray(scores, dtype=np.float64)                                  # (L, H, n, n)
+    finite = np.isfinite(s)
+    lo = np.where(finite, s, np.inf).min(axis=(-1, -2))                       # (L, H)
+    hi = np.where(finite, s, -np.inf).max(axis=(-1, -2))                      # (L, H)
+    lo = np.where(np.isfinite(lo), lo, 0.0)
+    step = np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0)                    # (L, H)
+    code = 1 + np.round((np.where(finite, s, lo[..., None, None]) - lo[..., None, None]) / step[..., None, None])
+    code = np.where(finite, np.clip(code, 1, SCORE_CODES + 1), 0)             # (L, H, n, n)
+    return {"shape": list(s.shape), "lo": lo.tolist(), "step": step.tolist(), "data": encode_array(code, "u8")}
+
+
+def decode_scores(encoded: dict) -> np.ndarray:
+    """The inverse of `encode_scores`: (L, H, n, n) float64, −inf where masked, within step/2."""
+    code = decode_array(encoded["data"]).astype(np.float64)
+    lo, step = np.asarray(encoded["lo"])[..., None, None], np.asarray(encoded["step"])[..., None, None]
+    return np.where(code == 0, -np.inf, lo + (code - 1) * step)
+
+
+def block_vectors(cfg, blocks, trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The residual stream (L+1, n, d_model) and what each block reads and adds (L, n, d_model) each.
+
+    Pre-norm:  attn_in = Norm(X), mid = X + attn_out, ffn_in = Norm(mid), next X = mid + ffn_out.
+    Post-norm: attn_in = X, mid = Norm(X + attn_out), ffn_in = mid, next X = Norm(mid + ffn_out).
+    A decoder with cross-attention (CROSS, its trace) has one more step after mid, the same way:
+    cross_in = Norm(mid) or mid, mid2 = mid + cross_out or Norm(mid + cross_out); the FFN reads mid2.
+    The stream's rows 0..L-1 are the trace's residuals; row L is recomputed the same way."""
+    post = cfg.norm_place == "post"
+    step = lambda x, out, w: norm(x + out, w, cfg) if post else x + out        # noqa: E731 (residual + norm)
+    read = lambda x, w: x if post else norm(x, w, cfg)                         # noqa: E731 (what a box reads)
+    out: dict[str, list] = {}
+    stream = []
+    for i in range(len(blocks)):
+        t, b = trace.layers[i], blocks[i]
+        x = t.residual                                                          # (n, d_model)
+        mid = step(x, t.attn_out, b.attn_norm)
+        values = {"attn_in": read(x, b.attn_norm), "attn_out": t.attn_out, "mid": mid}
+        if cross is not None:
+            c = cross.layers[i].attn_out                                        # (n, d_model)
+            values.update(cross_in=read(mid, b.cross_norm), cross_out=c)
+            mid = values["mid2"] = step(mid, c, b.cross_norm)
+        values.update(ffn_in=read(mid, b.ffn_norm), ffn_out=t.ffn_out)
+        after = step(mid, t.ffn_out, b.ffn_norm)
+        for name, value in values.items():
+            out.setdefault(name, []).append(value)
+        stream.append(x)
+    stream.append(after)
+    return np.stack(stream), {name: np.stack(v) for name, v in out.items()}
+
+
+def head_arrays(layers: list) -> dict:
+    """q, z (L, H, n, d_k) and k, v (L, H_kv, n_k, d_k) of the kept layers, summarised (module doc)."""
+    return {name: summary(np.stack([getattr(t, field) for t in layers]), HEAD_DIMS, "f16")
+            for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads"))}
+
+
+def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None) -> dict:
+    """One stack's part of the payload: its tokens, stream, block vectors, heads, A and S (and cross)."""
+    stream, vectors = block_vectors(cfg, blocks, trace, cross)                  # (L+1, n, d), {name: (L, n, d)}
+    layers = [trace.layers[i] for i in range(len(blocks))]
+    out = {
+        "tokens": [str(t) for t in trace.tokens], "labels": trace.labels, "ids": [int(i) for i in trace.ids],
+        "L": len(blocks), "causal": bool(trace.causal),
+        "stream": summary(stream, DIMS),
+        "blocks": {name: summary(v, DIMS) for name, v in vectors.items()},
+        "final": summary(trace.hidden, DIMS),
+        "heads": head_arrays(layers),
+        "attention": encode_attention(np.stack([t.attentions for t in layers])),    # (L, H, n, n)
+        "scores": encode_scores(np.stack([t.scores for t in layers])),             # (L, H, n, n)
+    }
+    if cross is not None:
+        xl = [cross.layers[i] for i in range(len(blocks))]
+        out["cross"] = {"heads": head_arrays(xl), "source_labels": cross.key_labels,
+                        "attention": encode_attention(np.stack([t.attentions for t in xl])),   # (L, H, n, n_src)
+                        "scores": encode_scores(np.stack([t.scores for t in xl]))}            # (L, H, n, n_src)
+    return out
+
+
+def is_seq2seq(model) -> bool:
+    return bool(getattr(model.config, "encoder_decoder", False))
+
+
+def check_trace(model, trace: Trace) -> None:
+    """The trace must hold every intermediate of every layer, from this model (one clear error if not)."""
+    cfg = model.config
+    if is_seq2seq(model):
+        if trace.cross is None or trace.encoder is None:
+            raise QkvError(f"{model.name} is an encoder–decoder: give the trace of model.run(source)")
+        for part, L in ((trace.encoder, cfg.n_layers), (trace, cfg.n_decoder_layers), (trace.cross, cfg.n_decoder_layers)):
+            if len(part.layers) != L or any(getattr(t, name) is None for t in part.layers.values()
+                                            for name in ("q", "k", "v", "scores", "attentions", "heads", "attn_out")):
+                raise QkvError("the pipeline page needs every intermediate of every layer; make the trace with "
+                               "model.run(source) (no keep=)")
+        return
+    if trace.cross is not None:
+        raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
+    missing = [i for i in range(cfg.n_layers) if i not in trace.layers
+               or any(getattr(trace.layers[i], name) is None for name in INTERMEDIATES)]
+    if missing or trace.head_ids is not None:
+        raise QkvError("the pipeline page needs every intermediate of every layer and head; "
+                       "make the trace with model.run(text) (no layers=, keep= or heads=)")
+    n = len(trace.tokens)
+    first = trace.layers[0]
+    vocab = None if trace.logits is None else trace.logits.shape[-1]
+    if (first.residual.shape != (n, cfg.d_model) or first.q.shape[0] != cfg.n_heads
+            or first.k.shape[0] != cfg.n_kv_heads or len(trace.layers) != cfg.n_layers
+            or vocab != (None if model.weights.W_vocab is None else model.weights.W_vocab.shape[1])):
+        raise QkvError(f"this trace does not come from {model.name} (its sizes differ); run the text "
+                       "through the same model")
+    if n > MAX_TOKENS:
+        raise QkvError(f"the text has {n} tokens; the pipeline page holds at most {MAX_TOKENS}: shorten it")
+
+
+def arch_of(model) -> dict:
+    """The knobs and sizes the page names (seeds' letters)."""
+    c, w = model.config, model.weights
+    last = getattr(w, "decoder", w)                                 # the stack that ends in W_vocab, if any
+    d_k = c.d_head or c.d_model // c.n_heads
+    return {"d_model": c.d_model, "L": c.n_layers, "H": c.n_heads, "H_kv": c.n_kv_heads,
+            "G": c.n_heads // c.n_kv_heads, "d_k": d_k, "d_ff": c.d_ff, "V": c.vocab_size, "norm": c.norm,
+            "norm_place": c.norm_place, "position": c.position, "activation": c.activation,
+            "gated": bool(c.gated_ffn), "causal": bool(c.causal), "encoder": last.W_vocab is None,
+            "eps": c.norm_eps, "scale": bool(getattr(c, "scale_scores", True)),
+            "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
+            "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
+            "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None}
+
+
+def output_payload(model, trace: Trace) -> dict | None:
+    """The last position's logits (V,) float32 and the TOP most probable tokens spelled; None for encoders."""
+    if trace.logits is None:
+        return None
+    z = np.asarray(trace.logits[-1], dtype=np.float32)                          # (V,)
+    top = np.lexsort((np.arange(len(z)), -z.astype(np.float64)))[:TOP]          # by logit, lower id first
+    labels = [token_text(model.tokenizer, int(i)) if model.tokenizer is not None else str(int(i)) for i in top]
+    return {"position": len(trace.tokens) - 1, "logits": encode_array(z, "f32"),
+            "top_ids": [int(i) for i in top], "top_labels": labels}
+
+
+def pooled_payload(trace: Trace) -> dict:
+    """Mean pooling of the final hidden states (what sentence-transformers does for MiniLM), and its unit vector."""
+    mean = trace.hidden.astype(np.float64).mean(axis=0)                         # (d_model,)
+    length = float(np.linalg.norm(mean))
+    return {"norm": length, "first": [float(x) for x in mean[:DIMS].astype(np.float32)],
+            "unit_first": [float(x) for x in (mean / length)[:DIMS].astype(np.float32)] if length else None}
+
+
+def words() -> dict:
+    """{"text_en": {...}, "text_ko": {...}}: the page's sentences in both languages (`pipeline_text`)."""
+    return {f"text_{lang}": dict(texts) for lang, texts in TEXTS.items()}
+
+
+def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str = "en", layer: int = 0,
+                     head: int = 0, box: str | None = None) -> dict:
+    """The JSON object of the pipeline page for TRACE (`model.run(text)`) of MODEL (module doc).
+
+    lang: the page's first language ("en" or "ko"; it has a toggle); layer, head, box: what it opens
+    first (negative layers count from the end; box: one of BOXES, default the output end)."""
+    if lang not in TEXTS:
+        raise QkvError(f"unknown language {lang!r}; choose from {sorted(TEXTS)}")
+    if box is not None and box not in BOXES:
+        raise QkvError(f"unknown box {box!r}; choose from {', '.join(BOXES)}")
+    check_trace(model, trace)
+    cfg = model.config
+    layer, head = model.check_layer(layer), model.check_head(head)
+    if title is None:
+        text = " ".join((trace.encoder.text if trace.encoder is not None else trace.text or "").split())
+        title = " · ".join(p for p in (model.name, text[:80] + ("…" if len(text) > 80 else "")) if p)
+    top = {"version": 1, "kind": "pipeline", "title": title or "pipeline", "model": model.name, "family": cfg.family,
+           "lang": lang, "arch": arch_of(model), "dims": DIMS, "head_dims": HEAD_DIMS,
+           "start": {"layer": layer, "head": head, "box": box}, "output": output_payload(model, trace), **words()}
+    if is_seq2seq(model):                      # two stacks: the source through the encoder, the target through the decoder
+        w = model.weights
+        return {**top, "seq2seq": True, "text": trace.encoder.text, "target": model.tokenizer.decode(
+                    [int(i) for i in trace.ids[1:]], skip_special_tokens=True) if model.tokenizer else None,
+                "pooled": None, "stacks": {"encoder": stack_arrays(cfg, w.encoder.blocks, trace.encoder),
+                                           "decoder": stack_arrays(cfg, w.decoder.blocks, trace, trace.cross)}}
+    return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace),
+            "pooled": pooled_payload(trace) if trace.logits is None else None}

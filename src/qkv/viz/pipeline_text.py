@@ -1,0 +1,146 @@
+"""The pipeline page's words, in English and Korean: `qkv explain`'s own sentences where they fit.
+
+The keys of SHARED_KEYS are taken from `qkv.explain_text` (the walkthrough's sentences), so the page
+and `qkv explain` say the same thing in the same words; the "p_" keys are the page's own. Each entry
+is a `str.format`-style template that pipeline.js fills in ({name}, {name:.3f}).
+"""
+
+from __future__ import annotations
+
+from .. import explain_text
+
+SHARED_KEYS = ("s_tokens", "tokens", "tokens_bpe", "x_embed_rope", "s_qkv", "s_gqa", "s_s", "s_scale", "mask",
+               "s_softmax", "looks_most", "s_z", "z_seed", "s_out", "library", "first_values", "col_key")
+
+EN = {key: explain_text.EN[key] for key in SHARED_KEYS}
+KO = {key: explain_text.KO[key] for key in SHARED_KEYS}
+
+# the page's own words: the boxes of the whole model, from tokens to the next token
+EN.update({
+    "p_title": "qkv pipeline · {model}",
+    "p_intro": "The model drawn as its data flow, with this text's real numbers in every box. Click a box to "
+               "open it; choose a token, a layer and a head above.",
+    "p_token": "token", "p_layer": "layer", "p_head": "head", "p_lang": "한국어",
+    "p_embed": "Embedding (+ positions)",
+    "p_embed_f": "X = E[ids] + P[positions]   (n × d_model)",
+    "p_block": "Block {layer} of {L}",
+    "p_blocks": "{L} blocks, each: {what}",
+    "p_norm": "Norm", "p_norm2": "Norm (before the FFN)",
+    "p_norm_rms_f": "RMSNorm(x) = x / √(mean(x²) + ε) · g",
+    "p_norm_layer_f": "LayerNorm(x) = (x − mean(x)) / √(var(x) + ε) · g + b",
+    "p_qkv_f": "Q = X·W_Q,  K = X·W_K,  V = X·W_V",
+    "p_s_f": "S = Q·Kᵀ / √d_k",
+    "p_mask": "Mask M", "p_mask_f": "S' = S + M,  M[i, j] = −∞ (j > i), 0 (j ≤ i)",
+    "p_mask_none": "No mask: {model} is an encoder, every token sees every token (M = 0).",
+    "p_a_f": "A = softmax(S + M), each row sums to 1",
+    "p_z_f": "Z = A·V",
+    "p_out_f": "Concat(Z_0 … Z_{last})·W_O",
+    "p_res": "+ Residual", "p_res2": "+ Residual (after the FFN)",
+    "p_res_pre_f": "X' = X + Attention(Norm(X))", "p_res_post_f": "X' = Norm(X + Attention(X))",
+    "p_res2_pre_f": "X'' = X' + FFN(Norm(X'))", "p_res2_post_f": "X'' = Norm(X' + FFN(X'))",
+    "p_ffn": "FFN", "p_ffn_f": "FFN(x) = act(x·W_in + b)·W_out + b   (d_ff = {d_ff})",
+    "p_ffn_gated_f": "FFN(x) = (act(x·W_gate) ⊙ x·W_in)·W_out   (d_ff = {d_ff})",
+    "p_final": "Final norm", "p_final_f": "Z_last = Norm(X after block {last})",
+    "p_logits": "Logits", "p_logits_f": "logits = Z_last · W_vocab   (n × d_model)·(d_model × V) = n × V",
+    "p_logits_what": "One score per vocabulary entry (V = {V}); the page keeps the last position's, the one "
+                     "that predicts the next token.",
+    "p_probs": "softmax(logits / T) → next token",
+    "p_probs_f": "P(next) = softmax(logits[last] / T), then top-k, then top-p",
+    "p_temp": "temperature T", "p_topk": "top-k", "p_topp": "top-p", "p_off": "off",
+    "p_greedy": "T = 0: greedy, all the mass on the top token.",
+    "p_remain": "{k} of {V} tokens remain.",
+    "p_next": "next token", "p_prob": "probability", "p_removed": "removed by the filters",
+    "p_hidden": "Final hidden states", "p_pooled": "Pooled embedding",
+    "p_encoder_end": "{model} is an encoder: it has no W_vocab, no logits and no next token. Its output is the "
+                     "final hidden states, one vector per token; a sentence embedding is their mean (mean "
+                     "pooling), divided by its length.",
+    "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
+    "p_stream": "Residual stream", "p_stream_what": "|x| of each token's residual stream entering each block "
+                "(rows: blocks 0…{L}, the last row after the last block); darker = longer (log scale).",
+    "p_gqa": "Query head {head} reads K/V head {kv}: G = {G} query heads share each K/V head ({H} query, "
+             "{H_kv} K/V heads).",
+    "p_shape": "shape", "p_first": "first {k} values", "p_length": "length |x|",
+    "p_row": "row of “{token}”", "p_masked": "masked (−∞)",
+    "p_a_quant": "Weights travel as one byte each (±0.002).",
+    "p_s_quant": "Scores travel as one byte each (±{step} here).",
+    "p_stack": "stack",
+    "p_memory_box": "Encoder output M",
+    "p_memory": "The encoder's output M: one vector per source token. Every decoder layer reads it through "
+                "cross-attention (K = M·W_K, V = M·W_V); switch to the decoder to follow it.",
+    "p_mask_enc": "No mask: the encoder reads the source both ways, every token sees every token (M = 0).",
+    "p_xnorm": "Norm (before cross-attention)",
+    "p_xqkv": "Cross-attention: Q from the decoder, K and V from the encoder",
+    "p_xqkv_f": "Q = Y·W_Q (decoder),  K = M·W_K,  V = M·W_V (encoder output M)",
+    "p_xattn": "Cross-attention: A = softmax(Q·Kᵀ / √d_k)",
+    "p_xattn_what": "Row i: which source tokens target token i reads (n_tgt × n_src = {n} × {m}).",
+    "p_xz": "Z = A·V (cross-attention)", "p_xout": "Concat(Z)·W_O (cross-attention)",
+    "p_xres": "+ Residual (after cross-attention)",
+    "p_xres_pre_f": "X'' = X' + CrossAttention(Norm(X'), M)", "p_xres_post_f": "X'' = Norm(X' + CrossAttention(X', M))",
+    "p_reads": "k, v of “{token}”, the source token it reads most",
+    "p_encoder": "encoder", "p_decoder": "decoder",
+})
+
+KO.update({
+    "p_title": "qkv 파이프라인 · {model}",
+    "p_intro": "모델을 데이터 흐름으로 그렸고, 상자마다 이 텍스트의 실제 숫자가 들어 있습니다. 상자를 눌러 "
+               "열어 보세요. 위에서 토큰, 층, 헤드를 고릅니다.",
+    "p_token": "토큰", "p_layer": "층", "p_head": "헤드", "p_lang": "English",
+    "p_embed": "임베딩 (+ 위치)",
+    "p_embed_f": "X = E[ids] + P[positions]   (n × d_model)",
+    "p_block": "{L}개 중 {layer}번 블록",
+    "p_blocks": "블록 {L}개, 각각: {what}",
+    "p_norm": "정규화", "p_norm2": "정규화 (FFN 앞)",
+    "p_norm_rms_f": "RMSNorm(x) = x / √(mean(x²) + ε) · g",
+    "p_norm_layer_f": "LayerNorm(x) = (x − mean(x)) / √(var(x) + ε) · g + b",
+    "p_qkv_f": "Q = X·W_Q,  K = X·W_K,  V = X·W_V",
+    "p_s_f": "S = Q·Kᵀ / √d_k",
+    "p_mask": "마스크 M", "p_mask_f": "S' = S + M,  M[i, j] = −∞ (j > i), 0 (j ≤ i)",
+    "p_mask_none": "마스크 없음: {model}은(는) 인코더라서 모든 토큰이 모든 토큰을 봅니다(M = 0).",
+    "p_a_f": "A = softmax(S + M), 각 행의 합 = 1",
+    "p_z_f": "Z = A·V",
+    "p_out_f": "Concat(Z_0 … Z_{last})·W_O",
+    "p_res": "+ 잔차 연결", "p_res2": "+ 잔차 연결 (FFN 뒤)",
+    "p_res_pre_f": "X' = X + Attention(Norm(X))", "p_res_post_f": "X' = Norm(X + Attention(X))",
+    "p_res2_pre_f": "X'' = X' + FFN(Norm(X'))", "p_res2_post_f": "X'' = Norm(X' + FFN(X'))",
+    "p_ffn": "FFN(피드포워드)", "p_ffn_f": "FFN(x) = act(x·W_in + b)·W_out + b   (d_ff = {d_ff})",
+    "p_ffn_gated_f": "FFN(x) = (act(x·W_gate) ⊙ x·W_in)·W_out   (d_ff = {d_ff})",
+    "p_final": "마지막 정규화", "p_final_f": "Z_last = Norm({last}번 블록 뒤의 X)",
+    "p_logits": "로짓", "p_logits_f": "logits = Z_last · W_vocab   (n × d_model)·(d_model × V) = n × V",
+    "p_logits_what": "어휘집 항목마다 점수 하나(V = {V}). 이 페이지는 다음 토큰을 예측하는 마지막 위치의 "
+                     "로짓을 담습니다.",
+    "p_probs": "softmax(logits / T) → 다음 토큰",
+    "p_probs_f": "P(다음 토큰) = softmax(logits[마지막] / T), 그다음 top-k, top-p",
+    "p_temp": "온도 T", "p_topk": "top-k", "p_topp": "top-p", "p_off": "끔",
+    "p_greedy": "T = 0: 탐욕적 선택, 모든 확률이 가장 높은 토큰에.",
+    "p_remain": "토큰 {V}개 중 {k}개가 남습니다.",
+    "p_next": "다음 토큰", "p_prob": "확률", "p_removed": "필터로 제외됨",
+    "p_hidden": "마지막 은닉 상태", "p_pooled": "풀링된 임베딩",
+    "p_encoder_end": "{model}은(는) 인코더입니다: W_vocab도, 로짓도, 다음 토큰도 없습니다. 출력은 토큰마다 "
+                     "벡터 하나인 마지막 은닉 상태이고, 문장 임베딩은 그 평균(평균 풀링)을 길이로 나눈 것입니다.",
+    "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
+    "p_stream": "잔차 스트림", "p_stream_what": "각 블록으로 들어가는 토큰별 잔차 스트림의 길이 |x| "
+                "(행: 0…{L}번 블록, 마지막 행은 마지막 블록 뒤). 진할수록 깁니다(로그 눈금).",
+    "p_gqa": "쿼리 헤드 {head}번은 K/V 헤드 {kv}번을 읽습니다: K/V 헤드 하나를 쿼리 헤드 G = {G}개가 공유합니다"
+             "(쿼리 헤드 {H}개, K/V 헤드 {H_kv}개).",
+    "p_shape": "shape", "p_first": "앞 {k}개 값", "p_length": "길이 |x|",
+    "p_row": "“{token}”의 행", "p_masked": "가려짐 (−∞)",
+    "p_a_quant": "가중치는 1바이트씩 전달됩니다(±0.002).",
+    "p_s_quant": "점수는 1바이트씩 전달됩니다(여기서는 ±{step}).",
+    "p_stack": "스택",
+    "p_memory_box": "인코더 출력 M",
+    "p_memory": "인코더의 출력 M: 원문 토큰마다 벡터 하나. 디코더의 모든 층이 교차 어텐션으로 이를 읽습니다"
+                "(K = M·W_K, V = M·W_V). 디코더로 바꿔 따라가 보세요.",
+    "p_mask_enc": "마스크 없음: 인코더는 원문을 양방향으로 읽어 모든 토큰이 모든 토큰을 봅니다(M = 0).",
+    "p_xnorm": "정규화 (교차 어텐션 앞)",
+    "p_xqkv": "교차 어텐션: Q는 디코더에서, K와 V는 인코더에서",
+    "p_xqkv_f": "Q = Y·W_Q (디코더),  K = M·W_K,  V = M·W_V (인코더 출력 M)",
+    "p_xattn": "교차 어텐션: A = softmax(Q·Kᵀ / √d_k)",
+    "p_xattn_what": "i번 행: 번역 토큰 i가 원문의 어느 토큰을 읽는지 (n_tgt × n_src = {n} × {m}).",
+    "p_xz": "Z = A·V (교차 어텐션)", "p_xout": "Concat(Z)·W_O (교차 어텐션)",
+    "p_xres": "+ 잔차 연결 (교차 어텐션 뒤)",
+    "p_xres_pre_f": "X'' = X' + CrossAttention(Norm(X'), M)", "p_xres_post_f": "X'' = Norm(X' + CrossAttention(X', M))",
+    "p_reads": "가장 많이 읽는 원문 토큰 “{token}”의 k, v",
+    "p_encoder": "인코더", "p_decoder": "디코더",
+})
+
+TEXTS = {"en": EN, "ko": KO}

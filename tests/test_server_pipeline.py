@@ -1,0 +1,93 @@
+"""`qkv serve`'s pipeline endpoints without a browser: the payload is the engine's, "next token" draws
+what qkv.sampling draws, and every refusal is one clear JSON error (tests/test_server.py: the rest)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv.sampling import Sampling
+from qkv.server import MAX_PIPELINE_TOKENS
+from qkv.viz.pipeline_payload import decode_array
+from conftest import MODELS, running_server
+from test_server import call
+
+GPT2, BERT = str(MODELS / "gpt2"), str(MODELS / "bert")
+SENTENCE = "The cat sat on the mat"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(GPT2) as srv:
+        yield srv
+
+
+def post(srv, path: str, obj) -> tuple[int, dict]:
+    status, _, body = call(srv, "POST", path, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+    return status, body
+
+
+def test_the_pipeline_payload_is_the_engines(server):
+    model = qkv.load(GPT2)
+    trace = model.run(SENTENCE)
+    status, p = post(server, "/api/pipeline", {"text": SENTENCE, "lang": "ko"})
+    assert status == 200 and p["kind"] == "pipeline" and p["lang"] == "ko" and p["tokens"] == trace.tokens
+    assert np.array_equal(decode_array(p["output"]["logits"]), trace.logits[-1])
+    np.testing.assert_allclose(decode_array(p["stream"]["norm"])[0],
+                               np.linalg.norm(trace.layers[0].residual.astype(np.float64), axis=-1), rtol=1e-5)
+
+
+def test_an_encoder_gets_its_pipeline_but_no_next_token():
+    with running_server(BERT) as srv:
+        status, p = post(srv, "/api/pipeline", {"text": SENTENCE})
+        assert status == 200 and p["output"] is None and p["pooled"]["norm"] > 0
+        status, body = post(srv, "/api/pipeline/next", {"text": SENTENCE})
+        assert status == 400 and "is an encoder: it writes no next token" in body["error"]
+
+
+def test_next_token_draws_what_qkv_sampling_draws(server):
+    model = qkv.load(GPT2)
+    logits = model.run(SENTENCE).logits[-1:]
+    status, body = post(server, "/api/pipeline/next", {"text": SENTENCE, "temperature": 0})
+    greedy = int(np.argmax(logits[0]))
+    assert status == 200 and body["id"] == greedy and body["token"] == model.tokenizer.label(greedy)
+    assert body["text"] == SENTENCE + model.tokenizer.decode([greedy])
+    p = body["payload"]
+    assert p["ids"] == model.run(SENTENCE).ids.tolist() + [greedy] and p["text"] == body["text"]
+    settings = {"temperature": 1.3, "top_k": 40, "top_p": 0.9, "seed": 7}
+    want = int(Sampling(**settings).pick(logits.astype(np.float64), Sampling(**settings).rng())[0])
+    status, body = post(server, "/api/pipeline/next", {"text": SENTENCE, **settings})
+    assert status == 200 and body["id"] == want
+
+
+@pytest.mark.parametrize("path, request_body, status, message", [
+    ("/api/pipeline", {}, 400, "missing field 'text'"),
+    ("/api/pipeline", {"text": "  "}, 400, "the text is empty"),
+    ("/api/pipeline", {"text": "hi", "lang": "fr"}, 400, "field 'lang' must be one of 'en', 'ko'"),
+    ("/api/pipeline", {"text": "hi", "model": "nope"}, 400, "unknown model 'nope'"),
+    ("/api/pipeline", {"text": "cat " * (MAX_PIPELINE_TOKENS + 1)}, 413, "on this page; shorten it"),
+    ("/api/pipeline/next", {"text": "hi", "temperature": "hot"}, 400, "field 'temperature' must be a number"),
+    ("/api/pipeline/next", {"text": "hi", "temperature": -1}, 400, "temperature must be ≥ 0"),
+    ("/api/pipeline/next", {"text": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ("/api/pipeline/next", {"text": "hi", "top_k": True}, 400, "field 'top_k' must be a number"),
+])
+def test_refusals_are_one_clear_json_error(server, path, request_body, status, message):
+    got, body = post(server, path, request_body)
+    assert got == status and message in body["error"] and "\n" not in body["error"]
+
+
+def test_the_app_page_carries_the_pipeline_but_not_its_data(server):
+    status, r, page = call(server, "GET", "/")
+    assert status == 200 and "QKV_PIPELINE" in page and ".qkv-pipeline" in page
+    assert "qkv-pipeline-data" not in page                       # the payload comes only when asked for
+
+
+def test_an_encoder_decoder_shows_its_translation_but_writes_no_next_token():
+    with running_server("ko-en-tiny") as srv:
+        status, p = post(srv, "/api/pipeline", {"text": "나는 학교에 간다"})
+        assert status == 200 and p["seq2seq"] and p["target"] == "I go to school"
+        status, body = post(srv, "/api/pipeline/next", {"text": "나는 학교에 간다"})
+        assert status == 400 and "is an encoder–decoder" in body["error"]
