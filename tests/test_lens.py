@@ -88,7 +88,7 @@ def test_cli_prints_every_layer_and_writes_the_map(monkeypatch, capsys, tmp_path
     assert "final prediction ␣Paris" in stdout
     rows = [line for line in stdout.splitlines() if line.strip().startswith(("emb", "30 "))]
     assert len(rows) == 2 and "␣Paris" in rows[1]
-    assert sorted(p.name for p in out.iterdir()) == ["lens.png", "lens.svg"]
+    assert sorted(p.name for p in out.iterdir()) == ["lens.html", "lens.png", "lens.svg"]
     assert (out / "lens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

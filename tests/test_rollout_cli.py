@@ -89,7 +89,7 @@ def test_figure_holds_the_three_arrays_and_flow_is_at_least_rollout(monkeypatch,
     out = tmp_path / "fig"
     code, stdout, err = run_main(monkeypatch, capsys, "rollout", text, "--model", source, "--flow", "--out", str(out))
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["rollout.png", "rollout.svg"]
+    assert sorted(p.name for p in out.iterdir()) == ["rollout.html", "rollout.png", "rollout.svg"]
     assert (out / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "rollout.svg").read_text()[:200].lstrip().startswith("<?xml")
     [(name, fig)] = figures

@@ -1,6 +1,8 @@
 """The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `patch`, `circuits`
 (README, "Beyond attention weights"). Registered in qkv.cli with `cli.add_command`; each reads a model,
-computes with qkv.analysis and writes its figure with `cli_common.write_figure`."""
+computes with qkv.analysis and writes its figure with `cli_common.write_figure`; lens, rollout and
+patch also write a viewer page beside it (lens.html, rollout.html, patch.html: the attention viewer
+of the text with that command's panel opened first)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_fail
 @click.option("--top", type=click.IntRange(1, 20), default=3, show_default=True,
               help="How many tokens to list per layer.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the layers × positions map (lens.png, .svg) into this directory.")
+              help="Also write the layers × positions map (lens.png, .svg) and the viewer with its logit-lens "
+                   "panel open (lens.html) into this directory.")
 def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
     """The logit lens: what each layer would predict after TEXT, reading the residual stream
     after l blocks through the final norm and W_vocab (layer 0: the embeddings)."""
@@ -40,7 +43,7 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
     from .analysis.lens import KEEP, final_prediction, lens_of_trace
     from .nexttoken import distribution, top_tokens
 
-    trace = model.run(text, keep=KEEP)
+    trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
     lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
     ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
     label = model.tokenizer.label
@@ -60,8 +63,21 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
     if out_dir is not None:
         from .analysis.lens import lens_figure
 
+        from .analysis.lens import lens_payload
+
         write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
                       out_dir, "lens")
+        _write_viewer(trace, out_dir, "lens", lens_payload(model, trace))
+
+
+def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:
+    """OUT_DIR/VIEW.html: the viewer of TRACE with SECTION as its panel VIEW, opened first."""
+    from pathlib import Path
+
+    from .viz.html import viewer_html, write_html
+
+    path = write_html(viewer_html(trace, sections={view: section}, view=view), Path(out_dir) / f"{view}.html")
+    click.echo(f"wrote {path}")
 
 
 @click.command(name="rollout")
@@ -70,7 +86,8 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
 @click.option("--flow", is_flag=True,
               help="Also attention flow: one max-flow per (position, token) pair, so short texts only.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write raw attention, rollout (and flow) side by side (rollout.png, .svg) into this directory.")
+              help="Also write raw attention, rollout (and flow) side by side (rollout.png, .svg) and the viewer "
+                   "with its rollout panel open (rollout.html) into this directory.")
 def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
     """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
     the input token it draws most from through every layer, beside the last layer's raw attention."""
@@ -89,7 +106,8 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
     from .analysis.rollout import attention_flow, attention_rollout
 
     trace = model.run(text, keep=("attentions",))
-    R = attention_rollout(trace)[-1]                                          # (n, n) after all L layers
+    rollout = attention_rollout(trace)                                        # (L, n, n)
+    R = rollout[-1]                                                           # (n, n) after all L layers
     F = attention_flow(trace) if flow else None                               # (n, n), or a clear error
     A = trace.attentions[-1]                                                  # (H, n, n) the last layer
     raw = A.astype(np.float64).mean(axis=0)                                   # (n, n)
@@ -110,8 +128,14 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
         from .analysis.rollout_figure import rollout_figure
         from .viz.figures import masked_cells
 
+        from .analysis.rollout import MAX_FLOW_WORK
+        from .viz.interpret_payload import rollout_section
+
         write_figure(rollout_figure(raw, R, F, labels, mask=masked_cells(trace, L - 1), layer=L - 1,
                                      heads=A.shape[0], model_name=model.name), out_dir, "rollout")
+        note = None if flow else "no attention flow: run qkv rollout with --flow to add it (short texts: n⁴·L ≤ " \
+                                 f"{MAX_FLOW_WORK:,})"
+        _write_viewer(trace, out_dir, "rollout", rollout_section(rollout, F, note))
 
 
 @click.command(name="dla")
@@ -161,31 +185,47 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
 @click.argument("clean")
 @click.argument("corrupted")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
-@click.option("--answer", required=True, help="CLEAN's answer, one token (e.g. ' Mary').")
-@click.option("--wrong", required=True, help="CORRUPTED's answer, one token (e.g. ' John').")
+              help="'smollm2' (default), 'minilm', a .gguf file, or a local Hugging Face directory. A decoder's "
+                   "metric is logit(answer) − logit(wrong); an encoder's (MiniLM) the cosine similarity of the "
+                   "sentence embedding to CLEAN's.")
+@click.option("--answer", default=None, help="Decoders: CLEAN's answer, one token (e.g. ' Mary').")
+@click.option("--wrong", default=None, help="Decoders: CORRUPTED's answer, one token (e.g. ' John').")
 @click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many heads to list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the heatmaps (patch.png, .svg) and the tables (patch.json) into this directory.")
-def patch_cmd(clean: str, corrupted: str, source: str, answer: str, wrong: str, top: int, out_dir: str | None) -> None:
+              help="Also write the heatmaps (patch.png, .svg), the tables (patch.json) and the viewer with its "
+                   "patching panel open (patch.html) into this directory.")
+def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong: str | None, top: int,
+              out_dir: str | None) -> None:
     """Activation patching: copy each head's output, and each position of the residual stream,
-    attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of
-    logit(answer) − logit(wrong) comes back (0 = corrupted, 1 = clean)."""
+    attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of the metric comes
+    back (0 = corrupted, 1 = clean): logit(answer) − logit(wrong) for a decoder, the cosine
+    similarity to CLEAN's sentence embedding (mean-pooled, L2-normalised) for an encoder."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .analysis.patch import metric_of, patch, save_patching
+    from .analysis.patch import EMBEDDING, metric_of, patch, save_patching
     from .checkpoints import load
+    from .errors import QkvError
 
     model = load(source)
-    metric_of(model, (answer, wrong))                                         # bad input fails before DIR is touched
+    if model.weights.W_vocab is None:
+        if answer is not None or wrong is not None:
+            raise QkvError(f"{model.name} is an encoder without an LM head, so --answer/--wrong name no logits; "
+                           "drop them (its metric is the cosine similarity of sentence embeddings)")
+        metric = EMBEDDING
+    elif answer is None or wrong is None:
+        raise QkvError(f"{model.name} is a decoder: give --answer and --wrong, CLEAN's and CORRUPTED's next tokens "
+                       "(e.g. --answer ' Mary' --wrong ' John')")
+    else:
+        metric = (answer, wrong)
+    metric_of(model, metric)                                                  # bad input fails before DIR is touched
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
         columns = (TextColumn("patched copies"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("patch", total=None)
-            p = patch(model, clean, corrupted, (answer, wrong), progress=lambda k: bar.advance(task, k))
+            p = patch(model, clean, corrupted, metric, progress=lambda k: bar.advance(task, k))
         console = new_console()
         console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "
                            f"{p.runs} patched copies in {p.passes} batched passes, {p.seconds:.1f} s "
@@ -200,7 +240,10 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str, wrong: str, 
             layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
             console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
         if out_dir is not None:
-            for f in save_patching(p, out_dir):
+            from .viz.html import viewer_html
+
+            page = viewer_html(model.run(clean, keep=("attentions",)), sections={"patch": p.payload()}, view="patch")
+            for f in save_patching(p, out_dir, pages={"patch.html": page}):
                 click.echo(f"wrote {f}")
 
 

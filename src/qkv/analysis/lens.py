@@ -5,6 +5,9 @@
     lens_of_trace       the same, from a trace that kept "residual", "attn_out" and "ffn_out"
     residual_stream     that trace's residual stream after 0..L blocks, (L+1, n, d_model)
     final_prediction    each position's final top token and its probability at every layer
+    lens_top            the same without the (L+1, n, V) array, layer by layer, with each cell's
+                        top-k tokens and the final prediction's rank: what the viewer's panel shows
+    lens_payload        that, as the viewer's "lens" section (`viz.interpret_payload`)
     lens_figure         layers × positions: the probability of the final prediction at each layer
 
 The norm and W_vocab are the model's own (`qkv.model.norm`, `qkv.model.logits_of`), so row L
@@ -13,6 +16,7 @@ is the model's logits by construction of the same arithmetic, and the tests chec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 
 KEEP = ("residual", "attn_out", "ffn_out")       # what a trace must keep for the lens
 MAX_BYTES = 2 << 30                              # the lens array (L+1)·n·V; past this, one clear error
+TRACE_LENS_TOKENS = 256                          # `qkv generate/chat --trace` adds the lens up to this many tokens
 
 
 def check_lens(model: "Model") -> None:
@@ -95,6 +100,66 @@ def final_prediction(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     log_sum = np.log(np.exp(z - top).sum(axis=-1)) + top[..., 0]           # (L+1, n)
     picked = np.take_along_axis(z, ids[None, :, None], axis=-1)[..., 0]    # (L+1, n)
     return ids, np.exp(picked - log_sum)
+
+
+@dataclass
+class LensTop:
+    """What the logit lens shows per (layer, position), without the (L+1, n, V) logits."""
+
+    predicted: np.ndarray            # (n,) each position's final prediction (argmax of row L)
+    probs: np.ndarray                # (L+1, n) softmax(row l)[predicted], float64
+    ranks: np.ndarray                # (L+1, n) its rank at row l: 1 + how many tokens score higher
+    top_ids: np.ndarray              # (L+1, n, k) each cell's k most likely tokens, most likely first
+    top_probs: np.ndarray            # (L+1, n, k) their probabilities, float64
+
+
+def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
+    """The logit lens of TRACE (kept KEEP) summarised per cell, one row of the residual stream at a
+    time: memory (n, V) instead of (L+1, n, V), so a long text fits. Row l's logits are exactly
+    `lens_of_trace`'s row l (the same norm and W_vocab on the same rows); exp runs in the model's
+    dtype and the sums in float64 (probabilities within ~1e-7 of `final_prediction`'s)."""
+    check_lens(model)
+    x = residual_stream(model, trace)                                      # (L+1, n, d_model)
+    rows, n = x.shape[:2]
+    V = model.weights.W_vocab.shape[1]
+    k = max(1, min(int(k), V))
+
+    def logits(l: int) -> np.ndarray:
+        h = x[l]
+        if model.weights.final_norm is not None:
+            h = norm(h, model.weights.final_norm, model.config)            # (n, d_model)
+        return logits_of(h, model.weights)                                 # (n, V)
+
+    z = logits(rows - 1)
+    predicted = np.argmax(z, axis=-1)                                      # (n,)
+    probs, ranks = np.empty((rows, n)), np.empty((rows, n), np.int64)
+    top_ids, top_probs = np.empty((rows, n, k), np.int64), np.empty((rows, n, k))
+    at = np.arange(n)
+    for l in range(rows - 1, -1, -1):
+        z = z if l == rows - 1 else logits(l)                              # (n, V)
+        top = z.max(axis=-1, keepdims=True).astype(np.float64)             # (n, 1)
+        log_sum = np.log(np.exp(z - top.astype(z.dtype)).sum(axis=-1, keepdims=True, dtype=np.float64)) + top
+        picked = z[at, predicted].astype(np.float64)                       # (n,)
+        probs[l] = np.exp(picked - log_sum[:, 0])
+        ranks[l] = 1 + (z > z[at, predicted][:, None]).sum(axis=-1)        # ties do not count
+        for t in range(k):                  # k argmaxes: faster than argpartition for small k; ties: lowest id
+            top_ids[l, :, t] = best = np.argmax(z, axis=-1)                # (n,)
+            top_probs[l, :, t] = np.exp(z[at, best].astype(np.float64) - log_sum[:, 0])
+            z[at, best] = -np.inf                                          # z is this row's own array
+    return LensTop(predicted, probs, ranks, top_ids, top_probs)
+
+
+def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:
+    """The viewer's "lens" section of TRACE (`viz.interpret_payload.lens_section`): a trace that
+    kept KEEP; a trace without them is run again on its ids (one forward pass)."""
+    from ..viz.interpret_payload import lens_section
+
+    L = model.config.n_layers
+    if trace.layer_ids != list(range(L)) or any(getattr(trace.layers[i], w) is None for i in range(L) for w in KEEP):
+        trace = model.run(trace.ids, keep=KEEP)
+    t = lens_top(model, trace, k)
+    spell = model.tokenizer.label if model.tokenizer is not None else str
+    return lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
 
 
 @_styled

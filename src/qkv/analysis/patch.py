@@ -8,6 +8,11 @@ copied from the clean run, and measure how much of the clean answer comes back:
 
 0: the patch changes nothing; 1: it restores the clean metric entirely. The metric m is a
 function of the last position's logits, e.g. the logit difference logit(␣Mary) − logit(␣John).
+An encoder without an LM head (MiniLM) has no logits: its metric reads the final hidden states,
+and the named metric "embedding" (EMBEDDING) is the one sentence-transformers models are made
+for: the sentence embedding e = mean-pooled final hidden states, L2-normalised, and
+m = cos(e(patched), e(clean)), so the effect measures how much of the clean sentence's
+embedding a patch brings back.
 
     patch           the effect tables: heads (L, H), each head's Z at every position; residual,
                     attn_out, ffn_out (L, n), one position of the residual stream entering block l,
@@ -33,7 +38,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
 WHAT = ("heads", "residual", "attn_out", "ffn_out")      # the tables `patch` can make
 MAX_TOKENS = 2048                                        # B·n of one batched pass (memory ~ B·n·d_ff floats)
 Metric = Callable[[np.ndarray], np.ndarray]              # logits (B, V) of the last position → (B,)
+EMBEDDING = "embedding"                                  # the named metric of encoders (module doc)
 
 
 @dataclass
@@ -82,6 +88,12 @@ class Patching:
         return [(int(i // self.heads.shape[1]), int(i % self.heads.shape[1]), float(self.heads.flat[i]))
                 for i in order]
 
+    def payload(self) -> dict:
+        """The viewer's "patch" section (`viz.interpret_payload.patch_section`)."""
+        from ..viz.interpret_payload import patch_section
+
+        return patch_section(self.as_json() | {name: getattr(self, name) for name in WHAT})
+
     def as_json(self) -> dict:
         tables = {name: None if t is None else np.round(t, 6).tolist()
                   for name, t in (("heads", self.heads), ("residual", self.residual),
@@ -105,11 +117,17 @@ def _ids(model: "Model", x: str | Sequence[int]) -> tuple[np.ndarray, list[str]]
     return ids, labels
 
 
-def metric_of(model: "Model", metric) -> tuple[Metric, str]:
+def metric_of(model: "Model", metric) -> tuple[Metric | None, str]:
     """A metric given as a function of logits (B, V) → (B,), a token (its logit), or a pair of
-    tokens (answer, wrong): logit(answer) − logit(wrong). Tokens: ids or one-token texts."""
+    tokens (answer, wrong): logit(answer) − logit(wrong). Tokens: ids or one-token texts.
+    "embedding" (an encoder's): (None, its name), made from the clean run by `_embedding_metric`."""
     if callable(metric):
         return metric, getattr(metric, "__name__", "metric")
+    if isinstance(metric, str) and metric == EMBEDDING:
+        if model.weights.W_vocab is not None:
+            raise QkvError(f'the "{EMBEDDING}" metric compares sentence embeddings of an encoder; {model.name} has '
+                           "an LM head: give (answer, wrong) tokens instead")
+        return None, "cos(embedding, clean embedding)"             # needs the clean run: `_embedding_metric`
     if model.weights.W_vocab is None:
         raise QkvError(f"{model.name} has no LM head, so no logits to compare tokens by; use a decoder "
                        "(--model smollm2), or from Python a metric on the final hidden states (B, n, d_model) → (B,)")
@@ -121,6 +139,22 @@ def metric_of(model: "Model", metric) -> tuple[Metric, str]:
     if len(ids) == 1:
         return (lambda z: z[:, ids[0]]), name
     return (lambda z: z[:, ids[0]] - z[:, ids[1]]), name
+
+
+def sentence_embedding(hidden: np.ndarray) -> np.ndarray:
+    """Final hidden states (B, n, d_model) of unpadded texts → their sentence embeddings (B, d_model):
+    the mean over positions, L2-normalised (sentence-transformers' mean pooling with a full mask)."""
+    e = np.asarray(hidden, dtype=np.float64).mean(axis=1)                  # (B, d_model)
+    return e / np.linalg.norm(e, axis=-1, keepdims=True)
+
+
+def _embedding_metric(model: "Model", clean) -> Metric:
+    """m(hidden) = cos(sentence_embedding(hidden), the clean run's embedding)."""
+    target = sentence_embedding(tail(model, clean.layers[0].residual[None], 0))[0]     # (d_model,)
+
+    def embedding(hidden: np.ndarray) -> np.ndarray:                     # (B, n, d_model) → (B,)
+        return sentence_embedding(hidden) @ target
+    return embedding
 
 
 def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
@@ -201,6 +235,7 @@ def patch_one(model: "Model", clean: str | Sequence[int], corrupted: str | Seque
     (heads, or positions; None = all of them) copied from clean into corrupted, in one pass."""
     fn, _ = metric_of(model, metric)
     c, k, _ = _traces(model, clean, corrupted)
+    fn = fn or _embedding_metric(model, c)
     m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
     if what not in WHAT:
         raise QkvError(f"unknown patch {what!r}; choose from {list(WHAT)}")
@@ -218,7 +253,9 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
     attention output and FFN output (L, n) from CLEAN into CORRUPTED (see the module).
 
     clean, corrupted: texts or ids with the same token count. metric: a function of the last
-    position's logits (B, V) → (B,), a token, or (answer, wrong) tokens, e.g. (" Mary", " John").
+    position's logits (B, V) → (B,), a token, or (answer, wrong) tokens, e.g. (" Mary", " John");
+    without an LM head a function of the final hidden states (B, n, d_model) → (B,), or "embedding":
+    the cosine similarity of the sentence embedding to the clean one (module doc).
     normalise=False gives m(patched) − m(corrupted) itself. batch: at most this many patched
     copies per pass (1: each alone; default as many as MAX_TOKENS allows). progress(k) is told
     after each pass how many copies it ran.
@@ -229,6 +266,7 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
     fn, name = metric_of(model, metric)
     started = time.perf_counter()
     c, k, labels = _traces(model, clean, corrupted)
+    fn = fn or _embedding_metric(model, c)
     m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
     L, H, n = model.config.n_layers, model.config.n_heads, len(c.ids)
     size = {"heads": H, "residual": n, "attn_out": n, "ffn_out": n}
@@ -294,13 +332,17 @@ def patch_figure(p: Patching) -> "Figure":
     return fig
 
 
-def save_patching(p: Patching, out_dir: str | os.PathLike, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """OUT_DIR/patch.{png,svg} (patch_figure) and OUT_DIR/patch.json (`Patching.as_json`): all or none."""
+def save_patching(p: Patching, out_dir: str | os.PathLike, formats: Sequence[str] = ("png", "svg"),
+                  pages: Mapping[str, str] | None = None) -> list[Path]:
+    """OUT_DIR/patch.{png,svg} (patch_figure), OUT_DIR/patch.json (`Patching.as_json`) and PAGES
+    ({file name: text}, e.g. {"patch.html": the viewer}): all or none."""
     formats = check_formats(formats)
     try:
         with FileBatch(out_dir) as files:
             save_all(files, [("patch", lambda: patch_figure(p))], formats)
             files.write_text("patch.json", json.dumps(p.as_json(), ensure_ascii=False, indent=1))
+            for name, text in (pages or {}).items():
+                files.write_text(name, text)
     except OSError as e:
         raise QkvError(f"cannot write to {out_dir}: {e.strerror or e}; choose a writable directory") from None
     return files.paths

@@ -65,42 +65,79 @@ def attention_rollout(trace: "Trace") -> np.ndarray:
 # can pass from position i down to input token j when every edge carries at most its weight.
 # Rollout multiplies weights along paths; flow takes the bottleneck of the best set of paths.
 #
-# Cost: one max-flow (Edmonds–Karp: shortest augmenting paths, BFS in the residual graph) per
-# (output position, input token) pair, n² of them, each over at most L·n² edges; only the nodes
-# on some path from the source to the sink are kept (in a decoder, positions j..i). Pure Python:
-# about a second for 14 tokens through SmolLM2's 30 layers, growing as n⁴·L — hence MAX_FLOW_WORK.
+# Cost: one max-flow (Dinic: shortest augmenting paths, one BFS per path length) per (output
+# position, input token) pair, n² of them, each over at most L·n² edges; only the nodes on some
+# path from the source to the sink are kept (in a decoder, positions j..i). Pure Python, growing
+# as n⁴·L — hence MAX_FLOW_WORK.
 
 MAX_FLOW_WORK = 2_000_000       # Σ over pairs of the edges their graph keeps: beyond, one clear error
 EPS = 1e-12                     # residual capacity below this is spent
 
 
+def flow_work(n_layers: int, n: int, positions: int | None = None) -> int:
+    """The bound `flow_of` compares with MAX_FLOW_WORK: (positions · n) max-flow problems of up
+    to L·n² edges each (positions: default all n)."""
+    return (n if positions is None else positions) * n * n_layers * n * n
+
+
+def flow_fits(n_layers: int, n: int) -> bool:
+    """Whether the attention flow of every position of n tokens through L layers is within
+    MAX_FLOW_WORK, the limit `attention_flow` (and `qkv rollout --flow`) enforces."""
+    return flow_work(n_layers, n) <= MAX_FLOW_WORK
+
+
 def max_flow(cap: dict[int, dict[int, float]], source: int, sink: int) -> float:
-    """The maximum flow from SOURCE to SINK (Edmonds–Karp) through capacities cap[u][v] ≥ 0."""
-    res = {u: dict(edges) for u, edges in cap.items()}                  # residual capacities
+    """The maximum flow from SOURCE to SINK through capacities cap[u][v] ≥ 0 (Dinic: shortest
+    augmenting paths too, as Edmonds–Karp, but every path of one length found in one BFS phase,
+    walking the level graph with a pointer per node: far fewer BFS than one per path)."""
+    out: dict[int, list[int]] = {}                                      # node → its edges (ids)
+    head: list[int] = []                                                # edge e: → head[e], residual res[e]
+    res: list[float] = []                                               # edge e ^ 1 is e's reverse
     for u, edges in cap.items():
-        for v in edges:
-            res.setdefault(v, {}).setdefault(u, 0.0)                    # reverse edges, empty at first
+        for v, c in edges.items():
+            out.setdefault(u, []).append(len(head))
+            head.append(v)
+            res.append(float(c))
+            out.setdefault(v, []).append(len(head))
+            head.append(u)
+            res.append(0.0)
     total = 0.0
     while True:
-        parent = {source: source}
+        level = {source: 0}                                             # BFS: distances in the residual graph
         queue = deque([source])
-        while queue and sink not in parent:                             # BFS: a shortest augmenting path
+        while queue:
             u = queue.popleft()
-            for v, c in res[u].items():
-                if c > EPS and v not in parent:
-                    parent[v] = u
-                    queue.append(v)
-        if sink not in parent:
+            for e in out.get(u, ()):
+                if res[e] > EPS and head[e] not in level:
+                    level[head[e]] = level[u] + 1
+                    queue.append(head[e])
+        if sink not in level:
             return total
-        path, v = [], sink
-        while v != source:
-            path.append((parent[v], v))
-            v = parent[v]
-        push = min(res[u][v] for u, v in path)                          # the bottleneck
-        for u, v in path:
-            res[u][v] -= push
-            res[v][u] += push
-        total += push
+        ptr = dict.fromkeys(level, 0)                                   # the next edge to try at each node
+        while True:                                                     # the paths of this length, one by one
+            path, u = [], source
+            while u != sink:
+                edges = out.get(u, ())
+                while ptr[u] < len(edges):
+                    e = edges[ptr[u]]
+                    if res[e] > EPS and level.get(head[e], -1) == level[u] + 1:
+                        break
+                    ptr[u] += 1
+                if ptr[u] < len(edges):                                 # forward along e
+                    path.append(edges[ptr[u]])
+                    u = head[path[-1]]
+                elif u == source:                                       # no path left of this length
+                    break
+                else:                                                   # a dead end: back up, skip it
+                    u = head[path.pop() ^ 1]
+                    ptr[u] += 1
+            if u != sink:
+                break
+            push = min(res[e] for e in path)                            # the bottleneck
+            for e in path:
+                res[e] -= push
+                res[e ^ 1] += push
+            total += push
 
 
 def _flow_graph(Ahat: np.ndarray, i: int, j: int) -> tuple[dict[int, dict[int, float]], int, int, int]:
@@ -135,8 +172,7 @@ def flow_of(attentions: np.ndarray, positions: list[int] | None = None) -> np.nd
         raise QkvError(f"attention flow needs self-attention weights (L, H, n, n), not {A.shape}")
     L, _, n, _ = A.shape
     rows = list(range(n)) if positions is None else [check_index("position", p, n, "the text") for p in positions]
-    work = len(rows) * n * L * n * n
-    if work > MAX_FLOW_WORK:
+    if flow_work(L, n, len(rows)) > MAX_FLOW_WORK:
         raise QkvError(f"attention flow over {L} layers of {n} tokens is {len(rows) * n} max-flow problems of up to "
                        f"{L * n * n:,} edges each, too slow in Python; give a shorter text, fewer positions, "
                        "or use attention_rollout")
@@ -162,3 +198,16 @@ def attention_flow(trace: "Trace", positions: list[int] | None = None) -> np.nda
     if A is None:
         raise QkvError('attention flow needs the attention weights; run with keep=("attentions",)')
     return flow_of(A, positions)
+
+
+def rollout_payload(trace: "Trace") -> dict:
+    """The viewer's "rollout" section of TRACE (`viz.interpret_payload.rollout_section`): rollout
+    R_1..R_L always, attention flow too when `flow_fits` (else a note saying why it is absent)."""
+    from ..viz.interpret_payload import rollout_section
+
+    R = attention_rollout(trace)                                        # (L, n, n)
+    L, n, _ = R.shape
+    if flow_fits(L, n):
+        return rollout_section(R, attention_flow(trace))
+    return rollout_section(R, None, f"attention flow of {n} tokens through {L} layers is past the limit "
+                                    f"qkv rollout --flow uses ({MAX_FLOW_WORK:,}: n⁴·L); shorten the text to see it")

@@ -6,12 +6,17 @@ a colour per head; hover a token to isolate its lines), a matrix view (the heatm
 a cell's weight on hover) and a model view (layers × heads thumbnails; click one to
 open it); a generation with logits adds a next-token view (each generated token's top
 candidates, with a temperature slider; see `payload` for how it re-normalises).
+Optional sections add views beyond attention weights (`payload`, `interpret_payload`): a logit
+lens (layers × positions, the final prediction's probability or rank, a cell's top tokens on
+hover), rollout (raw attention, attention rollout and attention flow side by side) and
+patching (effect tables as heatmaps centred at 0).
 An encoder–decoder's trace adds a selector of the kind of attention — encoder, decoder, cross
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
+    save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
     View(trace)                                                   # shows itself in Jupyter / VS Code
 """
 
@@ -22,7 +27,7 @@ import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..errors import QkvError
 from ..io import write_text
@@ -53,16 +58,19 @@ def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) 
 
 
 def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[Sequence[str | None]] | None = None,
-                title: str | None = None, tokenizer=None) -> str:
+                title: str | None = None, tokenizer=None, sections: Mapping[str, dict | None] | None = None,
+                view: str | None = None) -> str:
     """One complete, self-contained HTML document showing TRACE's attention.
 
     model_name: instead of the trace's own `model`; roles: optional kept-layers × heads
     names ("previous", "[SEP]", ...) that colour the model view (`palette.ROLE_COLOURS`);
     title: the page title (default: model name and text); tokenizer: the
     model's, to add a "Next token" view to a generation trace that kept its logits
-    (each generated token's top candidates, with a temperature slider).
+    (each generated token's top candidates, with a temperature slider); sections: {"lens" |
+    "rollout" | "patch": section} (`payload`), each a view; view: the view shown first.
     """
-    payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer)
+    payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
+                            sections=sections, view=view)
     body = (f"<div data-qkv-root></div>\n"
             f"<script type=\"application/json\" class=\"qkv-data\">{script_json(payload)}</script>")
     return page(payload["title"], body, [asset("viewer.js"), "QKV.boot();"])
@@ -70,10 +78,10 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
 
 def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str | None = None,
                 roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
-                tokenizer=None) -> Path:
+                tokenizer=None, sections: Mapping[str, dict | None] | None = None, view: str | None = None) -> Path:
     """Write the viewer of TRACE to PATH atomically (never a half-written file)."""
-    return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer),
-                      path)
+    return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
+                                  sections=sections, view=view), path)
 
 
 def write_html(document: str, path: str | os.PathLike) -> Path:
@@ -97,8 +105,10 @@ class View:
 
     def __init__(self, trace: Trace, *, model_name: str | None = None,
                  roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
-                 height: int | None = None, tokenizer=None):
-        self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer)
+                 height: int | None = None, tokenizer=None, sections: Mapping[str, dict | None] | None = None,
+                 view: str | None = None):
+        self.html = viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
+                                sections=sections, view=view)
         n, L = len(trace.labels), len(trace.layer_ids)
         # tall enough for the head view's tokens and the model view's rows, then it scrolls inside
         self.height = height or min(900, max(420, 130 + 22 * n, 150 + 90 * L))

@@ -19,7 +19,9 @@ the browser inflates them with its built-in DecompressionStream("deflate").
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
-                                "rest": [float | null] (t), "entropy": [float] (t)}]}}
+                                "rest": [float | null] (t), "entropy": [float] (t)}]},
+     "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | null (shown first),
+     "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}}   (below; absent = null)
 
 "next" (generation traces that kept their logits, given a tokenizer): for each generated
 token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The page cannot
@@ -34,6 +36,30 @@ renormalisation over the top K; exp(rest(T)) / (…) is the mass of the tokens n
 The entropy of the whole distribution (bits) comes precomputed per T for the same reason.
 Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) itself.
 About 0.6 kB of JSON per generated token.
+
+The sections beyond attention weights (`viz.interpret_payload` builds them from arrays that
+qkv.analysis computes; each adds a view). Big arrays are encoded as attention is, with their
+dtype named: {"encoding": "uint8-" | "uint16-" | "int32-deflate-base64", "shape", "scale", "data"},
+value = q / scale (or the integer itself when scale is null), little-endian.
+
+    "lens" (decoders, `analysis.lens.lens_payload`): the logit lens, rows 0..L (row 0: the
+      embeddings; row l: the residual stream after l blocks through the final norm and W_vocab)
+      × n positions. {"rows": L+1, "positions": n, "k": K, "vocab": V,
+      "predicted": [id] (n, each position's final prediction: the argmax of row L),
+      "prob": uint16 (L+1, n) scale 65535 (P(final prediction) at row l, ±7.6e-6),
+      "rank": int32 (L+1, n) (its rank there, 1 = top),
+      "top_ids": int32 (L+1, n, K), "top_prob": uint16 (L+1, n, K) scale 65535 (each cell's K most
+      likely tokens, most likely first: LENS_K = 5), "spelling": {"ids": [id], "tokens": [str]}
+      (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows).
+    "rollout" (`analysis.rollout.rollout_payload`, self-attention of every layer):
+      {"rollout": uint8 (L, n, n) scale 255 (R_l after layers 1..l; row = position, column =
+      input token; ±0.002 as attention), "flow": uint8 (n, n) scale 255 | null (attention flow
+      after all L layers; null past `analysis.rollout.MAX_FLOW_WORK`, with "flow_note" saying so)}.
+    "patch" (`analysis.patch.Patching.as_json` through `interpret_payload.patch_section`):
+      {"metric": str, "normalised": bool, "clean": str, "corrupted": str, "metric_clean": float,
+      "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
+      "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
+      0 = corrupted, 1 = clean when normalised).
 
 An encoder–decoder's trace (`Seq2SeqModel.run`) becomes three such objects, one per kind of
 attention (`viz.seq2seq`), under one title:
@@ -52,7 +78,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -68,6 +94,8 @@ PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
 NEXT_K = 10                                                   # candidates listed per generated token
 NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
+SECTIONS = ("lens", "rollout", "patch")                       # optional views beyond attention weights
+VIEWS = ("head", "matrix", "model", "next") + SECTIONS
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
 # inside older JavaScript string literals): written as JSON \u escapes instead.
@@ -137,17 +165,40 @@ def next_token_payload(trace: Trace, tokenizer) -> dict | None:
             "steps": steps}
 
 
+def check_sections(sections: Mapping[str, dict | None] | None, view: str | None, n: int) -> dict:
+    """The optional sections (module doc) and the view shown first, checked against n tokens."""
+    sections = {k: v for k, v in (sections or {}).items() if v is not None}
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise QkvError(f"unknown viewer sections {unknown}; choose from {list(SECTIONS)}")
+    if view is not None and (view not in VIEWS or (view in SECTIONS and view not in sections)):
+        raise QkvError(f"the viewer cannot open {view!r} first; choose from "
+                       f"{[v for v in VIEWS if v not in SECTIONS or v in sections]}")
+    sizes = {"lens": lambda s: s["positions"], "rollout": lambda s: s["rollout"]["shape"][-1],
+             "patch": lambda s: len(s["labels"])}
+    for name, section in sections.items():
+        if sizes[name](section) != n:
+            raise QkvError(f"the {name} section is about {sizes[name](section)} tokens and the trace has {n}; "
+                           "compute it from the same text")
+    return {"view": view, **{name: sections.get(name) for name in SECTIONS}}
+
+
 def trace_payload(trace: Trace, *, model_name: str | None = None,
                   roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
-                  tokenizer=None) -> dict:
+                  tokenizer=None, sections: Mapping[str, dict | None] | None = None,
+                  view: str | None = None) -> dict:
     """The JSON object the viewer draws: tokens, kept layers, roles, compact attention, and for
     a generation with logits (and a tokenizer), each generated token's candidates.
 
     model_name: instead of the trace's own `model` (what the title and the page name).
+    sections: {"lens" | "rollout" | "patch": section} (module doc; `viz.interpret_payload`),
+    each adding a view; view: the view shown first (default the head view).
     An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`)."""
     if trace.cross is not None:
         if roles is not None:
             raise QkvError("roles colour the heads of one stack; an encoder–decoder's trace takes none")
+        if sections or view is not None:
+            raise QkvError("lens, rollout and patching panels show one stack; an encoder–decoder's viewer takes none")
         return seq2seq_payload(trace, model_name=model_name, title=title, tokenizer=tokenizer)
     att = trace.attentions                                                  # (L, H, n_q, n_k)
     if att is None:
@@ -180,6 +231,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "role_colours": role_colours(roles),
         "attention": encode_attention(att),
         "next": next_token_payload(trace, tokenizer),
+        **check_sections(sections, view, n_q),
     }
 
 
