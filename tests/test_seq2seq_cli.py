@@ -234,8 +234,8 @@ def test_show_out_writes_cross_heatmaps_both_stacks_and_the_viewer(marian_dir, t
     names = sorted(p.name for p in out.iterdir())
     figures = ["cross_heatmap_layer1_head1", "cross_mean_layer1", "cross_layer0", "cross_layer1", "encoder_overview",
                "decoder_overview"]
-    assert names == sorted(["attention.html"] + [f"{f}.{x}" for f in figures for x in ("png", "svg")])
-    assert f"wrote 13 files to {out} (cross-attention heatmap of head 1):" in r.output
+    assert names == sorted(["attention.html", "pipeline.html"] + [f"{f}.{x}" for f in figures for x in ("png", "svg")])
+    assert f"wrote 14 files to {out} (cross-attention heatmap of head 1):" in r.output
     assert (out / "cross_layer0.png").read_bytes().startswith(b"\x89PNG")
     svg = (out / "cross_mean_layer1.svg").read_text()
     assert "mean of 4 heads" in svg and "target token written" in svg

@@ -17,10 +17,10 @@ def test_show_out_writes_figures_and_viewer(tmp_path):
     r = CliRunner().invoke(cli, ["show", "The cat sat on the mat", "--out", str(out)])
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["attention.html", "grid_layer0.png", "grid_layer0.svg", "heatmap_layer0_head2.png",
+    assert names == sorted(["attention.html", "pipeline.html", "grid_layer0.png", "grid_layer0.svg", "heatmap_layer0_head2.png",
                             "heatmap_layer0_head2.svg", "overview.png", "overview.svg"])   # no temp folder left
     assert "0:[CLS] 1:the 2:cat" in r.output                          # the terminal view is still printed
-    assert f"wrote 7 files to {out} (heatmap of head 2, the most focused of layer 0" in r.output
+    assert f"wrote 8 files to {out} (heatmap of head 2, the most focused of layer 0" in r.output
     for name in names:
         assert f"  {out / name}\n" in r.output
     assert (out / "heatmap_layer0_head2.png").read_bytes().startswith(b"\x89PNG")

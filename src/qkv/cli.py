@@ -16,6 +16,7 @@ from .bench.cli import bench as bench_cmd
 from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run, write_figure
 from .cli_interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .errors import QkvError
+from .lessons import explain_help
 from .tokenizer import shorten as _label
 from .train.cli import train as train_cmd
 
@@ -94,7 +95,9 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
     most focused head), the layer's heads side by side, every layer × head, and
-    attention.html, a viewer to open in a browser.
+    attention.html, a viewer to open in a browser, with attention rollout (and attention flow
+    on short texts) beside raw attention, and for a decoder the logit lens; and pipeline.html,
+    the whole model as its data flow, every box opening to its real arrays (up to 256 tokens).
 
     On an encoder–decoder (Marian, BART, T5, ko-en-tiny): translate TEXT (or read --target),
     print where each target token looks most in the source (cross-attention of a decoder
@@ -121,13 +124,17 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if out_dir is not None:
         check_writable(out_dir)
     try:
-        trace = model.run(text, layers=None if out_dir else [layer], keep=("attentions",), ablate=knocked_out)
+        from .analysis.lens import KEEP as LENS_KEEP
+
+        lens = out_dir is not None and model.weights.W_vocab is not None        # the viewer's logit lens
+        trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out,
+                          keep=("attentions",) + (LENS_KEEP if lens else ()))
         _print_layer(trace, model, layer, head)
         if out_dir is not None:
             from .viz.figures import focused_head
 
             picked = focused_head(trace, layer) if head is None else head
-            files = _save_views(trace, out_dir, model, layer, picked)
+            files = _save_views(trace, out_dir, model, layer, picked, knocked_out)
     except BaseException:
         if out_dir is not None and not existed and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)                                       # leave no trace of a failed run
@@ -137,7 +144,13 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         click.echo(f"wrote {len(files)} files to {out_dir} (heatmap of head {picked}{why}):")
         for f in files:
             click.echo(f"  {f}")
-        click.echo(f"open {files[0]} in a browser to explore every layer and head")
+        click.echo(f"open {files[0]} in a browser to explore every layer and head{_pipeline_note(files)}")
+
+
+def _pipeline_note(files: list[Path]) -> str:
+    """", and pipeline.html …" when show wrote the pipeline page (texts up to PIPELINE_TOKENS tokens)."""
+    page = next((f for f in files if Path(f).name == "pipeline.html"), None)
+    return "" if page is None else f"; {page}: the whole model, box by box"
 
 
 def memory_bound() -> int:
@@ -213,7 +226,8 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
         click.echo(f"wrote {len(files)} files to {out_dir} (cross-attention heatmap of head {picked}{why}):")
         for f in files:
             click.echo(f"  {f}")
-        click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention, every layer and head")
+        click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention, every layer and head"
+                   f"{_pipeline_note(files)}")
 
 
 def seq2seq_trace(model, text: str, target: np.ndarray | None):
@@ -266,28 +280,46 @@ def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> li
     """The viewer (encoder / decoder / cross views) and the figures into OUT_DIR, all or nothing."""
     from .io import FileBatch
     from .viz.html import viewer_html
+    from .viz.pipeline import pipeline_html
     from .viz.seq2seq import save_seq2seq_figures
 
     out = Path(out_dir)
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, tokenizer=model.tokenizer))
+            if max(len(trace.tokens), len(trace.encoder.tokens)) <= PIPELINE_TOKENS:
+                full = model.run(trace.encoder.ids.tolist(), [int(i) for i in trace.ids])    # every intermediate
+                full.encoder.text = trace.encoder.text
+                files.write_text("pipeline.html", pipeline_html(model, full))
             save_seq2seq_figures(trace, files, layer=layer, head=head, tokenizer=model.tokenizer)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
     return files.paths
 
 
-def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
-    """The viewer and the figures into OUT_DIR, all or nothing (`io.FileBatch`)."""
+PIPELINE_TOKENS = 256      # `show --out` writes pipeline.html up to this many tokens (its S and A: L·H·n² bytes each)
+
+
+def _save_views(trace, out_dir: str, model, layer: int, head: int, ablate=None) -> list[Path]:
+    """The viewer (with rollout, and a decoder's logit lens), the pipeline page (up to PIPELINE_TOKENS
+    tokens) and the figures into OUT_DIR, all or nothing (`io.FileBatch`)."""
+    from .analysis.lens import lens_payload
+    from .analysis.rollout import rollout_payload
     from .io import FileBatch
     from .viz.figures import save_figures
     from .viz.html import viewer_html
+    from .viz.pipeline import pipeline_html
 
     out = Path(out_dir)
+    sections = {"rollout": rollout_payload(trace),
+                "lens": lens_payload(model, trace) if model.weights.W_vocab is not None else None}
     try:
         with FileBatch(out) as files:
-            files.write_text("attention.html", viewer_html(trace))              # the trace knows its model
+            files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
+            if len(trace.tokens) <= PIPELINE_TOKENS:                    # one more pass, keeping every intermediate
+                full = model.run(trace.ids.tolist(), ablate=ablate)
+                full.text = trace.text
+                files.write_text("pipeline.html", pipeline_html(model, full))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
@@ -492,38 +524,77 @@ def _chat_turn(conversation, text: str, trace_dir: str | None) -> None:
 def _save_generation(stream, trace_dir: str, what: str) -> None:
     """--trace DIR of a generation: trace.npz + trace.json (reload with Trace.load) and
     attention.html, the viewer of what each token attended to and of each generated token's
-    candidates at any temperature."""
+    candidates at any temperature, with attention rollout (and flow on short texts) and, up to
+    lens.TRACE_LENS_TOKENS tokens, the logit lens."""
+    from .analysis.lens import TRACE_LENS_TOKENS, lens_payload
+    from .analysis.rollout import rollout_payload
     from .viz.html import save_viewer
 
     model = stream.model
     trace = stream.trace()
+    sections = {"rollout": rollout_payload(trace),
+                "lens": lens_payload(model, trace) if len(trace.ids) <= TRACE_LENS_TOKENS else None}
     out = trace.save(trace_dir)
-    viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer)
+    viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer, sections=sections)
     click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "
                f"open {viewer} in a browser", err=True)
 
 
-@cli.command(name="explain")
-@click.argument("text", required=False, default="The cat sat on the mat")
-@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
-@click.option("--layer", type=int, default=0, show_default=True, help="Layer to follow (negative counts from the end).")
-@click.option("--head", type=int, default=None, help="Head to follow [default: 2, or 0 if the model has fewer heads].")
+@cli.command(name="explain", help=explain_help())
+@click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
+@click.option("--model", "source", default=None, help=MODEL_HELP.replace("'minilm' (default)", "'minilm', 'smollm2'")
+              + "  [default: the topic's own]")
+@click.option("--layer", type=int, default=None, help="attention, flash: the layer to follow (negative counts from the end).  "
+                                                      "[default: 0]")
+@click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
+                                                     "fewer heads].")
 @click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, the seeds' language).")
-def explain_cmd(text: str, source: str, layer: int, head: int | None, lang: str) -> None:
-    """Walk one head of the real model through the seeds' steps, with shapes and numbers:
-    X → Q, K, V → S = Q·Kᵀ → /√d_k → softmax → A·V → Concat·W_O, then why √d_k matters.
-    On a decoder (--model smollm2) also RMSNorm, RoPE, GQA and the causal mask.
-
-    TEXT defaults to "The cat sat on the mat"."""
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Also write the topic's figures (PNG + SVG) into DIR.")
+@click.option("--html", "html_file", default=None, metavar="FILE",
+              help="attention: also write the walkthrough as the pipeline page, one offline HTML file (every box "
+                   "of the model, opened at --layer and --head, in --lang with an English/Korean toggle).")
+def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
+                out_dir: str | None, html_file: str | None) -> None:
+    """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
     from .checkpoints import load
-    from .explain import check_lang, walkthrough
-    from .explain_render import render
+    from .lessons import attention_figures, check_lang, lesson_module, parse
 
+    topic, text = parse(args)
     check_lang(lang)
-    steps = walkthrough(load(source), text, layer, head)
+    if topic not in ("attention", "flash") and (layer is not None or head is not None):
+        raise QkvError(f"--layer and --head choose the head of the attention walkthrough (or of flash); "
+                       f"{topic} does not take them")
+    if html_file is not None and topic != "attention":
+        raise QkvError(f"--html writes the attention walkthrough as the pipeline page; {topic} does not take it")
     console = new_console()
-    for part in render(steps, lang):
-        console.print(part)
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)                          # before the work; removed again if it fails
+        if topic == "attention":
+            from .explain import DEFAULT_TEXT, walkthrough
+            from .explain_render import render
+
+            model, text = load(source or "minilm"), DEFAULT_TEXT if text is None else text
+            steps = walkthrough(model, text, layer or 0, head)
+            for part in render(steps, lang):
+                console.print(part)
+            written = [] if out_dir is None else attention_figures(model, text, steps.layer, steps.head, out_dir)
+            if html_file is not None:
+                from .viz.pipeline import save_pipeline
+
+                written.append(save_pipeline(model, text, html_file, lang=lang, layer=steps.layer, head=steps.head,
+                                             box="attn"))
+        else:
+            lesson = lesson_module(topic)
+            name = source or lesson.DEFAULT_MODEL
+            options = {"layer": layer, "head": head} if topic == "flash" else {}
+            built = lesson.build(None if name is None else load(name), text, **options)
+            for part in lesson.render(built, lang):
+                console.print(part)
+            written = [] if out_dir is None else lesson.figures(built, Path(out_dir), lang)
+    for path in written:
+        click.echo(f"wrote {path}")
 
 
 def _head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
