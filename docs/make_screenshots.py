@@ -4,7 +4,9 @@
 
 Runs the default model on "The cat sat on the mat", writes the viewer with
 `qkv.viz.html.save_viewer`, serves the app with `qkv.server`, asks SmolLM2 a question
-for the viewer's Next token tab, and photographs them in the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
+for the viewer's Next token tab, writes SmolLM2's pipeline page (`qkv.viz.pipeline`) and the
+viewer's Patching panel on the indirect-object prompt (`qkv.analysis.patch`), and photographs
+them in the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 OUT = Path(__file__).parent / "images"
 TEXT = "The cat sat on the mat"
 QUESTION = "What is the capital of France?"
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 READY = "[data-qkv-root][data-ready='1']"
 
 
@@ -86,6 +90,8 @@ def main() -> None:
         server.shutdown()
         server.server_close()
         next_token_view(browser, Path(tmp))
+        pipeline_view(browser, Path(tmp))
+        patching_view(browser, Path(tmp))
         browser.close()
 
 
@@ -102,6 +108,41 @@ def next_token_view(browser, tmp: Path) -> None:
     page.click(".qkv-tab >> text=Next token")
     page.click(".qkv-step >> text=␣Paris")
     shoot(page, "next_token_view")
+
+
+def pipeline_view(browser, tmp: Path) -> None:
+    """SmolLM2's pipeline page on TEXT, layer 3, head 4, its softmax box open (the whole page)."""
+    from qkv.viz.pipeline import save_pipeline
+
+    page_path = save_pipeline(qkv.load("smollm2"), TEXT, tmp / "pipeline.html")
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+    page.goto(page_path.as_uri())
+    page.wait_for_selector("[data-qkv-pipeline][data-ready='1']", timeout=30000)
+    page.select_option(".qkv-p-layer", "3")
+    page.select_option(".qkv-p-head-pick", "4")
+    page.click(".qkv-p-box[data-box='attn']")
+    path = OUT / "pipeline.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"{path}  {path.stat().st_size / 1024:.0f} KB")
+
+
+def patching_view(browser, tmp: Path) -> None:
+    """The viewer's Patching panel on SmolLM2's indirect-object prompt, hovering L23.H3."""
+    from qkv.analysis.patch import patch
+
+    model = qkv.load("smollm2")
+    result = patch(model, CLEAN, CORRUPTED, (" Mary", " John"))
+    viewer = save_viewer(model.run(CLEAN, keep=("attentions",)), tmp / "patch.html",
+                         sections={"patch": result.payload()}, view="patch")
+    page = browser.new_page(viewport={"width": 1100, "height": 760}, device_scale_factor=2)
+    page.goto(viewer.as_uri())
+    page.wait_for_selector(READY, timeout=30000)
+    canvas = ".qkv-heat-heads"
+    box = page.locator(canvas).bounding_box()
+    d = page.eval_on_selector(canvas, "e => Object.assign({}, e.dataset)")
+    row = int(d["rows"]) - 1 - 23 if d["flip"] == "1" else 23                 # layer 23 (drawn bottom-up)
+    page.mouse.move(box["x"] + int(d["padL"]) + 3.5 * int(d["cw"]), box["y"] + int(d["padT"]) + (row + 0.5) * int(d["ch"]))
+    shoot(page, "viewer-patch")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,23 @@ def test_step_threads_keep_the_faster_count_and_probe_less_when_it_loses():
     assert used[:3] == [1, 2, 1] and used[3:].count(2) >= 56
 
 
+def test_step_threads_do_not_leave_the_faster_count_for_one_slow_step():
+    if threads.cores() < 2:
+        return
+    clock = StepClock({1: 0.03, 2: 0.02})                           # an idle machine: 2 threads faster
+    chooser, used = threads.StepThreads(clock=clock), []
+    for step in range(64):
+        def work():
+            n = blas_threads()[0]
+            used.append(n)
+            clock.now += 0.5 if step in (5, 20) else clock.seconds[n]    # two hiccups (another process ran)
+        chooser.run(work)
+    assert chooser.current == 2 and used[3:].count(2) >= 56          # the hiccups did not send it to 1
+    clock = StepClock({1: 0.030, 2: 0.029})                         # 2 threads barely faster: not worth it
+    used = run_steps(threads.StepThreads(clock=clock), clock, 64)
+    assert used[3:].count(1) >= 56
+
+
 def test_step_threads_pinned(monkeypatch):
     clock = StepClock({1: 0.03, 2: 0.01})
     assert set(run_steps(threads.StepThreads(pinned=1, clock=clock), clock, 10)) == {1}

@@ -112,6 +112,10 @@ def decode_threads() -> int | None:
     return int(value)
 
 
+RECENT = 4              # a thread count's time: the least of its last RECENT one-token steps
+SWITCH_MARGIN = 1.08    # more threads must be this much faster to take over (as qkv.tuning.MARGIN)
+
+
 class StepThreads:
     """BLAS threads for the one-token steps of one generation, chosen by timing those steps.
 
@@ -122,8 +126,11 @@ class StepThreads:
     while generating: steps 0-2 run on 1, `most`, 1 threads (step 0 also warms up), later
     steps on the faster, and the slower is tried again now and then: after a lost probe that
     took r× the faster step, max(2, r)× later than the time before, so probes cost at most
-    ~1/8 of the steps' time even where a second thread is 15× slower. The numbers do not
-    depend on the choice: each output of a product is summed by one thread either way.
+    ~1/8 of the steps' time even where a second thread is 15× slower. A count's time is the
+    least of its last RECENT steps (a hiccup only ever slows a step down), and the steps leave
+    the count they run on only for one faster by SWITCH_MARGIN: one slow step does not send a
+    generation to the slower count until the next probe. The numbers do not depend on the
+    choice: each output of a product is summed by one thread either way.
 
     `pinned` (QKV_DECODE_THREADS) fixes the count; one core means one thread.
     """
@@ -134,7 +141,8 @@ class StepThreads:
         self.clock = clock or time.perf_counter
         self.most = most if most is not None else min(2, cores())
         self.pinned = pinned if pinned is not None else (1 if self.most <= 1 else None)
-        self.seconds: dict[int, float] = {}         # the latest time of a step with n threads
+        self.times: dict[int, list[float]] = {}     # the last RECENT step times with n threads
+        self.current: int | None = None             # the count steps run on between probes
         self.step = 0
         self.gap = 8
         self.next_probe = 3 + self.gap              # step at which the slower count is tried again
@@ -146,10 +154,20 @@ class StepThreads:
             return self.pinned
         if self.step < 3:                           # 1, most, 1: the first step warms up
             return self.most if self.step == 1 else 1
-        best = min(self.seconds, key=self.seconds.get)
         if self.step >= self.next_probe:
-            return self.most if best == 1 else 1
-        return best
+            return self.most if self.current == 1 else 1
+        return self.current
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """Each count's time: the least of its last RECENT steps."""
+        return {n: min(t) for n, t in self.times.items()}
+
+    def _faster(self, n: int, than: int, seconds: float | None = None) -> bool:
+        """n threads (`seconds` if given, else its time) beat `than` by SWITCH_MARGIN (fewer threads win
+        a tie: safer on a busy machine)."""
+        margin = SWITCH_MARGIN if n > than else 1.0
+        return (self.seconds[n] if seconds is None else seconds) * margin < self.seconds[than]
 
     def __enter__(self) -> "StepThreads":
         """Hold the steps' thread count from step to step (set again only when the choice changes) until
@@ -182,14 +200,18 @@ class StepThreads:
                 result = fn()
         seconds = self.clock() - start
         if self.pinned is None:
-            best = min(self.seconds, key=self.seconds.get) if len(self.seconds) == 2 else None
-            self.seconds[n] = seconds
+            if self.step > 0:                       # step 0 only warms up
+                self.times.setdefault(n, []).append(seconds)
+                del self.times[n][:-RECENT]
             if self.step == 2:                      # both measured: the slower waits gap × r steps
+                self.current = self.most if self._faster(self.most, 1) else 1
                 slow, fast = max(self.seconds.values()), min(self.seconds.values())
                 self.next_probe = 3 + int(self.gap * max(1.0, slow / fast))
-            elif self.step > 2 and n != best:       # a probe: if it lost by r×, wait max(2, r)× longer
-                if min(self.seconds, key=self.seconds.get) == best:
-                    self.gap = int(self.gap * max(2.0, seconds / self.seconds[best]))
+            elif self.step > 2 and n != self.current:   # a probe: if it lost by r×, wait max(2, r)× longer
+                if self._faster(n, self.current, seconds):     # the probe's own time, not older ones
+                    self.current = n
+                else:
+                    self.gap = int(self.gap * max(2.0, seconds / self.seconds[self.current]))
                 self.next_probe = self.step + self.gap
         self.step += 1
         self.last = n

@@ -54,8 +54,8 @@ HOW_TILED = (
     "named with the machine below). For each block of k_block keys, all heads' scores come from one batched "
     "matmul into a buffer reused by every key block; only blocks that cross the mask's edge (the causal "
     "diagonal, the window's edge, padding) get a mask, added in place, and blocks the mask hides entirely are "
-    "never visited. exp runs in place, and the row sums come out of the P·V product (P·[V | 1]) instead of a "
-    "pass of their own.")
+    "never visited. exp runs in place; the row sums are a pass of their own (taking them out of the P·V "
+    "product, P·[V | 1], measured no faster).")
 TILED_BACKGROUND = (
     "with BLAS's own threads inside each block, every small matmul waited for a busy core on a shared machine "
     "(~10× slower when the kernel was written). What separates the kernel from torch's fused one is NumPy's "

@@ -326,11 +326,11 @@ def _fig_tiles(le: Lesson, t: dict):
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
         fig.colorbar(_grid(a, le, t), ax=a, shrink=0.8).set_label("s = q·k/√d_k")
         x = np.arange(len(le.steps))
-        b.step(x, [st.m_new for st in le.steps], where="mid", color="C0", lw=2)
+        (m_line,) = b.step(x, [st.m_new for st in le.steps], where="mid", color="C0", lw=2, label="m (left axis)")
         b.set_ylabel("m", color="C0")
-        b2 = b.twinx()
-        b2.plot(x, [st.l_new for st in le.steps], "s-", color="C1", lw=2)
-        b2.set_ylabel("ℓ", color="C1")
+        b2 = b.twinx()                                                   # ℓ on the right axis, named in the legend
+        (l_line,) = b2.plot(x, [st.l_new for st in le.steps], "s-", color="C1", lw=2, label="ℓ (right axis)")
+        b.legend(handles=[m_line, l_line], loc="lower right", fontsize=8)
         for st in le.steps:
             b.annotate(f"m {_f(st.m_new, 2)}\nℓ {_f(st.l_new, 2)}\n×{_f(st.rescale, 3)}", (st.tile, st.m_new),
                        textcoords="offset points", xytext=(0, 10), ha="center", fontsize=8)

@@ -303,7 +303,9 @@ def _fig_gallery(le: Lesson, t: dict):
                 ax.axhline(x - 0.5, color="#999999", lw=0.3)
                 ax.axvline(x - 0.5, color="#999999", lw=0.3)
             kept = t["fig_kept"].format(d=r.density, v=r.tiles.visited, T=r.tiles.total)
-            ax.set_title(f"{t['m_' + r.name]}\n{r.label}\n{kept}", fontsize=8)
+            name = t["m_" + r.name]                                        # the label often starts with it
+            named = r.label if r.label.lower().startswith(name.lower()) else f"{name}\n{r.label}"
+            ax.set_title(f"{named}\n{kept}", fontsize=8)
             ax.set(xticks=[], yticks=[])
             ax.set_xlabel(t["fig_key"], fontsize=8)
             ax.set_ylabel(t["fig_query"], fontsize=8)
