@@ -15,6 +15,7 @@ from .analysis.cli import heads as heads_cmd
 from .bench.cli import bench as bench_cmd
 from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run, write_figure
 from .cli_interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
+from .cli_write import chat_cmd, generate, translate_cmd
 from .errors import QkvError
 from .lessons import explain_help
 from .tokenizer import shorten as _label
@@ -326,220 +327,6 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int, ablate=None) 
     return files.paths
 
 
-@cli.command()
-@click.argument("prompt")
-@click.option("--model", "source", default="minilm", show_default=True,
-              help=MODEL_HELP + " Must be a decoder, or an encoder–decoder (then PROMPT is translated, as by "
-                                "qkv translate).")
-@click.option("--max-new-tokens", "-n", type=int, default=None,
-              help="How many tokens to add.  [default: 40; an encoder–decoder: at most its target positions]")
-@click.option("--temperature", "-t", type=float, default=None,
-              help="0 = greedy.  [default: 1.0; an encoder–decoder: 0, as qkv translate]")
-@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
-@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
-@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
-              help="Save what every token attended to into this directory.")
-def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
-             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None) -> None:
-    """Continue PROMPT with a decoder model, streaming the text as it is written.
-
-    With an encoder–decoder, translate PROMPT instead (qkv translate)."""
-    from dataclasses import replace
-
-    from .checkpoints import load
-    from .generate import TextStream
-    from .sampling import Sampling
-    from .seq2seq import Seq2SeqModel
-
-    sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
-                        seed=seed)                                                # checked before loading
-    model = load(source)
-    if isinstance(model, Seq2SeqModel):
-        sampling = replace(sampling, temperature=0.0) if temperature is None else sampling
-        return _translate(model, prompt, max_new_tokens, sampling, stop, trace_dir)
-    stream = TextStream(model, prompt, 40 if max_new_tokens is None else max_new_tokens, sampling,
-                        stop=list(stop) or None)
-    with removed_if_failed(trace_dir):
-        if trace_dir is not None:
-            check_writable(trace_dir)
-        click.echo(prompt, nl=False)
-        for piece in stream:
-            click.echo(piece, nl=False)
-        click.echo()
-        if trace_dir is not None:
-            _save_generation(stream, trace_dir, "generated")
-
-
-@cli.command(name="translate")
-@click.argument("text")
-@click.option("--model", "source", default="ko-en-tiny", show_default=True,
-              help="An encoder–decoder: 'ko-en-tiny' (Korean → English, trained by qkv) or a local Hugging Face "
-                   "directory (Marian, BART, T5).")
-@click.option("--max-new-tokens", "-n", type=int, default=None,
-              help="At most this many target tokens.  [default: 40, or what the target positions allow]")
-@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
-              help="0 = greedy: the same text, the same translation.")
-@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
-@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
-              help="Save what every target token looked at in the source (cross-attention), and both stacks' "
-                   "self-attention, into this directory, with attention.html to open in a browser.")
-def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
-                  top_p: float | None, seed: int | None, trace_dir: str | None) -> None:
-    """Translate TEXT with an encoder–decoder, streaming the target as it is written.
-
-    The encoder reads TEXT once; the decoder writes the target a token at a time, reading
-    the source through cross-attention (Q from the decoder, K and V from the encoder's output).
-    """
-    from .checkpoints import load
-    from .sampling import Sampling
-    from .seq2seq import Seq2SeqModel
-
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
-    model = load(source)
-    if not isinstance(model, Seq2SeqModel):
-        raise QkvError(f"{model.name} is not an encoder–decoder ({model.config.family}): it has no source to "
-                       "translate from; continue a text with `qkv generate` instead")
-    _translate(model, text, max_new_tokens, sampling, (), trace_dir)
-
-
-def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tuple[str, ...],
-               trace_dir: str | None) -> None:
-    """`qkv translate`'s work (and `qkv generate`'s on an encoder–decoder): the target streamed, then --trace."""
-    from .seq2seq_generate import TargetStream
-
-    if max_new_tokens is None:
-        max_new_tokens = min(40, model.config.max_positions - 1)
-    stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here
-    with removed_if_failed(trace_dir):
-        if trace_dir is not None:
-            check_writable(trace_dir)
-        for piece in stream:
-            click.echo(piece, nl=False)
-        click.echo()
-        if trace_dir is not None:
-            _save_translation(stream, trace_dir)
-
-
-def _save_translation(stream, trace_dir: str) -> None:
-    """--trace DIR of a translation: the decoder's trace.npz + trace.json, the encoder's in DIR/encoder
-    and the cross-attention's in DIR/cross (each reloads with Trace.load), and attention.html."""
-    from .viz.html import save_viewer
-
-    trace = stream.trace()
-    out = trace.save(trace_dir)
-    trace.encoder.save(out / "encoder")
-    trace.cross.save(out / "cross")
-    viewer = save_viewer(trace, out / "attention.html", tokenizer=stream.model.tokenizer)
-    n_tgt, n_src = trace.cross.attentions.shape[-2:]
-    click.echo(f"attention of {n_tgt} target tokens ({len(stream.new_ids)} written) over {n_src} source tokens "
-               f"(encoder, decoder, cross) saved in {out}; open {viewer} in a browser", err=True)
-
-
-CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D quits, Ctrl-C stops a reply"
-
-
-@cli.command(name="chat")
-@click.argument("question", required=False)
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A chat model: 'smollm2', a .gguf file, or a Hugging Face directory with a chat template.")
-@click.option("--system", default=None, help="A system message to begin the conversation with.")
-@click.option("--max-new-tokens", "-n", type=int, default=256, show_default=True, help="At most this many tokens a reply.")
-@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
-              help="0 = greedy: the same question, the same answer.")
-@click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
-@click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
-              help="Save what every token of the conversation and reply attended to into this directory "
-                   "(in a conversation: after each reply).")
-def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
-             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None) -> None:
-    """Ask a chat model QUESTION and stream its answer.
-
-    Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
-    outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
-    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits.
-    """
-    from .chat import Conversation
-    from .checkpoints import load
-    from .sampling import Sampling
-
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
-    conversation = Conversation(load(source), system, max_new_tokens, sampling)
-    if question is not None:
-        with removed_if_failed(trace_dir):
-            if trace_dir is not None:
-                check_writable(trace_dir)
-            _chat_turn(conversation, question, trace_dir)
-        return
-    if trace_dir is not None:
-        check_writable(trace_dir)
-    if sys.stdin.isatty():
-        import readline  # noqa: F401  (line editing and history for input())
-    click.echo(f"chatting with {conversation.model.name}: {CHAT_HELP}")
-    while True:
-        try:
-            line = input("> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            click.echo()
-            return
-        if line in ("/quit", "/exit"):
-            return
-        if line == "/reset":
-            conversation.reset()
-            click.echo("(the conversation is cleared)")
-        elif line == "/help":
-            click.echo(CHAT_HELP)
-        elif line.startswith("/"):
-            click.echo(f"unknown command {line.split()[0]}: {CHAT_HELP}")
-        elif line:
-            try:
-                _chat_turn(conversation, line, trace_dir)
-            except QkvError as e:                                   # this turn fails, the chat goes on
-                click.echo(f"qkv: error: {e}", err=True)
-
-
-def _chat_turn(conversation, text: str, trace_dir: str | None) -> None:
-    """One question and its streamed answer (Ctrl-C stops the answer), then the trace if asked."""
-    dropped = conversation.dropped
-    pieces = conversation.reply(text)
-    if conversation.dropped > dropped:
-        click.echo(f"(dropped the {conversation.dropped - dropped} oldest turns to fit the context of "
-                   f"{conversation.model.config.max_positions} tokens)", err=True)
-    try:
-        for piece in pieces:
-            click.echo(piece, nl=False)
-    except KeyboardInterrupt:
-        pieces.close()
-        click.echo(" [stopped]", nl=False)
-    click.echo()
-    if trace_dir is not None:
-        _save_generation(conversation.last, trace_dir, "in the reply")
-
-
-def _save_generation(stream, trace_dir: str, what: str) -> None:
-    """--trace DIR of a generation: trace.npz + trace.json (reload with Trace.load) and
-    attention.html, the viewer of what each token attended to and of each generated token's
-    candidates at any temperature, with attention rollout (and flow on short texts) and, up to
-    lens.TRACE_LENS_TOKENS tokens, the logit lens."""
-    from .analysis.lens import TRACE_LENS_TOKENS, lens_payload
-    from .analysis.rollout import rollout_payload
-    from .viz.html import save_viewer
-
-    model = stream.model
-    trace = stream.trace()
-    sections = {"rollout": rollout_payload(trace),
-                "lens": lens_payload(model, trace) if len(trace.ids) <= TRACE_LENS_TOKENS else None}
-    out = trace.save(trace_dir)
-    viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer, sections=sections)
-    click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "
-               f"open {viewer} in a browser", err=True)
-
-
 @cli.command(name="explain", help=explain_help())
 @click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
 @click.option("--model", "source", default=None, help=MODEL_HELP.replace("'minilm' (default)", "'minilm', 'smollm2'")
@@ -749,6 +536,8 @@ def serve(source: str, port: int, host: str) -> None:
 cli.add_command(heads_cmd)        # `qkv heads`: what each head does (analysis/cli.py)
 cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (bench/cli.py)
 cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (train/cli.py)
+for command in (generate, translate_cmd, chat_cmd):
+    cli.add_command(command)      # writing text: generate, translate, chat (cli_write.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, patch_cmd, circuits_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 

@@ -71,12 +71,13 @@ _lock = threading.Lock()
 def machine_key() -> dict:
     """What the choices depend on: a cache made under another key is measured again."""
     blas = next(iter(_blas_libs()), None)
-    return {"cpu": _cpu_name(), "cores": cores(), "numpy": np.__version__,
+    return {"cpu": cpu_name(), "cores": cores(), "numpy": np.__version__,
             "blas": None if blas is None else f"{blas.internal_api} {blas.version} {blas.architecture}",
             "version": VERSION}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

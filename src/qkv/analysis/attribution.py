@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import QkvError
-from ..viz.figures import _figure, _styled, _title
+from ..viz.figures import new_figure, styled, _title
 from .lens import residual_stream
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def direct_logit_attribution(model: "Model", text_or_ids: str | Sequence[int], t
     return attribution_of_trace(model, model.run(text_or_ids, keep=KEEP), t, o, position)
 
 
-@_styled
+@styled
 def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "") -> "Figure":
     """Layers (rows, layer 0 at the bottom) × heads (columns): each head's direct part of the
     logit, red adding to it and blue taking away, white at 0 (the scale symmetric)."""
@@ -178,7 +178,7 @@ def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "
     from matplotlib.colors import Normalize
 
     L, H = heads.shape
-    fig = _figure(float(np.clip(2.5 + 0.5 * H, 5.0, 14.0)), float(np.clip(1.8 + 0.22 * L, 4.0, 11.0)))
+    fig = new_figure(float(np.clip(2.5 + 0.5 * H, 5.0, 14.0)), float(np.clip(1.8 + 0.22 * L, 4.0, 11.0)))
     ax = fig.add_subplot()
     m = float(np.abs(heads).max()) or 1.0
     im = ax.imshow(heads, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..viz.figures import _figure, _fonts, _styled, _ticks, _title
+from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
 from .attribution import CMAP
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def qk_positions(model: "Model", layer: int, head: int, text: str | Sequence[int
 
 # ── the picture ──────────────────────────────────────────────────────────────────
 
-@_styled
+@styled
 def circuits_figure(ov: OVCircuit, qk: PositionQK, *, model_name: str = "") -> "Figure":
     """Left: the OV circuit on the token set (rows: the token attended to, columns: the logit raised;
     red raises, blue lowers). Right: the QK pattern by relative distance (mean score, mean attention;
@@ -213,7 +213,7 @@ def circuits_figure(ov: OVCircuit, qk: PositionQK, *, model_name: str = "") -> "
 
     k = len(ov.labels)
     side = float(np.clip(2.0 + 0.28 * k, 4.5, 10.0))
-    fig = _figure(side + 6.0, side)
+    fig = new_figure(side + 6.0, side)
     ax, line = fig.subplots(1, 2, gridspec_kw={"width_ratios": [side, 5.0]})
     m = float(np.abs(ov.matrix).max()) or 1.0
     im = ax.imshow(ov.matrix, cmap=colormaps[CMAP], norm=Normalize(-m, m), interpolation="nearest")

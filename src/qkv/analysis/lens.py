@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import QkvError
 from ..model import logits_of, norm
-from ..viz.figures import _figure, _fonts, _styled, _ticks, _title
+from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
 from ..viz.palette import CMAP
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:
     return lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
 
 
-@_styled
+@styled
 def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[str], *,
                 model_name: str = "") -> "Figure":
     """Layers (rows, embeddings at the bottom) × positions (columns): the probability that
@@ -175,7 +175,7 @@ def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[st
     from matplotlib.colors import Normalize
 
     rows, n = probs.shape
-    fig = _figure(float(np.clip(2.2 + 0.45 * n, 6.5, 16.0)), float(np.clip(1.8 + 0.22 * rows, 4.0, 11.0)))
+    fig = new_figure(float(np.clip(2.2 + 0.45 * n, 6.5, 16.0)), float(np.clip(1.8 + 0.22 * rows, 4.0, 11.0)))
     ax = fig.add_subplot()
     im = ax.imshow(probs, cmap=colormaps[CMAP], norm=Normalize(0.0, 1.0), aspect="auto", origin="lower",
                    interpolation="nearest")

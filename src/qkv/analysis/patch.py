@@ -48,7 +48,7 @@ from ..io import FileBatch
 from ..model import Context, attention_mask_of, block, logits_of, norm
 from ..positions import rope_cos_sin, rope_inv_freq
 from ..trace import Recorder
-from ..viz.figures import _figure, _fonts, _styled, _ticks, _title, check_formats, save_all
+from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
 from .attribution import CMAP, token_id
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
 
 # ── the picture ──────────────────────────────────────────────────────────────────
 
-@_styled
+@styled
 def patch_figure(p: Patching) -> "Figure":
     """Four heatmaps, layer 0 at the bottom: heads (L × H) and, for each position (its token below),
     the residual stream, attention output and FFN output (L × n). Red restores the clean answer,
@@ -307,7 +307,7 @@ def patch_figure(p: Patching) -> "Figure":
                                   ("attention output", p.attn_out), ("FFN output", p.ffn_out)) if t is not None]
     L = panels[0][1].shape[0]
     n = len(p.labels)
-    fig = _figure(float(np.clip(3.0 + 0.3 * (n * (len(panels) - 1) + 9), 8.0, 20.0)),
+    fig = new_figure(float(np.clip(3.0 + 0.3 * (n * (len(panels) - 1) + 9), 8.0, 20.0)),
                   float(np.clip(2.4 + 0.2 * L, 4.5, 10.0)))
     ratios = [max(t.shape[1], 4) for _, t in panels]
     axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": ratios}, squeeze=False)[0]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import QkvError
 from ..io import write_text
+from ..tuning import cpu_name
 
 REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
 
@@ -89,7 +90,7 @@ def machine_facts() -> dict:
 
     tuned = choices()
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "vector": vector_extensions(),
         "python": platform.python_version(),
@@ -139,16 +140,6 @@ def others_cores(start: tuple | None, end: tuple | None) -> float | None:
     if start is None or end is None or end[0] <= start[0]:
         return None
     return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_section(path: str | Path, name: str, body: str, title: str = "# Benchmarks") -> None:

@@ -36,6 +36,7 @@ from ..kernels import K_BLOCK, Q_BLOCK, tiled_attention
 from ..ops import softmax
 from . import Page, nbytes, same
 from .flash_text import TEXTS
+from ..viz.figures import styled
 
 DEFAULT_MODEL = "smollm2"
 TILES = 3                          # the followed row's keys are cut into this many tiles (block = ⌈n / 3⌉)
@@ -254,11 +255,6 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     return files.paths
 
 
-def _styled(draw):
-    from ..viz.figures import _styled as styled
-    return styled(draw)
-
-
 def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
     """The score matrix in tiles: visited ones numbered in order, hidden ones greyed, the followed row
     outlined; with `upto`, the followed row's tile `upto` outlined too (a frame of the animation)."""
@@ -318,11 +314,11 @@ def _end(ax, le: Lesson, t: dict) -> None:
 
 
 def _fig_tiles(le: Lesson, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
 
-        fig = _figure(12, 5.2)
+        fig = new_figure(12, 5.2)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
         fig.colorbar(_grid(a, le, t), ax=a, shrink=0.8).set_label("s = q·k/√d_k")
         x = np.arange(len(le.steps))
@@ -343,11 +339,11 @@ def _fig_tiles(le: Lesson, t: dict):
 
 
 def _fig_steps(le: Lesson, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
 
-        fig = _figure(3.6 * (len(le.steps) + 1), 3.8)
+        fig = new_figure(3.6 * (len(le.steps) + 1), 3.8)
         axes = fig.subplots(1, len(le.steps) + 1)
         for ax, st in zip(axes, le.steps):
             _row(ax, le, t, st)
@@ -365,11 +361,11 @@ def _animation(le: Lesson, t: dict) -> str:
     import html
     import io
 
-    @_styled
+    @styled
     def frame(i: int) -> str:
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
 
-        fig = _figure(10, 4.2)
+        fig = new_figure(10, 4.2)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.1]})
         _grid(a, le, t, upto=min(i, len(le.steps) - 1))
         a.set_title(f"{t['fig_tile']} {le.block} × {le.block}", fontsize=10)

@@ -207,13 +207,13 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """gqa: the query heads → K/V heads map, and the pooled model's error against its K/V heads."""
-    from ..viz.figures import _figure, _styled, save_all
+    from ..viz.figures import new_figure, styled, save_all
 
     t, s = Page(TEXTS, lang).t, lesson.sharing
 
-    @_styled
+    @styled
     def draw():
-        fig = _figure(11, 4)
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         xq = np.arange(s.H)
         xk = (np.arange(s.H_kv) + 0.5) * s.H / s.H_kv - 0.5

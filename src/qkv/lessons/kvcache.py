@@ -254,13 +254,13 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """kvcache: time and FLOPs per step with and without the cache, and the cache's size (MHA/GQA/MQA)."""
-    from ..viz.figures import _figure, _styled, save_all
+    from ..viz.figures import new_figure, styled, save_all
 
     t, s = Page(TEXTS, lang).t, lesson
 
-    @_styled
+    @styled
     def draw():
-        fig = _figure(13, 4)
+        fig = new_figure(13, 4)
         a, b, c = fig.subplots(1, 3)
         m = [x.m for x in s.steps]
         a.plot(m, [1e3 * x.seconds_full for x in s.steps], "o-", label=t["fig_full"])

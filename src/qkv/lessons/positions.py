@@ -26,6 +26,7 @@ from rich.text import Text
 
 from . import Page, same, shape
 from .positions_text import TEXTS
+from ..viz.figures import styled
 
 DEFAULT_MODEL = "smollm2"
 LEARNED_MODEL = "minilm"          # the learned table shown beside RoPE when the model has none
@@ -272,16 +273,11 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     return save_all(out_dir, makers, ["png", "svg"])
 
 
-def _styled(draw):
-    from ..viz.figures import _styled as styled
-    return styled(draw)
-
-
 def _fig_sin(s: Sinusoidal, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
-        fig = _figure(11, 4)
+        from ..viz.figures import new_figure
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1]})
         halves = np.concatenate([s.table[:, 0::2], s.table[:, 1::2]], axis=1)   # sines | cosines, by i
         im = a.imshow(halves, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
@@ -298,10 +294,10 @@ def _fig_sin(s: Sinusoidal, t: dict):
 
 
 def _fig_rope(r: Rope, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
-        fig = _figure(11, 4)
+        from ..viz.figures import new_figure
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         half, pos = r.d_k // 2, np.arange(0, 65)
         for i in [i for i in PAIRS if i < half] + [half - 1]:
@@ -319,10 +315,10 @@ def _fig_rope(r: Rope, t: dict):
 
 
 def _fig_learned(l: Learned, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
-        fig = _figure(11, 4)
+        from ..viz.figures import new_figure
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         im = a.imshow(l.cos, cmap="viridis", interpolation="nearest")
         a.set(xlabel=t["fig_pos"], ylabel=t["fig_pos"], title=t["fig_learned_cos"].format(model=l.model))

@@ -33,6 +33,7 @@ from ..errors import QkvError
 from ..kernels import tiled_attention
 from . import Page, same
 from .sparse_text import TEXTS
+from ..viz.figures import styled
 
 DEFAULT_MODEL = "smollm2"
 PARAGRAPH = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passing "
@@ -273,23 +274,18 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     return save_all(out_dir, makers, ["png", "svg"])
 
 
-def _styled(draw):
-    from ..viz.figures import _styled as styled
-    return styled(draw)
-
-
 def _fig_gallery(le: Lesson, t: dict):
-    @_styled
+    @styled
     def draw():
         from matplotlib.colors import ListedColormap
         from matplotlib.patches import Rectangle
 
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
         from ..viz.palette import MASKED
 
         cols = 3
         rows = math.ceil(len(le.patterns) / cols)
-        fig = _figure(4.0 * cols, 4.1 * rows)
+        fig = new_figure(4.0 * cols, 4.1 * rows)
         axes = fig.subplots(rows, cols, squeeze=False)
         gallery = {p.name: p for p in sp.gallery(le.causal, le.window, le.block)}
         for ax, r in zip(axes.flat, le.patterns):
@@ -317,11 +313,11 @@ def _fig_gallery(le: Lesson, t: dict):
 
 
 def _fig_error(le: Lesson, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
 
-        fig = _figure(11, 4)
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         layers = np.arange(le.L)
         for i, r in enumerate(le.patterns):
@@ -335,11 +331,11 @@ def _fig_error(le: Lesson, t: dict):
 
 
 def _fig_cost(le: Lesson, t: dict):
-    @_styled
+    @styled
     def draw():
-        from ..viz.figures import _figure
+        from ..viz.figures import new_figure
 
-        fig = _figure(11, 4)
+        fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         rows = le.cost["rows"]
         for i, name in enumerate(rows[0]["methods"]):

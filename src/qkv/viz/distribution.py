@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from ..nexttoken import distribution, entropy, top_tokens
-from .figures import _figure, _fonts, _styled, _title
+from .figures import new_figure, _fonts, styled, _title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -22,7 +22,7 @@ BAR = "#2c7fb8"
 TOP = "#d95f0e"            # the most probable token: what greedy decoding (T = 0) picks
 
 
-@_styled
+@styled
 def next_token_figure(logits: np.ndarray, temperatures: Sequence[float], label: Callable[[int], str], *,
                       k: int = 10, model_name: str = "", text: str = "") -> "Figure":
     """Bars of P = softmax(logits / T) for the top k tokens, one panel per temperature.
@@ -35,7 +35,7 @@ def next_token_figure(logits: np.ndarray, temperatures: Sequence[float], label: 
     ids, _ = top_tokens(distribution(z, 1.0), k)                             # (k,) the order of every panel
     labels = [label(int(i)) for i in ids]
     cols = len(temperatures)
-    fig = _figure(1.2 + 3.1 * cols, 1.3 + 0.3 * len(ids))
+    fig = new_figure(1.2 + 3.1 * cols, 1.3 + 0.3 * len(ids))
     axes = fig.subplots(1, cols, sharey=True, squeeze=False)[0]
     y = np.arange(len(ids))
     for ax, T in zip(axes, temperatures):

@@ -118,7 +118,7 @@ def _fonts() -> tuple[str, ...]:
     return ("DejaVu Sans", *(f for f in CJK_FONTS if f in installed))
 
 
-def _styled(draw):
+def styled(draw):
     """Draw with the fallback fonts (every text, including tick labels made at render time)."""
     @functools.wraps(draw)
     def wrapper(*args, **kwargs):
@@ -129,7 +129,7 @@ def _styled(draw):
     return wrapper
 
 
-def _figure(width: float, height: float, layout: str | None = "constrained") -> "Figure":
+def new_figure(width: float, height: float, layout: str | None = "constrained") -> "Figure":
     """A figure on its own Agg canvas (no pyplot, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -146,7 +146,7 @@ def _panels(rows: int, cols: int, panel: float, *, left: float, bottom: float, t
     right = 1.0
     width = left + cols * panel + (cols - 1) * wgap + right
     height = top + rows * panel + (rows - 1) * hgap + bottom
-    fig = _figure(width, height, layout=None)
+    fig = new_figure(width, height, layout=None)
     axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw=dict(
         left=left / width, right=(width - right) / width, bottom=bottom / height, top=(height - top) / height,
         wspace=wgap / panel, hspace=hgap / panel))
@@ -216,7 +216,7 @@ def _name(trace: "Trace", model_name: str | None) -> str:
     return trace.model if model_name is None else model_name
 
 
-@_styled
+@styled
 def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | None = None,
                  causal: bool | None = None, what: str | None = None,
                  axes: tuple[str, str] | None = None) -> "Figure":
@@ -234,7 +234,7 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
     n = max(a.shape)
     mask = masked_cells(trace, layer, causal)
     side = float(np.clip(1.6 + 0.42 * n, 4.2, 10.0))
-    fig = _figure(side + 1.3, side + 0.5)
+    fig = new_figure(side + 1.3, side + 0.5)
     ax = fig.add_subplot()
     im = _image(ax, a, mask)
     if mask is not None:
@@ -263,7 +263,7 @@ def _panel(ax, a: np.ndarray, mask: np.ndarray | None):
     return im
 
 
-@_styled
+@styled
 def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
                causal: bool | None = None, axes: str = "rows = queries, columns = keys") -> "Figure":
     """All H heads of one layer side by side (up to 6 per row), titled h0, h1, …
@@ -296,7 +296,7 @@ def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
     return fig
 
 
-@_styled
+@styled
 def model_overview(trace: "Trace", *, model_name: str | None = None, causal: bool | None = None) -> "Figure":
     """Every kept layer × head as small multiples: one row per layer, one column per head."""
     layers = trace.layer_ids
@@ -321,7 +321,7 @@ def model_overview(trace: "Trace", *, model_name: str | None = None, causal: boo
 
 # ── files ────────────────────────────────────────────────────────────────────────
 
-@_styled
+@styled
 def _render(fig: "Figure", path: Path | IO[bytes], fmt: str) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing")   # tokens in scripts the font lacks

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .figures import _figure, _styled
+from .figures import new_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,7 +36,7 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
     return (c[1:] - c[np.arange(1, len(y) + 1) - k]) / k
 
 
-@_styled
+@styled
 def loss_figure(steps: Sequence[int], loss: Sequence[float], lr: Sequence[float] | None = None, *,
                 title: str = "", val: tuple[Sequence[int], Sequence[float]] | None = None) -> "Figure":
     """The training loss (mean next-token cross-entropy, nats) against the step.
@@ -46,7 +46,7 @@ def loss_figure(steps: Sequence[int], loss: Sequence[float], lr: Sequence[float]
     """
     s = np.asarray(steps)                                      # (T,)
     y = np.asarray(loss, dtype=np.float64)                     # (T,)
-    fig = _figure(7.5, 3.8)
+    fig = new_figure(7.5, 3.8)
     ax = fig.subplots()
     ax.plot(s, y, color=LOSS, alpha=0.25, linewidth=0.8)
     ax.plot(s, _smooth(y, max(1, len(y) // 50)), color=LOSS, linewidth=1.6, label="training loss")
@@ -71,7 +71,7 @@ def loss_figure(steps: Sequence[int], loss: Sequence[float], lr: Sequence[float]
     return fig
 
 
-@_styled
+@styled
 def induction_figure(steps: Sequence[int], loss_repeated: Sequence[float], loss_first: Sequence[float],
                      scores: np.ndarray, *, title: str = "", vocab: int | None = None) -> "Figure":
     """Loss on the repeated half (above) and each head's induction score (below), against the step.
@@ -85,7 +85,7 @@ def induction_figure(steps: Sequence[int], loss_repeated: Sequence[float], loss_
     s = np.asarray(steps)                                      # (T,)
     A = np.asarray(scores, dtype=np.float64)                   # (T, L, H)
     T, L, H = A.shape
-    fig = _figure(7.5, 5.6)
+    fig = new_figure(7.5, 5.6)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=[1, 1.2]))
     top.plot(s, loss_repeated, color=LOSS, linewidth=1.8, label="repeated half (predictable by induction)")
     top.plot(s, loss_first, color=FIRST, linewidth=1.2, linestyle="--", label="first half (random)")
