@@ -318,6 +318,16 @@ def test_the_web_app_answers_a_typed_sentence(tab, app_server):
     assert tab.errors == [] and tab.dialogs == []
 
 
+def test_the_web_app_has_the_viewers_rollout_tab(tab, app_server):
+    page = tab.page
+    page.goto(app_server.url)
+    page.wait_for_selector(READY, timeout=30000)
+    assert [t.inner_text() for t in page.query_selector_all(".qkv-tab")][-1] == "Rollout"    # an encoder: no lens
+    page.click(".qkv-tab >> text=Rollout")
+    page.wait_for_selector(".qkv-heat-rollout")
+    assert tab.errors == [] and tab.dialogs == []
+
+
 def test_the_web_app_shows_why_it_refuses_a_long_text(tab, app_server):
     page = tab.page
     page.goto(app_server.url)

@@ -20,6 +20,8 @@ import pytest
 
 import qkv
 from qkv.server import MAX_CHARS, Busy, make_server
+from qkv.analysis import attention_flow, attention_rollout, logit_lens
+from qkv.viz.interpret_payload import UNIT_PRECISION, decode_array
 from qkv.viz.payload import PRECISION, decode_attention
 from conftest import MODELS, running_server
 
@@ -77,6 +79,16 @@ def test_attention_answers_the_viewers_payload(server):
     got = decode_attention(body["attention"])                                # (2, 4, n, n)
     assert got.shape == want.attentions.shape
     assert np.abs(got - want.attentions).max() <= PRECISION + 1e-7
+
+
+def test_attention_carries_the_viewers_rollout_tab_and_no_lens_for_an_encoder(server):
+    status, body = post(server, {"text": "the cat sat"})
+    assert status == 200, body
+    trace = qkv.load(BERT).run("the cat sat", keep=("attentions",))
+    got = decode_array(body["rollout"]["rollout"])                          # (L, n, n)
+    assert np.abs(got - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-7
+    assert np.abs(decode_array(body["rollout"]["flow"]) - attention_flow(trace)).max() <= UNIT_PRECISION + 1e-7
+    assert body["lens"] is None                                              # BERT has no LM head
 
 
 def test_attention_by_get_and_another_allowed_model(server):
@@ -231,6 +243,13 @@ def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
     assert got.shape == want.attentions.shape == (30, 9, len(ids), len(ids))
     assert np.abs(got - want.attentions).max() <= PRECISION + 1e-6
     assert len(p["next"]["steps"]) == new                                     # each reply token's candidates
+    lens = logit_lens(model, ids)                                            # (L + 1, n, V): the lens tab's source
+    final = lens[-1].argmax(-1)                                              # the model's own predictions
+    probs = np.exp(lens - lens.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want_p = np.take_along_axis(probs, np.broadcast_to(final[None, :, None], probs.shape[:2] + (1,)), -1)[..., 0]
+    assert np.abs(decode_array(p["lens"]["prob"]) - want_p).max() <= 1e-5 and p["lens"]["predicted"] == final.tolist()
+    assert p["rollout"] is not None
 
 
 def test_chat_stops_at_max_new_tokens_and_carries_the_conversation(llm_server):

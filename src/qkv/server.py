@@ -51,11 +51,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
+from .analysis.lens import TRACE_LENS_TOKENS, lens_payload
+from .analysis.rollout import rollout_payload
 from .checkpoints import LLM, available, load
 from .errors import QkvError
 from .model import Model
-from .viz.html import asset, page as html_page
 from .sampling import Sampling
+from .viz.html import asset, page as html_page
 from .viz.payload import script_json, trace_payload
 from .viz.pipeline import pipeline_payload, pipeline_trace
 
@@ -84,6 +86,13 @@ _CSP_HEADER = _CSP_APP + "; frame-ancestors 'none'"     # only a header can forb
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _SAME_SITE = ("same-origin", "none")       # Sec-Fetch-Site of the page's own requests, or typed by the user
 _SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def interpret_sections(model: Model, trace) -> dict:
+    """The viewer's Rollout tab (and flow on short texts) for every model, and its Logit lens tab for a
+    decoder up to TRACE_LENS_TOKENS tokens, as `qkv show --out` writes them."""
+    lens = model.weights.W_vocab is not None and len(trace.ids) <= TRACE_LENS_TOKENS
+    return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None}
 
 
 def is_loopback(host: str) -> bool:
@@ -200,7 +209,8 @@ class App:
         lane = self._lane(n)
         lane.enter()
         try:                                   # the payload too: one L·H·n² array per lane at a time
-            return trace_payload(model.run(text, keep=("attentions",)))    # named after trace.model
+            trace = model.run(text, keep=("attentions",))
+            return trace_payload(trace, sections=interpret_sections(model, trace))    # named after trace.model
         finally:
             lane.leave()
 
@@ -369,8 +379,8 @@ class ChatReply:
         for piece in stream:
             yield {"piece": piece}
         trace = stream.trace()
-        payload = trace_payload(trace, title=f"{self.model.name} · chat",
-                                tokenizer=self.model.tokenizer)
+        payload = trace_payload(trace, title=f"{self.model.name} · chat", tokenizer=self.model.tokenizer,
+                                sections=interpret_sections(self.model, trace))
         yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),
                "stopped": "length" if len(stream.new_ids) >= self.max_new else "end of turn", "payload": payload}
 
