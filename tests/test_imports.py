@@ -14,7 +14,7 @@ function (a lazy import is still a dependency), resolved to the qkv module it lo
     train     gradients, optimiser, data, the training loop                (models that learn)
     bench     timings against the reference
     server    the local web app
-    cli       cli, cli_common, cli_interpret, cli_write, analysis/cli, bench/cli, train/cli, __main__           (the commands)
+    cli       cli, cli_common, cli_explain, cli_interpret, cli_write, analysis/cli, bench/cli, train/cli, __main__           (the commands)
 
 A module may import its own layer and the layers above it in this list, never one below.
 """
@@ -30,11 +30,11 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = ("core", "viz", "analysis", "train", "bench", "server", "cli")
 CLI = {"qkv.__main__", "qkv.cli", "qkv.cli_common", "qkv.analysis.cli", "qkv.bench.cli", "qkv.train.cli",
-       "qkv.cli_interpret", "qkv.cli_write"}
+       "qkv.cli_interpret", "qkv.cli_write", "qkv.cli_explain"}
 CORE = {"qkv", "qkv.config", "qkv.errors", "qkv.io", "qkv.ops", "qkv.positions", "qkv.attention", "qkv.kernels",
         "qkv.cache", "qkv.sampling", "qkv.generate", "qkv.weights", "qkv.layout", "qkv.model", "qkv.trace",
         "qkv.tokenizer", "qkv.threads", "qkv.nexttoken", "qkv.chat", "qkv.masks", "qkv.seq2seq",
-        "qkv.seq2seq_generate", "qkv.hooks", "qkv.sparse", "qkv.tuning"}
+        "qkv.seq2seq_generate", "qkv.hooks", "qkv.sparse", "qkv.tuning", "qkv.blocks"}
 PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.lessons": "analysis",
             "qkv.train": "train",
             "qkv.bench": "bench"}

@@ -13,11 +13,11 @@ from rich.text import Text
 
 from .analysis.cli import heads as heads_cmd
 from .bench.cli import bench as bench_cmd
-from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, run, write_figure
+from .cli_common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run
+from .cli_explain import explain_cmd, next_cmd
 from .cli_interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .cli_write import chat_cmd, generate, translate_cmd
 from .errors import QkvError
-from .lessons import explain_help
 from .tokenizer import shorten as _label
 from .train.cli import train as train_cmd
 
@@ -117,7 +117,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     layer = model.check_layer(0 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)
-    knocked_out = _head_pairs(ablate)
+    knocked_out = head_pairs(ablate)
     model.ablation(knocked_out)                                     # bad heads fail before DIR is touched
     existed = out_dir is not None and os.path.isdir(out_dir)
     ids, _ = model.encode(text)                                     # a bad text fails before DIR is touched
@@ -327,173 +327,6 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int, ablate=None) 
     return files.paths
 
 
-@cli.command(name="explain", help=explain_help())
-@click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
-@click.option("--model", "source", default=None, help=MODEL_HELP.replace("'minilm' (default)", "'minilm', 'smollm2'")
-              + "  [default: the topic's own]")
-@click.option("--layer", type=int, default=None, help="attention, flash: the layer to follow (negative counts from the end).  "
-                                                      "[default: 0]")
-@click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
-                                                     "fewer heads].")
-@click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, the seeds' language).")
-@click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="Also write the topic's figures (PNG + SVG) into DIR.")
-@click.option("--html", "html_file", default=None, metavar="FILE",
-              help="attention: also write the walkthrough as the pipeline page, one offline HTML file (every box "
-                   "of the model, opened at --layer and --head, in --lang with an English/Korean toggle).")
-def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
-                out_dir: str | None, html_file: str | None) -> None:
-    """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
-    from .checkpoints import load
-    from .lessons import attention_figures, check_lang, lesson_module, parse
-
-    topic, text = parse(args)
-    check_lang(lang)
-    if topic not in ("attention", "flash") and (layer is not None or head is not None):
-        raise QkvError(f"--layer and --head choose the head of the attention walkthrough (or of flash); "
-                       f"{topic} does not take them")
-    if html_file is not None and topic != "attention":
-        raise QkvError(f"--html writes the attention walkthrough as the pipeline page; {topic} does not take it")
-    console = new_console()
-    with removed_if_failed(out_dir):
-        if out_dir is not None:
-            check_writable(out_dir)                          # before the work; removed again if it fails
-        if topic == "attention":
-            from .explain import DEFAULT_TEXT, walkthrough
-            from .explain_render import render
-
-            model, text = load(source or "minilm"), DEFAULT_TEXT if text is None else text
-            steps = walkthrough(model, text, layer or 0, head)
-            for part in render(steps, lang):
-                console.print(part)
-            written = [] if out_dir is None else attention_figures(model, text, steps.layer, steps.head, out_dir)
-            if html_file is not None:
-                from .viz.pipeline import save_pipeline
-
-                written.append(save_pipeline(model, text, html_file, lang=lang, layer=steps.layer, head=steps.head,
-                                             box="attn"))
-        else:
-            lesson = lesson_module(topic)
-            name = source or lesson.DEFAULT_MODEL
-            options = {"layer": layer, "head": head} if topic == "flash" else {}
-            built = lesson.build(None if name is None else load(name), text, **options)
-            for part in lesson.render(built, lang):
-                console.print(part)
-            written = [] if out_dir is None else lesson.figures(built, Path(out_dir), lang)
-    for path in written:
-        click.echo(f"wrote {path}")
-
-
-def _head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
-    """--ablate 3.2 --ablate 5.1 or --ablate 3.2,5.1 → [(3, 2), (5, 1)], or one clear error
-    (the model checks that the layers and heads exist)."""
-    pairs = []
-    for item in (i.strip() for i in ",".join(values).split(",") if i.strip()):
-        layer, dot, head = item.partition(".")
-        try:
-            pairs.append((int(layer), int(head)))
-        except ValueError:
-            raise QkvError(f"--ablate {item!r} is not LAYER.HEAD; give e.g. --ablate 3.2 (layer 3, head 2)") from None
-    return pairs
-
-
-def _temperatures(values: tuple[str, ...]) -> list[float]:
-    """-t 0.5 -t 1 or -t 0.5,1,2 → [0.5, 1.0, 2.0] (repeats dropped), or one clear error."""
-    from .sampling import check_sampling
-
-    temps: list[float] = []
-    for item in ",".join(values).split(","):
-        try:
-            T = float(item)
-        except ValueError:
-            raise QkvError(f"temperature {item.strip()!r} is not a number; "
-                           "give numbers ≥ 0, e.g. -t 0.5,1,2") from None
-        check_sampling(T, None, None)
-        if T not in temps:
-            temps.append(T)
-    return temps
-
-
-@cli.command(name="next")
-@click.argument("text")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
-@click.option("--temperature", "-t", "temperatures", multiple=True, default=("0.5,1,2",), show_default=True,
-              help="Temperatures T: a comma list or repeated -t (0 = greedy).")
-@click.option("--top-k", type=click.IntRange(1), default=10, show_default=True, help="How many tokens to list.")
-@click.option("--chat", is_flag=True, help="Wrap TEXT as one user turn of the model's chat template.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the bar chart (next_token.png, .svg) into this directory.")
-@click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
-              help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
-                   "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
-@click.option("--target", default=None,
-              help="Encoder–decoders: the target written so far (default: none, so the translation's first token).")
-def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
-             out_dir: str | None, ablate: tuple[str, ...], target: str | None) -> None:
-    """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
-    and the entropy H = −Σ P·log₂ P of the whole distribution, in bits.
-
-    On an encoder–decoder, TEXT is the source: the next target token after it (and --target)."""
-    from functools import partial
-
-    from .checkpoints import load
-    from .nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
-    from .seq2seq import Seq2SeqModel
-
-    temps = _temperatures(temperatures)
-    model = load(source)
-    knocked_out = _head_pairs(ablate)
-    if isinstance(model, Seq2SeqModel):
-        z, what = _next_target_token(model, text, target, chat, knocked_out)  # (V,)
-    else:
-        if target is not None:
-            raise QkvError(f"--target is the target so far of an encoder–decoder; {model.name} is a single stack "
-                           f"({model.config.family}): drop --target")
-        if chat:                                                               # one user turn, then the reply begins
-            ids = np.asarray(model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                                 add_generation_prompt=True), dtype=np.int64)
-        else:
-            ids, _ = model.encode(text)
-        z = next_token_logits(model, ids, ablate=knocked_out)                  # (V,)
-        what = f"the next token after {len(ids)} tokens"
-    P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
-    top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
-    label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible
-    console = new_console()
-    console.print(Text(f"{model.name}: {what}, P = softmax(logits / T)"
-                       + (f", heads {', '.join(ablate)} zero-ablated" if knocked_out else "")))
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("#", "token", "id", *(f"T={T:g}" for T in temps)):
-        table.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
-    for r, i in enumerate(top):
-        table.add_row(str(r + 1), Text(label(i)), str(int(i)), *(f"{P[T][i]:.4f}" for T in temps))
-    table.add_section()
-    table.add_row("", Text(f"other {len(z) - len(top)} tokens"), "",
-                  *(f"{max(0.0, 1 - P[T][top].sum()):.4f}" for T in temps))
-    table.add_row("", Text("entropy (bits)"), "", *(f"{float(entropy(P[T])):.3f}" for T in temps))
-    console.print(table)
-    if out_dir is not None:
-        from .viz.distribution import next_token_figure
-
-        write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
-                      "next_token")
-
-
-def _next_target_token(model, text: str, target: str | None, chat: bool, knocked_out) -> tuple[np.ndarray, str]:
-    """An encoder–decoder's next-token logits (V,): the decoder after the source TEXT, its start token
-    and the TARGET written so far; and what they are, in words."""
-    if chat or knocked_out:
-        raise QkvError(f"{'--chat' if chat else '--ablate'} works on single-stack models; {model.name} is an "
-                       "encoder–decoder: give the source text alone")
-    ids, _ = model.encode(text)                                                # (n_src,)
-    prefix = [] if target is None else model.tokenizer.encode(target, add_special_tokens=False)[0].tolist()
-    dec = np.array([[model.start_token, *prefix]], dtype=np.int64)             # (1, 1 + prefix)
-    z = model.forward(ids[None], decoder_input_ids=dec, attentions=False).logits[0, -1]   # (V,)
-    after = f"the target {target!r}" if prefix else "the start token (the translation's first token)"
-    return z, f"the next target token after the {len(ids)} source tokens and {after}"
-
-
 @cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""
@@ -538,6 +371,8 @@ cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (b
 cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (train/cli.py)
 for command in (generate, translate_cmd, chat_cmd):
     cli.add_command(command)      # writing text: generate, translate, chat (cli_write.py)
+for command in (explain_cmd, next_cmd):
+    cli.add_command(command)      # the walkthrough, its lessons, the next token (cli_explain.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, patch_cmd, circuits_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 

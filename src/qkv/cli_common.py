@@ -72,3 +72,16 @@ def write_figure(fig, out_dir: str, name: str) -> None:
 
     for f in save_figure(fig, out_dir, name):
         click.echo(f"wrote {f}")
+
+
+def head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
+    """--ablate 3.2 --ablate 5.1 or --ablate 3.2,5.1 → [(3, 2), (5, 1)], or one clear error
+    (the model checks that the layers and heads exist)."""
+    pairs = []
+    for item in (i.strip() for i in ",".join(values).split(",") if i.strip()):
+        layer, dot, head = item.partition(".")
+        try:
+            pairs.append((int(layer), int(head)))
+        except ValueError:
+            raise QkvError(f"--ablate {item!r} is not LAYER.HEAD; give e.g. --ablate 3.2 (layer 3, head 2)") from None
+    return pairs
