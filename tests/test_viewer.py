@@ -82,7 +82,7 @@ def test_hostile_tokens_and_title_stay_text():
     assert "<img" not in doc and "alert(2)</script>" not in doc and "<b>m</b>" not in doc
     assert "<title>&lt;/title&gt;&lt;script&gt;alert(4)&lt;/script&gt;</title>" in doc
     assert data_of(doc)["tokens"] == tokens                                  # the text itself survives
-    assert doc.count("<script") == 3                                         # data, viewer.js, boot: no more
+    assert doc.count("<script") == 3                                         # data, viewer.js + viewer_panels.js, boot: no more
     js = doc[doc.index("<script>"):]
     assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
 
@@ -178,7 +178,7 @@ def test_assets_ship_inside_the_package():
     from importlib import resources
 
     names = {p.name for p in resources.files("qkv.viz").joinpath("assets").iterdir()}
-    assert {"viewer.js", "viewer.css", "app.js"} <= names
+    assert {"viewer.js", "viewer_panels.js", "viewer.css", "app.js"} <= names
     for name in names:                                  # inlined in <script>/<style>: must not end them early
         text = resources.files("qkv.viz").joinpath("assets", name).read_text()
         assert "</" not in text and "<script" not in text.lower() and "<!--" not in text, name

@@ -354,7 +354,8 @@ class App:
         body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}</style>\n"
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
-        return html_page("qkv · see attention", body, [asset("viewer.js"), asset("pipeline.js"), asset("app.js")],
+        return html_page("qkv · see attention", body,
+                         [asset("viewer.js"), asset("viewer_panels.js"), asset("pipeline.js"), asset("app.js")],
                          csp=_CSP_APP)
 
 

@@ -14,6 +14,8 @@ An encoder–decoder's trace adds a selector of the kind of attention — encode
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002).
+The script is two assets inlined in order: viewer.js (the attention views, decoding, mount) and
+viewer_panels.js (the lens, rollout and patching views, which register on viewer.js's `QKV.panels`).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -42,6 +44,11 @@ _CSP_VIEWER = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe
 def asset(name: str) -> str:
     """The text of a file in qkv/viz/assets (the viewer's JS and CSS)."""
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def viewer_js() -> str:
+    """The viewer's JavaScript as one script: the core, then the panels that register on it."""
+    return asset("viewer.js") + "\n" + asset("viewer_panels.js")
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) -> str:
@@ -73,7 +80,7 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
                             sections=sections, view=view)
     body = (f"<div data-qkv-root></div>\n"
             f"<script type=\"application/json\" class=\"qkv-data\">{script_json(payload)}</script>")
-    return page(payload["title"], body, [asset("viewer.js"), "QKV.boot();"])
+    return page(payload["title"], body, [viewer_js(), "QKV.boot();"])
 
 
 def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str | None = None,

@@ -6,10 +6,11 @@
  * tokens in self-attention). An encoder–decoder's payload holds one such payload per kind of
  * attention ("kinds": encoder, decoder, cross); a selector switches between them, and every view
  * (head, matrix, model) draws the kind selected. The cross kind's rows are labelled by the token
- * each row wrote ("labels"), with the token it read beside them ("read_labels"). Colours follow qkv/viz/palette.py: brighter = more attention
- * (viridis, as the figures), cells the causal mask removed grey, roles as "role_colours".
+ * each row wrote ("labels"), with the token it read beside them ("read_labels").
+ * Colours follow qkv/viz/palette.py: brighter = more attention (viridis, as the figures), cells
+ * the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
- * never parsed as HTML. No network: everything is in this file and its payload.
+ * never parsed as HTML. No network: everything is in this file, viewer_panels.js and the payload.
  *
  *   QKV.mount(root, payload, state?) → Promise<Viewer>   draw a payload into an element
  *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
@@ -19,9 +20,11 @@
  * also temperature and step; with kinds, kind; with a lens, lensMode) say what is shown.
  *
  * Optional sections (payload.py, interpret_payload.py) add views beyond attention weights:
- * "lens" (the logit lens: layers × positions, the final prediction's probability or rank, a
- * cell's top tokens on hover), "rollout" (raw attention, attention rollout and flow side by side)
- * and "patch" (activation-patching effects as heatmaps centred at 0). "view" opens one first.
+ * "lens" (the logit lens), "rollout" (raw attention, rollout and flow) and "patch" (activation
+ * patching); "view" opens one first. Their views live in viewer_panels.js, loaded after this
+ * file: it registers QKV.panels[section] = {label, layer, decode?, meta, build} and uses the
+ * helpers this file shares as QKV.util (the interface is described at the top of that file).
+ * A payload with a section whose panel is not registered fails with a clear message.
  */
 (function (global) {
   "use strict";
@@ -133,124 +136,9 @@
     return bytes;                                           // (L, H, n_q, n_k) row-major, q = round(a·255)
   }
 
-  // ── a labelled heatmap: the lens, rollout and patching panels ──────────────
-  // matplotlib "RdBu_r" (ColorBrewer RdBu, reversed): blue (negative) → white (0) → red (positive)
-  const RDBU = [[5, 48, 97], [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [247, 247, 247],
-                [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43], [103, 0, 31]];
-  function ramp(stops, t) {                                      // t in [0, 1] → [r, g, b]
-    const x = clamp(t, 0, 1) * (stops.length - 1), k = Math.min(Math.floor(x), stops.length - 2), f = x - k;
-    return [0, 1, 2].map(c => Math.round(stops[k][c] * (1 - f) + stops[k + 1][c] * f));
-  }
-  const viridis = (t) => { const q = 3 * Math.round(clamp(t, 0, 1) * 255); return [LUT[q], LUT[q + 1], LUT[q + 2]]; };
-  const diverging = (v, m) => ramp(RDBU, m > 0 ? 0.5 + 0.5 * v / m : 0.5);       // 0 → white
-  // An effect as text: sign and 3 decimals (the payload keeps 5).
-  function fmtE(v) {
-    const sign = v > 0 ? "+" : v < 0 ? "−" : "";
-    return sign + (v !== 0 && Math.abs(v) < 0.0005 ? "<0.001" : Math.abs(v).toFixed(3));
-  }
-
-  // rows × cols cells; colour(r, c) → [r, g, b] or null (masked: grey). flip: data row 0 at the bottom
-  // (layers, as the figures draw them). onCell(cell | null, event) on hover, onPick(cell) on click.
-  // The canvas's data-* (cw, ch, padL, padT, rows, cols, flip) say where the cells are, for tests.
-  class Heat {
-    constructor(o) {
-      this.o = o;
-      this.canvas = el("canvas", "qkv-heat qkv-heat-" + o.name);
-      this.tip = el("div", "qkv-tip");
-      this.tip.hidden = true;
-      const wrap = el("div", "qkv-heatwrap");
-      wrap.append(this.canvas, this.tip);
-      this.title = el("figcaption", "qkv-figcap", o.title || "");
-      this.box = el("figure", "qkv-fig");
-      this.box.append(this.title, wrap);
-      const cw = this.cw = clamp(Math.floor(o.width / o.cols), 3, 28);
-      const ch = this.ch = clamp(Math.floor(o.height / o.rows), 3, 22);
-      this.font = `${clamp(Math.min(cw, 14) - 3, 9, 12)}px system-ui, sans-serif`;
-      const ctx0 = this.canvas.getContext("2d");
-      ctx0.font = this.font;
-      const width = (labels) => Math.max(0, ...labels.map(t => ctx0.measureText(shown(t, 12)).width));
-      this.cols = cw >= 9;                                               // room for a label per column
-      const below = this.cols && o.colLabels ? Math.ceil(width(o.colLabels) * 0.71) : 0;  // labels at 45°
-      const above = this.cols && o.topLabels ? Math.ceil(width(o.topLabels) * 0.71) : 0;
-      this.padL = Math.ceil(Math.max(width(o.rowLabels) + 10, below - cw / 2 + 4));   // room for the first one
-      this.padB = below ? below + 12 : 8;
-      this.padT = above ? above + 12 : 4;
-      this.padR = above ? Math.ceil(Math.max(6, above - cw / 2 + 4)) : 6;
-      this.W = this.padL + o.cols * cw + this.padR;
-      this.Hpx = this.padT + o.rows * ch + this.padB;
-      this.ctx = sizeCanvas(this.canvas, this.W, this.Hpx);
-      Object.assign(this.canvas.dataset, {cw, ch, padL: this.padL, padT: this.padT, rows: o.rows, cols: o.cols,
-                                          flip: o.flip ? 1 : 0});
-      this.canvas.addEventListener("mousemove", (e) => o.onCell(this.at(e), e, this));
-      this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; o.onCell(null, null, this); });
-      if (o.onPick) this.canvas.addEventListener("click", (e) => { const c = this.at(e); if (c) o.onPick(c); });
-    }
-    y(r) { return this.o.flip ? this.o.rows - 1 - r : r; }                // data row → drawn row
-    at(e) {
-      const c = Math.floor((e.offsetX - this.padL) / this.cw), y = Math.floor((e.offsetY - this.padT) / this.ch);
-      if (c < 0 || y < 0 || c >= this.o.cols || y >= this.o.rows) return null;
-      return {r: this.y(y), c};
-    }
-    paint(colour) {
-      const {rows, cols} = this.o, off = document.createElement("canvas");
-      off.width = cols;
-      off.height = rows;
-      const g = off.getContext("2d"), img = g.createImageData(cols, rows), px = img.data;
-      for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
-        const rgb = colour(r, c) || MASKED, p = 4 * (this.y(r) * cols + c);
-        px[p] = rgb[0]; px[p + 1] = rgb[1]; px[p + 2] = rgb[2]; px[p + 3] = 255;
-      }
-      g.putImageData(img, 0, 0);
-      this.image = off;
-    }
-    draw(sel) {
-      const ctx = this.ctx, o = this.o, {cw, ch, padL, padT} = this;
-      ctx.clearRect(0, 0, this.W, this.Hpx);
-      ctx.imageSmoothingEnabled = false;
-      ctx.drawImage(this.image, padL, padT, o.cols * cw, o.rows * ch);
-      ctx.font = this.font;
-      ctx.fillStyle = "#333";
-      ctx.textAlign = "right";
-      ctx.textBaseline = "middle";
-      const every = Math.max(1, Math.ceil(12 / ch));
-      for (let r = 0; r < o.rows; r += every) ctx.fillText(o.rowLabels[r], padL - 5, padT + (this.y(r) + 0.5) * ch);
-      const side = (labels, y0, dir) => {
-        for (let c = 0; c < o.cols; c++) {
-          ctx.save();
-          ctx.translate(padL + (c + 0.5) * cw, y0);
-          ctx.rotate(-Math.PI / 4);
-          ctx.textAlign = dir > 0 ? "right" : "left";
-          ctx.fillStyle = sel && sel.c === c ? "#08306b" : "#333";
-          ctx.fillText(shown(labels[c], 12), 0, 0);
-          ctx.restore();
-        }
-      };
-      if (this.cols && o.colLabels) side(o.colLabels, padT + o.rows * ch + 6, 1);
-      if (this.cols && o.topLabels) side(o.topLabels, padT - 5, -1);
-      if (sel) {
-        ctx.strokeStyle = "#d62728";
-        ctx.lineWidth = 1.5;
-        ctx.strokeRect(padL + sel.c * cw - 0.5, padT + this.y(sel.r) * ch - 0.5, cw + 1, ch + 1);
-      }
-    }
-    showTip(e, text) {
-      this.tip.textContent = text;
-      this.tip.hidden = false;
-      this.tip.style.left = (e.offsetX + 14) + "px";
-      this.tip.style.top = (e.offsetY + 12) + "px";
-    }
-  }
-  // a colour bar: LO … HI under a ramp, with a note
-  function colourBar(colour, lo, hi, note) {
-    const bar = el("canvas", "qkv-colourbar"), scale = el("div", "qkv-scale");
-    const ctx = sizeCanvas(bar, 160, 10);
-    for (let x = 0; x < 160; x++) { const c = colour(x / 159); ctx.fillStyle = `rgb(${c})`; ctx.fillRect(x, 0, 1, 10); }
-    scale.append(el("span", null, lo), bar, el("span", null, hi + "   " + note));
-    return scale;
-  }
-
   // ── the viewer ─────────────────────────────────────────────────────────────
   const SECTIONS = ["lens", "rollout", "patch"];                 // optional views, in tab order
+  const PANELS = {};                                             // their views: viewer_panels.js registers them
   const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
 
   class Viewer {
@@ -346,9 +234,8 @@
       const bar = el("div", "qkv-bar");
       this.tabs = {};
       const tabs = el("div", "qkv-tabs");
-      const names = {head: "Head view", matrix: "Matrix", model: "Model view", next: "Next token",
-                     lens: "Logit lens", rollout: "Rollout", patch: "Patching"};
-      for (const [v, label] of this.views.map(v => [v, names[v]])) {
+      const names = {head: "Head view", matrix: "Matrix", model: "Model view", next: "Next token"};
+      for (const [v, label] of this.views.map(v => [v, SECTIONS.includes(v) ? PANELS[v].label : names[v]])) {
         const b = el("button", "qkv-tab", label);
         b.type = "button";
         b.dataset.view = v;
@@ -420,14 +307,13 @@
         c.title = this.headName(s.layer, h) + (s.head === h ? " · click again for all heads" : " · click to show it alone");
       });
       const attention = s.view === "head" || s.view === "matrix";     // the views that draw one head (or all)
+      const panel = SECTIONS.includes(s.view) ? PANELS[s.view] : null;  // an optional section's view
       this.chips.hidden = !attention;
-      this.fields[0].hidden = !(attention || s.view === "model" || s.view === "rollout");
+      this.fields[0].hidden = !(attention || s.view === "model" || (panel && panel.layer));
       this.fields[1].hidden = !(attention || s.view === "model");
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
-      const where = s.view === "next" ? [`${this.n - this.gen} generated`]
-        : s.view === "lens" ? [`logit lens: ${this.p.lens.rows} rows × ${this.n} positions`]
-        : s.view === "patch" ? ["activation patching: " + this.p.patch.metric]
-        : s.view === "rollout" ? [`layer ${this.p.layers[s.layer]}`, "mean of heads"]
+      const where = panel ? panel.meta(this)
+        : s.view === "next" ? [`${this.n - this.gen} generated`]
         : [`layer ${this.p.layers[s.layer]}`, who];
       const size = this.self ? `${this.n} tokens` : `${this.n} × ${this.nk} tokens`;
       this.meta.textContent = [this.p.model, KIND_WHAT[this.kind], size, ...where]
@@ -436,8 +322,8 @@
                                matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
                                model: "", next: ""}[s.view] || "";
       const t0 = performance.now();
-      if (!this.built[s.view]) { this["build_" + s.view](); this.built[s.view] = true; }
-      this["draw_" + s.view]();
+      if (!this.built[s.view]) this.built[s.view] = panel ? panel.build(this) : (this["build_" + s.view](), true);
+      if (panel) this.built[s.view].draw(); else this["draw_" + s.view]();
       root.dataset.drawMs = (performance.now() - t0).toFixed(1);     // for tests and curious users
       Object.assign(root.dataset, {view: s.view, layer: this.p.layers[s.layer], head: s.head < 0 ? "all" : s.head,
                                    hover: s.hover ? s.hover.side + s.hover.i : "",
@@ -819,204 +705,6 @@
         `entropy H = ${H.toFixed(2)} bits`;
     }
 
-    // ── logit lens: rows 0..L × positions, P(final prediction) or its rank; a cell's top tokens ──
-    build_lens() {
-      const lz = this.p.lens, X = this.extra.lens, panel = this.panels.lens, n = this.n;
-      const spell = new Map(lz.spelling.ids.map((id, k) => [id, lz.spelling.tokens[k]]));
-      const word = (id) => spell.has(id) ? spell.get(id) : "#" + id;
-      const modes = el("div", "qkv-modes");
-      modes.setAttribute("role", "group");
-      modes.setAttribute("aria-label", "colour by");
-      const buttons = {};
-      for (const [m, label] of [["prob", "probability"], ["rank", "rank"]]) {
-        const b = el("button", "qkv-mode", label);
-        b.type = "button";
-        b.dataset.mode = m;
-        b.addEventListener("click", () => this.set({lensMode: m}));
-        modes.append(b);
-        buttons[m] = b;
-      }
-      const rowLabels = [...Array(lz.rows).keys()].map(l => l === 0 ? "emb" : String(l));
-      const heat = new Heat({name: "lens", rows: lz.rows, cols: n, width: 900, height: 420, flip: true,
-                             rowLabels, colLabels: this.tokens, topLabels: lz.predicted.map(word),
-                             title: "layer (row l: the residual stream after l blocks) × position; top: the final prediction",
-                             onCell: (c, e) => {
-                               if (c) heat.showTip(e, this.lensText(c, true));
-                               const s = this.state.cell;
-                               if (!c ? s : !s || s.i !== c.r || s.j !== c.c) this.set({cell: c && {i: c.r, j: c.c}});
-                             },
-                             onPick: (c) => this.set({pin: {i: c.r, j: c.c}})});
-      const readout = el("p", "qkv-readout"), table = el("table", "qkv-cands"), head = el("tr"), body = el("tbody");
-      for (const h of ["rank", "token", "", "P"]) head.append(el("th", null, h));
-      const thead = el("thead");
-      thead.append(head);
-      table.append(thead, body);
-      const scale = el("div", "qkv-lens-scale");
-      panel.append(modes, heat.box, scale, readout, table,
-                   el("p", "qkv-note", "Row l reads the residual stream after l blocks through the final norm and W_vocab " +
-                      `(emb: the embeddings; the top row is the model's own logits). Colour: the probability that row gives ` +
-                      `the token the model finally predicts at that position, or its rank among all ${lz.vocab} tokens ` +
-                      `(log scale, brightest = 1). Hover a cell for its top ${lz.k} tokens; click to keep it.`));
-      this.lz = {heat, buttons, readout, body, scale, word, mode: null};
-    }
-
-    // the cell (row l, position j): its numbers, as the readout and the tooltip say them
-    lensText(c, short) {
-      const lz = this.p.lens, X = this.extra.lens, k = c.r * this.n + c.c;
-      const row = c.r === 0 ? "emb" : `layer ${c.r}`, pred = this.lz.word(lz.predicted[c.c]);
-      const p = fmtP(X.prob[k] / lz.prob.scale), rank = X.rank[k];
-      if (short) return `${row} · “${shown(this.tokens[c.c], 16)}” → “${shown(pred, 16)}”: P ${p}, rank ${rank}`;
-      return `${row} · position ${c.c} “${shown(this.tokens[c.c], 24)}” · final prediction “${shown(pred, 24)}”: ` +
-             `P = ${p}, rank ${rank}`;
-    }
-
-    draw_lens() {
-      const lz = this.p.lens, X = this.extra.lens, L = this.lz, s = this.state, n = this.n;
-      if (L.mode !== s.lensMode) {
-        L.mode = s.lensMode;
-        const logV = Math.log(lz.vocab);
-        L.heat.paint(s.lensMode === "prob" ? (r, c) => viridis(X.prob[r * n + c] / lz.prob.scale)
-                                           : (r, c) => viridis(1 - Math.log(X.rank[r * n + c]) / logV));
-        L.scale.textContent = "";
-        L.scale.append(s.lensMode === "prob" ? colourBar(viridis, "0", "1", "P(final prediction)")
-                                             : colourBar(t => viridis(1 - t), "1", String(lz.vocab), "rank (log scale)"));
-        for (const m in L.buttons) L.buttons[m].setAttribute("aria-pressed", String(m === s.lensMode));
-      }
-      const cell = s.cell && s.view === "lens" ? s.cell : s.pin || {i: lz.rows - 1, j: n - 1};
-      L.heat.draw({r: cell.i, c: cell.j});
-      L.readout.textContent = this.lensText({r: cell.i, c: cell.j}, false);
-      L.body.textContent = "";
-      const k0 = (cell.i * n + cell.j) * lz.k;
-      for (let t = 0; t < lz.k; t++) {
-        const id = X.topIds[k0 + t], p = X.topProb[k0 + t] / lz.top_prob.scale;
-        const tr = el("tr", id === lz.predicted[cell.j] ? "qkv-chosen" : ""), bar = el("span", "qkv-pbar");
-        const pc = el("td", "qkv-pcell");
-        bar.style.width = (100 * p).toFixed(2) + "%";
-        pc.append(bar);
-        tr.append(el("td", "qkv-rank", String(t + 1)), el("td", "qkv-ctok", L.word(id)), pc, el("td", "qkv-p", fmtP(p)));
-        Object.assign(tr.dataset, {id, p: String(p)});
-        L.body.append(tr);
-      }
-    }
-
-    // ── rollout: raw attention (mean of heads), rollout R_l and attention flow, side by side ──
-    build_rollout() {
-      const ro = this.p.rollout, panel = this.panels.rollout, n = this.n, flow = !!this.extra.rollout.flow;
-      const figs = el("div", "qkv-figs"), size = clamp(Math.floor(880 / (flow ? 3 : 2)), 160, 420);
-      const make = (name) => {
-        const h = new Heat({name, rows: n, cols: n, width: size - 60, height: size - 60, rowLabels: this.tokens,
-                            colLabels: this.tokens, title: name,
-                            onCell: (c, e) => {
-                              if (c) h.showTip(e, this.rolloutText(c, true));
-                              const s = this.state.cell;
-                              if (!c ? s : !s || s.i !== c.r || s.j !== c.c) this.set({cell: c && {i: c.r, j: c.c}});
-                            }});
-        figs.append(h.box);
-        return h;
-      };
-      const maps = {raw: make("raw"), rollout: make("rollout")};
-      if (flow) maps.flow = make("flow");
-      const readout = el("p", "qkv-readout", "hover a cell");
-      panel.append(figs, readout, colourBar(viridis, "0", "1", "share (±0.002), brighter = more" +
-                                            (this.causal ? " · grey: masked (key after query)" : "")),
-                   el("p", "qkv-note", "Rows: positions, columns: input tokens. raw: the layer's attention, mean of its heads. " +
-                      "rollout (Abnar & Zuidema 2020): Â = ½·mean_h A + ½·I, rows renormalised, multiplied through " +
-                      "layers 0..l — how much each input token reaches each position. flow: the maximum flow " +
-                      "through every layer's Â as capacities (after all layers). Choose the layer above."));
-      if (!flow) panel.append(el("p", "qkv-note", ro.flow_note || "no attention flow in this payload"));
-      this.ro = {maps, readout, key: null, values: {}};
-    }
-
-    // raw / rollout / flow at the selected layer: bytes n×n (q = round(x·255))
-    rolloutValues() {
-      const l = this.state.layer, n = this.n, nn = n * n, X = this.extra.rollout;
-      const sum = new Float32Array(nn), raw = new Uint8Array(nn);
-      for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
-      for (let p = 0; p < nn; p++) raw[p] = Math.round(sum[p] / this.H);
-      const rows = this.p.rollout.rollout.shape[0], at = Math.min(this.p.layers[l], rows - 1);
-      const out = {raw, rollout: X.R.subarray(at * nn, (at + 1) * nn), at};
-      if (X.flow) out.flow = X.flow;
-      return out;
-    }
-
-    rolloutText(c, short) {
-      const v = this.ro.values, k = c.r * this.n + c.c, masked = this.masked(c.r, c.c);
-      const parts = Object.keys(this.ro.maps).map(m => `${m} ${masked ? "masked" : fmt(v[m][k])}`);
-      if (short) return parts.join(" · ");
-      return `position ${c.r} “${shown(this.tokens[c.r], 24)}” ← token ${c.c} “${shown(this.tokens[c.c], 24)}”: ` +
-             parts.join(" · ");
-    }
-
-    draw_rollout() {
-      const R = this.ro, s = this.state, L = this.p.rollout.rollout.shape[0];
-      if (R.key !== s.layer) {
-        R.key = s.layer;
-        R.values = this.rolloutValues();
-        const layer = this.p.layers[s.layer];
-        const titles = {raw: `raw attention · layer ${layer}, mean of ${this.H} heads`,
-                        rollout: `rollout · layers 0..${R.values.at}`, flow: `flow · all ${L} layers`};
-        for (const m in R.maps) {
-          const a = R.values[m];
-          R.maps[m].title.textContent = titles[m];
-          R.maps[m].paint((r, c) => this.masked(r, c) ? null : viridis(a[r * this.n + c] / 255));
-        }
-      }
-      const sel = s.cell && !s.cell.t ? {r: s.cell.i, c: s.cell.j} : null;
-      for (const m in R.maps) R.maps[m].draw(sel);
-      R.readout.textContent = sel ? this.rolloutText(sel, false) : "hover a cell";
-    }
-
-    // ── patching: effect tables per (layer, head) and (layer, position), centred at 0 ──
-    build_patch() {
-      const P = this.p.patch, panel = this.panels.patch;
-      const what = P.normalised ? "effect: 0 = corrupted, 1 = clean" : "m(patched) − m(corrupted)";
-      const about = el("div", "qkv-patch-about");
-      const line = (label, text) => { const p = el("p", "qkv-patch-line"); p.append(el("b", null, label), el("span", null, text)); about.append(p); };
-      line("metric ", `${P.metric} · ${what}`);
-      line("clean ", `“${P.clean}” → ${P.metric_clean.toFixed(3)}`);
-      line("corrupted ", `“${P.corrupted}” → ${P.metric_corrupted.toFixed(3)}`);
-      const figs = el("div", "qkv-figs");
-      const titles = {heads: "heads (Z at every position)", residual: "residual stream", attn_out: "attention output",
-                      ffn_out: "FFN output"};
-      this.pt = {maps: {}, readout: el("p", "qkv-readout", "hover a cell"), titles};
-      const names = ["heads", "residual", "attn_out", "ffn_out"].filter(name => P.tables[name]);
-      // one cell width for all maps, so that they fit side by side (each map also needs ~90px of labels)
-      const columns = names.reduce((a, name) => a + P.tables[name][0].length, 0);
-      const unit = clamp(Math.floor(((this.root.clientWidth || 1100) - 24 - 90 * names.length) / columns), 3, 24);
-      for (const name of names) {
-        const t = P.tables[name];
-        const rows = t.length, cols = t[0].length, m = Math.max(0, ...t.map(r => Math.max(...r.map(Math.abs))));
-        const h = new Heat({name, rows, cols, width: unit * cols, height: 300, flip: true,
-                            rowLabels: [...Array(rows).keys()].map(String),
-                            colLabels: name === "heads" ? [...Array(cols).keys()].map(String) : P.labels,
-                            title: `${titles[name]} · ±${m.toFixed(3)}`,
-                            onCell: (c, e) => {
-                              if (c) h.showTip(e, fmtE(t[c.r][c.c]));
-                              const s = this.state.cell;
-                              if (!c ? s && s.t === name : !s || s.t !== name || s.i !== c.r || s.j !== c.c)
-                                this.set({cell: c && {i: c.r, j: c.c, t: name}});
-                            }});
-        h.paint((r, c) => diverging(t[r][c], m));
-        figs.append(h.box);
-        this.pt.maps[name] = h;
-      }
-      panel.append(about, figs, this.pt.readout,
-                   colourBar(t => diverging(2 * t - 1, 1), "−max", "+max", "blue lowers the metric, red restores it; " +
-                             "each map has its own symmetric scale"),
-                   el("p", "qkv-note", "Each cell: the corrupted run with that one activation copied from the clean run " +
-                      "(a head's Z at every position; a position of the residual stream entering the layer, of its " +
-                      "attention output or of its FFN output), and how much of the metric comes back."));
-    }
-
-    draw_patch() {
-      const P = this.p.patch, s = this.state, T = this.pt;
-      for (const name in T.maps) T.maps[name].draw(s.cell && s.cell.t === name ? {r: s.cell.i, c: s.cell.j} : null);
-      if (!s.cell || !s.cell.t) { T.readout.textContent = "hover a cell"; return; }
-      const {i, j, t} = s.cell, v = P.tables[t][i][j];
-      const where = t === "heads" ? `head ${j}` : `position ${j} “${shown(P.labels[j], 24)}”`;
-      T.readout.textContent = `${T.titles[t]} · layer ${i} · ${where}: ${fmtE(v)}`;
-    }
-
     // what a fresh viewer needs to show the same layer, head and view
     saved() {
       const out = {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head};
@@ -1040,16 +728,13 @@
       const decoded = [];
       for (const p of parts) decoded.push(await decode(p.attention));
       const bytes = payload.kinds ? decoded : decoded[0];
-      const extra = {};
-      if (payload.lens) {
-        const lz = payload.lens;
-        extra.lens = {prob: await decodeArray(lz.prob), rank: await decodeArray(lz.rank),
-                      topIds: await decodeArray(lz.top_ids), topProb: await decodeArray(lz.top_prob)};
+      const extra = {};                                    // each section's arrays, decoded by its panel
+      for (const v of SECTIONS) {
+        if (!payload[v]) continue;
+        const panel = PANELS[v];
+        if (!panel) throw new Error(`this page lacks the "${v}" view: load viewer_panels.js after viewer.js`);
+        extra[v] = panel.decode ? await panel.decode(payload[v]) : {};
       }
-      if (payload.rollout)
-        extra.rollout = {R: await decodeArray(payload.rollout.rollout),
-                         flow: payload.rollout.flow ? await decodeArray(payload.rollout.flow) : null};
-      if (payload.patch) extra.patch = {};
       const t1 = performance.now();
       const viewer = new Viewer(root, payload, bytes, state, extra);
       viewer.render();
@@ -1072,5 +757,7 @@
     }
   }
 
-  global.QKV = {mount, boot};
+  // the interface of viewer_panels.js: the helpers it shares, and PANELS for it to fill
+  const util = {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED, decodeArray};
+  global.QKV = {mount, boot, util, panels: PANELS};
 })(window);
