@@ -1,4 +1,4 @@
-"""The one-token step's fast path (model.step_block, model.row_norm) gives the very numbers of the plain
+"""The one-token step's fast path (blocks.step_block, blocks.row_norm) gives the very numbers of the plain
 blocks, and generation takes it only where nothing is recorded, hooked or ablated."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qkv
-import qkv.model as qm
+import qkv.blocks as qb
 from qkv.cache import KVCache
 from qkv.ops import rms_norm
 from qkv.weights import NormWeights
@@ -24,7 +24,7 @@ def plain_step_block(x, w, ctx, layer):
     """block() with the fast path switched off: the plain boxes, recorder and all."""
     ctx.one_step = False
     try:
-        return qm.block(x, w, ctx, layer)
+        return qb.block(x, w, ctx, layer)
     finally:
         ctx.one_step = True
 
@@ -47,11 +47,11 @@ def test_the_fast_step_gives_the_plain_numbers_bit_for_bit(decoder, monkeypatch)
     mask = np.ones((2, 7), np.int64)
     mask[1, :3] = 0                                                       # left padding in row 1
     calls = []
-    real = qm.step_block
-    monkeypatch.setattr(qm, "step_block", lambda *a: calls.append(1) or real(*a))
+    real = qb.step_block
+    monkeypatch.setattr(qb, "step_block", lambda *a: calls.append(1) or real(*a))
     fast = step_logits(decoder, ids, mask, 6)
     assert len(calls) == 6 * decoder.config.n_layers                     # every step, every layer took it
-    monkeypatch.setattr(qm, "step_block", plain_step_block)
+    monkeypatch.setattr(qb, "step_block", plain_step_block)
     plain = step_logits(decoder, ids, mask, 6)
     for a, b in zip(fast, plain):
         assert np.array_equal(a, b)
@@ -61,8 +61,8 @@ def test_generation_is_unchanged_and_recording_or_hooks_take_the_plain_path(monk
     model = qkv.load(str(MODELS / "llama_gqa"))
     ids = np.arange(3, 9)[None]
     calls = []
-    real = qm.step_block
-    monkeypatch.setattr(qm, "step_block", lambda *a: calls.append(1) or real(*a))
+    real = qb.step_block
+    monkeypatch.setattr(qb, "step_block", lambda *a: calls.append(1) or real(*a))
     fast = model.generate(ids, 5, temperature=0, stop_at_eos=False)
     assert calls
     no_cache = model.generate(ids, 5, temperature=0, stop_at_eos=False, use_cache=False)
@@ -84,8 +84,8 @@ def test_row_norm_is_rms_norm_bit_for_bit(scale):
         x = (rng.standard_normal((1, 1, d)) * scale).astype(np.float32)   # (1, 1, d)
         w = NormWeights(rng.standard_normal(d).astype(np.float32), None)
         with np.errstate(over="ignore"):                                  # x² overflows at the largest scales
-            fast, plain = qm.row_norm(x, w, cfg), rms_norm(x, w.weight, cfg.norm_eps)
+            fast, plain = qb.row_norm(x, w, cfg), rms_norm(x, w.weight, cfg.norm_eps)
         assert np.array_equal(fast, plain, equal_nan=True)
     many = rng.standard_normal((2, 1, 64)).astype(np.float32)             # more than one row: plain norm
     w = NormWeights(np.ones(64, np.float32), None)
-    assert np.array_equal(qm.row_norm(many, w, cfg), rms_norm(many, w.weight, cfg.norm_eps))
+    assert np.array_equal(qb.row_norm(many, w, cfg), rms_norm(many, w.weight, cfg.norm_eps))

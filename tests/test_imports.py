@@ -5,7 +5,7 @@ function (a lazy import is still a dependency), resolved to the qkv module it lo
 `if TYPE_CHECKING:` never run, so they count for the layers but not for cycles.
 
     core      config errors io ops positions masks attention kernels cache sampling generate weights
-              layout model hooks seq2seq seq2seq_generate trace tokenizer threads tuning nexttoken chat sparse
+              layout blocks model hooks seq2seq seq2seq_generate trace tokenizer threads tuning nexttoken chat sparse
               checkpoints/
                                                                            (the engine, its data)
     viz       figures, the viewer, the pipeline page, palettes; explain_text (the walkthrough's words, shared

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .blocks import norm
 from .errors import QkvError
 from .explain_text import TEXTS
-from .model import Model, norm
+from .model import Model
 from .ops import entropy as row_entropy, softmax
 from .positions import rope_inv_freq
 

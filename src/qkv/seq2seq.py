@@ -9,7 +9,7 @@ Self-attention takes Q, K and V from one sentence; cross-attention takes Q from 
 K, V from the encoder's output: when the decoder writes "I" it looks at "나는". Every attention
 array is (…, n_q, n_k) — n_tgt × n_src in cross-attention — never assumed square.
 
-The boxes are model.py's (linear, norm, projections, feed_forward, logits_of), composed into one
+The boxes are blocks.py's (linear, norm, projections, feed_forward, logits_of), composed into one
 block for either stack; what differs is said by the config's knobs (post- or pre-norm, scaled
 scores or not, T5's relative position bias). `Seq2SeqModel` ties them to a config, a
 Seq2SeqWeights and a tokenizer; writing is in seq2seq_generate.py.
@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .attention import AttentionMask, merge_heads, split_heads
+from .blocks import feed_forward, linear, logits_of, norm, projections
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError, check_index
-from .model import Model, feed_forward, linear, logits_of, norm, projections
+from .model import Model
 from .ops import softmax_
 from .positions import relative_bias
 from .sampling import Sampling
@@ -74,7 +75,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None,
 
 @dataclass
 class StackContext:
-    """What every box of one stack's pass shares (model.Context's counterpart, with cross-attention)."""
+    """What every box of one stack's pass shares (blocks.Context's counterpart, with cross-attention)."""
 
     cfg: ModelConfig
     bias: np.ndarray | None                   # self-attention's B + M: (B|1, H|1, n, m); None = nothing masked

@@ -10,7 +10,7 @@
     lens_payload        that, as the viewer's "lens" section (`viz.interpret_payload`)
     lens_figure         layers × positions: the probability of the final prediction at each layer
 
-The norm and W_vocab are the model's own (`qkv.model.norm`, `qkv.model.logits_of`), so row L
+The norm and W_vocab are the model's own (`qkv.blocks.norm`, `qkv.blocks.logits_of`), so row L
 is the model's logits by construction of the same arithmetic, and the tests check that it is.
 """
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..blocks import logits_of, norm
 from ..errors import QkvError
-from ..model import logits_of, norm
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
 from ..viz.palette import CMAP
 

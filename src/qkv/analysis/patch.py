@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..blocks import Context, attention_mask_of, block, logits_of, norm
 from ..errors import QkvError
 from ..hooks import Hooks
 from ..io import FileBatch
-from ..model import Context, attention_mask_of, block, logits_of, norm
 from ..positions import rope_cos_sin, rope_inv_freq
 from ..trace import Recorder
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all

@@ -252,7 +252,7 @@ def _comparison(result: dict) -> list[str]:
     worst = max(prefill, default=None)
     prefill_target = "prefill no slower than transformers (table below" + (
         "" if worst is None else f"; here at worst {worst:.2f}× its time: {md.MET[worst <= 1.0]}") + ")"
-    return [f"Same tokens: qkv and transformers write "
+    return ["Same tokens: qkv and transformers write "
             + (f"the same {n} tokens" if d is None else f"different tokens from new token {d}")
             + "; qkv with 1 or 2 BLAS threads: " + ("the same" if threads_same else "different") + ".",
             "",

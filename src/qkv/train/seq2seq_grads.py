@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..attention import AttentionMask, attention_backward, merge_heads, scaled_dot_product_attention, split_heads
+from ..blocks import linear, norm
 from ..config import ModelConfig
 from ..errors import QkvError
-from ..model import linear, norm
 from ..weights import AttentionWeights, BlockWeights, Seq2SeqWeights, Weights
 from .grads import (attention_backward_box, attention_forward, embedding_backward, ffn_backward, ffn_forward,
                     linear_backward, norm_backward, residual_backward, residual_forward, token_loss)

@@ -52,8 +52,8 @@ import zlib
 
 import numpy as np
 
+from ..blocks import norm
 from ..errors import QkvError
-from ..model import norm
 from ..nexttoken import token_text
 from ..trace import INTERMEDIATES, Trace
 from .payload import encode_attention

@@ -1,0 +1,276 @@
+"""One transformer block, box by box (seeds §6): the functions that compute one box of the
+forward pass, and the `Context` that every box of one pass shares.
+
+    X ─▶ Norm ─▶ Q, K, V = X·W_Q, X·W_K, X·W_V ─▶ softmax(Q·Kᵀ/√d_k + M)·V = Z ─▶ Concat(Z)·W_O ─▶ + X
+      ─▶ Norm ─▶ FFN ─▶ + X                        (pre-norm; post-norm puts Norm after each +)
+
+Each box is called as box(x, w, …) with `w` the weights of that box; `Context` carries the
+config, the mask, the rotation of positions, the recorder, the KV cache, the ablation and the
+hooks. `step_block` is the one-token fast path of `block` (the same numbers), `logits_of` the
+last box, Z·W_vocab. qkv.model composes the boxes into the whole model (embed → L × block →
+norm → logits).
+
+Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
+d_model wide. x (B, n, d_model); Q (B, H, n, d_k); K, V (B, Hkv, m, d_k) (Hkv < H: grouped
+queries share them); S, A (B, H, n, m); Z (B, H, n, d_k); FFN hidden (B, n, d_ff);
+logits (B, n, V).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
+                        scaled_dot_product_attention, split_heads)
+from .cache import KVCache
+from .config import ModelConfig
+from .errors import QkvError
+from .hooks import Hooks
+from .ops import ACTIVATIONS, layer_norm, rms_norm
+from .positions import apply_rope
+from .trace import Recorder
+from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+
+
+# ── the boxes ────────────────────────────────────────────────────────────────────
+
+def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """x·W + b over the last axis, as one GEMM over all B·n rows."""
+    y = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) @ W   # (B·n, out); not -1: `in` may be 0 (d_ff = 0)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], W.shape[1])          # (B, n, out)
+
+
+def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
+    """LayerNorm or RMSNorm, as the config says."""
+    if cfg.norm == "rms":
+        return rms_norm(x, w.weight, cfg.norm_eps)
+    return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
+
+
+def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (seeds §2).
+
+    Plain form: linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V).
+    With the weights laid out by qkv.layout it is one product, X·[W_Q | W_K | W_V], whose
+    column blocks are Q, K and V: one pass over the weights instead of three (decoding is
+    bound by how fast they stream).
+    """
+    if w.W_QKV is None:
+        return linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V)
+    qkv = linear(x, w.W_QKV)                                  # (B, n, (H + 2·Hkv)·d_k)
+    hq, hkv = w.W_Q.shape[1], w.W_K.shape[1]
+    q, k, v = qkv[..., :hq], qkv[..., hq:hq + hkv], qkv[..., hq + hkv:]    # views
+    for y, b in ((q, w.b_Q), (k, w.b_K), (v, w.b_V)):
+        if b is not None:
+            y += b
+    return q, k, v
+
+
+ABLATIONS = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Heads knocked out of a pass: their Z = A·V replaced before Concat·W_O.
+
+    how="zero": Z_h = 0, so the head adds nothing (the same as zeroing rows h·d_k..(h+1)·d_k
+    of W_O). how="mean": Z_h = its mean over the positions of the same input (real tokens
+    only, every position, future ones included even in a decoder), so the head adds a
+    constant instead of what it read at each position. `Model.ablation` builds and checks one.
+    """
+
+    heads: dict[int, tuple[int, ...]]              # layer → its ablated query heads (0..H-1)
+    how: str = "zero"
+
+    def apply(self, layer: int, z: np.ndarray, mask: AttentionMask) -> np.ndarray:
+        """z (B, H, n, d_k) → a copy with this layer's ablated heads replaced (z itself if none)."""
+        heads = self.heads.get(layer)
+        if not heads:
+            return z
+        z = z.copy()
+        h = list(heads)
+        if self.how == "zero":
+            z[:, h] = 0
+            return z                                               # (B, H, n, d_k)
+        n = z.shape[2]
+        real = (np.ones((z.shape[0], n), bool) if mask.key_mask is None
+                else mask.key_mask[:, -n:])                        # (B, n) the real tokens
+        w = (real / np.maximum(real.sum(axis=1, keepdims=True), 1)).astype(z.dtype)   # (B, n)
+        mean = np.einsum("bn,bhnd->bhd", w, z[:, h])               # (B, h, d_k)
+        z[:, h] = mean[:, :, None, :]
+        return z                                                   # (B, H, n, d_k)
+
+    def join(self, other: "Ablation") -> "Ablation":
+        """Both ablations' heads (an ablated view of a model ablated again)."""
+        if other.how != self.how:
+            raise QkvError(f"this model already {self.how}-ablates heads; ablate more with how={self.how!r}")
+        layers = self.heads.keys() | other.heads.keys()
+        return Ablation({l: tuple(sorted({*self.heads.get(l, ()), *other.heads.get(l, ())})) for l in layers},
+                        self.how)
+
+
+@dataclass
+class Context:
+    """What every box of one forward pass shares, besides its input and its weights."""
+
+    cfg: ModelConfig
+    mask: AttentionMask                              # who may see whom (seeds §5)
+    rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
+    rec: Recorder                                    # which intermediates to keep, and where
+    cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
+    ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
+    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.hooks); None: none
+    step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
+    one_step: bool = False                           # a plain one-token step: blocks take `step_block`
+
+
+def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
+    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
+
+    With a KV cache, X holds only the new tokens; their K, V join the cached past.
+    The weights A are only materialised when the recorder keeps them (for the heads it
+    asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
+    """
+    cfg, mask, rec = ctx.cfg, ctx.mask, ctx.rec
+    q, k, v = projections(x, w)                               # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+    q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
+    k = split_heads(k, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
+    v = split_heads(v, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
+    if ctx.rope is not None:
+        q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
+    hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
+    if hooks is not None:
+        q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
+    if ctx.cache is not None:
+        k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
+    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
+    if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
+        z, a, s = hooks.attention(layer, q, k, v, mask, rec)
+    elif want and rec.heads is None:                          # every head's weights: the plain path
+        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
+    else:
+        z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
+        a, s = attention_weights(q, k, mask, rec.heads) if want else (None, None)
+    if ctx.ablate is not None:
+        z = ctx.ablate.apply(layer, z, mask)                  # (B, H, n, d_k) ablated heads replaced
+    if hooks is not None:
+        z = hooks(layer, "heads", z)
+    for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
+        rec.put(layer, name, value)
+    out = linear(merge_heads(z), w.W_O, w.b_O)               # (B, n, d_model)
+    return out if hooks is None else hooks(layer, "attn_out", out)
+
+
+def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
+    act = ACTIVATIONS[cfg.activation]
+    if w.W_gate_in is not None:                              # laid out by qkv.layout: one product,
+        gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
+        d_ff = w.W_in.shape[1]
+        up = gate_in[..., d_ff:]                             # x·W_in
+        if w.b_in is not None:
+            up += w.b_in
+        h = act(gate_in[..., :d_ff])                         # act(x·W_gate)
+        h *= up                                              # ⊙ (x·W_in + b_in)
+        return linear(h, w.W_out, w.b_out)                   # (B, n, d_model)
+    h = linear(x, w.W_in, w.b_in)                            # (B, n, d_ff)
+    if w.W_gate is not None:
+        h *= act(linear(x, w.W_gate))
+    else:
+        h = act(h)
+    return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
+
+
+def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
+    """`norm` of one row (1, 1, d): RMSNorm's three steps on its one number (mean, + eps, √) done as
+    scalars instead of (1, 1, 1) arrays (each NumPy call on an array costs ~2–4 µs; a SmolLM2 step
+    makes 61 norms). The same float32 numbers: each scalar step is computed in float64 and rounded
+    to float32, which for ÷, + and √ equals the float32 operation (float64 has more than 2·24 + 2 bits).
+    Plain form: rms_norm(x, w.weight, cfg.norm_eps)."""
+    if cfg.norm != "rms" or x.size != x.shape[-1]:
+        return norm(x, w, cfg)
+    ms = np.float32(float(np.add.reduce(x * x, axis=-1)[0, 0]) / x.shape[-1])     # mean(x²), float32
+    r = np.float32(math.sqrt(np.float32(ms + np.float32(cfg.norm_eps))))           # √(mean(x²) + eps)
+    y = x / r                                                                       # (1, 1, d)
+    y *= w.weight
+    return y
+
+
+def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
+    """`block` for one new token after a KV cache's past, pre-norm, with nothing recorded, hooked or
+    ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
+    goes through the same operations; tests/test_decode_fast.py), with less work around them:
+
+      - Q, K, V are one product and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
+        RoPE turns the Q and K heads in one call (plain form: apply_rope(q), apply_rope(k));
+      - K and V of the new position go straight into the cache (plain form: cache.append);
+      - a mask that hides nothing is not added (plain form: S + 0), no recorder is asked;
+      - RMSNorm of the one row with scalars (`row_norm`).
+    """
+    cfg, cache, a = ctx.cfg, ctx.cache, w.attn
+    B = x.shape[0]
+    H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    hq, hk = H * dk, Hkv * dk
+    qkv = linear(row_norm(x, w.attn_norm, cfg), a.W_QKV)       # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
+    for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
+        if b is not None:
+            qkv[..., lo:hi] += b
+    heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
+    qk = heads[:, :H + Hkv]
+    if ctx.rope is not None:
+        qk = apply_rope(qk, *ctx.rope)                          # (B, H + Hkv, 1, d_k) rotated by position
+    t = cache.length
+    cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
+    cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
+    k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
+    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias)    # (B, H, 1, d_k)
+    x = x + linear(z.reshape(B, 1, hq), a.W_O, a.b_O)          # Concat(Z)·W_O; n = 1: a reshape
+    return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
+
+
+def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
+    """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
+    cfg, hooks = ctx.cfg, ctx.hooks
+    if ctx.one_step:
+        return step_block(x, w, ctx, layer)
+    if hooks is not None:
+        x = hooks(layer, "residual", x)
+    ctx.rec.put(layer, "residual", x)
+    if cfg.norm_place == "post":                             # BERT
+        a = self_attention(x, w.attn, ctx, layer)
+        x = norm(x + a, w.attn_norm, cfg)
+        f = feed_forward(x, w.ffn, cfg)
+        if hooks is not None:
+            f = hooks(layer, "ffn_out", f)
+        x = norm(x + f, w.ffn_norm, cfg)
+    else:                                                    # GPT-2, Llama
+        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
+        x = x + a
+        f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        if hooks is not None:
+            f = hooks(layer, "ffn_out", f)
+        x = x + f
+    ctx.rec.put(layer, "attn_out", a)
+    ctx.rec.put(layer, "ffn_out", f)
+    return x                                                 # (B, n, d_model)
+
+
+def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> AttentionMask:
+    """Who may see whom (seeds §5): causal for decoders (within the sliding window if the
+    model has one), never a padding key. attention_mask (B, m) covers every key; the n
+    queries are the last n of them."""
+    return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
+                         window=cfg.sliding_window if cfg.causal else None,
+                         key_mask=None if attention_mask.all() else attention_mask.astype(bool))
+
+
+def logits_of(hidden: np.ndarray, weights: Weights) -> np.ndarray | None:
+    """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6)."""
+    if weights.W_vocab is None:
+        return None
+    return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
