@@ -176,6 +176,11 @@ def test_kv_cache_needs_a_decoder(minilm):
         kvcache.build(minilm, None)
 
 
+def test_kv_cache_refuses_a_text_it_would_rerun_too_long(smol):
+    with pytest.raises(QkvError, match=f"give at most {kvcache.MAX_TEXT_TOKENS}"):
+        kvcache.build(smol, "word " * (kvcache.MAX_TEXT_TOKENS + 5))
+
+
 # ── gqa ──────────────────────────────────────────────────────────────────────────
 
 def test_gqa_sharing_of_smollm2(gq):

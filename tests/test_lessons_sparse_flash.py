@@ -138,6 +138,16 @@ def test_sparse_on_an_encoder(minilm):
     assert le.patterns[0].density == 1.0 and le.patterns[0].tiles.skipped == 0
 
 
+def test_sparse_fits_its_paragraph_to_a_short_context():
+    from conftest import MODELS
+
+    model = qkv.load(str(MODELS / "gpt2"))                       # a context of 128 positions
+    le = sparse.build(model, None, cost_sizes=(64,), repeats=1)
+    assert model.config.max_positions == 128 and 64 < le.n <= 128 and le.copies >= 2
+    with pytest.raises(QkvError, match="reads at most 128"):      # the user's own text is not cut
+        sparse.build(model, "word " * 200, cost_sizes=(64,), repeats=1)
+
+
 def test_sparse_refuses_a_long_text(minilm):
     with pytest.raises(QkvError, match="at most"):
         sparse.build(minilm, "word " * 1100, cost_sizes=(64,), repeats=1)

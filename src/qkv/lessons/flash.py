@@ -187,6 +187,11 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
 
 # ── the page ─────────────────────────────────────────────────────────────────────
 
+def _elided(items: list[str], shown: int = 8) -> list[str]:
+    """A long tile's keys or scores as its first and last few, "…" between (the page stays a page)."""
+    return list(items) if len(items) <= shown else [*items[:shown - 2], "…", *items[-2:]]
+
+
 def _f(x: float, digits: int = 3) -> str:
     return "−∞" if x == -np.inf else f"{x:.{digits}f}"
 
@@ -204,8 +209,8 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     tab = p.table("col_tile", "col_keys", "col_scores", "m_old → m_new", "exp(m_old − m_new)", "ℓ_old → ℓ_new",
                   p.t["col_acc"].format(k=SHOWN))
     for st in le.steps:
-        keys = " ".join(le.labels[st.k0:st.k1])
-        p.row(tab, st.tile, f"{st.k0}–{st.k1 - 1} {keys}", " ".join(_f(x, 2) for x in st.s),
+        keys = " ".join(_elided(le.labels[st.k0:st.k1]))
+        p.row(tab, st.tile, f"{st.k0}–{st.k1 - 1} {keys}", " ".join(_elided([_f(x, 2) for x in st.s])),
               f"{_f(st.m_old)} → {_f(st.m_new)}", _f(st.rescale, 4), f"{_f(st.l_old)} → {_f(st.l_new)}",
               _vec(st.acc_new))
     grew = [st.tile for st in le.steps[1:] if st.m_new > st.m_old]

@@ -34,6 +34,7 @@ from .kvcache_text import TEXTS
 DEFAULT_MODEL = "smollm2"
 NEW_TOKENS = 8
 REPEATS = 3                     # each step is timed this many times, the fastest kept
+MAX_TEXT_TOKENS = 512             # the text is run whole at every step without the cache: keep it short
 TOL_LOGITS = 1e-4
 
 
@@ -113,6 +114,9 @@ def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats:
                        "cache; use a decoder: qkv explain kv-cache --model smollm2 (the default)")
     ids, _ = model.encode(text)
     ids = np.asarray(ids, np.int64)[None]                                  # (1, n)
+    if ids.shape[1] > MAX_TEXT_TOKENS:
+        raise QkvError(f"the text has {ids.shape[1]} tokens; the lesson runs the whole text again at every step "
+                       f"(timed {repeats} times), so give at most {MAX_TEXT_TOKENS}")
     check_can_generate(model, ids.shape[1], new_tokens)
     dims = _dims(model)
     cache = KVCache(cfg, 1, ids.shape[1] + new_tokens, dtype=model.dtype)  # (L, 1, Hkv, max_len, d_k) × 2

@@ -86,7 +86,7 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
     if getattr(cfg, "encoder_decoder", False):
         raise QkvError(f"{model.name} is an encoder–decoder; the sparse lesson needs one self-attention stack: "
                        "use --model smollm2 or --model minilm")
-    text, copies, one = _long_enough(model, text or PARAGRAPH)
+    text, copies, one = _long_enough(model, text or PARAGRAPH, default=text is None)
     trace = model.run(" ".join([text] * copies), keep=("q", "k", "v", "heads", "attentions"))
     n = len(trace.tokens)
     gallery = sp.gallery(cfg.causal, WINDOW, BLOCK)
@@ -122,19 +122,32 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
                   WINDOW, BLOCK, results, dense_check, first, cost)
 
 
-def _long_enough(model, text: str) -> tuple[str, int, int]:
-    """(text, copies, tokens a copy adds): the fewest copies that reach MIN_TOKENS; QkvError past MAX_TOKENS."""
+def _long_enough(model, text: str, default: bool = False) -> tuple[str, int, int]:
+    """(text, copies, tokens a copy adds): the fewest copies that reach MIN_TOKENS, or as many as the
+    model's context holds when it is shorter; QkvError past MAX_TOKENS or the context."""
     def count(copies: int) -> int:
-        return len(model.encode(" ".join([text] * copies))[0])
+        model.encode("x")                                              # one clear error if it cannot encode
+        return len(model.tokenizer.encode(" ".join([text] * copies))[0])   # (unchecked: may pass the context)
 
+    limit = min(MAX_TOKENS, model.config.max_positions)
     n1 = count(1)
-    if n1 > MAX_TOKENS:
-        raise QkvError(f"the text has {n1} tokens; the sparse lesson keeps n × n weights of every head, so give at "
-                       f"most {MAX_TOKENS}")
+    if n1 > limit and default:                                         # the lesson's own paragraph: cut to fit
+        words = text.split()
+        while len(words) > 8 and count(1) > limit // 2:
+            words = words[:len(words) * 3 // 4]
+            text = " ".join(words)
+            n1 = count(1)
+    if n1 > limit:
+        why = ("the sparse lesson keeps n × n weights of every head" if limit == MAX_TOKENS
+               else f"{model.name} reads at most {limit} tokens")
+        raise QkvError(f"the text has {n1} tokens; {why}, so give at most {limit}")
     one = max(1, count(2) - n1)                                        # special tokens ([CLS], [SEP]) come once
-    copies = max(1, math.ceil((MIN_TOKENS - (n1 - one)) / one))
-    while count(copies) < MIN_TOKENS:                                  # a merge across copies may cost a token
+    target = min(MIN_TOKENS, limit)
+    copies = max(1, math.ceil((target - (n1 - one)) / one))
+    while count(copies) < target:                                      # a merge across copies may cost a token
         copies += 1
+    while copies > 1 and count(copies) > limit:                        # a short context: as many as fit
+        copies -= 1
     return text, copies, one
 
 
