@@ -42,10 +42,9 @@ test: setup $(CHROMIUM)
 test-live: $(VENV)/.reference
 	$(PY) -m pytest -q tests/live
 
+# Every benchmark (about 10 minutes on 2 idle cores), each rewriting its own section.
 bench: $(VENV)/.reference
-	$(VENV)/bin/qkv bench forward --out docs/benchmarks.md
-	$(VENV)/bin/qkv bench train --out docs/benchmarks.md
-	$(VENV)/bin/qkv bench patch --out docs/benchmarks.md
+	$(VENV)/bin/qkv bench all --out docs/benchmarks.md --plot docs/images/attention_scaling.png
 
 # Regenerate the committed reference fixtures (needs the reference stack).
 fixtures: $(VENV)/.reference
