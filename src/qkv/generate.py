@@ -196,7 +196,10 @@ class TextStream:
     Iterate it for the pieces; afterwards `prompt_ids` and `new_ids` hold the tokens.
     A piece is held back while it could still be the start of a stop string, or while
     it ends inside a multi-byte character. Stop tokens (EOS) end the text unshown.
+    seq2seq_generate.TargetStream is this with an encoder–decoder's `decode` and its own start.
     """
+
+    decoding = staticmethod(decode)                  # the loop the pieces come from
 
     def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int,
                  sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, **settings):
@@ -211,8 +214,8 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         model, ids = self.model, self.prompt_ids
         ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
-        steps = decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
-                       stop_tokens=self.stop_tokens, use_cache=self.use_cache)
+        steps = self.decoding(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens,
+                              self.sampling, stop_tokens=self.stop_tokens, use_cache=self.use_cache)
         yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
 
     def trace(self):

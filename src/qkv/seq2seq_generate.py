@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from .errors import QkvError
-from .generate import Step, _split_stop, stop_ids, text_pieces
+from .generate import Step, TextStream, _split_stop, stop_ids
 from .sampling import Sampling
 
 if TYPE_CHECKING:
@@ -76,9 +76,9 @@ def stream_ids(model: Seq2SeqModel, input_ids, max_new_tokens: int, sampling: Sa
         yield step.ids
 
 
-class TargetStream:
+class TargetStream(TextStream):
     """The target of a source (text or ids), as text, piece by piece, as soon as each piece is final
-    (generate.TextStream's counterpart: the same attributes, the same holding back).
+    (generate.TextStream with this module's `decode`: the same attributes, the same holding back).
 
     Iterate it for the pieces; afterwards `prompt_ids` holds the source, `new_ids` the target's
     tokens (without the start token). A piece is held back while it could still begin a stop
@@ -97,12 +97,7 @@ class TargetStream:
         check_can_generate(model, max_new_tokens)               # fail now, not mid-stream
         self.new_ids: list[int] = []
 
-    def __iter__(self) -> Iterator[str]:
-        model, ids = self.model, self.prompt_ids
-        ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
-        steps = decode(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens, self.sampling,
-                       stop_tokens=self.stop_tokens, use_cache=self.use_cache)
-        yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
+    decoding = staticmethod(decode)                  # the encoder–decoder's loop
 
     def trace(self):
         """The Trace of the source and the written target (after iterating): what every target
