@@ -142,6 +142,17 @@ def others_cores(start: tuple | None, end: tuple | None) -> float | None:
     return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
 
 
+def torch_machine_facts(torch, transformers, threads: int) -> dict:
+    """machine_facts with qkv's BLAS thread count, the CPU's vector extensions and torch's side (version,
+    threads, kernel capability): what a report against torch names."""
+    machine = machine_facts()
+    machine["blas"]["num_threads"] = threads
+    machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
+                        "capability": torch.backends.cpu.get_cpu_capability()}
+    machine["transformers"] = transformers.__version__
+    return machine
+
+
 def write_section(path: str | Path, name: str, body: str, title: str = "# Benchmarks") -> None:
     """Put `body` between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in the file at `path`.
 

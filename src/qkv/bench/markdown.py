@@ -60,6 +60,17 @@ def cpu(mach: dict) -> str:
     return f"{mach['cpu']}, {mach['cores']} cores" + (f", vector extensions {', '.join(vector)}" if vector else "")
 
 
+def torch_machine(result: dict, libraries: str = "") -> str:
+    """The machine line of a report timed beside torch (train, patch): CPU and its vector extensions,
+    NumPy's BLAS and qkv's choices, torch's threads and kernels, transformers (+ `libraries`), the
+    OpenBLAS variables, the other processes' load."""
+    mach, torch_ = result["machine"], result["machine"]["torch"]
+    return (f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
+            f"{', '.join(mach.get('vector') or ['unknown'])}; {numpy_blas(mach)}; torch {torch_['version']} "
+            f"({torch_['threads']} threads, {torch_['capability']} kernels), transformers {mach['transformers']}"
+            f"{libraries}; {openblas_env(mach)}. {busy(result['others_cores'])}")
+
+
 def cores(x: float | None) -> str:
     return "an unknown number of cores" if x is None else f"{x:.2f} cores"
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import QkvError
 from . import markdown as md
-from .common import cpu_snapshot, others_cores, time_rounds
+from .common import cpu_snapshot, others_cores, time_rounds, torch_machine_facts
 
 MODEL = "smollm2"
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -144,7 +144,6 @@ def measure(repeats: int = REPEATS, threads: int | None = None, log: Callable[[s
     if diff > TOL:
         raise RuntimeError(f"qkv's and TransformerLens's head tables differ by {diff:.2e} > {TOL}: not the same "
                            "patching, the timing would be meaningless")
-    from .train import torch_machine_facts
 
     machine = torch_machine_facts(torch, transformers, threads)
     machine["transformer_lens"] = version("transformer-lens")
@@ -178,7 +177,8 @@ def markdown(result: dict, command: str = COMMAND) -> str:
         f"TransformerLens ÷ qkv (the faster run of each): **{result['ratio']:.1f}×**.",
         f"The two (L, H) tables of normalised effects agree within {result['max_diff']:.1e} "
         f"(tolerance {result['tol']:g}); the largest heads, qkv / TransformerLens: {top}.",
-        _machine(result), md.reproduce(command))
+        md.torch_machine(result, f", transformer-lens {result['machine']['transformer_lens']}"),
+        md.reproduce(command))
 
 
 def _method(result: dict) -> str:
@@ -194,11 +194,3 @@ def _method(result: dict) -> str:
             "and patches `blocks.l.attn.hook_z` head by head. Each time includes the clean and corrupted runs "
             f"both sides need. In one process, taking turns, {result['repeats']} run(s) each, "
             f"{result['settle_s']:g} s of sleep before each.")
-
-
-def _machine(result: dict) -> str:
-    mach, torch_ = result["machine"], result["machine"]["torch"]
-    return (f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
-            f"{', '.join(mach.get('vector') or ['unknown'])}; {md.numpy_blas(mach)}; torch {torch_['version']} "
-            f"({torch_['threads']} threads, {torch_['capability']} kernels), transformers {mach['transformers']}, "
-            f"transformer-lens {mach['transformer_lens']}; {md.openblas_env(mach)}. {md.busy(result['others_cores'])}")

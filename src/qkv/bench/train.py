@@ -32,7 +32,7 @@ from ..config import ModelConfig
 from ..errors import QkvError
 from . import common
 from . import markdown as md
-from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
+from .common import cpu_snapshot, others_cores, time_interleaved, torch_machine_facts
 
 
 @dataclass(frozen=True)
@@ -299,17 +299,6 @@ def measure(models=tuple(MODELS), repeats: int = REPEATS, warmup: int = 1, seed:
             "others_cores": others, "repeats": repeats, "warmup": warmup, "settle_s": SETTLE, "seed": seed}
 
 
-def torch_machine_facts(torch, transformers, threads: int) -> dict:
-    """machine_facts with qkv's BLAS thread count, the CPU's vector extensions and torch's side (version,
-    threads, kernel capability): what a report against torch names."""
-    machine = machine_facts()
-    machine["blas"]["num_threads"] = threads
-    machine["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
-                        "capability": torch.backends.cpu.get_cpu_capability()}
-    machine["transformers"] = transformers.__version__
-    return machine
-
-
 # ── the report ───────────────────────────────────────────────────────────────────
 
 def markdown(result: dict, command: str = COMMAND) -> str:
@@ -319,7 +308,7 @@ def markdown(result: dict, command: str = COMMAND) -> str:
     return md.join("## Training", _method(result), _table(rows), _target(rows),
                    f"Same model, same AdamW: the losses of the first two steps agree within {worst:.1e} "
                    f"(tolerance {TOL_LOSS}).",
-                   *_memory(result), _machine(result), md.reproduce(command))
+                   *_memory(result), md.torch_machine(result), md.reproduce(command))
 
 
 def _method(result: dict) -> str:
@@ -388,12 +377,3 @@ def _memory(result: dict) -> list:
             f"tokens; A's share of the formula goes from {first['A_bytes'] / first['formula_bytes']:.0%} to "
             f"{last['A_bytes'] / last['formula_bytes']:.0%}.")
     return [intro, table, note]
-
-
-def _machine(result: dict) -> str:
-    mach, torch_ = result["machine"], result["machine"]["torch"]
-    return (f"Machine: {mach['cpu']}, {mach['cores']} cores, vector extensions "
-            f"{', '.join(mach.get('vector') or ['unknown'])}; {md.numpy_blas(mach)}; torch {torch_['version']} "
-            f"({torch_['threads']} threads, {torch_['capability']} kernels), transformers {mach['transformers']}; "
-            f"{md.openblas_env(mach)}. {md.busy(result['others_cores'])}")
-
