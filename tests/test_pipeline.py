@@ -256,14 +256,3 @@ def test_an_encoder_decoder_shows_both_stacks_and_its_cross_attention(koen, tmp_
     check_summary(dec["cross"]["heads"]["k"], np.stack([trace.cross.layers[i].k for i in range(cfg.n_decoder_layers)]),
                   HEAD_DIMS, True)
     assert np.array_equal(decode_array(p["output"]["logits"]), trace.logits[-1])
-
-
-def test_what_opens_first_is_checked(llama):
-    trace = llama.run(SENTENCE)
-    p = pipeline_payload(llama, trace, layer=-1, head=5, box="attn")
-    assert p["start"] == {"layer": llama.config.n_layers - 1, "head": 5, "box": "attn"}
-    with pytest.raises(QkvError, match="unknown box 'nope'"):
-        pipeline_payload(llama, trace, box="nope")
-    with pytest.raises(QkvError, match="head"):
-        pipeline_payload(llama, trace, head=99)
-
