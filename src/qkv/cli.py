@@ -126,16 +126,19 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         check_writable(out_dir)
     try:
         from .analysis.lens import KEEP as LENS_KEEP
+        from .trace import INTERMEDIATES
 
         lens = out_dir is not None and model.weights.W_vocab is not None        # the viewer's logit lens
-        trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out,
-                          keep=("attentions",) + (LENS_KEEP if lens else ()))
+        keep = ("attentions",) + (LENS_KEEP if lens else ())
+        if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
+            keep = tuple(INTERMEDIATES)                                         # the pipeline page shows them all
+        trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
         _print_layer(trace, model, layer, head)
         if out_dir is not None:
             from .viz.figures import focused_head
 
             picked = focused_head(trace, layer) if head is None else head
-            files = _save_views(trace, out_dir, model, layer, picked, knocked_out)
+            files = _save_views(trace, out_dir, model, layer, picked)
     except BaseException:
         if out_dir is not None and not existed and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)                                       # leave no trace of a failed run
@@ -301,9 +304,10 @@ def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> li
 PIPELINE_TOKENS = 256      # `show --out` writes pipeline.html up to this many tokens (its S and A: L·H·n² bytes each)
 
 
-def _save_views(trace, out_dir: str, model, layer: int, head: int, ablate=None) -> list[Path]:
+def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
     """The viewer (with rollout, and a decoder's logit lens), the pipeline page (up to PIPELINE_TOKENS
-    tokens) and the figures into OUT_DIR, all or nothing (`io.FileBatch`)."""
+    tokens, from a trace that kept every intermediate) and the figures into OUT_DIR, all or nothing
+    (`io.FileBatch`)."""
     from .analysis.lens import lens_payload
     from .analysis.rollout import rollout_payload
     from .io import FileBatch
@@ -317,10 +321,8 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int, ablate=None) 
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
-            if len(trace.tokens) <= PIPELINE_TOKENS:                    # one more pass, keeping every intermediate
-                full = model.run(trace.ids.tolist(), ablate=ablate)
-                full.text = trace.text
-                files.write_text("pipeline.html", pipeline_html(model, full))
+            if len(trace.tokens) <= PIPELINE_TOKENS:
+                files.write_text("pipeline.html", pipeline_html(model, trace))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
