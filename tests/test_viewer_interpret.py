@@ -229,3 +229,16 @@ def test_bad_sections_are_one_clear_error():
     with pytest.raises(QkvError, match="lens arrays disagree"):
         lens_section(rng.random((3, 3)), np.ones((3, 2), int), [0, 1, 2], np.zeros((3, 3, 2), int),
                      rng.random((3, 3, 2)), str, 10)
+
+
+def test_a_trace_kept_for_the_sections_needs_no_second_pass(monkeypatch):
+    from qkv.analysis.sections import sections_keep, viewer_sections
+
+    model = qkv.load(str(MODELS / "gpt2"))
+    ids, _ = model.encode("The cat sat on the mat")
+    trace = model.run("The cat sat on the mat", keep=sections_keep(model, len(ids)))
+    again = viewer_sections(model, model.run("The cat sat on the mat", keep=("attentions",)))   # runs the lens pass
+    monkeypatch.setattr(model, "run", lambda *a, **k: pytest.fail("a second pass over the text"))
+    once = viewer_sections(model, trace)
+    assert once == again and once["lens"] is not None
+    assert sections_keep(model, 300) == ("attentions",) and viewer_sections(model, trace, lens_limit=3)["lens"] is None

@@ -125,11 +125,10 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if out_dir is not None:
         check_writable(out_dir)
     try:
-        from .analysis.lens import KEEP as LENS_KEEP
+        from .analysis.sections import sections_keep
         from .trace import INTERMEDIATES
 
-        lens = out_dir is not None and model.weights.W_vocab is not None        # the viewer's logit lens
-        keep = ("attentions",) + (LENS_KEEP if lens else ())
+        keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
             keep = tuple(INTERMEDIATES)                                         # the pipeline page shows them all
         trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
@@ -308,16 +307,14 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     """The viewer (with rollout, and a decoder's logit lens), the pipeline page (up to PIPELINE_TOKENS
     tokens, from a trace that kept every intermediate) and the figures into OUT_DIR, all or nothing
     (`io.FileBatch`)."""
-    from .analysis.lens import lens_payload
-    from .analysis.rollout import rollout_payload
+    from .analysis.sections import viewer_sections
     from .io import FileBatch
     from .viz.figures import save_figures
     from .viz.html import viewer_html
     from .viz.pipeline import pipeline_html
 
     out = Path(out_dir)
-    sections = {"rollout": rollout_payload(trace),
-                "lens": lens_payload(model, trace) if model.weights.W_vocab is not None else None}
+    sections = viewer_sections(model, trace, lens_limit=None)
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model

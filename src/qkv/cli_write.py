@@ -212,14 +212,12 @@ def _save_generation(stream, trace_dir: str, what: str) -> None:
     attention.html, the viewer of what each token attended to and of each generated token's
     candidates at any temperature, with attention rollout (and flow on short texts) and, up to
     lens.TRACE_LENS_TOKENS tokens, the logit lens."""
-    from .analysis.lens import TRACE_LENS_TOKENS, lens_payload
-    from .analysis.rollout import rollout_payload
+    from .analysis.sections import sections_keep, viewer_sections
     from .viz.html import save_viewer
 
     model = stream.model
-    trace = stream.trace()
-    sections = {"rollout": rollout_payload(trace),
-                "lens": lens_payload(model, trace) if len(trace.ids) <= TRACE_LENS_TOKENS else None}
+    trace = stream.trace(sections_keep(model, len(stream.prompt_ids) + len(stream.new_ids)))
+    sections = viewer_sections(model, trace)
     out = trace.save(trace_dir)
     viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer, sections=sections)
     click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "

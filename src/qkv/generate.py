@@ -218,17 +218,18 @@ class TextStream:
                               self.sampling, stop_tokens=self.stop_tokens, use_cache=self.use_cache)
         yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
 
-    def trace(self):
+    def trace(self, keep: tuple[str, ...] = ("attentions",)):
         """A Trace of prompt + continuation (after iterating): what every generated token
-        attended to, and the logits it was chosen from; `prompt_length` marks where the
-        generated part begins."""
-        return generation_trace(self.model, self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64))
+        attended to (and the other intermediates of `keep`), and the logits it was chosen from;
+        `prompt_length` marks where the generated part begins."""
+        return generation_trace(self.model, self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64), keep)
 
 
-def generation_trace(model: Model, prompt_ids: np.ndarray, new_ids: np.ndarray):
-    """A Trace of prompt (n,) + generated (new,) ids: their attention, recomputed in one pass
-    (equal to what each token attended to while generating); `prompt_length` = n."""
-    result = model.run(np.concatenate([prompt_ids, new_ids]), keep=("attentions",))    # (n + new,)
+def generation_trace(model: Model, prompt_ids: np.ndarray, new_ids: np.ndarray,
+                     keep: tuple[str, ...] = ("attentions",)):
+    """A Trace of prompt (n,) + generated (new,) ids: their attention (and the rest of `keep`),
+    recomputed in one pass (equal to what each token attended to while generating); `prompt_length` = n."""
+    result = model.run(np.concatenate([prompt_ids, new_ids]), keep=keep)    # (n + new,)
     result.prompt_length = len(prompt_ids)
     return result
 

@@ -99,11 +99,11 @@ class TargetStream(TextStream):
 
     decoding = staticmethod(decode)                  # the encoder–decoder's loop
 
-    def trace(self):
+    def trace(self, keep: tuple[str, ...] = ("attentions",)):
         """The Trace of the source and the written target (after iterating): what every target
         token read in the source (`.cross`), in the target (the trace) and the source itself (`.encoder`)."""
         target = np.array([self.model.start_token, *self.new_ids], dtype=np.int64)           # (1 + new,)
-        result = self.model.run(self.prompt_ids, target=target, keep=("attentions",))
+        result = self.model.run(self.prompt_ids, target=target, keep=keep)
         result.text = self.model.tokenizer.decode(self.new_ids, skip_special_tokens=True)
         if isinstance(self.source, str):
             result.encoder.text = self.source

@@ -51,8 +51,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from .analysis.lens import TRACE_LENS_TOKENS, lens_payload
-from .analysis.rollout import rollout_payload
+from .analysis.sections import sections_keep, viewer_sections
 from .checkpoints import LLM, available, load
 from .errors import QkvError
 from .model import Model
@@ -86,13 +85,6 @@ _CSP_HEADER = _CSP_APP + "; frame-ancestors 'none'"     # only a header can forb
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _SAME_SITE = ("same-origin", "none")       # Sec-Fetch-Site of the page's own requests, or typed by the user
 _SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-
-
-def interpret_sections(model: Model, trace) -> dict:
-    """The viewer's Rollout tab (and flow on short texts) for every model, and its Logit lens tab for a
-    decoder up to TRACE_LENS_TOKENS tokens, as `qkv show --out` writes them."""
-    lens = model.weights.W_vocab is not None and len(trace.ids) <= TRACE_LENS_TOKENS
-    return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None}
 
 
 def is_loopback(host: str) -> bool:
@@ -209,8 +201,8 @@ class App:
         lane = self._lane(n)
         lane.enter()
         try:                                   # the payload too: one L·H·n² array per lane at a time
-            trace = model.run(text, keep=("attentions",))
-            return trace_payload(trace, sections=interpret_sections(model, trace))    # named after trace.model
+            trace = model.run(text, keep=sections_keep(model, n))
+            return trace_payload(trace, sections=viewer_sections(model, trace))    # named after trace.model
         finally:
             lane.leave()
 
@@ -379,9 +371,9 @@ class ChatReply:
         stream = chat_stream(self.model, self.messages, self.max_new)      # greedy, ends at the end of turn
         for piece in stream:
             yield {"piece": piece}
-        trace = stream.trace()
+        trace = stream.trace(sections_keep(self.model, len(stream.prompt_ids) + len(stream.new_ids)))
         payload = trace_payload(trace, title=f"{self.model.name} · chat", tokenizer=self.model.tokenizer,
-                                sections=interpret_sections(self.model, trace))
+                                sections=viewer_sections(self.model, trace))
         yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),
                "stopped": "length" if len(stream.new_ids) >= self.max_new else "end of turn", "payload": payload}
 
