@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blocks import norm
-from .errors import QkvError
-from .explain_text import TEXTS
 from .model import Model
 from .ops import entropy as row_entropy, softmax
 from .positions import rope_inv_freq
@@ -121,11 +119,6 @@ class Walkthrough:
     @property
     def n(self) -> int:
         return len(self.tokens)
-
-
-def check_lang(lang: str) -> None:
-    if lang not in TEXTS:
-        raise QkvError(f"unknown language {lang!r}; use --lang en (English) or --lang ko (Korean)")
 
 
 def _same(what: str, mine: np.ndarray, model: np.ndarray, tol: float) -> float:

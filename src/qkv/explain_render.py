@@ -18,7 +18,8 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from .explain import N_PAIRS, Walkthrough, check_lang
+from .explain import N_PAIRS, Walkthrough
+from .lessons import check_lang
 from .explain_text import TEXTS
 
 CORNER = 4                       # rows and columns of S shown (a causal S up to 8 tokens: all of it)
