@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # run from a checkout
 
-from qkv.bench.cli import attention_command as command  # noqa: E402
-from qkv.cli_common import run  # noqa: E402
+from qkv.cli.bench import attention_command as command  # noqa: E402
+from qkv.cli.common import run  # noqa: E402
 
 if __name__ == "__main__":
     run(command, prog_name="benchmarks/attention.py")

@@ -3,7 +3,7 @@
     .venv/bin/python docs/make_screenshots.py        # writes docs/images/*.png
 
 Runs the default model on "The cat sat on the mat", writes the viewer with
-`qkv.viz.html.save_viewer`, serves the app with `qkv.server`, asks SmolLM2 a question
+`qkv.viz.html.save_viewer`, serves the app with `qkv.web.server`, asks SmolLM2 a question
 for the viewer's Next token tab, writes SmolLM2's pipeline page (`qkv.viz.pipeline`) and the
 viewer's Patching panel on the indirect-object prompt (`qkv.analysis.patch`), and photographs
 them in the system's Chromium (QKV_CHROMIUM, default /usr/bin/chromium) through Playwright.
@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 
 import qkv
-import qkv.chat
-from qkv.server import make_server
+import qkv.writing.chat
+from qkv.web.server import make_server
 from qkv.viz.html import save_viewer
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
@@ -98,7 +98,7 @@ def main() -> None:
 def next_token_view(browser, tmp: Path) -> None:
     """SmolLM2's answer to a question, in the viewer's Next token tab, on the token " Paris"."""
     model = qkv.load("smollm2")
-    stream = qkv.chat.chat_stream(model, QUESTION)
+    stream = qkv.writing.chat.chat_stream(model, QUESTION)
     for _ in stream:                                            # write the answer (greedy)
         pass
     viewer = save_viewer(stream.trace(), tmp / "chat.html", tokenizer=model.tokenizer)

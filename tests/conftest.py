@@ -26,8 +26,8 @@ collect_ignore = ["live"]
 
 
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`qkv ARGS` through the real entry point (`qkv.cli.main`): (exit code, stdout, stderr)."""
-    from qkv.cli import main
+    """`qkv ARGS` through the real entry point (`qkv.cli.app.main`): (exit code, stdout, stderr)."""
+    from qkv.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["qkv", *args])
     with pytest.raises(SystemExit) as e:
@@ -40,7 +40,7 @@ def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 @contextmanager
 def running_server(source: str, **options) -> Iterator:
     """`qkv serve` for SOURCE on a free port of 127.0.0.1, serving from a thread while inside."""
-    from qkv.server import make_server
+    from qkv.web.server import make_server
 
     srv = make_server(source, port=0, **options)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -18,7 +18,7 @@ import pytest
 
 import qkv
 from conftest import MODELS, max_abs, reference
-from qkv.model import Model
+from qkv.engine.model import Model
 
 TOL = 1e-6
 FIXTURES = ["llama_gqa", "gpt2", "bert"]
@@ -137,7 +137,7 @@ def test_smollm2_zero_ablation_equals_zeroed_W_O(smollm2):
 
 
 def test_next_token_logits_with_ablation_equals_run():
-    from qkv.nexttoken import next_token_logits
+    from qkv.writing.nexttoken import next_token_logits
 
     model = qkv.load(MODELS / "gpt2")
     ids = ids_of("gpt2")

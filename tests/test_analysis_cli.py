@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from conftest import MODELS
 from qkv.analysis.stats import STATS
-from qkv.cli import cli, main
+from qkv.cli.app import cli, main
 
 SENTENCE = "The cat sat on the mat."
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qkv import ops
-from qkv.attention import AttentionMask, attention_backward, scaled_dot_product_attention
-from qkv.config import ModelConfig
-from qkv.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
+from qkv.engine import ops
+from qkv.engine.attention import AttentionMask, attention_backward, scaled_dot_product_attention
+from qkv.engine.config import ModelConfig
+from qkv.engine.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
 from qkv.train import grads as G
-from qkv.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
+from qkv.engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
 
 EPS = 1e-6
 TOL = 1e-6

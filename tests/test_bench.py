@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.bench import forward as fwd
-from qkv.bench.cli import bench, forward_command
+from qkv.cli.bench import bench, forward_command
 from qkv.bench.common import cpu_snapshot, machine_facts, others_cores, time_interleaved, write_section
-from qkv.errors import QkvError
+from qkv.engine.errors import QkvError
 
 
 class FakeClock:
@@ -171,7 +171,7 @@ def test_the_documented_command_reproduces_the_options():
 
 
 def test_importing_the_bench_cli_does_not_import_torch():
-    code = ("import sys, qkv.bench.cli, qkv.bench.forward; "
+    code = ("import sys, qkv.cli.bench, qkv.bench.forward; "
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -232,7 +232,7 @@ def test_the_forward_report_labels_what_it_did_not_measure():
 # ── qkv bench tune / qkv bench all ───────────────────────────────────────────────
 
 def test_bench_tune_measures_stores_and_prints(monkeypatch, tmp_path):
-    from qkv import tuning
+    from qkv.engine import tuning
 
     monkeypatch.setenv("QKV_CACHE", str(tmp_path))
     monkeypatch.delenv(tuning.ENV, raising=False)
@@ -249,7 +249,7 @@ def test_bench_tune_measures_stores_and_prints(monkeypatch, tmp_path):
 
 
 def test_bench_all_names_only_options_its_commands_have():
-    from qkv.bench.cli import all_commands
+    from qkv.cli.bench import all_commands
 
     titles = [t for t, _, _ in all_commands()]
     assert titles[0] == "tune"
@@ -265,7 +265,7 @@ def test_bench_all_names_only_options_its_commands_have():
 def test_bench_all_runs_each_benchmark_with_out_and_skips(monkeypatch, tmp_path):
     import click
 
-    from qkv.bench import cli
+    from qkv.cli import bench as cli
 
     ran = []
 

@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from qkv import QkvError
-from qkv.attention import causal_mask, sliding_window_mask
+from qkv.engine.attention import causal_mask, sliding_window_mask
 from qkv.bench import attention as ab
-from qkv.bench import cli as bench_cli
+from qkv.cli import bench as bench_cli
 from qkv.bench import attention_report as ar
 
 H, D = ab.HEADS, ab.D_HEAD

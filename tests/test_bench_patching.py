@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.bench import patching as pb
-from qkv.bench.cli import bench, patch_command_line
-from qkv.errors import QkvError
+from qkv.cli.bench import bench, patch_command_line
+from qkv.engine.errors import QkvError
 
 
 def fake_result() -> dict:

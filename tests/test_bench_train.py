@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.bench import train as tb
-from qkv.bench.cli import bench, train_command_line
-from qkv.errors import QkvError
+from qkv.cli.bench import bench, train_command_line
+from qkv.engine.errors import QkvError
 
 TINY = {
     "attention-only": tb.Spec("tiny attention-only GPT-2", {"model_type": "gpt2", "vocab_size": 32, "n_embd": 32,

@@ -194,7 +194,7 @@ def test_a_decoders_generation_marks_generated_tokens_and_kept_layers(tab, tmp_p
 def test_readable_tokens_the_causal_mask_and_cross_attention(tab, tmp_path):
     import numpy as np
 
-    from qkv.trace import LayerTrace, Trace
+    from qkv.engine.trace import LayerTrace, Trace
 
     model = qkv.load(str(MODELS / "gpt2"))
     trace = model.run("the cat\nsat", keep=("attentions",))
@@ -417,7 +417,7 @@ def shown_candidates(page) -> list[tuple[int, float]]:
 def test_the_temperature_slider_renormalises_the_candidates(tab, tmp_path):
     import numpy as np
 
-    from qkv.nexttoken import distribution
+    from qkv.writing.nexttoken import distribution
     from qkv.viz.payload import NEXT_TEMPERATURES
 
     model = qkv.load(str(MODELS / "gpt2"))

@@ -1,6 +1,6 @@
 """The pipeline page in a real browser (Debian's Chromium, driven by Playwright, as tests/test_browser.py):
 every box opens, the numbers it shows are the engine's, the temperature / top-k / top-p controls give
-qkv.sampling's probabilities and filters, the language switches, hostile tokens stay text, no request
+qkv.writing.sampling's probabilities and filters, the language switches, hostile tokens stay text, no request
 leaves the page; and in `qkv serve`, the Pipeline mode and its "next token"."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.sampling import next_token_distribution, top_k_filter, top_p_filter
+from qkv.writing.sampling import next_token_distribution, top_k_filter, top_p_filter
 from qkv.viz.pipeline import save_pipeline
 from qkv.viz.pipeline_payload import decode_scores, pipeline_payload
 from qkv.viz.pipeline_text import TEXTS

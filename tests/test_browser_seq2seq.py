@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.cli import seq2seq_trace
+from qkv.cli.app import seq2seq_trace
 from qkv.viz.html import save_viewer
 from qkv.viz.payload import decode_attention, encode_attention
 from qkv.viz.seq2seq import cross_written

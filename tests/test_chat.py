@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 import qkv
-from qkv.chat import Conversation, as_messages, chat_stream
-from qkv.cli import cli
-from qkv.errors import QkvError
-from qkv.generate import TextStream
-from qkv.tokenizer import Tokenizer, render_chat_template
-from qkv.trace import Trace
+from qkv.writing.chat import Conversation, as_messages, chat_stream
+from qkv.cli.app import cli
+from qkv.engine.errors import QkvError
+from qkv.writing.generate import TextStream
+from qkv.engine.tokenizer import Tokenizer, render_chat_template
+from qkv.engine.trace import Trace
 from conftest import FIXTURES, MODELS, run_main
 
 SMOLLM2 = json.loads((FIXTURES / "chat" / "smollm2.json").read_text())

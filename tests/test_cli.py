@@ -10,8 +10,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from qkv.cli import cli
-from qkv.trace import Trace
+from qkv.cli.app import cli
+from qkv.engine.trace import Trace
 from conftest import MODELS
 
 

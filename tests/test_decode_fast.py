@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import qkv
-import qkv.blocks as qb
-from qkv.cache import KVCache
-from qkv.ops import rms_norm
-from qkv.weights import NormWeights
+import qkv.engine.blocks as qb
+from qkv.engine.cache import KVCache
+from qkv.engine.ops import rms_norm
+from qkv.engine.weights import NormWeights
 
 from conftest import DECODER_FIXTURES, MODELS
 

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 import qkv
-from qkv import explain, explain_render
+from qkv.lessons import attention as explain, attention_render as explain_render
 
-from qkv.explain_text import TEXTS
+from qkv.viz.explain_text import TEXTS
 from conftest import MODELS, run_main
 
 STEPS = ["⓪", "①", "②", "③", "④", "⑤", "⑥", "⑦", "⑧"]

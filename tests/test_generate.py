@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.cache import KVCache
-from qkv.generate import decode
-from qkv.model import transformer
-from qkv.sampling import Sampling
-from qkv.trace import Recorder
+from qkv.engine.cache import KVCache
+from qkv.writing.generate import decode
+from qkv.engine.model import transformer
+from qkv.writing.sampling import Sampling
+from qkv.engine.trace import Recorder
 from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
 

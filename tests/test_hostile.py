@@ -1,7 +1,7 @@
 """Hostile and careless input (issue 11): every malformed config, weight file, tokenizer, saved
 trace and command-line value ends in one line on stderr naming the problem, exit code 2, and
 no file left behind. Each case is built here, from the committed fixtures, and run through the
-real entry point (`qkv.cli.main`)."""
+real entry point (`qkv.cli.app.main`)."""
 
 from __future__ import annotations
 
@@ -270,9 +270,9 @@ def test_command_line_values(monkeypatch, capsys, tmp_path, args, match):
 
 def test_show_refuses_attention_that_does_not_fit(monkeypatch, capsys, tmp_path):
     """L·H·n² is estimated before anything is allocated; the message says how to ask for less."""
-    import qkv.cli
+    import qkv.cli.app
 
-    monkeypatch.setattr(qkv.cli, "memory_bound", lambda: 100_000)
+    monkeypatch.setattr(qkv.cli.app, "memory_bound", lambda: 100_000)
     assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT * 20, "--out", str(tmp_path / "figs")],
                     "drop --out to keep one layer (--layer), or give at most")
     assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT * 40], "give at most")
@@ -294,7 +294,7 @@ def test_a_good_trace_loads(saved_trace):
 
 
 def load_trace(d: Path):
-    from qkv.trace import Trace
+    from qkv.engine.trace import Trace
 
     return Trace.load(d)
 

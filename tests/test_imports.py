@@ -4,17 +4,16 @@ An AST walk over src/qkv: every `import` and `from … import`, at the top of a 
 function (a lazy import is still a dependency), resolved to the qkv module it loads. Imports under
 `if TYPE_CHECKING:` never run, so they count for the layers but not for cycles.
 
-    core      config errors io ops positions masks attention kernels cache sampling generate weights
-              layout blocks model hooks seq2seq seq2seq_generate trace tokenizer threads tuning nexttoken chat sparse
-              checkpoints/
-                                                                           (the engine, its data)
-    viz       figures, the viewer, the pipeline page, palettes; explain_text (the walkthrough's words, shared
-              by qkv explain and the pipeline page)                         (pictures of a trace)
-    analysis  head statistics; explain (the walkthrough), lessons/ (explain TOPIC)  (numbers about a trace)
-    train     gradients, optimiser, data, the training loop                (models that learn)
-    bench     timings against the reference
-    server    the local web app
-    cli       cli, cli_common, cli_explain, cli_interpret, cli_write, analysis/cli, bench/cli, train/cli, __main__           (the commands)
+A module's layer is its folder's:
+
+    core      engine/ (the maths of a pass and the model handles), writing/ (decoding loops, sampling,
+              chat, next token), checkpoints/ (file formats, families, the bundled models); qkv itself
+    viz       viz/: figures, the viewer, the pipeline page, the walkthrough's words
+    analysis  analysis/ (head statistics, interpretability methods), lessons/ (qkv explain [TOPIC])
+    train     train/: gradients, optimiser, data, the training loop
+    bench     bench/: timings against the reference
+    web       web/: the local web app
+    cli       cli/: every command; qkv.__main__
 
 A module may import its own layer and the layers above it in this list, never one below.
 """
@@ -28,32 +27,24 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-LAYERS = ("core", "viz", "analysis", "train", "bench", "server", "cli")
-CLI = {"qkv.__main__", "qkv.cli", "qkv.cli_common", "qkv.analysis.cli", "qkv.bench.cli", "qkv.train.cli",
-       "qkv.cli_interpret", "qkv.cli_write", "qkv.cli_explain"}
-CORE = {"qkv", "qkv.config", "qkv.errors", "qkv.io", "qkv.ops", "qkv.positions", "qkv.attention", "qkv.kernels",
-        "qkv.cache", "qkv.sampling", "qkv.generate", "qkv.weights", "qkv.layout", "qkv.model", "qkv.trace",
-        "qkv.tokenizer", "qkv.threads", "qkv.nexttoken", "qkv.chat", "qkv.masks", "qkv.seq2seq",
-        "qkv.seq2seq_generate", "qkv.hooks", "qkv.sparse", "qkv.tuning", "qkv.blocks"}
-PACKAGES = {"qkv.checkpoints": "core", "qkv.viz": "viz", "qkv.analysis": "analysis", "qkv.lessons": "analysis",
-            "qkv.train": "train",
-            "qkv.bench": "bench"}
-MODULES = {"qkv.explain": "analysis", "qkv.explain_text": "viz", "qkv.explain_render": "analysis",
-           "qkv.server": "server"}
+LAYERS = ("core", "viz", "analysis", "train", "bench", "web", "cli")
+FOLDERS = {"engine": "core", "writing": "core", "checkpoints": "core", "viz": "viz", "analysis": "analysis",
+           "lessons": "analysis", "train": "train", "bench": "bench", "web": "web", "cli": "cli"}
+ROOT = {"qkv": "core", "qkv.__main__": "cli"}
 
 
 def layer_of(module: str) -> str | None:
-    """The layer of a qkv module, or None if no rule places it (a new module: add it above)."""
-    if module in CLI:
-        return "cli"
-    if module in CORE:
-        return "core"
-    if module in MODULES:
-        return MODULES[module]
-    for package, layer in PACKAGES.items():
-        if module == package or module.startswith(package + "."):
-            return layer
-    return None
+    """The layer of a qkv module by its folder, or None if no rule places it (a new folder: add it above)."""
+    if module in ROOT:
+        return ROOT[module]
+    parts = module.split(".")
+    return FOLDERS.get(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else None
+
+
+def test_the_root_holds_only_the_package():
+    """Every module sits in a layer's folder: the root is `import qkv` and `python -m qkv` alone."""
+    loose = sorted(m for m in MODULE_FILES if m.count(".") == 1 and m not in ROOT and m.split(".")[1] not in FOLDERS)
+    assert not loose, f"move these modules into a layer's folder: {loose}"
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -170,8 +161,8 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize("source, expected", [
     ("from .viz.html import save_viewer", {"qkv.viz.html"}),
-    ("from . import errors", {"qkv.errors"}),
-    ("import qkv.trace", {"qkv.trace"}),
+    ("from .engine import errors", {"qkv.engine.errors"}),
+    ("import qkv.engine.trace", {"qkv.engine.trace"}),
     ("def f():\n    from .checkpoints import load", {"qkv.checkpoints"}),
 ])
 def test_the_walk_sees_imports(source, expected, monkeypatch, tmp_path):

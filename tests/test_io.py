@@ -1,4 +1,4 @@
-"""qkv.io: whole files or none, never through a link, one mode."""
+"""qkv.engine.io: whole files or none, never through a link, one mode."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qkv.io import FILE_MODE, FileBatch, umask, write_atomic, write_text
+from qkv.engine.io import FILE_MODE, FileBatch, umask, write_atomic, write_text
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""ko-en-tiny, the translator qkv ships (src/qkv/models/ko-en-tiny, made by `qkv train --task translate-ko-en`):
+"""ko-en-tiny, the translator qkv ships (src/qkv/checkpoints/data/ko-en-tiny, made by `qkv train --task translate-ko-en`):
 it loads by name, translates held-out sentences of the grammar exactly, and its cross-attention aligns words."""
 
 from __future__ import annotations

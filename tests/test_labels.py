@@ -1,4 +1,4 @@
-"""Tokens as a reader sees them (qkv.tokenizer: label, visible, shorten), and the colours every
+"""Tokens as a reader sees them (qkv.engine.tokenizer: label, visible, shorten), and the colours every
 view shares (qkv.viz.palette): figures, terminal and viewer agree."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.tokenizer import Tokenizer, label, readable, shorten, visible
+from qkv.engine.tokenizer import Tokenizer, label, readable, shorten, visible
 from conftest import MODELS
 
 
@@ -98,7 +98,7 @@ def test_the_viewer_uses_the_figures_colour_map_in_the_same_direction():
 
 
 def test_roles_have_one_colour_in_every_view():
-    from qkv.analysis.cli import ROLE_STYLES
+    from qkv.cli.heads import ROLE_STYLES
     from qkv.analysis.roles import ROLES
     from qkv.viz.palette import ROLE_COLOURS, role_colours
     from qkv.viz.payload import trace_payload

@@ -1,4 +1,4 @@
-"""qkv.layout: the weights laid out for speed keep the seeds' names and values (decoders).
+"""qkv.engine.layout: the weights laid out for speed keep the seeds' names and values (decoders).
 
 W_Q, W_K, W_V are views of the columns of W_QKV (W_gate, W_in of W_gate_in), every matrix
 is C-contiguous, a tied W_vocab shares memory with the embedding table, and the forward
@@ -16,9 +16,9 @@ import pytest
 
 import qkv
 from conftest import FAMILY_FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
-from qkv.layout import fast_layout, is_fast, side_by_side
-from qkv.model import Model
-from qkv.weights import Weights
+from qkv.engine.layout import fast_layout, is_fast, side_by_side
+from qkv.engine.model import Model
+from qkv.engine.weights import Weights
 
 
 def unfused(w: Weights) -> Weights:

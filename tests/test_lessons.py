@@ -14,12 +14,12 @@ import pytest
 from rich.console import Console
 
 import qkv
-from qkv.errors import QkvError
+from qkv.engine.errors import QkvError
 from qkv.lessons import TOPICS, gqa, kvcache, lesson_module, positions
 from qkv.lessons.gqa_text import TEXTS as GQA_TEXTS
 from qkv.lessons.kvcache_text import TEXTS as KV_TEXTS
 from qkv.lessons.positions_text import TEXTS as POS_TEXTS
-from qkv.model import Model
+from qkv.engine.model import Model
 
 
 @pytest.fixture(scope="module")

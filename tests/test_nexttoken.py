@@ -17,9 +17,9 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.nexttoken import (candidates, distribution, entropy, next_token_logits, token_text, top_tokens,
+from qkv.writing.nexttoken import (candidates, distribution, entropy, next_token_logits, token_text, top_tokens,
                            visible)
-from qkv.sampling import next_token_distribution, sample
+from qkv.writing.sampling import next_token_distribution, sample
 from conftest import MODELS, run_main
 
 PROMPT = "The capital of France is"
@@ -65,7 +65,7 @@ def test_distribution_equals_softmax_of_logits_over_T(z, T):
 
 
 def test_distribution_is_the_one_sampling_draws_from(z):
-    """Reused, not copied: the same numbers as qkv.sampling, and sample()'s draws follow them."""
+    """Reused, not copied: the same numbers as qkv.writing.sampling, and sample()'s draws follow them."""
     for T in TEMPERATURES:
         assert np.array_equal(distribution(z, T), next_token_distribution(z[None], T)[0])
     T = 1.5

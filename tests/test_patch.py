@@ -25,7 +25,7 @@ import qkv
 from conftest import MODELS, run_main
 from qkv.analysis import patch
 from qkv.analysis.patch import patch_one, save_patching
-from qkv.errors import QkvError
+from qkv.engine.errors import QkvError
 
 IOI = "When Mary and John went to the store, John gave a drink to"
 IOI_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"

@@ -15,8 +15,8 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv import explain_text
-from qkv.sampling import next_token_distribution, top_k_filter, top_p_filter
+from qkv.viz import explain_text
+from qkv.writing.sampling import next_token_distribution, top_k_filter, top_p_filter
 from qkv.viz.payload import PRECISION, decode_attention
 from qkv.viz.pipeline import pipeline_html, pipeline_payload, save_pipeline
 from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, decode_array, decode_scores

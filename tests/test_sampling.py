@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qkv.errors import QkvError
-from qkv.sampling import Sampling, check_sampling, next_token_distribution, sample, top_k_filter, top_p_filter
+from qkv.engine.errors import QkvError
+from qkv.writing.sampling import Sampling, check_sampling, next_token_distribution, sample, top_k_filter, top_p_filter
 
 # χ² critical values at significance 0.001, by degrees of freedom (tables; no SciPy needed).
 CHI2_CRIT_0001 = {2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import qkv
 from conftest import FIXTURES, MODELS, run_main
-from qkv.cli import cli, seq2seq_trace
-from qkv.nexttoken import distribution
-from qkv.trace import Trace
+from qkv.cli.app import cli, seq2seq_trace
+from qkv.writing.nexttoken import distribution
+from qkv.engine.trace import Trace
 from qkv.viz.seq2seq import cross_written
 
 SOURCE = "나는 학교에 간다"

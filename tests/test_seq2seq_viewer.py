@@ -12,7 +12,7 @@ import pytest
 import qkv
 from conftest import FIXTURES
 from qkv import QkvError
-from qkv.cli import seq2seq_trace
+from qkv.cli.app import seq2seq_trace
 from qkv.viz.html import View, viewer_html
 from qkv.viz.payload import PRECISION, decode_attention
 from qkv.viz.seq2seq import UNKNOWN_NEXT, kind_traces, save_seq2seq_figures, written

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.server import MAX_CHARS, Busy, make_server
+from qkv.web.server import MAX_CHARS, Busy, make_server
 from qkv.analysis import attention_flow, attention_rollout, logit_lens
 from qkv.viz.interpret_payload import UNIT_PRECISION, decode_array
 from qkv.viz.payload import PRECISION, decode_attention
@@ -378,7 +378,7 @@ def test_every_error_page_carries_the_security_headers(server):
 
 
 def test_any_loopback_address_keeps_the_host_check():
-    from qkv.server import exposure_warning
+    from qkv.web.server import exposure_warning
 
     with running_server(BERT, host="127.0.0.2") as srv:
         port = srv.server_address[1]
@@ -392,9 +392,9 @@ def test_any_loopback_address_keeps_the_host_check():
 
 
 def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
-    import qkv.server
+    import qkv.web.server
 
-    monkeypatch.setattr(qkv.server, "SMALL_TOKENS", 6)
+    monkeypatch.setattr(qkv.web.server, "SMALL_TOKENS", 6)
     app = server.app
     app.long.enter()                                     # as if a long text were being computed
     try:
@@ -411,7 +411,7 @@ def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
 
 
 def test_lanes_serve_in_order_and_bound_their_queue():
-    from qkv.server import Lane
+    from qkv.web.server import Lane
 
     lane, order = Lane("tests", waiting=2), []
     lane.enter()
@@ -440,9 +440,9 @@ def test_lanes_serve_in_order_and_bound_their_queue():
 
 
 def test_connections_beyond_the_thread_cap_get_503_at_once(monkeypatch):
-    import qkv.server
+    import qkv.web.server
 
-    monkeypatch.setattr(qkv.server, "MAX_THREADS", 3)
+    monkeypatch.setattr(qkv.web.server, "MAX_THREADS", 3)
     with running_server(BERT) as srv:
         idle = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]   # say nothing
         try:

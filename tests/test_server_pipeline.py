@@ -1,5 +1,5 @@
 """`qkv serve`'s pipeline endpoints without a browser: the payload is the engine's, "next token" draws
-what qkv.sampling draws, and every refusal is one clear JSON error (tests/test_server.py: the rest)."""
+what qkv.writing.sampling draws, and every refusal is one clear JSON error (tests/test_server.py: the rest)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.sampling import Sampling
-from qkv.server import MAX_PIPELINE_TOKENS
+from qkv.writing.sampling import Sampling
+from qkv.web.server import MAX_PIPELINE_TOKENS
 from qkv.viz.pipeline_payload import decode_array
 from conftest import MODELS, running_server
 from test_server import call

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from qkv.cli import cli
+from qkv.cli.app import cli
 from conftest import MODELS, run_main
 
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from qkv import QkvError, threads
-from qkv.attention import tiled_attention
+from qkv import QkvError
+
+from qkv.engine import threads
+from qkv.engine.attention import tiled_attention
 
 
 def blas_threads() -> list[int]:

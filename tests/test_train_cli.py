@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import qkv
-from qkv.cli import cli
+from qkv.cli.app import cli
 from conftest import run_main
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--batch", "4"]

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from qkv.cli import cli
+from qkv.cli.app import cli
 from qkv.train.loop import KEEP, _flatten, _unflatten, open_run, read_log
-from qkv.threads import blas_threads
+from qkv.engine.threads import blas_threads
 
 # A tiny induction model: one step takes a few milliseconds.
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--vocab", "8", "--half", "4", "--min-half", "3",

@@ -11,8 +11,9 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import qkv
-from qkv import QkvError, kernels, threads, tuning
-from qkv.tuning import Choices
+from qkv import QkvError
+from qkv.engine import kernels, threads, tuning
+from qkv.engine.tuning import Choices
 
 from conftest import MODELS
 

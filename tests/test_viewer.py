@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from qkv import QkvError
-from qkv.trace import LayerTrace, Trace
+from qkv.engine.trace import LayerTrace, Trace
 from qkv.viz import payload
 from qkv.viz.html import View, save_viewer, viewer_html
 from qkv.viz.payload import PRECISION, decode_attention, encode_attention, script_json
@@ -208,7 +208,7 @@ def page_probs(step: dict, T: float) -> tuple[np.ndarray, float]:
 
 
 def test_a_generation_carries_each_generated_tokens_candidates():
-    from qkv.nexttoken import distribution, token_text
+    from qkv.writing.nexttoken import distribution, token_text
 
     model, trace = generation()
     p, n = trace.prompt_length, len(trace.ids)

@@ -25,7 +25,7 @@ from qkv.analysis import attention_rollout, logit_lens
 from qkv.analysis.lens import KEEP, lens_payload
 from qkv.analysis.patch import EMBEDDING, patch, patch_one, sentence_embedding
 from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits, rollout_payload
-from qkv.errors import QkvError
+from qkv.engine.errors import QkvError
 from qkv.viz.html import viewer_html
 from qkv.viz.interpret_payload import LENS_K, PROB_PRECISION, UNIT_PRECISION, lens_section
 

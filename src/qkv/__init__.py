@@ -11,11 +11,11 @@
 from .checkpoints import available, load
 from .checkpoints.fresh import init
 from .checkpoints.save import save
-from .config import ModelConfig
-from .errors import QkvError
-from .model import Model, Output
-from .seq2seq import Seq2SeqModel, Seq2SeqOutput
-from .trace import LayerTrace, Trace
+from .engine.config import ModelConfig
+from .engine.errors import QkvError
+from .engine.model import Model, Output
+from .engine.seq2seq import Seq2SeqModel, Seq2SeqOutput
+from .engine.trace import LayerTrace, Trace
 
 __all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace",
            "Seq2SeqModel", "Seq2SeqOutput"]

@@ -1,5 +1,5 @@
 """`python -m qkv` is the `qkv` command."""
 
-from .cli import main
+from .cli.app import main
 
 main()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.nexttoken import distribution, entropy, next_token_logits, top_tokens
+from qkv.writing.nexttoken import distribution, entropy, next_token_logits, top_tokens
 
 pytestmark = pytest.mark.live
 

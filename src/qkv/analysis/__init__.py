@@ -10,7 +10,7 @@ and cuts windows; text.py analyses one text; backends.py runs many (here, local 
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), patch.py (activation patching), circuits.py (a head's
-QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.hooks).
+QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
 """
 
 from .attribution import direct_logit_attribution

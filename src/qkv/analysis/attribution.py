@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 from ..viz.figures import new_figure, styled, _title
 from .lens import residual_stream
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import Model
-    from ..trace import Trace
+    from ..engine.model import Model
+    from ..engine.trace import Trace
 
 KEEP = ("residual", "heads", "attn_out", "ffn_out")     # what a trace must keep
 CMAP = "RdBu_r"                                          # diverging: red adds to the logit, blue takes away

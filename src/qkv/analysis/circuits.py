@@ -38,7 +38,7 @@ from .attribution import CMAP
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import Model
+    from ..engine.model import Model
 
 MAX_POSITIONS = 64          # the positional QK table's side N
 

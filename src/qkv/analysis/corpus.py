@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 
 SPLITS = ("line", "paragraph")
 

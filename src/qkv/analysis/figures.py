@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import FileBatch
+from ..engine.io import FileBatch
 from ..viz.palette import CMAP, ROLE_COLOURS   # the colours of every view (roles: also terminal, viewer)
 from .run import HeadReport
 from .stats import DESCRIPTIONS, STATS

@@ -10,7 +10,7 @@
     lens_payload        that, as the viewer's "lens" section (`viz.interpret_payload`)
     lens_figure         layers × positions: the probability of the final prediction at each layer
 
-The norm and W_vocab are the model's own (`qkv.blocks.norm`, `qkv.blocks.logits_of`), so row L
+The norm and W_vocab are the model's own (`qkv.engine.blocks.norm`, `qkv.engine.blocks.logits_of`), so row L
 is the model's logits by construction of the same arithmetic, and the tests check that it is.
 """
 
@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..blocks import logits_of, norm
-from ..errors import QkvError
+from ..engine.blocks import logits_of, norm
+from ..engine.errors import QkvError
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
 from ..viz.palette import CMAP
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import Model
-    from ..trace import Trace
+    from ..engine.model import Model
+    from ..engine.trace import Trace
 
 KEEP = ("residual", "attn_out", "ffn_out")       # what a trace must keep for the lens
 MAX_BYTES = 2 << 30                              # the lens array (L+1)·n·V; past this, one clear error

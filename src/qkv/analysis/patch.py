@@ -27,7 +27,7 @@ as one batch (B = H + 3·n copies, split when B·n passes MAX_TOKENS): L passes 
 over (L − l) blocks, instead of L·(H + 3n) whole forward passes. A patch whose clean value equals
 the corrupted one bit for bit (in a decoder: every position before the first token that differs)
 is the corrupted run itself: its effect is 0 and it is not run. The patches themselves are hooks
-(qkv.hooks) on "heads", "attn_out" and "ffn_out", each writing its own batch rows.
+(qkv.engine.hooks) on "heads", "attn_out" and "ffn_out", each writing its own batch rows.
 """
 
 from __future__ import annotations
@@ -42,19 +42,19 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..blocks import Context, attention_mask_of, block, logits_of, norm
-from ..errors import QkvError
-from ..hooks import Hooks
-from ..io import FileBatch
-from ..positions import rope_cos_sin, rope_inv_freq
-from ..trace import Recorder
+from ..engine.blocks import Context, attention_mask_of, block, logits_of, norm
+from ..engine.errors import QkvError
+from ..engine.hooks import Hooks
+from ..engine.io import FileBatch
+from ..engine.positions import rope_cos_sin, rope_inv_freq
+from ..engine.trace import Recorder
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
 from .attribution import CMAP, token_id
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import Model
+    from ..engine.model import Model
 
 WHAT = ("heads", "residual", "attn_out", "ffn_out")      # the tables `patch` can make
 MAX_TOKENS = 2048                                        # B·n of one batched pass (memory ~ B·n·d_ff floats)
@@ -170,7 +170,7 @@ def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
 def tail(model: "Model", x: np.ndarray, start: int, hooks: Hooks | None = None) -> np.ndarray:
     """x (B, n, d_model), the residual stream entering block START, through blocks START..L-1
     (and the final norm) → the last position's logits (B, V), or without an LM head the final
-    hidden states (B, n, d_model). The same boxes as qkv.model.transformer, from the middle."""
+    hidden states (B, n, d_model). The same boxes as qkv.engine.model.transformer, from the middle."""
     cfg, weights = model.config, model.weights
     B, n, _ = x.shape
     rope = None

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import QkvError, check_index
+from ..engine.errors import QkvError, check_index
 
 if TYPE_CHECKING:
-    from ..trace import Trace
+    from ..engine.trace import Trace
 
 
 def rollout_of(attentions: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..errors import QkvError
-from ..threads import blas_one_thread
+from ..engine.errors import QkvError
+from ..engine.threads import blas_one_thread
 from . import backends
 from .corpus import Corpus
 from .detectors import repeated_scores

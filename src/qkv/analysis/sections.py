@@ -13,8 +13,8 @@ from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_payload
 from .rollout import rollout_payload
 
 if TYPE_CHECKING:
-    from ..model import Model
-    from ..trace import Trace
+    from ..engine.model import Model
+    from ..engine.trace import Trace
 
 
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:

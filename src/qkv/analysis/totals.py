@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import QkvError
-from ..io import write_atomic
+from ..engine.errors import QkvError
+from ..engine.io import write_atomic
 
 
 @dataclass

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import KVCache
-from ..config import ModelConfig
-from ..errors import QkvError
+from ..engine.cache import KVCache
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
 from . import common
 from . import markdown as md
 from .common import cpu_snapshot, machine_facts, others_cores, time_rounds

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import QkvError
-from ..threads import DECODE_THREADS_VAR, decode_threads
-from ..tuning import pinned as tuning_pins
+from ..engine.errors import QkvError
+from ..engine.threads import DECODE_THREADS_VAR, decode_threads
+from ..engine.tuning import pinned as tuning_pins
 from . import markdown as md
 from .common import (VECTOR_FLAGS, cpu_snapshot, machine_facts, others_cores, time_interleaved,  # noqa: F401
                      vector_extensions)

@@ -28,8 +28,8 @@ from unittest import mock
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
 from . import common
 from . import markdown as md
 from .common import cpu_snapshot, others_cores, time_interleaved, torch_machine_facts
@@ -248,7 +248,7 @@ def measure(models=tuple(MODELS), repeats: int = REPEATS, warmup: int = 1, seed:
     "qkv_tokens_per_s", "torch_tokens_per_s", "ratio", "losses"}], "memory": [...], "machine": {...}, ...}
     """
     torch, transformers = reference_stack()
-    from ..threads import blas_threads, cores
+    from ..engine.threads import blas_threads, cores
 
     for name in models:
         if name not in MODELS:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..layout import fast_layout
-from ..model import Model
-from ..seq2seq import Seq2SeqModel
-from ..tokenizer import Tokenizer
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.layout import fast_layout
+from ..engine.model import Model
+from ..engine.seq2seq import Seq2SeqModel
+from ..engine.tokenizer import Tokenizer
 from . import gguf
 from .families import FAMILIES, config_of, weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from .tensors import TensorStore
@@ -34,9 +34,9 @@ KO_EN = "ko-en-tiny"          # the seeds' Korean→English translator, trained 
 
 
 def ko_en_dir() -> Path:
-    """The directory of ko-en-tiny inside qkv (src/qkv/models/ko-en-tiny; `qkv train --task
+    """The directory of ko-en-tiny inside qkv (src/qkv/checkpoints/data/ko-en-tiny; `qkv train --task
     translate-ko-en` remakes it, see its README.md)."""
-    path = Path(__file__).resolve().parent.parent / "models" / KO_EN
+    path = Path(__file__).resolve().parent / "data" / KO_EN
     if not (path / "config.json").is_file():
         raise QkvError(f"{KO_EN} is missing from this installation of qkv ({path}); reinstall qkv")
     return path

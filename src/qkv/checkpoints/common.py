@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
 from .tensors import TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.

@@ -18,9 +18,9 @@ from types import ModuleType
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..weights import Weights
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.weights import Weights
 from . import bart, bert, gpt2, llama, marian, t5
 from .common import check_config
 from .tensors import TensorDict

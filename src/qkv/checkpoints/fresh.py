@@ -20,11 +20,11 @@ import zlib
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..model import Model
-from ..seq2seq import Seq2SeqModel
-from ..tokenizer import Tokenizer
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.model import Model
+from ..engine.seq2seq import Seq2SeqModel
+from ..engine.tokenizer import Tokenizer
 from .families import config_of, family_of
 
 INITIALIZER_RANGE = 0.02                    # σ of transformers' PreTrainedConfig.initializer_range

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 from . import gguf_tokenizer
 from .gguf_reader import check_file, metadata, open_reader
 

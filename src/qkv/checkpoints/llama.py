@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..positions import sinusoidal_halves
-from ..weights import Seq2SeqWeights
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.positions import sinusoidal_halves
+from ..engine.weights import Seq2SeqWeights
 from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore

@@ -7,7 +7,7 @@
     DIR/tokenizer_config.json  its special tokens and chat template (what transformers' and qkv's
                                tokenizer loaders read besides tokenizer.json)
 
-All files are written together through qkv.io.FileBatch: a save that fails or is interrupted
+All files are written together through qkv.engine.io.FileBatch: a save that fails or is interrupted
 leaves the previous files (or nothing) in place, never half a model. The target must be a new or
 empty directory, or one holding only these files (a previous save: it is overwritten); anything
 else (a file, a link, a directory with other files) is refused, so a save never clobbers what it
@@ -22,16 +22,16 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import QkvError
-from ..io import FileBatch
+from ..engine.errors import QkvError
+from ..engine.io import FileBatch
 from .families import family_of
 from .tensors import write_safetensors
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..engine.model import Model
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-# The temporary files of a save killed midway (qkv.io names them ".<final name>.<random>.tmp").
+# The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<random>.tmp").
 _LEFTOVER = re.compile(r"\.(" + "|".join(re.escape(f) for f in FILES) + r")\.[^/]*\.tmp")
 
 

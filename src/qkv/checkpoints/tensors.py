@@ -20,7 +20,7 @@ from typing import IO
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}

@@ -1,6 +1,6 @@
 """`qkv explain TOPIC`: the seeds' lessons beyond the attention walkthrough, run on real models.
 
-    attention   the walkthrough of one head (qkv.explain; `qkv explain "some text"`)
+    attention   the walkthrough of one head (qkv.lessons.attention; `qkv explain "some text"`)
     positions   sinusoidal table, RoPE on SmolLM2, MiniLM's learned table
     kv-cache    what the cache holds, step by step, and what it saves
     gqa         query heads sharing K/V heads, and mean-pooling a multi-head model's K/V heads
@@ -30,7 +30,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 
 LANGS = ("en", "ko")
 
@@ -44,7 +44,7 @@ class Topic:
 
 
 TOPICS: dict[str, Topic] = {
-    "attention": Topic("qkv.explain", "one head, step by step: Q, K, V → S → softmax → A·V → W_O (the default)"),
+    "attention": Topic("qkv.lessons.attention", "one head, step by step: Q, K, V → S → softmax → A·V → W_O (the default)"),
     "positions": Topic("qkv.lessons.positions", "sinusoidal table, RoPE on SmolLM2, MiniLM's learned positions"),
     "kv-cache": Topic("qkv.lessons.kvcache", "what the KV cache holds, token by token, and the time it saves"),
     "gqa": Topic("qkv.lessons.gqa", "query heads sharing K/V heads; a multi-head model's K/V mean-pooled"),

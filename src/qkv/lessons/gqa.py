@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..errors import QkvError
-from ..explain import DEFAULT_TEXT
+from ..engine.errors import QkvError
+from .attention import DEFAULT_TEXT
 from . import Page, same
 from .gqa_text import TEXTS
 from .kvcache import Layout, cache_layouts, layout_name, own_layout, per_token
@@ -129,7 +129,7 @@ def repeat_heads(W: np.ndarray, H: int, G: int, d_k: int) -> np.ndarray:
 def _with_kv(model, G: int, dense: bool):
     """`model` with its K/V heads mean-pooled into G: as GQA (Hkv = G) or, dense=True, as the multi-head
     model whose K/V heads are the pooled ones repeated."""
-    from ..model import Model
+    from ..engine.model import Model
 
     cfg = model.config
     H, d_k = cfg.n_heads, cfg.d_head

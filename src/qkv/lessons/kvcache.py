@@ -9,7 +9,7 @@ cache's contents (per layer K and V of shape (Hkv, m, d_k), after RoPE) checked 
 full pass, each step's time (best of REPEATS) and FLOPs counted from the weights' shapes,
 and the check that both ways choose the same token with logits equal within 1e-4. The cache
 of the same model with H K/V heads (MHA) and one (MQA) is computed beside the model's (GQA).
-No torch: qkv.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.generate.decode
+No torch: qkv.engine.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.writing.generate.decode
 uses them.
 """
 
@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..cache import KVCache
-from ..errors import QkvError
-from ..explain import DEFAULT_TEXT
-from ..generate import check_can_generate
-from ..threads import StepThreads, decode_threads
-from ..tokenizer import shorten
+from ..engine.cache import KVCache
+from ..engine.errors import QkvError
+from .attention import DEFAULT_TEXT
+from ..writing.generate import check_can_generate
+from ..engine.threads import StepThreads, decode_threads
+from ..engine.tokenizer import shorten
 from . import Page, nbytes, same, shape
 from .kvcache_text import TEXTS
 

@@ -7,7 +7,7 @@
     learned     a trained table P (MiniLM: 512 × 384) added to X; cos(P[p], P[p+k]) falls with k,
                 but only roughly: nothing makes it a function of k alone
 
-Every number comes from the engine (qkv.positions: `sinusoidal_table`, `rope_inv_freq`,
+Every number comes from the engine (qkv.engine.positions: `sinusoidal_table`, `rope_inv_freq`,
 `rope_cos_sin`, `apply_rope`; the model's trace and weights) and is checked against an
 independent float64 computation before it is shown.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..explain import DEFAULT_TEXT, norm_of, rope_rotate
-from ..positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
+from .attention import DEFAULT_TEXT, norm_of, rope_rotate
+from ..engine.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
 from rich.text import Text
 
 from . import Page, same, shape
@@ -171,7 +171,7 @@ def _rope(model, text: str) -> Rope:
 
 
 def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """The engine's RoPE (qkv.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
+    """The engine's RoPE (qkv.engine.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
     cos, sin = rope_cos_sin(np.asarray(positions)[None], omega)             # (1, 1, n, d_k) each
     return apply_rope(x.astype(np.float32)[None, None], cos, sin)[0, 0]
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import QkvError
-from ..tokenizer import Tokenizer, check_text
+from ..engine.errors import QkvError
+from ..engine.tokenizer import Tokenizer, check_text
 
 EOT = "<|endoftext|>"           # the end-of-text token of both kinds
 UNK = "[UNK]"                   # "char": a character the text never had

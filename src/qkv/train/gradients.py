@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import QkvError
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
 from .grads import loss_and_grads
 from .seq2seq_grads import decoder_inputs, loss_and_grads as seq2seq_loss_and_grads
 

@@ -1,6 +1,6 @@
-"""Backprop through a decoder, box by box: the forward of qkv.blocks keeping what the backward needs.
+"""Backprop through a decoder, box by box: the forward of qkv.engine.blocks keeping what the backward needs.
 
-    forward (qkv.blocks)                         backward (here, the same letters)
+    forward (qkv.engine.blocks)                         backward (here, the same letters)
     X = E[ids] + P[pos]                         dE[ids] += dX,  dP[pos] += dX
     N = Norm(X)                                 ops.layer_norm_backward / rms_norm_backward
     Q, K, V = N·W_Q, N·W_K, N·W_V               dW_Q = Nᵀ·dQ …,  dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ
@@ -13,7 +13,7 @@
     L = mean −log softmax(logits)[next id]      dlogits = (softmax(logits) − onehot(next id)) / N
 
 The elementwise backwards sit beside their forwards (ops.py, positions.py, attention.py); this
-module composes them in the order of qkv.blocks' boxes, reusing its forward functions, so the
+module composes them in the order of qkv.engine.blocks' boxes, reusing its forward functions, so the
 inference path is untouched. The forward keeps, per block, the inputs of each box and the
 attention weights A (L · B · H · n² floats: what training on short sequences can afford).
 """
@@ -25,13 +25,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..attention import attention_backward, merge_heads, scaled_dot_product_attention, split_heads
-from ..blocks import attention_mask_of, linear, norm, projections
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward
-from ..positions import apply_rope, apply_rope_backward, positions_from_mask, rope_cos_sin, rope_inv_freq
-from ..weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from ..engine.attention import attention_backward, merge_heads, scaled_dot_product_attention, split_heads
+from ..engine.blocks import attention_mask_of, linear, norm, projections
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward
+from ..engine.positions import apply_rope, apply_rope_backward, positions_from_mask, rope_cos_sin, rope_inv_freq
+from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 
 
 # ── the boxes' backwards ─────────────────────────────────────────────────────────
@@ -70,7 +70,7 @@ class AttentionTape:
 
 def fused_qkv(w: AttentionWeights) -> np.ndarray | None:
     """[W_Q | W_K | W_V] as one (d_model, (H + 2·Hkv)·d_k) array when the three are its column blocks
-    (qkv.layout's W_QKV, or GPT-2's c_attn, which the checkpoint stores fused), else None.
+    (qkv.engine.layout's W_QKV, or GPT-2's c_attn, which the checkpoint stores fused), else None.
     One product then does the work of three, forwards and backwards."""
     if w.W_QKV is not None:
         return w.W_QKV
@@ -88,7 +88,7 @@ def fused_qkv(w: AttentionWeights) -> np.ndarray | None:
 
 def attention_forward(x: np.ndarray, w: AttentionWeights, cfg: ModelConfig, bias: np.ndarray | None,
                       rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, AttentionTape]:
-    """MultiHead(X) as qkv.blocks.self_attention computes it, keeping the tape."""
+    """MultiHead(X) as qkv.engine.blocks.self_attention computes it, keeping the tape."""
     fused = fused_qkv(w)
     q, k, v = projections(x, w if fused is None or w.W_QKV is not None else replace(w, W_QKV=fused))
     q = split_heads(q, cfg.n_heads)                       # (B, H, n, d_k)
@@ -191,7 +191,7 @@ def residual_backward(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, saved: t
 
 def block_forward(x: np.ndarray, w: BlockWeights, cfg: ModelConfig, bias: np.ndarray | None,
                   rope: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, tuple]:
-    """One block as qkv.blocks.block (attention, then FFN, each a residual step), keeping its tape."""
+    """One block as qkv.engine.blocks.block (attention, then FFN, each a residual step), keeping its tape."""
     x, t_attn = residual_forward(x, w.attn_norm, cfg, lambda h: attention_forward(h, w.attn, cfg, bias, rope))
     x, t_ffn = residual_forward(x, w.ffn_norm, cfg, lambda h: ffn_forward(h, w.ffn, cfg))
     return x, (t_attn, t_ffn)

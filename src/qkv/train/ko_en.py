@@ -25,7 +25,7 @@ from itertools import product
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import QkvError
-from ..io import write_atomic, write_text
+from ..engine.errors import QkvError
+from ..engine.io import write_atomic, write_text
 from .tasks import Settings, file_sha256, make_task, read_json, settings_for
 
 RUN_FILE = "run.json"
@@ -149,8 +149,8 @@ class Run:
 
     def model(self):
         """The model of the current weights (a copy in the inference layout: training goes on)."""
-        from ..model import Model
-        from ..seq2seq import Seq2SeqModel
+        from ..engine.model import Model
+        from ..engine.seq2seq import Seq2SeqModel
 
         kind = Seq2SeqModel if self.config.encoder_decoder else Model
         return kind(self.config, self.weights, self.task.tokenizer, name=f"{self.settings.task} step {self.step}")
@@ -180,7 +180,7 @@ class Run:
 
     def _resume(self) -> None:
         """Load the newest readable checkpoint (none: start again from step 0), after removing the
-        temporary files of a write a kill interrupted (qkv.io names them .NAME.*.tmp)."""
+        temporary files of a write a kill interrupted (qkv.engine.io names them .NAME.*.tmp)."""
         for folder in (self.out, self.out / CHECKPOINTS):
             for leftover in folder.glob(".*.tmp"):
                 leftover.unlink(missing_ok=True)

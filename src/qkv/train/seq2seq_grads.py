@@ -1,4 +1,4 @@
-"""Backprop through an encoder–decoder (Marian, BART): the forward of qkv.seq2seq keeping its tape.
+"""Backprop through an encoder–decoder (Marian, BART): the forward of qkv.engine.seq2seq keeping its tape.
 
     encoder   M = Blocks_enc(E[src]·s + P)                      self-attention both ways, padding hidden
     decoder   Y = Blocks_dec(E[tgt_in]·s + P, M)                causal self-attention, cross-attention, FFN
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attention import AttentionMask, attention_backward, merge_heads, scaled_dot_product_attention, split_heads
-from ..blocks import linear, norm
-from ..config import ModelConfig
-from ..errors import QkvError
-from ..weights import AttentionWeights, BlockWeights, Seq2SeqWeights, Weights
+from ..engine.attention import AttentionMask, attention_backward, merge_heads, scaled_dot_product_attention, split_heads
+from ..engine.blocks import linear, norm
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.weights import AttentionWeights, BlockWeights, Seq2SeqWeights, Weights
 from .grads import (attention_backward_box, attention_forward, embedding_backward, ffn_backward, ffn_forward,
                     linear_backward, norm_backward, residual_backward, residual_forward, token_loss)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.detectors import induction_pattern, pattern_score
-from ..config import ModelConfig
-from ..errors import QkvError
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
 
 ARCHS = ("gpt2", "llama", "marian")          # marian: translate-ko-en only
 TOKENIZERS = ("char", "bpe")
@@ -265,7 +265,7 @@ class TextTask(DecoderTask):
         again on a resume, so that the ids never change."""
         from tokenizers import Tokenizer as HFTokenizer
 
-        from ..io import write_text
+        from ..engine.io import write_text
         from .data import TextCorpus, read_text
 
         self.s = s

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..nexttoken import distribution, entropy, top_tokens
+from ..writing.nexttoken import distribution, entropy, top_tokens
 from .figures import new_figure, _fonts, styled, _title
 
 if TYPE_CHECKING:

@@ -26,17 +26,17 @@ from typing import IO, TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..attention import causal_mask
-from ..errors import QkvError, check_index
-from ..ops import entropy
-from ..io import FileBatch
-from ..tokenizer import shorten
+from ..engine.attention import causal_mask
+from ..engine.errors import QkvError, check_index
+from ..engine.ops import entropy
+from ..engine.io import FileBatch
+from ..engine.tokenizer import shorten
 from .palette import CMAP, HATCH, MASKED
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..trace import Trace
+    from ..engine.trace import Trace
 
 DPI = 110
 MAX_NUMBERS = 16          # write each cell's weight up to this many tokens

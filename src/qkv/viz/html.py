@@ -31,9 +31,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..errors import QkvError
-from ..io import write_text
-from ..trace import Trace
+from ..engine.errors import QkvError
+from ..engine.io import write_text
+from ..engine.trace import Trace
 from .payload import script_json, trace_payload
 
 # No request may leave the page: scripts and styles are inline, nothing else is allowed.

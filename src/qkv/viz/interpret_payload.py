@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import QkvError
+from ..engine.errors import QkvError
 
 LENS_K = 5                              # top tokens kept per (layer, position) cell of the lens
 PROB_SCALE = 65535                      # probabilities as uint16: q = round(p · 65535)

@@ -28,7 +28,7 @@ token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The p
 hold all V logits per token, so it gets the top K (NEXT_K) logits, plus the chosen token's
 when it ranks lower (then last in "ids"), and for each temperature T of a fixed grid
 (NEXT_TEMPERATURES: 0.1, 0.2, …, 2.0) rest(T) = log Σ exp(z_v / T) over every other token
-(`qkv.nexttoken.candidates`). The page's temperature slider moves on that grid (and to 0,
+(`qkv.writing.nexttoken.candidates`). The page's temperature slider moves on that grid (and to 0,
 greedy: one-hot, needing no data) and computes
     P_v(T) = exp(z_v / T) / (Σ_kept exp(z_u / T) + exp(rest(T))),
 the probability over the whole vocabulary, exactly (logits kept to 4 decimals), not a
@@ -82,9 +82,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import QkvError
-from ..nexttoken import candidates, token_text
-from ..trace import Trace
+from ..engine.errors import QkvError
+from ..writing.nexttoken import candidates, token_text
+from ..engine.trace import Trace
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
 

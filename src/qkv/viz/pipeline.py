@@ -6,7 +6,7 @@ softmax(logits/T) → next token, as Transformer Explainer draws GPT-2, but for 
 runs, offline, in English and Korean. Every box opens to the real arrays of one forward pass
 (`Model.run`) for the chosen token, layer and head: shape, a heatmap or bars, a few numbers,
 and the seeds' formula. The output end re-normalises in the page: a temperature slider, top-k
-and top-p, computed from the last position's whole-vocabulary logits exactly as qkv.sampling.
+and top-p, computed from the last position's whole-vocabulary logits exactly as qkv.writing.sampling.
 An encoder (MiniLM) ends at its final hidden states and their mean-pooled sentence embedding; an
 encoder–decoder (ko-en-tiny) shows both stacks, its decoder blocks with cross-attention boxes.
 What travels, and how precisely: `pipeline_payload`.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import QkvError
-from ..trace import Trace
+from ..engine.errors import QkvError
+from ..engine.trace import Trace
 from .html import asset, page, write_html
 from .payload import script_json
 from .pipeline_payload import is_seq2seq, pipeline_payload

@@ -19,7 +19,7 @@ To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps on
                                 S = lo + (code − 1)·step with step = (hi − lo)/254 per (layer, head),
                                 so within step/2 of the engine's float32 score
     logits (V,)                 the last position's, whole vocabulary, float32 (decoders): the page
-                                computes softmax(logits/T), top-k and top-p exactly as qkv.sampling
+                                computes softmax(logits/T), top-k and top-p exactly as qkv.writing.sampling
 
 Arrays travel as {"dtype": "f32" | "f16" | "u8", "shape", "data": base64(zlib(little-endian bytes))}.
 
@@ -52,10 +52,10 @@ import zlib
 
 import numpy as np
 
-from ..blocks import norm
-from ..errors import QkvError
-from ..nexttoken import token_text
-from ..trace import INTERMEDIATES, Trace
+from ..engine.blocks import norm
+from ..engine.errors import QkvError
+from ..writing.nexttoken import token_text
+from ..engine.trace import INTERMEDIATES, Trace
 from .payload import encode_attention
 from .pipeline_text import TEXTS
 

@@ -1,13 +1,13 @@
 """The pipeline page's words, in English and Korean: `qkv explain`'s own sentences where they fit.
 
-The keys of SHARED_KEYS are taken from `qkv.explain_text` (the walkthrough's sentences), so the page
+The keys of SHARED_KEYS are taken from `qkv.viz.explain_text` (the walkthrough's sentences), so the page
 and `qkv explain` say the same thing in the same words; the "p_" keys are the page's own. Each entry
 is a `str.format`-style template that pipeline.js fills in ({name}, {name:.3f}).
 """
 
 from __future__ import annotations
 
-from .. import explain_text
+from . import explain_text
 
 SHARED_KEYS = ("s_tokens", "tokens", "tokens_bpe", "x_embed_rope", "s_qkv", "s_gqa", "s_s", "s_scale", "mask",
                "s_softmax", "looks_most", "s_z", "z_seed", "s_out", "library", "first_values", "col_key")

@@ -8,19 +8,19 @@
 
 The end of a turn is the tokenizer's eos_token (SmolLM2: <|im_end|>) or the model's EOS.
 Sampling is greedy by default (temperature 0): the same question gets the same answer.
-The model comes in as an argument: this module never imports qkv.model (which imports it).
+The model comes in as an argument: this module never imports qkv.engine.model (which imports it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from .errors import QkvError
+from ..engine.errors import QkvError
 from .generate import TextStream, check_can_generate
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ..engine.model import Model
 
 MAX_NEW_TOKENS = 256
 TEMPERATURE = 0.0

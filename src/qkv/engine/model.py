@@ -7,7 +7,7 @@
 
 The boxes of a block, each called as box(x, w, …) with `w` the weights of that box, and the
 `Context` that every box of one pass shares (the config, the mask, the rotation of positions,
-the recorder, the KV cache) live in qkv.blocks; here `embed` (`weights` is the whole model's)
+the recorder, the KV cache) live in qkv.engine.blocks; here `embed` (`weights` is the whole model's)
 and `transformer` compose them into one pass, and `Model` ties them to a config, weights and
 tokenizer. Everything works on a batch: B rows of n tokens.
 """
@@ -22,14 +22,14 @@ import numpy as np
 
 from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, logits_of, norm
 from .cache import KVCache
-from .chat import chat, chat_sampling, chat_stream
+from ..writing.chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
 from .errors import QkvError, check_index
-from .generate import TextStream, generate, stream_ids
+from ..writing.generate import TextStream, generate, stream_ids
 from .hooks import HookFn, Hooks
 from .layout import fast_layout
 from .positions import positions_from_mask, rope_cos_sin, rope_inv_freq
-from .sampling import Sampling
+from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
 from .weights import Weights
@@ -67,7 +67,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
     rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
-    hooks: functions reading or replacing intermediates (qkv.hooks).
+    hooks: functions reading or replacing intermediates (qkv.engine.hooks).
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
     (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
@@ -136,7 +136,7 @@ class Model:
     def save(self, directory: str | Path) -> Path:
         """Write the model into DIRECTORY in Hugging Face layout (config.json, model.safetensors,
         tokenizer.json), readable by `qkv.load` and by transformers; see qkv.checkpoints.save."""
-        from .checkpoints.save import save      # the file formats live with the checkpoints
+        from ..checkpoints.save import save      # the file formats live with the checkpoints
 
         return save(self, directory)
 
@@ -210,14 +210,14 @@ class Model:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
-        keep: which intermediates, from `qkv.trace.INTERMEDIATES`;
+        keep: which intermediates, from `qkv.engine.trace.INTERMEDIATES`;
         heads: keep scores and attention weights of these heads only (default all) — on
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
         ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to
         0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
         the trace then keeps the ablated Z as "heads" (attention weights are unchanged);
         hooks: {"3.heads": fn, ...}, functions fn(value, layer) that read or replace
-        intermediates as the pass runs (see qkv.hooks); the trace keeps the values they return.
+        intermediates as the pass runs (see qkv.engine.hooks); the trace keeps the values they return.
         """
         ablation = self.ablation(ablate, how)
         hooked = Hooks.of(self.hooks, hooks, self.config, self.name)
@@ -245,7 +245,7 @@ class Model:
                            ablate=self.ablated if ablate is None else ablate, hooks=self.hooks)[1]
 
     # writing -----------------------------------------------------------------
-    # settings: the fields of qkv.sampling.Sampling by name (temperature, top_k, top_p, seed,
+    # settings: the fields of qkv.writing.sampling.Sampling by name (temperature, top_k, top_p, seed,
     # stop_at_eos), over `sampling` (a Sampling; default Sampling(), chat: greedy).
 
     def generate(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
@@ -282,7 +282,7 @@ class Model:
         chat template, ending at its end-of-turn token. Greedy by default (temperature 0).
 
         system: a system message to put first; stream=True yields the reply's text pieces
-        as they are written instead of returning the whole text (see qkv.chat).
+        as they are written instead of returning the whole text (see qkv.writing.chat).
         """
         sampling = chat_sampling(sampling, **settings)
         if stream:
@@ -291,7 +291,7 @@ class Model:
 
     def with_hooks(self, hooks: Mapping[str, HookFn]) -> "Model":
         """This model (the same weights, not copied) with HOOKS run by every pass: run, forward,
-        generate, stream, chat, ... (qkv.hooks). Hooks of a view of a view run in order."""
+        generate, stream, chat, ... (qkv.engine.hooks). Hooks of a view of a view run in order."""
         view = copy.copy(self)
         view.hooks = Hooks.of(self.hooks, hooks, self.config, self.name)
         return view

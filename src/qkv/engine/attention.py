@@ -8,7 +8,7 @@
 Shapes: B batch, H query heads, Hkv key/value heads (H = Hkv for plain multi-head,
 Hkv = 1 for MQA), n queries, m keys (m = n except when a KV cache holds the past).
 Who may see whom is one rule (masks.visible); the kernels for long inputs (kernels.py)
-are re-exported here, so the whole family is `qkv.attention.*`.
+are re-exported here, so the whole family is `qkv.engine.attention.*`.
 """
 
 from __future__ import annotations

@@ -11,18 +11,18 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from ..cli_common import MODEL_HELP, check_writable, new_console
-from ..errors import QkvError
-from ..io import write_atomic
-from ..threads import cores
+from .common import MODEL_HELP, check_writable, new_console
+from ..engine.errors import QkvError
+from ..engine.io import write_atomic
+from ..engine.threads import cores
 from ..viz.palette import ROLE_COLOURS
-from .backends import BACKENDS, CHUNK
-from .detectors import top_heads
-from .corpus import SPLITS, open_corpus
-from .roles import BROAD, DOMINANT, INDUCTION, strength
-from .run import HeadReport, analyse
-from .seq2seq_heads import KIND_TITLES, SEQ2SEQ_DESCRIPTIONS, Seq2SeqHeadReport, analyse_seq2seq, check_options
-from .stats import DESCRIPTIONS, STATS
+from ..analysis.backends import BACKENDS, CHUNK
+from ..analysis.detectors import top_heads
+from ..analysis.corpus import SPLITS, open_corpus
+from ..analysis.roles import BROAD, DOMINANT, INDUCTION, strength
+from ..analysis.run import HeadReport, analyse
+from ..analysis.seq2seq_heads import KIND_TITLES, SEQ2SEQ_DESCRIPTIONS, Seq2SeqHeadReport, analyse_seq2seq, check_options
+from ..analysis.stats import DESCRIPTIONS, STATS
 
 # the roles' colours of every view (viz.palette), bold where a head has one clear target
 ROLE_STYLES = {role: ("" if role in ("broad", "mixed") else "bold ") + colour for role, colour in ROLE_COLOURS.items()}
@@ -136,7 +136,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
     Give TEXT(s), or a corpus with --file. Each text counts equally in the averages.
     """
     from ..checkpoints import load
-    from .text import prepare
+    from ..analysis.text import prepare
 
     unknown = [s for s in show if s not in STATS]
     if unknown:
@@ -280,8 +280,8 @@ def _first_text(corpus) -> str | None:
 def _write_out(report: HeadReport, out: Path, model, text: str | None) -> None:
     """heads.json, the figures, and the viewer of the first text with heads coloured by role."""
     from ..viz.html import save_viewer
-    from .corpus import template_of, windows
-    from .figures import save_figures
+    from ..analysis.corpus import template_of, windows
+    from ..analysis.figures import save_figures
 
     write_atomic(out / "heads.json", lambda f: f.write(json.dumps(report.to_json(), indent=1).encode()))
     written = save_figures(report, out)

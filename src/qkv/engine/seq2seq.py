@@ -32,8 +32,8 @@ from .errors import QkvError, check_index
 from .model import Model
 from .ops import softmax_
 from .positions import relative_bias
-from .sampling import Sampling
-from .seq2seq_generate import TargetStream, generate, stream_ids
+from ..writing.sampling import Sampling
+from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
 from .weights import AttentionWeights, BlockWeights, NormWeights, Seq2SeqWeights, Weights
@@ -255,7 +255,7 @@ class Seq2SeqModel:
 
     def save(self, directory: str | Path) -> Path:
         """Write the model in Hugging Face layout (see qkv.checkpoints.save)."""
-        from .checkpoints.save import save      # the file formats live with the checkpoints
+        from ..checkpoints.save import save      # the file formats live with the checkpoints
 
         return save(self, directory)
 
@@ -345,7 +345,7 @@ class Seq2SeqModel:
         Trace (tokens = the decoder's input, attentions (L_dec, H, n_tgt, n_tgt), logits) with
         `.encoder`, the source's Trace (attentions (L_enc, H, n_src, n_src)), and `.cross`, target
         × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens`). keep: names from
-        qkv.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out).
+        qkv.engine.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out).
         """
         ids, src_tokens = self._one(text)
         if target is None:
@@ -385,7 +385,7 @@ class Seq2SeqModel:
         return [self.tokenizer.id_to_token(i) if self.tokenizer else str(int(i)) for i in ids]
 
     # writing -----------------------------------------------------------------
-    # settings: the fields of qkv.sampling.Sampling by name (temperature, top_k, top_p, seed, stop_at_eos).
+    # settings: the fields of qkv.writing.sampling.Sampling by name (temperature, top_k, top_p, seed, stop_at_eos).
 
     def generate(self, source, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                  attention_mask=None, use_cache: bool = True, trace: bool = False, **settings: Any):

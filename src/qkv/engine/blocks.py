@@ -7,7 +7,7 @@ forward pass, and the `Context` that every box of one pass shares.
 Each box is called as box(x, w, …) with `w` the weights of that box; `Context` carries the
 config, the mask, the rotation of positions, the recorder, the KV cache, the ablation and the
 hooks. `step_block` is the one-token fast path of `block` (the same numbers), `logits_of` the
-last box, Z·W_vocab. qkv.model composes the boxes into the whole model (embed → L × block →
+last box, Z·W_vocab. qkv.engine.model composes the boxes into the whole model (embed → L × block →
 norm → logits).
 
 Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
@@ -56,7 +56,7 @@ def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndar
     """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (seeds §2).
 
     Plain form: linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V).
-    With the weights laid out by qkv.layout it is one product, X·[W_Q | W_K | W_V], whose
+    With the weights laid out by qkv.engine.layout it is one product, X·[W_Q | W_K | W_V], whose
     column blocks are Q, K and V: one pass over the weights instead of three (decoding is
     bound by how fast they stream).
     """
@@ -124,7 +124,7 @@ class Context:
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
     ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
-    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.hooks); None: none
+    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.engine.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
 
@@ -169,7 +169,7 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
 def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
     """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
     act = ACTIVATIONS[cfg.activation]
-    if w.W_gate_in is not None:                              # laid out by qkv.layout: one product,
+    if w.W_gate_in is not None:                              # laid out by qkv.engine.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
         d_ff = w.W_in.shape[1]
         up = gate_in[..., d_ff:]                             # x·W_in

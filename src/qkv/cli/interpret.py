@@ -1,5 +1,5 @@
 """The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `patch`, `circuits`
-(README, "Beyond attention weights"). Registered in qkv.cli with `cli.add_command`; each reads a model,
+(README, "Beyond attention weights"). Registered in qkv.cli.app with `cli.add_command`; each reads a model,
 computes with qkv.analysis and writes its figure with `cli_common.write_figure`; lens, rollout and
 patch also write a viewer page beside it (lens.html, rollout.html, patch.html: the attention viewer
 of the text with that command's panel opened first)."""
@@ -11,7 +11,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_failed, write_figure
+from .common import MODEL_HELP, check_writable, new_console, removed_if_failed, write_figure
 
 
 @click.command(name="lens")
@@ -26,8 +26,8 @@ from .cli_common import MODEL_HELP, check_writable, new_console, removed_if_fail
 def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
     """The logit lens: what each layer would predict after TEXT, reading the residual stream
     after l blocks through the final norm and W_vocab (layer 0: the embeddings)."""
-    from .analysis.lens import check_lens
-    from .checkpoints import load
+    from ..analysis.lens import check_lens
+    from ..checkpoints import load
 
     model = load(source)
     check_lens(model)
@@ -40,8 +40,8 @@ def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
 
 def _lens(model, text: str, top: int, out_dir: str | None) -> None:
     """`qkv lens`'s work: the table of the last position, and with OUT_DIR the map."""
-    from .analysis.lens import KEEP, final_prediction, lens_of_trace
-    from .nexttoken import distribution, top_tokens
+    from ..analysis.lens import KEEP, final_prediction, lens_of_trace
+    from ..writing.nexttoken import distribution, top_tokens
 
     trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
     lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
@@ -61,9 +61,9 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
                       f"{probs[l, -1]:.3f}")
     console.print(table)
     if out_dir is not None:
-        from .analysis.lens import lens_figure
+        from ..analysis.lens import lens_figure
 
-        from .analysis.lens import lens_payload
+        from ..analysis.lens import lens_payload
 
         write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
                       out_dir, "lens")
@@ -74,7 +74,7 @@ def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:
     """OUT_DIR/VIEW.html: the viewer of TRACE with SECTION as its panel VIEW, opened first."""
     from pathlib import Path
 
-    from .viz.html import viewer_html, write_html
+    from ..viz.html import viewer_html, write_html
 
     path = write_html(viewer_html(trace, sections={view: section}, view=view), Path(out_dir) / f"{view}.html")
     click.echo(f"wrote {path}")
@@ -91,7 +91,7 @@ def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:
 def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
     """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
     the input token it draws most from through every layer, beside the last layer's raw attention."""
-    from .checkpoints import load
+    from ..checkpoints import load
 
     model = load(source)
     model.encode(text)                                                        # a bad text fails before DIR is touched
@@ -103,7 +103,7 @@ def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None
 
 def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
     """`qkv rollout`'s work: each position's strongest source under raw / rollout / flow, and the figure."""
-    from .analysis.rollout import attention_flow, attention_rollout
+    from ..analysis.rollout import attention_flow, attention_rollout
 
     trace = model.run(text, keep=("attentions",))
     rollout = attention_rollout(trace)                                        # (L, n, n)
@@ -125,11 +125,11 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
         table.add_row(str(i), Text(position), *cells)
     console.print(table)
     if out_dir is not None:
-        from .analysis.rollout_figure import rollout_figure
-        from .viz.figures import masked_cells
+        from ..analysis.rollout_figure import rollout_figure
+        from ..viz.figures import masked_cells
 
-        from .analysis.rollout import MAX_FLOW_WORK
-        from .viz.interpret_payload import rollout_section
+        from ..analysis.rollout import MAX_FLOW_WORK
+        from ..viz.interpret_payload import rollout_section
 
         write_figure(rollout_figure(raw, R, F, labels, mask=masked_cells(trace, L - 1), layer=L - 1,
                                      heads=A.shape[0], model_name=model.name), out_dir, "rollout")
@@ -151,9 +151,9 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
 def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, out_dir: str | None) -> None:
     """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
     target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
-    from .analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
+    from ..analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
                                        token_id)
-    from .checkpoints import load
+    from ..checkpoints import load
 
     model = load(source)
     check_attribution(model)
@@ -203,9 +203,9 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .analysis.patch import EMBEDDING, metric_of, patch, save_patching
-    from .checkpoints import load
-    from .errors import QkvError
+    from ..analysis.patch import EMBEDDING, metric_of, patch, save_patching
+    from ..checkpoints import load
+    from ..engine.errors import QkvError
 
     model = load(source)
     if model.weights.W_vocab is None:
@@ -240,7 +240,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
             layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
             console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
         if out_dir is not None:
-            from .viz.html import viewer_html
+            from ..viz.html import viewer_html
 
             page = viewer_html(model.run(clean, keep=("attentions",)), sections={"patch": p.payload()}, view="patch")
             for f in save_patching(p, out_dir, pages={"patch.html": page}):
@@ -260,8 +260,8 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
 def circuits_cmd(source: str, layer: int, head: int, text: str, top: int, out_dir: str | None) -> None:
     """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
     score) and where it looks by relative position."""
-    from .analysis.circuits import circuits_figure, ov_circuit, qk_positions
-    from .checkpoints import load
+    from ..analysis.circuits import circuits_figure, ov_circuit, qk_positions
+    from ..checkpoints import load
 
     model = load(source)
     layer, head = model.check_layer(layer), model.check_head(head)

@@ -5,7 +5,7 @@
 T = 1 is the model's own distribution; T < 1 sharpens it, T > 1 flattens it, and T = 0
 is greedy: all the mass on the argmax (one-hot). Dividing by T > 0 never changes the
 order of the tokens, only how the mass is shared. The numbers are the ones sampling
-draws from (`qkv.sampling.next_token_distribution`, reused here, never copied).
+draws from (`qkv.writing.sampling.next_token_distribution`, reused here, never copied).
 
     distribution(z, T)      softmax(z / T), float64, (..., V)
     top_tokens(p, k)        the k most probable ids and their probabilities
@@ -19,10 +19,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import QkvError
-from .ops import entropy as ops_entropy
+from ..engine.errors import QkvError
+from ..engine.ops import entropy as ops_entropy
 from .sampling import check_sampling, next_token_distribution
-from .tokenizer import visible
+from ..engine.tokenizer import visible
 
 
 def distribution(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

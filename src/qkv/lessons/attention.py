@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import norm
-from .model import Model
-from .ops import entropy as row_entropy, softmax
-from .positions import rope_inv_freq
+from ..engine.blocks import norm
+from ..engine.model import Model
+from ..engine.ops import entropy as row_entropy, softmax
+from ..engine.positions import rope_inv_freq
 
 DEFAULT_TEXT = "The cat sat on the mat"
 DK_SIZES = (4, 16, 64, 256)

@@ -16,7 +16,7 @@ from typing import Iterator
 import click
 from rich.console import Console
 
-from .errors import QkvError
+from ..engine.errors import QkvError
 
 MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
 
@@ -68,7 +68,7 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
 
 def write_figure(fig, out_dir: str, name: str) -> None:
     """OUT_DIR/NAME.png and .svg, written together (viz.figures.save_figure), and say so."""
-    from .viz.figures import save_figure
+    from ..viz.figures import save_figure
 
     for f in save_figure(fig, out_dir, name):
         click.echo(f"wrote {f}")

@@ -6,8 +6,8 @@
               over the source's K, V → logits[last] → sample → append → repeat
 
 `decode` is the loop (generate.decode's counterpart); `Seq2SeqModel.generate` and `.stream` wrap it
-for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.sampling, qkv.generate).
-The model comes in as an argument: this module never imports qkv.seq2seq (which imports it).
+for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.writing.sampling, qkv.writing.generate).
+The model comes in as an argument: this module never imports qkv.engine.seq2seq (which imports it).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from .errors import QkvError
+from ..engine.errors import QkvError
 from .generate import Step, TextStream, _split_stop, stop_ids
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from .seq2seq import Seq2SeqModel
+    from ..engine.seq2seq import Seq2SeqModel
 
 
 def check_can_generate(model: Seq2SeqModel, max_new_tokens: int) -> None:

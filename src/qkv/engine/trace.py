@@ -83,7 +83,7 @@ class Trace:
 
     `tokens` are spelled as the tokenizer spells them ("Ġcapital", "[CLS]"), which the
     analysis reads; `labels` are the same tokens as a reader sees them ("␣capital"), which
-    every view shows, read with the tokenizer's `spelling` (`qkv.tokenizer.label`).
+    every view shows, read with the tokenizer's `spelling` (`qkv.engine.tokenizer.label`).
 
     An encoder–decoder's trace (Seq2SeqModel.run) is the decoder's: tokens = what the decoder
     read (decoder_start_token_id first, `prompt_length` 1), attentions (L_dec, H, n_tgt, n_tgt),

@@ -11,15 +11,15 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .analysis.cli import heads as heads_cmd
-from .bench.cli import bench as bench_cmd
-from .cli_common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run
-from .cli_explain import explain_cmd, next_cmd
-from .cli_interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
-from .cli_write import chat_cmd, generate, translate_cmd
-from .errors import QkvError
-from .tokenizer import shorten as _label
-from .train.cli import train as train_cmd
+from .heads import heads as heads_cmd
+from .bench import bench as bench_cmd
+from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run
+from .explain import explain_cmd, next_cmd
+from .interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
+from .write import chat_cmd, generate, translate_cmd
+from ..engine.errors import QkvError
+from ..engine.tokenizer import shorten as _label
+from .train import train as train_cmd
 
 
 def _shade(weight: float) -> str:
@@ -105,8 +105,8 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
     the viewer with its encoder / decoder / cross views.
     """
-    from .checkpoints import load
-    from .seq2seq import Seq2SeqModel
+    from ..checkpoints import load
+    from ..engine.seq2seq import Seq2SeqModel
 
     model = load(source)
     if isinstance(model, Seq2SeqModel):
@@ -125,8 +125,8 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if out_dir is not None:
         check_writable(out_dir)
     try:
-        from .analysis.sections import sections_keep
-        from .trace import INTERMEDIATES
+        from ..analysis.sections import sections_keep
+        from ..engine.trace import INTERMEDIATES
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
@@ -134,7 +134,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
         _print_layer(trace, model, layer, head)
         if out_dir is not None:
-            from .viz.figures import focused_head
+            from ..viz.figures import focused_head
 
             picked = focused_head(trace, layer) if head is None else head
             files = _save_views(trace, out_dir, model, layer, picked)
@@ -202,8 +202,8 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
                   ablate: tuple[str, ...]) -> None:
     """`qkv show` on an encoder–decoder: the translation (or --target), the cross-attention table of
     a decoder layer, and with OUT_DIR the figures and the viewer of all three kinds of attention."""
-    from .viz.figures import focused_head
-    from .viz.seq2seq import cross_written
+    from ..viz.figures import focused_head
+    from ..viz.seq2seq import cross_written
 
     if ablate:
         raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
@@ -237,7 +237,7 @@ def seq2seq_trace(model, text: str, target: np.ndarray | None):
     """The Trace of the source TEXT and a target: TARGET's ids (teacher forcing), or else the model's greedy
     translation. The decoder reads the start token and the target without its final EOS, so row t
     wrote target token t + 1 and the last row's choice is the target's end (`viz.seq2seq.written`)."""
-    from .generate import stop_ids
+    from ..writing.generate import stop_ids
 
     ids, _ = model.encode(text)                                               # (n_src,)
     forced = target is not None
@@ -281,10 +281,10 @@ def _print_cross(trace, cross, model, layer: int, head: int | None, translated: 
 
 def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
     """The viewer (encoder / decoder / cross views) and the figures into OUT_DIR, all or nothing."""
-    from .io import FileBatch
-    from .viz.html import viewer_html
-    from .viz.pipeline import pipeline_html
-    from .viz.seq2seq import save_seq2seq_figures
+    from ..engine.io import FileBatch
+    from ..viz.html import viewer_html
+    from ..viz.pipeline import pipeline_html
+    from ..viz.seq2seq import save_seq2seq_figures
 
     out = Path(out_dir)
     try:
@@ -307,11 +307,11 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     """The viewer (with rollout, and a decoder's logit lens), the pipeline page (up to PIPELINE_TOKENS
     tokens, from a trace that kept every intermediate) and the figures into OUT_DIR, all or nothing
     (`io.FileBatch`)."""
-    from .analysis.sections import viewer_sections
-    from .io import FileBatch
-    from .viz.figures import save_figures
-    from .viz.html import viewer_html
-    from .viz.pipeline import pipeline_html
+    from ..analysis.sections import viewer_sections
+    from ..engine.io import FileBatch
+    from ..viz.figures import save_figures
+    from ..viz.html import viewer_html
+    from ..viz.pipeline import pipeline_html
 
     out = Path(out_dir)
     sections = viewer_sections(model, trace, lens_limit=None)
@@ -329,7 +329,7 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
 @cli.command()
 def models() -> None:
     """List the models that can be loaded on this machine."""
-    from .checkpoints import available
+    from ..checkpoints import available
 
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("source", style="bold")
@@ -349,7 +349,7 @@ def models() -> None:
               help="Address to listen on; 127.0.0.1 keeps the page on this machine.")
 def serve(source: str, port: int, host: str) -> None:
     """A local web page: type text, pick model, layer and head, and see the attention."""
-    from .server import exposure_warning, make_server
+    from ..web.server import exposure_warning, make_server
 
     server = make_server(source, host, port)
     click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")

@@ -18,9 +18,9 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from .explain import N_PAIRS, Walkthrough
-from .lessons import check_lang
-from .explain_text import TEXTS
+from .attention import N_PAIRS, Walkthrough
+from . import check_lang
+from ..viz.explain_text import TEXTS
 
 CORNER = 4                       # rows and columns of S shown (a causal S up to 8 tokens: all of it)
 SHOWN = 4                        # values shown of a vector

@@ -1,4 +1,4 @@
-"""`qkv train`: train a small transformer in NumPy and watch it learn (registered in qkv.cli).
+"""`qkv train`: train a small transformer in NumPy and watch it learn (registered in qkv.cli.app).
 
     qkv train --task induction --out DIR     induction heads forming on repeated random tokens
     qkv train --text FILE --out DIR          a small language model on any UTF-8 text
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from ..cli_common import new_console
-from ..errors import QkvError
+from .common import new_console
+from ..engine.errors import QkvError
 
 SMALL = 256                 # d_model up to which training runs on one BLAS thread (see `train`)
 
@@ -69,8 +69,8 @@ def train(task: str | None, text: str | None, out: str | None, threads: int | No
     checkpoint (`qkv generate --model DIR/model`, `qkv show --model DIR/model`).
     Ctrl-C saves a checkpoint; the same command continues the run.
     """
-    from ..threads import blas_threads, cores
-    from .loop import Interrupted, open_run
+    from ..engine.threads import blas_threads, cores
+    from ..train.loop import Interrupted, open_run
 
     if out is None:
         raise QkvError("give --out DIR, the directory of the run (a new one, or a run to continue)")

@@ -1,4 +1,4 @@
-"""`qkv bench ...`: the benchmark commands (registered in qkv.cli with `cli.add_command(bench)`).
+"""`qkv bench ...`: the benchmark commands (registered in qkv.cli.app with `cli.add_command(bench)`).
 
 Each command measures with its module (forward, attention, generate, llm, heads, train, patching), writes the
 report with it (attention_report for attention) and (re)writes its section of the docs;
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import click
 
-from ..errors import QkvError
-from . import attention as ab
-from . import attention_report as report
-from . import forward as fwd
-from . import generate as gb
-from . import llm
-from . import patching as pb
-from . import train as tb
-from .common import write_section
+from ..engine.errors import QkvError
+from ..bench import attention as ab
+from ..bench import attention_report as report
+from ..bench import forward as fwd
+from ..bench import generate as gb
+from ..bench import llm
+from ..bench import patching as pb
+from ..bench import train as tb
+from ..bench.common import write_section
 
 
 @click.group()
@@ -105,7 +105,7 @@ def forward(tokens: tuple[int, ...], repeats: int, eager: bool, model_source: st
 @json_option
 def heads_bench(sentences: int, workers: int | None, use_ray: bool, out: str | None, as_json: bool) -> None:
     """Texts per second of `qkv heads` on the default model: one process, local cores, Ray (no torch needed)."""
-    from . import heads as hb
+    from ..bench import heads as hb
 
     result = hb.measure(sentences=sentences, workers=workers, ray=use_ray)
     command = hb.COMMAND if (sentences, workers, use_ray) == (hb.SENTENCES, None, True) else command_line(
@@ -260,7 +260,7 @@ def patch_command(repeats: int, threads: int | None, out: str | None, as_json: b
 
 def sparse_command_line(sizes, repeats: int, window: int, block: int, out: str | None) -> str:
     """The command line that reproduces a sparse run with these options."""
-    from . import sparse as sb
+    from ..bench import sparse as sb
 
     return command_line("qkv bench sparse", [("--sizes", tuple(sizes), sb.SIZES), ("--repeats", repeats, sb.REPEATS),
                                              ("--window", window, sb.WINDOW), ("--block", block, sb.BLOCK),
@@ -280,7 +280,7 @@ def sparse_command_line(sizes, repeats: int, window: int, block: int, out: str |
 @json_option
 def sparse_command(sizes, repeats: int, window: int, block: int, out: str | None, as_json: bool) -> None:
     """Sparse attention patterns in the tiled kernel (window, dilated, Longformer, BigBird, block): time, memory."""
-    from . import sparse as sb
+    from ..bench import sparse as sb
 
     start = time.perf_counter()
     result = sb.measure(sizes, repeats, window, block, log=lambda msg: click.echo(msg, err=True))
@@ -292,7 +292,7 @@ def sparse_command(sizes, repeats: int, window: int, block: int, out: str | None
 @json_option
 def tune_command(as_json: bool) -> None:
     """Measure this machine's choices again (BLAS threads, attention workers and blocks; ≈1–3 s) and print them."""
-    from ..tuning import describe, pinned, retune
+    from ..engine.tuning import describe, pinned, retune
 
     found, seconds = retune()
     pins = pinned()

@@ -4,7 +4,7 @@
     step:     the newest token alone → logits[last] → sample → append → repeat
 
 `decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids. The
-model comes in as an argument: this module never imports qkv.model (which imports it).
+model comes in as an argument: this module never imports qkv.engine.model (which imports it).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
-from .cache import KVCache
-from .errors import QkvError
+from ..engine.cache import KVCache
+from ..engine.errors import QkvError
 from .sampling import Sampling
-from .threads import StepThreads, blas_at_most, cores, decode_threads
-from .tuning import choices, pinned
-from .trace import Recorder
+from ..engine.threads import StepThreads, blas_at_most, cores, decode_threads
+from ..engine.tuning import choices, pinned
+from ..engine.trace import Recorder
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ..engine.model import Model
 
 
 @dataclass
@@ -58,7 +58,7 @@ def stop_ids(model: Model, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndar
 def step_threads() -> StepThreads:
     """The BLAS threads of one generation's one-token steps: pinned by QKV_DECODE_THREADS=N (or
     QKV_THREADS=decode:N), else timed while generating (threads.StepThreads) between 1 and the
-    count measured fastest on this machine (qkv.tuning; at least 2 where there are 2 cores, so a
+    count measured fastest on this machine (qkv.engine.tuning; at least 2 where there are 2 cores, so a
     measurement made while the machine was busy does not keep an idle machine on one thread)."""
     pin = decode_threads() or pinned().get("decode")
     if pin:
@@ -71,7 +71,7 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
            keep_attentions: bool = False, **settings) -> Iterator[Step]:
     """Yield one Step per new token until max_new_tokens or every row has stopped.
 
-    sampling, or its fields by name in settings (temperature=0, seed=3, …): qkv.sampling.Sampling.
+    sampling, or its fields by name in settings (temperature=0, seed=3, …): qkv.writing.sampling.Sampling.
 
     use_cache=False recomputes the whole sequence each step (the slow baseline the
     cache exists to avoid; same numbers). keep_attentions also returns, per step, what
@@ -91,7 +91,7 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
     new = ids                                            # what the next forward pass reads
     done = np.zeros(B, dtype=bool)
     threads = step_threads()                             # BLAS threads of one-token steps, by timing them
-    prefill = choices().prefill                          # BLAS threads of the prompt's pass (qkv.tuning)
+    prefill = choices().prefill                          # BLAS threads of the prompt's pass (qkv.engine.tuning)
     # One-token steps keep their BLAS thread count from step to step (threads.StepThreads: set
     # again only when the choice changes); what BLAS had comes back when the generation ends.
     with threads:
@@ -103,7 +103,7 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
                     return model.last_logits(new, mask, rec=rec, cache=cache)
                 # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
                 # whichever streams faster on this machine now (threads.StepThreads). The prompt: the
-                # count measured fastest for many rows (qkv.tuning).
+                # count measured fastest for many rows (qkv.engine.tuning).
                 if new.shape[1] == 1:
                     logits = threads.run(step)
                 else:
@@ -203,7 +203,7 @@ class TextStream:
 
     def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int,
                  sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, **settings):
-        """sampling, or its fields by name in settings (temperature=0, …): see qkv.sampling.Sampling."""
+        """sampling, or its fields by name in settings (temperature=0, …): see qkv.writing.sampling.Sampling."""
         self.model, self.max_new_tokens = model, max_new_tokens
         self.sampling, self.use_cache = Sampling.of(sampling, **settings), use_cache
         self.prompt_ids = model.encode(prompt)[0] if isinstance(prompt, str) else _one_row(model, prompt)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .errors import QkvError
-from .ops import softmax
+from ..engine.errors import QkvError
+from ..engine.ops import softmax
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:

@@ -8,7 +8,7 @@
                           (viz/pipeline.py: every box of one forward pass), fetched when the page's
                           Pipeline mode asks for it
     POST /api/pipeline/next  {"text", "model", "lang", "temperature", "top_k", "top_p", "seed"} → one new
-                          token drawn by the engine (qkv.sampling) and the pipeline of the longer text:
+                          token drawn by the engine (qkv.writing.sampling) and the pipeline of the longer text:
                           {"id", "token", "text", "payload"}
     POST /api/chat        {"messages": [{"role", "content"}, ...], "model": ..., "max_new_tokens": ...}
                           → the reply as it is written, one JSON object per line (NDJSON):
@@ -51,14 +51,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from .analysis.sections import sections_keep, viewer_sections
-from .checkpoints import LLM, available, load
-from .errors import QkvError
-from .model import Model
-from .sampling import Sampling
-from .viz.html import asset, page as html_page
-from .viz.payload import script_json, trace_payload
-from .viz.pipeline import pipeline_payload, pipeline_trace
+from ..analysis.sections import sections_keep, viewer_sections
+from ..checkpoints import LLM, available, load
+from ..engine.errors import QkvError
+from ..engine.model import Model
+from ..writing.sampling import Sampling
+from ..viz.html import asset, page as html_page
+from ..viz.payload import script_json, trace_payload
+from ..viz.pipeline import pipeline_payload, pipeline_trace
 
 MAX_CHARS = 10_000                  # characters of text per request
 MAX_BODY = 64 * 1024                # bytes of request body (10,000 characters of UTF-8 fit)
@@ -218,7 +218,7 @@ class App:
             lane.leave()
 
     def next_token(self, request: dict) -> dict:
-        """One token more: the engine draws it from softmax(filter(logits[last] / T)) (qkv.sampling),
+        """One token more: the engine draws it from softmax(filter(logits[last] / T)) (qkv.writing.sampling),
         then the pipeline of the text with it: {"id", "token", "text", "payload"}."""
         lang = self._lang(request)
         sampling = self._sampling(request)
@@ -265,7 +265,7 @@ class App:
 
     def chat(self, request: dict) -> "ChatReply":
         """Check a chat request and take the writer's place; the reply is written as it is iterated."""
-        from .chat import check_can_chat
+        from ..writing.chat import check_can_chat
 
         messages, source, max_new = self._chat_request(request)
         model = self.model(source)
@@ -325,7 +325,7 @@ class App:
 
     def can_chat(self, source: str) -> bool:
         """Whether SOURCE, if already loaded, is a decoder with a chat template."""
-        from .chat import check_can_chat
+        from ..writing.chat import check_can_chat
 
         model = self._models.get(source)
         try:
@@ -365,7 +365,7 @@ class ChatReply:
         self._held = True
 
     def events(self):
-        from .chat import chat_stream
+        from ..writing.chat import chat_stream
 
         yield {"prompt": self.prompt, "dropped": self.dropped}
         stream = chat_stream(self.model, self.messages, self.max_new)      # greedy, ends at the end of turn

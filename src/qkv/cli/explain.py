@@ -10,9 +10,9 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .cli_common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
-from .errors import QkvError
-from .lessons import explain_help
+from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
+from ..engine.errors import QkvError
+from ..lessons import explain_help
 
 
 @click.command(name="explain", help=explain_help())
@@ -32,8 +32,8 @@ from .lessons import explain_help
 def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
                 out_dir: str | None, html_file: str | None) -> None:
     """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
-    from .checkpoints import load
-    from .lessons import attention_figures, check_lang, lesson_module, parse
+    from ..checkpoints import load
+    from ..lessons import attention_figures, check_lang, lesson_module, parse
 
     topic, text = parse(args)
     check_lang(lang)
@@ -47,8 +47,8 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
         if out_dir is not None:
             check_writable(out_dir)                          # before the work; removed again if it fails
         if topic == "attention":
-            from .explain import DEFAULT_TEXT, walkthrough
-            from .explain_render import render
+            from ..lessons.attention import DEFAULT_TEXT, walkthrough
+            from ..lessons.attention_render import render
 
             model, text = load(source or "minilm"), DEFAULT_TEXT if text is None else text
             steps = walkthrough(model, text, layer or 0, head)
@@ -56,7 +56,7 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
                 console.print(part)
             written = [] if out_dir is None else attention_figures(model, text, steps.layer, steps.head, out_dir)
             if html_file is not None:
-                from .viz.pipeline import save_pipeline
+                from ..viz.pipeline import save_pipeline
 
                 written.append(save_pipeline(model, text, html_file, lang=lang, layer=steps.layer, head=steps.head,
                                              box="attn"))
@@ -74,7 +74,7 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
 
 def _temperatures(values: tuple[str, ...]) -> list[float]:
     """-t 0.5 -t 1 or -t 0.5,1,2 → [0.5, 1.0, 2.0] (repeats dropped), or one clear error."""
-    from .sampling import check_sampling
+    from ..writing.sampling import check_sampling
 
     temps: list[float] = []
     for item in ",".join(values).split(","):
@@ -112,9 +112,9 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     On an encoder–decoder, TEXT is the source: the next target token after it (and --target)."""
     from functools import partial
 
-    from .checkpoints import load
-    from .nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
-    from .seq2seq import Seq2SeqModel
+    from ..checkpoints import load
+    from ..writing.nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
+    from ..engine.seq2seq import Seq2SeqModel
 
     temps = _temperatures(temperatures)
     model = load(source)
@@ -149,7 +149,7 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     table.add_row("", Text("entropy (bits)"), "", *(f"{float(entropy(P[T])):.3f}" for T in temps))
     console.print(table)
     if out_dir is not None:
-        from .viz.distribution import next_token_figure
+        from ..viz.distribution import next_token_figure
 
         write_figure(next_token_figure(z, temps, label, k=top_k, model_name=model.name, text=text), out_dir,
                       "next_token")

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from .cli_common import MODEL_HELP, check_writable, removed_if_failed
-from .errors import QkvError
+from .common import MODEL_HELP, check_writable, removed_if_failed
+from ..engine.errors import QkvError
 
 
 @click.command(name="generate")
@@ -34,10 +34,10 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
     With an encoder–decoder, translate PROMPT instead (qkv translate)."""
     from dataclasses import replace
 
-    from .checkpoints import load
-    from .generate import TextStream
-    from .sampling import Sampling
-    from .seq2seq import Seq2SeqModel
+    from ..checkpoints import load
+    from ..writing.generate import TextStream
+    from ..writing.sampling import Sampling
+    from ..engine.seq2seq import Seq2SeqModel
 
     sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                         seed=seed)                                                # checked before loading
@@ -80,9 +80,9 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
     The encoder reads TEXT once; the decoder writes the target a token at a time, reading
     the source through cross-attention (Q from the decoder, K and V from the encoder's output).
     """
-    from .checkpoints import load
-    from .sampling import Sampling
-    from .seq2seq import Seq2SeqModel
+    from ..checkpoints import load
+    from ..writing.sampling import Sampling
+    from ..engine.seq2seq import Seq2SeqModel
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     model = load(source)
@@ -95,7 +95,7 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
 def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tuple[str, ...],
                trace_dir: str | None) -> None:
     """`qkv translate`'s work (and `qkv generate`'s on an encoder–decoder): the target streamed, then --trace."""
-    from .seq2seq_generate import TargetStream
+    from ..writing.seq2seq_generate import TargetStream
 
     if max_new_tokens is None:
         max_new_tokens = min(40, model.config.max_positions - 1)
@@ -113,7 +113,7 @@ def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tup
 def _save_translation(stream, trace_dir: str) -> None:
     """--trace DIR of a translation: the decoder's trace.npz + trace.json, the encoder's in DIR/encoder
     and the cross-attention's in DIR/cross (each reloads with Trace.load), and attention.html."""
-    from .viz.html import save_viewer
+    from ..viz.html import save_viewer
 
     trace = stream.trace()
     out = trace.save(trace_dir)
@@ -150,9 +150,9 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
     outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
     it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits.
     """
-    from .chat import Conversation
-    from .checkpoints import load
-    from .sampling import Sampling
+    from ..writing.chat import Conversation
+    from ..checkpoints import load
+    from ..writing.sampling import Sampling
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     conversation = Conversation(load(source), system, max_new_tokens, sampling)
@@ -212,8 +212,8 @@ def _save_generation(stream, trace_dir: str, what: str) -> None:
     attention.html, the viewer of what each token attended to and of each generated token's
     candidates at any temperature, with attention rollout (and flow on short texts) and, up to
     lens.TRACE_LENS_TOKENS tokens, the logit lens."""
-    from .analysis.sections import sections_keep, viewer_sections
-    from .viz.html import save_viewer
+    from ..analysis.sections import sections_keep, viewer_sections
+    from ..viz.html import save_viewer
 
     model = stream.model
     trace = stream.trace(sections_keep(model, len(stream.prompt_ids) + len(stream.new_ids)))

@@ -32,7 +32,7 @@ class AttentionWeights:
     b_K: np.ndarray | None = None    # (Hkv·d_k,)
     b_V: np.ndarray | None = None    # (Hkv·d_k,)
     b_O: np.ndarray | None = None    # (d_model,)
-    # Set by qkv.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
+    # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
 
@@ -46,7 +46,7 @@ class FFNWeights:
     b_in: np.ndarray | None = None   # (d_ff,)
     b_out: np.ndarray | None = None  # (d_model,)
     W_gate: np.ndarray | None = None  # (d_model, d_ff), SwiGLU only
-    # Set by qkv.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
+    # Set by qkv.engine.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
     # for both; W_gate and W_in are then views of its columns.
     W_gate_in: np.ndarray | None = None
 

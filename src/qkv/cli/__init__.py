@@ -1,0 +1,1 @@
+"""The `qkv` command: every subcommand, one module per group."""

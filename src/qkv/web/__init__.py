@@ -1,0 +1,1 @@
+"""The local web app (qkv serve)."""
