@@ -42,12 +42,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.blocks import Context, attention_mask_of, block, logits_of, norm
 from ..engine.errors import QkvError
 from ..engine.hooks import Hooks
 from ..engine.io import FileBatch
-from ..engine.positions import rope_cos_sin, rope_inv_freq
-from ..engine.trace import Recorder
+from ..engine.model import transformer
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
 from .attribution import CMAP, token_id
 
@@ -170,20 +168,11 @@ def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
 def tail(model: "Model", x: np.ndarray, start: int, hooks: Hooks | None = None) -> np.ndarray:
     """x (B, n, d_model), the residual stream entering block START, through blocks START..L-1
     (and the final norm) → the last position's logits (B, V), or without an LM head the final
-    hidden states (B, n, d_model). The same boxes as qkv.engine.model.transformer, from the middle."""
-    cfg, weights = model.config, model.weights
+    hidden states (B, n, d_model): qkv.engine.model.transformer, from the middle."""
     B, n, _ = x.shape
-    rope = None
-    if cfg.position == "rope":
-        inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, x.dtype)
-        rope = rope_cos_sin(np.broadcast_to(np.arange(n), (B, n)), inv_freq)     # 2 × (B, 1, n, d_k)
-    ctx = Context(cfg, attention_mask_of(cfg, np.ones((B, n), np.int64), n), rope, Recorder(keep=()), hooks=hooks)
-    for layer in range(start, cfg.n_layers):
-        x = block(x, weights.blocks[layer], ctx, layer)                            # (B, n, d_model)
-    if weights.final_norm is not None:
-        x = norm(x, weights.final_norm, cfg)
-    logits = logits_of(x[:, -1:], weights)                                         # (B, 1, V) or None
-    return x if logits is None else logits[:, 0]
+    hidden, logits = transformer(model.weights, model.config, None, np.ones((B, n), np.int64), logits="last",
+                                 hooks=hooks, start=start, stream=x)
+    return hidden if logits is None else logits[:, 0]                          # (B, V) or (B, n, d_model)
 
 
 def _patched(model: "Model", clean, corrupted, layer: int, rows: list[tuple[str, np.ndarray]]) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, logits_of, norm
+from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm, score_scale
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
@@ -37,20 +37,6 @@ from .weights import Weights
 
 # ── the whole pass ───────────────────────────────────────────────────────────────
 
-def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
-          token_type_ids: np.ndarray | None = None) -> np.ndarray:
-    """X = E[ids] (+ P[positions]) (+ T[types]), then BERT's LayerNorm (seeds §1)."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model)
-    if weights.pos_embed is not None:
-        x += weights.pos_embed[positions]                # learned or sinusoidal table
-    if weights.type_embed is not None:
-        types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
-        x += weights.type_embed[types]
-    if weights.embed_norm is not None:
-        x = norm(x, weights.embed_norm, cfg)
-    return x
-
-
 @dataclass
 class Output:
     """What `Model.forward` returns."""
@@ -63,7 +49,8 @@ class Output:
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
-                ablate: Ablation | None = None, hooks: Hooks | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                ablate: Ablation | None = None, hooks: Hooks | None = None,
+                start: int = 0, stream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
     rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
@@ -71,27 +58,30 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
     (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
+    start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
+    block START, instead of embedding ids (what activation patching reruns; ids may then be None).
     """
     dtype = weights.tok_embed.dtype
-    n = ids.shape[1]
+    n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
     positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
-        np.arange(n), ids.shape)
-    x = embed(weights, cfg, ids, positions, token_type_ids)  # (B, n, d_model)
+        np.arange(n), attention_mask.shape[:1] + (n,))
+    x = embed(weights, cfg, ids, positions, token_type_ids) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks)
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
+                  scale=score_scale(cfg))
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
         ctx.one_step, ctx.step_bias = True, None if bias is None or not bias.any() else bias
-    for layer, w in enumerate(weights.blocks):
-        x = block(x, w, ctx, layer)
+    for layer in range(start, cfg.n_layers):
+        x = block(x, weights.blocks[layer], ctx, layer)
     if cache is not None:
         cache.advance(n)
     if weights.final_norm is not None:
