@@ -61,10 +61,11 @@ def merge_heads(z: np.ndarray) -> np.ndarray:
     return z.transpose(0, 2, 1, 3).reshape(B, n, H * dk)
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+def attention_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None) -> np.ndarray:
     """S = Q·Kᵀ / √d_k for every query head, K/V heads shared in groups (GQA/MQA).
 
-    q: (B, H, n, d_k); k: (B, Hkv, m, d_k) → S: (B, H, n, m).
+    q: (B, H, n, d_k); k: (B, Hkv, m, d_k) → S: (B, H, n, m). scale: what Q·Kᵀ is multiplied by,
+    1/√d_k unless the config says otherwise (T5: 1, the scale folded into W_Q; see `score_scale`).
     Query head h uses K/V head h // (H/Hkv), as transformers' `repeat_kv`; the group
     is folded into the rows of one matmul instead of copying K per head.
     """
@@ -73,7 +74,7 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     G = H // Hkv
     qg = q.reshape(B, Hkv, G * n, dk)                    # (B, Hkv, G·n, d_k)
     s = np.matmul(qg, k.transpose(0, 1, 3, 2))           # (B, Hkv, G·n, m)
-    s *= 1.0 / math.sqrt(dk)                              # Python float: keeps float32
+    s *= 1.0 / math.sqrt(dk) if scale is None else scale   # Python float: keeps float32
     return s.reshape(B, H, n, m)                         # (B, H, n, m)
 
 
@@ -88,15 +89,16 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
-    *, keep_scores: bool = False,
+    *, keep_scores: bool = False, scale: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V  (seeds §3, steps ① to ④).
 
     Returns (Z, A, S): the output (B, H, n, d_k), the weights A (B, H, n, m) whose rows
     sum to 1 (or are 0 where every key is masked), and the scaled, masked scores S
-    (only with keep_scores: otherwise softmax overwrites them to save memory).
+    (only with keep_scores: otherwise softmax overwrites them to save memory). scale: see
+    `attention_scores`.
     """
-    s = attention_scores(q, k)                           # ①② (B, H, n, m)
+    s = attention_scores(q, k, scale)                    # ①② (B, H, n, m)
     if bias is not None:
         s += bias                                        # M: -∞ on masked keys
     a = softmax_(s.copy() if keep_scores else s)         # ③ (B, H, n, m)
@@ -141,10 +143,13 @@ TILED_MIN_SCORES = 512 * 512
 
 @dataclass
 class AttentionMask:
-    """Which keys each query may see, described rather than built: causal, window, padding.
+    """What is added to the scores S before softmax, described rather than built: which keys each
+    query may see (causal, window, padding: M, 0 or -∞) and a position bias B (T5's relative bias).
 
     n queries are the last n of m keys. Building the (B, 1, n, m) mask costs as much memory
-    as the scores themselves, so it is only built where the plain path needs it.
+    as the scores themselves, so it is only built where the plain path needs it. This is the one
+    place the rule of masks.visible becomes a mask of a pass (the tiled kernels build theirs per
+    block from the same fields).
     """
 
     n: int
@@ -152,6 +157,7 @@ class AttentionMask:
     causal: bool
     window: int | None = None                   # sliding window (causal only), None = unlimited
     key_mask: np.ndarray | None = None          # (B, m) False on padding keys; None = no padding
+    position_bias: np.ndarray | None = None     # (B|1, H|1, n, m) added to S (T5); None = none
     _bias: dict = field(default_factory=dict, repr=False, compare=False)
 
     def allowed(self, q0: int = 0, q1: int | None = None) -> np.ndarray | None:
@@ -167,24 +173,33 @@ class AttentionMask:
         return ok
 
     def bias(self, dtype=np.float32) -> np.ndarray | None:
-        """The additive mask M: 0 where allowed, -∞ elsewhere; None when nothing is masked.
+        """What S gets added: B + M (M: 0 where allowed, -∞ elsewhere); None when nothing is.
 
         Built once and shared by every layer of a forward pass.
         """
         key = np.dtype(dtype)
         if key not in self._bias:
             ok = self.allowed()
-            self._bias[key] = None if ok is None else mask_bias(ok, dtype)
+            m = None if ok is None else mask_bias(ok, dtype)
+            b = None if self.position_bias is None else self.position_bias.astype(dtype, copy=False)
+            self._bias[key] = b if m is None else (m if b is None else b + m)
         return self._bias[key]
 
+    def plain_only(self, scale: float | None, d_k: int) -> bool:
+        """Whether attention must be computed the plain way: a position bias or a scale other than
+        1/√d_k, which the tiled kernels do not take."""
+        return self.position_bias is not None or (scale is not None and scale != 1.0 / math.sqrt(d_k))
 
-def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask) -> np.ndarray:
+
+def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
+                     scale: float | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
-    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES:
+    plain = mask.plain_only(scale, q.shape[-1])
+    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not plain:
         return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
-        return causal_attention(q, k, v, mask)
-    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))
+        return causal_attention(q, k, v, mask, scale=scale)
+    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale)
     return z
 
 
@@ -196,7 +211,7 @@ CAUSAL_BLOCK = 64
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                     block_size: int = CAUSAL_BLOCK) -> np.ndarray:
+                     block_size: int = CAUSAL_BLOCK, scale: float | None = None) -> np.ndarray:
     """Causal softmax(Q·Kᵀ/√d_k + M)·V, a block of query rows at a time, each with the keys it can see.
 
     Plain form: scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))[0]. Query i sits at
@@ -210,12 +225,12 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
         q1 = min(n, q0 + block_size)
         seen = m - n + q1                                # keys 0..seen-1 are visible to some row
         z[:, :, q0:q1], _, _ = scaled_dot_product_attention(
-            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen])
+            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen], scale=scale)
     return z
 
 
 def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: list[int],
-                      block_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+                      block_size: int = 256, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(A, S) for some heads only, computed by blocks of query rows: (B, h, n, m) each.
 
     For looking at a long input: memory grows with the heads asked for, not with all H.
@@ -227,7 +242,11 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
     s = np.empty((B, len(hs), n, k.shape[2]), dtype=q.dtype)           # (B, h, n, m)
     for q0 in range(0, n, block_size):
         q1 = min(n, q0 + block_size)
-        s[:, :, q0:q1] = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2)) * (1.0 / math.sqrt(dk))
+        s[:, :, q0:q1] = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2)) * (1.0 / math.sqrt(dk) if scale is None
+                                                                             else scale)
+        if mask.position_bias is not None:
+            pb = mask.position_bias
+            s[:, :, q0:q1] += pb[:, hs if pb.shape[1] > 1 else slice(None), q0:q1]
         ok = mask.allowed(q0, q1)
         if ok is not None:
             s[:, :, q0:q1] = np.where(ok, s[:, :, q0:q1], -np.inf)

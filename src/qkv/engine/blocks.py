@@ -52,6 +52,23 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
     return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
 
 
+def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
+          token_type_ids: np.ndarray | None = None) -> np.ndarray:
+    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
+    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores."""
+    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy
+    if cfg.scale_embedding:
+        x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
+    if weights.pos_embed is not None:                    # learned or sinusoidal table
+        x += weights.pos_embed[positions + cfg.position_offset if cfg.position_offset else positions]  # BART: row p + 2
+    if weights.type_embed is not None:
+        types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
+        x += weights.type_embed[types]
+    if weights.embed_norm is not None:
+        x = norm(x, weights.embed_norm, cfg)
+    return x
+
+
 def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (seeds §2).
 
@@ -87,8 +104,9 @@ class Ablation:
     heads: dict[int, tuple[int, ...]]              # layer → its ablated query heads (0..H-1)
     how: str = "zero"
 
-    def apply(self, layer: int, z: np.ndarray, mask: AttentionMask) -> np.ndarray:
-        """z (B, H, n, d_k) → a copy with this layer's ablated heads replaced (z itself if none)."""
+    def apply(self, layer: int, z: np.ndarray, real: np.ndarray | None) -> np.ndarray:
+        """z (B, H, n, d_k) → a copy with this layer's ablated heads replaced (z itself if none);
+        real (B, n): which of the n positions are real tokens (None: all), for the mean."""
         heads = self.heads.get(layer)
         if not heads:
             return z
@@ -98,8 +116,7 @@ class Ablation:
             z[:, h] = 0
             return z                                               # (B, H, n, d_k)
         n = z.shape[2]
-        real = (np.ones((z.shape[0], n), bool) if mask.key_mask is None
-                else mask.key_mask[:, -n:])                        # (B, n) the real tokens
+        real = np.ones((z.shape[0], n), bool) if real is None else real   # (B, n) the real tokens
         w = (real / np.maximum(real.sum(axis=1, keepdims=True), 1)).astype(z.dtype)   # (B, n)
         mean = np.einsum("bn,bhnd->bhd", w, z[:, h])               # (B, h, d_k)
         z[:, h] = mean[:, :, None, :]
@@ -116,10 +133,14 @@ class Ablation:
 
 @dataclass
 class Context:
-    """What every box of one forward pass shares, besides its input and its weights."""
+    """What every box of one forward pass shares, besides its input and its weights.
+
+    An encoder–decoder's decoder pass has a second Context, `cross`, for its cross-attention:
+    the source's mask, the encoder's K, V (`memory`), and its own recorder, hooks and ablation.
+    """
 
     cfg: ModelConfig
-    mask: AttentionMask                              # who may see whom (seeds §5)
+    mask: AttentionMask                              # who may see whom (seeds §5), + T5's position bias
     rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
@@ -127,20 +148,37 @@ class Context:
     hooks: Hooks | None = None                       # functions reading or replacing values (qkv.engine.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
+    scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (score_scale)
+    memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
+    cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none
+    query_mask: np.ndarray | None = None             # cross-attention: (B, n) the real target tokens; None: all
 
 
-def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
+def score_scale(cfg: ModelConfig) -> float | None:
+    """What S = Q·Kᵀ is multiplied by: None for the usual 1/√d_k, 1.0 where the config folds it into
+    W_Q (T5's scale_scores = False)."""
+    return None if cfg.scale_scores else 1.0
+
+
+def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
     """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
 
-    With a KV cache, X holds only the new tokens; their K, V join the cached past.
+    Self-attention: Q, K, V all from X. With a KV cache, X holds only the new tokens; their K, V
+    join the cached past. Cross-attention (ctx.memory, an encoder–decoder's decoder): Q = X·W_Q
+    from the decoder's n_tgt rows, K and V the encoder output's (computed once, `cross_memory`),
+    so A is (B, H, n_tgt, n_src): row i says which source tokens target token i reads.
     The weights A are only materialised when the recorder keeps them (for the heads it
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
-    cfg, mask, rec = ctx.cfg, ctx.mask, ctx.rec
-    q, k, v = projections(x, w)                               # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+    cfg, mask, rec, scale = ctx.cfg, ctx.mask, ctx.rec, ctx.scale
+    if ctx.memory is None:
+        q, k, v = projections(x, w)                           # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+        k = split_heads(k, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
+        v = split_heads(v, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
+    else:
+        q = linear(x, w.W_Q, w.b_Q)                           # (B, n_tgt, H·d_k)
+        k, v = ctx.memory[layer]                              # (B, Hkv, n_src, d_k) each
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
-    k = split_heads(k, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
-    v = split_heads(v, cfg.n_kv_heads)                        # (B, Hkv, n, d_k)
     if ctx.rope is not None:
         q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
     hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
@@ -150,20 +188,29 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
-        z, a, s = hooks.attention(layer, q, k, v, mask, rec)
+        z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale)
     elif want and rec.heads is None:                          # every head's weights: the plain path
-        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
+        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"),
+                                               scale=scale)
     else:
-        z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
-        a, s = attention_weights(q, k, mask, rec.heads) if want else (None, None)
-    if ctx.ablate is not None:
-        z = ctx.ablate.apply(layer, z, mask)                  # (B, H, n, d_k) ablated heads replaced
+        z = attention_output(q, k, v, mask, scale)            # (B, H, n, d_k) plain or tiled
+        a, s = attention_weights(q, k, mask, rec.heads, scale=scale) if want else (None, None)
+    if ctx.ablate is not None:                                # (B, H, n, d_k) ablated heads replaced
+        z = ctx.ablate.apply(layer, z, ctx.query_mask if ctx.memory is not None
+                             else None if mask.key_mask is None else mask.key_mask[:, -z.shape[2]:])
     if hooks is not None:
         z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
     out = linear(merge_heads(z), w.W_O, w.b_O)               # (B, n, d_model)
     return out if hooks is None else hooks(layer, "attn_out", out)
+
+
+def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each decoder layer's cross-attention K = M·W_K + b_K and V = M·W_V + b_V of the encoder's output
+    M (B, n_src, d_model): (B, Hkv, n_src, d_k) each, computed once per source and read by every step."""
+    return [(split_heads(linear(encoded, b.cross_attn.W_K, b.cross_attn.b_K), cfg.n_kv_heads),
+             split_heads(linear(encoded, b.cross_attn.W_V, b.cross_attn.b_V), cfg.n_kv_heads)) for b in blocks]
 
 
 def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
@@ -228,36 +275,46 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
-    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias)    # (B, H, 1, d_k)
+    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias, scale=ctx.scale)    # (B, H, 1, d_k)
     x = x + linear(z.reshape(B, 1, hq), a.W_O, a.b_O)          # Concat(Z)·W_O; n = 1: a reshape
     return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
 
 
+def residual(x: np.ndarray, w: NormWeights, cfg: ModelConfig, box, *args) -> tuple[np.ndarray, np.ndarray]:
+    """(x + Box(Norm(x)), Box's output) pre-norm (GPT-2, Llama, T5), or (Norm(x + Box(x)), Box's
+    output) post-norm (BERT, Marian, BART): one residual step of a block."""
+    if cfg.norm_place == "post":
+        out = box(x, *args)
+        return norm(x + out, w, cfg), out
+    out = box(norm(x, w, cfg), *args)
+    return x + out, out                                      # (B, n, d_model) each
+
+
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """One transformer block (seeds §6): attention and FFN, each with a residual and a norm."""
+    """One transformer block (seeds §6): attention, then (an encoder–decoder's decoder) cross-attention
+    reading the encoder's output, then the FFN, each a residual step with its norm."""
     cfg, hooks = ctx.cfg, ctx.hooks
     if ctx.one_step:
         return step_block(x, w, ctx, layer)
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
-    if cfg.norm_place == "post":                             # BERT
-        a = self_attention(x, w.attn, ctx, layer)
-        x = norm(x + a, w.attn_norm, cfg)
-        f = feed_forward(x, w.ffn, cfg)
-        if hooks is not None:
-            f = hooks(layer, "ffn_out", f)
-        x = norm(x + f, w.ffn_norm, cfg)
-    else:                                                    # GPT-2, Llama
-        a = self_attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
-        x = x + a
-        f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
-        if hooks is not None:
-            f = hooks(layer, "ffn_out", f)
-        x = x + f
+    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer)
+    if w.cross_attn is not None:
+        cross = ctx.cross
+        x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer)
+        cross.rec.put(layer, "attn_out", c)
+    x, f = residual(x, w.ffn_norm, cfg, _hooked(feed_forward, hooks, layer, "ffn_out"), w.ffn, cfg)
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)
     return x                                                 # (B, n, d_model)
+
+
+def _hooked(box, hooks: Hooks | None, layer: int, name: str):
+    """box, or box followed by the hooks on its output (`name`) when there are any."""
+    if hooks is None or not hooks.wants(layer, name):
+        return box
+    return lambda *args: hooks(layer, name, box(*args))
 
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> AttentionMask:

@@ -131,12 +131,12 @@ class Hooks:
         return (layer, "scores") in self.points or (layer, "attentions") in self.points
 
     def attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                  rec: Recorder) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                  rec: Recorder, scale: float | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """softmax(Q·Kᵀ/√d_k + M)·V with hooks on S and A: (Z (B, H, n, d_k), A, S for the recorder).
 
         The same steps as attention.scaled_dot_product_attention, so identity hooks change no bit.
         """
-        s = attention_scores(q, k)                                     # (B, H, n, m)
+        s = attention_scores(q, k, scale)                              # (B, H, n, m)
         bias = mask.bias(q.dtype)
         if bias is not None:
             s += bias                                                  # -∞ where a key is hidden
@@ -168,3 +168,38 @@ def _replacement(new, old: np.ndarray, layer: int, name: str) -> np.ndarray:
         raise QkvError(f"the hook on {layer}.{name} returned shape {new.shape}, but the value there is "
                        f"{old.shape}; return an array of that shape (or None to only read)") from None
     return out
+
+
+# ── an encoder–decoder's three stacks ────────────────────────────────────────────
+# Its hook names say the stack first: "encoder.3.heads" (the encoder), "cross.3.heads" (the decoder's
+# cross-attention: Q from the target, K and V from the source), and the decoder's own without a prefix
+# ("3.heads", or "decoder.3.heads"), so a decoder's hooks read the same on Llama and on T5.
+
+STACKS = ("encoder", "decoder", "cross")
+CROSS_POINTS = ("q", "k", "v", "scores", "attentions", "heads", "attn_out")   # cross-attention has no residual or FFN
+
+
+def stack_hooks(spec: Mapping[str, HookFn] | None, cfg: ModelConfig, owner: str = "the model"
+                ) -> dict[str, "Hooks | None"]:
+    """An encoder–decoder's hooks by stack ("encoder", "decoder", "cross"), each checked against its
+    own depth (n_layers or n_decoder_layers); a stack without hooks maps to None."""
+    if spec is None:
+        return dict.fromkeys(STACKS)
+    if not isinstance(spec, Mapping):
+        raise QkvError("hooks must be a dict of name → function, e.g. {'3.heads': fn, 'cross.0.attentions': fn}, "
+                       f"got {type(spec).__name__}")
+    parts: dict[str, dict] = {s: {} for s in STACKS}
+    for key, fn in spec.items():
+        stack, _, rest = str(key).partition(".")
+        if stack in STACKS and rest:
+            parts[stack][rest] = fn
+        else:
+            parts["decoder"][key] = fn
+    for key in parts["cross"]:
+        bare = [p for p in key.split(".") if not _is_int(p)]
+        if bare and ALIASES.get(bare[0], bare[0]) not in CROSS_POINTS:
+            raise QkvError(f"hook name 'cross.{key}': cross-attention has {list(CROSS_POINTS)}; "
+                           f"{bare[0]} belongs to the decoder (hook '{key}')")
+    decoder = cfg.with_(n_layers=cfg.n_decoder_layers)
+    return {s: Hooks.of(None, parts[s], cfg if s == "encoder" else decoder, f"{owner}'s {s}") if parts[s] else None
+            for s in STACKS}

@@ -9,194 +9,100 @@ Self-attention takes Q, K and V from one sentence; cross-attention takes Q from 
 K, V from the encoder's output: when the decoder writes "I" it looks at "나는". Every attention
 array is (…, n_q, n_k) — n_tgt × n_src in cross-attention — never assumed square.
 
-The boxes are blocks.py's (linear, norm, projections, feed_forward, logits_of), composed into one
-block for either stack; what differs is said by the config's knobs (post- or pre-norm, scaled
-scores or not, T5's relative position bias). `Seq2SeqModel` ties them to a config, a
-Seq2SeqWeights and a tokenizer; writing is in seq2seq_generate.py.
+There is no second engine here: both stacks run blocks.py's `block` (the decoder's with its
+cross-attention box), so hooks, ablation, the tiled path and the KV cache are the decoders' own.
+What differs is said by the config's knobs (post- or pre-norm, scaled scores or not, T5's relative
+position bias, carried by the AttentionMask). `Seq2SeqModel` ties the passes to a config, a
+Seq2SeqWeights and a tokenizer; writing is in writing/seq2seq_generate.py.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .attention import AttentionMask, merge_heads, split_heads
-from .blocks import feed_forward, linear, logits_of, norm, projections
+from .attention import AttentionMask
+from .blocks import ABLATIONS, Ablation, Context, block, cross_memory, embed, logits_of, norm, score_scale
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError, check_index
 from .model import Model
-from .ops import softmax_
+from .hooks import STACKS, HookFn, Hooks, stack_hooks
 from .positions import relative_bias
 from ..writing.sampling import Sampling
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
-from .weights import AttentionWeights, BlockWeights, NormWeights, Seq2SeqWeights, Weights
+from .weights import Seq2SeqWeights
 
 
-# ── the boxes ────────────────────────────────────────────────────────────────────
-
-def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """X = E[ids]·(√d_model if scaled) + P[positions + offset], then LayerNorm (BART) (seeds §1).
-
-    positions (n,): 0..n-1 in the encoder, past..past+n-1 in the decoder, whatever the padding
-    (as transformers numbers them in these families). T5 has no table: its positions enter the scores.
-    """
-    x = weights.tok_embed[ids]                                     # (B, n, d_model)
-    if cfg.scale_embedding:
-        x *= math.sqrt(cfg.d_model)                                # Marian: E·√d
-    if weights.pos_embed is not None:
-        x += weights.pos_embed[positions + cfg.position_offset]    # (n, d_model): BART reads row p + 2
-    if weights.embed_norm is not None:
-        x = norm(x, weights.embed_norm, cfg)
-    return x
-
-
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None, cfg: ModelConfig,
-           keep_scores: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(Z, A, S): Z = softmax(S)·V, S = Q·Kᵀ/√d_k + B + M (seeds §3); T5: S = Q·Kᵀ + B + M.
-
-    q (B, H, n_q, d_k), k and v (B, H, n_k, d_k); bias = B + M broadcast to (B, H, n_q, n_k): the
-    relative position bias B (T5) and the mask M (-∞ where a key may not be seen). A (B, H, n_q, n_k).
-    """
-    s = np.matmul(q, k.swapaxes(-1, -2))                           # (B, H, n_q, n_k)
-    if cfg.scale_scores:
-        s *= 1.0 / math.sqrt(q.shape[-1])
-    if bias is not None:
-        s += bias
-    a = softmax_(s.copy() if keep_scores else s)                   # rows sum to 1
-    return np.matmul(a, v), a, (s if keep_scores else None)       # Z (B, H, n_q, d_k)
-
+# ── the two passes: engine/blocks.py's boxes, composed ──────────────────────────
 
 @dataclass
-class StackContext:
-    """What every box of one stack's pass shares (blocks.Context's counterpart, with cross-attention)."""
+class Stacks:
+    """What an encoder–decoder's pass does besides computing: per stack (encoder, the decoder's
+    self-attention and FFN, its cross-attention), the recorder, hooks and ablation. None: nothing."""
 
-    cfg: ModelConfig
-    bias: np.ndarray | None                   # self-attention's B + M: (B|1, H|1, n, m); None = nothing masked
-    rec: Recorder                             # this stack's intermediates
-    cache: KVCache | None = None              # decoder: the past's self-attention K, V
-    memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # decoder: each layer's cross K, V (B, H, n_src, d_k)
-    memory_bias: np.ndarray | None = None     # decoder: M over the source's padding (B, 1, 1, n_src)
-    cross_rec: Recorder | None = None         # decoder: the cross-attention's intermediates (same names)
+    rec: dict[str, Recorder] = field(default_factory=dict)
+    hooks: dict[str, Hooks | None] = field(default_factory=dict)
+    ablate: dict[str, Ablation | None] = field(default_factory=dict)
 
-
-def _record(rec: Recorder, layer: int, **values: np.ndarray | None) -> None:
-    for name, value in values.items():
-        rec.put(layer, name, value)
+    def context(self, stack: str, cfg: ModelConfig, mask: AttentionMask, **more: Any) -> Context:
+        return Context(cfg, mask, None, self.rec.get(stack) or Recorder(keep=()), ablate=self.ablate.get(stack),
+                       hooks=self.hooks.get(stack), scale=score_scale(cfg), **more)
 
 
-def self_attention(x: np.ndarray, w: AttentionWeights, ctx: StackContext, layer: int) -> np.ndarray:
-    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + B + M)·V_h · W_O, Q, K, V all from X (seeds §2–5).
-
-    The encoder's M hides only the source's padding; the decoder's is causal too, and with a
-    KV cache X holds only the new tokens, whose K, V join the cached past.
-    """
-    H, rec = ctx.cfg.n_heads, ctx.rec
-    q, k, v = (split_heads(y, H) for y in projections(x, w))     # (B, H, n, d_k) each
-    if ctx.cache is not None:
-        k, v = ctx.cache.append(layer, k, v)                       # (B, H, past + n, d_k)
-    z, a, s = attend(q, k, v, ctx.bias, ctx.cfg, keep_scores=rec.wants(layer, "scores"))
-    _record(rec, layer, q=q, k=k, v=v, scores=s, attentions=a, heads=z)
-    return linear(merge_heads(z), w.W_O, w.b_O)                   # (B, n, d_model)
-
-
-def cross_attention(y: np.ndarray, w: AttentionWeights, ctx: StackContext, layer: int) -> np.ndarray:
-    """Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O with Q = Y·W_Q from the decoder (n_tgt rows)
-    and K = M·W_K, V = M·W_V from the encoder's output M (n_src rows, computed once: `memory_of`).
-
-    A is (B, H, n_tgt, n_src): row i says which source tokens target token i reads.
-    """
-    rec = ctx.cross_rec
-    q = split_heads(linear(y, w.W_Q, w.b_Q), ctx.cfg.n_heads)     # (B, H, n_tgt, d_k)
-    k, v = ctx.memory[layer]                                       # (B, H, n_src, d_k) each
-    z, a, s = attend(q, k, v, ctx.memory_bias, ctx.cfg, keep_scores=rec.wants(layer, "scores"))
-    _record(rec, layer, q=q, k=k, v=v, scores=s, attentions=a, heads=z)
-    return linear(merge_heads(z), w.W_O, w.b_O)                   # (B, n_tgt, d_model)
-
-
-def residual(x: np.ndarray, w: NormWeights, cfg: ModelConfig,
-             box: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(x + Box(Norm(x)) (pre-norm: T5) or Norm(x + Box(x)) (post-norm: Marian, BART), Box's output)."""
-    if cfg.norm_place == "post":
-        out = box(x)
-        return norm(x + out, w, cfg), out
-    out = box(norm(x, w, cfg))
-    return x + out, out                                            # (B, n, d_model) each
-
-
-def block(x: np.ndarray, w: BlockWeights, ctx: StackContext, layer: int) -> np.ndarray:
-    """One block of either stack (seeds §6): self-attention, then (decoder) cross-attention, then
-    the FFN, each a residual step with its norm."""
-    cfg = ctx.cfg
-    ctx.rec.put(layer, "residual", x)
-    x, a = residual(x, w.attn_norm, cfg, lambda h: self_attention(h, w.attn, ctx, layer))
-    if w.cross_attn is not None:
-        x, c = residual(x, w.cross_norm, cfg, lambda h: cross_attention(h, w.cross_attn, ctx, layer))
-        ctx.cross_rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, lambda h: feed_forward(h, w.ffn, cfg))
-    _record(ctx.rec, layer, attn_out=a, ffn_out=f)
-    return x                                                       # (B, n, d_model)
-
-
-def _add(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
-    return b if a is None else (a if b is None else a + b)
-
-
-def encode(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
-           rec: Recorder | None = None) -> np.ndarray:
+def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
+                 stacks: Stacks | None = None) -> np.ndarray:
     """Source ids (B, n_src), mask (B, n_src) → the encoder's output M (B, n_src, d_model).
 
-    Bidirectional: every source token sees every real source token (padding never).
+    Bidirectional: every source token sees every real source token (padding never); T5 adds its
+    relative position bias (both directions) to the scores. Positions 0..n-1 whatever the padding,
+    as transformers numbers them in these families.
     """
-    w, n = weights.encoder, ids.shape[1]
+    w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
     pos = np.arange(n)                                             # (n_src,)
     x = embed(w, cfg, ids, pos)                                    # (B, n_src, d_model)
-    pad = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool))
-    bias = pad.bias(x.dtype)                                       # (B, 1, 1, n_src) or None
-    if w.rel_bias is not None:                                     # T5: B over key − query, both ways
-        bias = _add(relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance), bias)
-    ctx = StackContext(cfg, bias, rec or Recorder(keep=()))
+    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
+    attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
+    ctx = stacks.context("encoder", cfg, attend)
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
 
 
 def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each decoder layer's cross-attention K = M·W_K + b_K and V = M·W_V + b_V of the encoder's
-    output M (B, n_src, d_model): (B, H, n_src, d_k) each, computed once per source and read by
-    every decoding step."""
-    H = cfg.n_heads
-    return [(split_heads(linear(encoded, b.cross_attn.W_K, b.cross_attn.b_K), H),
-             split_heads(linear(encoded, b.cross_attn.W_V, b.cross_attn.b_V), H)) for b in weights.decoder.blocks]
+    """Each decoder layer's cross-attention K, V of the encoder's output (blocks.cross_memory)."""
+    return cross_memory(encoded, weights.decoder.blocks, cfg)
 
 
-def decode(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
-           memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *, cache: KVCache | None = None,
-           rec: Recorder | None = None, cross_rec: Recorder | None = None,
-           logits: str = "all") -> tuple[np.ndarray, np.ndarray]:
+def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
+                 memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
+                 cache: KVCache | None = None, stacks: Stacks | None = None,
+                 logits: str = "all") -> tuple[np.ndarray, np.ndarray]:
     """Decoder ids (B, n) → (hidden (B, n, d_model), logits (B, n, V); logits="last": (B, 1, V)).
 
     mask (B, past + n) covers the target's past and new tokens (None: no padding); source_mask
     (B, n_src) the source's. With a KV cache, ids are the n new tokens after the cache's past.
+    Each block: causal self-attention (+ T5's backward-only position bias), cross-attention reading
+    memory (the encoder output's K, V), FFN.
     """
-    w, n = weights.decoder, ids.shape[1]
+    w, n, stacks = weights.decoder, ids.shape[1], stacks or Stacks()
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
     x = embed(w, cfg, ids, pos)                                    # (B, n, d_model)
     key_mask = None if mask is None or mask.all() else mask.astype(bool)
-    bias = AttentionMask(n, past + n, causal=True, key_mask=key_mask).bias(x.dtype)   # (B|1, 1, n, past + n)
-    if w.rel_bias is not None:                                     # T5: B over key − query, backwards only
-        bias = _add(relative_bias(w.rel_bias, pos, np.arange(past + n), False, cfg.relative_max_distance), bias)
-    n_src = source_mask.shape[1]
-    src = AttentionMask(n, n_src, causal=False, key_mask=None if source_mask.all() else source_mask.astype(bool))
-    ctx = StackContext(cfg, bias, rec or Recorder(keep=()), cache, memory, src.bias(x.dtype),
-                       cross_rec or Recorder(keep=()))
+    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
+                                                            cfg.relative_max_distance)
+    own = AttentionMask(n, past + n, causal=True, key_mask=key_mask, position_bias=bias)
+    src = AttentionMask(n, source_mask.shape[1], causal=False,
+                        key_mask=None if source_mask.all() else source_mask.astype(bool))
+    cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
+    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross)
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
     if cache is not None:
@@ -232,7 +138,11 @@ class Seq2SeqModel:
 
     The source goes through the encoder once; the decoder reads the target so far and, through
     cross-attention, the encoder's output. Token ids of both sides come from one vocabulary.
+    Hooks and ablations name their stack ("encoder", "decoder", "cross"), see `run`.
     """
+
+    hooks: dict[str, Hooks | None] = dict.fromkeys(STACKS)       # run by every pass (a view: `with_hooks`)
+    ablated: dict[str, Ablation | None] = dict.fromkeys(STACKS)  # heads knocked out of every pass (`ablate`)
 
     def __init__(self, config: ModelConfig, weights: Seq2SeqWeights, tokenizer: Tokenizer | None = None,
                  name: str = "model"):
@@ -295,11 +205,60 @@ class Seq2SeqModel:
     def check_head(self, head: int) -> int:
         return check_index("head", head, self.config.n_heads, self.name)
 
+    # hooks and ablation, by stack ------------------------------------------------
+
+    def stacks(self, hooks: Mapping[str, HookFn] | None = None, ablate: Iterable | None = None, how: str = "zero",
+               keep: Iterable[str] | None = None) -> Stacks:
+        """This view's hooks and ablations joined with a pass's own, and a recorder per stack keeping
+        `keep` (None: nothing)."""
+        extra = stack_hooks(hooks, self.config, self.name)
+        joined = {s: Hooks.of(self.hooks[s], extra[s], self.config) for s in STACKS}
+        recs = {} if keep is None else {s: Recorder(keep=keep) for s in STACKS}
+        return Stacks(recs, joined, self.ablation(ablate, how))
+
+    def ablation(self, ablate: Iterable | None, how: str = "zero") -> dict[str, Ablation | None]:
+        """Heads to knock out → a checked Ablation per stack, joined with this view's own. Each entry is
+        (layer, head) for the decoder's self-attention, or (stack, layer, head) with stack "encoder",
+        "decoder" or "cross"; how: "zero" or "mean" (as Model.ablation)."""
+        if how not in ABLATIONS:
+            raise QkvError(f"unknown ablation {how!r}; choose from {list(ABLATIONS)}")
+        heads: dict[str, dict[int, set[int]]] = {s: {} for s in STACKS}
+        for entry in ablate or ():
+            entry = tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+            stack, pair = ("decoder", entry) if len(entry) == 2 else (entry[0], entry[1:])
+            if (stack not in STACKS or len(pair) != 2
+                    or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in pair)):
+                raise QkvError(f"ablate takes (layer, head) or (stack, layer, head) with stack one of {list(STACKS)}, "
+                               f"got {entry!r}; e.g. ablate=[(1, 0), ('cross', 0, 2)]")
+            layer = self.check_layer(int(pair[0]), "encoder" if stack == "encoder" else "decoder")
+            heads[stack].setdefault(layer, set()).add(self.check_head(int(pair[1])))
+        out = {}
+        for s in STACKS:
+            new = Ablation({l: tuple(sorted(h)) for l, h in heads[s].items()}, how) if heads[s] else None
+            base = self.ablated[s]
+            out[s] = base if new is None else (new if base is None else base.join(new))
+        return out
+
+    def with_hooks(self, hooks: Mapping[str, HookFn]) -> "Seq2SeqModel":
+        """This model (the same weights) with HOOKS run by every pass (run, forward, generate, ...):
+        "encoder.3.heads", "cross.0.attentions", "1.ffn_out" (the decoder's), as `run` takes them."""
+        view = copy.copy(self)
+        view.hooks = self.stacks(hooks).hooks
+        return view
+
+    def ablate(self, heads: Iterable, how: str = "zero") -> "Seq2SeqModel":
+        """This model (the same weights) with HEADS knocked out of every pass ((layer, head) of the
+        decoder, or (stack, layer, head)); e.g. `model.ablate([("cross", 0, 1)]).generate(text)`.
+        Mean-ablation of the decoder needs whole passes: generate with use_cache=False."""
+        view = copy.copy(self)
+        view.ablated = self.ablation(heads, how)
+        return view
+
     # the passes --------------------------------------------------------------
 
-    def encoder_output(self, ids: np.ndarray, mask: np.ndarray, rec: Recorder | None = None) -> np.ndarray:
-        """The encoder's output M (B, n_src, d_model) of checked source ids."""
-        return encode(self.weights, self.config, ids, mask, rec)
+    def encoder_output(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The encoder's output M (B, n_src, d_model) of checked source ids (this view's hooks and ablation)."""
+        return encoder_pass(self.weights, self.config, ids, mask, self.stacks())
 
     def memory(self, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each decoder layer's cross-attention K, V of the encoder's output: computed once per source."""
@@ -308,35 +267,41 @@ class Seq2SeqModel:
     def decoder_logits(self, ids: np.ndarray, memory, source_mask: np.ndarray, mask: np.ndarray | None = None, *,
                        cache: KVCache | None = None) -> np.ndarray:
         """The logits of the last position (B, 1, V): one step of writing (after the cache's past)."""
-        return decode(self.weights, self.config, ids, mask, memory, source_mask, cache=cache, logits="last")[1]
+        stacks = self.stacks()
+        if cache is not None and stacks.ablate["decoder"] is not None and stacks.ablate["decoder"].how == "mean":
+            raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
+        return decoder_pass(self.weights, self.config, ids, mask, memory, source_mask, cache=cache, stacks=stacks,
+                            logits="last")[1]
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A KV cache for the decoder's self-attention: L_dec layers, max_len target positions."""
         return KVCache(self.config.with_(n_layers=self.config.n_decoder_layers), batch, max_len, self.dtype)
 
     def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
-                attentions: bool = True) -> Seq2SeqOutput:
+                attentions: bool = True, ablate: Iterable | None = None, how: str = "zero",
+                hooks: Mapping[str, HookFn] | None = None) -> Seq2SeqOutput:
         """Source ids (B, n_src) and decoder ids (B, n_tgt) → Seq2SeqOutput (logits, both hidden states,
         the three kinds of attention), as transformers' forward with decoder_input_ids (teacher forcing).
 
         decoder_input_ids begin with decoder_start_token_id (None: that token alone). Padding (a mask 0)
-        is never attended to; rows of padding positions are computed but meaningless.
+        is never attended to; rows of padding positions are computed but meaningless. ablate, how,
+        hooks: as in `run`.
         """
         ids, mask = self.check_ids(input_ids, attention_mask)
         dec, dec_mask = self.check_decoder_ids(decoder_input_ids, decoder_attention_mask, len(ids))
         self.check_length(dec.shape[1])
-        keep = ("attentions",) if attentions else ()
-        recs = [Recorder(keep=keep) for _ in range(3)]             # encoder, decoder, cross
-        encoded = encode(self.weights, self.config, ids, mask, recs[0])
-        hidden, logits = decode(self.weights, self.config, dec, dec_mask, self.memory(encoded), mask,
-                                rec=recs[1], cross_rec=recs[2])
+        stacks = self.stacks(hooks, ablate, how, keep=("attentions",) if attentions else ())
+        encoded = encoder_pass(self.weights, self.config, ids, mask, stacks)
+        hidden, logits = decoder_pass(self.weights, self.config, dec, dec_mask, self.memory(encoded), mask, stacks=stacks)
         depths = (self.config.n_layers, self.config.n_decoder_layers, self.config.n_decoder_layers)
-        encoder_att, decoder_att, cross_att = (_stacked(r, L) if attentions else None for r, L in zip(recs, depths))
+        encoder_att, decoder_att, cross_att = (_stacked(stacks.rec[s], L) if attentions else None
+                                               for s, L in zip(STACKS, depths))
         return Seq2SeqOutput(logits=logits, hidden=hidden, encoder_hidden=encoded, encoder_attentions=encoder_att,
                              attentions=decoder_att, cross_attentions=cross_att)
 
     def run(self, text: str | Sequence[int], target: str | Sequence[int] | None = None, *,
-            keep: Iterable[str] = tuple(INTERMEDIATES), max_new_tokens: int | None = None) -> Trace:
+            keep: Iterable[str] = tuple(INTERMEDIATES), max_new_tokens: int | None = None,
+            ablate: Iterable | None = None, how: str = "zero", hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One source (text or ids) and its target through the model, keeping what you ask for.
 
         target: the target text (read after decoder_start_token_id, as in training), the decoder's
@@ -346,21 +311,29 @@ class Seq2SeqModel:
         `.encoder`, the source's Trace (attentions (L_enc, H, n_src, n_src)), and `.cross`, target
         × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens`). keep: names from
         qkv.engine.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out).
+
+        ablate: heads knocked out, (layer, head) of the decoder's self-attention or (stack, layer, head)
+        with stack "encoder", "decoder" or "cross"; how="zero" or "mean" (see Model.run).
+        hooks: {"encoder.3.heads": fn, "cross.0.attentions": fn, "1.ffn_out": fn, ...}: as Model.run's,
+        the stack first (none: the decoder's); the trace keeps the values they return. A target of None
+        is written by this model with the same hooks and ablation.
         """
         ids, src_tokens = self._one(text)
         if target is None:
             new = max_new_tokens or min(64, self.config.max_positions - 1)
-            dec = self.generate(ids, new, temperature=0)[0]                       # (1 + new,)
+            writer = self if hooks is None and ablate is None else self.with_hooks(hooks or {}).ablate(ablate or (), how)
+            dec = writer.generate(ids, new, temperature=0, use_cache=how != "mean")[0]   # (1 + new,)
         elif isinstance(target, str):
             dec = np.concatenate([[self.start_token], self.encode(target)[0]])
         else:
             dec = self.check_decoder_ids(target)[0][0]
         self.check_length(len(dec))
-        recs = [Recorder(keep=keep) for _ in range(3)]             # encoder, decoder, cross
+        stacks = self.stacks(hooks, ablate, how, keep=keep)
+        recs = [stacks.rec[s] for s in STACKS]                     # encoder, decoder, cross
         mask = np.ones((1, len(ids)), np.int64)
-        encoded = encode(self.weights, self.config, ids[None], mask, recs[0])
-        hidden, logits = decode(self.weights, self.config, dec[None], None, self.memory(encoded), mask,
-                                rec=recs[1], cross_rec=recs[2])
+        encoded = encoder_pass(self.weights, self.config, ids[None], mask, stacks)
+        hidden, logits = decoder_pass(self.weights, self.config, dec[None], None, self.memory(encoded), mask,
+                                      stacks=stacks)
         tgt_tokens = self._tokens(dec)
         common = dict(model=self.name, family=self.config.family,
                       spelling=self.tokenizer.spelling if self.tokenizer else "plain")
