@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.engine import attention as A
-from qkv.engine.attention import linear_attention, sliding_window_attention, tiled_attention
+from qkv.engine.kernels import linear_attention, sliding_window_attention, tiled_attention
 from qkv.engine.kernels import compare_to_softmax, elu_feature_map
 
 TOL = 1e-5      # float32 kernels against a float64 reference
@@ -133,7 +133,7 @@ def test_comparison_tool_sees_the_difference_on_real_activations(minilm):
 MEMORY_PROBE = r"""
 import json, sys, tracemalloc
 import numpy as np
-from qkv.engine.attention import tiled_attention
+from qkv.engine.kernels import tiled_attention
 n, H, d = int(sys.argv[1]), 1, 64
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, H, n, d), dtype=np.float32) for _ in range(3))

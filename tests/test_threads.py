@@ -11,7 +11,7 @@ from threadpoolctl import threadpool_info
 from qkv import QkvError
 
 from qkv.engine import threads
-from qkv.engine.attention import tiled_attention
+from qkv.engine.kernels import tiled_attention
 
 
 def blas_threads() -> list[int]:

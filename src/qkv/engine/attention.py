@@ -7,8 +7,8 @@
 
 Shapes: B batch, H query heads, Hkv key/value heads (H = Hkv for plain multi-head,
 Hkv = 1 for MQA), n queries, m keys (m = n except when a KV cache holds the past).
-Who may see whom is one rule (masks.visible); the kernels for long inputs (kernels.py)
-are re-exported here, so the whole family is `qkv.engine.attention.*`.
+Who may see whom is one rule (masks.visible), made into a pass's mask in one place
+(AttentionMask); the kernels for long inputs are kernels.py's.
 """
 
 from __future__ import annotations
@@ -18,25 +18,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kernels import linear_attention, sliding_window_attention, tiled_attention  # noqa: F401  (re-exported)
+from .kernels import tiled_attention
 from .masks import visible
 from .ops import softmax_, softmax_backward
 
 
 def causal_mask(n: int, m: int | None = None) -> np.ndarray:
-    """M[i, j] = True where query i may see key j: j ≤ i (seeds §5).
+    """M[i, j] = True where query i may see key j: j ≤ i (seeds §5), the mask a decoder's pass
+    uses (AttentionMask.allowed): (n, m).
 
     With m > n keys, the queries are the last n positions (cached decoding), so
     query i sits at position m - n + i.
     """
-    m = n if m is None else m
-    return visible(np.arange(m - n, m), np.arange(m), causal=True)      # (n, m)
+    return AttentionMask(n, n if m is None else m, causal=True).allowed()[0, 0]      # (n, m)
 
 
 def sliding_window_mask(n: int, window: int, m: int | None = None) -> np.ndarray:
-    """Causal and local: query i sees the last `window` positions, itself included."""
-    m = n if m is None else m
-    return visible(np.arange(m - n, m), np.arange(m), causal=True, window=window)   # (n, m)
+    """Causal and local: query i sees the last `window` positions, itself included: (n, m)."""
+    return AttentionMask(n, n if m is None else m, causal=True, window=window).allowed()[0, 0]   # (n, m)
 
 
 def padding_mask(attention_mask: np.ndarray) -> np.ndarray:

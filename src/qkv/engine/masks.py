@@ -3,8 +3,8 @@
     query at position i sees key at position j  ⇔  j ≤ i             (causal: decoders)
                                                     and i - j < w     (sliding window w: Mistral)
 
-attention.py builds whole masks from it (causal_mask, sliding_window_mask, AttentionMask),
-kernels.py the mask of one block of tiled attention, viz the cells a figure leaves out.
+attention.AttentionMask makes it the mask of a pass (causal_mask and sliding_window_mask are
+its (n, m) picture), kernels.py the mask of one block of tiled attention.
 """
 
 from __future__ import annotations
