@@ -52,7 +52,7 @@ def test_row_zero_reads_the_embeddings(smollm2):
     trace = smollm2.run(ids.tolist(), keep=KEEP)
     x = smollm2.weights.tok_embed[ids]                                     # (n, d_model), no positions: RoPE
     assert np.array_equal(residual_stream(smollm2, trace)[0], x)
-    expected = logits_of(norm(x, smollm2.weights.final_norm, smollm2.config), smollm2.weights)
+    expected = logits_of(norm(x, smollm2.weights.final_norm, smollm2.config), smollm2.weights, smollm2.config)
     assert max_abs(lens_of_trace(smollm2, trace)[0], expected) <= TOL
 
 

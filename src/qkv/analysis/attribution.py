@@ -10,6 +10,8 @@ The residual stream at the last block's output is a sum of pieces,
 
     x_L = embeddings + Σ_l (Σ_h Z_h·W_O[h] + b_O) + Σ_l (FFN_l − b_out + b_out),
 
+(an encoder–decoder's decoder adds its cross-attention heads the same way, `Attribution.cross`),
+
 and the logit is Norm(x_L)·W_vocab[:, t] (+ b_vocab[t]). With the norm's scale s (its √(mean x²
 + eps), or for LayerNorm √(var + eps)) frozen at its value on the full x_L, as TransformerLens
 does, Norm is linear in x_L, so each piece's part is piece·u with u = γ ⊙ W_vocab[:, t] / s
@@ -50,10 +52,12 @@ class Attribution:
     other: int | None
     position: int                  # 0..n-1
     scale: float                   # the final norm's frozen scale s
+    cross: np.ndarray | None = None   # (L, H) an encoder–decoder's cross-attention heads; None: a decoder
 
     def total(self) -> float:
-        """Σ heads + Σ FFNs + Σ rest: equals `logit` up to rounding."""
-        return float(self.heads.sum() + self.ffns.sum() + sum(self.rest.values()))
+        """Σ heads (+ Σ cross heads) + Σ FFNs + Σ rest: equals `logit` up to rounding."""
+        cross = 0.0 if self.cross is None else self.cross.sum()
+        return float(self.heads.sum() + cross + self.ffns.sum() + sum(self.rest.values()))
 
     def top(self, k: int = 10) -> list[tuple[int, int, float]]:
         """The k heads of largest |contribution|: (layer, head, contribution), largest first."""
@@ -117,6 +121,8 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         raise QkvError(f"direct logit attribution needs every layer's heads; run the model with keep={KEEP}")
     x = residual_stream(model, trace)[-1, p].astype(np.float64)              # (d_model,) the last block's output
     w, vocab_bias = _direction(model, target, other)                         # (d_model,)
+    if cfg.scale_decoder_output:                                             # T5: logits = (Norm(x)·d^-0.5)·W
+        w = w * cfg.d_model ** -0.5
     fn = weights.final_norm
     gamma = np.ones_like(w) if fn is None else fn.weight.astype(np.float64)
     if cfg.norm == "rms":
@@ -128,12 +134,18 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         u = gamma * w / scale
         u = u - u.mean()                                                     # piece·(u − ū) = (piece − mean)·u
     heads = np.zeros((L, cfg.n_heads))
+    cross = None if trace.cross is None else np.zeros((L, cfg.n_heads))    # an encoder–decoder's decoder
     ffns = np.zeros(L)
     b_O = b_out = 0.0
     for l, blk in enumerate(weights.blocks):
         z = trace.layers[l].heads[:, p].astype(np.float64)                   # (H, d_k)
         Wu = (blk.attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1)  # (H, d_k) W_O[h rows]·u
         heads[l] = np.einsum("hd,hd->h", z, Wu)
+        if cross is not None:                                                # Z_h of the cross-attention
+            zc = trace.cross.layers[l].heads[:, p].astype(np.float64)        # (H, d_k)
+            cross[l] = np.einsum("hd,hd->h", zc, (blk.cross_attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1))
+            if blk.cross_attn.b_O is not None:
+                b_O += float(blk.cross_attn.b_O.astype(np.float64) @ u)
         f = trace.layers[l].ffn_out[p].astype(np.float64)                    # (d_model,)
         if blk.ffn.b_out is not None:
             bo = float(blk.ffn.b_out.astype(np.float64) @ u)
@@ -152,7 +164,7 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     rest = {"embeddings": emb, "attention biases b_O": b_O, "FFN biases b_out": b_out,
             "final norm bias β": beta, "vocabulary bias b_vocab": vocab_bias}
     return Attribution(heads=heads, ffns=ffns, rest=rest, logit=logit, target=target, other=other,
-                       position=p, scale=scale)
+                       position=p, scale=scale, cross=cross)
 
 
 def direct_logit_attribution(model: "Model", text_or_ids: str | Sequence[int], target: str | int,

@@ -48,8 +48,9 @@ def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
     """(L+1, n, d_model): row l is the residual stream after l blocks (row 0: the embeddings).
 
     Rows 0..L-1 are the blocks' inputs ("residual"); row L is the last block's output:
-    X + attn_out + ffn_out for pre-norm models (added in the block's own order), and the
-    final hidden states for post-norm ones (whose blocks end in their own norm).
+    X + attn_out (+ the cross-attention's, in an encoder–decoder's decoder) + ffn_out for pre-norm
+    models (added in the block's own order), and the final hidden states for post-norm ones (whose
+    blocks end in their own norm).
     """
     L = model.config.n_layers
     if trace.layer_ids != list(range(L)) or any(trace.layers[i].residual is None for i in range(L)):
@@ -62,7 +63,10 @@ def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
     else:
         if last.attn_out is None or last.ffn_out is None:
             raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
-        rows.append((last.residual + last.attn_out) + last.ffn_out)        # x = x + a; x = x + f
+        x = last.residual + last.attn_out                                  # x = x + a
+        if trace.cross is not None:                                        # an encoder–decoder's decoder:
+            x = x + trace.cross.layers[L - 1].attn_out                     # x = x + cross-attention
+        rows.append(x + last.ffn_out)                                      # x = x + f
     return np.stack(rows)                                                  # (L+1, n, d_model)
 
 
@@ -77,7 +81,7 @@ def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:
     x = residual_stream(model, trace)                                      # (L+1, n, d_model)
     if model.weights.final_norm is not None:
         x = norm(x, model.weights.final_norm, model.config)
-    return logits_of(x, model.weights)                                     # (L+1, n, V)
+    return logits_of(x, model.weights, model.config)                       # (L+1, n, V)
 
 
 def logit_lens(model: "Model", text_or_ids: str | Sequence[int]) -> np.ndarray:
@@ -128,7 +132,7 @@ def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
         h = x[l]
         if model.weights.final_norm is not None:
             h = norm(h, model.weights.final_norm, model.config)            # (n, d_model)
-        return logits_of(h, model.weights)                                 # (n, V)
+        return logits_of(h, model.weights, model.config)                   # (n, V)
 
     z = logits(rows - 1)
     predicted = np.argmax(z, axis=-1)                                      # (n,)

@@ -16,7 +16,9 @@ embedding a patch brings back.
 
     patch           the effect tables: heads (L, H), each head's Z at every position; residual,
                     attn_out, ffn_out (L, n), one position of the residual stream entering block l,
-                    or of layer l's attention or FFN output
+                    or of layer l's attention or FFN output; an encoder–decoder's (qkv.engine.seq2seq.
+                    DecoderView: CLEAN and CORRUPTED are sources, the decoder writes one target) also
+                    cross (L, H), each cross-attention head's Z
     patch_one       the effect of one patch (any positions or heads at once), for checks
     patch_figure    the four tables as heatmaps, diverging at 0
     save_patching   OUT/patch.png, .svg and patch.json (the tables), all files or none
@@ -45,7 +47,6 @@ import numpy as np
 from ..engine.errors import QkvError
 from ..engine.hooks import Hooks
 from ..engine.io import FileBatch
-from ..engine.model import transformer
 from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
 from .attribution import CMAP, token_id
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
     from ..engine.model import Model
 
-WHAT = ("heads", "residual", "attn_out", "ffn_out")      # the tables `patch` can make
+WHAT = ("heads", "residual", "attn_out", "ffn_out", "cross")   # the tables `patch` can make (cross: encoder–decoders)
 MAX_TOKENS = 2048                                        # B·n of one batched pass (memory ~ B·n·d_ff floats)
 Metric = Callable[[np.ndarray], np.ndarray]              # logits (B, V) of the last position → (B,)
 EMBEDDING = "embedding"                                  # the named metric of encoders (module doc)
@@ -68,10 +69,11 @@ class Patching:
     residual: np.ndarray | None      # (L, n) the residual stream entering block l, at position p
     attn_out: np.ndarray | None      # (L, n) layer l's attention output at position p
     ffn_out: np.ndarray | None       # (L, n) layer l's FFN output at position p
-    clean: float                     # m(clean)
-    corrupted: float                 # m(corrupted)
-    labels: list[str]                # (n,) the clean tokens, "clean/corrupted" where they differ
-    metric: str                      # what m is, e.g. "logit(␣Mary) − logit(␣John)"
+    cross: np.ndarray | None = None  # (L, H) an encoder–decoder's cross-attention head h's Z (None: a decoder)
+    clean: float = 0.0               # m(clean)
+    corrupted: float = 0.0           # m(corrupted)
+    labels: list[str] = field(default_factory=list)   # (n,) the clean tokens, "clean/corrupted" where they differ
+    metric: str = ""                 # what m is, e.g. "logit(␣Mary) − logit(␣John)"
     normalised: bool = True          # False: the tables hold m(patched) − m(corrupted) itself
     runs: int = 0                    # patched copies computed
     skipped: int = 0                 # copies whose clean value equals the corrupted one (effect 0, not run)
@@ -95,7 +97,7 @@ class Patching:
     def as_json(self) -> dict:
         tables = {name: None if t is None else np.round(t, 6).tolist()
                   for name, t in (("heads", self.heads), ("residual", self.residual),
-                                  ("attn_out", self.attn_out), ("ffn_out", self.ffn_out))}
+                                  ("attn_out", self.attn_out), ("ffn_out", self.ffn_out), ("cross", self.cross))}
         return {"model": self.model, "clean": self.texts[0], "corrupted": self.texts[1], "labels": self.labels,
                 "metric": self.metric, "metric_clean": self.clean, "metric_corrupted": self.corrupted,
                 "normalised": self.normalised, **tables,
@@ -105,15 +107,6 @@ class Patching:
 
 
 # ── inputs and the metric ────────────────────────────────────────────────────────
-
-def _ids(model: "Model", x: str | Sequence[int]) -> tuple[np.ndarray, list[str]]:
-    if isinstance(x, str):
-        ids, _ = model.encode(x)
-    else:
-        ids = model.check_ids(x)[0][0]
-    labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]
-    return ids, labels
-
 
 def metric_of(model: "Model", metric) -> tuple[Metric | None, str]:
     """A metric given as a function of logits (B, V) → (B,), a token (its logit), or a pair of
@@ -148,7 +141,7 @@ def sentence_embedding(hidden: np.ndarray) -> np.ndarray:
 
 def _embedding_metric(model: "Model", clean) -> Metric:
     """m(hidden) = cos(sentence_embedding(hidden), the clean run's embedding)."""
-    target = sentence_embedding(tail(model, clean.layers[0].residual[None], 0))[0]     # (d_model,)
+    target = sentence_embedding(tail(model, clean.layers[0].residual[None], 0, None, clean))[0]     # (d_model,)
 
     def embedding(hidden: np.ndarray) -> np.ndarray:                     # (B, n, d_model) → (B,)
         return sentence_embedding(hidden) @ target
@@ -165,22 +158,30 @@ def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
 
 # ── the patched runs ─────────────────────────────────────────────────────────────
 
-def tail(model: "Model", x: np.ndarray, start: int, hooks: Hooks | None = None) -> np.ndarray:
-    """x (B, n, d_model), the residual stream entering block START, through blocks START..L-1
-    (and the final norm) → the last position's logits (B, V), or without an LM head the final
-    hidden states (B, n, d_model): qkv.engine.model.transformer, from the middle."""
-    B, n, _ = x.shape
-    hidden, logits = transformer(model.weights, model.config, None, np.ones((B, n), np.int64), logits="last",
-                                 hooks=hooks, start=start, stream=x)
+def tail(model: "Model", x: np.ndarray, start: int, hooks: Mapping[str, Callable] | None, trace) -> np.ndarray:
+    """x (B, n, d_model), the residual stream entering block START of TRACE's pass, through blocks
+    START..L-1 (and the final norm) with HOOKS ({name: fn}) → the last position's logits (B, V), or
+    without an LM head the final hidden states (B, n, d_model): the model's own pass from the middle
+    (`from_layer`)."""
+    hidden, logits = model.from_layer(x, start, hooks, trace)
     return hidden if logits is None else logits[:, 0]                          # (B, V) or (B, n, d_model)
+
+
+def copied(trace, layer: int, what: str) -> np.ndarray:
+    """What patching copies: layer LAYER's WHAT of TRACE ("cross": its cross-attention heads' Z)."""
+    return trace.cross.layers[layer].heads if what == "cross" else getattr(trace.layers[layer], what)
+
+
+HOOKED = {"heads": "{layer}.heads", "attn_out": "{layer}.attn_out", "ffn_out": "{layer}.ffn_out",
+          "cross": "cross.{layer}.heads"}                 # the hook each patch is made with
 
 
 def _patched(model: "Model", clean, corrupted, layer: int, rows: list[tuple[str, np.ndarray]]) -> np.ndarray:
     """The corrupted run from block LAYER on, one batch row per (what, index): index = the heads
-    (for "heads") or positions whose clean values replace the corrupted ones → outputs (B, ...)."""
+    (for "heads", "cross") or positions whose clean values replace the corrupted ones → outputs (B, ...)."""
     c = clean.layers[layer]
     x = np.repeat(corrupted.layers[layer].residual[None], len(rows), axis=0)      # (B, n, d_model)
-    marks: dict[str, list[tuple[int, np.ndarray]]] = {"heads": [], "attn_out": [], "ffn_out": []}
+    marks: dict[str, list[tuple[int, np.ndarray]]] = {w: [] for w in HOOKED}
     for r, (what, index) in enumerate(rows):
         if what == "residual":
             x[r, index] = c.residual[index]
@@ -195,22 +196,33 @@ def _patched(model: "Model", clean, corrupted, layer: int, rows: list[tuple[str,
             return value
         return fn
 
-    spec = {f"{layer}.{w}": copier(w, getattr(c, w)) for w in marks if marks[w]}
-    return tail(model, x, layer, Hooks(spec, model.config, model.name) if spec else None)
+    spec = {HOOKED[w].format(layer=layer): copier(w, copied(clean, layer, w)) for w in marks if marks[w]}
+    return tail(model, x, layer, spec or None, corrupted)
 
 
 def _traces(model: "Model", clean, corrupted):
-    (a, la), (b, lb) = _ids(model, clean), _ids(model, corrupted)
-    if len(a) != len(b):
-        raise QkvError(f"clean has {len(a)} tokens and corrupted {len(b)}; patching position by position needs "
-                       "the same count: reword the corrupted input so its tokens line up")
+    """The clean and corrupted runs, keeping what patching copies, and the positions' labels. An
+    encoder–decoder's (a DecoderView) are its decoder's, on one target: the sources may differ in length."""
     keep = ("residual", "heads", "attn_out", "ffn_out")
-    labels = [x if x == y else f"{x}/{y}" for x, y in zip(la, lb)]
-    return model.run(a, keep=keep), model.run(b, keep=keep), labels
+    a, b = model.run(clean, keep=keep), model.run(corrupted, keep=keep)
+    if len(a.ids) != len(b.ids):
+        raise QkvError(f"clean has {len(a.ids)} tokens and corrupted {len(b.ids)}; patching position by position "
+                       "needs the same count: reword the corrupted input so its tokens line up")
+    labels = [x if x == y else f"{x}/{y}" for x, y in zip(a.labels, b.labels)]
+    return a, b, labels
+
+
+def _check_cross(trace, what: Sequence[str]) -> tuple[str, ...]:
+    """WHAT without "cross" for a decoder's trace (an explicit request for it alone is refused)."""
+    if trace.cross is not None:
+        return tuple(what)
+    if tuple(what) == ("cross",):
+        raise QkvError("cross-attention heads are an encoder–decoder's; this model has none to patch")
+    return tuple(w for w in what if w != "cross")
 
 
 def _baselines(model, metric: Metric, clean, corrupted, normalise: bool) -> tuple[float, float]:
-    m_clean, m_corrupt = (float(_measure(metric, tail(model, t.layers[0].residual[None], 0))[0])
+    m_clean, m_corrupt = (float(_measure(metric, tail(model, t.layers[0].residual[None], 0, None, t))[0])
                           for t in (clean, corrupted))
     if normalise and math.isclose(m_clean, m_corrupt, rel_tol=1e-6, abs_tol=1e-9):
         raise QkvError(f"clean and corrupted give the same metric ({m_clean:.4g}), so there is no effect to "
@@ -228,8 +240,9 @@ def patch_one(model: "Model", clean: str | Sequence[int], corrupted: str | Seque
     m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
     if what not in WHAT:
         raise QkvError(f"unknown patch {what!r}; choose from {list(WHAT)}")
+    _check_cross(c, (what,))
     layer = model.check_layer(layer)
-    count = model.config.n_heads if what == "heads" else len(c.ids)
+    count = model.config.n_heads if what in ("heads", "cross") else len(c.ids)
     index = np.arange(count) if index is None else np.asarray(index, dtype=np.int64)
     m = float(_measure(fn, _patched(model, c, k, layer, [(what, index)]))[0]) - m_corrupt
     return m / (m_clean - m_corrupt) if normalise else m
@@ -257,13 +270,14 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
     c, k, labels = _traces(model, clean, corrupted)
     fn = fn or _embedding_metric(model, c)
     m_clean, m_corrupt = _baselines(model, fn, c, k, normalise)
+    what = _check_cross(c, what)
     L, H, n = model.config.n_layers, model.config.n_heads, len(c.ids)
-    size = {"heads": H, "residual": n, "attn_out": n, "ffn_out": n}
+    size = {"heads": H, "residual": n, "attn_out": n, "ffn_out": n, "cross": H}
     tables = {w: np.zeros((L, size[w])) for w in what}
     per_pass = max(1, MAX_TOKENS // n) if batch is None else max(1, int(batch))
     runs = passes = skipped = 0
     for layer in range(L):
-        same = {w: [np.array_equal(x, y) for x, y in zip(getattr(c.layers[layer], w), getattr(k.layers[layer], w))]
+        same = {w: [np.array_equal(x, y) for x, y in zip(copied(c, layer, w), copied(k, layer, w))]
                 for w in what}                                                  # per head / position
         rows = [(w, np.array([i])) for w in what for i in range(size[w]) if not same[w][i]]
         skipped += sum(sum(v) for v in same.values())

@@ -85,3 +85,21 @@ def head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
         except ValueError:
             raise QkvError(f"--ablate {item!r} is not LAYER.HEAD; give e.g. --ablate 3.2 (layer 3, head 2)") from None
     return pairs
+
+
+PREFIX_HELP = ("Encoder–decoders (ko-en-tiny, Marian, BART, T5): the target written so far, read after the start "
+               "token; TEXT is the source.")
+
+
+def as_decoder(model, prefix: str | None, default: str | None = ""):
+    """MODEL as the decoder its analyses read: an encoder–decoder becomes its DecoderView writing
+    PREFIX (None: DEFAULT; "" the start token alone, None its own translation); a decoder stays, and
+    refuses --prefix in one line."""
+    from ..engine.errors import QkvError
+    from ..engine.seq2seq import DecoderView, Seq2SeqModel
+
+    if isinstance(model, Seq2SeqModel):
+        return DecoderView(model, default if prefix is None else prefix)
+    if prefix is not None:
+        raise QkvError(f"--prefix is for encoder–decoders (the target written so far); {model.name} reads TEXT alone")
+    return model

@@ -11,25 +11,28 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, check_writable, new_console, removed_if_failed, write_figure
+from .common import MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_console, removed_if_failed, write_figure
 
 
 @click.command(name="lens")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory; or an "
+                   "encoder–decoder (ko-en-tiny): the lens of its decoder.")
 @click.option("--top", type=click.IntRange(1, 20), default=3, show_default=True,
               help="How many tokens to list per layer.")
+@click.option("--prefix", default=None, help=PREFIX_HELP + " Default: the model's own translation.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the layers × positions map (lens.png, .svg) and the viewer with its logit-lens "
                    "panel open (lens.html) into this directory.")
-def lens_cmd(text: str, source: str, top: int, out_dir: str | None) -> None:
+def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str | None) -> None:
     """The logit lens: what each layer would predict after TEXT, reading the residual stream
-    after l blocks through the final norm and W_vocab (layer 0: the embeddings)."""
+    after l blocks through the final norm and W_vocab (layer 0: the embeddings). An encoder–decoder
+    translates TEXT (or reads --prefix) and shows its decoder's layers."""
     from ..analysis.lens import check_lens
     from ..checkpoints import load
 
-    model = load(source)
+    model = as_decoder(load(source), prefix, default=None)
     check_lens(model)
     model.encode(text)                                                        # a bad text fails before DIR is touched
     with removed_if_failed(out_dir):
@@ -60,6 +63,17 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
         table.add_row("emb" if l == 0 else str(l), *(Text(f"{label(int(i))} {q:.2f}") for i, q in zip(best, p)),
                       f"{probs[l, -1]:.3f}")
     console.print(table)
+    if trace.cross is not None:                                               # a translation: every position
+        console.print(Text(f"each target position, the top token at every layer (the decoder reads "
+                           f"{' '.join(trace.labels)} after the source {' '.join(trace.encoder.labels)}):"))
+        grid = Table(show_edge=False, pad_edge=False)
+        grid.add_column("layer", justify="right", style="grey50")
+        for j, tok in enumerate(trace.labels):
+            grid.add_column(Text(f"{tok} →"), no_wrap=True)
+        best = lens.argmax(axis=-1)                                           # (L+1, n)
+        for l in range(len(lens)):
+            grid.add_row("emb" if l == 0 else str(l), *(Text(label(int(best[l, j]))) for j in range(len(trace.labels))))
+        console.print(grid)
     if out_dir is not None:
         from ..analysis.lens import lens_figure
 
@@ -71,13 +85,22 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
 
 
 def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:
-    """OUT_DIR/VIEW.html: the viewer of TRACE with SECTION as its panel VIEW, opened first."""
+    """OUT_DIR/VIEW.html: the viewer of TRACE with SECTION as its panel VIEW, opened first (an
+    encoder–decoder's: its decoder's self-attention, the stack the panel reads)."""
     from pathlib import Path
 
     from ..viz.html import viewer_html, write_html
 
-    path = write_html(viewer_html(trace, sections={view: section}, view=view), Path(out_dir) / f"{view}.html")
+    path = write_html(viewer_html(_decoder_stack(trace), sections={view: section}, view=view),
+                      Path(out_dir) / f"{view}.html")
     click.echo(f"wrote {path}")
+
+
+def _decoder_stack(trace):
+    """TRACE, or an encoder–decoder's decoder trace without its encoder and cross-attention parts."""
+    import dataclasses
+
+    return trace if trace.cross is None else dataclasses.replace(trace, encoder=None, cross=None)
 
 
 @click.command(name="rollout")
@@ -141,21 +164,24 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
 @click.command(name="dla")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory; or a "
+                   "pre-norm encoder–decoder (T5): its decoder's heads, cross-attention heads and FFNs.")
 @click.option("--target", required=True, help="The token whose logit to explain, one token (e.g. ' Mary').")
+@click.option("--prefix", default=None, help=PREFIX_HELP + " Default: the start token alone (the first word).")
 @click.option("--other", default=None, help="Explain the logit difference target − other (one token).")
 @click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True,
               help="How many heads to list (largest |contribution| first).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the layers × heads map (dla.png, .svg) into this directory.")
-def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, out_dir: str | None) -> None:
+def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, prefix: str | None,
+            out_dir: str | None) -> None:
     """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
     target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
     from ..analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
                                        token_id)
     from ..checkpoints import load
 
-    model = load(source)
+    model = as_decoder(load(source), prefix)
     check_attribution(model)
     model.encode(text)                                                        # bad input fails before DIR is touched
     t, o = token_id(model, target), None if other is None else token_id(model, other)
@@ -173,6 +199,10 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
         for r, (layer, head, c) in enumerate(a.top(top)):
             table.add_row(str(r + 1), f"L{layer}.H{head}", f"{c:+.3f}")
         console.print(table)
+        if a.cross is not None:
+            best = np.argsort(-np.abs(a.cross), axis=None)[:top]
+            console.print(Text(f"cross-attention heads {a.cross.sum():+.3f} (largest: " + ", ".join(
+                f"L{int(i // a.cross.shape[1])}.H{int(i % a.cross.shape[1])} {a.cross.flat[i]:+.3f}" for i in best) + ")"))
         best = np.argsort(-np.abs(a.ffns))[:3]
         console.print(Text(f"heads {a.heads.sum():+.3f}, FFNs {a.ffns.sum():+.3f} (largest: "
                            + ", ".join(f"L{int(l)} {a.ffns[l]:+.3f}" for l in best) + "), "
@@ -185,9 +215,11 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
 @click.argument("clean")
 @click.argument("corrupted")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="'smollm2' (default), 'minilm', a .gguf file, or a local Hugging Face directory. A decoder's "
-                   "metric is logit(answer) − logit(wrong); an encoder's (MiniLM) the cosine similarity of the "
-                   "sentence embedding to CLEAN's.")
+              help="'smollm2' (default), 'minilm', 'ko-en-tiny', a .gguf file, or a local Hugging Face directory. "
+                   "A decoder's metric is logit(answer) − logit(wrong); an encoder's (MiniLM) the cosine similarity "
+                   "of the sentence embedding to CLEAN's; an encoder–decoder's, its decoder's next token after "
+                   "--prefix, CLEAN and CORRUPTED being sources.")
+@click.option("--prefix", default=None, help=PREFIX_HELP + " Default: the start token alone (the first word).")
 @click.option("--answer", default=None, help="Decoders: CLEAN's answer, one token (e.g. ' Mary').")
 @click.option("--wrong", default=None, help="Decoders: CORRUPTED's answer, one token (e.g. ' John').")
 @click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many heads to list.")
@@ -195,7 +227,7 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, ou
               help="Also write the heatmaps (patch.png, .svg), the tables (patch.json) and the viewer with its "
                    "patching panel open (patch.html) into this directory.")
 def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong: str | None, top: int,
-              out_dir: str | None) -> None:
+              prefix: str | None, out_dir: str | None) -> None:
     """Activation patching: copy each head's output, and each position of the residual stream,
     attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of the metric comes
     back (0 = corrupted, 1 = clean): logit(answer) − logit(wrong) for a decoder, the cosine
@@ -207,7 +239,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     from ..checkpoints import load
     from ..engine.errors import QkvError
 
-    model = load(source)
+    model = as_decoder(load(source), prefix)
     if model.weights.W_vocab is None:
         if answer is not None or wrong is not None:
             raise QkvError(f"{model.name} is an encoder without an LM head, so --answer/--wrong name no logits; "
@@ -236,13 +268,18 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
         for r, (layer, head, e) in enumerate(p.top_heads(top)):
             table.add_row(str(r + 1), f"L{layer}.H{head}", f"{e:+.3f}")
         console.print(table)
+        if p.cross is not None:
+            best = np.argsort(-np.abs(p.cross), axis=None)[:top]
+            console.print(Text("cross-attention heads: " + ", ".join(
+                f"L{int(i // p.cross.shape[1])}.H{int(i % p.cross.shape[1])} {p.cross.flat[i]:+.3f}" for i in best)))
         for name, t in (("residual", p.residual), ("attn_out", p.attn_out), ("ffn_out", p.ffn_out)):
             layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
             console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
         if out_dir is not None:
             from ..viz.html import viewer_html
 
-            page = viewer_html(model.run(clean, keep=("attentions",)), sections={"patch": p.payload()}, view="patch")
+            page = viewer_html(_decoder_stack(model.run(clean, keep=("attentions",))), sections={"patch": p.payload()},
+                               view="patch")
             for f in save_patching(p, out_dir, pages={"patch.html": page}):
                 click.echo(f"wrote {f}")
 

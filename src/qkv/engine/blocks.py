@@ -326,8 +326,11 @@ def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> A
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
 
 
-def logits_of(hidden: np.ndarray, weights: Weights) -> np.ndarray | None:
-    """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6)."""
+def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
+    """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
+    scales Z by d_model^-0.5 first (scale_decoder_output). None without an LM head."""
     if weights.W_vocab is None:
         return None
+    if cfg.scale_decoder_output:
+        hidden = hidden * (cfg.d_model ** -0.5)
     return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)

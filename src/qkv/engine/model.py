@@ -86,7 +86,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         cache.advance(n)
     if weights.final_norm is not None:
         x = norm(x, weights.final_norm, cfg)
-    return x, logits_of(x[:, -1:] if logits == "last" else x, weights)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -226,6 +226,15 @@ class Model:
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
                      head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
                      spelling=self.tokenizer.spelling if self.tokenizer else "plain")
+
+    def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None = None,
+                   trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """x (B, n, d_model), the residual stream entering block START, through blocks START..L-1 and the
+        final norm, with HOOKS (as `run`'s) → (hidden (B, n, d_model), the last position's logits (B, 1, V)
+        or None): what activation patching reruns. trace: the pass x continues (a DecoderView reads its
+        source; unused here)."""
+        return transformer(self.weights, self.config, None, np.ones(x.shape[:2], np.int64), logits="last",
+                           hooks=Hooks.of(None, hooks, self.config, self.name), start=start, stream=x)
 
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
                     cache: KVCache | None = None, ablate: Ablation | None = None) -> np.ndarray:

@@ -82,19 +82,20 @@ def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) ->
 
 def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
                  memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
-                 cache: KVCache | None = None, stacks: Stacks | None = None,
-                 logits: str = "all") -> tuple[np.ndarray, np.ndarray]:
+                 cache: KVCache | None = None, stacks: Stacks | None = None, logits: str = "all",
+                 start: int = 0, stream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decoder ids (B, n) → (hidden (B, n, d_model), logits (B, n, V); logits="last": (B, 1, V)).
 
     mask (B, past + n) covers the target's past and new tokens (None: no padding); source_mask
     (B, n_src) the source's. With a KV cache, ids are the n new tokens after the cache's past.
     Each block: causal self-attention (+ T5's backward-only position bias), cross-attention reading
-    memory (the encoder output's K, V), FFN.
+    memory (the encoder output's K, V), FFN. start, stream: run blocks START.. on STREAM (B, n, d_model),
+    the residual stream entering block START, instead of embedding ids (activation patching).
     """
-    w, n, stacks = weights.decoder, ids.shape[1], stacks or Stacks()
+    w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
-    x = embed(w, cfg, ids, pos)                                    # (B, n, d_model)
+    x = embed(w, cfg, ids, pos) if stream is None else stream      # (B, n, d_model)
     key_mask = None if mask is None or mask.all() else mask.astype(bool)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
                                                             cfg.relative_max_distance)
@@ -103,16 +104,13 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
                         key_mask=None if source_mask.all() else source_mask.astype(bool))
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
     ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross)
-    for layer, b in enumerate(w.blocks):
-        x = block(x, b, ctx, layer)
+    for layer in range(start, len(w.blocks)):
+        x = block(x, w.blocks[layer], ctx, layer)
     if cache is not None:
         cache.advance(n)
     if w.final_norm is not None:
         x = norm(x, w.final_norm, cfg)
-    y = x[:, -1:] if logits == "last" else x
-    if cfg.scale_decoder_output:                                   # T5, tied: Z·d_model^-0.5 before W_vocab
-        y = y * (cfg.d_model ** -0.5)
-    return x, logits_of(y, w)                                      # (B, n, d_model), (B, n | 1, V)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, w, cfg)   # (B, n, d_model), (B, n | 1, V)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -382,3 +380,75 @@ class Seq2SeqModel:
             return iter(TargetStream(self, source, max_new_tokens, sampling, stop=stop, use_cache=use_cache))
         return stream_ids(self, source, max_new_tokens, sampling, attention_mask=attention_mask, stop=stop,
                           use_cache=use_cache)
+
+
+class DecoderView:
+    """An encoder–decoder read as the decoder inside it, writing one TARGET after whatever source it
+    is given: the shape the decoder analyses take (the logit lens, direct logit attribution,
+    activation patching), so they run on Marian, BART and T5 unchanged.
+
+    run(source) runs the source and the target (None: the model's own greedy translation of each
+    source) and returns the decoder's Trace, with `.encoder` and `.cross`; `config` counts the
+    decoder's layers (n_layers = L_dec) and `weights` are the decoder's (final norm, W_vocab);
+    `from_layer` reruns the decoder from a block, reading the source of the trace it continues.
+    """
+
+    def __init__(self, model: "Seq2SeqModel", prefix: str | Sequence[int] | None = None):
+        """prefix: the target written so far, after decoder_start_token_id: text (no end token added) or
+        token ids after the start token; "" the start token alone (what comes first); None: the model's
+        own greedy translation of each source."""
+        if isinstance(prefix, str):
+            ids = model.tokenizer.encode(prefix, add_special_tokens=False)[0] if prefix and model.tokenizer else []
+            if prefix and model.tokenizer is None:
+                raise QkvError(f"{model.name} has no tokenizer.json; give the prefix as token ids")
+            prefix = [model.start_token, *map(int, ids)]
+        elif prefix is not None:
+            prefix = [model.start_token, *map(int, np.asarray(prefix).reshape(-1))]
+        self.model, self.target = model, prefix
+        self.config = model.config.with_(n_layers=model.config.n_decoder_layers)
+        self.weights = model.weights.decoder
+        self.tokenizer, self.name = model.tokenizer, model.name
+
+    def __repr__(self) -> str:
+        return f"DecoderView({self.model!r}, target={self.target!r})"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.model.dtype
+
+    def encode(self, text: str) -> tuple[np.ndarray, list[str]]:
+        """The source text → (ids, tokens)."""
+        return self.model.encode(text)
+
+    def check_ids(self, input_ids, attention_mask=None):
+        return self.model.check_ids(input_ids, attention_mask)
+
+    def check_layer(self, layer: int) -> int:
+        return self.model.check_layer(layer, "decoder")
+
+    def check_head(self, head: int) -> int:
+        return self.model.check_head(head)
+
+    def run(self, source: str | Sequence[int], *, keep: Iterable[str] = tuple(INTERMEDIATES), **more: Any) -> Trace:
+        """SOURCE and this view's target through the model: the decoder's Trace (see Seq2SeqModel.run).
+        Without a prefix the target is the model's greedy translation of SOURCE, less its end token
+        (so the last position predicts it)."""
+        target = self.target
+        if target is None:
+            ids, _ = self.model._one(source)
+            target = list(self.model.generate(ids, min(64, self.config.max_positions - 1), temperature=0)[0])
+            eos = self.config.eos_token_id
+            if len(target) > 1 and target[-1] in (eos if isinstance(eos, list) else [eos]):
+                target = target[:-1]
+        return self.model.run(source, target, keep=keep, **more)
+
+    def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None, trace: Trace
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """x (B, n, d_model), the decoder's residual stream entering block START, through blocks
+        START.. with the source of TRACE (its encoder output) → (hidden (B, n, d_model), the last
+        position's logits (B, 1, V)); hooks: the decoder's and its cross-attention's ("cross.…")."""
+        memory = self.model.memory(trace.encoder.hidden[None].astype(self.dtype, copy=False))   # (1, H, n_src, d_k) each
+        source_mask = np.ones((1, len(trace.encoder.ids)), np.int64)
+        return decoder_pass(self.model.weights, self.model.config, None, None, memory, source_mask,
+                            stacks=Stacks(hooks=stack_hooks(hooks, self.model.config, self.name)), logits="last",
+                            start=start, stream=x)

@@ -28,7 +28,7 @@ PROB_PRECISION = 0.5 / PROB_SCALE       # largest |decoded - original| of a prob
 UNIT_SCALE = 255                        # rollout and flow as uint8, as attention weights
 UNIT_PRECISION = 0.5 / UNIT_SCALE
 PATCH_DECIMALS = 5                      # patching effects, rounded in the JSON
-PATCH_TABLES = ("heads", "residual", "attn_out", "ffn_out")
+PATCH_TABLES = ("heads", "residual", "attn_out", "ffn_out", "cross")   # cross: encoder–decoders
 
 _DTYPES = {"uint8": "<u1", "uint16": "<u2", "int32": "<i4"}
 

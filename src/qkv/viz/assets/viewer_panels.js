@@ -303,9 +303,9 @@
     line("corrupted ", `“${P.corrupted}” → ${P.metric_corrupted.toFixed(3)}`);
     const figs = el("div", "qkv-figs");
     const titles = {heads: "heads (Z at every position)", residual: "residual stream", attn_out: "attention output",
-                    ffn_out: "FFN output"};
+                    ffn_out: "FFN output", cross: "cross-attention heads (Z)"};
     const maps = {}, readout = el("p", "qkv-readout", "hover a cell");
-    const names = ["heads", "residual", "attn_out", "ffn_out"].filter(name => P.tables[name]);
+    const names = ["heads", "cross", "residual", "attn_out", "ffn_out"].filter(name => P.tables[name]);
     // one cell width for all maps, so that they fit side by side (each map also needs ~90px of labels)
     const columns = names.reduce((a, name) => a + P.tables[name][0].length, 0);
     const unit = clamp(Math.floor(((v.root.clientWidth || 1100) - 24 - 90 * names.length) / columns), 3, 24);
@@ -314,7 +314,7 @@
       const rows = t.length, cols = t[0].length, m = Math.max(0, ...t.map(r => Math.max(...r.map(Math.abs))));
       const h = new Heat({name, rows, cols, width: unit * cols, height: 300, flip: true,
                           rowLabels: [...Array(rows).keys()].map(String),
-                          colLabels: name === "heads" ? [...Array(cols).keys()].map(String) : P.labels,
+                          colLabels: name === "heads" || name === "cross" ? [...Array(cols).keys()].map(String) : P.labels,
                           title: `${titles[name]} · ±${m.toFixed(3)}`,
                           onCell: (c, e) => {
                             if (c) h.showTip(e, fmtE(t[c.r][c.c]));
@@ -338,7 +338,7 @@
       for (const name in maps) maps[name].draw(s.cell && s.cell.t === name ? {r: s.cell.i, c: s.cell.j} : null);
       if (!s.cell || !s.cell.t) { readout.textContent = "hover a cell"; return; }
       const {i, j, t} = s.cell, value = P.tables[t][i][j];
-      const where = t === "heads" ? `head ${j}` : `position ${j} “${shown(P.labels[j], 24)}”`;
+      const where = t === "heads" || t === "cross" ? `head ${j}` : `position ${j} “${shown(P.labels[j], 24)}”`;
       readout.textContent = `${titles[t]} · layer ${i} · ${where}: ${fmtE(value)}`;
     }
     return {draw};
