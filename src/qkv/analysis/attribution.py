@@ -90,6 +90,10 @@ def token_id(model: "Model", token: str | int) -> int:
         parts = " + ".join(repr(model.tokenizer.decode([int(i)])) for i in ids)
         raise QkvError(f"{token!r} is {len(ids)} tokens for {model.name} ({parts}), not one; "
                        "give a single token (a leading space often matters)")
+    unk = model.tokenizer.unk_id
+    if unk is not None and int(ids[0]) == unk and token != model.tokenizer.id_to_token(unk):
+        raise QkvError(f"{token!r} is not in {model.name}'s vocabulary (it reads as {model.tokenizer.id_to_token(unk)}); "
+                       "give a token it has (its case and spacing matter)")
     return int(ids[0])
 
 

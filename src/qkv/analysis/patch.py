@@ -306,7 +306,7 @@ def patch_figure(p: Patching) -> "Figure":
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
 
-    panels = [(w, t) for w, t in (("heads", p.heads), ("residual stream", p.residual),
+    panels = [(w, t) for w, t in (("heads", p.heads), ("cross-attention heads", p.cross), ("residual stream", p.residual),
                                   ("attention output", p.attn_out), ("FFN output", p.ffn_out)) if t is not None]
     L = panels[0][1].shape[0]
     n = len(p.labels)
@@ -319,7 +319,7 @@ def patch_figure(p: Patching) -> "Figure":
         m = float(np.abs(t).max()) or 1.0
         im = ax.imshow(t, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",
                        interpolation="nearest")
-        if what == "heads":
+        if what in ("heads", "cross-attention heads"):
             ax.set_xticks(range(t.shape[1]), [str(h) for h in range(t.shape[1])], fontsize=7)
             ax.set_xlabel("head")
         else:

@@ -64,6 +64,13 @@ class Tokenizer:
         """The tokenizer as tokenizer.json text (what `Model.save` writes)."""
         return self._tok.to_str()
 
+    @property
+    def unk_id(self) -> int | None:
+        """The id of the unknown token, what a word the vocabulary lacks becomes; None when the
+        tokenizer has none (byte-level BPE spells everything)."""
+        tok = getattr(self._tok.model, "unk_token", None)
+        return None if not tok else self._tok.token_to_id(tok)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> tuple[np.ndarray, list[str]]:
         """ids (n,) and tokens as the tokenizer spells them, special tokens included.
 
