@@ -263,13 +263,21 @@ class Seq2SeqModel:
         return memory_of(self.weights, self.config, encoded)
 
     def decoder_logits(self, ids: np.ndarray, memory, source_mask: np.ndarray, mask: np.ndarray | None = None, *,
-                       cache: KVCache | None = None) -> np.ndarray:
-        """The logits of the last position (B, 1, V): one step of writing (after the cache's past)."""
+                       cache: KVCache | None = None, rec: Recorder | None = None) -> np.ndarray:
+        """The logits of the last position (B, 1, V): one step of writing (after the cache's past);
+        rec: what the decoder's self-attention and FFN keep (generation traces)."""
         stacks = self.stacks()
+        if rec is not None:
+            stacks.rec["decoder"] = rec
         if cache is not None and stacks.ablate["decoder"] is not None and stacks.ablate["decoder"].how == "mean":
             raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
         return decoder_pass(self.weights, self.config, ids, mask, memory, source_mask, cache=cache, stacks=stacks,
                             logits="last")[1]
+
+    def bound(self, ids: np.ndarray, mask: np.ndarray) -> "BoundDecoder":
+        """This model's decoder with the source ids (B, n_src), mask read once: what the decoding loop
+        (writing.generate.decode) drives, as it drives a decoder."""
+        return BoundDecoder(self, ids, mask)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A KV cache for the decoder's self-attention: L_dec layers, max_len target positions."""
@@ -452,3 +460,24 @@ class DecoderView:
         return decoder_pass(self.model.weights, self.model.config, None, None, memory, source_mask,
                             stacks=Stacks(hooks=stack_hooks(hooks, self.model.config, self.name)), logits="last",
                             start=start, stream=x)
+
+
+class BoundDecoder:
+    """An encoder–decoder's decoder with its source read: the encoder and each layer's cross-attention
+    K, V run once, here; `last_logits` of the target so far (with a KV cache: of its new tokens) is what
+    the decoding loop asks of a decoder, so encoder–decoders write through the decoders' own loop."""
+
+    def __init__(self, model: "Seq2SeqModel", ids: np.ndarray, mask: np.ndarray):
+        self.model, self.source_mask = model, mask
+        self.config = model.config.with_(n_layers=model.config.n_decoder_layers, causal=True)
+        self.weights, self.tokenizer, self.name = model.weights.decoder, model.tokenizer, model.name
+        self.memory = model.memory(model.encoder_output(ids, mask))   # L_dec × (K, V) (B, Hkv, n_src, d_k)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.model.dtype
+
+    def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
+                    cache: KVCache | None = None) -> np.ndarray:
+        """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's."""
+        return self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec)

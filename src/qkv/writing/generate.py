@@ -126,7 +126,7 @@ def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_to
                 seq = np.concatenate([seq, new], axis=1)
 
 
-def _split_stop(stop) -> tuple[list[int], list[str]]:
+def split_stop(stop) -> tuple[list[int], list[str]]:
     """stop: a token id, a string, or a list of both → (stop ids, stop strings)."""
     if stop is None:
         return [], []
@@ -207,7 +207,7 @@ class TextStream:
         self.model, self.max_new_tokens = model, max_new_tokens
         self.sampling, self.use_cache = Sampling.of(sampling, **settings), use_cache
         self.prompt_ids = model.encode(prompt)[0] if isinstance(prompt, str) else _one_row(model, prompt)
-        self.stop_tokens, self.stop_strings = _split_stop(stop)
+        self.stop_tokens, self.stop_strings = split_stop(stop)
         check_can_generate(model, len(self.prompt_ids), max_new_tokens)   # fail now, not mid-stream
         self.new_ids: list[int] = []
 
@@ -239,7 +239,7 @@ def stream_ids(model: Model, input_ids, max_new_tokens: int, sampling: Sampling 
     """Yield the new token of every row, (B,), step by step."""
     sampling = Sampling.of(sampling, **settings)
     ids, mask = model.check_ids(input_ids, attention_mask)
-    stop_tokens, stop_strings = _split_stop(stop)
+    stop_tokens, stop_strings = split_stop(stop)
     if stop_strings:
         raise QkvError("stop strings need a text prompt; with token ids give stop token ids")
     for step in decode(model, ids, mask, max_new_tokens, sampling, stop_tokens=stop_tokens, use_cache=use_cache):

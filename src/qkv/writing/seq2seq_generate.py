@@ -5,8 +5,8 @@
     step:     the newest target token alone → self-attention over the KV cache, cross-attention
               over the source's K, V → logits[last] → sample → append → repeat
 
-`decode` is the loop (generate.decode's counterpart); `Seq2SeqModel.generate` and `.stream` wrap it
-for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.writing.sampling, qkv.writing.generate).
+`decode` starts the decoders' own loop (generate.decode) on the decoder with its source read;
+`Seq2SeqModel.generate` and `.stream` wrap it for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.writing.sampling, qkv.writing.generate).
 The model comes in as an argument: this module never imports qkv.engine.seq2seq (which imports it).
 """
 
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from .generate import Step, TextStream, _split_stop, stop_ids
+from .generate import Step, TextStream, split_stop
+from .generate import decode as steps
 from .sampling import Sampling
 
 if TYPE_CHECKING:
@@ -36,40 +37,25 @@ def check_can_generate(model: Seq2SeqModel, max_new_tokens: int) -> None:
 
 def decode(model: Seq2SeqModel, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
            sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None,
-           use_cache: bool = True) -> Iterator[Step]:
+           use_cache: bool = True, keep_attentions: bool = False) -> Iterator[Step]:
     """Yield one Step per new target token until max_new_tokens or every row has stopped.
 
-    ids, mask (B, n_src): checked source ids. use_cache=False re-runs the decoder over the whole
-    target each step (the slow baseline; same numbers). The encoder and the cross-attention's
-    K, V run once either way: the source does not change while the target grows.
+    ids, mask (B, n_src): checked source ids. The decoders' own loop (generate.decode) writes, its
+    prompt the start token, its model the decoder with this source read (`Seq2SeqModel.bound`: the
+    encoder and the cross-attention's K, V run once, the source does not change while the target
+    grows). use_cache=False re-runs the decoder over the whole target each step (same numbers).
     """
-    sampling = Sampling.of(sampling)
     check_can_generate(model, max_new_tokens)
-    cfg, B = model.config, len(ids)
-    rng = sampling.rng()
-    stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
-    memory = model.memory(model.encoder_output(ids, mask))      # L_dec × (K, V) (B, H, n_src, d_k)
-    cache = model.new_cache(B, 1 + max_new_tokens) if use_cache else None
-    seq = np.full((B, 1), model.start_token, dtype=np.int64)   # (B, 1) decoder_start_token_id
-    new = seq                                                   # what the next decoder pass reads
-    done = np.zeros(B, dtype=bool)
-    for _ in range(max_new_tokens):
-        logits = model.decoder_logits(new if use_cache else seq, memory, mask, cache=cache)   # (B, 1, V)
-        next_ids = np.where(done, pad, sampling.pick(logits[:, -1], rng))                    # (B,)
-        done = done | np.isin(next_ids, stops)
-        yield Step(ids=next_ids, done=done.copy(), attentions=None)
-        if done.all():
-            return
-        new = next_ids[:, None]
-        seq = np.concatenate([seq, new], axis=1)                # (B, t + 1)
+    start = np.full((len(ids), 1), model.start_token, dtype=np.int64)   # (B, 1) decoder_start_token_id
+    yield from steps(model.bound(ids, mask), start, np.ones_like(start), max_new_tokens, sampling,
+                     stop_tokens=stop_tokens, use_cache=use_cache, keep_attentions=keep_attentions)
 
 
 def stream_ids(model: Seq2SeqModel, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
                attention_mask=None, stop=None, use_cache: bool = True) -> Iterator[np.ndarray]:
     """Yield the new target token of every row, (B,), step by step."""
     ids, mask = model.check_ids(input_ids, attention_mask)
-    stop_tokens, stop_strings = _split_stop(stop)
+    stop_tokens, stop_strings = split_stop(stop)
     if stop_strings:
         raise QkvError("stop strings need a text source; with token ids give stop token ids")
     for step in decode(model, ids, mask, max_new_tokens, sampling, stop_tokens=stop_tokens, use_cache=use_cache):
@@ -93,7 +79,7 @@ class TargetStream(TextStream):
         self.model, self.source, self.max_new_tokens = model, source, max_new_tokens
         self.sampling, self.use_cache = Sampling.of(sampling), use_cache
         self.prompt_ids = model.encode(source)[0] if isinstance(source, str) else model.check_ids(source)[0][0]
-        self.stop_tokens, self.stop_strings = _split_stop(stop)
+        self.stop_tokens, self.stop_strings = split_stop(stop)
         check_can_generate(model, max_new_tokens)               # fail now, not mid-stream
         self.new_ids: list[int] = []
 
