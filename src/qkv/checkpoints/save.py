@@ -28,7 +28,7 @@ from .families import family_of
 from .tensors import write_safetensors
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..engine.handles import Handle
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 # The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<random>.tmp").
@@ -49,7 +49,7 @@ def check_target(directory: Path) -> None:
             raise QkvError(f"{directory} holds other files ({shown}); save into a new or empty directory")
 
 
-def tokenizer_config(model: "Model") -> dict:
+def tokenizer_config(model: Handle) -> dict:
     """tokenizer_config.json: a fast tokenizer over tokenizer.json, its special tokens, its chat template."""
     tok = model.tokenizer
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.config.max_positions,
@@ -59,7 +59,7 @@ def tokenizer_config(model: "Model") -> dict:
     return config
 
 
-def save(model: "Model", directory: str | os.PathLike) -> Path:
+def save(model: Handle, directory: str | os.PathLike) -> Path:
     """Write MODEL into DIRECTORY in Hugging Face layout (see the module docstring); returns it."""
     directory = Path(directory)
     check_target(directory)

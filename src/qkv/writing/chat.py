@@ -20,13 +20,13 @@ from .generate import TextStream, check_can_generate
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..engine.handles import Writer
 
 MAX_NEW_TOKENS = 256
 TEMPERATURE = 0.0
 
 
-def check_can_chat(model: Model) -> None:
+def check_can_chat(model: Writer) -> None:
     """Chat needs a decoder whose checkpoint ships a chat template."""
     if not model.config.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({model.config.family}): it cannot write a reply; "
@@ -55,7 +55,7 @@ def as_messages(messages_or_text, system: str | None = None) -> list[dict[str, s
     return messages
 
 
-def end_of_turn(model: Model) -> list[int]:
+def end_of_turn(model: Writer) -> list[int]:
     """The token ids that end a reply: the tokenizer's eos_token (the chat template's end of a
     turn); the model's own EOS stops generation as well (generate.stop_ids)."""
     eos = model.tokenizer.eos_token_id
@@ -67,7 +67,7 @@ def chat_sampling(sampling: Sampling | None = None, **settings) -> Sampling:
     return Sampling.of(sampling or Sampling(temperature=TEMPERATURE), **settings)
 
 
-def chat_stream(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS,
+def chat_stream(model: Writer, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS,
                 sampling: Sampling | None = None, *, system: str | None = None, use_cache: bool = True,
                 **settings) -> TextStream:
     """The reply as a TextStream: iterate it for text pieces; then `prompt_ids` (the rendered
@@ -80,7 +80,7 @@ def chat_stream(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TO
     return TextStream(model, ids, max_new_tokens, sampling, stop=end_of_turn(model), use_cache=use_cache)
 
 
-def chat(model: Model, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, sampling: Sampling | None = None, *,
+def chat(model: Writer, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, sampling: Sampling | None = None, *,
          system: str | None = None, use_cache: bool = True, **settings) -> str:
     """The model's reply to a message (a text is one user turn) or a conversation, as text."""
     return "".join(chat_stream(model, messages_or_text, max_new_tokens, sampling, system=system,
@@ -96,7 +96,7 @@ class Conversation:
     counts them.
     """
 
-    def __init__(self, model: Model, system: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+    def __init__(self, model: Writer, system: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
                  sampling: Sampling | None = None, *, use_cache: bool = True, **settings):
         check_can_chat(model)
         self.model, self.system, self.max_new_tokens = model, system, max_new_tokens

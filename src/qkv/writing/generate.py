@@ -22,7 +22,7 @@ from ..engine.tuning import choices, pinned
 from ..engine.trace import Recorder
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..engine.handles import Writer
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Step:
     attentions: np.ndarray | None      # (L, B, H, m) what the last fed token attended to (m = keys so far)
 
 
-def check_can_generate(model: Model, prompt_length: int, max_new_tokens: int) -> None:
+def check_can_generate(model: Writer, prompt_length: int, max_new_tokens: int) -> None:
     """Encoders cannot write; the prompt and what we add must fit the model's context."""
     cfg = model.config
     if not cfg.causal or model.weights.W_vocab is None:
@@ -48,7 +48,7 @@ def check_can_generate(model: Model, prompt_length: int, max_new_tokens: int) ->
                        f"{model.name}'s context of {cfg.max_positions}; shorten the prompt or lower max_new_tokens")
 
 
-def stop_ids(model: Model, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
+def stop_ids(model: Writer, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
     """The ids that end a row: the model's EOS (unless stop_at_eos is False) and stop_tokens."""
     eos = model.config.eos_token_id if stop_at_eos else None
     eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -66,7 +66,7 @@ def step_threads() -> StepThreads:
     return StepThreads(most=max(choices().decode, min(2, cores())))
 
 
-def decode(model: Model, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
            sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None, use_cache: bool = True,
            keep_attentions: bool = False, **settings) -> Iterator[Step]:
     """Yield one Step per new token until max_new_tokens or every row has stopped.
@@ -149,7 +149,7 @@ def _held_back(text: str, stops: list[str]) -> int:
     return hold
 
 
-def _one_row(model: Model, ids) -> np.ndarray:
+def _one_row(model: Writer, ids) -> np.ndarray:
     """A prompt already in token ids (e.g. a rendered chat template): (n,) or (1, n) → (n,)."""
     ids, _ = model.check_ids(ids)
     if len(ids) != 1:
@@ -201,7 +201,7 @@ class TextStream:
 
     decoding = staticmethod(decode)                  # the loop the pieces come from
 
-    def __init__(self, model: Model, prompt: str | np.ndarray, max_new_tokens: int,
+    def __init__(self, model: Writer, prompt: str | np.ndarray, max_new_tokens: int,
                  sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, **settings):
         """sampling, or its fields by name in settings (temperature=0, …): see qkv.writing.sampling.Sampling."""
         self.model, self.max_new_tokens = model, max_new_tokens
@@ -225,7 +225,7 @@ class TextStream:
         return generation_trace(self.model, self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64), keep)
 
 
-def generation_trace(model: Model, prompt_ids: np.ndarray, new_ids: np.ndarray,
+def generation_trace(model: Writer, prompt_ids: np.ndarray, new_ids: np.ndarray,
                      keep: tuple[str, ...] = ("attentions",)):
     """A Trace of prompt (n,) + generated (new,) ids: their attention (and the rest of `keep`),
     recomputed in one pass (equal to what each token attended to while generating); `prompt_length` = n."""
@@ -234,7 +234,7 @@ def generation_trace(model: Model, prompt_ids: np.ndarray, new_ids: np.ndarray,
     return result
 
 
-def stream_ids(model: Model, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
+def stream_ids(model: Writer, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
                attention_mask=None, stop=None, use_cache: bool = True, **settings) -> Iterator[np.ndarray]:
     """Yield the new token of every row, (B,), step by step."""
     sampling = Sampling.of(sampling, **settings)
@@ -246,7 +246,7 @@ def stream_ids(model: Model, input_ids, max_new_tokens: int, sampling: Sampling 
         yield step.ids
 
 
-def generate(model: Model, prompt, max_new_tokens: int, sampling: Sampling | None = None, *, attention_mask=None,
+def generate(model: Writer, prompt, max_new_tokens: int, sampling: Sampling | None = None, *, attention_mask=None,
              stop=None, use_cache: bool = True, trace: bool = False, **settings):
     """Text in → the continuation as text; ids (B, n) in → ids (B, n + new), like transformers.
 

@@ -22,10 +22,10 @@ from .generate import decode as steps
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from ..engine.seq2seq import Seq2SeqModel
+    from ..engine.handles import SourceWriter
 
 
-def check_can_generate(model: Seq2SeqModel, max_new_tokens: int) -> None:
+def check_can_generate(model: SourceWriter, max_new_tokens: int) -> None:
     """A whole number of new tokens that, after the start token, fits the decoder's positions."""
     if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise QkvError(f"max_new_tokens must be a whole number ≥ 1, got {max_new_tokens}")
@@ -35,7 +35,7 @@ def check_can_generate(model: Seq2SeqModel, max_new_tokens: int) -> None:
                        f"lower max_new_tokens to at most {limit - 1}")
 
 
-def decode(model: Seq2SeqModel, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
+def decode(model: SourceWriter, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int,
            sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None,
            use_cache: bool = True, keep_attentions: bool = False) -> Iterator[Step]:
     """Yield one Step per new target token until max_new_tokens or every row has stopped.
@@ -51,7 +51,7 @@ def decode(model: Seq2SeqModel, ids: np.ndarray, mask: np.ndarray, max_new_token
                      stop_tokens=stop_tokens, use_cache=use_cache, keep_attentions=keep_attentions)
 
 
-def stream_ids(model: Seq2SeqModel, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
+def stream_ids(model: SourceWriter, input_ids, max_new_tokens: int, sampling: Sampling | None = None, *,
                attention_mask=None, stop=None, use_cache: bool = True) -> Iterator[np.ndarray]:
     """Yield the new target token of every row, (B,), step by step."""
     ids, mask = model.check_ids(input_ids, attention_mask)
@@ -71,7 +71,7 @@ class TargetStream(TextStream):
     string or ends inside a multi-byte character; stop tokens (EOS) end the text unshown.
     """
 
-    def __init__(self, model: Seq2SeqModel, source: str | np.ndarray, max_new_tokens: int,
+    def __init__(self, model: SourceWriter, source: str | np.ndarray, max_new_tokens: int,
                  sampling: Sampling | None = None, *, stop=None, use_cache: bool = True):
         if model.tokenizer is None:
             raise QkvError(f"{model.name} has no tokenizer.json, so the target cannot be written as text; "
@@ -96,7 +96,7 @@ class TargetStream(TextStream):
         return result
 
 
-def generate(model: Seq2SeqModel, source, max_new_tokens: int, sampling: Sampling | None = None, *,
+def generate(model: SourceWriter, source, max_new_tokens: int, sampling: Sampling | None = None, *,
              attention_mask=None, stop=None, use_cache: bool = True, trace: bool = False):
     """Text in → the target text; ids (B, n_src) in → decoder ids (B, 1 + new), starting with
     decoder_start_token_id as transformers' generate (rows that stopped early are padded).
