@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.writing.sampling import next_token_distribution, top_k_filter, top_p_filter
+from qkv.writing.sampling import distribution, top_k_filter, top_p_filter
 from qkv.viz.pipeline import save_pipeline
 from qkv.viz.pipeline_payload import decode_scores, pipeline_payload
 from qkv.viz.pipeline_text import TEXTS
@@ -112,7 +112,7 @@ def test_temperature_top_k_and_top_p_equal_qkv_sampling(tab, tmp_path):
             want[np.argmax(z[0])] = 1
             kept = 1
         else:
-            want = next_token_distribution(z, T, k or None, p if p < 1 else None)[0]
+            want = distribution(z, T, k or None, p if p < 1 else None)[0]
             x = z.astype(np.float64) / T
             x = top_k_filter(x, k) if k else x
             kept = int(np.isfinite(top_p_filter(x, p) if p < 1 else x).sum())

@@ -19,7 +19,8 @@ import qkv
 from qkv import QkvError
 from qkv.writing.nexttoken import (candidates, distribution, entropy, next_token_logits, token_text, top_tokens,
                            visible)
-from qkv.writing.sampling import next_token_distribution, sample
+from qkv.writing import sampling
+from qkv.writing.sampling import sample
 from conftest import MODELS, run_main
 
 PROMPT = "The capital of France is"
@@ -66,8 +67,9 @@ def test_distribution_equals_softmax_of_logits_over_T(z, T):
 
 def test_distribution_is_the_one_sampling_draws_from(z):
     """Reused, not copied: the same numbers as qkv.writing.sampling, and sample()'s draws follow them."""
+    assert distribution is sampling.distribution
     for T in TEMPERATURES:
-        assert np.array_equal(distribution(z, T), next_token_distribution(z[None], T)[0])
+        assert np.array_equal(distribution(z, T), distribution(z[None], T)[0])          # any leading shape
     T = 1.5
     P = distribution(z, T)
     top, p_top = top_tokens(P, 5)

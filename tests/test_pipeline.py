@@ -16,7 +16,7 @@ import pytest
 import qkv
 from qkv import QkvError
 from qkv.viz import explain_text
-from qkv.writing.sampling import next_token_distribution, top_k_filter, top_p_filter
+from qkv.writing.sampling import distribution, top_k_filter, top_p_filter
 from qkv.viz.payload import PRECISION, decode_attention
 from qkv.viz.pipeline import pipeline_html, pipeline_payload, save_pipeline
 from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, decode_array, decode_scores
@@ -129,8 +129,8 @@ def test_the_output_end_carries_the_whole_vocabulary_and_equals_sampling(llama):
     assert p["output"]["top_labels"][0] == llama.tokenizer.label(int(order[0]))
     # so any exact computation from the page's logits is sampling's own distribution and filters
     for T, k, top_p in [(1.0, None, None), (0.5, 5, None), (1.7, None, 0.9), (0.8, 20, 0.6)]:
-        page = next_token_distribution(z[None], T, k, top_p)
-        engine = next_token_distribution(trace.logits[-1:], T, k, top_p)
+        page = distribution(z[None], T, k, top_p)
+        engine = distribution(trace.logits[-1:], T, k, top_p)
         assert np.array_equal(page, engine)
     x = z[None].astype(np.float64) / 0.7
     assert np.isfinite(top_p_filter(top_k_filter(x, 10), 0.8)).sum() <= 10

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qkv.engine.errors import QkvError
-from qkv.writing.sampling import Sampling, check_sampling, next_token_distribution, sample, top_k_filter, top_p_filter
+from qkv.writing.sampling import Sampling, check_sampling, distribution, sample, top_k_filter, top_p_filter
 
 # χ² critical values at significance 0.001, by degrees of freedom (tables; no SciPy needed).
 CHI2_CRIT_0001 = {2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
@@ -24,7 +24,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
 @pytest.mark.parametrize("T, k, p", [(1.0, None, None), (0.5, None, None), (2.0, None, None),
                                      (1.0, 3, None), (1.0, None, 0.8), (0.7, 4, 0.9)])
 def test_draws_follow_the_distribution(T, k, p):
-    probs = next_token_distribution(LOGITS[None], T, k, p)[0]
+    probs = distribution(LOGITS[None], T, k, p)[0]
     want = np.exp(LOGITS / T)
     if k is not None:
         want[np.argsort(-LOGITS)[k:]] = 0
@@ -45,7 +45,7 @@ def test_a_wrong_distribution_would_be_caught():
     rng = np.random.default_rng(1234)
     draws = np.concatenate([sample(np.tile(LOGITS, (100, 1)), rng, 1.0) for _ in range(200)])
     counts = np.bincount(draws, minlength=len(LOGITS))
-    assert chi_square(counts, next_token_distribution(LOGITS[None], 0.7)[0]) > CHI2_CRIT_0001[5]
+    assert chi_square(counts, distribution(LOGITS[None], 0.7)[0]) > CHI2_CRIT_0001[5]
 
 
 def test_top_k_keeps_exactly_the_k_largest():

@@ -5,7 +5,7 @@
 T = 1 is the model's own distribution; T < 1 sharpens it, T > 1 flattens it, and T = 0
 is greedy: all the mass on the argmax (one-hot). Dividing by T > 0 never changes the
 order of the tokens, only how the mass is shared. The numbers are the ones sampling
-draws from (`qkv.writing.sampling.next_token_distribution`, reused here, never copied).
+draws from (`qkv.writing.sampling.distribution`, reused here, never copied).
 
     distribution(z, T)      softmax(z / T), float64, (..., V)
     top_tokens(p, k)        the k most probable ids and their probabilities
@@ -21,25 +21,8 @@ import numpy as np
 
 from ..engine.errors import QkvError
 from ..engine.ops import entropy as ops_entropy
-from .sampling import check_sampling, next_token_distribution
+from .sampling import distribution
 from ..engine.tokenizer import visible
-
-
-def distribution(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """P = softmax(logits / T) over the last axis, float64: (..., V) → (..., V).
-
-    T = 0 is greedy: one-hot on the argmax (the first one on ties, as `sample` picks).
-    """
-    check_sampling(temperature, None, None)
-    z = np.asarray(logits)
-    if z.ndim == 0 or z.shape[-1] == 0:
-        raise QkvError(f"logits must have a vocabulary axis, got shape {z.shape}")
-    if temperature == 0:
-        one_hot = np.zeros(z.shape)                                       # (..., V)
-        np.put_along_axis(one_hot, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
-        return one_hot
-    rows = z.reshape(-1, z.shape[-1])                                     # (B, V)
-    return next_token_distribution(rows, temperature).reshape(z.shape)    # (..., V)
 
 
 def top_tokens(probs: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:

@@ -92,15 +92,24 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     return np.where(drop, -np.inf, logits)
 
 
-def next_token_distribution(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
-                            top_p: float | None = None) -> np.ndarray:
-    """softmax(filter(logits / T)) over the vocabulary, in float64: (B, V)."""
-    x = logits.astype(np.float64) / temperature
+def distribution(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None) -> np.ndarray:
+    """P = softmax(filter(logits / T)) over the last axis, float64: (..., V) → (..., V), what `sample`
+    draws from. T = 0 is greedy: one-hot on the argmax (the first one on ties, as `sample` picks)."""
+    check_sampling(temperature, top_k, top_p)
+    z = np.asarray(logits)
+    if z.ndim == 0 or z.shape[-1] == 0:
+        raise QkvError(f"logits must have a vocabulary axis, got shape {z.shape}")
+    if temperature == 0 or top_k == 1:
+        one_hot = np.zeros(z.shape)                                       # (..., V)
+        np.put_along_axis(one_hot, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    x = z.reshape(-1, z.shape[-1]).astype(np.float64) / temperature      # (B, V)
     if top_k is not None:
         x = top_k_filter(x, int(top_k))
     if top_p is not None:
         x = top_p_filter(x, float(top_p))
-    return softmax(x)
+    return softmax(x).reshape(z.shape)                                   # (..., V)
 
 
 def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
@@ -111,7 +120,7 @@ def sample(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.
     """
     if temperature == 0 or top_k == 1:
         return np.argmax(logits, axis=-1)
-    probs = next_token_distribution(logits, temperature, top_k, top_p)
+    probs = distribution(logits, temperature, top_k, top_p)
     u = 1.0 - rng.random((probs.shape[0], 1))                        # one uniform in (0, 1] per row
     cdf = np.cumsum(probs, axis=-1)
     cdf /= cdf[:, -1:]                                               # exact 1 at the end

@@ -74,7 +74,7 @@
   }
   const num = (x, d = 4) => (x === -Infinity ? "−∞" : Number.isFinite(x) ? x.toFixed(d) : String(x));
 
-  // ── the output end: exactly qkv.sampling.next_token_distribution ──────────────
+  // ── the output end: exactly qkv.writing.sampling.distribution ──────────────
   // softmax(filter(z / T)) in float64: top-k keeps logits ≥ the k-th largest (ties kept), top-p sorts
   // ascending (stable), drops tokens whose cumulative probability is ≤ 1 − p, always keeps the top one.
   function softmax(x) {
