@@ -172,7 +172,7 @@ def read_config(directory: Path) -> ModelConfig:
         raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
     if not isinstance(hf, dict):
         raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
-    return config_of(hf)                              # types and ranges of every knob, then the family's reader
+    return config_of(hf)                              # model_type, types and ranges of every knob, the family's reader
 
 
 def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2SeqModel:

@@ -30,16 +30,19 @@ FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "llama": llama, "
 
 
 def family_of(kind: str) -> ModuleType:
-    """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones."""
-    if kind not in FAMILIES:
-        raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
+    """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones
+    (also for a KIND that is not a string: a list, a number, None when config.json has none)."""
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise QkvError(f"model_type {kind!r:.60} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
     return FAMILIES[kind]
 
 
 def config_of(hf: dict, where: str = "config.json") -> ModelConfig:
-    """A config.json's dict → ModelConfig: every knob's type and range checked, then its family's reader."""
-    hf = check_config(hf, where)
-    return family_of(hf.get("model_type")).config(hf)
+    """A config.json's dict → ModelConfig: the model_type first (an unsupported family is refused as
+    such, not for a knob of its own that qkv's ranges reject), then every knob's type and range, then
+    its family's reader."""
+    family = family_of(hf.get("model_type"))
+    return family.config(check_config(hf, where))
 
 
 def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> Weights:
