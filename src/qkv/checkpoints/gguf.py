@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io import write_directory
 from . import gguf_tokenizer
 from .gguf_reader import check_file, metadata, open_reader
 
@@ -360,7 +361,7 @@ def _glob_escape(text: str) -> str:
 
 def converted(path: str | os.PathLike) -> Path:
     """The Hugging Face directory of a GGUF file: from the cache, or converted now (atomically:
-    into a private temporary directory, then renamed into place)."""
+    into a private temporary directory, then renamed into place: engine.io.write_directory)."""
     path = Path(path)
     check_file(path)
     root = cache_root()
@@ -380,21 +381,14 @@ def converted(path: str | os.PathLike) -> Path:
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".converting-"))
+        placed = write_directory(final, lambda tmp: _convert_into(path, tmp))    # never onto a link
     except OSError as e:
         raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a writable "
                        "directory, or QKV_CACHE=off") from None
-    try:
-        _convert_into(path, tmp)
-        try:
-            os.rename(tmp, final)                     # atomic; never onto a link (checked above, and
-        except OSError as e:                          # rename does not follow one: it fails)
-            if final.is_symlink() or not (final / "qkv_source.json").is_file():
-                raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a "
-                               "writable directory, or QKV_CACHE=off") from None
-            # else another process converted the same file first: use its copy
-        else:
-            _drop_stale(root, final, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if placed:
+        _drop_stale(root, final, path)
+    elif final.is_symlink() or not (final / "qkv_source.json").is_file():
+        raise QkvError(f"cannot write the GGUF cache {root}: {final.name} appeared there, not written by qkv; "
+                       "remove it, or set QKV_CACHE to another directory")
+    # else another process converted the same file first: use its copy
     return final
