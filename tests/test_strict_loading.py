@@ -221,3 +221,55 @@ def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
     assert err.startswith("qkv: error: the checkpoint has 1 tensor that a gpt2 model never reads "
                           "('transformer.h.0.attn.q_norm.weight');"), err
 
+
+# ── GGUF files ───────────────────────────────────────────────────────────────────
+
+@pytest.fixture
+def gguf_fixtures(tmp_path, monkeypatch):
+    """make_gguf_fixtures (tests/fixtures), with conversions into a private cache."""
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    import make_gguf_fixtures
+
+    return make_gguf_fixtures
+
+
+def tiny_llama(F, path, edit=None):
+    return F.make(path, dict(F.COMMITTED_SPECS["tiny-llama"]), edit=edit)
+
+
+def test_gguf_tensors_nothing_reads_are_refused(tmp_path, gguf_fixtures):
+    F = gguf_fixtures
+    vector = (np.ones(16, np.float32), None)
+
+    def extra(meta, tensors):
+        tensors |= {"blk.0.attn_q_norm.weight": vector, "blk.1.attn_k_norm.weight": vector}
+
+    message = refusal(tiny_llama(F, tmp_path / "normed.gguf", extra))
+    assert message.startswith("the GGUF file has 2 tensors that a llama model of this config never reads "
+                              "('blk.0.attn_q_norm.weight', 'blk.1.attn_k_norm.weight'); qkv cannot run it")
+    assert not [p for p in (tmp_path / "cache").iterdir()]                 # nothing half-converted stays
+
+
+def test_gguf_layers_the_metadata_does_not_declare_are_refused(tmp_path, gguf_fixtures):
+    F = gguf_fixtures
+
+    def one_layer(meta, tensors):
+        meta["llama.block_count"] = (1, meta["llama.block_count"][1])
+
+    message = refusal(tiny_llama(F, tmp_path / "deeper.gguf", one_layer))
+    assert "9 tensors that a llama model of this config never reads ('blk.1.attn_k.weight'" in message
+    assert "and 6 more)" in message
+
+
+def test_gguf_rope_inverse_frequencies_are_ignored(tmp_path, gguf_fixtures):
+    """Old llama.cpp files store blk.{i}.attn_rot_embd: left unread (IGNORED), the numbers unchanged."""
+    F = gguf_fixtures
+
+    def rot(meta, tensors):
+        tensors |= {f"blk.{i}.attn_rot_embd.weight": (np.ones(8, np.float32), None) for i in (0, 1)}
+
+    plain = qkv.load(tiny_llama(F, tmp_path / "plain.gguf"))
+    model = qkv.load(tiny_llama(F, tmp_path / "rot.gguf", rot))
+    ids = [[5, 6, 7, 8]]
+    np.testing.assert_array_equal(model.forward(ids).logits, plain.forward(ids).logits)

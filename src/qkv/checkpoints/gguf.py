@@ -24,7 +24,8 @@ Architectures: `llama` (Llama, SmolLM2, and Mistral, which llama.cpp writes as `
 `qwen2` (q/k/v biases, rows not permuted). Anything the engine would silently compute
 differently from llama.cpp is refused with one line: other architectures, mixtures of
 experts, partial or scaled RoPE other than linear, `rope_freqs` (Llama 3.1's frequency
-factors), unknown or missing tensors, shapes that disagree with the metadata.
+factors), tensors nothing reads (but the few in IGNORED) or missing ones, shapes that
+disagree with the metadata.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 from ..engine.errors import QkvError
 from ..engine.io import write_directory
 from . import gguf_tokenizer
+from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
 
 ARCHITECTURES = ("llama", "qwen2")
@@ -58,7 +60,14 @@ _TENSOR_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-_IGNORED = ("attn_rot_embd",)  # old files store RoPE's inverse frequencies; llama.cpp recomputes them too
+
+# Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
+# tensor outside the tables above is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
+# with its own reason: it changes RoPE, so it cannot be left unread.
+IGNORED = {
+    "blk.{i}.attn_rot_embd.*": "RoPE's inverse frequencies, which old files stored (llama.cpp computes "
+                               "them from rope.freq_base, as qkv does)",
+}
 
 
 def hf_name(name: str) -> str | None:
@@ -198,17 +207,19 @@ def _used_tensors(reader, cfg: dict) -> list[tuple[str, object, tuple[int, ...]]
         raise QkvError(f"the GGUF file declares {cfg['num_hidden_layers']} layers but holds only "
                        f"{len(reader.tensors)} tensors; it is incomplete or damaged")
     shapes = expected_shapes(cfg, {t.name for t in reader.tensors})
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
+                       "which qkv does not support")
+    named = [(hf_name(t.name), t) for t in reader.tensors]
+    left = unread([t.name[:80] for name, t in named if name not in shapes], set(), IGNORED)
+    if left:
+        raise unread_error(left, "the GGUF file", f"{cfg['model_type']} model of this config",
+                           "qkv cannot run it (another variant of the architecture, or layers the metadata "
+                           "does not declare); use a plain llama or qwen2 file")
     used = []
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
-                           "which qkv does not support")
-        name = hf_name(t.name)
-        if name is None and t.name.rpartition(".")[0].endswith(_IGNORED):
-            continue
+    for name, t in named:
         if name not in shapes:
-            raise QkvError(f"the GGUF file has a tensor {t.name!r:.80} that a {cfg['model_type']} model of this "
-                           "config does not have; qkv cannot run it")
+            continue                                     # IGNORED
         kind = t.tensor_type.name
         if kind not in QUANT_TYPES:
             raise QkvError(f"tensor {t.name} has GGUF type {kind}, which qkv does not read; use a file "
