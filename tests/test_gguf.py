@@ -169,7 +169,7 @@ def test_planted_symlink_is_not_followed(tmp_path, private_cache):
     with pytest.raises(QkvError, match="not written by qkv"):
         qkv.load(LLAMA)
     assert sorted(p.name for p in target.iterdir()) == ["qkv_source.json"]
-    assert [p for p in private_cache.iterdir() if p.name.startswith(".converting")] == []
+    assert [p for p in private_cache.iterdir() if p.name.startswith(".")] == []          # no temporary left
 
 
 def test_concurrent_conversions(tmp_path, private_cache):
@@ -186,6 +186,30 @@ def test_concurrent_conversions(tmp_path, private_cache):
     assert len({out for out, _ in results}) == 1
     (entry,) = entries(private_cache)
     assert json.loads((private_cache / entry / "qkv_source.json").read_text())["gguf"] == str(LLAMA.resolve())
+
+
+@pytest.mark.parametrize("first", ["qkv", "stray"])
+def test_a_directory_that_appears_during_the_conversion(private_cache, monkeypatch, first):
+    """Another process finished first (engine.io.write_directory keeps its directory): a qkv
+    conversion is used, anything else refused in one line; no temporary directory is left."""
+    convert = gguf.convert
+
+    def racing(path, out):
+        convert(path, out)
+        theirs = private_cache / gguf._key(LLAMA)
+        if first == "qkv":
+            shutil.copytree(out, theirs)
+        else:
+            theirs.mkdir()
+            (theirs / "notes.txt").write_text("mine")
+
+    monkeypatch.setattr(gguf, "convert", racing)
+    if first == "qkv":
+        assert qkv.load(LLAMA).config.family == "llama"
+    else:
+        with pytest.raises(QkvError, match="appeared there, not written by qkv"):
+            qkv.load(LLAMA)
+    assert entries(private_cache) == [gguf._key(LLAMA)]                      # theirs, kept; nothing else
 
 
 # ── the CLI ──────────────────────────────────────────────────────────────────────

@@ -1,4 +1,4 @@
-"""qkv.engine.io: whole files or none, never through a link, one mode."""
+"""qkv.engine.io: whole files (and directories) or none, never through a link, one mode."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qkv.engine.io import FILE_MODE, FileBatch, umask, write_atomic, write_text
+from qkv.engine.io import FILE_MODE, FileBatch, umask, write_atomic, write_directory, write_text
 
 
 @pytest.fixture
@@ -99,3 +99,48 @@ def test_a_failing_batch_leaves_nothing(tmp_path, mask):
     assert not fresh.exists()                                     # the directory it made is gone
     assert sorted(p.name for p in existing.iterdir()) == ["a.html", "notes.txt"]
     assert (existing / "a.html").read_text() == "old"
+
+
+# ── write_directory ──────────────────────────────────────────────────────────────
+
+def test_a_directory_appears_whole(tmp_path):
+    out = tmp_path / "conv"
+
+    def fill(tmp):
+        assert tmp.parent == tmp_path and tmp.name.startswith(".") and not out.exists()   # nothing in place yet
+        (tmp / "a.json").write_text("{}")
+        (tmp / "b.bin").write_bytes(b"x" * 10)
+
+    assert write_directory(out, fill) is True
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.bin"] and not leftovers(tmp_path)
+    assert out.stat().st_mode & 0o777 == 0o700                    # private, as mkdtemp makes it
+
+
+def test_a_failing_directory_write_leaves_nothing(tmp_path):
+    def broken(tmp):
+        (tmp / "half").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        write_directory(tmp_path / "conv", broken)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_written_first_by_another_is_kept(tmp_path):
+    out = tmp_path / "conv"
+    out.mkdir()
+    (out / "theirs").write_text("first")
+    assert write_directory(out, lambda tmp: (tmp / "mine").write_text("second")) is False
+    assert sorted(p.name for p in out.iterdir()) == ["theirs"] and not leftovers(tmp_path)
+
+
+def test_a_link_at_the_directory_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("x")
+    link = tmp_path / "conv"
+    link.symlink_to(victim)
+    with pytest.raises(OSError):
+        write_directory(link, lambda tmp: (tmp / "mine").write_text("y"))
+    assert link.is_symlink() and sorted(p.name for p in victim.iterdir()) == ["precious"]
+    assert not leftovers(tmp_path)

@@ -22,7 +22,8 @@ from ..engine.model import Model
 from ..engine.seq2seq import Seq2SeqModel
 from ..engine.tokenizer import Tokenizer
 from . import gguf
-from .families import FAMILIES, config_of, weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
+from .families import FAMILIES, config_of, read_weights
+from .families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from .tensors import TensorStore
 
 DEFAULT = "minilm"
@@ -172,7 +173,7 @@ def read_config(directory: Path) -> ModelConfig:
         raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
     if not isinstance(hf, dict):
         raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
-    return config_of(hf)                              # types and ranges of every knob, then the family's reader
+    return config_of(hf)                              # model_type, types and ranges of every knob, the family's reader
 
 
 def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2SeqModel:
@@ -188,7 +189,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2S
     directory = resolve(source)
     cfg = read_config(directory)
     store = TensorStore(directory)
-    weights = FAMILIES[cfg.family].weights(store, cfg, dtype.type)
+    weights = read_weights(store, cfg, dtype.type)   # every tensor read, or one the family may ignore
     store.release()                   # reading every tensor once (the NaN check) mapped all its pages
     if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
         weights = fast_layout(weights, after_copy=store.release)

@@ -30,6 +30,14 @@ from .tensors import TensorStore
 
 OFFSET = 2                                     # BartLearnedPositionalEmbedding's offset
 
+# Tensors a BART checkpoint may hold that qkv never reads, relative to BartModel.
+IGNORED = {
+    "encoder.embed_tokens.weight": "a copy of shared (tied; transformers ties it to shared too)",
+    "decoder.embed_tokens.weight": "likewise",
+    "encoder.version": "a fairseq leftover, which transformers ignores too",
+    "decoder.version": "likewise",
+}
+
 
 def stacks_config(hf: dict, family: str) -> dict:
     """The knobs BART and Marian read alike: sizes of the two stacks (which must match but in depth)."""

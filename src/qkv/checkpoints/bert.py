@@ -11,7 +11,8 @@
     encoder.layer.{i}.intermediate.dense           W_in
     encoder.layer.{i}.output.dense                 W_out
     encoder.layer.{i}.output.LayerNorm             ffn_norm (after the residual)
-The pooler and any task head are not part of the encoder and are ignored.
+The pooler and any task head are not part of the encoder: IGNORED lists them, with the buffers
+older files carry; any other tensor the table does not read makes the checkpoint refused.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
 checkpoint by this table; `hf_config` / `tensors` write one, a BertModel without a pooler.
 """
@@ -25,6 +26,15 @@ from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
+
+# Tensors a BERT checkpoint may hold that qkv never reads ({i}: a layer, *: anything), relative to BertModel.
+IGNORED = {
+    "embeddings.position_ids": "the positions 0…P−1, a buffer older transformers saved",
+    "pooler.*": "the pooler (a dense layer on [CLS]), not part of the encoder",
+    "cls.*": "BertForMaskedLM / BertForPreTraining's heads",
+    "classifier.*": "a sequence or token classification head",
+    "qa_outputs.*": "BertForQuestionAnswering's head",
+}
 
 
 def config(hf: dict) -> ModelConfig:

@@ -1,16 +1,19 @@
-"""Helpers shared by the family modules: reading and writing config.json values, linear layers."""
+"""Helpers shared by the family modules: reading and writing config.json values, linear layers,
+the tensors a checkpoint may hold unread."""
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import fields
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from .tensors import TensorStore
+from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -146,3 +149,36 @@ def reads_back(cfg: ModelConfig, hf: dict, read: Callable[[dict], ModelConfig]) 
 def c_arrays(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
     """Each tensor as a new C-ordered array (never a view of the weights); None (absent) left out."""
     return {name: np.array(t, order="C", copy=True) for name, t in tensors.items() if t is not None}
+
+
+# ── tensors nothing reads ─────────────────────────────────────────────────────────
+
+SHOWN = 3                      # unread tensors named in the error; the rest are counted
+
+
+@functools.lru_cache(maxsize=None)
+def _pattern(pattern: str) -> re.Pattern:
+    """An IGNORED pattern as a regex: {i} is a layer number, * any text, the rest literal."""
+    parts = re.split(r"(\{i\}|\*)", pattern)
+    return re.compile("".join({"{i}": r"\d+", "*": ".*"}.get(p, re.escape(p)) for p in parts))
+
+
+def ignorable(name: str, ignored: Iterable[str]) -> bool:
+    """Whether stored tensor NAME matches a pattern of IGNORED, a family's table of the tensors a
+    checkpoint may hold unread (patterns relative to the base model, as `find` reads: the task
+    model's prefix, "model." / "bert." / "transformer.", may come first)."""
+    return any(_pattern(p).fullmatch(name[len(prefix):]) for p in ignored
+               for prefix in PREFIXES if name.startswith(prefix))
+
+
+def unread(names: Iterable[str], read: set[str], ignored: Iterable[str]) -> list[str]:
+    """The NAMES neither READ nor IGNORED, sorted."""
+    ignored = tuple(ignored)
+    return sorted(n for n in names if n not in read and not ignorable(n, ignored))
+
+
+def unread_error(names: list[str], holder: str, reader: str, fix: str) -> QkvError:
+    """One line: HOLDER has these tensors a READER never reads (the first few named), then FIX."""
+    shown = ", ".join(map(repr, names[:SHOWN])) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    count = f"{len(names)} tensor{'s' if len(names) > 1 else ''}"
+    return QkvError(f"{holder} has {count} that a {reader} never reads ({shown}); {fix}")

@@ -7,9 +7,12 @@ Every family module is a table between the checkpoint's names and ours, read bot
     weights(store, cfg, dtype) -> Weights   tensors by checkpoint name → the seeds' names
     hf_config(cfg) -> dict               the knobs → config.json (reads back as cfg)
     tensors(weights, cfg) -> dict        the seeds' names → tensors under transformers' full names
+    IGNORED                              the tensors a checkpoint may hold that `weights` never reads
 
-Here they meet: `config_of` picks the family of a config.json, `weights_from_tensors` builds
-Weights that are views of a dict of tensors (what training updates in place).
+Here they meet: `config_of` picks the family of a config.json, `read_weights` reads a checkpoint
+strictly (every tensor read or IGNORED: an mBART checkpoint labelled BART is refused, not run with
+its extra layer norms dropped), `weights_from_tensors` builds Weights that are views of a dict of
+tensors (what training updates in place).
 """
 
 from __future__ import annotations
@@ -22,24 +25,43 @@ from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
 from . import bart, bert, gpt2, llama, marian, t5
-from .common import check_config
-from .tensors import TensorDict
+from .common import check_config, unread, unread_error
+from .tensors import TensorDict, TensorStore
 
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama,
                                    "marian": marian, "bart": bart, "t5": t5}
 
 
 def family_of(kind: str) -> ModuleType:
-    """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones."""
-    if kind not in FAMILIES:
-        raise QkvError(f"model_type {kind!r} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
+    """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones
+    (also for a KIND that is not a string: a list, a number, None when config.json has none)."""
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise QkvError(f"model_type {kind!r:.60} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
     return FAMILIES[kind]
 
 
 def config_of(hf: dict, where: str = "config.json") -> ModelConfig:
-    """A config.json's dict → ModelConfig: every knob's type and range checked, then its family's reader."""
-    hf = check_config(hf, where)
-    return family_of(hf.get("model_type")).config(hf)
+    """A config.json's dict → ModelConfig: the model_type first (an unsupported family is refused as
+    such, not for a knob of its own that qkv's ranges reject), then every knob's type and range, then
+    its family's reader."""
+    family = family_of(hf.get("model_type"))
+    return family.config(check_config(hf, where))
+
+
+def read_weights(store: TensorStore | TensorDict, cfg: ModelConfig, dtype, holder: str = "the checkpoint",
+                 fix: str | None = None) -> Weights:
+    """The family's weights from STORE, once every tensor STORE holds was read or is in the family's
+    IGNORED table; else one error naming the others (they would be dropped without a word, and a
+    checkpoint of another family under this model_type would give wrong numbers)."""
+    family = family_of(cfg.family)
+    weights = family.weights(store, cfg, dtype)
+    left = unread(store.names(), store.read, family.IGNORED)
+    if left:
+        fix = fix or (f"it is probably not a {cfg.family} checkpoint but another family (mislabelled model_type), "
+                      f"or config.json is not its own: use the config.json that came with it "
+                      f"(qkv runs {', '.join(sorted(FAMILIES))})")
+        raise unread_error(left, holder, f"{cfg.family} model", fix)
+    return weights
 
 
 def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> Weights:
@@ -47,9 +69,10 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> We
     family's table from checkpoint names (`tensors(weights, cfg)` gives such a dict).
 
     An in-place update of a tensor in the dict (an optimiser step) is seen by the Weights.
-    Every tensor must have one float dtype, the one the Weights will have.
+    Every tensor must have one float dtype, the one the Weights will have, and be read (or IGNORED).
     """
     kinds = {t.dtype for t in tensors.values()}
     if len(kinds) != 1 or not np.issubdtype(next(iter(kinds)), np.floating):
         raise QkvError(f"the tensors have dtypes {sorted(map(str, kinds))}; give them all one float type")
-    return family_of(cfg.family).weights(TensorDict(tensors), cfg, next(iter(kinds)).type)
+    return read_weights(TensorDict(tensors), cfg, next(iter(kinds)).type, holder="the dict of tensors",
+                        fix="leave those out, or give the config of the model they belong to")

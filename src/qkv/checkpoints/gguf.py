@@ -24,7 +24,8 @@ Architectures: `llama` (Llama, SmolLM2, and Mistral, which llama.cpp writes as `
 `qwen2` (q/k/v biases, rows not permuted). Anything the engine would silently compute
 differently from llama.cpp is refused with one line: other architectures, mixtures of
 experts, partial or scaled RoPE other than linear, `rope_freqs` (Llama 3.1's frequency
-factors), unknown or missing tensors, shapes that disagree with the metadata.
+factors), tensors nothing reads (but the few in IGNORED) or missing ones, shapes that
+disagree with the metadata.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io import write_directory
 from . import gguf_tokenizer
+from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
 
 ARCHITECTURES = ("llama", "qwen2")
@@ -57,7 +60,14 @@ _TENSOR_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-_IGNORED = ("attn_rot_embd",)  # old files store RoPE's inverse frequencies; llama.cpp recomputes them too
+
+# Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
+# tensor outside the tables above is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
+# with its own reason: it changes RoPE, so it cannot be left unread.
+IGNORED = {
+    "blk.{i}.attn_rot_embd.*": "RoPE's inverse frequencies, which old files stored (llama.cpp computes "
+                               "them from rope.freq_base, as qkv does)",
+}
 
 
 def hf_name(name: str) -> str | None:
@@ -197,17 +207,19 @@ def _used_tensors(reader, cfg: dict) -> list[tuple[str, object, tuple[int, ...]]
         raise QkvError(f"the GGUF file declares {cfg['num_hidden_layers']} layers but holds only "
                        f"{len(reader.tensors)} tensors; it is incomplete or damaged")
     shapes = expected_shapes(cfg, {t.name for t in reader.tensors})
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
+                       "which qkv does not support")
+    named = [(hf_name(t.name), t) for t in reader.tensors]
+    left = unread([t.name[:80] for name, t in named if name not in shapes], set(), IGNORED)
+    if left:
+        raise unread_error(left, "the GGUF file", f"{cfg['model_type']} model of this config",
+                           "qkv cannot run it (another variant of the architecture, or layers the metadata "
+                           "does not declare); use a plain llama or qwen2 file")
     used = []
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
-                           "which qkv does not support")
-        name = hf_name(t.name)
-        if name is None and t.name.rpartition(".")[0].endswith(_IGNORED):
-            continue
+    for name, t in named:
         if name not in shapes:
-            raise QkvError(f"the GGUF file has a tensor {t.name!r:.80} that a {cfg['model_type']} model of this "
-                           "config does not have; qkv cannot run it")
+            continue                                     # IGNORED
         kind = t.tensor_type.name
         if kind not in QUANT_TYPES:
             raise QkvError(f"tensor {t.name} has GGUF type {kind}, which qkv does not read; use a file "
@@ -360,7 +372,7 @@ def _glob_escape(text: str) -> str:
 
 def converted(path: str | os.PathLike) -> Path:
     """The Hugging Face directory of a GGUF file: from the cache, or converted now (atomically:
-    into a private temporary directory, then renamed into place)."""
+    into a private temporary directory, then renamed into place: engine.io.write_directory)."""
     path = Path(path)
     check_file(path)
     root = cache_root()
@@ -380,21 +392,14 @@ def converted(path: str | os.PathLike) -> Path:
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".converting-"))
+        placed = write_directory(final, lambda tmp: _convert_into(path, tmp))    # never onto a link
     except OSError as e:
         raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a writable "
                        "directory, or QKV_CACHE=off") from None
-    try:
-        _convert_into(path, tmp)
-        try:
-            os.rename(tmp, final)                     # atomic; never onto a link (checked above, and
-        except OSError as e:                          # rename does not follow one: it fails)
-            if final.is_symlink() or not (final / "qkv_source.json").is_file():
-                raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a "
-                               "writable directory, or QKV_CACHE=off") from None
-            # else another process converted the same file first: use its copy
-        else:
-            _drop_stale(root, final, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if placed:
+        _drop_stale(root, final, path)
+    elif final.is_symlink() or not (final / "qkv_source.json").is_file():
+        raise QkvError(f"cannot write the GGUF cache {root}: {final.name} appeared there, not written by qkv; "
+                       "remove it, or set QKV_CACHE to another directory")
+    # else another process converted the same file first: use its copy
     return final

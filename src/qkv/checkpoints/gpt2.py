@@ -25,6 +25,13 @@ from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWei
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
 
+# Tensors a GPT-2 checkpoint may hold that qkv never reads ({i}: a layer), relative to GPT2Model.
+IGNORED = {
+    "h.{i}.attn.bias": "the causal mask, a buffer older transformers saved",
+    "h.{i}.attn.masked_bias": "the mask's fill value, likewise",
+    "lm_head.weight": "a stored copy of wte when tie_word_embeddings (transformers ties it to wte too)",
+}
+
 
 def config(hf: dict) -> ModelConfig:
     for knob in ("scale_attn_by_inverse_layer_idx",):

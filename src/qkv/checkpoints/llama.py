@@ -23,9 +23,17 @@ from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-from .tensors import TensorStore
+
+# Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
+# to LlamaModel.
+IGNORED = {
+    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved "
+                                                "(qkv computes them from rope_theta)",
+    "rotary_emb.inv_freq": "the same, kept once for the model",
+}
 
 
 def _rope(hf: dict) -> tuple[float, dict | None]:

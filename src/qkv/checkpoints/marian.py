@@ -30,6 +30,14 @@ from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore
 
+# Tensors a Marian checkpoint may hold that qkv never reads, relative to MarianModel.
+IGNORED = {
+    "encoder.embed_positions.weight": "the sinusoids, which qkv computes (older files saved them)",
+    "decoder.embed_positions.weight": "likewise",
+    "encoder.embed_tokens.weight": "a copy of shared (tied; transformers ties it to shared too)",
+    "decoder.embed_tokens.weight": "likewise",
+}
+
 
 def config(hf: dict) -> ModelConfig:
     if hf.get("share_encoder_decoder_embeddings", True) is False:

@@ -31,6 +31,14 @@ from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWei
 from .common import HF_ACTIVATIONS, activation, c_arrays, linear_T, need, reads_back
 from .tensors import TensorStore
 
+# Tensors a T5 checkpoint may hold that qkv never reads, relative to T5ForConditionalGeneration.
+IGNORED = {
+    "encoder.embed_tokens.weight": "a copy of shared (transformers ties it to shared)",
+    "decoder.embed_tokens.weight": "likewise",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight":
+        "a position bias for the cross-attention, which T5 never applies (transformers ignores it too)",
+}
+
 
 def _ffn(hf: dict) -> tuple[bool, str]:
     """feed_forward_proj "relu" / "gated-gelu" / "gated-silu" … → (gated, our activation)."""

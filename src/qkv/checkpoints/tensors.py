@@ -7,6 +7,9 @@ tensor in place; sharded checkpoints list their files in model.safetensors.index
     TensorStore(directory)    the tensors of a checkpoint directory, by name (mapped files)
     TensorDict(tensors)       the same interface over a dict of arrays in memory (views, no copies)
     write_safetensors(f, …)   a dict of arrays → one safetensors file
+
+Both stores remember which tensors were read (`names()` and `read`), so the loader can refuse a
+checkpoint holding tensors nothing read (families.read_weights).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 # Where a task model keeps its base model's tensors (BertForMaskedLM: "bert.", Llama: "model.").
-_PREFIXES = ("", "model.", "bert.", "transformer.")
+PREFIXES = ("", "model.", "bert.", "transformer.")
 
 
 _FLOATS = ("F64", "F32", "F16", "BF16")
@@ -122,6 +125,7 @@ class TensorStore:
                                "Hugging Face layout (config.json + model.safetensors)")
         self._where: dict[str, tuple[mmap.mmap, dict, int]] = {}
         self._maps = []
+        self.read: set[str] = set()                     # stored names `get` has handed out
         for path in files:
             if not path.is_file():
                 raise QkvError(f"shard {path.name} named in the index is missing; download all shards")
@@ -139,6 +143,10 @@ class TensorStore:
         for mm in self._maps:
             if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
                 mm.madvise(mmap.MADV_DONTNEED)
+
+    def names(self) -> list[str]:
+        """The stored name of every tensor in the checkpoint (all shards)."""
+        return list(self._where)
 
     def find(self, name: str) -> str | None:
         """The stored name of tensor `name`, trying the usual base-model prefixes."""
@@ -173,12 +181,13 @@ class TensorStore:
         arr = raw.reshape(got)
         arr = arr if arr.dtype == dtype else arr.astype(dtype)
         check_finite(stored, arr)
+        self.read.add(stored)
         return arr
 
 
 def _find(names, name: str) -> str | None:
     """The stored name of tensor `name` among NAMES, trying the usual base-model prefixes."""
-    for p in _PREFIXES:
+    for p in PREFIXES:
         if p + name in names:
             return p + name
     return None
@@ -190,6 +199,10 @@ class TensorDict:
 
     def __init__(self, tensors: dict[str, np.ndarray]):
         self.tensors = tensors
+        self.read: set[str] = set()
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
 
     def find(self, name: str) -> str | None:
         return _find(self.tensors, name)
@@ -208,6 +221,7 @@ class TensorDict:
                            "the tensors and the config disagree")
         if arr.dtype != dtype:
             raise QkvError(f"tensor {stored} is {arr.dtype}, not {np.dtype(dtype)}; give every tensor one float type")
+        self.read.add(stored)
         return arr
 
 

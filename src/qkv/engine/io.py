@@ -3,6 +3,7 @@
     write_atomic(path, write)   write(f) into a new temporary file beside PATH, then rename it onto PATH
     write_text(path, text)      the same for a string (UTF-8)
     FileBatch(directory)        several files in one directory, all renamed into place together or none
+    write_directory(path, write)  write(tmp) fills a new temporary directory beside PATH, renamed to PATH
 
 How: the temporary file is made by `tempfile.mkstemp` in the target's own directory (the rename must
 stay on one file system to be atomic). mkstemp picks an unpredictable name and creates it with
@@ -22,7 +23,9 @@ says what they were writing.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Callable
@@ -143,3 +146,31 @@ class FileBatch:
             tmp.unlink(missing_ok=True)
         if self._created and self.directory.is_dir() and not any(self.directory.iterdir()):
             self.directory.rmdir()
+
+
+def write_directory(path: str | os.PathLike, write: Callable[[Path], object]) -> bool:
+    """write(tmp) fills a new, private temporary directory beside PATH (tmp is its path), then it
+    is renamed to PATH: a reader sees no PATH or the whole directory, never a part of it.
+
+    A directory with files at PATH is never replaced (an empty one is): if another writer finished
+    first, its PATH is kept, the new directory removed, and False returned; True when the new
+    directory is now PATH. A link or a file at PATH is never followed nor replaced (rename fails on
+    it: OSError). The directory is mkdtemp's: an
+    unpredictable name, mode 0o700. On any error it is removed (`shutil.rmtree`, which does not
+    follow links inside it) and PATH is unchanged.
+    """
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    placed = False
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, path)                         # onto a directory only if it is empty
+            placed = True
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) or path.is_symlink():
+                raise
+    finally:
+        if not placed:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return placed
