@@ -25,7 +25,7 @@ from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
 from .errors import QkvError, check_index
-from ..writing.generate import TextStream, generate, stream_ids
+from ..writing.generate import generate, stream
 from .hooks import HookFn, Hooks
 from .layout import fast_layout
 from .positions import positions_from_mask, rope_cos_sin, rope_inv_freq
@@ -268,11 +268,8 @@ class Model:
     def stream(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                attention_mask=None, use_cache: bool = True, **settings: Any):
         """Like generate, but yields as it goes: text pieces for a text prompt, (B,) ids for ids."""
-        sampling = Sampling.of(sampling, **settings)
-        if isinstance(prompt, str):
-            return iter(TextStream(self, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache))
-        return stream_ids(self, prompt, max_new_tokens, sampling, attention_mask=attention_mask, stop=stop,
-                          use_cache=use_cache)
+        return stream(self, prompt, max_new_tokens, Sampling.of(sampling, **settings), stop=stop,
+                      attention_mask=attention_mask, use_cache=use_cache)
 
     def chat(self, messages, max_new_tokens: int = 256, sampling: Sampling | None = None, *,
              system: str | None = None, stream: bool = False, use_cache: bool = True, **settings: Any):

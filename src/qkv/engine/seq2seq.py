@@ -34,6 +34,7 @@ from .model import Model
 from .hooks import STACKS, HookFn, Hooks, stack_hooks
 from .positions import relative_bias
 from ..writing.sampling import Sampling
+from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
@@ -383,11 +384,8 @@ class Seq2SeqModel:
     def stream(self, source, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                attention_mask=None, use_cache: bool = True, **settings: Any):
         """Like generate, but yields as it goes: text pieces for a text source, (B,) ids for ids."""
-        sampling = Sampling.of(sampling, **settings)
-        if isinstance(source, str):
-            return iter(TargetStream(self, source, max_new_tokens, sampling, stop=stop, use_cache=use_cache))
-        return stream_ids(self, source, max_new_tokens, sampling, attention_mask=attention_mask, stop=stop,
-                          use_cache=use_cache)
+        return stream(self, source, max_new_tokens, Sampling.of(sampling, **settings), stop=stop,
+                      attention_mask=attention_mask, use_cache=use_cache, text_stream=TargetStream, id_stream=stream_ids)
 
 
 class DecoderView:

@@ -272,3 +272,13 @@ def generate(model: Writer, prompt, max_new_tokens: int, sampling: Sampling | No
     if len(out) != 1:
         raise QkvError("trace=True follows one sequence; give a batch of one")
     return generation_trace(model, ids[0], out[0, ids.shape[1]:])
+
+
+def stream(model: Writer, prompt, max_new_tokens: int, sampling: Sampling | None = None, *, stop=None,
+           attention_mask=None, use_cache: bool = True, text_stream=TextStream, id_stream=stream_ids):
+    """Model.stream and Seq2SeqModel.stream: text pieces for a text prompt (TEXT_STREAM), (B,) ids for ids
+    (ID_STREAM); an encoder–decoder passes its own two (seq2seq_generate.TargetStream, stream_ids)."""
+    if isinstance(prompt, str):
+        return iter(text_stream(model, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache))
+    return id_stream(model, prompt, max_new_tokens, sampling, attention_mask=attention_mask, stop=stop,
+                     use_cache=use_cache)
