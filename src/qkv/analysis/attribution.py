@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..viz.figures import new_figure, styled, _title
+from ..viz.figures import new_figure, styled, figure_title
 from .lens import residual_stream
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "
     ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=8)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(_title(model_name, "direct logit attribution") + (f"\n{what}" if what else ""), fontsize=11)
+    ax.set_title(figure_title(model_name, "direct logit attribution") + (f"\n{what}" if what else ""), fontsize=11)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("direct contribution to the logit")
     return fig
 

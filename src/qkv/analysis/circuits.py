@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
+from ..viz.figures import new_figure, fonts, styled, ticks, figure_title
 from .attribution import CMAP
 
 if TYPE_CHECKING:
@@ -217,9 +217,9 @@ def circuits_figure(ov: OVCircuit, qk: PositionQK, *, model_name: str = "") -> "
     ax, line = fig.subplots(1, 2, gridspec_kw={"width_ratios": [side, 5.0]})
     m = float(np.abs(ov.matrix).max()) or 1.0
     im = ax.imshow(ov.matrix, cmap=colormaps[CMAP], norm=Normalize(-m, m), interpolation="nearest")
-    fonts = _fonts()
-    ax.set_xticks(*_ticks(ov.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7, family=fonts)
-    ax.set_yticks(*_ticks(ov.labels), fontsize=7, family=fonts)
+    family = fonts()
+    ax.set_xticks(*ticks(ov.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7, family=family)
+    ax.set_yticks(*ticks(ov.labels), fontsize=7, family=family)
     ax.set_xlabel("output token (logit raised)")
     ax.set_ylabel("token attended to")
     ax.set_title(f"OV: W_E·W_V·W_O·W_U (copying score {ov.copying_score:+.2f})", fontsize=10)
@@ -239,5 +239,5 @@ def circuits_figure(ov: OVCircuit, qk: PositionQK, *, model_name: str = "") -> "
     handles = line.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     line.legend(handles=handles, fontsize=8, loc="best")
     line.set_title("QK by relative position", fontsize=10)
-    fig.suptitle(_title(model_name, f"layer {ov.layer}, head {ov.head}: circuits"), fontsize=11)
+    fig.suptitle(figure_title(model_name, f"layer {ov.layer}, head {ov.head}: circuits"), fontsize=11)
     return fig

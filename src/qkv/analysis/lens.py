@@ -23,7 +23,7 @@ import numpy as np
 
 from ..engine.blocks import logits_of, norm
 from ..engine.errors import QkvError
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
+from ..viz.figures import new_figure, fonts, styled, ticks, figure_title
 from ..viz.palette import CMAP
 
 if TYPE_CHECKING:
@@ -179,17 +179,17 @@ def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[st
     ax = fig.add_subplot()
     im = ax.imshow(probs, cmap=colormaps[CMAP], norm=Normalize(0.0, 1.0), aspect="auto", origin="lower",
                    interpolation="nearest")
-    fonts = _fonts()
-    ax.set_xticks(*_ticks(list(labels)), rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=fonts)
+    family = fonts()
+    ax.set_xticks(*ticks(list(labels)), rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=family)
     step = max(1, rows // 16)
     ax.set_yticks(range(0, rows, step), ["emb" if l == 0 else str(l) for l in range(0, rows, step)], fontsize=8)
     ax.set_xlabel("position (input token)")
     ax.set_ylabel("layer (residual stream after l blocks)")
     top = ax.secondary_xaxis("top")
-    top.set_xticks(*_ticks(list(predicted)), rotation=60, ha="left", rotation_mode="anchor", fontsize=8,
-                   family=fonts)
+    top.set_xticks(*ticks(list(predicted)), rotation=60, ha="left", rotation_mode="anchor", fontsize=8,
+                   family=family)
     top.set_xlabel("final prediction")
-    ax.set_title(_title(model_name, "logit lens") + "\nP(final prediction) after each layer", fontsize=11)
+    ax.set_title(figure_title(model_name, "logit lens") + "\nP(final prediction) after each layer", fontsize=11)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("probability")
     return fig
 

@@ -48,7 +48,7 @@ from ..engine.hooks import Hooks
 from ..engine.io import FileBatch
 from ..engine.positions import rope_cos_sin, rope_inv_freq
 from ..engine.trace import Recorder
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
+from ..viz.figures import new_figure, fonts, styled, ticks, figure_title, check_formats, save_all
 from .attribution import CMAP, token_id
 
 if TYPE_CHECKING:
@@ -320,15 +320,15 @@ def patch_figure(p: Patching) -> "Figure":
             ax.set_xticks(range(t.shape[1]), [str(h) for h in range(t.shape[1])], fontsize=7)
             ax.set_xlabel("head")
         else:
-            ax.set_xticks(*_ticks(p.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7,
-                          family=_fonts())
+            ax.set_xticks(*ticks(p.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7,
+                          family=fonts())
             ax.set_xlabel("position")
         ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=7)
         ax.set_title(what, fontsize=10)
         fig.colorbar(im, ax=ax, shrink=0.7, pad=0.02, location="top")
     axes[0].set_ylabel("layer")
     effect = "effect (0 = corrupted, 1 = clean)" if p.normalised else "m(patched) − m(corrupted)"
-    fig.suptitle(_title(p.model, "activation patching") + f"\n{p.metric}: {effect}", fontsize=11)
+    fig.suptitle(figure_title(p.model, "activation patching") + f"\n{p.metric}: {effect}", fontsize=11)
     return fig
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..viz.figures import MAX_NUMBERS, SQRT_SCALE, _fonts, _image, _numbers, _panels, _ticks, _title
+from ..viz.figures import MAX_NUMBERS, SQRT_SCALE, fonts, weights_image, cell_numbers, panel_grid, ticks, figure_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,17 +34,17 @@ def rollout_figure(raw: np.ndarray, rollout: np.ndarray, flow: np.ndarray | None
         panels.append((flow, f"attention flow\nmax-flow after {layer + 1} layers"))
     n = len(labels)
     size = float(np.clip(0.28 * n, 3.0, 6.0))                                  # inches a panel
-    fig, axes, cax = _panels(1, len(panels), size, left=1.3, bottom=1.2, top=1.1, wgap=0.35, hgap=0.0,
-                             title=_title(model_name, "where each position draws from"))
-    fonts = _fonts()
-    at, names = _ticks(list(labels))
+    fig, axes, cax = panel_grid(1, len(panels), size, left=1.3, bottom=1.2, top=1.1, wgap=0.35, hgap=0.0,
+                                title=figure_title(model_name, "where each position draws from"))
+    family = fonts()
+    at, names = ticks(list(labels))
     for c, (ax, (a, title)) in enumerate(zip(axes[0], panels)):
-        im = _image(ax, np.asarray(a, dtype=np.float64), mask)                  # (n, n)
+        im = weights_image(ax, np.asarray(a, dtype=np.float64), mask)                  # (n, n)
         if n <= MAX_NUMBERS:
-            _numbers(ax, a, mask)
+            cell_numbers(ax, a, mask)
         ax.set_title(title, fontsize=10)
-        ax.set_xticks(at, names, rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=fonts)
-        ax.set_yticks(at, names if c == 0 else [], fontsize=8, family=fonts)
+        ax.set_xticks(at, names, rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=family)
+        ax.set_yticks(at, names if c == 0 else [], fontsize=8, family=family)
         ax.set_xlabel("input token")
     axes[0, 0].set_ylabel("position")
     scale = " (√ scale)" if n > SQRT_SCALE else ""
