@@ -22,9 +22,10 @@ import qkv
 from conftest import MODELS, run_main
 from test_viewer import data_of, random_trace
 from qkv.analysis import attention_rollout, logit_lens
-from qkv.analysis.lens import KEEP, lens_payload
+from qkv.analysis.lens import KEEP
 from qkv.analysis.patch import EMBEDDING, patch, patch_one, sentence_embedding
-from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits, rollout_payload
+from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits
+from qkv.analysis.sections import lens_payload, patch_payload, rollout_payload
 from qkv.engine.errors import QkvError
 from qkv.viz.html import viewer_html
 from qkv.viz.interpret_payload import LENS_K, PROB_PRECISION, UNIT_PRECISION, lens_section
@@ -109,7 +110,8 @@ def test_flow_is_left_out_past_the_limit_the_cli_uses(minilm):
 
 def test_patch_section_equals_patching(minilm):
     p = patch(minilm, CAT, DOG, EMBEDDING)
-    data = data_of(viewer_html(minilm.run(CAT, keep=("attentions",)), sections={"patch": p.payload()}, view="patch"))
+    data = data_of(viewer_html(minilm.run(CAT, keep=("attentions",)), sections={"patch": patch_payload(p)},
+                               view="patch"))
     section = data["patch"]
     again = patch(minilm, CAT, DOG, EMBEDDING)                                # an independent run of the same patching
     for name in ("heads", "residual", "attn_out", "ffn_out"):

@@ -6,8 +6,8 @@
     save_figures    all of them as PNG and SVG files, written atomically
     (an encoder–decoder's set, cross-attention included: `viz.seq2seq.save_seq2seq_figures`)
 
-and the pieces every figure of qkv is drawn with (the analysis commands' figures, `distribution`,
-`seq2seq`, the lessons):
+and the pieces every figure of qkv is drawn with (`interpret_figures`, `head_maps`, `distribution`,
+`seq2seq`, `training`, the lessons):
 
     new_figure, styled      a figure on its own Agg canvas; draw with the CJK-capable fonts
     fonts                   that font list, for tick labels made before drawing
@@ -141,12 +141,12 @@ def styled(draw):
     return wrapper
 
 
-def new_figure(width: float, height: float, layout: str | None = "constrained") -> "Figure":
+def new_figure(width: float, height: float, layout: str | None = "constrained", dpi: int = DPI) -> "Figure":
     """A figure on its own Agg canvas (no pyplot, no display); width and height in inches."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    fig = Figure(figsize=(width, height), dpi=dpi, layout=layout)
     FigureCanvasAgg(fig)
     return fig
 

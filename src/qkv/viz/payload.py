@@ -42,7 +42,7 @@ qkv.analysis computes; each adds a view). Big arrays are encoded as attention is
 dtype named: {"encoding": "uint8-" | "uint16-" | "int32-deflate-base64", "shape", "scale", "data"},
 value = q / scale (or the integer itself when scale is null), little-endian.
 
-    "lens" (decoders, `analysis.lens.lens_payload`): the logit lens, rows 0..L (row 0: the
+    "lens" (decoders, `analysis.sections.lens_payload`): the logit lens, rows 0..L (row 0: the
       embeddings; row l: the residual stream after l blocks through the final norm and W_vocab)
       × n positions. {"rows": L+1, "positions": n, "k": K, "vocab": V,
       "predicted": [id] (n, each position's final prediction: the argmax of row L),
@@ -51,11 +51,11 @@ value = q / scale (or the integer itself when scale is null), little-endian.
       "top_ids": int32 (L+1, n, K), "top_prob": uint16 (L+1, n, K) scale 65535 (each cell's K most
       likely tokens, most likely first: LENS_K = 5), "spelling": {"ids": [id], "tokens": [str]}
       (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows).
-    "rollout" (`analysis.rollout.rollout_payload`, self-attention of every layer):
+    "rollout" (`analysis.sections.rollout_payload`, self-attention of every layer):
       {"rollout": uint8 (L, n, n) scale 255 (R_l after layers 1..l; row = position, column =
       input token; ±0.002 as attention), "flow": uint8 (n, n) scale 255 | null (attention flow
       after all L layers; null past `analysis.rollout.MAX_FLOW_WORK`, with "flow_note" saying so)}.
-    "patch" (`analysis.patch.Patching.as_json` through `interpret_payload.patch_section`):
+    "patch" (`analysis.sections.patch_payload`: `analysis.patch.Patching`'s tables):
       {"metric": str, "normalised": bool, "clean": str, "corrupted": str, "metric_clean": float,
       "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
       "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
