@@ -3,8 +3,8 @@
 Attention weights travel as one byte each, q = round(a · 255), so a value read back
 as q / 255 is within 1/510 ≈ 0.002 of the weight the model computed (PRECISION).
 The bytes, laid out (L, H, n_q, n_k) row-major (rows = queries), are zlib-compressed
-(most weights are near zero, so this shrinks them several times) and base64-encoded;
-the browser inflates them with its built-in DecompressionStream("deflate").
+(most weights are near zero, so this shrinks them several times) and base64-encoded:
+an array of `viz.wire`, the one format every page's arrays take (assets/wire.js decodes it).
 
     {"version": 1, "title": str, "model": str, "family": str, "text": str | null,
      "tokens": [str] (n_q, as the tokenizer spells them: "Ġcapital"),
@@ -14,8 +14,7 @@ the browser inflates them with its built-in DecompressionStream("deflate").
      "layers": [int] (L, model layer numbers), "heads": H,
      "prompt_length": int | null (tokens from here on were generated),
      "roles": [[str | null] (H)] (L) | null, "role_colours": {role: "#rrggbb"} (`palette`),
-     "attention": {"encoding": "uint8-deflate-base64", "shape": [L, H, n_q, n_k],
-                   "scale": 255, "data": str},
+     "attention": {"dtype": "u8", "shape": [L, H, n_q, n_k], "scale": 255, "data": str}  (`wire`),
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
@@ -38,9 +37,9 @@ Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) its
 About 0.6 kB of JSON per generated token.
 
 The sections beyond attention weights (`viz.interpret_payload` builds them from arrays that
-qkv.analysis computes; each adds a view). Big arrays are encoded as attention is, with their
-dtype named: {"encoding": "uint8-" | "uint16-" | "int32-deflate-base64", "shape", "scale", "data"},
-value = q / scale (or the integer itself when scale is null), little-endian.
+qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as attention is:
+{"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones only), "data"}, value = q / scale
+(or the integer itself without a scale), little-endian.
 
     "lens" (decoders, `analysis.sections.lens_payload`): the logit lens, rows 0..L (row 0: the
       embeddings; row l: the residual stream after l blocks through the final norm and W_vocab)
@@ -75,9 +74,7 @@ and "read_tokens"/"read_labels" what it read (target token t), "key_tokens" the 
 
 from __future__ import annotations
 
-import base64
 import json
-import zlib
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -87,8 +84,8 @@ from ..writing.nexttoken import candidates, token_text
 from ..engine.trace import Trace
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
+from .wire import encode
 
-ENCODING = "uint8-deflate-base64"
 SCALE = 255
 PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in [0, 1]
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
@@ -103,7 +100,8 @@ _SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u
 
 
 def encode_attention(attentions: np.ndarray) -> dict:
-    """(L, H, n_q, n_k) weights in [0, 1] → {"encoding", "shape", "scale", "data"} (see module doc)."""
+    """(L, H, n_q, n_k) weights in [0, 1] → a `wire` array of one byte each (see module doc), or one
+    clear error for the wrong shape or more than MAX_VALUES weights."""
     a = np.asarray(attentions)
     if a.ndim != 4:
         raise QkvError(f"attention must have shape (L, H, n_q, n_k), got {a.shape}; pass trace.attentions")
@@ -113,23 +111,7 @@ def encode_attention(attentions: np.ndarray) -> dict:
         raise QkvError(f"{L} layers × {H} heads × {cells} tokens is too much attention for one page "
                        f"({a.size:,} weights, limit {MAX_VALUES:,}); keep fewer layers, "
                        "e.g. model.run(text, layers=[0, -1], keep=('attentions',))")
-    # Plain form: q = uint8(round(clip(a, 0, 1) · 255)); this one makes fewer copies (and NaN → 0).
-    x = np.multiply(a, SCALE, dtype=np.float32)                           # (L, H, n_q, n_k)
-    np.fmax(x, 0.0, out=x)
-    np.fmin(x, SCALE, out=x)
-    x += 0.5
-    q = x.astype(np.uint8)                                                  # (L, H, n_q, n_k)
-    data = base64.b64encode(zlib.compress(q.tobytes(), 6)).decode("ascii")
-    return {"encoding": ENCODING, "shape": list(q.shape), "scale": SCALE, "data": data}
-
-
-def decode_attention(encoded: dict) -> np.ndarray:
-    """The inverse of `encode_attention`: (L, H, n_q, n_k) float32, within PRECISION of the original."""
-    if encoded.get("encoding") != ENCODING:
-        raise QkvError(f"unknown attention encoding {encoded.get('encoding')!r}; expected {ENCODING!r}")
-    raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    q = np.frombuffer(raw, dtype=np.uint8).reshape(encoded["shape"])       # (L, H, n_q, n_k)
-    return q.astype(np.float32) / encoded["scale"]
+    return encode(a, "u8", SCALE)                                           # q = round(clip(a, 0, 1) · 255)
 
 
 def check_roles(roles, n_layers: int, n_heads: int) -> list[list[str | None]] | None:
