@@ -17,7 +17,8 @@ To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps on
     A (L, H, n, n)              one byte per weight, as the attention viewer (±0.002, `payload`)
     S (L, H, n, n)              one byte per score: code 0 = masked (−∞), else
                                 S = lo + (code − 1)·step with step = (hi − lo)/254 per (layer, head),
-                                so within step/2 of the engine's float32 score
+                                so within step/2 of the engine's float32 score (lo and step to float32's
+                                precision, as short decimals, and the codes made with exactly those)
     logits (V,)                 the last position's, whole vocabulary, float32 (decoders): the page
                                 computes softmax(logits/T), top-k and top-p exactly as qkv.writing.sampling
 
@@ -81,11 +82,17 @@ def encode_scores(scores: np.ndarray) -> dict:
     finite = np.isfinite(s)
     lo = np.where(finite, s, np.inf).min(axis=(-1, -2))                       # (L, H)
     hi = np.where(finite, s, -np.inf).max(axis=(-1, -2))                      # (L, H)
-    lo = np.where(np.isfinite(lo), lo, 0.0)
-    step = np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0)                    # (L, H)
+    lo = _float32_decimals(np.where(np.isfinite(lo), lo, 0.0))
+    step = _float32_decimals(np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0))   # (L, H)
     code = 1 + np.round((np.where(finite, s, lo[..., None, None]) - lo[..., None, None]) / step[..., None, None])
     code = np.where(finite, np.clip(code, 1, SCORE_CODES + 1), 0)             # (L, H, n, n)
     return {"shape": list(s.shape), "lo": lo.tolist(), "step": step.tolist(), "data": encode(code, "u8")}
+
+
+def _float32_decimals(a: np.ndarray) -> np.ndarray:
+    """A's numbers to float32's precision, each the shortest decimal that reads back as that float32
+    (so that the JSON holds about 9 digits a number, not float64's 17)."""
+    return np.array([float(str(v)) for v in np.asarray(a, dtype=np.float32).ravel()]).reshape(np.shape(a))
 
 
 def decode_scores(encoded: dict) -> np.ndarray:
