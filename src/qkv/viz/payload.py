@@ -114,6 +114,13 @@ def encode_attention(attentions: np.ndarray) -> dict:
     return encode(a, "u8", SCALE)                                           # q = round(clip(a, 0, 1) · 255)
 
 
+def page_title(model_name: str | None, text: str | None, width: int = 80) -> str:
+    """A page's title: the model's name · TEXT on one line (runs of whitespace as one space), cut after
+    WIDTH characters with "…"; empty parts left out."""
+    text = " ".join((text or "").split())
+    return " · ".join(p for p in (model_name, text[:width] + ("…" if len(text) > width else "")) if p)
+
+
 def check_roles(roles, n_layers: int, n_heads: int) -> list[list[str | None]] | None:
     """Roles as L × H names (None = no role), or a clear error for the wrong shape."""
     if roles is None:
@@ -193,8 +200,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     roles = check_roles(roles, L, H)
     cross = trace.source_tokens is not None
     if title is None:
-        text = " ".join(trace.text.split()) if trace.text else ""
-        title = " · ".join(p for p in (model_name, text[:80] + ("…" if len(text) > 80 else "")) if p)
+        title = page_title(model_name, trace.text)
     return {
         "version": 1,
         "title": title or "attention",
@@ -226,10 +232,8 @@ def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str |
     kinds = kind_traces(trace, tokenizer)
     model_name = trace.model if model_name is None else model_name
     if title is None:
-        source = " ".join((trace.encoder.text or "").split())
         target = " ".join((trace.text or "").split())
-        text = source + (f" → {target}" if target else "")
-        title = " · ".join(p for p in (model_name, text[:120] + ("…" if len(text) > 120 else "")) if p)
+        title = page_title(model_name, (trace.encoder.text or "") + (f" → {target}" if target else ""), 120)
     parts = []
     for kind in KINDS:
         part = trace_payload(kinds[kind], model_name=model_name, title=title,

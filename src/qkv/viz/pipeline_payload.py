@@ -55,7 +55,7 @@ from ..engine.blocks import norm
 from ..engine.errors import QkvError
 from ..writing.nexttoken import token_text
 from ..engine.trace import INTERMEDIATES, Trace
-from .payload import encode_attention
+from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
 from .wire import decode, encode
 
@@ -249,8 +249,7 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
     cfg = model.config
     layer, head = model.check_layer(layer), model.check_head(head)
     if title is None:
-        text = " ".join((trace.encoder.text if trace.encoder is not None else trace.text or "").split())
-        title = " · ".join(p for p in (model.name, text[:80] + ("…" if len(text) > 80 else "")) if p)
+        title = page_title(model.name, trace.encoder.text if trace.encoder is not None else trace.text)
     top = {"version": 1, "kind": "pipeline", "title": title or "pipeline", "model": model.name, "family": cfg.family,
            "lang": lang, "arch": arch_of(model), "dims": DIMS, "head_dims": HEAD_DIMS,
            "start": {"layer": layer, "head": head, "box": box}, "output": output_payload(model, trace), **words()}
