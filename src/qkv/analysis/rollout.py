@@ -8,6 +8,8 @@ Encoders and decoders alike; a decoder's R_l stays lower-triangular (causal Â, 
 
 Attention flow (below): the same Â as capacities of a layered graph, and the maximum flow from
 each output position down to each input token (`attention_flow`).
+Both drawn beside raw attention: `viz.interpret_figures.rollout_figure`; the viewer's panel:
+`sections.rollout_payload`.
 """
 
 from __future__ import annotations
