@@ -129,11 +129,12 @@ def pipeline_view(browser, tmp: Path) -> None:
 def patching_view(browser, tmp: Path) -> None:
     """The viewer's Patching panel on SmolLM2's indirect-object prompt, hovering L23.H3."""
     from qkv.analysis.patch import patch
+    from qkv.analysis.sections import patch_payload
 
     model = qkv.load("smollm2")
     result = patch(model, CLEAN, CORRUPTED, (" Mary", " John"))
     viewer = save_viewer(model.run(CLEAN, keep=("attentions",)), tmp / "patch.html",
-                         sections={"patch": result.payload()}, view="patch")
+                         sections={"patch": patch_payload(result)}, view="patch")
     page = browser.new_page(viewport={"width": 1100, "height": 760}, device_scale_factor=2)
     page.goto(viewer.as_uri())
     page.wait_for_selector(READY, timeout=30000)

@@ -14,7 +14,7 @@ from test_browser import CHECKSUM, assert_offline, browser, open_viewer, tab  # 
 from test_viewer import XSS, data_of, random_trace
 from test_viewer_interpret import unpack
 from qkv.analysis.patch import EMBEDDING, patch
-from qkv.analysis.rollout import rollout_payload
+from qkv.analysis.sections import patch_payload, rollout_payload
 from qkv.viz.html import save_viewer
 from qkv.viz.interpret_payload import lens_section
 
@@ -124,7 +124,7 @@ def test_the_patching_panel_shows_each_effect_centred_at_zero(tab, minilm, tmp_p
     clean, corrupted = XSS + " the cat sat", XSS + " the dog sat"
     p = patch(minilm, clean, corrupted, EMBEDDING)
     path = save_viewer(minilm.run(clean, keep=("attentions",)), tmp_path / "patch.html",
-                       sections={"patch": p.payload()}, view="patch")
+                       sections={"patch": patch_payload(p)}, view="patch")
     data = data_of(path.read_text())["patch"]
     open_viewer(tab, path)
     page = tab.page
@@ -156,7 +156,8 @@ def test_the_patching_panel_shows_each_effect_centred_at_zero(tab, minilm, tmp_p
 
 
 def test_a_decoder_page_holds_every_panel_and_the_views_still_work(tab, tmp_path):
-    from qkv.analysis.lens import KEEP, lens_payload
+    from qkv.analysis.lens import KEEP
+    from qkv.analysis.sections import lens_payload
 
     model = qkv.load(MODELS / "gpt2")
     trace = model.run("the cat sat on the mat", keep=("attentions",) + KEEP)

@@ -10,7 +10,8 @@ import pytest
 import qkv
 from qkv.cli.app import seq2seq_trace
 from qkv.viz.html import save_viewer
-from qkv.viz.payload import decode_attention, encode_attention
+from qkv.viz import wire
+from qkv.viz.payload import encode_attention
 from qkv.viz.seq2seq import cross_written
 from test_browser import assert_offline, browser, open_viewer, tab, tokens_shown  # noqa: F401 (fixtures)
 from test_seq2seq_cli import SOURCE, marian_with_tokenizer
@@ -30,7 +31,7 @@ def school(marian):
 
 def quantised(a: np.ndarray) -> np.ndarray:
     """The weights as the page holds them: one byte each (payload.encode_attention), as integers 0..255."""
-    return np.rint(decode_attention(encode_attention(a[None, None]))[0, 0] * 255).astype(int)
+    return np.rint(wire.decode(encode_attention(a[None, None]))[0, 0] * 255).astype(int)
 
 
 def shown(q: int) -> str:

@@ -24,7 +24,8 @@ import pytest
 import qkv
 from conftest import MODELS, run_main
 from qkv.analysis import patch
-from qkv.analysis.patch import patch_one, save_patching
+from qkv.analysis.patch import patch_one
+from qkv.viz.interpret_figures import save_patching
 from qkv.engine.errors import QkvError
 
 IOI = "When Mary and John went to the store, John gave a drink to"

@@ -17,9 +17,10 @@ import qkv
 from qkv import QkvError
 from qkv.viz import explain_text
 from qkv.writing.sampling import distribution, top_k_filter, top_p_filter
-from qkv.viz.payload import PRECISION, decode_attention
+from qkv.viz import wire
+from qkv.viz.payload import PRECISION
 from qkv.viz.pipeline import pipeline_html, pipeline_payload, save_pipeline
-from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, decode_array, decode_scores
+from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, decode_scores
 from qkv.viz.pipeline_text import SHARED_KEYS, TEXTS
 from conftest import MODELS
 from test_viewer import XSS
@@ -57,7 +58,7 @@ def ref_norm(x: np.ndarray, w, cfg) -> np.ndarray:
 def check_summary(s: dict, x: np.ndarray, k: int, f16: bool = False) -> None:
     """A summary's lengths and first k values against the vectors X (…, d)."""
     x = np.asarray(x, dtype=np.float64)
-    norm, first = decode_array(s["norm"]), decode_array(s["first"]).astype(np.float64)
+    norm, first = wire.decode(s["norm"]), wire.decode(s["first"]).astype(np.float64)
     np.testing.assert_allclose(norm, np.linalg.norm(x, axis=-1), rtol=2e-5, atol=1e-5)
     if f16:                                                     # float16: 11 significant bits
         np.testing.assert_allclose(first, x[..., :k], rtol=2 ** -11, atol=2 ** -24)
@@ -98,11 +99,11 @@ def test_every_embedded_array_equals_the_engine(which, request):
     # per head: q, z (L, H, n, d_k); k, v (L, H_kv, n, d_k)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads")):
         check_summary(p["heads"][name], np.stack([getattr(trace.layers[i], field) for i in range(L)]), HEAD_DIMS, True)
-    assert decode_array(p["heads"]["k"]["norm"]).shape == (L, cfg.n_kv_heads, n)
+    assert wire.decode(p["heads"]["k"]["norm"]).shape == (L, cfg.n_kv_heads, n)
 
     # A within the viewer's one byte; S within half a step, masked exactly where the engine's is -inf
     A = np.stack([trace.layers[i].attentions for i in range(L)])
-    assert np.max(np.abs(decode_attention(p["attention"]) - A)) <= PRECISION + 1e-7
+    assert np.max(np.abs(wire.decode(p["attention"]) - A)) <= PRECISION + 1e-7
     S = np.stack([trace.layers[i].scores for i in range(L)]).astype(np.float64)
     got = decode_scores(p["scores"])
     assert np.array_equal(np.isinf(got), np.isinf(S))
@@ -121,7 +122,7 @@ def test_every_embedded_array_equals_the_engine(which, request):
 def test_the_output_end_carries_the_whole_vocabulary_and_equals_sampling(llama):
     trace = llama.run(SENTENCE)
     p = pipeline_payload(llama, trace)
-    z = decode_array(p["output"]["logits"])
+    z = wire.decode(p["output"]["logits"])
     assert z.dtype == np.float32 and np.array_equal(z, trace.logits[-1])       # exact: every logit, float32
     assert p["output"]["position"] == len(trace.tokens) - 1
     order = np.lexsort((np.arange(len(z)), -z.astype(np.float64)))
@@ -198,7 +199,7 @@ def test_smollm2_at_128_tokens_stays_one_usable_file(tmp_path):
     assert size < 7_000_000                                    # measured 5.9 MB (scores 2.8, heads 1.3, A 0.9)
     p = data_of(out.read_text())
     assert (p["arch"]["H"], p["arch"]["H_kv"], p["arch"]["G"]) == (9, 3, 3)
-    z = decode_array(p["output"]["logits"])
+    z = wire.decode(p["output"]["logits"])
     assert np.array_equal(z, trace.logits[-1])
 
 
@@ -231,11 +232,11 @@ def test_an_encoder_decoder_shows_both_stacks_and_its_cross_attention(koen, tmp_
     for part, t in ((enc, trace.encoder), (dec, trace)):
         L = len(t.layers)
         check_summary(part["final"], t.hidden, DIMS)
-        stream = decode_array(part["stream"]["norm"])[:L]
+        stream = wire.decode(part["stream"]["norm"])[:L]
         np.testing.assert_allclose(stream, [np.linalg.norm(t.layers[i].residual.astype(np.float64), axis=-1)
                                             for i in range(L)], rtol=2e-5)
         A = np.stack([t.layers[i].attentions for i in range(L)])
-        assert np.max(np.abs(decode_attention(part["attention"]) - A)) <= PRECISION + 1e-7
+        assert np.max(np.abs(wire.decode(part["attention"]) - A)) <= PRECISION + 1e-7
     # post-norm, with cross-attention between: mid = Norm(X + a), mid2 = Norm(mid + c), next X = Norm(mid2 + f)
     mids, mid2s = [], []
     for i in range(cfg.n_decoder_layers):
@@ -249,10 +250,10 @@ def test_an_encoder_decoder_shows_both_stacks_and_its_cross_attention(koen, tmp_
     check_summary(dec["blocks"]["mid2"], np.stack(mid2s), DIMS)
     check_summary(dec["blocks"]["cross_in"], np.stack(mids), DIMS)             # post-norm: cross reads mid
     xa = np.stack([trace.cross.layers[i].attentions for i in range(cfg.n_decoder_layers)])   # (L, H, n_tgt, n_src)
-    assert np.max(np.abs(decode_attention(dec["cross"]["attention"]) - xa)) <= PRECISION + 1e-7
+    assert np.max(np.abs(wire.decode(dec["cross"]["attention"]) - xa)) <= PRECISION + 1e-7
     xs = np.stack([trace.cross.layers[i].scores for i in range(cfg.n_decoder_layers)]).astype(np.float64)
     step = np.asarray(dec["cross"]["scores"]["step"])[..., None, None]
     assert np.all(np.abs(decode_scores(dec["cross"]["scores"]) - xs) <= step / 2 + 1e-5)
     check_summary(dec["cross"]["heads"]["k"], np.stack([trace.cross.layers[i].k for i in range(cfg.n_decoder_layers)]),
                   HEAD_DIMS, True)
-    assert np.array_equal(decode_array(p["output"]["logits"]), trace.logits[-1])
+    assert np.array_equal(wire.decode(p["output"]["logits"]), trace.logits[-1])

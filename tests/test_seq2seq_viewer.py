@@ -14,7 +14,8 @@ from conftest import FIXTURES
 from qkv import QkvError
 from qkv.cli.app import seq2seq_trace
 from qkv.viz.html import View, viewer_html
-from qkv.viz.payload import PRECISION, decode_attention
+from qkv.viz import wire
+from qkv.viz.payload import PRECISION
 from qkv.viz.seq2seq import UNKNOWN_NEXT, kind_traces, save_seq2seq_figures, written
 from test_seq2seq_cli import SOURCE, marian_with_tokenizer
 from test_viewer import XSS, data_of
@@ -46,10 +47,10 @@ def test_the_three_kinds_equal_the_models_attention(marian, school):
                                ("decoder", school, (2, 4, n_tgt, n_tgt)),
                                ("cross", school.cross, (2, 4, n_tgt, n_src))):   # target × source: not square
         assert parts[kind]["attention"]["shape"] == list(shape) == list(trace.attentions.shape)
-        assert np.abs(decode_attention(parts[kind]["attention"]) - trace.attentions).max() <= PRECISION + 1e-7
+        assert np.abs(wire.decode(parts[kind]["attention"]) - trace.attentions).max() <= PRECISION + 1e-7
     ids, _ = marian.encode(SOURCE)
     out = marian.forward(ids[None], decoder_input_ids=school.ids[None])       # the model's own cross-attention
-    assert np.abs(decode_attention(parts["cross"]["attention"]) - out.cross_attentions[:, 0]).max() <= PRECISION + 1e-6
+    assert np.abs(wire.decode(parts["cross"]["attention"]) - out.cross_attentions[:, 0]).max() <= PRECISION + 1e-6
     assert (parts["encoder"]["causal"], parts["decoder"]["causal"], parts["cross"]["causal"]) == (False, True, False)
 
 

@@ -21,8 +21,8 @@ import pytest
 import qkv
 from qkv.web.server import MAX_CHARS, Busy, make_server
 from qkv.analysis import attention_flow, attention_rollout, logit_lens
-from qkv.viz.interpret_payload import UNIT_PRECISION, decode_array
-from qkv.viz.payload import PRECISION, decode_attention
+from qkv.viz import wire
+from qkv.viz.payload import PRECISION
 from conftest import MODELS, running_server
 
 BERT = str(MODELS / "bert")                     # 2 layers × 4 heads, 64 positions: fast
@@ -76,7 +76,7 @@ def test_attention_answers_the_viewers_payload(server):
     assert status == 200, body
     want = qkv.load(BERT).run("the cat sat", keep=("attentions",))
     assert body["tokens"] == want.tokens and body["layers"] == [0, 1] and body["heads"] == 4
-    got = decode_attention(body["attention"])                                # (2, 4, n, n)
+    got = wire.decode(body["attention"])                                # (2, 4, n, n)
     assert got.shape == want.attentions.shape
     assert np.abs(got - want.attentions).max() <= PRECISION + 1e-7
 
@@ -85,9 +85,9 @@ def test_attention_carries_the_viewers_rollout_tab_and_no_lens_for_an_encoder(se
     status, body = post(server, {"text": "the cat sat"})
     assert status == 200, body
     trace = qkv.load(BERT).run("the cat sat", keep=("attentions",))
-    got = decode_array(body["rollout"]["rollout"])                          # (L, n, n)
-    assert np.abs(got - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-7
-    assert np.abs(decode_array(body["rollout"]["flow"]) - attention_flow(trace)).max() <= UNIT_PRECISION + 1e-7
+    got = wire.decode(body["rollout"]["rollout"])                          # (L, n, n)
+    assert np.abs(got - attention_rollout(trace)).max() <= PRECISION + 1e-7
+    assert np.abs(wire.decode(body["rollout"]["flow"]) - attention_flow(trace)).max() <= PRECISION + 1e-7
     assert body["lens"] is None                                              # BERT has no LM head
 
 
@@ -239,7 +239,7 @@ def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
     ids = np.concatenate([prompt, model.tokenizer.encode(done["reply"], add_special_tokens=False)[0]])
     want = model.run(ids, keep=("attentions",))
     assert p["tokens"] == want.tokens
-    got = decode_attention(p["attention"])                                   # (30, 9, n, n)
+    got = wire.decode(p["attention"])                                   # (30, 9, n, n)
     assert got.shape == want.attentions.shape == (30, 9, len(ids), len(ids))
     assert np.abs(got - want.attentions).max() <= PRECISION + 1e-6
     assert len(p["next"]["steps"]) == new                                     # each reply token's candidates
@@ -248,7 +248,7 @@ def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
     probs = np.exp(lens - lens.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     want_p = np.take_along_axis(probs, np.broadcast_to(final[None, :, None], probs.shape[:2] + (1,)), -1)[..., 0]
-    assert np.abs(decode_array(p["lens"]["prob"]) - want_p).max() <= 1e-5 and p["lens"]["predicted"] == final.tolist()
+    assert np.abs(wire.decode(p["lens"]["prob"]) - want_p).max() <= 1e-5 and p["lens"]["predicted"] == final.tolist()
     assert p["rollout"] is not None
 
 

@@ -11,7 +11,7 @@ import pytest
 import qkv
 from qkv.writing.sampling import Sampling
 from qkv.web.server import MAX_PIPELINE_TOKENS
-from qkv.viz.pipeline_payload import decode_array
+from qkv.viz import wire
 from conftest import MODELS, running_server
 from test_server import call
 
@@ -35,8 +35,8 @@ def test_the_pipeline_payload_is_the_engines(server):
     trace = model.run(SENTENCE)
     status, p = post(server, "/api/pipeline", {"text": SENTENCE, "lang": "ko"})
     assert status == 200 and p["kind"] == "pipeline" and p["lang"] == "ko" and p["tokens"] == trace.tokens
-    assert np.array_equal(decode_array(p["output"]["logits"]), trace.logits[-1])
-    np.testing.assert_allclose(decode_array(p["stream"]["norm"])[0],
+    assert np.array_equal(wire.decode(p["output"]["logits"]), trace.logits[-1])
+    np.testing.assert_allclose(wire.decode(p["stream"]["norm"])[0],
                                np.linalg.norm(trace.layers[0].residual.astype(np.float64), axis=-1), rtol=1e-5)
 
 

@@ -19,7 +19,8 @@ from qkv import QkvError
 from qkv.engine.trace import LayerTrace, Trace
 from qkv.viz import payload
 from qkv.viz.html import View, save_viewer, viewer_html
-from qkv.viz.payload import PRECISION, decode_attention, encode_attention, script_json
+from qkv.viz import wire
+from qkv.viz.payload import PRECISION, encode_attention, script_json
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -43,7 +44,7 @@ def data_of(document: str) -> dict:
 
 def test_attention_round_trips_within_the_documented_precision():
     trace = random_trace(["a", "b", "c", "d", "e"], L=3, H=4)
-    decoded = decode_attention(encode_attention(trace.attentions))
+    decoded = wire.decode(encode_attention(trace.attentions))
     assert decoded.shape == trace.attentions.shape
     err = np.abs(decoded - trace.attentions).max()
     assert err <= PRECISION + 1e-7 and PRECISION == pytest.approx(1 / 510)
@@ -54,7 +55,7 @@ def test_attention_round_trips_within_the_documented_precision():
 def test_real_trace_round_trips_and_rows_still_sum_to_one(minilm):
     trace = minilm.run("The cat sat on the mat", keep=("attentions",))
     data = data_of(viewer_html(trace, model_name=minilm.name))
-    decoded = decode_attention(data["attention"])                            # (6, 12, 8, 8)
+    decoded = wire.decode(data["attention"])                            # (6, 12, 8, 8)
     assert decoded.shape == (6, 12, 8, 8)
     assert np.abs(decoded - trace.attentions).max() <= PRECISION + 1e-7
     assert np.abs(decoded.sum(-1) - 1).max() <= 8 * PRECISION
@@ -65,7 +66,7 @@ def test_real_trace_round_trips_and_rows_still_sum_to_one(minilm):
 
 def test_out_of_range_and_nan_weights_are_clamped_not_wrapped():
     a = np.array([[[[1.5, -0.2], [np.nan, 0.5]]]], dtype=np.float32)          # (1, 1, 2, 2)
-    assert decode_attention(encode_attention(a)).ravel().tolist() == pytest.approx([1.0, 0.0, 0.0, 128 / 255])
+    assert wire.decode(encode_attention(a)).ravel().tolist() == pytest.approx([1.0, 0.0, 0.0, 128 / 255])
 
 
 def test_script_json_never_closes_the_script_and_parses_back():
@@ -82,7 +83,7 @@ def test_hostile_tokens_and_title_stay_text():
     assert "<img" not in doc and "alert(2)</script>" not in doc and "<b>m</b>" not in doc
     assert "<title>&lt;/title&gt;&lt;script&gt;alert(4)&lt;/script&gt;</title>" in doc
     assert data_of(doc)["tokens"] == tokens                                  # the text itself survives
-    assert doc.count("<script") == 3                                         # data, viewer.js + viewer_panels.js, boot: no more
+    assert doc.count("<script") == 3                 # data, wire.js + viewer.js + viewer_panels.js, boot: no more
     js = doc[doc.index("<script>"):]
     assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
 
@@ -265,7 +266,7 @@ def test_the_payload_carries_what_the_trace_knows_and_any_shape():
               layers={i: LayerTrace(layer=i, attentions=a[i]) for i in range(2)})
     data = data_of(viewer_html(t))
     assert data["attention"]["shape"] == [2, 3, 4, 6]
-    assert np.abs(decode_attention(data["attention"]) - a).max() <= PRECISION + 1e-7
+    assert np.abs(wire.decode(data["attention"]) - a).max() <= PRECISION + 1e-7
     assert data["tokens"] == ["a", "Ġb", "c", "d"] and data["labels"] == ["a", "␣b", "c", "d"]
     assert data["key_tokens"] == t.source_tokens and data["key_labels"] == ["␣x", "y", "z", "u", "v", "w"]
     assert (data["model"], data["family"], data["causal"]) == ("m", "t5", False)

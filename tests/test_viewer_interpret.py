@@ -22,21 +22,23 @@ import qkv
 from conftest import MODELS, run_main
 from test_viewer import data_of, random_trace
 from qkv.analysis import attention_rollout, logit_lens
-from qkv.analysis.lens import KEEP, lens_payload
+from qkv.analysis.lens import KEEP
 from qkv.analysis.patch import EMBEDDING, patch, patch_one, sentence_embedding
-from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits, rollout_payload
+from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits
+from qkv.analysis.sections import lens_payload, patch_payload, rollout_payload
 from qkv.engine.errors import QkvError
 from qkv.viz.html import viewer_html
-from qkv.viz.interpret_payload import LENS_K, PROB_PRECISION, UNIT_PRECISION, lens_section
+from qkv.viz.interpret_payload import LENS_K, PROB_PRECISION, lens_section
+from qkv.viz.payload import PRECISION
 
 CAT, DOG = "The cat sat on the mat", "The dog sat on the mat"
 
 
 def unpack(enc: dict) -> np.ndarray:
     """An array of the payload, decoded here from its documented encoding (not with qkv's decoder)."""
-    dtype = {"uint8-deflate-base64": "<u1", "uint16-deflate-base64": "<u2", "int32-deflate-base64": "<i4"}
-    q = np.frombuffer(zlib.decompress(base64.b64decode(enc["data"])), dtype[enc["encoding"]]).reshape(enc["shape"])
-    return q / enc["scale"] if enc["scale"] else q
+    dtype = {"u8": "<u1", "u16": "<u2", "i32": "<i4"}
+    q = np.frombuffer(zlib.decompress(base64.b64decode(enc["data"])), dtype[enc["dtype"]]).reshape(enc["shape"])
+    return q / enc["scale"] if enc.get("scale") else q
 
 
 def lens_reference(model, ids, k: int = LENS_K) -> dict:
@@ -88,8 +90,8 @@ def test_rollout_section_equals_attention_rollout_and_flow(minilm):
     trace = minilm.run(CAT, keep=("attentions",))
     data = data_of(viewer_html(trace, sections={"rollout": rollout_payload(trace)}))
     ro = data["rollout"]
-    assert np.abs(unpack(ro["rollout"]) - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-7
-    assert np.abs(unpack(ro["flow"]) - attention_flow(trace)).max() <= UNIT_PRECISION + 1e-7
+    assert np.abs(unpack(ro["rollout"]) - attention_rollout(trace)).max() <= PRECISION + 1e-7
+    assert np.abs(unpack(ro["flow"]) - attention_flow(trace)).max() <= PRECISION + 1e-7
     assert data["view"] is None and data["lens"] is None and data["patch"] is None
 
 
@@ -102,14 +104,15 @@ def test_flow_is_left_out_past_the_limit_the_cli_uses(minilm):
         attention_flow(trace)
     ro = rollout_payload(trace)
     assert ro["flow"] is None and f"{MAX_FLOW_WORK:,}" in ro["flow_note"]
-    assert np.abs(unpack(ro["rollout"]) - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-7
+    assert np.abs(unpack(ro["rollout"]) - attention_rollout(trace)).max() <= PRECISION + 1e-7
 
 
 # patching ------------------------------------------------------------------------
 
 def test_patch_section_equals_patching(minilm):
     p = patch(minilm, CAT, DOG, EMBEDDING)
-    data = data_of(viewer_html(minilm.run(CAT, keep=("attentions",)), sections={"patch": p.payload()}, view="patch"))
+    data = data_of(viewer_html(minilm.run(CAT, keep=("attentions",)), sections={"patch": patch_payload(p)},
+                               view="patch"))
     section = data["patch"]
     again = patch(minilm, CAT, DOG, EMBEDDING)                                # an independent run of the same patching
     for name in ("heads", "residual", "attn_out", "ffn_out"):
@@ -154,8 +157,8 @@ def test_qkv_show_embeds_rollout_and_flow_for_an_encoder(tmp_path, monkeypatch, 
     data = page_data(tmp_path / "attention.html")
     trace = minilm.run(CAT, keep=("attentions",))
     assert data["lens"] is None and data["patch"] is None
-    assert np.abs(unpack(data["rollout"]["rollout"]) - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-6
-    assert np.abs(unpack(data["rollout"]["flow"]) - attention_flow(trace)).max() <= UNIT_PRECISION + 1e-6
+    assert np.abs(unpack(data["rollout"]["rollout"]) - attention_rollout(trace)).max() <= PRECISION + 1e-6
+    assert np.abs(unpack(data["rollout"]["flow"]) - attention_flow(trace)).max() <= PRECISION + 1e-6
 
 
 def test_qkv_show_generate_and_lens_embed_the_lens_of_a_decoder(tmp_path, monkeypatch, capsys):
@@ -167,7 +170,7 @@ def test_qkv_show_generate_and_lens_embed_the_lens_of_a_decoder(tmp_path, monkey
     ids = model.encode("the cat sat on")[0].tolist()
     check_lens(data["lens"], lens_reference(model, ids))
     trace = model.run(ids, keep=("attentions",))
-    assert np.abs(unpack(data["rollout"]["rollout"]) - attention_rollout(trace)).max() <= UNIT_PRECISION + 1e-6
+    assert np.abs(unpack(data["rollout"]["rollout"]) - attention_rollout(trace)).max() <= PRECISION + 1e-6
 
     code, _, _ = run_main(monkeypatch, capsys, "generate", "the cat", "--model", gpt2, "-n", "3", "-t", "0",
                           "--trace", str(tmp_path / "g"))

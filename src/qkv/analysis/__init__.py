@@ -11,6 +11,8 @@ Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), patch.py (activation patching), circuits.py (a head's
 QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
+Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
+results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """
 
 from .attribution import direct_logit_attribution

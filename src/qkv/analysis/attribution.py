@@ -4,7 +4,8 @@
                                (L, H) heads, (L,) FFNs, and the terms that are neither
     attribution_of_trace       the same, from a trace that kept KEEP
     token_id                   a token given as text (one token exactly) or as an id
-    attribution_figure         layers × heads, a diverging map centred at 0
+
+(its figure, layers × heads: `viz.interpret_figures.attribution_figure`)
 
 The residual stream at the last block's output is a sum of pieces,
 
@@ -27,17 +28,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..viz.figures import new_figure, styled, _title
 from .lens import residual_stream
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from ..engine.model import Model
     from ..engine.trace import Trace
 
 KEEP = ("residual", "heads", "attn_out", "ffn_out")     # what a trace must keep
-CMAP = "RdBu_r"                                          # diverging: red adds to the logit, blue takes away
 
 
 @dataclass
@@ -184,27 +181,3 @@ def direct_logit_attribution(model: "Model", text_or_ids: str | Sequence[int], t
     t = token_id(model, target)
     o = None if other is None else token_id(model, other)
     return attribution_of_trace(model, model.run(text_or_ids, keep=KEEP), t, o, position)
-
-
-@styled
-def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "") -> "Figure":
-    """Layers (rows, layer 0 at the bottom) × heads (columns): each head's direct part of the
-    logit, red adding to it and blue taking away, white at 0 (the scale symmetric)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
-    L, H = heads.shape
-    fig = new_figure(float(np.clip(2.5 + 0.5 * H, 5.0, 14.0)), float(np.clip(1.8 + 0.22 * L, 4.0, 11.0)))
-    ax = fig.add_subplot()
-    m = float(np.abs(heads).max()) or 1.0
-    im = ax.imshow(heads, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",
-                   interpolation="nearest")
-    ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=8)
-    step = max(1, L // 16)
-    ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=8)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(_title(model_name, "direct logit attribution") + (f"\n{what}" if what else ""), fontsize=11)
-    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("direct contribution to the logit")
-    return fig
-

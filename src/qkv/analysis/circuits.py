@@ -23,6 +23,7 @@ Norms are folded in as TransformerLens's fold_ln does: the block's attention-nor
 W_V's and W_Q's, W_K's rows, the final norm's γ W_U's rows; for LayerNorm, the writing weights
 (W_E, W_pos, W_O) are centred over d_model and W_U over the vocabulary. Biases are left out.
 An encoder without an LM head (MiniLM) reads out through W_Eᵀ, as BERT's MLM head is tied to it.
+The figure of both: `viz.interpret_figures.circuits_figure`.
 """
 
 from __future__ import annotations
@@ -32,12 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
-from .attribution import CMAP
-
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from ..engine.model import Model
 
 MAX_POSITIONS = 64          # the positional QK table's side N
@@ -199,45 +195,3 @@ def qk_positions(model: "Model", layer: int, head: int, text: str | Sequence[int
         deltas_table, by_table = by_delta(table, cfg.causal)
     return PositionQK(layer=layer, head=head, deltas=deltas, score=score, attention=attention, table=table,
                       table_by_delta=by_table, deltas_table=deltas_table)
-
-
-# ── the picture ──────────────────────────────────────────────────────────────────
-
-@styled
-def circuits_figure(ov: OVCircuit, qk: PositionQK, *, model_name: str = "") -> "Figure":
-    """Left: the OV circuit on the token set (rows: the token attended to, columns: the logit raised;
-    red raises, blue lowers). Right: the QK pattern by relative distance (mean score, mean attention;
-    for a position table, the weights' own mean score too)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
-    k = len(ov.labels)
-    side = float(np.clip(2.0 + 0.28 * k, 4.5, 10.0))
-    fig = new_figure(side + 6.0, side)
-    ax, line = fig.subplots(1, 2, gridspec_kw={"width_ratios": [side, 5.0]})
-    m = float(np.abs(ov.matrix).max()) or 1.0
-    im = ax.imshow(ov.matrix, cmap=colormaps[CMAP], norm=Normalize(-m, m), interpolation="nearest")
-    fonts = _fonts()
-    ax.set_xticks(*_ticks(ov.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7, family=fonts)
-    ax.set_yticks(*_ticks(ov.labels), fontsize=7, family=fonts)
-    ax.set_xlabel("output token (logit raised)")
-    ax.set_ylabel("token attended to")
-    ax.set_title(f"OV: W_E·W_V·W_O·W_U (copying score {ov.copying_score:+.2f})", fontsize=10)
-    fig.colorbar(im, ax=ax, shrink=0.7, pad=0.02)
-    line.plot(qk.deltas, qk.score, marker="o", ms=3, color="#b2182b", label="mean q·k/√d_k (text)")
-    if qk.table_by_delta is not None:
-        keep = np.abs(qk.deltas_table) <= np.abs(qk.deltas).max()
-        line.plot(qk.deltas_table[keep], qk.table_by_delta[keep], color="#2166ac", ls="--",
-                  label="W_pos·W_Q·(W_pos·W_K)ᵀ/√d_k")
-    line.set_xlabel("relative distance Δ = query − key")
-    line.set_ylabel("score")
-    twin = line.twinx()
-    twin.bar(qk.deltas, qk.attention, color="#999999", alpha=0.35, label="mean attention")
-    twin.set_ylabel("mean attention weight")
-    line.set_zorder(twin.get_zorder() + 1)
-    line.patch.set_visible(False)
-    handles = line.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    line.legend(handles=handles, fontsize=8, loc="best")
-    line.set_title("QK by relative position", fontsize=10)
-    fig.suptitle(_title(model_name, f"layer {ov.layer}, head {ov.head}: circuits"), fontsize=11)
-    return fig

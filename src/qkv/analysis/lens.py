@@ -7,8 +7,9 @@
     final_prediction    each position's final top token and its probability at every layer
     lens_top            the same without the (L+1, n, V) array, layer by layer, with each cell's
                         top-k tokens and the final prediction's rank: what the viewer's panel shows
-    lens_payload        that, as the viewer's "lens" section (`viz.interpret_payload`)
-    lens_figure         layers × positions: the probability of the final prediction at each layer
+                        (`sections.lens_payload`)
+
+The figure (layers × positions) is `viz.interpret_figures.lens_figure`.
 
 The norm and W_vocab are the model's own (`qkv.engine.blocks.norm`, `qkv.engine.blocks.logits_of`), so row L
 is the model's logits by construction of the same arithmetic, and the tests check that it is.
@@ -23,12 +24,8 @@ import numpy as np
 
 from ..engine.blocks import logits_of, norm
 from ..engine.errors import QkvError
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title
-from ..viz.palette import CMAP
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from ..engine.model import Model
     from ..engine.trace import Trace
 
@@ -151,49 +148,3 @@ def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
             top_probs[l, :, t] = np.exp(z[at, best].astype(np.float64) - log_sum[:, 0])
             z[at, best] = -np.inf                                          # z is this row's own array
     return LensTop(predicted, probs, ranks, top_ids, top_probs)
-
-
-def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:
-    """The viewer's "lens" section of TRACE (`viz.interpret_payload.lens_section`): a trace that
-    kept KEEP; a trace without them is run again on its ids (one forward pass)."""
-    from ..viz.interpret_payload import lens_section
-
-    L = model.config.n_layers
-    if trace.layer_ids != list(range(L)) or any(getattr(trace.layers[i], w) is None for i in range(L) for w in KEEP):
-        trace = model.run(trace.ids, keep=KEEP)
-    t = lens_top(model, trace, k)
-    spell = model.tokenizer.label if model.tokenizer is not None else str
-    return lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
-
-
-@styled
-def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[str], *,
-                model_name: str = "") -> "Figure":
-    """Layers (rows, embeddings at the bottom) × positions (columns): the probability that
-    the lens at layer l gives the token the model finally predicts at that position.
-
-    probs: (L+1, n) from `final_prediction`; labels: the n input tokens (bottom axis);
-    predicted: the n final predictions (top axis).
-    """
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
-    rows, n = probs.shape
-    fig = new_figure(float(np.clip(2.2 + 0.45 * n, 6.5, 16.0)), float(np.clip(1.8 + 0.22 * rows, 4.0, 11.0)))
-    ax = fig.add_subplot()
-    im = ax.imshow(probs, cmap=colormaps[CMAP], norm=Normalize(0.0, 1.0), aspect="auto", origin="lower",
-                   interpolation="nearest")
-    fonts = _fonts()
-    ax.set_xticks(*_ticks(list(labels)), rotation=60, ha="right", rotation_mode="anchor", fontsize=8, family=fonts)
-    step = max(1, rows // 16)
-    ax.set_yticks(range(0, rows, step), ["emb" if l == 0 else str(l) for l in range(0, rows, step)], fontsize=8)
-    ax.set_xlabel("position (input token)")
-    ax.set_ylabel("layer (residual stream after l blocks)")
-    top = ax.secondary_xaxis("top")
-    top.set_xticks(*_ticks(list(predicted)), rotation=60, ha="left", rotation_mode="anchor", fontsize=8,
-                   family=fonts)
-    top.set_xlabel("final prediction")
-    ax.set_title(_title(model_name, "logit lens") + "\nP(final prediction) after each layer", fontsize=11)
-    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("probability")
-    return fig
-

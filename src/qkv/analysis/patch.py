@@ -20,8 +20,9 @@ embedding a patch brings back.
                     DecoderView: CLEAN and CORRUPTED are sources, the decoder writes one target) also
                     cross (L, H), each cross-attention head's Z
     patch_one       the effect of one patch (any positions or heads at once), for checks
-    patch_figure    the four tables as heatmaps, diverging at 0
-    save_patching   OUT/patch.png, .svg and patch.json (the tables), all files or none
+
+The tables as heatmaps, and patch.png, .svg, .json: `viz.interpret_figures` (patch_figure,
+save_patching); as the viewer's panel: `sections.patch_payload`.
 
 Speed: a patch at layer l leaves layers 0..l-1 as in the corrupted run, so the patched copies of
 layer l start from the corrupted residual stream entering block l and run only blocks l..L-1,
@@ -34,25 +35,17 @@ is the corrupted run itself: its effect is 0 and it is not run. The patches them
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.hooks import Hooks
-from ..engine.io import FileBatch
-from ..viz.figures import new_figure, _fonts, styled, _ticks, _title, check_formats, save_all
-from .attribution import CMAP, token_id
+from .attribution import token_id
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from ..engine.model import Model
 
 WHAT = ("heads", "residual", "attn_out", "ffn_out", "cross")   # the tables `patch` can make (cross: encoder–decoders)
@@ -87,12 +80,6 @@ class Patching:
         order = np.argsort(-np.abs(self.heads), axis=None)[:k]
         return [(int(i // self.heads.shape[1]), int(i % self.heads.shape[1]), float(self.heads.flat[i]))
                 for i in order]
-
-    def payload(self) -> dict:
-        """The viewer's "patch" section (`viz.interpret_payload.patch_section`)."""
-        from ..viz.interpret_payload import patch_section
-
-        return patch_section(self.as_json() | {name: getattr(self, name) for name in WHAT})
 
     def as_json(self) -> dict:
         tables = {name: None if t is None else np.round(t, 6).tolist()
@@ -294,58 +281,3 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
                     corrupted=m_corrupt, labels=labels, metric=name, normalised=normalise, runs=runs,
                     skipped=skipped, passes=passes, seconds=time.perf_counter() - started, model=model.name,
                     texts=tuple(x if isinstance(x, str) else "" for x in (clean, corrupted)))
-
-
-# ── the picture ──────────────────────────────────────────────────────────────────
-
-@styled
-def patch_figure(p: Patching) -> "Figure":
-    """Four heatmaps, layer 0 at the bottom: heads (L × H) and, for each position (its token below),
-    the residual stream, attention output and FFN output (L × n). Red restores the clean answer,
-    blue pushes further away, white is no effect; each panel has its own symmetric scale."""
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
-    panels = [(w, t) for w, t in (("heads", p.heads), ("cross-attention heads", p.cross), ("residual stream", p.residual),
-                                  ("attention output", p.attn_out), ("FFN output", p.ffn_out)) if t is not None]
-    L = panels[0][1].shape[0]
-    n = len(p.labels)
-    fig = new_figure(float(np.clip(3.0 + 0.3 * (n * (len(panels) - 1) + 9), 8.0, 20.0)),
-                  float(np.clip(2.4 + 0.2 * L, 4.5, 10.0)))
-    ratios = [max(t.shape[1], 4) for _, t in panels]
-    axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": ratios}, squeeze=False)[0]
-    step = max(1, L // 16)
-    for ax, (what, t) in zip(axes, panels):
-        m = float(np.abs(t).max()) or 1.0
-        im = ax.imshow(t, cmap=colormaps[CMAP], norm=Normalize(-m, m), aspect="auto", origin="lower",
-                       interpolation="nearest")
-        if what in ("heads", "cross-attention heads"):
-            ax.set_xticks(range(t.shape[1]), [str(h) for h in range(t.shape[1])], fontsize=7)
-            ax.set_xlabel("head")
-        else:
-            ax.set_xticks(*_ticks(p.labels), rotation=70, ha="right", rotation_mode="anchor", fontsize=7,
-                          family=_fonts())
-            ax.set_xlabel("position")
-        ax.set_yticks(range(0, L, step), [str(l) for l in range(0, L, step)], fontsize=7)
-        ax.set_title(what, fontsize=10)
-        fig.colorbar(im, ax=ax, shrink=0.7, pad=0.02, location="top")
-    axes[0].set_ylabel("layer")
-    effect = "effect (0 = corrupted, 1 = clean)" if p.normalised else "m(patched) − m(corrupted)"
-    fig.suptitle(_title(p.model, "activation patching") + f"\n{p.metric}: {effect}", fontsize=11)
-    return fig
-
-
-def save_patching(p: Patching, out_dir: str | os.PathLike, formats: Sequence[str] = ("png", "svg"),
-                  pages: Mapping[str, str] | None = None) -> list[Path]:
-    """OUT_DIR/patch.{png,svg} (patch_figure), OUT_DIR/patch.json (`Patching.as_json`) and PAGES
-    ({file name: text}, e.g. {"patch.html": the viewer}): all or none."""
-    formats = check_formats(formats)
-    try:
-        with FileBatch(out_dir) as files:
-            save_all(files, [("patch", lambda: patch_figure(p))], formats)
-            files.write_text("patch.json", json.dumps(p.as_json(), ensure_ascii=False, indent=1))
-            for name, text in (pages or {}).items():
-                files.write_text(name, text)
-    except OSError as e:
-        raise QkvError(f"cannot write to {out_dir}: {e.strerror or e}; choose a writable directory") from None
-    return files.paths

@@ -8,6 +8,8 @@ Encoders and decoders alike; a decoder's R_l stays lower-triangular (causal Â, 
 
 Attention flow (below): the same Â as capacities of a layered graph, and the maximum flow from
 each output position down to each input token (`attention_flow`).
+Both drawn beside raw attention: `viz.interpret_figures.rollout_figure`; the viewer's panel:
+`sections.rollout_payload`.
 """
 
 from __future__ import annotations
@@ -198,16 +200,3 @@ def attention_flow(trace: "Trace", positions: list[int] | None = None) -> np.nda
     if A is None:
         raise QkvError('attention flow needs the attention weights; run with keep=("attentions",)')
     return flow_of(A, positions)
-
-
-def rollout_payload(trace: "Trace") -> dict:
-    """The viewer's "rollout" section of TRACE (`viz.interpret_payload.rollout_section`): rollout
-    R_1..R_L always, attention flow too when `flow_fits` (else a note saying why it is absent)."""
-    from ..viz.interpret_payload import rollout_section
-
-    R = attention_rollout(trace)                                        # (L, n, n)
-    L, n, _ = R.shape
-    if flow_fits(L, n):
-        return rollout_section(R, attention_flow(trace))
-    return rollout_section(R, None, f"attention flow of {n} tokens through {L} layers is past the limit "
-                                    f"qkv rollout --flow uses ({MAX_FLOW_WORK:,}: n⁴·L); shorten the text to see it")

@@ -1,5 +1,12 @@
-"""The viewer's tabs beyond attention weights for one trace: Rollout for every model, Logit lens for a
-decoder — what `qkv show --out`, `qkv generate/chat --trace` and `qkv serve` put beside raw attention.
+"""The viewer's tabs beyond attention weights: what qkv.analysis computes, handed to
+`viz.interpret_payload` as arrays — the one place the analysis methods meet the viewer's payload.
+
+    lens_payload(model, trace)     the "lens" section (a decoder's logit lens, `lens.lens_top`)
+    rollout_payload(trace)         the "rollout" section (rollout, and flow when `rollout.flow_fits`)
+    patch_payload(patching)        the "patch" section (`patch.Patching`'s tables)
+
+and which of them `qkv show --out`, `qkv generate/chat --trace` and `qkv serve` put beside raw
+attention (Rollout for every model, Logit lens for a decoder):
 
     keep = sections_keep(model, n)          what the pass must keep so that no second pass is needed
     sections = viewer_sections(model, trace)   → viz.html.save_viewer(trace, ..., sections=sections)
@@ -9,12 +16,42 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_payload
-from .rollout import rollout_payload
+from ..viz.interpret_payload import lens_section, patch_section, rollout_section
+from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_top
+from .patch import WHAT, Patching
+from .rollout import MAX_FLOW_WORK, attention_flow, attention_rollout, flow_fits
 
 if TYPE_CHECKING:
     from ..engine.model import Model
     from ..engine.trace import Trace
+
+
+def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:
+    """The viewer's "lens" section of TRACE (`viz.interpret_payload.lens_section`): a trace that
+    kept LENS_KEEP; a trace without them is run again on its ids (one forward pass)."""
+    L = model.config.n_layers
+    if trace.layer_ids != list(range(L)) or any(getattr(trace.layers[i], w) is None
+                                                 for i in range(L) for w in LENS_KEEP):
+        trace = model.run(trace.ids, keep=LENS_KEEP)
+    t = lens_top(model, trace, k)
+    spell = model.tokenizer.label if model.tokenizer is not None else str
+    return lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
+
+
+def rollout_payload(trace: "Trace") -> dict:
+    """The viewer's "rollout" section of TRACE (`viz.interpret_payload.rollout_section`): rollout
+    R_1..R_L always, attention flow too when `flow_fits` (else a note saying why it is absent)."""
+    R = attention_rollout(trace)                                        # (L, n, n)
+    L, n, _ = R.shape
+    if flow_fits(L, n):
+        return rollout_section(R, attention_flow(trace))
+    return rollout_section(R, None, f"attention flow of {n} tokens through {L} layers is past the limit "
+                                    f"qkv rollout --flow uses ({MAX_FLOW_WORK:,}: n⁴·L); shorten the text to see it")
+
+
+def patch_payload(p: Patching) -> dict:
+    """The viewer's "patch" section of P (`viz.interpret_payload.patch_section`): its tables unrounded."""
+    return patch_section(p.as_json() | {name: getattr(p, name) for name in WHAT})
 
 
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:

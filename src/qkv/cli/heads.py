@@ -281,10 +281,10 @@ def _write_out(report: HeadReport, out: Path, model, text: str | None) -> None:
     """heads.json, the figures, and the viewer of the first text with heads coloured by role."""
     from ..viz.html import save_viewer
     from ..analysis.corpus import template_of, windows
-    from ..analysis.figures import save_figures
+    from ..viz.head_maps import save_head_maps
 
     write_atomic(out / "heads.json", lambda f: f.write(json.dumps(report.to_json(), indent=1).encode()))
-    written = save_figures(report, out)
+    written = save_head_maps(report, out, DESCRIPTIONS)
     if text is not None:
         ids, _ = model.tokenizer.encode(text)
         first = windows(ids, model.config.max_positions, template_of(model.tokenizer))[0]

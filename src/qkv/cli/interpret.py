@@ -1,8 +1,9 @@
 """The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `patch`, `circuits`
 (README, "Beyond attention weights"). Registered in qkv.cli.app with `cli.add_command`; each reads a model,
-computes with qkv.analysis and writes its figure with `cli_common.write_figure`; lens, rollout and
-patch also write a viewer page beside it (lens.html, rollout.html, patch.html: the attention viewer
-of the text with that command's panel opened first)."""
+computes with qkv.analysis, draws with qkv.viz.interpret_figures and writes the figure with
+`cli_common.write_figure`; lens, rollout and patch also write a viewer page beside it (lens.html,
+rollout.html, patch.html: the attention viewer of the text with that command's panel opened first,
+its section from qkv.analysis.sections or viz.interpret_payload)."""
 
 from __future__ import annotations
 
@@ -75,9 +76,8 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
             grid.add_row("emb" if l == 0 else str(l), *(Text(label(int(best[l, j]))) for j in range(len(trace.labels))))
         console.print(grid)
     if out_dir is not None:
-        from ..analysis.lens import lens_figure
-
-        from ..analysis.lens import lens_payload
+        from ..analysis.sections import lens_payload
+        from ..viz.interpret_figures import lens_figure
 
         write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
                       out_dir, "lens")
@@ -148,10 +148,9 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
         table.add_row(str(i), Text(position), *cells)
     console.print(table)
     if out_dir is not None:
-        from ..analysis.rollout_figure import rollout_figure
-        from ..viz.figures import masked_cells
-
         from ..analysis.rollout import MAX_FLOW_WORK
+        from ..viz.figures import masked_cells
+        from ..viz.interpret_figures import rollout_figure
         from ..viz.interpret_payload import rollout_section
 
         write_figure(rollout_figure(raw, R, F, labels, mask=masked_cells(trace, L - 1), layer=L - 1,
@@ -177,9 +176,9 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
             out_dir: str | None) -> None:
     """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
     target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
-    from ..analysis.attribution import (KEEP, attribution_figure, attribution_of_trace, check_attribution,
-                                       token_id)
+    from ..analysis.attribution import KEEP, attribution_of_trace, check_attribution, token_id
     from ..checkpoints import load
+    from ..viz.interpret_figures import attribution_figure
 
     model = as_decoder(load(source), prefix)
     check_attribution(model)
@@ -235,9 +234,11 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..analysis.patch import EMBEDDING, metric_of, patch, save_patching
+    from ..analysis.patch import EMBEDDING, metric_of, patch
+    from ..analysis.sections import patch_payload
     from ..checkpoints import load
     from ..engine.errors import QkvError
+    from ..viz.interpret_figures import save_patching
 
     model = as_decoder(load(source), prefix)
     if model.weights.W_vocab is None:
@@ -278,7 +279,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
         if out_dir is not None:
             from ..viz.html import viewer_html
 
-            page = viewer_html(_decoder_stack(model.run(clean, keep=("attentions",))), sections={"patch": p.payload()},
+            page = viewer_html(_decoder_stack(model.run(clean, keep=("attentions",))), sections={"patch": patch_payload(p)},
                                view="patch")
             for f in save_patching(p, out_dir, pages={"patch.html": page}):
                 click.echo(f"wrote {f}")
@@ -297,8 +298,9 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
 def circuits_cmd(source: str, layer: int, head: int, text: str, top: int, out_dir: str | None) -> None:
     """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
     score) and where it looks by relative position."""
-    from ..analysis.circuits import circuits_figure, ov_circuit, qk_positions
+    from ..analysis.circuits import ov_circuit, qk_positions
     from ..checkpoints import load
+    from ..viz.interpret_figures import circuits_figure
 
     model = load(source)
     layer, head = model.check_layer(layer), model.check_head(head)

@@ -266,7 +266,7 @@ def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
     from matplotlib import colormaps
     from matplotlib.patches import Rectangle
 
-    from ..viz.figures import _label
+    from ..viz.figures import tick_label
     from ..viz.palette import CMAP, MASKED
 
     shown = np.ma.masked_invalid(np.where(np.isfinite(le.S), le.S, np.nan))          # (n, n) masked cells grey
@@ -285,7 +285,7 @@ def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
     if upto is not None:
         st = le.steps[upto]
         ax.add_patch(Rectangle((st.k0 - 0.5, le.row - 0.5), st.k1 - st.k0, 1, fill=False, color="C1", lw=5))
-    labels = [_label(x, 8) for x in le.labels]
+    labels = [tick_label(x, 8) for x in le.labels]
     ax.set_xticks(range(le.n), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(le.n), labels, fontsize=8)
     ax.set_title(t["fig_grid"].format(model=le.model, layer=le.layer, head=le.head, block=le.block), fontsize=10)
@@ -294,7 +294,7 @@ def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
 
 def _row(ax, le: Lesson, t: dict, st: Step) -> None:
     """The followed row's scores as bars: this tile orange, seen blue, not yet grey; m dashed; m, ℓ written."""
-    from ..viz.figures import _label
+    from ..viz.figures import tick_label
 
     s = le.S[le.row]
     low = float(s[np.isfinite(s)].min()) - 1
@@ -305,7 +305,7 @@ def _row(ax, le: Lesson, t: dict, st: Step) -> None:
     ax.text(0.02, 0.98, f"m: {_f(st.m_old, 2)} → {_f(st.m_new, 2)}\nexp(m_old − m_new) = {_f(st.rescale, 3)}\n"
                         f"ℓ: {_f(st.l_old, 2)} → {_f(st.l_new, 2)}", transform=ax.transAxes, va="top", fontsize=8,
             bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})
-    ax.set_xticks(range(le.n), [_label(x, 6) for x in le.labels], rotation=60, fontsize=7)
+    ax.set_xticks(range(le.n), [tick_label(x, 6) for x in le.labels], rotation=60, fontsize=7)
     ax.margins(y=0.45)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from ..writing.nexttoken import distribution, entropy, top_tokens
-from .figures import new_figure, _fonts, styled, _title
+from .figures import figure_title, fonts, new_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,10 +51,10 @@ def next_token_figure(logits: np.ndarray, temperatures: Sequence[float], label: 
                      fontsize=10)
         ax.set_xlabel(f"probability · other tokens {max(0.0, 1 - p.sum()):.3f}", fontsize=8)
         ax.spines[["top", "right"]].set_visible(False)
-    axes[0].set_yticks(y, [s.replace("$", r"\$") for s in labels], fontsize=9, family=_fonts())
+    axes[0].set_yticks(y, [s.replace("$", r"\$") for s in labels], fontsize=9, family=fonts())
     axes[0].invert_yaxis()
-    fig.suptitle(_title(model_name, f"next token after “{_short(text)}”" if text else "next token",
-                        "softmax(logits / T)"), fontsize=11)
+    fig.suptitle(figure_title(model_name, f"next token after “{_short(text)}”" if text else "next token",
+                              "softmax(logits / T)"), fontsize=11)
     return fig
 
 

@@ -6,6 +6,18 @@
     save_figures    all of them as PNG and SVG files, written atomically
     (an encoder–decoder's set, cross-attention included: `viz.seq2seq.save_seq2seq_figures`)
 
+and the pieces every figure of qkv is drawn with (`interpret_figures`, `head_maps`, `distribution`,
+`seq2seq`, `training`, the lessons):
+
+    new_figure, styled      a figure on its own Agg canvas; draw with the CJK-capable fonts
+    fonts                   that font list, for tick labels made before drawing
+    ticks, tick_label       token labels as ticks: all of them, or every k-th past MAX_LABELS
+    figure_title            "model · part · part", empty parts left out
+    panel_grid              rows × cols square panels laid out by hand, a colour-bar axis beside
+    weights_image           one 0..1 map of weights (√ scale past SQRT_SCALE tokens, masked cells grey)
+    cell_numbers            each weight written in its cell
+    save_figure, save_all, check_formats   PNG / SVG / PDF files, all or none
+
 Brighter = more attention (the seeds' convention; `viz.palette` holds the colours every view
 shares). Cells a decoder's causal mask removes (key after query, seeds §5) are hatched grey,
 so they never read as a weight of 0. Rows are the queries (`trace.labels`), columns the keys
@@ -85,19 +97,19 @@ def focused_head(trace: "Trace", layer: int) -> int:
     return int(np.argmin(entropy(a).mean(-1)))                     # entropy: (H, n)
 
 
-def _label(label: str, width: int = 12) -> str:
+def tick_label(label: str, width: int = 12) -> str:
     """A token's label as a tick label: short, and never read as mathtext."""
     return shorten(label, width).replace("$", r"\$")
 
 
-def _ticks(labels: Sequence[str]) -> tuple[list[int], list[str]]:
+def ticks(labels: Sequence[str]) -> tuple[list[int], list[str]]:
     """Tick positions and labels: every token, or every k-th with its index when there are many."""
     n = len(labels)
     if n <= MAX_LABELS:
-        return list(range(n)), [_label(t) for t in labels]
+        return list(range(n)), [tick_label(t) for t in labels]
     step = math.ceil(n / MAX_LABELS)
     at = list(range(0, n, step))
-    return at, [f"{i} {_label(labels[i], 8)}" for i in at]
+    return at, [f"{i} {tick_label(labels[i], 8)}" for i in at]
 
 
 # ── drawing ──────────────────────────────────────────────────────────────────────
@@ -110,7 +122,7 @@ CJK_FONTS = ("Noto Sans CJK KR", "Noto Sans KR", "NanumGothic", "NanumBarunGothi
 
 
 @functools.lru_cache(maxsize=1)
-def _fonts() -> tuple[str, ...]:
+def fonts() -> tuple[str, ...]:
     """DejaVu Sans, then the installed CJK fonts of `CJK_FONTS`, as a fallback list."""
     from matplotlib import font_manager
 
@@ -124,23 +136,23 @@ def styled(draw):
     def wrapper(*args, **kwargs):
         import matplotlib
 
-        with matplotlib.rc_context({"font.family": list(_fonts())}):
+        with matplotlib.rc_context({"font.family": list(fonts())}):
             return draw(*args, **kwargs)
     return wrapper
 
 
-def new_figure(width: float, height: float, layout: str | None = "constrained") -> "Figure":
-    """A figure on its own Agg canvas (no pyplot, no display)."""
+def new_figure(width: float, height: float, layout: str | None = "constrained", dpi: int = DPI) -> "Figure":
+    """A figure on its own Agg canvas (no pyplot, no display); width and height in inches."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    fig = Figure(figsize=(width, height), dpi=dpi, layout=layout)
     FigureCanvasAgg(fig)
     return fig
 
 
-def _panels(rows: int, cols: int, panel: float, *, left: float, bottom: float, top: float, wgap: float,
-            hgap: float, title: str):
+def panel_grid(rows: int, cols: int, panel: float, *, left: float, bottom: float, top: float, wgap: float,
+               hgap: float, title: str):
     """A rows × cols grid of square panels laid out by hand (sizes in inches), a colour-bar axis on
     the right. Many panels make matplotlib's automatic layout slow; fixed margins are instant."""
     right = 1.0
@@ -156,7 +168,7 @@ def _panels(rows: int, cols: int, panel: float, *, left: float, bottom: float, t
     return fig, axes, cax
 
 
-def _image(ax, a: np.ndarray, mask: np.ndarray | None):
+def weights_image(ax, a: np.ndarray, mask: np.ndarray | None):
     """imshow of one head's weights on a fixed 0..1 scale, masked cells grey.
 
     Past 64 tokens most weights are near 1/n, so the scale turns to √ (PowerNorm 0.5)
@@ -191,8 +203,8 @@ def _hatch(ax, mask: np.ndarray) -> None:
     ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor=HATCH, linewidth=0, hatch="///"))
 
 
-def _numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
-    """Write each weight in its cell (2 decimals; dark text on bright cells)."""
+def cell_numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
+    """Write each weight of A (n_q, n_k) in its cell (2 decimals; dark text on bright cells), none on masked ones."""
     n_q, n_k = a.shape
     size = 9 if max(n_q, n_k) <= 10 else 7
     for i in range(n_q):
@@ -207,7 +219,8 @@ def _numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
                         color="black" if weight > 0.6 else "white")
 
 
-def _title(model_name: str | None, *parts: str) -> str:
+def figure_title(model_name: str | None, *parts: str) -> str:
+    """A figure's title: the model's name and the parts joined by " · ", empty ones left out."""
     return " · ".join(p for p in (model_name, *parts) if p)
 
 
@@ -236,20 +249,20 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
     side = float(np.clip(1.6 + 0.42 * n, 4.2, 10.0))
     fig = new_figure(side + 1.3, side + 0.5)
     ax = fig.add_subplot()
-    im = _image(ax, a, mask)
+    im = weights_image(ax, a, mask)
     if mask is not None:
         _hatch(ax, mask)
     if n <= MAX_NUMBERS:
-        _numbers(ax, a, mask)
+        cell_numbers(ax, a, mask)
     fontsize = 10 if n <= MAX_NUMBERS else 8 if n <= MAX_LABELS else 7
-    fonts = _fonts()
-    ax.set_xticks(*_ticks(trace.key_labels), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
-                  family=fonts)
-    ax.set_yticks(*_ticks(trace.labels), fontsize=fontsize, family=fonts)
+    family = fonts()
+    ax.set_xticks(*ticks(trace.key_labels), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
+                  family=family)
+    ax.set_yticks(*ticks(trace.labels), fontsize=fontsize, family=family)
     xlabel, ylabel = axes or ("key j (attended to)", "query i (looking)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(_title(_name(trace, model_name), f"layer {layer}", what or f"head {head}"), fontsize=11,
+    ax.set_title(figure_title(_name(trace, model_name), f"layer {layer}", what or f"head {head}"), fontsize=11,
                  wrap=True)                                       # a long model name: two lines, not cut off
     bar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02)
     bar.set_label(_bar_label(n, mask is not None))
@@ -257,7 +270,7 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
 
 
 def _panel(ax, a: np.ndarray, mask: np.ndarray | None):
-    im = _image(ax, a, mask)
+    im = weights_image(ax, a, mask)
     ax.set_xticks([])
     ax.set_yticks([])
     return im
@@ -278,8 +291,8 @@ def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
     rows = math.ceil(H / 6)
     cols = math.ceil(H / rows)
     labelled = max(n_q, n_k) <= GRID_LABELS
-    title = _title(_name(trace, model_name), f"layer {layer}", f"all {H} heads ({axes})")
-    fig, axes, cax = _panels(rows, cols, 2.0, left=0.8 if labelled else 0.2, bottom=0.75 if labelled else 0.2,
+    title = figure_title(_name(trace, model_name), f"layer {layer}", f"all {H} heads ({axes})")
+    fig, axes, cax = panel_grid(rows, cols, 2.0, left=0.8 if labelled else 0.2, bottom=0.75 if labelled else 0.2,
                              top=0.75, wgap=0.15, hgap=0.35, title=title)
     for h, ax in enumerate(axes.flat):
         if h >= H:
@@ -288,10 +301,10 @@ def layer_grid(trace: "Trace", layer: int, *, model_name: str | None = None,
         im = _panel(ax, att[h], mask)
         ax.set_title(f"h{h}", fontsize=10)
         if labelled and h % cols == 0:
-            ax.set_yticks(range(n_q), [_label(t, 8) for t in trace.labels], fontsize=7, family=_fonts())
+            ax.set_yticks(range(n_q), [tick_label(t, 8) for t in trace.labels], fontsize=7, family=fonts())
         if labelled and h + cols >= H:                            # the lowest panel of its column
-            ax.set_xticks(range(n_k), [_label(t, 8) for t in trace.key_labels], fontsize=7, rotation=90,
-                          family=_fonts())
+            ax.set_xticks(range(n_k), [tick_label(t, 8) for t in trace.key_labels], fontsize=7, rotation=90,
+                          family=fonts())
     fig.colorbar(im, cax=cax, label=_bar_label(n_k))
     return fig
 
@@ -302,8 +315,8 @@ def model_overview(trace: "Trace", *, model_name: str | None = None, causal: boo
     layers = trace.layer_ids
     H = _attentions(trace, layers[0]).shape[0]
     panel = float(np.clip(14.0 / H, 0.45, 1.0))
-    fig, axes, cax = _panels(len(layers), H, panel, left=0.45, bottom=0.15, top=0.75, wgap=0.08, hgap=0.08,
-                             title=_title(_name(trace, model_name), f"{len(layers)} layers × {H} heads",
+    fig, axes, cax = panel_grid(len(layers), H, panel, left=0.45, bottom=0.15, top=0.75, wgap=0.08, hgap=0.08,
+                             title=figure_title(_name(trace, model_name), f"{len(layers)} layers × {H} heads",
                                           f"{len(trace.tokens)} tokens"))
     for r, layer in enumerate(layers):
         att = _attentions(trace, layer)                           # (H, n_q, n_k)

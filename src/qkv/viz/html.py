@@ -13,9 +13,10 @@ patching (effect tables as heatmaps centred at 0).
 An encoder–decoder's trace adds a selector of the kind of attention — encoder, decoder, cross
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
-The data travels compactly (see `payload`: one byte per weight, ±0.002).
-The script is two assets inlined in order: viewer.js (the attention views, decoding, mount) and
-viewer_panels.js (the lens, rollout and patching views, which register on viewer.js's `QKV.panels`).
+The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
+The script is three assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
+(the attention views, mount) and viewer_panels.js (the lens, rollout and patching views, which
+register on viewer.js's `QKV.panels`).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -47,8 +48,8 @@ def asset(name: str) -> str:
 
 
 def viewer_js() -> str:
-    """The viewer's JavaScript as one script: the core, then the panels that register on it."""
-    return asset("viewer.js") + "\n" + asset("viewer_panels.js")
+    """The viewer's JavaScript as one script: the arrays' decoder, the core, then the panels that register on it."""
+    return "\n".join(asset(name) for name in ("wire.js", "viewer.js", "viewer_panels.js"))
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) -> str:

@@ -2,59 +2,26 @@
 sections of the payload (`payload` documents them), built from plain arrays that
 qkv.analysis computes (viz comes before analysis, so nothing here computes a lens or a patch).
 
-Big arrays travel as attention does (`payload.encode_attention`): little-endian bytes,
-zlib-compressed, base64, with the dtype in the encoding's name:
-
-    {"encoding": "uint8-deflate-base64" | "uint16-deflate-base64" | "int32-deflate-base64",
-     "shape": [...], "scale": int | null, "data": str}
-
-value = q / scale when scale is given (uint8: ±0.5/255 ≈ 0.002, uint16: ±0.5/65535 ≈ 7.6e-6),
-the integers themselves otherwise (ranks, token ids).
+Big arrays travel as attention does, as `wire` arrays: probabilities u16 with scale 65535
+(±0.5/65535 ≈ 7.6e-6, PROB_PRECISION), rollout and flow u8 with scale 255 (±0.002, as attention:
+`payload.PRECISION`), ranks and token ids i32 as they are.
 """
 
 from __future__ import annotations
 
-import base64
-import zlib
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..engine.errors import QkvError
+from .payload import SCALE
+from .wire import encode
 
 LENS_K = 5                              # top tokens kept per (layer, position) cell of the lens
-PROB_SCALE = 65535                      # probabilities as uint16: q = round(p · 65535)
+PROB_SCALE = 65535                      # probabilities as u16: q = round(p · 65535)
 PROB_PRECISION = 0.5 / PROB_SCALE       # largest |decoded - original| of a probability
-UNIT_SCALE = 255                        # rollout and flow as uint8, as attention weights
-UNIT_PRECISION = 0.5 / UNIT_SCALE
 PATCH_DECIMALS = 5                      # patching effects, rounded in the JSON
 PATCH_TABLES = ("heads", "residual", "attn_out", "ffn_out", "cross")   # cross: encoder–decoders
-
-_DTYPES = {"uint8": "<u1", "uint16": "<u2", "int32": "<i4"}
-
-
-def encode_array(x: np.ndarray, dtype: str, scale: int | None = None) -> dict:
-    """An array as {"encoding", "shape", "scale", "data"} (module doc). With SCALE, x must lie in
-    [0, 1] and is stored as round(x · scale); without, x must be integers that fit DTYPE."""
-    a = np.asarray(x)
-    if scale is not None:
-        q = np.rint(np.clip(np.nan_to_num(a.astype(np.float64)), 0.0, 1.0) * scale)
-    else:
-        q = a
-    q = np.ascontiguousarray(q.astype(_DTYPES[dtype]))
-    data = base64.b64encode(zlib.compress(q.tobytes(), 6)).decode("ascii")
-    return {"encoding": f"{dtype}-deflate-base64", "shape": list(q.shape), "scale": scale, "data": data}
-
-
-def decode_array(encoded: Mapping) -> np.ndarray:
-    """The inverse of `encode_array`: float64 values (q / scale), or the integers without a scale."""
-    dtype = str(encoded.get("encoding", "")).removesuffix("-deflate-base64")
-    if dtype not in _DTYPES:
-        raise QkvError(f"unknown array encoding {encoded.get('encoding')!r}; expected one of "
-                       f"{[d + '-deflate-base64' for d in _DTYPES]}")
-    raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    q = np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(encoded["shape"])
-    return q / encoded["scale"] if encoded.get("scale") else q.astype(np.int64)
 
 
 def lens_section(probs: np.ndarray, ranks: np.ndarray, predicted: np.ndarray, top_ids: np.ndarray,
@@ -75,10 +42,10 @@ def lens_section(probs: np.ndarray, ranks: np.ndarray, predicted: np.ndarray, to
     ids = sorted({int(i) for i in top_ids.ravel()} | {int(i) for i in predicted})
     return {"rows": int(rows), "positions": int(n), "k": int(top_ids.shape[2]), "vocab": int(vocab),
             "predicted": [int(i) for i in predicted],
-            "prob": encode_array(probs, "uint16", PROB_SCALE),
-            "rank": encode_array(ranks, "int32"),
-            "top_ids": encode_array(top_ids, "int32"),
-            "top_prob": encode_array(top_probs, "uint16", PROB_SCALE),
+            "prob": encode(probs, "u16", PROB_SCALE),
+            "rank": encode(ranks, "i32"),
+            "top_ids": encode(top_ids, "i32"),
+            "top_prob": encode(top_probs, "u16", PROB_SCALE),
             "spelling": {"ids": ids, "tokens": [spell(i) for i in ids]}}
 
 
@@ -90,8 +57,8 @@ def rollout_section(rollout: np.ndarray, flow: np.ndarray | None = None, flow_no
         raise QkvError(f"rollout must be (L, n, n), got {R.shape}; pass analysis.attention_rollout(trace)")
     if flow is not None and np.shape(flow) != R.shape[1:]:
         raise QkvError(f"flow must be (n, n) = {R.shape[1:]}, got {np.shape(flow)}; pass analysis.attention_flow(trace)")
-    return {"rollout": encode_array(R, "uint8", UNIT_SCALE),
-            "flow": None if flow is None else encode_array(flow, "uint8", UNIT_SCALE),
+    return {"rollout": encode(R, "u8", SCALE),
+            "flow": None if flow is None else encode(flow, "u8", SCALE),
             "flow_note": None if flow is not None else flow_note}
 
 

@@ -7,8 +7,12 @@ VIRIDIS stops are this map sampled at 17 points) and the terminal's tables (`cli
 to bright white) all use this direction. Cells the mask removed are grey (MASKED), never
 the colour of a weight of 0. (The viewer's head view draws lines instead: more ink = more.)
 
+Signed effects (direct logit attribution, patching, a head's OV circuit): DIVERGING, blue
+below 0, white at 0, red above, each map on a scale symmetric about 0 (`viz.interpret_figures`;
+the viewer's patching panel samples the same map, `assets/viewer_panels.js`).
+
 Head roles (`qkv.analysis.roles`): one colour each, ROLE_COLOURS, used by the roles map
-(`analysis.figures`), the terminal's table (`analysis.cli`, as rich colours) and the viewer's
+(`viz.head_maps`), the terminal's table (`cli.heads`, as rich colours) and the viewer's
 model view (sent in its payload); roles the palette does not know get the viewer's spares.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 CMAP = "viridis"          # attention weight → colour: bright = high
 MASKED = "#d4d4d4"        # cells the mask removed
 HATCH = "#8a8a8a"         # the hatching over them in figures
+DIVERGING = "RdBu_r"      # a signed effect → colour: red adds, blue takes away, white is 0
 
 # One colour per role of qkv.analysis.roles.ROLES (tab10's hues; "mixed" a quiet grey).
 ROLE_COLOURS = {

@@ -3,8 +3,8 @@
 Attention weights travel as one byte each, q = round(a · 255), so a value read back
 as q / 255 is within 1/510 ≈ 0.002 of the weight the model computed (PRECISION).
 The bytes, laid out (L, H, n_q, n_k) row-major (rows = queries), are zlib-compressed
-(most weights are near zero, so this shrinks them several times) and base64-encoded;
-the browser inflates them with its built-in DecompressionStream("deflate").
+(most weights are near zero, so this shrinks them several times) and base64-encoded:
+an array of `viz.wire`, the one format every page's arrays take (assets/wire.js decodes it).
 
     {"version": 1, "title": str, "model": str, "family": str, "text": str | null,
      "tokens": [str] (n_q, as the tokenizer spells them: "Ġcapital"),
@@ -14,8 +14,7 @@ the browser inflates them with its built-in DecompressionStream("deflate").
      "layers": [int] (L, model layer numbers), "heads": H,
      "prompt_length": int | null (tokens from here on were generated),
      "roles": [[str | null] (H)] (L) | null, "role_colours": {role: "#rrggbb"} (`palette`),
-     "attention": {"encoding": "uint8-deflate-base64", "shape": [L, H, n_q, n_k],
-                   "scale": 255, "data": str},
+     "attention": {"dtype": "u8", "shape": [L, H, n_q, n_k], "scale": 255, "data": str}  (`wire`),
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
@@ -38,11 +37,11 @@ Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) its
 About 0.6 kB of JSON per generated token.
 
 The sections beyond attention weights (`viz.interpret_payload` builds them from arrays that
-qkv.analysis computes; each adds a view). Big arrays are encoded as attention is, with their
-dtype named: {"encoding": "uint8-" | "uint16-" | "int32-deflate-base64", "shape", "scale", "data"},
-value = q / scale (or the integer itself when scale is null), little-endian.
+qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as attention is:
+{"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones only), "data"}, value = q / scale
+(or the integer itself without a scale), little-endian.
 
-    "lens" (decoders, `analysis.lens.lens_payload`): the logit lens, rows 0..L (row 0: the
+    "lens" (decoders, `analysis.sections.lens_payload`): the logit lens, rows 0..L (row 0: the
       embeddings; row l: the residual stream after l blocks through the final norm and W_vocab)
       × n positions. {"rows": L+1, "positions": n, "k": K, "vocab": V,
       "predicted": [id] (n, each position's final prediction: the argmax of row L),
@@ -51,11 +50,11 @@ value = q / scale (or the integer itself when scale is null), little-endian.
       "top_ids": int32 (L+1, n, K), "top_prob": uint16 (L+1, n, K) scale 65535 (each cell's K most
       likely tokens, most likely first: LENS_K = 5), "spelling": {"ids": [id], "tokens": [str]}
       (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows).
-    "rollout" (`analysis.rollout.rollout_payload`, self-attention of every layer):
+    "rollout" (`analysis.sections.rollout_payload`, self-attention of every layer):
       {"rollout": uint8 (L, n, n) scale 255 (R_l after layers 1..l; row = position, column =
       input token; ±0.002 as attention), "flow": uint8 (n, n) scale 255 | null (attention flow
       after all L layers; null past `analysis.rollout.MAX_FLOW_WORK`, with "flow_note" saying so)}.
-    "patch" (`analysis.patch.Patching.as_json` through `interpret_payload.patch_section`):
+    "patch" (`analysis.sections.patch_payload`: `analysis.patch.Patching`'s tables):
       {"metric": str, "normalised": bool, "clean": str, "corrupted": str, "metric_clean": float,
       "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
       "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
@@ -75,9 +74,7 @@ and "read_tokens"/"read_labels" what it read (target token t), "key_tokens" the 
 
 from __future__ import annotations
 
-import base64
 import json
-import zlib
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -87,8 +84,8 @@ from ..writing.nexttoken import candidates, token_text
 from ..engine.trace import Trace
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
+from .wire import encode
 
-ENCODING = "uint8-deflate-base64"
 SCALE = 255
 PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in [0, 1]
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
@@ -103,7 +100,8 @@ _SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u
 
 
 def encode_attention(attentions: np.ndarray) -> dict:
-    """(L, H, n_q, n_k) weights in [0, 1] → {"encoding", "shape", "scale", "data"} (see module doc)."""
+    """(L, H, n_q, n_k) weights in [0, 1] → a `wire` array of one byte each (see module doc), or one
+    clear error for the wrong shape or more than MAX_VALUES weights."""
     a = np.asarray(attentions)
     if a.ndim != 4:
         raise QkvError(f"attention must have shape (L, H, n_q, n_k), got {a.shape}; pass trace.attentions")
@@ -113,23 +111,14 @@ def encode_attention(attentions: np.ndarray) -> dict:
         raise QkvError(f"{L} layers × {H} heads × {cells} tokens is too much attention for one page "
                        f"({a.size:,} weights, limit {MAX_VALUES:,}); keep fewer layers, "
                        "e.g. model.run(text, layers=[0, -1], keep=('attentions',))")
-    # Plain form: q = uint8(round(clip(a, 0, 1) · 255)); this one makes fewer copies (and NaN → 0).
-    x = np.multiply(a, SCALE, dtype=np.float32)                           # (L, H, n_q, n_k)
-    np.fmax(x, 0.0, out=x)
-    np.fmin(x, SCALE, out=x)
-    x += 0.5
-    q = x.astype(np.uint8)                                                  # (L, H, n_q, n_k)
-    data = base64.b64encode(zlib.compress(q.tobytes(), 6)).decode("ascii")
-    return {"encoding": ENCODING, "shape": list(q.shape), "scale": SCALE, "data": data}
+    return encode(a, "u8", SCALE)                                           # q = round(clip(a, 0, 1) · 255)
 
 
-def decode_attention(encoded: dict) -> np.ndarray:
-    """The inverse of `encode_attention`: (L, H, n_q, n_k) float32, within PRECISION of the original."""
-    if encoded.get("encoding") != ENCODING:
-        raise QkvError(f"unknown attention encoding {encoded.get('encoding')!r}; expected {ENCODING!r}")
-    raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    q = np.frombuffer(raw, dtype=np.uint8).reshape(encoded["shape"])       # (L, H, n_q, n_k)
-    return q.astype(np.float32) / encoded["scale"]
+def page_title(model_name: str | None, text: str | None, width: int = 80) -> str:
+    """A page's title: the model's name · TEXT on one line (runs of whitespace as one space), cut after
+    WIDTH characters with "…"; empty parts left out."""
+    text = " ".join((text or "").split())
+    return " · ".join(p for p in (model_name, text[:width] + ("…" if len(text) > width else "")) if p)
 
 
 def check_roles(roles, n_layers: int, n_heads: int) -> list[list[str | None]] | None:
@@ -211,8 +200,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     roles = check_roles(roles, L, H)
     cross = trace.source_tokens is not None
     if title is None:
-        text = " ".join(trace.text.split()) if trace.text else ""
-        title = " · ".join(p for p in (model_name, text[:80] + ("…" if len(text) > 80 else "")) if p)
+        title = page_title(model_name, trace.text)
     return {
         "version": 1,
         "title": title or "attention",
@@ -244,10 +232,8 @@ def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str |
     kinds = kind_traces(trace, tokenizer)
     model_name = trace.model if model_name is None else model_name
     if title is None:
-        source = " ".join((trace.encoder.text or "").split())
         target = " ".join((trace.text or "").split())
-        text = source + (f" → {target}" if target else "")
-        title = " · ".join(p for p in (model_name, text[:120] + ("…" if len(text) > 120 else "")) if p)
+        title = page_title(model_name, (trace.encoder.text or "") + (f" → {target}" if target else ""), 120)
     parts = []
     for kind in KINDS:
         part = trace_payload(kinds[kind], model_name=model_name, title=title,

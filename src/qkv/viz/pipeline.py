@@ -56,7 +56,8 @@ def pipeline_html(model, trace: Trace, *, title: str | None = None, lang: str = 
     """One complete, self-contained HTML document: the pipeline page of TRACE through MODEL
     (lang, layer, head, box: what it shows first, see `pipeline_payload`)."""
     payload = pipeline_payload(model, trace, title=title, lang=lang, layer=layer, head=head, box=box)
-    return page(payload["title"], pipeline_body(payload), [asset("pipeline.js"), "QKV_PIPELINE.boot();"])
+    return page(payload["title"], pipeline_body(payload),
+                [asset("wire.js") + "\n" + asset("pipeline.js"), "QKV_PIPELINE.boot();"])
 
 
 def save_pipeline(model, text_or_trace: str | Trace, path: str | os.PathLike, lang: str = "en", *,

@@ -17,11 +17,13 @@ To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps on
     A (L, H, n, n)              one byte per weight, as the attention viewer (±0.002, `payload`)
     S (L, H, n, n)              one byte per score: code 0 = masked (−∞), else
                                 S = lo + (code − 1)·step with step = (hi − lo)/254 per (layer, head),
-                                so within step/2 of the engine's float32 score
+                                so within step/2 of the engine's float32 score (lo and step to float32's
+                                precision, as short decimals, and the codes made with exactly those)
     logits (V,)                 the last position's, whole vocabulary, float32 (decoders): the page
                                 computes softmax(logits/T), top-k and top-p exactly as qkv.writing.sampling
 
-Arrays travel as {"dtype": "f32" | "f16" | "u8", "shape", "data": base64(zlib(little-endian bytes))}.
+Arrays travel as `wire` arrays, {"dtype": "f32" | "f16" | "u8", "shape", "data": base64(zlib(little-endian
+bytes))} (A with its "scale": 255, as the viewer's).
 
     {"version": 1, "kind": "pipeline", "title", "model", "family", "text", "lang": "en" | "ko",
      "tokens", "labels": [str] (n), "ids": [int] (n),
@@ -32,7 +34,7 @@ Arrays travel as {"dtype": "f32" | "f16" | "u8", "shape", "data": base64(zlib(li
      "blocks": {name: {"norm" (L, n), "first" (L, n, DIMS)}} for attn_in, attn_out, mid, ffn_in, ffn_out
      "final": {"norm" (n,), "first" (n, DIMS)}             the final hidden states (after the final norm)
      "heads": {q, z: {"norm" (L, H, n), "first" (L, H, n, HEAD_DIMS)}; k, v: (L, H_kv, …)},
-     "attention": the viewer's encode_attention (L, H, n, n),
+     "attention": u8 (L, H, n, n) scale 255, the viewer's (`payload.encode_attention`),
      "scores": {"shape", "lo" [[float]] (L × H), "step" [[float]] (L × H), "data" (u8 array)},
      "output": {"position", "logits" (V,) f32, "top_ids": [int] (TOP), "top_labels": [str] (TOP)} | null,
      "pooled": {"norm", "first" (DIMS,), "unit_first" (DIMS,)} | null   (encoders: mean pooling)
@@ -47,17 +49,15 @@ is the decoder's last position.
 
 from __future__ import annotations
 
-import base64
-import zlib
-
 import numpy as np
 
 from ..engine.blocks import norm
 from ..engine.errors import QkvError
 from ..writing.nexttoken import token_text
 from ..engine.trace import INTERMEDIATES, Trace
-from .payload import encode_attention
+from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
+from .wire import decode, encode
 
 DIMS = 4                    # first values shown of each d_model vector
 HEAD_DIMS = 4               # first values shown of each per-head vector (q, k, v, z)
@@ -69,25 +69,11 @@ BOXES = ("tokens", "embed", "norm1", "qkv", "scores", "mask", "attn", "z", "out"
          "norm2", "ffn", "res2", "final", "logits", "probs", "hidden", "pooled", "stream")   # the page's boxes (pipeline.js)
 
 
-def encode_array(a: np.ndarray, dtype: str) -> dict:
-    """An array as {"dtype", "shape", "data"} (module doc): "f32", "f16" or "u8", little-endian."""
-    kind = {"f32": "<f4", "f16": "<f2", "u8": "u1"}[dtype]
-    x = np.ascontiguousarray(a, dtype=kind)
-    return {"dtype": dtype, "shape": list(x.shape), "data": base64.b64encode(zlib.compress(x.tobytes(), 6)).decode()}
-
-
-def decode_array(encoded: dict) -> np.ndarray:
-    """The inverse of `encode_array` (tests read the page's data with it)."""
-    kind = {"f32": "<f4", "f16": "<f2", "u8": "u1"}[encoded["dtype"]]
-    raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    return np.frombuffer(raw, dtype=kind).reshape(encoded["shape"])
-
-
 def summary(x: np.ndarray, k: int, dtype: str = "f32") -> dict:
     """(..., d) vectors → their lengths (float32) and first k values (`dtype`)."""
     x = np.asarray(x, dtype=np.float32)
-    return {"norm": encode_array(np.linalg.norm(x.astype(np.float64), axis=-1), "f32"),
-            "first": encode_array(x[..., :k], dtype)}
+    return {"norm": encode(np.linalg.norm(x.astype(np.float64), axis=-1), "f32"),
+            "first": encode(x[..., :k], dtype)}
 
 
 def encode_scores(scores: np.ndarray) -> dict:
@@ -96,16 +82,22 @@ def encode_scores(scores: np.ndarray) -> dict:
     finite = np.isfinite(s)
     lo = np.where(finite, s, np.inf).min(axis=(-1, -2))                       # (L, H)
     hi = np.where(finite, s, -np.inf).max(axis=(-1, -2))                      # (L, H)
-    lo = np.where(np.isfinite(lo), lo, 0.0)
-    step = np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0)                    # (L, H)
+    lo = _float32_decimals(np.where(np.isfinite(lo), lo, 0.0))
+    step = _float32_decimals(np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0))   # (L, H)
     code = 1 + np.round((np.where(finite, s, lo[..., None, None]) - lo[..., None, None]) / step[..., None, None])
     code = np.where(finite, np.clip(code, 1, SCORE_CODES + 1), 0)             # (L, H, n, n)
-    return {"shape": list(s.shape), "lo": lo.tolist(), "step": step.tolist(), "data": encode_array(code, "u8")}
+    return {"shape": list(s.shape), "lo": lo.tolist(), "step": step.tolist(), "data": encode(code, "u8")}
+
+
+def _float32_decimals(a: np.ndarray) -> np.ndarray:
+    """A's numbers to float32's precision, each the shortest decimal that reads back as that float32
+    (so that the JSON holds about 9 digits a number, not float64's 17)."""
+    return np.array([float(str(v)) for v in np.asarray(a, dtype=np.float32).ravel()]).reshape(np.shape(a))
 
 
 def decode_scores(encoded: dict) -> np.ndarray:
     """The inverse of `encode_scores`: (L, H, n, n) float64, −inf where masked, within step/2."""
-    code = decode_array(encoded["data"]).astype(np.float64)
+    code = decode(encoded["data"]).astype(np.float64)
     lo, step = np.asarray(encoded["lo"])[..., None, None], np.asarray(encoded["step"])[..., None, None]
     return np.where(code == 0, -np.inf, lo + (code - 1) * step)
 
@@ -226,7 +218,7 @@ def output_payload(model, trace: Trace) -> dict | None:
     z = np.asarray(trace.logits[-1], dtype=np.float32)                          # (V,)
     top = np.lexsort((np.arange(len(z)), -z.astype(np.float64)))[:TOP]          # by logit, lower id first
     labels = [token_text(model.tokenizer, int(i)) if model.tokenizer is not None else str(int(i)) for i in top]
-    return {"position": len(trace.tokens) - 1, "logits": encode_array(z, "f32"),
+    return {"position": len(trace.tokens) - 1, "logits": encode(z, "f32"),
             "top_ids": [int(i) for i in top], "top_labels": labels}
 
 
@@ -257,8 +249,7 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
     cfg = model.config
     layer, head = model.check_layer(layer), model.check_head(head)
     if title is None:
-        text = " ".join((trace.encoder.text if trace.encoder is not None else trace.text or "").split())
-        title = " · ".join(p for p in (model.name, text[:80] + ("…" if len(text) > 80 else "")) if p)
+        title = page_title(model.name, trace.encoder.text if trace.encoder is not None else trace.text)
     top = {"version": 1, "kind": "pipeline", "title": title or "pipeline", "model": model.name, "family": cfg.family,
            "lang": lang, "arch": arch_of(model), "dims": DIMS, "head_dims": HEAD_DIMS,
            "start": {"layer": layer, "head": head, "box": box}, "output": output_payload(model, trace), **words()}

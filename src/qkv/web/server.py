@@ -56,7 +56,7 @@ from ..checkpoints import LLM, available, load
 from ..engine.errors import QkvError
 from ..engine.model import Model
 from ..writing.sampling import Sampling
-from ..viz.html import asset, page as html_page
+from ..viz.html import asset, page as html_page, viewer_js
 from ..viz.payload import script_json, trace_payload
 from ..viz.pipeline import pipeline_payload, pipeline_trace
 
@@ -347,7 +347,7 @@ class App:
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
         return html_page("qkv · see attention", body,
-                         [asset("viewer.js"), asset("viewer_panels.js"), asset("pipeline.js"), asset("app.js")],
+                         [viewer_js(), asset("pipeline.js"), asset("app.js")],
                          csp=_CSP_APP)
 
 

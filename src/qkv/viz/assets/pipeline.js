@@ -3,8 +3,8 @@
  *   QKV_PIPELINE.mount(root, payload, options?) → Promise<Pipeline>   draw a payload into an element
  *   QKV_PIPELINE.boot()   mount every [data-qkv-pipeline] on the JSON script element that follows it
  *
- * The payload (qkv/viz/pipeline_payload.py) holds every array the boxes show, compressed; the
- * page decodes them once and computes nothing the engine computed, except the output end:
+ * The payload (qkv/viz/pipeline_payload.py) holds every array the boxes show, compressed (wire
+ * arrays: wire.js, loaded before this file, decodes them); the page decodes them once and computes nothing the engine computed, except the output end:
  * softmax(logits / T), top-k and top-p over the whole vocabulary, in float64, as qkv.sampling.
  * options.onNext(settings) (qkv serve): adds a "generate next token" button; options.state: a previous
  * page's choices (layer, head, box, language, sampling) to keep; the token is the last.
@@ -24,40 +24,8 @@
   }
 
   // ── data ─────────────────────────────────────────────────────────────────────
-  async function inflate(b64) {
-    if (typeof DecompressionStream === "undefined")
-      throw new Error("this browser lacks DecompressionStream; use Chrome 80+, Firefox 113+ or Safari 16.4+");
-    let packed;
-    if (Uint8Array.fromBase64) packed = Uint8Array.fromBase64(b64);
-    else {
-      const raw = atob(b64);
-      packed = new Uint8Array(raw.length);
-      for (let i = 0; i < raw.length; i++) packed[i] = raw.charCodeAt(i);
-    }
-    const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("deflate"));
-    return new Uint8Array(await new Response(stream).arrayBuffer());
-  }
-  function half(h) {                                  // IEEE float16 bits → number
-    const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-    if (e === 0) return s * f * Math.pow(2, -24);
-    if (e === 31) return f ? NaN : s * Infinity;
-    return s * (1 + f / 1024) * Math.pow(2, e - 15);
-  }
-  // {dtype, shape, data} → {shape, data: Float32Array | Float64Array | Uint8Array}
-  async function array(enc) {
-    const bytes = await inflate(enc.data);
-    const size = enc.shape.reduce((a, b) => a * b, 1);
-    let data;
-    if (enc.dtype === "u8") data = bytes;
-    else if (enc.dtype === "f32") data = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
-    else if (enc.dtype === "f16") {
-      const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-      data = new Float64Array(bytes.length / 2);
-      for (let i = 0; i < data.length; i++) data[i] = half(dv.getUint16(2 * i, true));
-    } else throw new Error("unknown array type " + enc.dtype);
-    if (data.length !== size) throw new Error(`an array has ${data.length} values, expected ${size}`);
-    return {shape: enc.shape, data};
-  }
+  // a wire array (wire.js, loaded first) → {shape, data: Float32Array | Float64Array (f16) | Uint8Array}
+  async function array(enc) { return {shape: enc.shape, data: await QKV_WIRE.decode(enc)}; }
   async function summary(s) { return {norm: await array(s.norm), first: await array(s.first)}; }
 
   // ── words: str.format-like templates ({name}, {name:.3f}, {name:.1e}, {name:g}) ──
@@ -624,11 +592,11 @@
     const d = {stream: await summary(part.stream), final: await summary(part.final), blocks: {}, heads: {}};
     for (const k of Object.keys(part.blocks)) d.blocks[k] = await summary(part.blocks[k]);
     for (const k of Object.keys(part.heads)) d.heads[k] = await summary(part.heads[k]);
-    d.attention = await inflate(part.attention.data);
+    d.attention = (await array(part.attention)).data;
     d.scores = (await array(part.scores.data)).data;
     if (part.cross) {
       const x = part.cross;
-      d.cross = {heads: {}, attention: await inflate(x.attention.data), scores: (await array(x.scores.data)).data};
+      d.cross = {heads: {}, attention: (await array(x.attention)).data, scores: (await array(x.scores.data)).data};
       for (const k of Object.keys(x.heads)) d.cross.heads[k] = await summary(x.heads[k]);
     }
     return d;

@@ -1,7 +1,8 @@
 /* qkv attention viewer: head, matrix and model views of one trace, drawn on canvas.
  *
- * Input: the JSON payload of qkv/viz/payload.py (tokens + uint8 attention, deflated; for a
- * generation, each generated token's candidates: the next-token view and its temperature slider).
+ * Input: the JSON payload of qkv/viz/payload.py (tokens + attention as one byte per weight, a wire
+ * array that wire.js, loaded first, decodes; for a generation, each generated token's candidates:
+ * the next-token view and its temperature slider).
  * Attention is n_q × n_k: rows = queries ("tokens"), columns = keys ("key_tokens", or the same
  * tokens in self-attention). An encoder–decoder's payload holds one such payload per kind of
  * attention ("kinds": encoder, decoder, cross); a selector switches between them, and every view
@@ -10,7 +11,7 @@
  * Colours follow qkv/viz/palette.py: brighter = more attention (viridis, as the figures), cells
  * the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
- * never parsed as HTML. No network: everything is in this file, viewer_panels.js and the payload.
+ * never parsed as HTML. No network: everything is in wire.js, this file, viewer_panels.js and the payload.
  *
  *   QKV.mount(root, payload, state?) → Promise<Viewer>   draw a payload into an element
  *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
@@ -100,40 +101,6 @@
     }
     ctx.putImageData(img, 0, 0);
     return off;
-  }
-
-  // ── data ───────────────────────────────────────────────────────────────────
-  // "uint8-" | "uint16-" | "int32-deflate-base64" → the typed array of q (little-endian, as written)
-  const ARRAYS = {"uint8-deflate-base64": Uint8Array, "uint16-deflate-base64": Uint16Array,
-                  "int32-deflate-base64": Int32Array};
-  async function decodeArray(enc) {
-    const Kind = ARRAYS[enc.encoding];
-    if (!Kind) throw new Error("unknown array encoding " + enc.encoding);
-    const bytes = await inflate(enc);
-    const want = enc.shape.reduce((a, b) => a * b, 1);
-    if (bytes.length !== want * Kind.BYTES_PER_ELEMENT) throw new Error(`array has ${bytes.length} bytes, expected ${want} values`);
-    return Kind === Uint8Array ? bytes : new Kind(bytes.buffer, bytes.byteOffset, want);
-  }
-  async function decode(att) {
-    if (att.encoding !== "uint8-deflate-base64") throw new Error("unknown attention encoding " + att.encoding);
-    return inflate(att);
-  }
-  async function inflate(att) {
-    if (typeof DecompressionStream === "undefined")
-      throw new Error("this browser lacks DecompressionStream; use Chrome 80+, Firefox 113+ or Safari 16.4+");
-    let packed;
-    if (Uint8Array.fromBase64) packed = Uint8Array.fromBase64(att.data);
-    else {
-      const raw = atob(att.data);
-      packed = new Uint8Array(raw.length);
-      for (let i = 0; i < raw.length; i++) packed[i] = raw.charCodeAt(i);
-    }
-    const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("deflate"));
-    const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
-    const want = att.shape.reduce((a, b) => a * b, 1);
-    if (att.encoding === "uint8-deflate-base64" && bytes.length !== want)
-      throw new Error(`attention has ${bytes.length} values, expected ${want}`);
-    return bytes;                                           // (L, H, n_q, n_k) row-major, q = round(a·255)
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
@@ -726,7 +693,7 @@
     try {
       const parts = payload.kinds || [payload];            // an encoder–decoder: one attention per kind
       const decoded = [];
-      for (const p of parts) decoded.push(await decode(p.attention));
+      for (const p of parts) decoded.push(await QKV_WIRE.decode(p.attention));   // bytes q = round(a·255)
       const bytes = payload.kinds ? decoded : decoded[0];
       const extra = {};                                    // each section's arrays, decoded by its panel
       for (const v of SECTIONS) {
@@ -758,6 +725,6 @@
   }
 
   // the interface of viewer_panels.js: the helpers it shares, and PANELS for it to fill
-  const util = {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED, decodeArray};
+  const util = {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED};
   global.QKV = {mount, boot, util, panels: PANELS};
 })(window);

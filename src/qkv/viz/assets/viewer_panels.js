@@ -7,7 +7,7 @@
  * page only through textContent and canvas fillText: never parsed as HTML. No network.
  *
  * Load this file after viewer.js (the page inlines both, in that order). The interface:
- *   QKV.util    the core's helpers: el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED, decodeArray
+ *   QKV.util    the core's helpers: el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED (arrays: wire.js)
  *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch"):
  *     label           the tab's name
  *     layer           true if the view follows the Layer selector
@@ -24,7 +24,8 @@
 
   const QKV = global.QKV;
   if (!QKV || !QKV.panels) throw new Error("qkv viewer: load viewer.js before viewer_panels.js");
-  const {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED, decodeArray} = QKV.util;
+  const {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED} = QKV.util;
+  const {decode} = QKV_WIRE;
 
   // ── a labelled heatmap: the lens, rollout and patching panels ──────────────
   // matplotlib "RdBu_r" (ColorBrewer RdBu, reversed): blue (negative) → white (0) → red (positive)
@@ -347,13 +348,13 @@
   // ── registration: one entry per section, in viewer.js's SECTIONS order ────
   QKV.panels.lens = {
     label: "Logit lens", layer: false, build: buildLens,
-    decode: async (lz) => ({prob: await decodeArray(lz.prob), rank: await decodeArray(lz.rank),
-                            topIds: await decodeArray(lz.top_ids), topProb: await decodeArray(lz.top_prob)}),
+    decode: async (lz) => ({prob: await decode(lz.prob), rank: await decode(lz.rank),
+                            topIds: await decode(lz.top_ids), topProb: await decode(lz.top_prob)}),
     meta: (v) => [`logit lens: ${v.p.lens.rows} rows × ${v.n} positions`],
   };
   QKV.panels.rollout = {
     label: "Rollout", layer: true, build: buildRollout,
-    decode: async (ro) => ({R: await decodeArray(ro.rollout), flow: ro.flow ? await decodeArray(ro.flow) : null}),
+    decode: async (ro) => ({R: await decode(ro.rollout), flow: ro.flow ? await decode(ro.flow) : null}),
     meta: (v) => [`layer ${v.p.layers[v.state.layer]}`, "mean of heads"],
   };
   QKV.panels.patch = {
