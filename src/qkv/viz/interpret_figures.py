@@ -171,8 +171,9 @@ def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "
 
 @styled
 def patch_figure(p: PatchTables) -> "Figure":
-    """Four heatmaps (five with an encoder–decoder's cross-attention heads), layer 0 at the bottom: heads (L × H) and, for each position (its token below),
-    the residual stream, attention output and FFN output (L × n). Red restores the clean answer,
+    """Four heatmaps, layer 0 at the bottom: heads (L × H), an encoder–decoder's cross-attention heads
+    (L × H), and, for each position (its token below), the residual stream, attention output and FFN
+    output (L × n). Red restores the clean answer,
     blue pushes further away, white is no effect; each panel has its own symmetric scale."""
     panels = [(w, t) for w, t in (("heads", p.heads), ("cross-attention heads", p.cross), ("residual stream", p.residual),
                                   ("attention output", p.attn_out), ("FFN output", p.ffn_out)) if t is not None]
