@@ -95,12 +95,12 @@ def test_a_wrong_step_cannot_print(minilm, monkeypatch):
         explain.walkthrough(minilm)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "gpt_neox"])
 def test_decoders_with_mask_rope_and_gqa(name):
     w = explain.walkthrough(qkv.load(MODELS / name), "the cat sat on the mat", layer=-1, head=1)
     text = printed(w, "en")
     assert w.causal and "−∞" in text and "Causal mask" in text
-    assert ("RoPE" in text) == (name == "llama_gqa") and ("GQA" in text) == (w.arch.group > 1)
+    assert ("RoPE" in text) == (name != "gpt2") and ("GQA" in text) == (w.arch.group > 1)
     assert "pre-norm" in text and "Norm(X)·W_Q^1" in text
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import qkv
+from qkv import QkvError
 from conftest import DECODER_FIXTURES, FAMILY_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
 
@@ -87,3 +88,46 @@ def test_tokenizer_matches_reference(name):
     ids, tokens = qkv.load(MODELS / name).encode(str(ref["text"]))
     assert ids.tolist() == ref["text_ids"].tolist()
     assert len(tokens) == len(ids)
+
+
+def test_gpt_neox_reads_the_older_rotary_keys(tmp_path):
+    """rotary_pct / rotary_emb_base (configs before transformers 5's rope_parameters) are the same knobs."""
+    import json
+    import shutil
+
+    src = MODELS / "gpt_neox"
+    shutil.copytree(src, tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    cfg = json.loads(path.read_text())
+    params = cfg.pop("rope_parameters")
+    cfg |= {"rotary_pct": params["partial_rotary_factor"], "rotary_emb_base": params["rope_theta"]}
+    path.write_text(json.dumps(cfg))
+    ref = reference("gpt_neox")
+    a = qkv.load(src).forward(ref["input_ids"], ref["attention_mask"]).logits
+    b = qkv.load(tmp_path / "m").forward(ref["input_ids"], ref["attention_mask"]).logits
+    np.testing.assert_array_equal(a, b)
+    assert qkv.load(tmp_path / "m").config.rotary_dim == 4                 # a quarter of d_head 16
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}}, "even count"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}}, "(0, 1]"),
+    ({"use_parallel_residual": "yes"}, "true or false"),
+])
+def test_gpt_neox_refuses_bad_knobs_in_one_line(tmp_path, change, message):
+    import json
+    import shutil
+
+    shutil.copytree(MODELS / "gpt_neox", tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | change))
+    with pytest.raises(QkvError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        qkv.load(tmp_path / "m")
+
+
+def test_training_gpt_neox_is_refused_not_wrong():
+    from qkv.train import gradients
+
+    model = qkv.load(MODELS / "gpt_neox")
+    with pytest.raises(QkvError, match="not supported yet"):
+        gradients(model, np.arange(3, 9)[None])

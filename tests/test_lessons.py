@@ -18,6 +18,7 @@ from qkv.engine.errors import QkvError
 from qkv.lessons import TOPICS, gqa, kvcache, lesson_module, positions
 from qkv.lessons.gqa_text import TEXTS as GQA_TEXTS
 from qkv.lessons.kvcache_text import TEXTS as KV_TEXTS
+from conftest import MODELS
 from qkv.lessons.positions_text import TEXTS as POS_TEXTS
 from qkv.engine.model import Model
 
@@ -252,3 +253,13 @@ def test_figures_are_written(request, tmp_path, name, lang):
     for p in paths:
         head = p.read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n" if p.suffix == ".png" else b"<svg" in p.read_bytes()[:400]
+
+
+def test_the_positions_lesson_turns_only_gpt_neoxs_rotary_part():
+    """GPT-NeoX turns the first rotary_dim numbers of each head: the lesson's speeds are that many halves,
+    and its RoPE (recomputed in float64) equals the engine's on the model's own q, k (checked as it builds)."""
+    from qkv.lessons import positions
+
+    model = qkv.load(MODELS / "gpt_neox")
+    page = positions.build(model)
+    assert len(page.rope.omega) == model.config.rotary_dim // 2 == 2

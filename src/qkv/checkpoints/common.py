@@ -32,10 +32,10 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff")
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id")   # some Llama conversions say pad_token_id -1
-_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
+_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rotary_emb_base")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
-         "share_encoder_decoder_embeddings")
+         "share_encoder_decoder_embeddings", "use_parallel_residual")
 _TEXT = ("model_type", "hidden_act", "activation_function", "position_embedding_type", "feed_forward_proj")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.
@@ -79,9 +79,10 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
         v = hf.get(key)
         if v is not None and not (_is_number(v) and v > 0):
             raise _bad(where, key, v, "a positive number")
-    v = hf.get("partial_rotary_factor")
-    if v is not None and not (_is_number(v) and 0 < v <= 1):
-        raise _bad(where, "partial_rotary_factor", v, "a number in (0, 1]")
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        v = hf.get(key)
+        if v is not None and not (_is_number(v) and 0 < v <= 1):
+            raise _bad(where, key, v, "a number in (0, 1]")
     for key in _BOOL:
         v = hf.get(key)
         if v is not None and not isinstance(v, bool):

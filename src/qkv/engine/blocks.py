@@ -276,7 +276,10 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
     z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias, scale=ctx.scale)    # (B, H, 1, d_k)
-    x = x + linear(z.reshape(B, 1, hq), a.W_O, a.b_O)          # Concat(Z)·W_O; n = 1: a reshape
+    out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
+    if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
+        return (feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg) + out) + x
+    x = x + out
     return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
 
 
@@ -299,6 +302,12 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
+    if cfg.parallel_residual:                                # GPT-NeoX: both branches read the block's input
+        a = attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
+        f = _hooked(feed_forward, hooks, layer, "ffn_out")(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        ctx.rec.put(layer, "attn_out", a)
+        ctx.rec.put(layer, "ffn_out", f)
+        return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum
     x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer)
     if w.cross_attn is not None:
         cross = ctx.cross

@@ -48,6 +48,8 @@ class ModelConfig:
     position: Position = "learned"
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, compare=False)
+    rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
+    parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
     activation: Activation = "gelu"
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
     qkv_bias: bool = True
@@ -88,6 +90,11 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise QkvError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}; "
                            "fix the model's config")
+        if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
+            raise QkvError(f"rotary_dim={self.rotary_dim} must be an even number from 2 to d_head={self.d_head} "
+                           "(or none: all of each head); fix the model's config")
+        if self.parallel_residual and self.norm_place != "pre":
+            raise QkvError("parallel_residual needs pre-norm blocks (norm_place='pre'); fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise QkvError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or none)")
         if self.encoder_decoder and self.n_decoder_layers <= 0:

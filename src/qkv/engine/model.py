@@ -70,7 +70,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     x = embed(weights, cfg, ids, positions, token_type_ids) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
-        inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
+        inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")

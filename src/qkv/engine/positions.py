@@ -129,13 +129,25 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """RoPE(x) = x·cos + rotate_half(x)·sin: rotates each pair of Q or K by p·ω_i."""
-    return x * cos + rotate_half(x) * sin                          # (B, H, n, d_k)
+    """RoPE(x) = x·cos + rotate_half(x)·sin: rotates each pair of Q or K by p·ω_i.
+
+    cos, sin narrower than x (d_rot < d_k, GPT-NeoX's partial rotary): the first d_rot numbers of each
+    head turn, the rest pass unchanged."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin                      # (B, H, n, d_k)
+    turned = x[..., :r] * cos + rotate_half(x[..., :r]) * sin      # (B, H, n, d_rot)
+    return np.concatenate([turned, x[..., r:]], axis=-1)           # (B, H, n, d_k)
 
 
 def apply_rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """dx of y = x·cos + rotate_half(x)·sin: dx = dy·cos − rotate_half(dy·sin).
+    """dx of y = x·cos + rotate_half(x)·sin: dx = dy·cos − rotate_half(dy·sin) (on the first d_rot
+    numbers; the rest pass dy unchanged).
 
     rotate_half is a 90° turn R of each pair, and Rᵀ = −R: the backward turns the other way.
     """
-    return dy * cos - rotate_half(dy * sin)                        # (B, H, n, d_k)
+    r = cos.shape[-1]
+    if r == dy.shape[-1]:
+        return dy * cos - rotate_half(dy * sin)                    # (B, H, n, d_k)
+    turned = dy[..., :r] * cos - rotate_half(dy[..., :r] * sin)    # (B, H, n, d_rot)
+    return np.concatenate([turned, dy[..., r:]], axis=-1)          # (B, H, n, d_k)

@@ -264,17 +264,19 @@ def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray) -> np.n
     """RoPE: each pair (x_i, x_{i+d/2}) of a row at position p turned by the angle p·ω_i (seeds §1).
 
     (x_i, x_{i+d/2}) → (x_i·cos − x_{i+d/2}·sin, x_i·sin + x_{i+d/2}·cos), the rotate-half form.
+    With fewer speeds ω than half the row (GPT-NeoX's partial rotary: d_rot = 2·len(ω) < d), only the
+    first d_rot numbers turn; the rest pass unchanged.
     """
-    half = x.shape[-1] // 2
-    angle = np.asarray(positions, np.float64)[:, None] * omega      # (n, d/2)
-    c, s = np.cos(angle), np.sin(angle)                             # (n, d/2) each
-    x1, x2 = x[..., :half], x[..., half:]                           # (n, d/2) each
-    return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)   # (n, d)
+    half = len(omega)                                               # d_rot / 2
+    angle = np.asarray(positions, np.float64)[:, None] * omega      # (n, d_rot/2)
+    c, s = np.cos(angle), np.sin(angle)                             # (n, d_rot/2) each
+    x1, x2 = x[..., :half], x[..., half:2 * half]                   # (n, d_rot/2) each
+    return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:]], axis=-1)   # (n, d)
 
 
 def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, row: int, cfg) -> RopeStep:
     """Rotate this head's q and k ourselves, check against the model's, and move q and k together."""
-    omega = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, np.float64)     # (d_k/2,)
+    omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, np.float64)   # (d_rot/2,)
     pos = np.arange(len(Q_p))                                                           # (n,) 0..n−1
     diff = max(_same("RoPE(Q)", rope_rotate(Q_p, pos, omega), Q, 1e-4),
                _same("RoPE(K)", rope_rotate(K_p, pos, omega), K, 1e-4))

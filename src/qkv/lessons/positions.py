@@ -139,9 +139,10 @@ def _rope(model, text: str) -> Rope:
     K = Xn @ attn.W_K[:, kv * d_k:(kv + 1) * d_k].astype(np.float64)       # (n, d_k)
     if attn.b_Q is not None:
         Q, K = Q + attn.b_Q[head * d_k:(head + 1) * d_k], K + attn.b_K[kv * d_k:(kv + 1) * d_k]
-    omega = rope_inv_freq(d_k, cfg.rope_theta, cfg.rope_scaling)           # (d_k/2,) the engine's, float32
-    omega64 = rope_inv_freq(d_k, cfg.rope_theta, cfg.rope_scaling, np.float64)
-    diff_omega = same("ω_i", omega, cfg.rope_theta ** (-np.arange(0, d_k, 2) / d_k), 1e-6, rel=True) \
+    d_rot = cfg.rotary_dim or d_k                                           # GPT-NeoX turns only the first d_rot
+    omega = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling)         # (d_rot/2,) the engine's, float32
+    omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64)
+    diff_omega = same("ω_i", omega, cfg.rope_theta ** (-np.arange(0, d_rot, 2) / d_rot), 1e-6, rel=True) \
         if not cfg.rope_scaling else same("ω_i", omega, omega64, 1e-6, rel=True)
     pos = np.arange(n)
     diff_trace = max(same("RoPE(q)", _engine_rope(Q, pos, omega), lt.q[head], 1e-4, rel=True),
@@ -224,7 +225,7 @@ def _render_sin(p: Page, s: Sinusoidal) -> list:
 
 
 def _render_rope(p: Page, r: Rope) -> list:
-    half = r.d_k // 2
+    half = len(r.omega)                                                     # pairs that turn: d_rot/2
     pairs = [i for i in PAIRS if i < half] + [half - 1]
     ang = p.table("col_pair_i", "ω_i", "col_wave", *[f"p = {q}" for q in ANGLE_POSITIONS])
     for i in pairs:
@@ -299,7 +300,7 @@ def _fig_rope(r: Rope, t: dict):
         from ..viz.figures import new_figure
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
-        half, pos = r.d_k // 2, np.arange(0, 65)
+        half, pos = len(r.omega), np.arange(0, 65)
         for i in [i for i in PAIRS if i < half] + [half - 1]:
             a.plot(pos, np.mod(pos * r.omega[i], 2 * math.pi), ".-", ms=3, lw=0.8, label=f"{t['fig_pair']} {i}")
         a.set(xlabel=t["fig_pos"], ylabel=t["fig_angle"], title=t["fig_rope_angle"].format(theta=r.theta))
