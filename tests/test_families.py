@@ -125,9 +125,10 @@ def test_gpt_neox_refuses_bad_knobs_in_one_line(tmp_path, change, message):
         qkv.load(tmp_path / "m")
 
 
-def test_training_gpt_neox_is_refused_not_wrong():
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt_neox_sequential", "qwen3"])
+def test_training_a_family_whose_backward_is_missing_is_refused_not_wrong(name):
     from qkv.train import gradients
 
-    model = qkv.load(MODELS / "gpt_neox")
+    model = qkv.load(MODELS / name)
     with pytest.raises(QkvError, match="not supported yet"):
         gradients(model, np.arange(3, 9)[None])

@@ -40,6 +40,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 import qkv
@@ -238,6 +240,13 @@ DECODER_CASES = [
                                                      use_sliding_window=False), [11, 7], id="qwen2-h4-kv2-theta1e6-tied"),
     pytest.param(Qwen2ForCausalLM, Qwen2Config, dict(d=48, heads=6, kv=2, rope_theta=10000.0, tie_word_embeddings=False,
                                                      use_sliding_window=False), [11, 7], id="qwen2-d48-h6-kv2-untied"),
+    pytest.param(Qwen3ForCausalLM, Qwen3Config, dict(heads=4, kv=2, rope_theta=1e6, tie_word_embeddings=True,
+                                                     use_sliding_window=False), [11, 7], id="qwen3-h4-kv2-qknorm-tied"),
+    pytest.param(Qwen3ForCausalLM, Qwen3Config, dict(d=48, heads=6, kv=3, head_dim=16, attention_bias=True,
+                                                     tie_word_embeddings=False, use_sliding_window=False),
+                 [11, 7], id="qwen3-d48-h6-kv3-head_dim16-bias-untied"),
+    pytest.param(Qwen3ForCausalLM, Qwen3Config, dict(heads=4, kv=1, max_pos=256, rope_scaling=dict(LLAMA3),
+                                                     use_sliding_window=False), [80, 61], id="qwen3-mqa-llama3-n80"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=4, kv=2, sliding_window=4, tie_word_embeddings=False),
                  [11, 8], id="mistral-window4-n11"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=8, kv=1, sliding_window=7, tie_word_embeddings=True,

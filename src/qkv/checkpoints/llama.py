@@ -1,10 +1,11 @@
-"""The Llama family (Llama, Mistral, Qwen2): pre-norm RMSNorm, RoPE, SwiGLU, GQA/MQA.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3): pre-norm RMSNorm, RoPE, SwiGLU, GQA/MQA.
 
     checkpoint name (relative to LlamaModel)   qkv name
     embed_tokens                               tok_embed
     layers.{i}.input_layernorm                 attn_norm (RMSNorm, before attention)
     layers.{i}.self_attn.q_proj/k_proj/v_proj  W_Q / W_K / W_V (Qwen2: with biases)
     layers.{i}.self_attn.o_proj                W_O
+    layers.{i}.self_attn.q_norm / k_norm       q_norm / k_norm (Qwen3: RMSNorm of each head's q, k before RoPE)
     layers.{i}.post_attention_layernorm        ffn_norm
     layers.{i}.mlp.gate_proj / up_proj         W_gate / W_in: SiLU(x·W_gate) ⊙ x·W_in
     layers.{i}.mlp.down_proj                   W_out
@@ -25,7 +26,8 @@ from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWei
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
 # to LlamaModel.
@@ -54,8 +56,12 @@ def config(hf: dict) -> ModelConfig:
     window = None
     if family == "mistral":
         window = hf.get("sliding_window")
-    elif family == "qwen2" and hf.get("use_sliding_window"):
-        raise QkvError("Qwen2 with use_sliding_window=true is not supported; use a checkpoint without it")
+    elif family in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+        raise QkvError(f"{family} with use_sliding_window=true is not supported; use a checkpoint without it")
+    types = hf.get("layer_types")
+    if types is not None and any(t != "full_attention" for t in types):
+        raise QkvError(f"layer_types {sorted(set(map(str, types)))} mixes kinds of attention; qkv runs models whose "
+                       "every layer is full_attention")
     if hf.get("mlp_bias"):
         raise QkvError("Llama checkpoints with mlp_bias=true are not supported; use one without FFN biases")
     attention_bias = bool(hf.get("attention_bias", False))
@@ -66,7 +72,7 @@ def config(hf: dict) -> ModelConfig:
         causal=True, norm="rms", norm_place="pre", norm_eps=hf.get("rms_norm_eps", 1e-6),
         position="rope", rope_theta=theta, rope_scaling=scaling,
         activation=activation(hf.get("hidden_act", "silu")), gated_ffn=True,
-        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False,
+        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm=family == "qwen3",
         tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
@@ -94,6 +100,9 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             b_Q=bias(f"{a}.q_proj.bias", hq, cfg.qkv_bias), b_K=bias(f"{a}.k_proj.bias", hkv, cfg.qkv_bias),
             b_V=bias(f"{a}.v_proj.bias", hkv, cfg.qkv_bias), b_O=bias(f"{a}.o_proj.bias", d, cfg.out_bias),
         )
+        if cfg.qk_norm:                                          # over each head's d_k numbers
+            attn.q_norm = NormWeights(store.get(f"{a}.q_norm.weight", (cfg.d_head,), dtype))
+            attn.k_norm = NormWeights(store.get(f"{a}.k_norm.weight", (cfg.d_head,), dtype))
         m = f"{p}.mlp"
         ffn = FFNWeights(
             W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),
@@ -135,8 +144,9 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
-    if family == "llama":
-        hf |= {"attention_bias": cfg.out_bias, "mlp_bias": False}
+    if family in ("llama", "qwen3"):
+        hf |= {"attention_bias": cfg.out_bias}
+        hf |= {"mlp_bias": False} if family == "llama" else {"use_sliding_window": False, "sliding_window": None}
     elif family == "mistral":
         hf["sliding_window"] = cfg.sliding_window
     else:
@@ -156,6 +166,8 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
             f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
             f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,   # (Hkv·d_k, d)
             f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
+            f"{p}.self_attn.q_norm.weight": None if a.q_norm is None else a.q_norm.weight,   # (d_k,) Qwen3
+            f"{p}.self_attn.k_norm.weight": None if a.k_norm is None else a.k_norm.weight,
             f"{p}.post_attention_layernorm.weight": b.ffn_norm.weight,           # (d,)
             f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
             f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)

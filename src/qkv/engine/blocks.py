@@ -179,6 +179,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         q = linear(x, w.W_Q, w.b_Q)                           # (B, n_tgt, H·d_k)
         k, v = ctx.memory[layer]                              # (B, Hkv, n_src, d_k) each
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
+    if w.q_norm is not None:                                  # Qwen3: each head's q and k normalised
+        q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
     if ctx.rope is not None:
         q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
     hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
@@ -269,6 +271,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
             qkv[..., lo:hi] += b
     heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
     qk = heads[:, :H + Hkv]
+    if a.q_norm is not None:                                    # Qwen3: each head's q and k normalised first
+        qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
     if ctx.rope is not None:
         qk = apply_rope(qk, *ctx.rope)                          # (B, H + Hkv, 1, d_k) rotated by position
     t = cache.length

@@ -50,6 +50,7 @@ class ModelConfig:
     rope_scaling: dict | None = field(default=None, compare=False)
     rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
     parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
+    qk_norm: bool = False             # Norm (the config's kind) of each head's q and k, before RoPE (Qwen3)
     activation: Activation = "gelu"
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
     qkv_bias: bool = True

@@ -54,6 +54,7 @@ def _norm(w: NormWeights | None) -> NormWeights | None:
 def _attention(w: AttentionWeights) -> AttentionWeights:
     W_QKV, (W_Q, W_K, W_V) = side_by_side(w.W_Q, w.W_K, w.W_V)
     return AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=_c(w.W_O), b_Q=_c(w.b_Q), b_K=_c(w.b_K), b_V=_c(w.b_V),
+                            q_norm=_norm(w.q_norm), k_norm=_norm(w.k_norm),
                             b_O=_c(w.b_O), W_QKV=W_QKV)
 
 

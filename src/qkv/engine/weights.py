@@ -32,6 +32,8 @@ class AttentionWeights:
     b_K: np.ndarray | None = None    # (Hkv·d_k,)
     b_V: np.ndarray | None = None    # (Hkv·d_k,)
     b_O: np.ndarray | None = None    # (d_model,)
+    q_norm: NormWeights | None = None    # Qwen3: RMSNorm of each head's q (weight (d_k,)), before RoPE
+    k_norm: NormWeights | None = None    # and of each K/V head's k
     # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
