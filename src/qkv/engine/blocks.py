@@ -265,7 +265,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     B = x.shape[0]
     H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     hq, hk = H * dk, Hkv * dk
-    qkv = linear(row_norm(x, w.attn_norm, cfg), a.W_QKV)       # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
+    h_attn = row_norm(x, w.attn_norm, cfg)                       # (B, 1, d_model)
+    qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
     for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
         if b is not None:
             qkv[..., lo:hi] += b
@@ -282,7 +283,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias, scale=ctx.scale)    # (B, H, 1, d_k)
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
-        return (feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg) + out) + x
+        h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
+        return (feed_forward(h, w.ffn, cfg) + out) + x
     x = x + out
     return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
 
@@ -307,8 +309,10 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
     if cfg.parallel_residual:                                # GPT-NeoX: both branches read the block's input
-        a = attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
-        f = _hooked(feed_forward, hooks, layer, "ffn_out")(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        h = norm(x, w.attn_norm, cfg)                        # (B, n, d_model)
+        a = attention(h, w.attn, ctx, layer)
+        h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
+        f = _hooked(feed_forward, hooks, layer, "ffn_out")(h, w.ffn, cfg)
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
         return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum

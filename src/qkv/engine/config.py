@@ -94,7 +94,7 @@ class ModelConfig:
         if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
             raise QkvError(f"rotary_dim={self.rotary_dim} must be an even number from 2 to d_head={self.d_head} "
                            "(or none: all of each head); fix the model's config")
-        if self.parallel_residual and self.norm_place != "pre":
+        if self.parallel_residual and self.norm_place != "pre":  # (then BlockWeights.ffn_norm None: one norm, Phi)
             raise QkvError("parallel_residual needs pre-norm blocks (norm_place='pre'); fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise QkvError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or none)")

@@ -64,7 +64,7 @@ class BlockWeights:
 
     attn_norm: NormWeights
     attn: AttentionWeights
-    ffn_norm: NormWeights
+    ffn_norm: NormWeights | None                 # None: the FFN reads attn_norm's output (Phi: one norm, parallel)
     ffn: FFNWeights
     cross_attn: AttentionWeights | None = None   # encoder–decoder decoders: Q from here, K, V from the encoder
     cross_norm: NormWeights | None = None        # its norm (before or after, as the others)

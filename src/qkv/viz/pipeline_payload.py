@@ -107,6 +107,7 @@ def block_vectors(cfg, blocks, trace: Trace, cross: Trace | None = None) -> tupl
 
     Pre-norm:  attn_in = Norm(X), mid = X + attn_out, ffn_in = Norm(mid), next X = mid + ffn_out.
     Post-norm: attn_in = X, mid = Norm(X + attn_out), ffn_in = mid, next X = Norm(mid + ffn_out).
+    Parallel (GPT-NeoX, Phi): ffn_in = Norm₂(X) (Phi: the attention's Norm(X)), next X = X + attn_out + ffn_out.
     A decoder with cross-attention (CROSS, its trace) has one more step after mid, the same way:
     cross_in = Norm(mid) or mid, mid2 = mid + cross_out or Norm(mid + cross_out); the FFN reads mid2.
     The stream's rows 0..L-1 are the trace's residuals; row L is recomputed the same way."""
@@ -124,8 +125,12 @@ def block_vectors(cfg, blocks, trace: Trace, cross: Trace | None = None) -> tupl
             c = cross.layers[i].attn_out                                        # (n, d_model)
             values.update(cross_in=read(mid, b.cross_norm), cross_out=c)
             mid = values["mid2"] = step(mid, c, b.cross_norm)
-        values.update(ffn_in=read(mid, b.ffn_norm), ffn_out=t.ffn_out)
-        after = step(mid, t.ffn_out, b.ffn_norm)
+        if cfg.parallel_residual:                                               # GPT-NeoX, Phi: the FFN reads X too
+            values.update(ffn_in=norm(x, b.ffn_norm or b.attn_norm, cfg), ffn_out=t.ffn_out)
+            after = (t.ffn_out + t.attn_out) + x
+        else:
+            values.update(ffn_in=read(mid, b.ffn_norm), ffn_out=t.ffn_out)
+            after = step(mid, t.ffn_out, b.ffn_norm)
         for name, value in values.items():
             out.setdefault(name, []).append(value)
         stream.append(x)
