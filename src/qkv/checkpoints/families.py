@@ -24,12 +24,12 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import bart, bert, gpt2, gpt_neox, llama, marian, t5
+from . import bart, bert, gpt2, gpt_neox, llama, marian, phi, t5
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
-                                   "qwen2": llama, "qwen3": llama,
+                                   "qwen2": llama, "qwen3": llama, "phi": phi,
                                    "marian": marian, "bart": bart, "t5": t5}
 
 

@@ -155,6 +155,9 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     q_cols, kv_cols = slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k)
     Q_p, K_p, V_p = (_proj(Xn, attn.W_Q, attn.b_Q, q_cols), _proj(Xn, attn.W_K, attn.b_K, kv_cols),
                      _proj(Xn, attn.W_V, attn.b_V, kv_cols))        # 3 × (n, d_k)
+    if attn.q_norm is not None:                                     # Qwen3, Phi: each head's q, k normalised first
+        Q_p, K_p = (norm_of(x, w.weight, w.bias, cfg.norm, cfg.norm_eps) for x, w in ((Q_p, attn.q_norm),
+                                                                                     (K_p, attn.k_norm)))
     Q, K, V = (lt.q[head].astype(np.float64), lt.k[kv].astype(np.float64),
                lt.v[kv].astype(np.float64))                         # as the model used them
     rope = None

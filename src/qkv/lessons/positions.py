@@ -139,6 +139,9 @@ def _rope(model, text: str) -> Rope:
     K = Xn @ attn.W_K[:, kv * d_k:(kv + 1) * d_k].astype(np.float64)       # (n, d_k)
     if attn.b_Q is not None:
         Q, K = Q + attn.b_Q[head * d_k:(head + 1) * d_k], K + attn.b_K[kv * d_k:(kv + 1) * d_k]
+    if attn.q_norm is not None:                                             # Qwen3, Phi: q, k normalised first
+        Q = norm_of(Q, attn.q_norm.weight, attn.q_norm.bias, cfg.norm, cfg.norm_eps)
+        K = norm_of(K, attn.k_norm.weight, attn.k_norm.bias, cfg.norm, cfg.norm_eps)
     d_rot = cfg.rotary_dim or d_k                                           # GPT-NeoX turns only the first d_rot
     omega = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling)         # (d_rot/2,) the engine's, float32
     omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64)

@@ -1,0 +1,126 @@
+"""Phi (Phi-1, Phi-1.5, Phi-2): one LayerNorm read by a parallel attention and FFN, partial RoPE.
+
+    checkpoint name (relative to PhiModel)        qkv name
+    embed_tokens                                  tok_embed
+    layers.{i}.input_layernorm                    attn_norm, read by both branches (ffn_norm None)
+    layers.{i}.self_attn.q_proj/k_proj/v_proj     W_Q / W_K / W_V, with biases
+    layers.{i}.self_attn.q_layernorm/k_layernorm  q_norm / k_norm (qk_layernorm: LayerNorm of each head's q, k)
+    layers.{i}.self_attn.dense                    W_O
+    layers.{i}.mlp.fc1 / fc2                      W_in / W_out
+    final_layernorm                               final_norm
+    lm_head (weight and bias, beside PhiModel)    W_vocab, b_vocab
+
+A block: x + Attn(Norm(x)) + FFN(Norm(x)) (`parallel_residual`, one norm); RoPE turns the first
+d_head·partial_rotary_factor numbers of each head (Phi-2: 0.4, `rotary_dim`). Dropouts are training's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .tensors import TensorStore
+
+# Tensors a Phi checkpoint may hold that qkv never reads ({i}: a layer), relative to PhiModel.
+IGNORED = {
+    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved",
+    "rotary_emb.inv_freq": "the same, kept once for the model",
+}
+
+
+def config(hf: dict) -> ModelConfig:
+    d, H = need(hf, "hidden_size"), need(hf, "num_attention_heads")
+    check_shapes(hf, d, H)
+    params = hf.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.5))
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        raise QkvError(f"config.json partial_rotary_factor = {factor!r} is not a number in (0, 1]; "
+                       "restore the checkpoint's config.json")
+    scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    d_head = d // H
+    rotary = int(d_head * factor)
+    if rotary < 2 or rotary % 2:
+        raise QkvError(f"RoPE over {rotary} of each head's {d_head} numbers (partial_rotary_factor {factor}) "
+                       "needs an even count ≥ 2; restore the checkpoint's config.json")
+    return ModelConfig(
+        family="phi", vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "num_hidden_layers"),
+        n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_ff=need(hf, "intermediate_size"),
+        max_positions=hf.get("max_position_embeddings", 2048), causal=True, norm="layer", norm_place="pre",
+        norm_eps=hf.get("layer_norm_eps", 1e-5), position="rope", rope_theta=theta, rope_scaling=scaling,
+        rotary_dim=None if rotary == d_head else rotary, parallel_residual=True,
+        qk_norm=bool(hf.get("qk_layernorm", False)), activation=activation(hf.get("hidden_act", "gelu_new")),
+        gated_ffn=False, qkv_bias=True, out_bias=True, ffn_bias=True,
+        tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,
+        pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+    )
+
+
+def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
+    d, f, dk = cfg.d_model, cfg.d_ff, cfg.d_head
+    hq, hkv = cfg.n_heads * dk, cfg.n_kv_heads * dk
+
+    def norm(name: str, size: int = d) -> NormWeights:
+        return NormWeights(store.get(f"{name}.weight", (size,), dtype), store.get(f"{name}.bias", (size,), dtype))
+
+    def block(i: int) -> BlockWeights:
+        p, a = f"layers.{i}", f"layers.{i}.self_attn"
+        attn = AttentionWeights(
+            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=store.get(f"{a}.q_proj.bias", (hq,), dtype),
+            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=store.get(f"{a}.k_proj.bias", (hkv,), dtype),
+            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=store.get(f"{a}.v_proj.bias", (hkv,), dtype),
+            W_O=linear_T(store, f"{a}.dense.weight", hq, d, dtype), b_O=store.get(f"{a}.dense.bias", (d,), dtype),
+        )
+        if cfg.qk_norm:                                              # one LayerNorm over d_k, shared by the heads
+            attn.q_norm, attn.k_norm = norm(f"{a}.q_layernorm", dk), norm(f"{a}.k_layernorm", dk)
+        m = f"{p}.mlp"
+        ffn = FFNWeights(W_in=linear_T(store, f"{m}.fc1.weight", d, f, dtype), b_in=store.get(f"{m}.fc1.bias", (f,), dtype),
+                         W_out=linear_T(store, f"{m}.fc2.weight", f, d, dtype), b_out=store.get(f"{m}.fc2.bias", (d,), dtype))
+        return BlockWeights(attn_norm=norm(f"{p}.input_layernorm"), attn=attn, ffn_norm=None, ffn=ffn)
+
+    tok = store.get("embed_tokens.weight", (cfg.vocab_size, d), dtype)
+    W_vocab = tok.T if cfg.tied_embeddings and not store.has("lm_head.weight") else \
+        linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
+    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("final_layernorm"),
+                   W_vocab=W_vocab, b_vocab=store.get("lm_head.bias", (cfg.vocab_size,), dtype))
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a PhiForCausalLM with these knobs."""
+    factor = (cfg.rotary_dim or cfg.d_head) / cfg.d_head
+    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    return reads_back(cfg, {
+        "model_type": "phi", "architectures": ["PhiForCausalLM"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
+        "max_position_embeddings": cfg.max_positions, "layer_norm_eps": cfg.norm_eps,
+        "hidden_act": HF_ACTIVATIONS[cfg.activation], "qk_layernorm": cfg.qk_norm,
+        "rope_parameters": {**rope, "rope_theta": cfg.rope_theta, "partial_rotary_factor": factor},
+        "tie_word_embeddings": cfg.tied_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    }, config)
+
+
+def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Every tensor under PhiForCausalLM's names, as its file stores it (Linear: (out, in)); new arrays."""
+    t = {"model.embed_tokens.weight": weights.tok_embed}                      # (V, d)
+    for i, b in enumerate(weights.blocks):
+        p, a, f = f"model.layers.{i}", b.attn, b.ffn
+        t |= {
+            f"{p}.input_layernorm.weight": b.attn_norm.weight, f"{p}.input_layernorm.bias": b.attn_norm.bias,
+            f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,
+            f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,
+            f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,
+            f"{p}.self_attn.dense.weight": a.W_O.T, f"{p}.self_attn.dense.bias": a.b_O,
+            f"{p}.mlp.fc1.weight": f.W_in.T, f"{p}.mlp.fc1.bias": f.b_in,
+            f"{p}.mlp.fc2.weight": f.W_out.T, f"{p}.mlp.fc2.bias": f.b_out,
+        }
+        for name, w in (("q_layernorm", a.q_norm), ("k_layernorm", a.k_norm)):
+            if w is not None:
+                t |= {f"{p}.self_attn.{name}.weight": w.weight, f"{p}.self_attn.{name}.bias": w.bias}
+    t |= {"model.final_layernorm.weight": weights.final_norm.weight, "model.final_layernorm.bias": weights.final_norm.bias,
+          "lm_head.weight": weights.W_vocab.T, "lm_head.bias": weights.b_vocab}
+    return c_arrays(t)
