@@ -42,6 +42,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
 )
 
 import qkv
@@ -247,6 +249,11 @@ DECODER_CASES = [
                  [11, 7], id="qwen3-d48-h6-kv3-head_dim16-bias-untied"),
     pytest.param(Qwen3ForCausalLM, Qwen3Config, dict(heads=4, kv=1, max_pos=256, rope_scaling=dict(LLAMA3),
                                                      use_sliding_window=False), [80, 61], id="qwen3-mqa-llama3-n80"),
+    pytest.param(GemmaForCausalLM, GemmaConfig, dict(heads=4, kv=1, head_dim=32, hidden_act="gelu_pytorch_tanh",
+                                                     tie_word_embeddings=True), [11, 7], id="gemma-mqa-head_dim32-tied"),
+    pytest.param(GemmaForCausalLM, GemmaConfig, dict(d=48, heads=6, kv=2, head_dim=8, attention_bias=True,
+                                                     tie_word_embeddings=False, rope_theta=1e4), [11, 7],
+                 id="gemma-d48-h6-kv2-head_dim8-bias-untied"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=4, kv=2, sliding_window=4, tie_word_embeddings=False),
                  [11, 8], id="mistral-window4-n11"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=8, kv=1, sliding_window=7, tie_word_embeddings=True,

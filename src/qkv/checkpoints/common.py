@@ -35,8 +35,9 @@ _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id")   # some L
 _POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rotary_emb_base")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
-         "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm")
-_TEXT = ("model_type", "hidden_act", "activation_function", "position_embedding_type", "feed_forward_proj")
+         "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
+         "use_bidirectional_attention")
+_TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.
 _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

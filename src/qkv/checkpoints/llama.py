@@ -1,4 +1,4 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3): pre-norm RMSNorm, RoPE, SwiGLU, GQA/MQA.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma): pre-norm RMSNorm, RoPE, SwiGLU, GQA/MQA.
 
     checkpoint name (relative to LlamaModel)   qkv name
     embed_tokens                               tok_embed
@@ -11,6 +11,8 @@
     layers.{i}.mlp.down_proj                   W_out
     norm                                       final_norm
     lm_head (absent when tied)                 W_vocab
+Gemma: its RMSNorm multiplies by (1 + weight), so γ = 1 + the stored weight (written back as γ − 1);
+the embeddings are scaled by √d_model (scale_embedding); GeGLU (gelu_pytorch_tanh); a head_dim of its own.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
 checkpoint by this table; `hf_config` / `tensors` write one, under LlamaForCausalLM's names
 ("model." + the name above; the head is "lm_head"), Mistral's and Qwen2's alike.
@@ -27,7 +29,8 @@ from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T
 from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM"}
+PLUS_ONE = {"gemma"}                 # RMSNorm(x)·(1 + w): γ is stored less one
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
 # to LlamaModel.
@@ -62,6 +65,8 @@ def config(hf: dict) -> ModelConfig:
     if types is not None and any(t != "full_attention" for t in types):
         raise QkvError(f"layer_types {sorted(set(map(str, types)))} mixes kinds of attention; qkv runs models whose "
                        "every layer is full_attention")
+    if hf.get("use_bidirectional_attention"):
+        raise QkvError(f"{family} with use_bidirectional_attention=true is not supported; use a causal checkpoint")
     if hf.get("mlp_bias"):
         raise QkvError("Llama checkpoints with mlp_bias=true are not supported; use one without FFN biases")
     attention_bias = bool(hf.get("attention_bias", False))
@@ -71,9 +76,10 @@ def config(hf: dict) -> ModelConfig:
         d_ff=need(hf, "intermediate_size"), max_positions=hf.get("max_position_embeddings", 2048),
         causal=True, norm="rms", norm_place="pre", norm_eps=hf.get("rms_norm_eps", 1e-6),
         position="rope", rope_theta=theta, rope_scaling=scaling,
-        activation=activation(hf.get("hidden_act", "silu")), gated_ffn=True,
+        activation=activation(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"), gated_ffn=True,
+        scale_embedding=family == "gemma",
         qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm=family == "qwen3",
-        tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,
+        tied_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")), final_norm=True, lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
     )
@@ -83,8 +89,9 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
     d, f = cfg.d_model, cfg.d_ff
     hq, hkv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
 
-    def rms(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype))
+    def rms(name: str, size: int = d) -> NormWeights:
+        g = store.get(f"{name}.weight", (size,), dtype)
+        return NormWeights(g + 1 if cfg.family in PLUS_ONE else g)                # Gemma: γ = 1 + w (its dtype)
 
     def bias(name: str, size: int, present: bool):
         return store.get(name, (size,), dtype) if present else None
@@ -101,8 +108,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             b_V=bias(f"{a}.v_proj.bias", hkv, cfg.qkv_bias), b_O=bias(f"{a}.o_proj.bias", d, cfg.out_bias),
         )
         if cfg.qk_norm:                                          # over each head's d_k numbers
-            attn.q_norm = NormWeights(store.get(f"{a}.q_norm.weight", (cfg.d_head,), dtype))
-            attn.k_norm = NormWeights(store.get(f"{a}.k_norm.weight", (cfg.d_head,), dtype))
+            attn.q_norm, attn.k_norm = rms(f"{a}.q_norm", cfg.d_head), rms(f"{a}.k_norm", cfg.d_head)
         m = f"{p}.mlp"
         ffn = FFNWeights(
             W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),
@@ -144,9 +150,10 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
-    if family in ("llama", "qwen3"):
+    if family in ("llama", "qwen3", "gemma"):
         hf |= {"attention_bias": cfg.out_bias}
-        hf |= {"mlp_bias": False} if family == "llama" else {"use_sliding_window": False, "sliding_window": None}
+        hf |= ({"mlp_bias": False} if family == "llama" else
+               {"use_sliding_window": False, "sliding_window": None} if family == "qwen3" else {})
     elif family == "mistral":
         hf["sliding_window"] = cfg.sliding_window
     else:
@@ -157,23 +164,25 @@ def hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under the ForCausalLM model's name, as its file stores it (Linear: (out, in));
     new arrays. Tied: no lm_head (W_vocab is embed_tokens)."""
+    def g(w: NormWeights | None):                                              # Gemma stores γ − 1
+        return None if w is None else (w.weight - 1 if cfg.family in PLUS_ONE else w.weight)
+
     t = {"model.embed_tokens.weight": weights.tok_embed}                       # (V, d)
     for i, b in enumerate(weights.blocks):
         p, a, f = f"model.layers.{i}", b.attn, b.ffn
         t |= {
-            f"{p}.input_layernorm.weight": b.attn_norm.weight,                   # (d,)
+            f"{p}.input_layernorm.weight": g(b.attn_norm),                       # (d,)
             f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
             f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
             f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,   # (Hkv·d_k, d)
             f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
-            f"{p}.self_attn.q_norm.weight": None if a.q_norm is None else a.q_norm.weight,   # (d_k,) Qwen3
-            f"{p}.self_attn.k_norm.weight": None if a.k_norm is None else a.k_norm.weight,
-            f"{p}.post_attention_layernorm.weight": b.ffn_norm.weight,           # (d,)
+            f"{p}.self_attn.q_norm.weight": g(a.q_norm), f"{p}.self_attn.k_norm.weight": g(a.k_norm),  # (d_k,) Qwen3
+            f"{p}.post_attention_layernorm.weight": g(b.ffn_norm),               # (d,)
             f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
             f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)
             f"{p}.mlp.down_proj.weight": f.W_out.T,                              # (d, d_ff)
         }
-    t["model.norm.weight"] = weights.final_norm.weight                         # (d,)
+    t["model.norm.weight"] = g(weights.final_norm)                         # (d,)
     if not cfg.tied_embeddings:
         t["lm_head.weight"] = weights.W_vocab.T                                # (V, d)
     return c_arrays(t)
