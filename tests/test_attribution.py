@@ -119,3 +119,16 @@ def test_cli_mistakes_are_one_line(monkeypatch, capsys, args, message):
     code, stdout, err = run_main(monkeypatch, capsys, *args)
     assert code == 2 and err.startswith("qkv: error:") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_dla_refuses_a_model_that_normalises_each_boxs_output():
+    """OLMo 2 normalises attention's and the FFN's outputs before they join the stream: no linear parts."""
+    import qkv
+    from qkv import QkvError
+    from qkv.analysis.attribution import KEEP, attribution_of_trace
+
+    from conftest import MODELS
+
+    model = qkv.load(MODELS / "olmo2")
+    with pytest.raises(QkvError, match="normalises each attention and FFN output"):
+        attribution_of_trace(model, model.run("the cat sat", keep=KEEP), 5)

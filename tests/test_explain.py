@@ -95,7 +95,7 @@ def test_a_wrong_step_cannot_print(minilm, monkeypatch):
         explain.walkthrough(minilm)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "gpt_neox", "qwen3", "phi", "gemma"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "gpt_neox", "qwen3", "phi", "gemma", "olmo2"])
 def test_decoders_with_mask_rope_and_gqa(name):
     w = explain.walkthrough(qkv.load(MODELS / name), "the cat sat on the mat", layer=-1, head=1)
     text = printed(w, "en")

@@ -125,7 +125,7 @@ def test_gpt_neox_refuses_bad_knobs_in_one_line(tmp_path, change, message):
         qkv.load(tmp_path / "m")
 
 
-@pytest.mark.parametrize("name", ["gpt_neox", "gpt_neox_sequential", "qwen3", "phi", "gemma"])
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt_neox_sequential", "qwen3", "phi", "gemma", "olmo2"])
 def test_training_a_family_whose_backward_is_missing_is_refused_not_wrong(name):
     from qkv.train import gradients
 

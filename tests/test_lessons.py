@@ -265,7 +265,7 @@ def test_the_positions_lesson_turns_only_gpt_neoxs_rotary_part():
     assert len(page.rope.omega) == model.config.rotary_dim // 2 == 2
 
 
-@pytest.mark.parametrize("name", ["qwen3", "phi"])
+@pytest.mark.parametrize("name", ["qwen3", "phi", "olmo2"])
 def test_the_positions_lesson_reads_q_and_k_after_their_norms(name):
     """Qwen3 and Phi normalise each head's q and k before RoPE: the lesson's q, k (recomputed in float64
     from the weights) turn into the engine's own only once normalised (checked as it builds)."""

@@ -71,7 +71,12 @@ def neox():
     return qkv.load(str(MODELS / "gpt_neox"))                # parallel residual, partial RoPE, LayerNorm
 
 
-@pytest.mark.parametrize("which", ["llama", "bert", "neox"])
+@pytest.fixture(scope="module")
+def olmo2():
+    return qkv.load(str(MODELS / "olmo2"))                   # norms after each box, none before
+
+
+@pytest.mark.parametrize("which", ["llama", "bert", "neox", "olmo2"])
 def test_every_embedded_array_equals_the_engine(which, request):
     model = request.getfixturevalue(which)
     trace = model.run(SENTENCE)
@@ -86,13 +91,13 @@ def test_every_embedded_array_equals_the_engine(which, request):
     attn_in, mid, ffn_in = [], [], []
     for i in range(L):
         t, b = trace.layers[i], w.blocks[i]
-        attn_in.append(X[i] if post else ref_norm(X[i], b.attn_norm, cfg))
+        attn_in.append(X[i] if post or b.attn_norm is None else ref_norm(X[i], b.attn_norm, cfg))
         mid.append(ref_norm(X[i] + t.attn_out, b.attn_norm, cfg) if post else X[i] + t.attn_out)
         if cfg.parallel_residual:                               # both branches read X[i]
             ffn_in.append(ref_norm(X[i], b.ffn_norm, cfg))
             after = X[i] + t.attn_out + t.ffn_out
         else:
-            ffn_in.append(mid[i] if post else ref_norm(mid[i], b.ffn_norm, cfg))
+            ffn_in.append(mid[i] if post or b.ffn_norm is None else ref_norm(mid[i], b.ffn_norm, cfg))
             after = ref_norm(mid[i] + t.ffn_out, b.ffn_norm, cfg) if post else mid[i] + t.ffn_out
         if i + 1 < L:                                           # the engine's next residual agrees
             np.testing.assert_allclose(after, X[i + 1], rtol=1e-4, atol=1e-4)

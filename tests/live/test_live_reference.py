@@ -44,6 +44,8 @@ from transformers import (
     Qwen3ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
 )
 
 import qkv
@@ -254,6 +256,10 @@ DECODER_CASES = [
     pytest.param(GemmaForCausalLM, GemmaConfig, dict(d=48, heads=6, kv=2, head_dim=8, attention_bias=True,
                                                      tie_word_embeddings=False, rope_theta=1e4), [11, 7],
                  id="gemma-d48-h6-kv2-head_dim8-bias-untied"),
+    pytest.param(Olmo2ForCausalLM, Olmo2Config, dict(heads=4, kv=2, rope_theta=5e5, tie_word_embeddings=False),
+                 [11, 7], id="olmo2-h4-kv2-untied"),
+    pytest.param(Olmo2ForCausalLM, Olmo2Config, dict(d=48, heads=6, kv=6, attention_bias=True, tie_word_embeddings=True,
+                                                     layers=3), [11, 7], id="olmo2-d48-h6-bias-tied-L3"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=4, kv=2, sliding_window=4, tie_word_embeddings=False),
                  [11, 8], id="mistral-window4-n11"),
     pytest.param(MistralForCausalLM, MistralConfig, dict(heads=8, kv=1, sliding_window=7, tie_word_embeddings=True,

@@ -83,7 +83,7 @@ def _centred(W: np.ndarray, model: "Model", axis: int = -1) -> np.ndarray:
 def _gamma(model: "Model", layer: int, what: str) -> np.ndarray:
     """γ of the norm in front of the head's input (pre-norm), (d_model,); ones for post-norm."""
     blk = model.weights.blocks[layer]
-    if model.config.norm_place == "pre":
+    if model.config.norm_place == "pre" and getattr(blk, what) is not None:     # OLMo 2: no norm in front
         return getattr(blk, what).weight.astype(np.float64)
     return np.ones(model.config.d_model)
 

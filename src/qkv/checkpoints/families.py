@@ -29,7 +29,7 @@ from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
-                                   "qwen2": llama, "qwen3": llama, "gemma": llama, "phi": phi,
+                                   "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "marian": marian, "bart": bart, "t5": t5}
 
 

@@ -1,4 +1,4 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma): pre-norm RMSNorm, RoPE, SwiGLU, GQA/MQA.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma, OLMo 2): RMSNorm, RoPE, SwiGLU, GQA/MQA.
 
     checkpoint name (relative to LlamaModel)   qkv name
     embed_tokens                               tok_embed
@@ -11,6 +11,9 @@
     layers.{i}.mlp.down_proj                   W_out
     norm                                       final_norm
     lm_head (absent when tied)                 W_vocab
+OLMo 2: no norm before attention or the FFN; post_attention_layernorm and post_feedforward_layernorm
+normalise their outputs before they join the stream (attn_out_norm, ffn_out_norm), and q_norm / k_norm
+the whole projections (qk_norm "all", weights (H·d_k,), (Hkv·d_k,)).
 Gemma: its RMSNorm multiplies by (1 + weight), so γ = 1 + the stored weight (written back as γ − 1);
 the embeddings are scaled by √d_model (scale_embedding); GeGLU (gelu_pytorch_tanh); a head_dim of its own.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
@@ -29,7 +32,7 @@ from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T
 from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 PLUS_ONE = {"gemma"}                 # RMSNorm(x)·(1 + w): γ is stored less one
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
@@ -78,7 +81,7 @@ def config(hf: dict) -> ModelConfig:
         position="rope", rope_theta=theta, rope_scaling=scaling,
         activation=activation(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"), gated_ffn=True,
         scale_embedding=family == "gemma",
-        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm=family == "qwen3",
+        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm={"qwen3": "head", "olmo2": "all"}.get(family),
         tied_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")), final_norm=True, lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
@@ -107,14 +110,20 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             b_Q=bias(f"{a}.q_proj.bias", hq, cfg.qkv_bias), b_K=bias(f"{a}.k_proj.bias", hkv, cfg.qkv_bias),
             b_V=bias(f"{a}.v_proj.bias", hkv, cfg.qkv_bias), b_O=bias(f"{a}.o_proj.bias", d, cfg.out_bias),
         )
-        if cfg.qk_norm:                                          # over each head's d_k numbers
-            attn.q_norm, attn.k_norm = rms(f"{a}.q_norm", cfg.d_head), rms(f"{a}.k_norm", cfg.d_head)
+        if cfg.qk_norm:                                          # over each head's d_k, or (OLMo 2) all of them
+            wide = cfg.qk_norm == "all"
+            attn.q_norm = rms(f"{a}.q_norm", hq if wide else cfg.d_head)
+            attn.k_norm = rms(f"{a}.k_norm", hkv if wide else cfg.d_head)
         m = f"{p}.mlp"
         ffn = FFNWeights(
             W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),
             W_in=linear_T(store, f"{m}.up_proj.weight", d, f, dtype),
             W_out=linear_T(store, f"{m}.down_proj.weight", f, d, dtype),
         )
+        if cfg.family == "olmo2":                                # norms after each box, none before
+            return BlockWeights(attn_norm=None, attn=attn, ffn_norm=None, ffn=ffn,
+                                attn_out_norm=rms(f"{p}.post_attention_layernorm"),
+                                ffn_out_norm=rms(f"{p}.post_feedforward_layernorm"))
         return BlockWeights(attn_norm=rms(f"{p}.input_layernorm"), attn=attn,
                             ffn_norm=rms(f"{p}.post_attention_layernorm"), ffn=ffn)
 
@@ -150,7 +159,7 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
-    if family in ("llama", "qwen3", "gemma"):
+    if family in ("llama", "qwen3", "gemma", "olmo2"):
         hf |= {"attention_bias": cfg.out_bias}
         hf |= ({"mlp_bias": False} if family == "llama" else
                {"use_sliding_window": False, "sliding_window": None} if family == "qwen3" else {})
@@ -171,13 +180,14 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     for i, b in enumerate(weights.blocks):
         p, a, f = f"model.layers.{i}", b.attn, b.ffn
         t |= {
-            f"{p}.input_layernorm.weight": g(b.attn_norm),                       # (d,)
+            f"{p}.input_layernorm.weight": g(b.attn_norm),                       # (d,); OLMo 2: none
             f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
             f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
             f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,   # (Hkv·d_k, d)
             f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
             f"{p}.self_attn.q_norm.weight": g(a.q_norm), f"{p}.self_attn.k_norm.weight": g(a.k_norm),  # (d_k,) Qwen3
-            f"{p}.post_attention_layernorm.weight": g(b.ffn_norm),               # (d,)
+            f"{p}.post_attention_layernorm.weight": g(b.ffn_norm if b.attn_out_norm is None else b.attn_out_norm),
+            f"{p}.post_feedforward_layernorm.weight": g(b.ffn_out_norm),         # (d,) OLMo 2
             f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
             f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)
             f"{p}.mlp.down_proj.weight": f.W_out.T,                              # (d, d_ff)

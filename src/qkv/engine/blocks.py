@@ -173,13 +173,15 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     cfg, mask, rec, scale = ctx.cfg, ctx.mask, ctx.rec, ctx.scale
     if ctx.memory is None:
         q, k, v = projections(x, w)                           # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+        if cfg.qk_norm == "all":                              # OLMo 2: over the whole projection, before the heads
+            q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)
         k = split_heads(k, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
         v = split_heads(v, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
     else:
         q = linear(x, w.W_Q, w.b_Q)                           # (B, n_tgt, H·d_k)
         k, v = ctx.memory[layer]                              # (B, Hkv, n_src, d_k) each
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
-    if w.q_norm is not None:                                  # Qwen3: each head's q and k normalised
+    if cfg.qk_norm == "head":                                 # Qwen3, Phi: each head's q and k normalised
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
     if ctx.rope is not None:
         q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
@@ -204,8 +206,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
-    out = linear(merge_heads(z), w.W_O, w.b_O)               # (B, n, d_model)
-    return out if hooks is None else hooks(layer, "attn_out", out)
+    return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model); its hook: the block's (`after`)
 
 
 def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -265,14 +266,16 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     B = x.shape[0]
     H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     hq, hk = H * dk, Hkv * dk
-    h_attn = row_norm(x, w.attn_norm, cfg)                       # (B, 1, d_model)
+    h_attn = x if w.attn_norm is None else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
     qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
     for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
         if b is not None:
             qkv[..., lo:hi] += b
+    if cfg.qk_norm == "all":                                    # OLMo 2: q and k normalised over the projection
+        qkv[..., :hq], qkv[..., hq:hq + hk] = norm(qkv[..., :hq], a.q_norm, cfg), norm(qkv[..., hq:hq + hk], a.k_norm, cfg)
     heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
     qk = heads[:, :H + Hkv]
-    if a.q_norm is not None:                                    # Qwen3: each head's q and k normalised first
+    if cfg.qk_norm == "head":                                   # Qwen3, Phi: each head's q and k normalised first
         qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
     if ctx.rope is not None:
         qk = apply_rope(qk, *ctx.rope)                          # (B, H + Hkv, 1, d_k) rotated by position
@@ -282,21 +285,44 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
     z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias, scale=ctx.scale)    # (B, H, 1, d_k)
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
+    if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
+        out = row_norm(out, w.attn_out_norm, cfg)
     if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
         h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
         return (feed_forward(h, w.ffn, cfg) + out) + x
     x = x + out
-    return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)   # (B, 1, d_model)
+    f = feed_forward(x if w.ffn_norm is None else row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+    return x + (f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg))   # (B, 1, d_model)
 
 
-def residual(x: np.ndarray, w: NormWeights, cfg: ModelConfig, box, *args) -> tuple[np.ndarray, np.ndarray]:
-    """(x + Box(Norm(x)), Box's output) pre-norm (GPT-2, Llama, T5), or (Norm(x + Box(x)), Box's
-    output) post-norm (BERT, Marian, BART): one residual step of a block."""
+def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args, after=None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """One residual step of a block: (the stream after it, what joined it).
+
+        pre-norm (GPT-2, Llama, T5)    x + After(Box(Norm(x)))     no Norm (OLMo 2): x + After(Box(x))
+        post-norm (BERT, Marian, BART) Norm(x + After(Box(x)))
+    After: what the box's output goes through before it joins the stream — its own norm (OLMo 2) and
+    the hooks on it (`after_box`); None: nothing."""
     if cfg.norm_place == "post":
         out = box(x, *args)
+        out = out if after is None else after(out)
         return norm(x + out, w, cfg), out
-    out = box(norm(x, w, cfg), *args)
+    out = box(x if w is None else norm(x, w, cfg), *args)
+    out = out if after is None else after(out)
     return x + out, out                                      # (B, n, d_model) each
+
+
+def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig):
+    """The output norm (OLMo 2) and then the hooks on NAME, as one function of a box's output; None when
+    there are neither (the fast path). What it returns is what the trace records as NAME."""
+    hooked = hooks is not None and hooks.wants(layer, name)
+    if out_norm is None and not hooked:
+        return None
+
+    def after(out: np.ndarray) -> np.ndarray:
+        out = out if out_norm is None else norm(out, out_norm, cfg)
+        return hooks(layer, name, out) if hooked else out
+    return after
 
 
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -308,30 +334,28 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
+    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg)
+    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg)
     if cfg.parallel_residual:                                # GPT-NeoX: both branches read the block's input
         h = norm(x, w.attn_norm, cfg)                        # (B, n, d_model)
         a = attention(h, w.attn, ctx, layer)
+        a = a if after_attn is None else after_attn(a)
         h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
-        f = _hooked(feed_forward, hooks, layer, "ffn_out")(h, w.ffn, cfg)
+        f = feed_forward(h, w.ffn, cfg)
+        f = f if after_ffn is None else after_ffn(f)
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
         return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum
-    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer)
+    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer, after=after_attn)
     if w.cross_attn is not None:
         cross = ctx.cross
-        x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer)
+        x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer,
+                        after=after_box(None, cross.hooks, layer, "attn_out", cfg))
         cross.rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, _hooked(feed_forward, hooks, layer, "ffn_out"), w.ffn, cfg)
+    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, after=after_ffn)
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)
     return x                                                 # (B, n, d_model)
-
-
-def _hooked(box, hooks: Hooks | None, layer: int, name: str):
-    """box, or box followed by the hooks on its output (`name`) when there are any."""
-    if hooks is None or not hooks.wants(layer, name):
-        return box
-    return lambda *args: hooks(layer, name, box(*args))
 
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> AttentionMask:

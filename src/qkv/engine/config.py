@@ -50,7 +50,8 @@ class ModelConfig:
     rope_scaling: dict | None = field(default=None, compare=False)
     rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
     parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
-    qk_norm: bool = False             # Norm (the config's kind) of each head's q and k, before RoPE (Qwen3)
+    qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
+                                      # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
     activation: Activation = "gelu"
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
     qkv_bias: bool = True
@@ -94,6 +95,8 @@ class ModelConfig:
         if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
             raise QkvError(f"rotary_dim={self.rotary_dim} must be an even number from 2 to d_head={self.d_head} "
                            "(or none: all of each head); fix the model's config")
+        if self.qk_norm not in (None, "head", "all"):
+            raise QkvError(f"qk_norm={self.qk_norm!r} must be 'head', 'all' or none; fix the model's config")
         if self.parallel_residual and self.norm_place != "pre":  # (then BlockWeights.ffn_norm None: one norm, Phi)
             raise QkvError("parallel_residual needs pre-norm blocks (norm_place='pre'); fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:

@@ -96,7 +96,8 @@ def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) 
     blocks = []
     for b in weights.blocks:
         blocks.append(BlockWeights(attn_norm=_norm(b.attn_norm), attn=_attention(b.attn),
-                                   ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn)))
+                                   ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn), attn_out_norm=_norm(b.attn_out_norm),
+                                   ffn_out_norm=_norm(b.ffn_out_norm)))
         done()
     return replace(weights, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(weights.pos_embed),
                    type_embed=_c(weights.type_embed), embed_norm=_norm(weights.embed_norm),

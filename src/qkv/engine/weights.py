@@ -32,8 +32,8 @@ class AttentionWeights:
     b_K: np.ndarray | None = None    # (Hkv·d_k,)
     b_V: np.ndarray | None = None    # (Hkv·d_k,)
     b_O: np.ndarray | None = None    # (d_model,)
-    q_norm: NormWeights | None = None    # Qwen3: RMSNorm of each head's q (weight (d_k,)), before RoPE
-    k_norm: NormWeights | None = None    # and of each K/V head's k
+    q_norm: NormWeights | None = None    # Norm of q before RoPE: weight (d_k,) each head (Qwen3, Phi) or (H·d_k,) (OLMo 2)
+    k_norm: NormWeights | None = None    # and of k: (d_k,) or (Hkv·d_k,)
     # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
@@ -62,12 +62,14 @@ class BlockWeights:
     writes 'I' it looks at '나는'").
     """
 
-    attn_norm: NormWeights
+    attn_norm: NormWeights | None                # None: attention reads the stream itself (OLMo 2)
     attn: AttentionWeights
-    ffn_norm: NormWeights | None                 # None: the FFN reads attn_norm's output (Phi: one norm, parallel)
-    ffn: FFNWeights
+    ffn_norm: NormWeights | None                 # None: no norm before the FFN (OLMo 2); in a parallel block the
+    ffn: FFNWeights                              # FFN then reads attn_norm's output (Phi: one norm for both)
     cross_attn: AttentionWeights | None = None   # encoder–decoder decoders: Q from here, K, V from the encoder
     cross_norm: NormWeights | None = None        # its norm (before or after, as the others)
+    attn_out_norm: NormWeights | None = None     # Norm of attention's output before it joins the stream (OLMo 2)
+    ffn_out_norm: NormWeights | None = None      # and of the FFN's
 
 
 @dataclass

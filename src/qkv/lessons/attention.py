@@ -155,7 +155,12 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     q_cols, kv_cols = slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k)
     Q_p, K_p, V_p = (_proj(Xn, attn.W_Q, attn.b_Q, q_cols), _proj(Xn, attn.W_K, attn.b_K, kv_cols),
                      _proj(Xn, attn.W_V, attn.b_V, kv_cols))        # 3 × (n, d_k)
-    if attn.q_norm is not None:                                     # Qwen3, Phi: each head's q, k normalised first
+    if cfg.qk_norm == "all":                                        # OLMo 2: over the whole projection first
+        Q_p = norm_of(_proj(Xn, attn.W_Q, attn.b_Q, slice(None)), attn.q_norm.weight, None, cfg.norm,
+                      cfg.norm_eps)[:, q_cols]
+        K_p = norm_of(_proj(Xn, attn.W_K, attn.b_K, slice(None)), attn.k_norm.weight, None, cfg.norm,
+                      cfg.norm_eps)[:, kv_cols]
+    elif attn.q_norm is not None:                                   # Qwen3, Phi: each head's q, k normalised first
         Q_p, K_p = (norm_of(x, w.weight, w.bias, cfg.norm, cfg.norm_eps) for x, w in ((Q_p, attn.q_norm),
                                                                                      (K_p, attn.k_norm)))
     Q, K, V = (lt.q[head].astype(np.float64), lt.k[kv].astype(np.float64),
@@ -182,7 +187,9 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     Z = A @ V                                                       # (n, d_k)
     heads_diff = _same("Z", Z, lt.heads[head].astype(np.float64), 1e-4)
     out = _concat_out(lt.heads, head, Z, attn)                      # (n, d_model)
-    out_diff = _same("Concat·W_O", out, lt.attn_out.astype(np.float64), 1e-4)
+    on = model.weights.blocks[layer].attn_out_norm                  # OLMo 2: normalised before the stream
+    joined = out if on is None else norm_of(out, on.weight, on.bias, cfg.norm, cfg.norm_eps)
+    out_diff = _same("Concat·W_O", joined, lt.attn_out.astype(np.float64), 1e-4)
 
     return Walkthrough(
         arch=_arch(model, attn), layer=layer, head=head, kv_head=kv, group_heads=group, row=row,
@@ -208,9 +215,9 @@ def _norm_input(model: Model, layer: int, residual: np.ndarray) -> tuple[np.ndar
     """(what attention reads, |ours − the engine's|): Norm(X) in a pre-norm model, X itself in a post-norm one."""
     cfg = model.config
     X = residual.astype(np.float64)                                 # (n, d_model)
-    if cfg.norm_place != "pre":
-        return X, 0.0
     nw = model.weights.blocks[layer].attn_norm
+    if cfg.norm_place != "pre" or nw is None:                       # post-norm, or no norm before it (OLMo 2)
+        return X, 0.0
     Xn = norm_of(X, nw.weight, nw.bias, cfg.norm, cfg.norm_eps)     # (n, d_model)
     return Xn, _same("Norm(X)", Xn, norm(residual, nw, cfg).astype(np.float64), 1e-4)
 

@@ -113,7 +113,7 @@ def block_vectors(cfg, blocks, trace: Trace, cross: Trace | None = None) -> tupl
     The stream's rows 0..L-1 are the trace's residuals; row L is recomputed the same way."""
     post = cfg.norm_place == "post"
     step = lambda x, out, w: norm(x + out, w, cfg) if post else x + out        # noqa: E731 (residual + norm)
-    read = lambda x, w: x if post else norm(x, w, cfg)                         # noqa: E731 (what a box reads)
+    read = lambda x, w: x if post or w is None else norm(x, w, cfg)            # noqa: E731 (what a box reads)
     out: dict[str, list] = {}
     stream = []
     for i in range(len(blocks)):
