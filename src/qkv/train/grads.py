@@ -208,17 +208,13 @@ def block_backward(dy: np.ndarray, w: BlockWeights, tape: tuple, cfg: ModelConfi
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn)
 
 
-# Families whose transformers embedding is nn.Embedding(padding_idx=pad_token_id): a lookup of the
-# pad token passes no gradient to its row (the row still learns through a tied W_vocab).
-PAD_ROW_FROZEN = {"bert", "llama", "mistral", "qwen2", "bart", "marian"}
-
-
 def embedding_backward(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelConfig) -> None:
     """dE[ids] += dX for X = E[ids], into d_table (V, d_model) in place; ids (B, n), dx (B, n, d_model).
-    A repeated id sums its rows' gradients (`add_rows`; fancy-index assignment would keep one)."""
+    A repeated id sums its rows' gradients (`add_rows`; fancy-index assignment would keep one). With
+    cfg.pad_embedding_frozen a lookup of pad_token_id adds nothing to its row (torch's padding_idx)."""
     rows = dx.reshape(-1, dx.shape[-1])                   # (B·n, d_model)
     flat = ids.reshape(-1)
-    if cfg.family in PAD_ROW_FROZEN and cfg.pad_token_id is not None:
+    if cfg.pad_embedding_frozen and cfg.pad_token_id is not None:
         keep = flat != cfg.pad_token_id
         flat, rows = flat[keep], rows[keep]
     add_rows(d_table, flat, rows)
