@@ -25,6 +25,7 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
                         scaled_dot_product_attention, split_heads)
+from .blocks_backward import AttentionTape, FFNTape, Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
@@ -127,6 +128,7 @@ class Context:
     hooks: Hooks | None = None                       # functions reading or replacing values (qkv.engine.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
+    tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
 
 
 def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -151,7 +153,7 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
         z, a, s = hooks.attention(layer, q, k, v, mask, rec)
-    elif want and rec.heads is None:                          # every head's weights: the plain path
+    elif want and rec.heads is None or ctx.tape is not None:  # every head's weights (a tape keeps A): the plain path
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"))
     else:
         z = attention_output(q, k, v, mask)                   # (B, H, n, d_k) plain or tiled
@@ -162,27 +164,37 @@ def self_attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int)
         z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
-    out = linear(merge_heads(z), w.W_O, w.b_O)               # (B, n, d_model)
+    z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
+    if ctx.tape is not None:
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope))
+    out = linear(z, w.W_O, w.b_O)                            # (B, n, d_model)
     return out if hooks is None else hooks(layer, "attn_out", out)
 
 
-def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
-    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
+def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig, tape: Tape | None = None,
+                 layer: int = 0) -> np.ndarray:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out.
+    tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing kept."""
     act = ACTIVATIONS[cfg.activation]
     if w.W_gate_in is not None:                              # laid out by qkv.engine.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
         d_ff = w.W_in.shape[1]
-        up = gate_in[..., d_ff:]                             # x·W_in
+        u, g = gate_in[..., d_ff:], gate_in[..., :d_ff]     # x·W_in, x·W_gate
         if w.b_in is not None:
-            up += w.b_in
-        h = act(gate_in[..., :d_ff])                         # act(x·W_gate)
-        h *= up                                              # ⊙ (x·W_in + b_in)
-        return linear(h, w.W_out, w.b_out)                   # (B, n, d_model)
-    h = linear(x, w.W_in, w.b_in)                            # (B, n, d_ff)
-    if w.W_gate is not None:
-        h *= act(linear(x, w.W_gate))
+            u += w.b_in
+        h = act(g)                                           # act(x·W_gate)
+        h *= u                                               # ⊙ (x·W_in + b_in)
     else:
-        h = act(h)
+        u = linear(x, w.W_in, w.b_in)                        # (B, n, d_ff)
+        g = None if w.W_gate is None else linear(x, w.W_gate)
+        if g is None:
+            h = act(u)
+        else:
+            h = act(g)
+            h *= u                                           # act(x·W_gate) ⊙ (x·W_in + b_in)
+    if tape is not None:
+        tape.put(layer, "ffn", FFNTape(x, u, g, h))
+    del u, g                                                 # freed before the last product, unless kept
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
 
@@ -241,17 +253,28 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
+    tape = ctx.tape
     if cfg.norm_place == "post":                             # BERT
         a = self_attention(x, w.attn, ctx, layer)
-        x = norm(x + a, w.attn_norm, cfg)
-        f = feed_forward(x, w.ffn, cfg)
+        r = x + a
+        x = norm(r, w.attn_norm, cfg)
+        if tape is not None:
+            tape.put(layer, "attn_norm", r)
+        f = feed_forward(x, w.ffn, cfg, tape, layer)
         if hooks is not None:
             f = hooks(layer, "ffn_out", f)
-        x = norm(x + f, w.ffn_norm, cfg)
+        r = x + f
+        x = norm(r, w.ffn_norm, cfg)
+        if tape is not None:
+            tape.put(layer, "ffn_norm", r)
     else:                                                    # GPT-2, Llama
+        if tape is not None:
+            tape.put(layer, "attn_norm", x)
         a = self_attention(norm(x, w.attn_norm, cfg), w.attn, ctx, layer)
         x = x + a
-        f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg)
+        if tape is not None:
+            tape.put(layer, "ffn_norm", x)
+        f = feed_forward(norm(x, w.ffn_norm, cfg), w.ffn, cfg, tape, layer)
         if hooks is not None:
             f = hooks(layer, "ffn_out", f)
         x = x + f

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, logits_of, norm
+from .blocks_backward import EmbedTape, Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
@@ -38,14 +39,17 @@ from .weights import Weights
 # ── the whole pass ───────────────────────────────────────────────────────────────
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
-          token_type_ids: np.ndarray | None = None) -> np.ndarray:
-    """X = E[ids] (+ P[positions]) (+ T[types]), then BERT's LayerNorm (seeds §1)."""
+          token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
+    """X = E[ids] (+ P[positions]) (+ T[types]), then BERT's LayerNorm (seeds §1).
+    tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
     x = weights.tok_embed[ids]                           # (B, n, d_model)
     if weights.pos_embed is not None:
         x += weights.pos_embed[positions]                # learned or sinusoidal table
     if weights.type_embed is not None:
         types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
         x += weights.type_embed[types]
+    if tape is not None:
+        tape.put(None, "embed", EmbedTape(ids, positions, token_type_ids, None if weights.embed_norm is None else x))
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
     return x
@@ -63,29 +67,37 @@ class Output:
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
-                ablate: Ablation | None = None, hooks: Hooks | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                ablate: Ablation | None = None, hooks: Hooks | None = None,
+                tape: Tape | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
     rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
-    hooks: functions reading or replacing intermediates (qkv.engine.hooks).
+    hooks: functions reading or replacing intermediates (qkv.engine.hooks);
+    tape: where to keep, box by box, what the backward reads (qkv.engine.blocks_backward; training),
+    for the plain pass only: not with a cache, ablation, hooks or a recorder of some heads.
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
     (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
     """
+    if tape is not None and (cache is not None or ablate is not None or hooks is not None
+                             or (rec is not None and rec.heads is not None)):
+        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
+                       "ablation, hooks or a recorder of some heads")
     dtype = weights.tok_embed.dtype
     n = ids.shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
     positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
         np.arange(n), ids.shape)
-    x = embed(weights, cfg, ids, positions, token_type_ids)  # (B, n, d_model)
+    x = embed(weights, cfg, ids, positions, token_type_ids, tape)  # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
         rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks)
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
+                  tape=tape)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
@@ -95,6 +107,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if cache is not None:
         cache.advance(n)
     if weights.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
     return x, logits_of(x[:, -1:] if logits == "last" else x, weights)
 
