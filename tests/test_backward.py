@@ -9,10 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qkv.engine import blocks_backward as back
 from qkv.engine import ops
 from qkv.engine.attention import AttentionMask, attention_backward, scaled_dot_product_attention
+from qkv.engine.blocks import Context, block, linear
+from qkv.engine.blocks_backward import Tape
 from qkv.engine.config import ModelConfig
 from qkv.engine.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
+from qkv.engine.trace import Recorder
 from qkv.train import grads as G
 from qkv.engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
 
@@ -115,8 +119,8 @@ def test_attention_gqa_mqa_masked(rng, H, Hkv):
 def test_linear(rng):
     x, W, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5)), rng.normal(size=5)
     R = rng.normal(size=(2, 3, 5))
-    dx, dW, db = G.linear_backward(R, x, W, True)
-    f = lambda: G.linear(x, W, b)                         # noqa: E731
+    dx, dW, db = back.linear(R, x, W, True)
+    f = lambda: linear(x, W, b)                           # noqa: E731
     close(dx, numeric(f, x, R))
     close(dW, numeric(f, W, R))
     close(db, numeric(f, b, R))
@@ -155,17 +159,20 @@ def _block(rng, cfg: ModelConfig) -> BlockWeights:
          gated_ffn=False, n_kv_heads=4, causal=False),                              # post-norm (BERT, Marian)
 ], ids=["llama", "gpt2", "post-norm"])
 def test_block(rng, cfg):
-    """A whole block (norms, attention, FFN, residuals) against finite differences, every weight."""
+    """A whole block (norms, attention, FFN, residuals) against finite differences, every weight: the
+    engine's block with a tape, then its backward (blocks_backward.block)."""
     B, n = 2, 4
     w = _block(rng, cfg)
     x = rng.normal(size=(B, n, cfg.d_model))
     pos = np.array([[0, 1, 2, 3], [0, 1, 2, 3]])
     rope = rope_cos_sin(pos, rope_inv_freq(cfg.d_head, 10000.0, None, np.float64)) if cfg.position == "rope" else None
-    bias = AttentionMask(n=n, m=n, causal=cfg.causal).bias(np.float64)
+    mask = AttentionMask(n=n, m=n, causal=cfg.causal)
     R = rng.normal(size=x.shape)
-    _, tape = G.block_forward(x, w, cfg, bias, rope)
-    dx, g = G.block_backward(R, w, tape, cfg, rope)
-    f = lambda: G.block_forward(x, w, cfg, bias, rope)[0]   # noqa: E731
+    tape = Tape()
+    block(x, w, Context(cfg, mask, rope, Recorder(keep=()), tape=tape), 0)
+    dx, g = back.block(R, w, tape, 0, cfg)
+    assert not tape.records                                   # the backward read every record once
+    f = lambda: block(x, w, Context(cfg, mask, rope, Recorder(keep=())), 0)   # noqa: E731
     close(dx, numeric(f, x, R))
     for part in ("attn", "ffn", "attn_norm", "ffn_norm"):
         for name, value in vars(getattr(w, part)).items():
@@ -290,11 +297,11 @@ def test_fused_qkv_is_found_and_gives_the_same_gradients():
     cfg = model.config
     params = FAMILIES["gpt2"].tensors(model.weights, cfg)
     fused = weights_from_tensors(params, cfg)                     # W_Q, W_K, W_V: views of c_attn
-    assert G.fused_qkv(fused.blocks[0].attn) is params["transformer.h.0.attn.c_attn.weight"]
+    assert back.fused_qkv(fused.blocks[0].attn) is params["transformer.h.0.attn.c_attn.weight"]
     from dataclasses import replace
     separate = replace(fused, blocks=[replace(b, attn=replace(b.attn, W_Q=b.attn.W_Q.copy(), W_K=b.attn.W_K.copy(),
                                                               W_V=b.attn.W_V.copy())) for b in fused.blocks])
-    assert G.fused_qkv(separate.blocks[0].attn) is None
+    assert back.fused_qkv(separate.blocks[0].attn) is None
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9))
     loss_f, g_f = G.loss_and_grads(fused, cfg, ids)
     loss_s, g_s = G.loss_and_grads(separate, cfg, ids)
@@ -307,8 +314,8 @@ def test_add_rows_equals_add_at(rng):
     idx = rng.integers(0, 7, 50)
     rows = rng.normal(size=(50, 3))
     table, expected = np.zeros((9, 3)), np.zeros((9, 3))
-    G.add_rows(table, idx, rows)
+    back.add_rows(table, idx, rows)
     np.add.at(expected, idx, rows)
     np.testing.assert_allclose(table, expected, atol=1e-12)
-    G.add_rows(table, idx[:0], rows[:0])                          # nothing to add
+    back.add_rows(table, idx[:0], rows[:0])                          # nothing to add
     np.testing.assert_allclose(table, expected, atol=1e-12)

@@ -50,7 +50,13 @@ def test_gpt2(case, tmp_path):
     check(model, tmp_path, ids, mask)
 
 
-@pytest.mark.parametrize(("cls", "config_cls", "kw", "lengths"), DECODER_CASES)
+# Qwen3, Gemma and OLMo 2 forward equal transformers (test_live_reference); their training is refused in one
+# line until the backward of their new boxes (q/k norms, scaled embeddings, output norms) is written
+# (tests/test_families.py checks the refusal).
+TRAINED = [c for c in DECODER_CASES if not c.id.startswith(("qwen3", "gemma", "olmo2"))]
+
+
+@pytest.mark.parametrize(("cls", "config_cls", "kw", "lengths"), TRAINED)
 def test_decoder(cls, config_cls, kw, lengths, tmp_path, request):
     cfg = decoder_config(config_cls, **copy.deepcopy(kw))
     model = build(cls, cfg, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)

@@ -28,10 +28,10 @@ GPT2 = dict(family="gpt2", vocab_size=96, d_model=32, n_layers=2, n_heads=4, d_f
             activation="gelu_tanh", tied_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 LLAMA = dict(family="llama", vocab_size=96, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_positions=64,
              norm="rms", norm_eps=1e-6, position="rope", activation="silu", gated_ffn=True, qkv_bias=False,
-             out_bias=False, ffn_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+             out_bias=False, ffn_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, pad_embedding_frozen=True)
 BERT = dict(family="bert", vocab_size=96, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=32,
             causal=False, norm_place="post", norm_eps=1e-12, activation="gelu", type_vocab_size=2,
-            embed_norm=True, final_norm=False, lm_head=False, pad_token_id=0)
+            embed_norm=True, final_norm=False, lm_head=False, pad_token_id=0, pad_embedding_frozen=True)
 
 CONFIGS = {
     "gpt2-tied": ModelConfig(**GPT2),

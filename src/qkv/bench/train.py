@@ -107,7 +107,7 @@ def qkv_step(params: dict[str, np.ndarray], cfg: ModelConfig, ids: np.ndarray, o
 
 
 def kept_floats(cfg: ModelConfig, B: int, n: int) -> dict[str, int]:
-    """Floats held when the forward ends, by what holds them (grads.py's tapes):
+    """Floats held when the forward ends, by what holds them (the forward's Tape, engine/blocks_backward.py):
 
         per block   X and X₁ (the norms' inputs), Norm(X), Q, K, V, Concat(Z), Norm(X₁)   B·n·(4d + 2·H·d_k + 2·Hkv·d_k)
                     A = softmax(S)                                                     B·H·n²

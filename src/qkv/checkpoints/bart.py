@@ -59,6 +59,7 @@ def stacks_config(hf: dict, family: str) -> dict:
         tied_embeddings=bool(hf.get("tie_word_embeddings", True)), encoder_decoder=True,
         pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
         decoder_start_token_id=hf.get("decoder_start_token_id"),
+        pad_embedding_frozen=True,                           # the shared table: nn.Embedding(padding_idx=pad)
     )
 
 

@@ -49,7 +49,7 @@ def config(hf: dict) -> ModelConfig:
         causal=False, norm="layer", norm_place="post", norm_eps=hf.get("layer_norm_eps", 1e-12),
         position="learned", activation=activation(hf.get("hidden_act", "gelu")),
         type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, final_norm=False, lm_head=False,
-        pad_token_id=hf.get("pad_token_id"),
+        pad_token_id=hf.get("pad_token_id"), pad_embedding_frozen=True,          # nn.Embedding's padding_idx
     )
 
 

@@ -4,7 +4,7 @@
     GPT-2's c_proj and mlp.c_proj      N(0, (σ/√(2L))²): the residual stream's writes, scaled by depth
     biases, LayerNorm β                0
     norm weights γ                     1
-    the padding token's embedding row  0 (BERT and the Llama family: nn.Embedding's padding_idx)
+    the padding token's embedding row  0 where cfg.pad_embedding_frozen (nn.Embedding's padding_idx)
 
 How: the family's own loader (`weights(store, cfg, dtype)`) asks a store for each tensor by its
 checkpoint name and shape; this store makes the tensor instead of reading it, by the rule for that
@@ -28,8 +28,9 @@ from ..engine.tokenizer import Tokenizer
 from .families import config_of, family_of
 
 INITIALIZER_RANGE = 0.02                    # σ of transformers' PreTrainedConfig.initializer_range
-# Token tables that transformers builds as nn.Embedding(padding_idx=pad_token_id) (not GPT-2's wte).
-_PADDED = ("embed_tokens.weight", "embeddings.word_embeddings.weight")
+# The token tables of single-stack models. An encoder–decoder's shared table is drawn whole (torch would
+# zero its pad row too), so that a fresh Marian, and the ko-en-tiny run that starts from one, stay as they were.
+_TOKEN_TABLES = ("wte.weight", "embed_tokens.weight", "embeddings.word_embeddings.weight")
 
 
 class _Initialiser:
@@ -53,7 +54,8 @@ class _Initialiser:
             rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
             t = (rng.standard_normal(shape) * std).astype(dtype)        # float64 draw, then rounded
             pad = self.cfg.pad_token_id
-            if name in _PADDED and pad is not None and 0 <= pad < self.cfg.vocab_size:
+            if (name in _TOKEN_TABLES and self.cfg.pad_embedding_frozen and pad is not None
+                    and 0 <= pad < self.cfg.vocab_size):
                 t[pad] = 0                                               # the padding token's row
         return t
 

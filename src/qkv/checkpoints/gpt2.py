@@ -48,6 +48,7 @@ def config(hf: dict) -> ModelConfig:
         position="learned", activation=activation(hf.get("activation_function", "gelu_new")),
         tied_embeddings=hf.get("tie_word_embeddings", True), final_norm=True, lm_head=True,
         pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+        pad_embedding_frozen=False,                          # wte: a plain nn.Embedding, the pad row learns
     )
 
 

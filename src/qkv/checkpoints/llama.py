@@ -84,7 +84,7 @@ def config(hf: dict) -> ModelConfig:
         qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm={"qwen3": "head", "olmo2": "all"}.get(family),
         tied_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")), final_norm=True, lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=hf.get("eos_token_id"),
+        eos_token_id=hf.get("eos_token_id"), pad_embedding_frozen=True,          # nn.Embedding's padding_idx
     )
 
 

@@ -64,6 +64,7 @@ def config(hf: dict) -> ModelConfig:
         scale_decoder_output=bool(hf.get("scale_decoder_outputs", tied)), final_norm=True, lm_head=True,
         encoder_decoder=True, pad_token_id=hf.get("pad_token_id", 0), eos_token_id=hf.get("eos_token_id", 1),
         decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("pad_token_id", 0)),
+        pad_embedding_frozen=False,                          # shared: a plain nn.Embedding, the pad row learns
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
                         scaled_dot_product_attention, split_heads)
+from .blocks_backward import AttentionTape, EmbedTape, FFNTape, Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
@@ -53,9 +54,10 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
-          token_type_ids: np.ndarray | None = None) -> np.ndarray:
+          token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
     """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
-    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores."""
+    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores.
+    tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
     x = weights.tok_embed[ids]                           # (B, n, d_model) a copy
     if cfg.scale_embedding:
         x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
@@ -64,6 +66,8 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     if weights.type_embed is not None:
         types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
         x += weights.type_embed[types]
+    if tape is not None:
+        tape.put(None, "embed", EmbedTape(ids, positions, token_type_ids, None if weights.embed_norm is None else x))
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
     return x
@@ -152,6 +156,7 @@ class Context:
     memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
     cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none
     query_mask: np.ndarray | None = None             # cross-attention: (B, n) the real target tokens; None: all
+    tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
 
 
 def score_scale(cfg: ModelConfig) -> float | None:
@@ -193,7 +198,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
         z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale)
-    elif want and rec.heads is None:                          # every head's weights: the plain path
+    elif want and rec.heads is None or ctx.tape is not None:  # every head's weights (a tape keeps A): the plain path
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"),
                                                scale=scale)
     else:
@@ -206,7 +211,10 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
-    return linear(merge_heads(z), w.W_O, w.b_O)              # (B, n, d_model); its hook: the block's (`after`)
+    z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
+    if ctx.tape is not None:
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope))
+    return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
 
 def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -216,23 +224,30 @@ def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConf
              split_heads(linear(encoded, b.cross_attn.W_V, b.cross_attn.b_V), cfg.n_kv_heads)) for b in blocks]
 
 
-def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig) -> np.ndarray:
-    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out."""
+def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig, tape: Tape | None = None,
+                 layer: int = 0) -> np.ndarray:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out.
+    tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing kept."""
     act = ACTIVATIONS[cfg.activation]
     if w.W_gate_in is not None:                              # laid out by qkv.engine.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
         d_ff = w.W_in.shape[1]
-        up = gate_in[..., d_ff:]                             # x·W_in
+        u, g = gate_in[..., d_ff:], gate_in[..., :d_ff]     # x·W_in, x·W_gate
         if w.b_in is not None:
-            up += w.b_in
-        h = act(gate_in[..., :d_ff])                         # act(x·W_gate)
-        h *= up                                              # ⊙ (x·W_in + b_in)
-        return linear(h, w.W_out, w.b_out)                   # (B, n, d_model)
-    h = linear(x, w.W_in, w.b_in)                            # (B, n, d_ff)
-    if w.W_gate is not None:
-        h *= act(linear(x, w.W_gate))
+            u += w.b_in
+        h = act(g)                                           # act(x·W_gate)
+        h *= u                                               # ⊙ (x·W_in + b_in)
     else:
-        h = act(h)
+        u = linear(x, w.W_in, w.b_in)                        # (B, n, d_ff)
+        g = None if w.W_gate is None else linear(x, w.W_gate)
+        if g is None:
+            h = act(u)
+        else:
+            h = act(g)
+            h *= u                                           # act(x·W_gate) ⊙ (x·W_in + b_in)
+    if tape is not None:
+        tape.put(layer, "ffn", FFNTape(x, u, g, h))
+    del u, g                                                 # freed before the last product, unless kept
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
 
@@ -295,18 +310,24 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     return x + (f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg))   # (B, 1, d_model)
 
 
-def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args, after=None
+def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args, after=None, keep=None
              ) -> tuple[np.ndarray, np.ndarray]:
     """One residual step of a block: (the stream after it, what joined it).
 
         pre-norm (GPT-2, Llama, T5)    x + After(Box(Norm(x)))     no Norm (OLMo 2): x + After(Box(x))
         post-norm (BERT, Marian, BART) Norm(x + After(Box(x)))
     After: what the box's output goes through before it joins the stream — its own norm (OLMo 2) and
-    the hooks on it (`after_box`); None: nothing."""
+    the hooks on it (`after_box`); None: nothing. keep: (tape, layer, name) to keep the norm's input for
+    its backward (training); None: nothing kept."""
     if cfg.norm_place == "post":
         out = box(x, *args)
         out = out if after is None else after(out)
-        return norm(x + out, w, cfg), out
+        r = x + out                                          # (B, n, d_model) what the norm reads
+        if keep is not None:
+            keep[0].put(keep[1], keep[2], r)
+        return norm(r, w, cfg), out
+    if keep is not None:
+        keep[0].put(keep[1], keep[2], x)
     out = box(x if w is None else norm(x, w, cfg), *args)
     out = out if after is None else after(out)
     return x + out, out                                      # (B, n, d_model) each
@@ -346,13 +367,16 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
         return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum
-    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer, after=after_attn)
+    tape = ctx.tape
+    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer, after=after_attn,
+                    keep=None if tape is None else (tape, layer, "attn_norm"))
     if w.cross_attn is not None:
         cross = ctx.cross
         x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer,
                         after=after_box(None, cross.hooks, layer, "attn_out", cfg))
         cross.rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, after=after_ffn)
+    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, after=after_ffn,
+                    keep=None if tape is None else (tape, layer, "ffn_norm"))
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)
     return x                                                 # (B, n, d_model)

@@ -64,6 +64,11 @@ class ModelConfig:
     lm_head: bool = True              # produce logits (decoders); encoders give hidden states
     sliding_window: int | None = None
     pad_token_id: int | None = None
+    # Whether the embedding row of pad_token_id is torch's nn.Embedding(padding_idx=pad_token_id): a lookup
+    # of the pad token then passes no gradient to its row (the row still learns through a tied W_vocab),
+    # and a fresh single-stack model (qkv.init) starts the row at 0. Each family's reader (qkv.checkpoints)
+    # sets it as transformers builds that family's table.
+    pad_embedding_frozen: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     # ── encoder–decoder models (Marian, BART, T5); the defaults leave single-stack models unchanged

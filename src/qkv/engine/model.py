@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm, score_scale
+from .blocks_backward import Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
 from .config import ModelConfig
@@ -50,24 +51,35 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
                 ablate: Ablation | None = None, hooks: Hooks | None = None,
-                start: int = 0, stream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
 
     rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
-    hooks: functions reading or replacing intermediates (qkv.engine.hooks).
+    hooks: functions reading or replacing intermediates (qkv.engine.hooks);
+    tape: where to keep, box by box, what the backward reads (qkv.engine.blocks_backward; training),
+    for the plain pass only: not with a cache, ablation, hooks or a recorder of some heads.
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
     (B, past + n) covers past and new.
     logits="last" computes them for the last position only (all that generation needs).
     start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
     block START, instead of embedding ids (what activation patching reruns; ids may then be None).
     """
+    if tape is not None and (cache is not None or ablate is not None or hooks is not None
+                             or (rec is not None and rec.heads is not None)):
+        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
+                       "ablation, hooks or a recorder of some heads")
+    if tape is not None and (cfg.parallel_residual or cfg.rotary_dim is not None or cfg.qk_norm or cfg.scale_embedding
+                             or any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in weights.blocks)):
+        raise QkvError(f"the backward of {cfg.family}'s boxes (a parallel residual, partial RoPE, q/k or output norms, "
+                       "scaled embeddings) is not written yet; train a GPT-2, Llama, Mistral, Qwen2 or BERT model")
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
     positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
         np.arange(n), attention_mask.shape[:1] + (n,))
-    x = embed(weights, cfg, ids, positions, token_type_ids) if stream is None else stream   # (B, n, d_model)
+    x = embed(weights, cfg, ids, positions, token_type_ids, tape) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
@@ -75,7 +87,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
-                  scale=score_scale(cfg))
+                  scale=score_scale(cfg), tape=tape)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
@@ -85,6 +97,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if cache is not None:
         cache.advance(n)
     if weights.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
     return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)
 

@@ -149,7 +149,8 @@ def file_sha256(path: str | Path) -> str:
 
 def model_config(arch: str, V: int, s: Settings, n: int, d_ff: int | None = None, **ids) -> ModelConfig:
     """The knobs of a small model: GPT-2 (pre-LayerNorm, learned positions, tanh GELU, tied W_vocab) or
-    Llama (pre-RMSNorm, RoPE, SwiGLU, no biases, tied); d_ff 0 = attention-only (no FFN)."""
+    Llama (pre-RMSNorm, RoPE, SwiGLU, no biases, tied, the pad row torch's padding_idx); d_ff 0 = attention-only
+    (no FFN)."""
     if arch == "gpt2":
         return ModelConfig(family="gpt2", vocab_size=V, d_model=s.d_model, n_layers=s.layers, n_heads=s.heads,
                            d_ff=4 * s.d_model if d_ff is None else d_ff, max_positions=n, norm="layer",
@@ -158,7 +159,8 @@ def model_config(arch: str, V: int, s: Settings, n: int, d_ff: int | None = None
         d_ff = 32 * max(1, round(8 * s.d_model / 3 / 32))                    # SwiGLU's ⅔·4·d, rounded to 32
     return ModelConfig(family="llama", vocab_size=V, d_model=s.d_model, n_layers=s.layers, n_heads=s.heads,
                        d_ff=d_ff, max_positions=n, norm="rms", norm_eps=1e-5, position="rope", activation="silu",
-                       gated_ffn=True, qkv_bias=False, out_bias=False, ffn_bias=False, tied_embeddings=True, **ids)
+                       gated_ffn=True, qkv_bias=False, out_bias=False, ffn_bias=False, tied_embeddings=True,
+                       pad_embedding_frozen=True, **ids)
 
 
 def token_losses(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:

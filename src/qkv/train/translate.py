@@ -42,7 +42,7 @@ def marian_config(vocab_size: int, d_model: int, layers: int, heads: int, max_po
         n_heads=heads, d_ff=4 * d_model, max_positions=max_positions, causal=True, norm="layer", norm_place="post",
         norm_eps=1e-5, position="sinusoidal", activation="relu", scale_embedding=True, final_norm=False,
         lm_head=True, tied_embeddings=True, encoder_decoder=True, pad_token_id=0, eos_token_id=1,
-        decoder_start_token_id=0)
+        decoder_start_token_id=0, pad_embedding_frozen=True)
 
 
 class TranslateTask:

@@ -1,0 +1,260 @@
+"""The backward of each box of qkv.engine.blocks (and of model.py's `embed`), under the same names, and
+the `Tape` a forward pass fills for them when asked (`Context.tape`).
+
+    forward (blocks.py, model.py)                        backward (here, the same letters)
+    X = E[ids] + P[pos] (+ T[types]), Norm?          embed: dE[ids] += dX, dP[pos] += dX (Norm first)
+    N = Norm(X)                                      norm: ops.layer_norm_backward / rms_norm_backward
+    Q, K, V = N·W_Q, N·W_K, N·W_V                    projections: dW_Q = Nᵀ·dQ …, dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ
+    Q, K ← RoPE(Q), RoPE(K)                          positions.apply_rope_backward (the opposite turn)
+    Z = softmax(Q·Kᵀ/√d_k + M)·V                     attention.attention_backward (dS = A ⊙ (dA − rowsum(dA ⊙ A)))
+    O = Concat(Z)·W_O + b_O                          linear: dW_O = Zᵀ·dO, dZ = dO·W_Oᵀ, db_O = Σ dO
+    F = act(N·W_in + b)·W_out (+ SwiGLU gate)        feed_forward: ops.*_backward of the activation
+    X ← X + O, or Norm(X + O) (post-norm)            residual: dX passes on unchanged, the box adds its path
+    logits = Z·W_vocab + b                           logits_of: dW_vocab = Zᵀ·dlogits
+
+Each backward(dy, …) takes dL/d(its output) and returns dL/d(its input) and its weights' gradients
+(a tree of the same dataclass as its weights). It reads what the forward kept: a forward run with
+`Context(…, tape=Tape())` (and `transformer(…, tape=…)`) puts one record per box into the tape —
+the inputs of the norms and boxes, Q, K, V, A, Concat(Z), the FFN's pre-activations — and a backward
+takes its record out (`Tape.pop`), so each is freed once used. Without a tape the forward keeps
+nothing more than it did. The tape's pass is the plain one (no KV cache, hooks or ablation).
+Shapes as in blocks.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .attention import attention_backward, merge_heads, split_heads
+from .config import ModelConfig
+from .ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward
+from .positions import apply_rope_backward
+from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+
+
+# ── what the forward keeps ───────────────────────────────────────────────────────
+
+@dataclass
+class AttentionTape:
+    """What attention's backward reads: its input, Q, K (rotated), V, A and Concat(Z)."""
+
+    x: np.ndarray                                  # (B, n, d_model)
+    q: np.ndarray                                  # (B, H, n, d_k)
+    k: np.ndarray                                  # (B, Hkv, n, d_k)
+    v: np.ndarray                                  # (B, Hkv, n, d_k)
+    a: np.ndarray                                  # (B, H, n, n)
+    z: np.ndarray                                  # (B, n, H·d_k)
+    rope: tuple[np.ndarray, np.ndarray] | None     # cos, sin of the positions; None without RoPE
+
+
+@dataclass
+class FFNTape:
+    """What feed_forward's backward reads: its input, x·W_in + b, x·W_gate (gated) and what W_out multiplies."""
+
+    x: np.ndarray                 # (B, n, d_model)
+    u: np.ndarray                 # (B, n, d_ff) x·W_in + b_in
+    g: np.ndarray | None          # (B, n, d_ff) x·W_gate (SwiGLU), else None
+    h: np.ndarray                 # (B, n, d_ff) act(u), or act(g) ⊙ u
+
+
+@dataclass
+class EmbedTape:
+    """What embed's backward reads: the looked-up rows and, with an embedding norm, what it normalised."""
+
+    ids: np.ndarray                  # (B, n)
+    positions: np.ndarray            # (B, n)
+    types: np.ndarray | None         # (B, n) token types, None: all 0
+    norm_in: np.ndarray | None       # (B, n, d_model) before the embedding norm; None without one
+
+
+class Tape:
+    """The records a forward pass keeps for its backward, by (layer, box): (i, "attn") an AttentionTape,
+    (i, "ffn") an FFNTape, (i, "attn_norm") and (i, "ffn_norm") the arrays those norms normalised;
+    (None, "embed") an EmbedTape, (None, "final_norm") the final norm's input."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[int | None, str], object] = {}
+
+    def put(self, layer: int | None, box: str, record) -> None:
+        self.records[layer, box] = record
+
+    def pop(self, layer: int | None, box: str):
+        """The record of that box, taken out of the tape (a backward reads it once)."""
+        return self.records.pop((layer, box))
+
+
+# ── the boxes' backwards ─────────────────────────────────────────────────────────
+
+def linear(dy: np.ndarray, x: np.ndarray, W: np.ndarray, bias: bool
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(dx, dW, db) of y = x·W + b over the last axis: dx = dy·Wᵀ, dW = xᵀ·dy, db = Σ_rows dy (None if no b)."""
+    rows = math.prod(x.shape[:-1])                        # B·n (not -1: d_ff may be 0, attention-only)
+    x2 = x.reshape(rows, x.shape[-1])                     # (B·n, in)
+    dy2 = dy.reshape(rows, dy.shape[-1])                  # (B·n, out)
+    dx = (dy2 @ W.T).reshape(*x.shape)                    # (B, n, in)
+    return dx, x2.T @ dy2, (np.add.reduce(dy2, axis=0) if bias else None)   # (in, out), (out,)
+
+
+def norm(dy: np.ndarray, x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> tuple[np.ndarray, NormWeights]:
+    """dx and the norm's gradients (dγ, dβ) of LayerNorm or RMSNorm of x, as the config says."""
+    if cfg.norm == "rms":
+        dx, dg = rms_norm_backward(dy, x, w.weight, cfg.norm_eps)
+        return dx, NormWeights(dg)
+    dx, dg, db = layer_norm_backward(dy, x, w.weight, cfg.norm_eps)
+    return dx, NormWeights(dg, db if w.bias is not None else None)
+
+
+def fused_qkv(w: AttentionWeights) -> np.ndarray | None:
+    """[W_Q | W_K | W_V] as one (d_model, (H + 2·Hkv)·d_k) array when the three are its column blocks
+    (qkv.engine.layout's W_QKV, or GPT-2's c_attn, which the checkpoint stores fused), else None.
+    One product then does the work of three, forwards (blocks.projections, given W_QKV) and backwards."""
+    if w.W_QKV is not None:
+        return w.W_QKV
+    base = w.W_Q.base
+    if base is None or base is not w.W_K.base or base is not w.W_V.base or base.ndim != 2:
+        return None
+    at = [a.__array_interface__["data"][0] for a in (base, w.W_Q, w.W_K, w.W_V)]
+    step = base.itemsize
+    hq, hk = w.W_Q.shape[1], w.W_K.shape[1]
+    if (base.shape[1] == hq + 2 * hk and w.W_Q.strides == base.strides
+            and at[1:] == [at[0], at[0] + hq * step, at[0] + (hq + hk) * step]):
+        return base
+    return None
+
+
+def projections(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, x: np.ndarray, w: AttentionWeights
+                ) -> tuple[np.ndarray, AttentionWeights]:
+    """dX and the gradients of W_Q, W_K, W_V (and b_Q, b_K, b_V) from dQ (B, n, H·d_k), dK, dV (B, n, Hkv·d_k);
+    the returned tree's W_O, b_O are None. X feeds all three: dX = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ, one product
+    [dQ | dK | dV]·[W_Q | W_K | W_V]ᵀ when the weights are one matrix's column blocks (`fused_qkv`)."""
+    fused = fused_qkv(w)
+    if fused is not None:
+        dx, dW, _ = linear(np.concatenate([dq, dk, dv], axis=-1), x, fused, False)
+        hq, hk = dq.shape[-1], dk.shape[-1]
+        dW_Q, dW_K, dW_V = dW[:, :hq], dW[:, hq:hq + hk], dW[:, hq + hk:]
+        db_Q, db_K, db_V = (None if b is None else np.add.reduce(d.reshape(-1, d.shape[-1]), axis=0)
+                            for b, d in ((w.b_Q, dq), (w.b_K, dk), (w.b_V, dv)))
+    else:
+        dx, dW_Q, db_Q = linear(dq, x, w.W_Q, w.b_Q is not None)
+        dx_k, dW_K, db_K = linear(dk, x, w.W_K, w.b_K is not None)
+        dx_v, dW_V, db_V = linear(dv, x, w.W_V, w.b_V is not None)
+        dx += dx_k
+        dx += dx_v                                        # (B, n, d_model)
+    return dx, AttentionWeights(W_Q=dW_Q, W_K=dW_K, W_V=dW_V, W_O=None, b_Q=db_Q, b_K=db_K, b_V=db_V)
+
+
+def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape) -> tuple[np.ndarray, AttentionWeights]:
+    """dX and the gradients of W_Q, W_K, W_V, W_O (and biases) from dL/dMultiHead(X); GQA/MQA, RoPE and
+    the mask (causal, window, padding) come in through A and the tape's rotation."""
+    dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
+    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a)
+    if t.rope is not None:
+        dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
+    dx, g = projections(merge_heads(dq), merge_heads(dk), merge_heads(dv), t.x, w)
+    g.W_O, g.b_O = dW_O, db_O
+    return dx, g
+
+
+def feed_forward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) -> tuple[np.ndarray, FFNWeights]:
+    """dx and the FFN's gradients. Plain: du = act'(u) ⊙ dh. Gated: du = dh ⊙ act(g), dg = act'(g) ⊙ dh ⊙ u,
+    through [W_gate | W_in] in one product when the weights are laid out so (W_gate_in)."""
+    act_backward = ACTIVATION_BACKWARDS[cfg.activation]
+    dh, dW_out, db_out = linear(dout, t.h, w.W_out, w.b_out is not None)    # (B, n, d_ff)
+    if t.g is None:
+        dx, dW_in, db_in = linear(act_backward(dh, t.u), t.x, w.W_in, w.b_in is not None)
+        return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out)
+    du = dh * ACTIVATIONS[cfg.activation](t.g)
+    dg = act_backward(dh * t.u, t.g)
+    db_in = None if w.b_in is None else np.add.reduce(du.reshape(-1, du.shape[-1]), axis=0)
+    if w.W_gate_in is not None:                           # [dg | du]·[W_gate | W_in]ᵀ
+        dx, dW, _ = linear(np.concatenate([dg, du], axis=-1), t.x, w.W_gate_in, False)
+        d_ff = du.shape[-1]
+        dW_gate, dW_in = dW[:, :d_ff], dW[:, d_ff:]
+    else:
+        dx, dW_in, _ = linear(du, t.x, w.W_in, False)
+        dx_g, dW_gate, _ = linear(dg, t.x, w.W_gate, False)
+        dx += dx_g
+    return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate)
+
+
+def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarray,
+             box_backward: Callable[[np.ndarray], tuple[np.ndarray, object]]) -> tuple[np.ndarray, NormWeights, object]:
+    """(dx, the norm's gradients, the box's gradients) of one residual step of `block`: y = x + Box(Norm(x))
+    (pre-norm, norm_in = x) or y = Norm(x + Box(x)) (post-norm, norm_in = x + Box(x)).
+    box_backward(d_out) → (d_in, gradients). The residual passes dy on unchanged; the box adds its path."""
+    if cfg.norm_place == "post":
+        dr, g_norm = norm(dy, norm_in, w, cfg)
+        dx, g_box = box_backward(dr)
+        dx += dr
+        return dx, g_norm, g_box
+    dh, g_box = box_backward(dy)
+    dx, g_norm = norm(dh, norm_in, w, cfg)
+    dx += dy
+    return dx, g_norm, g_box
+
+
+def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelConfig) -> tuple[np.ndarray, BlockWeights]:
+    """dX of the block's input and its weights' gradients: the FFN's residual step, then attention's."""
+    dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"),
+                                     lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+    dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"),
+                                       lambda d: attention(d, w.attn, tape.pop(layer, "attn")))
+    return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn)
+
+
+def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(dZ, dW_vocab, db_vocab) of logits = Z·W_vocab + b. A tied W_vocab's gradient is the caller's to add
+    into the embedding table's (one table, two uses)."""
+    return linear(dlogits, hidden, weights.W_vocab, weights.b_vocab is not None)
+
+
+def add_rows(table: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
+    """table[idx[i]] += rows[i] for every i, repeated indices summed: idx (N,), rows (N, d).
+
+    Plain form: np.add.at(table, idx, rows). Sorting the indices and summing each run of equal ones
+    with one reduceat is the same sum, several times faster (add.at handles one row at a time).
+    """
+    if idx.size == 0:
+        return
+    order = np.argsort(idx, kind="stable")
+    idx_sorted = idx[order]
+    starts = np.flatnonzero(np.r_[True, idx_sorted[1:] != idx_sorted[:-1]])   # first row of each index
+    table[idx_sorted[starts]] += np.add.reduceat(rows[order], starts, axis=0)  # (unique, d)
+
+
+def embedding(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelConfig) -> None:
+    """dE[ids] += dX for the lookup X = E[ids], into d_table (V, d_model) in place; ids (B, n), dx (B, n, d_model).
+    With cfg.pad_embedding_frozen a lookup of pad_token_id adds nothing to its row (torch's padding_idx)."""
+    rows = dx.reshape(-1, dx.shape[-1])                   # (B·n, d_model)
+    flat = ids.reshape(-1)
+    if cfg.pad_embedding_frozen and cfg.pad_token_id is not None:
+        keep = flat != cfg.pad_token_id
+        flat, rows = flat[keep], rows[keep]
+    add_rows(d_table, flat, rows)
+
+
+def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_tok: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, NormWeights | None]:
+    """(dE, dP, dT, the embedding norm's gradients) of model.embed: X = Norm?(E[ids] + P[positions] + T[types]).
+    dE is added into d_tok (a new table of zeros if None); dP only for a learned table (a sinusoidal one
+    is fixed), dT only with token types; None where there is none."""
+    g_norm = None
+    if weights.embed_norm is not None:
+        dx, g_norm = norm(dx, t.norm_in, weights.embed_norm, cfg)
+    d = dx.shape[-1]
+    d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
+    embedding(d_tok, t.ids, dx, cfg)
+    d_pos = d_type = None
+    if weights.pos_embed is not None and cfg.position == "learned":
+        d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)
+        add_rows(d_pos, t.positions.reshape(-1), dx.reshape(-1, d))
+    if weights.type_embed is not None:
+        d_type = np.zeros_like(weights.type_embed)                             # (T, d_model)
+        types = np.zeros_like(t.ids) if t.types is None else t.types
+        add_rows(d_type, types.reshape(-1), dx.reshape(-1, d))
+    return d_tok, d_pos, d_type, g_norm
