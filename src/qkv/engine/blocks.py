@@ -66,8 +66,9 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     if weights.type_embed is not None:
         types = np.zeros_like(ids) if token_type_ids is None else token_type_ids
         x += weights.type_embed[types]
-    if tape is not None:
-        tape.put(None, "embed", EmbedTape(ids, positions, token_type_ids, None if weights.embed_norm is None else x))
+    if tape is not None:                                 # the table rows looked up, as (B, n)
+        rows = np.broadcast_to(positions + cfg.position_offset if cfg.position_offset else positions, ids.shape)
+        tape.put(None, "embed", EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x))
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
     return x
@@ -373,7 +374,8 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if w.cross_attn is not None:
         cross = ctx.cross
         x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer,
-                        after=after_box(None, cross.hooks, layer, "attn_out", cfg))
+                        after=after_box(None, cross.hooks, layer, "attn_out", cfg),
+                        keep=None if tape is None else (tape, layer, "cross_norm"))
         cross.rec.put(layer, "attn_out", c)
     x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, after=after_ffn,
                     keep=None if tape is None else (tape, layer, "ffn_norm"))

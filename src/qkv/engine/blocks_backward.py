@@ -197,13 +197,50 @@ def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarr
     return dx, g_norm, g_box
 
 
-def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelConfig) -> tuple[np.ndarray, BlockWeights]:
-    """dX of the block's input and its weights' gradients: the FFN's residual step, then attention's."""
+def cross_attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape
+                    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], AttentionWeights]:
+    """(dY, (dK, dV) (B, Hkv, n_src, d_k) for the encoder output's projections, the gradients of W_Q, W_O
+    and their biases) from dL/dCrossAttention(Y): dQ goes back to the decoder's stream Y, dK and dV to
+    the memory (`memory`), computed once per source as its K and V were."""
+    dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n_tgt, H·d_k)
+    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a)
+    dy, dW_Q, db_Q = linear(merge_heads(dq), t.x, w.W_Q, w.b_Q is not None)   # (B, n_tgt, d_model)
+    return dy, (dk, dv), AttentionWeights(W_Q=dW_Q, W_K=None, W_V=None, W_O=dW_O, b_Q=db_Q, b_O=db_O)
+
+
+def memory(d_kv: list[tuple[np.ndarray, np.ndarray]], encoded: np.ndarray, blocks: list[BlockWeights],
+           grads: list[BlockWeights]) -> np.ndarray:
+    """dM of blocks.cross_memory (K = M·W_K + b_K, V = M·W_V + b_V for every decoder layer) given each
+    layer's (dK, dV); fills in each layer's cross-attention gradients of W_K, W_V (and biases) in GRADS.
+    M feeds every layer's K and V: dM = Σ_l dK_l·W_K,lᵀ + dV_l·W_V,lᵀ."""
+    dm = np.zeros_like(encoded)                                        # (B, n_src, d_model)
+    for (dk, dv), w, g in zip(d_kv, blocks, grads):
+        a, c = w.cross_attn, g.cross_attn
+        d_k, c.W_K, c.b_K = linear(merge_heads(dk), encoded, a.W_K, a.b_K is not None)
+        d_v, c.W_V, c.b_V = linear(merge_heads(dv), encoded, a.W_V, a.b_V is not None)
+        dm += d_k
+        dm += d_v
+    return dm
+
+
+def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelConfig, cross_tape: Tape | None = None
+          ) -> tuple[np.ndarray, BlockWeights, tuple[np.ndarray, np.ndarray] | None]:
+    """dX of the block's input, its weights' gradients and, with a cross-attention (an encoder–decoder's
+    decoder, CROSS_TAPE its records), the (dK, dV) its memory gets: the FFN's residual step, then
+    cross-attention's, then attention's."""
     dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"),
                                      lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+    g_cross = g_cross_norm = d_kv = None
+    if w.cross_attn is not None:
+        def cross_back(d):
+            nonlocal d_kv
+            d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"))
+            return d_in, g
+        dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back)
     dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"),
                                        lambda d: attention(d, w.attn, tape.pop(layer, "attn")))
-    return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn)
+    return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
+                            cross_attn=g_cross, cross_norm=g_cross_norm), d_kv
 
 
 def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights
@@ -240,7 +277,8 @@ def embedding(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelCo
 
 def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_tok: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, NormWeights | None]:
-    """(dE, dP, dT, the embedding norm's gradients) of model.embed: X = Norm?(E[ids] + P[positions] + T[types]).
+    """(dE, dP, dT, the embedding norm's gradients) of blocks.embed: X = Norm?(E[ids]·s + P[rows] + T[types]),
+    s = √d_model with scale_embedding (Marian), rows the positions (+ BART's offset) the tape kept.
     dE is added into d_tok (a new table of zeros if None); dP only for a learned table (a sinusoidal one
     is fixed), dT only with token types; None where there is none."""
     g_norm = None
@@ -248,7 +286,7 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
         dx, g_norm = norm(dx, t.norm_in, weights.embed_norm, cfg)
     d = dx.shape[-1]
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
-    embedding(d_tok, t.ids, dx, cfg)
+    embedding(d_tok, t.ids, dx * math.sqrt(cfg.d_model) if cfg.scale_embedding else dx, cfg)   # X = E[ids]·√d + …
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)

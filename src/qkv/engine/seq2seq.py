@@ -27,6 +27,7 @@ import numpy as np
 
 from .attention import AttentionMask
 from .blocks import ABLATIONS, Ablation, Context, block, cross_memory, embed, logits_of, norm, score_scale
+from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError, check_index
@@ -51,10 +52,11 @@ class Stacks:
     rec: dict[str, Recorder] = field(default_factory=dict)
     hooks: dict[str, Hooks | None] = field(default_factory=dict)
     ablate: dict[str, Ablation | None] = field(default_factory=dict)
+    tape: dict[str, Tape] = field(default_factory=dict)     # training: what each stack's backward reads
 
     def context(self, stack: str, cfg: ModelConfig, mask: AttentionMask, **more: Any) -> Context:
         return Context(cfg, mask, None, self.rec.get(stack) or Recorder(keep=()), ablate=self.ablate.get(stack),
-                       hooks=self.hooks.get(stack), scale=score_scale(cfg), **more)
+                       hooks=self.hooks.get(stack), scale=score_scale(cfg), tape=self.tape.get(stack), **more)
 
 
 def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
@@ -67,12 +69,15 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     """
     w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
     pos = np.arange(n)                                             # (n_src,)
-    x = embed(w, cfg, ids, pos)                                    # (B, n_src, d_model)
+    tape = stacks.tape.get("encoder")
+    x = embed(w, cfg, ids, pos, tape=tape)                         # (B, n_src, d_model)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
     ctx = stacks.context("encoder", cfg, attend)
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
+    if tape is not None and w.final_norm is not None:
+        tape.put(None, "final_norm", x)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
 
 
@@ -96,7 +101,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
-    x = embed(w, cfg, ids, pos) if stream is None else stream      # (B, n, d_model)
+    tape = stacks.tape.get("decoder")
+    x = embed(w, cfg, ids, pos, tape=tape) if stream is None else stream   # (B, n, d_model)
     key_mask = None if mask is None or mask.all() else mask.astype(bool)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
                                                             cfg.relative_max_distance)
@@ -110,6 +116,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     if cache is not None:
         cache.advance(n)
     if w.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
         x = norm(x, w.final_norm, cfg)
     return x, logits_of(x[:, -1:] if logits == "last" else x, w, cfg)   # (B, n, d_model), (B, n | 1, V)
 

@@ -107,7 +107,7 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     dx = dh                                               # (B, n, d_model)
     g_blocks = [None] * len(weights.blocks)
     for i in reversed(range(len(weights.blocks))):
-        dx, g_blocks[i] = back.block(dx, weights.blocks[i], tape, i, cfg)   # frees what block i kept
+        dx, g_blocks[i], _ = back.block(dx, weights.blocks[i], tape, i, cfg)   # frees what block i kept
     d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, tape.pop(None, "embed"))
     if np.shares_memory(weights.W_vocab, weights.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
