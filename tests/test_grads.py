@@ -17,7 +17,8 @@ from qkv.engine.errors import QkvError
 from qkv.train import gradients
 
 FIXTURES = Path(__file__).parent / "fixtures"
-DECODERS = ("gpt2", "llama_gqa", "llama_mqa", "mistral", "qwen2")
+DECODERS = ("gpt2", "llama_gqa", "llama_mqa", "mistral", "qwen2", "gpt_neox", "gpt_neox_sequential", "qwen3", "phi",
+            "gemma", "olmo2")        # parallel residual, partial RoPE, q/k norms, √d embeddings, output norms
 
 
 def _reference(name: str):

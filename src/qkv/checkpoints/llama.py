@@ -94,7 +94,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def rms(name: str, size: int = d) -> NormWeights:
         g = store.get(f"{name}.weight", (size,), dtype)
-        return NormWeights(g + 1 if cfg.family in PLUS_ONE else g)                # Gemma: γ = 1 + w (its dtype)
+        return NormWeights(g + 1, stored_offset=1.0) if cfg.family in PLUS_ONE else NormWeights(g)   # Gemma: γ = 1 + w
 
     def bias(name: str, size: int, present: bool):
         return store.get(name, (size,), dtype) if present else None
@@ -173,8 +173,8 @@ def hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under the ForCausalLM model's name, as its file stores it (Linear: (out, in));
     new arrays. Tied: no lm_head (W_vocab is embed_tokens)."""
-    def g(w: NormWeights | None):                                              # Gemma stores γ − 1
-        return None if w is None else (w.weight - 1 if cfg.family in PLUS_ONE else w.weight)
+    def g(w: NormWeights | None):                                              # Gemma stores γ − 1 (a gradient: dγ)
+        return None if w is None else (w.weight - w.stored_offset if w.stored_offset else w.weight)
 
     t = {"model.embed_tokens.weight": weights.tok_embed}                       # (V, d)
     for i, b in enumerate(weights.blocks):

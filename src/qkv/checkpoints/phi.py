@@ -122,5 +122,7 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
             if w is not None:
                 t |= {f"{p}.self_attn.{name}.weight": w.weight, f"{p}.self_attn.{name}.bias": w.bias}
     t |= {"model.final_layernorm.weight": weights.final_norm.weight, "model.final_layernorm.bias": weights.final_norm.bias,
-          "lm_head.weight": weights.W_vocab.T, "lm_head.bias": weights.b_vocab}
+          "lm_head.bias": weights.b_vocab}
+    if not cfg.tied_embeddings:                                                # tied: W_vocab is embed_tokensᵀ
+        t["lm_head.weight"] = weights.W_vocab.T
     return c_arrays(t)

@@ -177,9 +177,11 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
     cfg, mask, rec, scale = ctx.cfg, ctx.mask, ctx.rec, ctx.scale
+    pre = None                                                # q, k before their norms, for a tape
     if ctx.memory is None:
         q, k, v = projections(x, w)                           # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
         if cfg.qk_norm == "all":                              # OLMo 2: over the whole projection, before the heads
+            pre = (q, k)
             q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)
         k = split_heads(k, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
         v = split_heads(v, cfg.n_kv_heads)                    # (B, Hkv, n, d_k)
@@ -188,6 +190,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         k, v = ctx.memory[layer]                              # (B, Hkv, n_src, d_k) each
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
     if cfg.qk_norm == "head":                                 # Qwen3, Phi: each head's q and k normalised
+        pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
     if ctx.rope is not None:
         q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
@@ -214,7 +217,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         rec.put(layer, name, value)
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:
-        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope))
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre))
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
 
@@ -334,14 +337,18 @@ def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args,
     return x + out, out                                      # (B, n, d_model) each
 
 
-def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig):
+def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig,
+              tape: Tape | None = None):
     """The output norm (OLMo 2) and then the hooks on NAME, as one function of a box's output; None when
-    there are neither (the fast path). What it returns is what the trace records as NAME."""
+    there are neither (the fast path). What it returns is what the trace records as NAME. tape: keeps the
+    output norm's input as (layer, NAME + "_norm") for its backward."""
     hooked = hooks is not None and hooks.wants(layer, name)
     if out_norm is None and not hooked:
         return None
 
     def after(out: np.ndarray) -> np.ndarray:
+        if tape is not None and out_norm is not None:
+            tape.put(layer, name + "_norm", out)
         out = out if out_norm is None else norm(out, out_norm, cfg)
         return hooks(layer, name, out) if hooked else out
     return after
@@ -356,19 +363,21 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if hooks is not None:
         x = hooks(layer, "residual", x)
     ctx.rec.put(layer, "residual", x)
-    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg)
-    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg)
+    tape = ctx.tape
+    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, tape)
+    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, tape)
     if cfg.parallel_residual:                                # GPT-NeoX: both branches read the block's input
+        if tape is not None:
+            tape.put(layer, "attn_norm", x)                  # both norms read x (their backward's input)
         h = norm(x, w.attn_norm, cfg)                        # (B, n, d_model)
         a = attention(h, w.attn, ctx, layer)
         a = a if after_attn is None else after_attn(a)
         h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
-        f = feed_forward(h, w.ffn, cfg)
+        f = feed_forward(h, w.ffn, cfg, tape, layer)
         f = f if after_ffn is None else after_ffn(f)
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
         return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum
-    tape = ctx.tape
     x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer, after=after_attn,
                     keep=None if tape is None else (tape, layer, "attn_norm"))
     if w.cross_attn is not None:

@@ -49,6 +49,7 @@ class AttentionTape:
     a: np.ndarray                                  # (B, H, n, n)
     z: np.ndarray                                  # (B, n, H·d_k)
     rope: tuple[np.ndarray, np.ndarray] | None     # cos, sin of the positions; None without RoPE
+    pre: tuple[np.ndarray, np.ndarray] | None = None   # q, k before their norms (cfg.qk_norm); None: no such norm
 
 
 @dataclass
@@ -147,15 +148,23 @@ def projections(dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, x: np.ndarray, w
     return dx, AttentionWeights(W_Q=dW_Q, W_K=dW_K, W_V=dW_V, W_O=None, b_Q=db_Q, b_K=db_K, b_V=db_V)
 
 
-def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape) -> tuple[np.ndarray, AttentionWeights]:
-    """dX and the gradients of W_Q, W_K, W_V, W_O (and biases) from dL/dMultiHead(X); GQA/MQA, RoPE and
-    the mask (causal, window, padding) come in through A and the tape's rotation."""
+def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: ModelConfig | None = None
+              ) -> tuple[np.ndarray, AttentionWeights]:
+    """dX and the gradients of W_Q, W_K, W_V, W_O (and biases) from dL/dMultiHead(X); GQA/MQA, RoPE (full or
+    partial) and the mask (causal, window, padding) come in through A and the tape's rotation; q/k norms
+    (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
     dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a)
     if t.rope is not None:
         dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
-    dx, g = projections(merge_heads(dq), merge_heads(dk), merge_heads(dv), t.x, w)
-    g.W_O, g.b_O = dW_O, db_O
+    g_qn = g_kn = None
+    if t.pre is not None and t.pre[0].ndim == 4:          # each head's: (B, H, n, d_k)
+        (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
+    dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)   # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
+    if t.pre is not None and t.pre[0].ndim == 3:          # the whole projection's: (B, n, H·d_k)
+        (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
+    dx, g = projections(dq, dk, dv, t.x, w)
+    g.W_O, g.b_O, g.q_norm, g.k_norm = dW_O, db_O, g_qn, g_kn
     return dx, g
 
 
@@ -185,7 +194,12 @@ def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarr
              box_backward: Callable[[np.ndarray], tuple[np.ndarray, object]]) -> tuple[np.ndarray, NormWeights, object]:
     """(dx, the norm's gradients, the box's gradients) of one residual step of `block`: y = x + Box(Norm(x))
     (pre-norm, norm_in = x) or y = Norm(x + Box(x)) (post-norm, norm_in = x + Box(x)).
-    box_backward(d_out) → (d_in, gradients). The residual passes dy on unchanged; the box adds its path."""
+    box_backward(d_out) → (d_in, gradients). The residual passes dy on unchanged; the box adds its path.
+    w None (OLMo 2: no norm before the box): y = x + Box(x)."""
+    if w is None:
+        dx, g_box = box_backward(dy)
+        dx += dy
+        return dx, None, g_box
     if cfg.norm_place == "post":
         dr, g_norm = norm(dy, norm_in, w, cfg)
         dx, g_box = box_backward(dr)
@@ -227,9 +241,37 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
           ) -> tuple[np.ndarray, BlockWeights, tuple[np.ndarray, np.ndarray] | None]:
     """dX of the block's input, its weights' gradients and, with a cross-attention (an encoder–decoder's
     decoder, CROSS_TAPE its records), the (dK, dV) its memory gets: the FFN's residual step, then
-    cross-attention's, then attention's."""
-    dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"),
-                                     lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+    cross-attention's, then attention's. A parallel block (GPT-NeoX, Phi): dX = dY + both branches'
+    paths back through their norms (one norm for both: their sum through it). Output norms (OLMo 2): each
+    box's gradient first goes back through its own."""
+    out_norms: dict[str, NormWeights] = {}
+
+    def through(name: str, out_norm: NormWeights | None, box_backward):
+        """box_backward after the output norm NAME's backward (its input kept as (layer, NAME + "_norm"))."""
+        if out_norm is None:
+            return box_backward
+
+        def back_box(d: np.ndarray):
+            d, out_norms[name] = norm(d, tape.pop(layer, name + "_norm"), out_norm, cfg)
+            return box_backward(d)
+        return back_box
+
+    attn_back = through("attn_out", w.attn_out_norm, lambda d: attention(d, w.attn, tape.pop(layer, "attn"), cfg))
+    ffn_back = through("ffn_out", w.ffn_out_norm, lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+    if cfg.parallel_residual:                             # y = x + Attn(N₁(x)) + FFN(N₂(x))
+        x = tape.pop(layer, "attn_norm")
+        d_ffn, g_ffn = ffn_back(dy)
+        d_attn, g_attn = attn_back(dy)
+        if w.ffn_norm is None:                            # Phi: one norm read by both
+            dx, g_attn_norm = norm(d_attn + d_ffn, x, w.attn_norm, cfg)
+            g_ffn_norm = None
+        else:
+            dx, g_attn_norm = norm(d_attn, x, w.attn_norm, cfg)
+            dx_f, g_ffn_norm = norm(d_ffn, x, w.ffn_norm, cfg)
+            dx += dx_f
+        dx += dy
+        return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn), None
+    dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"), ffn_back)
     g_cross = g_cross_norm = d_kv = None
     if w.cross_attn is not None:
         def cross_back(d):
@@ -237,10 +279,10 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
             d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"))
             return d_in, g
         dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back)
-    dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"),
-                                       lambda d: attention(d, w.attn, tape.pop(layer, "attn")))
+    dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back)
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
-                            cross_attn=g_cross, cross_norm=g_cross_norm), d_kv
+                            cross_attn=g_cross, cross_norm=g_cross_norm, attn_out_norm=out_norms.get("attn_out"),
+                            ffn_out_norm=out_norms.get("ffn_out")), d_kv
 
 
 def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights

@@ -48,7 +48,7 @@ def _c(a: np.ndarray | None) -> np.ndarray | None:
 
 
 def _norm(w: NormWeights | None) -> NormWeights | None:
-    return None if w is None else NormWeights(_c(w.weight), _c(w.bias))
+    return None if w is None else NormWeights(_c(w.weight), _c(w.bias), w.stored_offset)
 
 
 def _attention(w: AttentionWeights) -> AttentionWeights:

@@ -69,10 +69,6 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                              or (rec is not None and rec.heads is not None)):
         raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
                        "ablation, hooks or a recorder of some heads")
-    if tape is not None and (cfg.parallel_residual or cfg.rotary_dim is not None or cfg.qk_norm or cfg.scale_embedding
-                             or any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in weights.blocks)):
-        raise QkvError(f"the backward of {cfg.family}'s boxes (a parallel residual, partial RoPE, q/k or output norms, "
-                       "scaled embeddings) is not written yet; train a GPT-2, Llama, Mistral, Qwen2 or BERT model")
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);

@@ -7,17 +7,22 @@ matmul passes those to BLAS without copying.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
 
 @dataclass
 class NormWeights:
-    """γ and (for LayerNorm) β, each (d_model,)."""
+    """γ and (for LayerNorm) β, each (d_model,).
+
+    stored_offset: γ = the checkpoint's weight + this (Gemma's RMSNorm multiplies by 1 + w: 1.0), so the
+    engine reads γ as every norm does and a checkpoint is written back as γ − offset; a gradient tree's
+    NormWeights keep 0 (dγ = dw)."""
 
     weight: np.ndarray
     bias: np.ndarray | None = None
+    stored_offset: float = 0.0
 
 
 @dataclass
@@ -143,6 +148,6 @@ def _map_arrays(obj, fn):
         return fn(obj)
     if isinstance(obj, list):
         return [_map_arrays(x, fn) for x in obj]
-    if obj is None:
-        return None
+    if obj is None or not is_dataclass(obj):
+        return obj                                      # None, or a number (NormWeights.stored_offset)
     return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn) for f in fields(obj)})

@@ -37,11 +37,6 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     where there is nothing to learn; the decoder reads [decoder_start] + labels[:-1], as transformers'.
     """
     ids, mask = model.check_ids(input_ids, attention_mask)
-    c = model.config
-    if c.parallel_residual or c.rotary_dim is not None or c.qk_norm or (c.scale_embedding and not c.encoder_decoder):
-        raise QkvError(f"training {model.name} ({c.family}: a parallel residual, partial RoPE, q/k norms or scaled "
-                       "embeddings in a decoder) is not "
-                       "supported yet; train a GPT-2, Llama, Mistral, Qwen2, BERT or Marian/BART model")
     if model.config.encoder_decoder:
         if labels is None:
             raise QkvError("an encoder–decoder learns from labels: pass labels=target ids (B, n_tgt)")
