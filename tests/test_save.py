@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 
 import numpy as np
 import pytest
@@ -80,7 +80,7 @@ def leaves(weights: Weights) -> dict[str, np.ndarray]:
         elif isinstance(obj, list):
             for i, x in enumerate(obj):
                 walk(x, f"{path}.{i}")
-        elif obj is not None:
+        elif is_dataclass(obj):                       # (NormWeights.stored_offset is a number, no array)
             for f in fields(obj):
                 walk(getattr(obj, f.name), f"{path}.{f.name}".lstrip("."))
 
