@@ -65,10 +65,11 @@ def config(hf: dict) -> ModelConfig:
     elif family in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
         raise QkvError(f"{family} with use_sliding_window=true is not supported; use a checkpoint without it")
     types = hf.get("layer_types")
-    if types is not None and any(t != "full_attention" for t in types):
-        raise QkvError(f"layer_types {sorted(set(map(str, types)))} mixes kinds of attention; qkv runs models whose "
-                       "every layer is full_attention")
-    if hf.get("use_bidirectional_attention"):
+    if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
+        shown = sorted(set(map(str, types))) if isinstance(types, list) else repr(types)[:40]
+        raise QkvError(f"layer_types {shown} is not every layer full_attention; qkv runs models whose every layer "
+                       "is full attention (restore the checkpoint's config.json, or use one without sliding layers)")
+    if family == "gemma" and hf.get("use_bidirectional_attention"):
         raise QkvError(f"{family} with use_bidirectional_attention=true is not supported; use a causal checkpoint")
     if hf.get("mlp_bias"):
         raise QkvError("Llama checkpoints with mlp_bias=true are not supported; use one without FFN biases")
