@@ -1,14 +1,18 @@
-"""One transformer block, box by box (seeds §6): the functions that compute one box of the
+"""Every box of every architecture, once (seeds §6): the functions that compute one box of the
 forward pass, and the `Context` that every box of one pass shares.
 
     X ─▶ Norm ─▶ Q, K, V = X·W_Q, X·W_K, X·W_V ─▶ softmax(Q·Kᵀ/√d_k + M)·V = Z ─▶ Concat(Z)·W_O ─▶ + X
+      (─▶ Norm ─▶ cross-attention: Q from X, K, V from the encoder's output ─▶ + X)
       ─▶ Norm ─▶ FFN ─▶ + X                        (pre-norm; post-norm puts Norm after each +)
 
-Each box is called as box(x, w, …) with `w` the weights of that box; `Context` carries the
-config, the mask, the rotation of positions, the recorder, the KV cache, the ablation and the
-hooks. `step_block` is the one-token fast path of `block` (the same numbers), `logits_of` the
-last box, Z·W_vocab. qkv.engine.model composes the boxes into the whole model (embed → L × block →
-norm → logits).
+A family is knob values read by these boxes, each in one place: post- or pre-norm, no norm before a
+box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
+Phi, OLMo 2), T5's position bias and unscaled scores, the encoder–decoder's cross-attention. Each box
+is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
+the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
+tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
+one-token fast path of `block` (the same numbers), `logits_of` the last box, Z·W_vocab.
+qkv.engine.model and qkv.engine.seq2seq compose the boxes into whole passes.
 
 Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
 d_model wide. x (B, n, d_model); Q (B, H, n, d_k); K, V (B, Hkv, m, d_k) (Hkv < H: grouped
