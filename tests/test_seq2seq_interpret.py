@@ -11,8 +11,6 @@ tests/live/test_live_seq2seq_hooks.py.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -22,10 +20,10 @@ from qkv import QkvError
 from qkv.analysis.attribution import KEEP as DLA_KEEP, attribution_of_trace
 from qkv.analysis.lens import KEEP, lens_of_trace, residual_stream
 from qkv.analysis.patch import patch, patch_one
-from qkv.cli.app import cli, main
+from qkv.cli.app import cli
 from qkv.engine.seq2seq import DecoderView
 
-from conftest import FIXTURES
+from conftest import FIXTURES, run_main
 
 SEQ2SEQ = ["marian", "bart", "t5", "t5_gated"]
 TOL = 1e-4
@@ -107,16 +105,6 @@ def test_patching_an_encoder_decoder_equals_the_same_patch_made_with_hooks(name)
         assert getattr(p, what)[layer, index] == pytest.approx(want, abs=1e-4)
     assert np.abs(p.cross).max() > 1e-3                                  # the sources differ only through it
     assert np.all(p.residual[0] == 0)                                    # the same target: nothing to patch at 0
-
-
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`qkv ARGS` through the real entry point, in this process."""
-    monkeypatch.setattr(sys, "argv", ["qkv", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-        sys.exit(0)
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def test_the_commands_take_an_encoder_decoder(tmp_path, monkeypatch, capsys):
