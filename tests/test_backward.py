@@ -17,7 +17,7 @@ from qkv.engine.blocks_backward import Tape
 from qkv.engine.config import ModelConfig
 from qkv.engine.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
 from qkv.engine.trace import Recorder
-from qkv.train import grads as G
+from qkv.train import backprop as G
 from qkv.engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
 
 EPS = 1e-6
@@ -252,7 +252,7 @@ def test_whole_encoder_decoder_float64(name):
     from pathlib import Path
 
     import qkv
-    from qkv.train import seq2seq_grads as S
+    from qkv.train import seq2seq_backprop as S
     model = qkv.load(Path(__file__).parent / "fixtures" / "seq2seq" / name).astype(np.float64)
     cfg, w = model.config, model.weights
     rng = np.random.default_rng(2)

@@ -93,7 +93,7 @@ def qkv_step(params: dict[str, np.ndarray], cfg: ModelConfig, ids: np.ndarray, o
     PARAMS in place: weights (views of params) → loss_and_grads → grads_by_name → AdamW.step."""
     from ..checkpoints import weights_from_tensors
     from ..train.gradients import grads_by_name
-    from ..train.grads import loss_and_grads
+    from ..train.backprop import loss_and_grads
     from ..train.optim import AdamW
 
     weights = weights_from_tensors(params, cfg)                       # views: the step shows through
@@ -127,7 +127,7 @@ def activation_memory(cfg: ModelConfig, params: dict[str, np.ndarray], batch: in
     """Per n: bytes held when the loss is taken (the forward's tapes + logits), the peak of the whole
     loss_and_grads call, and kept_floats' prediction; tracemalloc counts only what the call allocates."""
     from ..checkpoints import weights_from_tensors
-    from ..train import grads
+    from ..train import backprop as grads
 
     weights = weights_from_tensors(params, cfg)
     itemsize = next(iter(params.values())).itemsize

@@ -1,6 +1,6 @@
 """The gradients a user asks for, by the checkpoint's own tensor names: decoders and encoder–decoders.
 
-grads.py and seq2seq_grads.py compute gradients as Weights trees in the seeds' names; this module
+backprop.py and seq2seq_backprop.py compute gradients as Weights trees in the seeds' names; this module
 checks the inputs and names each gradient as the checkpoint's file (and torch's named_parameters())
 names it, so that they compare one to one with torch autograd.
 """
@@ -11,8 +11,8 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from .grads import loss_and_grads
-from .seq2seq_grads import decoder_inputs, loss_and_grads as seq2seq_loss_and_grads
+from .backprop import loss_and_grads
+from .seq2seq_backprop import decoder_inputs, loss_and_grads as seq2seq_loss_and_grads
 
 
 def grads_by_name(grads, cfg: ModelConfig) -> dict[str, np.ndarray]:

@@ -183,7 +183,7 @@ class DecoderTask:
 
     def loss_and_grads(self, weights, ids: np.ndarray):
         """The mean next-token cross-entropy of every position, and its gradients (a Weights tree)."""
-        from .grads import loss_and_grads
+        from .backprop import loss_and_grads
 
         return loss_and_grads(weights, self.config, ids)
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from . import ko_en
-from .seq2seq_grads import decoder_inputs, loss_and_grads
+from .seq2seq_backprop import decoder_inputs, loss_and_grads
 
 EVAL_SENTENCES = 200          # held-out sentences each record translates (all of them at the end)
 

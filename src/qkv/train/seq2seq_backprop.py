@@ -24,7 +24,7 @@ from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.seq2seq import Stacks, decoder_pass, encoder_pass, memory_of
 from ..engine.weights import Seq2SeqWeights, Weights
-from .grads import token_loss
+from .backprop import token_loss
 
 
 def _check(cfg: ModelConfig, weights: Seq2SeqWeights) -> None:
