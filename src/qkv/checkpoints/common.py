@@ -119,6 +119,26 @@ def check_shapes(hf: dict, d_model: int, n_heads: int) -> None:
                        "restore the checkpoint's config.json")
 
 
+def partial_rope(hf: dict, d_head: int, default_factor: float = 1.0) -> tuple[float, dict | None, int | None]:
+    """(rope_theta, rope_scaling, rotary_dim) of a model that may turn only part of each head (GPT-NeoX,
+    Phi): from transformers 5's `rope_parameters`, else the older keys (rope_theta / rotary_emb_base,
+    partial_rotary_factor / rotary_pct, rope_scaling). rotary_dim = int(d_head · factor), as transformers
+    computes it, None when all of each head turns; a factor outside (0, 1] or a count that is not even and
+    ≥ 2 is refused in one line."""
+    params = hf.get("rope_parameters") or {}
+    theta = params.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000.0)))
+    factor = params.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor", default_factor)))
+    if not _is_number(factor) or not 0 < factor <= 1:
+        raise QkvError(f"config.json partial_rotary_factor = {factor!r} is not a number in (0, 1]; "
+                       "restore the checkpoint's config.json")
+    rotary = int(d_head * factor)
+    if rotary < 2 or rotary % 2:
+        raise QkvError(f"RoPE over {rotary} of each head's {d_head} numbers (partial_rotary_factor {factor}) "
+                       "needs an even count ≥ 2; restore the checkpoint's config.json")
+    scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    return float(theta), scaling, None if rotary == d_head else rotary
+
+
 def activation(name: str) -> str:
     if name not in ACTIVATIONS:
         raise QkvError(f"activation {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")

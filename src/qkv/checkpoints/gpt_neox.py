@@ -22,9 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, partial_rope, reads_back
 from .tensors import TensorStore
 
 # Tensors a GPT-NeoX checkpoint may hold that qkv never reads ({i}: a layer), relative to GPTNeoXModel.
@@ -38,34 +37,16 @@ IGNORED = {
 }
 
 
-def _rope(hf: dict) -> tuple[float, float, dict | None]:
-    """(rope_theta, partial rotary factor, rope_scaling), from transformers 5's `rope_parameters` or
-    the older rotary_emb_base / rotary_pct / rope_scaling."""
-    params = hf.get("rope_parameters") or {}
-    theta = params.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000.0)))
-    factor = params.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor", 1.0)))
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
-        raise QkvError(f"config.json partial_rotary_factor = {factor!r} is not a number in (0, 1]; "
-                       "restore the checkpoint's config.json")
-    scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    return float(theta), float(factor), scaling
-
-
 def config(hf: dict) -> ModelConfig:
     d, H = need(hf, "hidden_size"), need(hf, "num_attention_heads")
     check_shapes(hf, d, H)
-    theta, factor, scaling = _rope(hf)
-    d_head = d // H
-    rotary = int(d_head * factor)                      # as transformers: int(head_size · partial_rotary_factor)
-    if rotary < 2 or rotary % 2:
-        raise QkvError(f"RoPE over {rotary} of each head's {d_head} numbers (partial_rotary_factor {factor}) "
-                       "needs an even count ≥ 2; restore the checkpoint's config.json")
+    theta, scaling, rotary = partial_rope(hf, d // H)
     bias = bool(hf.get("attention_bias", True))
     return ModelConfig(
         family="gpt_neox", vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "num_hidden_layers"),
         n_heads=H, d_ff=need(hf, "intermediate_size"), max_positions=hf.get("max_position_embeddings", 2048),
         causal=True, norm="layer", norm_place="pre", norm_eps=hf.get("layer_norm_eps", 1e-5),
-        position="rope", rope_theta=theta, rope_scaling=scaling, rotary_dim=None if rotary == d_head else rotary,
+        position="rope", rope_theta=theta, rope_scaling=scaling, rotary_dim=rotary,
         parallel_residual=bool(hf.get("use_parallel_residual", True)),
         activation=activation(hf.get("hidden_act", "gelu")), gated_ffn=False,
         qkv_bias=bias, out_bias=bias, ffn_bias=True,
