@@ -153,16 +153,8 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     Xn, norm_diff = _norm_input(model, layer, lt.residual)          # (n, d_model)
 
     q_cols, kv_cols = slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k)
-    Q_p, K_p, V_p = (_proj(Xn, attn.W_Q, attn.b_Q, q_cols), _proj(Xn, attn.W_K, attn.b_K, kv_cols),
-                     _proj(Xn, attn.W_V, attn.b_V, kv_cols))        # 3 × (n, d_k)
-    if cfg.qk_norm == "all":                                        # OLMo 2: over the whole projection first
-        Q_p = norm_of(_proj(Xn, attn.W_Q, attn.b_Q, slice(None)), attn.q_norm.weight, None, cfg.norm,
-                      cfg.norm_eps)[:, q_cols]
-        K_p = norm_of(_proj(Xn, attn.W_K, attn.b_K, slice(None)), attn.k_norm.weight, None, cfg.norm,
-                      cfg.norm_eps)[:, kv_cols]
-    elif attn.q_norm is not None:                                   # Qwen3, Phi: each head's q, k normalised first
-        Q_p, K_p = (norm_of(x, w.weight, w.bias, cfg.norm, cfg.norm_eps) for x, w in ((Q_p, attn.q_norm),
-                                                                                     (K_p, attn.k_norm)))
+    Q_p, K_p = head_qk(Xn, attn, cfg, q_cols, kv_cols)              # (n, d_k) each, before RoPE
+    V_p = _proj(Xn, attn.W_V, attn.b_V, kv_cols)                    # (n, d_k)
     Q, K, V = (lt.q[head].astype(np.float64), lt.k[kv].astype(np.float64),
                lt.v[kv].astype(np.float64))                         # as the model used them
     rope = None
@@ -259,6 +251,20 @@ def scaling_entropy(q: np.ndarray, k: np.ndarray, scores: np.ndarray, head: int,
         entropy |= {f"head_entropy_{name}": float(ent[head].mean()), f"head_max_{name}": float(top[head].mean()),
                     f"layer_entropy_{name}": float(ent.mean()), f"layer_max_{name}": float(top.mean())}
     return entropy
+
+
+def head_qk(Xn: np.ndarray, attn, cfg, q_cols: slice, kv_cols: slice) -> tuple[np.ndarray, np.ndarray]:
+    """One head's q and k before RoPE, in float64, as the model makes them: Norm(X)·W + b, then the q/k
+    norms — each head's (Qwen3, Phi) or the whole projection's, before it is cut into heads (OLMo 2)."""
+    if cfg.qk_norm == "all":
+        q = norm_of(_proj(Xn, attn.W_Q, attn.b_Q, slice(None)), attn.q_norm.weight, None, cfg.norm, cfg.norm_eps)
+        k = norm_of(_proj(Xn, attn.W_K, attn.b_K, slice(None)), attn.k_norm.weight, None, cfg.norm, cfg.norm_eps)
+        return q[:, q_cols], k[:, kv_cols]                          # (n, d_k) each
+    q, k = _proj(Xn, attn.W_Q, attn.b_Q, q_cols), _proj(Xn, attn.W_K, attn.b_K, kv_cols)
+    if cfg.qk_norm == "head":
+        q = norm_of(q, attn.q_norm.weight, attn.q_norm.bias, cfg.norm, cfg.norm_eps)
+        k = norm_of(k, attn.k_norm.weight, attn.k_norm.bias, cfg.norm, cfg.norm_eps)
+    return q, k
 
 
 def norm_of(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, kind: str, eps: float) -> np.ndarray:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention import DEFAULT_TEXT, norm_of, rope_rotate
+from .attention import DEFAULT_TEXT, head_qk, norm_of, rope_rotate
 from ..engine.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
 from rich.text import Text
 
@@ -137,18 +137,7 @@ def _rope(model, text: str) -> Rope:
     Xn = lt.residual.astype(np.float64)                                     # (n, d_model); OLMo 2 reads it as is
     if nw is not None:
         Xn = norm_of(Xn, nw.weight, nw.bias, cfg.norm, cfg.norm_eps)
-    Q = Xn @ attn.W_Q[:, head * d_k:(head + 1) * d_k].astype(np.float64)   # (n, d_k)
-    K = Xn @ attn.W_K[:, kv * d_k:(kv + 1) * d_k].astype(np.float64)       # (n, d_k)
-    if attn.b_Q is not None:
-        Q, K = Q + attn.b_Q[head * d_k:(head + 1) * d_k], K + attn.b_K[kv * d_k:(kv + 1) * d_k]
-    if cfg.qk_norm == "all":                                                # OLMo 2: over the whole projection
-        Q = norm_of(Xn @ attn.W_Q.astype(np.float64) + (0 if attn.b_Q is None else attn.b_Q), attn.q_norm.weight,
-                    None, cfg.norm, cfg.norm_eps)[:, head * d_k:(head + 1) * d_k]
-        K = norm_of(Xn @ attn.W_K.astype(np.float64) + (0 if attn.b_K is None else attn.b_K), attn.k_norm.weight,
-                    None, cfg.norm, cfg.norm_eps)[:, kv * d_k:(kv + 1) * d_k]
-    elif attn.q_norm is not None:                                           # Qwen3, Phi: q, k normalised first
-        Q = norm_of(Q, attn.q_norm.weight, attn.q_norm.bias, cfg.norm, cfg.norm_eps)
-        K = norm_of(K, attn.k_norm.weight, attn.k_norm.bias, cfg.norm, cfg.norm_eps)
+    Q, K = head_qk(Xn, attn, cfg, slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k))   # (n, d_k)
     d_rot = cfg.rotary_dim or d_k                                           # GPT-NeoX turns only the first d_rot
     omega = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling)         # (d_rot/2,) the engine's, float32
     omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64)
