@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine.errors import QkvError
 from ..engine.ops import entropy as ops_entropy
-from .sampling import distribution
+from .sampling import distribution  # noqa: F401  (re-exported: the views of the distribution sample draws from)
 from ..engine.tokenizer import visible
 
 
