@@ -272,12 +272,14 @@ class Seq2SeqModel:
         return memory_of(self.weights, self.config, encoded)
 
     def decoder_logits(self, ids: np.ndarray, memory, source_mask: np.ndarray, mask: np.ndarray | None = None, *,
-                       cache: KVCache | None = None, rec: Recorder | None = None) -> np.ndarray:
+                       cache: KVCache | None = None, rec: Recorder | None = None,
+                       stacks: Stacks | None = None) -> np.ndarray:
         """The logits of the last position (B, 1, V): one step of writing (after the cache's past);
-        rec: what the decoder's self-attention and FFN keep (generation traces)."""
-        stacks = self.stacks()
+        rec: what the decoder's self-attention and FFN keep (generation traces); stacks: this view's
+        hooks and ablation when the caller made them once (`BoundDecoder`), else made here."""
+        stacks = self.stacks() if stacks is None else stacks
         if rec is not None:
-            stacks.rec["decoder"] = rec
+            stacks = Stacks({"decoder": rec}, stacks.hooks, stacks.ablate)
         if cache is not None and stacks.ablate["decoder"] is not None and stacks.ablate["decoder"].how == "mean":
             raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
         return decoder_pass(self.weights, self.config, ids, mask, memory, source_mask, cache=cache, stacks=stacks,
@@ -478,6 +480,7 @@ class BoundDecoder:
         self.config = model.config.with_(n_layers=model.config.n_decoder_layers, causal=True)
         self.weights, self.tokenizer, self.name = model.weights.decoder, model.tokenizer, model.name
         self.memory = model.memory(model.encoder_output(ids, mask))   # L_dec × (K, V) (B, Hkv, n_src, d_k)
+        self.stacks = model.stacks()                                   # its hooks and ablation, once per writing
 
     @property
     def dtype(self) -> np.dtype:
@@ -486,4 +489,5 @@ class BoundDecoder:
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
                     cache: KVCache | None = None) -> np.ndarray:
         """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's."""
-        return self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec)
+        return self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec,
+                                         stacks=self.stacks)
