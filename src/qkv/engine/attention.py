@@ -105,8 +105,8 @@ def scaled_dot_product_attention(
     return z, a, (s if keep_scores else None)
 
 
-def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray,
+                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) of Z = A·V, A = softmax(S), S = Q·Kᵀ/√d_k + M, given dZ (seeds §3 backwards).
 
         dV = Aᵀ·dZ            dA = dZ·Vᵀ
@@ -115,7 +115,8 @@ def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
 
     q, dZ: (B, H, n, d_k); k, v: (B, Hkv, m, d_k); A: (B, H, n, m). A K/V head shared by G = H/Hkv
     query heads (GQA/MQA) gets the sum of their gradients: the group is folded into the rows of
-    each product, as in the forward, so the sum is the matrix product's own.
+    each product, as in the forward, so the sum is the matrix product's own. scale: what the
+    forward multiplied Q·Kᵀ by (None: 1/√d_k).
     """
     B, H, n, dk = q.shape
     Hkv, m = k.shape[1], k.shape[2]
@@ -125,7 +126,7 @@ def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
     dV = np.matmul(Ag.swapaxes(-1, -2), dZg)             # (B, Hkv, m, d_k)
     dA = np.matmul(dZg, v.swapaxes(-1, -2))              # (B, Hkv, G·n, m)
     dS = softmax_backward(dA, Ag)                        # (B, Hkv, G·n, m)
-    dS *= 1.0 / math.sqrt(dk)
+    dS *= 1.0 / math.sqrt(dk) if scale is None else scale
     dQ = np.matmul(dS, k).reshape(B, H, n, dk)           # (B, H, n, d_k)
     dK = np.matmul(dS.swapaxes(-1, -2), q.reshape(B, Hkv, G * n, dk))   # (B, Hkv, m, d_k)
     return dQ, dK, dV

@@ -157,17 +157,11 @@ class Context:
     hooks: Hooks | None = None                       # functions reading or replacing values (qkv.engine.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
-    scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (score_scale)
+    scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (ModelConfig.score_scale)
     memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
     cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none
     query_mask: np.ndarray | None = None             # cross-attention: (B, n) the real target tokens; None: all
     tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
-
-
-def score_scale(cfg: ModelConfig) -> float | None:
-    """What S = Q·Kᵀ is multiplied by: None for the usual 1/√d_k, 1.0 where the config folds it into
-    W_Q (T5's scale_scores = False)."""
-    return None if cfg.scale_scores else 1.0
 
 
 def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:

@@ -154,7 +154,8 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     partial) and the mask (causal, window, padding) come in through A and the tape's rotation; q/k norms
     (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
-    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a)
+    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a,
+                                    None if cfg is None else cfg.score_scale)
     if t.rope is not None:
         dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
     g_qn = g_kn = None
@@ -211,13 +212,14 @@ def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarr
     return dx, g_norm, g_box
 
 
-def cross_attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape
+def cross_attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: ModelConfig | None = None
                     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], AttentionWeights]:
     """(dY, (dK, dV) (B, Hkv, n_src, d_k) for the encoder output's projections, the gradients of W_Q, W_O
     and their biases) from dL/dCrossAttention(Y): dQ goes back to the decoder's stream Y, dK and dV to
     the memory (`memory`), computed once per source as its K and V were."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n_tgt, H·d_k)
-    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a)
+    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a,
+                                    None if cfg is None else cfg.score_scale)
     dy, dW_Q, db_Q = linear(merge_heads(dq), t.x, w.W_Q, w.b_Q is not None)   # (B, n_tgt, d_model)
     return dy, (dk, dv), AttentionWeights(W_Q=dW_Q, W_K=None, W_V=None, W_O=dW_O, b_Q=db_Q, b_O=db_O)
 
@@ -276,7 +278,7 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
     if w.cross_attn is not None:
         def cross_back(d):
             nonlocal d_kv
-            d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"))
+            d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"), cfg)
             return d_in, g
         dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back)
     dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back)

@@ -79,6 +79,8 @@ class ModelConfig:
     relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
     relative_max_distance: int = 128  # distances from here on share the last bucket
     scale_scores: bool = True         # S = Q·Kᵀ/√d_k; False: S = Q·Kᵀ (T5 folds the scale into W_Q)
+    attn_scale: float | None = None   # S = Q·Kᵀ·attn_scale instead (Gemma 2's query_pre_attn_scalar^-½,
+                                      # Granite's attention_multiplier, GPT-Neo's 1); None: as scale_scores says
     scale_decoder_output: bool = False   # T5 with a tied W_vocab: logits = (Z·d_model^-0.5)·W_vocab
     decoder_start_token_id: int | None = None   # the first token the decoder reads (Marian: pad, T5: pad)
 
@@ -111,8 +113,18 @@ class ModelConfig:
         if self.position == "relative" and not (2 <= self.relative_buckets // 2 < self.relative_max_distance):
             raise QkvError(f"relative_buckets={self.relative_buckets} must be ≥ 4 and relative_max_distance="
                            f"{self.relative_max_distance} more than half of it; fix the model's config")
+        if self.attn_scale is not None and not (0 < self.attn_scale < float("inf")):
+            raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
+
+    @property
+    def score_scale(self) -> float | None:
+        """What S = Q·Kᵀ is multiplied by: None for the usual 1/√d_k (the fast kernels' own), else attn_scale,
+        or 1.0 where the config folds the scale into W_Q (T5's scale_scores = False)."""
+        if self.attn_scale is not None:
+            return self.attn_scale
+        return None if self.scale_scores else 1.0
 
     @property
     def group_size(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm, score_scale
+from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm
 from .blocks_backward import Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
@@ -83,7 +83,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
-                  scale=score_scale(cfg), tape=tape)
+                  scale=cfg.score_scale, tape=tape)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .attention import AttentionMask
-from .blocks import ABLATIONS, Ablation, Context, block, cross_memory, embed, logits_of, norm, score_scale
+from .blocks import ABLATIONS, Ablation, Context, block, cross_memory, embed, logits_of, norm
 from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
@@ -56,7 +56,7 @@ class Stacks:
 
     def context(self, stack: str, cfg: ModelConfig, mask: AttentionMask, **more: Any) -> Context:
         return Context(cfg, mask, None, self.rec.get(stack) or Recorder(keep=()), ablate=self.ablate.get(stack),
-                       hooks=self.hooks.get(stack), scale=score_scale(cfg), tape=self.tape.get(stack), **more)
+                       hooks=self.hooks.get(stack), scale=cfg.score_scale, tape=self.tape.get(stack), **more)
 
 
 def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,

@@ -103,7 +103,7 @@ def _sharing(model, text: str) -> Sharing:
     q, k = lt.q.astype(np.float64), lt.k.astype(np.float64)                # (H, n, d_k), (Hkv, n, d_k)
     if q.shape[0] != H or k.shape[0] != H_kv:
         raise RuntimeError(f"lesson: the model kept {q.shape[0]} query and {k.shape[0]} K/V heads, not {H} and {H_kv}")
-    scale = 1 / math.sqrt(d_k) if cfg.scale_scores else 1.0
+    scale = 1 / math.sqrt(d_k) if cfg.score_scale is None else cfg.score_scale
     mine = np.stack([q[h] @ k[kv_of[h]].T * scale for h in range(H)])      # (H, n, n)
     model_s = lt.scores.astype(np.float64)                                  # (H, n, n), −∞ where masked
     kept = np.isfinite(model_s)
