@@ -191,6 +191,26 @@ def test_the_web_apps_pipeline_writes_the_next_token(tab):
     assert tab.errors == [] and tab.dialogs == []
 
 
+def test_the_web_apps_language_picker_sets_the_pages_language(tab):
+    """Choosing 한국어 (or back English) in the form and pressing Show pipeline redraws the page in that
+    language, though the page drawn before was in the other one."""
+    with running_server(str(MODELS / "gpt2")) as srv:
+        page = tab.page
+        page.goto(srv.url)
+        page.click(".qkv-mode[data-mode='pipeline']")
+        page.wait_for_selector(READY, timeout=30000)
+        assert state(tab)["lang"] == "en"
+        english = page.text_content(".qkv-p-title")
+        for lang in ("ko", "en", "ko"):
+            page.select_option(".qkv-pipe-lang", lang)
+            page.evaluate("() => { document.querySelector('[data-qkv-pipeline]').dataset.ready = ''; }")
+            page.click(".qkv-pipe-form button[type=submit]")
+            page.wait_for_selector(READY, timeout=30000)
+            assert state(tab)["lang"] == lang
+            assert (page.text_content(".qkv-p-title") == english) == (lang == "en")
+    assert tab.errors == [] and tab.dialogs == []
+
+
 def test_the_page_opens_where_it_is_told(tab, llama, tmp_path):
     open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html", lang="ko", layer=1, head=6, box="qkv"))
     assert state(tab).items() >= {"layer": "1", "head": "6", "box": "qkv", "lang": "ko"}.items()

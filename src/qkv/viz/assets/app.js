@@ -298,7 +298,9 @@
   }
   async function showPipeline(payload) {
     error.hidden = true;
-    pipeView = await QKV_PIPELINE.mount(pipeRoot, payload, {onNext: nextToken, state: pipeView ? pipeView.s : null});
+    // the previous page's choices stay, but its language is the one this payload was asked in
+    const state = pipeView ? Object.assign({}, pipeView.s, {lang: payload.lang}) : null;
+    pipeView = await QKV_PIPELINE.mount(pipeRoot, payload, {onNext: nextToken, state});
     pipeShown = true;
     app.dataset.state = "shown";
   }
@@ -321,6 +323,7 @@
     if (button) button.disabled = true;
     status.textContent = "writing one token…";
     try {
+      if (pipeView) pipeLang.value = pipeView.s.lang;   // the page's own language button counts too
       const answer = await postJSON("api/pipeline/next", Object.assign({text: pipeText.value, model: pipeModel.value,
                                                                           lang: pipeLang.value}, settings));
       pipeText.value = answer.text;
