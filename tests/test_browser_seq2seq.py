@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.cli.app import seq2seq_trace
+from qkv.writing.seq2seq_generate import translation_trace
 from qkv.viz.html import save_viewer
 from qkv.viz import wire
 from qkv.viz.payload import encode_attention
@@ -26,7 +26,7 @@ def marian(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def school(marian):
-    return seq2seq_trace(marian, SOURCE, marian.encode(TARGET)[0])             # 5 target rows × 4 source tokens
+    return translation_trace(marian, SOURCE, marian.encode(TARGET)[0])             # 5 target rows × 4 source tokens
 
 
 def quantised(a: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 import qkv
 from conftest import FIXTURES, MODELS, run_main
-from qkv.cli.app import cli, seq2seq_trace
+from qkv.cli.app import cli
+from qkv.writing.seq2seq_generate import translation_trace
 from qkv.writing.nexttoken import distribution
 from qkv.engine.trace import Trace
 from qkv.viz.seq2seq import cross_written
@@ -193,7 +194,7 @@ def table_rows(output: str) -> list[list[str]]:
 
 def test_show_prints_where_each_target_token_looks_in_the_source(marian, marian_dir):
     r = invoke("show", SOURCE, "--model", str(marian_dir), "--target", "I go to school", "--layer", "0")
-    trace = seq2seq_trace(marian, SOURCE, marian.encode("I go to school")[0])
+    trace = translation_trace(marian, SOURCE, marian.encode("I go to school")[0])
     cross = cross_written(trace, marian.tokenizer)
     assert cross.tokens[:4] == ["I", "go", "to", "school"] and trace.tokens[:2] == ["<pad>", "I"]
     assert "source: 0:나는 1:학교에 2:간다 3:</s>" in r.output and "target (given): I go to school" in r.output
@@ -220,7 +221,7 @@ def test_show_translates_when_no_target_is_given(marian, marian_dir):
 def test_show_one_head_prints_its_cross_matrix(marian, marian_dir):
     r = invoke("show", SOURCE, "--model", str(marian_dir), "--target", "I go to school", "--head", "2",
                "--layer", "-1")
-    trace = seq2seq_trace(marian, SOURCE, marian.encode("I go to school")[0])
+    trace = translation_trace(marian, SOURCE, marian.encode("I go to school")[0])
     a = trace.cross.layer(1).attentions[2]                                  # (n_tgt, n_src) = (5, 4)
     rows = [line.split("│") for line in r.output.splitlines() if line.count("│") == 4]
     assert [row[0].strip() for row in rows][:4] == ["I", "go", "to", "school"]

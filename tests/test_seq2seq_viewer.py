@@ -12,7 +12,7 @@ import pytest
 import qkv
 from conftest import FIXTURES
 from qkv import QkvError
-from qkv.cli.app import seq2seq_trace
+from qkv.writing.seq2seq_generate import translation_trace
 from qkv.viz.html import View, viewer_html
 from qkv.viz import wire
 from qkv.viz.payload import PRECISION
@@ -29,7 +29,7 @@ def marian(tmp_path_factory):
 @pytest.fixture(scope="module")
 def school(marian):
     """"나는 학교에 간다" read against "I go to school" (teacher forcing; the decoder reads <pad> I go to school)."""
-    return seq2seq_trace(marian, SOURCE, marian.encode("I go to school")[0])
+    return translation_trace(marian, SOURCE, marian.encode("I go to school")[0])
 
 
 def kinds_of(document: str) -> dict[str, dict]:
@@ -92,7 +92,7 @@ def test_bart_kinds_keep_their_own_layers_and_byte_level_labels():
 
 
 def test_hostile_tokens_stay_text(marian):
-    trace = seq2seq_trace(marian, "</script><script>alert(1)</script> 간다",
+    trace = translation_trace(marian, "</script><script>alert(1)</script> 간다",
                           marian.encode("</script><script>alert(1)</script> I")[0])
     document = viewer_html(trace, tokenizer=marian.tokenizer, model_name=XSS)
     assert "<script>alert(1)" not in document and "<img" not in document

@@ -91,3 +91,18 @@ def test_an_encoder_decoder_shows_its_translation_but_writes_no_next_token():
         assert status == 200 and p["seq2seq"] and p["target"] == "I go to school"
         status, body = post(srv, "/api/pipeline/next", {"text": "나는 학교에 간다"})
         assert status == 400 and "is an encoder–decoder" in body["error"]
+
+
+def test_serve_on_the_translator_shows_its_page_its_translation_and_refuses_chat_in_one_line():
+    """`qkv serve --model ko-en-tiny`: GET / is the page (not a 500) before and after the model is loaded,
+    Show attention answers the translation's three kinds of attention, chat is one clear refusal."""
+    with running_server("ko-en-tiny") as srv:
+        for _ in range(2):                                       # the second time, the model is loaded
+            status, _, page = call(srv, "GET", "/")
+            assert status == 200 and "QKV_PIPELINE" in page
+            status, p = post(srv, "/api/attention", {"text": "나는 학교에 간다"})
+            assert status == 200 and p["kind"] == "cross" and p["title"].endswith("→ I go to school")
+        status, body = post(srv, "/api/chat", {"messages": [{"role": "user", "content": "안녕"}],
+                                               "model": "ko-en-tiny"})
+        assert status == 400 and "is an encoder–decoder (a translator)" in body["error"]
+        assert "qkv translate" in body["error"] and "\n" not in body["error"]

@@ -55,7 +55,10 @@ def patch_payload(p: Patching) -> dict:
 
 
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:
-    """A Logit lens tab: the model has an LM head, and the text at most `lens_limit` tokens (None: any)."""
+    """A Logit lens tab: a single-stack model with an LM head, and the text at most `lens_limit` tokens
+    (None: any). An encoder–decoder's viewer shows its three kinds of attention, no lens."""
+    if getattr(model.config, "encoder_decoder", False):
+        return False
     return model.weights.W_vocab is not None and (lens_limit is None or n <= lens_limit)
 
 
@@ -68,5 +71,7 @@ def sections_keep(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TO
 def viewer_sections(model: "Model", trace: "Trace", lens_limit: int | None = TRACE_LENS_TOKENS) -> dict:
     """{"rollout": …, "lens": … or None} for `viz.html.save_viewer(sections=…)`: the lens of a decoder up
     to `lens_limit` tokens (its cost grows with n · V)."""
+    if getattr(model.config, "encoder_decoder", False):
+        return {}                                        # one stack's panels: none for an encoder–decoder
     lens = shows_lens(model, len(trace.ids), lens_limit)
     return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None}

@@ -204,6 +204,7 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
     a decoder layer, and with OUT_DIR the figures and the viewer of all three kinds of attention."""
     from ..viz.figures import focused_head
     from ..viz.seq2seq import cross_written
+    from ..writing.seq2seq_generate import translation_trace
 
     if ablate:
         raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
@@ -218,7 +219,7 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        trace = seq2seq_trace(model, text, forced)
+        trace = translation_trace(model, text, forced)
         cross = cross_written(trace, model.tokenizer)                         # rows: the token each row wrote
         _print_cross(trace, cross, model, layer, head, translated=target is None)
         if out_dir is not None:
@@ -231,29 +232,6 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
             click.echo(f"  {f}")
         click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention, every layer and head"
                    f"{_pipeline_note(files)}")
-
-
-def seq2seq_trace(model, text: str, target: np.ndarray | None):
-    """The Trace of the source TEXT and a target: TARGET's ids (teacher forcing), or else the model's greedy
-    translation. The decoder reads the start token and the target without its final EOS, so row t
-    wrote target token t + 1 and the last row's choice is the target's end (`viz.seq2seq.written`)."""
-    from ..writing.generate import stop_ids
-
-    ids, _ = model.encode(text)                                               # (n_src,)
-    forced = target is not None
-    if not forced:
-        new = min(64, model.config.max_positions - 1)
-        target = model.generate(ids[None], new, temperature=0)[0, 1:]         # (≤ new,) after the start token
-    target = list(np.asarray(target).tolist())
-    ends = set(stop_ids(model, True, []).tolist())
-    if target and target[-1] in ends:
-        target.pop()                                                          # the end is written by the last row
-    trace = model.run(ids, target=np.array([model.start_token, *target], dtype=np.int64), keep=("attentions",))
-    trace.text = model.tokenizer.decode(target, skip_special_tokens=True)
-    trace.encoder.text = text
-    if forced:
-        trace.prompt_length = None                                            # given, not generated
-    return trace
 
 
 def _print_cross(trace, cross, model, layer: int, head: int | None, translated: bool) -> None:

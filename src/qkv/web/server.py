@@ -52,6 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from ..analysis.sections import sections_keep, viewer_sections
+from ..writing.seq2seq_generate import translation_trace
 from ..checkpoints import LLM, available, load
 from ..engine.errors import QkvError
 from ..engine.model import Model
@@ -201,6 +202,8 @@ class App:
         lane = self._lane(n)
         lane.enter()
         try:                                   # the payload too: one L·H·n² array per lane at a time
+            if getattr(model.config, "encoder_decoder", False):     # its translation, and three kinds of attention
+                return trace_payload(translation_trace(model, text), tokenizer=model.tokenizer)
             trace = model.run(text, keep=sections_keep(model, n))
             return trace_payload(trace, sections=viewer_sections(model, trace))    # named after trace.model
         finally:

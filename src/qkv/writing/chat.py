@@ -28,6 +28,9 @@ TEMPERATURE = 0.0
 
 def check_can_chat(model: Writer) -> None:
     """Chat needs a decoder whose checkpoint ships a chat template."""
+    if getattr(model.config, "encoder_decoder", False):
+        raise QkvError(f"{model.name} is an encoder–decoder (a translator): it cannot chat; translate with "
+                       f"`qkv translate --model {model.name} TEXT`, or chat with a chat model, e.g. --model smollm2")
     if not model.config.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({model.config.family}): it cannot write a reply; "
                        "chat with a chat model, e.g. --model smollm2")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from .generate import Step, TextStream, split_stop
+from .generate import Step, TextStream, split_stop, stop_ids
 from .generate import decode as steps
 from .sampling import Sampling
 
@@ -113,3 +113,24 @@ def generate(model: SourceWriter, source, max_new_tokens: int, sampling: Samplin
     if len(out) != 1:
         raise QkvError("trace=True follows one sequence; give a batch of one")
     return model.run(ids[0], target=out[0], keep=("attentions",))
+
+
+def translation_trace(model: SourceWriter, text: str, target: np.ndarray | None = None):
+    """The Trace of the source TEXT and a target: TARGET's ids (teacher forcing), or else the model's greedy
+    translation. The decoder reads the start token and the target without its final EOS, so row t
+    wrote target token t + 1 and the last row's choice is the target's end (`viz.seq2seq.written`)."""
+    ids, _ = model.encode(text)                                               # (n_src,)
+    forced = target is not None
+    if not forced:
+        new = min(64, model.config.max_positions - 1)
+        target = model.generate(ids[None], new, temperature=0)[0, 1:]         # (≤ new,) after the start token
+    target = list(np.asarray(target).tolist())
+    ends = set(stop_ids(model, True, []).tolist())
+    if target and target[-1] in ends:
+        target.pop()                                                          # the end is written by the last row
+    trace = model.run(ids, target=np.array([model.start_token, *target], dtype=np.int64), keep=("attentions",))
+    trace.text = model.tokenizer.decode(target, skip_special_tokens=True)
+    trace.encoder.text = text
+    if forced:
+        trace.prompt_length = None                                            # given, not generated
+    return trace
