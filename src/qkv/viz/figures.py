@@ -44,6 +44,7 @@ from ..engine.ops import entropy
 from ..engine.io import FileBatch
 from ..engine.tokenizer import shorten
 from .palette import CMAP, HATCH, MASKED
+from . import hangul
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -114,18 +115,20 @@ def ticks(labels: Sequence[str]) -> tuple[list[int], list[str]]:
 
 # ── drawing ──────────────────────────────────────────────────────────────────────
 
-# Tokens of Korean (the seeds' language), Japanese or Chinese text need a font with those
-# glyphs; DejaVu Sans (matplotlib's own) has none. The first of these that is installed
-# backs it up.
+# Tokens of Korean, Japanese or Chinese text need a font with those glyphs; DejaVu Sans (matplotlib's
+# own) has none. The first of these that is installed backs it up; NanumGothic always is (viz/hangul.py
+# registers the file a dependency ships, so Korean shows on a machine without a Korean font).
 CJK_FONTS = ("Noto Sans CJK KR", "Noto Sans KR", "NanumGothic", "NanumBarunGothic", "Malgun Gothic",
              "Apple SD Gothic Neo", "AppleGothic", "Noto Sans CJK JP", "Noto Sans CJK SC", "Source Han Sans KR")
 
 
 @functools.lru_cache(maxsize=1)
 def fonts() -> tuple[str, ...]:
-    """DejaVu Sans, then the installed CJK fonts of `CJK_FONTS`, as a fallback list."""
+    """DejaVu Sans, then the installed CJK fonts of `CJK_FONTS` (the bundled NanumGothic among them),
+    as a fallback list."""
     from matplotlib import font_manager
 
+    hangul.register_matplotlib()
     installed = {f.name for f in font_manager.fontManager.ttflist}
     return ("DejaVu Sans", *(f for f in CJK_FONTS if f in installed))
 

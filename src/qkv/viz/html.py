@@ -35,10 +35,12 @@ from typing import Mapping, Sequence
 from ..engine.errors import QkvError
 from ..engine.io import write_text
 from ..engine.trace import Trace
+from . import hangul
 from .payload import script_json, trace_payload
 
 # No request may leave the page: scripts and styles are inline, nothing else is allowed.
-_CSP_VIEWER = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+_CSP_VIEWER = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+               "font-src data:")             # the page's own subset of a Hangul font (viz/hangul.py)
 
 
 @lru_cache(maxsize=None)
@@ -52,15 +54,19 @@ def viewer_js() -> str:
     return "\n".join(asset(name) for name in ("wire.js", "viewer.js", "viewer_panels.js"))
 
 
-def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER) -> str:
-    """A complete HTML document: the viewer's CSS, BODY (trusted markup), then SCRIPTS inline."""
+def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:
+    """A complete HTML document: the viewer's CSS, BODY (trusted markup), then SCRIPTS inline.
+    face: the @font-face of the Hangul font (viz/hangul.py); None: a subset of just the glyphs the document
+    holds, embedded (so Korean shows on a machine without a Korean font)."""
     inline = "".join(f"<script>{s}</script>\n" for s in scripts)
+    if face is None:
+        face = hangul.face_css(title + body + inline)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
         "<link rel=\"icon\" href=\"data:,\">\n"
-        f"<title>{html.escape(title)}</title>\n<style>\n{asset('viewer.css')}</style>\n</head>\n<body>\n"
+        f"<title>{html.escape(title)}</title>\n<style>\n{face}{asset('viewer.css')}</style>\n</head>\n<body>\n"
         f"{body}\n{inline}</body>\n</html>\n"
     )
 

@@ -57,6 +57,7 @@ from ..checkpoints import LLM, available, load
 from ..engine.errors import QkvError
 from ..engine.model import Model
 from ..writing.sampling import Sampling
+from ..viz import hangul
 from ..viz.html import asset, page as html_page, viewer_js
 from ..viz.payload import script_json, trace_payload
 from ..viz.pipeline import pipeline_payload, pipeline_trace
@@ -79,7 +80,7 @@ LANE_WAITING = 8                    # requests waiting in one lane; one more get
 RETRY_AFTER = 2                     # seconds a 503 asks the client to wait
 
 _CSP_APP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-            "connect-src 'self'; form-action 'none'; base-uri 'none'")
+            "connect-src 'self'; font-src 'self'; form-action 'none'; base-uri 'none'")   # font: hangul.woff
 _CSP_HEADER = _CSP_APP + "; frame-ancestors 'none'"     # only a header can forbid framing
 
 
@@ -349,9 +350,11 @@ class App:
         body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}</style>\n"
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
+        face = (f'@font-face {{ font-family: "{hangul.FAMILY}"; src: url("hangul.woff") format("woff"); }}\n'
+                if hangul.font_path() is not None else "")   # every syllable: chat replies may hold any
         return html_page("qkv · see attention", body,
                          [viewer_js(), asset("pipeline.js"), asset("app.js")],
-                         csp=_CSP_APP)
+                         csp=_CSP_APP, face=face)
 
 
 class ChatReply:
@@ -406,6 +409,8 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path in ("/", "/index.html"):
             return 200, self.app.page()
+        if url.path == "/hangul.woff" and hangul.full_face() is not None:
+            return 200, hangul.full_face()
         if url.path == "/api/models":
             return 200, {"models": self.app.sources, "default": self.app.default}
         if url.path == "/api/attention":
@@ -504,6 +509,8 @@ class Handler(BaseHTTPRequestHandler):
         """One whole answer: the page (a str) or JSON, with the security headers."""
         if isinstance(body, str):
             data, kind = body.encode("utf-8"), "text/html; charset=utf-8"
+        elif isinstance(body, bytes):                        # the one file that is neither: the Hangul font
+            data, kind = body, "font/woff"
         else:
             data, kind = json.dumps(body, ensure_ascii=True).encode("ascii"), "application/json"
         try:
@@ -516,6 +523,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Security-Policy", _CSP_HEADER)
             if status == 503:
                 self.send_header("Retry-After", str(RETRY_AFTER))
+            if kind == "font/woff":
+                self.send_header("Cache-Control", "max-age=86400")   # the same bytes for every page
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

@@ -432,7 +432,7 @@
       if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.image = heatmapImage(this.withMask(mx.values), nk, n); }
       const cell = clamp(Math.floor(560 / Math.max(n, nk)), 1, 44), labels = cell >= 10;
       const size = nk * cell, height = n * cell;
-      const font = `${clamp(cell - 4, 9, 13)}px system-ui, sans-serif`;
+      const font = `${clamp(cell - 4, 9, 13)}px system-ui, "qkv Hangul", sans-serif`;
       let lw = 0;
       if (labels) {
         const c = mx.canvas.getContext("2d");
@@ -702,6 +702,8 @@
         if (!panel) throw new Error(`this page lacks the "${v}" view: load viewer_panels.js after viewer.js`);
         extra[v] = panel.decode ? await panel.decode(payload[v]) : {};
       }
+      // canvases draw text once: the page's Hangul face (if it has one) must be loaded before
+      if (document.fonts && document.fonts.load) await document.fonts.load('13px "qkv Hangul"', "\uD55C").catch(() => null);
       const t1 = performance.now();
       const viewer = new Viewer(root, payload, bytes, state, extra);
       viewer.render();

@@ -59,7 +59,7 @@
       this.box.append(this.title, wrap);
       const cw = this.cw = clamp(Math.floor(o.width / o.cols), 3, 28);
       const ch = this.ch = clamp(Math.floor(o.height / o.rows), 3, 22);
-      this.font = `${clamp(Math.min(cw, 14) - 3, 9, 12)}px system-ui, sans-serif`;
+      this.font = `${clamp(Math.min(cw, 14) - 3, 9, 12)}px system-ui, "qkv Hangul", sans-serif`;
       const ctx0 = this.canvas.getContext("2d");
       ctx0.font = this.font;
       const width = (labels) => Math.max(0, ...labels.map(t => ctx0.measureText(shown(t, 12)).width));

@@ -1,0 +1,53 @@
+"""Korean wherever qkv runs: the bundled NanumGothic backs matplotlib's fonts, and every page embeds a
+subset of it holding exactly the Hangul glyphs it shows (tests/test_browser_hangul.py: Chromium draws them)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import warnings
+
+from fontTools.ttLib import TTFont
+
+from qkv.viz import hangul
+from qkv.viz.figures import fonts, new_figure, styled
+from qkv.viz.html import page
+
+
+def subset_points(document: str) -> set[int]:
+    """The code points of the page's embedded Hangul face."""
+    found = re.search(r'font-family: "qkv Hangul"; src: url\(data:font/woff;base64,([A-Za-z0-9+/=]+)\)', document)
+    assert found, "the page embeds no Hangul face"
+    return set(TTFont(io.BytesIO(base64.b64decode(found.group(1)))).getBestCmap())
+
+
+def test_the_font_is_found_without_importing_its_package():
+    import sys
+
+    assert hangul.font_path() is not None and hangul.font_path().name == "NanumGothic.ttf"
+    assert "koreanize_matplotlib" not in sys.modules            # importing it would change matplotlib's settings
+
+
+def test_figures_draw_korean_without_a_missing_glyph():
+    assert "NanumGothic" in fonts()
+
+    @styled
+    def draw():
+        fig = new_figure(3, 1)
+        fig.suptitle("나는 학교에 간다 · 한국어")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.savefig(io.BytesIO(), format="png")
+        return [str(w.message) for w in caught]
+
+    assert not [m for m in draw() if "missing" in m]
+
+
+def test_a_page_embeds_exactly_the_hangul_it_shows():
+    body = "<p>나는 학교에 간다</p>"
+    script = 'const words = {"ko": "\\ud55c\\uad6d\\uc5b4"};'         # JSON's escapes of 한국어 count too
+    document = page("qkv", body, [script])
+    assert subset_points(document) == {ord(c) for c in "나는학교에간다한국어"}
+    assert "font-src data:" in document
+    assert "@font-face" not in page("qkv", "<p>The cat sat on the mat</p>", ["const x = 1;"])   # none needed
