@@ -57,13 +57,15 @@ def test_smollm2_template_equals_transformers(smollm2, case):
     agp = case["add_generation_prompt"]
     assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp, tokenize=False) == case["text"]
     assert tok.apply_chat_template(case["messages"], add_generation_prompt=agp) == case["ids"]
+    if not agp:                                       # transformers' default: no generation prompt
+        assert tok.apply_chat_template(case["messages"]) == case["ids"]
 
 
 def test_smollm2_reads_its_template_and_tokens_from_the_gguf(smollm2):
     tok = smollm2.tokenizer
     assert "<|im_start|>" in tok.chat_template
     assert tok.special_tokens["eos_token"] == SMOLLM2["eos_token"] and tok.eos_token_id == 2
-    text = tok.apply_chat_template(USER, tokenize=False)
+    text = tok.apply_chat_template(USER, add_generation_prompt=True, tokenize=False)
     assert text.endswith(f"<|im_start|>user\n{FRANCE}<|im_end|>\n<|im_start|>assistant\n")   # the default system
     assert text.startswith("<|im_start|>system\n")                                           # message comes first
 
@@ -218,7 +220,7 @@ def test_a_conversation_keeps_the_turns(smollm2):
     assert [m["role"] for m in chat.messages] == ["system", "user", "assistant"]
     "".join(chat.reply("And of Italy?"))
     assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
-    assert chat.last.prompt_ids.tolist() == smollm2.tokenizer.apply_chat_template(chat.messages[:4])
+    assert chat.last.prompt_ids.tolist() == smollm2.tokenizer.apply_chat_template(chat.messages[:4], add_generation_prompt=True)
     chat.reset()
     assert chat.messages == [{"role": "system", "content": "Be brief."}] and chat.last is None
 
@@ -258,7 +260,7 @@ def test_cli_answers_once_streaming_and_saves_the_trace(monkeypatch, capsys, tmp
     code, out, err = run_main(monkeypatch, capsys, "chat", FRANCE, "--trace", str(tmp_path / "t"))
     assert code == 0 and out == PARIS + "\n", err
     trace = Trace.load(tmp_path / "t")
-    prompt = qkv.load("smollm2").tokenizer.apply_chat_template(USER)
+    prompt = qkv.load("smollm2").tokenizer.apply_chat_template(USER, add_generation_prompt=True)
     assert trace.ids[:len(prompt)].tolist() == prompt and trace.prompt_length == len(prompt)
     assert len(trace.ids) == len(prompt) + 7                  # "The capital of France is Paris." = 7 tokens
     assert trace.attentions.shape == (30, 9, len(trace.ids), len(trace.ids))

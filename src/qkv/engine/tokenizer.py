@@ -120,14 +120,14 @@ class Tokenizer:
         eos = self.special_tokens.get("eos_token")
         return None if eos is None else self.token_to_id(eos)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = False,
                             tokenize: bool = True) -> list[int] | str:
         """Messages → the text the model was trained on (tokenize=False) or its ids, as
         transformers' `apply_chat_template`.
 
         messages: [{"role": "system" | "user" | "assistant", "content": str}, ...];
         add_generation_prompt: end with the header of the assistant's turn, so that what the
-        model writes next is its reply.
+        model writes next is its reply (False by default, as transformers: the conversation as it is).
         """
         if self.chat_template is None:
             raise QkvError("this tokenizer has no chat template (no chat_template in tokenizer_config.json); "
