@@ -20,7 +20,11 @@ def test_keeps_only_what_was_asked(minilm):
     t = minilm.run("The cat sat on the mat", layers=[1, -1], keep=("attentions", "q"))
     assert t.layer_ids == [1, 5]
     assert t.attentions.shape == (2, 12, 8, 8)
-    assert t.layer(1).q.shape == (12, 8, 32) and t.layer(1).k is None and t.layer(5).scores is None
+    assert t.layer(1).q.shape == (12, 8, 32) and t.layers[1].k is None and t.layers[5].scores is None
+    for name in ("k", "scores", "residual"):                  # not kept: one error naming keep=, never None
+        with pytest.raises(qkv.QkvError, match=rf"^{name} of layer 5 was not kept in this trace; run the model "
+                                               rf"with keep=\(\.\.\., '{name}'\)"):
+            getattr(t.layer(5), name)
     with pytest.raises(qkv.QkvError, match="not kept"):
         t.layer(0)
     with pytest.raises(qkv.QkvError, match="unknown intermediate"):

@@ -72,6 +72,34 @@ class LayerTrace:
     ffn_out: np.ndarray | None = None       # (n, d_model)
 
 
+class KeptLayer:
+    """One layer of a trace as `Trace.layer` gives it: the LayerTrace's fields, except that an intermediate
+    that was not kept raises one error naming `keep=` instead of reading as None."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, t: LayerTrace):
+        object.__setattr__(self, "_t", t)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._t, name)
+        if value is None and name in INTERMEDIATES:
+            raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace; run the model with "
+                           f"keep=(..., {name!r}) or without keep= (a trace read by Trace.load holds attentions only)")
+        return value
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._t, name, value)
+
+    def kept(self, name: str) -> bool:
+        """Whether intermediate NAME was kept for this layer."""
+        return getattr(self._t, name) is not None
+
+    def __repr__(self) -> str:
+        kept = [n for n in INTERMEDIATES if getattr(self._t, n) is not None]
+        return f"KeptLayer(layer={self._t.layer}, kept={kept})"
+
+
 @dataclass
 class Trace:
     """One text through the model: tokens, final states, the kept layers, and what made them.
@@ -168,13 +196,14 @@ class Trace:
                    spelling=meta.get("spelling") or "plain", source_tokens=meta.get("source_tokens"),
                    layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)})
 
-    def layer(self, i: int) -> LayerTrace:
-        """The trace of model layer i (negative counts from the end of the kept layers)."""
+    def layer(self, i: int) -> KeptLayer:
+        """The trace of model layer i (negative counts from the end of the kept layers); reading an
+        intermediate it did not keep raises (`trace.layers[i]`, the LayerTrace itself, reads None)."""
         if i < 0:
             i = self.layer_ids[i]
         if i not in self.layers:
             raise QkvError(f"layer {i} was not kept in this trace; kept: {self.layer_ids}")
-        return self.layers[i]
+        return KeptLayer(self.layers[i])
 
 
 def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[int, LayerTrace]:

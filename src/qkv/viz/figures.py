@@ -63,11 +63,11 @@ FORMATS = ("png", "svg", "pdf")
 
 def _attentions(trace: "Trace", layer: int) -> np.ndarray:
     """The kept layer's weights A (H, n_q, n_k), or a clear error."""
-    a = trace.layer(layer).attentions
-    if a is None:
+    lt = trace.layer(layer)
+    if not lt.kept("attentions"):
         raise QkvError(f"the trace holds no attention weights for layer {layer}; "
                        "run the model with keep=('attentions',)")
-    return a
+    return lt.attentions
 
 
 def _check_head(head: int, H: int) -> int:
@@ -82,7 +82,7 @@ def masked_cells(trace: "Trace", layer: int, causal: bool | None = None) -> np.n
     when given). A trace that does not say (None) has nothing hatched: no guessing from zeros.
     """
     lt = trace.layer(layer)
-    if lt.scores is not None:
+    if lt.kept("scores"):
         mask = np.isneginf(lt.scores).all(axis=0)                 # (n_q, n_k)
         return mask if mask.any() else None
     causal = trace.causal if causal is None else causal
