@@ -235,7 +235,7 @@ class Model:
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
                      head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
-                     spelling=self.tokenizer.spelling if self.tokenizer else "plain")
+                     spelling=self.tokenizer.spelling if self.tokenizer else "plain", tokenizer=self.tokenizer)
 
     def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None = None,
                    trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray | None]:

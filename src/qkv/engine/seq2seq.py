@@ -353,7 +353,7 @@ class Seq2SeqModel:
                                       stacks=stacks)
         tgt_tokens = self._tokens(dec)
         common = dict(model=self.name, family=self.config.family,
-                      spelling=self.tokenizer.spelling if self.tokenizer else "plain")
+                      spelling=self.tokenizer.spelling if self.tokenizer else "plain", tokenizer=self.tokenizer)
         source = Trace(tokens=src_tokens, ids=ids, hidden=encoded[0], logits=None, layers=layer_traces(recs[0].store),
                        text=text if isinstance(text, str) else None, causal=False, **common)
         cross = Trace(tokens=tgt_tokens, ids=dec, hidden=None, logits=None, layers=layer_traces(recs[2].store),

@@ -135,6 +135,9 @@ class Trace:
     source_tokens: list[str] | None = None   # (n_k,) cross-attention's keys; None = self-attention
     encoder: Trace | None = None             # encoder–decoders: the source through the encoder (see above)
     cross: Trace | None = None               # encoder–decoders: the decoder's cross-attention to the source
+    # The model's tokenizer, so that views can spell tokens the trace did not read (the Next token tab's
+    # candidates); set by Model.run and generation, not saved (a trace read by Trace.load has none).
+    tokenizer: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def layer_ids(self) -> list[int]:

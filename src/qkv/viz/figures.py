@@ -30,6 +30,7 @@ draws on its own Agg canvas: no display, no pyplot state.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import warnings
@@ -144,12 +145,27 @@ def styled(draw):
     return wrapper
 
 
-def new_figure(width: float, height: float, layout: str | None = "constrained", dpi: int = DPI) -> "Figure":
-    """A figure on its own Agg canvas (no pyplot, no display); width and height in inches."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+@functools.lru_cache(maxsize=1)
+def _figure_class():
+    """matplotlib's Figure that shows itself in Jupyter: qkv never imports pyplot, so no inline backend
+    registers a display for its figures; `_repr_png_` is the one IPython asks every object for."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=dpi, layout=layout)
+    class ShownFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            out = io.BytesIO()
+            _render(self, out, "png")
+            return out.getvalue()
+
+    return ShownFigure
+
+
+def new_figure(width: float, height: float, layout: str | None = "constrained", dpi: int = DPI) -> "Figure":
+    """A figure on its own Agg canvas (no pyplot, no display; a notebook shows it as a PNG); width and
+    height in inches."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = _figure_class()(figsize=(width, height), dpi=dpi, layout=layout)
     FigureCanvasAgg(fig)
     return fig
 

@@ -79,7 +79,8 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
     model_name: instead of the trace's own `model`; roles: optional kept-layers × heads
     names ("previous", "[SEP]", ...) that colour the model view (`palette.ROLE_COLOURS`);
     title: the page title (default: model name and text); tokenizer: the
-    model's, to add a "Next token" view to a generation trace that kept its logits
+    model's (default: the trace's own, which Trace.load's lack), to add a "Next token" view to a generation
+    trace that kept its logits
     (each generated token's top candidates, with a temperature slider); sections: {"lens" |
     "rollout" | "patch": section} (`payload`), each a view; view: the view shown first.
     """

@@ -182,7 +182,9 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     model_name: instead of the trace's own `model` (what the title and the page name).
     sections: {"lens" | "rollout" | "patch": section} (module doc; `viz.interpret_payload`),
     each adding a view; view: the view shown first (default the head view).
-    An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`)."""
+    An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`).
+    tokenizer: None takes the trace's own (Model.run and generation keep it; Trace.load's has none)."""
+    tokenizer = trace.tokenizer if tokenizer is None else tokenizer
     if trace.cross is not None:
         if roles is not None:
             raise QkvError("roles colour the heads of one stack; an encoder–decoder's trace takes none")
