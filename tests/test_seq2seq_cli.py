@@ -266,3 +266,20 @@ def test_show_on_bart_with_its_own_tokenizer(tmp_path):
     r = invoke("show", "the cat sat", "--model", str(FIXTURES / "seq2seq" / "bart"), "--out", str(tmp_path))
     assert "source: 0:t 1:he 2:␣c 3:at 4:␣s 5:at" in r.output and "decoder layer 2:" in r.output
     assert (tmp_path / "cross_layer2.png").is_file() and not (tmp_path / "cross_layer3.png").exists()
+
+
+def test_translate_and_show_say_when_source_words_are_unknown(monkeypatch, capsys):
+    """Every word of this sentence is outside ko-en-tiny's small vocabulary: the translation still
+    prints, with one warning line on stderr naming the unknown words and some the model does know."""
+    from conftest import run_main
+
+    code, out, err = run_main(monkeypatch, capsys, "translate", "오늘 날씨가 정말 좋네요", "--model", "ko-en-tiny")
+    assert code == 0 and out.strip()
+    lines = [l for l in err.splitlines() if l.startswith("warning:")]
+    assert len(lines) == 1 and "4 of 4 source tokens are unknown to ko-en-tiny" in lines[0]
+    assert "오늘, 날씨가, 정말, 좋네요" in lines[0] and "학교에" not in lines[0].split("e.g.")[0]
+    assert "words like these, e.g." in lines[0]
+    code, out, err = run_main(monkeypatch, capsys, "translate", "나는 학교에 간다", "--model", "ko-en-tiny")
+    assert code == 0 and out.strip() == "I go to school" and "warning" not in err
+    code, out, err = run_main(monkeypatch, capsys, "show", "나는 날씨가 간다", "--model", "ko-en-tiny")
+    assert code == 0 and "1 of 3 source tokens are unknown to ko-en-tiny" in err and "날씨가" in err

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
-from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run
+from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run, warn_unknown
 from .explain import explain_cmd, next_cmd
 from .interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .write import chat_cmd, generate, translate_cmd
@@ -214,6 +214,7 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
         head = model.check_head(head)
     ids, _ = model.encode(text)                                               # bad input fails before DIR is touched
     forced = None if target is None else model.encode(target)[0]
+    warn_unknown(model, text)
     c = model.config
     check_attention_memory(model, max(len(ids), c.max_positions), n_layers=c.n_layers + 2 * c.n_decoder_layers)
     with removed_if_failed(out_dir):

@@ -103,3 +103,19 @@ def as_decoder(model, prefix: str | None, default: str | None = ""):
     if prefix is not None:
         raise QkvError(f"--prefix is for encoder–decoders (the target written so far); {model.name} reads TEXT alone")
     return model
+
+
+def warn_unknown(model, text: str) -> None:
+    """One line on stderr when words of TEXT are not in the model's vocabulary (each read as the unknown
+    token, so what the model makes of them means nothing), with what the vocabulary does hold."""
+    tok = model.tokenizer
+    unknown = [] if tok is None else tok.unknown_words(text)
+    if not unknown:
+        return
+    pieces = tok.encode(text, add_special_tokens=False)[0]
+    count, examples = tok.known_words(unknown[0])
+    shown = ", ".join(unknown[:6]) + (", …" if len(unknown) > 6 else "")
+    knows = (f"; its vocabulary has {count} words like these, e.g. {', '.join(examples)}"
+             f"{', …' if count > len(examples) else ''}" if count else "")
+    click.echo(f"warning: {len(unknown)} of {len(pieces)} source tokens are unknown to {model.name} (read as "
+               f"{tok.id_to_token(tok.unk_id)}: {shown}), so its output says nothing about them{knows}", err=True)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import MODEL_HELP, check_writable, removed_if_failed
+from .common import MODEL_HELP, check_writable, removed_if_failed, warn_unknown
 from ..engine.errors import QkvError
 
 
@@ -100,6 +100,7 @@ def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tup
     if max_new_tokens is None:
         max_new_tokens = min(40, model.config.max_positions - 1)
     stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here
+    warn_unknown(model, text)
     with removed_if_failed(trace_dir):
         if trace_dir is not None:
             check_writable(trace_dir)

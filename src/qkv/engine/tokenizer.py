@@ -79,6 +79,24 @@ class Tokenizer:
         enc = self._tok.encode(check_text(text), add_special_tokens=add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
 
+    def unknown_words(self, text: str) -> list[str]:
+        """The pieces of TEXT that became the unknown token (each as the text spells it), in order;
+        [] when every piece is in the vocabulary or the tokenizer has no unknown token."""
+        unk = self.unk_id
+        if unk is None:
+            return []
+        enc = self._tok.encode(check_text(text), add_special_tokens=False)
+        return [text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk]
+
+    def known_words(self, like: str, most: int = 12) -> tuple[int, list[str]]:
+        """(how many, up to MOST examples of) the vocabulary's entries written in the same kind of
+        characters as LIKE (non-ASCII letters, e.g. Hangul, or plain ASCII), specials left out."""
+        foreign = any(ord(c) > 127 for c in like)
+        specials = set(self.special_tokens.values())
+        words = sorted(t for t in self._tok.get_vocab() if t not in specials and not t.startswith("<")
+                       and any(ord(c) > 127 for c in t) == foreign)
+        return len(words), words[:most]
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
