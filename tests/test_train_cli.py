@@ -142,3 +142,43 @@ def test_a_text_run_follows_its_text_not_its_path(tmp_path, monkeypatch, capsys)
     assert r.exit_code == 0 and "resuming from step 4 of 4 (complete)" in r.output, r.output
     moved.write_text("other words " * 300, encoding="utf-8")
     assert "is not the text the run" in _mistake(monkeypatch, capsys, "--text", str(moved), "--out", str(out))
+
+
+def test_in_a_terminal_the_bar_and_the_records_keep_their_own_lines(tmp_path):
+    """Under a pseudo-terminal (what a user's shell is), each record line starts a line of its own: rich
+    prints it above the bar instead of two streams writing into one line (`…0:00:58step     50  loss`);
+    the files list names before.html, which the last line tells the user to open."""
+    import os
+    import pty
+    import re
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "qkv", "train", "--task", "induction", "--out", str(out), *TINY, "--vocab", "8",
+            "--half", "4", "--min-half", "3", "--steps", "40", "--every", "4", "--checkpoint-every", "20"]
+    parent, child = pty.openpty()
+    env = dict(os.environ, COLUMNS="120", LINES="40", TERM="xterm-256color")
+    proc = subprocess.Popen(args, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
+    os.close(child)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:                                           # the child closed the terminal
+            break
+        if not chunk:
+            break
+        raw += chunk
+    assert proc.wait(timeout=300) == 0, raw.decode(errors="replace")[-2000:]
+    text = raw.decode(errors="replace")
+    records = [m.start() for m in re.finditer(r"step +\d+  (loss \d|repeated half)", text)]
+    assert len(records) == 11                                     # steps 0, 4, …, 40
+    for at in records:                                            # nothing printable just before a record
+        before = text[max(0, at - 1):at]
+        assert before in ("\n", "\r", "") or before.isspace() or text[:at].endswith(("m", "K", "\x1b[?25l")), \
+            repr(text[max(0, at - 40):at + 20])
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert re.search(r"\d:\d\d(:\d\d)?step +\d", plain) is None   # the bar's clock never runs into a record
+    listed = plain[plain.index("files to"):]
+    assert "before.html" in listed.split("open")[0] and "after.html" in listed.split("open")[0]

@@ -110,7 +110,13 @@ def _start(run) -> None:
 
 
 def _train(run) -> float:
-    """Run.train under a progress bar (stderr); records printed as they come. Returns the seconds."""
+    """Run.train under a progress bar; records printed as they come. Returns the seconds.
+
+    On a terminal the bar and the records share stdout and rich prints each record above the bar (two
+    streams writing to one terminal would run into each other's lines); with stdout piped or redirected,
+    records go there as plain lines and the bar to stderr."""
+    import sys
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -118,14 +124,18 @@ def _train(run) -> float:
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tokens/s"),
                TimeRemainingColumn())
     t0 = time.perf_counter()
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    shared = sys.stdout.isatty()
+    with Progress(*columns, console=Console(stderr=not shared), transient=True) as bar:
         job = bar.add_task("train", total=run.settings.steps, completed=run.step, loss="…", speed="…")
 
         def on_step(e: dict) -> None:
             bar.update(job, completed=e["step"], loss=f"{e['loss']:.3f}", speed=f"{e['tokens_per_s']:,.0f}")
 
         def on_record(e: dict) -> None:
-            click.echo(record_line(e))                          # stdout; on a terminal rich prints it above the bar
+            if shared:
+                bar.console.print(record_line(e), markup=False, highlight=False, soft_wrap=True)   # above the bar
+            else:
+                click.echo(record_line(e))
 
         run.train(on_step, on_record)
     return time.perf_counter() - t0

@@ -257,11 +257,14 @@ class Run:
     # the end ----------------------------------------------------------------
 
     def finish(self) -> list[Path]:
-        """The trained model (DIR/model, all files or none), the figures and the viewer after training."""
+        """The trained model (DIR/model, all files or none), the figures and the viewer after training;
+        the files of the run a user opens, in order: also the viewer before training, written at the start."""
         model = self.model()
         model.name = f"{self.settings.task} ({self.step} steps)"
         written = [model.save(self.out / "model")]                       # all files or none (FileBatch)
         written += self.write_figures()
+        before = self.out / "before.html"
+        written.append(before if before.is_file() and hasattr(self.task, "viewer_ids") else None)
         written.append(self._viewer(model, "after.html", f"after {self.step} steps"))
         return [w for w in written if w is not None]
 
