@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.blocks import logits_of, norm
+from ..engine.blocks import logits_of, norm, unembed_in
 from ..engine.errors import QkvError
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:
     x = residual_stream(model, trace)                                      # (L+1, n, d_model)
     if model.weights.final_norm is not None:
         x = norm(x, model.weights.final_norm, model.config)
+    x = unembed_in(x, model.weights)                                       # OPT-350m: back to the table's width
     return logits_of(x, model.weights, model.config)                       # (L+1, n, V)
 
 

@@ -51,20 +51,27 @@ def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 
 def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
-    """LayerNorm or RMSNorm, as the config says."""
+    """LayerNorm or RMSNorm, as the config says. γ, β of shape (H, d_k) (StableLM's q/k norms, one LayerNorm
+    per head) normalise x (B, H, n, d_k) head by head: head h's d_k numbers by γ[h], β[h]."""
+    g, b = w.weight, w.bias
+    if g.ndim == 2:
+        g, b = g[:, None], None if b is None else b[:, None]     # (H, 1, d_k): broadcast over the n positions
     if cfg.norm == "rms":
-        return rms_norm(x, w.weight, cfg.norm_eps)
-    return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
+        return rms_norm(x, g, cfg.norm_eps)
+    return layer_norm(x, g, b, cfg.norm_eps)
 
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
     """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
-    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores.
+    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores. A table narrower
+    than d_model (OPT-350m) is mapped to it first: X = E[ids]·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy
+    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in
     if cfg.scale_embedding:
         x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
+    if weights.embed_in is not None:
+        x = linear(x, weights.embed_in)                  # (B, n, d_model) OPT's project_in
     if weights.pos_embed is not None:                    # learned or sinusoidal table
         x += weights.pos_embed[positions + cfg.position_offset if cfg.position_offset else positions]  # BART: row p + 2
     if weights.type_embed is not None:
@@ -398,6 +405,17 @@ def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> A
     return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
                          window=cfg.sliding_window if cfg.causal else None,
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
+
+
+def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.ndarray:
+    """Z·unembed_in: the stream after the final norm mapped back to the embedding table's width before
+    W_vocab (OPT-350m's project_out), x (…, d_model) → (…, d_embed); x itself when there is no such map.
+    tape: keeps x as (None, "unembed_in") for the backward."""
+    if weights.unembed_in is None:
+        return x
+    if tape is not None:
+        tape.put(None, "unembed_in", x)
+    return linear(x, weights.unembed_in)                 # (B, n, d_embed)
 
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
