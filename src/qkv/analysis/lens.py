@@ -55,11 +55,16 @@ def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
                        f"keep={KEEP} and every layer")
     rows = [trace.layers[i].residual for i in range(L)]                    # L × (n, d_model)
     last = trace.layers[L - 1]
-    if model.config.norm_place == "post":
+    post = model.config.norm_place == "post"
+    if (not post or model.weights.unembed_in is not None) and (last.attn_out is None or last.ffn_out is None):
+        raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
+    if post and model.weights.unembed_in is not None:
+        w, cfg = model.weights.blocks[L - 1], model.config                 # OPT-350m: trace.hidden is projected to the
+        x = norm(last.residual + last.attn_out, w.attn_norm, cfg)          # table's width; the last block's output is
+        rows.append(norm(x + last.ffn_out, w.ffn_norm, cfg))               # Norm₂(Norm₁(x + a) + f), as the block's
+    elif post:
         rows.append(trace.hidden)
     else:
-        if last.attn_out is None or last.ffn_out is None:
-            raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
         x = last.residual + last.attn_out                                  # x = x + a
         if trace.cross is not None:                                        # an encoder–decoder's decoder:
             x = x + trace.cross.layers[L - 1].attn_out                     # x = x + cross-attention

@@ -276,7 +276,7 @@ def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 
 def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """`block` for one new token after a KV cache's past, pre-norm, with nothing recorded, hooked or
+    """`block` for one new token after a KV cache's past, pre- or post-norm, with nothing recorded, hooked or
     ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
     goes through the same operations; tests/test_decode_fast.py), with less work around them:
 
@@ -290,7 +290,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     B = x.shape[0]
     H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     hq, hk = H * dk, Hkv * dk
-    h_attn = x if w.attn_norm is None else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
+    post = cfg.norm_place == "post"                             # OPT-350m: Norm(x + Box(x)) after each box
+    h_attn = x if w.attn_norm is None or post else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
     qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
     for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
         if b is not None:
@@ -311,6 +312,9 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
         out = row_norm(out, w.attn_out_norm, cfg)
+    if post:
+        x = norm(x + out, w.attn_norm, cfg)
+        return norm(x + feed_forward(x, w.ffn, cfg), w.ffn_norm, cfg)   # (B, 1, d_model)
     if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
         h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
         return (feed_forward(h, w.ffn, cfg) + out) + x

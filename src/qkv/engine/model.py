@@ -87,7 +87,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
-            and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
+            and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
         ctx.one_step, ctx.step_bias = True, None if bias is None or not bias.any() else bias
     for layer in range(start, cfg.n_layers):
