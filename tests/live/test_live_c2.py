@@ -23,6 +23,7 @@ from transformers import (OPTConfig, OPTForCausalLM, Phi3Config, Phi3ForCausalLM
                           Starcoder2Config, Starcoder2ForCausalLM)
 
 import qkv
+import qkv.train
 
 pytestmark = pytest.mark.live
 
@@ -125,3 +126,30 @@ def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
     with torch.no_grad():
         a, b = model(torch.from_numpy(ids)).logits.numpy(), back(torch.from_numpy(ids)).logits.numpy()
     assert max_abs(a, b) < 1e-5
+
+
+def autograd(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    model.zero_grad()
+    labels = torch.tensor(ids).masked_fill(torch.tensor(mask) == 0, -100)
+    out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), labels=labels, use_cache=False)
+    out.loss.backward()
+    return out.loss.item(), {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(("cls", "config"), CASES)
+def test_gradients_equal_autograd(cls, config, tmp_path, request):
+    """qkv.train.gradients on every case (loss within 1e-5, each tensor within 1e-4 relative error; a gradient
+    that is 0 in exact arithmetic, OPT's b_K whose q·b_K is the same for every key, within 1e-6 absolute)."""
+    model = build(cls, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
+    save(model, tmp_path)
+    ids, mask = padded_batch(config.vocab_size, [11, 7, 2], seed=5)
+    loss_ref, ref = autograd(model, ids, mask)
+    loss, grads = qkv.train.gradients(qkv.load(tmp_path), ids, mask)
+    assert abs(loss - loss_ref) < 1e-5, (loss, loss_ref)
+    assert set(grads) == set(ref)
+    for key, g in ref.items():
+        if np.linalg.norm(g) < 1e-6:
+            assert np.linalg.norm(grads[key]) < 1e-6, key
+            continue
+        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
+        assert err < 1e-4, f"{key}: relative error {err:.2e}"

@@ -80,11 +80,15 @@ def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:
     if size > MAX_BYTES:
         raise QkvError(f"the logit lens of {n:,} tokens needs {size / 2**30:.1f} GiB "
                        f"(more than {MAX_BYTES / 2**30:.0f} GiB); give a shorter text")
-    x = residual_stream(model, trace)                                      # (L+1, n, d_model)
+    return read_out(model, residual_stream(model, trace))                  # (L+1, n, V)
+
+
+def read_out(model: "Model", x: np.ndarray) -> np.ndarray:
+    """Rows of the residual stream x (…, d_model) read as the model reads its last: the final norm, (OPT-350m)
+    unembed_in back to the table's width, then W_vocab → (…, V)."""
     if model.weights.final_norm is not None:
         x = norm(x, model.weights.final_norm, model.config)
-    x = unembed_in(x, model.weights)                                       # OPT-350m: back to the table's width
-    return logits_of(x, model.weights, model.config)                       # (L+1, n, V)
+    return logits_of(unembed_in(x, model.weights), model.weights, model.config)
 
 
 def logit_lens(model: "Model", text_or_ids: str | Sequence[int]) -> np.ndarray:
@@ -132,10 +136,7 @@ def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
     k = max(1, min(int(k), V))
 
     def logits(l: int) -> np.ndarray:
-        h = x[l]
-        if model.weights.final_norm is not None:
-            h = norm(h, model.weights.final_norm, model.config)            # (n, d_model)
-        return logits_of(h, model.weights, model.config)                   # (n, V)
+        return read_out(model, x[l])                                       # (n, V)
 
     z = logits(rows - 1)
     predicted = np.argmax(z, axis=-1)                                      # (n,)
