@@ -47,10 +47,11 @@ def phi3(d=64, heads=4, kv=2, layers=2, ff=96, factor=1.0, rope=None, window=Non
 
 
 def stablelm(d=64, heads=4, kv=4, layers=2, ff=96, factor=0.25, parallel=False, qk=False, bias=False, tied=False,
-             vocab=211):
+             rope=None, vocab=211):
+    params = dict(rope or {"rope_type": "default", "rope_theta": 10000.0}) | {"partial_rotary_factor": factor}
     return StableLmConfig(vocab_size=vocab, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
                           num_hidden_layers=layers, intermediate_size=ff, max_position_embeddings=128,
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor},
+                          rope_parameters=params,
                           use_parallel_residual=parallel, qk_layernorm=qk, use_qkv_bias=bias, tie_word_embeddings=tied,
                           **SPECIAL)
 
@@ -81,6 +82,7 @@ CASES = [
                  id="stablelm-parallel-qk_layernorm-bias-gqa-rot0.5"),
     pytest.param(StableLmForCausalLM, stablelm(d=48, heads=3, kv=3, qk=True, factor=1.0, tied=True, layers=3),
                  id="stablelm-sequential-qk_layernorm-rot1-tied-L3"),
+    pytest.param(StableLmForCausalLM, stablelm(factor=0.5, rope=longrope(4)), id="stablelm-rot0.5-longrope"),
     pytest.param(Starcoder2ForCausalLM, starcoder2(), id="starcoder2-gqa-bias-tied"),
     pytest.param(Starcoder2ForCausalLM, starcoder2(d=48, heads=6, kv=1, bias=False, window=5, tied=False, theta=1e5),
                  id="starcoder2-mqa-nobias-window5-untied"),
@@ -115,7 +117,7 @@ def test_family(cls, config, tmp_path, request):
     np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False, stop_at_eos=False), hf_greedy(model, prompt))
 
 
-@pytest.mark.parametrize(("cls", "config"), [CASES[1], CASES[4], CASES[7], CASES[10], CASES[11]])
+@pytest.mark.parametrize(("cls", "config"), [CASES[1], CASES[4], CASES[8], CASES[11], CASES[12]])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
     model = build(cls, config, seed=5)
     save(model, tmp_path / "hf")

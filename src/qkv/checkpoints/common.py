@@ -143,6 +143,30 @@ def partial_rope(hf: dict, d_head: int, default_factor: float = 1.0) -> tuple[fl
     return float(theta), scaling, None if rotary == d_head else rotary
 
 
+def longrope_scaling(hf: dict, scaling: dict | None, rotary: int) -> dict | None:
+    """SCALING with a "longrope" kind resolved as transformers' _compute_longrope_parameters reads it, every
+    number written in (what qkv.engine.positions reads): both factor tables checked (ROTARY/2 positive numbers
+    each), original_max_position_embeddings (the config's own key first, as Phi-3's), factor (else
+    max_position_embeddings / original) and the attention factor (else √(1 + ln factor / ln original), 1 when
+    factor ≤ 1). Any other SCALING is returned as it is."""
+    if (scaling or {}).get("rope_type", (scaling or {}).get("type")) != "longrope":
+        return scaling
+    for key in ("short_factor", "long_factor"):
+        table = scaling.get(key)
+        if not (isinstance(table, list) and len(table) == rotary // 2 and all(_is_number(v) and v > 0 for v in table)):
+            raise QkvError(f"config.json rope_scaling.{key} must be {rotary // 2} positive numbers (one per pair "
+                           "of turned dimensions); restore the checkpoint's config.json")
+    original = hf.get("original_max_position_embeddings",
+                      scaling.get("original_max_position_embeddings", hf.get("max_position_embeddings", 4096)))
+    factor = scaling.get("factor") or hf.get("max_position_embeddings", 4096) / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": [float(v) for v in scaling["short_factor"]],
+            "long_factor": [float(v) for v in scaling["long_factor"]], "original_max_position_embeddings": int(original),
+            "factor": float(factor), "attention_factor": float(attention)}
+
+
 def activation(name: str) -> str:
     if name not in ACTIVATIONS:
         raise QkvError(f"activation {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")

@@ -24,14 +24,13 @@ attention_dropout) are training's: qkv runs the model as transformers does in ev
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, _is_number, activation, c_arrays, check_shapes, linear_T, need, partial_rope, reads_back
+from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
+                     reads_back)
 from .tensors import TensorStore
 
 # Tensors a Phi-3 checkpoint may hold that qkv never reads ({i}: a layer), relative to Phi3Model.
@@ -41,31 +40,16 @@ IGNORED = {
 }
 
 
-def _longrope(hf: dict, scaling: dict | None, rotary: int) -> dict | None:
-    """rope_scaling resolved as transformers' _compute_longrope_parameters reads it: both factor tables checked
-    (rotary/2 numbers each), original_max_position_embeddings (the config's own key first) and the attention
-    factor written in; None for plain RoPE; any other kind refused in one line."""
-    if scaling is None:
-        return None
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+def _rope_scaling(hf: dict, scaling: dict | None, rotary: int) -> dict | None:
+    """Phi-3's rope_scaling: None (plain RoPE) or LongRoPE resolved (`longrope_scaling`; older configs' "su" and
+    "yarn" are read as longrope, as transformers does); any other kind refused in one line."""
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return None
     if kind not in ("longrope", "su", "yarn"):
         raise QkvError(f"phi3 rope_scaling type {kind!r} is not supported (Phi-3 has default and longrope); "
                        "restore the checkpoint's config.json")
-    for key in ("short_factor", "long_factor"):
-        table = scaling.get(key)
-        if not (isinstance(table, list) and len(table) == rotary // 2 and all(_is_number(v) and v > 0 for v in table)):
-            raise QkvError(f"config.json rope_scaling.{key} must be {rotary // 2} positive numbers (one per pair "
-                           "of turned dimensions); restore the checkpoint's config.json")
-    original = hf.get("original_max_position_embeddings", scaling.get("original_max_position_embeddings", 4096))
-    factor = scaling.get("factor") or hf.get("max_position_embeddings", 4096) / original
-    attention = scaling.get("attention_factor")
-    if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return {"rope_type": "longrope", "short_factor": [float(v) for v in scaling["short_factor"]],
-            "long_factor": [float(v) for v in scaling["long_factor"]], "original_max_position_embeddings": int(original),
-            "factor": float(factor), "attention_factor": float(attention)}
+    return longrope_scaling(hf, scaling | {"rope_type": "longrope"}, rotary)
 
 
 def config(hf: dict) -> ModelConfig:
@@ -78,7 +62,7 @@ def config(hf: dict) -> ModelConfig:
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_head=d_head, d_ff=need(hf, "intermediate_size"),
         max_positions=hf.get("max_position_embeddings", 4096), causal=True, norm="rms", norm_place="pre",
         norm_eps=hf.get("rms_norm_eps", 1e-5), position="rope", rope_theta=theta,
-        rope_scaling=_longrope(hf, scaling, rotary or d_head), rotary_dim=rotary,
+        rope_scaling=_rope_scaling(hf, scaling, rotary or d_head), rotary_dim=rotary,
         activation=activation(hf.get("hidden_act", "silu")), gated_ffn=True, qkv_bias=False, out_bias=False,
         ffn_bias=False, tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,
         sliding_window=hf.get("sliding_window"), pad_token_id=hf.get("pad_token_id"),

@@ -26,7 +26,8 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, partial_rope, reads_back
+from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
+                     reads_back)
 from .tensors import TensorStore
 
 # Tensors a StableLM checkpoint may hold that qkv never reads ({i}: a layer), relative to StableLmModel.
@@ -44,7 +45,8 @@ def config(hf: dict) -> ModelConfig:
         family="stablelm", vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "num_hidden_layers"),
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_ff=need(hf, "intermediate_size"),
         max_positions=hf.get("max_position_embeddings", 4096), causal=True, norm="layer", norm_place="pre",
-        norm_eps=hf.get("layer_norm_eps", 1e-5), position="rope", rope_theta=theta, rope_scaling=scaling,
+        norm_eps=hf.get("layer_norm_eps", 1e-5), position="rope", rope_theta=theta,
+        rope_scaling=longrope_scaling(hf, scaling, rotary or d // H),
         rotary_dim=rotary, parallel_residual=bool(hf.get("use_parallel_residual", False)),
         qk_norm="head" if hf.get("qk_layernorm", False) else None, activation=activation(hf.get("hidden_act", "silu")),
         gated_ffn=True, qkv_bias=bool(hf.get("use_qkv_bias", False)), out_bias=False, ffn_bias=False,

@@ -22,7 +22,8 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, partial_rope, reads_back
+from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
+                     reads_back)
 from .tensors import TensorStore
 
 # Tensors a StarCoder2 checkpoint may hold that qkv never reads ({i}: a layer), relative to Starcoder2Model.
@@ -45,7 +46,8 @@ def config(hf: dict) -> ModelConfig:
         family="starcoder2", vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "num_hidden_layers"),
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_head=d_head, d_ff=need(hf, "intermediate_size"),
         max_positions=hf.get("max_position_embeddings", 4096), causal=True, norm="layer", norm_place="pre",
-        norm_eps=hf.get("norm_epsilon", 1e-5), position="rope", rope_theta=theta, rope_scaling=scaling,
+        norm_eps=hf.get("norm_epsilon", 1e-5), position="rope", rope_theta=theta,
+        rope_scaling=longrope_scaling(hf, scaling, rotary or d_head),
         activation=activation(hf.get("hidden_act", "gelu_pytorch_tanh")), gated_ffn=False,
         qkv_bias=bias, out_bias=bias, ffn_bias=bias, tied_embeddings=bool(hf.get("tie_word_embeddings", True)),
         final_norm=True, lm_head=True, sliding_window=hf.get("sliding_window"), pad_token_id=hf.get("pad_token_id"),

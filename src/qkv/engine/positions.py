@@ -98,6 +98,9 @@ def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=n
     exps = np.arange(0, d_rot, 2).astype(dtype) / dtype(d_rot)                   # (d/2,)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "longrope":
+        if "attention_factor" not in scaling:            # a reader that left it unresolved: refused, not guessed
+            raise QkvError("rope_scaling longrope is read for phi3, stablelm and starcoder2 checkpoints; "
+                           "use one of those families (or a checkpoint without longrope)")
         long = length is not None and length > scaling["original_max_position_embeddings"]
         s = np.asarray(scaling["long_factor" if long else "short_factor"], dtype=dtype)       # (d/2,)
         return (dtype(1.0) / (s * np.power(dtype(theta), exps))).astype(dtype)             # (d/2,)
