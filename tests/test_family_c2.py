@@ -154,3 +154,11 @@ def test_cli_runs_on_the_fixture(name, tmp_path, monkeypatch, capsys):
     code, out, _ = run_main(monkeypatch, capsys, "patch", "--model", path, "--answer", " the", "--wrong", " that",
                             "She said that the", "She said that that")
     assert code == 0
+
+
+def test_pipeline_page_names_the_knobs():
+    from qkv.viz.pipeline_payload import arch_of
+
+    opt, stablelm = (qkv.load(MODELS / n) for n in ("opt", "stablelm"))
+    assert (arch_of(opt)["d_embed"], arch_of(opt)["norm_place"], arch_of(opt)["final_norm"]) == (32, "post", False)
+    assert arch_of(stablelm)["qk_norm_per_head"] and not arch_of(opt)["qk_norm_per_head"]
