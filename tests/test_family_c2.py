@@ -162,3 +162,13 @@ def test_pipeline_page_names_the_knobs():
     opt, stablelm = (qkv.load(MODELS / n) for n in ("opt", "stablelm"))
     assert (arch_of(opt)["d_embed"], arch_of(opt)["norm_place"], arch_of(opt)["final_norm"]) == (32, "post", False)
     assert arch_of(stablelm)["qk_norm_per_head"] and not arch_of(opt)["qk_norm_per_head"]
+
+
+def test_a_longrope_table_no_reader_resolved_is_refused(tmp_path):
+    """Llama's reader passes rope_scaling through: a longrope one (its attention factor unresolved) is refused in
+    one line, not run with cos, sin unscaled."""
+    table = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+             "original_max_position_embeddings": 8}
+    model = qkv.load(edited(tmp_path, "llama_gqa", {"rope_parameters": table, "rope_scaling": table}))
+    with pytest.raises(QkvError, match="longrope is read for phi3"):
+        model.forward(reference("llama_gqa")["single_input_ids"])
