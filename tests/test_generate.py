@@ -18,7 +18,9 @@ def load(name):
     return qkv.load(MODELS / name)
 
 
-@pytest.mark.parametrize("name", DECODER_FIXTURES)
+# phi3: LongRoPE turns a pass that reaches past original_max_position_embeddings by the long table, while the
+# cached keys keep the short one's turn, as in transformers (tests/test_family_c2.py checks it there)
+@pytest.mark.parametrize("name", [n for n in DECODER_FIXTURES if n != "phi3"])
 def test_each_cached_step_equals_a_full_recompute(name):
     model = load(name)
     ids = reference(name)["single_input_ids"]                       # (1, 17)

@@ -104,7 +104,10 @@ def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]
 def embedding(model: "Model", table: np.ndarray | None = None) -> np.ndarray:
     """W_E (V, d_model), or another TABLE (W_pos), as the blocks read it: centred for LayerNorm,
     BERT's embedding-norm γ folded in (its 1/std scale, which depends on the whole input, is not)."""
-    W = _centred((model.weights.tok_embed if table is None else table).astype(np.float64), model)
+    W = (model.weights.tok_embed if table is None else table).astype(np.float64)
+    if table is None and model.weights.embed_in is not None:
+        W = W @ model.weights.embed_in                                           # OPT-350m: (V, d_embed) → (V, d_model)
+    W = _centred(W, model)
     if model.weights.embed_norm is not None:
         W = W * model.weights.embed_norm.weight
     return W
@@ -117,6 +120,8 @@ def unembedding(model: "Model") -> np.ndarray:
     if w.W_vocab is None:
         return model.weights.tok_embed.astype(np.float64).T                      # (d_model, V)
     U = w.W_vocab.astype(np.float64)
+    if w.unembed_in is not None:
+        U = w.unembed_in.astype(np.float64) @ U                                  # OPT-350m: (d_model, d_embed)·(d_embed, V)
     if w.final_norm is not None:
         U = w.final_norm.weight.astype(np.float64)[:, None] * U
     return _centred(U, model, axis=1)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.blocks import logits_of, norm
+from ..engine.blocks import logits_of, norm, unembed_in
 from ..engine.errors import QkvError
 
 if TYPE_CHECKING:
@@ -55,11 +55,16 @@ def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
                        f"keep={KEEP} and every layer")
     rows = [trace.layers[i].residual for i in range(L)]                    # L × (n, d_model)
     last = trace.layers[L - 1]
-    if model.config.norm_place == "post":
+    post = model.config.norm_place == "post"
+    if (not post or model.weights.unembed_in is not None) and (last.attn_out is None or last.ffn_out is None):
+        raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
+    if post and model.weights.unembed_in is not None:
+        w, cfg = model.weights.blocks[L - 1], model.config                 # OPT-350m: trace.hidden is projected to the
+        x = norm(last.residual + last.attn_out, w.attn_norm, cfg)          # table's width; the last block's output is
+        rows.append(norm(x + last.ffn_out, w.ffn_norm, cfg))               # Norm₂(Norm₁(x + a) + f), as the block's
+    elif post:
         rows.append(trace.hidden)
     else:
-        if last.attn_out is None or last.ffn_out is None:
-            raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
         x = last.residual + last.attn_out                                  # x = x + a
         if trace.cross is not None:                                        # an encoder–decoder's decoder:
             x = x + trace.cross.layers[L - 1].attn_out                     # x = x + cross-attention
@@ -75,10 +80,15 @@ def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:
     if size > MAX_BYTES:
         raise QkvError(f"the logit lens of {n:,} tokens needs {size / 2**30:.1f} GiB "
                        f"(more than {MAX_BYTES / 2**30:.0f} GiB); give a shorter text")
-    x = residual_stream(model, trace)                                      # (L+1, n, d_model)
+    return read_out(model, residual_stream(model, trace))                  # (L+1, n, V)
+
+
+def read_out(model: "Model", x: np.ndarray) -> np.ndarray:
+    """Rows of the residual stream x (…, d_model) read as the model reads its last: the final norm, (OPT-350m)
+    unembed_in back to the table's width, then W_vocab → (…, V)."""
     if model.weights.final_norm is not None:
         x = norm(x, model.weights.final_norm, model.config)
-    return logits_of(x, model.weights, model.config)                       # (L+1, n, V)
+    return logits_of(unembed_in(x, model.weights), model.weights, model.config)
 
 
 def logit_lens(model: "Model", text_or_ids: str | Sequence[int]) -> np.ndarray:
@@ -126,10 +136,7 @@ def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
     k = max(1, min(int(k), V))
 
     def logits(l: int) -> np.ndarray:
-        h = x[l]
-        if model.weights.final_norm is not None:
-            h = norm(h, model.weights.final_norm, model.config)            # (n, d_model)
-        return logits_of(h, model.weights, model.config)                   # (n, V)
+        return read_out(model, x[l])                                       # (n, V)
 
     z = logits(rows - 1)
     predicted = np.argmax(z, axis=-1)                                      # (n,)

@@ -28,19 +28,23 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  # encoder–decoders (Marian, BART, T5)
                  "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                  "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
-                 "relative_attention_max_distance", "decoder_vocab_size")
+                 "relative_attention_max_distance", "decoder_vocab_size",
+                 # Phi-3's LongRoPE, OPT's embedding width
+                 "original_max_position_embeddings", "word_embed_proj_dim")
 # The FFN's width: 0 = attention-only.
-_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff")
+_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim")
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id")   # some Llama conversions say pad_token_id -1
-_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rotary_emb_base")
+_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
-         "use_bidirectional_attention")
+         "use_bidirectional_attention", "use_qkv_bias", "use_bias", "do_layer_norm_before", "enable_bias",
+         "layer_norm_elementwise_affine", "_remove_final_layer_norm")
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.
-_ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+               "attention_factor")
 
 
 def _is_int(v) -> bool:
@@ -137,6 +141,30 @@ def partial_rope(hf: dict, d_head: int, default_factor: float = 1.0) -> tuple[fl
                        "needs an even count ≥ 2; restore the checkpoint's config.json")
     scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
     return float(theta), scaling, None if rotary == d_head else rotary
+
+
+def longrope_scaling(hf: dict, scaling: dict | None, rotary: int) -> dict | None:
+    """SCALING with a "longrope" kind resolved as transformers' _compute_longrope_parameters reads it, every
+    number written in (what qkv.engine.positions reads): both factor tables checked (ROTARY/2 positive numbers
+    each), original_max_position_embeddings (the config's own key first, as Phi-3's), factor (else
+    max_position_embeddings / original) and the attention factor (else √(1 + ln factor / ln original), 1 when
+    factor ≤ 1). Any other SCALING is returned as it is."""
+    if (scaling or {}).get("rope_type", (scaling or {}).get("type")) != "longrope":
+        return scaling
+    for key in ("short_factor", "long_factor"):
+        table = scaling.get(key)
+        if not (isinstance(table, list) and len(table) == rotary // 2 and all(_is_number(v) and v > 0 for v in table)):
+            raise QkvError(f"config.json rope_scaling.{key} must be {rotary // 2} positive numbers (one per pair "
+                           "of turned dimensions); restore the checkpoint's config.json")
+    original = hf.get("original_max_position_embeddings",
+                      scaling.get("original_max_position_embeddings", hf.get("max_position_embeddings", 4096)))
+    factor = scaling.get("factor") or hf.get("max_position_embeddings", 4096) / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": [float(v) for v in scaling["short_factor"]],
+            "long_factor": [float(v) for v in scaling["long_factor"]], "original_max_position_embeddings": int(original),
+            "factor": float(factor), "attention_factor": float(attention)}
 
 
 def activation(name: str) -> str:

@@ -24,12 +24,13 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import bart, bert, gpt2, gpt_neox, llama, marian, phi, t5
+from . import bart, bert, gpt2, gpt_neox, llama, marian, opt, phi, phi3, stablelm, starcoder2, t5
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
+                                   "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
                                    "marian": marian, "bart": bart, "t5": t5}
 
 

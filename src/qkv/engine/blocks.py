@@ -7,7 +7,9 @@ forward pass, and the `Context` that every box of one pass shares.
 
 A family is knob values read by these boxes, each in one place: post- or pre-norm, no norm before a
 box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
-Phi, OLMo 2), T5's position bias and unscaled scores, the encoder–decoder's cross-attention. Each box
+Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream mapped in and out (OPT-350m:
+embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
+encoder–decoder's cross-attention. Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
@@ -51,20 +53,27 @@ def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 
 def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
-    """LayerNorm or RMSNorm, as the config says."""
+    """LayerNorm or RMSNorm, as the config says. γ, β of shape (H, d_k) (StableLM's q/k norms, one LayerNorm
+    per head) normalise x (B, H, n, d_k) head by head: head h's d_k numbers by γ[h], β[h]."""
+    g, b = w.weight, w.bias
+    if g.ndim == 2:
+        g, b = g[:, None], None if b is None else b[:, None]     # (H, 1, d_k): broadcast over the n positions
     if cfg.norm == "rms":
-        return rms_norm(x, w.weight, cfg.norm_eps)
-    return layer_norm(x, w.weight, w.bias, cfg.norm_eps)
+        return rms_norm(x, g, cfg.norm_eps)
+    return layer_norm(x, g, b, cfg.norm_eps)
 
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
     """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
-    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores.
+    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores. A table narrower
+    than d_model (OPT-350m) is mapped to it first: X = E[ids]·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy
+    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in
     if cfg.scale_embedding:
         x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
+    if weights.embed_in is not None:
+        x = linear(x, weights.embed_in)                  # (B, n, d_model) OPT's project_in
     if weights.pos_embed is not None:                    # learned or sinusoidal table
         x += weights.pos_embed[positions + cfg.position_offset if cfg.position_offset else positions]  # BART: row p + 2
     if weights.type_embed is not None:
@@ -269,7 +278,7 @@ def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 
 def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """`block` for one new token after a KV cache's past, pre-norm, with nothing recorded, hooked or
+    """`block` for one new token after a KV cache's past, pre- or post-norm, with nothing recorded, hooked or
     ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
     goes through the same operations; tests/test_decode_fast.py), with less work around them:
 
@@ -283,7 +292,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     B = x.shape[0]
     H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     hq, hk = H * dk, Hkv * dk
-    h_attn = x if w.attn_norm is None else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
+    post = cfg.norm_place == "post"                             # OPT-350m: Norm(x + Box(x)) after each box
+    h_attn = x if w.attn_norm is None or post else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
     qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
     for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
         if b is not None:
@@ -304,6 +314,9 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
         out = row_norm(out, w.attn_out_norm, cfg)
+    if post:
+        x = norm(x + out, w.attn_norm, cfg)
+        return norm(x + feed_forward(x, w.ffn, cfg), w.ffn_norm, cfg)   # (B, 1, d_model)
     if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
         h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
         return (feed_forward(h, w.ffn, cfg) + out) + x
@@ -398,6 +411,17 @@ def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> A
     return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
                          window=cfg.sliding_window if cfg.causal else None,
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
+
+
+def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.ndarray:
+    """Z·unembed_in: the stream after the final norm mapped back to the embedding table's width before
+    W_vocab (OPT-350m's project_out), x (…, d_model) → (…, d_embed); x itself when there is no such map.
+    tape: keeps x as (None, "unembed_in") for the backward."""
+    if weights.unembed_in is None:
+        return x
+    if tape is not None:
+        tape.put(None, "unembed_in", x)
+    return linear(x, weights.unembed_in)                 # (B, n, d_embed)
 
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:

@@ -101,7 +101,14 @@ def linear(dy: np.ndarray, x: np.ndarray, W: np.ndarray, bias: bool
 
 
 def norm(dy: np.ndarray, x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> tuple[np.ndarray, NormWeights]:
-    """dx and the norm's gradients (dγ, dβ) of LayerNorm or RMSNorm of x, as the config says."""
+    """dx and the norm's gradients (dγ, dβ) of LayerNorm or RMSNorm of x, as the config says. A norm per head
+    (γ (H, d_k), x (B, H, n, d_k): StableLM) is H norms, each head's gradient summed over its own rows only."""
+    if w.weight.ndim == 2:
+        heads = [norm(dy[:, h], x[:, h], NormWeights(w.weight[h], None if w.bias is None else w.bias[h]), cfg)
+                 for h in range(w.weight.shape[0])]
+        dx = np.stack([d for d, _ in heads], axis=1)                      # (B, H, n, d_k)
+        return dx, NormWeights(np.stack([g.weight for _, g in heads]),    # (H, d_k)
+                               None if w.bias is None else np.stack([g.bias for _, g in heads]))
     if cfg.norm == "rms":
         dx, dg = rms_norm_backward(dy, x, w.weight, cfg.norm_eps)
         return dx, NormWeights(dg)
@@ -319,18 +326,26 @@ def embedding(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelCo
     add_rows(d_table, flat, rows)
 
 
-def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_tok: np.ndarray | None = None
+def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_tok: np.ndarray | None = None,
+          grads: dict[str, np.ndarray] | None = None
           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, NormWeights | None]:
-    """(dE, dP, dT, the embedding norm's gradients) of blocks.embed: X = Norm?(E[ids]·s + P[rows] + T[types]),
+    """(dE, dP, dT, the embedding norm's gradients) of blocks.embed: X = Norm?(E[ids]·s·embed_in? + P[rows] + T[types]),
     s = √d_model with scale_embedding (Marian), rows the positions (+ BART's offset) the tape kept.
     dE is added into d_tok (a new table of zeros if None); dP only for a learned table (a sinusoidal one
-    is fixed), dT only with token types; None where there is none."""
+    is fixed), dT only with token types; None where there is none. With embed_in (OPT-350m) its gradient
+    E[ids]ᵀ·dX goes into GRADS["embed_in"] and the table's rows get dX·embed_inᵀ."""
     g_norm = None
     if weights.embed_norm is not None:
         dx, g_norm = norm(dx, t.norm_in, weights.embed_norm, cfg)
     d = dx.shape[-1]
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
-    embedding(d_tok, t.ids, dx * math.sqrt(cfg.d_model) if cfg.scale_embedding else dx, cfg)   # X = E[ids]·√d + …
+    d_rows = dx
+    if weights.embed_in is not None:                                           # X = (E[ids]·s)·embed_in + …
+        rows = weights.tok_embed[t.ids] * (math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0)   # (B, n, d_embed)
+        d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)         # (B, n, d_embed), (d_embed, d_model)
+        if grads is not None:
+            grads["embed_in"] = d_proj
+    embedding(d_tok, t.ids, d_rows * math.sqrt(cfg.d_model) if cfg.scale_embedding else d_rows, cfg)   # E[ids]·√d
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)
@@ -340,3 +355,11 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
         types = np.zeros_like(t.ids) if t.types is None else t.types
         add_rows(d_type, types.reshape(-1), dx.reshape(-1, d))
     return d_tok, d_pos, d_type, g_norm
+
+
+def unembed_in(dz: np.ndarray, weights: Weights, tape: Tape) -> tuple[np.ndarray, np.ndarray | None]:
+    """(dX, d unembed_in) of blocks.unembed_in, Z = X·unembed_in (OPT-350m); (dZ, None) without it."""
+    if weights.unembed_in is None:
+        return dz, None
+    dx, dW, _ = linear(dz, tape.pop(None, "unembed_in"), weights.unembed_in, False)
+    return dx, dW                                                              # (B, n, d_model), (d_model, d_embed)

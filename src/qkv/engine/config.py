@@ -53,6 +53,10 @@ class ModelConfig:
     qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
                                       # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
     activation: Activation = "gelu"
+    d_embed: int | None = None        # the embedding table's width when it is not d_model (OPT-350m's word_embed_proj_dim):
+                                      # Weights.embed_in maps it to d_model, unembed_in back before W_vocab
+    norm_affine: bool = True          # False: LayerNorms without a stored γ, β (OPT's layer_norm_elementwise_affine):
+                                      # γ = 1, β = 0, held as constants and never written or trained
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
     qkv_bias: bool = True
     out_bias: bool = True             # bias of W_O
@@ -115,6 +119,8 @@ class ModelConfig:
                            f"{self.relative_max_distance} more than half of it; fix the model's config")
         if self.attn_scale is not None and not (0 < self.attn_scale < float("inf")):
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
+        if self.d_embed is not None and self.d_embed <= 0:
+            raise QkvError(f"d_embed={self.d_embed} must be positive (or none: d_model); fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
 

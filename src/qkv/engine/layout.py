@@ -101,4 +101,5 @@ def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) 
         done()
     return replace(weights, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(weights.pos_embed),
                    type_embed=_c(weights.type_embed), embed_norm=_norm(weights.embed_norm),
-                   final_norm=_norm(weights.final_norm), W_vocab=W_vocab, b_vocab=_c(weights.b_vocab))
+                   final_norm=_norm(weights.final_norm), W_vocab=W_vocab, b_vocab=_c(weights.b_vocab),
+                   embed_in=_c(weights.embed_in), unembed_in=_c(weights.unembed_in))

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm
+from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm, unembed_in
 from .blocks_backward import Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
@@ -29,7 +29,7 @@ from .errors import QkvError, check_index
 from ..writing.generate import generate, stream
 from .hooks import HookFn, Hooks
 from .layout import fast_layout
-from .positions import positions_from_mask, rope_cos_sin, rope_inv_freq
+from .positions import positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
@@ -53,7 +53,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                 ablate: Ablation | None = None, hooks: Hooks | None = None,
                 start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None
                 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None).
+    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None); the hidden states are
+    (B, n, d_embed) where unembed_in maps them back to the table's width (OPT-350m, as transformers gives them).
 
     rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
     hooks: functions reading or replacing intermediates (qkv.engine.hooks);
@@ -78,14 +79,15 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     x = embed(weights, cfg, ids, positions, token_type_ids, tape) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
-        inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype)
-        rope = rope_cos_sin(positions, inv_freq)             # 2 × (B, 1, n, d_k)
+        inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype,
+                                 length=int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
+        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling))   # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
-            and cfg.norm_place == "pre" and all(b.attn.W_QKV is not None for b in weights.blocks)):
+            and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
         ctx.one_step, ctx.step_bias = True, None if bias is None or not bias.any() else bias
     for layer in range(start, cfg.n_layers):
@@ -96,6 +98,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         if tape is not None:
             tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
+    x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
     return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)
 
 

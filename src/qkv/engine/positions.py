@@ -83,18 +83,28 @@ def relative_bias(table: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, bidir
     return table[b].transpose(2, 0, 1)[None]                                           # (1, H, n_q, n_k)
 
 
-def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=np.float32) -> np.ndarray:
+def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=np.float32,
+                  length: int | None = None) -> np.ndarray:
     """RoPE's rotation speeds: ω_i = 1 / θ^(2i/d) for i < d/2, optionally rescaled.
 
     Computed in `dtype` as the reference does (float32 by default), so that angles
     p·ω_i round the same way at large positions. `scaling` follows Hugging Face's
-    `rope_scaling`: None/"default", "linear" (positions divided by a factor) and
-    "llama3" (low frequencies slowed, high ones kept).
+    `rope_scaling`: None/"default", "linear" (positions divided by a factor),
+    "llama3" (low frequencies slowed, high ones kept) and "longrope" (Phi-3: ω_i / s_i, s the
+    short_factor table, or long_factor once the pass reaches past original_max_position_embeddings:
+    LENGTH = its last position + 1, as transformers chooses per pass; None: the short table).
     """
     dtype = np.dtype(dtype).type
     exps = np.arange(0, d_rot, 2).astype(dtype) / dtype(d_rot)                   # (d/2,)
-    inv = (dtype(1.0) / np.power(dtype(theta), exps)).astype(dtype)             # (d/2,)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "longrope":
+        if "attention_factor" not in scaling:            # a reader that left it unresolved: refused, not guessed
+            raise QkvError("rope_scaling longrope is read for phi3, stablelm and starcoder2 checkpoints; "
+                           "use one of those families (or a checkpoint without longrope)")
+        long = length is not None and length > scaling["original_max_position_embeddings"]
+        s = np.asarray(scaling["long_factor" if long else "short_factor"], dtype=dtype)       # (d/2,)
+        return (dtype(1.0) / (s * np.power(dtype(theta), exps))).astype(dtype)             # (d/2,)
+    inv = (dtype(1.0) / np.power(dtype(theta), exps)).astype(dtype)             # (d/2,)
     if kind == "default":
         return inv
     if kind == "linear":
@@ -108,18 +118,28 @@ def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=n
         scaled = np.where(wavelen > old_len / low, inv / factor, inv)
         mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         return np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).astype(dtype)
-    raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3")
+    raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, longrope")
 
 
-def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of the angles p·ω_i, laid out for rotate-half: (B, 1, n, d_rot).
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What cos and sin are multiplied by (LongRoPE's attention factor, which sharpens the scores by its square;
+    the family's reader resolves it from the config as transformers does); 1 for every other kind."""
+    return float((scaling or {}).get("attention_factor", 1.0)) if (scaling or {}).get("rope_type") == "longrope" else 1.0
+
+
+def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles p·ω_i, laid out for rotate-half: (B, 1, n, d_rot), each times FACTOR
+    (LongRoPE's attention factor; 1: plain RoPE).
 
     Hugging Face's Llama pairs dimension i with i + d/2 (not 2i with 2i+1), so the
     d/2 angles are repeated twice along the head dimension.
     """
     angles = positions[..., None].astype(inv_freq.dtype) * inv_freq  # (B, n, d/2)
     angles = np.concatenate([angles, angles], axis=-1)               # (B, n, d)
-    return np.cos(angles)[:, None], np.sin(angles)[:, None]          # (B, 1, n, d)
+    cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]      # (B, 1, n, d)
+    if factor != 1.0:
+        cos, sin = cos * inv_freq.dtype.type(factor), sin * inv_freq.dtype.type(factor)
+    return cos, sin
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:

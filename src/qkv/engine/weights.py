@@ -37,8 +37,9 @@ class AttentionWeights:
     b_K: np.ndarray | None = None    # (Hkv·d_k,)
     b_V: np.ndarray | None = None    # (Hkv·d_k,)
     b_O: np.ndarray | None = None    # (d_model,)
-    q_norm: NormWeights | None = None    # Norm of q before RoPE: weight (d_k,) each head (Qwen3, Phi) or (H·d_k,) (OLMo 2)
-    k_norm: NormWeights | None = None    # and of k: (d_k,) or (Hkv·d_k,)
+    q_norm: NormWeights | None = None    # Norm of q before RoPE: weight (d_k,) shared by the heads (Qwen3, Phi), (H, d_k)
+                                         # one of its own per head (StableLM) or (H·d_k,) the whole projection (OLMo 2)
+    k_norm: NormWeights | None = None    # and of k: (d_k,), (Hkv, d_k) or (Hkv·d_k,)
     # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
@@ -81,13 +82,15 @@ class BlockWeights:
 class Weights:
     """Everything a forward pass reads: embeddings, L blocks, final norm, W_vocab."""
 
-    tok_embed: np.ndarray                      # (V, d_model) the embedding table
+    tok_embed: np.ndarray                      # (V, d_model) the embedding table; (V, d_embed) with embed_in
     blocks: list[BlockWeights]
     pos_embed: np.ndarray | None = None        # (P, d_model) learned or sinusoidal positions
     type_embed: np.ndarray | None = None       # (T, d_model) BERT token types
     embed_norm: NormWeights | None = None      # BERT: LayerNorm after the embeddings
     final_norm: NormWeights | None = None      # pre-norm models: before W_vocab
-    W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ
+    W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ; (d_embed, V) with unembed_in
+    embed_in: np.ndarray | None = None         # (d_embed, d_model) X = E[ids]·embed_in, before the positions (OPT-350m)
+    unembed_in: np.ndarray | None = None       # (d_model, d_embed) Z·unembed_in after the final norm, before W_vocab
     b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias
     rel_bias: np.ndarray | None = None         # (buckets, H) T5: relative position bias, shared by the layers
 

@@ -262,9 +262,17 @@ def head_qk(Xn: np.ndarray, attn, cfg, q_cols: slice, kv_cols: slice) -> tuple[n
         return q[:, q_cols], k[:, kv_cols]                          # (n, d_k) each
     q, k = _proj(Xn, attn.W_Q, attn.b_Q, q_cols), _proj(Xn, attn.W_K, attn.b_K, kv_cols)
     if cfg.qk_norm == "head":
-        q = norm_of(q, attn.q_norm.weight, attn.q_norm.bias, cfg.norm, cfg.norm_eps)
-        k = norm_of(k, attn.k_norm.weight, attn.k_norm.bias, cfg.norm, cfg.norm_eps)
+        q = norm_of(q, *_head_norm(attn.q_norm, q_cols, cfg.d_head), cfg.norm, cfg.norm_eps)
+        k = norm_of(k, *_head_norm(attn.k_norm, kv_cols, cfg.d_head), cfg.norm, cfg.norm_eps)
     return q, k
+
+
+def _head_norm(w, cols: slice, d_k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """γ, β of the head whose columns are COLS: the shared (d_k,) ones, or its own row of (H, d_k) (StableLM)."""
+    if w.weight.ndim == 1:
+        return w.weight, w.bias
+    h = cols.start // d_k
+    return w.weight[h], None if w.bias is None else w.bias[h]
 
 
 def norm_of(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, kind: str, eps: float) -> np.ndarray:

@@ -101,6 +101,7 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
 
     dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights)
     del dlogits, h
+    dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
     g_final = None
     if weights.final_norm is not None:
         dh, g_final = back.norm(dh, tape.pop(None, "final_norm"), weights.final_norm, cfg)
@@ -108,9 +109,11 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     g_blocks = [None] * len(weights.blocks)
     for i in reversed(range(len(weights.blocks))):
         dx, g_blocks[i], _ = back.block(dx, weights.blocks[i], tape, i, cfg)   # frees what block i kept
-    d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, tape.pop(None, "embed"))
+    projected: dict[str, np.ndarray] = {}
+    d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, tape.pop(None, "embed"), grads=projected)
     if np.shares_memory(weights.W_vocab, weights.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
         dW_vocab = d_tok.T
     return loss, Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, type_embed=d_type, embed_norm=g_embed,
-                         final_norm=g_final, W_vocab=dW_vocab, b_vocab=db_vocab)
+                         final_norm=g_final, W_vocab=dW_vocab, b_vocab=db_vocab,
+                         embed_in=projected.get("embed_in"), unembed_in=d_unembed_in)

@@ -213,7 +213,10 @@ def arch_of(model) -> dict:
             "eps": c.norm_eps, "scale": c.score_scale,
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
-            "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None}
+            "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,
+            # OPT-350m: the table's width, mapped to d_model and back (None: d_model); StableLM: a q/k norm per head
+            "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
+                                                          for b in getattr(last, "blocks", ()))}
 
 
 def output_payload(model, trace: Trace) -> dict | None:
