@@ -104,3 +104,31 @@ def test_generate_refuses_an_unwritable_trace_dir_before_working(tmp_path):
     blocker.write_text("")
     r = qkv_cmd("generate", "x", "--model", str(MODELS / "gpt2"), "--trace", str(blocker / "sub"))
     assert r.returncode == 2 and "cannot write" in r.stderr and r.stdout == ""
+
+
+def test_no_option_states_two_defaults():
+    """Each --model help names the models, and the one default is click's [default: …] (circuits said
+    "'minilm' (default)" and "[default: smollm2]")."""
+    import click
+
+    for name, command in cli.commands.items():
+        for option in command.params:
+            if isinstance(option, click.Option) and option.help and "--model" in option.opts:
+                assert "(default)" not in option.help, name
+    r = CliRunner().invoke(cli, ["circuits", "--help"])
+    assert r.output.count("default") == r.output.count("[default:"), r.output
+
+
+def test_the_small_words_a_newcomer_reads():
+    from qkv.checkpoints.families import FAMILIES
+
+    r = CliRunner().invoke(cli, ["models"])
+    footer = " ".join(r.output.split())                          # the table may wrap it
+    assert all(f in footer for f in FAMILIES) and ".gguf" in footer
+    r = CliRunner().invoke(cli, ["show", "The cat sat on the mat", "--model", str(MODELS / "gpt2")])
+    assert r.exit_code == 0 and "--out DIR writes the heatmaps" in r.output
+    r = CliRunner().invoke(cli, ["circuits", "--model", str(MODELS / "gpt2"), "--layer", "0", "--head", "0"])
+    assert r.exit_code == 0 and "text (the default; choose another with --text): When Mary" in r.output
+    r = CliRunner().invoke(cli, ["heads", "The cat sat on the mat. The cat sat on the mat.", "--model",
+                                 str(MODELS / "gpt2")])
+    assert r.exit_code == 0 and "first: the first position" in " ".join(r.output.split())

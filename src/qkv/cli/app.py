@@ -148,6 +148,8 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         for f in files:
             click.echo(f"  {f}")
         click.echo(f"open {files[0]} in a browser to explore every layer and head{_pipeline_note(files)}")
+    else:
+        click.echo(OUT_HINT)
 
 
 def _pipeline_note(files: list[Path]) -> str:
@@ -233,6 +235,8 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
             click.echo(f"  {f}")
         click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention, every layer and head"
                    f"{_pipeline_note(files)}")
+    else:
+        click.echo(OUT_HINT)
 
 
 def _print_cross(trace, cross, model, layer: int, head: int | None, translated: bool) -> None:
@@ -279,6 +283,7 @@ def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> li
     return files.paths
 
 
+OUT_HINT = "(--out DIR writes the heatmaps, the interactive viewer of every layer and head, and the pipeline page)"
 PIPELINE_TOKENS = 256      # `show --out` writes pipeline.html up to this many tokens (its S and A: L·H·n² bytes each)
 
 
@@ -316,8 +321,10 @@ def models() -> None:
     for source, what in available():
         table.add_row(Text(source), Text(what))
     new_console().print(table)
-    new_console().print(Text("Any local directory with config.json + model.safetensors (bert, gpt2, llama, mistral, "
-                          "qwen2) works too: --model PATH"))
+    from ..checkpoints.families import FAMILIES
+
+    new_console().print(Text(f"Any local directory with config.json + model.safetensors works too (model_type "
+                             f"{', '.join(sorted(FAMILIES))}), and a .gguf file: --model PATH"))
 
 
 @cli.command()

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from ..engine.errors import QkvError
 
-MODEL_HELP = "Model: 'minilm' (default), a local Hugging Face directory, or a cached repo id."
+MODEL_HELP = "Model: 'minilm', 'smollm2', 'ko-en-tiny', a .gguf file, a local Hugging Face directory, or a cached repo id."
 
 
 def new_console() -> Console:

@@ -17,8 +17,7 @@ from ..lessons import explain_help
 
 @click.command(name="explain", help=explain_help())
 @click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
-@click.option("--model", "source", default=None, help=MODEL_HELP.replace("'minilm' (default)", "'minilm', 'smollm2'")
-              + "  [default: the topic's own]")
+@click.option("--model", "source", default=None, help=MODEL_HELP + "  [default: the topic's own]")
 @click.option("--layer", type=int, default=None, help="attention, flash: the layer to follow (negative counts from the end).  "
                                                       "[default: 0]")
 @click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
@@ -92,7 +91,7 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
 @click.command(name="next")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory.")
+              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory.")
 @click.option("--temperature", "-t", "temperatures", multiple=True, default=("0.5,1,2",), show_default=True,
               help="Temperatures T: a comma list or repeated -t (0 = greedy).")
 @click.option("--top-k", type=click.IntRange(1), default=10, show_default=True, help="How many tokens to list.")

@@ -69,8 +69,9 @@ def stat_table(report: HeadReport, name: str) -> Table:
 
 
 def legend(report: HeadReport) -> list[Text]:
-    lines = [Text(f"Roles: previous / next / self / [CLS] / [SEP] / punct = more than {DOMINANT:.0%} of each "
-                  f"token's attention, on average, goes there; broad = entropy ≥ {BROAD:.0%} of evenly spread "
+    lines = [Text(f"Roles: previous / next / self / [CLS] / [SEP] / punct / first = more than {DOMINANT:.0%} of each "
+                  f"token's attention, on average, goes there (first: the first position, the sink of decoders "
+                  f"without a [CLS]); broad = entropy ≥ {BROAD:.0%} of evenly spread "
                   f"attention (number: that ratio); induction = induction score ≥ {INDUCTION} on repeated random "
                   "tokens; mixed = none of these.")]
     for name, why in report.not_applicable.items():

@@ -18,7 +18,7 @@ from .common import MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_con
 @click.command(name="lens")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory; or an "
+              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory; or an "
                    "encoder–decoder (ko-en-tiny): the lens of its decoder.")
 @click.option("--top", type=click.IntRange(1, 20), default=3, show_default=True,
               help="How many tokens to list per layer.")
@@ -163,7 +163,7 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
 @click.command(name="dla")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2' (default), a .gguf file, or a local Hugging Face directory; or a "
+              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory; or a "
                    "pre-norm encoder–decoder (T5): its decoder's heads, cross-attention heads and FFNs.")
 @click.option("--target", required=True, help="The token whose logit to explain, one token (e.g. ' Mary').")
 @click.option("--prefix", default=None, help=PREFIX_HELP + " Default: the start token alone (the first word).")
@@ -214,7 +214,7 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
 @click.argument("clean")
 @click.argument("corrupted")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="'smollm2' (default), 'minilm', 'ko-en-tiny', a .gguf file, or a local Hugging Face directory. "
+              help="'smollm2', 'minilm', 'ko-en-tiny', a .gguf file, or a local Hugging Face directory. "
                    "A decoder's metric is logit(answer) − logit(wrong); an encoder's (MiniLM) the cosine similarity "
                    "of the sentence embedding to CLEAN's; an encoder–decoder's, its decoder's next token after "
                    "--prefix, CLEAN and CORRUPTED being sources.")
@@ -285,19 +285,25 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
                 click.echo(f"wrote {f}")
 
 
+
+CIRCUITS_TEXT = ("When Mary and John went to the store, John gave a drink to Mary. "
+                 "The cat sat on the mat.")   # names repeat (copying), a sentence of its own
+
 @click.command(name="circuits")
 @click.option("--model", "source", default="smollm2", show_default=True, help=MODEL_HELP)
 @click.option("--layer", type=int, required=True, help="Layer (negative counts from the end).")
 @click.option("--head", type=int, required=True, help="Query head (negative counts from the end).")
-@click.option("--text", default="When Mary and John went to the store, John gave a drink to Mary. "
-              "The cat sat on the mat.", show_default=True,
+@click.option("--text", default=None, show_default=CIRCUITS_TEXT,
               help="Its tokens are the OV circuit's token set; its activations give the QK pattern.")
 @click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many entries to list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the figure (circuits.png, .svg) into this directory.")
-def circuits_cmd(source: str, layer: int, head: int, text: str, top: int, out_dir: str | None) -> None:
+def circuits_cmd(source: str, layer: int, head: int, text: str | None, top: int, out_dir: str | None) -> None:
     """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
     score) and where it looks by relative position."""
+    if text is None:
+        text = CIRCUITS_TEXT
+        click.echo(f"text (the default; choose another with --text): {text}", err=True)
     from ..analysis.circuits import ov_circuit, qk_positions
     from ..checkpoints import load
     from ..viz.interpret_figures import circuits_figure
