@@ -110,3 +110,17 @@ def test_roles_have_one_colour_in_every_view():
     assert role_colours(roles) == {"previous": ROLE_COLOURS["previous"], "[CLS]": ROLE_COLOURS["[CLS]"]}
     payload = trace_payload(random_trace(["a", "b"], L=2, H=3), roles=roles)
     assert payload["role_colours"] == role_colours(roles)                          # the viewer's model view
+
+
+def test_no_label_is_blank_or_invisible(smollm2):
+    """Every label of SmolLM2's vocabulary shows something a reader can see: the no-break space (id
+    15442) is ⍽, other invisible characters \\uNNNN (qkv lens printed an empty top-1 for it)."""
+    import unicodedata
+
+    tok = smollm2.tokenizer
+    assert tok.label(15442) == "⍽"
+    for i in range(tok.vocab_size):
+        shown = tok.label(i)
+        assert shown and not all(c.isspace() or unicodedata.category(c) in ("Zs", "Zl", "Zp", "Cf", "Cc")
+                                 for c in shown), (i, shown)
+    assert visible("a\u200bb\u3000c\u2028") == "a\\u200bb\\u3000c\\u2028"

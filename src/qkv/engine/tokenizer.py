@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import unicodedata
 from datetime import datetime
 from pathlib import Path
 
@@ -201,9 +202,13 @@ def readable(token: str, style: str) -> str:
         return token
 
 
+INVISIBLE = ("Zs", "Zl", "Zp", "Cf")         # Unicode categories a reader cannot see (or tell apart)
+
+
 def visible(text: str) -> str:
-    """Text with its whitespace made visible: ' ' → ␣, newline → ↵, tab → ⇥, other control
-    characters as \\xNN; the empty string as ∅."""
+    """Text with its whitespace made visible: ' ' → ␣, newline → ↵, tab → ⇥, no-break space → ⍽, other
+    control characters as \\xNN, every other invisible character (spaces of other widths, zero-width and
+    direction marks, line separators: Unicode's Z* and Cf) as \\uNNNN; the empty string as ∅."""
     if text == "":
         return "∅"
     out = []
@@ -214,8 +219,12 @@ def visible(text: str) -> str:
             out.append("↵")
         elif ch == "\t":
             out.append("⇥")
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ch == "\xa0":
+            out.append("⍽")
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:
             out.append(f"\\x{ord(ch):02x}")
+        elif unicodedata.category(ch) in INVISIBLE:
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return "".join(out)
