@@ -158,9 +158,15 @@ def test_save_and_the_cli(tmp_path, monkeypatch, capsys):
 
     gpt2 = str(MODELS / "gpt2")
     out = tmp_path / "cli"
-    code, text, _ = run_main(monkeypatch, capsys, "patch", "the cat sat on the mat", "the dog sat on the mat",
-                             "--model", gpt2, "--answer", " a", "--wrong", " the", "--out", str(out))
+    code, text, err = run_main(monkeypatch, capsys, "patch", "the cat sat on the mat", "the dog sat on the mat",
+                               "--model", gpt2, "--answer", " a", "--wrong", " the", "--out", str(out))
     assert code == 0 and "L" in text and "patched copies" in text
+    lines = err.strip().splitlines()                          # off a terminal: plain progress lines, total known
+    written = json.loads((out / "patch.json").read_text())
+    n, (L, H) = len(written["labels"]), np.shape(written["heads"])
+    total = L * (H + 3 * n)                                   # L × (heads + residual, attn_out, ffn_out positions)
+    assert lines[0].startswith("patched ") and lines[0].endswith(" s") and f"/{total} copies" in lines[0]
+    assert lines[-1].startswith(f"patched {total}/{total} copies (100%)")
     data = json.loads((out / "patch.json").read_text())
     assert data["labels"][2:4] == ["␣c/␣d", "at/og"] and len(data["heads"]) == 2      # two tokens differ
     assert data["residual"][0][:2] == [0, 0] and (out / "patch.png").is_file()

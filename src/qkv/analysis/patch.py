@@ -237,7 +237,7 @@ def patch_one(model: "Model", clean: str | Sequence[int], corrupted: str | Seque
 
 def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[int], metric, *,
           what: Sequence[str] = WHAT, normalise: bool = True, batch: int | None = None,
-          progress: Callable[[int], None] | None = None) -> Patching:
+          progress: Callable[[int, int], None] | None = None) -> Patching:
     """Effect tables of patching each head (L, H) and each position of the residual stream,
     attention output and FFN output (L, n) from CLEAN into CORRUPTED (see the module).
 
@@ -246,8 +246,9 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
     without an LM head a function of the final hidden states (B, n, d_model) → (B,), or "embedding":
     the cosine similarity of the sentence embedding to the clean one (module doc).
     normalise=False gives m(patched) − m(corrupted) itself. batch: at most this many patched
-    copies per pass (1: each alone; default as many as MAX_TOKENS allows). progress(k) is told
-    after each pass how many copies it ran.
+    copies per pass (1: each alone; default as many as MAX_TOKENS allows). progress(done, total) is told
+    after each layer's check and each pass how many of the total copies are done (a copy equal to the
+    corrupted run counts as done without a pass).
     """
     unknown = set(what) - set(WHAT)
     if unknown:
@@ -263,11 +264,14 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
     tables = {w: np.zeros((L, size[w])) for w in what}
     per_pass = max(1, MAX_TOKENS // n) if batch is None else max(1, int(batch))
     runs = passes = skipped = 0
+    total = L * sum(size[w] for w in what)                                      # every copy, run or not
     for layer in range(L):
         same = {w: [np.array_equal(x, y) for x, y in zip(copied(c, layer, w), copied(k, layer, w))]
                 for w in what}                                                  # per head / position
         rows = [(w, np.array([i])) for w in what for i in range(size[w]) if not same[w][i]]
         skipped += sum(sum(v) for v in same.values())
+        if progress is not None:
+            progress(runs + skipped, total)
         for s in range(0, len(rows), per_pass):
             chunk = rows[s:s + per_pass]
             values = _measure(fn, _patched(model, c, k, layer, chunk)) - m_corrupt       # (B,)
@@ -275,7 +279,7 @@ def patch(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[
                 tables[w][layer, index[0]] = v
             runs, passes = runs + len(chunk), passes + 1
             if progress is not None:
-                progress(len(chunk))
+                progress(runs + skipped, total)
     scale = (m_clean - m_corrupt) if normalise else 1.0
     return Patching(**{w: tables[w] / scale if w in tables else None for w in WHAT}, clean=m_clean,
                     corrupted=m_corrupt, labels=labels, metric=name, normalised=normalise, runs=runs,

@@ -119,3 +119,26 @@ def warn_unknown(model, text: str) -> None:
              f"{', …' if count > len(examples) else ''}" if count else "")
     click.echo(f"warning: {len(unknown)} of {len(pieces)} source tokens are unknown to {model.name} (read as "
                f"{tok.id_to_token(tok.unk_id)}: {shown}), so its output says nothing about them{knows}", err=True)
+
+
+class ProgressLines:
+    """Progress as plain lines on stderr, for when it is not a terminal (a log, a pipe): a line at the first
+    call, then at most one every EVERY seconds, and one at the end (`patched 120/716 copies (17%), 12 s`)."""
+
+    EVERY = 5.0
+
+    def __init__(self, verb: str, things: str):
+        import time
+
+        self.verb, self.things, self.clock = verb, things, time.perf_counter
+        self.start = self.last = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        elif done < total and now - self.last < self.EVERY:
+            return
+        self.last = now
+        click.echo(f"{self.verb} {done:,}/{total:,} {self.things} ({done / max(total, 1):.0%}), "
+                   f"{now - self.start:.0f} s", err=True)

@@ -12,7 +12,8 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_console, removed_if_failed, write_figure
+from .common import (MODEL_HELP, PREFIX_HELP, ProgressLines, as_decoder, check_writable, new_console, removed_if_failed,
+                     write_figure)
 
 
 @click.command(name="lens")
@@ -256,9 +257,16 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
         if out_dir is not None:
             check_writable(out_dir)
         columns = (TextColumn("patched copies"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        err = Console(stderr=True)
+        with Progress(*columns, console=err, transient=True) as bar:
             task = bar.add_task("patch", total=None)
-            p = patch(model, clean, corrupted, metric, progress=lambda k: bar.advance(task, k))
+            lines = ProgressLines("patched", "copies")                        # off a terminal the bar is not drawn
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+                if not err.is_terminal:
+                    lines(done, total)
+            p = patch(model, clean, corrupted, metric, progress=progress)
         console = new_console()
         console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "
                            f"{p.runs} patched copies in {p.passes} batched passes, {p.seconds:.1f} s "
