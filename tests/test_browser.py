@@ -392,6 +392,32 @@ def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, ch
     assert tab.errors == [] and tab.dialogs == []
 
 
+def test_the_chat_never_shows_another_answers_view_under_its_reply(tab, app_server):
+    """Plain `qkv serve` (MiniLM): after Show attention, the chat mode does not show MiniLM's view under
+    a reply being written (it looked like the reply's); the reply's own view appears when it is done, and
+    the attention mode shows its own again."""
+    page = tab.page
+    page.goto(app_server.url)
+    page.wait_for_selector(READY, timeout=30000)                                 # MiniLM's view of the example
+    root = "[data-qkv-root]"
+    assert page.is_visible(root)
+    page.click(".qkv-mode[data-mode='chat']")
+    assert page.is_hidden(root)                                                  # not the chat's view
+    page.fill("textarea[name=message]", "Hi")
+    page.press("textarea[name=message]", "Enter")
+    page.wait_for_selector(".qkv-app[data-state='writing']")
+    assert page.is_hidden(root)
+    page.wait_for_selector(".qkv-app[data-state='shown']", timeout=120000)
+    assert page.is_visible(root) and tokens_shown(page)[0] == "<|im_start|>"  # the reply's own view
+    page.click(".qkv-mode[data-mode='attention']")
+    assert page.is_hidden(root)                                                  # until it shows its own again
+    page.click("button[type=submit]")
+    page.wait_for_function("() => document.querySelector('[data-qkv-root]').hidden === false", timeout=30000)
+    page.wait_for_selector(READY)
+    assert tokens_shown(page)[0] == "[CLS]"
+    assert tab.errors == [] and tab.dialogs == []
+
+
 def test_the_chat_shows_why_it_refuses(tab, chat_server):
     page = tab.page
     page.goto(chat_server.url)

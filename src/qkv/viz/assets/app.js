@@ -116,16 +116,18 @@
   error.hidden = true;
   for (const part of [modes, form, chat, pipe, status, error]) app.insertBefore(part, root);
 
-  let viewer = null;
+  let viewer = null, viewOf = null;                   // the view below, and the mode that made it
   function fail(messageText) {
     error.textContent = messageText;
     error.hidden = false;
     root.classList.add("qkv-stale");                 // the views below belong to the previous answer
     app.dataset.state = "error";
   }
-  async function show(payload) {
+  async function show(payload, mode) {
     error.hidden = true;
     root.classList.remove("qkv-stale");
+    viewOf = mode;
+    root.hidden = app.dataset.mode !== mode;
     viewer = await QKV.mount(root, payload, viewer ? viewer.saved() : undefined);
   }
 
@@ -134,7 +136,7 @@
     form.hidden = name !== "attention";
     chat.hidden = name !== "chat";
     pipe.hidden = name !== "pipeline";
-    root.hidden = name === "pipeline";
+    root.hidden = name === "pipeline" || viewOf !== name;   // a view shows under the mode that made it
     for (const [m, b] of Object.entries(modeButtons)) b.setAttribute("aria-pressed", String(m === name));
     if (name === "attention") count();
     else if (name === "chat") status.textContent = chatCount();
@@ -161,7 +163,7 @@
       }
       try { body = await r.json(); } catch (e) { body = {error: `the server answered ${r.status} without JSON`}; }
       if (!r.ok || body.error) { count(); return fail(body.error || `the server answered ${r.status}`); }
-      await show(body);
+      await show(body, "attention");
       status.textContent = `${body.model}: ${body.tokens.length} tokens, ${body.layers.length} layers × ` +
         `${body.heads} heads, in ${Math.round(performance.now() - t0)} ms`;
       app.dataset.state = "shown";
@@ -227,11 +229,13 @@
     const mine = bubble("user", said).parentNode;
     const reply = bubble("assistant", "");
     reply.parentNode.classList.add("qkv-writing");
+    root.hidden = true;                               // the view below is the previous answer's, not this reply's
     message.value = "";
     status.textContent = "reading the conversation…";
     const t0 = performance.now();
     let written = "", done = null, pieces = 0;
     const undo = (why) => {                           // nothing was answered: take the question back
+      root.hidden = viewOf !== "chat";
       mine.remove();
       reply.parentNode.remove();
       if (!turns.length) hint.hidden = false;
@@ -273,7 +277,7 @@
       status.textContent = `${p.model}: a reply of ${p.tokens.length - p.prompt_length} tokens ` +
         `(${done.stopped}) in ${Math.round(performance.now() - t0)} ms; below, what each of the ` +
         `${p.tokens.length} tokens attended to`;
-      await show(p);
+      await show(p, "chat");
       app.dataset.state = "shown";
     } catch (e) {
       undo("cannot show this reply: " + e.message);
