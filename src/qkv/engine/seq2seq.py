@@ -1,4 +1,4 @@
-"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, T5.
+"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, mBART, Pegasus, T5, mT5.
 
     source ids ─embed─▶ L_enc × block: self-attention (bidirectional), FFN   ─▶ M (n_src × d_model)
     target ids ─embed─▶ L_dec × block: self-attention (causal),
@@ -197,7 +197,8 @@ class Seq2SeqModel:
 
     @property
     def start_token(self) -> int:
-        """decoder_start_token_id: what the decoder reads first (Marian and T5: the pad token)."""
+        """decoder_start_token_id: what the decoder reads first (Marian, T5, Pegasus: the pad token; mBART:
+        the end token or, absent, bos_token_id)."""
         start = self.config.decoder_start_token_id
         if start is None:
             raise QkvError(f"{self.name}'s config.json has no decoder_start_token_id; add it (Marian and T5: "
@@ -488,6 +489,13 @@ class BoundDecoder:
 
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
                     cache: KVCache | None = None) -> np.ndarray:
-        """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's."""
-        return self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec,
-                                         stacks=self.stacks)
+        """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's.
+        After the start token alone, a forced_bos_token_id (mBART-50's target language) is the only
+        choice: every other logit −inf, as transformers' ForcedBOSTokenLogitsProcessor."""
+        logits = self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec,
+                                           stacks=self.stacks)
+        forced = self.config.forced_bos_token_id
+        if forced is not None and attention_mask.shape[1] == 1:         # the decoder has read the start token only
+            logits = np.full_like(logits, -np.inf)
+            logits[..., forced] = 0
+        return logits                                                   # (B, 1, V)

@@ -18,10 +18,12 @@ from .seq2seq_backprop import decoder_inputs, loss_and_grads as seq2seq_loss_and
 def grads_by_name(grads, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """A gradient tree under the checkpoint's own tensor names and shapes (the family's table in
     qkv.checkpoints), e.g. GPT-2's "transformer.h.0.attn.c_attn.weight" = [dW_Q | dW_K | dW_V].
-    Buffers that are not learned (Marian's and BART's final_logits_bias) are left out."""
+    Buffers that are not learned (final_logits_bias, Pegasus' sinusoids) are left out."""
     from ..checkpoints import FAMILIES
     named = FAMILIES[cfg.family].tensors(grads, cfg)
     named.pop("final_logits_bias", None)
+    if cfg.position == "sinusoidal":                      # Pegasus' stored sinusoids: frozen, as torch keeps them
+        named = {k: g for k, g in named.items() if not k.endswith("embed_positions.weight")}
     return named
 
 
@@ -46,7 +48,8 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
             raise QkvError(f"labels must be (B, n_tgt) with one row per source row ({len(ids)}); got {target.shape}")
         model.check_ids(np.where(target == -100, 0, target))                   # ids in the vocabulary
         cfg = model.config
-        tgt_in = decoder_inputs(target.astype(np.int64), model.start_token, cfg.pad_token_id or 0)
+        start = None if cfg.start_from_labels else model.start_token
+        tgt_in = decoder_inputs(target.astype(np.int64), start, cfg.pad_token_id or 0, cfg.start_from_labels)
         loss, grads = seq2seq_loss_and_grads(model.weights, cfg, ids, mask, tgt_in, target.astype(np.int64))
         return loss, grads_by_name(grads, cfg)
     if loss_mask is not None:

@@ -10,7 +10,7 @@ The forward is qkv.engine.seq2seq's (encoder_pass, memory_of, decoder_pass) with
 backward is qkv.engine.blocks_backward's. Backwards, the cross-attention is where the two stacks meet:
 each decoder layer's dK and dV flow into dM, the gradient of the encoder's output (`back.memory`), which
 then runs back through the encoder. The loss is transformers' for `model(input_ids, attention_mask,
-labels=labels)`: the decoder reads [start] + labels[:-1]. T5's relative position bias and unscaled
+labels=labels)`: the decoder reads [start] + labels[:-1] (mBART: start = the labels' language id). T5's relative position bias and unscaled
 scores are not trained here (a clear error says so).
 """
 
@@ -81,9 +81,16 @@ def loss_and_grads(weights: Seq2SeqWeights, cfg: ModelConfig, src: np.ndarray, s
                 W_vocab=dW_vocab))
 
 
-def decoder_inputs(labels: np.ndarray, start: int, pad: int) -> np.ndarray:
-    """transformers' shift_tokens_right: the decoder reads [start] + labels[:-1], −100 read as pad."""
+def decoder_inputs(labels: np.ndarray, start: int | None, pad: int, from_labels: bool = False) -> np.ndarray:
+    """transformers' shift_tokens_right: the decoder reads [start] + labels[:-1], −100 read as pad.
+    from_labels (mBART's shift): start is each row's last token that is not pad (its language id), at
+    index (number of non-pad tokens) − 1 as mBART counts it."""
+    labels = np.where(labels == -100, pad, labels)                          # (B, n_tgt)
     tgt = np.empty_like(labels)
-    tgt[:, 0] = start
+    if from_labels:
+        last = np.maximum((labels != pad).sum(axis=1) - 1, 0)               # (B,) torch's gather would wrap −1: 0 here
+        tgt[:, 0] = labels[np.arange(len(labels)), last]
+    else:
+        tgt[:, 0] = start
     tgt[:, 1:] = labels[:, :-1]
-    return np.where(tgt == -100, pad, tgt)
+    return tgt
