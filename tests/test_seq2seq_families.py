@@ -28,10 +28,11 @@ SEQ2SEQ = FIXTURES / "seq2seq"
 TEXT = "The cat sat on the mat."
 
 
-@pytest.mark.parametrize("name", ["marian", "bart", "mbart", "pegasus"])
+@pytest.mark.parametrize("name", ["marian", "bart", "mbart", "pegasus", "t5", "t5_gated", "mt5"])
 def test_gradients_equal_autograd(name):
     """Loss within 1e-5, each tensor's gradient within 1e-4 relative error (the key biases, whose true
-    gradient is 0, within 1e-7 absolute); the frozen sinusoids have none."""
+    gradient is 0, within 1e-7 absolute); the frozen sinusoids have none. T5 and mT5: unscaled scores,
+    the relative position bias's table, v1.0's output rescale."""
     ref = np.load(FIXTURES / "grads" / f"{name}.npz")
     loss, grads = gradients(qkv.load(SEQ2SEQ / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
     assert abs(loss - float(ref["loss"])) < 1e-5
@@ -113,16 +114,14 @@ def test_bad_configs_are_refused(tmp_path, name, edit, message):
 
 
 def test_commands_run_on_the_mbart_fixture(tmp_path):
-    """translate (= the API's greedy text), show with its cross-attention, lens and patch."""
+    """translate (= the API's greedy text), show's terminal view of the cross-attention, patch (the decoder
+    view); `show --out`, `heads` and `lens` run on it too (slower: their figures)."""
     d, model = str(SEQ2SEQ / "mbart"), qkv.load(SEQ2SEQ / "mbart")
     runner = CliRunner()
     r = runner.invoke(cli, ["translate", TEXT, "--model", d, "-n", "5"])
     assert r.exit_code == 0 and r.output == model.generate(TEXT, 5, temperature=0) + "\n"
-    r = runner.invoke(cli, ["show", TEXT, "--model", d, "--out", str(tmp_path / "show")])
-    assert r.exit_code == 0, r.output
-    assert (tmp_path / "show" / "attention.html").exists() and list((tmp_path / "show").glob("cross_layer*.png"))
-    r = runner.invoke(cli, ["lens", TEXT, "--model", d, "--out", str(tmp_path / "lens")])
-    assert r.exit_code == 0 and (tmp_path / "lens" / "lens.html").exists(), r.output
+    r = runner.invoke(cli, ["show", TEXT, "--model", d, "--target", " the cat"])
+    assert r.exit_code == 0 and "cross" in r.output.lower(), r.output
     r = runner.invoke(cli, ["patch", TEXT, "The dog sat on the mat.", "--model", d, "--answer", " the", "--wrong", " a",
                             "--out", str(tmp_path / "patch")])
     assert r.exit_code == 0 and (tmp_path / "patch" / "patch.json").exists(), r.output

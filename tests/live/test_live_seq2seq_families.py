@@ -5,7 +5,7 @@ it with qkv and compares on padded source batches (right and left) with padded d
 both hidden states, the three kinds of attention; then greedy generation token for token with and without
 the KV cache (and an EOS that stops rows early), with mBART's forced_bos_token_id when its config.json has
 one. Also: qkv.init + save read back by transformers, and gradients equal to torch autograd (mBART with
-its own shift of the labels, Pegasus with its frozen sinusoids).
+its own shift of the labels, Pegasus with its frozen sinusoids, T5 and mT5 with their relative position bias).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from live_helpers import TOL_ATTENTION, TOL_HIDDEN, max_abs, padded_batch
 from test_live_seq2seq import NEW, build, reference
 from transformers import (MBartConfig, MBartForConditionalGeneration, MT5Config, MT5ForConditionalGeneration,
-                          PegasusConfig, PegasusForConditionalGeneration)
+                          PegasusConfig, PegasusForConditionalGeneration, T5Config, T5ForConditionalGeneration)
 from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
 
 import qkv
@@ -160,6 +160,47 @@ GRAD_CASES = [
     pytest.param(PegasusForConditionalGeneration, PegasusConfig, dict(activation_function="gelu", decoder_layers=1),
                  id="pegasus-gelu-2x1"),
 ]
+
+
+T5_GRAD_CASES = [
+    pytest.param(MT5ForConditionalGeneration, mt5(), True, id="mt5"),
+    pytest.param(MT5ForConditionalGeneration, mt5(feed_forward_proj="relu", buckets=8, distance=5, d_kv=12), False,
+                 id="mt5-relu-tied"),
+    pytest.param(T5ForConditionalGeneration, T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=40, num_layers=2,
+                 num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=16,
+                 relative_attention_max_distance=20, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+                 False, id="t5-v1.0-tied-rescaled"),
+    pytest.param(T5ForConditionalGeneration, T5Config(vocab_size=97, d_model=40, d_kv=10, d_ff=40, num_layers=2,
+                 num_heads=5, feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0,
+                 eos_token_id=1, decoder_start_token_id=0), True, id="flan-t5-style"),
+]
+
+
+@pytest.mark.parametrize("cls, config, untie", T5_GRAD_CASES)
+def test_t5_gradients_equal_autograd(cls, config, untie, tmp_path):
+    """T5 and mT5 train: unscaled scores, the relative position bias's table (every layer's dB summed by
+    bucket, both directions in the encoder, the past in the decoder), v1.0's rescaled tied head, a padded
+    source; T5's unused cross-attention bias gets no gradient in either."""
+    config.dropout_rate = 0.0
+    model = build(cls, config, 3, untie)
+    model.train(False)
+    model.save_pretrained(tmp_path)
+    rng = np.random.default_rng(2)
+    src = rng.integers(2, config.vocab_size, (3, 9))
+    mask = np.ones_like(src)
+    mask[0, 6:] = 0
+    src[mask == 0] = 0
+    labels = rng.integers(2, config.vocab_size, (3, 7))
+    labels[1, 4:] = -100
+    out = model(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask), labels=torch.tensor(labels))
+    out.loss.backward()
+    ref = {k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}
+    loss, grads = gradients(qkv.load(tmp_path), src, mask, labels=labels)
+    worst = max(np.linalg.norm(grads[k] - g) / np.linalg.norm(g) for k, g in ref.items())
+    print(f"{cls.__name__}: loss {loss:.6f} vs {out.loss.item():.6f}, worst relative error {worst:.1e}")
+    assert abs(loss - out.loss.item()) < 1e-5
+    assert set(grads) == set(ref)
+    assert worst < 1e-4
 
 
 @pytest.mark.parametrize("cls, config_cls, kw", GRAD_CASES)

@@ -18,12 +18,10 @@ from .seq2seq_backprop import decoder_inputs, loss_and_grads as seq2seq_loss_and
 def grads_by_name(grads, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """A gradient tree under the checkpoint's own tensor names and shapes (the family's table in
     qkv.checkpoints), e.g. GPT-2's "transformer.h.0.attn.c_attn.weight" = [dW_Q | dW_K | dW_V].
-    Buffers that are not learned (final_logits_bias, Pegasus' sinusoids) are left out."""
+    Buffers that are not learned (Marian's and BART's final_logits_bias) are left out."""
     from ..checkpoints import FAMILIES
     named = FAMILIES[cfg.family].tensors(grads, cfg)
     named.pop("final_logits_bias", None)
-    if cfg.position == "sinusoidal":                      # Pegasus' stored sinusoids: frozen, as torch keeps them
-        named = {k: g for k, g in named.items() if not k.endswith("embed_positions.weight")}
     return named
 
 
