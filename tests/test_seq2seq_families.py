@@ -28,7 +28,7 @@ SEQ2SEQ = FIXTURES / "seq2seq"
 TEXT = "The cat sat on the mat."
 
 
-@pytest.mark.parametrize("name", ["marian", "bart", "mbart", "pegasus", "t5", "t5_gated", "mt5"])
+@pytest.mark.parametrize("name", ["marian", "bart", "mbart", "pegasus", "t5", "t5_gated", "mt5", "umt5"])
 def test_gradients_equal_autograd(name):
     """Loss within 1e-5, each tensor's gradient within 1e-4 relative error (the key biases, whose true
     gradient is 0, within 1e-7 absolute); the frozen sinusoids have none. T5 and mT5: unscaled scores,
@@ -102,7 +102,9 @@ def test_mt5_never_rescales_its_output(tmp_path):
     ("pegasus", {"decoder_ffn_dim": 96}, "different heads or FFN widths"),
     ("pegasus", {"scale_embedding": 1}, "scale_embedding"),
     ("mt5", {"feed_forward_proj": "gated-gelu-x"}, "feed_forward_proj"),
-    ("mt5", {"model_type": "umt5"}, "model_type 'umt5' is not supported"),
+    ("mt5", {"model_type": "umt5"}, "block.1.layer.0.SelfAttention.relative_attention_bias"),   # one table only
+    ("umt5", {"model_type": "mt5"}, "never reads"),            # every layer's table: not an mT5
+    ("umt5", {"model_type": "longt5"}, "model_type 'longt5' is not supported"),
 ])
 def test_bad_configs_are_refused(tmp_path, name, edit, message):
     d = tmp_path / name

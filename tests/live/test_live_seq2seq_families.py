@@ -1,11 +1,12 @@
-"""mBART, Pegasus and mT5 against live transformers: random checkpoints of other sizes and knob values.
+"""mBART, Pegasus, mT5 and UMT5 against live transformers: random checkpoints of other sizes and knob values.
 
 Each case builds a seeded, perturbed model (test_live_seq2seq.build), saves it with save_pretrained, loads
 it with qkv and compares on padded source batches (right and left) with padded decoder inputs: logits,
 both hidden states, the three kinds of attention; then greedy generation token for token with and without
 the KV cache (and an EOS that stops rows early), with mBART's forced_bos_token_id when its config.json has
 one. Also: qkv.init + save read back by transformers, and gradients equal to torch autograd (mBART with
-its own shift of the labels, Pegasus with its frozen sinusoids, T5 and mT5 with their relative position bias).
+its own shift of the labels, Pegasus with its frozen sinusoids, T5, mT5 and UMT5 with their relative position
+bias: one table per stack, or one per layer).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from live_helpers import TOL_ATTENTION, TOL_HIDDEN, max_abs, padded_batch
 from test_live_seq2seq import NEW, build, reference
 from transformers import (MBartConfig, MBartForConditionalGeneration, MT5Config, MT5ForConditionalGeneration,
-                          PegasusConfig, PegasusForConditionalGeneration, T5Config, T5ForConditionalGeneration)
+                          PegasusConfig, PegasusForConditionalGeneration, T5Config, T5ForConditionalGeneration,
+                          UMT5Config, UMT5ForConditionalGeneration)
 from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
 
 import qkv
@@ -48,6 +50,12 @@ def mt5(d=32, heads=4, d_kv=8, layers=2, ff=48, vocab=101, buckets=16, distance=
                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, **kw)
 
 
+def umt5(d=32, heads=4, d_kv=8, layers=2, ff=48, vocab=101, buckets=16, distance=24, **kw):
+    return UMT5Config(vocab_size=vocab, d_model=d, d_kv=d_kv, d_ff=ff, num_layers=layers, num_heads=heads,
+                      relative_attention_num_buckets=buckets, relative_attention_max_distance=distance,
+                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, **kw)
+
+
 # (class, config, untie the head, keys added to config.json after saving)
 CASES = [
     pytest.param(MBartForConditionalGeneration, mbart(), False, {}, id="mbart"),
@@ -67,6 +75,9 @@ CASES = [
                  id="mt5-gated-silu-tied"),
     pytest.param(MT5ForConditionalGeneration, mt5(feed_forward_proj="relu", buckets=8, distance=12), True, {},
                  id="mt5-relu"),
+    pytest.param(UMT5ForConditionalGeneration, umt5(tie_word_embeddings=False), True, {}, id="umt5"),
+    pytest.param(UMT5ForConditionalGeneration, umt5(d=48, heads=6, d_kv=12, layers=3, buckets=32, distance=128,
+                                                    feed_forward_proj="relu"), False, {}, id="umt5-tied-rescaled"),
 ]
 
 
@@ -131,7 +142,7 @@ def test_pegasus_sinusoids_equal_transformers(d):
 
 @pytest.mark.parametrize(("family", "cls", "make"), [
     ("mbart", MBartForConditionalGeneration, mbart), ("pegasus", PegasusForConditionalGeneration, pegasus),
-    ("mt5", MT5ForConditionalGeneration, mt5)])
+    ("mt5", MT5ForConditionalGeneration, mt5), ("umt5", UMT5ForConditionalGeneration, umt5)])
 def test_qkv_saved_models_load_in_transformers(family, cls, make, tmp_path):
     """qkv.init + save: transformers reads every tensor (none missing, none left over) and computes the
     same logits and cross-attention; a loaded checkpoint saved by qkv reads back the same."""
@@ -173,6 +184,9 @@ T5_GRAD_CASES = [
     pytest.param(T5ForConditionalGeneration, T5Config(vocab_size=97, d_model=40, d_kv=10, d_ff=40, num_layers=2,
                  num_heads=5, feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0,
                  eos_token_id=1, decoder_start_token_id=0), True, id="flan-t5-style"),
+    pytest.param(UMT5ForConditionalGeneration, umt5(tie_word_embeddings=False, buckets=8, distance=6), True,
+                 id="umt5"),
+    pytest.param(UMT5ForConditionalGeneration, umt5(feed_forward_proj="gated-silu"), False, id="umt5-tied-rescaled"),
 ]
 
 

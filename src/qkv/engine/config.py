@@ -13,6 +13,7 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
            (v1.1, flan-t5, mT5: gated GELU, untied W_vocab; original: tied, decoder output × d_model^-0.5)
   mBART  = BART pre-norm + a final LayerNorm per stack (+ the language id as the first token written)
   Pegasus = pre-norm + sinusoidal positions (Marian's halves, no offset) + a final LayerNorm per stack
+  UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """

@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .errors import QkvError, check_index
 from .model import Model
 from .hooks import STACKS, HookFn, Hooks, stack_hooks
-from .positions import relative_bias
+from .positions import relative_bias, relative_buckets
 from ..writing.sampling import Sampling
 from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
@@ -73,12 +73,19 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     x = embed(w, cfg, ids, pos, tape=tape)                         # (B, n_src, d_model)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
-    ctx = stacks.context("encoder", cfg, attend)
+    ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
     if tape is not None and w.final_norm is not None:
         tape.put(None, "final_norm", x)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
+
+
+def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
+    """(n_q, n_k) T5 buckets when the stack's layers each have their own bias table (UMT5), else None."""
+    if not w.blocks or w.blocks[0].attn.rel_bias is None:
+        return None
+    return relative_buckets(q_pos, k_pos, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
 
 
 def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -110,7 +117,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     src = AttentionMask(n, source_mask.shape[1], causal=False,
                         key_mask=None if source_mask.all() else source_mask.astype(bool))
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
-    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross)
+    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
+                         rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
     for layer in range(start, len(w.blocks)):
         x = block(x, w.blocks[layer], ctx, layer)
     if cache is not None:

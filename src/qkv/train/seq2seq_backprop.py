@@ -1,4 +1,4 @@
-"""Backprop through an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5): the engine's two passes keeping their tapes, then
+"""Backprop through an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): the engine's two passes keeping their tapes, then
 the boxes' backwards in reverse.
 
     encoder   M = Blocks_enc(E[src]·s + P)                      self-attention both ways, padding hidden
@@ -12,8 +12,8 @@ each decoder layer's dK and dV flow into dM, the gradient of the encoder's outpu
 then runs back through the encoder. The loss is transformers' for `model(input_ids, attention_mask,
 labels=labels)`: the decoder reads [start] + labels[:-1] (mBART: start = the labels' language id).
 T5 and mT5: the scores unscaled (scale 1), the relative position bias learned — each stack's one table,
-whose gradient sums every layer's dB by bucket (`bias_table_grad`) — and v1.0's tied head read after
-× d_model^-0.5.
+whose gradient sums every layer's dB by bucket (`bias_table_grad`; UMT5: each layer's table its own) —
+and v1.0's tied head read after × d_model^-0.5.
 """
 
 from __future__ import annotations
@@ -40,6 +40,18 @@ def bias_table_grad(d_bias: list[np.ndarray], table: np.ndarray, cfg: ModelConfi
     grad = np.zeros_like(table)                                                 # (buckets, H)
     np.add.at(grad, buckets.reshape(-1), total.reshape(total.shape[0], -1).T)
     return grad
+
+
+def bias_grads(tape: Tape, w: Weights, grads: list, cfg: ModelConfig, bidirectional: bool) -> np.ndarray | None:
+    """The gradient of a stack's shared table (T5), returned; or of each layer's own (UMT5), put into
+    that layer's gradients (GRADS); None without a learned position bias."""
+    if w.rel_bias is not None:
+        return bias_table_grad([tape.pop(i, "d_position_bias") for i in range(len(w.blocks))], w.rel_bias, cfg,
+                               bidirectional)
+    for i, (b, g) in enumerate(zip(w.blocks, grads)):
+        if b.attn.rel_bias is not None:
+            g.attn.rel_bias = bias_table_grad([tape.pop(i, "d_position_bias")], b.attn.rel_bias, cfg, bidirectional)
+    return None
 
 
 def loss_and_grads(weights: Seq2SeqWeights, cfg: ModelConfig, src: np.ndarray, src_mask: np.ndarray,
@@ -72,8 +84,7 @@ def loss_and_grads(weights: Seq2SeqWeights, cfg: ModelConfig, src: np.ndarray, s
     dy = dh
     for i in reversed(range(len(dec.blocks))):
         dy, g_dec[i], d_kv[i] = back.block(dy, dec.blocks[i], dec_tape, i, cfg, tapes["cross"])
-    g_dec_bias = None if dec.rel_bias is None else bias_table_grad(
-        [dec_tape.pop(i, "d_position_bias") for i in range(len(dec.blocks))], dec.rel_bias, cfg, False)
+    g_dec_bias = bias_grads(dec_tape, dec, g_dec, cfg, False)
     d_tok = np.zeros_like(weights.tok_embed)              # (V, d_model), the shared table
     _, d_pos_dec, _, g_dec_embed = back.embed(dy, dec, cfg, dec_tape.pop(None, "embed"), d_tok)
     dm = back.memory(d_kv, m, dec.blocks, g_dec)          # (B, n_src, d_model)
@@ -84,8 +95,7 @@ def loss_and_grads(weights: Seq2SeqWeights, cfg: ModelConfig, src: np.ndarray, s
     dx = dm
     for i in reversed(range(len(enc.blocks))):
         dx, g_enc[i], _ = back.block(dx, enc.blocks[i], enc_tape, i, cfg)
-    g_enc_bias = None if enc.rel_bias is None else bias_table_grad(
-        [enc_tape.pop(i, "d_position_bias") for i in range(len(enc.blocks))], enc.rel_bias, cfg, True)
+    g_enc_bias = bias_grads(enc_tape, enc, g_enc, cfg, True)
     _, d_pos_enc, _, g_enc_embed = back.embed(dx, enc, cfg, enc_tape.pop(None, "embed"), d_tok)
     if np.shares_memory(dec.W_vocab, weights.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ
