@@ -127,3 +127,19 @@ def test_commands_run_on_the_mbart_fixture(tmp_path):
     r = runner.invoke(cli, ["patch", TEXT, "The dog sat on the mat.", "--model", d, "--answer", " the", "--wrong", " a",
                             "--out", str(tmp_path / "patch")])
     assert r.exit_code == 0 and (tmp_path / "patch" / "patch.json").exists(), r.output
+
+
+@pytest.mark.parametrize("name, embed_norm, bias", [("mbart", True, None), ("pegasus", False, None),
+                                                     ("mt5", False, "shared"), ("umt5", False, "per_layer")])
+def test_pipeline_page_names_the_knobs(name, embed_norm, bias):
+    """The pipeline page's payload builds for each family and says what its boxes are: pre-norm, a final
+    norm closing both stacks, the embedding norm, T5's bias shared by a stack or one per layer."""
+    from qkv.viz.pipeline_payload import pipeline_payload
+
+    model = qkv.load(SEQ2SEQ / name)
+    r = np.load(SEQ2SEQ / name / "reference.npz")
+    p = pipeline_payload(model, model.run(r["input_ids"][0], target=r["decoder_input_ids"][0]))
+    arch = p["arch"]
+    assert (arch["norm_place"], arch["final_norm"], arch["encoder_final_norm"]) == ("pre", True, True)
+    assert (arch["embed_norm"], arch["position_bias"]) == (embed_norm, bias)
+    assert p["seq2seq"] and set(p["stacks"]) == {"encoder", "decoder"}
