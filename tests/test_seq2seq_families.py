@@ -99,6 +99,8 @@ def test_mt5_never_rescales_its_output(tmp_path):
 @pytest.mark.parametrize("name, edit, message", [
     ("mbart", {"tie_word_embeddings": False}, "tie_word_embeddings=false"),
     ("mbart", {"forced_bos_token_id": "en_XX"}, "forced_bos_token_id"),
+    ("mbart", {"forced_bos_token_id": 400}, "forced_bos_token_id=400 is not a token id"),
+    ("mt5", {"forced_bos_token_id": -1}, "forced_bos_token_id=-1 is not a token id"),
     ("pegasus", {"decoder_ffn_dim": 96}, "different heads or FFN widths"),
     ("pegasus", {"scale_embedding": 1}, "scale_embedding"),
     ("mt5", {"feed_forward_proj": "gated-gelu-x"}, "feed_forward_proj"),
@@ -143,3 +145,14 @@ def test_pipeline_page_names_the_knobs(name, embed_norm, bias):
     assert (arch["norm_place"], arch["final_norm"], arch["encoder_final_norm"]) == ("pre", True, True)
     assert (arch["embed_norm"], arch["position_bias"]) == (embed_norm, bias)
     assert p["seq2seq"] and set(p["stacks"]) == {"encoder", "decoder"}
+
+
+def test_forced_bos_token_id_of_t5_configs_too(tmp_path):
+    """transformers' generate forces config.json's forced_bos_token_id for any encoder–decoder: mT5 too,
+    and a saved model writes it back."""
+    d = tmp_path / "mt5"
+    shutil.copytree(SEQ2SEQ / "mt5", d)
+    (d / "config.json").write_text(json.dumps(json.loads((d / "config.json").read_text()) | {"forced_bos_token_id": 9}))
+    model = qkv.load(d)
+    assert model.generate(np.array([[5, 6, 7]]), 3, temperature=0)[0, :2].tolist() == [0, 9]
+    assert qkv.load(model.save(tmp_path / "saved")).config.forced_bos_token_id == 9

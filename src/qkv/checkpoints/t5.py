@@ -64,6 +64,7 @@ def config(hf: dict) -> ModelConfig:
         scale_decoder_output=bool(hf.get("scale_decoder_outputs", tied)), final_norm=True, lm_head=True,
         encoder_decoder=True, pad_token_id=hf.get("pad_token_id", 0), eos_token_id=hf.get("eos_token_id", 1),
         decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("pad_token_id", 0)),
+        forced_bos_token_id=hf.get("forced_bos_token_id"),  # the first token written, as transformers' generate
         pad_embedding_frozen=False,                          # shared: a plain nn.Embedding, the pad row learns
     )
 
@@ -134,6 +135,7 @@ def stack_hf_config(cfg: ModelConfig) -> dict:
         "feed_forward_proj": proj, "is_encoder_decoder": True, "dropout_rate": 0.0,
         "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id,
+        **({} if cfg.forced_bos_token_id is None else {"forced_bos_token_id": cfg.forced_bos_token_id}),
     }
 
 

@@ -128,6 +128,9 @@ class ModelConfig:
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:
             raise QkvError(f"d_embed={self.d_embed} must be positive (or none: d_model); fix the model's config")
+        if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
+            raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
+                           f"{self.vocab_size}-token vocabulary; fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
 
