@@ -78,7 +78,7 @@ class ModelConfig:
     pad_embedding_frozen: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    # ── encoder–decoder models (Marian, BART, T5); the defaults leave single-stack models unchanged
+    # ── encoder–decoder models (Marian, BART, mBART, Pegasus, T5, mT5, UMT5); the defaults leave single-stack models unchanged
     encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)

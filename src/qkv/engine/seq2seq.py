@@ -1,4 +1,5 @@
-"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, mBART, Pegasus, T5, mT5.
+"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, mBART, Pegasus, T5, mT5,
+UMT5.
 
     source ids ─embed─▶ L_enc × block: self-attention (bidirectional), FFN   ─▶ M (n_src × d_model)
     target ids ─embed─▶ L_dec × block: self-attention (causal),
@@ -12,7 +13,8 @@ array is (…, n_q, n_k) — n_tgt × n_src in cross-attention — never assumed
 There is no second engine here: both stacks run blocks.py's `block` (the decoder's with its
 cross-attention box), so hooks, ablation, the tiled path and the KV cache are the decoders' own.
 What differs is said by the config's knobs (post- or pre-norm, scaled scores or not, T5's relative
-position bias, carried by the AttentionMask). `Seq2SeqModel` ties the passes to a config, a
+position bias, carried by the AttentionMask; UMT5's, one table per layer, made in the attention box
+from the pass's buckets, Context.rel_buckets). `Seq2SeqModel` ties the passes to a config, a
 Seq2SeqWeights and a tokenizer; writing is in writing/seq2seq_generate.py.
 """
 
@@ -410,7 +412,7 @@ class Seq2SeqModel:
 class DecoderView:
     """An encoder–decoder read as the decoder inside it, writing one TARGET after whatever source it
     is given: the shape the decoder analyses take (the logit lens, direct logit attribution,
-    activation patching), so they run on Marian, BART and T5 unchanged.
+    activation patching), so they run on every encoder–decoder family unchanged.
 
     run(source) runs the source and the target (None: the model's own greedy translation of each
     source) and returns the decoder's Trace, with `.encoder` and `.cross`; `config` counts the

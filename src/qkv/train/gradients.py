@@ -33,8 +33,9 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     Decoders: the loss is transformers' with labels=input_ids — position t predicts token t+1, and
     padding (attention_mask 0, on the right) is not learned; loss_mask (B, n) picks which positions'
     predictions count besides (e.g. the repeated half of a sequence).
-    Encoder–decoders (Marian, BART): input_ids is the source and labels (B, n_tgt) the target, −100
-    where there is nothing to learn; the decoder reads [decoder_start] + labels[:-1], as transformers'.
+    Encoder–decoders (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): input_ids is the source and labels
+    (B, n_tgt) the target, −100 where there is nothing to learn; the decoder reads [decoder_start] +
+    labels[:-1], as transformers' (mBART: its labels' last real token first).
     """
     ids, mask = model.check_ids(input_ids, attention_mask)
     if model.config.encoder_decoder:

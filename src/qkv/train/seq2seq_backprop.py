@@ -1,5 +1,5 @@
-"""Backprop through an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): the engine's two passes keeping their tapes, then
-the boxes' backwards in reverse.
+"""Backprop through an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): the engine's two
+passes keeping their tapes, then the boxes' backwards in reverse.
 
     encoder   M = Blocks_enc(E[src]·s + P)                      self-attention both ways, padding hidden
     decoder   Y = Blocks_dec(E[tgt_in]·s + P, M)                causal self-attention, cross-attention, FFN
