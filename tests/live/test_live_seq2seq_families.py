@@ -251,3 +251,49 @@ def test_gradients_equal_autograd(cls, config_cls, kw, tmp_path):
             assert np.abs(grads[key] - g).max() < 1e-7, key
         else:
             assert np.linalg.norm(grads[key] - g) / np.linalg.norm(g) < 1e-4, key
+
+
+def out_projection(model, stack: str, layer: int):
+    """The W_O module of one attention: T5's layout (mT5, UMT5) or BART's (mBART, Pegasus)."""
+    if hasattr(model, "encoder") and hasattr(model.encoder, "block"):
+        if stack == "encoder":
+            return model.encoder.block[layer].layer[0].SelfAttention.o
+        block = model.decoder.block[layer]
+        return block.layer[0].SelfAttention.o if stack == "decoder" else block.layer[1].EncDecAttention.o
+    side = model.model.encoder if stack == "encoder" else model.model.decoder
+    return (side.layers[layer].self_attn if stack != "cross" else side.layers[layer].encoder_attn).out_proj
+
+
+@pytest.mark.parametrize(("cls", "config", "untie", "extra"), CASES[::2])
+def test_a_knocked_out_head_equals_transformers(cls, config, untie, extra, tmp_path):
+    """A head of each stack zeroed before W_O in torch (a pre-hook) = qkv's ablation = a hook returning 0."""
+    model = build(cls, config, 17, untie)
+    model.save_pretrained(tmp_path)
+    ours = qkv.load(tmp_path)
+    V, pad = config.vocab_size, config.pad_token_id
+    ids, mask = padded_batch(V - 1, [8, 5], 19, low=3, pad_id=pad)
+    dec, dec_mask = padded_batch(V - 1, [6, 4], 20, low=3, pad_id=pad)
+    dec[:, 0] = ours.start_token
+    rows, c = dec_mask.astype(bool), ours.config
+    plain = ours.forward(ids, mask, dec, dec_mask, attentions=False).logits
+    for stack in ("encoder", "decoder", "cross"):
+        layer, head = (c.n_layers if stack == "encoder" else c.n_decoder_layers) - 1, c.n_heads - 1
+
+        def zero_head(_module, args):
+            z = args[0].clone()                                          # (B, n, H·d_k) the concatenated heads
+            z[..., head * c.d_head:(head + 1) * c.d_head] = 0
+            return (z,)
+
+        handle = out_projection(model, stack, layer).register_forward_pre_hook(zero_head)
+        with torch.no_grad():
+            ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                        decoder_input_ids=torch.from_numpy(dec),
+                        decoder_attention_mask=torch.from_numpy(dec_mask)).logits.numpy()
+        handle.remove()
+        ablated = ours.forward(ids, mask, dec, dec_mask, attentions=False, ablate=[(stack, layer, head)]).logits
+        prefix = "" if stack == "decoder" else f"{stack}."
+        hooked = ours.forward(ids, mask, dec, dec_mask, attentions=False,
+                              hooks={f"{prefix}{layer}.heads.{head}": lambda z, layer: 0}).logits
+        assert max_abs(plain[rows], ref[rows]) > 10 * TOL_HIDDEN, f"{stack}: the edit must move the logits"
+        assert max_abs(ablated[rows], ref[rows]) < TOL_HIDDEN, stack
+        np.testing.assert_array_equal(hooked, ablated)
