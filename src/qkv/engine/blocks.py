@@ -228,7 +228,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         rec.put(layer, name, value)
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:
-        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre, mask.position_bias is not None))
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre,
+                                                  cfg.position == "relative" and mask.position_bias is not None))
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
 

@@ -51,7 +51,7 @@ class AttentionTape:
     z: np.ndarray                                  # (B, n, H·d_k)
     rope: tuple[np.ndarray, np.ndarray] | None     # cos, sin of the positions; None without RoPE
     pre: tuple[np.ndarray, np.ndarray] | None = None   # q, k before their norms (cfg.qk_norm); None: no such norm
-    biased: bool = False                           # T5's learned position bias B was added to the scores
+    biased: bool = False                           # T5's learned position bias B was added (not a fixed one)
     d_bias: np.ndarray | None = None               # its gradient dS summed over the batch (H, n, m), set by the backward
 
 
