@@ -245,7 +245,7 @@ def test_whole_model_float64(name):
     assert checked > 50
 
 
-@pytest.mark.parametrize("name", ["marian", "bart"])
+@pytest.mark.parametrize("name", ["marian", "bart", "mbart", "pegasus", "t5", "umt5"])
 def test_whole_encoder_decoder_float64(name):
     """Encoder–decoder loss_and_grads (both stacks, cross-attention into the encoder's output, the shared
     table) against finite differences of the loss at random entries of every learned weight."""

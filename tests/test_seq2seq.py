@@ -22,7 +22,7 @@ from qkv.engine.positions import relative_buckets, sinusoidal_halves, sinusoidal
 from qkv.engine.seq2seq import Seq2SeqModel
 
 SEQ2SEQ = FIXTURES / "seq2seq"
-NAMES = ["marian", "bart", "t5", "t5_gated"]
+NAMES = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]
 NEW = 8                                                      # the fixtures' greedy length
 
 

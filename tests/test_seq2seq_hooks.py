@@ -18,7 +18,7 @@ from qkv import QkvError
 
 from conftest import FIXTURES
 
-SEQ2SEQ = ["marian", "bart", "t5", "t5_gated"]
+SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]
 
 
 def load(name):

@@ -25,7 +25,7 @@ from qkv.engine.seq2seq import DecoderView
 
 from conftest import FIXTURES, run_main
 
-SEQ2SEQ = ["marian", "bart", "t5", "t5_gated"]
+SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]
 TOL = 1e-4
 
 
@@ -62,7 +62,7 @@ def test_the_lens_of_ko_en_tiny_ends_on_its_translation():
         [model.tokenizer.decode([int(i)]) for i in trace.ids[1:]]       # row L predicts each next word
 
 
-@pytest.mark.parametrize("name", ["t5", "t5_gated"])
+@pytest.mark.parametrize("name", ["t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"])
 def test_dla_of_a_pre_norm_encoder_decoder_sums_to_its_logit(name):
     model, ref = fixture(name)
     view = DecoderView(model, ref["decoder_input_ids"][0, 1:4])

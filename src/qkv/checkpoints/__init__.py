@@ -178,7 +178,7 @@ def read_config(directory: Path) -> ModelConfig:
 
 def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2SeqModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
-    Hugging Face repo id. An encoder–decoder (Marian, BART, T5) is a Seq2SeqModel.
+    Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel.
 
     Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
     computes in double precision, for checks.

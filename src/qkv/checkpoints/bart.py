@@ -58,7 +58,8 @@ def stacks_config(hf: dict, family: str) -> dict:
         scale_embedding=bool(hf.get("scale_embedding", False)), final_norm=False, lm_head=True,
         tied_embeddings=bool(hf.get("tie_word_embeddings", True)), encoder_decoder=True,
         pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
-        decoder_start_token_id=hf.get("decoder_start_token_id"),
+        decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("bos_token_id")),   # as generate: else BOS
+        forced_bos_token_id=hf.get("forced_bos_token_id"),
         pad_embedding_frozen=True,                           # the shared table: nn.Embedding(padding_idx=pad)
     )
 
@@ -102,7 +103,8 @@ def stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarr
             cross_norm=_norm(store, f"{p}.encoder_attn_layer_norm", d, dtype) if decoder else None)
 
     embed_norm = _norm(store, f"{which}.layernorm_embedding", d, dtype) if cfg.embed_norm else None
-    return Weights(tok_embed=tok, pos_embed=pos, embed_norm=embed_norm,
+    final_norm = _norm(store, f"{which}.layer_norm", d, dtype) if cfg.final_norm else None   # mBART, Pegasus
+    return Weights(tok_embed=tok, pos_embed=pos, embed_norm=embed_norm, final_norm=final_norm,
                    blocks=[block(i) for i in range(cfg.n_decoder_layers if decoder else cfg.n_layers)])
 
 
@@ -146,6 +148,7 @@ def stacks_hf_config(cfg: ModelConfig) -> dict:
         "is_encoder_decoder": True, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id, "forced_eos_token_id": cfg.eos_token_id,
+        **({} if cfg.forced_bos_token_id is None else {"forced_bos_token_id": cfg.forced_bos_token_id}),
     }
 
 
@@ -179,7 +182,7 @@ def stack_tensors(w: Weights, which: str, positions: bool) -> dict:
         t |= {f"{p}.fc1.weight": b.ffn.W_in.T, f"{p}.fc1.bias": b.ffn.b_in,          # (d_ff, d)
               f"{p}.fc2.weight": b.ffn.W_out.T, f"{p}.fc2.bias": b.ffn.b_out}        # (d, d_ff)
         t |= _norm_tensors(f"{p}.final_layer_norm", b.ffn_norm)
-    return t
+    return t | _norm_tensors(f"model.{which}.layer_norm", w.final_norm)          # mBART, Pegasus
 
 
 def head_tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict:

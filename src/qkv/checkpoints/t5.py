@@ -40,9 +40,9 @@ IGNORED = {
 }
 
 
-def _ffn(hf: dict) -> tuple[bool, str]:
-    """feed_forward_proj "relu" / "gated-gelu" / "gated-silu" … → (gated, our activation)."""
-    proj = hf.get("feed_forward_proj", "relu")
+def _ffn(hf: dict, default: str) -> tuple[bool, str]:
+    """feed_forward_proj "relu" / "gated-gelu" / "gated-silu" … (absent: DEFAULT) → (gated, our activation)."""
+    proj = hf.get("feed_forward_proj", default)
     parts = proj.split("-")
     if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
         raise QkvError(f"T5 feed_forward_proj {proj!r} is not supported; use 'relu', 'gated-gelu' or 'gated-ACT'")
@@ -51,7 +51,7 @@ def _ffn(hf: dict) -> tuple[bool, str]:
 
 
 def config(hf: dict) -> ModelConfig:
-    gated, act = _ffn(hf)
+    gated, act = _ffn(hf, "relu")
     tied = bool(hf.get("tie_word_embeddings", True))
     return ModelConfig(
         family="t5", vocab_size=need(hf, "vocab_size"), d_model=need(hf, "d_model"), n_layers=need(hf, "num_layers"),
@@ -64,6 +64,7 @@ def config(hf: dict) -> ModelConfig:
         scale_decoder_output=bool(hf.get("scale_decoder_outputs", tied)), final_norm=True, lm_head=True,
         encoder_decoder=True, pad_token_id=hf.get("pad_token_id", 0), eos_token_id=hf.get("eos_token_id", 1),
         decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("pad_token_id", 0)),
+        forced_bos_token_id=hf.get("forced_bos_token_id"),  # the first token written, as transformers' generate
         pad_embedding_frozen=False,                          # shared: a plain nn.Embedding, the pad row learns
     )
 
@@ -114,21 +115,28 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Seq2SeqWeights:
 
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a T5ForConditionalGeneration with these knobs (no dropout)."""
+    return reads_back(cfg, {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], **stack_hf_config(cfg),
+                            "tie_word_embeddings": cfg.tied_embeddings,
+                            "scale_decoder_outputs": cfg.scale_decoder_output}, config)
+
+
+def stack_hf_config(cfg: ModelConfig) -> dict:
+    """The config.json keys T5 and mT5 write alike."""
     if cfg.gated_ffn:
         proj = "gated-gelu" if cfg.activation == "gelu_tanh" else f"gated-{HF_ACTIVATIONS[cfg.activation]}"
     else:
         proj = HF_ACTIVATIONS[cfg.activation]
-    return reads_back(cfg, {
-        "model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "vocab_size": cfg.vocab_size,
+    return {
+        "vocab_size": cfg.vocab_size,
         "d_model": cfg.d_model, "d_kv": cfg.d_head, "d_ff": cfg.d_ff, "num_layers": cfg.n_layers,
         "num_decoder_layers": cfg.n_decoder_layers, "num_heads": cfg.n_heads, "n_positions": cfg.max_positions,
         "relative_attention_num_buckets": cfg.relative_buckets,
         "relative_attention_max_distance": cfg.relative_max_distance, "layer_norm_epsilon": cfg.norm_eps,
-        "feed_forward_proj": proj, "tie_word_embeddings": cfg.tied_embeddings,
-        "scale_decoder_outputs": cfg.scale_decoder_output, "is_encoder_decoder": True, "dropout_rate": 0.0,
+        "feed_forward_proj": proj, "is_encoder_decoder": True, "dropout_rate": 0.0,
         "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id,
-    }, config)
+        **({} if cfg.forced_bos_token_id is None else {"forced_bos_token_id": cfg.forced_bos_token_id}),
+    }
 
 
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:

@@ -100,7 +100,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     on short texts) beside raw attention, and for a decoder the logit lens; and pipeline.html,
     the whole model as its data flow, every box opening to its real arrays (up to 256 tokens).
 
-    On an encoder–decoder (Marian, BART, T5, ko-en-tiny): translate TEXT (or read --target),
+    On an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, ko-en-tiny): translate TEXT (or read --target),
     print where each target token looks most in the source (cross-attention of a decoder
     layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
     the viewer with its encoder / decoder / cross views.

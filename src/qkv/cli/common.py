@@ -87,8 +87,8 @@ def head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
     return pairs
 
 
-PREFIX_HELP = ("Encoder–decoders (ko-en-tiny, Marian, BART, T5): the target written so far, read after the start "
-               "token; TEXT is the source.")
+PREFIX_HELP = ("Encoder–decoders (ko-en-tiny, Marian, BART, mBART, Pegasus, T5, mT5): the target written so far, "
+               "read after the start token; TEXT is the source.")
 
 
 def as_decoder(model, prefix: str | None, default: str | None = ""):

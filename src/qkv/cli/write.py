@@ -62,7 +62,7 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
 @click.argument("text")
 @click.option("--model", "source", default="ko-en-tiny", show_default=True,
               help="An encoder–decoder: 'ko-en-tiny' (Korean → English, trained by qkv) or a local Hugging Face "
-                   "directory (Marian, BART, T5).")
+                   "directory (Marian, BART, mBART, Pegasus, T5, mT5).")
 @click.option("--max-new-tokens", "-n", type=int, default=None,
               help="At most this many target tokens.  [default: 40, or what the target positions allow]")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True,

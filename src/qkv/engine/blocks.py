@@ -25,7 +25,7 @@ logits (B, n, V).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -170,6 +170,8 @@ class Context:
     memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
     cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none
     query_mask: np.ndarray | None = None             # cross-attention: (B, n) the real target tokens; None: all
+    rel_buckets: np.ndarray | None = None            # (n, m) T5 buckets of the pass's query–key pairs, for layers
+                                                     # with a position bias of their own (UMT5); None: none
     tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
 
 
@@ -184,6 +186,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
     cfg, mask, rec, scale = ctx.cfg, ctx.mask, ctx.rec, ctx.scale
+    if w.rel_bias is not None:                                # UMT5: this layer's own table, B[h, i, j] = T[bucket, h]
+        mask = replace(mask, position_bias=w.rel_bias[ctx.rel_buckets].transpose(2, 0, 1)[None], _bias={})
     pre = None                                                # q, k before their norms, for a tape
     if ctx.memory is None:
         q, k, v = projections(x, w)                           # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
@@ -224,7 +228,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         rec.put(layer, name, value)
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:
-        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre))
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre,
+                                                  cfg.position == "relative" and mask.position_bias is not None))
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
 

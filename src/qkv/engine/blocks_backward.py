@@ -7,6 +7,7 @@ the `Tape` a forward pass fills for them when asked (`Context.tape`).
     Q, K, V = N·W_Q, N·W_K, N·W_V                    projections: dW_Q = Nᵀ·dQ …, dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ
     Q, K ← RoPE(Q), RoPE(K)                          positions.apply_rope_backward (the opposite turn)
     Z = softmax(Q·Kᵀ/√d_k + M)·V                     attention.attention_backward (dS = A ⊙ (dA − rowsum(dA ⊙ A)))
+    S += B (T5's learned position bias)              position_bias: dB = Σ_batch dS
     O = Concat(Z)·W_O + b_O                          linear: dW_O = Zᵀ·dO, dZ = dO·W_Oᵀ, db_O = Σ dO
     F = act(N·W_in + b)·W_out (+ SwiGLU gate)        feed_forward: ops.*_backward of the activation
     X ← X + O, or Norm(X + O) (post-norm)            residual: dX passes on unchanged, the box adds its path
@@ -31,7 +32,7 @@ import numpy as np
 
 from .attention import attention_backward, merge_heads, split_heads
 from .config import ModelConfig
-from .ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward
+from .ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward, softmax_backward
 from .positions import apply_rope_backward
 from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 
@@ -50,6 +51,8 @@ class AttentionTape:
     z: np.ndarray                                  # (B, n, H·d_k)
     rope: tuple[np.ndarray, np.ndarray] | None     # cos, sin of the positions; None without RoPE
     pre: tuple[np.ndarray, np.ndarray] | None = None   # q, k before their norms (cfg.qk_norm); None: no such norm
+    biased: bool = False                           # T5's learned position bias B was added (not a fixed one)
+    d_bias: np.ndarray | None = None               # its gradient dS summed over the batch (H, n, m), set by the backward
 
 
 @dataclass
@@ -161,8 +164,10 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     partial) and the mask (causal, window, padding) come in through A and the tape's rotation; q/k norms
     (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
-    dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a,
-                                    None if cfg is None else cfg.score_scale)
+    dz = split_heads(dz, t.q.shape[1])                                 # (B, H, n, d_k)
+    dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a, None if cfg is None else cfg.score_scale)
+    if t.biased:
+        t.d_bias = position_bias(dz, t)                                # (H, n, m)
     if t.rope is not None:
         dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
     g_qn = g_kn = None
@@ -174,6 +179,17 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     dx, g = projections(dq, dk, dv, t.x, w)
     g.W_O, g.b_O, g.q_norm, g.k_norm = dW_O, db_O, g_qn, g_kn
     return dx, g
+
+
+def position_bias(dz: np.ndarray, t: AttentionTape) -> np.ndarray:
+    """dB of S = Q·Kᵀ·scale + B (T5's bias, added after the scale, the same for every row of the batch):
+    dS = A ⊙ (dA − rowsum(dA ⊙ A)) with dA = dZ·Vᵀ, summed over the batch → (H, n, m). The pass that
+    made B from its table of buckets (positions.relative_bias) turns it into the table's gradient."""
+    B, H, n, dk = dz.shape
+    Hkv = t.v.shape[1]
+    dA = np.matmul(dz.reshape(B, Hkv, -1, dk), t.v.swapaxes(-1, -2))           # (B, Hkv, G·n, m)
+    dS = softmax_backward(dA, t.a.reshape(dA.shape))                            # (B, Hkv, G·n, m)
+    return np.add.reduce(dS.reshape(B, H, n, -1), axis=0)                       # (H, n, m)
 
 
 def feed_forward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) -> tuple[np.ndarray, FFNWeights]:
@@ -265,7 +281,8 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
             return box_backward(d)
         return back_box
 
-    attn_back = through("attn_out", w.attn_out_norm, lambda d: attention(d, w.attn, tape.pop(layer, "attn"), cfg))
+    attn_tape = tape.pop(layer, "attn")
+    attn_back = through("attn_out", w.attn_out_norm, lambda d: attention(d, w.attn, attn_tape, cfg))
     ffn_back = through("ffn_out", w.ffn_out_norm, lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
     if cfg.parallel_residual:                             # y = x + Attn(N₁(x)) + FFN(N₂(x))
         x = tape.pop(layer, "attn_norm")
@@ -289,6 +306,8 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
             return d_in, g
         dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back)
     dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back)
+    if attn_tape.d_bias is not None:                      # T5: dB of the stack's shared bias, for its pass to collect
+        tape.put(layer, "d_position_bias", attn_tape.d_bias)
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
                             cross_attn=g_cross, cross_norm=g_cross_norm, attn_out_norm=out_norms.get("attn_out"),
                             ffn_out_norm=out_norms.get("ffn_out")), d_kv

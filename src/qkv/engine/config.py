@@ -10,7 +10,10 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
   Marian = post-norm + sinusoidal positions + scaled embeddings + final_logits_bias (b_vocab)
   BART   = post-norm + learned positions (offset 2) + embedding LayerNorm + GELU
   T5     = pre-norm + RMSNorm + relative position buckets + no 1/√d_k + no biases + ReLU
-           (v1.1: gated GELU, untied W_vocab; original: tied, decoder output × d_model^-0.5)
+           (v1.1, flan-t5, mT5: gated GELU, untied W_vocab; original: tied, decoder output × d_model^-0.5)
+  mBART  = BART pre-norm + a final LayerNorm per stack (+ the language id as the first token written)
+  Pegasus = pre-norm + sinusoidal positions (Marian's halves, no offset) + a final LayerNorm per stack
+  UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -75,7 +78,7 @@ class ModelConfig:
     pad_embedding_frozen: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    # ── encoder–decoder models (Marian, BART, T5); the defaults leave single-stack models unchanged
+    # ── encoder–decoder models (Marian, BART, mBART, Pegasus, T5, mT5, UMT5); the defaults leave single-stack models unchanged
     encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
@@ -87,6 +90,10 @@ class ModelConfig:
                                       # Granite's attention_multiplier, GPT-Neo's 1); None: as scale_scores says
     scale_decoder_output: bool = False   # T5 with a tied W_vocab: logits = (Z·d_model^-0.5)·W_vocab
     decoder_start_token_id: int | None = None   # the first token the decoder reads (Marian: pad, T5: pad)
+    forced_bos_token_id: int | None = None      # writing: the first token written is this one (mBART-50's
+                                                # target language), as transformers' ForcedBOSTokenLogitsProcessor
+    start_from_labels: bool = False   # training: the decoder reads first the label row's last real token
+                                      # (mBART's language id, its shift_tokens_right), not decoder_start_token_id
 
     def __post_init__(self) -> None:
         if self.encoder_decoder and self.n_decoder_layers is None:
@@ -121,6 +128,9 @@ class ModelConfig:
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:
             raise QkvError(f"d_embed={self.d_embed} must be positive (or none: d_model); fix the model's config")
+        if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
+            raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
+                           f"{self.vocab_size}-token vocabulary; fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
 

@@ -1,4 +1,5 @@
-"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, T5.
+"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, mBART, Pegasus, T5, mT5,
+UMT5.
 
     source ids ─embed─▶ L_enc × block: self-attention (bidirectional), FFN   ─▶ M (n_src × d_model)
     target ids ─embed─▶ L_dec × block: self-attention (causal),
@@ -12,7 +13,8 @@ array is (…, n_q, n_k) — n_tgt × n_src in cross-attention — never assumed
 There is no second engine here: both stacks run blocks.py's `block` (the decoder's with its
 cross-attention box), so hooks, ablation, the tiled path and the KV cache are the decoders' own.
 What differs is said by the config's knobs (post- or pre-norm, scaled scores or not, T5's relative
-position bias, carried by the AttentionMask). `Seq2SeqModel` ties the passes to a config, a
+position bias, carried by the AttentionMask; UMT5's, one table per layer, made in the attention box
+from the pass's buckets, Context.rel_buckets). `Seq2SeqModel` ties the passes to a config, a
 Seq2SeqWeights and a tokenizer; writing is in writing/seq2seq_generate.py.
 """
 
@@ -33,7 +35,7 @@ from .config import ModelConfig
 from .errors import QkvError, check_index
 from .model import Model
 from .hooks import STACKS, HookFn, Hooks, stack_hooks
-from .positions import relative_bias
+from .positions import relative_bias, relative_buckets
 from ..writing.sampling import Sampling
 from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
@@ -73,12 +75,19 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     x = embed(w, cfg, ids, pos, tape=tape)                         # (B, n_src, d_model)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
-    ctx = stacks.context("encoder", cfg, attend)
+    ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
     if tape is not None and w.final_norm is not None:
         tape.put(None, "final_norm", x)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
+
+
+def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
+    """(n_q, n_k) T5 buckets when the stack's layers each have their own bias table (UMT5), else None."""
+    if not w.blocks or w.blocks[0].attn.rel_bias is None:
+        return None
+    return relative_buckets(q_pos, k_pos, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
 
 
 def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -110,7 +119,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     src = AttentionMask(n, source_mask.shape[1], causal=False,
                         key_mask=None if source_mask.all() else source_mask.astype(bool))
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
-    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross)
+    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
+                         rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
     for layer in range(start, len(w.blocks)):
         x = block(x, w.blocks[layer], ctx, layer)
     if cache is not None:
@@ -197,7 +207,8 @@ class Seq2SeqModel:
 
     @property
     def start_token(self) -> int:
-        """decoder_start_token_id: what the decoder reads first (Marian and T5: the pad token)."""
+        """decoder_start_token_id: what the decoder reads first (Marian, T5, Pegasus: the pad token; mBART:
+        the end token or, absent, bos_token_id)."""
         start = self.config.decoder_start_token_id
         if start is None:
             raise QkvError(f"{self.name}'s config.json has no decoder_start_token_id; add it (Marian and T5: "
@@ -401,7 +412,7 @@ class Seq2SeqModel:
 class DecoderView:
     """An encoder–decoder read as the decoder inside it, writing one TARGET after whatever source it
     is given: the shape the decoder analyses take (the logit lens, direct logit attribution,
-    activation patching), so they run on Marian, BART and T5 unchanged.
+    activation patching), so they run on every encoder–decoder family unchanged.
 
     run(source) runs the source and the target (None: the model's own greedy translation of each
     source) and returns the decoder's Trace, with `.encoder` and `.cross`; `config` counts the
@@ -488,6 +499,13 @@ class BoundDecoder:
 
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
                     cache: KVCache | None = None) -> np.ndarray:
-        """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's."""
-        return self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec,
-                                         stacks=self.stacks)
+        """The logits of the last target position (B, 1, V); attention_mask (B, past + n) the target's.
+        After the start token alone, a forced_bos_token_id (mBART-50's target language) is the only
+        choice: every other logit −inf, as transformers' ForcedBOSTokenLogitsProcessor."""
+        logits = self.model.decoder_logits(ids, self.memory, self.source_mask, attention_mask, cache=cache, rec=rec,
+                                           stacks=self.stacks)
+        forced = self.config.forced_bos_token_id
+        if forced is not None and attention_mask.shape[1] == 1:         # the decoder has read the start token only
+            logits = np.full_like(logits, -np.inf)
+            logits[..., forced] = 0
+        return logits                                                   # (B, 1, V)

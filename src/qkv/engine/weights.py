@@ -40,6 +40,8 @@ class AttentionWeights:
     q_norm: NormWeights | None = None    # Norm of q before RoPE: weight (d_k,) shared by the heads (Qwen3, Phi), (H, d_k)
                                          # one of its own per head (StableLM) or (H·d_k,) the whole projection (OLMo 2)
     k_norm: NormWeights | None = None    # and of k: (d_k,), (Hkv, d_k) or (Hkv·d_k,)
+    rel_bias: np.ndarray | None = None   # (buckets, H) this layer's own relative position bias (UMT5); None: the
+                                         # stack's shared one (Weights.rel_bias, T5) or none
     # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None

@@ -33,8 +33,9 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     Decoders: the loss is transformers' with labels=input_ids — position t predicts token t+1, and
     padding (attention_mask 0, on the right) is not learned; loss_mask (B, n) picks which positions'
     predictions count besides (e.g. the repeated half of a sequence).
-    Encoder–decoders (Marian, BART): input_ids is the source and labels (B, n_tgt) the target, −100
-    where there is nothing to learn; the decoder reads [decoder_start] + labels[:-1], as transformers'.
+    Encoder–decoders (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): input_ids is the source and labels
+    (B, n_tgt) the target, −100 where there is nothing to learn; the decoder reads [decoder_start] +
+    labels[:-1], as transformers' (mBART: its labels' last real token first).
     """
     ids, mask = model.check_ids(input_ids, attention_mask)
     if model.config.encoder_decoder:
@@ -46,7 +47,8 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
             raise QkvError(f"labels must be (B, n_tgt) with one row per source row ({len(ids)}); got {target.shape}")
         model.check_ids(np.where(target == -100, 0, target))                   # ids in the vocabulary
         cfg = model.config
-        tgt_in = decoder_inputs(target.astype(np.int64), model.start_token, cfg.pad_token_id or 0)
+        start = None if cfg.start_from_labels else model.start_token
+        tgt_in = decoder_inputs(target.astype(np.int64), start, cfg.pad_token_id or 0, cfg.start_from_labels)
         loss, grads = seq2seq_loss_and_grads(model.weights, cfg, ids, mask, tgt_in, target.astype(np.int64))
         return loss, grads_by_name(grads, cfg)
     if loss_mask is not None:

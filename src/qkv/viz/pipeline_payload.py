@@ -28,7 +28,8 @@ bytes))} (A with its "scale": 255, as the viewer's).
     {"version": 1, "kind": "pipeline", "title", "model", "family", "text", "lang": "en" | "ko",
      "tokens", "labels": [str] (n), "ids": [int] (n),
      "arch": {d_model, L, H, H_kv, G, d_k, d_ff, V, norm, norm_place, position, activation, gated,
-              causal, encoder, eps, scale, final_norm, seq2seq, L_dec, encoder_final_norm},
+              causal, encoder, eps, scale, final_norm, seq2seq, L_dec, encoder_final_norm, d_embed,
+              qk_norm_per_head, embed_norm, position_bias},
      "dims": DIMS, "head_dims": HEAD_DIMS, "start": {"layer", "head", "box": str | null}  (what opens first),
      "stream": {"norm" (L+1, n), "first" (L+1, n, DIMS)}   entering each block; row L: after the last
      "blocks": {name: {"norm" (L, n), "first" (L, n, DIMS)}} for attn_in, attn_out, mid, ffn_in, ffn_out
@@ -216,7 +217,17 @@ def arch_of(model) -> dict:
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,
             # OPT-350m: the table's width, mapped to d_model and back (None: d_model); StableLM: a q/k norm per head
             "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
-                                                          for b in getattr(last, "blocks", ()))}
+                                                          for b in getattr(last, "blocks", ())),
+            "embed_norm": getattr(w, "encoder", w).embed_norm is not None,            # BERT, BART, mBART
+            "position_bias": position_bias_of(w)}
+
+
+def position_bias_of(weights) -> str | None:
+    """T5's learned bias on the scores: "shared" (one table per stack, T5, mT5), "per_layer" (UMT5), None."""
+    stack = getattr(weights, "encoder", weights)
+    if stack.rel_bias is not None:
+        return "shared"
+    return "per_layer" if stack.blocks and stack.blocks[0].attn.rel_bias is not None else None
 
 
 def output_payload(model, trace: Trace) -> dict | None:
