@@ -211,7 +211,7 @@ def arch_of(model) -> dict:
             "G": c.n_heads // c.n_kv_heads, "d_k": d_k, "d_ff": c.d_ff, "V": c.vocab_size, "norm": c.norm,
             "norm_place": c.norm_place, "position": c.position, "activation": c.activation,
             "gated": bool(c.gated_ffn), "causal": bool(c.causal), "encoder": last.W_vocab is None,
-            "eps": c.norm_eps, "scale": c.score_scale,
+            "eps": float(f"{c.norm_eps:.6g}"), "scale": c.score_scale,   # ε: a float32 file's 9.99999974e-06 is 1e-05
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,

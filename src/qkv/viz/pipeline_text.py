@@ -7,13 +7,23 @@ is a `str.format`-style template that pipeline.js fills in ({name}, {name:.3f}).
 
 from __future__ import annotations
 
+import re
+
 from . import explain_text
 
 SHARED_KEYS = ("s_tokens", "tokens", "tokens_bpe", "x_embed_rope", "s_qkv", "s_gqa", "s_s", "s_scale", "mask",
                "s_softmax", "looks_most", "s_z", "z_seed", "s_out", "library", "first_values", "col_key")
 
-EN = {key: explain_text.EN[key] for key in SHARED_KEYS}
-KO = {key: explain_text.KO[key] for key in SHARED_KEYS}
+STEP = re.compile(r"^[⓪①-⑳][a-z]? ")       # the walkthrough's step numbers: the page numbers its own boxes
+
+
+def _page(text: str) -> str:
+    """A walkthrough sentence as the page says it: without the step number it opens with."""
+    return STEP.sub("", text)
+
+
+EN = {key: _page(explain_text.EN[key]) for key in SHARED_KEYS}
+KO = {key: _page(explain_text.KO[key]) for key in SHARED_KEYS}
 
 # the page's own words: the boxes of the whole model, from tokens to the next token
 EN.update({
@@ -21,7 +31,7 @@ EN.update({
     "p_intro": "The model drawn as its data flow, with this text's real numbers in every box. Click a box to "
                "open it; choose a token, a layer and a head above.",
     "p_token": "token", "p_layer": "layer", "p_head": "head", "p_lang": "한국어",
-    "p_embed": "Embedding (+ positions)",
+    "p_embed": "Embedding (+ positions)", "p_rope": "RoPE: Q and K turned by their position",
     "p_embed_f": "X = E[ids] + P[positions]   (n × d_model)",
     "p_block": "Block {layer} of {L}",
     "p_blocks": "{L} blocks, each: {what}",
@@ -57,6 +67,16 @@ EN.update({
     "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
     "p_stream": "Residual stream", "p_stream_what": "|x| of each token's residual stream entering each block "
                 "(rows: blocks 0…{L}, the last row after the last block); darker = longer (log scale).",
+    "p_embed_rope": "X is the token embedding alone: no position vector is added. This model brings positions "
+                    "in later, by turning Q and K (the RoPE box).",
+    "p_rope_f": "q' = R(p)·q,  k' = R(p)·k:  each pair (x_2i, x_2i+1) turned by the angle p·θ_i,  θ_i = base^(−2i/d)",
+    "p_rope_what": "Turning does not change a vector's length: |q'| = |q|. What changes is the angle between a query "
+                   "and a key, so their score depends on how far apart they are. The numbers shown are after "
+                   "the turn, as attention reads them.",
+    "p_rope_partial": "Only the first {r} of each head's {d_k} numbers are turned; the rest pass unchanged.",
+    "p_rope_pairs": "Pairs are neighbours (x_0, x_1), (x_2, x_3), … (GPT-J's interleaved layout).",
+    "p_gqa_what": "Each K/V head is computed once and read by G = {G} query heads: the KV cache holds {H_kv} "
+                  "heads, not {H}.",
     "p_gqa": "Query head {head} reads K/V head {kv}: G = {G} query heads share each K/V head ({H} query, "
              "{H_kv} K/V heads).",
     "p_shape": "shape", "p_first": "first {k} values", "p_length": "length |x|",
@@ -118,8 +138,18 @@ KO.update({
     "p_encoder_end": "{model}은(는) 인코더입니다: W_vocab도, 로짓도, 다음 토큰도 없습니다. 출력은 토큰마다 "
                      "벡터 하나인 마지막 은닉 상태이고, 문장 임베딩은 그 평균(평균 풀링)을 길이로 나눈 것입니다.",
     "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
+    "p_rope": "RoPE: 위치만큼 회전하는 Q와 K",
     "p_stream": "잔차 스트림", "p_stream_what": "각 블록으로 들어가는 토큰별 잔차 스트림의 길이 |x| "
                 "(행: 0…{L}번 블록, 마지막 행은 마지막 블록 뒤). 진할수록 깁니다(로그 눈금).",
+    "p_embed_rope": "X는 토큰 임베딩뿐입니다: 위치 벡터를 더하지 않습니다. 이 모델은 위치를 나중에, Q와 K를 "
+                    "회전시켜 넣습니다(RoPE 상자).",
+    "p_rope_f": "q' = R(p)·q,  k' = R(p)·k:  숫자 쌍 (x_2i, x_2i+1)마다 각도 p·θ_i만큼 회전,  θ_i = base^(−2i/d)",
+    "p_rope_what": "회전은 벡터의 길이를 바꾸지 않습니다: |q'| = |q|. 바뀌는 것은 쿼리와 키 사이의 각도라서, 점수가 "
+                   "두 토큰의 거리에 따라 달라집니다. 보이는 숫자는 회전 뒤, 어텐션이 읽는 값입니다.",
+    "p_rope_partial": "헤드마다 숫자 {d_k}개 중 앞 {r}개만 회전합니다; 나머지는 그대로 지나갑니다.",
+    "p_rope_pairs": "쌍은 이웃한 숫자입니다: (x_0, x_1), (x_2, x_3), … (GPT-J의 교차 배치).",
+    "p_gqa_what": "K/V 헤드는 한 번 계산되어 쿼리 헤드 G = {G}개가 읽습니다: KV 캐시에는 헤드 {H}개가 아니라 "
+                  "{H_kv}개가 담깁니다.",
     "p_gqa": "쿼리 헤드 {head}번은 K/V 헤드 {kv}번을 읽습니다: K/V 헤드 하나를 쿼리 헤드 G = {G}개가 공유합니다"
              "(쿼리 헤드 {H}개, K/V 헤드 {H_kv}개).",
     "p_shape": "shape", "p_first": "앞 {k}개 값", "p_length": "길이 |x|",

@@ -88,31 +88,57 @@
   }
 
   // ── drawing ──────────────────────────────────────────────────────────────────
-  function heatmap(values, rows, cols, hiRow, label) {     // values in [0, 1], row-major; NaN = masked
+  // viridis, as every other view of qkv draws weights (matplotlib's map, sampled at 9 stops)
+  const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141], [39, 173, 129],
+                   [92, 200, 99], [170, 220, 50], [253, 231, 37]];
+  function viridis(t) {
+    const x = Math.max(0, Math.min(1, t)) * (VIRIDIS.length - 1), i = Math.min(VIRIDIS.length - 2, Math.floor(x)), f = x - i;
+    const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
+    return `rgb(${Math.round(a[0] + f * (b[0] - a[0]))},${Math.round(a[1] + f * (b[1] - a[1]))},${Math.round(a[2] + f * (b[2] - a[2]))})`;
+  }
+  const LABEL_FONT = '11px ui-monospace, SFMono-Regular, Menlo, "qkv Hangul", monospace';
+  // values in [0, 1], row-major; NaN = masked; rowLabels / colLabels: the tokens along each side (optional)
+  function heatmap(values, rows, cols, hiRow, label, rowLabels, colLabels) {
     const cw = Math.max(2, Math.min(28, Math.floor(512 / cols)));
     const ch = rows === cols ? cw : Math.max(2, Math.min(28, Math.floor(240 / rows)));
     const c = el("canvas", "qkv-p-heat");
-    c.width = cols * cw;
-    c.height = rows * ch;
+    const measure = c.getContext("2d");
+    measure.font = LABEL_FONT;
+    const room = (labels, cell) => labels && cell >= 9 ? Math.min(96, 6 + Math.max(...labels.map((x) => measure.measureText(x).width))) : 0;
+    const left = room(rowLabels, ch), top = room(colLabels, cw);
+    c.width = left + cols * cw;
+    c.height = top + rows * ch;
     c.setAttribute("role", "img");
     c.setAttribute("aria-label", label);
     const ctx = c.getContext("2d");
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, c.width, c.height);
     for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) {
       const v = values[i * cols + j];
-      if (Number.isNaN(v)) ctx.fillStyle = "#eaeef2";
-      else {
-        const t = Math.max(0, Math.min(1, v));
-        ctx.fillStyle = `rgb(${Math.round(255 - 246 * t)},${Math.round(255 - 150 * t)},${Math.round(255 - 37 * t)})`;
-      }
-      ctx.fillRect(j * cw, i * ch, cw, ch);
+      ctx.fillStyle = Number.isNaN(v) ? "#eaeef2" : viridis(v);
+      ctx.fillRect(left + j * cw, top + i * ch, cw, ch);
+    }
+    ctx.font = LABEL_FONT;
+    ctx.fillStyle = "#1f2328";
+    const cut = (x) => (x.length > 12 ? x.slice(0, 11) + "…" : x);
+    if (left) {
+      ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      rowLabels.forEach((x, i) => ctx.fillText(cut(x), left - 4, top + (i + 0.5) * ch));
+    }
+    if (top) {
+      ctx.save(); ctx.textAlign = "left"; ctx.textBaseline = "middle";
+      colLabels.forEach((x, j) => { ctx.save(); ctx.translate(left + (j + 0.5) * cw, top - 4); ctx.rotate(-Math.PI / 2);
+                                    ctx.fillText(cut(x), 0, 0); ctx.restore(); });
+      ctx.restore();
     }
     if (hiRow !== null && hiRow !== undefined) {
       ctx.strokeStyle = "#cf222e";
       ctx.lineWidth = 2;
-      ctx.strokeRect(1, hiRow * ch + 1, cols * cw - 2, ch - 2);
+      ctx.strokeRect(left + 1, top + hiRow * ch + 1, cols * cw - 2, ch - 2);
     }
     c.dataset.rows = rows;
     c.dataset.cols = cols;
+    c.dataset.labels = String(Boolean(left || top));
     return c;
   }
   // one bar per item: [{label, value, text, hot, off}]; bars scaled to the largest |value|
@@ -191,7 +217,10 @@
       const out = [["tokens", t("s_tokens")], ["embed", t("p_embed")], ["stream", t("p_stream")]];
       const blk = [];
       if (pre) blk.push(["norm1", t("p_norm")]);
-      blk.push(["qkv", t("s_qkv")], ["scores", t("s_s")], ["mask", t("p_mask")], ["attn", t("s_softmax")],
+      blk.push(["qkv", t("s_qkv")]);
+      if (a.position === "rope" && !this.top.seq2seq) blk.push(["rope", t("p_rope")]);
+      if (a.H_kv !== a.H) blk.push(["gqa", t("s_gqa", {H: a.H, H_kv: a.H_kv})]);
+      blk.push(["scores", t("s_s")], ["mask", t("p_mask")], ["attn", t("s_softmax")],
                ["z", t("s_z")], ["out", t("s_out", {last: a.H - 1})], ["res1", t("p_res")]);
       if (this.p.cross) {                             // a decoder block of an encoder–decoder
         if (pre) blk.push(["xnorm", t("p_xnorm")]);
@@ -205,6 +234,9 @@
       if (a.seq2seq && a.encoder) end.push(["hidden", t("p_memory_box")]);
       else if (a.encoder) end.push(["hidden", t("p_hidden")], ["pooled", t("p_pooled")]);
       else end.push(["logits", t("p_logits")], ["probs", t("p_probs")]);
+      // the page's own numbering, in the order of the flow (the side box, the stream, has none)
+      let k = 0;
+      for (const list of [out, blk, end]) for (const b of list) if (b[0] !== "stream") b[1] = `${++k}. ${b[1]}`;
       return {start: out, block: blk, end};
     }
 
@@ -334,27 +366,17 @@
         }
         case "embed": {
           formula(a.position === "rope" ? "X = E[ids]" : t("p_embed_f"));
-          if (a.position === "rope") out.append(el("p", null, t("x_embed_rope")));
+          if (a.position === "rope") out.append(el("p", null, t("p_embed_rope")));
           this.vectorView(out, d.stream, 0, `(n, d_model) = (${n}, ${a.d_model})`);
           break;
         }
         case "norm1": case "norm2": {
-          formula(t(a.norm === "rms" ? "p_norm_rms_f" : "p_norm_layer_f") + `,  ε = ${a.eps}`);
+          formula(t(a.norm === "rms" ? "p_norm_rms_f" : "p_norm_layer_f") + `,  ε = ${Number(a.eps.toPrecision(6))}`);
           this.vectorView(out, d.blocks[s.box === "norm1" ? "attn_in" : "ffn_in"], L * n, `(${n}, ${a.d_model})`);
           break;
         }
         case "qkv": {
           formula(t("p_qkv_f"));
-          if (a.H_kv !== a.H) {
-            out.append(el("p", "qkv-p-gqa", t("p_gqa", {head: h, kv, G: a.G, H: a.H, H_kv: a.H_kv})));
-            const groups = el("div", "qkv-p-groups");
-            for (let g = 0; g < a.H_kv; g++) {
-              const grp = el("span", "qkv-p-group" + (g === kv ? " qkv-p-hot" : ""), `K/V ${g} ← Q ${g * a.G}…${(g + 1) * a.G - 1}`);
-              grp.dataset.kv = g;
-              groups.append(grp);
-            }
-            out.append(groups);
-          }
           const rows = [];
           for (const [name, sum, count, hh] of [["q", d.heads.q, a.H, h], ["k", d.heads.k, a.H_kv, kv],
                                                  ["v", d.heads.v, a.H_kv, kv]]) {
@@ -363,6 +385,31 @@
           }
           out.append(table(["", t("p_shape"), t("p_length"), t("p_first", {k: p.head_dims})], rows));
           out.append(el("p", "qkv-p-note", t("library")));
+          break;
+        }
+        case "rope": {
+          formula(t("p_rope_f"));
+          out.append(el("p", null, t("p_rope_what")));
+          if (a.rotary_dim && a.rotary_dim < a.d_k) out.append(el("p", "qkv-p-note", t("p_rope_partial", {r: a.rotary_dim, d_k: a.d_k})));
+          if (a.rope_interleaved) out.append(el("p", "qkv-p-note", t("p_rope_pairs")));
+          const rows = [];
+          for (const [name, sum, count, hh] of [["q", d.heads.q, a.H, h], ["k", d.heads.k, a.H_kv, kv]]) {
+            const v = this.vector(sum, headRow(name, count, hh) + i);
+            rows.push([`${name}' (head ${hh})`, num(v.norm), v.first.map((x) => num(x, 3)).join(", ")]);
+          }
+          out.append(table(["", t("p_length"), t("p_first", {k: p.head_dims})], rows));
+          break;
+        }
+        case "gqa": {
+          out.append(el("p", "qkv-p-gqa", t("p_gqa", {head: h, kv, G: a.G, H: a.H, H_kv: a.H_kv})));
+          const groups = el("div", "qkv-p-groups");
+          for (let g = 0; g < a.H_kv; g++) {
+            const grp = el("span", "qkv-p-group" + (g === kv ? " qkv-p-hot" : ""), `K/V ${g} ← Q ${g * a.G}…${(g + 1) * a.G - 1}`);
+            grp.dataset.kv = g;
+            groups.append(grp);
+          }
+          out.append(groups);
+          out.append(el("p", "qkv-p-note", t("p_gqa_what", {G: a.G, H: a.H, H_kv: a.H_kv})));
           break;
         }
         case "scores": {
@@ -387,7 +434,7 @@
           const m = new Float64Array(n * n);
           for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) m[q * n + k] = k > q ? NaN : 0.15;
           out.append(el("p", null, t("mask", {masked: n * (n - 1) / 2, total: n * n})));
-          out.append(heatmap(m, n, n, i, "mask"));
+          out.append(heatmap(m, n, n, i, "mask", p.labels, p.labels));
           break;
         }
         case "attn": {
@@ -398,7 +445,7 @@
           for (let k = 0; k < n * n; k++) vals[k] = A[k] / 255;
           if (a.causal) for (let q = 0; q < n; q++) for (let k = q + 1; k < n; k++) vals[q * n + k] = NaN;
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (H, n, n) = (${a.H}, ${n}, ${n})`));
-          out.append(heatmap(vals, n, n, i, "A"));
+          out.append(heatmap(vals, n, n, i, "A", p.labels, p.labels));
           const row = Array.from(A.subarray(i * n, i * n + n), (x) => x / 255);
           let j = 0;
           row.forEach((x, k) => { if (x > row[j]) j = k; });
@@ -487,7 +534,7 @@
           }
           out.append(el("p", null, t("p_xattn_what", {n, m})));
           const vals = Float64Array.from(x.attention.subarray(base, base + n * m), (w) => w / 255);
-          out.append(heatmap(vals, n, m, i, "cross A"));
+          out.append(heatmap(vals, n, m, i, "cross A", p.labels, src));
           out.append(el("p", null, t("looks_most", {token: this.label(i), target: src[j], j, w: row[j]})));
           out.append(bars(row.map((w, k) => ({label: src[k], value: w, text: num(w, 3), data: {value: String(w)}})),
                           "qkv-p-xweights"));
