@@ -217,8 +217,8 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
     if not chosen["tied"]:
         shapes["output.weight"] = (V, d)
-        if arch.family == "phi":
-            shapes["output.bias"] = (V,)
+    if arch.family == "phi":                                         # the head's bias, tied or not
+        shapes["output.bias"] = (V,)
     if arch.norm_biases:
         shapes["output_norm.bias"] = (d,)
     if "position_embd" in arch.top:
