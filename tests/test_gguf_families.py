@@ -196,3 +196,18 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
     with pytest.raises(QkvError, match="qkv runs llama, qwen2, qwen3, gemma, olmo2, phi2, gptneox, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2"])
+def test_gradients_through_a_gguf_file_equal_autograd(files, name):
+    """Training a model read from GGUF: qkv.train.gradients equals torch autograd on the directory
+    (tests/fixtures/grads/NAME.npz, make_grad_fixtures.py): loss 1e-5, each gradient 1e-4 relative."""
+    from qkv.train import gradients
+
+    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
+    loss, grads = gradients(qkv.load(files[name]), ref["input_ids"], ref["attention_mask"])
+    assert abs(loss - float(ref["loss"])) < 1e-5
+    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
+    assert set(grads) == set(expected)
+    for key, g_ref in expected.items():
+        assert np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref) < 1e-4, key
