@@ -62,7 +62,8 @@ class Arch:
     layer: dict[str, str]               # GGUF part of blk.{i} → Hugging Face name under layers.{i} / h.{i}
     top: dict[str, str]                 # token_embd, output_norm, output (, position_embd) → names
     norm: str = "rms"                   # "rms" (eps: layer_norm_rms_epsilon) or "layer" (layer_norm_epsilon)
-    biases: str = "none"                # "none", "optional" (a file has all or none), "qkv" (q/k/v always)
+    biases: str = "none"                # "none", "all" (every linear), "qkv" (q/k/v always),
+                                        # "optional" (attention's, all or none: which, the file says)
     norm_biases: bool = False           # LayerNorms with biases
     permuted: bool = False              # llama: Q, K rows interleaved per head
     plus_one: bool = False              # gemma: RMSNorm weights stored as 1 + w
@@ -91,11 +92,10 @@ ARCHS: dict[str, Arch] = {
                   _LLAMA_TOP),
     "phi2": Arch("phi", "PhiForCausalLM",
                  {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                  "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv", "attn_output": "self_attn.dense",
-                  "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
+                  "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv",     # attn_qkv: split (hf_tensors)
+                  "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
                  {"token_embd": "embed_tokens", "output_norm": "final_layernorm", "output": "lm_head"},
-                 norm="layer", biases="all", norm_biases=True, partial_rope=True,
-                 ),
+                 norm="layer", biases="all", norm_biases=True, partial_rope=True),
     "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM",
                     {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value",
                      "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm",
