@@ -211,3 +211,12 @@ def test_gradients_through_a_gguf_file_equal_autograd(files, name):
     assert set(grads) == set(expected)
     for key, g_ref in expected.items():
         assert np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref) < 1e-4, key
+
+
+@pytest.mark.parametrize("pre", ["phi-2", "olmo", "mpt"])
+def test_pre_tokenizers_of_these_archs(tmp_path, pre):
+    """Phi-2's `phi-2` and the GPT-NeoX tokenizer's `olmo` / `mpt` (Pythia's files) are llama.cpp's
+    GPT-2 regex: the same ids as `gpt-2`."""
+    ref = reference("gpt_neox")
+    path = _edited(tmp_path, "gpt_neox", {"tokenizer.ggml.pre": (pre, V.STRING)})
+    assert qkv.load(path).encode(str(ref["text"]))[0].tolist() == ref["text_ids"].tolist()

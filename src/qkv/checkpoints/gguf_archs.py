@@ -116,7 +116,7 @@ COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
                "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
                "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "rope.freq_base",
                "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
-               "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count")
+               "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count", "expert_used_count")
 
 
 def arch_of(name) -> Arch:
