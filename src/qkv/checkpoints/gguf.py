@@ -42,7 +42,7 @@ from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-CONVERTER_VERSION = 4          # bump when the conversion changes: cached directories are rebuilt
+CONVERTER_VERSION = 3          # bump when the conversion of a file read before changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
 
 # Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
