@@ -220,3 +220,10 @@ def test_pre_tokenizers_of_these_archs(tmp_path, pre):
     ref = reference("gpt_neox")
     path = _edited(tmp_path, "gpt_neox", {"tokenizer.ggml.pre": (pre, V.STRING)})
     assert qkv.load(path).encode(str(ref["text"]))[0].tolist() == ref["text_ids"].tolist()
+
+
+def test_every_arch_is_a_family_qkv_runs():
+    from qkv.checkpoints.families import FAMILIES
+    from qkv.checkpoints.gguf_archs import ARCHS
+
+    assert {a.family for a in ARCHS.values()} <= set(FAMILIES)

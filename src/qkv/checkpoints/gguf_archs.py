@@ -253,11 +253,11 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
     same: Split = lambda w: w                                        # noqa: E731
     if arch.permuted and part in ("attn_q", "attn_k"):
         heads = dims["H"] if part == "attn_q" else dims["Hkv"]
-        return [(f"{hf}.{kind}", shape, lambda w: unpermute(w, heads))]
+        return [(f"{hf}.{kind}", shape, lambda w: unpermute(w, heads))]             # (H·d_k, d) or (H·d_k,)
     if arch.plus_one and part.endswith("norm"):                      # Gemma's γ = 1 + w: back to w
         return [(f"{hf}.{kind}", shape, lambda w: w - np.float32(1))]
     if part in arch.transposed and kind == "weight":
-        return [(f"{hf}.{kind}", shape[::-1], lambda w: np.ascontiguousarray(w.T))]
+        return [(f"{hf}.{kind}", shape[::-1], lambda w: np.ascontiguousarray(w.T))]  # (in, out): Conv1D
     if part == "attn_qkv" and arch.family == "phi":                  # [Q; K; V] rows → q_proj, k_proj, v_proj
         q, kv = dims["H"] * dims["d_head"], dims["Hkv"] * dims["d_head"]
         edges = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
@@ -265,7 +265,7 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
                 for proj, (lo, hi) in edges.items()]
     if part == "attn_qkv" and arch.family == "gpt_neox":             # [Q; K; V] → rows by head (q, k, v of each)
         H, dk = dims["H"], dims["d_head"]
-        return [(f"{hf}.{kind}", shape,
+        return [(f"{hf}.{kind}", shape,                                              # (3, H, d_k, …) → (H, 3, d_k, …)
                  lambda w: np.ascontiguousarray(w.reshape(3, H, dk, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)))]
     return [(f"{hf}.{kind}", shape, same)]
 
