@@ -194,7 +194,7 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, qwen2, qwen3, gemma, olmo2, phi2, gptneox, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 
@@ -227,3 +227,28 @@ def test_every_arch_is_a_family_qkv_runs():
     from qkv.checkpoints.gguf_archs import ARCHS
 
     assert {a.family for a in ARCHS.values()} <= set(FAMILIES)
+
+
+def test_starcoder2_file_is_its_directory_without_the_window(tmp_path):
+    """llama.cpp's starcoder2 file has no sliding window (llama.cpp attends to every earlier token): the
+    fixture written without it gives back its weights bit for bit and the directory's model with
+    sliding_window=None, number for number (the live test compares such files with transformers)."""
+    from safetensors.numpy import load_file
+
+    path = C.convert(MODELS / "starcoder2", tmp_path / "sc2.gguf", drop_window=True)
+    mine = load_file(gguf.converted(path) / "model.safetensors")
+    theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "starcoder2" / "model.safetensors").items()}
+    assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
+    ours, directory = qkv.load(path), qkv.load(MODELS / "starcoder2").with_config(sliding_window=None)
+    assert ours.config.sliding_window is None and ours.config.qkv_bias and ours.config.ffn_bias
+    ref = reference("starcoder2")
+    np.testing.assert_array_equal(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                                  directory.forward(ref["input_ids"], ref["attention_mask"]).logits)
+    np.testing.assert_array_equal(ours.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False),
+                                  directory.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False))
+    with pytest.raises(QkvError, match="'starcoder2.attention.sliding_window'"):
+        hf = json.loads((MODELS / "starcoder2" / "config.json").read_text())
+        meta = {"general.architecture": ("starcoder2", V.STRING)} | C.metadata(hf, "starcoder2", True) \
+            | C.vocabulary(MODELS / "starcoder2", hf) | {"starcoder2.attention.sliding_window": (5, V.UINT32)}
+        tensors = C.tensors(hf, load_file(MODELS / "starcoder2" / "model.safetensors"), "starcoder2")
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))

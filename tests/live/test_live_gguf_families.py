@@ -1,6 +1,7 @@
 """GGUF files of every new architecture against live transformers (make test-live).
 
-Random checkpoints of other knob values are built with transformers, saved, and written as a GGUF
+Random checkpoints of other knob values (StarCoder2's without a sliding window, which llama.cpp's
+file cannot hold) are built with transformers, saved, and written as a GGUF
 file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
 qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
 left-padded batch (hidden states and logits within 1e-4, attention weights within 1e-5), greedy
@@ -23,7 +24,7 @@ from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs,
 from safetensors.numpy import load_file
 from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
                           GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, Starcoder2Config, Starcoder2ForCausalLM)
 
 import qkv
 from qkv.checkpoints import gguf as qkv_gguf
@@ -86,6 +87,14 @@ def gpt2(d=64, heads=4, layers=2, eps=1e-5, positions=128):
                                        layer_norm_epsilon=eps, **IDS)
 
 
+def starcoder2(d=64, heads=4, kv=1, ff=96, bias=True, tied=True, theta=1e5, layers=2):
+    return Starcoder2ForCausalLM, Starcoder2Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                                   intermediate_size=ff, use_bias=bias, tie_word_embeddings=tied,
+                                                   rope_theta=theta, num_hidden_layers=layers, norm_epsilon=1e-5,
+                                                   hidden_act="gelu_pytorch_tanh", sliding_window=None,
+                                                   max_position_embeddings=128, **IDS)
+
+
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
     "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
@@ -98,6 +107,8 @@ CASES = {
     "pythia-parallel-rot0.25-bias": neox(),
     "neox-sequential-rot0.5-nobias-tied": neox(d=48, heads=3, factor=0.5, parallel=False, bias=False, tied=True,
                                                ff=80),
+    "starcoder2-mqa-bias-tied": starcoder2(),
+    "starcoder2-gqa-nobias-untied-L3": starcoder2(d=48, heads=6, kv=2, bias=False, tied=False, theta=1e4, layers=3),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
 }

@@ -13,6 +13,8 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
     gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
+    starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
+                           llama.cpp attends to every earlier token, and so does the config written here
 
 Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own column:
 
@@ -103,6 +105,10 @@ ARCHS: dict[str, Arch] = {
                     {"token_embd": "embed_in", "output_norm": "final_layer_norm", "output": "embed_out"},
                     norm="layer", biases="optional", norm_biases=True, partial_rope=True,
                     keys=("use_parallel_residual",)),
+    "starcoder2": Arch("starcoder2", "Starcoder2ForCausalLM",
+                       {k: v for k, v in _LLAMA_LAYER.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")}
+                       | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}, _LLAMA_TOP,
+                       norm="layer", biases="optional", norm_biases=True),
     "gpt2": Arch("gpt2", "GPT2LMHeadModel",
                  {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
                   "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
@@ -162,7 +168,7 @@ def config(meta: dict, a: str, dims: dict) -> dict:
     if arch.norm == "rms":
         hf["rms_norm_eps"] = dims["eps"]
     else:
-        hf["layer_norm_eps"] = dims["eps"]
+        hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
     if arch.family in ("phi", "gpt_neox"):
         if dk * H != d:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
@@ -181,17 +187,21 @@ def config(meta: dict, a: str, dims: dict) -> dict:
                "rotary_pct": rope["partial_rotary_factor"]}
         hf.pop("num_key_value_heads")
     hf["rope_parameters"] = rope
-    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu"}.get(arch.family, "silu")
+    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu",
+                        "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
     if arch.family == "phi":
         hf["qk_layernorm"] = False
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
+    if arch.family == "starcoder2":                                  # llama.cpp runs every layer in full
+        hf["sliding_window"] = None
     return hf
 
 
 def choices(a: str, names: set[str]) -> dict:
     """What a file of this arch says by the tensors it holds: tied (no `output`), attention biases
-    (llama, qwen3, gptneox: all of them or none), Phi-2's fused attn_qkv (the original layout)."""
+    (llama, qwen3, gptneox, starcoder2 — its use_bias, the FFN's too: all of them or none), Phi-2's
+    fused attn_qkv (the original layout)."""
     arch = ARCHS[a]
     attn_bias = any(n.startswith("blk.") and n.endswith(".bias") and
                     n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
@@ -213,7 +223,8 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
               "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output"} if chosen["attn_bias"] else set())
-              | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" else set())}[arch.biases]
+              | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
+                                                                       chosen["attn_bias"]) else set())}[arch.biases]
     shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
     if not chosen["tied"]:
         shapes["output.weight"] = (V, d)
