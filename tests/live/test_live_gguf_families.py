@@ -24,7 +24,8 @@ from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs,
 from safetensors.numpy import load_file
 from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
                           GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, Starcoder2Config, Starcoder2ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
+                          Starcoder2ForCausalLM)
 
 import qkv
 from qkv.checkpoints import gguf as qkv_gguf
@@ -95,6 +96,14 @@ def starcoder2(d=64, heads=4, kv=1, ff=96, bias=True, tied=True, theta=1e5, laye
                                                    max_position_embeddings=128, **IDS)
 
 
+def stablelm(d=64, heads=4, kv=2, ff=96, factor=0.25, parallel=False, qk=False, bias=False, tied=False, layers=2):
+    return StableLmForCausalLM, StableLmConfig(
+        hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ff,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor},
+        use_parallel_residual=parallel, qk_layernorm=qk, use_qkv_bias=bias, tie_word_embeddings=tied,
+        num_hidden_layers=layers, max_position_embeddings=128, **IDS)
+
+
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
     "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
@@ -109,6 +118,9 @@ CASES = {
                                                ff=80),
     "starcoder2-mqa-bias-tied": starcoder2(),
     "starcoder2-gqa-nobias-untied-L3": starcoder2(d=48, heads=6, kv=2, bias=False, tied=False, theta=1e4, layers=3),
+    "stablelm-sequential-rot0.25-untied": stablelm(),
+    "stablelm-parallel-qk_layernorm-bias-tied-rot0.5-L3": stablelm(d=48, heads=4, kv=4, factor=0.5, parallel=True,
+                                                                   qk=True, bias=True, tied=True, layers=3),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
 }

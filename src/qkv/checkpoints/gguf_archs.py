@@ -13,6 +13,8 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
     gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
+    stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
+                           attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
                            llama.cpp attends to every earlier token, and so does the config written here
 
@@ -35,9 +37,9 @@ Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own col
 
 Metadata read (<a>: the arch): context_length, embedding_length, block_count, feed_forward_length,
 attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base
-(10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2 and gptneox;
+(10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm;
 the whole head elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual
-(gptneox), rope.scaling.* (linear only). Any other <a>.* key changes the maths somewhere
+(gptneox, stablelm), rope.scaling.* (linear only). Any other <a>.* key changes the maths somewhere
 (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line, never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
 and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
@@ -109,6 +111,10 @@ ARCHS: dict[str, Arch] = {
                        {k: v for k, v in _LLAMA_LAYER.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")}
                        | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}, _LLAMA_TOP,
                        norm="layer", biases="optional", norm_biases=True),
+    "stablelm": Arch("stablelm", "StableLmForCausalLM",
+                     _LLAMA_LAYER | {"attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm"},
+                     _LLAMA_TOP, norm="layer", biases="optional", norm_biases=True, partial_rope=True,
+                     keys=("use_parallel_residual",)),
     "gpt2": Arch("gpt2", "GPT2LMHeadModel",
                  {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
                   "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
@@ -169,21 +175,23 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf["rms_norm_eps"] = dims["eps"]
     else:
         hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
-    if arch.family in ("phi", "gpt_neox"):
+    if arch.family in ("phi", "gpt_neox", "stablelm"):
         if dk * H != d:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
         rope["partial_rotary_factor"] = dims["rope_dims"] / dk
         hf.pop("head_dim")
-    if arch.family == "gpt_neox":
-        if Hkv != H:
-            raise QkvError(f"the GGUF gptneox model has {Hkv} K/V heads for {H} heads; GPT-NeoX has none grouped; "
-                           "the file is damaged")
+    if arch.family in ("gpt_neox", "stablelm"):
         parallel = meta.get(f"{a}.use_parallel_residual", True)
         if not isinstance(parallel, bool):
             raise QkvError(f"the GGUF value {a}.use_parallel_residual = {parallel!r:.20} is not true or false; the "
                            "file is damaged")
-        hf |= {"use_parallel_residual": parallel, "hidden_act": "gelu", "rotary_emb_base": dims["theta"],
+        dims["parallel"] = hf["use_parallel_residual"] = parallel
+    if arch.family == "gpt_neox":
+        if Hkv != H:
+            raise QkvError(f"the GGUF gptneox model has {Hkv} K/V heads for {H} heads; GPT-NeoX has none grouped; "
+                           "the file is damaged")
+        hf |= {"hidden_act": "gelu", "rotary_emb_base": dims["theta"],
                "rotary_pct": rope["partial_rotary_factor"]}
         hf.pop("num_key_value_heads")
     hf["rope_parameters"] = rope
@@ -207,6 +215,8 @@ def choices(a: str, names: set[str]) -> dict:
                     n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
     return {"tied": "output.weight" not in names,
             "attn_bias": {"none": False, "optional": attn_bias}.get(arch.biases, True),
+            "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
+            "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
             "fused": {n.split(".")[1] for n in names if n.startswith("blk.") and ".attn_qkv." in n}}
 
 
@@ -221,8 +231,11 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
             "ffn_gate": f, "ffn_up": f, "ffn_down": d}
     cols = {"attn_output": q, "ffn_down": f}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
+    if arch.family == "stablelm":                                    # a LayerNorm of each head's own, no bias
+        vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
-              "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output"} if chosen["attn_bias"] else set())
+              "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family != "stablelm"
+                                                                      else set()) if chosen["attn_bias"] else set())
               | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
                                                                        chosen["attn_bias"]) else set())}[arch.biases]
     shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
@@ -239,15 +252,19 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
             if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
                 continue                                             # Phi-2: fused, or three
+            if arch.family == "stablelm" and ((part in ("attn_q_norm", "attn_k_norm") and not chosen["qk_norm"])
+                                              or (part == "ffn_norm" and dims["parallel"])):
+                continue                                             # StableLM: q/k norms, ffn_norm as the file says
             p = f"blk.{i}.{part}"
             if part in rows:
                 shapes[f"{p}.weight"] = (rows[part], cols.get(part, d))
                 if part in biased:
                     shapes[f"{p}.bias"] = (rows[part],)
             else:                                                    # a norm
-                shapes[f"{p}.weight"] = (vector.get(part, d),)
-                if arch.norm_biases:
-                    shapes[f"{p}.bias"] = (d,)
+                size = vector.get(part, d)
+                shapes[f"{p}.weight"] = size if isinstance(size, tuple) else (size,)
+                if arch.norm_biases and not isinstance(size, tuple):
+                    shapes[f"{p}.bias"] = (size,)
     return shapes
 
 
@@ -269,6 +286,8 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
         return [(f"{hf}.{kind}", shape, lambda w: w - np.float32(1))]
     if part in arch.transposed and kind == "weight":
         return [(f"{hf}.{kind}", shape[::-1], lambda w: np.ascontiguousarray(w.T))]  # (in, out): Conv1D
+    if arch.family == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):    # (H, d_k) → norms.{h}: (d_k,) each
+        return [(f"{hf}.norms.{h}.{kind}", shape[1:], lambda w, h=h: w[h]) for h in range(shape[0])]
     if part == "attn_qkv" and arch.family == "phi":                  # [Q; K; V] rows → q_proj, k_proj, v_proj
         q, kv = dims["H"] * dims["d_head"], dims["Hkv"] * dims["d_head"]
         edges = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
