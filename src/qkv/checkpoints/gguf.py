@@ -10,22 +10,14 @@ once, into an ordinary Hugging Face directory in its cache —
 file pays for reading and dequantising (about 2 s for SmolLM2-135M); every later load
 maps the cached file. `QKV_CACHE=off` converts in a temporary directory instead.
 
-    GGUF tensor name            Hugging Face name (LlamaModel)
-    token_embd                  embed_tokens
-    blk.{i}.attn_norm           layers.{i}.input_layernorm
-    blk.{i}.attn_q / k / v      layers.{i}.self_attn.q_proj / k_proj / v_proj   (Q, K: see _unpermute)
-    blk.{i}.attn_output         layers.{i}.self_attn.o_proj
-    blk.{i}.ffn_norm            layers.{i}.post_attention_layernorm
-    blk.{i}.ffn_gate / up / down  layers.{i}.mlp.gate_proj / up_proj / down_proj
-    output_norm                 norm
-    output (absent when tied)   lm_head
-
-Architectures: `llama` (Llama, SmolLM2, and Mistral, which llama.cpp writes as `llama`) and
-`qwen2` (q/k/v biases, rows not permuted). Anything the engine would silently compute
-differently from llama.cpp is refused with one line: other architectures, mixtures of
-experts, partial or scaled RoPE other than linear, `rope_freqs` (Llama 3.1's frequency
-factors), tensors nothing reads (but the few in IGNORED) or missing ones, shapes that
-disagree with the metadata.
+Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names,
+and what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral,
+which llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`,
+`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2` and `stablelm`. Anything the engine would silently compute differently
+from llama.cpp is refused with one line: other architectures, mixtures of experts, metadata keys
+the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
+`rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or
+missing ones, shapes that disagree with the metadata.
 """
 
 from __future__ import annotations
@@ -45,50 +37,21 @@ import numpy as np
 
 from ..engine.errors import QkvError
 from ..engine.io import write_directory
-from . import gguf_tokenizer
+from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
 
-ARCHITECTURES = ("llama", "qwen2")
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-CONVERTER_VERSION = 3          # bump when the conversion changes: cached directories are rebuilt
+CONVERTER_VERSION = 3          # bump when the conversion of a file read before changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
 
-_TENSOR_NAMES = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-
 # Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
-# tensor outside the tables above is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
+# tensor outside the arch's table is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
 # with its own reason: it changes RoPE, so it cannot be left unread.
 IGNORED = {
     "blk.{i}.attn_rot_embd.*": "RoPE's inverse frequencies, which old files stored (llama.cpp computes "
                                "them from rope.freq_base, as qkv does)",
 }
-
-
-def hf_name(name: str) -> str | None:
-    """A GGUF tensor name → its Hugging Face name (None for a name outside the table)."""
-    stem, _, kind = name.rpartition(".")
-    if stem.startswith("blk."):
-        _, layer, part = (stem.split(".", 2) + ["", ""])[:3]
-        if part in _TENSOR_NAMES and layer.isdigit():
-            return f"layers.{int(layer)}.{_TENSOR_NAMES[part]}.{kind}"
-        return None
-    return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
-
-
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row order so rotate-half RoPE applies (as transformers' loader does).
-
-    llama.cpp's converter interleaves each head's two rotary halves, rows (h, half, i) →
-    (h, i, half); we put them back: (out, …) viewed as (H, d_k/2, 2, …) → (H, 2, d_k/2, …).
-    """
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 # ── metadata → config.json ──────────────────────────────────────────────────────
@@ -125,23 +88,9 @@ def _rope_scaling(meta: dict, a: str) -> dict | None:
     return {"rope_type": "linear", "factor": factor}
 
 
-def hf_config(meta: dict) -> dict:
-    """GGUF metadata → the config.json of the same model in Hugging Face layout (vocab_size
-    and the special token ids are added by `convert`, from the tokenizer)."""
-    if meta.get("general.type", "model") != "model":
-        raise QkvError(f"the GGUF file is a {meta['general.type']!r:.30} (e.g. a LoRA adapter), not a model; "
-                       "give the model's own .gguf file")
-    if meta.get("split.count", 1) != 1:
-        raise QkvError(f"the GGUF file is one part of a model split in {meta['split.count']!r:.10}; merge the parts "
-                       "first (llama.cpp's `llama-gguf-split --merge`)")
-    arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise QkvError(f"GGUF architecture {arch!r:.60} is not supported; qkv runs {', '.join(ARCHITECTURES)} "
-                       "(Mistral files are 'llama')")
-    a = arch
-    if meta.get(f"{a}.expert_count", 0) not in (0, None):
-        raise QkvError(f"the GGUF model is a mixture of experts ({a}.expert_count = {meta[f'{a}.expert_count']}), "
-                       "which qkv does not run")
+def dimensions(meta: dict, a: str) -> dict:
+    """The sizes every arch has, read and checked: d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims."""
+    arch = gguf_archs.ARCHS[a]
     d = _number(meta, f"{a}.embedding_length")
     H = _number(meta, f"{a}.attention.head_count")
     Hkv = _number(meta, f"{a}.attention.head_count_kv", default=H)
@@ -153,93 +102,94 @@ def hf_config(meta: dict) -> dict:
     if d_head <= 0 or d_head % 2 or d_v != d_head:
         raise QkvError(f"the GGUF heads have key size {d_head} and value size {d_v}; qkv needs them equal and "
                        "even")
-    rope_dims = _number(meta, f"{a}.rope.dimension_count", default=d_head)
-    if rope_dims != d_head:
-        raise QkvError(f"the GGUF model rotates {rope_dims} of {d_head} dimensions per head (partial RoPE, "
-                       "or head counts that disagree with the file), which qkv does not run")
-    cfg = {
-        "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]],
-        "hidden_size": d, "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": d_head,
-        "num_hidden_layers": _number(meta, f"{a}.block_count"),
-        "intermediate_size": _number(meta, f"{a}.feed_forward_length"),
-        "max_position_embeddings": _number(meta, f"{a}.context_length"),
-        "rms_norm_eps": _number(meta, f"{a}.attention.layer_norm_rms_epsilon", float),
-        "rope_theta": _number(meta, f"{a}.rope.freq_base", float, 10000.0),
-        "hidden_act": "silu", "torch_dtype": "float32",
-    }
-    if min(cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["rope_theta"]) <= 0:
-        raise QkvError("the GGUF file has no layers, no FFN width or a zero RoPE base; the file is damaged")
+    eps = f"{a}.attention.layer_norm_rms_epsilon" if arch.norm == "rms" else f"{a}.attention.layer_norm_epsilon"
+    dims = {"d": d, "H": H, "Hkv": Hkv, "d_head": d_head, "L": _number(meta, f"{a}.block_count"),
+            "f": _number(meta, f"{a}.feed_forward_length"), "n_ctx": _number(meta, f"{a}.context_length"),
+            "theta": _number(meta, f"{a}.rope.freq_base", float, 10000.0), "eps": _number(meta, eps, float),
+            "rope_dims": _number(meta, f"{a}.rope.dimension_count", default=d_head)}
+    if min(dims["L"], dims["f"], dims["theta"], dims["n_ctx"]) <= 0:
+        raise QkvError("the GGUF file has no layers, no FFN width, no context or a zero RoPE base; the file is "
+                       "damaged")
+    return dims
+
+
+def hf_config(meta: dict) -> tuple[dict, dict]:
+    """GGUF metadata → (the config.json of the same model in Hugging Face layout, the sizes read);
+    vocab_size, the special token ids and what the tensors say (tied, biases) are added by `convert`."""
+    if meta.get("general.type", "model") != "model":
+        raise QkvError(f"the GGUF file is a {meta['general.type']!r:.30} (e.g. a LoRA adapter), not a model; "
+                       "give the model's own .gguf file")
+    if meta.get("split.count", 1) != 1:
+        raise QkvError(f"the GGUF file is one part of a model split in {meta['split.count']!r:.10}; merge the parts "
+                       "first (llama.cpp's `llama-gguf-split --merge`)")
+    a = meta.get("general.architecture")
+    arch = gguf_archs.arch_of(a)
+    if meta.get(f"{a}.expert_count", 0) not in (0, None):
+        raise QkvError(f"the GGUF model is a mixture of experts ({a}.expert_count = {meta[f'{a}.expert_count']}), "
+                       "which qkv does not run")
+    gguf_archs.check_keys(meta, a)
+    dims = dimensions(meta, a)
+    cfg = {"model_type": arch.family, "architectures": [arch.architecture]}
+    cfg |= gguf_archs.config(meta, a, dims)
+    cfg["torch_dtype"] = "float32"
     scaling = _rope_scaling(meta, a)
     if scaling:
+        if arch.family == "gpt2":
+            raise QkvError("the GGUF gpt2 model declares RoPE scaling, but GPT-2 has no RoPE; the file is damaged")
         cfg["rope_scaling"] = scaling
-    return cfg
+        cfg["rope_parameters"] = cfg["rope_parameters"] | scaling
+    return cfg, dims
 
 
-def expected_shapes(cfg: dict, tensor_names: set[str]) -> dict[str, tuple[int, ...]]:
-    """Hugging Face name → shape of every tensor the engine reads, from the config; sets the
+def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, object, tuple[int, ...]]]:
+    """(GGUF name, GGUF tensor, shape) of every tensor the engine reads, each checked: known name,
+    readable type, the shape the metadata implies; none missing. All before any work. Sets the
     config's tie_word_embeddings and attention_bias from which tensors the file has."""
-    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
-    biases = {n for n in tensor_names if n.startswith("blk.") and n.endswith(".bias")}
-    if cfg["model_type"] == "llama" and biases:
-        cfg["attention_bias"] = True                         # Hugging Face: on q, k, v and o together
-    cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
-    shapes = {"embed_tokens.weight": (V, d), "norm.weight": (d,)}
-    if not cfg["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (V, d)
-    for i in range(cfg["num_hidden_layers"]):
-        a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        shapes |= {f"layers.{i}.input_layernorm.weight": (d,), f"layers.{i}.post_attention_layernorm.weight": (d,),
-                   f"{a}.q_proj.weight": (q, d), f"{a}.k_proj.weight": (kv, d), f"{a}.v_proj.weight": (kv, d),
-                   f"{a}.o_proj.weight": (d, q), f"{m}.gate_proj.weight": (f, d), f"{m}.up_proj.weight": (f, d),
-                   f"{m}.down_proj.weight": (d, f)}
-        if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
-            shapes |= {f"{a}.q_proj.bias": (q,), f"{a}.k_proj.bias": (kv,), f"{a}.v_proj.bias": (kv,)}
-        if cfg.get("attention_bias"):
-            shapes[f"{a}.o_proj.bias"] = (d,)
-    return shapes
-
-
-def _used_tensors(reader, cfg: dict) -> list[tuple[str, object, tuple[int, ...]]]:
-    """(Hugging Face name, GGUF tensor, shape) of every tensor the engine reads, each checked:
-    known name, readable type, the shape the metadata implies; none missing. All before any work."""
-    if cfg["num_hidden_layers"] * 9 > len(reader.tensors):
-        raise QkvError(f"the GGUF file declares {cfg['num_hidden_layers']} layers but holds only "
+    if dims["L"] * 4 > len(reader.tensors):
+        raise QkvError(f"the GGUF file declares {dims['L']} layers but holds only "
                        f"{len(reader.tensors)} tensors; it is incomplete or damaged")
-    shapes = expected_shapes(cfg, {t.name for t in reader.tensors})
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
         raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
                        "which qkv does not support")
-    named = [(hf_name(t.name), t) for t in reader.tensors]
-    left = unread([t.name[:80] for name, t in named if name not in shapes], set(), IGNORED)
+    chosen = gguf_archs.choices(a, names)
+    cfg["tie_word_embeddings"] = chosen["tied"]
+    if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2"):
+        cfg["attention_bias"] = chosen["attn_bias"]                  # Hugging Face: one switch for them all
+    elif cfg["model_type"] == "starcoder2":
+        cfg["use_bias"] = chosen["attn_bias"]                        # all six linear maps
+    elif cfg["model_type"] == "stablelm":
+        cfg |= {"use_qkv_bias": chosen["attn_bias"], "qk_layernorm": chosen["qk_norm"]}
+    shapes = gguf_archs.expected(a, dims, chosen)
+    left = unread([t.name[:80] for t in reader.tensors if t.name not in shapes], set(), IGNORED)
     if left:
-        raise unread_error(left, "the GGUF file", f"{cfg['model_type']} model of this config",
+        raise unread_error(left, "the GGUF file", f"{a} model of this config",
                            "qkv cannot run it (another variant of the architecture, or layers the metadata "
-                           "does not declare); use a plain llama or qwen2 file")
+                           f"does not declare); use a plain {a} file")
     used = []
-    for name, t in named:
-        if name not in shapes:
+    for t in reader.tensors:
+        if t.name not in shapes:
             continue                                     # IGNORED
         kind = t.tensor_type.name
         if kind not in QUANT_TYPES:
             raise QkvError(f"tensor {t.name} has GGUF type {kind}, which qkv does not read; use a file "
                            f"quantised as one of {', '.join(QUANT_TYPES)}")
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))   # ggml lists dims innermost first
-        if shape != shapes[name]:
-            raise QkvError(f"tensor {t.name} has shape {shape}, but the metadata implies {shapes[name]}; "
+        if shape != shapes[t.name]:
+            raise QkvError(f"tensor {t.name} has shape {shape}, but the metadata implies {shapes[t.name]}; "
                            "the file is damaged")
-        used.append((name, t, shape))
+        used.append((t.name, t, shape))
     missing = sorted(set(shapes) - {name for name, _, _ in used})
     if missing:
-        raise QkvError(f"the GGUF file lacks the tensor of {missing[0]} ({len(missing)} missing); it is "
+        raise QkvError(f"the GGUF file lacks the tensor {missing[0]} ({len(missing)} missing); it is "
                        "incomplete or damaged")
     return used
 
 
 # ── tensors → model.safetensors ─────────────────────────────────────────────────
 
-def _dequantised(t, shape: tuple[int, ...], cfg: dict) -> np.ndarray:
-    """One tensor as float32 in its Hugging Face shape, Q and K rows back in rotate-half order."""
+def _dequantised(t, shape: tuple[int, ...]) -> np.ndarray:
+    """One tensor as float32 in its Hugging Face (out, in) shape, as the file stores it."""
     import gguf
 
     try:
@@ -248,11 +198,6 @@ def _dequantised(t, shape: tuple[int, ...], cfg: dict) -> np.ndarray:
         raise QkvError(f"tensor {t.name} cannot be dequantised ({e}); the file is damaged") from None
     if not np.isfinite(w).all():
         raise QkvError(f"tensor {t.name} holds NaN or infinite values; the file is damaged")
-    if cfg["model_type"] == "llama":                                # llama.cpp's converter permuted these
-        if t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            return _unpermute(w, cfg["num_attention_heads"])
-        if t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            return _unpermute(w, cfg["num_key_value_heads"])
     return w
 
 
@@ -294,20 +239,30 @@ def convert(path: Path, out: Path) -> None:
     """Write the Hugging Face directory of GGUF file `path` into the (existing, empty) directory `out`."""
     reader = open_reader(path)
     meta = metadata(reader)
-    cfg = hf_config(meta)
+    cfg, dims = hf_config(meta)
+    a = meta["general.architecture"]
     tokenizer_json, tokenizer_config, vocab_size = gguf_tokenizer.build(reader, meta)
-    declared = meta.get(f"{cfg['model_type']}.vocab_size", vocab_size)
+    declared = meta.get(f"{a}.vocab_size", vocab_size)
     if declared != vocab_size:
         raise QkvError(f"the GGUF file declares a vocabulary of {declared!r:.20} but its tokenizer has "
                        f"{vocab_size} tokens; the file is damaged")
-    cfg["vocab_size"] = vocab_size
+    cfg["vocab_size"] = dims["V"] = vocab_size
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int) and 0 <= value < vocab_size:
             cfg[key] = value
-    used = _used_tensors(reader, cfg)
-    shapes = [(name, shape) for name, _, shape in used]
-    arrays = in_order(lambda item: _dequantised(item[1], item[2], cfg), used)
+    used = _used_tensors(reader, a, cfg, dims)
+    # Each GGUF tensor becomes one Hugging Face tensor (or, fused Q/K/V split, several), the converter's
+    # changes undone (gguf_archs.hf_tensors).
+    plans = [(t, shape, gguf_archs.hf_tensors(a, name, shape, dims)) for name, t, shape in used]
+    shapes = [(hf, hf_shape) for _, _, plan in plans for hf, hf_shape, _ in plan]
+
+    def arrays_of(item) -> list[np.ndarray]:
+        t, shape, plan = item
+        w = _dequantised(t, shape)
+        return [fn(w) for _, _, fn in plan]
+
+    arrays = (w for ws in in_order(arrays_of, plans) for w in ws)
     write_safetensors(out / "model.safetensors", shapes, arrays)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "tokenizer.json").write_text(tokenizer_json)

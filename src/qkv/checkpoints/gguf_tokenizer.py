@@ -19,7 +19,9 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = {"default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "smollm": "digits+gpt2",
+# phi-2 (Phi-2), olmo and mpt (the GPT-NeoX tokenizer: Pythia, OLMo 1) are llama.cpp's GPT-2 regex too.
+PRE_TOKENIZERS = {"default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "phi-2": _GPT2, "olmo": _GPT2, "mpt": _GPT2,
+                  "smollm": "digits+gpt2",
                   "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "qwen2": _QWEN2}
 # llama.cpp lets these take a piece that is itself a token whole, before any merge
 # (`ignore_merges`, as Llama 3's tokenizer.json says too).

@@ -1,0 +1,310 @@
+"""llama.cpp's architectures, each as a table: GGUF metadata → config.json, GGUF tensors → the
+Hugging Face tensors the family module reads (checkpoints/<family>.py), with the few changes
+llama.cpp's converter (convert_hf_to_gguf.py) made undone.
+
+    GGUF arch    family    what the converter changed, undone here
+    llama        llama     Q, K rows of each head interleaved (LlamaModel.permute) for its RoPE
+    qwen2        qwen2     nothing (rows as Hugging Face's: llama.cpp's NEOX RoPE is rotate-half)
+    qwen3        qwen3     nothing; q/k norms per head (attn_q_norm, attn_k_norm: (d_k,))
+    gemma        gemma     every RMSNorm weight stored as 1 + w (written back as w); no lm_head (tied)
+    olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box
+    phi2         phi       nothing (attn_q/k/v); files of the original Phi-2 layout hold one attn_qkv,
+                           rows [Q; K; V], split here
+    gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
+                           put back by head
+    gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
+    stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
+                           attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
+    starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
+                           llama.cpp attends to every earlier token, and so does the config written here
+
+Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own column:
+
+    GGUF part            llama / qwen2 / qwen3 / gemma / olmo2     phi2                gptneox                      gpt2
+    token_embd           embed_tokens                              embed_tokens        embed_in                     wte
+    position_embd        -                                         -                   -                            wpe
+    attn_norm            input_layernorm (olmo2: none)             input_layernorm     input_layernorm              ln_1
+    attn_q / k / v       self_attn.q_proj / k_proj / v_proj        self_attn.q/k/v_proj  -                          -
+    attn_qkv             -                                         (split to q/k/v)    attention.query_key_value    attn.c_attn
+    attn_q_norm / k_norm self_attn.q_norm / k_norm (qwen3, olmo2)  -                   -                            -
+    attn_output          self_attn.o_proj                          self_attn.dense     attention.dense              attn.c_proj
+    post_attention_norm  post_attention_layernorm (olmo2)          -                   -                            -
+    ffn_norm             post_attention_layernorm                  -                   post_attention_layernorm     ln_2
+    ffn_gate / up / down mlp.gate_proj / up_proj / down_proj       mlp.fc1 / fc2       mlp.dense_h_to_4h / 4h_to_h  mlp.c_fc / c_proj
+    post_ffw_norm        post_feedforward_layernorm (olmo2)        -                   -                            -
+    output_norm          norm                                      final_layernorm     final_layer_norm             ln_f
+    output               lm_head (absent: tied)                    lm_head             embed_out                    lm_head
+
+Metadata read (<a>: the arch): context_length, embedding_length, block_count, feed_forward_length,
+attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base
+(10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm;
+the whole head elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual
+(gptneox, stablelm), rope.scaling.* (linear only). Any other <a>.* key changes the maths somewhere
+(soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line, never dropped.
+What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
+and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
+tanh form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..engine.errors import QkvError
+
+Split = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One llama.cpp architecture: its family, tensor table and the converter's changes."""
+    family: str                         # config.json model_type
+    architecture: str                   # config.json architectures[0]
+    layer: dict[str, str]               # GGUF part of blk.{i} → Hugging Face name under layers.{i} / h.{i}
+    top: dict[str, str]                 # token_embd, output_norm, output (, position_embd) → names
+    norm: str = "rms"                   # "rms" (eps: layer_norm_rms_epsilon) or "layer" (layer_norm_epsilon)
+    biases: str = "none"                # "none", "all" (every linear), "qkv" (q/k/v always),
+                                        # "optional" (attention's, all or none: which, the file says)
+    norm_biases: bool = False           # LayerNorms with biases
+    permuted: bool = False              # llama: Q, K rows interleaved per head
+    plus_one: bool = False              # gemma: RMSNorm weights stored as 1 + w
+    transposed: tuple[str, ...] = ()    # gpt2: parts whose Hugging Face weight is (in, out)
+    partial_rope: bool = False          # rope.dimension_count may be less than the head
+    layers: str = "layers"              # Hugging Face's name of the block list
+    keys: tuple[str, ...] = ()          # <a>.* metadata keys of this arch beyond the common ones
+
+
+_LLAMA_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_LLAMA_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", "LlamaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="optional", permuted=True,
+                  keys=("tensor_data_layout",)),
+    "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
+    "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
+    "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
+    "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
+                  {k: v for k, v in _LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | _QK_NORMS
+                  | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                  _LLAMA_TOP),
+    "phi2": Arch("phi", "PhiForCausalLM",
+                 {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                  "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv",     # attn_qkv: split (hf_tensors)
+                  "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
+                 {"token_embd": "embed_tokens", "output_norm": "final_layernorm", "output": "lm_head"},
+                 norm="layer", biases="all", norm_biases=True, partial_rope=True),
+    "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM",
+                    {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value",
+                     "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm",
+                     "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                    {"token_embd": "embed_in", "output_norm": "final_layer_norm", "output": "embed_out"},
+                    norm="layer", biases="optional", norm_biases=True, partial_rope=True,
+                    keys=("use_parallel_residual",)),
+    "starcoder2": Arch("starcoder2", "Starcoder2ForCausalLM",
+                       {k: v for k, v in _LLAMA_LAYER.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")}
+                       | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}, _LLAMA_TOP,
+                       norm="layer", biases="optional", norm_biases=True),
+    "stablelm": Arch("stablelm", "StableLmForCausalLM",
+                     _LLAMA_LAYER | {"attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm"},
+                     _LLAMA_TOP, norm="layer", biases="optional", norm_biases=True, partial_rope=True,
+                     keys=("use_parallel_residual",)),
+    "gpt2": Arch("gpt2", "GPT2LMHeadModel",
+                 {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                  "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                 {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f", "output": "lm_head"},
+                 norm="layer", biases="all", norm_biases=True, layers="h",
+                 transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down")),
+}
+
+# <a>.* keys every arch may carry that qkv reads (or that change nothing it computes).
+COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+               "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+               "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "rope.freq_base",
+               "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+               "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count", "expert_used_count")
+
+
+def arch_of(name) -> Arch:
+    """The table of GGUF architecture NAME, or one error naming those qkv reads."""
+    if name not in ARCHS:
+        raise QkvError(f"GGUF architecture {name!r:.60} is not supported; qkv runs {', '.join(ARCHS)} "
+                       "(Mistral files are 'llama')")
+    return ARCHS[name]
+
+
+def check_keys(meta: dict, a: str) -> None:
+    """Every <a>.* metadata key is one qkv reads: another (soft-capping, a sliding window, clamped
+    Q/K/V …) would change the numbers if dropped, so it is refused in one line."""
+    known = set(COMMON_KEYS) | set(ARCHS[a].keys)
+    for key in meta:
+        if key.startswith(f"{a}.") and key[len(a) + 1:] not in known:
+            raise QkvError(f"the GGUF key {key!r:.80} (= {meta[key]!r:.30}) is not read by qkv, and dropping it "
+                           f"would change the numbers; qkv runs plain {a} files without it")
+
+
+def config(meta: dict, a: str, dims: dict) -> dict:
+    """The arch's config.json keys (beyond model_type) from the metadata and the common `dims`
+    (d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims)."""
+    arch = ARCHS[a]
+    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    if arch.partial_rope:
+        if not 0 < dims["rope_dims"] <= dk or dims["rope_dims"] % 2:
+            raise QkvError(f"the GGUF model rotates {dims['rope_dims']} of {dk} dimensions per head; it must be "
+                           "an even number, at most the head size; the file is damaged")
+    elif dims["rope_dims"] != dk:
+        raise QkvError(f"the GGUF model rotates {dims['rope_dims']} of {dk} dimensions per head (partial RoPE, "
+                       f"or head counts that disagree with the file), which qkv does not run for {a}")
+    common = {"max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False}
+    if arch.family == "gpt2":
+        if Hkv != H or dk * H != d:
+            raise QkvError(f"the GGUF gpt2 model has {H} heads of {dk} and {Hkv} K/V heads in d_model {d}; GPT-2 "
+                           "has d_model / heads per head and no grouped K/V; the file is damaged")
+        return {"n_embd": d, "n_head": H, "n_layer": dims["L"], "n_inner": dims["f"], "n_positions": dims["n_ctx"],
+                "layer_norm_epsilon": dims["eps"], "activation_function": "gelu_new", "tie_word_embeddings": False}
+    rope = {"rope_type": "default", "rope_theta": dims["theta"]}
+    hf = common | {"hidden_size": d, "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": dk,
+                   "num_hidden_layers": dims["L"], "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
+    if arch.norm == "rms":
+        hf["rms_norm_eps"] = dims["eps"]
+    else:
+        hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
+    if arch.family in ("phi", "gpt_neox", "stablelm"):
+        if dk * H != d:
+            raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
+                           "head; the file is damaged")
+        rope["partial_rotary_factor"] = dims["rope_dims"] / dk
+        hf.pop("head_dim")
+    if arch.family in ("gpt_neox", "stablelm"):
+        parallel = meta.get(f"{a}.use_parallel_residual", True)
+        if not isinstance(parallel, bool):
+            raise QkvError(f"the GGUF value {a}.use_parallel_residual = {parallel!r:.20} is not true or false; the "
+                           "file is damaged")
+        dims["parallel"] = hf["use_parallel_residual"] = parallel
+    if arch.family == "gpt_neox":
+        if Hkv != H:
+            raise QkvError(f"the GGUF gptneox model has {Hkv} K/V heads for {H} heads; GPT-NeoX has none grouped; "
+                           "the file is damaged")
+        hf |= {"hidden_act": "gelu", "rotary_emb_base": dims["theta"],
+               "rotary_pct": rope["partial_rotary_factor"]}
+        hf.pop("num_key_value_heads")
+    hf["rope_parameters"] = rope
+    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu",
+                        "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
+    if arch.family == "phi":
+        hf["qk_layernorm"] = False
+    if arch.family in ("qwen2", "qwen3"):
+        hf |= {"use_sliding_window": False, "sliding_window": None}
+    if arch.family == "starcoder2":                                  # llama.cpp runs every layer in full
+        hf["sliding_window"] = None
+    return hf
+
+
+def choices(a: str, names: set[str]) -> dict:
+    """What a file of this arch says by the tensors it holds: tied (no `output`), attention biases
+    (llama, qwen3, gptneox, starcoder2 — its use_bias, the FFN's too: all of them or none), Phi-2's
+    fused attn_qkv (the original layout)."""
+    arch = ARCHS[a]
+    attn_bias = any(n.startswith("blk.") and n.endswith(".bias") and
+                    n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
+    return {"tied": "output.weight" not in names,
+            "attn_bias": {"none": False, "optional": attn_bias}.get(arch.biases, True),
+            "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
+            "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
+            "fused": {n.split(".")[1] for n in names if n.startswith("blk.") and ".attn_qkv." in n}}
+
+
+def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name → the shape (Hugging Face order: (out, in)) the metadata implies, for every
+    tensor a file of this arch with these `choices` holds: none more, none fewer."""
+    arch = ARCHS[a]
+    d, f, V, dk = dims["d"], dims["f"], dims["V"], dims["d_head"]
+    q, kv = dims["H"] * dk, dims["Hkv"] * dk
+    wide = arch.family == "olmo2"                                    # q/k norms over the whole projection
+    rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
+            "ffn_gate": f, "ffn_up": f, "ffn_down": d}
+    cols = {"attn_output": q, "ffn_down": f}
+    vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
+    if arch.family == "stablelm":                                    # a LayerNorm of each head's own, no bias
+        vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
+    biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
+              "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family != "stablelm"
+                                                                      else set()) if chosen["attn_bias"] else set())
+              | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
+                                                                       chosen["attn_bias"]) else set())}[arch.biases]
+    shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
+    if not chosen["tied"]:
+        shapes["output.weight"] = (V, d)
+    if arch.family == "phi":                                         # the head's bias, tied or not
+        shapes["output.bias"] = (V,)
+    if arch.norm_biases:
+        shapes["output_norm.bias"] = (d,)
+    if "position_embd" in arch.top:
+        shapes["position_embd.weight"] = (dims["n_ctx"], d)
+    for i in range(dims["L"]):
+        for part in arch.layer:
+            if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
+                    and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
+                continue                                             # Phi-2: fused, or three
+            if arch.family == "stablelm" and ((part in ("attn_q_norm", "attn_k_norm") and not chosen["qk_norm"])
+                                              or (part == "ffn_norm" and dims["parallel"])):
+                continue                                             # StableLM: q/k norms, ffn_norm as the file says
+            p = f"blk.{i}.{part}"
+            if part in rows:
+                shapes[f"{p}.weight"] = (rows[part], cols.get(part, d))
+                if part in biased:
+                    shapes[f"{p}.bias"] = (rows[part],)
+            else:                                                    # a norm
+                size = vector.get(part, d)
+                shapes[f"{p}.weight"] = size if isinstance(size, tuple) else (size,)
+                if arch.norm_biases and not isinstance(size, tuple):
+                    shapes[f"{p}.bias"] = (size,)
+    return shapes
+
+
+def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tuple[str, tuple, Split]]:
+    """The Hugging Face tensors GGUF tensor NAME (of SHAPE) becomes: (name, shape, array → array) each."""
+    arch = ARCHS[a]
+    stem, kind = name.rsplit(".", 1)
+    if stem.startswith("blk."):
+        _, i, part = stem.split(".", 2)
+        prefix = f"{arch.layers}.{i}."
+        hf = prefix + arch.layer[part]
+    else:
+        part, hf = stem, arch.top[stem]
+    same: Split = lambda w: w                                        # noqa: E731
+    if arch.permuted and part in ("attn_q", "attn_k"):
+        heads = dims["H"] if part == "attn_q" else dims["Hkv"]
+        return [(f"{hf}.{kind}", shape, lambda w: unpermute(w, heads))]             # (H·d_k, d) or (H·d_k,)
+    if arch.plus_one and part.endswith("norm"):                      # Gemma's γ = 1 + w: back to w
+        return [(f"{hf}.{kind}", shape, lambda w: w - np.float32(1))]
+    if part in arch.transposed and kind == "weight":
+        return [(f"{hf}.{kind}", shape[::-1], lambda w: np.ascontiguousarray(w.T))]  # (in, out): Conv1D
+    if arch.family == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):    # (H, d_k) → norms.{h}: (d_k,) each
+        return [(f"{hf}.norms.{h}.{kind}", shape[1:], lambda w, h=h: w[h]) for h in range(shape[0])]
+    if part == "attn_qkv" and arch.family == "phi":                  # [Q; K; V] rows → q_proj, k_proj, v_proj
+        q, kv = dims["H"] * dims["d_head"], dims["Hkv"] * dims["d_head"]
+        edges = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        return [(f"{prefix}self_attn.{proj}.{kind}", (hi - lo, *shape[1:]), lambda w, lo=lo, hi=hi: w[lo:hi])
+                for proj, (lo, hi) in edges.items()]
+    if part == "attn_qkv" and arch.family == "gpt_neox":             # [Q; K; V] → rows by head (q, k, v of each)
+        H, dk = dims["H"], dims["d_head"]
+        return [(f"{hf}.{kind}", shape,                                              # (3, H, d_k, …) → (H, 3, d_k, …)
+                 lambda w: np.ascontiguousarray(w.reshape(3, H, dk, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)))]
+    return [(f"{hf}.{kind}", shape, same)]
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order so rotate-half RoPE applies (as transformers' loader does).
+
+    llama.cpp's converter interleaves each head's two rotary halves, rows (h, half, i) →
+    (h, i, half); we put them back: (out, …) viewed as (H, d_k/2, 2, …) → (H, 2, d_k/2, …).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

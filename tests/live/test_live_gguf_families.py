@@ -1,0 +1,181 @@
+"""GGUF files of every new architecture against live transformers (make test-live).
+
+Random checkpoints of other knob values (StarCoder2's without a sliding window, which llama.cpp's
+file cannot hold) are built with transformers, saved, and written as a GGUF
+file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
+qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
+left-padded batch (hidden states and logits within 1e-4, attention weights within 1e-5), greedy
+generation with and without the KV cache token for token, and the model qkv saves from the GGUF
+file (`model.save(dir)`) read back by transformers with equal logits. Where transformers reads the
+arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`), quantised files are
+compared with its loader too: identical weights, name by name, and equal outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from safetensors.numpy import load_file
+from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
+                          GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, PhiConfig, PhiForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
+                          Starcoder2ForCausalLM)
+
+import qkv
+from qkv.checkpoints import gguf as qkv_gguf
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+import gguf_convert as C  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+NEW = 8
+V = 300
+IDS = dict(vocab_size=V, initializer_range=INIT_RANGE, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+           attn_implementation="eager")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+
+
+def qwen3(d=64, heads=4, kv=2, head_dim=None, ff=96, theta=1e6, bias=False, tied=False, layers=2):
+    return Qwen3ForCausalLM, Qwen3Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                         head_dim=head_dim or d // heads, intermediate_size=ff, rope_theta=theta,
+                                         attention_bias=bias, tie_word_embeddings=tied, num_hidden_layers=layers,
+                                         rms_norm_eps=1e-6, max_position_embeddings=128, **IDS)
+
+
+def gemma(d=64, heads=4, kv=1, head_dim=32, ff=96, layers=2, eps=1e-6):
+    return GemmaForCausalLM, GemmaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                         head_dim=head_dim, intermediate_size=ff, num_hidden_layers=layers,
+                                         hidden_act="gelu_pytorch_tanh", rms_norm_eps=eps, max_position_embeddings=128,
+                                         **IDS)
+
+
+def olmo2(d=64, heads=4, kv=2, ff=96, theta=5e4, tied=False, layers=2):
+    return Olmo2ForCausalLM, Olmo2Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                         intermediate_size=ff, rope_theta=theta, tie_word_embeddings=tied,
+                                         num_hidden_layers=layers, rms_norm_eps=1e-6, max_position_embeddings=128,
+                                         **IDS)
+
+
+def phi2(d=64, heads=4, factor=0.4, tied=False, layers=2):
+    return PhiForCausalLM, PhiConfig(hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
+                                     hidden_act="gelu_new", tie_word_embeddings=tied, num_hidden_layers=layers,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": factor},
+                                     max_position_embeddings=128, **IDS)
+
+
+def neox(d=64, heads=4, factor=0.25, parallel=True, bias=True, tied=False, layers=2, ff=128):
+    return GPTNeoXForCausalLM, GPTNeoXConfig(
+        hidden_size=d, num_attention_heads=heads, intermediate_size=ff, hidden_act="gelu", num_hidden_layers=layers,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor},
+        use_parallel_residual=parallel, attention_bias=bias, tie_word_embeddings=tied, max_position_embeddings=128,
+        **IDS)
+
+
+def gpt2(d=64, heads=4, layers=2, eps=1e-5, positions=128):
+    return GPT2LMHeadModel, GPT2Config(n_embd=d, n_head=heads, n_layer=layers, n_positions=positions,
+                                       layer_norm_epsilon=eps, **IDS)
+
+
+def starcoder2(d=64, heads=4, kv=1, ff=96, bias=True, tied=True, theta=1e5, layers=2):
+    return Starcoder2ForCausalLM, Starcoder2Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                                   intermediate_size=ff, use_bias=bias, tie_word_embeddings=tied,
+                                                   rope_theta=theta, num_hidden_layers=layers, norm_epsilon=1e-5,
+                                                   hidden_act="gelu_pytorch_tanh", sliding_window=None,
+                                                   max_position_embeddings=128, **IDS)
+
+
+def stablelm(d=64, heads=4, kv=2, ff=96, factor=0.25, parallel=False, qk=False, bias=False, tied=False, layers=2):
+    return StableLmForCausalLM, StableLmConfig(
+        hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ff,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor},
+        use_parallel_residual=parallel, qk_layernorm=qk, use_qkv_bias=bias, tie_word_embeddings=tied,
+        num_hidden_layers=layers, max_position_embeddings=128, **IDS)
+
+
+CASES = {
+    "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
+    "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
+    "gemma-mqa-head_dim32": gemma(),
+    "gemma-mha-head_dim16-L3": gemma(d=48, heads=3, kv=3, head_dim=16, layers=3, eps=1e-5),
+    "olmo2-gqa": olmo2(),
+    "olmo2-mha-tied-L1": olmo2(d=48, heads=6, kv=6, tied=True, layers=1, theta=1e4),
+    "phi2-rot0.4": phi2(),
+    "phi2-rot1.0-tied-h8": phi2(d=64, heads=8, factor=1.0, tied=True, layers=3),
+    "pythia-parallel-rot0.25-bias": neox(),
+    "neox-sequential-rot0.5-nobias-tied": neox(d=48, heads=3, factor=0.5, parallel=False, bias=False, tied=True,
+                                               ff=80),
+    "starcoder2-mqa-bias-tied": starcoder2(),
+    "starcoder2-gqa-nobias-untied-L3": starcoder2(d=48, heads=6, kv=2, bias=False, tied=False, theta=1e4, layers=3),
+    "stablelm-sequential-rot0.25-untied": stablelm(),
+    "stablelm-parallel-qk_layernorm-bias-tied-rot0.5-L3": stablelm(d=48, heads=4, kv=4, factor=0.5, parallel=True,
+                                                                   qk=True, bias=True, tied=True, layers=3),
+    "gpt2": gpt2(),
+    "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
+}
+
+
+def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
+                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gguf_equals_transformers_on_the_directory(case, tmp_path):
+    cls, config = CASES[case]
+    model = build(cls, config, seed=zlib.crc32(case.encode()) % 10_000)
+    save(model, tmp_path / "hf")
+    path = C.convert(tmp_path / "hf", tmp_path / "model.gguf", fused=case.startswith("phi2-rot1.0"))
+    ours = qkv.load(path)
+    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
+        ids, mask = padded_batch(V, lengths, seed=11, low=3, side=side)
+        ref = run_reference(model, ids, mask, position_ids=decoder_positions(mask))
+        compare(ours.forward(ids, mask), ref, mask, label=f"{case}-{side}")
+    prompt = padded_batch(V, [9], seed=12, low=3)[0]
+    theirs = hf_greedy(model, prompt)
+    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), theirs)
+    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), theirs)
+    ours.save(tmp_path / "qkv")                                       # a model qkv saves, read by transformers
+    back = cls.from_pretrained(tmp_path / "qkv").eval()
+    with torch.no_grad():
+        a, b = model(torch.from_numpy(prompt)).logits.numpy(), back(torch.from_numpy(prompt)).logits.numpy()
+    assert max_abs(a, b) <= 1e-4
+
+
+# transformers' own GGUF loader reads qwen3 (only with head_dim 128, Qwen3Config's default, and no attention
+# biases: it maps neither) and gpt2 (only with n_positions 1024, GPT2Config's default: it reads context_length as
+# n_ctx).
+# (Q4_K, Q6_K: random blocks of the right size, as make_gguf_fixtures.encode writes them: gguf cannot
+# quantise K types in NumPy; both loaders read the same bytes.)
+LOADER_CASES = [(c, q) for c in ("qwen3-gqa", "gpt2") for q in ("F32", "F16", "Q8_0", "Q4_0", "Q5_1", "Q4_K", "Q6_K")]
+
+
+@pytest.mark.parametrize("case,qtype", LOADER_CASES, ids=[f"{c}-{q}" for c, q in LOADER_CASES])
+def test_quantised_gguf_equals_transformers_gguf_loader(case, qtype, tmp_path):
+    # K quants need rows of 256; transformers' defaults (above) where it reads no key
+    cls, config = qwen3(d=256, heads=2, kv=1, ff=512) if case.startswith("qwen3") else gpt2(d=256, positions=1024)
+    model = build(cls, config, seed=7)
+    save(model, tmp_path / "hf")
+    path = C.convert(tmp_path / "hf", tmp_path / f"{case}.gguf", qtype)
+    ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                               attn_implementation="eager").eval()
+    mine = load_file(qkv_gguf.converted(path) / "model.safetensors")
+    theirs = {k.removeprefix("model.").removeprefix("transformer."): v.numpy() for k, v in ref.state_dict().items()}
+    for name, w in mine.items():
+        assert np.array_equal(w, theirs[name]), (name, max_abs(w, theirs[name]))
+    ours = qkv.load(path)
+    ids, mask = padded_batch(V, [11, 7, 9], seed=11, low=3, side="left")
+    compare(ours.forward(ids, mask), run_reference(ref, ids, mask, position_ids=decoder_positions(mask)), mask,
+            label=f"{case}-{qtype}")
