@@ -46,8 +46,11 @@ def test_every_box_opens_and_shows_the_engines_numbers(tab, llama, tmp_path):
     open_page(tab, save_pipeline(llama, trace, tmp_path / "p.html"))
     page = tab.page
     boxes = page.eval_on_selector_all(".qkv-p-box", "bs => bs.map(b => [b.dataset.box, b.textContent])")
-    assert [b for b, _ in boxes] == ["tokens", "embed", "norm1", "qkv", "scores", "mask", "attn", "z", "out", "res1",
-                                     "norm2", "ffn", "res2", "final", "logits", "probs", "stream"]
+    assert [b for b, _ in boxes] == ["tokens", "embed", "norm1", "qkv", "rope", "gqa", "scores", "mask", "attn", "z",
+                                     "out", "res1", "norm2", "ffn", "res2", "final", "logits", "probs", "stream"]
+    numbered = [title for b, title in boxes if b != "stream"]                # the page's own numbers, in order
+    assert [t.split(". ")[0] for t in numbered] == [str(k) for k in range(1, len(numbered) + 1)]
+    assert not any(c in "".join(numbered) for c in "⓪①②③④⑤⑥⑦⑧")
     for box, title in boxes:
         page.click(f".qkv-p-box[data-box='{box}']")
         assert state(tab)["box"] == box and page.text_content(".qkv-p-detail-title") == title
@@ -73,7 +76,16 @@ def test_every_box_opens_and_shows_the_engines_numbers(tab, llama, tmp_path):
     for key, s_shown, a_shown in rows:                          # S and the weight softmax gives it
         j = int(key.split(" · ")[0])
         assert abs(float(s_shown) - S[j]) <= step / 2 + 5e-4 and abs(float(a_shown) - A[j]) <= 0.5 / 255 + 5e-4
-    page.click(".qkv-p-box[data-box='qkv']")                                # GQA: head 5 reads K/V head 5 // 4 = 1
+    page.click(".qkv-p-box[data-box='rope']")                               # |q'|, |k'| of token 3: the engine's
+    shown = [float(r) for r in page.eval_on_selector_all(".qkv-p-detail .qkv-p-table tr",
+                                                          "rs => rs.slice(1).map(r => r.children[1].textContent)")]
+    np.testing.assert_allclose(shown, [np.linalg.norm(trace.layers[1].q[5, 3]), np.linalg.norm(trace.layers[1].k[1, 3])],
+                               rtol=2e-3)
+    page.click(".qkv-p-box[data-box='norm1']")
+    assert "ε = 0.00001" in page.text_content(".qkv-p-formula") or "ε = 0.000001" in page.text_content(".qkv-p-formula")
+    page.click(".qkv-p-box[data-box='attn']")
+    assert page.get_attribute(".qkv-p-heat", "data-labels") == "true"       # the tokens along both sides
+    page.click(".qkv-p-box[data-box='gqa']")                                # GQA: head 5 reads K/V head 5 // 4 = 1
     assert page.get_attribute(".qkv-p-group.qkv-p-hot", "data-kv") == "1"
     assert "reads K/V head 1" in page.text_content(".qkv-p-gqa")
     page.click(".qkv-p-box[data-box='embed']")                              # |x| of each token entering layer 0
@@ -127,14 +139,14 @@ def test_the_language_switches_and_back(tab, llama, tmp_path):
     open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html"))
     page = tab.page
     page.click(".qkv-p-box[data-box='qkv']")
-    assert page.text_content(".qkv-p-detail-title") == TEXTS["en"]["s_qkv"]
+    assert page.text_content(".qkv-p-detail-title") == "4. " + TEXTS["en"]["s_qkv"]
     page.click(".qkv-p-lang")
     assert state(tab)["lang"] == "ko" and page.get_attribute("[data-qkv-pipeline]", "lang") == "ko"
-    assert page.text_content(".qkv-p-detail-title") == TEXTS["ko"]["s_qkv"]
+    assert page.text_content(".qkv-p-detail-title") == "4. " + TEXTS["ko"]["s_qkv"]
     assert page.text_content(".qkv-p-title") == TEXTS["ko"]["p_title"].format(model=llama.name)
     assert page.text_content(".qkv-p-lang") == "English"
     page.click(".qkv-p-lang")
-    assert state(tab)["lang"] == "en" and page.text_content(".qkv-p-detail-title") == TEXTS["en"]["s_qkv"]
+    assert state(tab)["lang"] == "en" and page.text_content(".qkv-p-detail-title") == "4. " + TEXTS["en"]["s_qkv"]
     assert tab.errors == []
 
 
@@ -212,8 +224,8 @@ def test_the_web_apps_language_picker_sets_the_pages_language(tab):
 
 
 def test_the_page_opens_where_it_is_told(tab, llama, tmp_path):
-    open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html", lang="ko", layer=1, head=6, box="qkv"))
-    assert state(tab).items() >= {"layer": "1", "head": "6", "box": "qkv", "lang": "ko"}.items()
+    open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html", lang="ko", layer=1, head=6, box="gqa"))
+    assert state(tab).items() >= {"layer": "1", "head": "6", "box": "gqa", "lang": "ko"}.items()
     assert tab.page.get_attribute(".qkv-p-group.qkv-p-hot", "data-kv") == "1"          # 6 // (8 / 2)
     assert tab.errors == []
 
@@ -246,6 +258,6 @@ def test_an_encoder_decoder_shows_both_stacks_and_cross_attention(tab, tmp_path)
     A = trace.cross.layers[1].attentions[2, 2]                                # (n_src,) target token 2's row
     assert np.max(np.abs(np.array(values(tab, ".qkv-p-xweights .qkv-p-bar")) - A)) <= 0.5 / 255 + 1e-7
     page.click(".qkv-p-lang")
-    assert state(tab)["stack"] == "decoder" and page.text_content(".qkv-p-detail-title") == TEXTS["ko"]["p_xattn"]
+    assert state(tab)["stack"] == "decoder" and page.text_content(".qkv-p-detail-title").split(". ", 1)[1] == TEXTS["ko"]["p_xattn"]
     assert tab.errors == [] and tab.dialogs == []
     assert_offline(tab)

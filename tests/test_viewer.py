@@ -235,6 +235,8 @@ def test_a_generation_carries_each_generated_tokens_candidates():
 
 def test_the_candidates_need_a_tokenizer_logits_and_a_generation(tmp_path):
     model, trace = generation(n=3)
+    assert data_of(viewer_html(trace))["next"] is not None                   # the trace keeps its model's tokenizer
+    trace.tokenizer = None
     assert data_of(viewer_html(trace))["next"] is None                       # no tokenizer: nothing to spell them with
     plain = model.run("the cat sat", keep=("attentions",))
     assert data_of(viewer_html(plain, tokenizer=model.tokenizer))["next"] is None        # not a generation
