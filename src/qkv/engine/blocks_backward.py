@@ -162,7 +162,7 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
     dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a,
-                                    None if cfg is None else cfg.score_scale)
+                                    None if cfg is None else cfg.score_scale, None if cfg is None else cfg.attn_softcap)
     if t.rope is not None:
         dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
     g_qn = g_kn = None
@@ -294,10 +294,13 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
                             ffn_out_norm=out_norms.get("ffn_out")), d_kv
 
 
-def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights, cfg: ModelConfig | None = None,
+              logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(dZ, dW_vocab, db_vocab) of logits = Z·W_vocab + b. A tied W_vocab's gradient is the caller's to add
-    into the embedding table's (one table, two uses)."""
+    into the embedding table's (one table, two uses). Soft-capped (cfg.final_softcap, Gemma 2): y = c·tanh(ℓ/c)
+    gives dℓ = dy ⊙ (1 − (y/c)²), read from LOGITS, the capped ones the forward returned."""
+    if cfg is not None and cfg.final_softcap is not None:
+        dlogits = dlogits * (1 - np.square(logits / cfg.final_softcap))
     return linear(dlogits, hidden, weights.W_vocab, weights.b_vocab is not None)
 
 
