@@ -21,7 +21,9 @@ c·tanh(S/c) before the mask (attn_softcap), final_logit_softcapping → logits 
 (final_softcap); Gemma 3's sliding layers turn by their own RoPE (rope_parameters["sliding_attention"], or
 rope_local_base_freq in older configs: local_rope_theta) and the full ones by rope_parameters["full_attention"]
 (rope_theta, rope_scaling). A soft-cap that config.json leaves out or writes null is none (transformers
-writes both; Gemma 2's class would default an absent one to 50 / 30). use_bidirectional_attention is refused.
+writes both; Gemma 2's class would default an absent one to 50 / 30). Gemma 3's attention never applies
+its attn_logit_softcapping (transformers keeps the value unused), so neither does qkv; its final one it applies.
+use_bidirectional_attention is refused.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def config(hf: dict) -> ModelConfig:
     family = hf["model_type"]
     cfg = llama.config(hf)
     scalar = hf.get("query_pre_attn_scalar", 256)
-    knobs = dict(attn_scale=float(scalar) ** -0.5, attn_softcap=hf.get("attn_logit_softcapping"),
-                 final_softcap=hf.get("final_logit_softcapping"))
+    knobs = dict(attn_scale=float(scalar) ** -0.5, final_softcap=hf.get("final_logit_softcapping"),
+                 attn_softcap=hf.get("attn_logit_softcapping") if family == "gemma2" else None)   # Gemma 3: unread
     if family == "gemma3_text":
         theta, scaling, local_theta, local_scaling = _rope(hf)
         for base, kind in ((theta, scaling), (local_theta, local_scaling)):
@@ -71,8 +73,9 @@ def config(hf: dict) -> ModelConfig:
 
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a Gemma2ForCausalLM / Gemma3ForCausalLM with these knobs."""
+    scalar = round(cfg.score_scale ** -2, 6) if cfg.score_scale else cfg.d_head   # S·scalar^-½; None: 1/√d_k
     hf = llama.hf_dict(cfg) | {
-        "query_pre_attn_scalar": round(cfg.score_scale ** -2, 6) if cfg.score_scale else None,
+        "query_pre_attn_scalar": int(scalar) if scalar == int(scalar) else scalar,   # an int in transformers' class
         "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap,
         "hidden_activation": hf_activation(cfg),
     }
