@@ -154,3 +154,13 @@ def test_the_cli_runs_on_the_fixtures(tmp_path, monkeypatch, capsys, name):
                   "--answer", " the", "--wrong", " a")):
         code, text, err = run_main(monkeypatch, capsys, *args)
         assert code == 0 and text.strip(), err
+
+
+def test_direct_logit_attribution_is_refused_where_the_logit_is_no_sum():
+    from qkv.analysis.attribution import direct_logit_attribution
+
+    with pytest.raises(QkvError, match="Gemma 2/3"):
+        direct_logit_attribution(qkv.load(MODELS / "gemma2"), [3, 4, 5], 7)
+    capped = qkv.load(MODELS / "gpt_neo").with_config(final_softcap=3.0)
+    with pytest.raises(QkvError, match="soft-caps its logits"):
+        direct_logit_attribution(capped, [3, 4, 5], 7)

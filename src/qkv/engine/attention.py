@@ -200,18 +200,19 @@ class AttentionMask:
             self._bias[key] = b if m is None else (m if b is None else b + m)
         return self._bias[key]
 
-    def plain_only(self, scale: float | None, d_k: int, cap: float | None = None) -> bool:
-        """Whether attention must be computed the plain way: a position bias, a scale other than
-        1/√d_k or a soft-cap, which the tiled kernels do not take."""
-        return (self.position_bias is not None or cap is not None
-                or (scale is not None and scale != 1.0 / math.sqrt(d_k)))
+    def plain_only(self, cap: float | None = None) -> bool:
+        """Whether attention must be computed the plain way: a position bias (T5) or a soft-cap (Gemma 2),
+        which the tiled kernels do not take (another scale they take through Q: `attention_output`)."""
+        return self.position_bias is not None or cap is not None
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
                      scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
-    plain = mask.plain_only(scale, q.shape[-1], cap)
-    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not plain:
+    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
+        dk = q.shape[-1]
+        if scale is not None and scale != 1.0 / math.sqrt(dk):   # the kernel's S = Q'·Kᵀ/√d_k with Q' = Q·scale·√d_k
+            q = q * (scale * math.sqrt(dk))                        # (B, H, n, d_k); equal up to rounding
         return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
         return causal_attention(q, k, v, mask, scale=scale, cap=cap)
