@@ -164,3 +164,12 @@ def test_direct_logit_attribution_is_refused_where_the_logit_is_no_sum():
     capped = qkv.load(MODELS / "gpt_neo").with_config(final_softcap=3.0)
     with pytest.raises(QkvError, match="soft-caps its logits"):
         direct_logit_attribution(capped, [3, 4, 5], 7)
+
+
+def test_the_pipeline_page_names_each_layers_kind():
+    from qkv.viz.pipeline_payload import arch_of
+
+    arch = arch_of(qkv.load(MODELS / "gemma2"))
+    assert arch["windows"] == [5, None, 5] and arch["attn_softcap"] == 5.0 and arch["final_softcap"] == 3.0
+    assert arch_of(qkv.load(MODELS / "smollm3"))["no_rope_layers"] == [1]
+    assert arch_of(qkv.load(MODELS / "llama_gqa"))["windows"] is None

@@ -9,7 +9,9 @@ A family is knob values read by these boxes, each in one place: post- or pre-nor
 box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
 Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream mapped in and out (OPT-350m:
 embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
-encoder–decoder's cross-attention. Each box
+encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
+(each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
+(Gemma 2). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the

@@ -4,6 +4,9 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+Layers of different kinds: each layer's own sliding window (layer_windows: Gemma 2/3, GPT-Neo's local layers,
+Qwen's and SmolLM3's sliding layers), the windowed layers' own RoPE base (Gemma 3), layers without RoPE
+(SmolLM3); Gemma 2 soft-caps its scores and logits (attn_softcap, final_softcap).
 An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
 the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
 blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
