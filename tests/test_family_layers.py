@@ -173,3 +173,21 @@ def test_the_pipeline_page_names_each_layers_kind():
     assert arch["windows"] == [5, None, 5] and arch["attn_softcap"] == 5.0 and arch["final_softcap"] == 3.0
     assert arch_of(qkv.load(MODELS / "smollm3"))["no_rope_layers"] == [1]
     assert arch_of(qkv.load(MODELS / "llama_gqa"))["windows"] is None
+
+
+@pytest.mark.parametrize("name, layer", [("gemma2", 0), ("gemma2", 1), ("gemma3_text", 0), ("gemma3_text", 2),
+                                         ("gpt_neo", 1)])
+def test_the_walkthrough_follows_each_layers_kind(name, layer):
+    """The attention lesson recomputes the layer's own scale, soft-cap, window and rotation (or none)."""
+    from qkv.lessons.attention import walkthrough
+
+    model = qkv.load(MODELS / name)
+    w = walkthrough(model, "the cat sat on the mat and the dog", layer=layer)
+    assert (w.rope is None) == (model.config.rope_kind(layer) is None)
+
+
+def test_the_walkthrough_of_a_layer_without_rope():
+    from qkv.lessons.attention import walkthrough
+
+    model = qkv.load(MODELS / "gemma3_text").with_config(no_rope_layers=(1,))     # SmolLM3's knob
+    assert walkthrough(model, "the cat sat on the mat", layer=1).rope is None
