@@ -191,3 +191,17 @@ def test_the_walkthrough_of_a_layer_without_rope():
 
     model = qkv.load(MODELS / "gemma3_text").with_config(no_rope_layers=(1,))     # SmolLM3's knob
     assert walkthrough(model, "the cat sat on the mat", layer=1).rope is None
+
+
+def test_hooks_and_some_heads_see_the_capped_windowed_scores():
+    """A hook on S, or keeping only some heads' weights (their own blocked path), gives the pass's numbers."""
+    model = qkv.load(MODELS / "gemma2")
+    ids = reference("gemma2")["single_input_ids"][0]
+    full = model.run(ids, keep=("attentions", "scores"))
+    hooked = model.run(ids, keep=("attentions",), hooks={f"{i}.scores": lambda s, layer: s for i in range(3)})
+    some = model.run(ids, keep=("attentions", "scores"), heads=[1, 3])
+    for i in range(3):
+        np.testing.assert_array_equal(hooked.layer(i).attentions, full.layer(i).attentions)
+        assert max_abs(some.layer(i).attentions, full.layer(i).attentions[[1, 3]]) <= 1e-6
+        assert np.nanmax(np.abs(np.where(np.isinf(some.layer(i).scores), 0, some.layer(i).scores))) <= 5.0
+    np.testing.assert_array_equal(hooked.logits, full.logits)
