@@ -32,7 +32,7 @@ from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.positions import rope_inv_freq
 from . import llama
-from .common import reads_back
+from .common import check_config, reads_back
 
 IGNORED = llama.IGNORED
 weights = llama.weights
@@ -50,6 +50,7 @@ def _rope(hf: dict) -> tuple[float, dict | None, float, dict | None]:
             if not isinstance(p, dict):
                 raise QkvError(f"config.json rope_parameters.{kind} = {p!r:.40} is not an object; "
                                "restore the checkpoint's config.json")
+            check_config({"rope_parameters": p}, f"config.json ({kind})")   # its numbers' types
             kinds += [float(p.get("rope_theta", theta)), p if p.get("rope_type", "default") != "default" else None]
         return tuple(kinds)
     theta, scaling = llama._rope(hf)
