@@ -110,6 +110,8 @@ def _edited(tmp_path, name: str, change: dict, drop: tuple = ()):
     ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}, "yarn"),
     ("gemma3_text", {"rope_parameters": {"full_attention": 3}}, "not an object"),
     ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_theta": "1e6"}}}, "positive number"),
+    ("gemma2", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "yarn"),
+    ("smollm3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "dynamic"),
     ("gpt_neo", {"attention_types": [[["global", "sparse"], 1]]}, "'global' or 'local'"),
     ("gpt_neo", {"attention_types": [[["global"], 3]]}, "each of the 2 layers"),
     ("smollm3", {"no_rope_layers": [1, 2, 1]}, "0 or 1"),

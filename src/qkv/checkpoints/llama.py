@@ -27,6 +27,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.positions import rope_inv_freq
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
                      reads_back)
@@ -94,6 +95,7 @@ def config(hf: dict) -> ModelConfig:
     L = need(hf, "num_hidden_layers")
     check_shapes(hf, d, H)
     theta, scaling = _rope(hf)
+    rope_inv_freq(2, theta, scaling)                     # a rope_type qkv lacks: refused now, not at the first pass
     rope_layers = _rope_layers(hf, L) if family == "smollm3" else [1] * L
     window, windows = None, None
     if family == "mistral":
