@@ -87,7 +87,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
-        ctx.masks = {cfg.window(i): attention_mask_of(cfg, attention_mask, n, i) for i in range(cfg.n_layers)}
+        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
+        ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
         ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
         if rope is not None and cfg.local_rope_theta is not None:
             ctx.ropes["local"] = rope_cos_sin(positions, rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta,
