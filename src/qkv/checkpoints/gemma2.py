@@ -66,7 +66,7 @@ def config(hf: dict) -> ModelConfig:
     if family == "gemma3_text":
         theta, scaling, local_theta, local_scaling = _rope(hf)
         for base, kind in ((theta, scaling), (local_theta, local_scaling)):
-            rope_inv_freq(2, base, kind)                 # a rope_type qkv lacks: refused now, not at the first pass
+            rope_inv_freq(cfg.d_head, base, kind)        # a rope_type qkv lacks: refused now, not at the first pass
         knobs |= dict(rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta,
                       local_rope_scaling=local_scaling)
     return cfg.with_(**knobs)

@@ -95,7 +95,7 @@ def config(hf: dict) -> ModelConfig:
     L = need(hf, "num_hidden_layers")
     check_shapes(hf, d, H)
     theta, scaling = _rope(hf)
-    rope_inv_freq(2, theta, scaling)                     # a rope_type qkv lacks: refused now, not at the first pass
+    rope_inv_freq(hf.get("head_dim") or d // H, theta, scaling)   # a rope_type qkv lacks: refused now, not at a pass
     rope_layers = _rope_layers(hf, L) if family == "smollm3" else [1] * L
     window, windows = None, None
     if family == "mistral":

@@ -91,8 +91,9 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
         ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
         if rope is not None and cfg.local_rope_theta is not None:
-            ctx.ropes["local"] = rope_cos_sin(positions, rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta,
-                                                                      cfg.local_rope_scaling, dtype))
+            local = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta, cfg.local_rope_scaling, dtype,
+                                  length=int(positions.max()) + 1)
+            ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling))
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:
