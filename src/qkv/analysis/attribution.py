@@ -114,8 +114,12 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         raise QkvError(f"{model.name} normalises after each block (post-norm), so its residual stream is no sum "
                        "of heads and FFNs; direct logit attribution needs a pre-norm decoder")
     if any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in weights.blocks):
-        raise QkvError(f"{model.name} normalises each attention and FFN output before it joins the stream (OLMo 2), so "
-                       "a head's part is no linear piece of it; direct logit attribution needs plain residual steps")
+        raise QkvError(f"{model.name} normalises each attention and FFN output before it joins the stream (OLMo 2, "
+                       "Gemma 2/3), so a head's part is no linear piece of it; direct logit attribution needs plain "
+                       "residual steps")
+    if cfg.final_softcap is not None:
+        raise QkvError(f"{model.name} soft-caps its logits (c·tanh(logits/c)), so they are no sum of the parts; direct "
+                       "logit attribution needs a linear W_vocab")
     n = len(trace.ids)
     if not -n <= position < n:
         raise QkvError(f"position {position} is outside the text's {n} tokens (0..{n - 1}, or -1 for the last)")

@@ -30,11 +30,14 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
                  "relative_attention_max_distance", "decoder_vocab_size",
                  # Phi-3's LongRoPE, OPT's embedding width
-                 "original_max_position_embeddings", "word_embed_proj_dim")
+                 "original_max_position_embeddings", "word_embed_proj_dim",
+                 # layers of different kinds (GPT-Neo, SmolLM3)
+                 "window_size", "no_rope_layer_interval")
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim")
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
-_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base")
+_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base",
+                   "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
@@ -232,3 +235,30 @@ def unread_error(names: list[str], holder: str, reader: str, fix: str) -> QkvErr
     shown = ", ".join(map(repr, names[:SHOWN])) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
     count = f"{len(names)} tensor{'s' if len(names) > 1 else ''}"
     return QkvError(f"{holder} has {count} that a {reader} never reads ({shown}); {fix}")
+
+
+# ── layers of different kinds ─────────────────────────────────────────────────────
+
+LAYER_TYPES = {"full_attention": False, "sliding_attention": True}   # config.json layer_types → windowed?
+
+
+def layer_windows(hf: dict, window: int | None, n_layers: int, default: list[str]) -> tuple[int | None, tuple | None]:
+    """(sliding_window, layer_windows) of ModelConfig from config.json's `layer_types` (DEFAULT when it has
+    none: the family's own pattern): a "sliding_attention" layer sees the last WINDOW keys, a "full_attention"
+    one all of them. Every layer alike: (its window, None); else (WINDOW, each layer's). Another kind of
+    layer, a count other than the layers', or sliding layers without a window are refused in one line."""
+    types = hf.get("layer_types", default)
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in LAYER_TYPES for t in types):
+        shown = sorted(set(map(str, types))) if isinstance(types, list) else repr(types)[:40]
+        raise QkvError(f"config.json layer_types {shown} must give each of the {n_layers} layers full_attention or "
+                       "sliding_attention; restore the checkpoint's config.json")
+    if window is None and any(LAYER_TYPES[t] for t in types):
+        raise QkvError("config.json has sliding_attention layers but no sliding_window (or use_sliding_window "
+                       "false); restore the checkpoint's config.json")
+    windows = tuple(window if LAYER_TYPES[t] else None for t in types)
+    return (windows[0], None) if len(set(windows)) == 1 else (window, windows)
+
+
+def layer_types(cfg: ModelConfig) -> list[str]:
+    """config.json's layer_types of CFG (each layer full or sliding)."""
+    return ["full_attention" if cfg.window(i) is None else "sliding_attention" for i in range(cfg.n_layers)]

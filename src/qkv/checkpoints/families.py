@@ -24,8 +24,8 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import (bart, bert, gpt2, gpt_neox, llama, marian, mbart, mt5, opt, pegasus, phi, phi3, stablelm, starcoder2, t5,
-               umt5)
+from . import (bart, bert, gemma2, gpt2, gpt_neo, gpt_neox, llama, marian, mbart, mt5, opt, pegasus, phi, phi3, stablelm,
+               starcoder2, t5, umt5)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
@@ -33,12 +33,16 @@ FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_n
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
-                                   "mt5": mt5, "umt5": umt5}
+                                   "mt5": mt5, "umt5": umt5,
+                                   "gpt_neo": gpt_neo, "smollm3": llama, "gemma2": gemma2, "gemma3_text": gemma2}
 
 
 def family_of(kind: str) -> ModuleType:
     """The module of model_type / ModelConfig.family KIND, or one error naming the supported ones
     (also for a KIND that is not a string: a list, a number, None when config.json has none)."""
+    if kind == "gemma3":                                 # the multimodal model: its text model alone runs
+        raise QkvError("model_type 'gemma3' (Gemma3ForConditionalGeneration, text and images) is not supported; "
+                       "use its text model, a Gemma3ForCausalLM checkpoint (model_type gemma3_text)")
     if not isinstance(kind, str) or kind not in FAMILIES:
         raise QkvError(f"model_type {kind!r:.60} is not supported; qkv runs {', '.join(sorted(FAMILIES))}")
     return FAMILIES[kind]

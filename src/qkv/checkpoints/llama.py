@@ -27,13 +27,20 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.positions import rope_inv_freq
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
+                     reads_back)
 from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM"}
-PLUS_ONE = {"gemma"}                 # RMSNorm(x)·(1 + w): γ is stored less one
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA = {"gemma", "gemma2", "gemma3_text"}   # √d_model-scaled embeddings, tied by default
+PLUS_ONE = GEMMA                     # RMSNorm(x)·(1 + w): γ is stored less one
+SANDWICH = {"gemma2", "gemma3_text"}  # a norm before and after attention and the FFN
+QK_NORM = {"qwen3": "head", "olmo2": "all", "gemma3_text": "head"}
+LAYER_KINDS = {"qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text"}   # layer_types: full or sliding layers
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
 # to LlamaModel.
@@ -54,36 +61,72 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+def _default_layer_types(hf: dict, family: str, L: int, window: int | None, rope_layers: list) -> list[str]:
+    """Each layer's kind when config.json has no layer_types, as the family's config class fills them in."""
+    if family in ("qwen2", "qwen3"):                     # the layers from max_window_layers on, with a window
+        first = hf.get("max_window_layers", 28)
+        if not (isinstance(first, int) and not isinstance(first, bool) and first >= 0):
+            raise QkvError(f"config.json max_window_layers = {first!r:.40} is not a whole number; "
+                           "restore the checkpoint's config.json")
+        sliding = [window is not None and i >= first for i in range(L)]
+    elif family == "smollm3":                            # the layers without RoPE, if use_sliding_window
+        sliding = [bool(hf.get("use_sliding_window")) and window is not None and not rope_layers[i] for i in range(L)]
+    elif family in ("gemma2", "gemma3_text"):            # Gemma 2: every other layer; Gemma 3: 5 of every 6
+        pattern = 2 if family == "gemma2" else hf.get("sliding_window_pattern", 6)
+        sliding = [bool((i + 1) % pattern) for i in range(L)]
+    else:
+        sliding = [False] * L
+    return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+
+def _rope_layers(hf: dict, L: int) -> list[int]:
+    """SmolLM3's no_rope_layers: 1 where a layer turns q, k by RoPE, 0 where not (default: every 4th has none)."""
+    interval = hf.get("no_rope_layer_interval", 4)
+    flags = hf.get("no_rope_layers", [int((i + 1) % interval != 0) for i in range(L)])
+    if not isinstance(flags, list) or len(flags) != L or any(f not in (0, 1) or isinstance(f, float) for f in flags):
+        raise QkvError(f"config.json no_rope_layers = {flags!r:.40} must be a 0 or 1 for each of the {L} layers; "
+                       "restore the checkpoint's config.json")
+    return flags
+
+
 def config(hf: dict) -> ModelConfig:
     family = hf["model_type"]
     d, H = need(hf, "hidden_size"), need(hf, "num_attention_heads")
+    L = need(hf, "num_hidden_layers")
     check_shapes(hf, d, H)
     theta, scaling = _rope(hf)
-    window = None
+    rope_inv_freq(hf.get("head_dim") or d // H, theta, scaling)   # a rope_type qkv lacks: refused now, not at a pass
+    rope_layers = _rope_layers(hf, L) if family == "smollm3" else [1] * L
+    window, windows = None, None
     if family == "mistral":
         window = hf.get("sliding_window")
-    elif family in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
-        raise QkvError(f"{family} with use_sliding_window=true is not supported; use a checkpoint without it")
+    elif family in LAYER_KINDS:                          # Qwen2/3: sliding_window counts only with use_sliding_window
+        window = hf.get("sliding_window", 4096 if family in SANDWICH else None)
+        window = None if family in ("qwen2", "qwen3") and not hf.get("use_sliding_window") else window
+        window, windows = layer_windows(hf, window, L, _default_layer_types(hf, family, L, window, rope_layers))
     types = hf.get("layer_types")
-    if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
+    if family not in LAYER_KINDS and types is not None and (not isinstance(types, list)
+                                                            or any(t != "full_attention" for t in types)):
         shown = sorted(set(map(str, types))) if isinstance(types, list) else repr(types)[:40]
-        raise QkvError(f"layer_types {shown} is not every layer full_attention; qkv runs models whose every layer "
-                       "is full attention (restore the checkpoint's config.json, or use one without sliding layers)")
-    if family == "gemma" and hf.get("use_bidirectional_attention"):
+        raise QkvError(f"layer_types {shown} is not every layer full_attention, which {family} has; "
+                       "restore the checkpoint's config.json")
+    if family in GEMMA and hf.get("use_bidirectional_attention"):
         raise QkvError(f"{family} with use_bidirectional_attention=true is not supported; use a causal checkpoint")
     if hf.get("mlp_bias"):
         raise QkvError("Llama checkpoints with mlp_bias=true are not supported; use one without FFN biases")
     attention_bias = bool(hf.get("attention_bias", False))
     return ModelConfig(
-        family=family, vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=need(hf, "num_hidden_layers"),
+        family=family, vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=L,
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_head=hf.get("head_dim") or d // H,
         d_ff=need(hf, "intermediate_size"), max_positions=hf.get("max_position_embeddings", 2048),
+        layer_windows=windows, no_rope_layers=tuple(i for i, f in enumerate(rope_layers) if not f),
         causal=True, norm="rms", norm_place="pre", norm_eps=hf.get("rms_norm_eps", 1e-6),
         position="rope", rope_theta=theta, rope_scaling=scaling,
         activation=activation(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"), gated_ffn=True,
-        scale_embedding=family == "gemma",
-        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm={"qwen3": "head", "olmo2": "all"}.get(family),
-        tied_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")), final_norm=True, lm_head=True,
+        scale_embedding=family in GEMMA,
+        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm=QK_NORM.get(family),
+        tied_embeddings=bool(hf.get("tie_word_embeddings", family in GEMMA or family == "smollm3")), final_norm=True,
+        lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"), pad_embedding_frozen=True,          # nn.Embedding's padding_idx
     )
@@ -121,6 +164,11 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             W_in=linear_T(store, f"{m}.up_proj.weight", d, f, dtype),
             W_out=linear_T(store, f"{m}.down_proj.weight", f, d, dtype),
         )
+        if cfg.family in SANDWICH:                               # Gemma 2/3: norms before and after each box
+            return BlockWeights(attn_norm=rms(f"{p}.input_layernorm"), attn=attn,
+                                ffn_norm=rms(f"{p}.pre_feedforward_layernorm"), ffn=ffn,
+                                attn_out_norm=rms(f"{p}.post_attention_layernorm"),
+                                ffn_out_norm=rms(f"{p}.post_feedforward_layernorm"))
         if cfg.family == "olmo2":                                # norms after each box, none before
             return BlockWeights(attn_norm=None, attn=attn, ffn_norm=None, ffn=ffn,
                                 attn_out_norm=rms(f"{p}.post_attention_layernorm"),
@@ -138,6 +186,12 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a Llama / Mistral / Qwen2 / … ForCausalLM model with these knobs (`hf_dict`), once it
+    reads back as CFG."""
+    return reads_back(cfg, hf_dict(cfg), config)
+
+
+def hf_dict(cfg: ModelConfig) -> dict:
     """The config.json of a Llama / Mistral / Qwen2 ForCausalLM model with these knobs.
 
     Biases: Llama has one switch for all four projections (attention_bias), Mistral none, Qwen2
@@ -160,15 +214,20 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
-    if family in ("llama", "qwen3", "gemma", "olmo2"):
+    if family != "qwen2":
         hf |= {"attention_bias": cfg.out_bias}
-        hf |= ({"mlp_bias": False} if family == "llama" else
-               {"use_sliding_window": False, "sliding_window": None} if family == "qwen3" else {})
-    elif family == "mistral":
+    if family in ("llama", "smollm3"):
+        hf["mlp_bias"] = False
+    if family == "mistral":
         hf["sliding_window"] = cfg.sliding_window
-    else:
-        hf |= {"use_sliding_window": False, "sliding_window": None}
-    return reads_back(cfg, hf, config)
+    elif family in LAYER_KINDS:
+        windowed = any(cfg.window(i) is not None for i in range(cfg.n_layers))
+        hf |= {"layer_types": layer_types(cfg), "sliding_window": cfg.sliding_window if windowed else None}
+        if family != "gemma2" and family != "gemma3_text":
+            hf |= {"use_sliding_window": windowed, "max_window_layers": cfg.n_layers}
+    if family == "smollm3":
+        hf["no_rope_layers"] = [int(i not in cfg.no_rope_layers) for i in range(cfg.n_layers)]
+    return hf
 
 
 def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -188,7 +247,8 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
             f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
             f"{p}.self_attn.q_norm.weight": g(a.q_norm), f"{p}.self_attn.k_norm.weight": g(a.k_norm),  # (d_k,) Qwen3
             f"{p}.post_attention_layernorm.weight": g(b.ffn_norm if b.attn_out_norm is None else b.attn_out_norm),
-            f"{p}.post_feedforward_layernorm.weight": g(b.ffn_out_norm),         # (d,) OLMo 2
+            f"{p}.pre_feedforward_layernorm.weight": g(b.ffn_norm if b.attn_out_norm is not None else None),   # Gemma 2
+            f"{p}.post_feedforward_layernorm.weight": g(b.ffn_out_norm),         # (d,) OLMo 2, Gemma 2
             f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
             f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)
             f"{p}.mlp.down_proj.weight": f.W_out.T,                              # (d, d_ff)

@@ -60,11 +60,12 @@ def merge_heads(z: np.ndarray) -> np.ndarray:
     return z.transpose(0, 2, 1, 3).reshape(B, n, H * dk)
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None) -> np.ndarray:
+def attention_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """S = Q·Kᵀ / √d_k for every query head, K/V heads shared in groups (GQA/MQA).
 
     q: (B, H, n, d_k); k: (B, Hkv, m, d_k) → S: (B, H, n, m). scale: what Q·Kᵀ is multiplied by,
     1/√d_k unless the config says otherwise (T5: 1, the scale folded into W_Q; see `score_scale`).
+    cap: S = cap·tanh(S/cap), soft-capped before any mask (Gemma 2's attn_logit_softcapping); None: none.
     Query head h uses K/V head h // (H/Hkv), as transformers' `repeat_kv`; the group
     is folded into the rows of one matmul instead of copying K per head.
     """
@@ -74,7 +75,17 @@ def attention_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None) -
     qg = q.reshape(B, Hkv, G * n, dk)                    # (B, Hkv, G·n, d_k)
     s = np.matmul(qg, k.transpose(0, 1, 3, 2))           # (B, Hkv, G·n, m)
     s *= 1.0 / math.sqrt(dk) if scale is None else scale   # Python float: keeps float32
+    if cap is not None:
+        soft_cap_(s, cap)
     return s.reshape(B, H, n, m)                         # (B, H, n, m)
+
+
+def soft_cap_(s: np.ndarray, cap: float) -> np.ndarray:
+    """s ← cap·tanh(s/cap) in place (the order of transformers' three steps): near s for |s| ≪ cap, never past ±cap."""
+    s /= cap
+    np.tanh(s, out=s)
+    s *= cap
+    return s
 
 
 def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -88,16 +99,16 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
-    *, keep_scores: bool = False, scale: float | None = None,
+    *, keep_scores: bool = False, scale: float | None = None, cap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V  (seeds §3, steps ① to ④).
 
     Returns (Z, A, S): the output (B, H, n, d_k), the weights A (B, H, n, m) whose rows
     sum to 1 (or are 0 where every key is masked), and the scaled, masked scores S
     (only with keep_scores: otherwise softmax overwrites them to save memory). scale: see
-    `attention_scores`.
+    `attention_scores`, cap: its soft-cap.
     """
-    s = attention_scores(q, k, scale)                    # ①② (B, H, n, m)
+    s = attention_scores(q, k, scale, cap)               # ①② (B, H, n, m)
     if bias is not None:
         s += bias                                        # M: -∞ on masked keys
     a = softmax_(s.copy() if keep_scores else s)         # ③ (B, H, n, m)
@@ -106,7 +117,7 @@ def scaled_dot_product_attention(
 
 
 def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray,
-                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       scale: float | None = None, cap: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) of Z = A·V, A = softmax(S), S = Q·Kᵀ/√d_k + M, given dZ (seeds §3 backwards).
 
         dV = Aᵀ·dZ            dA = dZ·Vᵀ
@@ -116,7 +127,8 @@ def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
     q, dZ: (B, H, n, d_k); k, v: (B, Hkv, m, d_k); A: (B, H, n, m). A K/V head shared by G = H/Hkv
     query heads (GQA/MQA) gets the sum of their gradients: the group is folded into the rows of
     each product, as in the forward, so the sum is the matrix product's own. scale: what the
-    forward multiplied Q·Kᵀ by (None: 1/√d_k).
+    forward multiplied Q·Kᵀ by (None: 1/√d_k). cap: the forward's soft-cap S = c·tanh(S₀/c), whose
+    backward dS₀ = dS ⊙ (1 − tanh²(S₀/c)) reads S₀ recomputed from q, k (nothing more kept).
     """
     B, H, n, dk = q.shape
     Hkv, m = k.shape[1], k.shape[2]
@@ -126,6 +138,9 @@ def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
     dV = np.matmul(Ag.swapaxes(-1, -2), dZg)             # (B, Hkv, m, d_k)
     dA = np.matmul(dZg, v.swapaxes(-1, -2))              # (B, Hkv, G·n, m)
     dS = softmax_backward(dA, Ag)                        # (B, Hkv, G·n, m)
+    if cap is not None:                                  # through S = c·tanh(S₀/c): dS₀ = dS ⊙ (1 − tanh²)
+        th = np.tanh(attention_scores(q, k, scale).reshape(B, Hkv, G * n, m) / cap)   # (B, Hkv, G·n, m)
+        dS *= 1 - th * th
     dS *= 1.0 / math.sqrt(dk) if scale is None else scale
     dQ = np.matmul(dS, k).reshape(B, H, n, dk)           # (B, H, n, d_k)
     dK = np.matmul(dS.swapaxes(-1, -2), q.reshape(B, Hkv, G * n, dk))   # (B, Hkv, m, d_k)
@@ -185,21 +200,23 @@ class AttentionMask:
             self._bias[key] = b if m is None else (m if b is None else b + m)
         return self._bias[key]
 
-    def plain_only(self, scale: float | None, d_k: int) -> bool:
-        """Whether attention must be computed the plain way: a position bias or a scale other than
-        1/√d_k, which the tiled kernels do not take."""
-        return self.position_bias is not None or (scale is not None and scale != 1.0 / math.sqrt(d_k))
+    def plain_only(self, cap: float | None = None) -> bool:
+        """Whether attention must be computed the plain way: a position bias (T5) or a soft-cap (Gemma 2),
+        which the tiled kernels do not take (another scale they take through Q: `attention_output`)."""
+        return self.position_bias is not None or cap is not None
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                     scale: float | None = None) -> np.ndarray:
+                     scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
-    plain = mask.plain_only(scale, q.shape[-1])
-    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not plain:
+    if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
+        dk = q.shape[-1]
+        if scale is not None and scale != 1.0 / math.sqrt(dk):   # the kernel's S = Q'·Kᵀ/√d_k with Q' = Q·scale·√d_k
+            q = q * (scale * math.sqrt(dk))                        # (B, H, n, d_k); equal up to rounding
         return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
-        return causal_attention(q, k, v, mask, scale=scale)
-    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale)
+        return causal_attention(q, k, v, mask, scale=scale, cap=cap)
+    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap)
     return z
 
 
@@ -211,7 +228,7 @@ CAUSAL_BLOCK = 64
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                     block_size: int = CAUSAL_BLOCK, scale: float | None = None) -> np.ndarray:
+                     block_size: int = CAUSAL_BLOCK, scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """Causal softmax(Q·Kᵀ/√d_k + M)·V, a block of query rows at a time, each with the keys it can see.
 
     Plain form: scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))[0]. Query i sits at
@@ -225,12 +242,13 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
         q1 = min(n, q0 + block_size)
         seen = m - n + q1                                # keys 0..seen-1 are visible to some row
         z[:, :, q0:q1], _, _ = scaled_dot_product_attention(
-            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen], scale=scale)
+            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen], scale=scale, cap=cap)
     return z
 
 
 def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: list[int],
-                      block_size: int = 256, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      block_size: int = 256, scale: float | None = None, cap: float | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """(A, S) for some heads only, computed by blocks of query rows: (B, h, n, m) each.
 
     For looking at a long input: memory grows with the heads asked for, not with all H.
@@ -244,6 +262,8 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
         q1 = min(n, q0 + block_size)
         s[:, :, q0:q1] = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2)) * (1.0 / math.sqrt(dk) if scale is None
                                                                              else scale)
+        if cap is not None:
+            soft_cap_(s[:, :, q0:q1], cap)
         if mask.position_bias is not None:
             pb = mask.position_bias
             s[:, :, q0:q1] += pb[:, hs if pb.shape[1] > 1 else slice(None), q0:q1]

@@ -9,7 +9,9 @@ A family is knob values read by these boxes, each in one place: post- or pre-nor
 box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
 Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream mapped in and out (OPT-350m:
 embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
-encoder–decoder's cross-attention. Each box
+encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
+(each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
+(Gemma 2). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
@@ -30,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
-                        scaled_dot_product_attention, split_heads)
+                        scaled_dot_product_attention, soft_cap_, split_heads)
 from .blocks_backward import AttentionTape, EmbedTape, FFNTape, Tape
 from .cache import KVCache
 from .config import ModelConfig
@@ -173,6 +175,23 @@ class Context:
     rel_buckets: np.ndarray | None = None            # (n, m) T5 buckets of the pass's query–key pairs, for layers
                                                      # with a position bias of their own (UMT5); None: none
     tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
+    # Layers of different kinds (ModelConfig.layer_windows, local_rope_theta, no_rope_layers): one mask per
+    # window, one rotation per kind, each made once per pass; None: every layer takes `mask`, `rope`, `step_bias`.
+    masks: dict[int | None, AttentionMask] | None = None
+    ropes: dict[str | None, tuple[np.ndarray, np.ndarray] | None] | None = None
+    step_biases: dict[int | None, np.ndarray | None] | None = None
+
+    def mask_of(self, layer: int) -> AttentionMask:
+        """LAYER's mask: its window's (a full layer's: no window)."""
+        return self.mask if self.masks is None else self.masks[self.cfg.window(layer)]
+
+    def rope_of(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """LAYER's cos, sin: global, local (its own base, Gemma 3) or None (no RoPE, SmolLM3's no_rope_layers)."""
+        return self.rope if self.ropes is None else self.ropes[self.cfg.rope_kind(layer)]
+
+    def step_bias_of(self, layer: int) -> np.ndarray | None:
+        """LAYER's mask M of a one-token step (None if it hides nothing)."""
+        return self.step_bias if self.step_biases is None else self.step_biases[self.cfg.window(layer)]
 
 
 def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -185,7 +204,9 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     The weights A are only materialised when the recorder keeps them (for the heads it
     asks for); otherwise long inputs take the tiled path, which never holds n × n scores.
     """
-    cfg, mask, rec, scale = ctx.cfg, ctx.mask, ctx.rec, ctx.scale
+    cfg, rec, scale = ctx.cfg, ctx.rec, ctx.scale
+    mask, rope = (ctx.mask, None) if ctx.memory is not None else (ctx.mask_of(layer), ctx.rope_of(layer))
+    cap = cfg.attn_softcap if ctx.memory is None else None    # Gemma 2: S = c·tanh(S/c) before the mask
     if w.rel_bias is not None:                                # UMT5: this layer's own table, B[h, i, j] = T[bucket, h]
         mask = replace(mask, position_bias=w.rel_bias[ctx.rel_buckets].transpose(2, 0, 1)[None], _bias={})
     pre = None                                                # q, k before their norms, for a tape
@@ -203,8 +224,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     if cfg.qk_norm == "head":                                 # Qwen3, Phi: each head's q and k normalised
         pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
-    if ctx.rope is not None:
-        q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)   # rotate by position
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
     hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
     if hooks is not None:
         q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
@@ -212,13 +233,13 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
-        z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale)
+        z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap)
     elif want and rec.heads is None or ctx.tape is not None:  # every head's weights (a tape keeps A): the plain path
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"),
-                                               scale=scale)
+                                               scale=scale, cap=cap)
     else:
-        z = attention_output(q, k, v, mask, scale)            # (B, H, n, d_k) plain or tiled
-        a, s = attention_weights(q, k, mask, rec.heads, scale=scale) if want else (None, None)
+        z = attention_output(q, k, v, mask, scale, cap)       # (B, H, n, d_k) plain or tiled
+        a, s = attention_weights(q, k, mask, rec.heads, scale=scale, cap=cap) if want else (None, None)
     if ctx.ablate is not None:                                # (B, H, n, d_k) ablated heads replaced
         z = ctx.ablate.apply(layer, z, ctx.query_mask if ctx.memory is not None
                              else None if mask.key_mask is None else mask.key_mask[:, -z.shape[2]:])
@@ -228,7 +249,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         rec.put(layer, name, value)
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:
-        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, ctx.rope, pre,
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, rope, pre,
                                                   cfg.position == "relative" and mask.position_bias is not None))
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
@@ -292,6 +313,7 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
       - K and V of the new position go straight into the cache (plain form: cache.append);
       - a mask that hides nothing is not added (plain form: S + 0), no recorder is asked;
       - RMSNorm of the one row with scalars (`row_norm`).
+    Layers of different kinds take their own window's mask and their own rotation (ctx.step_bias_of, rope_of).
     """
     cfg, cache, a = ctx.cfg, ctx.cache, w.attn
     B = x.shape[0]
@@ -309,13 +331,15 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     qk = heads[:, :H + Hkv]
     if cfg.qk_norm == "head":                                   # Qwen3, Phi: each head's q and k normalised first
         qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
-    if ctx.rope is not None:
-        qk = apply_rope(qk, *ctx.rope)                          # (B, H + Hkv, 1, d_k) rotated by position
+    rope = ctx.rope_of(layer)
+    if rope is not None:
+        qk = apply_rope(qk, *rope)                              # (B, H + Hkv, 1, d_k) rotated by position
     t = cache.length
     cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
-    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias, scale=ctx.scale)    # (B, H, 1, d_k)
+    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
+                                           cap=cfg.attn_softcap)   # (B, H, 1, d_k)
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
         out = row_norm(out, w.attn_out_norm, cfg)
@@ -409,12 +433,12 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     return x                                                 # (B, n, d_model)
 
 
-def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int) -> AttentionMask:
-    """Who may see whom (seeds §5): causal for decoders (within the sliding window if the
-    model has one), never a padding key. attention_mask (B, m) covers every key; the n
+def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:
+    """Who may see whom (seeds §5): causal for decoders (within LAYER's sliding window if it
+    has one), never a padding key. attention_mask (B, m) covers every key; the n
     queries are the last n of them."""
     return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
-                         window=cfg.sliding_window if cfg.causal else None,
+                         window=cfg.window(layer) if cfg.causal else None,
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
 
 
@@ -431,9 +455,11 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
     """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
-    scales Z by d_model^-0.5 first (scale_decoder_output). None without an LM head."""
+    scales Z by d_model^-0.5 first (scale_decoder_output); Gemma 2 soft-caps them, logits = c·tanh(logits/c)
+    (final_softcap). None without an LM head."""
     if weights.W_vocab is None:
         return None
     if cfg.scale_decoder_output:
         hidden = hidden * (cfg.d_model ** -0.5)
-    return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
+    logits = linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
+    return logits if cfg.final_softcap is None else soft_cap_(logits, cfg.final_softcap)

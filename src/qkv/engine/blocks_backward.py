@@ -165,7 +165,8 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
     dz = split_heads(dz, t.q.shape[1])                                 # (B, H, n, d_k)
-    dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a, None if cfg is None else cfg.score_scale)
+    dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a, None if cfg is None else cfg.score_scale,
+                                    None if cfg is None else cfg.attn_softcap)
     if t.biased:
         t.d_bias = position_bias(dz, t)                                # (H, n, m)
     if t.rope is not None:
@@ -313,10 +314,13 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
                             ffn_out_norm=out_norms.get("ffn_out")), d_kv
 
 
-def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights, cfg: ModelConfig | None = None,
+              logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(dZ, dW_vocab, db_vocab) of logits = Z·W_vocab + b. A tied W_vocab's gradient is the caller's to add
-    into the embedding table's (one table, two uses)."""
+    into the embedding table's (one table, two uses). Soft-capped (cfg.final_softcap, Gemma 2): y = c·tanh(ℓ/c)
+    gives dℓ = dy ⊙ (1 − (y/c)²), read from LOGITS, the capped ones the forward returned."""
+    if cfg is not None and cfg.final_softcap is not None:
+        dlogits = dlogits * (1 - np.square(logits / cfg.final_softcap))
     return linear(dlogits, hidden, weights.W_vocab, weights.b_vocab is not None)
 
 

@@ -4,6 +4,9 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+Layers of different kinds: each layer's own sliding window (layer_windows: Gemma 2/3, GPT-Neo's local layers,
+Qwen's and SmolLM3's sliding layers), the windowed layers' own RoPE base (Gemma 3), layers without RoPE
+(SmolLM3); Gemma 2 soft-caps its scores and logits (attn_softcap, final_softcap).
 An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
 the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
 blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
@@ -70,6 +73,15 @@ class ModelConfig:
     final_norm: bool = True           # pre-norm models normalise once more before W_vocab
     lm_head: bool = True              # produce logits (decoders); encoders give hidden states
     sliding_window: int | None = None
+    # ── layers of different kinds (Gemma 2/3, GPT-Neo, SmolLM3, Qwen's layer_types); the defaults: all alike
+    layer_windows: tuple[int | None, ...] | None = None   # each layer's sliding window (None: full attention);
+                                      # None: every layer has `sliding_window`
+    local_rope_theta: float | None = None   # RoPE base of the windowed layers (Gemma 3's rope_local_base_freq);
+                                      # None: they turn as the full ones
+    local_rope_scaling: dict | None = field(default=None, compare=False)   # their rope_scaling (with local_rope_theta)
+    no_rope_layers: tuple[int, ...] = ()   # layers whose q, k are not turned by RoPE (SmolLM3)
+    attn_softcap: float | None = None   # S = c·tanh(S/c) before the mask (Gemma 2's attn_logit_softcapping)
+    final_softcap: float | None = None  # logits = c·tanh(logits/c) (Gemma 2's final_logit_softcapping)
     pad_token_id: int | None = None
     # Whether the embedding row of pad_token_id is torch's nn.Embedding(padding_idx=pad_token_id): a lookup
     # of the pad token then passes no gradient to its row (the row still learns through a tied W_vocab),
@@ -119,6 +131,20 @@ class ModelConfig:
             raise QkvError("parallel_residual needs pre-norm blocks (norm_place='pre'); fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise QkvError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or none)")
+        if self.layer_windows is not None:
+            object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
+            if len(self.layer_windows) != self.n_layers or any(w is not None and not (isinstance(w, int) and w > 0)
+                                                              for w in self.layer_windows):
+                raise QkvError(f"layer_windows must give each of the {self.n_layers} layers a positive window or none; "
+                               "fix the model's config")
+        object.__setattr__(self, "no_rope_layers", tuple(self.no_rope_layers))
+        if any(not 0 <= i < self.n_layers for i in self.no_rope_layers):
+            raise QkvError(f"no_rope_layers={self.no_rope_layers} must be layers 0..{self.n_layers - 1}; "
+                           "fix the model's config")
+        for knob in ("attn_softcap", "final_softcap", "local_rope_theta"):
+            v = getattr(self, knob)
+            if v is not None and not (0 < v < float("inf")):
+                raise QkvError(f"{knob}={v} must be a positive finite number (or none); fix the model's config")
         if self.encoder_decoder and self.n_decoder_layers <= 0:
             raise QkvError(f"n_decoder_layers={self.n_decoder_layers} must be positive; fix the model's config")
         if self.position == "relative" and not (2 <= self.relative_buckets // 2 < self.relative_max_distance):
@@ -141,6 +167,22 @@ class ModelConfig:
         if self.attn_scale is not None:
             return self.attn_scale
         return None if self.scale_scores else 1.0
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of LAYER's attention (query i sees keys i − w + 1 … i); None: full attention."""
+        return self.sliding_window if self.layer_windows is None else self.layer_windows[layer]
+
+    def rope_kind(self, layer: int) -> str | None:
+        """Which rotation LAYER's q, k get: "global", "local" (a windowed layer with its own RoPE base, Gemma 3)
+        or None (no RoPE: SmolLM3's no_rope_layers, or a model without RoPE)."""
+        if self.position != "rope" or layer in self.no_rope_layers:
+            return None
+        return "local" if self.local_rope_theta is not None and self.window(layer) is not None else "global"
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every layer attends with the same mask and rotation (one of each per pass)."""
+        return self.layer_windows is None and self.local_rope_theta is None and not self.no_rope_layers
 
     @property
     def group_size(self) -> int:

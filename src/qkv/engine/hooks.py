@@ -131,12 +131,12 @@ class Hooks:
         return (layer, "scores") in self.points or (layer, "attentions") in self.points
 
     def attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                  rec: Recorder, scale: float | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                  rec: Recorder, scale: float | None = None, cap: float | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """softmax(Q·Kᵀ/√d_k + M)·V with hooks on S and A: (Z (B, H, n, d_k), A, S for the recorder).
 
         The same steps as attention.scaled_dot_product_attention, so identity hooks change no bit.
         """
-        s = attention_scores(q, k, scale)                              # (B, H, n, m)
+        s = attention_scores(q, k, scale, cap)                         # (B, H, n, m)
         bias = mask.bias(q.dtype)
         if bias is not None:
             s += bias                                                  # -∞ where a key is hidden

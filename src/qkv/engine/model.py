@@ -86,10 +86,22 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
+    if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
+        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
+        ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
+        ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
+        if rope is not None and cfg.local_rope_theta is not None:
+            local = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta, cfg.local_rope_scaling, dtype,
+                                  length=int(positions.max()) + 1)
+            ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling))
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
-        bias = ctx.mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
-        ctx.one_step, ctx.step_bias = True, None if bias is None or not bias.any() else bias
+        def hiding(mask) -> np.ndarray | None:
+            bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
+            return None if bias is None or not bias.any() else bias
+        ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
+        if ctx.masks is not None:                            # one per window
+            ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
     for layer in range(start, cfg.n_layers):
         x = block(x, weights.blocks[layer], ctx, layer)
     if cache is not None:

@@ -158,21 +158,22 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     Q, K, V = (lt.q[head].astype(np.float64), lt.k[kv].astype(np.float64),
                lt.v[kv].astype(np.float64))                         # as the model used them
     rope = None
-    if cfg.position == "rope":
-        rope = _rope_step(Q_p, K_p, Q, K, row, cfg)
+    kind = cfg.rope_kind(layer)                                     # this layer's rotation (None: no RoPE here)
+    if kind is not None:
+        rope = _rope_step(Q_p, K_p, Q, K, row, cfg, kind)
         qkv_diff = _same("V", V_p, V, 1e-4)
     else:
         qkv_diff = max(_same("Q, K, V", mine, theirs, 1e-4) for mine, theirs in [(Q_p, Q), (K_p, K), (V_p, V)])
 
-    masked = _checked_mask(lt.scores[head], cfg)                    # (n, n) M = −∞ here
+    masked = _checked_mask(lt.scores[head], cfg, layer)             # (n, n) M = −∞ here
     S_raw = Q @ K.T                                                 # (n, n)
-    S = np.where(masked, -np.inf, S_raw / math.sqrt(d_k))           # (n, n)
+    S = np.where(masked, -np.inf, _scaled(S_raw, cfg))              # (n, n)
     scores_diff = _same("S/√d_k", S, lt.scores[head].astype(np.float64), 1e-5)
     if rope is not None:
         _same("q·k at its own positions", np.array(rope.relative[0][2]), S_raw[row, rope.key], 1e-4)
     group = list(range(kv * G, (kv + 1) * G))                       # the query heads reading K/V head kv
-    group_diff = max(_same(f"S of head {g}", np.where(masked, -np.inf, lt.q[g].astype(np.float64) @ K.T
-                                                      / math.sqrt(d_k)), lt.scores[g].astype(np.float64), 1e-5)
+    group_diff = max(_same(f"S of head {g}", np.where(masked, -np.inf, _scaled(lt.q[g].astype(np.float64) @ K.T, cfg)),
+                           lt.scores[g].astype(np.float64), 1e-5)
                      for g in group)
     A = softmax(S)                                                  # (n, n)
     _same("A", A, lt.attentions[head].astype(np.float64), 1e-5)
@@ -214,11 +215,19 @@ def _norm_input(model: Model, layer: int, residual: np.ndarray) -> tuple[np.ndar
     return Xn, _same("Norm(X)", Xn, norm(residual, nw, cfg).astype(np.float64), 1e-4)
 
 
-def _checked_mask(scores: np.ndarray, cfg) -> np.ndarray:
+def _scaled(s_raw: np.ndarray, cfg) -> np.ndarray:
+    """Q·Kᵀ as the model scales it: /√d_k, or ·attn_scale (GPT-Neo 1, Gemma query_pre_attn_scalar^-½), then
+    Gemma 2's soft-cap c·tanh(S/c)."""
+    s = s_raw * (cfg.score_scale if cfg.score_scale is not None else 1 / math.sqrt(cfg.d_head))   # (n, n)
+    return s if cfg.attn_softcap is None else cfg.attn_softcap * np.tanh(s / cfg.attn_softcap)
+
+
+def _checked_mask(scores: np.ndarray, cfg, layer: int = 0) -> np.ndarray:
     """Where the model's scores are −∞ (n, n); a causal model's must be exactly above the diagonal."""
     masked = np.isneginf(scores)                                    # (n, n)
     n = len(masked)
-    if cfg.causal and (cfg.sliding_window is None or n <= cfg.sliding_window) and \
+    window = cfg.window(layer)
+    if cfg.causal and (window is None or n <= window) and \
             not np.array_equal(masked, np.triu(np.ones((n, n), bool), 1)):
         raise AssertionError("explain: the causal mask is not −∞ exactly above the diagonal")
     return masked
@@ -298,9 +307,13 @@ def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray) -> np.n
     return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:]], axis=-1)   # (n, d)
 
 
-def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, row: int, cfg) -> RopeStep:
-    """Rotate this head's q and k ourselves, check against the model's, and move q and k together."""
-    omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, np.float64)   # (d_rot/2,)
+def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, row: int, cfg,
+               kind: str = "global") -> RopeStep:
+    """Rotate this head's q and k ourselves, check against the model's, and move q and k together. kind: the
+    layer's rotation, "local" for Gemma 3's sliding layers (their own base)."""
+    theta, scaling = ((cfg.local_rope_theta, cfg.local_rope_scaling) if kind == "local"
+                      else (cfg.rope_theta, cfg.rope_scaling))
+    omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, theta, scaling, np.float64)   # (d_rot/2,)
     pos = np.arange(len(Q_p))                                                           # (n,) 0..n−1
     diff = max(_same("RoPE(Q)", rope_rotate(Q_p, pos, omega), Q, 1e-4),
                _same("RoPE(K)", rope_rotate(K_p, pos, omega), K, 1e-4))
@@ -313,7 +326,7 @@ def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, r
     spread = max(same) - min(same)
     if spread > 1e-6 * max(1.0, abs(same[0])):
         raise AssertionError(f"explain: q·k after RoPE changed by {spread:.2e} at the same distance")
-    return RopeStep(theta=cfg.rope_theta, omega=omega, Q_pre=Q_p, K_pre=K_p, diff=diff, key=key,
+    return RopeStep(theta=theta, omega=omega, Q_pre=Q_p, K_pre=K_p, diff=diff, key=key,
                     relative=relative, spread=spread)
 
 

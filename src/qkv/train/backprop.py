@@ -97,10 +97,9 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     tape = Tape()
     h, logits = transformer(_with_fused_qkv(weights), cfg, ids, mask, tape=tape)   # (B, n, d_model), (B, n, V)
     loss, dlogits = next_token_loss(logits, ids, counted)
-    del logits
 
-    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights)
-    del dlogits, h
+    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights, cfg, logits)
+    del dlogits, h, logits
     dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
     g_final = None
     if weights.final_norm is not None:

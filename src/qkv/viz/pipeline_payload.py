@@ -219,7 +219,12 @@ def arch_of(model) -> dict:
             "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
                                                           for b in getattr(last, "blocks", ())),
             "embed_norm": getattr(w, "encoder", w).embed_norm is not None,            # BERT, BART, mBART
-            "position_bias": position_bias_of(w)}
+            "position_bias": position_bias_of(w),
+            # layers of different kinds (Gemma 2/3, GPT-Neo, SmolLM3, Qwen's sliding layers): each layer's window
+            # (None: full), the layers without RoPE, the sliding layers' own RoPE base; Gemma 2's soft-caps
+            "windows": [c.window(i) for i in range(c.n_layers)] if not c.uniform_layers else None,
+            "no_rope_layers": list(c.no_rope_layers), "local_rope_theta": c.local_rope_theta,
+            "attn_softcap": c.attn_softcap, "final_softcap": c.final_softcap}
 
 
 def position_bias_of(weights) -> str | None:
