@@ -65,9 +65,10 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
-    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
-    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores. A table narrower
-    than d_model (OPT-350m) is mapped to it first: X = E[ids]·embed_in + P[…].
+    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART),
+    then ·W_embed + b_embed where the tables are E wide (ELECTRA) (seeds §1). positions (B, n) or (n,);
+    T5 has no table: its positions enter the scores. A table narrower than d_model (OPT-350m) is mapped to
+    it first: X = E[ids]·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
     x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in
     if cfg.scale_embedding:
@@ -84,6 +85,8 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
         tape.put(None, "embed", EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x))
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
+    if weights.W_embed is not None:                      # ELECTRA: E-wide tables, projected after their norm
+        x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
 
 
@@ -431,9 +434,13 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
     """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
-    scales Z by d_model^-0.5 first (scale_decoder_output). None without an LM head."""
+    scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa, DistilBERT,
+    ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z. None without an LM head."""
     if weights.W_vocab is None:
         return None
     if cfg.scale_decoder_output:
         hidden = hidden * (cfg.d_model ** -0.5)
+    if weights.W_head is not None:
+        h = ACTIVATIONS[cfg.head_activation](linear(hidden, weights.W_head, weights.b_head))   # (B, n, E)
+        hidden = norm(h, weights.head_norm, cfg)
     return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
