@@ -117,11 +117,30 @@ def test_save_reads_back_equal(tmp_path, name):
         np.testing.assert_array_equal(a.logits, b.logits)
 
 
-def test_training_refuses_encoders_in_one_line():
+@pytest.mark.parametrize("name", MASKED_LM)
+def test_masked_lm_gradients_equal_autograd(name):
+    """grads/<name>.npz (make_grad_fixtures.py): transformers' *ForMaskedLM loss and torch autograd's
+    gradient of every parameter it reaches, within 1e-4 relative error — or, for a gradient that is 0
+    but for rounding (K's bias: q·b_K is the same for every key of a query), within 1e-6."""
     from qkv.train import gradients
 
-    with pytest.raises(QkvError, match="decoder"):
+    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
+    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
+    assert abs(loss - float(ref["loss"])) < 1e-5
+    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
+    assert set(grads) == set(expected)
+    for key, g_ref in expected.items():
+        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
+        assert err < 1e-4 or max_abs(grads[key], g_ref) < 1e-6, f"{key}: relative error {err:.2e}"
+
+
+def test_encoder_training_needs_labels_and_a_head():
+    from qkv.train import gradients
+
+    with pytest.raises(QkvError, match="labels"):
         gradients(qkv.load(MODELS / "roberta"), [[5, 6, 7]])
+    with pytest.raises(QkvError, match="no LM head"):
+        gradients(qkv.load(MODELS / "electra_discriminator"), [[5, 6, 7]], labels=[[5, 6, 7]])
 
 
 def test_next_reads_the_mask_token(monkeypatch, capsys):

@@ -3,7 +3,8 @@
     checkpoint name (relative to DistilBertModel)  qkv name
     embeddings.word_embeddings                     tok_embed
     embeddings.position_embeddings                 pos_embed (positions 0…n−1; with sinusoidal_pos_embds the
-                                                   file holds the fixed sinusoids, read as stored, never learned)
+                                                   file holds the sinusoids the table starts from: read as
+                                                   stored and learned, as transformers 5 trains it)
     embeddings.LayerNorm                           embed_norm
     transformer.layer.{i}.attention.q_lin/k_lin/v_lin/out_lin   W_Q / W_K / W_V / W_O (+ b)
     transformer.layer.{i}.sa_layer_norm            attn_norm (after the residual)
@@ -42,7 +43,7 @@ def config(hf: dict) -> ModelConfig:
         family="distilbert", vocab_size=need(hf, "vocab_size"), d_model=need(hf, "dim"),
         n_layers=need(hf, "n_layers"), n_heads=need(hf, "n_heads"), d_ff=need(hf, "hidden_dim"),
         max_positions=hf.get("max_position_embeddings", 512), causal=False, norm="layer", norm_place="post",
-        norm_eps=EPS, position="sinusoidal" if hf.get("sinusoidal_pos_embds", False) else "learned",
+        norm_eps=EPS, position="learned",               # sinusoidal_pos_embds: only the table's first values
         activation=act, embed_norm=True, final_norm=False, lm_head=masked_lm(hf), head_activation=act,
         tied_embeddings=bool(hf.get("tie_word_embeddings", True)),
         pad_token_id=hf.get("pad_token_id", 0), pad_embedding_frozen=True,
@@ -86,7 +87,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "model_type": "distilbert", "architectures": ["DistilBertForMaskedLM" if cfg.lm_head else "DistilBertModel"],
         "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
         "hidden_dim": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
-        "sinusoidal_pos_embds": cfg.position == "sinusoidal", "activation": HF_ACTIVATIONS[cfg.activation],
+        "sinusoidal_pos_embds": False, "activation": HF_ACTIVATIONS[cfg.activation],    # the table is in the file
         "tie_word_embeddings": cfg.tied_embeddings, "dropout": 0.0, "attention_dropout": 0.0,
         "pad_token_id": cfg.pad_token_id,
     }, config)

@@ -115,7 +115,7 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     t = {f"roberta.{k}": v for k, v in base.items()}
     t |= {"lm_head.dense.weight": weights.W_head.T, "lm_head.dense.bias": weights.b_head,            # (d, d)
           "lm_head.layer_norm.weight": weights.head_norm.weight, "lm_head.layer_norm.bias": weights.head_norm.bias,
-          "lm_head.bias": weights.b_vocab, "lm_head.decoder.bias": weights.b_vocab}      # one bias, tied
-    if not cfg.tied_embeddings:
-        t["lm_head.decoder.weight"] = weights.W_vocab.T                                              # (V, d)
+          "lm_head.bias": weights.b_vocab}                                           # tied: decoder.bias is it
+    if not cfg.tied_embeddings:                                                       # untied: decoder's own bias
+        t["lm_head.decoder.weight"], t["lm_head.decoder.bias"] = weights.W_vocab.T, t.pop("lm_head.bias")  # (V, d)
     return c_arrays(t)

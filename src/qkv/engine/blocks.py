@@ -31,7 +31,7 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
                         scaled_dot_product_attention, split_heads)
-from .blocks_backward import AttentionTape, EmbedTape, FFNTape, Tape
+from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
@@ -86,6 +86,8 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
     if weights.W_embed is not None:                      # ELECTRA: E-wide tables, projected after their norm
+        if tape is not None:
+            tape.records[None, "embed"].proj_in = x
         x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
 
@@ -432,15 +434,18 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
     return linear(x, weights.unembed_in)                 # (B, n, d_embed)
 
 
-def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
+def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
     """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
     scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa, DistilBERT,
-    ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z. None without an LM head."""
+    ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z. None without an LM head.
+    tape: keeps the head's HeadTape as (None, "head") for its backward."""
     if weights.W_vocab is None:
         return None
     if cfg.scale_decoder_output:
         hidden = hidden * (cfg.d_model ** -0.5)
     if weights.W_head is not None:
-        h = ACTIVATIONS[cfg.head_activation](linear(hidden, weights.W_head, weights.b_head))   # (B, n, E)
-        hidden = norm(h, weights.head_norm, cfg)
+        z, u = hidden, linear(hidden, weights.W_head, weights.b_head)                        # (B, n, E)
+        hidden = norm(ACTIVATIONS[cfg.head_activation](u), weights.head_norm, cfg)
+        if tape is not None:
+            tape.put(None, "head", HeadTape(z, u, hidden))
     return linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)

@@ -16,7 +16,7 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
   UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
 The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
 (positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
-sinusoidal table, when it has one, is fixed); ELECTRA = BERT with E-wide embeddings projected to d_model.
+sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """

@@ -101,7 +101,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
             tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
     x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
-    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
