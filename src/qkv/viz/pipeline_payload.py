@@ -219,7 +219,11 @@ def arch_of(model) -> dict:
             "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
                                                           for b in getattr(last, "blocks", ())),
             "embed_norm": getattr(w, "encoder", w).embed_norm is not None,            # BERT, BART, mBART
-            "position_bias": position_bias_of(w)}
+            "position_bias": position_bias_of(w),
+            # the encoders after BERT: a masked-LM head before W_vocab, E-wide embeddings projected to d_model
+            # (ELECTRA), positions counted over the non-pad ids (RoBERTa)
+            "mlm_head": getattr(last, "W_head", None) is not None, "embed_dim": c.embed_dim,
+            "positions_from_ids": bool(c.positions_from_ids)}
 
 
 def position_bias_of(weights) -> str | None:
