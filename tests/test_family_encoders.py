@@ -174,3 +174,15 @@ def test_the_cli_runs_on_an_encoder(monkeypatch, capsys, tmp_path, command):
 def test_generate_refuses_an_encoder(monkeypatch, capsys):
     code, _, err = run_main(monkeypatch, capsys, "generate", "The cat", "--model", str(MODELS / "roberta"))
     assert code == 2 and "encoder" in err
+
+
+def test_the_pipeline_page_reads_the_mask_token():
+    from qkv.viz.pipeline_payload import pipeline_payload
+
+    model = qkv.load(MODELS / "roberta")
+    trace = model.run("The cat sat on the <mask> today.")
+    page = pipeline_payload(model, trace)
+    at = int(np.flatnonzero(trace.ids == 4)[0])
+    assert page["output"]["position"] == at and page["arch"]["mlm_head"] and page["arch"]["positions_from_ids"]
+    assert qkv.load(MODELS / "electra").config.embed_dim == pipeline_payload(
+        qkv.load(MODELS / "electra"), qkv.load(MODELS / "electra").run("a cat"))["arch"]["embed_dim"]
