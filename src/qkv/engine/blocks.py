@@ -70,7 +70,7 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     T5 has no table: its positions enter the scores. A table narrower than d_model (OPT-350m) is mapped to
     it first: X = E[ids]·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in
+    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
     if cfg.scale_embedding:
         x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
     if weights.embed_in is not None:
@@ -82,12 +82,13 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
         x += weights.type_embed[types]
     if tape is not None:                                 # the table rows looked up, as (B, n)
         rows = np.broadcast_to(positions + cfg.position_offset if cfg.position_offset else positions, ids.shape)
-        tape.put(None, "embed", EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x))
+        record = EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x)
+        tape.put(None, "embed", record)
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
     if weights.W_embed is not None:                      # ELECTRA: E-wide tables, projected after their norm
         if tape is not None:
-            tape.records[None, "embed"].proj_in = x
+            record.proj_in = x                           # what the projection read, for its backward
         x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
 
