@@ -1,7 +1,8 @@
-"""The encoders after BERT — RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA — against transformers' committed
+"""The encoders after BERT — RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ModernBERT — against transformers' committed
 references (tests/fixtures/make_fixtures.py): the padded batch and every layer are in test_families.py;
 here what is theirs: left padding (RoBERTa's positions count the ids, the others' count 0…n−1), one longer
-sequence with the masked-LM head's logits, the knobs refused in one line, a save read back, the CLI."""
+sequence with the masked-LM head's logits, the knobs refused in one line, a save read back, the CLI, and
+ModernBERT (its every-layer-global form: RoPE, GeGLU, LayerNorms without bias)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from qkv import QkvError
 from qkv.engine.positions import positions_from_ids
 from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 
-ENCODERS = ("roberta", "xlm_roberta", "distilbert", "electra", "electra_discriminator")
-MASKED_LM = ("roberta", "xlm_roberta", "distilbert", "electra")
+ENCODERS = ("roberta", "xlm_roberta", "distilbert", "electra", "electra_discriminator", "modernbert")
+MASKED_LM = ("roberta", "xlm_roberta", "distilbert", "electra", "modernbert")
 
 
 @pytest.mark.parametrize("name", ENCODERS)
@@ -85,6 +86,10 @@ def _edited(tmp_path, name: str, change: dict):
     ("distilbert", {"activation": "mish"}, "activation 'mish'"),
     ("distilbert", {"sinusoidal_pos_embds": "yes"}, "true or false"),
     ("electra", {"embedding_size": 0}, "positive integer"),
+    ("modernbert", {"layer_types": ["full_attention", "sliding_attention"]}, "local .sliding-window. layers"),
+    ("modernbert", {"layer_types": None, "global_attn_every_n_layers": 3}, "local .sliding-window. layers"),
+    ("modernbert", {"mlp_bias": True}, "mlp_bias=true"),
+    ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}}}, "only the default"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as e:

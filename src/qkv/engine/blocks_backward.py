@@ -339,7 +339,7 @@ def head(dy: np.ndarray, weights: Weights, cfg: ModelConfig, t: HeadTape
     a = ACTIVATIONS[cfg.head_activation](t.u)                            # (B, n, E) what the norm read
     da, g_norm = norm(dy, a, weights.head_norm, cfg)
     du = ACTIVATION_BACKWARDS[cfg.head_activation](da, t.u)
-    dz, dW, db = linear(du, t.z, weights.W_head, True)                  # (B, n, d_model)
+    dz, dW, db = linear(du, t.z, weights.W_head, weights.b_head is not None)   # (B, n, d_model)
     return dz, dW, db, g_norm
 
 
