@@ -1,10 +1,12 @@
 """The encoders after BERT against live transformers, on random checkpoints of many shapes: RoBERTa,
-XLM-RoBERTa, DistilBERT, ELECTRA (generator and discriminator), with and without their masked-LM heads.
+XLM-RoBERTa, DistilBERT, ELECTRA (generator and discriminator), ModernBERT (every layer global), with and
+without their masked-LM heads.
 
 Each case builds a seeded, perturbed model with other knob values — RoBERTa / XLM-R: pad ids 1, 3 or 0
 (positions from row pad + 1), one or two token types, tied or untied head, gelu / gelu_new / relu, 1–3
 layers, d_head 8–16; DistilBERT: learned or sinusoidal positions, gelu / relu, tied or untied; ELECTRA:
-embeddings narrower than, or as wide as, the blocks — saves it, loads it with qkv and compares a right-
+embeddings narrower than, or as wide as, the blocks; ModernBERT: RoPE bases, attention and norm biases or
+none, head bias and decoder bias, tied or untied — saves it, loads it with qkv and compares a right-
 and a left-padded batch, padded with the model's pad id (hidden states and logits within 1e-4, attention
 weights within 1e-5). A model qkv saves is read back by transformers with equal logits. Encoders do not
 write: there is no greedy generation to compare, and `generate` refuses them (tests/test_family_encoders.py).
@@ -19,7 +21,8 @@ import pytest
 import torch
 from live_helpers import INIT_RANGE, build, compare, max_abs, padded_batch, run_reference, save
 from transformers import (DistilBertConfig, DistilBertForMaskedLM, DistilBertModel, ElectraConfig, ElectraForMaskedLM,
-                          ElectraForPreTraining, ElectraModel, RobertaConfig, RobertaForMaskedLM, RobertaModel,
+                          ElectraForPreTraining, ElectraModel, ModernBertConfig, ModernBertForMaskedLM,
+                          ModernBertModel, RobertaConfig, RobertaForMaskedLM, RobertaModel,
                           XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaModel)
 
 import qkv
@@ -49,6 +52,17 @@ def electra(E=32, d=64, heads=4, layers=2, ff=96, act="gelu", tied=True, eps=1e-
                          initializer_range=INIT_RANGE, pad_token_id=0, attn_implementation="eager")
 
 
+def modernbert(d=64, heads=4, layers=2, ff=96, theta=160000.0, bias=False, norm_bias=False, act="gelu",
+               head_act="gelu", head_bias=False, decoder_bias=True, tied=True, eps=1e-5, pad=1, vocab=211):
+    return ModernBertConfig(vocab_size=vocab, hidden_size=d, num_attention_heads=heads, num_hidden_layers=layers,
+                            intermediate_size=ff, global_attn_every_n_layers=1, global_rope_theta=theta,
+                            attention_bias=bias, norm_bias=norm_bias, hidden_activation=act,
+                            classifier_activation=head_act, classifier_bias=head_bias, decoder_bias=decoder_bias,
+                            tie_word_embeddings=tied, norm_eps=eps, max_position_embeddings=64, pad_token_id=pad,
+                            bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2,
+                            initializer_range=INIT_RANGE, attn_implementation="eager")
+
+
 CASES = [
     pytest.param(RobertaForMaskedLM, roberta(), id="roberta-mlm-pad1-tied"),
     pytest.param(RobertaForMaskedLM, roberta(d=48, heads=3, layers=3, pad=0, types=2, tied=False, act="gelu_new"),
@@ -65,6 +79,12 @@ CASES = [
                  id="electra-generator-E=d-untied"),
     pytest.param(ElectraForPreTraining, electra(E=24, d=48, heads=4, layers=3, eps=1e-7), id="electra-discriminator-E24-L3"),
     pytest.param(ElectraModel, electra(E=16, d=64, heads=8, act="relu"), id="electra-model-E16-h8-relu"),
+    pytest.param(ModernBertForMaskedLM, modernbert(), id="modernbert-mlm-global-tied"),
+    pytest.param(ModernBertForMaskedLM, modernbert(d=48, heads=3, layers=3, theta=10000.0, bias=True, norm_bias=True,
+                                                   head_act="gelu_new", head_bias=True, decoder_bias=False, tied=False),
+                 id="modernbert-mlm-L3-biases-norm_bias-untied-nodecoderbias"),
+    pytest.param(ModernBertModel, modernbert(d=64, heads=8, layers=1, act="gelu_new", eps=1e-6, pad=0),
+                 id="modernbert-model-h8-dk8-L1"),
 ]
 
 
@@ -97,6 +117,7 @@ def test_encoder(cls, config, tmp_path, request):
     pytest.param(DistilBertForMaskedLM, distilbert(sinusoidal=True), id="distilbert"),
     pytest.param(ElectraForMaskedLM, electra(), id="electra"),
     pytest.param(XLMRobertaForMaskedLM, roberta(XLMRobertaConfig, pad=3), id="xlm-roberta"),
+    pytest.param(ModernBertForMaskedLM, modernbert(bias=True, tied=False), id="modernbert"),
 ])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
     model = build(cls, config, seed=5)
