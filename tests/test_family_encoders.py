@@ -191,3 +191,12 @@ def test_the_pipeline_page_reads_the_mask_token():
     assert page["output"]["position"] == at and page["arch"]["mlm_head"] and page["arch"]["positions_from_ids"]
     assert qkv.load(MODELS / "electra").config.embed_dim == pipeline_payload(
         qkv.load(MODELS / "electra"), qkv.load(MODELS / "electra").run("a cat"))["arch"]["embed_dim"]
+
+
+@pytest.mark.parametrize("command, message", [
+    (("dla", "The cat sat on the <mask>.", "--target", "<s>"), "masked-LM head"),
+    (("circuits", "--layer", "0", "--head", "0", "--text", "the cat sat"), "masked-LM head before W_vocab"),
+])
+def test_the_analyses_that_need_a_linear_read_out_refuse_in_one_line(monkeypatch, capsys, command, message):
+    code, _, err = run_main(monkeypatch, capsys, *command, "--model", str(MODELS / "modernbert"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

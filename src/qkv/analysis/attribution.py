@@ -116,6 +116,9 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     if any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in weights.blocks):
         raise QkvError(f"{model.name} normalises each attention and FFN output before it joins the stream (OLMo 2), so "
                        "a head's part is no linear piece of it; direct logit attribution needs plain residual steps")
+    if weights.W_head is not None:
+        raise QkvError(f"{model.name} reads its logits through a masked-LM head (dense, activation, LayerNorm) before "
+                       "W_vocab, which is not linear; direct logit attribution needs the stream to meet W_vocab directly")
     n = len(trace.ids)
     if not -n <= position < n:
         raise QkvError(f"position {position} is outside the text's {n} tokens (0..{n - 1}, or -1 for the last)")
