@@ -106,9 +106,12 @@ def metric_of(model: "Model", metric) -> tuple[Metric | None, str]:
             raise QkvError(f'the "{EMBEDDING}" metric compares sentence embeddings of an encoder; {model.name} has '
                            "an LM head: give (answer, wrong) tokens instead")
         return None, "cos(embedding, clean embedding)"             # needs the clean run: `_embedding_metric`
-    if model.weights.W_vocab is None or not getattr(model.config, "causal", True):
-        raise QkvError(f"{model.name} is an encoder: patching reads its final hidden states, not the last position's "
-                       "logits, so tokens name nothing to compare; use a decoder "
+    if model.weights.W_vocab is not None and not getattr(model.config, "causal", True):
+        raise QkvError(f"{model.name} is a masked-LM encoder: patching reads its final hidden states, not the last "
+                       "position's logits, so tokens name nothing to compare; use a decoder (--model smollm2), or a "
+                       "metric on the final hidden states (B, n, d_model) → (B,)")
+    if model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no LM head, so no logits to compare tokens by; use a decoder "
                        "(--model smollm2), or from Python a metric on the final hidden states (B, n, d_model) → (B,)")
     pair = metric if isinstance(metric, (tuple, list)) else (metric,)
     if not 1 <= len(pair) <= 2:
