@@ -120,6 +120,9 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     if cfg.final_softcap is not None:
         raise QkvError(f"{model.name} soft-caps its logits (c·tanh(logits/c)), so they are no sum of the parts; direct "
                        "logit attribution needs a linear W_vocab")
+    if weights.W_head is not None:
+        raise QkvError(f"{model.name} reads its logits through a masked-LM head (dense, activation, LayerNorm) before "
+                       "W_vocab, which is not linear; direct logit attribution needs the stream to meet W_vocab directly")
     n = len(trace.ids)
     if not -n <= position < n:
         raise QkvError(f"position {position} is outside the text's {n} tokens (0..{n - 1}, or -1 for the last)")

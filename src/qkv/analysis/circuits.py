@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..engine.errors import QkvError
+
 if TYPE_CHECKING:
     from ..engine.model import Model
 
@@ -101,9 +103,20 @@ def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]
             "W_O": _centred(a.W_O[q].astype(np.float64), model)}
 
 
+def check_circuits(model: "Model") -> None:
+    """W_E and W_U must be the stream's own ends: refused in one line where a masked-LM head (not linear) or
+    ELECTRA's projected embeddings stand between them and the blocks."""
+    w = model.weights
+    if getattr(w, "W_head", None) is not None or getattr(w, "W_embed", None) is not None:
+        raise QkvError(f"{model.name} has a masked-LM head before W_vocab or embeddings projected to d_model "
+                       "(RoBERTa, DistilBERT, ELECTRA, ModernBERT): no W_E, W_U of the stream's width to read a circuit "
+                       "through; use a decoder (--model smollm2) or BERT / MiniLM")
+
+
 def embedding(model: "Model", table: np.ndarray | None = None) -> np.ndarray:
     """W_E (V, d_model), or another TABLE (W_pos), as the blocks read it: centred for LayerNorm,
     BERT's embedding-norm γ folded in (its 1/std scale, which depends on the whole input, is not)."""
+    check_circuits(model)
     W = (model.weights.tok_embed if table is None else table).astype(np.float64)
     if table is None and model.weights.embed_in is not None:
         W = W @ model.weights.embed_in                                           # OPT-350m: (V, d_embed) → (V, d_model)

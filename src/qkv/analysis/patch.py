@@ -8,7 +8,7 @@ copied from the clean run, and measure how much of the clean answer comes back:
 
 0: the patch changes nothing; 1: it restores the clean metric entirely. The metric m is a
 function of the last position's logits, e.g. the logit difference logit(␣Mary) − logit(␣John).
-An encoder without an LM head (MiniLM) has no logits: its metric reads the final hidden states,
+An encoder (MiniLM; a masked-LM one too, whose logits are at a mask) reads the final hidden states,
 and the named metric "embedding" (EMBEDDING) is the one sentence-transformers models are made
 for: the sentence embedding e = mean-pooled final hidden states, L2-normalised, and
 m = cos(e(patched), e(clean)), so the effect measures how much of the clean sentence's
@@ -102,10 +102,14 @@ def metric_of(model: "Model", metric) -> tuple[Metric | None, str]:
     if callable(metric):
         return metric, getattr(metric, "__name__", "metric")
     if isinstance(metric, str) and metric == EMBEDDING:
-        if model.weights.W_vocab is not None:
+        if model.weights.W_vocab is not None and getattr(model.config, "causal", True):   # a masked-LM encoder may
             raise QkvError(f'the "{EMBEDDING}" metric compares sentence embeddings of an encoder; {model.name} has '
                            "an LM head: give (answer, wrong) tokens instead")
         return None, "cos(embedding, clean embedding)"             # needs the clean run: `_embedding_metric`
+    if model.weights.W_vocab is not None and not getattr(model.config, "causal", True):
+        raise QkvError(f"{model.name} is a masked-LM encoder: patching reads its final hidden states, not the last "
+                       "position's logits, so tokens name nothing to compare; use a decoder (--model smollm2), or a "
+                       "metric on the final hidden states (B, n, d_model) → (B,)")
     if model.weights.W_vocab is None:
         raise QkvError(f"{model.name} has no LM head, so no logits to compare tokens by; use a decoder "
                        "(--model smollm2), or from Python a metric on the final hidden states (B, n, d_model) → (B,)")
@@ -148,10 +152,11 @@ def _measure(metric: Metric, out: np.ndarray) -> np.ndarray:
 def tail(model: "Model", x: np.ndarray, start: int, hooks: Mapping[str, Callable] | None, trace) -> np.ndarray:
     """x (B, n, d_model), the residual stream entering block START of TRACE's pass, through blocks
     START..L-1 (and the final norm) with HOOKS ({name: fn}) → the last position's logits (B, V), or
-    without an LM head the final hidden states (B, n, d_model): the model's own pass from the middle
+    for an encoder (with or without a masked-LM head) the final hidden states (B, n, d_model): the model's own pass from the middle
     (`from_layer`)."""
     hidden, logits = model.from_layer(x, start, hooks, trace)
-    return hidden if logits is None else logits[:, 0]                          # (B, V) or (B, n, d_model)
+    encoder = not getattr(model.config, "causal", True)                       # a masked-LM head's too: hidden
+    return hidden if logits is None or encoder else logits[:, 0]               # (B, V) or (B, n, d_model)
 
 
 def copied(trace, layer: int, what: str) -> np.ndarray:

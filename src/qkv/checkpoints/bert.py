@@ -53,13 +53,14 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def _norm(store: TensorStore, prefix: str, d: int, dtype) -> NormWeights:
-    # Checkpoints converted from TensorFlow call γ, β "gamma", "beta".
+def norm_of(store: TensorStore, prefix: str, d: int, dtype) -> NormWeights:
+    """The LayerNorm at PREFIX. Checkpoints converted from TensorFlow call γ, β "gamma", "beta"."""
     w, b = ("weight", "bias") if store.has(f"{prefix}.weight") else ("gamma", "beta")
     return NormWeights(store.get(f"{prefix}.{w}", (d,), dtype), store.get(f"{prefix}.{b}", (d,), dtype))
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
+def blocks(store: TensorStore, cfg: ModelConfig, dtype) -> list[BlockWeights]:
+    """The L blocks under BERT's names (encoder.layer.{i}.…), which RoBERTa and ELECTRA share."""
     d, f = cfg.d_model, cfg.d_ff
 
     def block(i: int) -> BlockWeights:
@@ -80,15 +81,20 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             W_out=linear_T(store, f"{p}.output.dense.weight", f, d, dtype),
             b_out=store.get(f"{p}.output.dense.bias", (d,), dtype),
         )
-        return BlockWeights(attn_norm=_norm(store, f"{p}.attention.output.LayerNorm", d, dtype), attn=attn,
-                            ffn_norm=_norm(store, f"{p}.output.LayerNorm", d, dtype), ffn=ffn)
+        return BlockWeights(attn_norm=norm_of(store, f"{p}.attention.output.LayerNorm", d, dtype), attn=attn,
+                            ffn_norm=norm_of(store, f"{p}.output.LayerNorm", d, dtype), ffn=ffn)
 
+    return [block(i) for i in range(cfg.n_layers)]
+
+
+def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
+    d = cfg.d_model
     return Weights(
         tok_embed=store.get("embeddings.word_embeddings.weight", (cfg.vocab_size, d), dtype),
         pos_embed=store.get("embeddings.position_embeddings.weight", (cfg.max_positions, d), dtype),
         type_embed=store.get("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d), dtype),
-        embed_norm=_norm(store, "embeddings.LayerNorm", d, dtype),
-        blocks=[block(i) for i in range(cfg.n_layers)],
+        embed_norm=norm_of(store, "embeddings.LayerNorm", d, dtype),
+        blocks=blocks(store, cfg, dtype),
     )
 
 
@@ -105,13 +111,9 @@ def hf_config(cfg: ModelConfig) -> dict:
     }, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under BertModel's name, as its file stores it (Linear: (out, in)); new arrays."""
-    e = "embeddings"
-    t = {f"{e}.word_embeddings.weight": weights.tok_embed,                     # (V, d)
-         f"{e}.position_embeddings.weight": weights.pos_embed,                 # (P, d)
-         f"{e}.token_type_embeddings.weight": weights.type_embed,              # (T, d)
-         f"{e}.LayerNorm.weight": weights.embed_norm.weight, f"{e}.LayerNorm.bias": weights.embed_norm.bias}
+def block_tensors(weights: Weights) -> dict[str, np.ndarray]:
+    """Every block's tensor under BERT's names (encoder.layer.{i}.…), as its file stores it (Linear: (out, in))."""
+    t = {}
     for i, b in enumerate(weights.blocks):
         p, a, f = f"encoder.layer.{i}", b.attn, b.ffn
         t |= {
@@ -125,4 +127,14 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
             f"{p}.output.dense.weight": f.W_out.T, f"{p}.output.dense.bias": f.b_out,             # (d, d_ff)
             f"{p}.output.LayerNorm.weight": b.ffn_norm.weight, f"{p}.output.LayerNorm.bias": b.ffn_norm.bias,
         }
-    return c_arrays(t)
+    return t
+
+
+def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Every tensor under BertModel's name, as its file stores it (Linear: (out, in)); new arrays."""
+    e = "embeddings"
+    t = {f"{e}.word_embeddings.weight": weights.tok_embed,                     # (V, d)
+         f"{e}.position_embeddings.weight": weights.pos_embed,                 # (P, d)
+         f"{e}.token_type_embeddings.weight": weights.type_embed,              # (T, d)
+         f"{e}.LayerNorm.weight": weights.embed_norm.weight, f"{e}.LayerNorm.bias": weights.embed_norm.bias}
+    return c_arrays(t | block_tensors(weights))

@@ -32,18 +32,24 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  # Phi-3's LongRoPE, OPT's embedding width
                  "original_max_position_embeddings", "word_embed_proj_dim",
                  # layers of different kinds (GPT-Neo, SmolLM3)
-                 "window_size", "no_rope_layer_interval")
+                 "window_size", "no_rope_layer_interval",
+                 # encoders (DistilBERT's names, ELECTRA's embedding width)
+                 "dim", "n_layers", "n_heads", "embedding_size", "global_attn_every_n_layers", "local_attention")
 # The FFN's width: 0 = attention-only.
-_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim")
+_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim")
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base",
-                   "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq")
+                   "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq",
+                   "norm_eps", "global_rope_theta", "local_rope_theta")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
          "use_bidirectional_attention", "use_qkv_bias", "use_bias", "do_layer_norm_before", "enable_bias",
-         "layer_norm_elementwise_affine", "_remove_final_layer_norm")
-_TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj")
+         "layer_norm_elementwise_affine", "_remove_final_layer_norm",
+         "is_decoder", "add_cross_attention", "sinusoidal_pos_embds",
+         "norm_bias", "decoder_bias", "classifier_bias")                # ModernBERT
+_TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj",
+         "activation", "classifier_activation")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.
 _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",

@@ -108,11 +108,12 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
     and the entropy H = −Σ P·log₂ P of the whole distribution, in bits.
 
-    On an encoder–decoder, TEXT is the source: the next target token after it (and --target)."""
+    On an encoder–decoder, TEXT is the source: the next target token after it (and --target). On a
+    masked-LM encoder (RoBERTa, DistilBERT, ELECTRA's generator): the token at TEXT's first mask token."""
     from functools import partial
 
     from ..checkpoints import load
-    from ..writing.nexttoken import distribution, entropy, next_token_logits, token_text, top_tokens
+    from ..writing.nexttoken import distribution, entropy, masked_token_logits, next_token_logits, token_text, top_tokens
     from ..engine.seq2seq import Seq2SeqModel
 
     temps = _temperatures(temperatures)
@@ -129,8 +130,12 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
                                                                  add_generation_prompt=True), dtype=np.int64)
         else:
             ids, _ = model.encode(text)
-        z = next_token_logits(model, ids, ablate=knocked_out)                  # (V,)
-        what = f"the next token after {len(ids)} tokens"
+        if not model.config.causal and model.weights.W_vocab is not None:     # a masked-LM encoder
+            z, at = masked_token_logits(model, ids, ablate=knocked_out)         # (V,) at its mask token
+            what = f"the masked token at position {at} of {len(ids)}"
+        else:
+            z = next_token_logits(model, ids, ablate=knocked_out)              # (V,)
+            what = f"the next token after {len(ids)} tokens"
     P = {T: distribution(z, T) for T in temps}                                 # T → (V,)
     top, _ = top_tokens(distribution(z, 1.0), top_k)                           # the same order at every T > 0
     label = partial(token_text, model.tokenizer)                               # id → its text, whitespace visible

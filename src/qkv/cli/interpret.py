@@ -44,26 +44,30 @@ def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str 
 
 
 def _lens(model, text: str, top: int, out_dir: str | None) -> None:
-    """`qkv lens`'s work: the table of the last position, and with OUT_DIR the map."""
+    """`qkv lens`'s work: the table of the last position (a masked-LM encoder's: its mask token), and with
+    OUT_DIR the map."""
     from ..analysis.lens import KEEP, final_prediction, lens_of_trace
-    from ..writing.nexttoken import distribution, top_tokens
+    from ..writing.nexttoken import distribution, mask_position, top_tokens
 
     trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
     lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
     ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
     label = model.tokenizer.label
+    at = mask_position(model, trace.ids) if not getattr(model.config, "causal", True) else None
+    where = "the last position" if at is None else "the mask token"           # a masked-LM encoder: its mask
+    at = -1 if at is None else at
     console = new_console()
-    console.print(Text(f"{model.name}: the logit lens at the last position ({trace.labels[-1]}), "
-                       f"final prediction {label(int(ids[-1]))}"))
+    console.print(Text(f"{model.name}: the logit lens at {where} ({trace.labels[at]}), "
+                       f"final prediction {label(int(ids[at]))}"))
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("layer", justify="right", style="grey50")
     for r in range(top):
         table.add_column(f"top {r + 1}", no_wrap=True)
     table.add_column("P(final)", justify="right")
-    for l, z in enumerate(lens[:, -1]):
+    for l, z in enumerate(lens[:, at]):
         best, p = top_tokens(distribution(z, 1.0), top)
         table.add_row("emb" if l == 0 else str(l), *(Text(f"{label(int(i))} {q:.2f}") for i, q in zip(best, p)),
-                      f"{probs[l, -1]:.3f}")
+                      f"{probs[l, at]:.3f}")
     console.print(table)
     if trace.cross is not None:                                               # a translation: every position
         console.print(Text(f"each target position, the top token at every layer (the decoder reads "
@@ -242,10 +246,10 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     from ..viz.interpret_figures import save_patching
 
     model = as_decoder(load(source), prefix)
-    if model.weights.W_vocab is None:
-        if answer is not None or wrong is not None:
-            raise QkvError(f"{model.name} is an encoder without an LM head, so --answer/--wrong name no logits; "
-                           "drop them (its metric is the cosine similarity of sentence embeddings)")
+    if model.weights.W_vocab is None or not getattr(model.config, "causal", True):
+        if answer is not None or wrong is not None:           # a masked-LM head's logits are at a mask, not the end
+            raise QkvError(f"{model.name} is an encoder: its patching metric is the cosine similarity of sentence "
+                           "embeddings, so --answer/--wrong (the last position's logits) do not apply; drop them")
         metric = EMBEDDING
     elif answer is None or wrong is None:
         raise QkvError(f"{model.name} is a decoder: give --answer and --wrong, CLEAN's and CORRUPTED's next tokens "

@@ -33,7 +33,7 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
                         scaled_dot_product_attention, soft_cap_, split_heads)
-from .blocks_backward import AttentionTape, EmbedTape, FFNTape, Tape
+from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
@@ -67,11 +67,12 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
-    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART)
-    (seeds §1). positions (B, n) or (n,); T5 has no table: its positions enter the scores. A table narrower
-    than d_model (OPT-350m) is mapped to it first: X = E[ids]·embed_in + P[…].
+    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART),
+    then ·W_embed + b_embed where the tables are E wide (ELECTRA) (seeds §1). positions (B, n) or (n,);
+    T5 has no table: its positions enter the scores. A table narrower than d_model (OPT-350m) is mapped to
+    it first: X = E[ids]·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in
+    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
     if cfg.scale_embedding:
         x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
     if weights.embed_in is not None:
@@ -83,9 +84,14 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
         x += weights.type_embed[types]
     if tape is not None:                                 # the table rows looked up, as (B, n)
         rows = np.broadcast_to(positions + cfg.position_offset if cfg.position_offset else positions, ids.shape)
-        tape.put(None, "embed", EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x))
+        record = EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x)
+        tape.put(None, "embed", record)
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)
+    if weights.W_embed is not None:                      # ELECTRA: E-wide tables, projected after their norm
+        if tape is not None:
+            record.proj_in = x                           # what the projection read, for its backward
+        x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
 
 
@@ -453,13 +459,20 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
     return linear(x, weights.unembed_in)                 # (B, n, d_embed)
 
 
-def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig) -> np.ndarray | None:
+def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
     """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
-    scales Z by d_model^-0.5 first (scale_decoder_output); Gemma 2 soft-caps them, logits = c·tanh(logits/c)
-    (final_softcap). None without an LM head."""
+    scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa, DistilBERT,
+    ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the logits,
+    logits = c·tanh(logits/c) (final_softcap). None without an LM head.
+    tape: keeps the head's HeadTape as (None, "head") for its backward."""
     if weights.W_vocab is None:
         return None
     if cfg.scale_decoder_output:
         hidden = hidden * (cfg.d_model ** -0.5)
+    if weights.W_head is not None:
+        z, u = hidden, linear(hidden, weights.W_head, weights.b_head)                        # (B, n, E)
+        hidden = norm(ACTIVATIONS[cfg.head_activation](u), weights.head_norm, cfg)
+        if tape is not None:
+            tape.put(None, "head", HeadTape(z, u, hidden))
     logits = linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
     return logits if cfg.final_softcap is None else soft_cap_(logits, cfg.final_softcap)

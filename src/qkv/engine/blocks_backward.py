@@ -12,6 +12,7 @@ the `Tape` a forward pass fills for them when asked (`Context.tape`).
     F = act(N·W_in + b)·W_out (+ SwiGLU gate)        feed_forward: ops.*_backward of the activation
     X ← X + O, or Norm(X + O) (post-norm)            residual: dX passes on unchanged, the box adds its path
     logits = Z·W_vocab + b                           logits_of: dW_vocab = Zᵀ·dlogits
+    Z ← Norm(act(Z·W_head + b)) (masked-LM head)     head; X·W_embed + b (ELECTRA): embed_projection
 
 Each backward(dy, …) takes dL/d(its output) and returns dL/d(its input) and its weights' gradients
 (a tree of the same dataclass as its weights). It reads what the forward kept: a forward run with
@@ -73,12 +74,23 @@ class EmbedTape:
     positions: np.ndarray            # (B, n)
     types: np.ndarray | None         # (B, n) token types, None: all 0
     norm_in: np.ndarray | None       # (B, n, d_model) before the embedding norm; None without one
+    proj_in: np.ndarray | None = None    # (B, n, E) what W_embed projects (ELECTRA); None without it
+
+
+@dataclass
+class HeadTape:
+    """What a masked-LM head's backward reads: its input Z, Z·W_head + b_head, and what W_vocab multiplies."""
+
+    z: np.ndarray                    # (B, n, d_model)
+    u: np.ndarray                    # (B, n, E) Z·W_head + b_head
+    out: np.ndarray                  # (B, n, E) Norm(act(u))
 
 
 class Tape:
     """The records a forward pass keeps for its backward, by (layer, box): (i, "attn") an AttentionTape,
     (i, "ffn") an FFNTape, (i, "attn_norm") and (i, "ffn_norm") the arrays those norms normalised;
-    (None, "embed") an EmbedTape, (None, "final_norm") the final norm's input."""
+    (None, "embed") an EmbedTape, (None, "final_norm") the final norm's input, (None, "head") a masked-LM
+    head's HeadTape."""
 
     def __init__(self) -> None:
         self.records: dict[tuple[int | None, str], object] = {}
@@ -324,6 +336,22 @@ def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights, cfg: Mo
     return linear(dlogits, hidden, weights.W_vocab, weights.b_vocab is not None)
 
 
+def head(dy: np.ndarray, weights: Weights, cfg: ModelConfig, t: HeadTape
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, NormWeights]:
+    """(dZ, dW_head, db_head, the head norm's gradients) of a masked-LM head Norm(act(Z·W_head + b_head)),
+    from dL/d(its output) (the dZ of logits_of)."""
+    a = ACTIVATIONS[cfg.head_activation](t.u)                            # (B, n, E) what the norm read
+    da, g_norm = norm(dy, a, weights.head_norm, cfg)
+    du = ACTIVATION_BACKWARDS[cfg.head_activation](da, t.u)
+    dz, dW, db = linear(du, t.z, weights.W_head, weights.b_head is not None)   # (B, n, d_model)
+    return dz, dW, db, g_norm
+
+
+def embed_projection(dy: np.ndarray, weights: Weights, t: EmbedTape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dX before the projection, dW_embed, db_embed) of X·W_embed + b_embed (ELECTRA's E → d_model)."""
+    return linear(dy, t.proj_in, weights.W_embed, True)
+
+
 def add_rows(table: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
     """table[idx[i]] += rows[i] for every i, repeated indices summed: idx (N,), rows (N, d).
 
@@ -372,7 +400,11 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)
-        add_rows(d_pos, t.positions.reshape(-1), dx.reshape(-1, d))
+        rows, drows = t.positions.reshape(-1), dx.reshape(-1, d)
+        if cfg.positions_from_ids:                       # RoBERTa: the pads' row is padding_idx, never learned
+            keep = rows != cfg.pad_token_id
+            rows, drows = rows[keep], drows[keep]
+        add_rows(d_pos, rows, drows)
     if weights.type_embed is not None:
         d_type = np.zeros_like(weights.type_embed)                             # (T, d_model)
         types = np.zeros_like(t.ids) if t.types is None else t.types

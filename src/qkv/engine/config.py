@@ -17,6 +17,9 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
   mBART  = BART pre-norm + a final LayerNorm per stack (+ the language id as the first token written)
   Pegasus = pre-norm + sinusoidal positions (Marian's halves, no offset) + a final LayerNorm per stack
   UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
+The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
+(positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
+sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -95,6 +98,12 @@ class ModelConfig:
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
     position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
+    positions_from_ids: bool = False  # RoBERTa: positions count the ids that are not pad_token_id (not the mask's
+                                      # ones): the k-th real token is k, a pad −1, read at row + offset (pad + 1)
+    embed_dim: int | None = None      # E, the embedding tables' width when ≠ d_model (ELECTRA): X = Norm(E[ids] + …)·W_embed
+                                      # + b_embed, (B, n, E) → (B, n, d_model); None: the tables are d_model wide
+    head_activation: Activation | None = None   # a masked-LM head before W_vocab (RoBERTa, DistilBERT, ELECTRA's
+                                      # generator): logits = Norm(act(Z·W_head + b_head))·W_vocab + b_vocab; None: Z·W_vocab
     relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
     relative_max_distance: int = 128  # distances from here on share the last bucket
     scale_scores: bool = True         # S = Q·Kᵀ/√d_k; False: S = Q·Kᵀ (T5 folds the scale into W_Q)
@@ -159,6 +168,11 @@ class ModelConfig:
                            f"{self.vocab_size}-token vocabulary; fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
+        if self.positions_from_ids and (self.pad_token_id is None or self.position_offset != self.pad_token_id + 1):
+            raise QkvError(f"positions_from_ids needs pad_token_id and position_offset = pad_token_id + 1 "
+                           f"(got {self.pad_token_id}, {self.position_offset}); fix the model's config")
+        if self.embed_dim is not None and self.embed_dim <= 0:
+            raise QkvError(f"embed_dim={self.embed_dim} must be positive (or none: d_model); fix the model's config")
 
     @property
     def score_scale(self) -> float | None:

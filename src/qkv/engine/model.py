@@ -29,7 +29,7 @@ from .errors import QkvError, check_index
 from ..writing.generate import generate, stream
 from .hooks import HookFn, Hooks
 from .layout import fast_layout
-from .positions import positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from .positions import positions_from_ids, positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
 from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
@@ -76,6 +76,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
     positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
         np.arange(n), attention_mask.shape[:1] + (n,))
+    if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
+        positions = positions_from_ids(ids, cfg.pad_token_id)
     x = embed(weights, cfg, ids, positions, token_type_ids, tape) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
@@ -111,7 +113,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
             tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
     x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
-    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────

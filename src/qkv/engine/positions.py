@@ -24,6 +24,14 @@ def positions_from_mask(attention_mask: np.ndarray) -> np.ndarray:
     return np.maximum(pos, 0)
 
 
+def positions_from_ids(ids: np.ndarray, pad_token_id: int) -> np.ndarray:
+    """Position of each token counting the ids that are not PAD_TOKEN_ID: cumsum(ids ≠ pad) − 1, and −1 for a
+    pad (RoBERTa; transformers' create_position_ids_from_input_ids gives these + pad + 1, the rows it reads).
+    The ids decide, not the attention mask: a pad id the mask keeps is still a pad to the positions."""
+    real = ids != pad_token_id                                      # (B, n)
+    return np.where(real, np.cumsum(real, axis=-1) - 1, -1)         # (B, n)
+
+
 def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
     """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
     pos = np.arange(n_positions, dtype=np.float64)[:, None]               # (P, 1)

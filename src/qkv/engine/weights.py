@@ -89,8 +89,13 @@ class Weights:
     pos_embed: np.ndarray | None = None        # (P, d_model) learned or sinusoidal positions
     type_embed: np.ndarray | None = None       # (T, d_model) BERT token types
     embed_norm: NormWeights | None = None      # BERT: LayerNorm after the embeddings
+    W_embed: np.ndarray | None = None          # (E, d_model) ELECTRA: the embeddings projected to d_model after their norm
+    b_embed: np.ndarray | None = None          # (d_model,)
     final_norm: NormWeights | None = None      # pre-norm models: before W_vocab
-    W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ; (d_embed, V) with unembed_in
+    W_head: np.ndarray | None = None           # (d_model, E) a masked-LM head's dense layer, before W_vocab
+    b_head: np.ndarray | None = None           # (E,)
+    head_norm: NormWeights | None = None       # its LayerNorm (after act(Z·W_head + b_head))
+    W_vocab: np.ndarray | None = None          # (d_model, V); tied: tok_embedᵀ; (d_embed, V) with unembed_in; (E, V) after W_head
     embed_in: np.ndarray | None = None         # (d_embed, d_model) X = E[ids]·embed_in, before the positions (OPT-350m)
     unembed_in: np.ndarray | None = None       # (d_model, d_embed) Z·unembed_in after the final norm, before W_vocab
     b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias

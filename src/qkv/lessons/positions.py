@@ -182,7 +182,7 @@ def _learned(model, text: str) -> Learned:
     unit = table / np.linalg.norm(table, axis=1, keepdims=True)
     cos = unit @ unit.T                                                     # (P, P)
     P = len(table)
-    ks = np.arange(MAX_DIST + 1)
+    ks = np.arange(min(MAX_DIST, P - 1) + 1)                                # a short table (48 rows) has fewer
     per_k = [np.diagonal(cos, k) for k in ks]                               # cos(P[p], P[p+k]) for every p
     # the table is what the model adds: X of layer 0 = [Norm](E[ids] + P[0..n−1] (+ T[0]))
     trace = model.run(text, layers=[0], keep=("residual",))
@@ -192,6 +192,8 @@ def _learned(model, text: str) -> Learned:
         x = x + w.type_embed[0]
     if w.embed_norm is not None:
         x = norm_of(x, w.embed_norm.weight, w.embed_norm.bias, cfg.norm, cfg.norm_eps)
+    if w.W_embed is not None:                                               # ELECTRA: E wide, projected to d_model
+        x = x @ w.W_embed.astype(np.float64) + w.b_embed
     diff = same("X of layer 0 = E[ids] + P[positions]", x, trace.layer(0).residual, 1e-4)
     return Learned(model=model.name, table=table, cos=cos[:min(P, 128), :min(P, 128)],
                    mean=np.array([c.mean() for c in per_k]), low=np.array([c.min() for c in per_k]),
@@ -251,7 +253,7 @@ def _render_rope(p: Page, r: Rope) -> list:
 
 def _render_learned(p: Page, l: Learned) -> list:
     tab = p.table("k", "col_mean_cos", "col_min", "col_max")
-    for k in SHOWN_DIST:
+    for k in (k for k in SHOWN_DIST if k < len(l.mean)):                   # a short table has fewer distances
         p.row(tab, k, f"{l.mean[k]:.3f}", f"{l.low[k]:.3f}", f"{l.high[k]:.3f}", bold_first=True)
     return [p.rule("s_learned", model=l.model),
             p.say("learned_what", model=l.model, shape=shape(*l.table.shape)),

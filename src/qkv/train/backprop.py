@@ -2,6 +2,7 @@
 
     forward: qkv.engine.model.transformer(…, tape=Tape())      embed → L × block → final norm → logits
     loss:    L = mean −log softmax(logits)[next id]            dlogits = (softmax(logits) − onehot(next id)) / N
+             (a masked-LM encoder: [labels[t]] at the labelled positions, through its head's backward)
     backward (qkv.engine.blocks_backward: each box's under its forward's name), in the opposite order:
              logits_of → norm (final) → block (L − 1 … 0: FFN's residual step, attention's) → embed
              a tied W_vocab's gradient is added into the embedding table's (one table, two uses)
@@ -80,26 +81,49 @@ def _with_fused_qkv(weights: Weights) -> Weights:
     return replace(weights, blocks=blocks)
 
 
+def masked_lm_targets(labels: np.ndarray | None, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(targets, counted) (B, n) of a masked-LM encoder's labels: the token each position must give, −100
+    where nothing is learned (transformers' labels for *ForMaskedLM: position t predicts labels[t], no shift)."""
+    if labels is None:
+        raise QkvError("a masked-LM encoder learns from labels: pass labels (B, n), the original token at each "
+                       "masked position and −100 elsewhere")
+    labels = np.asarray(labels).reshape(ids.shape)
+    counted = labels != -100
+    if not counted.any():
+        raise QkvError("every label is −100: give at least one position a token to learn")
+    return np.where(counted, labels, 0), counted
+
+
 def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray | None = None,
-                   loss_mask: np.ndarray | None = None) -> tuple[float, Weights]:
-    """The mean next-token cross-entropy of ids (B, n) and its gradient for every weight.
+                   loss_mask: np.ndarray | None = None, labels: np.ndarray | None = None) -> tuple[float, Weights]:
+    """The mean next-token cross-entropy of ids (B, n) and its gradient for every weight; for a masked-LM
+    encoder (RoBERTa, DistilBERT, ELECTRA's generator) the masked-LM cross-entropy of LABELS (B, n) instead:
+    position t predicts labels[t] (−100: not learned), through the head Norm(act(Z·W_head + b_head)).
 
     The gradients come back as a Weights tree of the same shapes (None where there is no
     weight or no gradient: a sinusoidal table is fixed). A tied W_vocab's gradient is added
     into tok_embed's, and the tree's W_vocab is then its transposed view (one table, one
     gradient). ids and masks are checked by the caller (`gradients`, the training loop).
     """
-    if not cfg.causal or weights.W_vocab is None:
-        raise QkvError(f"training needs a decoder with W_vocab (a causal LM); this is a {cfg.family} encoder")
+    if weights.W_vocab is None:
+        raise QkvError(f"training needs a decoder or a masked-LM encoder (with W_vocab); this {cfg.family} encoder "
+                       "has no LM head")
     mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
-    counted = counted_positions(mask, loss_mask)
+    if cfg.causal:
+        counted = counted_positions(mask, loss_mask)
+    else:
+        targets, counted = masked_lm_targets(labels, ids)
 
     tape = Tape()
     h, logits = transformer(_with_fused_qkv(weights), cfg, ids, mask, tape=tape)   # (B, n, d_model), (B, n, V)
-    loss, dlogits = next_token_loss(logits, ids, counted)
+    loss, dlogits = next_token_loss(logits, ids, counted) if cfg.causal else token_loss(logits, targets, counted)
 
-    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights, cfg, logits)
+    head = tape.pop(None, "head") if weights.W_head is not None else None
+    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h if head is None else head.out, weights, cfg, logits)
     del dlogits, h, logits
+    dW_head = db_head = g_head_norm = None
+    if head is not None:                                  # the masked-LM head, between Z and W_vocab
+        dh, dW_head, db_head, g_head_norm = back.head(dh, weights, cfg, head)
     dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
     g_final = None
     if weights.final_norm is not None:
@@ -108,11 +132,16 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     g_blocks = [None] * len(weights.blocks)
     for i in reversed(range(len(weights.blocks))):
         dx, g_blocks[i], _ = back.block(dx, weights.blocks[i], tape, i, cfg)   # frees what block i kept
+    embed = tape.pop(None, "embed")
+    dW_embed = db_embed = None
+    if weights.W_embed is not None:                       # ELECTRA: back through E → d_model first
+        dx, dW_embed, db_embed = back.embed_projection(dx, weights, embed)
     projected: dict[str, np.ndarray] = {}
-    d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, tape.pop(None, "embed"), grads=projected)
+    d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, embed, grads=projected)
     if np.shares_memory(weights.W_vocab, weights.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
         dW_vocab = d_tok.T
     return loss, Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, type_embed=d_type, embed_norm=g_embed,
-                         final_norm=g_final, W_vocab=dW_vocab, b_vocab=db_vocab,
+                         W_embed=dW_embed, b_embed=db_embed, final_norm=g_final, W_head=dW_head, b_head=db_head,
+                         head_norm=g_head_norm, W_vocab=dW_vocab, b_vocab=db_vocab,
                          embed_in=projected.get("embed_in"), unembed_in=d_unembed_in)

@@ -1,4 +1,5 @@
-"""The gradients a user asks for, by the checkpoint's own tensor names: decoders and encoder–decoders.
+"""The gradients a user asks for, by the checkpoint's own tensor names: decoders, masked-LM encoders and
+encoder–decoders.
 
 backprop.py and seq2seq_backprop.py compute gradients as Weights trees in the seeds' names; this module
 checks the inputs and names each gradient as the checkpoint's file (and torch's named_parameters())
@@ -33,6 +34,8 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     Decoders: the loss is transformers' with labels=input_ids — position t predicts token t+1, and
     padding (attention_mask 0, on the right) is not learned; loss_mask (B, n) picks which positions'
     predictions count besides (e.g. the repeated half of a sequence).
+    Masked-LM encoders (RoBERTa, DistilBERT, ELECTRA's generator): transformers' *ForMaskedLM loss,
+    labels (B, n) the token each position must give (−100: not learned), no shift.
     Encoder–decoders (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): input_ids is the source and labels
     (B, n_tgt) the target, −100 where there is nothing to learn; the decoder reads [decoder_start] +
     labels[:-1], as transformers' (mBART: its labels' last real token first).
@@ -55,5 +58,7 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
         loss_mask = np.asarray(loss_mask, dtype=bool).reshape(ids.shape) if np.size(loss_mask) == ids.size else None
         if loss_mask is None:
             raise QkvError(f"loss_mask must have the shape of input_ids {ids.shape}; give one True/False per token")
-    loss, grads = loss_and_grads(model.weights, model.config, ids, mask, loss_mask)
+    if not model.config.causal and labels is not None:
+        model.check_ids(np.where(np.asarray(labels) == -100, 0, labels))         # label ids in the vocabulary
+    loss, grads = loss_and_grads(model.weights, model.config, ids, mask, loss_mask, labels)
     return loss, grads_by_name(grads, model.config)

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..engine.blocks import norm
 from ..engine.errors import QkvError
-from ..writing.nexttoken import token_text
+from ..writing.nexttoken import mask_position, token_text
 from ..engine.trace import INTERMEDIATES, Trace
 from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
@@ -224,7 +224,11 @@ def arch_of(model) -> dict:
             # (None: full), the layers without RoPE, the sliding layers' own RoPE base; Gemma 2's soft-caps
             "windows": [c.window(i) for i in range(c.n_layers)] if not c.uniform_layers else None,
             "no_rope_layers": list(c.no_rope_layers), "local_rope_theta": c.local_rope_theta,
-            "attn_softcap": c.attn_softcap, "final_softcap": c.final_softcap}
+            "attn_softcap": c.attn_softcap, "final_softcap": c.final_softcap,
+            # the encoders after BERT: a masked-LM head before W_vocab, E-wide embeddings projected to d_model
+            # (ELECTRA), positions counted over the non-pad ids (RoBERTa)
+            "mlm_head": getattr(last, "W_head", None) is not None, "embed_dim": c.embed_dim,
+            "positions_from_ids": bool(c.positions_from_ids)}
 
 
 def position_bias_of(weights) -> str | None:
@@ -236,13 +240,16 @@ def position_bias_of(weights) -> str | None:
 
 
 def output_payload(model, trace: Trace) -> dict | None:
-    """The last position's logits (V,) float32 and the TOP most probable tokens spelled; None for encoders."""
+    """The last position's logits (V,) float32 and the TOP most probable tokens spelled (a masked-LM encoder's:
+    its first mask token's, if the text has one); None for encoders without an LM head."""
     if trace.logits is None:
         return None
-    z = np.asarray(trace.logits[-1], dtype=np.float32)                          # (V,)
+    at = mask_position(model, trace.ids) if not model.config.causal else None
+    at = len(trace.tokens) - 1 if at is None else at
+    z = np.asarray(trace.logits[at], dtype=np.float32)                          # (V,)
     top = np.lexsort((np.arange(len(z)), -z.astype(np.float64)))[:TOP]          # by logit, lower id first
     labels = [token_text(model.tokenizer, int(i)) if model.tokenizer is not None else str(int(i)) for i in top]
-    return {"position": len(trace.tokens) - 1, "logits": encode(z, "f32"),
+    return {"position": at, "logits": encode(z, "f32"),
             "top_ids": [int(i) for i in top], "top_labels": labels}
 
 

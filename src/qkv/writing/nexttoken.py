@@ -11,6 +11,8 @@ draws from (`qkv.writing.sampling.distribution`, reused here, never copied).
     top_tokens(p, k)        the k most probable ids and their probabilities
     entropy(p)              H = −Σ p·log₂ p, in bits
     candidates(z, chosen, k, temperatures)   what the viewer needs to re-normalise in the page
+    masked_token_logits(model, ids)          a masked-LM encoder's (RoBERTa, DistilBERT, ELECTRA's
+                                             generator) logits at its mask token instead of the last
 """
 
 from __future__ import annotations
@@ -117,6 +119,40 @@ def next_token_logits(model, ids: np.ndarray, ablate=None, how: str = "zero") ->
     cfg = model.config
     if not cfg.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({cfg.family}): it has no next-token distribution; "
-                       "use a decoder, e.g. --model smollm2")
+                       "use a decoder, e.g. --model smollm2" + (", or put its mask token in the text"
+                                                                 if model.weights.W_vocab is not None else ""))
     ids, mask = model.check_ids(ids)                                        # (1, n)
     return model.last_logits(ids, mask, ablate=model.ablation(ablate, how))[0, -1]   # (V,) the last position only
+
+
+MASK_TOKENS = ("<mask>", "[MASK]")            # RoBERTa / XLM-R's and BERT / DistilBERT / ELECTRA's spelling
+
+
+def mask_position(model, ids: np.ndarray) -> int | None:
+    """The position of the first mask token (MASK_TOKENS, or tokenizer_config.json's mask_token) in ids (n,);
+    None when there is none or the model has no tokenizer to name it."""
+    tok = model.tokenizer
+    if tok is None:
+        return None
+    names = [tok.special_tokens.get("mask_token"), *MASK_TOKENS]
+    mask_ids = [i for i in (tok.token_to_id(t) for t in names if t) if i is not None]
+    at = np.flatnonzero(np.isin(np.asarray(ids).reshape(-1), mask_ids))
+    return int(at[0]) if at.size else None
+
+
+def masked_token_logits(model, ids: np.ndarray, ablate=None, how: str = "zero") -> tuple[np.ndarray, int]:
+    """(logits (V,), position) of a masked-LM encoder at the first mask token of ids (n,): the scores of
+    every token that could stand there, read through its masked-LM head. ablate: as `next_token_logits`."""
+    cfg = model.config
+    if cfg.causal or model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no masked-LM head ({cfg.family}); give an encoder with one "
+                       "(RobertaForMaskedLM, DistilBertForMaskedLM, ELECTRA's generator)")
+    ids, _ = model.check_ids(ids)                                           # (1, n)
+    pos = mask_position(model, ids[0])
+    if pos is None:
+        tok = model.tokenizer
+        shown = next((t for t in MASK_TOKENS if tok is not None and tok.token_to_id(t) is not None), "<mask>")
+        raise QkvError(f"{model.name} is a masked-LM encoder: put its mask token {shown} where a word should be "
+                       f'predicted, e.g. "The cat sat on the {shown}."')
+    out = model.forward(ids, attentions=False, ablate=ablate, how=how)
+    return out.logits[0, pos], pos                                          # (V,), its position
