@@ -24,22 +24,27 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
 _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
-                 "n_positions", "type_vocab_size", "sliding_window",
+                 "n_positions", "type_vocab_size",
                  # encoder–decoders (Marian, BART, T5)
                  "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                  "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
                  "relative_attention_max_distance", "decoder_vocab_size",
                  # Phi-3's LongRoPE, OPT's embedding width
-                 "original_max_position_embeddings", "word_embed_proj_dim")
+                 "original_max_position_embeddings", "word_embed_proj_dim",
+                 # mixtures of experts (Mixtral, Qwen2-MoE)
+                 "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
 # The FFN's width: 0 = attention-only.
-_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim")
+_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim",
+          "num_experts", "shared_expert_intermediate_size",        # 0 experts: every FFN dense (Qwen2-MoE)
+          "sliding_window")                                        # Qwen2-MoE writes 0 without use_sliding_window
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
          "use_bidirectional_attention", "use_qkv_bias", "use_bias", "do_layer_norm_before", "enable_bias",
-         "layer_norm_elementwise_affine", "_remove_final_layer_norm")
+         "layer_norm_elementwise_affine", "_remove_final_layer_norm", "qkv_bias", "norm_topk_prob",
+         "output_router_logits")
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj")
 _OBJECT = ("rope_scaling", "rope_parameters")
 # Inside rope_scaling / rope_parameters.

@@ -1,4 +1,4 @@
-"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py;
+"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py, moe.py;
 the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whose weights are a Seq2SeqWeights of two stacks).
 
 Every family module is a table between the checkpoint's names and ours, read both ways:
@@ -24,7 +24,7 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import (bart, bert, gpt2, gpt_neox, llama, marian, mbart, mt5, opt, pegasus, phi, phi3, stablelm, starcoder2, t5,
+from . import (bart, bert, gpt2, gpt_neox, llama, marian, mbart, moe, mt5, opt, pegasus, phi, phi3, stablelm, starcoder2, t5,
                umt5)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
@@ -32,6 +32,7 @@ from .tensors import TensorDict, TensorStore
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
+                                   "mixtral": moe, "qwen2_moe": moe,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
                                    "mt5": mt5, "umt5": umt5}
 
