@@ -248,5 +248,6 @@ def test_the_cli_runs_on_a_moe_fixture(monkeypatch, capsys, tmp_path):
     code, out, err = run_main(monkeypatch, capsys, "show", "The cat sat on the mat", "--model",
                               str(MODELS / "mixtral"), "--out", str(tmp_path / "show"))
     assert code == 0, err
-    page = (tmp_path / "show" / "attention.html").read_text(encoding="utf-8")
-    assert "router" in page
+    from test_viewer import data_of
+    router = data_of((tmp_path / "show" / "attention.html").read_text(encoding="utf-8"))["router"]
+    assert router["layers"] == [0, 1] and router["experts"] == 4 and router["k"] == 2

@@ -219,7 +219,12 @@ def arch_of(model) -> dict:
             "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
                                                           for b in getattr(last, "blocks", ())),
             "embed_norm": getattr(w, "encoder", w).embed_norm is not None,            # BERT, BART, mBART
-            "position_bias": position_bias_of(w)}
+            "position_bias": position_bias_of(w),
+            # a mixture of experts (Mixtral, Qwen2-MoE): its routed FFN's router; None for a dense model
+            "moe": None if not c.n_experts else {
+                "experts": c.n_experts, "k": c.experts_per_token, "renormalised": c.norm_top_k,
+                "d_expert": c.d_expert or c.d_ff, "shared": c.d_shared_expert or None,
+                "dense_layers": list(c.dense_layers)}}
 
 
 def position_bias_of(weights) -> str | None:
