@@ -160,7 +160,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
-        "num_experts_per_tok": cfg.experts_per_token, "output_router_logits": False,
+        "num_experts_per_tok": cfg.experts_per_token or 1, "output_router_logits": False,   # (no experts: unread)
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
     }
     if cfg.rope_scaling is not None:
