@@ -1,4 +1,4 @@
-"""Mixtures of experts (Mixtral, Qwen2-MoE) from the committed fixtures, without torch: the router's choice
+"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) from the committed fixtures, without torch: the router's choice
 in the trace, gradients equal to torch autograd, the one-token step reading only its k experts, the knobs
 refused in one line. (Forward, every layer, greedy ids, left padding, float64, the KV cache's fast path and
 the layout run on these fixtures in test_families.py, test_generate.py, test_decode_fast.py, test_layout.py.)
@@ -20,11 +20,13 @@ from qkv.engine.trace import Trace
 from qkv.engine.weights import FFNWeights, MoEWeights
 from qkv.train import gradients
 
-MOE = ("mixtral", "qwen2_moe", "qwen2_moe_norm")
+MOE = ("mixtral", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe")
 
 
 def test_the_knobs_as_read():
-    mixtral, qwen, norm = (qkv.load(MODELS / n).config for n in MOE)
+    mixtral, qwen, norm, qwen3, olmoe = (qkv.load(MODELS / n).config for n in MOE)
+    assert (qwen3.qk_norm, qwen3.d_head, qwen3.dense_layers, qwen3.out_bias, qwen3.d_shared_expert) == ("head", 16, (0,), True, 0)
+    assert (olmoe.qk_norm, olmoe.norm_top_k, olmoe.dense_layers, olmoe.d_expert) == ("all", False, (), None)
     assert (mixtral.n_experts, mixtral.experts_per_token, mixtral.norm_top_k, mixtral.dense_layers) == (4, 2, True, ())
     assert mixtral.sliding_window == 8 and mixtral.d_shared_expert == 0
     assert (qwen.norm_top_k, qwen.dense_layers, qwen.d_expert, qwen.d_shared_expert, qwen.d_ff) == (False, (1,), 16, 32, 40)
@@ -185,13 +187,15 @@ def _edited(tmp_path, name: str, change: dict):
 
 
 @pytest.mark.parametrize("name, change, message", [
-    ("qwen2_moe", {"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+    ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=true is not supported"),
     ("qwen2_moe", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "not every layer"),
     ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "empty shared expert"),
     ("qwen2_moe", {"mlp_only_layers": [7]}, "mlp_only_layers"),
     ("qwen2_moe", {"num_experts_per_tok": 5}, "more than the 4 experts"),
     ("qwen2_moe", {"norm_topk_prob": "yes"}, "true or false"),
     ("mixtral", {"num_local_experts": 0}, "positive integer"),
+    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("olmoe", {"head_dim": 8}, "head_dim"),
     ("mixtral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0}}, "yarn"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):

@@ -1,7 +1,8 @@
 """Mixtures of experts against live transformers, on random checkpoints of many shapes: Mixtral (8 or 4
-experts, top-1 or top-2, head_dim of its own, a sliding window that cuts, tied or not) and Qwen2-MoE
+experts, top-1 or top-2, head_dim of its own, a sliding window that cuts, tied or not), Qwen2-MoE
 (norm_topk_prob or not, top-1/2/3, a shared expert, dense layers by mlp_only_layers or decoder_sparse_step,
-no experts at all, q/k/v biases or none, tied).
+no experts at all, q/k/v biases or none, tied), Qwen3-MoE (q/k norms per head, biases, a window, head_dim
+24) and OLMoE (q/k norms over the projections, biases, top-3 of 8).
 
 Each case: a right- and a left-padded batch (hidden states and logits within 1e-4, attention weights
 within 1e-5), the router's choice in qkv's trace equal to transformers' router_logits → softmax → topk at
@@ -19,7 +20,8 @@ import pytest
 import torch
 from live_helpers import build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from test_live_grads import autograd
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import qkv
 from qkv.train import gradients
@@ -47,6 +49,21 @@ def qwen_moe(d=48, heads=4, kv=2, layers=3, ff=40, moe_ff=16, shared=24, E=4, k=
                           **COMMON)
 
 
+def qwen3_moe(d=48, heads=4, kv=2, layers=2, ff=40, moe_ff=16, E=4, k=2, norm=True, only=(), step=1, bias=False,
+              tied=False, head_dim=None, window=None):
+    return Qwen3MoeConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, num_hidden_layers=layers,
+                          intermediate_size=ff, moe_intermediate_size=moe_ff, num_experts=E, num_experts_per_tok=k,
+                          norm_topk_prob=norm, mlp_only_layers=list(only), decoder_sparse_step=step,
+                          attention_bias=bias, tie_word_embeddings=tied, head_dim=head_dim or d // heads,
+                          use_sliding_window=window is not None, sliding_window=window, **COMMON)
+
+
+def olmoe(d=48, heads=4, kv=2, layers=2, ff=16, E=4, k=2, norm=False, bias=False, tied=False):
+    return OlmoeConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, num_hidden_layers=layers,
+                       intermediate_size=ff, num_experts=E, num_experts_per_tok=k, norm_topk_prob=norm,
+                       attention_bias=bias, tie_word_embeddings=tied, **COMMON)
+
+
 CASES = [
     pytest.param(MixtralForCausalLM, mixtral(), id="mixtral-E4-k2"),
     pytest.param(MixtralForCausalLM, mixtral(d=64, heads=8, kv=2, E=8, k=2, ff=32, layers=3, tied=True),
@@ -58,6 +75,12 @@ CASES = [
     pytest.param(Qwen2MoeForCausalLM, qwen_moe(d=64, heads=4, kv=1, E=8, k=2, norm=True, only=(0, 2), layers=3,
                                                moe_ff=8, shared=48), id="qwen2moe-E8-mqa-dense0,2"),
     pytest.param(Qwen2MoeForCausalLM, qwen_moe(E=0, k=2, only=(), layers=2), id="qwen2moe-no-experts"),
+    pytest.param(Qwen3MoeForCausalLM, qwen3_moe(), id="qwen3moe-qknorm-norm"),
+    pytest.param(Qwen3MoeForCausalLM, qwen3_moe(norm=False, bias=True, only=(1,), layers=3, head_dim=24, tied=True),
+                 id="qwen3moe-bias-dense1-dk24-tied"),
+    pytest.param(Qwen3MoeForCausalLM, qwen3_moe(window=5, k=1, E=8), id="qwen3moe-window5-k1-E8"),
+    pytest.param(OlmoeForCausalLM, olmoe(), id="olmoe-E4-k2"),
+    pytest.param(OlmoeForCausalLM, olmoe(norm=True, bias=True, tied=True, E=8, k=3, layers=3), id="olmoe-norm-bias-E8-k3"),
 ]
 
 

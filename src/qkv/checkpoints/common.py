@@ -24,7 +24,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
 _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
-                 "n_positions", "type_vocab_size",
+                 "n_positions", "type_vocab_size", "sliding_window",
                  # encoder–decoders (Marian, BART, T5)
                  "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                  "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
@@ -35,10 +35,10 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim",
-          "num_experts", "shared_expert_intermediate_size",        # 0 experts: every FFN dense (Qwen2-MoE)
-          "sliding_window")                                        # Qwen2-MoE writes 0 without use_sliding_window
+          "num_experts", "shared_expert_intermediate_size")        # 0 experts: every FFN dense (Qwen2-MoE)
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
-_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base")
+_POSITIVE_FLOAT = ("clip_qkv", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
+                   "rotary_emb_base")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
@@ -70,6 +70,8 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
     the first bad value (a string "768", a float 12.0, a bool, 0 heads, a negative eps, ...).
     Returns the config without its null values: null means "absent" (the family's default)."""
     hf = {k: v for k, v in hf.items() if v is not None}
+    if hf.get("use_sliding_window") is False and hf.get("sliding_window") == 0:
+        del hf["sliding_window"]                          # Qwen2-MoE writes 0 for "no window": unused, as absent
     for key in _POSITIVE_INT:
         v = hf.get(key)
         if v is not None and not (_is_int(v) and v > 0):

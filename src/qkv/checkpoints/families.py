@@ -32,7 +32,7 @@ from .tensors import TensorDict, TensorStore
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
-                                   "mixtral": moe, "qwen2_moe": moe,
+                                   "mixtral": moe, "qwen2_moe": moe, "qwen3_moe": moe, "olmoe": moe,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
                                    "mt5": mt5, "umt5": umt5}
 

@@ -1,9 +1,12 @@
-"""Mixtures of experts (Mixtral, Qwen2-MoE): the Llama family's blocks with a routed FFN.
+"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the Llama family's blocks with a routed FFN.
 
     checkpoint name (relative to the base model)        qkv name
     embed_tokens                                        tok_embed
     layers.{i}.input_layernorm                          attn_norm (RMSNorm)
-    layers.{i}.self_attn.q_proj/k_proj/v_proj/o_proj    W_Q / W_K / W_V / W_O (Qwen2-MoE: q/k/v biases, qkv_bias)
+    layers.{i}.self_attn.q_proj/k_proj/v_proj/o_proj    W_Q / W_K / W_V / W_O (Qwen2-MoE: q/k/v biases, qkv_bias;
+                                                        Qwen3-MoE, OLMoE: all four with attention_bias)
+    layers.{i}.self_attn.q_norm / k_norm                q_norm / k_norm: RMSNorm of each head's q, k (Qwen3-MoE) or
+                                                        of the whole projections (OLMoE, as OLMo 2)
     layers.{i}.post_attention_layernorm                 ffn_norm
   Mixtral (every layer routed):
     layers.{i}.block_sparse_moe.gate                    ffn.W_router (E, d_model) → (d_model, E)
@@ -13,6 +16,7 @@
     layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj   ffn.experts[e].W_gate / W_in / W_out
     layers.{i}.mlp.shared_expert.gate_proj/up_proj/down_proj  ffn.shared (shared_expert_intermediate_size wide)
     layers.{i}.mlp.shared_expert_gate                   ffn.W_shared_gate (1, d_model) → (d_model, 1)
+  Qwen3-MoE: Qwen2-MoE's names without the shared expert; OLMoE: the same, every layer routed.
     norm                                                final_norm
     lm_head (absent when tied)                          W_vocab
 Experts stored fused as transformers 5 holds them in memory (mlp.experts.gate_up_proj (E, 2·d_expert, d_model),
@@ -37,10 +41,13 @@ from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T
 from .llama import IGNORED, _rope
 from .tensors import TensorStore
 
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 # Where each family keeps a MoE layer's router and experts, and its experts' three matrices (gate, up, down).
-MOE = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp"}
-EXPERT = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj")}
+MOE = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp", "olmoe": "mlp"}
+QWEN = ("gate_proj", "up_proj", "down_proj")
+EXPERT = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": QWEN, "qwen3_moe": QWEN, "olmoe": QWEN}
+QK_NORM = {"qwen3_moe": "head", "olmoe": "all"}
 
 __all__ = ["IGNORED", "config", "weights", "hf_config", "tensors"]
 
@@ -69,30 +76,47 @@ def config(hf: dict) -> ModelConfig:
         shown = sorted(set(map(str, types))) if isinstance(types, list) else repr(types)[:40]
         raise QkvError(f"layer_types {shown} is not every layer full_attention; qkv runs models whose every layer "
                        "is full attention (restore the checkpoint's config.json, or use one without sliding layers)")
+    d_head = hf.get("head_dim") or d // H
+    out_bias = False
     if family == "mixtral":
         E, window = need(hf, "num_local_experts"), hf.get("sliding_window")
         d_ff = d_expert = need(hf, "intermediate_size")
         norm_top_k, shared, dense, bias = True, 0, (), False
-    else:
-        if hf.get("use_sliding_window"):
+    elif family == "olmoe":                                   # every layer routed, q/k norms over the projections
+        if hf.get("clip_qkv") is not None:
+            raise QkvError(f"olmoe with clip_qkv={hf['clip_qkv']!r} (Q, K, V clamped) is not supported; "
+                           "use a checkpoint without it")
+        if d_head != d // H:
+            raise QkvError(f"olmoe with head_dim {d_head} ≠ hidden_size / heads is not supported; restore config.json")
+        E, window, d_ff = hf.get("num_experts", 64), None, need(hf, "intermediate_size")
+        d_expert, shared, dense = d_ff, 0, ()
+        norm_top_k, bias = bool(hf.get("norm_topk_prob", False)), bool(hf.get("attention_bias", False))
+        out_bias = bias
+    else:                                                      # Qwen2-MoE, Qwen3-MoE
+        qwen3 = family == "qwen3_moe"
+        if hf.get("use_sliding_window") and not qwen3:
             raise QkvError(f"{family} with use_sliding_window=true is not supported; use a checkpoint without it")
-        E, window = hf.get("num_experts", 60), None
+        E = hf.get("num_local_experts", hf.get("num_experts", 128)) if qwen3 else hf.get("num_experts", 60)
+        window = hf.get("sliding_window") if hf.get("use_sliding_window") else None   # (Qwen3-MoE writes num_local_experts)
         d_ff, d_expert = need(hf, "intermediate_size"), need(hf, "moe_intermediate_size")
-        shared = need(hf, "shared_expert_intermediate_size")
-        if E and shared == 0:
+        shared = 0 if qwen3 else need(hf, "shared_expert_intermediate_size")
+        if E and not qwen3 and shared == 0:
             raise QkvError(f"{family} with shared_expert_intermediate_size 0 (an empty shared expert) is not "
                            "supported; use a checkpoint with a shared expert")
-        norm_top_k, dense, bias = bool(hf.get("norm_topk_prob", False)), _dense_layers(hf, L, E), hf.get("qkv_bias", True)
+        norm_top_k, dense = bool(hf.get("norm_topk_prob", False)), _dense_layers(hf, L, E)
+        bias = bool(hf.get("attention_bias", False)) if qwen3 else hf.get("qkv_bias", True)
+        out_bias = qwen3 and bias
     k = need(hf, "num_experts_per_tok") if E else 0
     if E and k > E:
         raise QkvError(f"config.json num_experts_per_tok {k} is more than the {E} experts; "
                        "restore the checkpoint's config.json")
     return ModelConfig(
         family=family, vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=L, n_heads=H,
-        n_kv_heads=hf.get("num_key_value_heads") or H, d_head=hf.get("head_dim") or d // H, d_ff=d_ff,
+        n_kv_heads=hf.get("num_key_value_heads") or H, d_head=d_head, d_ff=d_ff,
         max_positions=hf.get("max_position_embeddings", 4096), causal=True, norm="rms", norm_place="pre",
         norm_eps=hf.get("rms_norm_eps", 1e-6), position="rope", rope_theta=theta, rope_scaling=scaling,
-        activation=activation(hf.get("hidden_act") or "silu"), gated_ffn=True, qkv_bias=bool(bias), out_bias=False,
+        activation=activation(hf.get("hidden_act") or "silu"), gated_ffn=True, qkv_bias=bool(bias), out_bias=out_bias,
+        qk_norm=QK_NORM.get(family),
         ffn_bias=False, tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"), pad_embedding_frozen=True,
@@ -130,7 +154,12 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
             W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype),
             b_Q=store.get(f"{a}.q_proj.bias", (hq,), dtype) if bias else None,
             b_K=store.get(f"{a}.k_proj.bias", (hkv,), dtype) if bias else None,
-            b_V=store.get(f"{a}.v_proj.bias", (hkv,), dtype) if bias else None)
+            b_V=store.get(f"{a}.v_proj.bias", (hkv,), dtype) if bias else None,
+            b_O=store.get(f"{a}.o_proj.bias", (d,), dtype) if cfg.out_bias else None)
+        if cfg.qk_norm:                                            # each head's (Qwen3-MoE) or all of them (OLMoE)
+            wide = cfg.qk_norm == "all"
+            attn.q_norm = NormWeights(store.get(f"{a}.q_norm.weight", (hq if wide else cfg.d_head,), dtype))
+            attn.k_norm = NormWeights(store.get(f"{a}.k_norm.weight", (hkv if wide else cfg.d_head,), dtype))
         if cfg.moe_layer(i):
             p = f"layers.{i}.{MOE[cfg.family]}"
             ffn = MoEWeights(W_router=linear_T(store, f"{p}.gate.weight", d, cfg.n_experts, dtype), experts=experts(p))
@@ -148,7 +177,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    """The config.json of a MixtralForCausalLM / Qwen2MoeForCausalLM with these knobs."""
+    """The config.json of a Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE ForCausalLM with these knobs."""
     family = cfg.family
     if family not in ARCHITECTURES:
         raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
@@ -167,11 +196,16 @@ def hf_config(cfg: ModelConfig) -> dict:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
     if family == "mixtral":
         hf |= {"num_local_experts": cfg.n_experts, "sliding_window": cfg.sliding_window, "router_jitter_noise": 0.0}
+    elif family == "olmoe":
+        hf |= {"num_experts": cfg.n_experts, "norm_topk_prob": cfg.norm_top_k, "attention_bias": cfg.qkv_bias,
+               "clip_qkv": None}
     else:
-        hf |= {"num_experts": cfg.n_experts, "moe_intermediate_size": cfg.d_expert or cfg.d_ff,
-               "shared_expert_intermediate_size": cfg.d_shared_expert, "norm_topk_prob": cfg.norm_top_k,
-               "mlp_only_layers": list(cfg.dense_layers), "decoder_sparse_step": 1, "qkv_bias": cfg.qkv_bias,
-               "use_sliding_window": False}
+        hf |= {"num_local_experts" if family == "qwen3_moe" else "num_experts": cfg.n_experts,
+               "moe_intermediate_size": cfg.d_expert or cfg.d_ff,
+               "norm_topk_prob": cfg.norm_top_k, "mlp_only_layers": list(cfg.dense_layers), "decoder_sparse_step": 1,
+               "use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window}
+        hf |= ({"attention_bias": cfg.qkv_bias} if family == "qwen3_moe" else
+               {"qkv_bias": cfg.qkv_bias, "shared_expert_intermediate_size": cfg.d_shared_expert})
     return reads_back(cfg, hf, config)
 
 
@@ -191,7 +225,9 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
             f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
             f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
             f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,
-            f"{p}.self_attn.o_proj.weight": a.W_O.T,                                        # (d, H·d_k)
+            f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
+            f"{p}.self_attn.q_norm.weight": None if a.q_norm is None else a.q_norm.weight,  # (d_k,) or (H·d_k,)
+            f"{p}.self_attn.k_norm.weight": None if a.k_norm is None else a.k_norm.weight,
         }
         f = b.ffn
         if isinstance(f, MoEWeights):
