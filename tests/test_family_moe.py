@@ -255,3 +255,11 @@ def test_the_cli_runs_on_a_moe_fixture(monkeypatch, capsys, tmp_path):
     from test_viewer import data_of
     router = data_of((tmp_path / "show" / "attention.html").read_text(encoding="utf-8"))["router"]
     assert router["layers"] == [0, 1] and router["experts"] == 4 and router["k"] == 2
+
+
+def test_a_fresh_moe_model_and_the_lessons_run(monkeypatch, capsys):
+    hf = json.loads((MODELS / "qwen2_moe" / "config.json").read_text())
+    fresh = qkv.init(hf, seed=3)
+    assert isinstance(fresh.weights.blocks[0].ffn, MoEWeights) and fresh.forward([5, 6, 7]).logits.shape == (1, 3, 400)
+    code, out, err = run_main(monkeypatch, capsys, "explain", "kv-cache", "--model", str(MODELS / "qwen2_moe"))
+    assert code == 0, err

@@ -140,7 +140,8 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def experts(p: str) -> list[FFNWeights]:
         E, f = cfg.n_experts, cfg.d_expert or cfg.d_ff
-        if store.has(f"{p}.experts.gate_up_proj"):                 # transformers 5's fused form, as views
+        first = f"{p}.experts.0.{EXPERT[cfg.family][0]}.weight"     # save_pretrained's per-expert form first
+        if not store.has(first) and store.has(f"{p}.experts.gate_up_proj"):   # transformers 5's fused form, as views
             gate_up = store.get(f"{p}.experts.gate_up_proj", (E, 2 * f, d), dtype)    # (E, 2·f, d) [gate; up]
             down = store.get(f"{p}.experts.down_proj", (E, d, f), dtype)             # (E, d, f)
             return [FFNWeights(W_gate=gate_up[e, :f].T, W_in=gate_up[e, f:].T, W_out=down[e].T) for e in range(E)]
