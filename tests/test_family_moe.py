@@ -175,8 +175,9 @@ def test_a_damaged_router_record_is_refused(tmp_path):
 
 def test_router_names_are_not_hooks():
     model = qkv.load(MODELS / "mixtral")
-    with pytest.raises(QkvError, match="unknown intermediate"):
-        model.run([5, 6, 7], hooks={"0.router": lambda v, layer: v})
+    for name in ("0.router", "experts", "1.expert_weights"):
+        with pytest.raises(QkvError, match="recorded in the trace, not hooked"):
+            model.run([5, 6, 7], hooks={name: lambda v, layer: v})
 
 
 def _edited(tmp_path, name: str, change: dict):
