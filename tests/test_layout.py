@@ -18,12 +18,17 @@ import qkv
 from conftest import FAMILY_FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
 from qkv.engine.layout import fast_layout, is_fast, side_by_side
 from qkv.engine.model import Model
-from qkv.engine.weights import Weights
+from qkv.engine.weights import MoEWeights, Weights, ffns_of
 
 
 def unfused(w: Weights) -> Weights:
-    """The same weights without the fused arrays (the plain path: one product per matrix)."""
-    blocks = [replace(b, attn=replace(b.attn, W_QKV=None), ffn=replace(b.ffn, W_gate_in=None)) for b in w.blocks]
+    """The same weights without the fused arrays (the plain path: one product per matrix); a routed FFN's
+    experts each without theirs."""
+    def ffn(f):
+        if isinstance(f, MoEWeights):
+            return replace(f, experts=[ffn(e) for e in f.experts], shared=None if f.shared is None else ffn(f.shared))
+        return replace(f, W_gate_in=None)
+    blocks = [replace(b, attn=replace(b.attn, W_QKV=None), ffn=ffn(b.ffn)) for b in w.blocks]
     return replace(w, blocks=blocks)
 
 
@@ -57,9 +62,10 @@ def test_loaded_weights_are_laid_out_and_keep_their_values(name):
         assert np.array_equal(a.W_QKV, np.concatenate([want.attn.W_Q, want.attn.W_K, want.attn.W_V], axis=1))
         for field in ("W_Q", "W_K", "W_V", "W_O"):
             assert np.array_equal(getattr(a, field), getattr(want.attn, field))
-        if want.ffn.W_gate is not None:
-            assert np.shares_memory(got.ffn.W_gate, got.ffn.W_gate_in)
-            assert np.array_equal(got.ffn.W_gate, want.ffn.W_gate) and np.array_equal(got.ffn.W_in, want.ffn.W_in)
+        for g, f in zip(ffns_of(got.ffn), ffns_of(want.ffn)):        # a routed FFN: each expert
+            if f.W_gate is not None:
+                assert np.shares_memory(g.W_gate, g.W_gate_in)
+                assert np.array_equal(g.W_gate, f.W_gate) and np.array_equal(g.W_in, f.W_in)
     assert np.array_equal(w.tok_embed, plain.tok_embed)
     if w.W_vocab is not None:
         assert np.array_equal(w.W_vocab, plain.W_vocab) and w.W_vocab.flags.c_contiguous

@@ -158,8 +158,9 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
             if blk.cross_attn.b_O is not None:
                 b_O += float(blk.cross_attn.b_O.astype(np.float64) @ u)
         f = trace.layers[l].ffn_out[p].astype(np.float64)                    # (d_model,)
-        if blk.ffn.b_out is not None:
-            bo = float(blk.ffn.b_out.astype(np.float64) @ u)
+        b_ffn = getattr(blk.ffn, "b_out", None)                              # a routed FFN (MoE) has none
+        if b_ffn is not None:
+            bo = float(b_ffn.astype(np.float64) @ u)
             b_out += bo
             ffns[l] = f @ u - bo
         else:

@@ -34,18 +34,22 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  # layers of different kinds (GPT-Neo, SmolLM3)
                  "window_size", "no_rope_layer_interval",
                  # encoders (DistilBERT's names, ELECTRA's embedding width)
-                 "dim", "n_layers", "n_heads", "embedding_size", "global_attn_every_n_layers", "local_attention")
+                 "dim", "n_layers", "n_heads", "embedding_size", "global_attn_every_n_layers", "local_attention",
+                 # mixtures of experts (Mixtral, Qwen2-MoE)
+                 "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
 # The FFN's width: 0 = attention-only.
-_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim")
+_COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim",
+          "num_experts", "shared_expert_intermediate_size")        # 0 experts: every FFN dense (Qwen2-MoE)
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
-_POSITIVE_FLOAT = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta", "rotary_emb_base",
-                   "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq",
-                   "norm_eps", "global_rope_theta", "local_rope_theta")
+_POSITIVE_FLOAT = ("clip_qkv", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
+                   "rotary_emb_base", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                   "rope_local_base_freq", "norm_eps", "global_rope_theta", "local_rope_theta")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
          "use_bidirectional_attention", "use_qkv_bias", "use_bias", "do_layer_norm_before", "enable_bias",
-         "layer_norm_elementwise_affine", "_remove_final_layer_norm",
+         "layer_norm_elementwise_affine", "_remove_final_layer_norm", "qkv_bias", "norm_topk_prob",
+         "output_router_logits",
          "is_decoder", "add_cross_attention", "sinusoidal_pos_embds",
          "norm_bias", "decoder_bias", "classifier_bias")                # ModernBERT
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj",
@@ -74,6 +78,8 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
     the first bad value (a string "768", a float 12.0, a bool, 0 heads, a negative eps, ...).
     Returns the config without its null values: null means "absent" (the family's default)."""
     hf = {k: v for k, v in hf.items() if v is not None}
+    if hf.get("use_sliding_window") is False and hf.get("sliding_window") == 0:
+        del hf["sliding_window"]                          # Qwen2-MoE writes 0 for "no window": unused, as absent
     for key in _POSITIVE_INT:
         v = hf.get(key)
         if v is not None and not (_is_int(v) and v > 0):

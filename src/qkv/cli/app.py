@@ -126,11 +126,13 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         check_writable(out_dir)
     try:
         from ..analysis.sections import sections_keep
-        from ..engine.trace import INTERMEDIATES
+        from ..engine.trace import INTERMEDIATES, ROUTER
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
             keep = tuple(INTERMEDIATES)                                         # the pipeline page shows them all
+        if out_dir is not None:
+            keep = (*keep, *ROUTER)                                             # a MoE model's Experts panel
         trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
         _print_layer(trace, model, layer, head)
         if out_dir is not None:

@@ -11,7 +11,8 @@ Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream map
 embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
 encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
 (each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
-(Gemma 2). Each box
+(Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE: `route`, `routed_feed_forward`, read through
+`feed_forward`). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
@@ -33,15 +34,15 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
                         scaled_dot_product_attention, soft_cap_, split_heads)
-from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, Tape
+from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import QkvError
 from .hooks import Hooks
-from .ops import ACTIVATIONS, layer_norm, rms_norm
+from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
 from .positions import apply_rope
 from .trace import Recorder
-from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
 
 # ── the boxes ────────────────────────────────────────────────────────────────────
@@ -267,10 +268,13 @@ def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConf
              split_heads(linear(encoded, b.cross_attn.W_V, b.cross_attn.b_V), cfg.n_kv_heads)) for b in blocks]
 
 
-def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig, tape: Tape | None = None,
-                 layer: int = 0) -> np.ndarray:
-    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out.
-    tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing kept."""
+def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, tape: Tape | None = None,
+                 layer: int = 0, rec: Recorder | None = None) -> np.ndarray:
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out; a MoE layer's
+    (w a MoEWeights) is `routed_feed_forward`. tape: where to keep what the backward reads, as (layer, "ffn");
+    None: nothing kept. rec: where a routed FFN records its router's choice; None: nowhere."""
+    if isinstance(w, MoEWeights):
+        return routed_feed_forward(x, w, cfg, tape, layer, rec)
     act = ACTIVATIONS[cfg.activation]
     if w.W_gate_in is not None:                              # laid out by qkv.engine.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
@@ -292,6 +296,57 @@ def feed_forward(x: np.ndarray, w: FFNWeights, cfg: ModelConfig, tape: Tape | No
         tape.put(layer, "ffn", FFNTape(x, u, g, h))
     del u, g                                                 # freed before the last product, unless kept
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
+
+
+def route(x: np.ndarray, w: MoEWeights, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The router of a MoE layer: x (N, d_model) → (p (N, E), chosen (N, k), weights (N, k)).
+
+        p = softmax(x·W_router)         each token's probability of each expert
+        chosen = the k largest of p     most probable first, as torch.topk gives them; among exactly
+                                        equal probabilities the lower expert first (torch.topk's order
+                                        there is its sort's own; only a degenerate router, e.g. all zero, ties)
+        weights = p[chosen] / Σ p[chosen]   where cfg.norm_top_k (Mixtral always), else p[chosen]
+    """
+    p = softmax(x @ w.W_router)                                  # (N, E)
+    chosen = np.argsort(-p, axis=-1, kind="stable")[:, :cfg.experts_per_token]   # (N, k)
+    weights = np.take_along_axis(p, chosen, axis=-1)             # (N, k)
+    if cfg.norm_top_k:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return p, chosen, weights
+
+
+def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Tape | None = None, layer: int = 0,
+                        rec: Recorder | None = None) -> np.ndarray:
+    """MoE(x) = Σ_j w_j·FFN_{e_j}(x) over the k experts the router chose for each token (`route`),
+    + σ(x·W_shared_gate)·FFN_shared(x) with a shared expert (Qwen2-MoE). Each expert is the gated FFN
+    (`feed_forward`) run on the rows sent to it only, so a one-token step reads only its k experts'
+    weights; the sum goes expert by expert, as transformers adds them. rec: records "router",
+    "experts", "expert_weights"; tape: keeps (layer, "ffn") a MoETape for the backward."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])                                # (N, d_model), N = B·n
+    p, chosen, gate = route(x2, w, cfg)                          # (N, E), (N, k), (N, k)
+    out = np.zeros_like(x2)                                      # (N, d_model)
+    kept = []
+    for e in np.unique(chosen):                                  # the experts some token went to, in order
+        rows, slot = np.nonzero(chosen == e)                     # (r,) its tokens, and e's place in their k
+        t = None if tape is None else Tape()
+        y = feed_forward(x2[rows], w.experts[e], cfg, t, layer)  # (r, d_model) FFN_e of its tokens
+        out[rows] += y * gate[rows, slot][:, None]
+        if t is not None:
+            kept.append((int(e), rows, slot, t.pop(layer, "ffn"), y))
+    shared = None
+    if w.shared is not None:
+        t = None if tape is None else Tape()
+        s = feed_forward(x2, w.shared, cfg, t, layer)            # (N, d_model)
+        sg = sigmoid(x2 @ w.W_shared_gate)                       # (N, 1) its gate σ(x·w)
+        out += sg * s
+        shared = None if t is None else (t.pop(layer, "ffn"), s, sg)
+    if tape is not None:
+        tape.put(layer, "ffn", MoETape(x2, p, chosen, gate, kept, shared))
+    if rec is not None:
+        for name, value in (("router", p), ("experts", chosen), ("expert_weights", gate)):
+            rec.put(layer, name, value.reshape(*shape[:-1], value.shape[-1]))   # (B, n, E or k)
+    return out.reshape(shape)                                    # (B, n, d_model)
 
 
 def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
@@ -419,7 +474,7 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
         a = attention(h, w.attn, ctx, layer)
         a = a if after_attn is None else after_attn(a)
         h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
-        f = feed_forward(h, w.ffn, cfg, tape, layer)
+        f = feed_forward(h, w.ffn, cfg, tape, layer, ctx.rec)
         f = f if after_ffn is None else after_ffn(f)
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
@@ -432,7 +487,7 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
                         after=after_box(None, cross.hooks, layer, "attn_out", cfg),
                         keep=None if tape is None else (tape, layer, "cross_norm"))
         cross.rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, after=after_ffn,
+    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, ctx.rec, after=after_ffn,
                     keep=None if tape is None else (tape, layer, "ffn_norm"))
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)

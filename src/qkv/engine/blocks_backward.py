@@ -10,6 +10,8 @@ the `Tape` a forward pass fills for them when asked (`Context.tape`).
     S += B (T5's learned position bias)              position_bias: dB = Σ_batch dS
     O = Concat(Z)·W_O + b_O                          linear: dW_O = Zᵀ·dO, dZ = dO·W_Oᵀ, db_O = Σ dO
     F = act(N·W_in + b)·W_out (+ SwiGLU gate)        feed_forward: ops.*_backward of the activation
+    F = Σ_j w_j·FFN_{e_j}(N) (+ σ(N·w_s)·FFN_s(N))   routed_feed_forward: each chosen expert's, and the router's
+                                                     softmax through the weights w_j (the choice: no gradient)
     X ← X + O, or Norm(X + O) (post-norm)            residual: dX passes on unchanged, the box adds its path
     logits = Z·W_vocab + b                           logits_of: dW_vocab = Zᵀ·dlogits
     Z ← Norm(act(Z·W_head + b)) (masked-LM head)     head; X·W_embed + b (ELECTRA): embed_projection
@@ -35,7 +37,7 @@ from .attention import attention_backward, merge_heads, split_heads
 from .config import ModelConfig
 from .ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward, softmax_backward
 from .positions import apply_rope_backward
-from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
 
 # ── what the forward keeps ───────────────────────────────────────────────────────
@@ -64,6 +66,19 @@ class FFNTape:
     u: np.ndarray                 # (B, n, d_ff) x·W_in + b_in
     g: np.ndarray | None          # (B, n, d_ff) x·W_gate (SwiGLU), else None
     h: np.ndarray                 # (B, n, d_ff) act(u), or act(g) ⊙ u
+
+
+@dataclass
+class MoETape:
+    """What routed_feed_forward's backward reads: its input rows, the router's p, choice and weights, and per
+    expert that some token went to: (expert, its rows, e's place in their k, its FFNTape, its output)."""
+
+    x: np.ndarray                 # (N, d_model), N = B·n
+    p: np.ndarray                 # (N, E) softmax(x·W_router)
+    chosen: np.ndarray            # (N, k)
+    gate: np.ndarray              # (N, k) the weights of the chosen experts' outputs
+    experts: list[tuple[int, np.ndarray, np.ndarray, FFNTape, np.ndarray]]   # (e, rows (r,), slot (r,), tape, y (r, d))
+    shared: tuple[FFNTape, np.ndarray, np.ndarray] | None = None   # the shared expert's tape, output (N, d), gate (N, 1)
 
 
 @dataclass
@@ -205,9 +220,13 @@ def position_bias(dz: np.ndarray, t: AttentionTape) -> np.ndarray:
     return np.add.reduce(dS.reshape(B, H, n, -1), axis=0)                       # (H, n, m)
 
 
-def feed_forward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) -> tuple[np.ndarray, FFNWeights]:
+def feed_forward(dout: np.ndarray, w: FFNWeights | MoEWeights, t: FFNTape | MoETape, cfg: ModelConfig
+                 ) -> tuple[np.ndarray, FFNWeights | MoEWeights]:
     """dx and the FFN's gradients. Plain: du = act'(u) ⊙ dh. Gated: du = dh ⊙ act(g), dg = act'(g) ⊙ dh ⊙ u,
-    through [W_gate | W_in] in one product when the weights are laid out so (W_gate_in)."""
+    through [W_gate | W_in] in one product when the weights are laid out so (W_gate_in). A routed FFN's
+    (w a MoEWeights): `routed_feed_forward`."""
+    if isinstance(w, MoEWeights):
+        return routed_feed_forward(dout, w, t, cfg)
     act_backward = ACTIVATION_BACKWARDS[cfg.activation]
     dh, dW_out, db_out = linear(dout, t.h, w.W_out, w.b_out is not None)    # (B, n, d_ff)
     if t.g is None:
@@ -225,6 +244,51 @@ def feed_forward(dout: np.ndarray, w: FFNWeights, t: FFNTape, cfg: ModelConfig) 
         dx_g, dW_gate, _ = linear(dg, t.x, w.W_gate, False)
         dx += dx_g
     return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate)
+
+
+def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelConfig) -> tuple[np.ndarray, MoEWeights]:
+    """dx and the routed FFN's gradients, of out = Σ_j g_j·y_j + σ(x·W_s)·FFN_s(x), y_j = FFN_{e_j}(x):
+
+        dy_j = g_j·dout → each chosen expert's FFN backward (an expert no token chose gets zeros)
+        dg_j = dout·y_j;  renormalised (g = q / Σq, q = p[chosen]): dq = (dg − Σ_j g_j·dg_j) / Σq, else dq = dg
+        dp = dq at the chosen experts, 0 elsewhere;  dlogits = softmax_backward(dp, p)
+        dW_router = xᵀ·dlogits,  dx += dlogits·W_routerᵀ
+        shared: d FFN_s = σ·dout, dz = (dout·FFN_s(x))·σ(1 − σ), dW_s = xᵀ·dz, dx += dz·W_sᵀ
+    Which k experts a token goes to is a step function of x: it has no gradient (as in torch, where
+    topk's indices are constants); the gradient flows through the chosen experts and the weights p gives them.
+    """
+    shape = dout.shape
+    d2 = dout.reshape(-1, shape[-1])                            # (N, d_model)
+    dx = np.zeros_like(t.x)                                     # (N, d_model)
+    dgate = np.zeros_like(t.gate)                               # (N, k)
+    grads: list[FFNWeights | None] = [None] * len(w.experts)
+    for e, rows, slot, tape, y in t.experts:
+        dgate[rows, slot] = np.einsum("rd,rd->r", d2[rows], y)  # dout·y_j
+        dx_e, grads[e] = feed_forward(d2[rows] * t.gate[rows, slot][:, None], w.experts[e], tape, cfg)
+        dx[rows] += dx_e
+    for e, g in enumerate(grads):
+        if g is None:                                           # no token went to expert e
+            f = w.experts[e]
+            grads[e] = FFNWeights(W_in=np.zeros_like(f.W_in), W_out=np.zeros_like(f.W_out),
+                                  W_gate=None if f.W_gate is None else np.zeros_like(f.W_gate))
+    dq = dgate
+    if cfg.norm_top_k:                                          # g = q / Σq
+        q = np.take_along_axis(t.p, t.chosen, axis=-1)          # (N, k)
+        dq = (dgate - np.einsum("nk,nk->n", dgate, t.gate)[:, None]) / q.sum(axis=-1, keepdims=True)
+    dp = np.zeros_like(t.p)                                     # (N, E)
+    np.put_along_axis(dp, t.chosen, dq, axis=-1)
+    dlogits = softmax_backward(dp, t.p)                         # (N, E)
+    dx_r, dW_router, _ = linear(dlogits, t.x, w.W_router, False)
+    dx += dx_r
+    g_shared = dW_gate = None
+    if t.shared is not None:
+        tape, s, sg = t.shared
+        dx_s, g_shared = feed_forward(d2 * sg, w.shared, tape, cfg)
+        dz = np.einsum("nd,nd->n", d2, s)[:, None] * sg * (1 - sg)   # (N, 1)
+        dx_g, dW_gate, _ = linear(dz, t.x, w.W_shared_gate, False)
+        dx += dx_s
+        dx += dx_g
+    return dx.reshape(shape), MoEWeights(W_router=dW_router, experts=grads, shared=g_shared, W_shared_gate=dW_gate)
 
 
 def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarray,

@@ -20,6 +20,8 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
 The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
 (positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
 sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
+  Mixtral, Qwen2-MoE = the Llama knobs + a routed FFN (n_experts > 0): each token goes to the k experts
+           its router ranks highest, their outputs summed with the router's weights (+ a shared expert)
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -115,6 +117,17 @@ class ModelConfig:
                                                 # target language), as transformers' ForcedBOSTokenLogitsProcessor
     start_from_labels: bool = False   # training: the decoder reads first the label row's last real token
                                       # (mBART's language id, its shift_tokens_right), not decoder_start_token_id
+    # ── mixture of experts (Mixtral, Qwen2-MoE): a MoE layer's FFN is routed (blocks.routed_feed_forward)
+    n_experts: int = 0                # E gated FFNs per MoE layer; 0: every FFN dense
+    experts_per_token: int = 0        # k: each token goes to the k experts its router ranks highest
+    norm_top_k: bool = True           # the k chosen probabilities renormalised to sum 1 (Mixtral; Qwen2-MoE: norm_topk_prob)
+    d_expert: int | None = None       # each expert's inner width; None: d_ff (Mixtral)
+    d_shared_expert: int = 0          # a shared expert every token also takes, gated by σ(x·w) (Qwen2-MoE); 0: none
+    dense_layers: tuple[int, ...] = ()   # layers whose FFN is dense (width d_ff) among the MoE layers
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether LAYER's FFN is routed among experts (else one dense FFN)."""
+        return self.n_experts > 0 and layer not in self.dense_layers
 
     def __post_init__(self) -> None:
         if self.encoder_decoder and self.n_decoder_layers is None:
@@ -166,6 +179,12 @@ class ModelConfig:
         if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
             raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
                            f"{self.vocab_size}-token vocabulary; fix the model's config")
+        if self.n_experts < 0 or (self.n_experts and not 1 <= self.experts_per_token <= self.n_experts):
+            raise QkvError(f"experts_per_token={self.experts_per_token} must be from 1 to n_experts={self.n_experts} "
+                           "(and n_experts ≥ 0); fix the model's config")
+        if any(not 0 <= i < self.n_layers for i in self.dense_layers):
+            raise QkvError(f"dense_layers={list(self.dense_layers)} must be layers 0..{self.n_layers - 1}; "
+                           "fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
         if self.positions_from_ids and (self.pad_token_id is None or self.position_offset != self.pad_token_id + 1):

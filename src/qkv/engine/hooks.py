@@ -41,7 +41,7 @@ from .attention import AttentionMask, attend, attention_scores
 from .config import ModelConfig
 from .errors import QkvError, check_index
 from .ops import softmax_
-from .trace import INTERMEDIATES, Recorder
+from .trace import INTERMEDIATES, ROUTER, Recorder
 
 HookFn = Callable[[np.ndarray, int], "np.ndarray | None"]
 
@@ -78,6 +78,9 @@ class Hooks:
         if not 1 <= len(parts) <= 2 or (len(parts) == 2 and not _is_int(parts[1])):
             raise QkvError(f"hook name {key!r} is not [LAYER.]NAME[.HEAD], e.g. '3.heads', 'attn_out', '3.heads.2'")
         name = ALIASES.get(parts[0], parts[0])
+        if name in ROUTER:                                      # a MoE layer's choice: recorded, not hooked
+            raise QkvError(f"hook name {key!r}: the router's {name} is recorded in the trace, not hooked; read it "
+                           "from model.run(text), or hook 'ffn_out' to change the FFN's output")
         if name not in INTERMEDIATES:
             raise QkvError(f"hook name {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
         if len(parts) == 1:

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from .weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights, ffns_of
 
 
 def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -58,7 +58,10 @@ def _attention(w: AttentionWeights) -> AttentionWeights:
                             b_O=_c(w.b_O), W_QKV=W_QKV)
 
 
-def _ffn(w: FFNWeights) -> FFNWeights:
+def _ffn(w: FFNWeights | MoEWeights) -> FFNWeights | MoEWeights:
+    if isinstance(w, MoEWeights):                                # each expert laid out as a dense FFN
+        return MoEWeights(W_router=_c(w.W_router), experts=[_ffn(e) for e in w.experts],
+                          shared=None if w.shared is None else _ffn(w.shared), W_shared_gate=_c(w.W_shared_gate))
     if w.W_gate is None:
         return FFNWeights(W_in=_c(w.W_in), W_out=_c(w.W_out), b_in=_c(w.b_in), b_out=_c(w.b_out))
     W_gate_in, (W_gate, W_in) = side_by_side(w.W_gate, w.W_in)
@@ -69,12 +72,15 @@ def _ffn(w: FFNWeights) -> FFNWeights:
 def is_fast(weights: Weights) -> bool:
     """Whether `weights` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
     for b in weights.blocks:
-        a, f = b.attn, b.ffn
+        a = b.attn
         if a.W_QKV is None or not a.W_QKV.flags.c_contiguous or not np.shares_memory(a.W_Q, a.W_QKV):
             return False
-        if f.W_gate is not None and (f.W_gate_in is None or not np.shares_memory(f.W_in, f.W_gate_in)):
-            return False
-        if not (a.W_O.flags.c_contiguous and f.W_out.flags.c_contiguous):
+        for f in ffns_of(b.ffn):
+            if f.W_gate is not None and (f.W_gate_in is None or not np.shares_memory(f.W_in, f.W_gate_in)):
+                return False
+            if not f.W_out.flags.c_contiguous:
+                return False
+        if not a.W_O.flags.c_contiguous:
             return False
     return weights.W_vocab is None or weights.W_vocab.flags.c_contiguous
 

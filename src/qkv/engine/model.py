@@ -32,7 +32,7 @@ from .layout import fast_layout
 from .positions import positions_from_ids, positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
-from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
+from .trace import RECORDED, Recorder, Trace, layer_traces
 from .weights import Weights
 
 
@@ -221,13 +221,14 @@ class Model:
         return Output(hidden=hidden, logits=logits, attentions=att)
 
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
-            keep: Iterable[str] = tuple(INTERMEDIATES), heads: Iterable[int] | None = None,
+            keep: Iterable[str] = tuple(RECORDED), heads: Iterable[int] | None = None,
             ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero",
             hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
-        keep: which intermediates, from `qkv.engine.trace.INTERMEDIATES`;
+        keep: which intermediates, from `qkv.engine.trace.INTERMEDIATES` (and a MoE layer's router choice,
+        `ROUTER`);
         heads: keep scores and attention weights of these heads only (default all) — on
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
         ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to

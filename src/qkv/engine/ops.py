@@ -30,6 +30,11 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """σ(x) = 1 / (1 + e^−x), as ½·(1 + tanh(x/2)): the same function, with no overflow for large |x|."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
 def softmax_backward(dA: np.ndarray, A: np.ndarray) -> np.ndarray:
     """dS for A = softmax(S) along the last axis: dS = A ⊙ (dA − rowsum(dA ⊙ A)).
 

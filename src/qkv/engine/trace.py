@@ -33,19 +33,27 @@ INTERMEDIATES = {
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
     "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
 }
+# What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
+# has none of them; they are read from the trace, not hooked (qkv.engine.hooks takes INTERMEDIATES).
+ROUTER = {
+    "router": "(B, n, E)  the router's probabilities p = softmax(x·W_router) over the E experts",
+    "experts": "(B, n, k)  the k experts each token went to, most probable first",
+    "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
+}
+RECORDED = {**INTERMEDIATES, **ROUTER}                             # every name a Recorder can keep
 
 
 class Recorder:
     """Collects the intermediates a caller asked for during one forward pass."""
 
-    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(INTERMEDIATES),
+    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(RECORDED),
                  heads: Iterable[int] | None = None):
         self.layers = None if layers is None else set(layers)
         self.heads = None if heads is None else sorted(set(heads))   # weights/scores of these heads only
         self.keep = set(keep)
-        unknown = self.keep - set(INTERMEDIATES)
+        unknown = self.keep - set(RECORDED)
         if unknown:
-            raise QkvError(f"unknown intermediate(s) {sorted(unknown)}; choose from {list(INTERMEDIATES)}")
+            raise QkvError(f"unknown intermediate(s) {sorted(unknown)}; choose from {list(RECORDED)}")
         self.store: dict[int, dict[str, np.ndarray]] = {}
 
     def wants(self, layer: int, name: str) -> bool:
@@ -70,6 +78,9 @@ class LayerTrace:
     heads: np.ndarray | None = None         # (H, n, d_k)
     attn_out: np.ndarray | None = None      # (n, d_model)
     ffn_out: np.ndarray | None = None       # (n, d_model)
+    router: np.ndarray | None = None        # (n, E) MoE layers: the router's probabilities
+    experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
+    expert_weights: np.ndarray | None = None   # (n, k) their weights in the sum
 
 
 class KeptLayer:
@@ -163,17 +174,22 @@ class Trace:
     def save(self, directory: str | os.PathLike, model_name: str | None = None) -> Path:
         """Write tokens and attention weights to DIRECTORY/trace.npz + trace.json (atomically).
 
-        Reload with `Trace.load`. Only the tokens, ids, attentions and what made them (model,
-        family, causal, spelling) are saved. model_name: instead of the trace's `model`.
+        Reload with `Trace.load`. Only the tokens, ids, attentions, the router's choice in MoE layers
+        (router, experts, expert_weights) and what made them (model, family, causal, spelling) are saved.
+        model_name: instead of the trace's `model`.
         """
         out = Path(directory)
+        routed = [i for i in self.layer_ids if self.layers[i].experts is not None]   # MoE layers' router choice
+        router = {} if not routed else {
+            "router_layers": np.array(routed), **{name: np.stack([getattr(self.layers[i], name) for i in routed])
+                                                  for name in ROUTER}}
         meta = {"model": self.model if model_name is None else model_name, "family": self.family,
                 "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
                 "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length}
         try:
             with FileBatch(out) as files:                       # both files or neither
                 files.write("trace.npz", lambda f: np.savez_compressed(
-                    f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids)))
+                    f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids), **router))
                 files.write("trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
         except OSError as e:
             raise QkvError(f"cannot write to {out}: {e.strerror}; choose a writable directory") from None
@@ -188,16 +204,21 @@ class Trace:
         d = Path(directory)
         try:
             meta = json.loads((d / "trace.json").read_text(encoding="utf-8"))
-            arrays = _read_npz(d / "trace.npz", ("ids", "attentions", "layers"))
+            arrays = _read_npz(d / "trace.npz", ("ids", "attentions", "layers"), ("router_layers", *ROUTER))
         except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile) as e:
             raise QkvError(f"{d} does not hold a qkv trace ({_short(e)}); give a directory written by --trace") from None
         meta = _check_meta(d, meta)
-        ids, att, layers = _check_arrays(d, meta, *arrays)
-        return cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
+        ids, att, layers = _check_arrays(d, meta, *arrays[:3])
+        routed = _check_router(d, len(ids), layers, *arrays[3:])
+        trace = cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
                    prompt_length=meta.get("prompt_length"), model=meta.get("model") or "",
                    family=meta.get("family") or "", causal=meta.get("causal"),
                    spelling=meta.get("spelling") or "plain", source_tokens=meta.get("source_tokens"),
                    layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)})
+        for i, values in routed.items():
+            for name, value in zip(ROUTER, values):
+                setattr(trace.layers[i], name, value)
+        return trace
 
     def layer(self, i: int) -> KeptLayer:
         """The trace of model layer i (negative counts from the end of the kept layers); reading an
@@ -229,9 +250,10 @@ def _short(e: Exception) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _read_npz(path: Path, names: tuple[str, ...]) -> list[np.ndarray]:
-    """The named arrays of an .npz, after checking the zip directory's uncompressed sizes against a
-    bound and each .npy header's shape against its member's size: nothing large is allocated first."""
+def _read_npz(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[np.ndarray | None]:
+    """The named arrays of an .npz (then the OPTIONAL ones, None where absent), after checking the zip
+    directory's uncompressed sizes against a bound and each .npy header's shape against its member's
+    size: nothing large is allocated first."""
     bound = max(TRACE_MIN_BOUND, TRACE_RATIO * path.stat().st_size)
     with zipfile.ZipFile(path) as z:
         members = {info.filename: info for info in z.infolist()}
@@ -240,8 +262,11 @@ def _read_npz(path: Path, names: tuple[str, ...]) -> list[np.ndarray]:
             raise ValueError(f"trace.npz would expand to {total / 2**20:.0f} MiB from "
                              f"{path.stat().st_size / 2**20:.1f} MiB on disk, more than a trace can hold")
         out = []
-        for name in names:
+        for name in names + optional:
             info = members.get(name + ".npy")
+            if info is None and name in optional:
+                out.append(None)
+                continue
             if info is None:
                 raise KeyError(f"trace.npz has no {name!r}")
             with z.open(info) as f:
@@ -292,3 +317,30 @@ def _check_arrays(d: Path, meta: dict, ids, att, layers) -> tuple[np.ndarray, np
     if att.ndim != 4 or att.shape[0] != len(layers) or att.shape[2:] != (n, n_k) or att.dtype.kind != "f":
         raise bad(f"attentions have shape {att.shape} of {att.dtype}, expected ({len(layers)}, H, {n}, {n_k}) floats")
     return ids, att, layers.tolist()
+
+
+def _check_router(d: Path, n: int, layers: list[int], routed, router, experts, weights
+                  ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The MoE layers' router arrays, if any: router_layers (Lm,) among the layers, router (Lm, n, E) floats,
+    experts (Lm, n, k) integers in 0..E-1, expert_weights (Lm, n, k) floats; all four or none."""
+    def bad(what: str) -> QkvError:
+        return QkvError(f"{d}/trace.npz has a bad router record ({what}); give a directory written by --trace")
+
+    given = [a is not None for a in (routed, router, experts, weights)]
+    if not any(given):
+        return {}
+    if not all(given):
+        raise bad("router_layers, router, experts and expert_weights come together")
+    if routed.ndim != 1 or routed.dtype.kind not in "iu" or not set(routed.tolist()) <= set(layers) \
+            or len(set(routed.tolist())) != len(routed):
+        raise bad("router_layers must be distinct layers of the trace")
+    Lm = len(routed)
+    if router.ndim != 3 or router.shape[:2] != (Lm, n) or router.dtype.kind != "f":
+        raise bad(f"router has shape {router.shape} of {router.dtype}, expected ({Lm}, {n}, E) floats")
+    k_shape = (Lm, n, experts.shape[-1] if experts.ndim == 3 else -1)
+    if experts.shape != k_shape or experts.dtype.kind not in "iu" or not 1 <= k_shape[2] <= router.shape[2] \
+            or (experts.size and not 0 <= experts.min() <= experts.max() < router.shape[2]):
+        raise bad(f"experts have shape {experts.shape} of {experts.dtype}, expected ({Lm}, {n}, k) expert numbers")
+    if weights.shape != experts.shape or weights.dtype.kind != "f":
+        raise bad(f"expert_weights have shape {weights.shape}, expected {experts.shape} floats")
+    return {int(i): (router[j], experts[j], weights[j]) for j, i in enumerate(routed)}

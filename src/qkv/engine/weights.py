@@ -62,6 +62,27 @@ class FFNWeights:
 
 
 @dataclass
+class MoEWeights:
+    """A routed FFN (mixture of experts, Mixtral, Qwen2-MoE): p = softmax(x·W_router) over the E experts,
+    the k highest chosen, out = Σ_j w_j·FFN_{e_j}(x) with w_j their probabilities (renormalised where
+    the config says), + σ(x·W_shared_gate)·FFN_shared(x) where there is a shared expert (Qwen2-MoE)."""
+
+    W_router: np.ndarray                       # (d_model, E)
+    experts: list[FFNWeights]                  # E gated FFNs, each (d_model, d_expert) in, (d_expert, d_model) out
+    shared: FFNWeights | None = None           # the shared expert (d_shared_expert wide); None: none
+    W_shared_gate: np.ndarray | None = None    # (d_model, 1) its gate
+
+    def ffns(self) -> list[FFNWeights]:
+        """Every FFN inside: the experts, then the shared expert."""
+        return self.experts + ([] if self.shared is None else [self.shared])
+
+
+def ffns_of(ffn: "FFNWeights | MoEWeights") -> list[FFNWeights]:
+    """The FFNs a block's FFN box holds: itself, or a routed FFN's experts (and shared expert)."""
+    return ffn.ffns() if isinstance(ffn, MoEWeights) else [ffn]
+
+
+@dataclass
 class BlockWeights:
     """One transformer block: attention and FFN, each with its norm (before or after).
 
@@ -73,7 +94,8 @@ class BlockWeights:
     attn_norm: NormWeights | None                # None: attention reads the stream itself (OLMo 2)
     attn: AttentionWeights
     ffn_norm: NormWeights | None                 # None: no norm before the FFN (OLMo 2); in a parallel block the
-    ffn: FFNWeights                              # FFN then reads attn_norm's output (Phi: one norm for both)
+    ffn: FFNWeights | MoEWeights                 # FFN then reads attn_norm's output (Phi: one norm for both);
+                                                 # MoEWeights: a routed FFN (a MoE layer)
     cross_attn: AttentionWeights | None = None   # encoder–decoder decoders: Q from here, K, V from the encoder
     cross_norm: NormWeights | None = None        # its norm (before or after, as the others)
     attn_out_norm: NormWeights | None = None     # Norm of attention's output before it joins the stream (OLMo 2)
@@ -118,7 +140,7 @@ class Weights:
         if self.W_vocab is not None and np.shares_memory(self.W_vocab, self.tok_embed):
             total -= self.W_vocab.nbytes
         for b in self.blocks:
-            for fused in (b.attn.W_QKV, b.ffn.W_gate_in):
+            for fused in (b.attn.W_QKV, *(f.W_gate_in for f in ffns_of(b.ffn))):
                 if fused is not None:
                     total -= fused.nbytes                # its columns are W_Q|W_K|W_V or W_gate|W_in
         return total

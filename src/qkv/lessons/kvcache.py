@@ -28,6 +28,7 @@ from .attention import DEFAULT_TEXT
 from ..writing.generate import check_can_generate
 from ..engine.threads import StepThreads, decode_threads
 from ..engine.tokenizer import shorten
+from ..engine.weights import MoEWeights
 from . import Page, nbytes, same, shape
 from .kvcache_text import TEXTS
 
@@ -183,8 +184,14 @@ def _dims(model) -> dict:
                             ("W_vocab", w.W_vocab.shape, (d_model, cfg.vocab_size))):
         if tuple(got) != want:
             raise RuntimeError(f"lesson: {name} is {tuple(got)}, the config says {want}")
-    return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=b.ffn.W_in.shape[1], L=cfg.n_layers,
-                V=w.W_vocab.shape[1], gated=b.ffn.W_gate is not None)
+    ffn = b.ffn
+    if isinstance(ffn, MoEWeights):                     # a routed FFN: a token runs k experts (and a shared one)
+        d_ff = cfg.experts_per_token * ffn.experts[0].W_in.shape[1] + (0 if ffn.shared is None else ffn.shared.W_in.shape[1])
+        ffn = ffn.experts[0]
+    else:
+        d_ff = ffn.W_in.shape[1]
+    return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=d_ff, L=cfg.n_layers,
+                V=w.W_vocab.shape[1], gated=ffn.W_gate is not None)
 
 
 def cache_layouts(cfg, n: int, dtype) -> list[Layout]:

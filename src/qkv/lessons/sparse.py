@@ -89,6 +89,9 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
     text, copies, one = _long_enough(model, text or PARAGRAPH, default=text is None)
     trace = model.run(" ".join([text] * copies), keep=("q", "k", "v", "heads", "attentions"))
     n = len(trace.tokens)
+    if cfg.causal and cfg.sliding_window is not None and cfg.sliding_window < n:
+        raise QkvError(f"{model.name} attends within its own sliding window of {cfg.sliding_window} tokens; the sparse "
+                       "lesson compares every pattern with full causal attention: use a model without a window")
     gallery = sp.gallery(cfg.causal, WINDOW, BLOCK)
     layers = [trace.layer(i) for i in trace.layer_ids]
     q, k, v, Z, A = (np.stack([getattr(lt, name) for lt in layers])       # every layer as the batch axis:

@@ -59,6 +59,10 @@ qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as atten
       "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
       "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
       0 = corrupted, 1 = clean when normalised).
+    "router" (mixtures of experts, `router_payload`, from the trace itself): {"layers": [int] (Lm, the kept
+      layers that route), "positions": n, "experts": E, "k": k, "chosen": [[[e] (k)] (n)] (Lm) (the experts each
+      token went to, most probable first), "weights": same shape, floats (their weights in the sum, 4 decimals),
+      "probs": uint8 (Lm, n, E) scale 255 (the router's probability of every expert, ±0.002)}.
 
 An encoder–decoder's trace (`Seq2SeqModel.run`) becomes three such objects, one per kind of
 attention (`viz.seq2seq`), under one title:
@@ -91,7 +95,7 @@ PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
 NEXT_K = 10                                                   # candidates listed per generated token
 NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
-SECTIONS = ("lens", "rollout", "patch")                       # optional views beyond attention weights
+SECTIONS = ("lens", "rollout", "patch", "router")             # optional views beyond attention weights
 VIEWS = ("head", "matrix", "model", "next") + SECTIONS
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
@@ -164,12 +168,28 @@ def check_sections(sections: Mapping[str, dict | None] | None, view: str | None,
         raise QkvError(f"the viewer cannot open {view!r} first; choose from "
                        f"{[v for v in VIEWS if v not in SECTIONS or v in sections]}")
     sizes = {"lens": lambda s: s["positions"], "rollout": lambda s: s["rollout"]["shape"][-1],
-             "patch": lambda s: len(s["labels"])}
+             "patch": lambda s: len(s["labels"]), "router": lambda s: s["positions"]}
     for name, section in sections.items():
         if sizes[name](section) != n:
             raise QkvError(f"the {name} section is about {sizes[name](section)} tokens and the trace has {n}; "
                            "compute it from the same text")
     return {"view": view, **{name: sections.get(name) for name in SECTIONS}}
+
+
+def router_payload(trace: Trace) -> dict | None:
+    """The "router" section (module doc) from a MoE model's trace: for each kept layer that routes, which
+    experts each token went to with their weights, and the router's probability of every expert; None
+    when no kept layer recorded its router (a dense model, or a trace made without keep "experts")."""
+    routed = [i for i in trace.layer_ids if trace.layers[i].experts is not None and trace.layers[i].router is not None]
+    if not routed:
+        return None
+    probs = np.stack([trace.layers[i].router for i in routed])                 # (Lm, n, E)
+    return {"layers": [int(i) for i in routed], "positions": int(probs.shape[1]), "experts": int(probs.shape[2]),
+            "k": int(trace.layers[routed[0]].experts.shape[-1]),
+            "chosen": [trace.layers[i].experts.astype(int).tolist() for i in routed],          # (Lm, n, k)
+            "weights": [np.round(trace.layers[i].expert_weights.astype(np.float64), 4).tolist()
+                        for i in routed],                                                   # (Lm, n, k)
+            "probs": encode(np.clip(probs, 0, 1), "u8", SCALE)}                             # (Lm, n, E) ±0.002
 
 
 def trace_payload(trace: Trace, *, model_name: str | None = None,
@@ -201,6 +221,8 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     model_name = trace.model if model_name is None else model_name
     roles = check_roles(roles, L, H)
     cross = trace.source_tokens is not None
+    if not (sections or {}).get("router"):                              # a MoE model's router: from the trace
+        sections = {**(sections or {}), "router": router_payload(trace)}
     if title is None:
         title = page_title(model_name, trace.text)
     return {

@@ -228,7 +228,12 @@ def arch_of(model) -> dict:
             # the encoders after BERT: a masked-LM head before W_vocab, E-wide embeddings projected to d_model
             # (ELECTRA), positions counted over the non-pad ids (RoBERTa)
             "mlm_head": getattr(last, "W_head", None) is not None, "embed_dim": c.embed_dim,
-            "positions_from_ids": bool(c.positions_from_ids)}
+            "positions_from_ids": bool(c.positions_from_ids),
+            # a mixture of experts (Mixtral, Qwen2-MoE): its routed FFN's router; None for a dense model
+            "moe": None if not c.n_experts else {
+                "experts": c.n_experts, "k": c.experts_per_token, "renormalised": c.norm_top_k,
+                "d_expert": c.d_expert or c.d_ff, "shared": c.d_shared_expert or None,
+                "dense_layers": list(c.dense_layers)}}
 
 
 def position_bias_of(weights) -> str | None:

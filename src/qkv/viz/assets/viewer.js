@@ -104,7 +104,7 @@
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
-  const SECTIONS = ["lens", "rollout", "patch"];                 // optional views, in tab order
+  const SECTIONS = ["lens", "rollout", "patch", "router"];       // optional views, in tab order
   const PANELS = {};                                             // their views: viewer_panels.js registers them
   const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
 

@@ -1,14 +1,15 @@
 /* qkv viewer panels: the optional sections of viewer.js, beyond attention weights — the logit lens
  * (layers × positions, the final prediction's probability or rank, a cell's top tokens on hover),
  * rollout (raw attention, attention rollout and attention flow side by side) and activation
- * patching (effect tables as heatmaps centred at 0), drawn as labelled heatmaps on canvas.
+ * patching (effect tables as heatmaps centred at 0), drawn as labelled heatmaps on canvas, and a
+ * mixture of experts' router (each token's experts and their weights, a table per layer).
  *
  * Input: the sections of the payload (qkv/viz/payload.py, interpret_payload.py). Tokens reach the
  * page only through textContent and canvas fillText: never parsed as HTML. No network.
  *
  * Load this file after viewer.js (the page inlines both, in that order). The interface:
  *   QKV.util    the core's helpers: el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED (arrays: wire.js)
- *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch"):
+ *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch", "router"):
  *     label           the tab's name
  *     layer           true if the view follows the Layer selector
  *     decode(section) → Promise<extra>   the section's arrays decoded (viewer.js mount; absent: {})
@@ -345,6 +346,64 @@
     return {draw};
   }
 
+  // ── the router (mixtures of experts): which experts each token went to, with their weights ──
+  // One table per MoE layer (the Layer selector's): a row per token, a column per expert shaded by the
+  // router's probability p; the k chosen cells carry the weight their output is summed with.
+  function buildRouter(v) {
+    const R = v.p.router, panel = v.panels.router, probs = v.extra.router.probs, E = R.experts, n = R.positions;
+    const note = el("p", "qkv-note");
+    const readout = el("p", "qkv-readout", "hover a cell");
+    const wrap = el("div", "qkv-router-wrap");
+    panel.append(note, wrap, readout,
+                 el("p", "qkv-note", `Each token goes to the ${R.k} experts its router ranks highest (p = softmax of ` +
+                    "x·W_router over the experts, shaded); the chosen cells show the weight that expert's output " +
+                    "gets in the FFN's sum. The choice is the model's own, token by token."));
+    let shownLayer = null;
+
+    function table(li) {
+      const t = el("table", "qkv-router-table");
+      const head = el("tr");
+      head.append(el("th", null, "token"), el("th", null, "experts → weights"));
+      for (let e = 0; e < E; e++) head.append(el("th", "qkv-router-e", String(e)));
+      t.append(head);
+      for (let i = 0; i < n; i++) {
+        const row = el("tr"), chosen = R.chosen[li][i], weights = R.weights[li][i];
+        row.append(el("td", "qkv-router-tok", shown(v.tokens[i], 16)),
+                   el("td", "qkv-router-list", chosen.map((e, j) => `${e}: ${weights[j].toFixed(2)}`).join(" · ")));
+        for (let e = 0; e < E; e++) {
+          const q = probs[(li * n + i) * E + e], j = chosen.indexOf(e);
+          const cell = el("td", j >= 0 ? "qkv-router-cell qkv-router-chosen" : "qkv-router-cell",
+                          j >= 0 ? weights[j].toFixed(2) : "");
+          cell.style.background = `rgba(9, 105, 218, ${(q / 255).toFixed(3)})`;
+          if (q > 150) cell.style.color = "#fff";
+          cell.dataset.token = i; cell.dataset.expert = e;
+          cell.addEventListener("mouseenter", () => {
+            readout.textContent = `“${shown(v.tokens[i], 24)}” (position ${i}) · expert ${e}: p ${fmt(q)}` +
+              (j >= 0 ? ` · chosen (#${j + 1}), weight ${weights[j].toFixed(4)}` : " · not chosen");
+          });
+          row.append(cell);
+        }
+        t.append(row);
+      }
+      return t;
+    }
+
+    function draw() {
+      const layer = v.p.layers[v.state.layer], li = R.layers.indexOf(layer);
+      if (layer === shownLayer) return;
+      shownLayer = layer;
+      wrap.replaceChildren();
+      readout.textContent = "hover a cell";
+      if (li < 0) {
+        note.textContent = `layer ${layer} has a dense FFN: no router. The routed layers: ${R.layers.join(", ")}.`;
+        return;
+      }
+      note.textContent = `layer ${layer} · ${E} experts, ${R.k} per token`;
+      wrap.append(table(li));
+    }
+    return {draw};
+  }
+
   // ── registration: one entry per section, in viewer.js's SECTIONS order ────
   QKV.panels.lens = {
     label: "Logit lens", layer: false, build: buildLens,
@@ -360,5 +419,10 @@
   QKV.panels.patch = {
     label: "Patching", layer: false, build: buildPatch,
     meta: (v) => ["activation patching: " + v.p.patch.metric],
+  };
+  QKV.panels.router = {
+    label: "Experts", layer: true, build: buildRouter,
+    decode: async (r) => ({probs: await decode(r.probs)}),
+    meta: (v) => [`layer ${v.p.layers[v.state.layer]}`, "the router's choice"],
   };
 })(window);
