@@ -186,9 +186,9 @@ class AttentionMask:
         return self._bias[key]
 
     def plain_only(self, scale: float | None, d_k: int) -> bool:
-        """Whether attention must be computed the plain way: a position bias or a scale other than
-        1/√d_k, which the tiled kernels do not take."""
-        return self.position_bias is not None or (scale is not None and scale != 1.0 / math.sqrt(d_k))
+        """Whether attention must be computed the plain way: a position bias, which the tiled kernels do not
+        take (they take any scale: Granite's, T5's 1)."""
+        return self.position_bias is not None
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
@@ -196,7 +196,7 @@ def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
     plain = mask.plain_only(scale, q.shape[-1])
     if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not plain:
-        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
+        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
         return causal_attention(q, k, v, mask, scale=scale)
     z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale)

@@ -20,6 +20,7 @@ to the residual stream, as in the induction-head studies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -52,6 +53,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, compare=False)
     rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
+    rope_interleaved: bool = False    # RoPE pairs (0, 1), (2, 3), … of each head (GPT-J, Cohere); False: (i, i + d/2)
     parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
     qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
                                       # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
@@ -82,6 +84,9 @@ class ModelConfig:
     encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
+    embedding_multiplier: float = 1.0    # X = E[ids]·m (Granite's embedding_multiplier); see embed_scale
+    residual_multiplier: float = 1.0     # each box's output × m before it joins the stream (Granite)
+    logit_scale: float = 1.0             # logits = Z·W_vocab·s (Cohere's logit_scale, Granite's 1 / logits_scaling)
     position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
     relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
     relative_max_distance: int = 128  # distances from here on share the last bucket
@@ -131,6 +136,11 @@ class ModelConfig:
         if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
             raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
                            f"{self.vocab_size}-token vocabulary; fix the model's config")
+        for knob in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+            if not (0 < getattr(self, knob) < float("inf")):
+                raise QkvError(f"{knob}={getattr(self, knob)} must be a positive finite number; fix the model's config")
+        if self.scale_embedding and self.embedding_multiplier != 1:
+            raise QkvError("scale_embedding (×√d_model) and embedding_multiplier are one factor: give one of them")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
 
@@ -141,6 +151,14 @@ class ModelConfig:
         if self.attn_scale is not None:
             return self.attn_scale
         return None if self.scale_scores else 1.0
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the looked-up rows E[ids] are multiplied by: √d_model with scale_embedding (Marian, Gemma),
+        else embedding_multiplier (Granite); None when it is 1 (no product)."""
+        if self.scale_embedding:
+            return math.sqrt(self.d_model)
+        return None if self.embedding_multiplier == 1 else self.embedding_multiplier
 
     @property
     def group_size(self) -> int:

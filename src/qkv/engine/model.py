@@ -81,7 +81,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype,
                                  length=int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
-        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling))   # 2 × (B, 1, n, d_k)
+        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling),
+                            interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,

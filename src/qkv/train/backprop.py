@@ -99,7 +99,7 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     loss, dlogits = next_token_loss(logits, ids, counted)
     del logits
 
-    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights)
+    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h, weights, cfg)
     del dlogits, h
     dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
     g_final = None
