@@ -24,14 +24,15 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import (bart, bert, gpt2, gpt_neox, llama, marian, mbart, mt5, opt, pegasus, phi, phi3, stablelm, starcoder2, t5,
-               umt5)
+from . import (bart, bert, cohere, gpt2, gpt_neox, gptj, granite, llama, marian, mbart, mt5, opt, pegasus, phi, phi3,
+               stablelm, starcoder2, t5, umt5)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
 FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
+                                   "gptj": gptj, "cohere": cohere, "granite": granite,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
                                    "mt5": mt5, "umt5": umt5}
 
