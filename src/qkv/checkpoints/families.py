@@ -1,5 +1,6 @@
 """The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py;
-the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whose weights are a Seq2SeqWeights of two stacks).
+gpt_neox.py, gptj.py, phi.py, cohere.py, granite.py (Llama's table with its multipliers), …; the encoder–decoders
+marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whose weights are a Seq2SeqWeights of two stacks).
 
 Every family module is a table between the checkpoint's names and ours, read both ways:
 

@@ -6,10 +6,11 @@ forward pass, and the `Context` that every box of one pass shares.
       ─▶ Norm ─▶ FFN ─▶ + X                        (pre-norm; post-norm puts Norm after each +)
 
 A family is knob values read by these boxes, each in one place: post- or pre-norm, no norm before a
-box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
-Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream mapped in and out (OPT-350m:
-embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
-encoder–decoder's cross-attention. Each box
+box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi, GPT-J, Cohere), partial RoPE and RoPE
+by interleaved pairs (GPT-J, Cohere), q/k norms (Qwen3, Phi, OLMo 2; StableLM's and Cohere's one per head),
+an embedding narrower than the stream mapped in and out (OPT-350m: embed_in in `embed`, `unembed_in` after
+the final norm), T5's position bias and unscaled scores, Granite's multipliers (embeddings, each box's output
+before the stream, scores, logits; Cohere's logit scale), the encoder–decoder's cross-attention. Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the

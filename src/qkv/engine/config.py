@@ -4,6 +4,9 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+  GPT-J = parallel residual with one LayerNorm + RoPE by interleaved pairs on part of each head + LM-head bias
+  Cohere = parallel residual with one LayerNorm + interleaved RoPE + SwiGLU + q/k norms per head + logit scale
+  Granite = Llama + embedding, residual, score and logit multipliers
 An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
 the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
 blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
