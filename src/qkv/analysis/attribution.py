@@ -18,6 +18,8 @@ and the logit is Norm(x_L)·W_vocab[:, t] (+ b_vocab[t]). With the norm's scale 
 does, Norm is linear in x_L, so each piece's part is piece·u with u = γ ⊙ W_vocab[:, t] / s
 (LayerNorm centres each piece first: piece·(u − mean u)). The parts sum to the logit up to
 the final norm's β and b_vocab, reported with the other terms; the tests check that they do.
+A logit scale (Cohere, Granite: logits × s) scales W_vocab's column, and Granite's residual multiplier m
+each head's and bias's piece (what joins the stream is the box's output × m).
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     w, vocab_bias = _direction(model, target, other)                         # (d_model,)
     if cfg.scale_decoder_output:                                             # T5: logits = (Norm(x)·d^-0.5)·W
         w = w * cfg.d_model ** -0.5
+    w, vocab_bias = w * cfg.logit_scale, vocab_bias * cfg.logit_scale        # Cohere, Granite: logits × s
+    m = cfg.residual_multiplier                                              # Granite: each output × m joins
     fn = weights.final_norm
     gamma = np.ones_like(w) if fn is None else fn.weight.astype(np.float64)
     if cfg.norm == "rms":
@@ -151,7 +155,7 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     for l, blk in enumerate(weights.blocks):
         z = trace.layers[l].heads[:, p].astype(np.float64)                   # (H, d_k)
         Wu = (blk.attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1)  # (H, d_k) W_O[h rows]·u
-        heads[l] = np.einsum("hd,hd->h", z, Wu)
+        heads[l] = m * np.einsum("hd,hd->h", z, Wu)
         if cross is not None:                                                # Z_h of the cross-attention
             zc = trace.cross.layers[l].heads[:, p].astype(np.float64)        # (H, d_k)
             cross[l] = np.einsum("hd,hd->h", zc, (blk.cross_attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1))
@@ -160,13 +164,13 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         f = trace.layers[l].ffn_out[p].astype(np.float64)                    # (d_model,)
         b_ffn = getattr(blk.ffn, "b_out", None)                              # a routed FFN (MoE) has none
         if b_ffn is not None:
-            bo = float(b_ffn.astype(np.float64) @ u)
+            bo = m * float(b_ffn.astype(np.float64) @ u)
             b_out += bo
             ffns[l] = f @ u - bo
         else:
             ffns[l] = f @ u
         if blk.attn.b_O is not None:
-            b_O += float(blk.attn.b_O.astype(np.float64) @ u)
+            b_O += m * float(blk.attn.b_O.astype(np.float64) @ u)
     emb = float(trace.layers[0].residual[p].astype(np.float64) @ u)
     beta = 0.0
     if fn is not None and fn.bias is not None:

@@ -24,7 +24,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
 _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_embd", "n_layer", "n_head",
-                 "n_positions", "type_vocab_size", "sliding_window",
+                 "n_positions", "type_vocab_size", "sliding_window", "rotary_dim",
                  # encoder–decoders (Marian, BART, T5)
                  "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                  "num_layers", "num_decoder_layers", "num_heads", "d_kv", "relative_attention_num_buckets",
@@ -43,13 +43,16 @@ _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", 
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("clip_qkv", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
                    "rotary_emb_base", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-                   "rope_local_base_freq", "norm_eps", "global_rope_theta", "local_rope_theta")
+                   "rope_local_base_freq", "norm_eps", "global_rope_theta", "local_rope_theta",
+                   # the multipliers (Cohere, Granite)
+                   "logit_scale", "logits_scaling", "embedding_multiplier", "residual_multiplier",
+                   "attention_multiplier")
 _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
          "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "scale_embedding", "scale_decoder_outputs",
          "share_encoder_decoder_embeddings", "use_parallel_residual", "qk_layernorm",
          "use_bidirectional_attention", "use_qkv_bias", "use_bias", "do_layer_norm_before", "enable_bias",
          "layer_norm_elementwise_affine", "_remove_final_layer_norm", "qkv_bias", "norm_topk_prob",
-         "output_router_logits",
+         "output_router_logits", "use_qk_norm",
          "is_decoder", "add_cross_attention", "sinusoidal_pos_embds",
          "norm_bias", "decoder_bias", "classifier_bias")                # ModernBERT
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj",

@@ -1,5 +1,6 @@
-"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py, moe.py; the
-encoders roberta.py (and XLM-RoBERTa), distilbert.py, electra.py, modernbert.py;
+"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py, moe.py;
+gpt_neox.py, gptj.py, phi.py, cohere.py, granite.py (Llama's table with its multipliers), …; the encoders
+roberta.py (and XLM-RoBERTa), distilbert.py, electra.py, modernbert.py;
 the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whose weights are a Seq2SeqWeights of two stacks).
 
 Every family module is a table between the checkpoint's names and ours, read both ways:
@@ -25,8 +26,8 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import (bart, bert, distilbert, electra, gemma2, gpt2, gpt_neo, gpt_neox, llama, marian, mbart, modernbert, moe,
-               mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5, umt5)
+from . import (bart, bert, cohere, distilbert, electra, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite, llama, marian,
+               mbart, modernbert, moe, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5, umt5)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
@@ -34,6 +35,7 @@ FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_n
                                    "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
                                    "mixtral": moe, "qwen2_moe": moe, "qwen3_moe": moe, "olmoe": moe,
+                                   "gptj": gptj, "cohere": cohere, "granite": granite,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
                                    "mt5": mt5, "umt5": umt5,
                                    "gpt_neo": gpt_neo, "smollm3": llama, "gemma2": gemma2, "gemma3_text": gemma2,

@@ -202,7 +202,7 @@ class AttentionMask:
 
     def plain_only(self, cap: float | None = None) -> bool:
         """Whether attention must be computed the plain way: a position bias (T5) or a soft-cap (Gemma 2),
-        which the tiled kernels do not take (another scale they take through Q: `attention_output`)."""
+        which the tiled kernels do not take (they take any scale: Granite's, Gemma's, T5's 1)."""
         return self.position_bias is not None or cap is not None
 
 
@@ -210,10 +210,7 @@ def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
                      scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
     if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
-        dk = q.shape[-1]
-        if scale is not None and scale != 1.0 / math.sqrt(dk):   # the kernel's S = Q'·Kᵀ/√d_k with Q' = Q·scale·√d_k
-            q = q * (scale * math.sqrt(dk))                        # (B, H, n, d_k); equal up to rounding
-        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask)
+        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
         return causal_attention(q, k, v, mask, scale=scale, cap=cap)
     z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap)

@@ -6,13 +6,14 @@ forward pass, and the `Context` that every box of one pass shares.
       ─▶ Norm ─▶ FFN ─▶ + X                        (pre-norm; post-norm puts Norm after each +)
 
 A family is knob values read by these boxes, each in one place: post- or pre-norm, no norm before a
-box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi), partial RoPE, q/k norms (Qwen3,
-Phi, OLMo 2; StableLM's one per head), an embedding narrower than the stream mapped in and out (OPT-350m:
-embed_in in `embed`, `unembed_in` after the final norm), T5's position bias and unscaled scores, the
-encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
-(each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
-(Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE: `route`, `routed_feed_forward`, read through
-`feed_forward`). Each box
+box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi, GPT-J, Cohere), partial RoPE and RoPE
+by interleaved pairs (GPT-J, Cohere), q/k norms (Qwen3, Phi, OLMo 2; StableLM's and Cohere's one per head),
+an embedding narrower than the stream mapped in and out (OPT-350m: embed_in in `embed`, `unembed_in` after
+the final norm), T5's position bias and unscaled scores, Granite's multipliers (embeddings, each box's output
+before the stream, scores, logits; Cohere's logit scale), the encoder–decoder's cross-attention, norms before
+and after each box (Gemma 2/3), layers of different kinds (each its own window's mask and its own rotation:
+Context.mask_of, rope_of), soft-capped scores and logits (Gemma 2), a routed FFN among experts (Mixtral,
+Qwen2-MoE: `route`, `routed_feed_forward`, read through `feed_forward`). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
@@ -68,14 +69,14 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
-    """X = E[ids]·(√d_model if scaled) + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART),
-    then ·W_embed + b_embed where the tables are E wide (ELECTRA) (seeds §1). positions (B, n) or (n,);
-    T5 has no table: its positions enter the scores. A table narrower than d_model (OPT-350m) is mapped to
-    it first: X = E[ids]·embed_in + P[…].
+    """X = E[ids]·s + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART), then ·W_embed + b_embed
+    where the tables are E wide (ELECTRA) (seeds §1), with s = cfg.embed_scale (√d_model: Marian, Gemma;
+    Granite's embedding_multiplier; none: 1). positions (B, n) or (n,); T5 has no table: its positions enter
+    the scores. A table narrower than d_model (OPT-350m) is mapped to it first: X = E[ids]·s·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
     x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
-    if cfg.scale_embedding:
-        x *= math.sqrt(cfg.d_model)                      # Marian: E·√d
+    if cfg.embed_scale is not None:
+        x *= cfg.embed_scale                             # Marian: E·√d, Granite: E·m
     if weights.embed_in is not None:
         x = linear(x, weights.embed_in)                  # (B, n, d_model) OPT's project_in
     if weights.pos_embed is not None:                    # learned or sinusoidal table
@@ -232,7 +233,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)     # rotate by position
+        q, k = apply_rope(q, *rope, cfg.rope_interleaved), apply_rope(k, *rope, cfg.rope_interleaved)   # by position
     hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
     if hooks is not None:
         q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
@@ -394,7 +395,7 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
         qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
     rope = ctx.rope_of(layer)
     if rope is not None:
-        qk = apply_rope(qk, *rope)                              # (B, H + Hkv, 1, d_k) rotated by position
+        qk = apply_rope(qk, *rope, cfg.rope_interleaved)        # (B, H + Hkv, 1, d_k) rotated by position
     t = cache.length
     cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
@@ -404,15 +405,21 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
         out = row_norm(out, w.attn_out_norm, cfg)
+    m = cfg.residual_multiplier                                 # Granite: each output × m before the stream
+    if m != 1:
+        out *= m
     if post:
         x = norm(x + out, w.attn_norm, cfg)
-        return norm(x + feed_forward(x, w.ffn, cfg), w.ffn_norm, cfg)   # (B, 1, d_model)
+        f = feed_forward(x, w.ffn, cfg)
+        return norm(x + (f if m == 1 else f * m), w.ffn_norm, cfg)   # (B, 1, d_model)
     if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
         h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
-        return (feed_forward(h, w.ffn, cfg) + out) + x
+        f = feed_forward(h, w.ffn, cfg)
+        return ((f if m == 1 else f * m) + out) + x
     x = x + out
     f = feed_forward(x if w.ffn_norm is None else row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)
-    return x + (f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg))   # (B, 1, d_model)
+    f = f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg)
+    return x + (f if m == 1 else f * m)                         # (B, 1, d_model)
 
 
 def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args, after=None, keep=None
@@ -440,17 +447,20 @@ def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args,
 
 def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig,
               tape: Tape | None = None):
-    """The output norm (OLMo 2) and then the hooks on NAME, as one function of a box's output; None when
-    there are neither (the fast path). What it returns is what the trace records as NAME. tape: keeps the
-    output norm's input as (layer, NAME + "_norm") for its backward."""
+    """The output norm (OLMo 2), the residual multiplier (Granite: × m) and then the hooks on NAME, as one
+    function of a box's output; None when there are none of them (the fast path). What it returns is what
+    joins the stream and what the trace records as NAME. tape: keeps the output norm's input as
+    (layer, NAME + "_norm") for its backward."""
     hooked = hooks is not None and hooks.wants(layer, name)
-    if out_norm is None and not hooked:
+    m = cfg.residual_multiplier
+    if out_norm is None and not hooked and m == 1:
         return None
 
     def after(out: np.ndarray) -> np.ndarray:
         if tape is not None and out_norm is not None:
             tape.put(layer, name + "_norm", out)
         out = out if out_norm is None else norm(out, out_norm, cfg)
+        out = out if m == 1 else out * m
         return hooks(layer, name, out) if hooked else out
     return after
 
@@ -515,10 +525,10 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
-    """logits = Z·W_vocab (+ b): one score per vocabulary entry (seeds §6); T5 with a tied head
-    scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa, DistilBERT,
-    ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the logits,
-    logits = c·tanh(logits/c) (final_softcap). None without an LM head.
+    """logits = Z·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (seeds §6);
+    T5 with a tied head scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa,
+    DistilBERT, ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the
+    logits, logits = c·tanh(logits/c) (final_softcap). None without an LM head.
     tape: keeps the head's HeadTape as (None, "head") for its backward."""
     if weights.W_vocab is None:
         return None
@@ -530,4 +540,6 @@ def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape
         if tape is not None:
             tape.put(None, "head", HeadTape(z, u, hidden))
     logits = linear(hidden, weights.W_vocab, weights.b_vocab)  # (B, n, V)
+    if cfg.logit_scale != 1:
+        logits *= cfg.logit_scale                            # Cohere: × logit_scale, Granite: ÷ logits_scaling
     return logits if cfg.final_softcap is None else soft_cap_(logits, cfg.final_softcap)

@@ -197,7 +197,8 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     if t.biased:
         t.d_bias = position_bias(dz, t)                                # (H, n, m)
     if t.rope is not None:
-        dq, dk = apply_rope_backward(dq, *t.rope), apply_rope_backward(dk, *t.rope)
+        turn = cfg is not None and cfg.rope_interleaved              # GPT-J, Cohere: pairs (2i, 2i+1)
+        dq, dk = apply_rope_backward(dq, *t.rope, turn), apply_rope_backward(dk, *t.rope, turn)
     g_qn = g_kn = None
     if t.pre is not None and t.pre[0].ndim == 4:          # each head's: (B, H, n, d_k)
         (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
@@ -349,12 +350,16 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
     out_norms: dict[str, NormWeights] = {}
 
     def through(name: str, out_norm: NormWeights | None, box_backward):
-        """box_backward after the output norm NAME's backward (its input kept as (layer, NAME + "_norm"))."""
-        if out_norm is None:
+        """box_backward after the residual multiplier's (Granite: d × m) and the output norm NAME's backward
+        (its input kept as (layer, NAME + "_norm"))."""
+        m = cfg.residual_multiplier
+        if out_norm is None and m == 1:
             return box_backward
 
         def back_box(d: np.ndarray):
-            d, out_norms[name] = norm(d, tape.pop(layer, name + "_norm"), out_norm, cfg)
+            d = d if m == 1 else d * m
+            if out_norm is not None:
+                d, out_norms[name] = norm(d, tape.pop(layer, name + "_norm"), out_norm, cfg)
             return box_backward(d)
         return back_box
 
@@ -392,11 +397,14 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
 
 def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights, cfg: ModelConfig | None = None,
               logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(dZ, dW_vocab, db_vocab) of logits = Z·W_vocab + b. A tied W_vocab's gradient is the caller's to add
-    into the embedding table's (one table, two uses). Soft-capped (cfg.final_softcap, Gemma 2): y = c·tanh(ℓ/c)
-    gives dℓ = dy ⊙ (1 − (y/c)²), read from LOGITS, the capped ones the forward returned."""
+    """(dZ, dW_vocab, db_vocab) of logits = (Z·W_vocab + b)·s, s = cfg.logit_scale (Cohere, Granite; 1 without
+    a config). A tied W_vocab's gradient is the caller's to add into the embedding table's (one table, two uses).
+    Soft-capped (cfg.final_softcap, Gemma 2): y = c·tanh(ℓ/c) gives dℓ = dy ⊙ (1 − (y/c)²), read from LOGITS,
+    the capped ones the forward returned."""
     if cfg is not None and cfg.final_softcap is not None:
         dlogits = dlogits * (1 - np.square(logits / cfg.final_softcap))
+    if cfg is not None and cfg.logit_scale != 1:
+        dlogits = dlogits * cfg.logit_scale
     return linear(dlogits, hidden, weights.W_vocab, weights.b_vocab is not None)
 
 
@@ -445,7 +453,8 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
           grads: dict[str, np.ndarray] | None = None
           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, NormWeights | None]:
     """(dE, dP, dT, the embedding norm's gradients) of blocks.embed: X = Norm?(E[ids]·s·embed_in? + P[rows] + T[types]),
-    s = √d_model with scale_embedding (Marian), rows the positions (+ BART's offset) the tape kept.
+    s = cfg.embed_scale (√d_model: Marian, Gemma; Granite's multiplier), rows the positions (+ BART's offset)
+    the tape kept.
     dE is added into d_tok (a new table of zeros if None); dP only for a learned table (a sinusoidal one
     is fixed), dT only with token types; None where there is none. With embed_in (OPT-350m) its gradient
     E[ids]ᵀ·dX goes into GRADS["embed_in"] and the table's rows get dX·embed_inᵀ."""
@@ -456,11 +465,11 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
     d_rows = dx
     if weights.embed_in is not None:                                           # X = (E[ids]·s)·embed_in + …
-        rows = weights.tok_embed[t.ids] * (math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0)   # (B, n, d_embed)
+        rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0)             # (B, n, d_embed)
         d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)         # (B, n, d_embed), (d_embed, d_model)
         if grads is not None:
             grads["embed_in"] = d_proj
-    embedding(d_tok, t.ids, d_rows * math.sqrt(cfg.d_model) if cfg.scale_embedding else d_rows, cfg)   # E[ids]·√d
+    embedding(d_tok, t.ids, d_rows if cfg.embed_scale is None else d_rows * cfg.embed_scale, cfg)   # E[ids]·s
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)

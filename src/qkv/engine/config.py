@@ -4,6 +4,9 @@ A family is a set of knob values, not a subclass:
   BERT  = post-norm + LayerNorm + learned positions + token types + erf GELU, bidirectional
   GPT-2 = pre-norm + LayerNorm + learned positions + tanh GELU, causal, tied W_vocab
   Llama = pre-norm + RMSNorm + RoPE + SwiGLU + GQA, causal (Mistral, Qwen2: the same knobs)
+  GPT-J = parallel residual with one LayerNorm + RoPE by interleaved pairs on part of each head + LM-head bias
+  Cohere = parallel residual with one LayerNorm + interleaved RoPE + SwiGLU + q/k norms per head + logit scale
+  Granite = Llama + embedding, residual, score and logit multipliers
 Layers of different kinds: each layer's own sliding window (layer_windows: Gemma 2/3, GPT-Neo's local layers,
 Qwen's and SmolLM3's sliding layers), the windowed layers' own RoPE base (Gemma 3), layers without RoPE
 (SmolLM3); Gemma 2 soft-caps its scores and logits (attn_softcap, final_softcap).
@@ -28,6 +31,7 @@ to the residual stream, as in the induction-head studies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -60,6 +64,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, compare=False)
     rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
+    rope_interleaved: bool = False    # RoPE pairs (0, 1), (2, 3), … of each head (GPT-J, Cohere); False: (i, i + d/2)
     parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
     qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
                                       # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
@@ -99,6 +104,9 @@ class ModelConfig:
     encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
+    embedding_multiplier: float = 1.0    # X = E[ids]·m (Granite's embedding_multiplier); see embed_scale
+    residual_multiplier: float = 1.0     # each box's output × m before it joins the stream (Granite)
+    logit_scale: float = 1.0             # logits = Z·W_vocab·s (Cohere's logit_scale, Granite's 1 / logits_scaling)
     position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
     positions_from_ids: bool = False  # RoBERTa: positions count the ids that are not pad_token_id (not the mask's
                                       # ones): the k-th real token is k, a pad −1, read at row + offset (pad + 1)
@@ -185,6 +193,11 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.dense_layers):
             raise QkvError(f"dense_layers={list(self.dense_layers)} must be layers 0..{self.n_layers - 1}; "
                            "fix the model's config")
+        for knob in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+            if not (0 < getattr(self, knob) < float("inf")):
+                raise QkvError(f"{knob}={getattr(self, knob)} must be a positive finite number; fix the model's config")
+        if self.scale_embedding and self.embedding_multiplier != 1:
+            raise QkvError("scale_embedding (×√d_model) and embedding_multiplier are one factor: give one of them")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
         if self.positions_from_ids and (self.pad_token_id is None or self.position_offset != self.pad_token_id + 1):
@@ -216,6 +229,14 @@ class ModelConfig:
     def uniform_layers(self) -> bool:
         """Whether every layer attends with the same mask and rotation (one of each per pass)."""
         return self.layer_windows is None and self.local_rope_theta is None and not self.no_rope_layers
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the looked-up rows E[ids] are multiplied by: √d_model with scale_embedding (Marian, Gemma),
+        else embedding_multiplier (Granite); None when it is 1 (no product)."""
+        if self.scale_embedding:
+            return math.sqrt(self.d_model)
+        return None if self.embedding_multiplier == 1 else self.embedding_multiplier
 
     @property
     def group_size(self) -> int:

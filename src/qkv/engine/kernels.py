@@ -43,8 +43,9 @@ def _grouped(q: np.ndarray, Hkv: int) -> np.ndarray:
 
 def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
                     block_size: int | None = None, window: int | None = None,
-                    key_mask: np.ndarray | None = None) -> np.ndarray:
-    """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head.
+                    key_mask: np.ndarray | None = None, scale: float | None = None) -> np.ndarray:
+    """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head (scale: Q·Kᵀ·scale
+    instead of /√d, ModelConfig.score_scale; None: 1/√d).
 
     causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
     sees only the last `window` positions (itself included); key_mask (B, m): False for
@@ -63,13 +64,14 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     starts = range(0, n, bq)
     if causal or window:                                          # later blocks see more keys:
         starts = reversed(starts)                                 # start them first (load balance)
-    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask),
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s),
                  starts, workers=tuned.attention)
     return out.reshape(B, H, n, d)
 
 
 def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, q0: int, q1: int, bk: int,
-                 causal: bool, window: int | None, key_mask: np.ndarray | None) -> None:
+                 causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float) -> None:
     """out[..., q0:q1, :] = attention of query rows q0..q1 over their keys, block by block.
 
     The online softmax: for each key block, M_new = max(M, rowmax S), P = exp(S - M_new),
@@ -78,7 +80,7 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
     B, Hkv, G, n, d = qg.shape
     m, rows = k.shape[2], G * (q1 - q0)
     offset = m - n                                                # absolute position of query 0
-    qb = (qg[:, :, :, q0:q1] * (1.0 / math.sqrt(d))).reshape(B, Hkv, rows, d)   # (B, Hkv, G·bq, d) pre-scaled
+    qb = (qg[:, :, :, q0:q1] * scale).reshape(B, Hkv, rows, d)   # (B, Hkv, G·bq, d) pre-scaled (1/√d)
     kt = k.transpose(0, 1, 3, 2)                                  # (B, Hkv, d, m) a view
     pos = offset + np.arange(q0, q1)                              # (bq,) absolute query positions
     k_end = min(m, offset + q1) if causal or window else m        # the keys this block can see at all

@@ -83,7 +83,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype,
                                  length=int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
-        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling))   # 2 × (B, 1, n, d_k)
+        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling),
+                            interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
@@ -95,7 +96,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         if rope is not None and cfg.local_rope_theta is not None:
             local = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta, cfg.local_rope_scaling, dtype,
                                   length=int(positions.max()) + 1)
-            ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling))
+            ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling),
+                                             interleaved=cfg.rope_interleaved)
     if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:

@@ -135,15 +135,20 @@ def rope_attention_factor(scaling: dict | None) -> float:
     return float((scaling or {}).get("attention_factor", 1.0)) if (scaling or {}).get("rope_type") == "longrope" else 1.0
 
 
-def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of the angles p·ω_i, laid out for rotate-half: (B, 1, n, d_rot), each times FACTOR
+def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0, interleaved: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles p·ω_i, laid out for the pairs RoPE turns: (B, 1, n, d_rot), each times FACTOR
     (LongRoPE's attention factor; 1: plain RoPE).
 
-    Hugging Face's Llama pairs dimension i with i + d/2 (not 2i with 2i+1), so the
-    d/2 angles are repeated twice along the head dimension.
+    Hugging Face's Llama pairs dimension i with i + d/2 (rotate-half), so the d/2 angles are repeated
+    twice along the head dimension: [θ_0 … θ_{d/2−1}, θ_0 … θ_{d/2−1}]. Interleaved (GPT-J, Cohere) pairs
+    2i with 2i + 1, so each angle is repeated in place: [θ_0, θ_0, θ_1, θ_1, …] (torch's repeat_interleave).
     """
     angles = positions[..., None].astype(inv_freq.dtype) * inv_freq  # (B, n, d/2)
-    angles = np.concatenate([angles, angles], axis=-1)               # (B, n, d)
+    if interleaved:
+        angles = np.repeat(angles, 2, axis=-1)                       # (B, n, d) θ_0, θ_0, θ_1, θ_1, …
+    else:
+        angles = np.concatenate([angles, angles], axis=-1)           # (B, n, d)
     cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]      # (B, 1, n, d)
     if factor != 1.0:
         cos, sin = cos * inv_freq.dtype.type(factor), sin * inv_freq.dtype.type(factor)
@@ -156,26 +161,38 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """RoPE(x) = x·cos + rotate_half(x)·sin: rotates each pair of Q or K by p·ω_i.
+def rotate_every_two(x: np.ndarray) -> np.ndarray:
+    """(x_0, x_1, x_2, x_3, …) → (−x_1, x_0, −x_3, x_2, …): the 90° turn of each pair (2i, 2i+1) (GPT-J)."""
+    y = np.empty_like(x)                                            # (..., d)
+    y[..., 0::2] = -x[..., 1::2]
+    y[..., 1::2] = x[..., 0::2]
+    return y
 
-    cos, sin narrower than x (d_rot < d_k, GPT-NeoX's partial rotary): the first d_rot numbers of each
-    head turn, the rest pass unchanged."""
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = False) -> np.ndarray:
+    """RoPE(x) = x·cos + turn(x)·sin: rotates each pair of Q or K by p·ω_i; turn is rotate_half, or
+    rotate_every_two when the pairs are interleaved (GPT-J, Cohere; cos, sin laid out to match).
+
+    cos, sin narrower than x (d_rot < d_k, GPT-NeoX's and GPT-J's partial rotary): the first d_rot numbers
+    of each head turn, the rest pass unchanged."""
+    turn = rotate_every_two if interleaved else rotate_half
     r = cos.shape[-1]
     if r == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin                      # (B, H, n, d_k)
-    turned = x[..., :r] * cos + rotate_half(x[..., :r]) * sin      # (B, H, n, d_rot)
+        return x * cos + turn(x) * sin                             # (B, H, n, d_k)
+    turned = x[..., :r] * cos + turn(x[..., :r]) * sin             # (B, H, n, d_rot)
     return np.concatenate([turned, x[..., r:]], axis=-1)           # (B, H, n, d_k)
 
 
-def apply_rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """dx of y = x·cos + rotate_half(x)·sin: dx = dy·cos − rotate_half(dy·sin) (on the first d_rot
-    numbers; the rest pass dy unchanged).
+def apply_rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = False) -> np.ndarray:
+    """dx of y = x·cos + turn(x)·sin: dx = dy·cos − turn(dy·sin) (on the first d_rot numbers; the rest
+    pass dy unchanged).
 
-    rotate_half is a 90° turn R of each pair, and Rᵀ = −R: the backward turns the other way.
+    turn (rotate_half or rotate_every_two) is a 90° turn R of each pair, and Rᵀ = −R: the backward
+    turns the other way.
     """
+    turn = rotate_every_two if interleaved else rotate_half
     r = cos.shape[-1]
     if r == dy.shape[-1]:
-        return dy * cos - rotate_half(dy * sin)                    # (B, H, n, d_k)
-    turned = dy[..., :r] * cos - rotate_half(dy[..., :r] * sin)    # (B, H, n, d_rot)
+        return dy * cos - turn(dy * sin)                           # (B, H, n, d_k)
+    turned = dy[..., :r] * cos - turn(dy[..., :r] * sin)           # (B, H, n, d_rot)
     return np.concatenate([turned, dy[..., r:]], axis=-1)          # (B, H, n, d_k)

@@ -182,6 +182,7 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     out = _concat_out(lt.heads, head, Z, attn)                      # (n, d_model)
     on = model.weights.blocks[layer].attn_out_norm                  # OLMo 2: normalised before the stream
     joined = out if on is None else norm_of(out, on.weight, on.bias, cfg.norm, cfg.norm_eps)
+    joined = joined * cfg.residual_multiplier                       # Granite: × m before the stream
     out_diff = _same("Concat·W_O", joined, lt.attn_out.astype(np.float64), 1e-4)
 
     return Walkthrough(
@@ -293,16 +294,21 @@ def norm_of(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, kind: str, eps: 
     return y if b is None else y + b
 
 
-def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray) -> np.ndarray:
+def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False) -> np.ndarray:
     """RoPE: each pair (x_i, x_{i+d/2}) of a row at position p turned by the angle p·ω_i (seeds §1).
 
-    (x_i, x_{i+d/2}) → (x_i·cos − x_{i+d/2}·sin, x_i·sin + x_{i+d/2}·cos), the rotate-half form.
+    (x_i, x_{i+d/2}) → (x_i·cos − x_{i+d/2}·sin, x_i·sin + x_{i+d/2}·cos), the rotate-half form;
+    interleaved (GPT-J, Cohere), the pair is (x_{2i}, x_{2i+1}) instead.
     With fewer speeds ω than half the row (GPT-NeoX's partial rotary: d_rot = 2·len(ω) < d), only the
     first d_rot numbers turn; the rest pass unchanged.
     """
     half = len(omega)                                               # d_rot / 2
     angle = np.asarray(positions, np.float64)[:, None] * omega      # (n, d_rot/2)
     c, s = np.cos(angle), np.sin(angle)                             # (n, d_rot/2) each
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]         # (n, d_rot/2) each
+        turned = np.stack([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).reshape(*x1.shape[:-1], 2 * half)
+        return np.concatenate([turned, x[..., 2 * half:]], axis=-1)   # (n, d)
     x1, x2 = x[..., :half], x[..., half:2 * half]                   # (n, d_rot/2) each
     return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:]], axis=-1)   # (n, d)
 
@@ -315,13 +321,14 @@ def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, r
                       else (cfg.rope_theta, cfg.rope_scaling))
     omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, theta, scaling, np.float64)   # (d_rot/2,)
     pos = np.arange(len(Q_p))                                                           # (n,) 0..n−1
-    diff = max(_same("RoPE(Q)", rope_rotate(Q_p, pos, omega), Q, 1e-4),
-               _same("RoPE(K)", rope_rotate(K_p, pos, omega), K, 1e-4))
+    turn = cfg.rope_interleaved
+    diff = max(_same("RoPE(Q)", rope_rotate(Q_p, pos, omega, turn), Q, 1e-4),
+               _same("RoPE(K)", rope_rotate(K_p, pos, omega, turn), K, 1e-4))
     key = max(row - 2, 0)
     dist = row - key
     places = [(row + s, key + s) for s in ROPE_SHIFTS] + [(row, row), (row + 5, key)]
-    relative = [(m, p, float(rope_rotate(Q_p[row:row + 1], np.array([m]), omega)[0]
-                             @ rope_rotate(K_p[key:key + 1], np.array([p]), omega)[0])) for m, p in places]
+    relative = [(m, p, float(rope_rotate(Q_p[row:row + 1], np.array([m]), omega, turn)[0]
+                             @ rope_rotate(K_p[key:key + 1], np.array([p]), omega, turn)[0])) for m, p in places]
     same = [dot for m, p, dot in relative if m - p == dist]
     spread = max(same) - min(same)
     if spread > 1e-6 * max(1.0, abs(same[0])):

@@ -141,10 +141,11 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
         raise QkvError(f"--block must be ≥ 1, got {block}")
     row = n - 1 if cfg.causal else min(3, n - 1)
     allowed = sp.dense(cfg.causal).mask(n)                           # (n, n)
+    scale = cfg.score_scale or 1 / math.sqrt(d_k)                    # 1/√d_k, or the model's own (Granite)
 
     def scores(lt, h):
         q, k = lt.q[h].astype(np.float64), lt.k[h // G].astype(np.float64)
-        return np.where(allowed, q @ k.T / math.sqrt(d_k), -np.inf)  # (n, n)
+        return np.where(allowed, q @ k.T * scale, -np.inf)          # (n, n)
 
     if layer is None or head is None:                                 # the head whose max grows most often
         layers = trace.layer_ids if layer is None else [model.check_layer(layer)]
@@ -165,7 +166,7 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     same("ℓ at the end", steps[-1].l_new, np.exp(S[row] - S[row].max()).sum(), 1e-12, rel=True)
     diffs["plain"] = same("Z = acc/ℓ against softmax(S)·V", out, plain, 1e-12)
     q4, k4, v4 = lt.q[None, head:head + 1], lt.k[None, head // G:head // G + 1], lt.v[None, head // G:head // G + 1]
-    kernel = tiled_attention(q4, k4, v4, causal=cfg.causal, block_size=block)[0, 0]     # (n, d_k) float32
+    kernel = tiled_attention(q4, k4, v4, causal=cfg.causal, block_size=block, scale=cfg.score_scale)[0, 0]   # (n, d_k)
     diffs["kernel"] = same("Z against kernels.tiled_attention", out, kernel[row], 1e-5, rel=True)
     diffs["model"] = same("Z against the model's", out, lt.heads[head, row], 1e-4, rel=True)
 

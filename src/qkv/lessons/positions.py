@@ -143,21 +143,21 @@ def _rope(model, text: str) -> Rope:
     omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64)
     diff_omega = same("ω_i", omega, cfg.rope_theta ** (-np.arange(0, d_rot, 2) / d_rot), 1e-6, rel=True) \
         if not cfg.rope_scaling else same("ω_i", omega, omega64, 1e-6, rel=True)
-    pos = np.arange(n)
-    diff_trace = max(same("RoPE(q)", _engine_rope(Q, pos, omega), lt.q[head], 1e-4, rel=True),
-                     same("RoPE(k)", _engine_rope(K, pos, omega), lt.k[kv], 1e-4, rel=True))
+    pos, turn = np.arange(n), cfg.rope_interleaved                         # GPT-J, Cohere: pairs (2i, 2i+1)
+    diff_trace = max(same("RoPE(q)", _engine_rope(Q, pos, omega, turn), lt.q[head], 1e-4, rel=True),
+                     same("RoPE(k)", _engine_rope(K, pos, omega, turn), lt.k[kv], 1e-4, rel=True))
     q, k = Q[qi], K[ki]                                                     # (d_k,) each
-    turned = _engine_rope(np.tile(q, (4, 1)), np.arange(4), omega)          # (4, d_k) q at positions 0..3
-    same("q turned to positions 0..3", turned, rope_rotate(np.tile(q, (4, 1)), np.arange(4), omega64), 1e-4,
+    turned = _engine_rope(np.tile(q, (4, 1)), np.arange(4), omega, turn)    # (4, d_k) q at positions 0..3
+    same("q turned to positions 0..3", turned, rope_rotate(np.tile(q, (4, 1)), np.arange(4), omega64, turn), 1e-4,
          rel=True)
     ks = np.arange(MAX_DIST + 1)
     dots, dots64 = [], []
     for s in STARTS:
-        qs, kk = _engine_rope(np.tile(q, (len(ks), 1)), s + ks, omega), _engine_rope(np.tile(k, (len(ks), 1)),
-                                                                                   np.full(len(ks), s), omega)
+        qs = _engine_rope(np.tile(q, (len(ks), 1)), s + ks, omega, turn)
+        kk = _engine_rope(np.tile(k, (len(ks), 1)), np.full(len(ks), s), omega, turn)
         dots.append(np.einsum("kd,kd->k", qs.astype(np.float64), kk.astype(np.float64)))
-        dots64.append(rope_rotate(np.tile(q, (len(ks), 1)), s + ks, omega64)
-                      @ rope_rotate(k[None], np.array([s]), omega64)[0])
+        dots64.append(rope_rotate(np.tile(q, (len(ks), 1)), s + ks, omega64, turn)
+                      @ rope_rotate(k[None], np.array([s]), omega64, turn)[0])
     dots, dots64 = np.array(dots), np.array(dots64)                         # (starts, k) each
     diff_dots = same("q·k after RoPE (float32 engine against float64)", dots, dots64, 1e-4, rel=True)
     spread64 = float(np.ptp(dots64, axis=0).max())
@@ -170,10 +170,10 @@ def _rope(model, text: str) -> Rope:
                 spread=float(np.ptp(dots, axis=0).max()), spread64=spread64)
 
 
-def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray) -> np.ndarray:
+def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False) -> np.ndarray:
     """The engine's RoPE (qkv.engine.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
-    cos, sin = rope_cos_sin(np.asarray(positions)[None], omega)             # (1, 1, n, d_k) each
-    return apply_rope(x.astype(np.float32)[None, None], cos, sin)[0, 0]
+    cos, sin = rope_cos_sin(np.asarray(positions)[None], omega, interleaved=interleaved)   # (1, 1, n, d_k) each
+    return apply_rope(x.astype(np.float32)[None, None], cos, sin, interleaved)[0, 0]
 
 
 def _learned(model, text: str) -> Learned:

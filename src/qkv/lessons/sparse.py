@@ -96,6 +96,8 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
     layers = [trace.layer(i) for i in trace.layer_ids]
     q, k, v, Z, A = (np.stack([getattr(lt, name) for lt in layers])       # every layer as the batch axis:
                      for name in ("q", "k", "v", "heads", "attentions"))   # (L, H or Hkv, n, d_k), A (L, H, n, n)
+    if cfg.score_scale is not None:                                    # the kernel divides by √d_k: a model's own
+        q = q * (cfg.score_scale * math.sqrt(cfg.d_head))              # scale s (Granite) enters as q·s·√d_k
     L, G = len(layers), cfg.n_heads // cfg.n_kv_heads
     results, dense_check = [], 0.0
     kept = np.empty_like(A)                                            # (L, H, n, n) reused by every pattern

@@ -212,6 +212,9 @@ def arch_of(model) -> dict:
             "norm_place": c.norm_place, "position": c.position, "activation": c.activation,
             "gated": bool(c.gated_ffn), "causal": bool(c.causal), "encoder": last.W_vocab is None,
             "eps": float(f"{c.norm_eps:.6g}"), "scale": c.score_scale,   # ε: a float32 file's 9.99999974e-06 is 1e-05
+            "rope_interleaved": bool(c.rope_interleaved),             # RoPE pairs (2i, 2i+1): GPT-J, Cohere
+            "multipliers": {"embedding": c.embed_scale or 1.0, "residual": c.residual_multiplier,
+                            "logits": c.logit_scale},                 # X = E·m, x + out·m, logits·s (Granite, Cohere)
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,

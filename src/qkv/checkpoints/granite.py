@@ -1,0 +1,58 @@
+"""Granite (IBM): the Llama layout and names (checkpoints/llama.py's table) with four multipliers.
+
+    config.json knob        qkv knob                 what it does
+    embedding_multiplier    embedding_multiplier     X = E[ids]·m
+    residual_multiplier     residual_multiplier      x + Box(Norm(x))·m, for attention and the FFN
+    attention_multiplier    attn_scale               S = Q·Kᵀ·m (in place of 1/√d_k; the default is 1)
+    logits_scaling          logit_scale = 1 / s      logits = Z·W_vocab / s
+
+The tensors are Llama's: embed_tokens, layers.{i}.input_layernorm, self_attn.q_proj/k_proj/v_proj/o_proj,
+post_attention_layernorm, mlp.gate_proj/up_proj/down_proj, norm, lm_head (`llama.weights` / `llama.tensors`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine.config import ModelConfig
+from ..engine.errors import QkvError
+from ..engine.weights import Weights
+from . import llama
+from .common import reads_back
+from .tensors import TensorStore
+
+IGNORED = llama.IGNORED
+
+
+def config(hf: dict) -> ModelConfig:
+    if hf.get("mlp_bias"):
+        raise QkvError("Granite with mlp_bias=true is not supported (qkv's SwiGLU has no gate bias); "
+                       "use a checkpoint without FFN biases")
+    base = llama.config({**hf, "model_type": "llama"})
+    return base.with_(family="granite", embedding_multiplier=float(hf.get("embedding_multiplier", 1.0)),
+                      residual_multiplier=float(hf.get("residual_multiplier", 1.0)),
+                      attn_scale=float(hf.get("attention_multiplier", 1.0)),
+                      logit_scale=1.0 / float(hf.get("logits_scaling", 1.0)))
+
+
+def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
+    return llama.weights(store, cfg, dtype)
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a GraniteForCausalLM with these knobs: Llama's, plus the multipliers."""
+    plain = cfg.with_(family="llama", embedding_multiplier=1.0, residual_multiplier=1.0, attn_scale=None,
+                      logit_scale=1.0)
+    hf = llama.hf_config(plain) | {
+        "model_type": "granite", "architectures": ["GraniteForCausalLM"],
+        "embedding_multiplier": cfg.embedding_multiplier, "residual_multiplier": cfg.residual_multiplier,
+        "attention_multiplier": 1.0 if cfg.attn_scale is None else cfg.attn_scale,
+        "logits_scaling": 1.0 / cfg.logit_scale,
+    }
+    hf.pop("rope_theta", None)             # GraniteConfig reads rope_parameters only
+    return reads_back(cfg, hf, config)
+
+
+def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Every tensor under GraniteForCausalLM's names: Llama's."""
+    return llama.tensors(weights, cfg)
