@@ -159,6 +159,11 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None) -> dict:
         "attention": encode_attention(np.stack([t.attentions for t in layers])),    # (L, H, n, n)
         "scores": encode_scores(np.stack([t.scores for t in layers])),             # (L, H, n, n)
     }
+    if any(t.experts is not None for t in layers):                              # a mixture of experts' router
+        out["router"] = [None if t.experts is None else
+                         {"experts": [[int(e) for e in row] for row in t.experts],               # (n, k)
+                          "weights": [[round(float(x), 6) for x in row] for row in t.expert_weights]}
+                         for t in layers]
     if cross is not None:
         xl = [cross.layers[i] for i in range(len(blocks))]
         out["cross"] = {"heads": head_arrays(xl), "source_labels": cross.key_labels,
@@ -215,6 +220,13 @@ def arch_of(model) -> dict:
             "rope_interleaved": bool(c.rope_interleaved),             # RoPE pairs (2i, 2i+1): GPT-J, Cohere
             "multipliers": {"embedding": c.embed_scale or 1.0, "residual": c.residual_multiplier,
                             "logits": c.logit_scale},                 # X = E·m, x + out·m, logits·s (Granite, Cohere)
+            # the family's own boxes: a parallel residual (GPT-NeoX, Phi, GPT-J, Cohere), q/k norms (Qwen3, OLMo 2:
+            # "head" or "all"), norms after each box (OLMo 2, Gemma 2/3), each layer's window, RoPE's rotary width
+            "parallel": bool(c.parallel_residual), "qk_norm": c.qk_norm,
+            "out_norms": any(b.attn_out_norm is not None for b in getattr(last, "blocks", ())),
+            "layer_windows": [c.window(i) for i in range(c.n_layers)] if c.causal and not is_seq2seq(model) else None,
+            "rope_kinds": [c.rope_kind(i) for i in range(c.n_layers)], "rotary_dim": c.rotary_dim,
+            "rope_theta": c.rope_theta,
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,

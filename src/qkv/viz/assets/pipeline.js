@@ -218,9 +218,12 @@
       const blk = [];
       if (pre) blk.push(["norm1", t("p_norm")]);
       blk.push(["qkv", t("s_qkv")]);
+      if (a.qk_norm) blk.push(["qknorm", t("p_qknorm")]);                 // Qwen3, OLMo 2, Gemma 3, Phi …
       if (a.position === "rope" && !this.top.seq2seq) blk.push(["rope", t("p_rope")]);
       if (a.H_kv !== a.H) blk.push(["gqa", t("s_gqa", {H: a.H, H_kv: a.H_kv})]);
-      blk.push(["scores", t("s_s")], ["mask", t("p_mask")], ["attn", t("s_softmax")],
+      blk.push(["scores", t("s_s")]);
+      if (a.attn_softcap) blk.push(["softcap", t("p_softcap")]);           // Gemma 2
+      blk.push(["mask", t("p_mask")], ["attn", t("s_softmax")],
                ["z", t("s_z")], ["out", t("s_out", {last: a.H - 1})], ["res1", t("p_res")]);
       if (this.p.cross) {                             // a decoder block of an encoder–decoder
         if (pre) blk.push(["xnorm", t("p_xnorm")]);
@@ -228,6 +231,7 @@
                  ["xres", t("p_xres")]);
       }
       if (pre) blk.push(["norm2", t("p_norm2")]);
+      if (a.moe && this.d.router) blk.push(["router", t("p_router")]);     // a mixture of experts
       blk.push(["ffn", t("p_ffn")], ["res2", t("p_res2")]);
       const end = [];
       if (a.final_norm) end.push(["final", t("p_final")]);
@@ -366,6 +370,7 @@
         }
         case "embed": {
           formula(a.position === "rope" ? "X = E[ids]" : t("p_embed_f"));
+          if (a.multipliers && a.multipliers.embedding !== 1) out.append(el("p", "qkv-p-note", t("p_embed_mult", {m: num(a.multipliers.embedding, 4)})));
           if (a.position === "rope") out.append(el("p", null, t("p_embed_rope")));
           this.vectorView(out, d.stream, 0, `(n, d_model) = (${n}, ${a.d_model})`);
           break;
@@ -388,7 +393,10 @@
           break;
         }
         case "rope": {
+          const kind = a.rope_kinds ? a.rope_kinds[L] : "global";
+          if (kind === null) { out.append(el("p", "qkv-p-rope-none", t("p_rope_none", {layer: L}))); break; }
           formula(t("p_rope_f"));
+          if (kind === "local") out.append(el("p", "qkv-p-note", t("p_rope_local", {layer: L, theta: a.local_rope_theta, base: a.rope_theta})));
           out.append(el("p", null, t("p_rope_what")));
           if (a.rotary_dim && a.rotary_dim < a.d_k) out.append(el("p", "qkv-p-note", t("p_rope_partial", {r: a.rotary_dim, d_k: a.d_k})));
           if (a.rope_interleaved) out.append(el("p", "qkv-p-note", t("p_rope_pairs")));
@@ -412,8 +420,27 @@
           out.append(el("p", "qkv-p-note", t("p_gqa_what", {G: a.G, H: a.H, H_kv: a.H_kv})));
           break;
         }
+        case "qknorm": {
+          formula(t(a.qk_norm === "all" ? "p_qknorm_all_f" : "p_qknorm_head_f"));
+          out.append(el("p", null, t("p_qknorm_what")));
+          break;
+        }
+        case "softcap": {
+          formula(t("p_softcap_f", {c: a.attn_softcap}));
+          out.append(el("p", null, t("p_softcap_what")));
+          break;
+        }
+        case "router": {
+          const r = this.d.router[L], m = a.moe;
+          formula(t("p_router_f", {E: m.experts, k: m.k}));
+          if (m.shared) out.append(el("p", "qkv-p-note", t("p_router_shared")));
+          if (!r) { out.append(el("p", "qkv-p-router-dense", t("p_router_dense", {layer: L}))); break; }
+          out.append(el("p", null, t("p_router_token", {token: this.label(i)})));
+          out.append(table([t("p_expert"), t("p_weight")], r.experts[i].map((e, k) => [String(e), num(r.weights[i][k], 4)])));
+          break;
+        }
         case "scores": {
-          formula(t("p_s_f"));
+          formula(a.scale !== null && a.scale !== undefined ? t("p_s_scaled_f", {scale: num(a.scale, 4)}) : t("p_s_f"));
           out.append(el("p", "qkv-p-note", t("s_scale")));
           const row = this.scoreRow(L, h, i);
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (H, n, n) = (${a.H}, ${n}, ${n}) · ` +
@@ -430,9 +457,10 @@
         }
         case "mask": {
           if (!a.causal) { out.append(el("p", null, t(a.seq2seq ? "p_mask_enc" : "p_mask_none", {model: p.model}))); break; }
-          formula(t("p_mask_f"));
+          const w = a.layer_windows ? a.layer_windows[L] : null;          // this layer's sliding window, if any
+          formula(w ? t("p_mask_window_f", {w, layer: L}) : t("p_mask_f"));
           const m = new Float64Array(n * n);
-          for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) m[q * n + k] = k > q ? NaN : 0.15;
+          for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) m[q * n + k] = k > q || (w && k <= q - w) ? NaN : 0.15;
           out.append(el("p", null, t("mask", {masked: n * (n - 1) / 2, total: n * n})));
           out.append(heatmap(m, n, n, i, "mask", p.labels, p.labels));
           break;
@@ -443,7 +471,8 @@
           const A = d.attention.subarray(base, base + n * n);
           const vals = new Float64Array(n * n);
           for (let k = 0; k < n * n; k++) vals[k] = A[k] / 255;
-          if (a.causal) for (let q = 0; q < n; q++) for (let k = q + 1; k < n; k++) vals[q * n + k] = NaN;
+          const w = a.layer_windows ? a.layer_windows[L] : null;
+          if (a.causal) for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) if (k > q || (w && k <= q - w)) vals[q * n + k] = NaN;
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (H, n, n) = (${a.H}, ${n}, ${n})`));
           out.append(heatmap(vals, n, n, i, "A", p.labels, p.labels));
           const row = Array.from(A.subarray(i * n, i * n + n), (x) => x / 255);
@@ -466,7 +495,8 @@
           const f = {out: t("p_out_f", {last: a.H - 1}), res1: t(pre ? "p_res_pre_f" : "p_res_post_f"),
                      ffn: t(a.gated ? "p_ffn_gated_f" : "p_ffn_f", {d_ff: a.d_ff}),
                      res2: t(pre ? "p_res2_pre_f" : "p_res2_post_f")}[s.box];
-          formula(f);
+          formula(a.parallel && s.box === "res2" ? t("p_res_parallel_f") : f);
+          if (s.box === "out" && a.out_norms) out.append(el("p", "qkv-p-note", t("p_out_norm")));
           const shape = `(n, d_model) = (${n}, ${a.d_model})`;
           if (s.box === "res2") this.vectorView(out, d.stream, (L + 1) * n, shape);
           else this.vectorView(out, d.blocks[{out: "attn_out", res1: "mid", ffn: "ffn_out"}[s.box]], L * n, shape);
@@ -499,6 +529,8 @@
         }
         case "logits": {
           formula(t("p_logits_f"));
+          if (a.multipliers && a.multipliers.logits !== 1) out.append(el("p", "qkv-p-note", t("p_logit_scale", {s: num(a.multipliers.logits, 4)})));
+          if (a.final_softcap) out.append(el("p", "qkv-p-note", t("p_final_softcap", {c: a.final_softcap})));
           out.append(el("p", null, t("p_logits_what", {V: a.V})));
           const o = p.output, z = d.logits;
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (n, V) = (${n}, ${a.V}) · ` +
@@ -641,6 +673,7 @@
     for (const k of Object.keys(part.heads)) d.heads[k] = await summary(part.heads[k]);
     d.attention = (await array(part.attention)).data;
     d.scores = (await array(part.scores.data)).data;
+    d.router = part.router || null;                      // a mixture of experts: per layer {experts, weights} or null
     if (part.cross) {
       const x = part.cross;
       d.cross = {heads: {}, attention: (await array(x.attention)).data, scores: (await array(x.scores.data)).data};
