@@ -86,8 +86,9 @@ def _edited(tmp_path, name: str, change: dict):
     ("distilbert", {"activation": "mish"}, "activation 'mish'"),
     ("distilbert", {"sinusoidal_pos_embds": "yes"}, "true or false"),
     ("electra", {"embedding_size": 0}, "positive integer"),
-    ("modernbert", {"layer_types": ["full_attention", "sliding_attention"]}, "local .sliding-window. layers"),
-    ("modernbert", {"layer_types": None, "global_attn_every_n_layers": 3}, "local .sliding-window. layers"),
+    ("modernbert", {"layer_types": ["full_attention", "chunked_attention"]}, "full_attention or sliding_attention"),
+    ("modernbert", {"layer_types": ["full_attention"]}, "each of the 2 layers"),
+    ("modernbert", {"layer_types": None, "global_attn_every_n_layers": 3, "local_attention": 1}, "local_attention=1"),
     ("modernbert", {"mlp_bias": True}, "mlp_bias=true"),
     ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}}}, "only the default"),
 ])

@@ -53,9 +53,11 @@ def electra(E=32, d=64, heads=4, layers=2, ff=96, act="gelu", tied=True, eps=1e-
 
 
 def modernbert(d=64, heads=4, layers=2, ff=96, theta=160000.0, bias=False, norm_bias=False, act="gelu",
-               head_act="gelu", head_bias=False, decoder_bias=True, tied=True, eps=1e-5, pad=1, vocab=211):
+               head_act="gelu", head_bias=False, decoder_bias=True, tied=True, eps=1e-5, pad=1, vocab=211, every=1,
+               local=128, local_theta=10000.0):
     return ModernBertConfig(vocab_size=vocab, hidden_size=d, num_attention_heads=heads, num_hidden_layers=layers,
-                            intermediate_size=ff, global_attn_every_n_layers=1, global_rope_theta=theta,
+                            intermediate_size=ff, global_attn_every_n_layers=every, global_rope_theta=theta,
+                            local_attention=local, local_rope_theta=local_theta,
                             attention_bias=bias, norm_bias=norm_bias, hidden_activation=act,
                             classifier_activation=head_act, classifier_bias=head_bias, decoder_bias=decoder_bias,
                             tie_word_embeddings=tied, norm_eps=eps, max_position_embeddings=64, pad_token_id=pad,
@@ -80,6 +82,10 @@ CASES = [
     pytest.param(ElectraForPreTraining, electra(E=24, d=48, heads=4, layers=3, eps=1e-7), id="electra-discriminator-E24-L3"),
     pytest.param(ElectraModel, electra(E=16, d=64, heads=8, act="relu"), id="electra-model-E16-h8-relu"),
     pytest.param(ModernBertForMaskedLM, modernbert(), id="modernbert-mlm-global-tied"),
+    pytest.param(ModernBertForMaskedLM, modernbert(layers=3, every=3, local=6, local_theta=500.0),
+                 id="modernbert-mlm-local-window6-every3"),
+    pytest.param(ModernBertModel, modernbert(layers=4, every=2, local=4, theta=1e4, local_theta=2e3, heads=2),
+                 id="modernbert-model-local-window4-every2-h2"),
     pytest.param(ModernBertForMaskedLM, modernbert(d=48, heads=3, layers=3, theta=10000.0, bias=True, norm_bias=True,
                                                    head_act="gelu_new", head_bias=True, decoder_bias=False, tied=False),
                  id="modernbert-mlm-L3-biases-norm_bias-untied-nodecoderbias"),

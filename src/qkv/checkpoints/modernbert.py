@@ -13,9 +13,10 @@
     head.dense, head.norm                          W_head (+ b with classifier_bias), head_norm: Norm(act(Z·W_head))
     decoder (weight absent when tied)              W_vocab (tied: tok_embedᵀ), b_vocab (decoder_bias)
 Positions are 0…n−1 whatever the mask, as transformers numbers them. ModernBERT's local layers
-(layer_types "sliding_attention", from global_attn_every_n_layers > 1) attend within a bidirectional
-window with RoPE of their own base: the engine has no per-layer windows and bases yet, so a config with
-one is refused in one line; every layer global (global_attn_every_n_layers 1) runs. `hf_config` /
+(layer_types "sliding_attention", from global_attn_every_n_layers > 1) attend within a window that reaches
+both ways — key j is seen from query i when |i − j| ≤ local_attention // 2, the engine's window
+w = local_attention // 2 + 1 (|i − j| < w) — with RoPE of their own base (local_rope_theta); the global
+layers see everything, with rope_theta. `hf_config` /
 `tensors` write a ModernBertModel or ModernBertForMaskedLM.
 """
 
@@ -55,14 +56,28 @@ def rope_theta(hf: dict) -> float:
     return float(params.get("rope_theta", hf.get("global_rope_theta", 160000.0)))
 
 
+def local_rope_theta(hf: dict) -> float:
+    """The local layers' RoPE base: rope_parameters.sliding_attention.rope_theta, else local_rope_theta (10000)."""
+    params = (hf.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if not isinstance(params, dict) or params.get("rope_type", "default") != "default":
+        raise QkvError(f"ModernBERT rope_parameters.sliding_attention {params!r:.60} is not supported; only the "
+                       "default RoPE is")
+    return float(params.get("rope_theta", hf.get("local_rope_theta", 10000.0)))
+
+
 def config(hf: dict) -> ModelConfig:
     d, H = need(hf, "hidden_size"), need(hf, "num_attention_heads")
     check_shapes(hf, d, H)
     kinds = layer_types(hf)
-    if not isinstance(kinds, list) or any(k != "full_attention" for k in kinds):
-        raise QkvError("ModernBERT with local (sliding-window) layers is not supported yet: the engine has no "
-                       "per-layer windows and RoPE bases; use a checkpoint whose every layer is full_attention "
-                       "(global_attn_every_n_layers 1)")
+    L = need(hf, "num_hidden_layers")
+    if not isinstance(kinds, list) or len(kinds) != L or any(k not in ("full_attention", "sliding_attention")
+                                                             for k in kinds):
+        raise QkvError(f"ModernBERT layer_types {str(kinds)[:60]} must name each of the {L} layers full_attention or "
+                       "sliding_attention; restore the checkpoint's config.json")
+    local = hf.get("local_attention", 128)
+    if isinstance(local, bool) or not isinstance(local, int) or local < 2:
+        raise QkvError(f"ModernBERT local_attention={local!r:.20} must be a whole number ≥ 2; fix the model's config")
+    windows = tuple(local // 2 + 1 if k == "sliding_attention" else None for k in kinds)   # |i − j| ≤ local // 2
     if hf.get("mlp_bias", False):
         raise QkvError("ModernBERT mlp_bias=true is not supported: the GeGLU's activated half would need a bias of "
                        "its own; use a checkpoint without it")
@@ -73,6 +88,8 @@ def config(hf: dict) -> ModelConfig:
         causal=False, norm="layer", norm_place="pre", norm_eps=hf.get("norm_eps", 1e-5), position="rope",
         rope_theta=rope_theta(hf), activation=activation(hf.get("hidden_activation", "gelu")), gated_ffn=True,
         qkv_bias=bias, out_bias=bias, ffn_bias=False, embed_norm=True, final_norm=True,
+        layer_windows=windows if any(windows) else None,
+        local_rope_theta=local_rope_theta(hf) if any(windows) else None,
         lm_head=masked_lm(hf), head_activation=activation(hf.get("classifier_activation", "gelu")),
         tied_embeddings=bool(hf.get("tie_word_embeddings", True)),
         pad_token_id=hf.get("pad_token_id", 50283), pad_embedding_frozen=True,
@@ -116,16 +133,20 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    """The config.json of a ModernBertModel (or ModernBertForMaskedLM) whose every layer is global."""
+    """The config.json of a ModernBertModel (or ModernBertForMaskedLM): its layers' kinds, the local window
+    and both RoPE bases."""
+    windows = [cfg.window(i) for i in range(cfg.n_layers)]
+    local = next((w for w in windows if w is not None), None)
     return reads_back(cfg, {
         "model_type": "modernbert", "architectures": ["ModernBertForMaskedLM" if cfg.lm_head else "ModernBertModel"],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
         "norm_eps": cfg.norm_eps, "hidden_activation": HF_ACTIVATIONS[cfg.activation],
-        "classifier_activation": HF_ACTIVATIONS[cfg.head_activation], "layer_types": ["full_attention"] * cfg.n_layers,
-        "global_attn_every_n_layers": 1,
+        "classifier_activation": HF_ACTIVATIONS[cfg.head_activation], "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows],
+        "local_attention": 128 if local is None else 2 * (local - 1),
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                            "sliding_attention": {"rope_type": "default",
+                                                  "rope_theta": cfg.local_rope_theta or 10000.0}},
         "attention_bias": cfg.qkv_bias, "mlp_bias": False, "tie_word_embeddings": cfg.tied_embeddings,
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_dropout": 0.0,

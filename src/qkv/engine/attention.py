@@ -170,7 +170,7 @@ class AttentionMask:
     n: int
     m: int
     causal: bool
-    window: int | None = None                   # sliding window (causal only), None = unlimited
+    window: int | None = None                   # sliding window: i − j < w (causal), |i − j| < w (an encoder's)
     key_mask: np.ndarray | None = None          # (B, m) False on padding keys; None = no padding
     position_bias: np.ndarray | None = None     # (B|1, H|1, n, m) added to S (T5); None = none
     _bias: dict = field(default_factory=dict, repr=False, compare=False)
@@ -179,9 +179,9 @@ class AttentionMask:
         """True where query rows q0..q1 may see each key: (B or 1, 1, q1 - q0, m); None = everywhere."""
         q1 = self.n if q1 is None else q1
         ok = None
-        if self.causal:
+        if self.causal or self.window:
             offset = self.m - self.n                                    # absolute position of query 0
-            ok = visible(np.arange(q0, q1) + offset, np.arange(self.m), True, self.window)[None, None]
+            ok = visible(np.arange(q0, q1) + offset, np.arange(self.m), self.causal, self.window)[None, None]
         if self.key_mask is not None:
             pad = self.key_mask[:, None, None, :]                       # (B, 1, 1, m)
             ok = pad if ok is None else ok & pad
@@ -202,8 +202,9 @@ class AttentionMask:
 
     def plain_only(self, cap: float | None = None) -> bool:
         """Whether attention must be computed the plain way: a position bias (T5) or a soft-cap (Gemma 2),
-        which the tiled kernels do not take (they take any scale: Granite's, Gemma's, T5's 1)."""
-        return self.position_bias is not None or cap is not None
+        which the tiled kernels do not take (they take any scale: Granite's, Gemma's, T5's 1), or an encoder's
+        window reaching both ways (ModernBERT's local layers; the kernels' windows reach back)."""
+        return self.position_bias is not None or cap is not None or (self.window is not None and not self.causal)
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,

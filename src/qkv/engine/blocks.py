@@ -505,11 +505,10 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
 
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:
-    """Who may see whom (seeds §5): causal for decoders (within LAYER's sliding window if it
-    has one), never a padding key. attention_mask (B, m) covers every key; the n
-    queries are the last n of them."""
-    return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal,
-                         window=cfg.window(layer) if cfg.causal else None,
+    """Who may see whom (seeds §5): causal for decoders, within LAYER's sliding window if it has one
+    (an encoder's reaches both ways: ModernBERT's local layers), never a padding key. attention_mask
+    (B, m) covers every key; the n queries are the last n of them."""
+    return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal, window=cfg.window(layer),
                          key_mask=None if attention_mask.all() else attention_mask.astype(bool))
 
 

@@ -2,6 +2,7 @@
 
     query at position i sees key at position j  ⇔  j ≤ i             (causal: decoders)
                                                     and i - j < w     (sliding window w: Mistral)
+    an encoder's window (ModernBERT's local layers) reaches both ways:  |i - j| < w
 
 attention.AttentionMask makes it the mask of a pass (causal_mask and sliding_window_mask are
 its (n, m) picture), kernels.py the mask of one block of tiled attention.
@@ -15,12 +16,14 @@ import numpy as np
 def visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int | None = None) -> np.ndarray | None:
     """True where the query at q_pos[r] may see the key at k_pos[c]: (len(q_pos), len(k_pos)) bool.
 
-    None when every pair may (neither causal nor windowed): nothing to build. A window
-    is causal too: it reaches back, never forward.
+    None when every pair may (neither causal nor windowed): nothing to build. A causal window
+    reaches back, never forward; an encoder's (not causal) reaches both ways.
     """
     if not causal and not window:
         return None
     rel = np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :]      # (rows, cols) how far back each key is
+    if not causal:
+        return np.abs(rel) < window
     allowed = rel >= 0
     if window:
         allowed &= rel < window
