@@ -36,7 +36,11 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  # encoders (DistilBERT's names, ELECTRA's embedding width)
                  "dim", "n_layers", "n_heads", "embedding_size", "global_attn_every_n_layers", "local_attention",
                  # mixtures of experts (Mixtral, Qwen2-MoE)
-                 "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
+                 "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                 # BLOOM, Falcon
+                 "n_embed", "num_kv_heads", "ffn_hidden_size", "num_ln_in_parallel_attn", "pretraining_tp",
+                 # MPT (its n_heads, n_layers: DistilBERT's names above)
+                 "max_seq_len")
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim",
           "num_experts", "shared_expert_intermediate_size")        # 0 experts: every FFN dense (Qwen2-MoE)
@@ -54,10 +58,12 @@ _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_windo
          "layer_norm_elementwise_affine", "_remove_final_layer_norm", "qkv_bias", "norm_topk_prob",
          "output_router_logits", "use_qk_norm",
          "is_decoder", "add_cross_attention", "sinusoidal_pos_embds",
-         "norm_bias", "decoder_bias", "classifier_bias")                # ModernBERT
+         "norm_bias", "decoder_bias", "classifier_bias",                # ModernBERT
+         "apply_residual_connection_post_layernorm", "slow_but_exact",  # BLOOM
+         "alibi", "new_decoder_architecture", "multi_query", "parallel_attn", "bias")   # Falcon
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj",
          "activation", "classifier_activation")
-_OBJECT = ("rope_scaling", "rope_parameters")
+_OBJECT = ("rope_scaling", "rope_parameters", "attn_config")
 # Inside rope_scaling / rope_parameters.
 _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
                "attention_factor")

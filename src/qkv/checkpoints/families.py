@@ -26,8 +26,9 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import Weights
-from . import (bart, bert, cohere, distilbert, electra, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite, llama, marian,
-               mbart, modernbert, moe, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5, umt5)
+from . import (bart, bert, bloom, cohere, distilbert, electra, falcon, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite,
+               llama, marian, mbart, modernbert, moe, mpt, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5,
+               umt5)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
@@ -36,6 +37,7 @@ FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_n
                                    "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
                                    "mixtral": moe, "qwen2_moe": moe, "qwen3_moe": moe, "olmoe": moe,
                                    "gptj": gptj, "cohere": cohere, "granite": granite,
+                                   "bloom": bloom, "falcon": falcon, "mpt": mpt,
                                    "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
                                    "mt5": mt5, "umt5": umt5,
                                    "gpt_neo": gpt_neo, "smollm3": llama, "gemma2": gemma2, "gemma3_text": gemma2,

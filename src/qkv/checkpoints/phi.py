@@ -39,7 +39,7 @@ def config(hf: dict) -> ModelConfig:
         n_heads=H, n_kv_heads=hf.get("num_key_value_heads") or H, d_ff=need(hf, "intermediate_size"),
         max_positions=hf.get("max_position_embeddings", 2048), causal=True, norm="layer", norm_place="pre",
         norm_eps=hf.get("layer_norm_eps", 1e-5), position="rope", rope_theta=theta, rope_scaling=scaling,
-        rotary_dim=rotary, parallel_residual=True,
+        rotary_dim=rotary, parallel_residual=True, shared_norm=True,
         qk_norm="head" if hf.get("qk_layernorm", False) else None, activation=activation(hf.get("hidden_act", "gelu_new")),
         gated_ffn=False, qkv_bias=True, out_bias=True, ffn_bias=True,
         tied_embeddings=bool(hf.get("tie_word_embeddings", False)), final_norm=True, lm_head=True,

@@ -159,7 +159,8 @@ TILED_MIN_SCORES = 512 * 512
 @dataclass
 class AttentionMask:
     """What is added to the scores S before softmax, described rather than built: which keys each
-    query may see (causal, window, padding: M, 0 or -∞) and a position bias B (T5's relative bias).
+    query may see (causal, window, padding: M, 0 or -∞) and a position bias B (T5's relative bias,
+    ALiBi's slope × key position).
 
     n queries are the last n of m keys. Building the (B, 1, n, m) mask costs as much memory
     as the scores themselves, so it is only built where the plain path needs it. This is the one
@@ -172,7 +173,7 @@ class AttentionMask:
     causal: bool
     window: int | None = None                   # sliding window: i − j < w (causal), |i − j| < w (an encoder's)
     key_mask: np.ndarray | None = None          # (B, m) False on padding keys; None = no padding
-    position_bias: np.ndarray | None = None     # (B|1, H|1, n, m) added to S (T5); None = none
+    position_bias: np.ndarray | None = None     # (B|1, H|1, n|1, m) added to S (T5; ALiBi: one row); None = none
     _bias: dict = field(default_factory=dict, repr=False, compare=False)
 
     def allowed(self, q0: int = 0, q1: int | None = None) -> np.ndarray | None:
@@ -200,18 +201,28 @@ class AttentionMask:
             self._bias[key] = b if m is None else (m if b is None else b + m)
         return self._bias[key]
 
+    @property
+    def key_bias(self) -> np.ndarray | None:
+        """The position bias when it is one row for every query (ALiBi): (B|1, H, m), what the tiled
+        kernels take; None otherwise."""
+        pb = self.position_bias
+        return None if pb is None or pb.shape[2] != 1 else pb[:, :, 0]
+
     def plain_only(self, cap: float | None = None) -> bool:
-        """Whether attention must be computed the plain way: a position bias (T5) or a soft-cap (Gemma 2),
-        which the tiled kernels do not take (they take any scale: Granite's, Gemma's, T5's 1), or an encoder's
-        window reaching both ways (ModernBERT's local layers; the kernels' windows reach back)."""
-        return self.position_bias is not None or cap is not None or (self.window is not None and not self.causal)
+        """Whether attention must be computed the plain way: a position bias that varies with the query (T5)
+        or a soft-cap (Gemma 2), which the tiled kernels do not take (they take any scale: Granite's, Gemma's,
+        T5's 1, and ALiBi's one row per key through key_bias), or an encoder's window reaching both ways
+        (ModernBERT's local layers; the kernels' windows reach back)."""
+        return ((self.position_bias is not None and self.key_bias is None) or cap is not None
+                or (self.window is not None and not self.causal))
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
                      scale: float | None = None, cap: float | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
     if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
-        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale)
+        return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale,
+                               key_bias=mask.key_bias)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
         return causal_attention(q, k, v, mask, scale=scale, cap=cap)
     z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap)
@@ -264,7 +275,8 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
             soft_cap_(s[:, :, q0:q1], cap)
         if mask.position_bias is not None:
             pb = mask.position_bias
-            s[:, :, q0:q1] += pb[:, hs if pb.shape[1] > 1 else slice(None), q0:q1]
+            rows = slice(q0, q1) if pb.shape[2] > 1 else slice(None)          # ALiBi: one row for every query
+            s[:, :, q0:q1] += pb[:, hs if pb.shape[1] > 1 else slice(None), rows]
         ok = mask.allowed(q0, q1)
         if ok is not None:
             s[:, :, q0:q1] = np.where(ok, s[:, :, q0:q1], -np.inf)

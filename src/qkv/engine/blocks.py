@@ -9,11 +9,12 @@ A family is knob values read by these boxes, each in one place: post- or pre-nor
 box and one after it (OLMo 2), a parallel residual (GPT-NeoX, Phi, GPT-J, Cohere), partial RoPE and RoPE
 by interleaved pairs (GPT-J, Cohere), q/k norms (Qwen3, Phi, OLMo 2; StableLM's and Cohere's one per head),
 an embedding narrower than the stream mapped in and out (OPT-350m: embed_in in `embed`, `unembed_in` after
-the final norm), T5's position bias and unscaled scores, Granite's multipliers (embeddings, each box's output
-before the stream, scores, logits; Cohere's logit scale), the encoder–decoder's cross-attention, norms before
-and after each box (Gemma 2/3), layers of different kinds (each its own window's mask and its own rotation:
-Context.mask_of, rope_of), soft-capped scores and logits (Gemma 2), a routed FFN among experts (Mixtral,
-Qwen2-MoE: `route`, `routed_feed_forward`, read through `feed_forward`). Each box
+the final norm), T5's position bias and unscaled scores, ALiBi's bias (BLOOM, Falcon, MPT), Granite's
+multipliers (embeddings, each box's output before the stream, scores, logits; Cohere's logit scale), the
+encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
+(each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
+(Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE: `route`, `routed_feed_forward`, read through
+`feed_forward`). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
@@ -41,7 +42,7 @@ from .config import ModelConfig
 from .errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
-from .positions import apply_rope
+from .positions import alibi_bias, alibi_slopes, apply_rope
 from .trace import Recorder
 from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
@@ -506,10 +507,15 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:
     """Who may see whom (seeds §5): causal for decoders, within LAYER's sliding window if it has one
-    (an encoder's reaches both ways: ModernBERT's local layers), never a padding key. attention_mask
-    (B, m) covers every key; the n queries are the last n of them."""
+    (an encoder's reaches both ways: ModernBERT's local layers), never a padding key; with ALiBi (BLOOM,
+    Falcon, MPT) each head's slope times the key's position, added to S for every query (the one-token
+    step's row too). attention_mask (B, m) covers every key; the n queries are the last n of them."""
+    alibi = None
+    if cfg.position == "alibi":
+        scale = None if not cfg.alibi_scaled else cfg.score_scale or 1.0 / math.sqrt(cfg.d_head)
+        alibi = alibi_bias(attention_mask, alibi_slopes(cfg.n_heads), scale, cfg.alibi_bfloat16)   # (B, H, 1, m)
     return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal, window=cfg.window(layer),
-                         key_mask=None if attention_mask.all() else attention_mask.astype(bool))
+                         key_mask=None if attention_mask.all() else attention_mask.astype(bool), position_bias=alibi)
 
 
 def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.ndarray:

@@ -7,6 +7,9 @@ A family is a set of knob values, not a subclass:
   GPT-J = parallel residual with one LayerNorm + RoPE by interleaved pairs on part of each head + LM-head bias
   Cohere = parallel residual with one LayerNorm + interleaved RoPE + SwiGLU + q/k norms per head + logit scale
   Granite = Llama + embedding, residual, score and logit multipliers
+  BLOOM  = pre-norm + embedding LayerNorm + ALiBi (a per-head slope × the key's position on S) + tanh GELU
+  Falcon = parallel attention / FFN + MQA or GQA + RoPE, or ALiBi scaled with the scores
+  MPT    = pre-norm LayerNorm without β + ALiBi + no biases + erf GELU
 Layers of different kinds: each layer's own sliding window (layer_windows: Gemma 2/3, GPT-Neo's local layers,
 Qwen's and SmolLM3's sliding layers), the windowed layers' own RoPE base (Gemma 3), layers without RoPE
 (SmolLM3); Gemma 2 soft-caps its scores and logits (attn_softcap, final_softcap).
@@ -39,7 +42,7 @@ from .errors import QkvError
 
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
-Position = Literal["learned", "sinusoidal", "rope", "relative"]
+Position = Literal["learned", "sinusoidal", "rope", "relative", "alibi"]
 Activation = Literal["gelu", "gelu_tanh", "silu", "relu"]
 
 
@@ -62,10 +65,14 @@ class ModelConfig:
     norm_eps: float = 1e-5
     position: Position = "learned"
     rope_theta: float = 10000.0
+    # position "alibi" (BLOOM, Falcon): S += m_h·p_j, head h's slope times key j's position (positions.alibi_slopes)
+    alibi_scaled: bool = False        # Falcon: S = (Q·Kᵀ + m_h·p_j)·scale, the bias scaled with Q·Kᵀ; BLOOM: unscaled
+    alibi_bfloat16: bool = False      # Falcon: m_h and m_h·p_j rounded to bfloat16, as it computes them
     rope_scaling: dict | None = field(default=None, compare=False)
     rotary_dim: int | None = None     # RoPE turns the first rotary_dim numbers of each head (GPT-NeoX); None: all d_k
     rope_interleaved: bool = False    # RoPE pairs (0, 1), (2, 3), … of each head (GPT-J, Cohere); False: (i, i + d/2)
     parallel_residual: bool = False   # x + Attn(Norm₁(x)) + FFN(Norm₂(x)): both read the block's input (GPT-NeoX)
+    shared_norm: bool = False         # a parallel block's branches read one Norm(x) (Phi, Falcon-7B): ffn_norm None
     qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
                                       # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
     activation: Activation = "gelu"
@@ -157,6 +164,8 @@ class ModelConfig:
                            "(or none: all of each head); fix the model's config")
         if self.qk_norm not in (None, "head", "all"):
             raise QkvError(f"qk_norm={self.qk_norm!r} must be 'head', 'all' or none; fix the model's config")
+        if self.shared_norm and not self.parallel_residual:
+            raise QkvError("shared_norm (one norm read by both branches) needs parallel_residual; fix the model's config")
         if self.parallel_residual and self.norm_place != "pre":  # (then BlockWeights.ffn_norm None: one norm, Phi)
             raise QkvError("parallel_residual needs pre-norm blocks (norm_place='pre'); fix the model's config")
         if self.sliding_window is not None and self.sliding_window <= 0:
@@ -180,6 +189,9 @@ class ModelConfig:
         if self.position == "relative" and not (2 <= self.relative_buckets // 2 < self.relative_max_distance):
             raise QkvError(f"relative_buckets={self.relative_buckets} must be ≥ 4 and relative_max_distance="
                            f"{self.relative_max_distance} more than half of it; fix the model's config")
+        if (self.alibi_scaled or self.alibi_bfloat16) and self.position != "alibi":
+            raise QkvError("alibi_scaled / alibi_bfloat16 shape an ALiBi bias: they need position='alibi'; "
+                           "fix the model's config")
         if self.attn_scale is not None and not (0 < self.attn_scale < float("inf")):
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:

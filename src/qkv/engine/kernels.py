@@ -43,13 +43,15 @@ def _grouped(q: np.ndarray, Hkv: int) -> np.ndarray:
 
 def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
                     block_size: int | None = None, window: int | None = None,
-                    key_mask: np.ndarray | None = None, scale: float | None = None) -> np.ndarray:
+                    key_mask: np.ndarray | None = None, scale: float | None = None,
+                    key_bias: np.ndarray | None = None) -> np.ndarray:
     """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head (scale: Q·Kᵀ·scale
     instead of /√d, ModelConfig.score_scale; None: 1/√d).
 
     causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
     sees only the last `window` positions (itself included); key_mask (B, m): False for
-    padding keys. A query that sees no key gets zeros. block_size: rows of queries and
+    padding keys; key_bias (B|1, H, m): added to every query's score of key j (ALiBi's m_h·p_j).
+    A query that sees no key gets zeros. block_size: rows of queries and
     of keys per block (default: measured on this machine, qkv.engine.tuning). Query blocks are
     independent: they run in parallel on the worker threads qkv.engine.tuning chose (threads.parallel_map).
 
@@ -61,17 +63,20 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     bq, bk = (block_size, block_size) if block_size else (tuned.q_block, tuned.k_block)
     qg = _grouped(q, Hkv)                                         # (B, Hkv, G, n, d)
     out = np.empty_like(qg)                                       # (B, Hkv, G, n, d)
+    kb = None if key_bias is None else key_bias.astype(q.dtype, copy=False).reshape(
+        key_bias.shape[0], Hkv, H // Hkv, 1, key_bias.shape[-1])   # (B|1, Hkv, G, 1, m)
     starts = range(0, n, bq)
     if causal or window:                                          # later blocks see more keys:
         starts = reversed(starts)                                 # start them first (load balance)
     s = 1.0 / math.sqrt(d) if scale is None else scale
-    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s),
+    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s, kb),
                  starts, workers=tuned.attention)
     return out.reshape(B, H, n, d)
 
 
 def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, q0: int, q1: int, bk: int,
-                 causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float) -> None:
+                 causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float,
+                 key_bias: np.ndarray | None = None) -> None:
     """out[..., q0:q1, :] = attention of query rows q0..q1 over their keys, block by block.
 
     The online softmax: for each key block, M_new = max(M, rowmax S), P = exp(S - M_new),
@@ -98,6 +103,9 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         if bias is not None:                                      # only blocks that cross the mask's edge:
             s5 = s.reshape(B, Hkv, G, q1 - q0, k1 - k0)           # S + M, in place (grouped layout)
             s5 += bias
+        if key_bias is not None:                                  # + m_h·p_j (ALiBi), one row for all queries
+            s5 = s.reshape(B, Hkv, G, q1 - q0, k1 - k0)
+            s5 += key_bias[..., k0:k1]
         new_max = np.maximum(row_max, s.max(axis=-1, keepdims=True))
         safe_max = np.where(np.isfinite(new_max), new_max, 0).astype(qg.dtype, copy=False)
         np.subtract(s, safe_max, out=s)

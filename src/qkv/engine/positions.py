@@ -1,8 +1,9 @@
-"""Where each token is (seeds §1): learned tables, sinusoids, RoPE, and T5's relative buckets.
+"""Where each token is (seeds §1): learned tables, sinusoids, RoPE, T5's relative buckets and ALiBi.
 
 Attention itself is blind to order, so position enters either added to the token
-embeddings (learned, sinusoidal), as a rotation of Q and K (RoPE), or as a learned bias
-on the scores that depends only on how far the key is from the query (relative, T5).
+embeddings (learned, sinusoidal), as a rotation of Q and K (RoPE), as a learned bias
+on the scores that depends only on how far the key is from the query (relative, T5),
+or as a fixed bias growing linearly with the key's position, one slope per head (ALiBi: BLOOM, Falcon).
 """
 
 from __future__ import annotations
@@ -196,3 +197,43 @@ def apply_rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray, interl
         return dy * cos - turn(dy * sin)                           # (B, H, n, d_k)
     turned = dy[..., :r] * cos - turn(dy[..., :r] * sin)           # (B, H, n, d_rot)
     return np.concatenate([turned, dy[..., r:]], axis=-1)          # (B, H, n, d_k)
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """ALiBi's slope of each head (Press et al. 2022): m_h = b^(h+1), b = 2^(-8/2^⌊log₂H⌋), a geometric series
+    from b down to 2^-8 over the largest power of two P ≤ H heads; the H − P others take every other power
+    of the series for 2P heads, b' = 2^(-4/P): b'^1, b'^3, …. (H,) float32, as transformers'
+    build_alibi_tensor computes them (base in float32, raised to integer powers)."""
+    p2 = 2 ** math.floor(math.log2(n_heads))
+    base = np.float32(2 ** (-(2 ** -(math.log2(p2) - 3))))
+    slopes = np.power(base, np.arange(1, 1 + p2, dtype=np.float32))                     # (P,)
+    if p2 != n_heads:
+        extra = np.float32(2 ** (-(2 ** -(math.log2(2 * p2) - 3))))
+        rest = min(p2, n_heads - p2)
+        slopes = np.concatenate([slopes, np.power(extra, np.arange(1, 1 + 2 * rest, 2, dtype=np.float32))])
+    return slopes.astype(np.float32)                                                     # (H,)
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16's 8-bit mantissa (to nearest, ties to even), kept as float32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = (u + (((u >> 16) & 1) + np.uint32(0x7FFF))) & np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
+def alibi_bias(attention_mask: np.ndarray, slopes: np.ndarray, scale: float | None = None,
+               bfloat16: bool = False) -> np.ndarray:
+    """ALiBi's bias on the scores, B[b, h, ·, j] = m_h·p_j: head h's slope times key j's position, counted over
+    real tokens (p = (cumsum(mask) − 1)·mask, so left padding shifts nothing; padding keys 0). One row for every
+    query: a query i adds m_h·(p_j − p_i) in the paper's form, the same softmax (a constant per row).
+    attention_mask (B, m) → (B, H, 1, m) float32. scale: the bias is multiplied with the scores (Falcon's
+    (Q·Kᵀ + m·p)/√d_k); None: added as it is (BLOOM's Q·Kᵀ/√d_k + m·p). bfloat16: m and m·p rounded to
+    bfloat16 as Falcon computes them."""
+    pos = ((np.cumsum(attention_mask, axis=-1) - 1) * attention_mask).astype(np.float32)     # (B, m)
+    m = to_bfloat16(slopes) if bfloat16 else slopes                                          # (H,)
+    bias = m[None, :, None, None] * pos[:, None, None, :]                                    # (B, H, 1, m)
+    if bfloat16:
+        bias = to_bfloat16(bias)
+    if scale is not None:
+        bias = bias * np.float32(scale)
+    return bias.astype(np.float32, copy=False)                                               # (B, H, 1, m)

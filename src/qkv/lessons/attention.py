@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.blocks import norm
+from ..engine.blocks import attention_mask_of, norm
 from ..engine.model import Model
 from ..engine.ops import entropy as row_entropy, softmax
 from ..engine.positions import rope_inv_freq
@@ -51,6 +51,7 @@ class Arch:
     W_Q: tuple[int, ...]         # shape of the whole W_Q (d_model, H·d_k)
     W_K: tuple[int, ...]         # shape of the whole W_K (d_model, H_kv·d_k)
     W_O: tuple[int, ...]         # (H·d_k, d_model)
+    alibi: float | None = None   # ALiBi (BLOOM, Falcon): this head's slope m_h, S += m_h·p_j; None: no ALiBi
 
 
 @dataclass
@@ -166,14 +167,15 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
         qkv_diff = max(_same("Q, K, V", mine, theirs, 1e-4) for mine, theirs in [(Q_p, Q), (K_p, K), (V_p, V)])
 
     masked = _checked_mask(lt.scores[head], cfg, layer)             # (n, n) M = −∞ here
+    bias = position_bias(model, n)                                  # (H, 1, n) m_h·p_j, or 0
     S_raw = Q @ K.T                                                 # (n, n)
-    S = np.where(masked, -np.inf, _scaled(S_raw, cfg))              # (n, n)
+    S = np.where(masked, -np.inf, _scaled(S_raw, cfg) + bias[head])   # (n, n)
     scores_diff = _same("S/√d_k", S, lt.scores[head].astype(np.float64), 1e-5)
     if rope is not None:
         _same("q·k at its own positions", np.array(rope.relative[0][2]), S_raw[row, rope.key], 1e-4)
     group = list(range(kv * G, (kv + 1) * G))                       # the query heads reading K/V head kv
-    group_diff = max(_same(f"S of head {g}", np.where(masked, -np.inf, _scaled(lt.q[g].astype(np.float64) @ K.T, cfg)),
-                           lt.scores[g].astype(np.float64), 1e-5)
+    group_diff = max(_same(f"S of head {g}", np.where(masked, -np.inf, _scaled(lt.q[g].astype(np.float64) @ K.T, cfg)
+                                                      + bias[g]), lt.scores[g].astype(np.float64), 1e-5)
                      for g in group)
     A = softmax(S)                                                  # (n, n)
     _same("A", A, lt.attentions[head].astype(np.float64), 1e-5)
@@ -186,7 +188,7 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     out_diff = _same("Concat·W_O", joined, lt.attn_out.astype(np.float64), 1e-4)
 
     return Walkthrough(
-        arch=_arch(model, attn), layer=layer, head=head, kv_head=kv, group_heads=group, row=row,
+        arch=_arch(model, attn, head), layer=layer, head=head, kv_head=kv, group_heads=group, row=row,
         tokens=list(trace.tokens), labels=list(trace.labels), ids=np.asarray(trace.ids), X=X, Xn=Xn, rope=rope, Q=Q, K=K, V=V,
         S_raw=S_raw, S=S, causal=bool(masked.any()), A=A, Z=Z, out=out,
         checks=Checks(norm=norm_diff, qkv=qkv_diff, scores=scores_diff, group=group_diff, heads=heads_diff,
@@ -195,14 +197,23 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
                      entropy=scaling_entropy(lt.q, lt.k, lt.scores, head, G)))
 
 
-def _arch(model: Model, attn) -> Arch:
-    """The knobs and sizes of `model` that the walkthrough shows (`attn`: the followed layer's weights)."""
+def position_bias(model: Model, n: int) -> np.ndarray:
+    """ALiBi's bias on S of each head for n tokens, m_h·p_j (Falcon's scaled as its scores are), as the model
+    adds it: (H, 1, n) float64; zeros for a model without ALiBi (the lessons that recompute S add it)."""
+    bias = attention_mask_of(model.config, np.ones((1, n), np.int64), n).position_bias
+    return np.zeros((model.config.n_heads, 1, 1)) if bias is None else bias[0].astype(np.float64)
+
+
+def _arch(model: Model, attn, head: int = 0) -> Arch:
+    """The knobs and sizes of `model` that the walkthrough shows (`attn`: the followed layer's weights, `head`
+    the followed head: its ALiBi slope)."""
     cfg = model.config
     return Arch(name=model.name, family=cfg.family, post_norm=cfg.norm_place == "post", norm=cfg.norm,
                 norm_eps=cfg.norm_eps, token_types=cfg.type_vocab_size > 0, embed_norm=cfg.embed_norm,
                 qkv_bias=attn.b_Q is not None, out_bias=attn.b_O is not None, H=cfg.n_heads, H_kv=cfg.n_kv_heads,
                 group=cfg.group_size, d_model=cfg.d_model, d_k=cfg.d_head, W_Q=tuple(attn.W_Q.shape),
-                W_K=tuple(attn.W_K.shape), W_O=tuple(attn.W_O.shape))
+                W_K=tuple(attn.W_K.shape), W_O=tuple(attn.W_O.shape),
+                alibi=float(position_bias(model, 2)[head, 0, 1]) if cfg.position == "alibi" else None)
 
 
 def _norm_input(model: Model, layer: int, residual: np.ndarray) -> tuple[np.ndarray, float]:

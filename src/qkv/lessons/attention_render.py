@@ -206,6 +206,8 @@ def _scale(p: Page) -> list:
     w, d_k = p.w, p.a.d_k
     k, corner = p.corner()
     out = [p.rule("s_scale"), p.say("scale", d_k=d_k, sqrt=math.sqrt(d_k), ss=_shape(w.n, w.n), corner=corner)]
+    if p.a.alibi is not None:                                       # BLOOM, Falcon: + m_h·p_j
+        out.append(p.say("alibi", slope=p.a.alibi))
     if w.causal:
         out.append(p.say("mask", masked=int(np.isneginf(w.S).sum()), total=w.n * w.n))
     return out + [p.matrix(w.S, k), p.say("scale_check", diff=w.checks.scores)]

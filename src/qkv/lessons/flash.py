@@ -31,7 +31,7 @@ from rich.text import Text
 
 from ..engine import sparse as sp
 from ..engine.errors import QkvError
-from .attention import DEFAULT_TEXT
+from .attention import DEFAULT_TEXT, position_bias
 from ..engine.kernels import K_BLOCK, Q_BLOCK, tiled_attention
 from ..engine.ops import softmax
 from . import Page, nbytes, same
@@ -142,10 +142,11 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     row = n - 1 if cfg.causal else min(3, n - 1)
     allowed = sp.dense(cfg.causal).mask(n)                           # (n, n)
     scale = cfg.score_scale or 1 / math.sqrt(d_k)                    # 1/√d_k, or the model's own (Granite)
+    bias = position_bias(model, n)                                    # (H, 1, n) ALiBi's m_h·p_j, else 0
 
     def scores(lt, h):
         q, k = lt.q[h].astype(np.float64), lt.k[h // G].astype(np.float64)
-        return np.where(allowed, q @ k.T * scale, -np.inf)          # (n, n)
+        return np.where(allowed, q @ k.T * scale + bias[h], -np.inf)  # (n, n)
 
     if layer is None or head is None:                                 # the head whose max grows most often
         layers = trace.layer_ids if layer is None else [model.check_layer(layer)]
@@ -166,7 +167,9 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     same("ℓ at the end", steps[-1].l_new, np.exp(S[row] - S[row].max()).sum(), 1e-12, rel=True)
     diffs["plain"] = same("Z = acc/ℓ against softmax(S)·V", out, plain, 1e-12)
     q4, k4, v4 = lt.q[None, head:head + 1], lt.k[None, head // G:head // G + 1], lt.v[None, head // G:head // G + 1]
-    kernel = tiled_attention(q4, k4, v4, causal=cfg.causal, block_size=block, scale=cfg.score_scale)[0, 0]   # (n, d_k)
+    key_bias = None if cfg.position != "alibi" else bias[None, head:head + 1, 0].astype(np.float32)   # (1, 1, n)
+    kernel = tiled_attention(q4, k4, v4, causal=cfg.causal, block_size=block, scale=cfg.score_scale,
+                             key_bias=key_bias)[0, 0]                                               # (n, d_k)
     diffs["kernel"] = same("Z against kernels.tiled_attention", out, kernel[row], 1e-5, rel=True)
     diffs["model"] = same("Z against the model's", out, lt.heads[head, row], 1e-4, rel=True)
 

@@ -26,7 +26,7 @@ import numpy as np
 from rich.text import Text
 
 from ..engine.errors import QkvError
-from .attention import DEFAULT_TEXT
+from .attention import DEFAULT_TEXT, position_bias
 from . import Page, same
 from .gqa_text import TEXTS
 from .kvcache import Layout, cache_layouts, layout_name, own_layout, per_token
@@ -105,6 +105,7 @@ def _sharing(model, text: str) -> Sharing:
         raise RuntimeError(f"lesson: the model kept {q.shape[0]} query and {k.shape[0]} K/V heads, not {H} and {H_kv}")
     scale = 1 / math.sqrt(d_k) if cfg.score_scale is None else cfg.score_scale
     mine = np.stack([q[h] @ k[kv_of[h]].T * scale for h in range(H)])      # (H, n, n)
+    mine += position_bias(model, q.shape[1])                                # + m_h·p_j (ALiBi), else 0
     model_s = lt.scores.astype(np.float64)                                  # (H, n, n), −∞ where masked
     kept = np.isfinite(model_s)
     diff = same("S_h = Q_h·K_{h//G}ᵀ/√d_k", mine[kept], model_s[kept], 1e-4, rel=True)

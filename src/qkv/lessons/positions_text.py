@@ -10,6 +10,7 @@ EN = {
              "{kind}.",
     "kind_rope": "RoPE", "kind_learned": "a learned table", "kind_sinusoidal": "the sinusoidal table",
     "kind_relative": "a learned bias per distance bucket (T5)",
+    "kind_alibi": "ALiBi: a fixed bias on the scores, each head's slope times the key's position (BLOOM, Falcon)",
 
     "s_sin": "① The sinusoidal table (Vaswani et al. 2017)",
     "sin_what": "PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)), with d = d_model = {d}: "
@@ -72,6 +73,7 @@ KO = {
              "테이블을, 최신 LLM은 대부분 Q와 K를 위치만큼 회전시킵니다(RoPE). 이 모델은 {kind}을(를) 씁니다.",
     "kind_rope": "RoPE", "kind_learned": "학습된 위치 테이블", "kind_sinusoidal": "사인/코사인 위치 인코딩",
     "kind_relative": "거리 구간마다 학습된 바이어스(T5)",
+    "kind_alibi": "ALiBi: 점수에 더하는 고정 바이어스, 헤드마다의 기울기 × 키의 위치(BLOOM, Falcon)",
 
     "s_sin": "① 사인/코사인 위치 인코딩(Vaswani 등, 2017)",
     "sin_what": "PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)), d = d_model = {d}: "

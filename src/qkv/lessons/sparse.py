@@ -86,6 +86,9 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
     if getattr(cfg, "encoder_decoder", False):
         raise QkvError(f"{model.name} is an encoder–decoder; the sparse lesson needs one self-attention stack: "
                        "use --model smollm2 or --model minilm")
+    if cfg.position == "alibi":
+        raise QkvError(f"{model.name} adds ALiBi's bias to its scores, which the sparse kernels do not take: "
+                       "use --model smollm2 or --model minilm")
     text, copies, one = _long_enough(model, text or PARAGRAPH, default=text is None)
     trace = model.run(" ".join([text] * copies), keep=("q", "k", "v", "heads", "attentions"))
     n = len(trace.tokens)

@@ -85,6 +85,9 @@ EN = {
     "corner": "Top-left corner", "whole": "All of it",
     "mask": "Causal mask (seeds §5): M[i, j] = −∞ above the diagonal, where key j comes after query i, so "
             "softmax gives it 0: no token sees the future. {masked} of the {total} scores are masked, shown as −∞.",
+    "alibi": "ALiBi (BLOOM, Falcon): no position embedding; S gets + m·p_j, this head's slope m = {slope:.4g} "
+             "(Falcon's divided by √d_k, as its scores) times key j's position, so a query's far-back keys score "
+             "lower, each head by its own slope.",
     "scale_check": "Equal to the scores the model computed (largest difference {diff:.1e}).",
 
     "s_softmax": "⑤ Softmax: A = softmax(S / √d_k), row by row",
@@ -204,6 +207,9 @@ KO = {
     "mask": "인과 마스킹(시드 §5): 대각선 위, 즉 키 j가 쿼리 i보다 뒤에 있으면 M[i, j] = −∞ 이고, 소프트맥스가 그 "
             "자리를 0으로 만듭니다: 어떤 토큰도 미래를 보지 못합니다. 점수 {total}개 중 {masked}개가 가려지며 −∞로 "
             "표시합니다.",
+    "alibi": "ALiBi(BLOOM, Falcon): 위치 임베딩 대신 S에 m·p_j를 더합니다. 이 헤드의 기울기 m = {slope:.4g}(Falcon은 "
+             "점수처럼 √d_k로 나눔)에 키 j의 위치를 곱한 값이라, 쿼리에서 멀리 떨어진 키일수록 점수가 낮아지고 "
+             "헤드마다 기울기가 다릅니다.",
     "scale_check": "모델이 계산한 점수와 같습니다(최대 차이 {diff:.1e}).",
 
     "s_softmax": "⑤ 소프트맥스: A = softmax(S / √d_k), 행마다",

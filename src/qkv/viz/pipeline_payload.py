@@ -50,9 +50,12 @@ is the decoder's last position.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..engine.blocks import norm
+from ..engine.positions import alibi_slopes
 from ..engine.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
 from ..engine.trace import INTERMEDIATES, Trace
@@ -207,6 +210,17 @@ def check_trace(model, trace: Trace) -> None:
         raise QkvError(f"the text has {n} tokens; the pipeline page holds at most {MAX_TOKENS}: shorten it")
 
 
+def _alibi_slopes(c) -> list[float] | None:
+    """ALiBi's slope of each head as the scores get it (S += m_h·p_j; Falcon's already × the score scale);
+    None without ALiBi."""
+    if c.position != "alibi":
+        return None
+    slopes = alibi_slopes(c.n_heads).astype(np.float64)
+    if c.alibi_scaled:
+        slopes = slopes * (c.score_scale or 1 / math.sqrt(c.d_head))
+    return [float(m) for m in slopes]
+
+
 def arch_of(model) -> dict:
     """The knobs and sizes the page names (seeds' letters)."""
     c, w = model.config, model.weights
@@ -227,6 +241,7 @@ def arch_of(model) -> dict:
             "layer_windows": [c.window(i) for i in range(c.n_layers)] if c.causal and not is_seq2seq(model) else None,
             "rope_kinds": [c.rope_kind(i) for i in range(c.n_layers)], "rotary_dim": c.rotary_dim,
             "rope_theta": c.rope_theta,
+            "alibi": _alibi_slopes(c),
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,
