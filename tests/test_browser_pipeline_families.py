@@ -14,7 +14,7 @@ from test_browser import browser, tab  # noqa: F401 (fixtures)
 from test_browser_pipeline import READY, SENTENCE, open_page, state
 
 FAMILIES = ["gemma2", "gemma3_text", "smollm3", "gpt_neox", "olmo2", "qwen3", "mixtral", "qwen2_moe", "granite",
-            "gptj", "roberta", "opt"]
+            "gptj", "roberta", "opt", "bloom", "falcon", "modernbert_local"]
 
 
 def boxes(tab) -> list[str]:
@@ -76,6 +76,23 @@ def test_rope_by_layer_kind_and_q_k_norms(tab, tmp_path):
     neox = qkv.load(str(MODELS / "gpt_neox"))
     open_page(tab, save_pipeline(neox, SENTENCE, tmp_path / "n.html"))
     assert "parallel: the FFN reads X" in open_box(tab, "res2")
+    assert tab.errors == []
+
+
+def test_alibi_shows_each_heads_slope(tab, tmp_path):
+    model = qkv.load(str(MODELS / "bloom"))
+    open_page(tab, save_pipeline(model, SENTENCE, tmp_path / "p.html"))
+    assert "alibi" in boxes(tab) and "rope" not in boxes(tab)
+    from qkv.viz.pipeline_payload import arch_of
+
+    slopes = arch_of(model)["alibi"]
+    for h in range(model.config.n_heads):
+        tab.page.select_option(".qkv-p-head-pick", str(h))
+        text = open_box(tab, "alibi")
+        import re
+
+        shown = float(re.search(r"m_h = ([0-9.]+) for head (\d+)", text).group(1))
+        assert f"for head {h})" in text and abs(shown - slopes[h]) <= 5e-6      # 5 decimals
     assert tab.errors == []
 
 

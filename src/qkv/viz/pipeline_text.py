@@ -36,6 +36,10 @@ EN.update({
     "p_qknorm_what": "The scores cannot grow just because q and k grow long. The q and k shown are after it (and RoPE).",
     "p_rope_none": "Layer {layer} has no RoPE: its Q and K carry no position (a layer without RoPE).",
     "p_rope_local": "Layer {layer} is a sliding layer: its RoPE base is {theta} (the other layers' {base}).",
+    "p_alibi": "ALiBi: a bias by distance",
+    "p_alibi_f": "S[i, j] = S[i, j] + m_h·j   (m_h = {slope} for head {head})",
+    "p_alibi_what": "No position vectors anywhere: each head adds its own slope times the key's position. Row by "
+                    "row softmax ignores a constant, so this is −m_h·(i − j): the farther back a key, the lower its score.",
     "p_softcap": "Soft-cap", "p_softcap_f": "S = c·tanh(S / c),   c = {c}",
     "p_softcap_what": "Scores stay within ±c: large ones are squashed, small ones pass almost unchanged.",
     "p_s_scaled_f": "S = Q·Kᵀ · {scale}   (this model's own scale instead of 1/√d_k)",
@@ -129,6 +133,10 @@ KO.update({
     "p_qknorm_what": "q와 k가 길어진다고 점수가 커지지 않습니다. 보이는 q, k는 정규화(와 RoPE) 뒤의 값입니다.",
     "p_rope_none": "{layer}번 층에는 RoPE가 없습니다: Q와 K에 위치가 담기지 않습니다.",
     "p_rope_local": "{layer}번 층은 슬라이딩 층입니다: RoPE 밑(base)이 {theta}입니다(다른 층은 {base}).",
+    "p_alibi": "ALiBi: 거리만큼의 편향",
+    "p_alibi_f": "S[i, j] = S[i, j] + m_h·j   ({head}번 헤드의 m_h = {slope})",
+    "p_alibi_what": "위치 벡터가 전혀 없습니다: 헤드마다 제 기울기에 키의 위치를 곱해 더합니다. 소프트맥스는 행마다 "
+                    "상수를 무시하므로 이는 −m_h·(i − j)와 같습니다: 키가 멀수록 점수가 낮아집니다.",
     "p_softcap": "소프트캡", "p_softcap_f": "S = c·tanh(S / c),   c = {c}",
     "p_softcap_what": "점수가 ±c 안에 머뭅니다: 큰 점수는 눌리고, 작은 점수는 거의 그대로 지나갑니다.",
     "p_s_scaled_f": "S = Q·Kᵀ · {scale}   (1/√d_k 대신 이 모델의 배율)",

@@ -222,6 +222,7 @@
       if (a.position === "rope" && !this.top.seq2seq) blk.push(["rope", t("p_rope")]);
       if (a.H_kv !== a.H) blk.push(["gqa", t("s_gqa", {H: a.H, H_kv: a.H_kv})]);
       blk.push(["scores", t("s_s")]);
+      if (a.alibi) blk.push(["alibi", t("p_alibi")]);                       // BLOOM, Falcon-RW, MPT
       if (a.attn_softcap) blk.push(["softcap", t("p_softcap")]);           // Gemma 2
       blk.push(["mask", t("p_mask")], ["attn", t("s_softmax")],
                ["z", t("s_z")], ["out", t("s_out", {last: a.H - 1})], ["res1", t("p_res")]);
@@ -423,6 +424,11 @@
         case "qknorm": {
           formula(t(a.qk_norm === "all" ? "p_qknorm_all_f" : "p_qknorm_head_f"));
           out.append(el("p", null, t("p_qknorm_what")));
+          break;
+        }
+        case "alibi": {
+          formula(t("p_alibi_f", {slope: num(a.alibi[h], 5), head: h}));
+          out.append(el("p", null, t("p_alibi_what")));
           break;
         }
         case "softcap": {
