@@ -92,7 +92,7 @@ def test_alibi_shows_each_heads_slope(tab, tmp_path):
         import re
 
         shown = float(re.search(r"m_h = ([0-9.]+) for head (\d+)", text).group(1))
-        assert f"for head {h})" in text and abs(shown - slopes[h]) <= 5e-6      # 5 decimals
+        assert f"for head {h})" in text and abs(shown - slopes[h]) <= 5.1e-6    # 5 decimals
     assert tab.errors == []
 
 
