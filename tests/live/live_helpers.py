@@ -210,3 +210,28 @@ def float64_reference(model: torch.nn.Module, monkeypatch) -> torch.nn.Module:
 
 def transformers_version() -> str:
     return transformers.__version__
+
+
+def hf_greedy(model, ids: np.ndarray, new: int) -> np.ndarray:
+    """transformers' greedy ids for IDS (1, n) + NEW tokens, never stopping early."""
+    import torch
+
+    with torch.no_grad():
+        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
+                              max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
+
+
+def check_decoder_live(model, ours, vocab: int, label: str, new: int, *, prompt_length: int = 9,
+                       positions: bool = True) -> None:
+    """A decoder family against transformers: a right- and a left-padded batch (hidden, logits, attention
+    within tolerance), then greedy generation with and without the KV cache, token for token.
+    positions=False: transformers numbers positions itself (OPT counts them from the mask)."""
+    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
+        ids, mask = padded_batch(vocab, lengths, seed=11, low=3, side=side)
+        ref = run_reference(model, ids, mask, position_ids=decoder_positions(mask) if positions else None)
+        compare(ours.forward(ids, mask), ref, mask, label=f"{label}-{side}")
+    prompt = padded_batch(vocab, [prompt_length], seed=12, low=3)[0]
+    expected = hf_greedy(model, prompt, new)
+    np.testing.assert_array_equal(ours.generate(prompt, new, temperature=0, stop_at_eos=False), expected)
+    np.testing.assert_array_equal(ours.generate(prompt, new, temperature=0, use_cache=False, stop_at_eos=False),
+                                  expected)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from live_helpers import build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from live_helpers import (build, check_decoder_live, max_abs, padded_batch, save)
 from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM, MptConfig, MptForCausalLM
 
 import qkv
@@ -84,12 +84,6 @@ CASES = ([pytest.param(BloomForCausalLM, *c.values, id=c.id) for c in BLOOM_CASE
          + [pytest.param(MptForCausalLM, *c.values, id=c.id) for c in MPT_CASES])
 
 
-def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-
-
 def seeded(request) -> int:
     return zlib.crc32(request.node.callspec.id.encode()) % 10_000
 
@@ -100,13 +94,7 @@ def test_family(cls, config, tmp_path, request):
     save(model, tmp_path)
     ours = qkv.load(tmp_path)
     assert ours.config.position == ("alibi" if getattr(config, "alibi", True) else "rope")
-    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=3, side=side)
-        ref = run_reference(model, ids, mask, position_ids=decoder_positions(mask))   # BLOOM: positions from the mask
-        compare(ours.forward(ids, mask), ref, mask, label=f"{request.node.callspec.id}-{side}")
-    prompt = padded_batch(config.vocab_size, [9], seed=12, low=3)[0]
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), hf_greedy(model, prompt))
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), hf_greedy(model, prompt))
+    check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)   # BLOOM: positions from the mask
 
 
 @pytest.mark.parametrize(("cls", "config"), CASES)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import zlib
 
-import numpy as np
 import pytest
 import torch
 from test_live_grads import check
-from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from live_helpers import (INIT_RANGE, build, check_decoder_live, max_abs, padded_batch, save)
 from transformers import (CohereConfig, CohereForCausalLM, GPTJConfig, GPTJForCausalLM, GraniteConfig,
                           GraniteForCausalLM)
 
@@ -68,12 +67,6 @@ CASES = [
 ]
 
 
-def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-
-
 @pytest.mark.parametrize(("cls", "config"), CASES)
 def test_family(cls, config, tmp_path, request):
     seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
@@ -81,14 +74,7 @@ def test_family(cls, config, tmp_path, request):
     save(model, tmp_path)
     ours = qkv.load(tmp_path)
     assert ours.config.family == config.model_type
-    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=3, side=side)
-        ref = run_reference(model, ids, mask, position_ids=decoder_positions(mask))
-        compare(ours.forward(ids, mask), ref, mask, label=f"{request.node.callspec.id}-{side}")
-    prompt = padded_batch(config.vocab_size, [9], seed=12, low=3)[0]
-    expected = hf_greedy(model, prompt)
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), expected)
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), expected)
+    check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
 
 @pytest.mark.parametrize(("cls", "config"), [CASES[0], CASES[4], CASES[7]])

@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from live_helpers import (INIT_RANGE, build, check_decoder_live, max_abs, padded_batch, save)
 from transformers import (OPTConfig, OPTForCausalLM, Phi3Config, Phi3ForCausalLM, StableLmConfig, StableLmForCausalLM,
                           Starcoder2Config, Starcoder2ForCausalLM)
 
@@ -95,12 +95,6 @@ CASES = [
 ]
 
 
-def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-
-
 @pytest.mark.parametrize(("cls", "config"), CASES)
 def test_family(cls, config, tmp_path, request):
     seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
@@ -108,13 +102,8 @@ def test_family(cls, config, tmp_path, request):
     save(model, tmp_path)
     ours = qkv.load(tmp_path)
     assert ours.config.family == config.model_type
-    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=3, side=side)
-        ref = run_reference(model, ids, mask, position_ids=None if cls is OPTForCausalLM else decoder_positions(mask))
-        compare(ours.forward(ids, mask), ref, mask, label=f"{request.node.callspec.id}-{side}")
-    prompt = padded_batch(config.vocab_size, [17], seed=12, low=3)[0]
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, stop_at_eos=False), hf_greedy(model, prompt))
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False, stop_at_eos=False), hf_greedy(model, prompt))
+    check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW, prompt_length=17,
+                       positions=cls is not OPTForCausalLM)
 
 
 @pytest.mark.parametrize(("cls", "config"), [CASES[1], CASES[4], CASES[8], CASES[11], CASES[12]])

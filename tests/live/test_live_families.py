@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import zlib
 
-import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from live_helpers import (INIT_RANGE, build, check_decoder_live, max_abs, padded_batch, save)
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM
 
 import qkv
@@ -59,12 +58,6 @@ PHI_CASES = [
 ]
 
 
-def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-
-
 @pytest.mark.parametrize(("cls", "config"), [pytest.param(GPTNeoXForCausalLM, *c.values, id=c.id) for c in CASES]
                          + [pytest.param(PhiForCausalLM, *c.values, id=c.id) for c in PHI_CASES])
 def test_family(cls, config, tmp_path, request):
@@ -75,13 +68,7 @@ def test_family(cls, config, tmp_path, request):
     assert ours.config.parallel_residual == getattr(config, "use_parallel_residual", True)
     factor = config.rope_parameters["partial_rotary_factor"]
     assert (ours.config.rotary_dim or ours.config.d_head) == int(ours.config.d_head * factor)
-    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=3, side=side)
-        ref = run_reference(model, ids, mask, position_ids=decoder_positions(mask))
-        compare(ours.forward(ids, mask), ref, mask, label=f"{request.node.callspec.id}-{side}")
-    prompt = padded_batch(config.vocab_size, [9], seed=12, low=3)[0]
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), hf_greedy(model, prompt))
-    np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), hf_greedy(model, prompt))
+    check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
 
 def test_a_model_qkv_saves_reads_back_in_transformers(tmp_path):

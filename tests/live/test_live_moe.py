@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from live_helpers import build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
+from live_helpers import (build, compare, decoder_positions, hf_greedy, max_abs, padded_batch, run_reference, save)
 from test_live_grads import autograd
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -84,12 +84,6 @@ CASES = [
 ]
 
 
-def hf_greedy(model, ids: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-
-
 def hf_router(model, ids: np.ndarray) -> list[np.ndarray]:
     """transformers' router probabilities per MoE layer, (n, E), on one sequence."""
     with torch.no_grad():
@@ -118,7 +112,7 @@ def test_moe(cls, config, tmp_path, request):
         assert max_abs(t.router, p) < 1e-5
         top = np.argsort(-p, -1, kind="stable")[:, :k]
         assert np.array_equal(np.sort(t.experts, -1), np.sort(top, -1)), layer
-    greedy = hf_greedy(model, prompt)
+    greedy = hf_greedy(model, prompt, NEW)
     np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), greedy)
     np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), greedy)
     # a model qkv saves, read back by transformers
