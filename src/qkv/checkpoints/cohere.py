@@ -24,14 +24,11 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back, ROTARY_BUFFERS
 from .tensors import TensorStore
 
 # Tensors a Cohere checkpoint may hold that qkv never reads ({i}: a layer), relative to CohereModel.
-IGNORED = {
-    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved",
-    "rotary_emb.inv_freq": "the same, kept once for the model",
-}
+IGNORED = ROTARY_BUFFERS
 
 
 def _rope(hf: dict) -> tuple[float, dict | None]:

@@ -283,3 +283,12 @@ def layer_windows(hf: dict, window: int | None, n_layers: int, default: list[str
 def layer_types(cfg: ModelConfig) -> list[str]:
     """config.json's layer_types of CFG (each layer full or sliding)."""
     return ["full_attention" if cfg.window(i) is None else "sliding_attention" for i in range(cfg.n_layers)]
+
+
+# RoPE's frequencies, a buffer older transformers saved in Llama-style checkpoints ({i}: a layer, relative to
+# the base model): qkv computes them from rope_theta. A family's IGNORED table starts from it.
+ROTARY_BUFFERS = {
+    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved "
+                                                "(qkv computes them from rope_theta)",
+    "rotary_emb.inv_freq": "the same, kept once for the model",
+}

@@ -30,7 +30,7 @@ from ..engine.errors import QkvError
 from ..engine.positions import rope_inv_freq
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
-                     reads_back)
+                     reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -44,11 +44,7 @@ LAYER_KINDS = {"qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text"}   # layer_t
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
 # to LlamaModel.
-IGNORED = {
-    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved "
-                                                "(qkv computes them from rope_theta)",
-    "rotary_emb.inv_freq": "the same, kept once for the model",
-}
+IGNORED = ROTARY_BUFFERS
 
 
 def _rope(hf: dict) -> tuple[float, dict | None]:

@@ -27,14 +27,11 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
-                     reads_back)
+                     reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
 # Tensors a StableLM checkpoint may hold that qkv never reads ({i}: a layer), relative to StableLmModel.
-IGNORED = {
-    "layers.{i}.self_attn.rotary_emb.inv_freq": "RoPE's frequencies, a buffer older transformers saved",
-    "rotary_emb.inv_freq": "the same, kept once for the model",
-}
+IGNORED = ROTARY_BUFFERS
 
 
 def config(hf: dict) -> ModelConfig:
