@@ -6,6 +6,8 @@ tests/test_browser_seq2seq.py drives the same documents in Chromium.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,8 @@ def test_cross_rows_are_labelled_by_the_token_they_wrote(marian, school):
 
 
 def test_written_without_logits_or_tokenizer_says_it_does_not_know(school):
+    school = copy.copy(school)
+    school.tokenizer = None                                                    # a trace that lost its model's tokenizer
     ids, tokens = written(school)                                              # no tokenizer: the last is unknown
     assert tokens[-1] == UNKNOWN_NEXT and ids[-1] == int(np.argmax(school.logits[-1]))
     school_no_logits = kind_traces(school)["decoder"]
@@ -79,6 +83,8 @@ def test_a_translation_has_the_decoders_next_token_view(marian):
     steps = parts["decoder"]["next"]["steps"]
     assert [s["chosen"] for s in steps] == trace.ids[1:].tolist() and parts["encoder"]["next"] is None
     assert parts["decoder"]["prompt_length"] == 1
+    assert kinds_of(viewer_html(trace))["decoder"]["next"] == parts["decoder"]["next"]   # the trace's own tokenizer
+    trace.tokenizer = None
     assert kinds_of(viewer_html(trace))["decoder"]["next"] is None             # no tokenizer, no candidates
 
 

@@ -204,8 +204,8 @@ def test_qkv_patch_on_minilm_writes_its_page(tmp_path, monkeypatch, capsys, mini
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "minilm", "--answer", " cat"], "encoder without an LM head"),
-    (["--model", "minilm", "--wrong", " dog"], "encoder without an LM head"),
+    (["--model", "minilm", "--answer", " cat"], "is an encoder: its patching metric is the cosine similarity"),
+    (["--model", "minilm", "--wrong", " dog"], "is an encoder: its patching metric is the cosine similarity"),
     (["--model", str(MODELS / "gpt2")], "give --answer and --wrong"),
     (["--model", str(MODELS / "gpt2"), "--answer", " a"], "give --answer and --wrong"),
 ])
