@@ -1,4 +1,4 @@
-"""`qkv explain` (the seeds' walkthrough and its lessons, `qkv explain TOPIC`) and `qkv next` (the
+"""`qkv explain` (the walkthrough of docs/guide.md and its topics, `qkv explain TOPIC`) and `qkv next` (the
 next-token distribution at several temperatures). Registered by cli.py."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..lessons import explain_help
                                                       "[default: 0]")
 @click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
                                                      "fewer heads].")
-@click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, the seeds' language).")
+@click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, docs/guide.ko.md's words).")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Also write the topic's figures (PNG + SVG) into DIR.")
 @click.option("--html", "html_file", default=None, metavar="FILE",

@@ -55,7 +55,7 @@ def _options(command):
 
 @click.command(name="train")
 @click.option("--task", default=None, help="induction: an attention-only model on random tokens repeated twice; "
-                                            "translate-ko-en: the seeds' Korean→English example (or give --text FILE).")
+                                            "translate-ko-en: the guide's Korean→English example (or give --text FILE).")
 @click.option("--text", "text", default=None, metavar="FILE", help="Learn this UTF-8 text (any language).")
 @click.option("--out", "out", default=None, metavar="DIR",
               help="The run's directory: log, figures, checkpoints, the model. Give it again to continue.")

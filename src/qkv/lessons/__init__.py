@@ -1,4 +1,4 @@
-"""`qkv explain TOPIC`: the seeds' lessons beyond the attention walkthrough, run on real models.
+"""`qkv explain TOPIC`: the guide's steps beyond the attention walkthrough (docs/guide.md), run on real models.
 
     attention   the walkthrough of one head (qkv.lessons.attention; `qkv explain "some text"`)
     positions   sinusoidal table, RoPE on SmolLM2, MiniLM's learned table
@@ -162,7 +162,7 @@ def attention_figures(model, text: str, layer: int, head: int, out_dir) -> list:
 
 def explain_help() -> str:
     """The text of `qkv explain --help`: what it does and every topic."""
-    return ("Explain one lesson of the seeds on a real model, every number recomputed and checked "
+    return ("Explain one step of docs/guide.md on a real model, every number recomputed and checked "
             "against the engine, in English or Korean (--lang ko).\n\n"
             "TOPIC is one of the topics below; without one (or when the first argument is not a topic) the "
             "argument is the TEXT of the attention walkthrough: one head of the model through X → Q, K, V → "

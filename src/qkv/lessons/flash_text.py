@@ -5,7 +5,7 @@ from __future__ import annotations
 EN = {
     "title": "qkv explain flash · {model} · layer {layer} · head {head} · n = {n}",
     "intro": "softmax needs a whole row, its max and its sum, before it knows any weight; at n tokens that row "
-             "is the n × n score matrix S (seeds §7). FlashAttention never holds it: it walks the keys in "
+             "is the n × n score matrix S (guide: flash). FlashAttention never holds it: it walks the keys in "
              "tiles and keeps, for each query, the largest score so far m, the running sum ℓ of exp(s − m) "
              "and the running output acc. When a tile raises the max, exp(m_old − m_new) < 1 rescales what was "
              "summed against the old max, so no tile is ever visited twice:",
@@ -49,7 +49,7 @@ EN = {
 KO = {
     "title": "qkv explain flash · {model} · {layer}번 층 · {head}번 헤드 · n = {n}",
     "intro": "softmax는 가중치를 하나라도 알려면 행 전체, 즉 그 최댓값과 합이 필요합니다. 토큰이 n개이면 그 행들이 "
-             "n × n 점수 행렬 S입니다(시드 §7). FlashAttention은 S를 통째로 들고 있지 않습니다. 키를 타일 단위로 "
+             "n × n 점수 행렬 S입니다(가이드: FlashAttention). FlashAttention은 S를 통째로 들고 있지 않습니다. 키를 타일 단위로 "
              "훑으면서 쿼리마다 지금까지의 최대 점수 m, exp(s − m)의 누적합 ℓ, 누적 출력 acc만 유지합니다. 어떤 "
              "타일이 최댓값을 키우면 exp(m_old − m_new) < 1이 이전 최댓값 기준으로 더한 값들을 다시 맞추므로, "
              "어떤 타일도 두 번 방문하지 않습니다:",

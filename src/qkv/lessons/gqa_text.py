@@ -4,9 +4,9 @@ from __future__ import annotations
 
 EN = {
     "title": "qkv explain gqa · {model}",
-    "intro": "Multi-head attention gives every head its own W_Q, W_K and W_V (seeds §4). When a model writes, it "
+    "intro": "Multi-head attention gives every head its own W_Q, W_K and W_V (guide: heads). When a model writes, it "
              "keeps every past token's K and V in the KV cache, and that cache grows with the heads. GQA and MQA "
-             "(seeds §7: \"KV head sharing\") let several query heads read one K/V head: the queries stay many, "
+             "(guide: gqa) let several query heads read one K/V head: the queries stay many, "
              "the cache shrinks.",
 
     "s_share": "① Who reads what: {H} query heads, {H_kv} K/V heads",
@@ -50,9 +50,9 @@ EN = {
 
 KO = {
     "title": "qkv explain gqa · {model}",
-    "intro": "멀티헤드 어텐션에서는 헤드마다 W_Q, W_K, W_V가 따로 있습니다(시드 §4). 모델이 글을 생성할 때는 지나간 "
-             "모든 토큰의 K와 V를 KV 캐시에 저장하는데, 이 캐시는 헤드 수만큼 커집니다. GQA와 MQA(시드 §7: "
-             "\"KV head 공유\")는 여러 쿼리 헤드가 K/V 헤드 하나를 함께 읽게 합니다: 쿼리는 그대로 많고, 캐시는 "
+    "intro": "멀티헤드 어텐션에서는 헤드마다 W_Q, W_K, W_V가 따로 있습니다(가이드: 헤드). 모델이 글을 생성할 때는 지나간 "
+             "모든 토큰의 K와 V를 KV 캐시에 저장하는데, 이 캐시는 헤드 수만큼 커집니다. GQA와 MQA(가이드: "
+             "GQA)는 여러 쿼리 헤드가 K/V 헤드 하나를 함께 읽게 합니다: 쿼리는 그대로 많고, 캐시는 "
              "줄어듭니다.",
 
     "s_share": "① 누가 무엇을 읽나: 쿼리 헤드 {H}개, K/V 헤드 {H_kv}개",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 EN = {
     "title": "qkv explain kv-cache · {model}",
-    "intro": "An LLM writes one token at a time (seeds §6), and the new token's query must meet the keys and "
+    "intro": "An LLM writes one token at a time (guide: temperature), and the new token's query must meet the keys and "
              "values of every token before it. Those K and V never change once computed (a causal mask: no "
              "token sees the future), so the KV cache keeps them instead of recomputing the whole text at every "
-             "step (seeds §7: \"the key to inference speed\").",
+             "step, which is what makes writing fast (guide: kv-cache).",
 
     "s_holds": "① What the cache holds",
     "holds": "Per layer, one K and one V of shape (Hkv, m, d_k): Hkv = {H_kv} K/V heads (the model has H = {H} "
@@ -60,9 +60,9 @@ EN = {
 
 KO = {
     "title": "qkv explain kv-cache · {model}",
-    "intro": "LLM은 글을 한 토큰씩 생성하고(시드 §6), 새 토큰의 쿼리는 앞선 모든 토큰의 키와 밸류를 만나야 합니다. "
+    "intro": "LLM은 글을 한 토큰씩 생성하고(가이드: 온도), 새 토큰의 쿼리는 앞선 모든 토큰의 키와 밸류를 만나야 합니다. "
              "한 번 계산한 K와 V는 바뀌지 않으므로(인과 마스킹: 어떤 토큰도 미래를 보지 않음), KV 캐시는 매 "
-             "단계마다 전체 텍스트를 다시 계산하는 대신 이를 저장합니다(시드 §7: \"추론 속도 핵심\").",
+             "단계마다 전체 텍스트를 다시 계산하는 대신 이를 저장합니다. 추론 속도의 핵심입니다(가이드: KV 캐시).",
 
     "s_holds": "① 캐시에 담기는 것",
     "holds": "층마다 shape (Hkv, m, d_k)의 K 하나와 V 하나: K/V 헤드 Hkv = {H_kv}개(쿼리 헤드는 H = {H}개, GQA), "

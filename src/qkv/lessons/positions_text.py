@@ -5,7 +5,7 @@ from __future__ import annotations
 EN = {
     "title": "qkv explain positions · {model}",
     "intro": "Attention by itself is blind to order: shuffle the tokens and every score S[i, j] stays the same. "
-             "So a model adds where each token is (seeds §1): the first transformer added sine/cosine waves to X, "
+             "So a model adds where each token is (guide: positions): the first transformer added sine/cosine waves to X, "
              "BERT a learned table, and most modern LLMs turn Q and K by their position (RoPE). This model uses "
              "{kind}.",
     "kind_rope": "RoPE", "kind_learned": "a learned table", "kind_sinusoidal": "the sinusoidal table",
@@ -69,7 +69,7 @@ EN = {
 KO = {
     "title": "qkv explain positions · {model}",
     "intro": "어텐션만으로는 순서를 모릅니다: 토큰 순서를 섞어도 점수 S[i, j]는 그대로입니다. 그래서 모델은 각 토큰의 "
-             "위치 정보를 넣습니다(시드 §1): 초기 트랜스포머는 사인/코사인 함수를 X에 더했고, BERT는 학습된 위치 "
+             "위치 정보를 넣습니다(가이드: 위치): 초기 트랜스포머는 사인/코사인 함수를 X에 더했고, BERT는 학습된 위치 "
              "테이블을, 최신 LLM은 대부분 Q와 K를 위치만큼 회전시킵니다(RoPE). 이 모델은 {kind}을(를) 씁니다.",
     "kind_rope": "RoPE", "kind_learned": "학습된 위치 테이블", "kind_sinusoidal": "사인/코사인 위치 인코딩",
     "kind_relative": "거리 구간마다 학습된 바이어스(T5)",

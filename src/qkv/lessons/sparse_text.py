@@ -4,7 +4,7 @@ from __future__ import annotations
 
 EN = {
     "title": "qkv explain sparse · {model} · n = {n} tokens",
-    "intro": "Full attention scores every query against every key: n² pairs, the O(n²) of seeds §7. A sparse "
+    "intro": "Full attention scores every query against every key: n² pairs, the O(n²) of the score matrix (guide: scores). A sparse "
              "pattern keeps a few keys per query and adds M = −∞ to the others. Adding M to the whole n × n "
              "matrix saves nothing; the tiled kernel (FlashAttention's online softmax, see `qkv explain flash`) "
              "asks the pattern, tile by tile, whether a tile of (query block, key block) is hidden entirely, "
@@ -55,7 +55,7 @@ EN = {
 
 KO = {
     "title": "qkv explain sparse · {model} · n = {n} 토큰",
-    "intro": "전체 어텐션은 모든 쿼리를 모든 키와 비교합니다: n² 쌍, 시드 §7의 O(n²)입니다. 희소 패턴은 쿼리마다 "
+    "intro": "전체 어텐션은 모든 쿼리를 모든 키와 비교합니다: n² 쌍, 점수 행렬의 O(n²)입니다(가이드: 점수). 희소 패턴은 쿼리마다 "
              "일부 키만 남기고 나머지에는 M = −∞를 더합니다. n × n 행렬 전체에 M을 더하면 아무것도 절약되지 "
              "않습니다. 타일 커널(FlashAttention의 온라인 softmax, `qkv explain flash` 참고)은 (쿼리 블록, 키 블록) "
              "타일마다 패턴에 그 타일이 완전히 가려지는지 묻고, 그렇다면 건너뜁니다: Q·Kᵀ도, exp도, P·V도 없습니다.",

@@ -1,4 +1,4 @@
-"""The seeds' translation example, learned: a small Marian-style model on the Korean→English grammar.
+"""The guide's translation example (docs/guide.md#self-cross), learned: a small Marian-style model on the Korean→English grammar.
 
 `qkv train --task translate-ko-en` trains it; the model qkv ships as `ko-en-tiny` is its result
 (the command in its README reproduces it bit for bit). What it records every K steps, on held-out
@@ -68,7 +68,7 @@ class TranslateTask:
             raise QkvError(f"--d-model {s.d_model} is not a multiple of --heads {s.heads}; choose sizes that divide")
 
     def describe(self) -> str:
-        return (f"{len(self.train):,} Korean→English sentence pairs of the seeds' grammar "
+        return (f"{len(self.train):,} Korean→English sentence pairs of the ko-en grammar "
                 f"({len(self.held_out):,} more held out), {self.config.vocab_size} words in the vocabulary")
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

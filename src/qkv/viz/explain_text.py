@@ -1,4 +1,4 @@
-"""The sentences of `qkv explain`, in English and in Korean (the seeds' language and vocabulary).
+"""The sentences of `qkv explain`, in English and in Korean (the words of docs/guide.md and docs/guide.ko.md).
 
 Each entry is a `str.format` template; `explain.py` fills in the numbers it computed from
 the real model. Both languages have exactly the same keys (a test checks it).
@@ -10,7 +10,7 @@ EN = {
     "title": "qkv explain · {model} · layer {layer} · head {head} of {H}",
     "formula": "Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k) · V, for one head of the real model, step by step. "
                "d_model = {d_model}, H = {H} heads, d_k = d_model / H = {d_k}.",
-    "library": "The seeds' library: the query is what you are looking for, each key is a book's index label, "
+    "library": "Like a library: the query is what you are looking for, each key is a book's index label, "
                "each value is the book itself; a query that matches a key takes more of that value.",
 
     "s_tokens": "⓪ Tokens → ids",
@@ -49,7 +49,7 @@ EN = {
                       "(largest difference {diff:.1e}).",
 
     "s_rope": "②a RoPE: Q and K turned by their position",
-    "rope_what": "Attention by itself is blind to order. RoPE (seeds §1) turns each query and key by an angle "
+    "rope_what": "Attention by itself is blind to order. RoPE (guide: positions) turns each query and key by an angle "
                  "that grows with its position p: the d_k = {d_k} numbers form {pairs} pairs (i, i + {pairs}), and "
                  "pair i turns by p·ω_i, ω_i = θ^(−2i/d_k), θ = {theta:g}. Pair 0 turns {w0:.3f} rad per token, "
                  "pair {last} only {wl:.1e}: fast pairs tell near positions apart, slow ones far ones.",
@@ -83,7 +83,7 @@ EN = {
     "scale": "√d_k = √{d_k} = {sqrt:.3f}. Dividing keeps the scores in a range where softmax still spreads "
              "its weight (why: step ⑧). Shape {ss}. {corner}:",
     "corner": "Top-left corner", "whole": "All of it",
-    "mask": "Causal mask (seeds §5): M[i, j] = −∞ above the diagonal, where key j comes after query i, so "
+    "mask": "Causal mask (guide: mask): M[i, j] = −∞ above the diagonal, where key j comes after query i, so "
             "softmax gives it 0: no token sees the future. {masked} of the {total} scores are masked, shown as −∞.",
     "alibi": "ALiBi (BLOOM, Falcon): no position embedding; S gets + m·p_j, this head's slope m = {slope:.4g} "
              "(Falcon's divided by √d_k, as its scores) times key j's position, so a query's far-back keys score "
@@ -99,7 +99,7 @@ EN = {
     "s_z": "⑥ Z = A·V: the weighted sum of the values",
     "z": "{as_} · {vs} = {zs}. Each token's output is a mix of every token's value, in proportion to "
          "its weights. For “{token}”:",
-    "z_seed": "(as the seeds' 3-token example: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
+    "z_seed": "(as in the guide's 3-token example: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
     "z_check": "Equal to the head output the model computed (largest difference {diff:.1e}).",
 
     "s_out": "⑦ Concat(Z_0 … Z_{last}) · W_O: the heads together",
@@ -117,7 +117,7 @@ EN = {
                    "about 1 at every size.",
     "why_softmax": "Large scores make softmax saturate: nearly all weight on one key, and its gradient "
                    "p·(1 − p) vanishes, so training stops learning from the others.",
-    "why_softmax_end": "The seeds' [100, 1, 1] leaves the other keys about 10⁻⁴³ of the weight; scaled down 10 "
+    "why_softmax_end": "softmax([100, 1, 1]) leaves the other keys about 10⁻⁴³ of the weight; scaled down 10 "
                        "times they get about 10⁻⁴ and the gradient is alive again; 100 times, a real share.",
     "col_scores": "scores", "col_softmax": "softmax", "col_grad": "largest p·(1 − p)",
     "why_model": "On the real model, the same rows without the 1/√d_k scaling "
@@ -172,7 +172,7 @@ KO = {
                       "(최대 차이 {diff:.1e}).",
 
     "s_rope": "②a RoPE: 위치만큼 회전하는 Q와 K",
-    "rope_what": "어텐션만으로는 순서를 모릅니다. RoPE(시드 §1)는 각 쿼리와 키를 위치 p에 비례하는 각도로 회전시킵니다: "
+    "rope_what": "어텐션만으로는 순서를 모릅니다. RoPE(가이드: 위치)는 각 쿼리와 키를 위치 p에 비례하는 각도로 회전시킵니다: "
                  "d_k = {d_k}개의 숫자가 {pairs}개의 쌍 (i, i + {pairs})을 이루고, 쌍 i는 p·ω_i만큼 돕니다. "
                  "ω_i = θ^(−2i/d_k), θ = {theta:g}. 0번 쌍은 토큰마다 {w0:.3f} rad, {last}번 쌍은 {wl:.1e} rad만 "
                  "돕니다: 빠른 쌍은 가까운 위치를, 느린 쌍은 먼 위치를 구별합니다.",
@@ -204,7 +204,7 @@ KO = {
     "scale": "√d_k = √{d_k} = {sqrt:.3f}. 이렇게 나누면 점수가 소프트맥스가 가중치를 고르게 나눌 수 있는 범위에 "
              "머뭅니다(이유는 ⑧단계). shape {ss}. {corner}:",
     "corner": "왼쪽 위 모서리", "whole": "전체",
-    "mask": "인과 마스킹(시드 §5): 대각선 위, 즉 키 j가 쿼리 i보다 뒤에 있으면 M[i, j] = −∞ 이고, 소프트맥스가 그 "
+    "mask": "인과 마스킹(가이드: 마스크): 대각선 위, 즉 키 j가 쿼리 i보다 뒤에 있으면 M[i, j] = −∞ 이고, 소프트맥스가 그 "
             "자리를 0으로 만듭니다: 어떤 토큰도 미래를 보지 못합니다. 점수 {total}개 중 {masked}개가 가려지며 −∞로 "
             "표시합니다.",
     "alibi": "ALiBi(BLOOM, Falcon): 위치 임베딩 대신 S에 m·p_j를 더합니다. 이 헤드의 기울기 m = {slope:.4g}(Falcon은 "
@@ -220,7 +220,7 @@ KO = {
 
     "s_z": "⑥ Z = A·V: 밸류의 가중합",
     "z": "{as_} · {vs} = {zs}. 각 토큰의 출력은 모든 토큰의 밸류를 가중치만큼 섞은 것입니다. “{token}”의 경우:",
-    "z_seed": "(시드의 토큰 3개 예시처럼: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
+    "z_seed": "(가이드의 토큰 3개 예시처럼: Z1 = 0.7·v1 + 0.2·v2 + 0.1·v3)",
     "z_check": "모델이 계산한 헤드 출력과 같습니다(최대 차이 {diff:.1e}).",
 
     "s_out": "⑦ Concat(Z_0 … Z_{last}) · W_O: 헤드를 하나로",
@@ -237,7 +237,7 @@ KO = {
     "why_var_end": "d_k = 64이면 점수가 약 8배 커집니다(√64 = 8). √d_k로 나누면 어느 크기에서든 분산이 약 1이 됩니다.",
     "why_softmax": "점수가 크면 소프트맥스가 포화됩니다: 가중치가 거의 한 키에 몰리고, 기울기 p·(1 − p)가 0에 "
                    "가까워져 나머지 단어로부터 학습이 멈춥니다.",
-    "why_softmax_end": "시드의 [100, 1, 1]에서는 나머지 키의 가중치가 약 10⁻⁴³입니다. 10배 줄이면 약 10⁻⁴가 되어 "
+    "why_softmax_end": "softmax([100, 1, 1])에서는 나머지 키의 가중치가 약 10⁻⁴³입니다. 10배 줄이면 약 10⁻⁴가 되어 "
                        "기울기가 다시 살아나고, 100배 줄이면 실제로 몫을 나눠 갖습니다.",
     "col_scores": "점수", "col_softmax": "소프트맥스", "col_grad": "가장 큰 p·(1 − p)",
     "why_model": "실제 모델에서 같은 행을 1/√d_k 스케일링 없이 계산하면 "
