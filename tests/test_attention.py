@@ -11,7 +11,7 @@ from qkv.engine import attention as A
 
 
 def naive_attention(q, k, v, allowed=None):
-    """The seeds' four steps, one head and one row at a time, in float64."""
+    """The guide's four steps (guide: scores to weighted-sum), one head and one row at a time, in float64."""
     B, H, n, dk = q.shape
     Hkv, m = k.shape[1], k.shape[2]
     z = np.zeros((B, H, n, dk))
@@ -64,8 +64,8 @@ def test_gqa_equals_plain_attention_with_repeated_kv():
     np.testing.assert_allclose(w, w2, atol=1e-7)
 
 
-def test_seeds_three_token_example():
-    """Z_1 = 0.7·v1 + 0.2·v2 + 0.1·v3 (seeds §3): attend() mixes values by the weights."""
+def test_guides_three_token_example():
+    """Z_1 = 0.7·v1 + 0.2·v2 + 0.1·v3 (guide: weighted-sum): attend() mixes values by the weights."""
     a = np.array([[[[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.2, 0.3, 0.5]]]], dtype=np.float32)
     v = np.eye(3, dtype=np.float32)[None, None]
     np.testing.assert_allclose(A.attend(a, v)[0, 0], a[0, 0])

@@ -1,4 +1,4 @@
-"""qkv.engine.layout: the weights laid out for speed keep the seeds' names and values (decoders).
+"""qkv.engine.layout: the weights laid out for speed keep the guide's names and values (decoders).
 
 W_Q, W_K, W_V are views of the columns of W_QKV (W_gate, W_in of W_gate_in), every matrix
 is C-contiguous, a tied W_vocab shares memory with the embedding table, and the forward

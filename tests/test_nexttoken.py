@@ -1,4 +1,4 @@
-"""The next-token distribution P = softmax(logits / T) (seeds §6): equal to the formula written
+"""The next-token distribution P = softmax(logits / T) (guide: temperature): equal to the formula written
 out by hand, the very distribution `sample` draws from, and `qkv next` (torch and transformers'
 temperature warper: tests/live/test_live_nexttoken.py).
 
@@ -48,7 +48,7 @@ def test_next_token_logits_are_the_last_row_of_the_forward_pass(smollm2, z):
 
 
 def _softmax_by_hand(z: np.ndarray, T: float) -> list[float]:
-    """softmax(z / T) the way the seeds write it, one float at a time (math.exp, math.fsum)."""
+    """softmax(z / T) the way the guide writes it, one float at a time (math.exp, math.fsum)."""
     top = max(float(v) for v in z)
     e = [math.exp((float(v) - top) / T) for v in z]
     total = math.fsum(e)

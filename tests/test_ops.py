@@ -35,7 +35,7 @@ def test_softmax_survives_huge_scores_and_masked_rows():
 
 
 def test_softmax_saturates_without_scaling():
-    """The seeds' example: softmax([100, 1, 1]) ≈ [1, 0, 0]; scaled by 10 it spreads out."""
+    """The guide's example: softmax([100, 1, 1]) ≈ [1, 0, 0]; scaled by 10 it spreads out."""
     sharp = ops.softmax(np.array([100.0, 1.0, 1.0], dtype=np.float32))
     soft = ops.softmax(np.array([10.0, 0.1, 0.1], dtype=np.float32))
     assert sharp[0] > 0.999999 and soft[0] < 0.9999

@@ -124,7 +124,7 @@ def test_every_embedded_array_equals_the_engine(which, request):
     step = np.asarray(p["scores"]["step"])[..., None, None]
     finite = np.isfinite(S)
     assert np.all(np.abs(np.where(finite, got, 0) - np.where(finite, S, 0)) <= step / 2 + 1e-5)
-    # and S is the seeds' S: Q·Kᵀ/√d_k (+ M), recomputed from the trace's q and k (GQA: head h reads ⌊h/G⌋)
+    # and S is the guide's S: Q·Kᵀ/√d_k (+ M), recomputed from the trace's q and k (GQA: head h reads ⌊h/G⌋)
     G = cfg.n_heads // cfg.n_kv_heads
     d_k = trace.layers[0].q.shape[-1]
     for i in range(L):

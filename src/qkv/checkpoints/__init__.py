@@ -31,7 +31,7 @@ _DEFAULT_ALIASES = {"minilm", "default", "all-minilm-l6-v2", "sentence-transform
 LLM = "smollm2"
 _LLM_ALIASES = {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
 _LLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-KO_EN = "ko-en-tiny"          # the seeds' Korean→English translator, trained by qkv and shipped inside it
+KO_EN = "ko-en-tiny"          # the guide's Korean→English translator, trained by qkv and shipped inside it
 
 
 def ko_en_dir() -> Path:

@@ -6,9 +6,9 @@ the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, 
 Every family module is a table between the checkpoint's names and ours, read both ways:
 
     config(hf) -> ModelConfig            config.json → the knobs
-    weights(store, cfg, dtype) -> Weights   tensors by checkpoint name → the seeds' names
+    weights(store, cfg, dtype) -> Weights   tensors by checkpoint name → the guide's names
     hf_config(cfg) -> dict               the knobs → config.json (reads back as cfg)
-    tensors(weights, cfg) -> dict        the seeds' names → tensors under transformers' full names
+    tensors(weights, cfg) -> dict        the guide's names → tensors under transformers' full names
     IGNORED                              the tensors a checkpoint may hold that `weights` never reads
 
 Here they meet: `config_of` picks the family of a config.json, `read_weights` reads a checkpoint

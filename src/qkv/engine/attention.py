@@ -1,4 +1,4 @@
-"""The heart (seeds §2–5): masks, scaled dot-product attention, heads, GQA/MQA.
+"""The heart (guide: qkv to heads): masks, scaled dot-product attention, heads, GQA/MQA.
 
     S = Q·Kᵀ / √d_k  (+ mask M: -∞ where a query may not look)
     A = softmax(S)                         each row sums to 1
@@ -24,7 +24,7 @@ from .ops import softmax_, softmax_backward
 
 
 def causal_mask(n: int, m: int | None = None) -> np.ndarray:
-    """M[i, j] = True where query i may see key j: j ≤ i (seeds §5), the mask a decoder's pass
+    """M[i, j] = True where query i may see key j: j ≤ i (guide: mask), the mask a decoder's pass
     uses (AttentionMask.allowed): (n, m).
 
     With m > n keys, the queries are the last n positions (cached decoding), so
@@ -101,7 +101,7 @@ def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
     *, keep_scores: bool = False, scale: float | None = None, cap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V  (seeds §3, steps ① to ④).
+    """Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V  (guide: scores to weighted-sum).
 
     Returns (Z, A, S): the output (B, H, n, d_k), the weights A (B, H, n, m) whose rows
     sum to 1 (or are 0 where every key is masked), and the scaled, masked scores S
@@ -118,7 +118,7 @@ def scaled_dot_product_attention(
 
 def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray,
                        scale: float | None = None, cap: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dQ, dK, dV) of Z = A·V, A = softmax(S), S = Q·Kᵀ/√d_k + M, given dZ (seeds §3 backwards).
+    """(dQ, dK, dV) of Z = A·V, A = softmax(S), S = Q·Kᵀ/√d_k + M, given dZ (guide: scores to weighted-sum, backwards).
 
         dV = Aᵀ·dZ            dA = dZ·Vᵀ
         dS = A ⊙ (dA − rowsum(dA ⊙ A))                 (softmax_backward; masked keys: A = 0 → dS = 0)

@@ -1,4 +1,4 @@
-"""Every box of every architecture, once (seeds §6): the functions that compute one box of the
+"""Every box of every architecture, once (guide: block): the functions that compute one box of the
 forward pass, and the `Context` that every box of one pass shares.
 
     X ─▶ Norm ─▶ Q, K, V = X·W_Q, X·W_K, X·W_V ─▶ softmax(Q·Kᵀ/√d_k + M)·V = Z ─▶ Concat(Z)·W_O ─▶ + X
@@ -71,7 +71,7 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
           token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
     """X = E[ids]·s + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART), then ·W_embed + b_embed
-    where the tables are E wide (ELECTRA) (seeds §1), with s = cfg.embed_scale (√d_model: Marian, Gemma;
+    where the tables are E wide (ELECTRA) (guide: embeddings), with s = cfg.embed_scale (√d_model: Marian, Gemma;
     Granite's embedding_multiplier; none: 1). positions (B, n) or (n,); T5 has no table: its positions enter
     the scores. A table narrower than d_model (OPT-350m) is mapped to it first: X = E[ids]·s·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
@@ -99,7 +99,7 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
 
 
 def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (seeds §2).
+    """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (guide: qkv).
 
     Plain form: linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V).
     With the weights laid out by qkv.engine.layout it is one product, X·[W_Q | W_K | W_V], whose
@@ -169,7 +169,7 @@ class Context:
     """
 
     cfg: ModelConfig
-    mask: AttentionMask                              # who may see whom (seeds §5), + T5's position bias
+    mask: AttentionMask                              # who may see whom (guide: mask), + T5's position bias
     rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
@@ -204,7 +204,7 @@ class Context:
 
 
 def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
-    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (seeds §2–5).
+    """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (guide: qkv to heads).
 
     Self-attention: Q, K, V all from X. With a KV cache, X holds only the new tokens; their K, V
     join the cached past. Cross-attention (ctx.memory, an encoder–decoder's decoder): Q = X·W_Q
@@ -467,7 +467,7 @@ def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, nam
 
 
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """One transformer block (seeds §6): attention, then (an encoder–decoder's decoder) cross-attention
+    """One transformer block (guide: block): attention, then (an encoder–decoder's decoder) cross-attention
     reading the encoder's output, then the FFN, each a residual step with its norm."""
     cfg, hooks = ctx.cfg, ctx.hooks
     if ctx.one_step:
@@ -506,7 +506,7 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
 
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:
-    """Who may see whom (seeds §5): causal for decoders, within LAYER's sliding window if it has one
+    """Who may see whom (guide: mask): causal for decoders, within LAYER's sliding window if it has one
     (an encoder's reaches both ways: ModernBERT's local layers), never a padding key; with ALiBi (BLOOM,
     Falcon, MPT) each head's slope times the key's position, added to S for every query (the one-token
     step's row too). attention_mask (B, m) covers every key; the n queries are the last n of them."""
@@ -530,7 +530,7 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
-    """logits = Z·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (seeds §6);
+    """logits = Z·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (guide: logits);
     T5 with a tied head scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa,
     DistilBERT, ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the
     logits, logits = c·tanh(logits/c) (final_softcap). None without an LM head.

@@ -1,4 +1,4 @@
-"""The KV cache (seeds §7): keep every past token's K and V so each new token costs O(n).
+"""The KV cache (guide: kv-cache): keep every past token's K and V so each new token costs O(n).
 
 Without it, generating token t recomputes Q, K, V for all t tokens; with it, a step
 computes them for one token and reads the past K, V from here. Keys are stored after

@@ -48,7 +48,7 @@ Activation = Literal["gelu", "gelu_tanh", "silu", "relu"]
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Every knob of a transformer the engine runs, in the seeds' letters."""
+    """Every knob of a transformer the engine runs, in the guide's letters."""
 
     family: str                       # "bert", "gpt2", "llama", "mistral", "qwen2", ...
     vocab_size: int                   # V

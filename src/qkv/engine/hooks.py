@@ -6,7 +6,7 @@
     model.with_hooks({...})                              a view of the model (same weights) whose every
                                                          pass runs the hooks: generate, stream, chat, ...
 
-A key names a point of `qkv.engine.trace.INTERMEDIATES` ("z" is "heads", the seeds' Z = A·V):
+A key names a point of `qkv.engine.trace.INTERMEDIATES` ("z" is "heads", the guide's Z = A·V):
 
     "3.heads"       layer 3's value, the whole batched array: fn(value (B, H, n, d_k), layer=3)
     "heads"         every layer's (negative layers count from the end: "-1.attn_out")
@@ -45,7 +45,7 @@ from .trace import INTERMEDIATES, ROUTER, Recorder
 
 HookFn = Callable[[np.ndarray, int], "np.ndarray | None"]
 
-ALIASES = {"z": "heads"}                                        # the seeds' name for a head's output
+ALIASES = {"z": "heads"}                                        # the guide's name for a head's output
 PER_HEAD = {"q", "k", "v", "scores", "attentions", "heads"}    # arrays (B, H or Hkv, ...): a head can be picked
 NAMES = list(INTERMEDIATES) + list(ALIASES)
 

@@ -1,4 +1,4 @@
-"""Attention at length (seeds §7): the same softmax(QKᵀ/√d_k)·V without the n × n matrix.
+"""Attention at length (guide: flash): the same softmax(QKᵀ/√d_k)·V without the n × n matrix.
 
 Plain attention holds S (B, H, n, m): at n = 8192 and 12 heads that is 3 GB of float32.
 The kernels here hold one block of scores at a time:

@@ -10,7 +10,7 @@ one BLAS thread, docs/benchmarks.md):
   - one product instead of three for Q, K, V and one instead of two for SwiGLU's gate and up:
     W_QKV = [W_Q | W_K | W_V] and W_gate_in = [W_gate | W_in], side by side.
 
-The seeds' names stay: W_Q, W_K, W_V are views of W_QKV's columns (W_gate, W_in of
+The guide's names stay: W_Q, W_K, W_V are views of W_QKV's columns (W_gate, W_in of
 W_gate_in), so `weights.blocks[i].attn.W_Q` is still (d_model, H·d_k) and still the matrix
 the math multiplies by. A tied W_vocab becomes a (d_model, V) C-contiguous array and the
 embedding table its transposed view (one table, as before).

@@ -1,4 +1,4 @@
-"""Who may see whom (seeds §5), by position: the one rule every attention mask is built from.
+"""Who may see whom (guide: mask), by position: the one rule every attention mask is built from.
 
     query at position i sees key at position j  ⇔  j ≤ i             (causal: decoders)
                                                     and i - j < w     (sliding window w: Mistral)

@@ -1,4 +1,4 @@
-"""The transformer, top to bottom as the seeds draw it (seeds §1–6).
+"""The transformer, top to bottom as the guide draws it (docs/guide.md, tokens to logits).
 
     text ─tokenizer─▶ ids ─embed (+ positions)─▶ X (n × d_model)
       └─▶ L × block:  X + Attention(Norm(X)), X + FFN(Norm(X))   (pre-norm: GPT-2, Llama)
@@ -121,7 +121,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
 # ── the model a user holds ───────────────────────────────────────────────────────
 
 class Model:
-    """A loaded checkpoint: config, weights under the seeds' names, and its tokenizer."""
+    """A loaded checkpoint: config, weights under the guide's names, and its tokenizer."""
 
     hooks: Hooks | None = None          # run by every pass of this model (a view made by `with_hooks`)
     ablated: Ablation | None = None     # heads knocked out of every pass (a view made by `ablate`)
@@ -280,7 +280,7 @@ class Model:
     def generate(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                  attention_mask=None, use_cache: bool = True, trace: bool = False,
                  hooks: Mapping[str, HookFn] | None = None, **settings: Any):
-        """Continue a prompt (seeds §6: sample from softmax(logits[last] / temperature)).
+        """Continue a prompt (guide: temperature: sample from softmax(logits[last] / temperature)).
 
         prompt text → the continuation (str); prompt ids (B, n) → ids (B, n + new), as
         transformers' generate. temperature 0 or top_k 1 is greedy; seed makes sampling

@@ -1,4 +1,4 @@
-"""Stateless array functions: the arithmetic under every box of the seeds' diagram.
+"""Stateless array functions: the arithmetic under every box of the guide's diagram.
 
 All keep the input dtype (float32 stays float32): scalars are Python floats, never
 NumPy float64 scalars, which would silently promote float32 arrays under NumPy 2.

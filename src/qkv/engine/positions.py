@@ -1,4 +1,4 @@
-"""Where each token is (seeds §1): learned tables, sinusoids, RoPE, T5's relative buckets and ALiBi.
+"""Where each token is (guide: positions): learned tables, sinusoids, RoPE, T5's relative buckets and ALiBi.
 
 Attention itself is blind to order, so position enters either added to the token
 embeddings (learned, sinusoidal), as a rotation of Q and K (RoPE), as a learned bias

@@ -1,4 +1,4 @@
-"""Encoder–decoder transformers (seeds §2, self- and cross-attention): Marian, BART, mBART, Pegasus, T5, mT5,
+"""Encoder–decoder transformers (guide: self-cross): Marian, BART, mBART, Pegasus, T5, mT5,
 UMT5.
 
     source ids ─embed─▶ L_enc × block: self-attention (bidirectional), FFN   ─▶ M (n_src × d_model)
@@ -390,7 +390,7 @@ class Seq2SeqModel:
 
     def generate(self, source, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                  attention_mask=None, use_cache: bool = True, trace: bool = False, **settings: Any):
-        """Write the target (seeds §6–7: sample from softmax(logits[last] / temperature)): the encoder
+        """Write the target (guide: temperature: sample from softmax(logits[last] / temperature)): the encoder
         runs once, the decoder one token at a time with a KV cache and the cross-attention's K, V of
         the source computed once.
 

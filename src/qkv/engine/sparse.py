@@ -1,4 +1,4 @@
-"""Sparse attention (seeds §7, 희소 어텐션): each query sees only some keys, and the kernel skips the rest.
+"""Sparse attention (guide: sparse, 희소 어텐션): each query sees only some keys, and the kernel skips the rest.
 
 Full attention scores every (query, key) pair: n² of them. A sparse *pattern* keeps a few, so
 softmax(Q·Kᵀ/√d_k + M)·V with M = −∞ outside the pattern. Applying M to the dense n × n matrix
@@ -274,7 +274,7 @@ def block_sparse(block: int, local: int = 1, stride: int = 4, causal: bool = Tru
 
 
 def gallery(causal: bool = True, window: int = 64, block: int = 32, seed: int = 0) -> list[Pattern]:
-    """The seeds' sparse patterns with matching sizes: dense, window, dilated, Longformer, BigBird, block-sparse."""
+    """The guide's sparse patterns with matching sizes: dense, window, dilated, Longformer, BigBird, block-sparse."""
     return [dense(causal), sliding_window(window, causal), dilated_window(max(1, window // 4), 4, causal),
             longformer(window, (0,), causal), bigbird(window, (0,), 2, block, seed, causal),
             block_sparse(block, 2, 4, causal)]

@@ -1,4 +1,4 @@
-"""The parameters of a model, under the seeds' names (STYLE habit 3).
+"""The parameters of a model, under the guide's names (STYLE habit 3).
 
 Every matrix is stored the way the math multiplies it, `x · W`: W_Q is (d_model, H·d_k).
 A loader may hand in transposed views of a checkpoint's (out, in) matrices; NumPy's
@@ -27,7 +27,7 @@ class NormWeights:
 
 @dataclass
 class AttentionWeights:
-    """Q = X·W_Q, K = X·W_K, V = X·W_V (seeds §2); output Concat(heads)·W_O (§4)."""
+    """Q = X·W_Q, K = X·W_K, V = X·W_V (guide: qkv); output Concat(heads)·W_O (guide: heads)."""
 
     W_Q: np.ndarray                  # (d_model, H·d_k)
     W_K: np.ndarray                  # (d_model, Hkv·d_k)
@@ -87,8 +87,8 @@ class BlockWeights:
     """One transformer block: attention and FFN, each with its norm (before or after).
 
     A decoder block of an encoder–decoder also has a cross-attention between the two, whose
-    W_Q reads the decoder's stream and W_K, W_V the encoder's output (seeds: "when the decoder
-    writes 'I' it looks at '나는'").
+    W_Q reads the decoder's stream and W_K, W_V the encoder's output (guide: self-cross: "when the
+    decoder writes 'I' it looks at '나는'").
     """
 
     attn_norm: NormWeights | None                # None: attention reads the stream itself (OLMo 2)

@@ -1,4 +1,4 @@
-"""`qkv explain`: the seeds' attention steps for one head of the real model, with shapes and numbers.
+"""`qkv explain`: the guide's attention steps for one head of the real model, with shapes and numbers.
 
     X → Q, K, V → S = Q·Kᵀ → S/√d_k → A = softmax(·) → Z = A·V → Concat(Z)·W_O
 
@@ -25,7 +25,7 @@ from ..engine.positions import rope_inv_freq
 
 DEFAULT_TEXT = "The cat sat on the mat"
 DK_SIZES = (4, 16, 64, 256)
-SOFTMAX_EXAMPLES = ((100.0, 1.0, 1.0), (10.0, 0.1, 0.1), (1.0, 0.01, 0.01))   # the seeds' example, /10, /100
+SOFTMAX_EXAMPLES = ((100.0, 1.0, 1.0), (10.0, 0.1, 0.1), (1.0, 0.01, 0.01))   # the guide's example, /10, /100
 N_PAIRS = 10_000
 ROPE_SHIFTS = (0, 10, 100, 1000)  # the relative-position demo moves q and k together by these
 
@@ -306,7 +306,7 @@ def norm_of(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, kind: str, eps: 
 
 
 def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False) -> np.ndarray:
-    """RoPE: each pair (x_i, x_{i+d/2}) of a row at position p turned by the angle p·ω_i (seeds §1).
+    """RoPE: each pair (x_i, x_{i+d/2}) of a row at position p turned by the angle p·ω_i (guide: positions).
 
     (x_i, x_{i+d/2}) → (x_i·cos − x_{i+d/2}·sin, x_i·sin + x_{i+d/2}·cos), the rotate-half form;
     interleaved (GPT-J, Cohere), the pair is (x_{2i}, x_{2i+1}) instead.

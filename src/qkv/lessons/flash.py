@@ -1,4 +1,4 @@
-"""`qkv explain flash`: FlashAttention's online softmax (seeds §7), tile by tile, on a real head.
+"""`qkv explain flash`: FlashAttention's online softmax (guide: flash), tile by tile, on a real head.
 
 Softmax needs the whole row (its max and its sum) before any weight is known; FlashAttention
 never holds the row. It walks the keys in tiles and keeps, per query, three running values:
@@ -11,7 +11,7 @@ and ends with Z = acc / ℓ. When a tile raises the max, exp(m_old − m_new) < 
 summed against the old max, so nothing is ever recomputed. After every tile acc / ℓ is already the
 attention over the keys seen so far.
 
-Default input: the seeds' sentence on SmolLM2 (a causal LLM, the models FlashAttention is for:
+Default input: the guide's sentence on SmolLM2 (a causal LLM, the models FlashAttention is for:
 the tiles above the diagonal are skipped, the diagonal ones masked), one head's real q, k, v from
 the trace. The head is the one (of every layer) whose running max, for the followed row, grows at
 the most tiles: the rescaling is what there is to see. Checked before anything prints: the scores
@@ -127,7 +127,7 @@ def _growth(s: np.ndarray, block: int) -> tuple[int, float]:
 
 def build(model, text: str | None = None, *, layer: int | None = None, head: int | None = None,
           block: int | None = None) -> Lesson:
-    """The online softmax of one head's row on `model` reading `text` (default the seeds' sentence)."""
+    """The online softmax of one head's row on `model` reading `text` (default the guide's sentence)."""
     cfg = model.config
     if getattr(cfg, "encoder_decoder", False):
         raise QkvError(f"{model.name} is an encoder–decoder; the flash lesson needs one self-attention stack: "

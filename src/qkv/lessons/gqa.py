@@ -1,4 +1,4 @@
-"""`qkv explain gqa`: query heads sharing K/V heads (seeds §7, GQA/MQA: KV head 공유).
+"""`qkv explain gqa`: query heads sharing K/V heads (guide: gqa, KV head 공유).
 
     MHA   H query heads, H K/V heads: head h reads K/V head h
     GQA   H query heads, Hkv K/V heads: head h reads K/V head h // (H/Hkv)       (SmolLM2: 9 and 3)

@@ -1,4 +1,4 @@
-"""`qkv explain kv-cache`: what the KV cache holds and what it saves, token by token (seeds §7, KV 캐시).
+"""`qkv explain kv-cache`: what the KV cache holds and what it saves, token by token (guide: kv-cache, KV 캐시).
 
     without a cache   each new token runs the whole sequence again: m tokens → Q, K, V of all m
     with the cache    the prompt runs once (prefill) and leaves every layer's K, V behind; each step

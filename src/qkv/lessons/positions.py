@@ -1,4 +1,4 @@
-"""`qkv explain positions`: how a model knows where each token is (seeds §1, 위치 인코딩).
+"""`qkv explain positions`: how a model knows where each token is (guide: positions, 위치 인코딩).
 
     sinusoidal  PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)), added to X;
                 PE(p)·PE(p+k) = Σ_i cos(k·ω_i): a function of the distance k only

@@ -1,4 +1,4 @@
-"""`qkv explain sparse`: sparse attention (seeds §7, 희소 어텐션) on a real model's q, k, v, measured.
+"""`qkv explain sparse`: sparse attention (guide: sparse, 희소 어텐션) on a real model's q, k, v, measured.
 
     gallery   causal, sliding window, dilated window, global + window (Longformer), + random
               blocks (BigBird), block-sparse: each a mask `qkv.engine.sparse.sparse_attention` runs,

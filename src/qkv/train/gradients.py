@@ -1,7 +1,7 @@
 """The gradients a user asks for, by the checkpoint's own tensor names: decoders, masked-LM encoders and
 encoder–decoders.
 
-backprop.py and seq2seq_backprop.py compute gradients as Weights trees in the seeds' names; this module
+backprop.py and seq2seq_backprop.py compute gradients as Weights trees in the guide's names; this module
 checks the inputs and names each gradient as the checkpoint's file (and torch's named_parameters())
 names it, so that they compare one to one with torch autograd.
 """

@@ -1,7 +1,7 @@
-"""The seeds' translation example as data: simple Korean sentences, their English, and which words align.
+"""The guide's translation example (guide: self-cross) as data: simple Korean sentences, their English, and which words align.
 
 "나는 학교에 간다" → "I go to school": when the decoder writes "I" its cross-attention should look at
-"나는" (seeds, part 2). This grammar makes every sentence of that kind it can, with its translation
+"나는" (guide: self-cross). This grammar makes every sentence of that kind it can, with its translation
 and word alignment, so that a model qkv trains can be checked on held-out sentences and its
 cross-attention scored against the alignment.
 

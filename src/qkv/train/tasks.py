@@ -7,7 +7,7 @@ of every step, and what it records every K steps.
                loss on each half and every head's induction score. Llama-style by default: with RoPE
                a previous-token head is one rotation away and induction heads form in ~700 steps
                (~20 s here); with GPT-2's learned absolute positions the model leans on positions and
-               none had formed after 3000 steps (measured, 3 seeds; --arch gpt2 still trains it).
+               none had formed after 3000 steps (measured, 3 runs with different --seed; --arch gpt2 still trains it).
     text       a small GPT-2- or Llama-style language model on any UTF-8 text (char or BPE tokens).
                Records the loss on held-out text and a sample of what the model writes.
 
@@ -318,7 +318,7 @@ class TextTask(DecoderTask):
 
 
 def _translate(s: Settings, tokenizer_file: Path):
-    from .translate import TranslateTask              # the seeds' Korean→English example (ko-en-tiny)
+    from .translate import TranslateTask              # the guide's Korean→English example (ko-en-tiny)
     return TranslateTask(s, tokenizer_file)
 
 

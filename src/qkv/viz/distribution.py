@@ -1,4 +1,4 @@
-"""The next-token distribution as a bar chart (seeds §6: logits → softmax(logits / T)).
+"""The next-token distribution as a bar chart (guide: temperature: logits → softmax(logits / T)).
 
     next_token_figure   one panel per temperature: the top k tokens and their probabilities
 

@@ -1,4 +1,4 @@
-"""Attention as pictures, as the seeds' hands-on draws them (parts 2 and 3).
+"""Attention as pictures, as the guide's steps draw them (guide: softmax, heads).
 
     head_heatmap    one head's A = softmax(Q·Kᵀ/√d_k): rows = queries i, columns = keys j
     layer_grid      the H heads of one layer side by side ("compare their patterns")
@@ -18,8 +18,8 @@ and the pieces every figure of qkv is drawn with (`interpret_figures`, `head_map
     cell_numbers            each weight written in its cell
     save_figure, save_all, check_formats   PNG / SVG / PDF files, all or none
 
-Brighter = more attention (the seeds' convention; `viz.palette` holds the colours every view
-shares). Cells a decoder's causal mask removes (key after query, seeds §5) are hatched grey,
+Brighter = more attention (the usual convention; `viz.palette` holds the colours every view
+shares). Cells a decoder's causal mask removes (key after query, guide: mask) are hatched grey,
 so they never read as a weight of 0. Rows are the queries (`trace.labels`), columns the keys
 (`trace.key_labels`: the same tokens in self-attention; n_q × n_k in general). Titles name
 `trace.model` unless given `model_name`.

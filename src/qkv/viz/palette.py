@@ -1,6 +1,6 @@
 """The colours of every view, in one place: figures, the terminal and the HTML viewer agree.
 
-Attention weights: brighter = more attention (the seeds' convention), on matplotlib's
+Attention weights: brighter = more attention (the usual convention), on matplotlib's
 "viridis" (perceptually uniform, readable in grey): 0 is dark violet, 1 bright yellow.
 The figures (`viz.figures`), the viewer's matrix and model views (`assets/viewer.js`, its
 VIRIDIS stops are this map sampled at 17 points) and the terminal's tables (`cli`: dim grey

@@ -5,7 +5,7 @@ Tokens → embedding (+ positions) → L blocks (norm → Q, K, V → S = Q·K�
 softmax(logits/T) → next token, as Transformer Explainer draws GPT-2, but for any model qkv
 runs, offline, in English and Korean. Every box opens to the real arrays of one forward pass
 (`Model.run`) for the chosen token, layer and head: shape, a heatmap or bars, a few numbers,
-and the seeds' formula. The output end re-normalises in the page: a temperature slider, top-k
+and the guide's formula. The output end re-normalises in the page: a temperature slider, top-k
 and top-p, computed from the last position's whole-vocabulary logits exactly as qkv.writing.sampling.
 An encoder (MiniLM) ends at its final hidden states and their mean-pooled sentence embedding; an
 encoder–decoder (ko-en-tiny) shows both stacks, its decoder blocks with cross-attention boxes.

@@ -1,6 +1,6 @@
 """What the pipeline page receives: one forward pass, box by box, as one compact JSON object.
 
-The page (`pipeline`, assets/pipeline.js) draws the model as its data flow (seeds §1–6):
+The page (`pipeline`, assets/pipeline.js) draws the model as its data flow (guide: tokens to logits):
 
     tokens → X = E[ids] (+ P) → L × [Norm → Q, K, V → S = Q·Kᵀ/√d_k → + M → A = softmax → Z = A·V
            → Concat·W_O → + residual → Norm → FFN → + residual] → final norm → logits → softmax(logits/T)
@@ -222,7 +222,7 @@ def _alibi_slopes(c) -> list[float] | None:
 
 
 def arch_of(model) -> dict:
-    """The knobs and sizes the page names (seeds' letters)."""
+    """The knobs and sizes the page names (the guide's letters)."""
     c, w = model.config, model.weights
     last = getattr(w, "decoder", w)                                 # the stack that ends in W_vocab, if any
     d_k = c.d_head or c.d_model // c.n_heads

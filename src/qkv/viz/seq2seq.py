@@ -1,4 +1,4 @@
-"""The three kinds of attention of an encoder–decoder, as the views show them (seeds §2).
+"""The three kinds of attention of an encoder–decoder, as the views show them (guide: self-cross).
 
     encoder   source × source     self-attention, bidirectional          (L_enc, H, n_src, n_src)
     decoder   target × target     self-attention, causal                 (L_dec, H, n_tgt, n_tgt)

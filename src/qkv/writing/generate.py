@@ -1,4 +1,4 @@
-"""Writing text (seeds §6–7): one token at a time, each step reading the past from a KV cache.
+"""Writing text (guide: temperature, kv-cache): one token at a time, each step reading the past from a KV cache.
 
     prefill:  the prompt through the model once → cache K, V of every prompt position
     step:     the newest token alone → logits[last] → sample → append → repeat

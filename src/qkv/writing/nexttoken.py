@@ -1,4 +1,4 @@
-"""The next-token distribution (seeds §6): logits → softmax(logits / T) → next token.
+"""The next-token distribution (guide: temperature): logits → softmax(logits / T) → next token.
 
     P(next = v) = softmax(z / T)_v = exp(z_v / T) / Σ_u exp(z_u / T)      z = logits[last], (V,)
 

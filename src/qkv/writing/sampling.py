@@ -1,4 +1,4 @@
-"""Choosing the next token (seeds §6): P(next) = softmax(logits[last] / temperature).
+"""Choosing the next token (guide: temperature): P(next) = softmax(logits[last] / temperature).
 
 The filters follow transformers' order and definitions: temperature, then top-k, then
 top-p, each turning the logits of excluded tokens into -inf. `Sampling` holds the settings

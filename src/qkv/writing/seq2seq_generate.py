@@ -1,4 +1,4 @@
-"""Writing a target from a source (seeds §6–7): the encoder once, then the decoder a token at a time.
+"""Writing a target from a source (guide: temperature, kv-cache): the encoder once, then the decoder a token at a time.
 
     encode:   the source through the encoder once → M; each decoder layer's cross K = M·W_K, V = M·W_V
     start:    the decoder reads decoder_start_token_id
