@@ -1,4 +1,4 @@
-"""explain: the seeds' steps for one head of the real model, numbers equal to the model's, in English and Korean."""
+"""explain: the guide's steps for one head of the real model, numbers equal to the model's, in English and Korean."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_every_step_with_real_shapes_and_numbers(walk, lang):
     assert "[1.000, 1.0e-43, 1.0e-43]" in text                          # softmax([100, 1, 1])
 
 
-def test_korean_uses_the_seeds_vocabulary(walk):
+def test_korean_uses_the_guides_vocabulary(walk):
     text = printed(walk, "ko")
     for word in ["쿼리", "키", "밸류", "점수 행렬", "스케일링", "소프트맥스", "가중합", "도서관", "인과 마스킹"
                  if walk.causal else "잔차"]:

@@ -1,4 +1,4 @@
-"""The Korean→English grammar (qkv.train.ko_en): the seeds' sentence, particles, conjugations, alignments, splits."""
+"""The Korean→English grammar (qkv.train.ko_en): the guide's sentence, particles, conjugations, alignments, splits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from qkv.engine.errors import QkvError
 from qkv.train import ko_en
 
 
-def test_the_seeds_sentence():
+def test_the_guides_sentence():
     pair = next(p for p in ko_en.all_pairs() if p.ko == "나는 학교에 간다")
     assert pair.en == "I go to school"
     assert pair.align == (0, 2, 1, 1)                        # I↔나는, go↔간다, to school↔학교에

@@ -25,7 +25,7 @@ def task():
     return TranslateTask(settings_for("translate-ko-en", {}), Path(qkv.checkpoints.ko_en_dir()) / "tokenizer.json")
 
 
-def test_the_seeds_sentence(model):
+def test_the_guides_sentence(model):
     assert model.generate("나는 학교에 간다") == "I go to school"
 
 

@@ -178,11 +178,11 @@ def test_save_reads_back_and_init(case, tmp_path):
 
 # ── positions ────────────────────────────────────────────────────────────────────
 
-def test_marian_sinusoids_are_the_seeds_table_in_halves():
-    """PE[p, i] = sin(p/10000^(2i/d)), PE[p, d/2 + i] = cos(…): the seeds' interleaved table, columns reordered."""
-    halves, seeds = sinusoidal_halves(50, 16), sinusoidal_table(50, 16)
-    assert np.allclose(halves[:, :8], seeds[:, 0::2], atol=1e-6)            # sines
-    assert np.allclose(halves[:, 8:], seeds[:, 1::2], atol=1e-6)            # cosines
+def test_marian_sinusoids_are_the_guides_table_in_halves():
+    """PE[p, i] = sin(p/10000^(2i/d)), PE[p, d/2 + i] = cos(…): the guide's interleaved table, columns reordered."""
+    halves, table = sinusoidal_halves(50, 16), sinusoidal_table(50, 16)
+    assert np.allclose(halves[:, :8], table[:, 0::2], atol=1e-6)            # sines
+    assert np.allclose(halves[:, 8:], table[:, 1::2], atol=1e-6)            # cosines
     assert halves[3, 1] == np.float32(np.sin(3 / 10000 ** (2 / 16)))
 
 
