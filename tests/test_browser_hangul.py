@@ -71,3 +71,16 @@ def test_the_web_app_serves_the_font_and_shows_korean(tab):
         assert distinct_glyphs(tab.page, ".qkv-pipe-form") == len(GLYPHS)
         assert any(u.endswith("/hangul.woff") for u in tab.requests)
     assert tab.errors == []
+
+
+def test_the_first_drawing_already_has_the_glyphs(tab, tmp_path):
+    """The page draws its Korean only once the Hangul face is ready: what the first render shows equals what
+    a second render (after a click) shows (text laid out earlier kept the missing-glyph box)."""
+    model = qkv.load(str(MODELS / "gpt2"))
+    path = save_pipeline(model, model.run("The cat sat on the mat"), tmp_path / "pipeline.html", lang="ko")
+    tab.page.goto(path.as_uri())
+    tab.page.wait_for_selector("[data-qkv-pipeline][data-ready='1']")
+    first = tab.page.locator(".qkv-p-block-title").screenshot()
+    tab.page.click(".qkv-p-box[data-box='tokens']")
+    assert tab.page.locator(".qkv-p-block-title").screenshot() == first
+    assert tab.errors == []

@@ -271,3 +271,14 @@ def test_an_encoder_decoder_shows_both_stacks_and_its_cross_attention(koen, tmp_
     check_summary(dec["cross"]["heads"]["k"], np.stack([trace.cross.layers[i].k for i in range(cfg.n_decoder_layers)]),
                   HEAD_DIMS, True)
     assert np.array_equal(wire.decode(p["output"]["logits"]), trace.logits[-1])
+
+
+def test_every_box_the_page_draws_can_be_opened_first():
+    """BOXES (what pipeline_payload(box=…) and `qkv show`'s page accept) names every box pipeline.js draws."""
+    import re
+
+    from qkv.viz.html import asset
+    from qkv.viz.pipeline_payload import BOXES
+
+    drawn = set(re.findall(r'case "([a-z0-9]+)"', asset("pipeline.js"))) - {"en", "ko"}
+    assert drawn <= set(BOXES), sorted(drawn - set(BOXES))

@@ -99,7 +99,8 @@ def face_css(text: str) -> str:
     if not points:
         return ""
     data = base64.b64encode(_woff(points)).decode("ascii")
-    return f'@font-face {{ font-family: "{FAMILY}"; src: url(data:font/woff;base64,{data}) format("woff"); }}\n'
+    return (f'@font-face {{ font-family: "{FAMILY}"; src: url(data:font/woff;base64,{data}) format("woff"); '
+            "font-weight: 100 900; }\n")              # one face for every weight: bold text too
 
 
 @functools.lru_cache(maxsize=1)

@@ -68,7 +68,8 @@ HEAD_DIMS = 4               # first values shown of each per-head vector (q, k, 
 TOP = 100                   # vocabulary entries spelled for the output list (the most probable first)
 MAX_TOKENS = 512            # longest text one page holds (its S and A are L·H·n² bytes each)
 SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
-BOXES = ("tokens", "embed", "norm1", "qkv", "rope", "gqa", "scores", "mask", "attn", "z", "out", "res1",
+BOXES = ("tokens", "embed", "norm1", "qkv", "qknorm", "rope", "gqa", "scores", "alibi", "softcap", "mask", "attn", "z",
+         "out", "res1", "router",                                       # a family's own: q/k norm … the MoE router
          "xnorm", "xqkv", "xattn", "xz", "xout", "xres",                # a decoder's cross-attention (encoder–decoders)
          "norm2", "ffn", "res2", "final", "logits", "probs", "hidden", "pooled", "stream")   # the page's boxes (pipeline.js)
 

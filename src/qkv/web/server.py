@@ -350,7 +350,8 @@ class App:
         body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}</style>\n"
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
-        face = (f'@font-face {{ font-family: "{hangul.FAMILY}"; src: url("hangul.woff") format("woff"); }}\n'
+        face = (f'@font-face {{ font-family: "{hangul.FAMILY}"; src: url("hangul.woff") format("woff"); '
+                'font-weight: 100 900; }\n'
                 if hangul.font_path() is not None else "")   # every syllable: chat replies may hold any
         return html_page("qkv · see attention", body,
                          [viewer_js(), asset("pipeline.js"), asset("app.js")],

@@ -697,6 +697,8 @@
         d = {encoder: await decodeStack(payload.stacks.encoder), decoder: await decodeStack(payload.stacks.decoder)};
       } else d = await decodeStack(payload);
       d.logits = payload.output ? (await array(payload.output.logits)).data : null;
+      // text laid out before the page's Hangul face is ready may keep the missing-glyph box: wait for it
+      if (document.fonts && document.fonts.load) await document.fonts.load('13px "qkv Hangul"', "\uD55C").catch(() => null);
       const view = new Pipeline(root, payload, d, options);
       view.render();
       root.dataset.decodeMs = (performance.now() - t0).toFixed(1);
