@@ -1,7 +1,7 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa}; starcoder2 without its
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 without its
 sliding window) is written as a GGUF file on
 the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
 tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
@@ -29,7 +29,7 @@ sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
 
-NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa"]
+NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite"]
 
 
 @pytest.fixture(autouse=True)
@@ -195,7 +195,7 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 

@@ -13,6 +13,7 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
     gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
+    granite      granite   as llama (Q, K rows interleaved per head); its four multipliers in the metadata
     stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
                            attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
@@ -39,7 +40,8 @@ Metadata read (<a>: the arch): context_length, embedding_length, block_count, fe
 attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base
 (10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm;
 the whole head elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual
-(gptneox, stablelm), rope.scaling.* (linear only). Any other <a>.* key changes the maths somewhere
+(gptneox, stablelm), rope.scaling.* (linear only); granite's attention.scale (Q·Kᵀ's factor, 1/√d_k when
+absent or 0, as llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (logits / s). Any other <a>.* key changes the maths somewhere
 (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line, never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
 and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
@@ -87,6 +89,8 @@ _QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", "LlamaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="optional", permuted=True,
                   keys=("tensor_data_layout",)),
+    "granite": Arch("granite", "GraniteForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, permuted=True,
+                    keys=("attention.scale", "embedding_scale", "residual_scale", "logit_scale")),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
     "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
@@ -199,6 +203,18 @@ def config(meta: dict, a: str, dims: dict) -> dict:
                         "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
     if arch.family == "phi":
         hf["qk_layernorm"] = False
+    if arch.family == "granite":                                     # llama.cpp: kq_scale = scale or 1/√d_k
+        scale = {k: meta.get(f"{a}.{k}") for k in ("attention.scale", "embedding_scale", "residual_scale",
+                                                   "logit_scale")}
+        for key, value in scale.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not np.isfinite(value) or value < 0 or (value == 0 and key != "attention.scale")):
+                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is damaged")
+        hf |= {"attention_multiplier": float(scale["attention.scale"] or 1 / np.sqrt(dk)),
+               "embedding_multiplier": float(scale["embedding_scale"] or 1.0),
+               "residual_multiplier": float(scale["residual_scale"] or 1.0),
+               "logits_scaling": float(scale["logit_scale"] or 1.0), "mlp_bias": False, "attention_bias": False}
+        hf.pop("rope_theta")
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
     if arch.family == "starcoder2":                                  # llama.cpp runs every layer in full
