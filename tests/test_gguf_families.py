@@ -1,7 +1,7 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 without its
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and phi3 without their
 sliding window) is written as a GGUF file on
 the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
 tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
@@ -195,7 +195,7 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, granite, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 
@@ -253,3 +253,34 @@ def test_starcoder2_file_is_its_directory_without_the_window(tmp_path):
             | C.vocabulary(MODELS / "starcoder2", hf) | {"starcoder2.attention.sliding_window": (5, V.UINT32)}
         tensors = C.tensors(hf, load_file(MODELS / "starcoder2" / "model.safetensors"), "starcoder2")
         qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+
+
+def test_phi3_file_is_its_directory_without_window_and_longrope(tmp_path):
+    """llama.cpp disables Phi-3's sliding window (its file holds one; llama.cpp attends to every earlier
+    token) and picks LongRoPE's factors by its context size rather than by the pass, so the fixture is
+    written without LongRoPE and read without the window: its weights bit for bit (qkv_proj, gate_up_proj
+    kept fused) and the directory's model with sliding_window=None and plain RoPE, number for number (the
+    live test compares such files with transformers); a LongRoPE file is refused in one line."""
+    from safetensors.numpy import load_file
+
+    path = C.convert(MODELS / "phi3", tmp_path / "phi3.gguf", drop_window=True)
+    mine = load_file(gguf.converted(path) / "model.safetensors")
+    theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "phi3" / "model.safetensors").items()}
+    assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
+    ours = qkv.load(path)
+    directory = qkv.load(MODELS / "phi3").with_config(sliding_window=None, rope_scaling=None)
+    assert ours.config.sliding_window is None and ours.config.rotary_dim == directory.config.rotary_dim == 6
+    ref = reference("phi3")
+    np.testing.assert_array_equal(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                                  directory.forward(ref["input_ids"], ref["attention_mask"]).logits)
+    np.testing.assert_array_equal(ours.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False),
+                                  directory.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False))
+    with pytest.raises(ValueError, match="LongRoPE"):
+        C.convert(MODELS / "phi3", tmp_path / "no.gguf")
+    with pytest.raises(QkvError, match="LongRoPE") as e:
+        hf = json.loads((MODELS / "phi3" / "config.json").read_text())
+        meta = {"general.architecture": ("phi3", V.STRING)} | C.metadata(hf, "phi3", True) \
+            | C.vocabulary(MODELS / "phi3", hf) | {"phi3.rope.scaling.attn_factor": (1.2, V.FLOAT32)}
+        tensors = C.tensors(hf, load_file(MODELS / "phi3" / "model.safetensors"), "phi3")
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)

@@ -1,6 +1,6 @@
 """GGUF files of every new architecture against live transformers (make test-live).
 
-Random checkpoints of other knob values (Granite's multipliers; StarCoder2's without a sliding window, which llama.cpp's
+Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding window, which llama.cpp does not run; StarCoder2's without a sliding window, which llama.cpp's
 file cannot hold) are built with transformers, saved, and written as a GGUF
 file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
 qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
@@ -23,7 +23,8 @@ import torch
 from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from safetensors.numpy import load_file
 from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
-                          GraniteConfig, GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, PhiConfig, PhiForCausalLM,
+                          GraniteConfig, GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          PhiConfig, PhiForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -113,6 +114,14 @@ def granite(d=64, heads=4, kv=2, ff=96, emb=12.0, res=0.22, attn=0.015625, logit
                                              max_position_embeddings=128, **IDS)
 
 
+def phi3(d=64, heads=4, kv=2, ff=96, factor=1.0, theta=1e4, tied=False, layers=2):
+    return Phi3ForCausalLM, Phi3Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                       intermediate_size=ff, tie_word_embeddings=tied, num_hidden_layers=layers,
+                                       rope_parameters={"rope_type": "default", "rope_theta": theta,
+                                                        "partial_rotary_factor": factor},
+                                       sliding_window=None, max_position_embeddings=128, **IDS)
+
+
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
     "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
@@ -133,6 +142,8 @@ CASES = {
     "granite-gqa-tied": granite(),
     "granite-mha-untied-L3": granite(d=48, heads=4, kv=4, emb=1.0, res=1.0, attn=0.3, logits=1.0, tied=False,
                                      layers=3),
+    "phi3-gqa-untied": phi3(),
+    "phi3-mha-rot0.5-tied-L3": phi3(d=48, heads=4, kv=4, factor=0.5, theta=5e4, tied=True, layers=3),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
 }

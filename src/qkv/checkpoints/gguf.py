@@ -13,7 +13,7 @@ maps the cached file. `QKV_CACHE=off` converts in a temporary directory instead.
 Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names,
 and what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral,
 which llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`,
-`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm` and `granite` (its multipliers). Anything the engine would silently compute differently
+`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers) and `phi3` (without LongRoPE). Anything the engine would silently compute differently
 from llama.cpp is refused with one line: other architectures, mixtures of experts, metadata keys
 the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
 `rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or

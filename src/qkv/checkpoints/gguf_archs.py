@@ -14,6 +14,10 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
     granite      granite   as llama (Q, K rows interleaved per head); its four multipliers in the metadata
+    phi3         phi3      nothing (qkv_proj, gate_up_proj stay fused: attn_qkv [Q; K; V], ffn_up [gate; up]);
+                           attention.sliding_window read and dropped, as llama.cpp does (its Phi-3 SWA is
+                           disabled: every earlier token is attended to); LongRoPE (rope_factors_long/short,
+                           rope.scaling.attn_factor) refused
     stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
                            attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
@@ -91,6 +95,10 @@ ARCHS: dict[str, Arch] = {
                   keys=("tensor_data_layout",)),
     "granite": Arch("granite", "GraniteForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, permuted=True,
                     keys=("attention.scale", "embedding_scale", "residual_scale", "logit_scale")),
+    "phi3": Arch("phi3", "Phi3ForCausalLM",
+                 {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+                  "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
+                 _LLAMA_TOP, partial_rope=True, keys=("attention.sliding_window", "rope.scaling.attn_factor")),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
     "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
@@ -179,7 +187,11 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf["rms_norm_eps"] = dims["eps"]
     else:
         hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
-    if arch.family in ("phi", "gpt_neox", "stablelm"):
+    if a == "phi3" and (meta.get(f"{a}.rope.scaling.attn_factor") is not None or
+                        meta.get(f"{a}.rope.scaling.type") not in (None, "none")):
+        raise QkvError(f"the GGUF phi3 model uses LongRoPE (rope_factors_long / short), which qkv does not read from "
+                       "GGUF; load the Hugging Face checkpoint instead")
+    if arch.family in ("phi", "gpt_neox", "stablelm", "phi3"):
         if dk * H != d:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
@@ -217,7 +229,7 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf.pop("rope_theta")
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
-    if arch.family == "starcoder2":                                  # llama.cpp runs every layer in full
+    if arch.family in ("starcoder2", "phi3"):                        # llama.cpp runs every layer in full
         hf["sliding_window"] = None
     return hf
 
@@ -244,7 +256,7 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     q, kv = dims["H"] * dk, dims["Hkv"] * dk
     wide = arch.family == "olmo2"                                    # q/k norms over the whole projection
     rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
-            "ffn_gate": f, "ffn_up": f, "ffn_down": d}
+            "ffn_gate": f, "ffn_up": 2 * f if arch.family == "phi3" else f, "ffn_down": d}   # phi3: [gate; up]
     cols = {"attn_output": q, "ffn_down": f}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
     if arch.family == "stablelm":                                    # a LayerNorm of each head's own, no bias
