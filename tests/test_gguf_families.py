@@ -2,7 +2,7 @@
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
 models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and phi3 without their
-sliding window) is written as a GGUF file on
+sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no attention biases) is written as a GGUF file on
 the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
 tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
 Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers on the directory
@@ -195,7 +195,7 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 
@@ -282,5 +282,24 @@ def test_phi3_file_is_its_directory_without_window_and_longrope(tmp_path):
         meta = {"general.architecture": ("phi3", V.STRING)} | C.metadata(hf, "phi3", True) \
             | C.vocabulary(MODELS / "phi3", hf) | {"phi3.rope.scaling.attn_factor": (1.2, V.FLOAT32)}
         tensors = C.tensors(hf, load_file(MODELS / "phi3" / "model.safetensors"), "phi3")
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)
+
+
+def test_cohere_fixture_is_refused_by_the_writer(tmp_path):
+    """The cohere fixture has attention biases, which llama.cpp's command-r does not hold: the writer
+    refuses it rather than compare numbers llama.cpp would not give (the live test compares bias-free
+    command-r files, with and without q/k norms, with transformers). A command-r file without its
+    logit_scale (llama.cpp requires one) is refused in one line."""
+    with pytest.raises(ValueError, match="no biases"):
+        C.convert(MODELS / "cohere", tmp_path / "c.gguf")
+    hf = json.loads((MODELS / "cohere" / "config.json").read_text()) | {"attention_bias": False}
+    meta = {"general.architecture": ("command-r", V.STRING)} | C.metadata(hf, "command-r") \
+        | C.vocabulary(MODELS / "cohere", hf)
+    meta.pop("command-r.logit_scale")
+    from safetensors.numpy import load_file
+    tensors = {k: w for k, w in C.tensors(hf, load_file(MODELS / "cohere" / "model.safetensors"), "command-r").items()
+               if not k.endswith(".bias")}
+    with pytest.raises(QkvError, match="logit_scale") as e:
         qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
     assert "\n" not in str(e.value)

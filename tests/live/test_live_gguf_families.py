@@ -1,6 +1,6 @@
 """GGUF files of every new architecture against live transformers (make test-live).
 
-Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding window, which llama.cpp does not run; StarCoder2's without a sliding window, which llama.cpp's
+Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding window, which llama.cpp does not run; Cohere's without attention biases, which llama.cpp's command-r lacks; StarCoder2's without a sliding window, which llama.cpp's
 file cannot hold) are built with transformers, saved, and written as a GGUF
 file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
 qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
@@ -22,7 +22,7 @@ import pytest
 import torch
 from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from safetensors.numpy import load_file
-from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
+from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
                           GraniteConfig, GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM,
                           PhiConfig, PhiForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
@@ -122,6 +122,14 @@ def phi3(d=64, heads=4, kv=2, ff=96, factor=1.0, theta=1e4, tied=False, layers=2
                                        sliding_window=None, max_position_embeddings=128, **IDS)
 
 
+def cohere(d=64, heads=4, kv=2, ff=96, qk=True, scale=0.25, theta=1e4, layers=2):
+    return CohereForCausalLM, CohereConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                           intermediate_size=ff, use_qk_norm=qk, logit_scale=scale,
+                                           attention_bias=False, tie_word_embeddings=True, num_hidden_layers=layers,
+                                           rope_parameters={"rope_type": "default", "rope_theta": theta},
+                                           layer_norm_eps=1e-5, max_position_embeddings=128, **IDS)
+
+
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
     "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
@@ -144,6 +152,8 @@ CASES = {
                                      layers=3),
     "phi3-gqa-untied": phi3(),
     "phi3-mha-rot0.5-tied-L3": phi3(d=48, heads=4, kv=4, factor=0.5, theta=5e4, tied=True, layers=3),
+    "cohere-gqa-qk_norm": cohere(),
+    "cohere-mha-L3": cohere(d=48, heads=4, kv=4, qk=False, scale=0.5, theta=5e4, layers=3),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
 }

@@ -18,6 +18,8 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
                            attention.sliding_window read and dropped, as llama.cpp does (its Phi-3 SWA is
                            disabled: every earlier token is attended to); LongRoPE (rope_factors_long/short,
                            rope.scaling.attn_factor) refused
+    command-r    cohere    nothing (interleaved RoPE in both); q/k LayerNorms per head as one (H, d_k) tensor,
+                           as Hugging Face's; no output tensor (always tied), no biases, logit_scale (logits × s)
     stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
                            attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
@@ -99,6 +101,9 @@ ARCHS: dict[str, Arch] = {
                  {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                   "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
                  _LLAMA_TOP, partial_rope=True, keys=("attention.sliding_window", "rope.scaling.attn_factor")),
+    "command-r": Arch("cohere", "CohereForCausalLM",
+                      {k: v for k, v in _LLAMA_LAYER.items() if k != "ffn_norm"} | _QK_NORMS,
+                      {"token_embd": "embed_tokens", "output_norm": "norm"}, norm="layer", keys=("logit_scale",)),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
     "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
@@ -229,6 +234,12 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf.pop("rope_theta")
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
+    if arch.family == "cohere":                                      # llama.cpp requires logit_scale
+        scale = meta.get(f"{a}.logit_scale")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
+            raise QkvError(f"the GGUF value {a}.logit_scale = {scale!r:.30} is missing or not a positive number; "
+                           "the file is damaged")
+        hf |= {"logit_scale": float(scale), "attention_bias": False}
     if arch.family in ("starcoder2", "phi3"):                        # llama.cpp runs every layer in full
         hf["sliding_window"] = None
     return hf
@@ -241,7 +252,7 @@ def choices(a: str, names: set[str]) -> dict:
     arch = ARCHS[a]
     attn_bias = any(n.startswith("blk.") and n.endswith(".bias") and
                     n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
-    return {"tied": "output.weight" not in names,
+    return {"tied": "output.weight" not in names or "output" not in arch.top,   # command-r: always tied
             "attn_bias": {"none": False, "optional": attn_bias}.get(arch.biases, True),
             "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
             "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
@@ -259,7 +270,7 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
             "ffn_gate": f, "ffn_up": 2 * f if arch.family == "phi3" else f, "ffn_down": d}   # phi3: [gate; up]
     cols = {"attn_output": q, "ffn_down": f}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
-    if arch.family == "stablelm":                                    # a LayerNorm of each head's own, no bias
+    if arch.family in ("stablelm", "cohere"):                        # a LayerNorm of each head's own, no bias
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
               "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family != "stablelm"
@@ -280,8 +291,9 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
             if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
                 continue                                             # Phi-2: fused, or three
-            if arch.family == "stablelm" and ((part in ("attn_q_norm", "attn_k_norm") and not chosen["qk_norm"])
-                                              or (part == "ffn_norm" and dims["parallel"])):
+            if arch.family in ("stablelm", "cohere") and ((part in ("attn_q_norm", "attn_k_norm")
+                                                           and not chosen["qk_norm"])
+                                                          or (part == "ffn_norm" and dims["parallel"])):
                 continue                                             # StableLM: q/k norms, ffn_norm as the file says
             p = f"blk.{i}.{part}"
             if part in rows:
