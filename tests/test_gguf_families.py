@@ -2,7 +2,8 @@
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
 models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and phi3 without their
-sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no attention biases) is written as a GGUF file on
+sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no attention biases; gemma2 refused: its query_pre_attn_scalar
+is not d_head, which llama.cpp's file cannot say) is written as a GGUF file on
 the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
 tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
 Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers on the directory
@@ -195,7 +196,7 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 
@@ -301,5 +302,29 @@ def test_cohere_fixture_is_refused_by_the_writer(tmp_path):
     tensors = {k: w for k, w in C.tensors(hf, load_file(MODELS / "cohere" / "model.safetensors"), "command-r").items()
                if not k.endswith(".bias")}
     with pytest.raises(QkvError, match="logit_scale") as e:
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)
+
+
+def test_gemma2_fixture_is_refused_by_the_writer(tmp_path):
+    """The gemma2 fixture scales Q·Kᵀ by query_pre_attn_scalar 24 ≠ d_head 8; llama.cpp's gemma2 file holds
+    no such value (it scales by 1/√d_k): refused rather than compared wrong (the live test compares files
+    of query_pre_attn_scalar = head_dim with transformers, windows and soft-caps included). A file without
+    its sliding window is refused in one line."""
+    with pytest.raises(ValueError, match="query_pre_attn_scalar"):
+        C.convert(MODELS / "gemma2", tmp_path / "g.gguf")
+    hf = json.loads((MODELS / "gemma2" / "config.json").read_text()) | {"query_pre_attn_scalar": 8}
+    meta = {"general.architecture": ("gemma2", V.STRING)} | C.metadata(hf, "gemma2") \
+        | C.vocabulary(MODELS / "gemma2", hf)
+    from safetensors.numpy import load_file
+    tensors = C.tensors(hf, load_file(MODELS / "gemma2" / "model.safetensors"), "gemma2")
+    ours = qkv.load(F.write(tmp_path / "ok.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    directory = qkv.load(MODELS / "gemma2").with_config(attn_scale=8 ** -0.5)      # the same file, scaled as llama.cpp
+    assert ours.config.sliding_window == 5 and ours.config.layer_windows == directory.config.layer_windows
+    ref = reference("gemma2")                                        # norms (1 + w) − 1: within float32's rounding
+    assert max_abs(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                   directory.forward(ref["input_ids"], ref["attention_mask"]).logits) <= 1e-5
+    meta.pop("gemma2.attention.sliding_window")
+    with pytest.raises(QkvError, match="sliding_window") as e:
         qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
     assert "\n" not in str(e.value)

@@ -7,6 +7,9 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
     qwen2        qwen2     nothing (rows as Hugging Face's: llama.cpp's NEOX RoPE is rotate-half)
     qwen3        qwen3     nothing; q/k norms per head (attn_q_norm, attn_k_norm: (d_k,))
     gemma        gemma     every RMSNorm weight stored as 1 + w (written back as w); no lm_head (tied)
+    gemma2       gemma2    as gemma (norms 1 + w, tied), four norms a block; soft-caps and the window in the
+                           metadata, every other layer sliding (llama.cpp's pattern); Q·Kᵀ scaled by 1/√d_k
+                           (1/√(d_model / heads) with 46 layers, llama.cpp's 27B): query_pre_attn_scalar
     olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box
     phi2         phi       nothing (attn_q/k/v); files of the original Phi-2 layout hold one attn_qkv,
                            rows [Q; K; V], split here
@@ -107,6 +110,11 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
     "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
+    "gemma2": Arch("gemma2", "Gemma2ForCausalLM",
+                   _LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
+                                   "post_attention_norm": "post_attention_layernorm",
+                                   "post_ffw_norm": "post_feedforward_layernorm"}, _LLAMA_TOP, plus_one=True,
+                   keys=("attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window")),
     "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
                   {k: v for k, v in _LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | _QK_NORMS
                   | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
@@ -216,8 +224,8 @@ def config(meta: dict, a: str, dims: dict) -> dict:
                "rotary_pct": rope["partial_rotary_factor"]}
         hf.pop("num_key_value_heads")
     hf["rope_parameters"] = rope
-    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu",
-                        "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
+    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh", "phi": "gelu_new",
+                        "gpt_neox": "gelu", "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
     if arch.family == "phi":
         hf["qk_layernorm"] = False
     if arch.family == "granite":                                     # llama.cpp: kq_scale = scale or 1/√d_k
@@ -234,6 +242,18 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf.pop("rope_theta")
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
+    if arch.family == "gemma2":                                      # llama.cpp's defaults: caps 50 / 30
+        caps = {k: meta.get(f"{a}.{k}", default) for k, default in (("attn_logit_softcapping", 50.0),
+                                                                     ("final_logit_softcapping", 30.0))}
+        window = meta.get(f"{a}.attention.sliding_window")
+        for key, value in caps.items() | {("attention.sliding_window", window)}:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is missing or not a positive number; "
+                               "the file is damaged")
+        hf |= {k: float(v) for k, v in caps.items()} | {
+            "sliding_window": int(window), "query_pre_attn_scalar": d // H if dims["L"] == 46 else dk,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(dims["L"])],
+            "attention_bias": False}
     if arch.family == "cohere":                                      # llama.cpp requires logit_scale
         scale = meta.get(f"{a}.logit_scale")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
