@@ -1,14 +1,14 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and phi3 without their
-sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no attention biases; gemma2 refused: its query_pre_attn_scalar
-is not d_head, which llama.cpp's file cannot say) is written as a GGUF file on
-the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
-tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
-Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers on the directory
-(reference.npz): logits and hidden states 1e-4, attention weights 1e-5, every layer, greedy ids
-with the KV cache; an F32 file gives back the directory's own weights bit for bit.
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and
+phi3 without their sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no
+attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head, which llama.cpp's file cannot
+say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays it out
+(tests/fixtures/gguf_convert.py: gguf's own tensor names, Q/K permuted for llama, Gemma's norms + 1,
+GPT-NeoX's Q/K/V regrouped, GPT-2's Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers
+on the directory (reference.npz): logits and hidden states 1e-4, attention weights 1e-5, every layer,
+greedy ids with the KV cache; an F32 file gives back the directory's own weights bit for bit.
 tests/live/test_live_gguf_families.py checks other knob values against live transformers.
 """
 
@@ -196,7 +196,8 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, "
+                                       "olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 

@@ -1,14 +1,15 @@
 """GGUF files of every new architecture against live transformers (make test-live).
 
-Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding window, which llama.cpp does not run; Cohere's without attention biases, which llama.cpp's command-r lacks; Gemma 2's with query_pre_attn_scalar = head_dim, as llama.cpp scales; StarCoder2's without a sliding window, which llama.cpp's
-file cannot hold) are built with transformers, saved, and written as a GGUF
-file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
-qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
-left-padded batch (hidden states and logits within 1e-4, attention weights within 1e-5), greedy
-generation with and without the KV cache token for token, and the model qkv saves from the GGUF
-file (`model.save(dir)`) read back by transformers with equal logits. Where transformers reads the
-arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`), quantised files are
-compared with its loader too: identical weights, name by name, and equal outputs.
+Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding
+window, which llama.cpp does not run; Cohere's without attention biases, which llama.cpp's command-r lacks;
+Gemma 2's with query_pre_attn_scalar = head_dim, as llama.cpp scales; StarCoder2's without a sliding window,
+which llama.cpp's file cannot hold) are built with transformers, saved, and written as a GGUF file the way
+llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py). qkv.load(file.gguf) is
+compared with transformers on the Hugging Face model: a right- and a left-padded batch (hidden states and
+logits within 1e-4, attention weights within 1e-5), greedy generation with and without the KV cache token for
+token, and the model qkv saves from the GGUF file (`model.save(dir)`) read back by transformers with equal
+logits. Where transformers reads the arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`),
+quantised files are compared with its loader too: identical weights, name by name, and equal outputs.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import torch
 from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from safetensors.numpy import load_file
 from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM,
-                          GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
-                          GraniteConfig, GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          PhiConfig, PhiForCausalLM,
+                          GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig,
+                          GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, PhiConfig, PhiForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 

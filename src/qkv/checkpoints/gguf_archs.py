@@ -46,12 +46,13 @@ Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own col
     output               lm_head (absent: tied)                    lm_head             embed_out                    lm_head
 
 Metadata read (<a>: the arch): context_length, embedding_length, block_count, feed_forward_length,
-attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base
-(10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm;
-the whole head elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual
-(gptneox, stablelm), rope.scaling.* (linear only); granite's attention.scale (Q·Kᵀ's factor, 1/√d_k when
-absent or 0, as llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (logits / s). Any other <a>.* key changes the maths somewhere
-(soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line, never dropped.
+attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base (10000 when
+absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm; the whole head
+elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual (gptneox, stablelm),
+rope.scaling.* (linear only); granite's attention.scale (Q·Kᵀ's factor, 1/√d_k when absent or 0, as
+llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (logits / s). Any other <a>.* key
+changes the maths somewhere (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line,
+never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
 and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
 tanh form).
@@ -232,9 +233,11 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         scale = {k: meta.get(f"{a}.{k}") for k in ("attention.scale", "embedding_scale", "residual_scale",
                                                    "logit_scale")}
         for key, value in scale.items():
+            zero_ok = key == "attention.scale"                       # 0: llama.cpp's 1/√d_k
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not np.isfinite(value) or value < 0 or (value == 0 and key != "attention.scale")):
-                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is damaged")
+                                      or not np.isfinite(value) or value < 0 or (value == 0 and not zero_ok)):
+                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is "
+                               "damaged")
         hf |= {"attention_multiplier": float(scale["attention.scale"] or 1 / np.sqrt(dk)),
                "embedding_multiplier": float(scale["embedding_scale"] or 1.0),
                "residual_multiplier": float(scale["residual_scale"] or 1.0),
