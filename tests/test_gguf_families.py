@@ -1,13 +1,14 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa}; starcoder2 without its
-sliding window) is written as a GGUF file on
-the fly, the way convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py: gguf's own
-tensor names, Q/K permuted for llama, Gemma's norms + 1, GPT-NeoX's Q/K/V regrouped, GPT-2's
-Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers on the directory
-(reference.npz): logits and hidden states 1e-4, attention weights 1e-5, every layer, greedy ids
-with the KV cache; an F32 file gives back the directory's own weights bit for bit.
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and
+phi3 without their sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no
+attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head, which llama.cpp's file cannot
+say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays it out
+(tests/fixtures/gguf_convert.py: gguf's own tensor names, Q/K permuted for llama, Gemma's norms + 1,
+GPT-NeoX's Q/K/V regrouped, GPT-2's Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers
+on the directory (reference.npz): logits and hidden states 1e-4, attention weights 1e-5, every layer,
+greedy ids with the KV cache; an F32 file gives back the directory's own weights bit for bit.
 tests/live/test_live_gguf_families.py checks other knob values against live transformers.
 """
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
 
-NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa"]
+NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite"]
 
 
 @pytest.fixture(autouse=True)
@@ -195,7 +196,8 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, qwen2, qwen3, gemma, olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, "
+                                       "olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
 
 
@@ -253,3 +255,77 @@ def test_starcoder2_file_is_its_directory_without_the_window(tmp_path):
             | C.vocabulary(MODELS / "starcoder2", hf) | {"starcoder2.attention.sliding_window": (5, V.UINT32)}
         tensors = C.tensors(hf, load_file(MODELS / "starcoder2" / "model.safetensors"), "starcoder2")
         qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+
+
+def test_phi3_file_is_its_directory_without_window_and_longrope(tmp_path):
+    """llama.cpp disables Phi-3's sliding window (its file holds one; llama.cpp attends to every earlier
+    token) and picks LongRoPE's factors by its context size rather than by the pass, so the fixture is
+    written without LongRoPE and read without the window: its weights bit for bit (qkv_proj, gate_up_proj
+    kept fused) and the directory's model with sliding_window=None and plain RoPE, number for number (the
+    live test compares such files with transformers); a LongRoPE file is refused in one line."""
+    from safetensors.numpy import load_file
+
+    path = C.convert(MODELS / "phi3", tmp_path / "phi3.gguf", drop_window=True)
+    mine = load_file(gguf.converted(path) / "model.safetensors")
+    theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "phi3" / "model.safetensors").items()}
+    assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
+    ours = qkv.load(path)
+    directory = qkv.load(MODELS / "phi3").with_config(sliding_window=None, rope_scaling=None)
+    assert ours.config.sliding_window is None and ours.config.rotary_dim == directory.config.rotary_dim == 6
+    ref = reference("phi3")
+    np.testing.assert_array_equal(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                                  directory.forward(ref["input_ids"], ref["attention_mask"]).logits)
+    np.testing.assert_array_equal(ours.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False),
+                                  directory.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False))
+    with pytest.raises(ValueError, match="LongRoPE"):
+        C.convert(MODELS / "phi3", tmp_path / "no.gguf")
+    with pytest.raises(QkvError, match="LongRoPE") as e:
+        hf = json.loads((MODELS / "phi3" / "config.json").read_text())
+        meta = {"general.architecture": ("phi3", V.STRING)} | C.metadata(hf, "phi3", True) \
+            | C.vocabulary(MODELS / "phi3", hf) | {"phi3.rope.scaling.attn_factor": (1.2, V.FLOAT32)}
+        tensors = C.tensors(hf, load_file(MODELS / "phi3" / "model.safetensors"), "phi3")
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)
+
+
+def test_cohere_fixture_is_refused_by_the_writer(tmp_path):
+    """The cohere fixture has attention biases, which llama.cpp's command-r does not hold: the writer
+    refuses it rather than compare numbers llama.cpp would not give (the live test compares bias-free
+    command-r files, with and without q/k norms, with transformers). A command-r file without its
+    logit_scale (llama.cpp requires one) is refused in one line."""
+    with pytest.raises(ValueError, match="no biases"):
+        C.convert(MODELS / "cohere", tmp_path / "c.gguf")
+    hf = json.loads((MODELS / "cohere" / "config.json").read_text()) | {"attention_bias": False}
+    meta = {"general.architecture": ("command-r", V.STRING)} | C.metadata(hf, "command-r") \
+        | C.vocabulary(MODELS / "cohere", hf)
+    meta.pop("command-r.logit_scale")
+    from safetensors.numpy import load_file
+    tensors = {k: w for k, w in C.tensors(hf, load_file(MODELS / "cohere" / "model.safetensors"), "command-r").items()
+               if not k.endswith(".bias")}
+    with pytest.raises(QkvError, match="logit_scale") as e:
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)
+
+
+def test_gemma2_fixture_is_refused_by_the_writer(tmp_path):
+    """The gemma2 fixture scales Q·Kᵀ by query_pre_attn_scalar 24 ≠ d_head 8; llama.cpp's gemma2 file holds
+    no such value (it scales by 1/√d_k): refused rather than compared wrong (the live test compares files
+    of query_pre_attn_scalar = head_dim with transformers, windows and soft-caps included). A file without
+    its sliding window is refused in one line."""
+    with pytest.raises(ValueError, match="query_pre_attn_scalar"):
+        C.convert(MODELS / "gemma2", tmp_path / "g.gguf")
+    hf = json.loads((MODELS / "gemma2" / "config.json").read_text()) | {"query_pre_attn_scalar": 8}
+    meta = {"general.architecture": ("gemma2", V.STRING)} | C.metadata(hf, "gemma2") \
+        | C.vocabulary(MODELS / "gemma2", hf)
+    from safetensors.numpy import load_file
+    tensors = C.tensors(hf, load_file(MODELS / "gemma2" / "model.safetensors"), "gemma2")
+    ours = qkv.load(F.write(tmp_path / "ok.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    directory = qkv.load(MODELS / "gemma2").with_config(attn_scale=8 ** -0.5)      # the same file, scaled as llama.cpp
+    assert ours.config.sliding_window == 5 and ours.config.layer_windows == directory.config.layer_windows
+    ref = reference("gemma2")                                        # norms (1 + w) − 1: within float32's rounding
+    assert max_abs(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                   directory.forward(ref["input_ids"], ref["attention_mask"]).logits) <= 1e-5
+    meta.pop("gemma2.attention.sliding_window")
+    with pytest.raises(QkvError, match="sliding_window") as e:
+        qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
+    assert "\n" not in str(e.value)

@@ -1,14 +1,15 @@
 """GGUF files of every new architecture against live transformers (make test-live).
 
-Random checkpoints of other knob values (StarCoder2's without a sliding window, which llama.cpp's
-file cannot hold) are built with transformers, saved, and written as a GGUF
-file the way llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py).
-qkv.load(file.gguf) is compared with transformers on the Hugging Face model: a right- and a
-left-padded batch (hidden states and logits within 1e-4, attention weights within 1e-5), greedy
-generation with and without the KV cache token for token, and the model qkv saves from the GGUF
-file (`model.save(dir)`) read back by transformers with equal logits. Where transformers reads the
-arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`), quantised files are
-compared with its loader too: identical weights, name by name, and equal outputs.
+Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding
+window, which llama.cpp does not run; Cohere's without attention biases, which llama.cpp's command-r lacks;
+Gemma 2's with query_pre_attn_scalar = head_dim, as llama.cpp scales; StarCoder2's without a sliding window,
+which llama.cpp's file cannot hold) are built with transformers, saved, and written as a GGUF file the way
+llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py). qkv.load(file.gguf) is
+compared with transformers on the Hugging Face model: a right- and a left-padded batch (hidden states and
+logits within 1e-4, attention weights within 1e-5), greedy generation with and without the KV cache token for
+token, and the model qkv saves from the GGUF file (`model.save(dir)`) read back by transformers with equal
+logits. Where transformers reads the arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`),
+quantised files are compared with its loader too: identical weights, name by name, and equal outputs.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import pytest
 import torch
 from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from safetensors.numpy import load_file
-from transformers import (AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel,
-                          GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM, PhiConfig, PhiForCausalLM,
+from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM,
+                          GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig,
+                          GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, PhiConfig, PhiForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -104,6 +107,40 @@ def stablelm(d=64, heads=4, kv=2, ff=96, factor=0.25, parallel=False, qk=False, 
         num_hidden_layers=layers, max_position_embeddings=128, **IDS)
 
 
+def granite(d=64, heads=4, kv=2, ff=96, emb=12.0, res=0.22, attn=0.015625, logits=8.0, tied=True, layers=2):
+    return GraniteForCausalLM, GraniteConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                             intermediate_size=ff, embedding_multiplier=emb, residual_multiplier=res,
+                                             attention_multiplier=attn, logits_scaling=logits,
+                                             tie_word_embeddings=tied, num_hidden_layers=layers, rms_norm_eps=1e-6,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                                             max_position_embeddings=128, **IDS)
+
+
+def phi3(d=64, heads=4, kv=2, ff=96, factor=1.0, theta=1e4, tied=False, layers=2):
+    return Phi3ForCausalLM, Phi3Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                       intermediate_size=ff, tie_word_embeddings=tied, num_hidden_layers=layers,
+                                       rope_parameters={"rope_type": "default", "rope_theta": theta,
+                                                        "partial_rotary_factor": factor},
+                                       sliding_window=None, max_position_embeddings=128, **IDS)
+
+
+def cohere(d=64, heads=4, kv=2, ff=96, qk=True, scale=0.25, theta=1e4, layers=2):
+    return CohereForCausalLM, CohereConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                           intermediate_size=ff, use_qk_norm=qk, logit_scale=scale,
+                                           attention_bias=False, tie_word_embeddings=True, num_hidden_layers=layers,
+                                           rope_parameters={"rope_type": "default", "rope_theta": theta},
+                                           layer_norm_eps=1e-5, max_position_embeddings=128, **IDS)
+
+
+def gemma2(d=64, heads=4, kv=2, head_dim=16, ff=96, window=4, caps=(50.0, 30.0), layers=3, tied=True):
+    return Gemma2ForCausalLM, Gemma2Config(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                           head_dim=head_dim, query_pre_attn_scalar=head_dim, intermediate_size=ff,
+                                           sliding_window=window, attn_logit_softcapping=caps[0],
+                                           final_logit_softcapping=caps[1], num_hidden_layers=layers,
+                                           hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                                           tie_word_embeddings=tied, max_position_embeddings=128, **IDS)
+
+
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
     "qwen3-mqa-tied-L3": qwen3(d=48, heads=4, kv=1, tied=True, layers=3, theta=1e4),
@@ -121,6 +158,16 @@ CASES = {
     "stablelm-sequential-rot0.25-untied": stablelm(),
     "stablelm-parallel-qk_layernorm-bias-tied-rot0.5-L3": stablelm(d=48, heads=4, kv=4, factor=0.5, parallel=True,
                                                                    qk=True, bias=True, tied=True, layers=3),
+    "granite-gqa-tied": granite(),
+    "granite-mha-untied-L3": granite(d=48, heads=4, kv=4, emb=1.0, res=1.0, attn=0.3, logits=1.0, tied=False,
+                                     layers=3),
+    "phi3-gqa-untied": phi3(),
+    "phi3-mha-rot0.5-tied-L3": phi3(d=48, heads=4, kv=4, factor=0.5, theta=5e4, tied=True, layers=3),
+    "cohere-gqa-qk_norm": cohere(),
+    "cohere-mha-L3": cohere(d=48, heads=4, kv=4, qk=False, scale=0.5, theta=5e4, layers=3),
+    "gemma2-gqa-window4-caps": gemma2(),
+    "gemma2-mqa-head_dim8-window3-tight-caps-L4": gemma2(d=48, heads=4, kv=1, head_dim=8, window=3, caps=(2.0, 1.5),
+                                                           layers=4),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
 }

@@ -13,7 +13,8 @@ maps the cached file. `QKV_CACHE=off` converts in a temporary directory instead.
 Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names,
 and what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral,
 which llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`,
-`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2` and `stablelm`. Anything the engine would silently compute differently
+`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `phi3`
+(without LongRoPE) and `command-r` (Cohere). Anything the engine would silently compute differently
 from llama.cpp is refused with one line: other architectures, mixtures of experts, metadata keys
 the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
 `rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or
@@ -160,6 +161,8 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
         cfg["use_bias"] = chosen["attn_bias"]                        # all six linear maps
     elif cfg["model_type"] == "stablelm":
         cfg |= {"use_qkv_bias": chosen["attn_bias"], "qk_layernorm": chosen["qk_norm"]}
+    elif cfg["model_type"] == "cohere":
+        cfg["use_qk_norm"] = chosen["qk_norm"]
     shapes = gguf_archs.expected(a, dims, chosen)
     left = unread([t.name[:80] for t in reader.tensors if t.name not in shapes], set(), IGNORED)
     if left:

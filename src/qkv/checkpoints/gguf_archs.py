@@ -7,12 +7,22 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
     qwen2        qwen2     nothing (rows as Hugging Face's: llama.cpp's NEOX RoPE is rotate-half)
     qwen3        qwen3     nothing; q/k norms per head (attn_q_norm, attn_k_norm: (d_k,))
     gemma        gemma     every RMSNorm weight stored as 1 + w (written back as w); no lm_head (tied)
+    gemma2       gemma2    as gemma (norms 1 + w, tied), four norms a block; soft-caps and the window in the
+                           metadata, every other layer sliding (llama.cpp's pattern); Q·Kᵀ scaled by 1/√d_k
+                           (1/√(d_model / heads) with 46 layers, llama.cpp's 27B): query_pre_attn_scalar
     olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box
     phi2         phi       nothing (attn_q/k/v); files of the original Phi-2 layout hold one attn_qkv,
                            rows [Q; K; V], split here
     gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
+    granite      granite   as llama (Q, K rows interleaved per head); its four multipliers in the metadata
+    phi3         phi3      nothing (qkv_proj, gate_up_proj stay fused: attn_qkv [Q; K; V], ffn_up [gate; up]);
+                           attention.sliding_window read and dropped, as llama.cpp does (its Phi-3 SWA is
+                           disabled: every earlier token is attended to); LongRoPE (rope_factors_long/short,
+                           rope.scaling.attn_factor) refused
+    command-r    cohere    nothing (interleaved RoPE in both); q/k LayerNorms per head as one (H, d_k) tensor,
+                           as Hugging Face's; no output tensor (always tied), no biases, logit_scale (logits × s)
     stablelm     stablelm  each head's q/k LayerNorm weights stacked into one (H, d_k) attn_q_norm /
                            attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
@@ -36,11 +46,13 @@ Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own col
     output               lm_head (absent: tied)                    lm_head             embed_out                    lm_head
 
 Metadata read (<a>: the arch): context_length, embedding_length, block_count, feed_forward_length,
-attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base
-(10000 when absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm;
-the whole head elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual
-(gptneox, stablelm), rope.scaling.* (linear only). Any other <a>.* key changes the maths somewhere
-(soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line, never dropped.
+attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base (10000 when
+absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm; the whole head
+elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual (gptneox, stablelm),
+rope.scaling.* (linear only); granite's attention.scale (Q·Kᵀ's factor, 1/√d_k when absent or 0, as
+llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (logits / s). Any other <a>.* key
+changes the maths somewhere (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line,
+never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
 and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
 tanh form).
@@ -87,9 +99,23 @@ _QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", "LlamaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="optional", permuted=True,
                   keys=("tensor_data_layout",)),
+    "granite": Arch("granite", "GraniteForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, permuted=True,
+                    keys=("attention.scale", "embedding_scale", "residual_scale", "logit_scale")),
+    "phi3": Arch("phi3", "Phi3ForCausalLM",
+                 {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+                  "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
+                 _LLAMA_TOP, partial_rope=True, keys=("attention.sliding_window", "rope.scaling.attn_factor")),
+    "command-r": Arch("cohere", "CohereForCausalLM",
+                      {k: v for k, v in _LLAMA_LAYER.items() if k != "ffn_norm"} | _QK_NORMS,
+                      {"token_embd": "embed_tokens", "output_norm": "norm"}, norm="layer", keys=("logit_scale",)),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
     "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
+    "gemma2": Arch("gemma2", "Gemma2ForCausalLM",
+                   _LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
+                                   "post_attention_norm": "post_attention_layernorm",
+                                   "post_ffw_norm": "post_feedforward_layernorm"}, _LLAMA_TOP, plus_one=True,
+                   keys=("attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window")),
     "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
                   {k: v for k, v in _LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | _QK_NORMS
                   | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
@@ -175,7 +201,11 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf["rms_norm_eps"] = dims["eps"]
     else:
         hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
-    if arch.family in ("phi", "gpt_neox", "stablelm"):
+    if a == "phi3" and (meta.get(f"{a}.rope.scaling.attn_factor") is not None or
+                        meta.get(f"{a}.rope.scaling.type") not in (None, "none")):
+        raise QkvError(f"the GGUF phi3 model uses LongRoPE (rope_factors_long / short), which qkv does not read from "
+                       "GGUF; load the Hugging Face checkpoint instead")
+    if arch.family in ("phi", "gpt_neox", "stablelm", "phi3"):
         if dk * H != d:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
@@ -195,13 +225,45 @@ def config(meta: dict, a: str, dims: dict) -> dict:
                "rotary_pct": rope["partial_rotary_factor"]}
         hf.pop("num_key_value_heads")
     hf["rope_parameters"] = rope
-    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "phi": "gelu_new", "gpt_neox": "gelu",
-                        "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
+    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh", "phi": "gelu_new",
+                        "gpt_neox": "gelu", "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
     if arch.family == "phi":
         hf["qk_layernorm"] = False
+    if arch.family == "granite":                                     # llama.cpp: kq_scale = scale or 1/√d_k
+        scale = {k: meta.get(f"{a}.{k}") for k in ("attention.scale", "embedding_scale", "residual_scale",
+                                                   "logit_scale")}
+        for key, value in scale.items():
+            zero_ok = key == "attention.scale"                       # 0: llama.cpp's 1/√d_k
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not np.isfinite(value) or value < 0 or (value == 0 and not zero_ok)):
+                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is "
+                               "damaged")
+        hf |= {"attention_multiplier": float(scale["attention.scale"] or 1 / np.sqrt(dk)),
+               "embedding_multiplier": float(scale["embedding_scale"] or 1.0),
+               "residual_multiplier": float(scale["residual_scale"] or 1.0),
+               "logits_scaling": float(scale["logit_scale"] or 1.0), "mlp_bias": False, "attention_bias": False}
+        hf.pop("rope_theta")
     if arch.family in ("qwen2", "qwen3"):
         hf |= {"use_sliding_window": False, "sliding_window": None}
-    if arch.family == "starcoder2":                                  # llama.cpp runs every layer in full
+    if arch.family == "gemma2":                                      # llama.cpp's defaults: caps 50 / 30
+        caps = {k: meta.get(f"{a}.{k}", default) for k, default in (("attn_logit_softcapping", 50.0),
+                                                                     ("final_logit_softcapping", 30.0))}
+        window = meta.get(f"{a}.attention.sliding_window")
+        for key, value in caps.items() | {("attention.sliding_window", window)}:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is missing or not a positive number; "
+                               "the file is damaged")
+        hf |= {k: float(v) for k, v in caps.items()} | {
+            "sliding_window": int(window), "query_pre_attn_scalar": d // H if dims["L"] == 46 else dk,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(dims["L"])],
+            "attention_bias": False}
+    if arch.family == "cohere":                                      # llama.cpp requires logit_scale
+        scale = meta.get(f"{a}.logit_scale")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
+            raise QkvError(f"the GGUF value {a}.logit_scale = {scale!r:.30} is missing or not a positive number; "
+                           "the file is damaged")
+        hf |= {"logit_scale": float(scale), "attention_bias": False}
+    if arch.family in ("starcoder2", "phi3"):                        # llama.cpp runs every layer in full
         hf["sliding_window"] = None
     return hf
 
@@ -213,7 +275,7 @@ def choices(a: str, names: set[str]) -> dict:
     arch = ARCHS[a]
     attn_bias = any(n.startswith("blk.") and n.endswith(".bias") and
                     n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
-    return {"tied": "output.weight" not in names,
+    return {"tied": "output.weight" not in names or "output" not in arch.top,   # command-r: always tied
             "attn_bias": {"none": False, "optional": attn_bias}.get(arch.biases, True),
             "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
             "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
@@ -228,10 +290,10 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     q, kv = dims["H"] * dk, dims["Hkv"] * dk
     wide = arch.family == "olmo2"                                    # q/k norms over the whole projection
     rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
-            "ffn_gate": f, "ffn_up": f, "ffn_down": d}
+            "ffn_gate": f, "ffn_up": 2 * f if arch.family == "phi3" else f, "ffn_down": d}   # phi3: [gate; up]
     cols = {"attn_output": q, "ffn_down": f}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
-    if arch.family == "stablelm":                                    # a LayerNorm of each head's own, no bias
+    if arch.family in ("stablelm", "cohere"):                        # a LayerNorm of each head's own, no bias
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
               "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family != "stablelm"
@@ -252,8 +314,9 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
             if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
                 continue                                             # Phi-2: fused, or three
-            if arch.family == "stablelm" and ((part in ("attn_q_norm", "attn_k_norm") and not chosen["qk_norm"])
-                                              or (part == "ffn_norm" and dims["parallel"])):
+            if arch.family in ("stablelm", "cohere") and ((part in ("attn_q_norm", "attn_k_norm")
+                                                           and not chosen["qk_norm"])
+                                                          or (part == "ffn_norm" and dims["parallel"])):
                 continue                                             # StableLM: q/k norms, ffn_norm as the file says
             p = f"blk.{i}.{part}"
             if part in rows:
