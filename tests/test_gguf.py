@@ -295,7 +295,7 @@ BAD = {
     "truncated-header": (_cut(0.01), "damaged or truncated"),
     "truncated-tensors": (_cut(0.6), "damaged or truncated"),
     "mamba": (lambda p: _model(p, _edit(general__architecture=("mamba", V.STRING))), "architecture 'mamba'"),
-    "phi3": (lambda p: _model(p, _edit(general__architecture=("phi3", V.STRING))), "architecture 'phi3'"),
+    "rwkv6": (lambda p: _model(p, _edit(general__architecture=("rwkv6", V.STRING))), "architecture 'rwkv6'"),
     "mistral-arch": (lambda p: _model(p, _edit(general__architecture=("mistral", V.STRING))), "'llama'"),
     "q2_k": (lambda p: F.make(p, "llama", types={"ffn": "Q2_K"}), "type Q2_K"),
     "iq2_xxs": (lambda p: F.make(p, "llama", types={"attn": "IQ2_XXS"}), "type IQ2_XXS"),
