@@ -318,7 +318,8 @@ BAD = {
                     "'llama.attn_logit_softcapping'"),
     "rope-freqs": (lambda p: _model(p, _tensor("rope_freqs.weight", (np.ones(8, np.float32), None))), "rope_freqs"),
     "yarn": (lambda p: _model(p, _edit(llama__rope__scaling__type=("yarn", V.STRING))), "scaling 'yarn'"),
-    "experts": (lambda p: _model(p, _edit(llama__expert_count=(8, V.UINT32))), "mixture of experts"),
+    "experts": (lambda p: _model(p, _edit(llama__expert_count=(8, V.UINT32), llama__expert_used_count=(2, V.UINT32))),
+                "mixtral model"),                            # read as Mixtral: its dense FFN is not one
     "partial-rope": (lambda p: _model(p, _edit(llama__rope__dimension_count=(8, V.UINT32))), "partial RoPE"),
     "vocab-size": (lambda p: _model(p, _edit(llama__vocab_size=(1000, V.UINT32))), "vocabulary of 1000"),
     "nan-weights": (lambda p: _model(p, _nan), "NaN"),

@@ -1,15 +1,19 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite}; starcoder2 and
-phi3 without their sliding window, phi3 without LongRoPE; cohere refused: llama.cpp's command-r holds no
-attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head, which llama.cpp's file cannot
-say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays it out
-(tests/fixtures/gguf_convert.py: gguf's own tensor names, Q/K permuted for llama, Gemma's norms + 1,
-GPT-NeoX's Q/K/V regrouped, GPT-2's Conv1D transposed). qkv.load(file.gguf) must give transformers' numbers
-on the directory (reference.npz): logits and hidden states 1e-4, attention weights 1e-5, every layer,
-greedy ids with the KV cache; an F32 file gives back the directory's own weights bit for bit.
-tests/live/test_live_gguf_families.py checks other knob values against live transformers.
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite, bloom}; starcoder2
+and phi3 without their sliding window, phi3 without LongRoPE, mixtral without its window; cohere refused:
+llama.cpp's command-r holds no attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head,
+which llama.cpp's file cannot say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays
+it out (tests/fixtures/gguf_convert.py: gguf's own tensor names, Q/K permuted for llama, Gemma's norms + 1,
+GPT-NeoX's and BLOOM's Q/K/V regrouped, GPT-2's Conv1D transposed, experts stacked). qkv.load(file.gguf)
+must give transformers' numbers on the directory (reference.npz): logits and hidden states 1e-4, attention
+weights 1e-5, every layer, greedy ids with the KV cache; an F32 file gives back the directory's own weights
+bit for bit. The MoE, Falcon and MPT fixtures (mixtral, qwen2_moe, qwen3_moe, olmoe, falcon, falcon_rw,
+mpt) each hold a knob llama.cpp's file loses (a window, dense layers, attention biases, OLMoE's eps,
+Falcon's ReLU, ALiBi, MPT's softmax_scale): the fixture writer refuses them; Mixtral's file without the
+window is checked against the directory without it. tests/live/test_live_gguf_families.py checks other
+knob values against live transformers.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
 
-NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite"]
+NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite",
+         "bloom"]
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +95,8 @@ def test_f32_file_gives_back_the_weights(files, name):
     theirs = load_file(MODELS / name / "model.safetensors")
     strip = ("model.", "gpt_neox.", "transformer.")
     theirs = {next((k[len(p):] for p in strip if k.startswith(p)), k): v for k, v in theirs.items()}
+    if name == "bloom":                                              # llama.cpp writes the tied head as a copy
+        theirs["lm_head.weight"] = theirs["word_embeddings.weight"]
     assert set(mine) == set(theirs)
     for k, w in theirs.items():
         if name == "gemma" and "norm" in k:                          # (1 + w) − 1 in float32: w within an ulp of 1
@@ -97,7 +104,8 @@ def test_f32_file_gives_back_the_weights(files, name):
         else:
             assert np.array_equal(mine[k], w), k
     a, b = qkv.load(files[name]).config, qkv.load(MODELS / name).config
-    assert a.family == b.family and a.tied_embeddings == b.tied_embeddings and a.qkv_bias == b.qkv_bias
+    assert a.family == b.family and a.qkv_bias == b.qkv_bias
+    assert a.tied_embeddings == b.tied_embeddings or name == "bloom"             # BLOOM's file: a copy, untied
     assert (a.d_head, a.n_kv_heads, a.rotary_dim, a.parallel_residual, a.qk_norm) == \
         (b.d_head, b.n_kv_heads, b.rotary_dim, b.parallel_residual, b.qk_norm)
 
@@ -169,6 +177,8 @@ REFUSED = {
                     "'gemma.attn_logit_softcapping'"),
     "sliding-window": ("olmo2", {"olmo2.attention.sliding_window": (4, V.UINT32)}, None,
                        "'olmo2.attention.sliding_window'"),
+    "alibi-max-bias": ("bloom", {"bloom.attention.max_alibi_bias": (4.0, V.FLOAT32)}, None,
+                       "'bloom.attention.max_alibi_bias'"),
     "clamp-kqv": ("phi2", {"phi2.attention.clamp_kqv": (8.0, V.FLOAT32)}, None, "'phi2.attention.clamp_kqv'"),
     "gptneox-gqa": ("gpt_neox", {"gptneox.attention.head_count_kv": (2, V.UINT32)}, None, "none grouped"),
     "gpt2-head-size": ("gpt2", {"gpt2.attention.key_length": (8, V.UINT32),
@@ -180,7 +190,7 @@ REFUSED = {
     "qwen3-no-q-norm": ("qwen3", None, "blk.0.attn_q_norm.weight", "lacks the tensor blk.0.attn_q_norm"),
     "gpt2-no-positions": ("gpt2", None, "position_embd.weight", "lacks the tensor position_embd.weight"),
     "gptneox-half-biases": ("gpt_neox", None, "blk.0.attn_output.bias", "lacks the tensor blk.0.attn_output.bias"),
-    "unknown-arch": ("gpt2", {"general.architecture": ("bloom", V.STRING)}, None, "architecture 'bloom'"),
+    "unknown-arch": ("gpt2", {"general.architecture": ("mamba", V.STRING)}, None, "architecture 'mamba'"),
 }
 
 
@@ -197,8 +207,9 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
     with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, "
-                                       "olmo2, phi2, gptneox, starcoder2, stablelm, gpt2"):
-        qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bloom", V.STRING)}))
+                                       "olmo2, phi2, gptneox, starcoder2, stablelm, qwen3moe, qwen2moe, olmoe, "
+                                       "bloom, falcon, mpt, gpt2"):
+        qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("mamba", V.STRING)}))
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm"])
@@ -238,7 +249,7 @@ def test_starcoder2_file_is_its_directory_without_the_window(tmp_path):
     sliding_window=None, number for number (the live test compares such files with transformers)."""
     from safetensors.numpy import load_file
 
-    path = C.convert(MODELS / "starcoder2", tmp_path / "sc2.gguf", drop_window=True)
+    path = C.convert(MODELS / "starcoder2", tmp_path / "sc2.gguf", lossy=True)
     mine = load_file(gguf.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "starcoder2" / "model.safetensors").items()}
     assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
@@ -265,7 +276,7 @@ def test_phi3_file_is_its_directory_without_window_and_longrope(tmp_path):
     live test compares such files with transformers); a LongRoPE file is refused in one line."""
     from safetensors.numpy import load_file
 
-    path = C.convert(MODELS / "phi3", tmp_path / "phi3.gguf", drop_window=True)
+    path = C.convert(MODELS / "phi3", tmp_path / "phi3.gguf", lossy=True)
     mine = load_file(gguf.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "phi3" / "model.safetensors").items()}
     assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
@@ -329,3 +340,42 @@ def test_gemma2_fixture_is_refused_by_the_writer(tmp_path):
     with pytest.raises(QkvError, match="sliding_window") as e:
         qkv.load(F.write(tmp_path / "w.gguf", meta, {k: (w, None) for k, w in tensors.items()}))
     assert "\n" not in str(e.value)
+
+
+LOST = {"mixtral": "sliding_window", "olmoe": "rms_norm_eps", "qwen3_moe": "dense layers, attention biases",
+        "qwen2_moe": "dense layers", "qwen2_moe_norm": "dense layers, norm_topk_prob, qkv_bias",
+        "falcon": "activation, d_ff, rope_theta", "falcon_rw": "alibi, sequential block, biases, d_ff",
+        "mpt": "softmax_scale"}
+
+
+@pytest.mark.parametrize("name", sorted(LOST))
+def test_fixtures_llama_cpp_would_run_otherwise_are_refused(tmp_path, name):
+    """Each committed MoE, Falcon and MPT fixture has a knob llama.cpp's file loses (Mixtral's window,
+    OLMoE's eps, Qwen's dense layers, Falcon's ReLU / RoPE base / d_ff, Falcon-RW's ALiBi, MPT's
+    softmax_scale …): the
+    fixture writer refuses it rather than compare wrong numbers (the live tests compare files of
+    knobs llama.cpp keeps with transformers)."""
+    with pytest.raises(ValueError, match=LOST[name]):
+        C.convert(MODELS / name, tmp_path / "x.gguf")
+
+
+def test_mixtral_file_is_its_directory_without_the_window(tmp_path):
+    """Mixtral written as llama.cpp does (arch llama with experts, the window dropped): the experts,
+    stacked (E, out, in) in the file, come back as the directory's own tensors bit for bit, and the
+    model is the directory's without its window, number for number. (OLMoE's fixture, whose eps
+    llama.cpp writes as 1e-5, has 256 tokens: too few for the fixture writer's byte tokenizer; the
+    live tests compare OLMoE files with transformers.)"""
+    from safetensors.numpy import load_file
+
+    name, changes = "mixtral", {"sliding_window": None, "norm_eps": float(np.float32(1e-6))}   # the file's eps
+    path = C.convert(MODELS / name, tmp_path / f"{name}.gguf", lossy=True)
+    mine = load_file(gguf.converted(path) / "model.safetensors")
+    theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / name / "model.safetensors").items()}
+    assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
+    ours, directory = qkv.load(path), qkv.load(MODELS / name).with_config(**changes)
+    assert ours.config == directory.config
+    ref = reference(name)
+    np.testing.assert_array_equal(ours.forward(ref["input_ids"], ref["attention_mask"]).logits,
+                                  directory.forward(ref["input_ids"], ref["attention_mask"]).logits)
+    np.testing.assert_array_equal(ours.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False),
+                                  directory.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False))

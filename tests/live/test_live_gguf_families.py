@@ -2,14 +2,16 @@
 
 Random checkpoints of other knob values (Granite's multipliers; Phi-3's without LongRoPE and its sliding
 window, which llama.cpp does not run; Cohere's without attention biases, which llama.cpp's command-r lacks;
-Gemma 2's with query_pre_attn_scalar = head_dim, as llama.cpp scales; StarCoder2's without a sliding window,
-which llama.cpp's file cannot hold) are built with transformers, saved, and written as a GGUF file the way
-llama.cpp's convert_hf_to_gguf.py lays it out (tests/fixtures/gguf_convert.py). qkv.load(file.gguf) is
-compared with transformers on the Hugging Face model: a right- and a left-padded batch (hidden states and
-logits within 1e-4, attention weights within 1e-5), greedy generation with and without the KV cache token for
-token, and the model qkv saves from the GGUF file (`model.save(dir)`) read back by transformers with equal
-logits. Where transformers reads the arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`),
-quantised files are compared with its loader too: identical weights, name by name, and equal outputs.
+Gemma 2's with query_pre_attn_scalar = head_dim, as llama.cpp scales; StarCoder2's and Mixtral's without a
+sliding window, which llama.cpp's file cannot hold; the mixtures with every layer routed, the top-k
+renormalisation llama.cpp's graph fixes per arch and OLMoE's eps 1e-5, the only one its converter writes)
+are built with transformers, saved, and written as a GGUF file the way llama.cpp's convert_hf_to_gguf.py
+lays it out (tests/fixtures/gguf_convert.py). qkv.load(file.gguf) is compared with transformers on the
+Hugging Face model: a right- and a left-padded batch (hidden states and logits within 1e-4, attention
+weights within 1e-5), greedy generation with and without the KV cache token for token, and the model qkv
+saves from the GGUF file (`model.save(dir)`) read back by transformers with equal logits. Where
+transformers reads the arch from GGUF itself (qwen3, gpt2: `from_pretrained(dir, gguf_file=…)`), quantised
+files are compared with its loader too: identical weights, name by name, and equal outputs.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import pytest
 import torch
 from live_helpers import INIT_RANGE, build, compare, decoder_positions, max_abs, padded_batch, run_reference, save
 from safetensors.numpy import load_file
-from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM,
-                          GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig,
-                          GraniteForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, Olmo2Config, Olmo2ForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, StableLmConfig, StableLmForCausalLM, Starcoder2Config,
-                          Starcoder2ForCausalLM)
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, CohereConfig, CohereForCausalLM,
+                          FalconConfig, FalconForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
+                          GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
+                          GPTNeoXConfig, GPTNeoXForCausalLM, MixtralConfig, MixtralForCausalLM, MptConfig,
+                          MptForCausalLM, Olmo2Config, Olmo2ForCausalLM, OlmoeConfig, OlmoeForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, PhiConfig, PhiForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, StableLmConfig,
+                          StableLmForCausalLM, Starcoder2Config, Starcoder2ForCausalLM)
 
 import qkv
 from qkv.checkpoints import gguf as qkv_gguf
@@ -140,6 +144,55 @@ def gemma2(d=64, heads=4, kv=2, head_dim=16, ff=96, window=4, caps=(50.0, 30.0),
                                            hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
                                            tie_word_embeddings=tied, max_position_embeddings=128, **IDS)
 
+def bloom(d=48, heads=4, layers=2, tied=True, eps=1e-5):
+    return BloomForCausalLM, BloomConfig(hidden_size=d, n_head=heads, n_layer=layers, layer_norm_epsilon=eps,
+                                         tie_word_embeddings=tied, **IDS)
+
+
+def falcon(d=48, heads=4, kv=2, new=True, norms=2, tied=False, layers=2):
+    return FalconForCausalLM, FalconConfig(hidden_size=d, num_attention_heads=heads, num_kv_heads=kv,
+                                           new_decoder_architecture=new, multi_query=kv == 1, parallel_attn=True,
+                                           num_ln_in_parallel_attn=norms, bias=False, alibi=False, activation="gelu",
+                                           ffn_hidden_size=4 * d, tie_word_embeddings=tied, num_hidden_layers=layers,
+                                           rope_theta=10000.0, max_position_embeddings=128, **IDS)
+
+
+def mpt(d=48, heads=4, layers=2, tied=True):
+    return MptForCausalLM, MptConfig(d_model=d, n_heads=heads, n_layers=layers, max_seq_len=128, no_bias=True,
+                                     attn_config={"alibi": True, "alibi_bias_max": 8, "softmax_scale": None},
+                                     layer_norm_epsilon=1e-5, tie_word_embeddings=tied, **IDS)
+
+
+def mixtral(d=48, heads=4, kv=2, ff=24, experts=4, k=2, tied=False, theta=1e6, layers=2):
+    return MixtralForCausalLM, MixtralConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                             intermediate_size=ff, num_local_experts=experts, num_experts_per_tok=k,
+                                             tie_word_embeddings=tied, rope_theta=theta, num_hidden_layers=layers,
+                                             sliding_window=None, rms_norm_eps=1e-6, max_position_embeddings=128,
+                                             **IDS)
+
+
+def qwen3moe(d=48, heads=4, kv=2, head_dim=16, ff=16, experts=4, k=2, tied=False, layers=2):
+    return Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, intermediate_size=40,
+        moe_intermediate_size=ff, num_experts=experts, num_experts_per_tok=k, norm_topk_prob=True,
+        mlp_only_layers=[], decoder_sparse_step=1, attention_bias=False, tie_word_embeddings=tied,
+        num_hidden_layers=layers, rms_norm_eps=1e-6, max_position_embeddings=128, **IDS)
+
+
+def qwen2moe(d=48, heads=4, kv=2, ff=16, shared=32, experts=4, k=2, tied=False, layers=2):
+    return Qwen2MoeForCausalLM, Qwen2MoeConfig(
+        hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=40,
+        moe_intermediate_size=ff, shared_expert_intermediate_size=shared, num_experts=experts,
+        num_experts_per_tok=k, norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1,
+        tie_word_embeddings=tied, num_hidden_layers=layers, rms_norm_eps=1e-6, max_position_embeddings=128, **IDS)
+
+
+def olmoe(d=48, heads=4, kv=2, ff=16, experts=4, k=2, tied=False, layers=2):
+    return OlmoeForCausalLM, OlmoeConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                                         intermediate_size=ff, num_experts=experts, num_experts_per_tok=k,
+                                         norm_topk_prob=False, tie_word_embeddings=tied, num_hidden_layers=layers,
+                                         rms_norm_eps=1e-5, max_position_embeddings=128, **IDS)
+
 
 CASES = {
     "qwen3-gqa-head_dim24-bias": qwen3(head_dim=24, bias=True),
@@ -170,6 +223,20 @@ CASES = {
                                                            layers=4),
     "gpt2": gpt2(),
     "gpt2-h8-L3": gpt2(d=64, heads=8, layers=3, eps=1e-6),
+    "bloom-h4-tied": bloom(),
+    "bloom-h8-untied-L3": bloom(d=64, heads=8, layers=3, tied=False, eps=1e-6),
+    "falcon-new-gqa-two_norms": falcon(),
+    "falcon-7b-style-mqa-tied-L3": falcon(d=64, heads=4, kv=1, new=False, norms=None, tied=True, layers=3),
+    "mpt-h4-tied": mpt(),
+    "mpt-h6-untied-L3": mpt(d=48, heads=6, layers=3, tied=False),
+    "mixtral-gqa-e4k2": mixtral(),
+    "mixtral-mqa-e3k1-tied-L3": mixtral(d=32, heads=4, kv=1, experts=3, k=1, tied=True, theta=1e4, layers=3),
+    "qwen3moe-gqa-e4k2": qwen3moe(),
+    "qwen3moe-mha-head_dim24-e3k3-tied": qwen3moe(d=32, heads=2, kv=2, head_dim=24, experts=3, k=3, tied=True),
+    "qwen2moe-gqa-e4k2-shared32": qwen2moe(),
+    "qwen2moe-e3k1-shared8-tied-L3": qwen2moe(d=32, heads=2, kv=1, shared=8, experts=3, k=1, tied=True, layers=3),
+    "olmoe-gqa-e4k2": olmoe(),
+    "olmoe-mha-e3k1-tied-L3": olmoe(d=32, heads=4, kv=4, experts=3, k=1, tied=True, layers=3),
 }
 
 

@@ -10,15 +10,16 @@ once, into an ordinary Hugging Face directory in its cache —
 file pays for reading and dequantising (about 2 s for SmolLM2-135M); every later load
 maps the cached file. `QKV_CACHE=off` converts in a temporary directory instead.
 
-Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names,
-and what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral,
-which llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`,
-`phi2`, `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `phi3`
-(without LongRoPE) and `command-r` (Cohere). Anything the engine would silently compute differently
-from llama.cpp is refused with one line: other architectures, mixtures of experts, metadata keys
+Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names, and
+what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral, which
+llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`, `phi2`,
+`gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `phi3` (without
+LongRoPE), `command-r` (Cohere), `falcon`, `bloom` and `mpt` (ALiBi), and the mixtures `qwen2moe`,
+`qwen3moe`, `olmoe` and Mixtral (`llama` with experts). Anything the engine would silently compute
+differently from llama.cpp is refused with one line: other architectures, metadata keys
 the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
-`rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or
-missing ones, shapes that disagree with the metadata.
+`rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or missing
+ones, shapes that disagree with the metadata.
 """
 
 from __future__ import annotations
@@ -108,10 +109,27 @@ def dimensions(meta: dict, a: str) -> dict:
             "f": _number(meta, f"{a}.feed_forward_length"), "n_ctx": _number(meta, f"{a}.context_length"),
             "theta": _number(meta, f"{a}.rope.freq_base", float, 10000.0), "eps": _number(meta, eps, float),
             "rope_dims": _number(meta, f"{a}.rope.dimension_count", default=d_head)}
+    if arch.experts:                                                 # E experts, k chosen for each token
+        dims |= {"E": _number(meta, f"{a}.expert_count"), "k": _number(meta, f"{a}.expert_used_count"),
+                 "f_expert": _number(meta, f"{a}.expert_feed_forward_length", default=dims["f"]),
+                 "f_shared": _number(meta, f"{a}.expert_shared_feed_forward_length", default=0)}
+        if not 0 < dims["k"] <= dims["E"] or not dims["f_expert"] or (a == "qwen2moe" and not dims["f_shared"]):
+            raise QkvError(f"the GGUF mixture has {dims['E']} experts, {dims['k']} chosen per token, experts "
+                           f"{dims['f_expert']} wide (shared {dims['f_shared']}); it needs 0 < chosen ≤ experts "
+                           "and widths above 0; the file is damaged")
     if min(dims["L"], dims["f"], dims["theta"], dims["n_ctx"]) <= 0:
         raise QkvError("the GGUF file has no layers, no FFN width, no context or a zero RoPE base; the file is "
                        "damaged")
     return dims
+
+
+def mixtral_view(meta: dict) -> dict:
+    """llama.cpp writes Mixtral as arch 'llama' with llama.expert_count: the same metadata under
+    'mixtral.*', read by gguf_archs' mixtral table (any other file unchanged)."""
+    if meta.get("general.architecture") != "llama" or meta.get("llama.expert_count", 0) in (0, None):
+        return meta
+    return {("mixtral." + k[len("llama."):] if k.startswith("llama.") else k): v for k, v in meta.items()} \
+        | {"general.architecture": "mixtral"}
 
 
 def hf_config(meta: dict) -> tuple[dict, dict]:
@@ -125,9 +143,9 @@ def hf_config(meta: dict) -> tuple[dict, dict]:
                        "first (llama.cpp's `llama-gguf-split --merge`)")
     a = meta.get("general.architecture")
     arch = gguf_archs.arch_of(a)
-    if meta.get(f"{a}.expert_count", 0) not in (0, None):
-        raise QkvError(f"the GGUF model is a mixture of experts ({a}.expert_count = {meta[f'{a}.expert_count']}), "
-                       "which qkv does not run")
+    if meta.get(f"{a}.expert_count", 0) not in (0, None) and not arch.experts:
+        raise QkvError(f"the GGUF {a} model is a mixture of experts ({a}.expert_count = {meta[f'{a}.expert_count']}), "
+                       f"which llama.cpp's {a} is not; the file is damaged")
     gguf_archs.check_keys(meta, a)
     dims = dimensions(meta, a)
     cfg = {"model_type": arch.family, "architectures": [arch.architecture]}
@@ -159,6 +177,11 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
         cfg["attention_bias"] = chosen["attn_bias"]                  # Hugging Face: one switch for them all
     elif cfg["model_type"] == "starcoder2":
         cfg["use_bias"] = chosen["attn_bias"]                        # all six linear maps
+    elif cfg["model_type"] == "falcon":                              # the fused rows' layout follows the norms
+        dims["two_norms"] = chosen["two_norms"]
+        new = chosen["two_norms"] or dims["Hkv"] > 1
+        cfg |= {"new_decoder_architecture": new, "multi_query": dims["Hkv"] == 1,
+                "num_ln_in_parallel_attn": 2 if chosen["two_norms"] else 1}
     elif cfg["model_type"] == "stablelm":
         cfg |= {"use_qkv_bias": chosen["attn_bias"], "qk_layernorm": chosen["qk_norm"]}
     elif cfg["model_type"] == "cohere":
@@ -241,7 +264,7 @@ def write_safetensors(path: Path, shapes: list[tuple[str, tuple[int, ...]]], arr
 def convert(path: Path, out: Path) -> None:
     """Write the Hugging Face directory of GGUF file `path` into the (existing, empty) directory `out`."""
     reader = open_reader(path)
-    meta = metadata(reader)
+    meta = mixtral_view(metadata(reader))
     cfg, dims = hf_config(meta)
     a = meta["general.architecture"]
     tokenizer_json, tokenizer_config, vocab_size = gguf_tokenizer.build(reader, meta)

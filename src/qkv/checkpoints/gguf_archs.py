@@ -27,6 +27,32 @@ llama.cpp's converter (convert_hf_to_gguf.py) made undone.
                            attn_k_norm: split into norms.{h}; no ffn_norm in a parallel block
     starcoder2   starcoder2 nothing (mlp.c_fc / c_proj are ffn_up / ffn_down); no sliding window in the file:
                            llama.cpp attends to every earlier token, and so does the config written here
+    bloom        bloom     query_key_value's rows by head regrouped [Q; K; V] (as GPT-NeoX): put back by head;
+                           `output` always written (a copy of token_embd when tied): read untied, the same
+                           numbers; ALiBi's maximum bias 8 (llama.cpp's, BLOOM's: no key); the embeddings'
+                           LayerNorm is token_embd_norm; context_length is BLOOM's seq_length, else d_model
+    falcon       falcon    query_key_value's rows by K/V group (each group's q heads, its k, its v) regrouped
+                           [Q; K; V]: put back by group; ln_mlp / ln_attn (two norms, Falcon-40B's new
+                           decoder) are attn_norm / attn_norm_2 (sic); one norm: input_layernorm; always parallel,
+                           GELU, no biases, RoPE base 10000 (llama.cpp's falcon: no freq_base written)
+    mpt          mpt       nothing (Wqkv's rows are [Q; K; V] in both); ALiBi with max_alibi_bias, which must
+                           be 8 (Hugging Face's MPT has no other); LayerNorms without biases, no grouped K/V
+    llama with   mixtral   Llama's Q/K permutation; each layer's experts stacked into ffn_gate/up/down_exps
+    experts                (E, …): split back into block_sparse_moe.experts.{e}.w1 / w3 / w2; the router is
+                           ffn_gate_inp (E, d); top-k weights renormalised (llama.cpp does, as Mixtral)
+    qwen3moe     qwen3_moe Qwen3's table, experts stacked (mlp.experts.{e}.*_proj); every layer routed,
+                           top-k renormalised and no attention biases (llama.cpp's qwen3moe has none)
+    qwen2moe     qwen2_moe Qwen2's (Q/K/V biases), experts stacked, the shared expert ffn_*_shexp and its
+                           gate ffn_gate_inp_shexp ((1, d) in Hugging Face, (d,) in the file); every layer
+                           routed, top-k not renormalised (llama.cpp's qwen2moe never does)
+    olmoe        olmoe     OLMo's q/k norms over the whole projection, experts stacked; top-k not renormalised
+
+Experts: <a>.expert_count (E), expert_used_count (the k chosen), expert_feed_forward_length (Qwen's
+expert width; OLMoE's and Mixtral's is feed_forward_length) and expert_shared_feed_forward_length
+(Qwen2-MoE's shared expert). What llama.cpp's converter does not store (Qwen's dense layers,
+mlp_only_layers / decoder_sparse_step; norm_topk_prob, fixed per arch in llama.cpp's graph; OLMoE's
+RMSNorm eps, written as 1e-5 whatever the directory says; Mixtral's sliding window) cannot be read
+back: the config written here is llama.cpp's model (every layer routed, its renormalisation, no window).
 
 Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own column:
 
@@ -54,8 +80,8 @@ llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (log
 changes the maths somewhere (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line,
 never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
-and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX erf GELU, Pythia's, where llama.cpp computes the
-tanh form).
+and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX's and Falcon's erf GELU, where llama.cpp computes
+the tanh form).
 """
 
 from __future__ import annotations
@@ -87,6 +113,7 @@ class Arch:
     partial_rope: bool = False          # rope.dimension_count may be less than the head
     layers: str = "layers"              # Hugging Face's name of the block list
     keys: tuple[str, ...] = ()          # <a>.* metadata keys of this arch beyond the common ones
+    experts: dict[str, str] | None = None   # MoE: GGUF part → Hugging Face name with {e}, the expert
 
 
 _LLAMA_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -95,6 +122,12 @@ _LLAMA_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "a
                 "ffn_down": "mlp.down_proj"}
 _LLAMA_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 _QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
+_MOE = {"ffn_gate_inp": "mlp.gate"}
+_QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                 "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+_ATTENTION = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_") or k == "ffn_norm"}
+EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", "LlamaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="optional", permuted=True,
@@ -141,6 +174,40 @@ ARCHS: dict[str, Arch] = {
                      _LLAMA_LAYER | {"attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm"},
                      _LLAMA_TOP, norm="layer", biases="optional", norm_biases=True, partial_rope=True,
                      keys=("use_parallel_residual",)),
+    # llama.cpp writes Mixtral as 'llama' with <a>.expert_count; gguf.py reads such a file by this table.
+    "mixtral": Arch("mixtral", "MixtralForCausalLM", _ATTENTION | {"ffn_gate_inp": "block_sparse_moe.gate"},
+                    _LLAMA_TOP, permuted=True, keys=("tensor_data_layout",),
+                    experts={"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                             "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+                             "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"}),
+    "qwen3moe": Arch("qwen3_moe", "Qwen3MoeForCausalLM", _ATTENTION | _QK_NORMS | _MOE, _LLAMA_TOP,
+                     keys=("expert_feed_forward_length",), experts=_QWEN_EXPERTS),
+    "qwen2moe": Arch("qwen2_moe", "Qwen2MoeForCausalLM",
+                     _ATTENTION | _MOE | {"ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                                          "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                                          "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                                          "ffn_down_shexp": "mlp.shared_expert.down_proj"},
+                     _LLAMA_TOP, biases="qkv", keys=("expert_feed_forward_length", "expert_shared_feed_forward_length"),
+                     experts=_QWEN_EXPERTS),
+    "olmoe": Arch("olmoe", "OlmoeForCausalLM", _ATTENTION | _QK_NORMS | _MOE, _LLAMA_TOP, experts=_QWEN_EXPERTS),
+    "bloom": Arch("bloom", "BloomForCausalLM",
+                  {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+                   "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+                   "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                  {"token_embd": "word_embeddings", "token_embd_norm": "word_embeddings_layernorm",
+                   "output_norm": "ln_f", "output": "lm_head"},
+                  norm="layer", biases="all", norm_biases=True, layers="h"),
+    "falcon": Arch("falcon", "FalconForCausalLM",
+                   {"attn_norm": "input_layernorm", "attn_norm_2": "ln_attn",    # two norms: ln_mlp (hf_tensors)
+                    "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
+                    "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                   {"token_embd": "word_embeddings", "output_norm": "ln_f", "output": "lm_head"},
+                   norm="layer", norm_biases=True, layers="h", keys=("tensor_data_layout",)),
+    "mpt": Arch("mpt", "MptForCausalLM",
+                {"attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
+                 "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"},
+                {"token_embd": "wte", "output_norm": "norm_f", "output": "lm_head"},
+                norm="layer", layers="blocks", keys=("attention.max_alibi_bias",)),
     "gpt2": Arch("gpt2", "GPT2LMHeadModel",
                  {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
                   "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
@@ -160,8 +227,8 @@ COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
 def arch_of(name) -> Arch:
     """The table of GGUF architecture NAME, or one error naming those qkv reads."""
     if name not in ARCHS:
-        raise QkvError(f"GGUF architecture {name!r:.60} is not supported; qkv runs {', '.join(ARCHS)} "
-                       "(Mistral files are 'llama')")
+        raise QkvError(f"GGUF architecture {name!r:.60} is not supported; qkv runs "
+                       f"{', '.join(a for a in ARCHS if a != 'mixtral')} (Mistral and Mixtral files are 'llama')")
     return ARCHS[name]
 
 
@@ -194,6 +261,33 @@ def config(meta: dict, a: str, dims: dict) -> dict:
                            "has d_model / heads per head and no grouped K/V; the file is damaged")
         return {"n_embd": d, "n_head": H, "n_layer": dims["L"], "n_inner": dims["f"], "n_positions": dims["n_ctx"],
                 "layer_norm_epsilon": dims["eps"], "activation_function": "gelu_new", "tie_word_embeddings": False}
+    if arch.family == "falcon":                                      # the norms' layout: from the tensors
+        if dk * H != d or dims["f"] != 4 * d:
+            raise QkvError(f"the GGUF falcon model has {H} heads of {dk} and d_ff {dims['f']} in d_model {d}; "
+                           "Falcon has d_model / heads per head and d_ff = 4·d_model; the file is damaged")
+        return {"hidden_size": d, "num_attention_heads": H, "num_kv_heads": Hkv, "num_hidden_layers": dims["L"],
+                "layer_norm_epsilon": dims["eps"], "ffn_hidden_size": dims["f"], "activation": "gelu",
+                "parallel_attn": True, "alibi": False, "bias": False, "max_position_embeddings": dims["n_ctx"],
+                "rope_theta": dims["theta"], "rope_parameters": {"rope_type": "default", "rope_theta": dims["theta"]},
+                "tie_word_embeddings": False}
+    if arch.family == "mpt":                                         # ALiBi: no RoPE keys
+        bias_max = meta.get("mpt.attention.max_alibi_bias", 8.0)
+        if Hkv != H or dk * H != d or dims["f"] != 4 * d or bias_max != 8:
+            raise QkvError(f"the GGUF mpt model has {H} heads of {dk}, {Hkv} K/V heads, d_ff {dims['f']} in d_model "
+                           f"{d} and ALiBi's maximum bias {bias_max!r:.10}; qkv runs MPT with d_model / heads per "
+                           "head, none grouped, d_ff = 4·d_model and ALiBi's bias 8")
+        return {"d_model": d, "n_heads": H, "n_layers": dims["L"], "expansion_ratio": 4, "max_seq_len": dims["n_ctx"],
+                "layer_norm_epsilon": dims["eps"], "no_bias": True, "tie_word_embeddings": False,
+                "attn_config": {"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
+                                "softmax_scale": None}}
+    if arch.family == "bloom":                                       # ALiBi: no RoPE keys
+        if Hkv != H or dk * H != d or dims["f"] != 4 * d:
+            raise QkvError(f"the GGUF bloom model has {H} heads of {dk}, {Hkv} K/V heads and d_ff {dims['f']} in "
+                           f"d_model {d}; BLOOM has d_model / heads per head, none grouped, d_ff = 4·d_model; the "
+                           "file is damaged")
+        return {"hidden_size": d, "n_head": H, "n_layer": dims["L"], "layer_norm_epsilon": dims["eps"],
+                "max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False,
+                "apply_residual_connection_post_layernorm": False}
     rope = {"rope_type": "default", "rope_theta": dims["theta"]}
     hf = common | {"hidden_size": d, "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": dk,
                    "num_hidden_layers": dims["L"], "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
@@ -265,7 +359,25 @@ def config(meta: dict, a: str, dims: dict) -> dict:
         hf |= {"logit_scale": float(scale), "attention_bias": False}
     if arch.family in ("starcoder2", "phi3"):                        # llama.cpp runs every layer in full
         hf["sliding_window"] = None
+    if arch.experts:
+        hf |= moe_config(arch.family, dims)
     return hf
+
+
+def moe_config(family: str, dims: dict) -> dict:
+    """A mixture's config.json keys as llama.cpp runs the arch: every layer routed, its top-k
+    renormalisation fixed per arch (Mixtral, Qwen3-MoE: yes; Qwen2-MoE, OLMoE: no), no window."""
+    E, k, fe = dims["E"], dims["k"], dims["f_expert"]
+    if family == "mixtral":
+        return {"num_local_experts": E, "num_experts_per_tok": k, "intermediate_size": fe, "sliding_window": None}
+    hf = {"num_experts": E, "num_experts_per_tok": k, "norm_topk_prob": family == "qwen3_moe"}
+    if family == "olmoe":
+        return hf | {"intermediate_size": fe, "clip_qkv": None, "attention_bias": False}
+    hf |= {"moe_intermediate_size": fe, "mlp_only_layers": [], "decoder_sparse_step": 1,
+           "use_sliding_window": False, "sliding_window": None}
+    if family == "qwen2_moe":
+        return hf | {"shared_expert_intermediate_size": dims["f_shared"], "qkv_bias": True}
+    return hf | {"attention_bias": False}
 
 
 def choices(a: str, names: set[str]) -> dict:
@@ -279,6 +391,7 @@ def choices(a: str, names: set[str]) -> dict:
             "attn_bias": {"none": False, "optional": attn_bias}.get(arch.biases, True),
             "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
             "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
+            "two_norms": any(".attn_norm_2." in n for n in names),       # Falcon-40B's ln_attn, ln_mlp
             "fused": {n.split(".")[1] for n in names if n.startswith("blk.") and ".attn_qkv." in n}}
 
 
@@ -288,10 +401,16 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     arch = ARCHS[a]
     d, f, V, dk = dims["d"], dims["f"], dims["V"], dims["d_head"]
     q, kv = dims["H"] * dk, dims["Hkv"] * dk
-    wide = arch.family == "olmo2"                                    # q/k norms over the whole projection
+    wide = arch.family in ("olmo2", "olmoe")                         # q/k norms over the whole projection
     rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
             "ffn_gate": f, "ffn_up": 2 * f if arch.family == "phi3" else f, "ffn_down": d}   # phi3: [gate; up]
     cols = {"attn_output": q, "ffn_down": f}
+    if arch.experts:                                                 # (E, out, in) each; the router (E, d)
+        E, fe, fs = dims["E"], dims["f_expert"], dims.get("f_shared", 0)
+        rows |= {"ffn_gate_inp": E, "ffn_gate_shexp": fs, "ffn_up_shexp": fs, "ffn_down_shexp": d}
+        cols |= {"ffn_down_shexp": fs}
+        stacked = {"ffn_gate_exps": (E, fe, d), "ffn_up_exps": (E, fe, d), "ffn_down_exps": (E, d, fe),
+                   "ffn_gate_inp_shexp": (d,)}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
     if arch.family in ("stablelm", "cohere"):                        # a LayerNorm of each head's own, no bias
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
@@ -307,10 +426,15 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
         shapes["output.bias"] = (V,)
     if arch.norm_biases:
         shapes["output_norm.bias"] = (d,)
+    if "token_embd_norm" in arch.top:                                # BLOOM: a LayerNorm after the embeddings
+        shapes |= {"token_embd_norm.weight": (d,), "token_embd_norm.bias": (d,)}
     if "position_embd" in arch.top:
         shapes["position_embd.weight"] = (dims["n_ctx"], d)
     for i in range(dims["L"]):
-        for part in arch.layer:
+        for part in (*arch.layer, *(arch.experts or ())):
+            if arch.experts and part in stacked:
+                shapes[f"blk.{i}.{part}.weight"] = stacked[part]
+                continue
             if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
                 continue                                             # Phi-2: fused, or three
@@ -318,6 +442,8 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
                                                            and not chosen["qk_norm"])
                                                           or (part == "ffn_norm" and dims["parallel"])):
                 continue                                             # StableLM: q/k norms, ffn_norm as the file says
+            if part == "attn_norm_2" and not chosen["two_norms"]:
+                continue                                             # Falcon: one norm or two
             p = f"blk.{i}.{part}"
             if part in rows:
                 shapes[f"{p}.weight"] = (rows[part], cols.get(part, d))
@@ -338,6 +464,13 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
     if stem.startswith("blk."):
         _, i, part = stem.split(".", 2)
         prefix = f"{arch.layers}.{i}."
+        if arch.experts and part in arch.experts:                    # (E, out, in) → experts.{e}: (out, in) each
+            return [(prefix + arch.experts[part].format(e=e) + f".{kind}", shape[1:], lambda w, e=e: w[e])
+                    for e in range(shape[0])]
+        if arch.family == "falcon" and part == "attn_norm" and dims["two_norms"]:
+            return [(f"{prefix}ln_mlp.{kind}", shape, lambda w: w)]     # llama.cpp: attn_norm feeds the FFN
+        if part == "ffn_gate_inp_shexp":                             # (d,) → Hugging Face's (1, d)
+            return [(prefix + arch.layer[part] + f".{kind}", (1, *shape), lambda w: w[None])]
         hf = prefix + arch.layer[part]
     else:
         part, hf = stem, arch.top[stem]
@@ -356,10 +489,18 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
         edges = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
         return [(f"{prefix}self_attn.{proj}.{kind}", (hi - lo, *shape[1:]), lambda w, lo=lo, hi=hi: w[lo:hi])
                 for proj, (lo, hi) in edges.items()]
-    if part == "attn_qkv" and arch.family == "gpt_neox":             # [Q; K; V] → rows by head (q, k, v of each)
+    if part == "attn_qkv" and arch.family in ("gpt_neox", "bloom"):  # [Q; K; V] → rows by head (q, k, v of each)
         H, dk = dims["H"], dims["d_head"]
         return [(f"{hf}.{kind}", shape,                                              # (3, H, d_k, …) → (H, 3, d_k, …)
                  lambda w: np.ascontiguousarray(w.reshape(3, H, dk, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)))]
+    if part == "attn_qkv" and arch.family == "falcon":               # [Q; K; V] → by K/V group (q…, k, v)
+        H, Hkv, dk = dims["H"], dims["Hkv"], dims["d_head"]
+
+        def by_group(w):
+            q, k, v = np.split(w, [H * dk, (H + Hkv) * dk])                      # (H·d_k, …), (Hkv·d_k, …) ×2
+            parts = [x.reshape(Hkv, -1, dk, *w.shape[1:]) for x in (q, k, v)]     # (Hkv, H/Hkv | 1, d_k, …)
+            return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape(w.shape))
+        return [(f"{hf}.{kind}", shape, by_group)]
     return [(f"{hf}.{kind}", shape, same)]
 
 
