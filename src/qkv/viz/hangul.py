@@ -28,6 +28,7 @@ MATPLOTLIB_NAME = "NanumGothic"          # the family name matplotlib reads from
 FIRST = 0x1100                           # below: Latin, Greek, … (the browser's and DejaVu's own)
 HANGUL = [(0x1100, 0x11FF), (0x3130, 0x318F), (0xAC00, 0xD7A3), (0x3000, 0x303F), (0xFF01, 0xFF5E)]
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")   # what JSON with ensure_ascii makes of non-ASCII text
+_WIDE = re.compile("[\u1100-\U0010ffff]")      # a character from FIRST on (found in C, not a Python loop)
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,8 +67,8 @@ def needed(text: str) -> frozenset[int]:
     that the font has."""
     if font_path() is None:
         return frozenset()
-    points = {ord(c) for c in text if ord(c) >= FIRST}
-    points.update(int(h, 16) for h in _ESCAPE.findall(text))
+    points = {ord(c) for c in set(_WIDE.findall(text))}          # a page is megabytes: scan it in C
+    points.update(int(h, 16) for h in set(_ESCAPE.findall(text)))
     return frozenset(p for p in points if p >= FIRST) & _cmap()
 
 
