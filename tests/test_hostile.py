@@ -307,8 +307,17 @@ def edit_json(d: Path, change) -> None:
 def edit_npz(d: Path, **arrays) -> None:
     with np.load(d / "trace.npz") as z:
         kept = {k: z[k] for k in z.files}
+    if "attentions" in arrays:                                   # full weights in place of a causal trace's triangles
+        kept.pop("attentions_lower", None)
     kept.update(arrays)
     np.savez_compressed(d / "trace.npz", **{k: v for k, v in kept.items() if v is not None})
+
+
+def lower_too(d: Path, n: int) -> None:
+    """Both the full weights and the lower triangles: which would be the trace?"""
+    with np.load(d / "trace.npz") as z:
+        kept = {k: z[k] for k in z.files}
+    np.savez(d / "trace.npz", **kept, attentions=np.zeros((2, 4, n, n), np.float32))
 
 
 TRACE_CASES = [
@@ -334,9 +343,17 @@ TRACE_CASES = [
     ("npz-attn-wrong-n", lambda d, n: edit_npz(d, attentions=np.zeros((2, 4, n + 1, n + 1), np.float32)),
      "attentions have shape"),
     ("npz-attn-ints", lambda d, n: edit_npz(d, attentions=np.zeros((2, 4, n, n), np.int64)), "attentions have shape"),
+    ("npz-lower-and-full", lower_too, "one of them"),
+    ("npz-lower-short", lambda d, n: edit_npz(d, attentions_lower=np.zeros((2, 4, n * (n + 1) // 2 - 1), np.float32)),
+     "attentions_lower have shape"),
+    ("npz-lower-4d", lambda d, n: edit_npz(d, attentions_lower=np.zeros((2, 4, n, n), np.float32)),
+     "attentions_lower have shape"),
+    ("npz-lower-ints", lambda d, n: edit_npz(d, attentions_lower=np.zeros((2, 4, n * (n + 1) // 2), np.int64)),
+     "attentions_lower have shape"),
+    ("npz-no-attentions", lambda d, n: edit_npz(d, attentions_lower=None), "one of them"),
     ("npz-layers-repeat", lambda d, n: edit_npz(d, layers=np.array([0, 0])), "layers"),
     ("npz-layers-float", lambda d, n: edit_npz(d, layers=np.array([0.0, 1.0])), "layers"),
-    ("npz-layers-fewer", lambda d, n: edit_npz(d, layers=np.array([0])), "attentions have shape"),
+    ("npz-layers-fewer", lambda d, n: edit_npz(d, layers=np.array([0])), "attentions_lower have shape"),
     ("npz-ids-2d", lambda d, n: edit_npz(d, ids=np.zeros((1, n), np.int64)), "ids"),
     ("npz-ids-float", lambda d, n: edit_npz(d, ids=np.zeros(n, np.float32)), "ids"),
     ("npz-object", lambda d, n: edit_npz(d, ids=np.array([None] * n, dtype=object)), "does not hold a qkv trace"),

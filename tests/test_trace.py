@@ -104,6 +104,33 @@ def test_saved_traces_keep_what_they_know_and_old_ones_still_load(gpt2, tmp_path
     back = Trace.load(old)
     assert (back.model, back.family, back.causal, back.spelling) == (gpt2.name, "", None, "plain")
     assert back.labels == t.tokens                                     # shown as spelled, never guessed
+    # a trace written compressed, with the full matrices (before causal traces kept their lower triangles)
+    full = tmp_path / "full"
+    t.save(full)
+    with np.load(full / "trace.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    n = len(t.ids)
+    assert set(arrays) == {"ids", "layers", "attentions_lower"} and arrays["attentions_lower"].shape[-1] == n * (n + 1) // 2
+    np.savez_compressed(full / "trace.npz", ids=arrays["ids"], layers=arrays["layers"], attentions=t.attentions)
+    assert np.array_equal(Trace.load(full).attentions, t.attentions)
+
+
+def test_only_a_causal_self_attention_is_saved_as_lower_triangles(gpt2, minilm, tmp_path):
+    import zipfile
+
+    from qkv.engine.trace import Trace
+
+    for model, packed in ((gpt2, True), (minilm, False)):
+        t = model.run("the cat sat on the mat", keep=("attentions",))
+        d = t.save(tmp_path / model.config.family)
+        with zipfile.ZipFile(d / "trace.npz") as z:
+            names = set(z.namelist())
+            assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())   # stored: writing is quick
+        assert ("attentions_lower.npy" in names) == packed and ("attentions.npy" in names) != packed
+        assert np.array_equal(Trace.load(d).attentions, t.attentions)
+    t = gpt2.run("the cat sat", keep=("attentions",))
+    t.layers[1].attentions[0, 0, 2] = 0.5                              # a hook's weights past the diagonal
+    assert np.array_equal(Trace.load(t.save(tmp_path / "hooked")).attentions, t.attentions)   # kept whole
 
 
 def test_a_trace_holds_cross_attention_of_any_shape():

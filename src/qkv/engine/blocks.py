@@ -243,12 +243,13 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
         z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap)
-    elif want and rec.heads is None or ctx.tape is not None:  # every head's weights (a tape keeps A): the plain path
-        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), keep_scores=rec.wants(layer, "scores"),
-                                               scale=scale, cap=cap)
+    elif want and rec.heads is None and not rec.beside or ctx.tape is not None:   # every head's weights (a tape
+        z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype),         # keeps A): the plain path
+                                               keep_scores=rec.wants(layer, "scores"), scale=scale, cap=cap)
     else:
         z = attention_output(q, k, v, mask, scale, cap)       # (B, H, n, d_k) plain or tiled
-        a, s = attention_weights(q, k, mask, rec.heads, scale=scale, cap=cap) if want else (None, None)
+        heads = rec.heads if rec.heads is not None else range(cfg.n_heads)
+        a, s = attention_weights(q, k, mask, heads, scale=scale, cap=cap) if want else (None, None)
     if ctx.ablate is not None:                                # (B, H, n, d_k) ablated heads replaced
         z = ctx.ablate.apply(layer, z, ctx.query_mask if ctx.memory is not None
                              else None if mask.key_mask is None else mask.key_mask[:, -z.shape[2]:])
@@ -374,7 +375,7 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
       - Q, K, V are one product and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
         RoPE turns the Q and K heads in one call (plain form: apply_rope(q), apply_rope(k));
       - K and V of the new position go straight into the cache (plain form: cache.append);
-      - a mask that hides nothing is not added (plain form: S + 0), no recorder is asked;
+      - a mask that hides nothing is not added (plain form: S + 0); a recorder may keep only the weights A;
       - RMSNorm of the one row with scalars (`row_norm`).
     Layers of different kinds take their own window's mask and their own rotation (ctx.step_bias_of, rope_of).
     """
@@ -401,8 +402,10 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
-    z, _, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
-                                           cap=cfg.attn_softcap)   # (B, H, 1, d_k)
+    z, att, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
+                                             cap=cfg.attn_softcap)   # (B, H, 1, d_k), A (B, H, 1, t + 1)
+    if ctx.rec.keep:                                            # a recorded generation: A is there anyway
+        ctx.rec.put(layer, "attentions", att if ctx.rec.heads is None else att[:, ctx.rec.heads])
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
     if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
         out = row_norm(out, w.attn_out_norm, cfg)

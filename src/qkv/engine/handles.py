@@ -3,7 +3,8 @@ saving take any object of these shapes (a Model, a Seq2SeqModel, the decoder of 
 so they never import the handles that import them (tests/test_imports.py: no cycle, not even in types).
 
     Handle          config, weights, tokenizer, name, dtype: every loaded model
-    Writer          + check_ids, encode, last_logits, run: what writing.generate drives (a decoder)
+    Writer          + check_ids, encode, last_logits, run (and step, for a recorded generation):
+                    what writing.generate drives (a decoder)
     SourceWriter    + start_token, bound: what writing.seq2seq_generate drives (an encoder–decoder)
 """
 
@@ -40,6 +41,9 @@ class Writer(Handle, Protocol):
 
     def last_logits(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
                     cache: KVCache | None = None) -> np.ndarray: ...
+
+    def step(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
+             cache: KVCache | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def run(self, text, **options: Any) -> Trace: ...
 

@@ -98,7 +98,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                                   length=int(positions.max()) + 1)
             ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling),
                                              interleaved=cfg.rope_interleaved)
-    if (n == 1 and cache is not None and ablate is None and hooks is None and not ctx.rec.keep
+    if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:
             bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
@@ -270,8 +270,13 @@ class Model:
                     cache: KVCache | None = None, ablate: Ablation | None = None) -> np.ndarray:
         """The logits of the last position (B, 1, V) of ids (B, n) that the caller has checked:
         one step of writing (after the cache's past, with a cache); ablate: see `ablation`."""
+        return self.step(ids, attention_mask, rec=rec, cache=cache, ablate=ablate)[1]
+
+    def step(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
+             cache: KVCache | None = None, ablate: Ablation | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`last_logits`, with the final hidden states of ids too: (hidden (B, n, d_model), logits (B, 1, V))."""
         return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last",
-                           ablate=self.ablated if ablate is None else ablate, hooks=self.hooks)[1]
+                           ablate=self.ablated if ablate is None else ablate, hooks=self.hooks)
 
     # writing -----------------------------------------------------------------
     # settings: the fields of qkv.writing.sampling.Sampling by name (temperature, top_k, top_p, seed,

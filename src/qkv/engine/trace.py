@@ -47,10 +47,14 @@ class Recorder:
     """Collects the intermediates a caller asked for during one forward pass."""
 
     def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(RECORDED),
-                 heads: Iterable[int] | None = None):
+                 heads: Iterable[int] | None = None, beside: bool = False):
+        """beside: attention weights are computed beside the pass, whose output takes the route it takes
+        unrecorded (plain, causal blocks or tiled): a generation records what it attended to without
+        changing a bit of what it writes (writing.generate.Recording)."""
         self.layers = None if layers is None else set(layers)
         self.heads = None if heads is None else sorted(set(heads))   # weights/scores of these heads only
         self.keep = set(keep)
+        self.beside = beside
         unknown = self.keep - set(RECORDED)
         if unknown:
             raise QkvError(f"unknown intermediate(s) {sorted(unknown)}; choose from {list(RECORDED)}")
@@ -156,10 +160,13 @@ class Trace:
 
     @property
     def attentions(self) -> np.ndarray | None:
-        """(L, H, n_q, n_k) attention weights of the kept layers, or None if not kept."""
+        """(L, H, n_q, n_k) attention weights of the kept layers, or None if not kept: a read-only view when
+        the layers are rows of one array (a recorded generation's, a loaded trace's), else a stacked copy."""
         if not self.layers or any(t.attentions is None for t in self.layers.values()):
             return None
-        return np.stack([self.layers[i].attentions for i in self.layer_ids])
+        arrays = [self.layers[i].attentions for i in self.layer_ids]
+        whole = _rows_of(arrays)
+        return whole if whole is not None else np.stack(arrays)
 
     @property
     def labels(self) -> list[str]:
@@ -174,11 +181,18 @@ class Trace:
     def save(self, directory: str | os.PathLike, model_name: str | None = None) -> Path:
         """Write tokens and attention weights to DIRECTORY/trace.npz + trace.json (atomically).
 
-        Reload with `Trace.load`. Only the tokens, ids, attentions, the router's choice in MoE layers
+        Reload with `Trace.load`. Only the tokens, ids, attentions (a causal trace's lower triangles only),
+        the router's choice in MoE layers
         (router, experts, expert_weights) and what made them (model, family, causal, spelling) are saved.
         model_name: instead of the trace's `model`.
         """
         out = Path(directory)
+        attentions = {"attentions": self.attentions}
+        if attentions["attentions"] is not None and self.source_tokens is None:
+            A = attentions["attentions"]                                 # (L, H, n, n)
+            upper, lower = np.triu_indices(A.shape[-1], 1), np.tril_indices(A.shape[-1])
+            if not A[..., upper[0], upper[1]].any():                     # causal: only the lower triangle, as
+                attentions = {"attentions_lower": A[..., lower[0], lower[1]]}   # (L, H, n(n+1)/2) row by row
         routed = [i for i in self.layer_ids if self.layers[i].experts is not None]   # MoE layers' router choice
         router = {} if not routed else {
             "router_layers": np.array(routed), **{name: np.stack([getattr(self.layers[i], name) for i in routed])
@@ -188,8 +202,10 @@ class Trace:
                 "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length}
         try:
             with FileBatch(out) as files:                       # both files or neither
-                files.write("trace.npz", lambda f: np.savez_compressed(
-                    f, ids=self.ids, attentions=self.attentions, layers=np.array(self.layer_ids), **router))
+                # Stored, not deflated: weights barely compress (the causal zeros are not written at all),
+                # and deflating takes half a second per 30 MB.
+                files.write("trace.npz", lambda f: np.savez(
+                    f, ids=self.ids, layers=np.array(self.layer_ids), **attentions, **router))
                 files.write("trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
         except OSError as e:
             raise QkvError(f"cannot write to {out}: {e.strerror}; choose a writable directory") from None
@@ -204,12 +220,13 @@ class Trace:
         d = Path(directory)
         try:
             meta = json.loads((d / "trace.json").read_text(encoding="utf-8"))
-            arrays = _read_npz(d / "trace.npz", ("ids", "attentions", "layers"), ("router_layers", *ROUTER))
+            arrays = _read_npz(d / "trace.npz", ("ids", "layers"),
+                               ("attentions", "attentions_lower", "router_layers", *ROUTER))
         except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile) as e:
             raise QkvError(f"{d} does not hold a qkv trace ({_short(e)}); give a directory written by --trace") from None
         meta = _check_meta(d, meta)
-        ids, att, layers = _check_arrays(d, meta, *arrays[:3])
-        routed = _check_router(d, len(ids), layers, *arrays[3:])
+        ids, att, layers = _check_arrays(d, meta, *arrays[:4])
+        routed = _check_router(d, len(ids), layers, *arrays[4:])
         trace = cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
                    prompt_length=meta.get("prompt_length"), model=meta.get("model") or "",
                    family=meta.get("family") or "", causal=meta.get("causal"),
@@ -228,6 +245,22 @@ class Trace:
         if i not in self.layers:
             raise QkvError(f"layer {i} was not kept in this trace; kept: {self.layer_ids}")
         return KeptLayer(self.layers[i])
+
+
+def _rows_of(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The array whose rows 0..L-1 ARRAYS are, in order, as a read-only view (no copy); None if they are not."""
+    base = arrays[0].base
+    if not isinstance(base, np.ndarray) or base.shape != (len(arrays),) + arrays[0].shape \
+            or not base.flags.c_contiguous:
+        return None
+    start = base.__array_interface__["data"][0]
+    for k, a in enumerate(arrays):
+        if a.base is not base or a.shape != base.shape[1:] or a.strides != base.strides[1:] \
+                or a.__array_interface__["data"][0] != start + k * base.strides[0]:
+            return None
+    view = base.view()
+    view.flags.writeable = False
+    return view
 
 
 def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[int, LayerTrace]:
@@ -302,8 +335,9 @@ def _check_meta(d: Path, meta) -> dict:
     return meta
 
 
-def _check_arrays(d: Path, meta: dict, ids, att, layers) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """ids (n,) integers, layers (L,) distinct integers, attentions (L, H, n, n_k) floats."""
+def _check_arrays(d: Path, meta: dict, ids, layers, att, lower) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """ids (n,) integers, layers (L,) distinct integers, attentions (L, H, n, n_k) floats, or of a causal
+    self-attention their lower triangles (L, H, n(n+1)/2), row by row (unpacked here)."""
     n = len(meta["tokens"])
     n_k = n if meta.get("source_tokens") is None else len(meta["source_tokens"])
 
@@ -314,6 +348,16 @@ def _check_arrays(d: Path, meta: dict, ids, att, layers) -> tuple[np.ndarray, np
         raise bad(f"ids have shape {ids.shape} of {ids.dtype}, expected ({n},) integers for {n} tokens")
     if layers.ndim != 1 or layers.dtype.kind not in "iu" or len(set(layers.tolist())) != len(layers):
         raise bad("layers must be distinct layer numbers")
+    if (att is None) == (lower is None):
+        raise bad("it must hold attentions or attentions_lower, one of them")
+    if lower is not None:
+        if lower.ndim != 3 or lower.shape[0] != len(layers) or lower.shape[2] != n * (n + 1) // 2 \
+                or n_k != n or lower.dtype.kind != "f":
+            raise bad(f"attentions_lower have shape {lower.shape} of {lower.dtype}, expected "
+                      f"({len(layers)}, H, {n * (n + 1) // 2}) floats: {n} rows of a causal self-attention")
+        att = np.zeros(lower.shape[:2] + (n, n), dtype=lower.dtype)
+        rows, cols = np.tril_indices(n)
+        att[..., rows, cols] = lower
     if att.ndim != 4 or att.shape[0] != len(layers) or att.shape[2:] != (n, n_k) or att.dtype.kind != "f":
         raise bad(f"attentions have shape {att.shape} of {att.dtype}, expected ({len(layers)}, H, {n}, {n_k}) floats")
     return ids, att, layers.tolist()

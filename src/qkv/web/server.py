@@ -375,10 +375,10 @@ class ChatReply:
         from ..writing.chat import chat_stream
 
         yield {"prompt": self.prompt, "dropped": self.dropped}
-        stream = chat_stream(self.model, self.messages, self.max_new)      # greedy, ends at the end of turn
-        for piece in stream:
+        stream = chat_stream(self.model, self.messages, self.max_new, record=True)   # greedy, ends at the end of
+        for piece in stream:                                                          # turn, recorded as it runs
             yield {"piece": piece}
-        trace = stream.trace(sections_keep(self.model, len(stream.prompt_ids) + len(stream.new_ids)))
+        trace = stream.trace()                   # the lens (up to TRACE_LENS_TOKENS) takes its own pass
         payload = trace_payload(trace, title=f"{self.model.name} · chat", tokenizer=self.model.tokenizer,
                                 sections=viewer_sections(self.model, trace))
         yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),

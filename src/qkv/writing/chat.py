@@ -72,15 +72,17 @@ def chat_sampling(sampling: Sampling | None = None, **settings) -> Sampling:
 
 def chat_stream(model: Writer, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS,
                 sampling: Sampling | None = None, *, system: str | None = None, use_cache: bool = True,
-                **settings) -> TextStream:
+                record: bool = False, **settings) -> TextStream:
     """The reply as a TextStream: iterate it for text pieces; then `prompt_ids` (the rendered
     conversation) and `new_ids` (the reply, without the end-of-turn token) hold the tokens.
 
-    sampling (or its fields by name: temperature, top_k, top_p, seed): greedy by default."""
+    sampling (or its fields by name: temperature, top_k, top_p, seed): greedy by default.
+    record: keep what the passes compute, for a quick `trace()` (TextStream)."""
     check_can_chat(model)
     sampling = chat_sampling(sampling, **settings)
     ids = model.tokenizer.apply_chat_template(as_messages(messages_or_text, system), add_generation_prompt=True)
-    return TextStream(model, ids, max_new_tokens, sampling, stop=end_of_turn(model), use_cache=use_cache)
+    return TextStream(model, ids, max_new_tokens, sampling, stop=end_of_turn(model), use_cache=use_cache,
+                      record=record)
 
 
 def chat(model: Writer, messages_or_text, max_new_tokens: int = MAX_NEW_TOKENS, sampling: Sampling | None = None, *,
@@ -96,14 +98,14 @@ class Conversation:
 
     When the conversation and max_new_tokens no longer fit the model's context, the oldest
     turns (a user message and its reply) are dropped, the system message kept; `dropped`
-    counts them.
+    counts them. record: each reply keeps what its passes compute, for a quick `last.trace()`.
     """
 
     def __init__(self, model: Writer, system: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                 sampling: Sampling | None = None, *, use_cache: bool = True, **settings):
+                 sampling: Sampling | None = None, *, use_cache: bool = True, record: bool = False, **settings):
         check_can_chat(model)
         self.model, self.system, self.max_new_tokens = model, system, max_new_tokens
-        self.sampling, self.use_cache = chat_sampling(sampling, **settings), use_cache
+        self.sampling, self.use_cache, self.record = chat_sampling(sampling, **settings), use_cache, record
         self.messages = as_messages([], system)
         self.dropped = 0
         self.last: TextStream | None = None      # the latest reply's stream (its prompt_ids, new_ids)
@@ -119,7 +121,8 @@ class Conversation:
 
         Raises QkvError now, before any piece, if the message cannot be answered."""
         messages, dropped = self._fitted(as_messages(text))
-        stream = chat_stream(self.model, messages, self.max_new_tokens, self.sampling, use_cache=self.use_cache)
+        stream = chat_stream(self.model, messages, self.max_new_tokens, self.sampling, use_cache=self.use_cache,
+                             record=self.record)
         self.dropped, self.last = self.dropped + dropped, stream
         return self._pieces(messages, stream)
 

@@ -5,6 +5,8 @@
 
 `decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids. The
 model comes in as an argument: this module never imports qkv.engine.model (which imports it).
+A `Recording` keeps what the loop's passes computed, so that the generation's trace (what every
+token attended to, the logits it was chosen from) needs no second pass over the text (`--trace`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
+from ..engine.blocks import logits_of
 from ..engine.cache import KVCache
 from ..engine.errors import QkvError
 from .sampling import Sampling
 from ..engine.threads import StepThreads, blas_at_most, cores, decode_threads
 from ..engine.tuning import choices, pinned
-from ..engine.trace import Recorder
+from ..engine.trace import LayerTrace, Recorder, Trace
 
 if TYPE_CHECKING:
     from ..engine.handles import Writer
@@ -66,9 +69,70 @@ def step_threads() -> StepThreads:
     return StepThreads(most=max(choices().decode, min(2, cores())))
 
 
+class Recording:
+    """What the passes of one generation (a batch of one) computed that its trace shows, kept as they ran:
+    each fed token's attention rows in every layer, its final hidden state and the logits it was chosen
+    from. `trace` then needs no second pass over the text; it feeds only the tokens no step has read yet
+    (the last one written), through the generation's own KV cache.
+
+    The passes record beside their arithmetic (Recorder(beside=True); a one-token step keeps the weights
+    it computes anyway), so a recorded generation writes exactly what an unrecorded one writes.
+    """
+
+    def __init__(self):
+        self.cache: KVCache | None = None
+        self.ids: list[int] = []                         # (fed,) every token the passes read
+        self.attentions: list[np.ndarray] = []           # per pass: (L, H, n, m) its n rows, m keys so far
+        self.hidden: list[np.ndarray] = []               # per pass: (n, d_model)
+        self.logits: list[np.ndarray] = []               # per pass: (V,) its last row's
+
+    def recorder(self) -> Recorder:
+        return Recorder(keep=("attentions",), beside=True)
+
+    def add(self, ids: np.ndarray, rec: Recorder, hidden: np.ndarray, logits: np.ndarray) -> None:
+        """One pass over ids (n,): what REC kept, hidden (1, n, d_model), logits (1, 1, V)."""
+        self.ids += [int(i) for i in ids]
+        self.attentions.append(np.stack([rec.store[i]["attentions"][0] for i in sorted(rec.store)]))
+        self.hidden.append(hidden[0])
+        self.logits.append(logits[0, -1])
+
+    def trace(self, model: Writer, ids: np.ndarray, prompt_length: int) -> Trace:
+        """The Trace of ids (N,), prompt + what was written, equal to `generation_trace`'s (within float
+        rounding): the tokens no pass has read are fed first (one pass), rows past N are dropped."""
+        N = len(ids)
+        if self.ids[:N] != [int(i) for i in ids[:len(self.ids)]]:
+            raise QkvError("this recording is of another text; record the generation whose trace you ask for")
+        if len(self.ids) < N:
+            new = np.asarray(ids[len(self.ids):], dtype=np.int64)[None]               # (1, N - fed)
+            rec = self.recorder()
+            hidden, logits = model.step(new, np.ones((1, N), np.int64), rec=rec, cache=self.cache)
+            self.add(new[0], rec, hidden, logits)
+        cfg, L = model.config, model.config.n_layers
+        hidden = np.concatenate(self.hidden)[:N]                                      # (N, d_model)
+        logits = np.empty((N, model.weights.W_vocab.shape[1]), dtype=hidden.dtype)    # (N, V)
+        att = np.zeros((L, cfg.n_heads, N, N), dtype=hidden.dtype)                  # (L, H, N, N)
+        row, missing = 0, []
+        for a, h, z in zip(self.attentions, self.hidden, self.logits):               # pass by pass: rows
+            n, r = len(h), min(len(h), N - row)                                       # row..row+n-1, keys
+            if r <= 0:                                                                # 0..row+n-1
+                break
+            att[:, :, row:row + r, :row + r] = a[:, :, :r, :row + r]                  # later keys: 0 (causal)
+            missing += range(row, row + r - (r == n))                                 # rows without their logits
+            if r == n:
+                logits[row + n - 1] = z
+            row += n
+        if missing:                                                                   # (the prompt's): read out
+            logits[missing] = logits_of(hidden[missing][None], model.weights, cfg)[0]   # as the model reads its last
+        tokens = [model.tokenizer.id_to_token(int(i)) if model.tokenizer else str(int(i)) for i in ids]
+        return Trace(tokens=tokens, ids=np.asarray(ids, dtype=np.int64), hidden=hidden, logits=logits,
+                     layers={i: LayerTrace(layer=i, attentions=att[i]) for i in range(L)},
+                     prompt_length=prompt_length, model=model.name, family=cfg.family, causal=cfg.causal,
+                     spelling=model.tokenizer.spelling if model.tokenizer else "plain", tokenizer=model.tokenizer)
+
+
 def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
            sampling: Sampling | None = None, *, stop_tokens: list[int] | None = None, use_cache: bool = True,
-           keep_attentions: bool = False, **settings) -> Iterator[Step]:
+           keep_attentions: bool = False, record: Recording | None = None, **settings) -> Iterator[Step]:
     """Yield one Step per new token until max_new_tokens or every row has stopped.
 
     sampling, or its fields by name in settings (temperature=0, seed=3, …): qkv.writing.sampling.Sampling.
@@ -76,6 +140,8 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     use_cache=False recomputes the whole sequence each step (the slow baseline the
     cache exists to avoid; same numbers). keep_attentions also returns, per step, what
     the token fed at that step attended to (the prompt's last token at step 0).
+    record: a Recording that keeps what every pass computed for the generation's trace (a batch of one,
+    with the cache; the numbers written are the same).
     """
     sampling = Sampling.of(sampling, **settings)
     B, n = ids.shape
@@ -85,6 +151,10 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
     cache = KVCache(cfg, B, n + max_new_tokens, dtype=model.dtype) if use_cache else None
+    if record is not None:
+        if B != 1 or cache is None:
+            raise QkvError("a recording follows one sequence through its KV cache; give a batch of one, use_cache=True")
+        record.cache = cache
     seq = ids
     masks = np.ones((B, n + max_new_tokens), dtype=attention_mask.dtype)    # (B, n + new): made once,
     masks[:, :n] = attention_mask                                           # step t reads its first n + t
@@ -96,11 +166,15 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     # again only when the choice changes); what BLAS had comes back when the generation ends.
     with threads:
         for t in range(max_new_tokens):
-            rec = Recorder(keep=("attentions",) if keep_attentions else ())
+            rec = record.recorder() if record is not None else Recorder(keep=("attentions",) if keep_attentions else ())
             mask = masks[:, :n + t]                                               # (B, n + t) a view
             if use_cache:
                 def step(new=new, mask=mask, rec=rec):
-                    return model.last_logits(new, mask, rec=rec, cache=cache)
+                    if record is None:
+                        return model.last_logits(new, mask, rec=rec, cache=cache)
+                    hidden, logits = model.step(new, mask, rec=rec, cache=cache)
+                    record.add(new[0], rec, hidden, logits)                       # a whole pass, or nothing
+                    return logits
                 # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
                 # whichever streams faster on this machine now (threads.StepThreads). The prompt: the
                 # count measured fastest for many rows (qkv.engine.tuning).
@@ -196,13 +270,16 @@ class TextStream:
     Iterate it for the pieces; afterwards `prompt_ids` and `new_ids` hold the tokens.
     A piece is held back while it could still be the start of a stop string, or while
     it ends inside a multi-byte character. Stop tokens (EOS) end the text unshown.
-    seq2seq_generate.TargetStream is this with an encoder–decoder's `decode` and its own start.
+    record=True keeps what the passes compute (a Recording), so that `trace()` costs about one
+    step instead of a pass over the whole text. seq2seq_generate.TargetStream is this with an
+    encoder–decoder's `decode` and its own start (and its own trace).
     """
 
     decoding = staticmethod(decode)                  # the loop the pieces come from
 
     def __init__(self, model: Writer, prompt: str | np.ndarray, max_new_tokens: int,
-                 sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, **settings):
+                 sampling: Sampling | None = None, *, stop=None, use_cache: bool = True, record: bool = False,
+                 **settings):
         """sampling, or its fields by name in settings (temperature=0, …): see qkv.writing.sampling.Sampling."""
         self.model, self.max_new_tokens = model, max_new_tokens
         self.sampling, self.use_cache = Sampling.of(sampling, **settings), use_cache
@@ -210,19 +287,25 @@ class TextStream:
         self.stop_tokens, self.stop_strings = split_stop(stop)
         check_can_generate(model, len(self.prompt_ids), max_new_tokens)   # fail now, not mid-stream
         self.new_ids: list[int] = []
+        self.recording = Recording() if record and use_cache else None
 
     def __iter__(self) -> Iterator[str]:
         model, ids = self.model, self.prompt_ids
         ends = set(stop_ids(model, self.sampling.stop_at_eos, self.stop_tokens).tolist())
+        more = {} if self.recording is None else {"record": self.recording}
         steps = self.decoding(model, ids[None], np.ones((1, len(ids)), np.int64), self.max_new_tokens,
-                              self.sampling, stop_tokens=self.stop_tokens, use_cache=self.use_cache)
+                              self.sampling, stop_tokens=self.stop_tokens, use_cache=self.use_cache, **more)
         yield from text_pieces(model.tokenizer, steps, ends, self.stop_strings, self.new_ids)
 
     def trace(self, keep: tuple[str, ...] = ("attentions",)):
         """A Trace of prompt + continuation (after iterating): what every generated token
         attended to (and the other intermediates of `keep`), and the logits it was chosen from;
-        `prompt_length` marks where the generated part begins."""
-        return generation_trace(self.model, self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64), keep)
+        `prompt_length` marks where the generated part begins. A recorded stream gives its
+        attentions from the Recording; other intermediates take a pass over the text."""
+        ids = np.concatenate([self.prompt_ids, np.asarray(self.new_ids, dtype=np.int64)])
+        if self.recording is not None and self.recording.ids and set(keep) <= {"attentions"}:
+            return self.recording.trace(self.model, ids, len(self.prompt_ids))
+        return generation_trace(self.model, self.prompt_ids, ids[len(self.prompt_ids):], keep)
 
 
 def generation_trace(model: Writer, prompt_ids: np.ndarray, new_ids: np.ndarray,
@@ -256,7 +339,7 @@ def generate(model: Writer, prompt, max_new_tokens: int, sampling: Sampling | No
     """
     sampling = Sampling.of(sampling, **settings)
     if isinstance(prompt, str):
-        stream = TextStream(model, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache)
+        stream = TextStream(model, prompt, max_new_tokens, sampling, stop=stop, use_cache=use_cache, record=trace)
         text = "".join(stream)
         if not trace:
             return text

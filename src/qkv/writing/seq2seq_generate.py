@@ -82,6 +82,7 @@ class TargetStream(TextStream):
         self.stop_tokens, self.stop_strings = split_stop(stop)
         check_can_generate(model, max_new_tokens)               # fail now, not mid-stream
         self.new_ids: list[int] = []
+        self.recording = None                                   # its trace is a pass over source and target
 
     decoding = staticmethod(decode)                  # the encoder–decoder's loop
 
