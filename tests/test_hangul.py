@@ -51,3 +51,29 @@ def test_a_page_embeds_exactly_the_hangul_it_shows():
     assert subset_points(document) == {ord(c) for c in "나는학교에간다한국어"}
     assert "font-src data:" in document
     assert "@font-face" not in page("qkv", "<p>The cat sat on the mat</p>", ["const x = 1;"])   # none needed
+
+
+def test_a_pages_subset_is_kept_and_a_planted_file_is_never_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path))
+    first = page("qkv", "<p>나는 학교에 간다</p>", [])
+    [kept] = list((tmp_path / "fonts").iterdir())
+    assert kept.read_bytes().startswith(b"wOFF")
+
+    def made(points):
+        made.calls += 1
+        return real(points)
+    made.calls, real = 0, hangul._woff
+    monkeypatch.setattr(hangul, "_woff", made)
+    assert page("qkv", "<p>나는 학교에 간다</p>", []) == first and made.calls == 0     # read back, not made
+    kept.write_bytes(b"<script>alert(1)</script>")                                      # not a WOFF
+    assert subset_points(page("qkv", "<p>나는 학교에 간다</p>", [])) == {ord(c) for c in "나는학교에간다"}
+    assert made.calls == 1 and kept.read_bytes().startswith(b"wOFF")                   # made again, kept again
+    elsewhere = tmp_path / "planted.woff"
+    elsewhere.write_bytes(b"wOFF" + b"\0" * 64)
+    kept.unlink()
+    kept.symlink_to(elsewhere)                                                          # a link: never read
+    assert subset_points(page("qkv", "<p>나는 학교에 간다</p>", [])) == {ord(c) for c in "나는학교에간다"}
+    assert made.calls == 2 and not kept.is_symlink() and elsewhere.read_bytes() == b"wOFF" + b"\0" * 64
+    monkeypatch.setenv("QKV_CACHE", "off")
+    assert subset_points(page("qkv", "<p>한국어</p>", [])) == {ord(c) for c in "한국어"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fonts", "planted.woff"]

@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 
 def rollout_of(attentions: np.ndarray) -> np.ndarray:
     """(L, H, n, n) attention weights → (L, n, n) rollout R_1..R_L (float64)."""
-    A = np.asarray(attentions, dtype=np.float64)                      # (L, H, n, n)
+    A = np.asarray(attentions)                                        # (L, H, n, n)
     if A.ndim != 4 or A.shape[-1] != A.shape[-2]:
         raise QkvError(f"attention rollout needs self-attention weights (L, H, n, n), not {A.shape}")
     n = A.shape[-1]
-    Ahat = 0.5 * A.mean(axis=1) + 0.5 * np.eye(n)                     # (L, n, n)
+    Ahat = 0.5 * A.mean(axis=1, dtype=np.float64) + 0.5 * np.eye(n)   # (L, n, n) summed in float64
     Ahat /= Ahat.sum(axis=-1, keepdims=True)                          # rows sum to 1 (a padding query too)
     R = np.empty_like(Ahat)                                           # (L, n, n)
     R[0] = Ahat[0]

@@ -4,6 +4,7 @@
     write_text(path, text)      the same for a string (UTF-8)
     FileBatch(directory)        several files in one directory, all renamed into place together or none
     write_directory(path, write)  write(tmp) fills a new temporary directory beside PATH, renamed to PATH
+    cache_dir()                 where qkv keeps what it measured or made once per machine (None: nowhere)
 
 How: the temporary file is made by `tempfile.mkstemp` in the target's own directory (the rename must
 stay on one file system to be atomic). mkstemp picks an unpredictable name and creates it with
@@ -174,3 +175,14 @@ def write_directory(path: str | os.PathLike, write: Callable[[Path], object]) ->
         if not placed:
             shutil.rmtree(tmp, ignore_errors=True)
     return placed
+
+
+def cache_dir() -> Path | None:
+    """$QKV_CACHE, else $XDG_CACHE_HOME/qkv or ~/.cache/qkv: the tuning choices (engine.tuning) and the
+    pages' font subsets (viz.hangul). None when QKV_CACHE is off (off, 0, no or empty): keep nothing."""
+    env = os.environ.get("QKV_CACHE")
+    if env is not None and env.lower() in ("off", "0", "no", ""):
+        return None
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "qkv"

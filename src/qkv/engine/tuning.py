@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import QkvError
-from .io import write_text
+from .io import cache_dir, write_text
 from .threads import _blas_libs, blas_threads, cores
 
 ENV = "QKV_THREADS"               # pins choices: decode:1,prefill:2,attention:2,q_block:128,k_block:512
@@ -89,13 +89,8 @@ def cpu_name() -> str:
 
 def cache_file() -> Path | None:
     """$QKV_CACHE/tuning.json (else $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is off."""
-    env = os.environ.get("QKV_CACHE")
-    if env is not None and env.lower() in ("off", "0", "no", ""):
-        return None
-    if env:
-        return Path(env).expanduser() / FILE
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qkv" / FILE
+    folder = cache_dir()
+    return None if folder is None else folder / FILE
 
 
 def pinned() -> dict[str, int]:

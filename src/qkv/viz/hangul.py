@@ -10,6 +10,10 @@ imported (importing it changes matplotlib's global settings); only its file is r
     face_css(text)           an @font-face of just the glyphs TEXT needs, embedded as data (a page's own)
     full_face()              the WOFF of every Hangul syllable and jamo (the web app serves it once)
 
+Making a subset reads the font's tables (about half a second), so each subset is kept in the qkv cache
+directory (engine.io.cache_dir: fonts/, by the font file and the code points asked for): the next page
+that shows the same characters (every English page shows the same few Korean words) embeds it at once.
+
 Pages name FAMILY last but one in their font stacks (before the generic family), so a machine's own
 fonts still win for every glyph they have.
 """
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import importlib.util
 import io
 import re
 from pathlib import Path
+
+from ..engine.io import cache_dir, write_atomic
 
 FAMILY = "qkv Hangul"                    # the @font-face name the CSS and canvas stacks use
 MATPLOTLIB_NAME = "NanumGothic"          # the family name matplotlib reads from the file
@@ -62,14 +69,53 @@ def _cmap() -> frozenset[int]:
     return frozenset(TTFont(str(font_path()), lazy=True).getBestCmap())
 
 
+def _wide(text: str) -> frozenset[int]:
+    """The code points of TEXT (its raw characters and its JSON \\uXXXX escapes) from FIRST on."""
+    points = {ord(c) for c in set(_WIDE.findall(text))}          # a page is megabytes: scan it in C
+    points.update(int(h, 16) for h in set(_ESCAPE.findall(text)))
+    return frozenset(p for p in points if p >= FIRST)
+
+
 def needed(text: str) -> frozenset[int]:
     """The code points of TEXT (its raw characters and its JSON \\uXXXX escapes) beyond Latin and Greek
     that the font has."""
     if font_path() is None:
         return frozenset()
-    points = {ord(c) for c in set(_WIDE.findall(text))}          # a page is megabytes: scan it in C
-    points.update(int(h, 16) for h in set(_ESCAPE.findall(text)))
-    return frozenset(p for p in points if p >= FIRST) & _cmap()
+    return _wide(text) & _cmap()
+
+
+MAX_FACE = 8 << 20                       # a kept subset larger than this is not one qkv wrote
+
+
+def _kept_face(wide: frozenset[int]) -> bytes:
+    """The WOFF of the glyphs of WIDE the font has (b"" if none), from the cache directory when a page
+    asked for the same code points before, else made and kept there (atomically; a cache that cannot
+    be written is skipped). A kept file is used only if it is a regular file (no link) that reads as
+    a WOFF, or is empty (nothing needed)."""
+    if not wide:
+        return b""
+    folder = cache_dir()
+    font = font_path()
+    stat = font.stat()
+    key = hashlib.sha256(f"{font.name} {stat.st_size} {stat.st_mtime_ns} {sorted(wide)}".encode()).hexdigest()
+    path = None if folder is None else folder / "fonts" / f"{key[:32]}.woff"
+    if path is not None:
+        try:
+            if not path.is_symlink() and path.is_file() and path.stat().st_size <= MAX_FACE:
+                data = path.read_bytes()
+                if data == b"" or data.startswith(b"wOFF"):
+                    return data
+        except OSError:
+            pass
+    points = wide & _cmap()
+    data = _woff(points) if points else b""
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, lambda f: f.write(data))
+        except OSError:
+            pass                                         # no cache: the next page makes its subset again
+    return data
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,6 +135,7 @@ def _woff(points: frozenset[int]) -> bytes:
     subsetter = subset.Subsetter(options)
     subsetter.populate(unicodes=sorted(points))
     subsetter.subset(font)
+    font.flavor = options.flavor                     # (TTFont.save writes plain TrueType otherwise)
     out = io.BytesIO()
     font.save(out)
     return out.getvalue()
@@ -96,19 +143,20 @@ def _woff(points: frozenset[int]) -> bytes:
 
 def face_css(text: str) -> str:
     """An @font-face rule for FAMILY with the glyphs TEXT needs, as a data: URL ("" when it needs none)."""
-    points = needed(text)
-    if not points:
+    if font_path() is None:
         return ""
-    data = base64.b64encode(_woff(points)).decode("ascii")
+    woff = _kept_face(_wide(text))
+    if not woff:
+        return ""
+    data = base64.b64encode(woff).decode("ascii")
     return (f'@font-face {{ font-family: "{FAMILY}"; src: url(data:font/woff;base64,{data}) format("woff"); '
             "font-weight: 100 900; }\n")              # one face for every weight: bold text too
 
 
 @functools.lru_cache(maxsize=1)
 def full_face() -> bytes | None:
-    """The WOFF of every Hangul syllable, jamo and CJK punctuation the font has (about 2.5 MB; the web app
+    """The WOFF of every Hangul syllable, jamo and CJK punctuation the font has (about 0.4 MB; the web app
     serves it at hangul.woff, since chat replies may hold any of them), or None without the file."""
     if font_path() is None:
         return None
-    points = frozenset(p for lo, hi in HANGUL for p in range(lo, hi + 1)) & _cmap()
-    return _woff(points)
+    return _kept_face(frozenset(p for lo, hi in HANGUL for p in range(lo, hi + 1)))

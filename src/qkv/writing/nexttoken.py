@@ -46,6 +46,9 @@ def entropy(probs: np.ndarray) -> np.ndarray:
     return ops_entropy(probs, bits=True)                                  # (...)
 
 
+CANDIDATE_BLOCK = 1 << 18        # logits per block of rows in `candidates` (2 MiB of float64: in cache)
+
+
 def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: Sequence[float]) -> dict:
     """For each row of logits (m, V) and the token chosen there: what a page needs to show
     softmax(z / T) for the top k tokens at any T of `temperatures`, exactly.
@@ -65,7 +68,7 @@ def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: 
         rank (m,)     1 + how many tokens are more probable than the chosen one (any T > 0)
         rest (m, t)   entropy (m, t)            per temperature of `temperatures`
     """
-    z = np.asarray(logits, dtype=np.float64)                                # (m, V)
+    z = np.asarray(logits)                                                  # (m, V)
     chosen = np.asarray(chosen, dtype=np.int64)                             # (m,)
     temps = [float(t) for t in temperatures]
     if z.ndim != 2 or chosen.shape != (z.shape[0],):
@@ -74,31 +77,67 @@ def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: 
         raise QkvError(f"temperatures must be > 0 (T = 0, greedy, needs no data), got {temps}")
     m, V = z.shape
     k = min(int(k), V)
-    # Plain form: np.argsort(-z, kind="stable")[:, :k]; partitioning first skips sorting all V.
-    part = np.argpartition(-z, k - 1, axis=-1)[:, :k]                       # (m, k) the k largest, unordered
-    key = np.take_along_axis(z, part, axis=1)                                # (m, k)
-    order = np.lexsort((part, -key), axis=-1)                                # by logit, then lower id first
-    top = np.take_along_axis(part, order, axis=1)                           # (m, k) most probable first
-    inside = (top == chosen[:, None]).any(axis=-1)                          # (m,)
-    ids = np.concatenate([top, np.where(inside, -1, chosen)[:, None]], axis=1)       # (m, k+1)
-    kept = np.zeros((m, V), dtype=bool)
-    np.put_along_axis(kept, np.where(ids < 0, top[:, :1], ids), True, axis=1)
-    z_chosen = np.take_along_axis(z, chosen[:, None], axis=1)               # (m, 1)
-    rank = 1 + (z > z_chosen).sum(axis=-1)                                   # (m,)
+    ids = np.empty((m, k + 1), dtype=np.int64)
+    kept_logits = np.zeros((m, k + 1))
+    rank = np.empty(m, dtype=np.int64)
     rest = np.empty((m, len(temps)))
     ent = np.empty((m, len(temps)))
-    top_z = np.take_along_axis(z, top[:, :1], axis=1)                        # (m, 1) the largest logit
-    for j, T in enumerate(temps):
-        # Plain form: rest = logsumexp(z/T over tokens not kept), H = entropy(distribution(z, T));
-        # this one shares one exp for both (H in nats = log Z − Σ P·z/T, then / ln 2).
-        x = (z - top_z) / T                                                  # (m, V) ≤ 0: exp never overflows
-        e = np.exp(x)                                                        # (m, V)
-        Z = e.sum(axis=-1)                                                   # (m,) ≥ 1
-        with np.errstate(divide="ignore"):                                   # log 0 = -inf: nothing outside
-            rest[:, j] = np.log(np.where(kept, 0.0, e).sum(axis=-1)) + top_z[:, 0] / T
-        ent[:, j] = (np.log(Z) - np.einsum("mv,mv->m", e, x) / Z) / np.log(2)
-    kept_logits = np.where(ids < 0, 0.0, np.take_along_axis(z, np.maximum(ids, 0), axis=1))
+    # Rows a block at a time, so that the exps of every temperature stay in cache (plain form, the
+    # whole (m, V) at once: x = (z - top) / T, e = exp(x), rest = log Σ_{not kept} e + top / T,
+    # H = log Z − Σ P·x, one pass each); the same float64 arithmetic.
+    block = max(1, CANDIDATE_BLOCK // V)
+    chains = halving_chains(temps)
+    for r0 in range(0, m, block):
+        zb = z[r0:r0 + block].astype(np.float64)                            # (b, V)
+        b, at = len(zb), np.arange(len(zb))[:, None]
+        c = chosen[r0:r0 + block]
+        rank[r0:r0 + b] = 1 + (zb > zb[at[:, 0], c][:, None]).sum(axis=-1)   # (b,) ties do not count
+        top = np.empty((b, k), dtype=np.int64)                               # the k largest, most probable
+        w = zb.copy()                                                        # first, ties: lower id first
+        for t in range(k):                                                   # (k argmaxes: faster than
+            top[:, t] = best = np.argmax(w, axis=-1)                         # partitioning all V for small k)
+            w[at[:, 0], best] = -np.inf
+        inside = (top == c[:, None]).any(axis=-1)                           # (b,)
+        ids[r0:r0 + b, :k], ids[r0:r0 + b, k] = top, np.where(inside, -1, c)
+        kept = np.concatenate([top, np.where(inside, top[:, 0], c)[:, None]], axis=1)   # (b, k+1)
+        kept_logits[r0:r0 + b] = np.where(ids[r0:r0 + b] < 0, 0.0, np.take_along_axis(zb, kept, axis=1))
+        top_z = zb[at[:, 0], top[:, 0]][:, None]                             # (b, 1) the largest logit
+        d = zb - top_z                                                       # (b, V) ≤ 0: exp never overflows
+        e = np.empty_like(d)
+        for chain in chains:                                                 # T, T/2, T/4, ...:
+            for step, j in enumerate(chain):                                 # exp(d / (T/2)) = exp(d / T)²
+                T = temps[j]
+                if step == 0:
+                    np.exp(np.multiply(d, 1.0 / T, out=e), out=e)            # e = exp(d / T)
+                else:
+                    np.square(e, out=e)                                      # (relative error 2^step · ε)
+                Z = e.sum(axis=-1)                                           # (b,) ≥ 1
+                ent[r0:r0 + b, j] = (np.log(Z) - np.vecdot(e, d) / T / Z) / np.log(2)   # bits
+                held = e[at, kept]                                           # what is not kept:
+                e[at, kept] = 0.0
+                with np.errstate(divide="ignore"):                           # log 0 = -inf, nothing outside
+                    rest[r0:r0 + b, j] = np.log(e.sum(axis=-1)) + top_z[:, 0] / T
+                e[at, kept] = held                                           # (the chain squares it next)
     return {"ids": ids, "logits": kept_logits.astype(np.float32), "rank": rank, "rest": rest, "entropy": ent}
+
+
+def halving_chains(temps: Sequence[float]) -> list[list[int]]:
+    """Every index of TEMPS once, in chains T, T/2, T/4, … (at most 8 long: error ≤ 2^7 ε): one exp per chain,
+    the rest squared (exp(x)² = exp(2x)), a tenth of an exp's cost. [0.1 … 2.0 by 0.1] → 10 chains."""
+    index = {}
+    for j, t in enumerate(temps):
+        index.setdefault(round(t, 12), j)
+    chains, covered = [], set()
+    for j in sorted(range(len(temps)), key=lambda j: -temps[j]):          # the largest T first: chain heads
+        if j in covered:
+            continue
+        chain = [j]
+        while len(chain) < 8 and (half := index.get(round(temps[chain[-1]] / 2, 12))) is not None \
+                and half not in covered and half != chain[-1]:
+            chain.append(half)
+        covered.update(chain)
+        chains.append(chain)
+    return chains
 
 
 def token_text(tokenizer, token_id: int) -> str:
