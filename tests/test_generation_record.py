@@ -72,7 +72,8 @@ def test_recording_writes_exactly_what_an_unrecorded_generation_writes(name):
                                            seed=5, stop_at_eos=False)]
     record, new = recorded(model, prompt, 12, temperature=1.0, seed=5)
     assert new == plain
-    assert all(np.array_equal(a, b) for a, b in zip(record.logits, spy.seen)) and len(record.logits) == 12
+    assert len(record.ends) == len(spy.seen) == 12
+    assert all(np.array_equal(record.logits[t], z) for t, z in zip(record.ends, spy.seen))
     same_as_a_pass(model, record.trace(model, np.concatenate([prompt, new]), 90), np.concatenate([prompt, new]))
 
 

@@ -187,25 +187,22 @@ class Trace:
         model_name: instead of the trace's `model`.
         """
         out = Path(directory)
-        attentions = {"attentions": self.attentions}
-        if attentions["attentions"] is not None and self.source_tokens is None:
-            A = attentions["attentions"]                                 # (L, H, n, n)
-            upper, lower = np.triu_indices(A.shape[-1], 1), np.tril_indices(A.shape[-1])
-            if not A[..., upper[0], upper[1]].any():                     # causal: only the lower triangle, as
-                attentions = {"attentions_lower": A[..., lower[0], lower[1]]}   # (L, H, n(n+1)/2) row by row
+        arrays: dict[str, np.ndarray | _Lower] = {"ids": self.ids, "layers": np.array(self.layer_ids)}
+        A = self.attentions                                              # (L, H, n, n_k)
+        if A is not None and self.source_tokens is None and _above_diagonal_empty(A):
+            arrays["attentions_lower"] = _Lower(A)                       # causal: the lower triangles only
+        elif A is not None:
+            arrays["attentions"] = A
         routed = [i for i in self.layer_ids if self.layers[i].experts is not None]   # MoE layers' router choice
-        router = {} if not routed else {
-            "router_layers": np.array(routed), **{name: np.stack([getattr(self.layers[i], name) for i in routed])
-                                                  for name in ROUTER}}
+        if routed:
+            arrays["router_layers"] = np.array(routed)
+            arrays.update({name: np.stack([getattr(self.layers[i], name) for i in routed]) for name in ROUTER})
         meta = {"model": self.model if model_name is None else model_name, "family": self.family,
                 "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
                 "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length}
         try:
             with FileBatch(out) as files:                       # both files or neither
-                # Stored, not deflated: weights barely compress (the causal zeros are not written at all),
-                # and deflating takes half a second per 30 MB.
-                files.write("trace.npz", lambda f: np.savez(
-                    f, ids=self.ids, layers=np.array(self.layer_ids), **attentions, **router))
+                files.write("trace.npz", lambda f: _write_npz(f, arrays))
                 files.write("trace.json", lambda f: f.write(json.dumps(meta, ensure_ascii=False).encode()))
         except OSError as e:
             raise QkvError(f"cannot write to {out}: {e.strerror}; choose a writable directory") from None
@@ -245,6 +242,45 @@ class Trace:
         if i not in self.layers:
             raise QkvError(f"layer {i} was not kept in this trace; kept: {self.layer_ids}")
         return KeptLayer(self.layers[i])
+
+
+class _Lower:
+    """A causal self-attention's weights (L, H, n, n) saved as their lower triangles, (L, H, n(n+1)/2) row by
+    row (Trace.load unpacks them): half the bytes, gathered a layer at a time (no temporary of the whole)."""
+
+    def __init__(self, A: np.ndarray):
+        self.A = A
+        self.rows, self.cols = np.tril_indices(A.shape[-1])
+        self.shape, self.dtype = A.shape[:2] + (len(self.rows),), A.dtype
+
+    def layers(self):
+        for layer in self.A:                                             # (H, n, n) → (H, n(n+1)/2)
+            yield layer[:, self.rows, self.cols]
+
+
+def _above_diagonal_empty(A: np.ndarray) -> bool:
+    """Whether every weight above the diagonal is 0 (a causal self-attention, unless a hook changed it)."""
+    if A.shape[-1] != A.shape[-2]:
+        return False
+    rows, cols = np.triu_indices(A.shape[-1], 1)
+    return not any(layer[:, rows, cols].any() for layer in A)
+
+
+def _write_npz(f, arrays: dict) -> None:
+    """ARRAYS as np.savez writes them (a stored zip of .npy files, which np.load and Trace.load read); a
+    _Lower is written a layer at a time. Stored, not deflated: weights barely compress (the causal zeros
+    are not written at all), and deflating takes half a second per 30 MB."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, value in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as member:
+                if isinstance(value, _Lower):
+                    np.lib.format.write_array_header_2_0(member, {
+                        "descr": np.lib.format.dtype_to_descr(value.dtype), "fortran_order": False,
+                        "shape": value.shape})
+                    for part in value.layers():
+                        member.write(np.ascontiguousarray(part).tobytes())
+                else:
+                    np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
 
 
 def _rows_of(arrays: list[np.ndarray]) -> np.ndarray | None:

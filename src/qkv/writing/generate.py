@@ -84,7 +84,14 @@ class Recording:
         self.ids: list[int] = []                         # (fed,) every token the passes read
         self.attentions: list[np.ndarray] = []           # per pass: (L, H, n, m) its n rows, m keys so far
         self.hidden: list[np.ndarray] = []               # per pass: (n, d_model)
-        self.logits: list[np.ndarray] = []               # per pass: (V,) its last row's
+        self.logits: np.ndarray | None = None            # (positions, V): row t once a pass ended at t
+        self.ends: list[int] = []                        # the rows of `logits` the passes wrote
+
+    def start(self, cache: KVCache, vocab: int) -> None:
+        """The generation's cache, and room for a logit row per position it can hold (rows are written, so
+        touched, only as passes end: the trace's logits are these rows, not a copy)."""
+        self.cache = cache
+        self.logits = np.empty((cache.max_len, vocab), dtype=cache.k.dtype)
 
     def recorder(self) -> Recorder:
         return Recorder(keep=("attentions",), beside=True)
@@ -94,7 +101,8 @@ class Recording:
         self.ids += [int(i) for i in ids]
         self.attentions.append(np.stack([rec.store[i]["attentions"][0] for i in sorted(rec.store)]))
         self.hidden.append(hidden[0])
-        self.logits.append(logits[0, -1])
+        self.logits[len(self.ids) - 1] = logits[0, -1]
+        self.ends.append(len(self.ids) - 1)
 
     def trace(self, model: Writer, ids: np.ndarray, prompt_length: int) -> Trace:
         """The Trace of ids (N,), prompt + what was written, equal to `generation_trace`'s (within float
@@ -109,18 +117,16 @@ class Recording:
             self.add(new[0], rec, hidden, logits)
         cfg, L = model.config, model.config.n_layers
         hidden = np.concatenate(self.hidden)[:N]                                      # (N, d_model)
-        logits = np.empty((N, model.weights.W_vocab.shape[1]), dtype=hidden.dtype)    # (N, V)
         att = np.zeros((L, cfg.n_heads, N, N), dtype=hidden.dtype)                  # (L, H, N, N)
-        row, missing = 0, []
-        for a, h, z in zip(self.attentions, self.hidden, self.logits):               # pass by pass: rows
+        row = 0
+        for a, h in zip(self.attentions, self.hidden):                               # pass by pass: rows
             n, r = len(h), min(len(h), N - row)                                       # row..row+n-1, keys
             if r <= 0:                                                                # 0..row+n-1
                 break
             att[:, :, row:row + r, :row + r] = a[:, :, :r, :row + r]                  # later keys: 0 (causal)
-            missing += range(row, row + r - (r == n))                                 # rows without their logits
-            if r == n:
-                logits[row + n - 1] = z
             row += n
+        logits = self.logits[:N]                                                      # (N, V)
+        missing = sorted(set(range(N)) - set(self.ends))                              # rows a pass did not end at
         if missing:                                                                   # (the prompt's): read out
             logits[missing] = logits_of(hidden[missing][None], model.weights, cfg)[0]   # as the model reads its last
         tokens = [model.tokenizer.id_to_token(int(i)) if model.tokenizer else str(int(i)) for i in ids]
@@ -154,7 +160,7 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     if record is not None:
         if B != 1 or cache is None:
             raise QkvError("a recording follows one sequence through its KV cache; give a batch of one, use_cache=True")
-        record.cache = cache
+        record.start(cache, model.weights.W_vocab.shape[1])
     seq = ids
     masks = np.ones((B, n + max_new_tokens), dtype=attention_mask.dtype)    # (B, n + new): made once,
     masks[:, :n] = attention_mask                                           # step t reads its first n + t
