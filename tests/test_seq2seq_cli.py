@@ -132,6 +132,7 @@ def test_translate_default_length_fits_the_target_positions(marian_dir, tmp_path
     (["translate", "x", "--model", "{marian}", "-n", "64"], "lower max_new_tokens to at most 63"),
     (["translate", "x", "--model", "{marian}", "-t", "-1"], "temperature"),
     (["generate", "", "--model", "{marian}"], "the text is empty"),
+    (["generate", "x", "--model", "{marian}", "--trace", "{marian}/t", "--lens"], "three kinds of attention"),
     (["translate", "x", "--model", str(FIXTURES / "seq2seq" / "t5")], "no tokenizer.json"),
 ])
 def test_translate_mistakes_are_one_line(monkeypatch, capsys, marian_dir, args, message):

@@ -172,13 +172,21 @@ def test_qkv_show_generate_and_lens_embed_the_lens_of_a_decoder(tmp_path, monkey
     trace = model.run(ids, keep=("attentions",))
     assert np.abs(unpack(data["rollout"]["rollout"]) - attention_rollout(trace)).max() <= PRECISION + 1e-6
 
-    code, _, _ = run_main(monkeypatch, capsys, "generate", "the cat", "--model", gpt2, "-n", "3", "-t", "0",
-                          "--trace", str(tmp_path / "g"))
-    assert code == 0
+    code, _, err = run_main(monkeypatch, capsys, "generate", "the cat", "--model", gpt2, "-n", "3", "-t", "0",
+                            "--trace", str(tmp_path / "g"))
+    assert code == 0 and "(--lens adds the Logit lens tab)" in err
     data = page_data(tmp_path / "g" / "attention.html")
-    ids = qkv.Trace.load(tmp_path / "g").ids.tolist()
+    assert data["lens"] is None and data["rollout"]["flow"] is not None and data["next"] is not None
+    code, _, err = run_main(monkeypatch, capsys, "generate", "the cat", "--model", gpt2, "-n", "3", "-t", "0",
+                            "--trace", str(tmp_path / "g2"), "--lens")
+    assert code == 0 and "--lens" not in err
+    data = page_data(tmp_path / "g2" / "attention.html")
+    ids = qkv.Trace.load(tmp_path / "g2").ids.tolist()
     check_lens(data["lens"], lens_reference(model, ids))
     assert data["rollout"]["flow"] is not None and data["next"] is not None
+    for args in (["generate", "the cat", "--model", gpt2, "--lens"], ["chat", "Hi", "--lens"]):
+        code, out, err = run_main(monkeypatch, capsys, *args)                # a tab of no viewer
+        assert code == 2 and err == "qkv: error: --lens adds a tab to the viewer --trace writes; give --trace DIR too\n"
 
     code, out, _ = run_main(monkeypatch, capsys, "lens", "the cat sat on", "--model", gpt2, "--out", str(tmp_path / "l"))
     assert code == 0 and "lens.html" in out

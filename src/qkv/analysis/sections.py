@@ -10,6 +10,7 @@ attention (Rollout for every model, Logit lens for a decoder):
 
     keep = sections_keep(model, n)          what the pass must keep so that no second pass is needed
     sections = viewer_sections(model, trace)   → viz.html.save_viewer(trace, ..., sections=sections)
+    save_generation(stream, directory)      --trace DIR of a generation: trace.npz + .json, attention.html
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .patch import WHAT, Patching
 from .rollout import MAX_FLOW_WORK, attention_flow, attention_rollout, flow_fits
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..engine.model import Model
     from ..engine.trace import Trace
 
@@ -56,7 +59,7 @@ def patch_payload(p: Patching) -> dict:
 
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:
     """A Logit lens tab: a single-stack model with an LM head, and the text at most `lens_limit` tokens
-    (None: any). An encoder–decoder's viewer shows its three kinds of attention, no lens."""
+    (None: any; 0: none). An encoder–decoder's viewer shows its three kinds of attention, no lens."""
     if getattr(model.config, "encoder_decoder", False):
         return False
     return model.weights.W_vocab is not None and (lens_limit is None or n <= lens_limit)
@@ -75,3 +78,19 @@ def viewer_sections(model: "Model", trace: "Trace", lens_limit: int | None = TRA
         return {}                                        # one stack's panels: none for an encoder–decoder
     lens = shows_lens(model, len(trace.ids), lens_limit)
     return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None}
+
+
+def save_generation(stream, directory, lens: bool = False) -> tuple["Trace", "Path", "Path"]:
+    """`qkv generate/chat --trace DIR` of a finished TextStream: trace.npz + trace.json (reload with
+    Trace.load) and attention.html, the viewer of what each token attended to, each generated token's
+    candidates at any temperature, rollout (and flow on short texts) and, with LENS, the logit lens
+    (its (L+1)·n·V multiply-adds cost about as much as the generation: asked for, not made by default).
+    A stream that recorded (TextStream(record=True)) gives all but the lens without a second pass.
+    Returns (trace, DIR, the viewer's path)."""
+    from ..viz.html import save_viewer
+
+    model = stream.model
+    trace = stream.trace(("attentions",) + (LENS_KEEP if lens else ()))
+    sections = viewer_sections(model, trace, lens_limit=None if lens else 0)
+    out = trace.save(directory)
+    return trace, out, save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer, sections=sections)

@@ -288,6 +288,33 @@ def sparse_command(sizes, repeats: int, window: int, block: int, out: str | None
     publish(result, text, as_json, out, "sparse", took=f" ({time.perf_counter() - start:.0f} s)")
 
 
+def trace_command_line(new_tokens: int, repeats: int, lens: bool, out: str | None) -> str:
+    """The command line that reproduces a --trace run with these options."""
+    from ..bench import trace as trb
+
+    return command_line("qkv bench trace", [("--new-tokens", new_tokens, trb.NEW_TOKENS),
+                                            ("--repeats", repeats, trb.REPEATS), ("--no-lens", not lens, False),
+                                            ("--out", out, None)])
+
+
+@bench.command("trace")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=137, show_default=True,
+              help="Tokens of the reply (at most: it may end at its end of turn, the same each time).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed rounds (the median is reported), after one warm-up, taking turns.")
+@click.option("--lens/--no-lens", default=True, show_default=True, help="Time --trace --lens too.")
+@out_option("'bench:trace' section")
+@json_option
+def trace_command(new_tokens: int, repeats: int, lens: bool, out: str | None, as_json: bool) -> None:
+    """What `qkv chat --trace DIR` costs over the plain reply, on SmolLM2 (no torch needed)."""
+    from ..bench import trace as trb
+
+    start = time.perf_counter()
+    result = trb.measure(new_tokens, repeats, lens, log=lambda msg: click.echo(msg, err=True))
+    text = trb.markdown(result, trace_command_line(new_tokens, repeats, lens, out))
+    publish(result, text, as_json, out, "trace", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
 @bench.command("tune")
 @json_option
 def tune_command(as_json: bool) -> None:
@@ -319,6 +346,7 @@ def all_commands() -> list[tuple[str, object, dict]]:
             ("forward --model smollm2", forward, {"model_source": "smollm2", "repeats": 5}),
             ("generate", generate_command, {}),
             ("generate --model smollm2", generate_command, {"model_source": "smollm2"}),
+            ("trace", trace_command, {}),
             ("attention", attention_command, {"sizes": ALL_ATTENTION_SIZES, "max_seconds": ALL_ATTENTION_SECONDS}),
             ("sparse", sparse_command, {}),
             ("train", train_command, {}),

@@ -27,8 +27,11 @@ from ..engine.errors import QkvError
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token attended to into this directory.")
+@click.option("--lens", is_flag=True,
+              help="Add the Logit lens tab to --trace's viewer: every layer's top tokens at every position, "
+                   "(L+1)·n·V multiply-adds (on SmolLM2 about as long again as the generation itself).")
 def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
-             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None) -> None:
+             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool) -> None:
     """Continue PROMPT with a decoder model, streaming the text as it is written.
 
     With an encoder–decoder, translate PROMPT instead (qkv translate)."""
@@ -41,12 +44,16 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
 
     sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                         seed=seed)                                                # checked before loading
+    check_lens_flag(lens, trace_dir)
     model = load(source)
     if isinstance(model, Seq2SeqModel):
+        if lens:
+            raise QkvError("--lens adds a decoder's Logit lens tab; a translation's viewer shows its three kinds "
+                           "of attention (qkv lens TEXT --model ... reads a translator's decoder)")
         sampling = replace(sampling, temperature=0.0) if temperature is None else sampling
         return _translate(model, prompt, max_new_tokens, sampling, stop, trace_dir)
     stream = TextStream(model, prompt, 40 if max_new_tokens is None else max_new_tokens, sampling,
-                        stop=list(stop) or None)
+                        stop=list(stop) or None, record=trace_dir is not None)
     with removed_if_failed(trace_dir):
         if trace_dir is not None:
             check_writable(trace_dir)
@@ -55,7 +62,7 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
             click.echo(piece, nl=False)
         click.echo()
         if trace_dir is not None:
-            _save_generation(stream, trace_dir, "generated")
+            _save_generation(stream, trace_dir, "generated", lens)
 
 
 @click.command(name="translate")
@@ -143,8 +150,11 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token of the conversation and reply attended to into this directory "
                    "(in a conversation: after each reply).")
+@click.option("--lens", is_flag=True,
+              help="Add the Logit lens tab to --trace's viewer: every layer's top tokens at every position, "
+                   "(L+1)·n·V multiply-adds (on SmolLM2 about as long again as the generation itself).")
 def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
-             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None) -> None:
+             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool) -> None:
     """Ask a chat model QUESTION and stream its answer.
 
     Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
@@ -156,12 +166,13 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
     from ..writing.sampling import Sampling
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
-    conversation = Conversation(load(source), system, max_new_tokens, sampling)
+    check_lens_flag(lens, trace_dir)
+    conversation = Conversation(load(source), system, max_new_tokens, sampling, record=trace_dir is not None)
     if question is not None:
         with removed_if_failed(trace_dir):
             if trace_dir is not None:
                 check_writable(trace_dir)
-            _chat_turn(conversation, question, trace_dir)
+            _chat_turn(conversation, question, trace_dir, lens)
         return
     if trace_dir is not None:
         check_writable(trace_dir)
@@ -185,12 +196,12 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
             click.echo(f"unknown command {line.split()[0]}: {CHAT_HELP}")
         elif line:
             try:
-                _chat_turn(conversation, line, trace_dir)
+                _chat_turn(conversation, line, trace_dir, lens)
             except QkvError as e:                                   # this turn fails, the chat goes on
                 click.echo(f"qkv: error: {e}", err=True)
 
 
-def _chat_turn(conversation, text: str, trace_dir: str | None) -> None:
+def _chat_turn(conversation, text: str, trace_dir: str | None, lens: bool = False) -> None:
     """One question and its streamed answer (Ctrl-C stops the answer), then the trace if asked."""
     dropped = conversation.dropped
     pieces = conversation.reply(text)
@@ -205,21 +216,19 @@ def _chat_turn(conversation, text: str, trace_dir: str | None) -> None:
         click.echo(" [stopped]", nl=False)
     click.echo()
     if trace_dir is not None:
-        _save_generation(conversation.last, trace_dir, "in the reply")
+        _save_generation(conversation.last, trace_dir, "in the reply", lens)
 
 
-def _save_generation(stream, trace_dir: str, what: str) -> None:
-    """--trace DIR of a generation: trace.npz + trace.json (reload with Trace.load) and
-    attention.html, the viewer of what each token attended to and of each generated token's
-    candidates at any temperature, with attention rollout (and flow on short texts) and, up to
-    lens.TRACE_LENS_TOKENS tokens, the logit lens."""
-    from ..analysis.sections import sections_keep, viewer_sections
-    from ..viz.html import save_viewer
+def check_lens_flag(lens: bool, trace_dir: str | None) -> None:
+    if lens and trace_dir is None:
+        raise QkvError("--lens adds a tab to the viewer --trace writes; give --trace DIR too")
 
-    model = stream.model
-    trace = stream.trace(sections_keep(model, len(stream.prompt_ids) + len(stream.new_ids)))
-    sections = viewer_sections(model, trace)
-    out = trace.save(trace_dir)
-    viewer = save_viewer(trace, out / "attention.html", tokenizer=model.tokenizer, sections=sections)
+
+def _save_generation(stream, trace_dir: str, what: str, lens: bool = False) -> None:
+    """--trace DIR of a generation (analysis.sections.save_generation), and where it went."""
+    from ..analysis.sections import save_generation
+
+    trace, out, viewer = save_generation(stream, trace_dir, lens)
+    hint = "" if lens else " (--lens adds the Logit lens tab)"
     click.echo(f"attention of {len(trace.tokens)} tokens ({len(stream.new_ids)} {what}) saved in {out}; "
-               f"open {viewer} in a browser", err=True)
+               f"open {viewer} in a browser{hint}", err=True)
