@@ -393,3 +393,14 @@ def test_an_npy_header_claiming_more_than_it_holds(saved_trace):
         z.writestr("ids.npy", np.lib.format.magic(1, 0) + struct.pack("<H", len(header)) + header + bytes(64))
     with pytest.raises(qkv.QkvError, match="claims shape"):
         load_trace(saved_trace)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8", "no such type", object(), np.int64, "complex64"])
+def test_a_dtype_the_engine_does_not_compute_in_is_one_line(dtype):
+    with pytest.raises(qkv.QkvError, match="is not supported; use one of float32, float64") as e:
+        qkv.load(MODELS / "gpt2", dtype=dtype)
+    assert "\n" not in str(e.value)
+    model = qkv.load(MODELS / "gpt2", dtype="float64")                # names and types NumPy knows
+    assert model.dtype == np.float64 and qkv.load(MODELS / "gpt2", dtype=np.float32).dtype == np.float32
+    with pytest.raises(qkv.QkvError, match="is not supported"):
+        model.astype(dtype)                                           # an int8 copy would compute nonsense

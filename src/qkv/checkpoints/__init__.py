@@ -21,6 +21,7 @@ from ..engine.layout import fast_layout
 from ..engine.model import Model
 from ..engine.seq2seq import Seq2SeqModel
 from ..engine.tokenizer import Tokenizer
+from ..engine.weights import check_dtype
 from . import gguf
 from .families import FAMILIES, config_of, read_weights
 from .families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
@@ -183,9 +184,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2S
     Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
     computes in double precision, for checks.
     """
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise QkvError(f"dtype {dtype} is not supported; use float32 or float64")
+    dtype = check_dtype(dtype)                    # float32 or float64, else one line
     directory = resolve(source)
     cfg = read_config(directory)
     store = TensorStore(directory)

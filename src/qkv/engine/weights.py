@@ -11,6 +11,23 @@ from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
+from .errors import QkvError
+
+DTYPES = ("float32", "float64")          # what the engine computes in (bfloat16, float16: not yet)
+
+
+def check_dtype(dtype) -> np.dtype:
+    """float32 or float64 as a NumPy dtype; anything else (a name NumPy does not know such as bfloat16, an
+    integer type, an object) one QkvError naming the choices."""
+    try:
+        found = np.dtype(dtype)
+    except (TypeError, ValueError):
+        found = None
+    if found is None or found.name not in DTYPES:
+        raise QkvError(f"dtype {dtype!r:.40} is not supported; use one of {', '.join(DTYPES)} "
+                       "(weights kept in 16 bits or quantised are not supported yet)")
+    return found
+
 
 @dataclass
 class NormWeights:
@@ -125,6 +142,7 @@ class Weights:
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""
+        dtype = check_dtype(dtype)
         return _map_arrays(self, lambda a: a.astype(dtype))
 
     def nbytes(self) -> int:
@@ -160,6 +178,7 @@ class Seq2SeqWeights:
 
     def astype(self, dtype) -> "Seq2SeqWeights":
         """A copy with every array in `dtype` (float64 for checks); the table stays shared."""
+        dtype = check_dtype(dtype)
         table = self.tok_embed.astype(dtype)
         enc, dec = self.encoder.astype(dtype), self.decoder.astype(dtype)
         enc.tok_embed = dec.tok_embed = table
