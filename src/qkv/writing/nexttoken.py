@@ -84,7 +84,8 @@ def candidates(logits: np.ndarray, chosen: Sequence[int], k: int, temperatures: 
     ent = np.empty((m, len(temps)))
     # Rows a block at a time, so that the exps of every temperature stay in cache (plain form, the
     # whole (m, V) at once: x = (z - top) / T, e = exp(x), rest = log Σ_{not kept} e + top / T,
-    # H = log Z − Σ P·x, one pass each); the same float64 arithmetic.
+    # H = log Z − Σ P·x, one pass each); float64 throughout, an exp squared along a chain of halving
+    # temperatures within 2^step·ε of its own exp.
     block = max(1, CANDIDATE_BLOCK // V)
     chains = halving_chains(temps)
     for r0 in range(0, m, block):
