@@ -184,10 +184,15 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2S
     Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
     computes in double precision, for checks.
     """
-    dtype = check_dtype(dtype)                    # float32 or float64, else one line
+    stored = isinstance(dtype, str) and dtype == "stored"        # a GGUF file's blocks kept as they are
+    dtype = np.dtype(np.float32) if stored else check_dtype(dtype)   # float32 or float64, else one line
     directory = resolve(source)
     cfg = read_config(directory)
     store = TensorStore(directory)
+    if stored:
+        from .gguf_stored import StoredTensors
+
+        store = StoredTensors(store, directory)
     weights = read_weights(store, cfg, dtype.type)   # every tensor read, or one the family may ignore
     store.release()                   # reading every tensor once (the NaN check) mapped all its pages
     if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)

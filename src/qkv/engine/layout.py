@@ -28,11 +28,15 @@ from typing import Callable
 
 import numpy as np
 
+from .stored import StoredMatrix, StoredTable
 from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights, ffns_of
 
 
 def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """[W_1 | W_2 | …] as one C-contiguous (in, Σ out) array, and each W_i as a view of its columns."""
+    """[W_1 | W_2 | …] as one C-contiguous (in, Σ out) array, and each W_i as a view of its columns
+    (stored matrices: their blocks joined, each W_i kept as it is)."""
+    if all(isinstance(W, StoredMatrix) for W in matrices):
+        return StoredMatrix.joined(list(matrices)), list(matrices)
     fused = np.empty((matrices[0].shape[0], sum(W.shape[1] for W in matrices)),
                      dtype=np.result_type(*matrices), order="C")    # (in, Σ out)
     np.concatenate(matrices, axis=1, out=fused)
@@ -44,6 +48,8 @@ def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 def _c(a: np.ndarray | None) -> np.ndarray | None:
+    if isinstance(a, (StoredMatrix, StoredTable)):
+        return a                                             # blocks stay where the file has them
     return None if a is None else np.array(a, order="C", copy=True)
 
 
@@ -73,6 +79,8 @@ def is_fast(weights: Weights) -> bool:
     """Whether `weights` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
     for b in weights.blocks:
         a = b.attn
+        if isinstance(a.W_QKV, StoredMatrix):
+            continue                                             # joined blocks: laid out as stored
         if a.W_QKV is None or not a.W_QKV.flags.c_contiguous or not np.shares_memory(a.W_Q, a.W_QKV):
             return False
         for f in ffns_of(b.ffn):
@@ -82,7 +90,7 @@ def is_fast(weights: Weights) -> bool:
                 return False
         if not a.W_O.flags.c_contiguous:
             return False
-    return weights.W_vocab is None or weights.W_vocab.flags.c_contiguous
+    return weights.W_vocab is None or isinstance(weights.W_vocab, StoredMatrix) or weights.W_vocab.flags.c_contiguous
 
 
 def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) -> Weights:
@@ -95,7 +103,10 @@ def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) 
     if is_fast(weights):
         return weights
     done = after_copy or (lambda: None)
-    tied = weights.W_vocab is not None and np.shares_memory(weights.W_vocab, weights.tok_embed)
+    if isinstance(weights.W_vocab, StoredMatrix) or isinstance(weights.tok_embed, StoredTable):
+        tied = isinstance(weights.tok_embed, StoredTable) and weights.tok_embed.matrix is weights.W_vocab
+    else:
+        tied = weights.W_vocab is not None and np.shares_memory(weights.W_vocab, weights.tok_embed)
     W_vocab = _c(weights.W_vocab)                                # (d_model, V), C order
     tok_embed = W_vocab.T if tied else _c(weights.tok_embed)     # tied: (V, d_model), a view of W_vocab
     done()

@@ -25,7 +25,7 @@ def check_dtype(dtype) -> np.dtype:
         found = None
     if found is None or found.name not in DTYPES:
         raise QkvError(f"dtype {dtype!r:.40} is not supported; use one of {', '.join(DTYPES)} "
-                       "(weights kept in 16 bits or quantised are not supported yet)")
+                       "(or, for a GGUF file, \"stored\": its quantised blocks as they are)")
     return found
 
 
@@ -142,8 +142,8 @@ class Weights:
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""
-        dtype = check_dtype(dtype)
-        return _map_arrays(self, lambda a: a.astype(dtype))
+        dtype = check_dtype(dtype)                      # a stored matrix: dequantised, then as the rest
+        return _map_arrays(self, lambda a: a.astype(dtype), on_other=lambda m: np.asarray(m, dtype=dtype))
 
     def nbytes(self) -> int:
         """Bytes of all parameters, each counted once (a tied W_vocab, the views into W_QKV)."""
@@ -155,12 +155,19 @@ class Weights:
             return a
 
         _map_arrays(self, add)
-        if self.W_vocab is not None and np.shares_memory(self.W_vocab, self.tok_embed):
+        stored = {}                                      # matrices kept as a GGUF file's blocks, each once
+        _map_arrays(self, lambda a: a, on_other=lambda m: stored.setdefault(id(getattr(m, "matrix", m)), m) and m)
+        total += sum(m.nbytes for m in stored.values())
+        if isinstance(self.W_vocab, np.ndarray) and np.shares_memory(self.W_vocab, self.tok_embed):
             total -= self.W_vocab.nbytes
         for b in self.blocks:
-            for fused in (b.attn.W_QKV, *(f.W_gate_in for f in ffns_of(b.ffn))):
-                if fused is not None:
+            parts = [(b.attn.W_QKV, (b.attn.W_Q, b.attn.W_K, b.attn.W_V))]
+            parts += [(f.W_gate_in, (f.W_gate, f.W_in)) for f in ffns_of(b.ffn)]
+            for fused, named in parts:
+                if isinstance(fused, np.ndarray):
                     total -= fused.nbytes                # its columns are W_Q|W_K|W_V or W_gate|W_in
+                elif fused is not None:                  # stored: the products read the joined blocks only
+                    total -= sum(m.nbytes for m in named)
         return total
 
 
@@ -193,12 +200,15 @@ class Seq2SeqWeights:
         return self.encoder.nbytes() + self.decoder.nbytes() - shared
 
 
-def _map_arrays(obj, fn):
-    """Apply fn to every array inside the nested weight dataclasses; returns the new tree."""
+def _map_arrays(obj, fn, on_other=None):
+    """Apply fn to every array inside the nested weight dataclasses; returns the new tree. on_other: what
+    becomes of anything else that holds numbers (a stored matrix); default: kept as it is."""
     if isinstance(obj, np.ndarray):
         return fn(obj)
     if isinstance(obj, list):
-        return [_map_arrays(x, fn) for x in obj]
+        return [_map_arrays(x, fn, on_other) for x in obj]
     if obj is None or not is_dataclass(obj):
+        if on_other is not None and hasattr(obj, "shape"):
+            return on_other(obj)
         return obj                                      # None, or a number (NormWeights.stored_offset)
-    return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn) for f in fields(obj)})
+    return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn, on_other) for f in fields(obj)})
