@@ -153,10 +153,14 @@ def test_llm_bench_runs_without_torch(monkeypatch):
     monkeypatch.setattr(gb, "COPY_BYTES", 8 << 20)
     monkeypatch.setattr(llm, "copy_bandwidth", lambda: gb.copy_bandwidth(nbytes=8 << 20, repeats=1))
     result = llm.measure("smollm2", new_tokens=3, prefill=(8,), repeats=1)
-    assert result["missing"] == "torch" and set(result["tokens_per_s"]) == {"qkv", "qkv_1", "qkv_2"}
-    assert result["first_difference"] == {"qkv_1": None, "qkv_2": None}     # the thread count never changes tokens
+    assert result["missing"] == "torch" and set(result["tokens_per_s"]) == {"qkv", "qkv_1", "qkv_2", "qkv_stored"}
+    assert result["first_difference"] == {"qkv_1": None, "qkv_2": None,      # the thread count never changes tokens,
+                                          "qkv_stored": None}               # nor do the stored blocks (3 tokens)
     assert result["weight_bytes"] == 4 * result["model"]["parameters"]
-    assert "transformers is not installed" in llm.markdown(result, "qkv bench generate --model smollm2")
+    assert result["stored_bytes"] < result["weight_bytes"] / 4 and "qkv_stored" in result["prefill_seconds"]["8"]
+    text = llm.markdown(result, "qkv bench generate --model smollm2")
+    assert "transformers is not installed" in text and "weights as the file stores them" in text
+    assert "| prompt tokens | qkv ms | transformers ms | qkv / transformers | qkv stored ms |" in text
 
 
 def test_llama_python_needs_a_model():

@@ -1,6 +1,7 @@
 """`qkv bench generate --model smollm2`: a real LLM, qkv beside transformers on the same float32 weights.
 
     the model ─qkv.load─▶ qkv (float32)            same file ─from_pretrained(gguf_file=…)─▶ transformers
+    a GGUF file also ─qkv.load(dtype="stored")─▶ qkv with the file's quantised blocks (engine.stored)
     a chat prompt (the model's template) → ids; then, taking turns, median of `repeats` rounds:
       decode:   64 new tokens, greedy, end-of-turn ignored (both write the same 64 tokens; checked)
                 qkv model.generate(ids, 64, temperature=0, stop_at_eos=False), with its BLAS-thread
@@ -93,6 +94,7 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     log = log or (lambda msg: None)
     model = load(source)
     cfg = model.config
+    stored = load(source, dtype="stored") if gguf_of(source) is not None else None   # the file's blocks kept
     if not cfg.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder and cannot generate; give a decoder, e.g. --model smollm2")
     ids = chat_ids(model)
@@ -116,6 +118,9 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     }
     for n in THREADS:
         decode_runs[f"qkv_{n}"] = _with_threads(n, decode_runs["qkv"])
+    if stored is not None:
+        decode_runs["qkv_stored"] = lambda: stored.generate(ids[None], new_tokens, temperature=0,
+                                                            stop_at_eos=False)[0, len(ids):]
     if hf is not None:
         ids_t = torch.from_numpy(ids[None])
         ones = torch.ones_like(ids_t)
@@ -142,6 +147,8 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     snap = cpu_snapshot()
     for n, p in prompts.items():
         runs = {"qkv": lambda p=p: model.generate(p, 1, temperature=0, stop_at_eos=False)}
+        if stored is not None:
+            runs["qkv_stored"] = lambda p=p: stored.generate(p, 1, temperature=0, stop_at_eos=False)
         if hf is not None:
             runs["transformers"] = (lambda p=torch.from_numpy(p): reference(p, torch.ones_like(p), 1))
         log(f"prefill of {n} tokens")
@@ -160,6 +167,7 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
             llama["first_difference"] = first_difference(tokens["qkv"], np.asarray(llama["tokens"]))
 
     weight_bytes = model.weights.nbytes()
+    stored_bytes = stored.weights.nbytes() if stored is not None else None
     copy_bw = float(np.mean([bandwidth, bandwidth_after]))
     tps = {name: new_tokens / s for name, s in decode_s.items()}
     if llama and llama.get("decode_s"):
@@ -180,7 +188,9 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
         "decode_seconds": decode_s, "tokens_per_s": tps, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
         "weight_bytes": weight_bytes, "copy_bytes_per_s": copy_bw, "copy_bytes_per_s_runs": [bandwidth, bandwidth_after],
         "bandwidth_limit_tokens_per_s": copy_bw / weight_bytes,
-        "share": {name: bandwidth_share(weight_bytes, v, copy_bw) for name, v in tps.items() if name != "llama.cpp"},
+        "share": {name: bandwidth_share(stored_bytes if name == "qkv_stored" else weight_bytes, v, copy_bw)
+                  for name, v in tps.items() if name != "llama.cpp"},
+        "stored_bytes": stored_bytes,
         "first_difference": same, "others_cores": {"decode": busy_decode, "prefill": busy_prefill},
         "reply": model.tokenizer.decode(tokens["qkv"].tolist()) if model.tokenizer else None,
         "llama_cpp": llama,
@@ -226,6 +236,9 @@ def _decode_table(result: dict) -> list[str]:
                                            "BLAS threads of one-token steps chosen by timing them") + ")"}
     names.update({f"qkv_{t}": f"qkv, one-token steps on {t} BLAS thread{'s' if t > 1 else ''} "
                               f"(`QKV_DECODE_THREADS={t}`)" for t in THREADS})
+    if result.get("stored_bytes"):
+        names["qkv_stored"] = (f"qkv, weights as the file stores them (`dtype=\"stored\"`, "
+                               f"{result['stored_bytes'] / 1e6:.0f} MB read per step)")
     names["transformers"] = "transformers (torch, its threads)"
     rows = [[name, f"{tps[k]:.1f}", _ratio(tps[k], ref), f"{100 * share[k]:.0f} %"]
             for k, name in names.items() if k in tps]
@@ -254,7 +267,10 @@ def _comparison(result: dict) -> list[str]:
         "" if worst is None else f"; here at worst {worst:.2f}× its time: {md.MET[worst <= 1.0]}") + ")"
     return ["Same tokens: qkv and transformers write "
             + (f"the same {n} tokens" if d is None else f"different tokens from new token {d}")
-            + "; qkv with 1 or 2 BLAS threads: " + ("the same" if threads_same else "different") + ".",
+            + "; qkv with 1 or 2 BLAS threads: " + ("the same" if threads_same else "different")
+            + ("" if "qkv_stored" not in diffs else "; qkv with stored weights: " + (
+                "the same" if diffs["qkv_stored"] is None else f"different from new token {diffs['qkv_stored']}"))
+            + ".",
             "",
             "Targets: " + md.target(f"decode ≥ {TARGET_SPEEDUP:g}× transformers", speed, TARGET_SPEEDUP,
                                     f"{speed:.2f}×")
@@ -290,12 +306,15 @@ def _prefill_table(result: dict) -> list[str]:
     for k, s in result["prefill_seconds"].items():
         ours, theirs = s["qkv"], s.get("transformers")
         row = [k, f"{1e3 * ours:.0f}", f"{1e3 * theirs:.0f}" if theirs else "—", _ratio(ours, theirs)]
+        if "qkv_stored" in s:
+            row.append(f"{1e3 * s['qkv_stored']:.0f}")
         if llama_prefill:
             lp = llama_prefill.get(k)
             row.append(f"{1e3 * lp:.0f}" if lp else "—")
         rows.append(row)
+    stored = any("qkv_stored" in s for s in result["prefill_seconds"].values())
     header = ["prompt tokens", "qkv ms", "transformers ms", "qkv / transformers"] + (
-        ["llama.cpp ms"] if llama_prefill else [])
+        ["qkv stored ms"] if stored else []) + (["llama.cpp ms"] if llama_prefill else [])
     return md.table(header, rows, "r" * len(header))
 
 

@@ -201,7 +201,7 @@ class StoredMatrix(_ReadAsArray):
             tile = np.empty((min(step, self.d_out), self.d_in), np.float32)
             for o0 in range(0, self.d_out, step):
                 o1 = min(self.d_out, o0 + step)
-                np.matmul(x2, self.dequantized_rows(o0, o1, tile).T, out=y[:, o0:o1])
+                y[:, o0:o1] = x2 @ self.dequantized_rows(o0, o1, tile).T     # (a strided out= skips BLAS)
         return y.reshape(*lead, self.d_out)
 
     def _parts(self, o0: int, o1: int) -> tuple:

@@ -113,59 +113,68 @@ def _mv_q5_0(x, sums, q, d, h, y):
 def _mv_q5_1(x, sums, q, d, m, h, y):
     _mv_q5_any(*_halves(x), sums, q, d, m, h, np.float32(0), y)
 
-@njit(parallel=True, cache=True)
-def _dq_q8_0(q, d, out):
-    rows, nb = d.shape
-    for o in prange(rows):
+@njit(cache=True)
+def _dq_rows_q8_0(q, d, out, o0, o1):
+    nb = d.shape[1]
+    for o in range(o0, o1):
+        qo, row = q[o], out[o]
         for b in range(nb):
+            db, qb, ob = d[o, b], qo[b], row[b * 32:b * 32 + 32]
             for j in range(32):
-                out[o, b * 32 + j] = d[o, b] * np.float32(q[o, b, j])
+                ob[j] = db * np.float32(np.int32(qb[j]))
 
-@njit(parallel=True, cache=True)
+
+@njit(cache=True)
+def _dq_rows_q4(q, d, m, offset, out, o0, o1):
+    """w = d·(q − offset) + m (Q4_0: m zeros, offset 8; Q4_1: offset 0)."""
+    nb = d.shape[1]
+    for o in range(o0, o1):
+        qo, row = q[o], out[o]
+        for b in range(nb):
+            db, mb, qb, ob = d[o, b], m[o, b] - d[o, b] * offset, qo[b], row[b * 32:b * 32 + 32]
+            for j in range(16):
+                v = np.int32(qb[j])
+                ob[j] = db * np.float32(v & 15) + mb
+                ob[16 + j] = db * np.float32(v >> 4) + mb
+
+
+@njit(cache=True)
+def _dq_rows_q5(q, d, m, h, offset, out, o0, o1):
+    """w = d·(q − offset) + m, q = nibble | high bit · 16 (Q5_0: m zeros, offset 16; Q5_1: offset 0)."""
+    nb = d.shape[1]
+    for o in range(o0, o1):
+        qo, row = q[o], out[o]
+        for b in range(nb):
+            db, mb, qb, ob = d[o, b], m[o, b] - d[o, b] * offset, qo[b], row[b * 32:b * 32 + 32]
+            bits = np.int64(h[o, b])
+            for j in range(16):
+                v = np.int32(qb[j])
+                ob[j] = db * np.float32((v & 15) | np.int32(((bits >> j) & 1) << 4)) + mb
+                ob[16 + j] = db * np.float32((v >> 4) | np.int32(((bits >> (j + 16)) & 1) << 4)) + mb
+
+
+# Dequantising feeds BLAS (the many-row path): one thread, so that numba's workers never wait on
+# OpenBLAS's spinning ones between a tile and its product (two pools on two cores: 10× slower here).
+
+def _dq_q8_0(q, d, out):
+    _dq_rows_q8_0(q, d, out, 0, d.shape[0])
+
+
 def _dq_q4_0(q, d, out):
-    rows, nb = d.shape
-    for o in prange(rows):
-        for b in range(nb):
-            for j in range(16):
-                v = q[o, b, j]
-                out[o, b * 32 + j] = d[o, b] * np.float32(np.int32(v & 15) - 8)
-                out[o, b * 32 + 16 + j] = d[o, b] * np.float32(np.int32(v >> 4) - 8)
+    _dq_rows_q4(q, d, np.zeros_like(d), np.float32(8), out, 0, d.shape[0])
 
-@njit(parallel=True, cache=True)
+
 def _dq_q4_1(q, d, m, out):
-    rows, nb = d.shape
-    for o in prange(rows):
-        for b in range(nb):
-            for j in range(16):
-                v = q[o, b, j]
-                out[o, b * 32 + j] = d[o, b] * np.float32(v & 15) + m[o, b]
-                out[o, b * 32 + 16 + j] = d[o, b] * np.float32(v >> 4) + m[o, b]
+    _dq_rows_q4(q, d, m, np.float32(0), out, 0, d.shape[0])
 
-@njit(parallel=True, cache=True)
+
 def _dq_q5_0(q, d, h, out):
-    rows, nb = d.shape
-    for o in prange(rows):
-        for b in range(nb):
-            bits = h[o, b]
-            for j in range(16):
-                v = q[o, b, j]
-                lo = np.int32((v & 15) | (((bits >> j) & 1) << 4))
-                hi = np.int32((v >> 4) | (((bits >> (j + 16)) & 1) << 4))
-                out[o, b * 32 + j] = d[o, b] * np.float32(lo - 16)
-                out[o, b * 32 + 16 + j] = d[o, b] * np.float32(hi - 16)
+    _dq_rows_q5(q, d, np.zeros_like(d), h, np.float32(16), out, 0, d.shape[0])
 
-@njit(parallel=True, cache=True)
+
 def _dq_q5_1(q, d, m, h, out):
-    rows, nb = d.shape
-    for o in prange(rows):
-        for b in range(nb):
-            bits = h[o, b]
-            for j in range(16):
-                v = q[o, b, j]
-                lo = (v & 15) | (((bits >> j) & 1) << 4)
-                hi = (v >> 4) | (((bits >> (j + 16)) & 1) << 4)
-                out[o, b * 32 + j] = d[o, b] * np.float32(lo) + m[o, b]
-                out[o, b * 32 + 16 + j] = d[o, b] * np.float32(hi) + m[o, b]
+    _dq_rows_q5(q, d, m, h, np.float32(0), out, 0, d.shape[0])
+
 
 MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1}
 DEQUANT = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1}
