@@ -32,7 +32,7 @@ from .layout import fast_layout
 from .positions import positions_from_ids, positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
-from .trace import RECORDED, Recorder, Trace, layer_traces
+from .trace import RECORDED, Recorder, Trace, layer_traces, made_by, spelled
 from .weights import Weights
 
 
@@ -246,7 +246,7 @@ class Model:
         else:
             ids, _ = self.check_ids(text)
             ids = ids[0]
-            tokens = [self.tokenizer.id_to_token(i) if self.tokenizer else str(int(i)) for i in ids]
+            tokens = spelled(self.tokenizer, ids)
         kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
         rec = Recorder(layers=kept, keep=keep, heads=head_ids)
@@ -254,8 +254,7 @@ class Model:
                                      rec=rec, ablate=ablation, hooks=hooked)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
                      layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
-                     head_ids=head_ids, model=self.name, family=self.config.family, causal=self.config.causal,
-                     spelling=self.tokenizer.spelling if self.tokenizer else "plain", tokenizer=self.tokenizer)
+                     head_ids=head_ids, causal=self.config.causal, **made_by(self))
 
     def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None = None,
                    trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -40,7 +40,7 @@ from ..writing.sampling import Sampling
 from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
 from .tokenizer import Tokenizer
-from .trace import INTERMEDIATES, Recorder, Trace, layer_traces
+from .trace import INTERMEDIATES, Recorder, Trace, layer_traces, made_by, spelled
 from .weights import Seq2SeqWeights
 
 
@@ -363,8 +363,7 @@ class Seq2SeqModel:
         hidden, logits = decoder_pass(self.weights, self.config, dec[None], None, self.memory(encoded), mask,
                                       stacks=stacks)
         tgt_tokens = self._tokens(dec)
-        common = dict(model=self.name, family=self.config.family,
-                      spelling=self.tokenizer.spelling if self.tokenizer else "plain", tokenizer=self.tokenizer)
+        common = made_by(self)
         source = Trace(tokens=src_tokens, ids=ids, hidden=encoded[0], logits=None, layers=layer_traces(recs[0].store),
                        text=text if isinstance(text, str) else None, causal=False, **common)
         cross = Trace(tokens=tgt_tokens, ids=dec, hidden=None, logits=None, layers=layer_traces(recs[2].store),
@@ -383,7 +382,7 @@ class Seq2SeqModel:
         return ids[0], self._tokens(ids[0])
 
     def _tokens(self, ids: np.ndarray) -> list[str]:
-        return [self.tokenizer.id_to_token(i) if self.tokenizer else str(int(i)) for i in ids]
+        return spelled(self.tokenizer, ids)
 
     # writing -----------------------------------------------------------------
     # settings: the fields of qkv.writing.sampling.Sampling by name (temperature, top_k, top_p, seed, stop_at_eos).

@@ -299,6 +299,18 @@ def _rows_of(arrays: list[np.ndarray]) -> np.ndarray | None:
     return view
 
 
+def spelled(tokenizer, ids) -> list[str]:
+    """(n,) ids as the tokenizer spells them ("Ġcapital"), or their numbers without one: a trace's `tokens`."""
+    return [tokenizer.id_to_token(int(i)) if tokenizer else str(int(i)) for i in ids]
+
+
+def made_by(handle) -> dict:
+    """The fields of a Trace that say what made it (a model's name, family, spelling and tokenizer)."""
+    tok = handle.tokenizer
+    return dict(model=handle.name, family=handle.config.family, spelling=tok.spelling if tok else "plain",
+                tokenizer=tok)
+
+
 def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[int, LayerTrace]:
     """Per-layer traces of batch row `row` from a recorder's store."""
     return {

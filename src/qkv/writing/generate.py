@@ -22,7 +22,7 @@ from ..engine.errors import QkvError
 from .sampling import Sampling
 from ..engine.threads import StepThreads, blas_at_most, cores, decode_threads
 from ..engine.tuning import choices, pinned
-from ..engine.trace import LayerTrace, Recorder, Trace
+from ..engine.trace import LayerTrace, Recorder, Trace, made_by, spelled
 
 if TYPE_CHECKING:
     from ..engine.handles import Writer
@@ -129,11 +129,9 @@ class Recording:
         missing = sorted(set(range(N)) - set(self.ends))                              # rows a pass did not end at
         if missing:                                                                   # (the prompt's): read out
             logits[missing] = logits_of(hidden[missing][None], model.weights, cfg)[0]   # as the model reads its last
-        tokens = [model.tokenizer.id_to_token(int(i)) if model.tokenizer else str(int(i)) for i in ids]
-        return Trace(tokens=tokens, ids=np.asarray(ids, dtype=np.int64), hidden=hidden, logits=logits,
-                     layers={i: LayerTrace(layer=i, attentions=att[i]) for i in range(L)},
-                     prompt_length=prompt_length, model=model.name, family=cfg.family, causal=cfg.causal,
-                     spelling=model.tokenizer.spelling if model.tokenizer else "plain", tokenizer=model.tokenizer)
+        return Trace(tokens=spelled(model.tokenizer, ids), ids=np.asarray(ids, dtype=np.int64), hidden=hidden,
+                     logits=logits, layers={i: LayerTrace(layer=i, attentions=att[i]) for i in range(L)},
+                     prompt_length=prompt_length, causal=cfg.causal, **made_by(model))
 
 
 def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
