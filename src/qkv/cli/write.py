@@ -12,6 +12,12 @@ from .common import MODEL_HELP, check_writable, removed_if_failed, warn_unknown
 from ..engine.errors import QkvError
 
 
+lens_option = click.option(
+    "--lens", is_flag=True, help="Add the Logit lens tab to --trace's viewer: every layer's top tokens at every "
+                                 "position, (L+1)·n·V multiply-adds (on SmolLM2 about as long again as the "
+                                 "generation itself).")
+
+
 @click.command(name="generate")
 @click.argument("prompt")
 @click.option("--model", "source", default="minilm", show_default=True,
@@ -27,9 +33,7 @@ from ..engine.errors import QkvError
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token attended to into this directory.")
-@click.option("--lens", is_flag=True,
-              help="Add the Logit lens tab to --trace's viewer: every layer's top tokens at every position, "
-                   "(L+1)·n·V multiply-adds (on SmolLM2 about as long again as the generation itself).")
+@lens_option
 def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool) -> None:
     """Continue PROMPT with a decoder model, streaming the text as it is written.
@@ -150,9 +154,7 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token of the conversation and reply attended to into this directory "
                    "(in a conversation: after each reply).")
-@click.option("--lens", is_flag=True,
-              help="Add the Logit lens tab to --trace's viewer: every layer's top tokens at every position, "
-                   "(L+1)·n·V multiply-adds (on SmolLM2 about as long again as the generation itself).")
+@lens_option
 def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
              top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool) -> None:
     """Ask a chat model QUESTION and stream its answer.
