@@ -74,6 +74,15 @@ def test_a_pages_subset_is_kept_and_a_planted_file_is_never_trusted(tmp_path, mo
     kept.symlink_to(elsewhere)                                                          # a link: never read
     assert subset_points(page("qkv", "<p>나는 학교에 간다</p>", [])) == {ord(c) for c in "나는학교에간다"}
     assert made.calls == 2 and not kept.is_symlink() and elsewhere.read_bytes() == b"wOFF" + b"\0" * 64
+    kept.unlink()
+    (tmp_path / "fonts").rmdir()
+    (tmp_path / "fonts").symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # a linked folder
+    (tmp_path / "elsewhere").mkdir()
+    assert subset_points(page("qkv", "<p>나는 학교에 간다</p>", [])) == {ord(c) for c in "나는학교에간다"}
+    assert made.calls == 3 and list((tmp_path / "elsewhere").iterdir()) == []              # nothing written there
+    (tmp_path / "fonts").unlink()
+    (tmp_path / "elsewhere").rmdir()
+    (tmp_path / "fonts").mkdir()
     monkeypatch.setenv("QKV_CACHE", "off")
     assert subset_points(page("qkv", "<p>한국어</p>", [])) == {ord(c) for c in "한국어"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fonts", "planted.woff"]

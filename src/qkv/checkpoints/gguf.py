@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import write_directory
+from ..engine.io import cache_dir, write_directory
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
@@ -300,15 +300,9 @@ def convert(path: Path, out: Path) -> None:
 # ── the cache ───────────────────────────────────────────────────────────────────
 
 def cache_root() -> Path | None:
-    """Where converted GGUF files live: $QKV_CACHE, else $XDG_CACHE_HOME/qkv or ~/.cache/qkv;
-    None when QKV_CACHE is 'off'."""
-    env = os.environ.get("QKV_CACHE")
-    if env is not None and env.lower() in ("off", "0", "no", ""):
-        return None
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qkv"
+    """Where converted GGUF files live: qkv's cache directory (engine.io.cache_dir: $QKV_CACHE, else
+    $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is 'off'."""
+    return cache_dir()
 
 
 _TEMPORARY = "qkv-gguf-"

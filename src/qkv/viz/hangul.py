@@ -90,15 +90,15 @@ MAX_FACE = 8 << 20                       # a kept subset larger than this is not
 def _kept_face(wide: frozenset[int]) -> bytes:
     """The WOFF of the glyphs of WIDE the font has (b"" if none), from the cache directory when a page
     asked for the same code points before, else made and kept there (atomically; a cache that cannot
-    be written is skipped). A kept file is used only if it is a regular file (no link) that reads as
-    a WOFF, or is empty (nothing needed)."""
+    be written is skipped; a fonts folder that is a link is neither read nor written). A kept file is used
+    only if it is a regular file (no link) that reads as a WOFF, or is empty (nothing needed)."""
     if not wide:
         return b""
     folder = cache_dir()
     font = font_path()
     stat = font.stat()
     key = hashlib.sha256(f"{font.name} {stat.st_size} {stat.st_mtime_ns} {sorted(wide)}".encode()).hexdigest()
-    path = None if folder is None else folder / "fonts" / f"{key[:32]}.woff"
+    path = None if folder is None or (folder / "fonts").is_symlink() else folder / "fonts" / f"{key[:32]}.woff"
     if path is not None:
         try:
             if not path.is_symlink() and path.is_file() and path.stat().st_size <= MAX_FACE:
