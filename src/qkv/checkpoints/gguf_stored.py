@@ -45,8 +45,8 @@ class StoredTensors:
             except KeyError:
                 continue
             for hf, shape, fn in plan:
-                rows = fn(np.arange(d_out, dtype=np.float64)[:, None] * np.ones((1, d_in)))
-                if rows.shape != (shape[0], d_in) or tuple(shape) != (shape[0], d_in):
+                rows = fn(np.arange(d_out, dtype=np.float64)[:, None])   # the plan on a column of row numbers
+                if rows.shape != (shape[0], 1) or tuple(shape) != (shape[0], d_in):
                     continue                                 # transposed (Conv1D): not rows of the file
                 order = rows[:, 0].astype(np.int64)
                 full = store.find(hf)
