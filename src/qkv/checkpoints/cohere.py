@@ -23,8 +23,8 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back, ROTARY_BUFFERS
+from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, need, reads_back, ROTARY_BUFFERS
 from .tensors import TensorStore
 
 # Tensors a Cohere checkpoint may hold that qkv never reads ({i}: a layer), relative to CohereModel.
@@ -69,17 +69,9 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
     def norm(name: str, shape: tuple[int, ...] = (d,)) -> NormWeights:    # LayerNorm with no β
         return NormWeights(store.get(f"{name}.weight", shape, dtype))
 
-    def bias(name: str, size: int):
-        return store.get(name, (size,), dtype) if cfg.qkv_bias else None
-
     def block(i: int) -> BlockWeights:
         p, a, m = f"layers.{i}", f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=bias(f"{a}.q_proj.bias", hq),
-            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=bias(f"{a}.k_proj.bias", hkv),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=bias(f"{a}.v_proj.bias", hkv),
-            W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype), b_O=bias(f"{a}.o_proj.bias", d),
-        )
+        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.qkv_bias)
         if cfg.qk_norm:                                   # γ per head (H, d_k): head h normalised by its row
             attn.q_norm, attn.k_norm = norm(f"{a}.q_norm", (cfg.n_heads, dk)), norm(f"{a}.k_norm", (cfg.n_kv_heads, dk))
         ffn = FFNWeights(W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),

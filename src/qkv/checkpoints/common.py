@@ -13,6 +13,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.weights import AttentionWeights
 from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
@@ -207,6 +208,21 @@ def need(hf: dict, key: str):
 def linear_T(store: TensorStore, name: str, n_in: int, n_out: int, dtype) -> np.ndarray:
     """A torch Linear weight, stored (out, in), as our (in, out) W: a transposed view, no copy."""
     return store.get(name, (n_out, n_in), dtype).T
+
+
+def attention_linears(store: TensorStore, a: str, d: int, hq: int, hkv: int, dtype, qkv_bias: bool,
+                      out_bias: bool, out: str = "o_proj") -> AttentionWeights:
+    """The four torch Linears of an attention under A — q_proj, k_proj, v_proj and OUT (Phi: "dense") — as
+    W_Q (d, hq), W_K, W_V (d, hkv), W_O (hq, d), with Q/K/V's biases if QKV_BIAS and OUT's if OUT_BIAS:
+    what most decoders read; the caller adds the rest (q/k norms)."""
+    def bias(name: str, size: int, present: bool):
+        return store.get(f"{a}.{name}.bias", (size,), dtype) if present else None
+
+    return AttentionWeights(
+        W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=bias("q_proj", hq, qkv_bias),
+        W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=bias("k_proj", hkv, qkv_bias),
+        W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=bias("v_proj", hkv, qkv_bias),
+        W_O=linear_T(store, f"{a}.{out}.weight", hq, d, dtype), b_O=bias(out, d, out_bias))
 
 
 def reads_back(cfg: ModelConfig, hf: dict, read: Callable[[dict], ModelConfig]) -> dict:

@@ -28,8 +28,8 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.positions import rope_inv_freq
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
+from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
                      reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
@@ -136,20 +136,10 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
         g = store.get(f"{name}.weight", (size,), dtype)
         return NormWeights(g + 1, stored_offset=1.0) if cfg.family in PLUS_ONE else NormWeights(g)   # Gemma: γ = 1 + w
 
-    def bias(name: str, size: int, present: bool):
-        return store.get(name, (size,), dtype) if present else None
-
     def block(i: int) -> BlockWeights:
         p = f"layers.{i}"
         a = f"{p}.self_attn"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype),
-            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype),
-            W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype),
-            b_Q=bias(f"{a}.q_proj.bias", hq, cfg.qkv_bias), b_K=bias(f"{a}.k_proj.bias", hkv, cfg.qkv_bias),
-            b_V=bias(f"{a}.v_proj.bias", hkv, cfg.qkv_bias), b_O=bias(f"{a}.o_proj.bias", d, cfg.out_bias),
-        )
+        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.out_bias)
         if cfg.qk_norm:                                          # over each head's d_k, or (OLMo 2) all of them
             wide = cfg.qk_norm == "all"
             attn.q_norm = rms(f"{a}.q_norm", hq if wide else cfg.d_head)

@@ -36,8 +36,8 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from ..engine.weights import BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
+from .common import HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .llama import IGNORED, _rope
 from .tensors import TensorStore
 
@@ -149,14 +149,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def block(i: int) -> BlockWeights:
         a = f"layers.{i}.self_attn"
-        bias = cfg.qkv_bias
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype),
-            b_Q=store.get(f"{a}.q_proj.bias", (hq,), dtype) if bias else None,
-            b_K=store.get(f"{a}.k_proj.bias", (hkv,), dtype) if bias else None,
-            b_V=store.get(f"{a}.v_proj.bias", (hkv,), dtype) if bias else None,
-            b_O=store.get(f"{a}.o_proj.bias", (d,), dtype) if cfg.out_bias else None)
+        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.out_bias)
         if cfg.qk_norm:                                            # each head's (Qwen3-MoE) or all of them (OLMoE)
             wide = cfg.qk_norm == "all"
             attn.q_norm = NormWeights(store.get(f"{a}.q_norm.weight", (hq if wide else cfg.d_head,), dtype))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.config import ModelConfig
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, c_arrays, check_shapes, linear_T, need, partial_rope,
+from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, ROTARY_BUFFERS, activation, c_arrays, check_shapes, linear_T, need, partial_rope,
                      reads_back)
 from .tensors import TensorStore
 
@@ -54,12 +54,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def block(i: int) -> BlockWeights:
         p, a = f"layers.{i}", f"layers.{i}.self_attn"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=store.get(f"{a}.q_proj.bias", (hq,), dtype),
-            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=store.get(f"{a}.k_proj.bias", (hkv,), dtype),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=store.get(f"{a}.v_proj.bias", (hkv,), dtype),
-            W_O=linear_T(store, f"{a}.dense.weight", hq, d, dtype), b_O=store.get(f"{a}.dense.bias", (d,), dtype),
-        )
+        attn = attention_linears(store, a, d, hq, hkv, dtype, True, True, out="dense")
         if cfg.qk_norm:                                              # one LayerNorm over d_k, shared by the heads
             attn.q_norm, attn.k_norm = norm(f"{a}.q_layernorm", dk), norm(f"{a}.k_layernorm", dk)
         m = f"{p}.mlp"

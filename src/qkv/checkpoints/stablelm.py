@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.config import ModelConfig
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
+from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
                      reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
@@ -63,17 +63,9 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
     def per_head(name: str, heads: int) -> NormWeights:                  # one LayerNorm (no bias) per head
         return NormWeights(np.stack([store.get(f"{name}.norms.{h}.weight", (dk,), dtype) for h in range(heads)]))
 
-    def bias(name: str, size: int):
-        return store.get(name, (size,), dtype) if cfg.qkv_bias else None
-
     def block(i: int) -> BlockWeights:
         p, a, m = f"layers.{i}", f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=bias(f"{a}.q_proj.bias", hq),
-            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=bias(f"{a}.k_proj.bias", hkv),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=bias(f"{a}.v_proj.bias", hkv),
-            W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype),
-        )
+        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, False)
         if cfg.qk_norm:                                                   # (H, d_k), (Hkv, d_k)
             attn.q_norm, attn.k_norm = per_head(f"{a}.q_layernorm", cfg.n_heads), per_head(f"{a}.k_layernorm", cfg.n_kv_heads)
         ffn = FFNWeights(W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),

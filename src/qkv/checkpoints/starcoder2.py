@@ -21,8 +21,8 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
+from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
                      reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
@@ -64,12 +64,7 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def block(i: int) -> BlockWeights:
         p, a, m = f"layers.{i}", f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=bias(f"{a}.q_proj.bias", hq),
-            W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=bias(f"{a}.k_proj.bias", hkv),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=bias(f"{a}.v_proj.bias", hkv),
-            W_O=linear_T(store, f"{a}.o_proj.weight", hq, d, dtype), b_O=bias(f"{a}.o_proj.bias", d),
-        )
+        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.qkv_bias)
         ffn = FFNWeights(W_in=linear_T(store, f"{m}.c_fc.weight", d, f, dtype), b_in=bias(f"{m}.c_fc.bias", f),
                          W_out=linear_T(store, f"{m}.c_proj.weight", f, d, dtype), b_out=bias(f"{m}.c_proj.bias", d))
         return BlockWeights(attn_norm=norm(f"{p}.input_layernorm"), attn=attn,
