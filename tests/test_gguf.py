@@ -126,14 +126,19 @@ def entries(cache: Path) -> list[str]:
 
 
 def test_second_load_does_not_convert(monkeypatch, private_cache):
+    """The config and tokenizer are written once; the float32 tensors once, and only for a float32 load."""
     calls = []
-    convert = gguf.convert
-    monkeypatch.setattr(gguf, "convert", lambda *a: (calls.append(a), convert(*a)))
-    first = qkv.load(LLAMA)
+    for step in ("describe", "write_tensors"):
+        real = getattr(gguf, step)
+        monkeypatch.setattr(gguf, step, lambda *a, real=real, step=step: (calls.append(step), real(*a)))
+    first = qkv.load(LLAMA)                                  # stored: nothing but the description written
     second = qkv.load(LLAMA)
-    assert len(calls) == 1
+    assert calls == ["describe"] and not (private_cache / entries(private_cache)[0] / "model.safetensors").exists()
+    third, fourth = qkv.load(LLAMA, dtype="float32"), qkv.load(LLAMA, dtype="float32")
+    assert calls == ["describe", "write_tensors"]
     assert len(entries(private_cache)) == 1
-    np.testing.assert_array_equal(first.weights.tok_embed, second.weights.tok_embed)
+    for other in (second, third, fourth):
+        np.testing.assert_array_equal(first.weights.tok_embed, other.weights.tok_embed)
 
 
 def test_changed_file_is_converted_again(tmp_path, private_cache):
@@ -192,10 +197,10 @@ def test_concurrent_conversions(tmp_path, private_cache):
 def test_a_directory_that_appears_during_the_conversion(private_cache, monkeypatch, first):
     """Another process finished first (engine.io.write_directory keeps its directory): a qkv
     conversion is used, anything else refused in one line; no temporary directory is left."""
-    convert = gguf.convert
+    describe = gguf.describe
 
     def racing(path, out):
-        convert(path, out)
+        describe(path, out)
         theirs = private_cache / gguf._key(LLAMA)
         if first == "qkv":
             shutil.copytree(out, theirs)
@@ -203,7 +208,7 @@ def test_a_directory_that_appears_during_the_conversion(private_cache, monkeypat
             theirs.mkdir()
             (theirs / "notes.txt").write_text("mine")
 
-    monkeypatch.setattr(gguf, "convert", racing)
+    monkeypatch.setattr(gguf, "describe", racing)
     if first == "qkv":
         assert qkv.load(LLAMA).config.family == "llama"
     else:
@@ -348,7 +353,16 @@ def test_bad_file(tmp_path, monkeypatch, capsys, case):
     assert fragment in str(e.value) and "\n" not in str(e.value)
     code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
     assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1 and fragment in err, err
-    assert not (tmp_path / "cache").exists() or [p.name for p in (tmp_path / "cache").iterdir()] == []
+    with pytest.raises(QkvError) as e:
+        qkv.load(path, dtype="float32")
+    assert fragment in str(e.value)                      # the float32 conversion refuses it too
+    cache = tmp_path / "cache"
+    left = [p for p in cache.iterdir()] if cache.exists() else []
+    if case == "nan-weights":            # its header is sound: described (config, tokenizer), no tensors written
+        assert len(left) == 1 and not (left[0] / "model.safetensors").exists()
+        assert not [p for p in left[0].iterdir() if p.name.startswith(".")]
+    else:
+        assert left == []
 
 
 def test_directory_named_gguf(tmp_path, monkeypatch, capsys):

@@ -92,7 +92,7 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     from .. import load
 
     log = log or (lambda msg: None)
-    model = load(source)
+    model = load(source, dtype="float32")           # the readable path, the reference
     cfg = model.config
     stored = load(source, dtype="stored") if gguf_of(source) is not None else None   # the file's blocks kept
     if not cfg.causal or model.weights.W_vocab is None:

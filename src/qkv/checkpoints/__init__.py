@@ -7,6 +7,7 @@ see gguf.py), or a repo id already in the local Hugging Face cache (never downlo
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -140,14 +141,14 @@ def resolve(source: str | os.PathLike) -> Path:
     if text.lower() in _DEFAULT_ALIASES:
         return default_model_dir()
     if text.lower() in _LLM_ALIASES:
-        return gguf.converted(smollm2_file())
+        return gguf.described(smollm2_file())
     if text.lower() == KO_EN:
         return ko_en_dir()
     path = Path(text).expanduser()
     if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
     if path.suffix.lower() == ".gguf" and path.exists():     # a file, or a directory: one clear error
-        return gguf.converted(path)
+        return gguf.described(path)
     if path.is_file():
         raise QkvError(f"{text} is a file; give a .gguf file or the directory that holds config.json and "
                        "model.safetensors")
@@ -177,22 +178,39 @@ def read_config(directory: Path) -> ModelConfig:
     return config_of(hf)                              # model_type, types and ranges of every knob, the family's reader
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2SeqModel:
+STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
+
+
+def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
     Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel.
 
-    Weights are memory-mapped from safetensors (zero-copy in float32); `dtype=np.float64`
-    computes in double precision, for checks.
+    dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
+    as the file's blocks (engine.stored), read in place. Anything else defaults to float32, memory-mapped
+    from safetensors (zero-copy); np.float64 computes in double precision, for checks (a GGUF file then
+    is dequantised once into qkv's cache). "bfloat16" and "float16" hold every matrix in 16 bits (a
+    checkpoint's own 16-bit matrices mapped as they are, others rounded once); "stored" on a safetensors
+    checkpoint keeps each matrix as the file has it. Activations are float32 whatever the storage.
     """
-    stored = isinstance(dtype, str) and dtype == "stored"        # a GGUF file's blocks kept as they are
-    dtype = np.dtype(np.float32) if stored else check_dtype(dtype)   # float32 or float64, else one line
     directory = resolve(source)
+    source_gguf = gguf.source_of(directory)
+    if dtype is None:
+        dtype = "stored" if source_gguf is not None else np.float32
+    storage = dtype if isinstance(dtype, str) and dtype in STORAGES else None
+    dtype = np.dtype(np.float32) if storage else check_dtype(dtype)   # what the engine computes in
     cfg = read_config(directory)
-    store = TensorStore(directory)
-    if stored:
-        from .gguf_stored import StoredTensors
+    if source_gguf is not None and storage is not None:
+        from .gguf_stored import GGUFTensors
 
-        store = StoredTensors(store, directory)
+        store = GGUFTensors(directory)                    # the file's blocks (and 16-bit floats) in place
+    else:
+        if source_gguf is not None:
+            gguf.with_tensors(directory)                  # its tensors as float32 (written once)
+        store = TensorStore(directory)
+    if storage in ("bfloat16", "float16") or (storage == "stored" and source_gguf is None):
+        from .gguf_stored import HalfTensors
+
+        store = HalfTensors(store, {"bfloat16": "BF16", "float16": "F16", "stored": None}[storage])
     weights = read_weights(store, cfg, dtype.type)   # every tensor read, or one the family may ignore
     store.release()                   # reading every tensor once (the NaN check) mapped all its pages
     if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
@@ -204,8 +222,19 @@ def load(source: str | os.PathLike = DEFAULT, dtype=np.float32) -> Model | Seq2S
                        "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
     if gguf.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
+    _give_back_heap()
     model = Seq2SeqModel if cfg.encoder_decoder else Model
     return model(cfg, weights, tokenizer, name=_display_name(source))
+
+
+def _give_back_heap() -> None:
+    """Return the heap a load freed to the system (glibc's malloc_trim; elsewhere nothing): reading a GGUF
+    file's metadata makes ~50k small objects, whose freed pages glibc would otherwise keep (74 MB of
+    resident memory for SmolLM2)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _display_name(source) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.stored import StoredMatrix, StoredTable, half_bytes
 from ..engine.weights import AttentionWeights
 from .tensors import PREFIXES, TensorStore
 
@@ -208,6 +209,21 @@ def need(hf: dict, key: str):
 def linear_T(store: TensorStore, name: str, n_in: int, n_out: int, dtype) -> np.ndarray:
     """A torch Linear weight, stored (out, in), as our (in, out) W: a transposed view, no copy."""
     return store.get(name, (n_out, n_in), dtype).T
+
+
+def conv1d(store: TensorStore, name: str, n_in: int, n_out: int, dtype):
+    """A GPT-2 Conv1D weight, stored (in, out): our W (in, out) as it is. Held in 16 bits, the file's rows are
+    W's inputs, and the stored products read output rows: rewritten once as Wᵀ's rows (the same numbers)."""
+    W = store.get(name, (n_in, n_out), dtype)
+    if isinstance(W, StoredTable):
+        m = W.matrix
+        W = StoredMatrix(m.kind, half_bytes(m.dequantized_rows().T, m.kind), n_in)
+    return W
+
+
+def columns(W, start: int, stop: int):
+    """W[:, start:stop], a view: of an array, or of a stored matrix's rows."""
+    return W.rows(slice(start, stop)) if isinstance(W, StoredMatrix) else W[:, start:stop]
 
 
 def attention_linears(store: TensorStore, a: str, d: int, hq: int, hkv: int, dtype, qkv_bias: bool,

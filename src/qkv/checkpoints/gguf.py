@@ -1,14 +1,15 @@
-"""GGUF files (llama.cpp's format): read with ggml-org's `gguf` package, dequantised to float32.
+"""GGUF files (llama.cpp's format): read with ggml-org's `gguf` package.
 
 A GGUF file holds the config as metadata keys, the tokenizer (tokens, merges, types, the
-pre-tokenizer's name, the chat template) and the tensors, often quantised. qkv turns it,
-once, into an ordinary Hugging Face directory in its cache —
+pre-tokenizer's name, the chat template) and the tensors, often quantised. qkv describes it,
+once, as an ordinary Hugging Face directory in its cache (`described`) —
 
-    config.json  model.safetensors (float32)  tokenizer.json  tokenizer_config.json
+    config.json  tokenizer.json  tokenizer_config.json  qkv_source.json (the file it stands for)
 
-— and loads that like any other checkpoint: memory-mapped, zero-copy. The first load of a
-file pays for reading and dequantising (about 2 s for SmolLM2-135M); every later load
-maps the cached file. `QKV_CACHE=off` converts in a temporary directory instead.
+— and a load (by default, "stored") reads the tensors from the GGUF file itself (gguf_stored: the
+quantised matrices as their blocks, in place). A float32 or float64 load adds model.safetensors,
+every tensor dequantised to float32, once (`with_tensors`; about 2 s for SmolLM2-135M), and maps it
+like any other checkpoint. `QKV_CACHE=off` writes in a temporary directory instead.
 
 Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names, and
 what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral, which
@@ -32,19 +33,20 @@ import shutil
 import struct
 import tempfile
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import cache_dir, write_directory
+from ..engine.io import cache_dir, write_atomic, write_directory
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-CONVERTER_VERSION = 3          # bump when the conversion of a file read before changes: cached directories are rebuilt
+CONVERTER_VERSION = 4          # bump when the conversion of a file read before changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
 
 # Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
@@ -243,9 +245,9 @@ def in_order(fn, items, workers: int = THREADS):
             yield pending.popleft().result()
 
 
-def write_safetensors(path: Path, shapes: list[tuple[str, tuple[int, ...]]], arrays) -> None:
-    """A float32 safetensors file, written tensor by tensor: the header comes from the shapes,
-    then each array of `arrays` (in the same order) is written and dropped."""
+def write_safetensors(f, shapes: list[tuple[str, tuple[int, ...]]], arrays) -> None:
+    """A float32 safetensors file into F (open for binary writing), tensor by tensor: the header comes
+    from the shapes, then each array of `arrays` (in the same order) is written and dropped."""
     header, offset = {}, 0
     for name, shape in shapes:
         size = 4 * int(np.prod(shape, dtype=np.int64))
@@ -253,25 +255,41 @@ def write_safetensors(path: Path, shapes: list[tuple[str, tuple[int, ...]]], arr
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)                                      # keep the data 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for (name, shape), w in zip(shapes, arrays):
-            assert w.shape == shape, (name, w.shape, shape)
-            f.write(np.ascontiguousarray(w, dtype="<f4").data)        # no copy of the bytes
+    f.write(struct.pack("<Q", len(raw)))
+    f.write(raw)
+    for (name, shape), w in zip(shapes, arrays):
+        assert w.shape == shape, (name, w.shape, shape)
+        f.write(np.ascontiguousarray(w, dtype="<f4").data)            # no copy of the bytes
 
 
-def convert(path: Path, out: Path) -> None:
-    """Write the Hugging Face directory of GGUF file `path` into the (existing, empty) directory `out`."""
+@dataclass
+class Parsed:
+    """What every use of a GGUF file reads first, all checked: its reader, architecture, config.json,
+    sizes, and each tensor the engine reads with its plan (gguf_archs.hf_tensors: the Hugging Face
+    tensors it becomes, and how)."""
+
+    reader: object
+    arch: str
+    cfg: dict
+    dims: dict
+    plans: list                       # [(GGUF tensor, (out, in) shape, [(hf name, hf shape, fn)])]
+    tokenizer: tuple[str, dict] | None    # (tokenizer.json, tokenizer_config) when asked for
+
+
+def parse(path: Path, vocab_size: int | None = None) -> Parsed:
+    """Read GGUF file PATH: its tokenizer too (which sets the vocabulary's size) unless VOCAB_SIZE is given."""
     reader = open_reader(path)
     meta = mixtral_view(metadata(reader))
     cfg, dims = hf_config(meta)
     a = meta["general.architecture"]
-    tokenizer_json, tokenizer_config, vocab_size = gguf_tokenizer.build(reader, meta)
-    declared = meta.get(f"{a}.vocab_size", vocab_size)
-    if declared != vocab_size:
-        raise QkvError(f"the GGUF file declares a vocabulary of {declared!r:.20} but its tokenizer has "
-                       f"{vocab_size} tokens; the file is damaged")
+    tokenizer = None
+    if vocab_size is None:
+        tokenizer_json, tokenizer_config, vocab_size = gguf_tokenizer.build(reader, meta)
+        tokenizer = (tokenizer_json, tokenizer_config)
+        declared = meta.get(f"{a}.vocab_size", vocab_size)
+        if declared != vocab_size:
+            raise QkvError(f"the GGUF file declares a vocabulary of {declared!r:.20} but its tokenizer has "
+                           f"{vocab_size} tokens; the file is damaged")
     cfg["vocab_size"] = dims["V"] = vocab_size
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
@@ -281,20 +299,50 @@ def convert(path: Path, out: Path) -> None:
     # Each GGUF tensor becomes one Hugging Face tensor (or, fused Q/K/V split, several), the converter's
     # changes undone (gguf_archs.hf_tensors).
     plans = [(t, shape, gguf_archs.hf_tensors(a, name, shape, dims)) for name, t, shape in used]
-    shapes = [(hf, hf_shape) for _, _, plan in plans for hf, hf_shape, _ in plan]
+    return Parsed(reader, a, cfg, dims, plans, tokenizer)
+
+
+def describe(path: Path, out: Path) -> None:
+    """Write the Hugging Face directory of GGUF file PATH, without its tensors, into the (existing, empty)
+    directory OUT: config.json, the tokenizer's files, and qkv_source.json (which file it describes)."""
+    p = parse(path)
+    tokenizer_json, tokenizer_config = p.tokenizer
+    (out / "config.json").write_text(json.dumps(p.cfg, indent=2))
+    (out / "tokenizer.json").write_text(tokenizer_json)
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
+    name = metadata(p.reader).get("general.name")
+    (out / "qkv_source.json").write_text(json.dumps({"gguf": str(Path(path).resolve()), "converter":
+                                                     CONVERTER_VERSION, "name": name}, indent=2))
+
+
+def source_of(directory: Path) -> Path | None:
+    """The GGUF file a described directory stands for (its qkv_source.json); None for any other directory."""
+    try:
+        return Path(json.loads((directory / "qkv_source.json").read_text())["gguf"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_tensors(path: Path, out: Path) -> None:
+    """OUT/model.safetensors: every tensor of GGUF file PATH dequantised to float32, in its Hugging Face
+    name and shape (written atomically: engine.io.write_atomic)."""
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    p = parse(path, vocab_size=vocab)
+    shapes = [(hf, hf_shape) for _, _, plan in p.plans for hf, hf_shape, _ in plan]
 
     def arrays_of(item) -> list[np.ndarray]:
         t, shape, plan = item
         w = _dequantised(t, shape)
         return [fn(w) for _, _, fn in plan]
 
-    arrays = (w for ws in in_order(arrays_of, plans) for w in ws)
-    write_safetensors(out / "model.safetensors", shapes, arrays)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "tokenizer.json").write_text(tokenizer_json)
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
-    (out / "qkv_source.json").write_text(json.dumps({"gguf": str(Path(path).resolve()), "converter":
-                                                     CONVERTER_VERSION, "name": meta.get("general.name")}, indent=2))
+    arrays = (w for ws in in_order(arrays_of, p.plans) for w in ws)
+    write_atomic(out / "model.safetensors", lambda f: write_safetensors(f, shapes, arrays))
+
+
+def convert(path: Path, out: Path) -> None:
+    """Write the whole Hugging Face directory of GGUF file `path`, tensors too, into the (existing, empty) directory `out`."""
+    describe(path, out)
+    write_tensors(path, out)
 
 
 # ── the cache ───────────────────────────────────────────────────────────────────
@@ -320,10 +368,10 @@ def _key(path: Path) -> str:
     return f"{path.stem[:60]}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
-def _convert_into(path: Path, out: Path) -> None:
-    """convert(), with a full disk or an unwritable place reported in one line."""
+def _writing(step, path: Path, out: Path) -> None:
+    """step(path, out) (describe or write_tensors), with a full disk or an unwritable place reported in one line."""
     try:
-        convert(path, out)
+        step(path, out)
     except OSError as e:
         raise QkvError(f"cannot write the converted GGUF model to {out.parent}: {e.strerror}; free some space "
                        "or set QKV_CACHE to a writable directory") from None
@@ -345,16 +393,17 @@ def _glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in text)
 
 
-def converted(path: str | os.PathLike) -> Path:
-    """The Hugging Face directory of a GGUF file: from the cache, or converted now (atomically:
-    into a private temporary directory, then renamed into place: engine.io.write_directory)."""
+def described(path: str | os.PathLike) -> Path:
+    """The Hugging Face directory of a GGUF file without its tensors (config.json, the tokenizer): from
+    the cache, or written now (atomically: into a private temporary directory, then renamed into place:
+    engine.io.write_directory). A stored load reads the tensors from the GGUF file itself."""
     path = Path(path)
     check_file(path)
     root = cache_root()
     if root is None:
         out = Path(tempfile.mkdtemp(prefix=_TEMPORARY))
         try:
-            _convert_into(path, out)
+            _writing(describe, path, out)
         except BaseException:
             shutil.rmtree(out, ignore_errors=True)
             raise
@@ -367,7 +416,7 @@ def converted(path: str | os.PathLike) -> Path:
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        placed = write_directory(final, lambda tmp: _convert_into(path, tmp))    # never onto a link
+        placed = write_directory(final, lambda tmp: _writing(describe, path, tmp))    # never onto a link
     except OSError as e:
         raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a writable "
                        "directory, or QKV_CACHE=off") from None
@@ -376,5 +425,22 @@ def converted(path: str | os.PathLike) -> Path:
     elif final.is_symlink() or not (final / "qkv_source.json").is_file():
         raise QkvError(f"cannot write the GGUF cache {root}: {final.name} appeared there, not written by qkv; "
                        "remove it, or set QKV_CACHE to another directory")
-    # else another process converted the same file first: use its copy
+    # else another process described the same file first: use its copy
     return final
+
+
+def converted(path: str | os.PathLike) -> Path:
+    """The Hugging Face directory of a GGUF file with its tensors dequantised to float32 (model.safetensors,
+    what a float32 or float64 load maps): `described`, and `with_tensors`."""
+    return with_tensors(described(path))
+
+
+def with_tensors(out: Path) -> Path:
+    """A described directory OUT with model.safetensors in it, written the first time (atomically)."""
+    tensors = out / "model.safetensors"
+    if tensors.is_symlink() or (os.path.lexists(tensors) and not tensors.is_file()):
+        raise QkvError(f"{tensors} in qkv's GGUF cache is not a file qkv wrote (a link or a folder); remove it, "
+                       "or set QKV_CACHE to another directory")
+    if not tensors.is_file():
+        _writing(write_tensors, source_of(out), out)
+    return out

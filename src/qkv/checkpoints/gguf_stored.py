@@ -1,67 +1,123 @@
-"""`qkv.load(gguf, dtype="stored")`: a converted GGUF directory's tensors, its quantised matrices answered as
-the file's own blocks (engine.stored) instead of their float32 copies.
+"""A GGUF file's tensors read in place (a stored load, GGUF's default): its quantised matrices as the
+file's own blocks (engine.stored), everything else dequantised to float32 when it is read.
 
-`StoredTensors(store, directory)` wraps the directory's TensorStore: `get` of a matrix the GGUF file holds
-as Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 gives a `StoredTable` (its (out, in) rows as blocks; `.T` the StoredMatrix W
-the loaders take), everything else the float32 tensor of the conversion. The converter's row changes
-(`gguf_archs.hf_tensors`: Q/K unpermuted, fused rows split) are applied to the rows' numbers, never to
-the values. Only the float32 tensors (norms, biases, F32/F16 matrices) are read from the conversion; the
-conversion is still written whole (its matrices' pages are never touched: a later step drops them).
+`GGUFTensors(directory)` is a tensor store (the interface of tensors.TensorStore) over the GGUF file a
+described directory stands for (gguf.described: config.json and the tokenizer, no model.safetensors).
+A matrix the file holds as one of engine.stored.KINDS is answered as a `StoredTable` (its (out, in) rows
+as blocks, views of the file's memory map; `.T` the StoredMatrix W the loaders take). The converter's
+row changes (`gguf_archs.hf_tensors`: Q/K un-permuted, fused rows split) are applied to the rows'
+numbers, never to the values. Norms, biases and float matrices are dequantised as they are read, so
+nothing is ever converted whole and no float32 copy of the model is written.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 from pathlib import Path
 
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.stored import KINDS, StoredMatrix, StoredTable
-from . import gguf_archs
-from .gguf import hf_config, mixtral_view
-from .gguf_reader import metadata, open_reader
+from ..engine.stored import KINDS, StoredMatrix, StoredTable, half_bytes
+from .gguf import _dequantised, parse, source_of
+from .tensors import _find, check_finite
 
 
-class StoredTensors:
-    def __init__(self, store, directory: Path):
-        source = directory / "qkv_source.json"
-        if not source.is_file():
+class GGUFTensors:
+    def __init__(self, directory: Path):
+        path = source_of(directory)
+        if path is None:
             raise QkvError('dtype="stored" keeps a GGUF file\'s blocks; give a .gguf file (or "smollm2")')
-        path = Path(json.loads(source.read_text())["gguf"])
-        reader = open_reader(path)
-        meta = mixtral_view(metadata(reader))
-        _, dims = hf_config(meta)
-        a = meta["general.architecture"]
-        self.store, self.stored = store, {}
-        for t in reader.tensors:
-            kind = t.tensor_type.name
-            if kind not in KINDS or len(t.shape) != 2:
-                continue
-            d_in, d_out = int(t.shape[0]), int(t.shape[1])
-            matrix = StoredMatrix(kind, np.asarray(t.data).reshape(d_out, -1), d_in)
-            try:
-                plan = gguf_archs.hf_tensors(a, t.name, (d_out, d_in), dims)
-            except KeyError:
-                continue
-            for hf, shape, fn in plan:
-                rows = fn(np.arange(d_out, dtype=np.float64)[:, None])   # the plan on a column of row numbers
-                if rows.shape != (shape[0], 1) or tuple(shape) != (shape[0], d_in):
-                    continue                                 # transposed (Conv1D): not rows of the file
-                order = rows[:, 0].astype(np.int64)
-                full = store.find(hf)
-                if full is not None:
-                    self.stored[full] = matrix if np.array_equal(order, np.arange(d_out)) else matrix.rows(order)
+        vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
+        p = parse(path, vocab_size=vocab)
+        self.reader = p.reader
+        self._where: dict[str, tuple] = {}         # hf name → (GGUF tensor, its shape, (hf shape, fn))
+        self._stored: dict[str, StoredMatrix] = {}
+        self.read: set[str] = set()
+        for t, shape, plan in p.plans:
+            matrix = None
+            if t.tensor_type.name in KINDS and len(shape) == 2:
+                d_out, d_in = shape
+                matrix = StoredMatrix(t.tensor_type.name, np.asarray(t.data).view(np.uint8).reshape(d_out, -1), d_in)
+            for hf, hf_shape, fn in plan:
+                self._where[hf] = (t, shape, hf_shape, fn)
+                rows = self._rows(matrix, shape, hf_shape, fn)
+                if rows is not None:
+                    self._stored[hf] = rows
+        self._last: tuple[object, np.ndarray] | None = None    # the last tensor dequantised (a fused one's parts)
+
+    @staticmethod
+    def _rows(matrix: StoredMatrix | None, shape, hf_shape, fn) -> StoredMatrix | None:
+        """The plan's tensor as rows of MATRIX (a StoredMatrix of those rows), or None when it is not rows
+        of the file (a transposed Conv1D, a vector) or MATRIX is None."""
+        if matrix is None or len(hf_shape) != 2 or hf_shape[1] != shape[1]:
+            return None
+        rows = fn(np.arange(shape[0], dtype=np.float64)[:, None])      # the plan on a column of row numbers
+        if rows.shape != (hf_shape[0], 1):
+            return None
+        order = rows[:, 0].astype(np.int64)
+        if np.array_equal(order, np.arange(shape[0])):
+            return matrix
+        if len(order) and np.array_equal(order, np.arange(order[0], order[0] + len(order))):
+            return matrix.rows(slice(int(order[0]), int(order[0]) + len(order)))     # a view: no copy
+        return matrix.rows(order)
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def find(self, name: str) -> str | None:
+        return _find(self._where, name)
+
+    def has(self, name: str) -> bool:
+        return self.find(name) is not None
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32):
-        full = self.store.find(name)
-        if full in self.stored:
-            m = self.stored[full]
-            if (m.d_out, m.d_in) != tuple(shape):
-                raise QkvError(f"tensor {full} has shape {(m.d_out, m.d_in)} but config.json implies {tuple(shape)}")
-            self.store.read.add(full)
-            return StoredTable(m)
-        return self.store.get(name, shape, dtype)
+        """Tensor NAME checked against the shape the config implies: a StoredTable for a quantised matrix,
+        else its float32 values as DTYPE."""
+        full = self.find(name)
+        if full is None:
+            raise QkvError(f"the GGUF file has no tensor for {name!r}; it does not match its architecture")
+        t, t_shape, hf_shape, fn = self._where[full]
+        if tuple(hf_shape) != tuple(shape):
+            raise QkvError(f"tensor {full} has shape {tuple(hf_shape)} but the config implies {tuple(shape)}")
+        self.read.add(full)
+        if full in self._stored:
+            return StoredTable(self._stored[full])
+        if self._last is None or self._last[0] is not t:
+            self._last = (t, _dequantised(t, t_shape))
+        arr = np.ascontiguousarray(fn(self._last[1]), dtype=dtype)
+        check_finite(full, arr)
+        return arr
+
+    def release(self) -> None:
+        """Drop the file's pages from this process (MADV_DONTNEED; clean file pages, mapped again when a
+        product reads them): after a load has read every tensor, the blocks count once."""
+        self._last = None
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
+
+
+class HalfTensors:
+    """A tensor store whose matrices (2-D tensors) are held in 16 bits: `qkv.load(..., dtype="bfloat16")`,
+    "float16", or "stored" for a safetensors checkpoint (kept as the file has them: 16-bit matrices as
+    their bytes, float32 ones as they are). A matrix the file holds in the asked kind is its own bytes,
+    mapped (TensorStore.get_stored); any other is rounded into that kind once (engine.stored.half_bytes).
+    Vectors (norms, biases) stay float32."""
+
+    def __init__(self, store, kind: str | None):
+        self.store, self.kind = store, kind              # kind: "BF16", "F16", or None (what the file has)
+
+    def get(self, name: str, shape: tuple[int, ...], dtype=np.float32):
+        if len(shape) == 2 and hasattr(self.store, "get_stored"):
+            table = self.store.get_stored(name, shape)
+            if table is not None and self.kind in (None, table.matrix.kind):
+                return table
+        arr = self.store.get(name, shape, dtype)
+        if self.kind is None or len(shape) != 2 or not isinstance(arr, np.ndarray):
+            return arr
+        return StoredTable(StoredMatrix(self.kind, half_bytes(arr, self.kind), shape[1]))
 
     def __getattr__(self, name):
         return getattr(self.store, name)

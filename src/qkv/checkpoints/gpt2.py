@@ -22,7 +22,7 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, columns, conv1d, linear_T, need, reads_back
 from .tensors import TensorStore
 
 # Tensors a GPT-2 checkpoint may hold that qkv never reads ({i}: a layer), relative to GPT2Model.
@@ -60,17 +60,17 @@ def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
 
     def block(i: int) -> BlockWeights:
         p = f"h.{i}"
-        qkv = store.get(f"{p}.attn.c_attn.weight", (d, 3 * d), dtype)   # (d, 3d) = [W_Q | W_K | W_V]
+        qkv = conv1d(store, f"{p}.attn.c_attn.weight", d, 3 * d, dtype)   # (d, 3d) = [W_Q | W_K | W_V]
         qkv_b = store.get(f"{p}.attn.c_attn.bias", (3 * d,), dtype)
         attn = AttentionWeights(
-            W_Q=qkv[:, :d], W_K=qkv[:, d:2 * d], W_V=qkv[:, 2 * d:],
+            W_Q=columns(qkv, 0, d), W_K=columns(qkv, d, 2 * d), W_V=columns(qkv, 2 * d, 3 * d),
             b_Q=qkv_b[:d], b_K=qkv_b[d:2 * d], b_V=qkv_b[2 * d:],
-            W_O=store.get(f"{p}.attn.c_proj.weight", (d, d), dtype),
+            W_O=conv1d(store, f"{p}.attn.c_proj.weight", d, d, dtype),
             b_O=store.get(f"{p}.attn.c_proj.bias", (d,), dtype),
         )
         ffn = FFNWeights(
-            W_in=store.get(f"{p}.mlp.c_fc.weight", (d, f), dtype), b_in=store.get(f"{p}.mlp.c_fc.bias", (f,), dtype),
-            W_out=store.get(f"{p}.mlp.c_proj.weight", (f, d), dtype), b_out=store.get(f"{p}.mlp.c_proj.bias", (d,), dtype),
+            W_in=conv1d(store, f"{p}.mlp.c_fc.weight", d, f, dtype), b_in=store.get(f"{p}.mlp.c_fc.bias", (f,), dtype),
+            W_out=conv1d(store, f"{p}.mlp.c_proj.weight", f, d, dtype), b_out=store.get(f"{p}.mlp.c_proj.bias", (d,), dtype),
         )
         return BlockWeights(attn_norm=norm(f"{p}.ln_1"), attn=attn, ffn_norm=norm(f"{p}.ln_2"), ffn=ffn)
 

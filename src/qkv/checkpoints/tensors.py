@@ -185,6 +185,25 @@ class TensorStore:
         return arr
 
 
+    def get_stored(self, name: str, shape: tuple[int, ...]):
+        """Matrix NAME as the file stores it, when that is 16-bit floats: a StoredTable over its bytes (a view
+        of the mapped file, nothing converted); None for anything else (then `get` reads it)."""
+        stored = self.find(name)
+        if stored is None or len(shape) != 2:
+            return None
+        mm, info, start = self._where[stored]
+        if info["dtype"] not in ("F16", "BF16") or tuple(info["shape"]) != tuple(shape):
+            return None
+        from ..engine.stored import StoredMatrix, StoredTable
+
+        begin, end = info["data_offsets"]
+        if start + end > len(mm):
+            raise QkvError(f"tensor {stored} is truncated (the file ends early); re-download the checkpoint")
+        raw = np.frombuffer(mm, dtype=np.uint8, count=end - begin, offset=start + begin).reshape(shape[0], -1)
+        self.read.add(stored)
+        return StoredTable(StoredMatrix(info["dtype"], raw, shape[1]))
+
+
 def _find(names, name: str) -> str | None:
     """The stored name of tensor `name` among NAMES, trying the usual base-model prefixes."""
     for p in PREFIXES:

@@ -13,7 +13,8 @@ from rich.text import Text
 
 from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
-from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, run, warn_unknown
+from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_pairs, new_console, removed_if_failed,
+                     run, warn_unknown)
 from .explain import explain_cmd, next_cmd
 from .interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .write import chat_cmd, generate, translate_cmd
@@ -70,8 +71,13 @@ def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limi
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="qkv")
-def cli() -> None:
+@click.option("--weights", type=click.Choice(WEIGHTS), default=None,
+              help="How the model holds its weights: 'stored' (as the file has them: a GGUF file's 4/8-bit blocks, "
+                   "a checkpoint's 16-bit floats), float32, bfloat16 or float16. Default: stored for a GGUF file, "
+                   "float32 for the rest. Activations are float32 whatever the choice.")
+def cli(weights: str | None) -> None:
     """qkv: see inside transformer language models."""
+    choose_weights(weights)
 
 
 @cli.command()
@@ -105,7 +111,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
     the viewer with its encoder / decoder / cross views.
     """
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..engine.seq2seq import Seq2SeqModel
 
     model = load(source)

@@ -315,6 +315,24 @@ def trace_command(new_tokens: int, repeats: int, lens: bool, out: str | None, as
     publish(result, text, as_json, out, "trace", took=f" ({time.perf_counter() - start:.0f} s)")
 
 
+@bench.command("memory")
+@click.option("--model", "model_source", default="smollm2", show_default=True,
+              help="What to load: a GGUF file or a checkpoint directory (a 16-bit one: loaded as stored).")
+@click.option("--no-transformers", "no_transformers", is_flag=True, help="Leave transformers out (no torch needed).")
+@out_option("'bench:memory' section (or 'bench:memory-MODEL')")
+@json_option
+def memory_command(model_source: str, no_transformers: bool, out: str | None, as_json: bool) -> None:
+    """Seconds and peak memory of loading a model, qkv (stored, float32) beside transformers."""
+    from ..bench import memory as mb
+
+    start = time.perf_counter()
+    result = mb.measure(model_source, not no_transformers, log=lambda msg: click.echo(msg, err=True))
+    line = command_line("qkv bench memory", [("--model", model_source, "smollm2"),
+                                             ("--no-transformers", no_transformers, False), ("--out", out, None)])
+    section = "memory" + ("" if model_source == "smollm2" else "-" + section_name(model_source))
+    publish(result, mb.markdown(result, line), as_json, out, section, took=f" ({time.perf_counter() - start:.0f} s)")
+
+
 @bench.command("tune")
 @json_option
 def tune_command(as_json: bool) -> None:
@@ -347,6 +365,7 @@ def all_commands() -> list[tuple[str, object, dict]]:
             ("generate", generate_command, {}),
             ("generate --model smollm2", generate_command, {"model_source": "smollm2"}),
             ("trace", trace_command, {}),
+            ("memory", memory_command, {}),
             ("attention", attention_command, {"sizes": ALL_ATTENTION_SIZES, "max_seconds": ALL_ATTENTION_SECONDS}),
             ("sparse", sparse_command, {}),
             ("train", train_command, {}),

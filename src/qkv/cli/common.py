@@ -21,6 +21,23 @@ from ..engine.errors import QkvError
 MODEL_HELP = "Model: 'minilm', 'smollm2', 'ko-en-tiny', a .gguf file, a local Hugging Face directory, or a cached repo id."
 
 
+WEIGHTS = ("stored", "float32", "bfloat16", "float16")     # `qkv --weights`: how a command's model holds its weights
+_weights: dict[str, str | None] = {"dtype": None}
+
+
+def choose_weights(dtype: str | None) -> None:
+    """`qkv --weights DTYPE`: what every model this command loads holds its weights as (None: each file's own
+    default: a GGUF file's blocks as stored, anything else float32)."""
+    _weights["dtype"] = dtype
+
+
+def load_model(source):
+    """qkv.load(SOURCE) with the weights `qkv --weights` chose."""
+    from ..checkpoints import load
+
+    return load(source, dtype=_weights["dtype"])
+
+
 def new_console() -> Console:
     """A console on stdout; off a terminal rich assumes 80 columns, and a table of 12 heads needs more."""
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)

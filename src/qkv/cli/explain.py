@@ -31,7 +31,7 @@ from ..lessons import explain_help
 def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
                 out_dir: str | None, html_file: str | None) -> None:
     """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..lessons import attention_figures, check_lang, lesson_module, parse
 
     topic, text = parse(args)
@@ -112,7 +112,7 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     masked-LM encoder (RoBERTa, DistilBERT, ELECTRA's generator): the token at TEXT's first mask token."""
     from functools import partial
 
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..writing.nexttoken import distribution, entropy, masked_token_logits, next_token_logits, token_text, top_tokens
     from ..engine.seq2seq import Seq2SeqModel
 

@@ -136,7 +136,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
 
     Give TEXT(s), or a corpus with --file. Each text counts equally in the averages.
     """
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..analysis.text import prepare
 
     unknown = [s for s in show if s not in STATS]

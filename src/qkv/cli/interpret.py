@@ -32,7 +32,7 @@ def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str 
     after l blocks through the final norm and W_vocab (layer 0: the embeddings). An encoder–decoder
     translates TEXT (or reads --prefix) and shows its decoder's layers."""
     from ..analysis.lens import check_lens
-    from ..checkpoints import load
+    from .common import load_model as load
 
     model = as_decoder(load(source), prefix, default=None)
     check_lens(model)
@@ -119,7 +119,7 @@ def _decoder_stack(trace):
 def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
     """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
     the input token it draws most from through every layer, beside the last layer's raw attention."""
-    from ..checkpoints import load
+    from .common import load_model as load
 
     model = load(source)
     model.encode(text)                                                        # a bad text fails before DIR is touched
@@ -182,7 +182,7 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
     """Direct logit attribution: each head's and FFN's direct part of TARGET's logit (or of
     target − other) after TEXT, the final norm's scale frozen (as TransformerLens does)."""
     from ..analysis.attribution import KEEP, attribution_of_trace, check_attribution, token_id
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..viz.interpret_figures import attribution_figure
 
     model = as_decoder(load(source), prefix)
@@ -241,7 +241,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
 
     from ..analysis.patch import EMBEDDING, metric_of, patch
     from ..analysis.sections import patch_payload
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..engine.errors import QkvError
     from ..viz.interpret_figures import save_patching
 
@@ -317,7 +317,7 @@ def circuits_cmd(source: str, layer: int, head: int, text: str | None, top: int,
         text = CIRCUITS_TEXT
         click.echo(f"text (the default; choose another with --text): {text}", err=True)
     from ..analysis.circuits import ov_circuit, qk_positions
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..viz.interpret_figures import circuits_figure
 
     model = load(source)

@@ -41,7 +41,7 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
     With an encoder–decoder, translate PROMPT instead (qkv translate)."""
     from dataclasses import replace
 
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..writing.generate import TextStream
     from ..writing.sampling import Sampling
     from ..engine.seq2seq import Seq2SeqModel
@@ -91,7 +91,7 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
     The encoder reads TEXT once; the decoder writes the target a token at a time, reading
     the source through cross-attention (Q from the decoder, K and V from the encoder's output).
     """
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..writing.sampling import Sampling
     from ..engine.seq2seq import Seq2SeqModel
 
@@ -164,7 +164,7 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
     it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits.
     """
     from ..writing.chat import Conversation
-    from ..checkpoints import load
+    from .common import load_model as load
     from ..writing.sampling import Sampling
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading

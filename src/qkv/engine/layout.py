@@ -34,9 +34,11 @@ from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, Nor
 
 def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """[W_1 | W_2 | …] as one C-contiguous (in, Σ out) array, and each W_i as a view of its columns
-    (stored matrices: their blocks joined, each W_i kept as it is)."""
+    (stored matrices: their blocks joined, each W_i a view of its rows of the joined blocks)."""
     if all(isinstance(W, StoredMatrix) for W in matrices):
-        return StoredMatrix.joined(list(matrices)), list(matrices)
+        fused = StoredMatrix.joined(list(matrices))
+        ends = np.cumsum([0] + [W.d_out for W in matrices])
+        return fused, [fused.rows(slice(int(a), int(b))) for a, b in zip(ends, ends[1:])]
     fused = np.empty((matrices[0].shape[0], sum(W.shape[1] for W in matrices)),
                      dtype=np.result_type(*matrices), order="C")    # (in, Σ out)
     np.concatenate(matrices, axis=1, out=fused)
@@ -75,22 +77,29 @@ def _ffn(w: FFNWeights | MoEWeights) -> FFNWeights | MoEWeights:
                       W_gate_in=W_gate_in)
 
 
+def _laid_out(W) -> bool:
+    """A matrix as fast_layout leaves it: C order, or kept as stored."""
+    return isinstance(W, (StoredMatrix, StoredTable)) or W.flags.c_contiguous
+
+
+def _views_of(part, whole) -> bool:
+    if isinstance(whole, StoredMatrix):
+        return isinstance(part, StoredMatrix) and np.shares_memory(part.raw, whole.raw)
+    return isinstance(part, np.ndarray) and np.shares_memory(part, whole)
+
+
 def is_fast(weights: Weights) -> bool:
     """Whether `weights` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
     for b in weights.blocks:
         a = b.attn
-        if isinstance(a.W_QKV, StoredMatrix):
-            continue                                             # joined blocks: laid out as stored
-        if a.W_QKV is None or not a.W_QKV.flags.c_contiguous or not np.shares_memory(a.W_Q, a.W_QKV):
+        if a.W_QKV is None or not _laid_out(a.W_QKV) or not _views_of(a.W_Q, a.W_QKV) or not _laid_out(a.W_O):
             return False
         for f in ffns_of(b.ffn):
-            if f.W_gate is not None and (f.W_gate_in is None or not np.shares_memory(f.W_in, f.W_gate_in)):
+            if f.W_gate is not None and (f.W_gate_in is None or not _views_of(f.W_in, f.W_gate_in)):
                 return False
-            if not f.W_out.flags.c_contiguous:
+            if not _laid_out(f.W_out):
                 return False
-        if not a.W_O.flags.c_contiguous:
-            return False
-    return weights.W_vocab is None or isinstance(weights.W_vocab, StoredMatrix) or weights.W_vocab.flags.c_contiguous
+    return weights.W_vocab is None or _laid_out(weights.W_vocab)
 
 
 def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) -> Weights:

@@ -1,29 +1,33 @@
-"""Weight matrices kept as a GGUF file stores them: quantisation blocks, read in place, never dequantised whole.
+"""Weight matrices kept as a file stores them: GGUF quantisation blocks or 16-bit floats, read in place.
 
-A GGUF weight is T (d_out, d_in): each row a run of blocks along d_in, each block 32 numbers as small
-integers q with a scale d (and a minimum m), in ggml's layouts:
+A GGUF weight is T (d_out, d_in): each row a run of blocks along d_in, each block small integers q with
+scales, in ggml's layouts (a block of 32 weights, or a K-quant's super-block of 256 in sub-blocks):
 
-    Q8_0   d (f16), q int8 [32]                     w = d · q                          8.5 bits a weight
-    Q4_0   d, 16 bytes of nibbles                   w = d · (q − 8)                    4.5
-    Q4_1   d, m, 16 bytes of nibbles                w = d · q + m                      5
-    Q5_0   d, 32 high bits, 16 bytes of nibbles     w = d · (q − 16), q = nibble | hbit·16   5.5
-    Q5_1   d, m, 32 high bits, nibbles              w = d · q + m                      6
-    (a block's first 16 numbers are the low nibbles of its 16 bytes, the last 16 the high ones)
+    Q8_0   d (f16), q int8 [32]                               w = d · q                        8.5 bits a weight
+    Q4_0   d, 16 bytes of nibbles                             w = d · (q − 8)                  4.5
+    Q4_1   d, m, 16 bytes of nibbles                          w = d · q + m                    5
+    Q5_0   d, 32 high bits, 16 bytes of nibbles               w = d · (q − 16)                 5.5
+    Q5_1   d, m, 32 high bits, nibbles                        w = d · q + m                    6
+    Q4_K   d, dmin, 8 × 6-bit (scale, min), 128 B nibbles     w = d·scale·q − dmin·min         4.5
+    Q5_K   the same and 32 bytes of fifth bits                                                 5.5
+    Q6_K   128 B low nibbles, 64 B 2-bit highs, 16 int8 scales, d    w = d·scale·(q − 32)      6.5625
+    F16, BF16   each weight its own 16-bit float (bfloat16: a float32's top half)             16
 
 `StoredMatrix` is W = Tᵀ (d_in, d_out), as the engine's weights are: `x @ W` for x (..., d_in) works as
 with an array, and its numbers are the product with the exactly dequantised float32 W, accumulated in
 float32 (activations are never quantised; within ~1e-6 relative of the dequantise-then-multiply path,
-`tests/test_stored.py` checks it against the `gguf` package's own dequantisation):
+`tests/test_stored.py` checks every kind against the `gguf` package's own dequantisation):
 
     one row or a few (decoding)   numba kernels stream the blocks once, over two chunks of output rows:
                                   y[o] = Σ_b d[o,b]·Σ_j x_j·q_j (+ m[o,b]·Σ_j x_j), the products of a
                                   block summed in SIMD lanes (SmolLM2 Q4_1: ~10 G weights/s here)
     many rows (a prompt)          a tile of T's rows dequantised into a reused float32 buffer, then BLAS
 
-The blocks stay views into the file's memory map (the quantised bytes are never copied); the scales and
-minimums are unpacked once to float32 (4 bytes each per 32 weights). Without numba (a dependency of
-qkv's; a machine without it still runs) the products dequantise tiles with the `gguf` package and are correct, and slower. The
-kernels are in `stored_kernels` (numba itself takes half a second to import: only a stored model does).
+The blocks stay views into the file's memory map (the quantised bytes are never copied); the float16
+scales are unpacked once to float32 (4 bytes a block), a K-quant's packed 6-bit scales to bytes. Without
+numba (a dependency of qkv's; a machine without it still runs) the products dequantise tiles with the
+`gguf` package and are correct, and slower. The kernels are in `stored_kernels` (numba itself takes half
+a second to import: only a stored model does).
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ import numpy as np
 
 from .errors import QkvError
 
-BLOCK = 32
-# kind: (bytes per block, has a minimum m, has 32 high bits)
-KINDS = {"Q8_0": (34, False, False), "Q4_0": (18, False, False), "Q4_1": (20, True, False),
-         "Q5_0": (22, False, True), "Q5_1": (24, True, True)}
+BLOCK = 32                      # the numbers of a (sub-)block that share a scale, and the sums kernels take
+# kind: (weights a block holds, bytes it takes)
+KINDS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+         "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "F16": (1, 2), "BF16": (1, 2)}
+HALVES = ("F16", "BF16")        # 16-bit floats: a weight's own two bytes (bfloat16: a float32's top half)
 FEW_ROWS = 8                    # up to this many rows of x: the streaming kernel; more: tiles and BLAS
 TILE_VALUES = 1 << 20           # dequantised numbers per tile of the many-row path (4 MiB of float32)
 
@@ -84,8 +89,8 @@ class _ReadAsArray(np.lib.mixins.NDArrayOperatorsMixin):
     def astype(self, dtype, copy: bool = True) -> np.ndarray:
         return self._dense().astype(dtype)
 
-    def copy(self) -> np.ndarray:
-        return self._dense()
+    def copy(self, order: str = "C") -> np.ndarray:
+        return np.array(self._dense(), order=order)
 
     def reshape(self, *shape) -> np.ndarray:
         return self._dense().reshape(*shape)
@@ -107,27 +112,16 @@ class StoredMatrix(_ReadAsArray):
     def __init__(self, kind: str, raw: np.ndarray, d_in: int):
         if kind not in KINDS:
             raise QkvError(f"GGUF type {kind} is not kept stored; qkv keeps {', '.join(KINDS)}")
-        size, has_min, has_high = KINDS[kind]
-        if d_in % BLOCK or raw.ndim != 2 or raw.shape[1] != d_in // BLOCK * size:
-            raise QkvError(f"a {kind} tensor of {d_in} columns needs rows of {d_in // BLOCK * size} bytes, "
-                           f"got {raw.shape}; the file is damaged")
+        per, size = KINDS[kind]
+        if d_in % per or raw.ndim != 2 or raw.shape[1] != d_in // per * size:
+            need = f"rows of {d_in // per * size} bytes" if d_in % per == 0 else f"a multiple of {per} columns"
+            raise QkvError(f"a {kind} tensor of {d_in} columns needs {need}, got {raw.shape}; the file is damaged")
         self.kind, self.raw, self.d_in, self.d_out = kind, raw, d_in, raw.shape[0]
-        blocks = raw.reshape(self.d_out, d_in // BLOCK, size)              # (out, nb, bytes) a view
-        self.scale = blocks[:, :, 0:2].copy().view("<f2")[..., 0].astype(np.float32)   # (out, nb)
-        at = 2
-        self.min = None
-        if has_min:
-            self.min = blocks[:, :, 2:4].copy().view("<f2")[..., 0].astype(np.float32)
-            at = 4
-        self.high = None
-        if has_high:
-            self.high = blocks[:, :, at:at + 4].copy().view("<u4")[..., 0]                 # (out, nb) bits
-            at += 4
-        self.q = blocks[:, :, at:]                                          # (out, nb, 16 or 32) a view
-        if kind == "Q8_0":
-            self.q = self.q.view(np.int8)
-        if not (np.isfinite(self.scale).all() and (self.min is None or np.isfinite(self.min).all())):
+        self.parts = _unpack(kind, raw.reshape(self.d_out, d_in // per, size))    # each (d_out, blocks, ...)
+        if not all(np.isfinite(p).all() for p in self.parts if p.dtype == np.float32):
             raise QkvError(f"a {kind} tensor holds NaN or infinite scales; the file is damaged")
+        if kind in HALVES and (self.parts[0] & _EXPONENT[kind] == _EXPONENT[kind]).any():
+            raise QkvError(f"a {kind} tensor holds NaN or infinite values; the file is damaged")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -140,11 +134,18 @@ class StoredMatrix(_ReadAsArray):
     @property
     def nbytes(self) -> int:
         """The bytes a product reads: the blocks, and the unpacked float32 scales."""
-        return self.q.size * self.q.itemsize + sum(a.nbytes for a in (self.scale, self.min, self.high) if a is not None)
+        return sum(p.size * p.itemsize for p in self.parts)
 
     def rows(self, index) -> "StoredMatrix":
-        """The rows INDEX of T (a slice, or an array of row numbers) as a StoredMatrix of their own."""
-        return StoredMatrix(self.kind, self.raw[index], self.d_in)
+        """The rows INDEX of T (a slice: views of these blocks; an array of row numbers: a copy of those
+        rows) as a StoredMatrix of their own."""
+        if not isinstance(index, slice):
+            index = np.asarray(index, dtype=np.int64)
+        part = StoredMatrix.__new__(StoredMatrix)
+        part.kind, part.raw, part.d_in = self.kind, self.raw[index], self.d_in
+        part.d_out = part.raw.shape[0]
+        part.parts = tuple(p[index] for p in self.parts)
+        return part
 
     @staticmethod
     def joined(parts: list["StoredMatrix"]) -> "StoredMatrix":
@@ -160,7 +161,9 @@ class StoredMatrix(_ReadAsArray):
         """T[o0:o1] as float32 (o1 - o0, d_in): rows of the dequantised tensor (a table's embeddings)."""
         o1 = self.d_out if o1 is None else o1
         out = np.empty((o1 - o0, self.d_in), np.float32) if out is None else out[:o1 - o0]
-        if numba is None:
+        if self.kind in HALVES:
+            _halves_to_float32(self.kind, self.parts[0][o0:o1], out)
+        elif numba is None:
             _gguf_dequantize(self, o0, o1, out)
         else:
             _kernels().DEQUANT[self.kind](*self._parts(o0, o1), out)
@@ -193,7 +196,7 @@ class StoredMatrix(_ReadAsArray):
         R = x2.shape[0]
         if R <= FEW_ROWS and numba is not None:
             y = np.empty((R, self.d_out), np.float32)
-            sums = x2.reshape(R, -1, BLOCK).sum(axis=-1)                          # (R, nb) Σ x of each block
+            sums = None if self.kind in HALVES else x2.reshape(R, -1, BLOCK).sum(axis=-1)   # (R, nb) Σ x of each block
             _kernels().MATVEC[self.kind](x2, sums, *self._parts(0, self.d_out), y)
         else:
             y = np.empty((R, self.d_out), np.float32)
@@ -205,13 +208,7 @@ class StoredMatrix(_ReadAsArray):
         return y.reshape(*lead, self.d_out)
 
     def _parts(self, o0: int, o1: int) -> tuple:
-        q = self.q[o0:o1]
-        scale = self.scale[o0:o1]
-        extra = {"Q8_0": (), "Q4_0": (), "Q4_1": (self.min[o0:o1] if self.min is not None else None,),
-                 "Q5_0": (self.high[o0:o1] if self.high is not None else None,),
-                 "Q5_1": (self.min[o0:o1] if self.min is not None else None,
-                          self.high[o0:o1] if self.high is not None else None)}[self.kind]
-        return (q, scale, *extra)
+        return tuple(p[o0:o1] for p in self.parts)
 
     def __repr__(self) -> str:
         return f"StoredMatrix({self.kind}, W {self.d_in} × {self.d_out})"
@@ -249,9 +246,77 @@ def _gguf_dequantize(m: StoredMatrix, o0: int, o1: int, out: np.ndarray) -> None
 
 
 def bits_per_weight(kind: str) -> float:
-    """What a weight of KIND costs in the file: its block's bits over 32 weights."""
-    return KINDS[kind][0] * 8 / BLOCK
+    """What a weight of KIND costs in the file: its block's bits over its weights."""
+    per, size = KINDS[kind]
+    return size * 8 / per
 
 
 def stored_bytes(kind: str, d_out: int, d_in: int) -> int:
-    return d_out * math.ceil(d_in / BLOCK) * KINDS[kind][0]
+    per, size = KINDS[kind]
+    return d_out * math.ceil(d_in / per) * size
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte AT of every block (d_out, blocks, bytes), as float32 (d_out, blocks)."""
+    return blocks[:, :, at:at + 2].copy().view("<f2")[..., 0].astype(np.float32)
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes of eight 6-bit scales and eight 6-bit minimums → two (d_out, blocks, 8) uint8:
+    bytes 0–3 hold scales 0–3 (low 6 bits) and the top 2 bits of scales 4–7, 4–7 the same for the
+    minimums, 8–11 the low 4 bits of scales 4–7 (low nibble) and of minimums 4–7 (high nibble)."""
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scale = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
+    low = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return np.ascontiguousarray(scale), np.ascontiguousarray(low)
+
+
+_EXPONENT = {"F16": np.uint16(0x7C00), "BF16": np.uint16(0x7F80)}    # all ones: infinity or NaN
+
+
+def _halves_to_float32(kind: str, bits: np.ndarray, out: np.ndarray) -> None:
+    """16-bit floats (their bits, uint16 (rows, d_in)) → float32 into OUT, exactly."""
+    if kind == "F16":
+        out[:] = bits.view(np.float16)
+    else:
+        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+
+
+def half_bytes(w: np.ndarray, kind: str) -> np.ndarray:
+    """A float matrix T (d_out, d_in) as KIND's bytes (d_out, 2·d_in) uint8: float16 as NumPy rounds, bfloat16
+    rounded to nearest even (as torch rounds), for a float32 checkpoint asked to be held in 16 bits."""
+    if kind == "F16":
+        return np.ascontiguousarray(w, dtype="<f2").view(np.uint8)
+    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    return rounded.astype("<u2").view(np.uint8)
+
+
+def _unpack(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A kind's blocks (d_out, blocks, bytes) → the arrays its kernels take, in their order: the integer
+    bytes stay views of the file; float16 scales become float32 (4 bytes a block), packed scales bytes.
+
+        Q8_0  q int8 [32], d                    Q4_K  q [128], d, dmin, scales, mins   (8 sub-blocks of 32:
+        Q4_0  q [16], d                               w = d·scale·q − dmin·min)
+        Q4_1  q [16], d, m                      Q5_K  q [128], high bits [32], d, dmin, scales, mins
+        Q5_0  q [16], d, high bits uint32       Q6_K  low nibbles [128], high pairs [64], scales int8 [16], d
+        Q5_1  q [16], d, m, high bits                 (16 sub-blocks of 16: w = d·scale·(q − 32))
+    """
+    if kind in HALVES:
+        return (blocks.reshape(blocks.shape[0], -1).view("<u2"),)     # (d_out, d_in) the bits, a view
+    if kind == "Q8_0":
+        return blocks[:, :, 2:].view(np.int8), _f16(blocks, 0)
+    if kind == "Q4_0":
+        return blocks[:, :, 2:], _f16(blocks, 0)
+    if kind == "Q4_1":
+        return blocks[:, :, 4:], _f16(blocks, 0), _f16(blocks, 2)
+    if kind == "Q5_0":
+        return blocks[:, :, 6:], _f16(blocks, 0), blocks[:, :, 2:6].copy().view("<u4")[..., 0]
+    if kind == "Q5_1":
+        return blocks[:, :, 8:], _f16(blocks, 0), _f16(blocks, 2), blocks[:, :, 4:8].copy().view("<u4")[..., 0]
+    if kind == "Q4_K":
+        return (blocks[:, :, 16:], _f16(blocks, 0), _f16(blocks, 2), *_k_scales(blocks[:, :, 4:16]))
+    if kind == "Q5_K":
+        return (blocks[:, :, 48:], blocks[:, :, 16:48], _f16(blocks, 0), _f16(blocks, 2),
+                *_k_scales(blocks[:, :, 4:16]))
+    return blocks[:, :, :128], blocks[:, :, 128:192], blocks[:, :, 192:208].view(np.int8), _f16(blocks, 208)

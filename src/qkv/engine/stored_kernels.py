@@ -75,6 +75,133 @@ def _rows_q5(xl, xh, sums, q, d, m, h, offset, y, o0, o1):
                 tail += (m[o, b] - db * offset) * sums[r, b]
             y[r, o] = lo.sum() + hi.sum() + tail
 
+# The K-quants: blocks of 256 numbers. Q4_K/Q5_K: four runs of 32 bytes, each holding sub-blocks 2i (low
+# nibbles) and 2i + 1 (high nibbles), w = d·scale·q − dmin·min, q's fifth bit (Q5_K) bit 2i or 2i + 1 of
+# the 32 high-bit bytes. Q6_K: two halves of 128, each from 64 low-nibble bytes and 32 bytes of 2-bit
+# pairs, w = d·scale·(q − 32) with a scale per 16 numbers.
+
+@njit(cache=True, fastmath=FAST)
+def _k_tail(sums, dmin, mn, r, o, b):
+    """Σ over a K block's 8 sub-blocks of dmin·min·Σx: what the minimums take off."""
+    mnb, sb = mn[o, b], sums[r, b * 8:b * 8 + 8]
+    t = np.float32(0)
+    for k in range(8):
+        t += np.float32(mnb[k]) * sb[k]
+    return dmin[o, b] * t
+
+@njit(cache=True, fastmath=FAST)
+def _rows_q4_k(x, sums, q, d, dmin, sc, mn, y, o0, o1):
+    nb = d.shape[1]
+    lanes = np.zeros(32, np.float32)
+    for r in range(x.shape[0]):
+        for o in range(o0, o1):
+            lanes[:] = 0
+            tail = np.float32(0)
+            for b in range(nb):
+                db, qb, scb = d[o, b], q[o, b], sc[o, b]
+                for i in range(4):
+                    s0, s1 = db * np.float32(scb[2 * i]), db * np.float32(scb[2 * i + 1])
+                    at = b * 256 + 64 * i
+                    x0, x1, qi = x[r, at:at + 32], x[r, at + 32:at + 64], qb[32 * i:32 * i + 32]
+                    for j in range(32):
+                        v = np.int32(qi[j])
+                        lanes[j] += s0 * (x0[j] * np.float32(v & 15)) + s1 * (x1[j] * np.float32(v >> 4))
+                tail -= _k_tail(sums, dmin, mn, r, o, b)
+            y[r, o] = lanes.sum() + tail
+
+@njit(cache=True, fastmath=FAST)
+def _rows_q5_k(x, sums, q, qh, d, dmin, sc, mn, y, o0, o1):
+    nb = d.shape[1]
+    lanes = np.zeros(32, np.float32)
+    for r in range(x.shape[0]):
+        for o in range(o0, o1):
+            lanes[:] = 0
+            tail = np.float32(0)
+            for b in range(nb):
+                db, qb, hb, scb = d[o, b], q[o, b], qh[o, b], sc[o, b]
+                for i in range(4):
+                    s0, s1 = db * np.float32(scb[2 * i]), db * np.float32(scb[2 * i + 1])
+                    at = b * 256 + 64 * i
+                    x0, x1, qi = x[r, at:at + 32], x[r, at + 32:at + 64], qb[32 * i:32 * i + 32]
+                    for j in range(32):
+                        v, h = np.int32(qi[j]), np.int32(hb[j]) >> (2 * i)
+                        lanes[j] += (s0 * (x0[j] * np.float32((v & 15) | ((h & 1) << 4)))
+                                     + s1 * (x1[j] * np.float32((v >> 4) | ((h & 2) << 3))))
+                tail -= _k_tail(sums, dmin, mn, r, o, b)
+            y[r, o] = lanes.sum() + tail
+
+@njit(cache=True, fastmath=FAST)
+def _rows_q6_k(x, sums, ql, qh, sc, d, y, o0, o1):
+    nb = d.shape[1]
+    lanes = np.zeros(16, np.float32)
+    for r in range(x.shape[0]):
+        for o in range(o0, o1):
+            lanes[:] = 0
+            for b in range(nb):
+                db, lb, hb, scb = d[o, b], ql[o, b], qh[o, b], sc[o, b]
+                for n in range(2):
+                    for half in range(2):
+                        k = 8 * n + half
+                        s1, s2 = db * np.float32(scb[k]), db * np.float32(scb[k + 2])
+                        s3, s4 = db * np.float32(scb[k + 4]), db * np.float32(scb[k + 6])
+                        at, l0 = b * 256 + 128 * n + 16 * half, 64 * n + 16 * half
+                        xa, xb = x[r, at:at + 16], x[r, at + 32:at + 48]
+                        xc, xd = x[r, at + 64:at + 80], x[r, at + 96:at + 112]
+                        la, lc = lb[l0:l0 + 16], lb[l0 + 32:l0 + 48]
+                        hh = hb[32 * n + 16 * half:32 * n + 16 * half + 16]
+                        for j in range(16):
+                            a, c, h = np.int32(la[j]), np.int32(lc[j]), np.int32(hh[j])
+                            lanes[j] += (s1 * (xa[j] * np.float32(((a & 15) | ((h & 3) << 4)) - 32))
+                                         + s2 * (xb[j] * np.float32(((c & 15) | ((h & 12) << 2)) - 32))
+                                         + s3 * (xc[j] * np.float32(((a >> 4) | (h & 48)) - 32))
+                                         + s4 * (xd[j] * np.float32(((c >> 4) | ((h & 192) >> 2)) - 32)))
+            y[r, o] = lanes.sum()
+
+# 16-bit floats: a run of RUN weights turned into float32 bits in a small buffer (bfloat16: shifted into a
+# float32's top half; float16: exponent and mantissa moved into place, then scaled by 2^112, which is
+# exact for subnormals too, and the sign put back), then multiplied with every row of x.
+RUN = 512
+
+@njit(cache=True, fastmath=FAST)
+def _rows_half(x, u, bf16, y, o0, o1):
+    R, n = x.shape[0], u.shape[1]
+    bits = np.empty(RUN, np.uint32)
+    w = bits.view(np.float32)
+    acc = np.zeros((R, RUN), np.float32)
+    for o in range(o0, o1):
+        acc[:] = 0
+        uo = u[o]
+        for k in range(0, n, RUN):
+            m = min(RUN, n - k)
+            part = uo[k:k + m]
+            if bf16:
+                for j in range(m):
+                    bits[j] = np.uint32(part[j]) << 16
+            else:
+                for j in range(m):
+                    bits[j] = (np.uint32(part[j]) & np.uint32(0x7FFF)) << 13
+                for j in range(m):
+                    w[j] = w[j] * np.float32(5.192296858534828e33) * np.float32(1 - 2 * np.int32(part[j] >> 15))
+            for r in range(R):
+                xr, ar = x[r, k:k + m], acc[r]
+                for j in range(m):
+                    ar[j] += w[j] * xr[j]
+        for r in range(R):
+            y[r, o] = acc[r].sum()
+
+@njit(parallel=True, cache=True)
+def _mv_half(x, u, bf16, y):
+    out = u.shape[0]
+    step = (out + CHUNKS - 1) // CHUNKS
+    for c in prange(CHUNKS):
+        _rows_half(x, u, bf16, y, c * step, min(out, (c + 1) * step))
+
+def _mv_f16(x, sums, u, y):
+    _mv_half(x, u, False, y)
+
+def _mv_bf16(x, sums, u, y):
+    _mv_half(x, u, True, y)
+
 @njit(parallel=True, cache=True)
 def _mv_q8_0(x, sums, q, d, y):
     out = d.shape[0]
@@ -95,6 +222,27 @@ def _mv_q5_any(xl, xh, sums, q, d, m, h, offset, y):
     step = (out + CHUNKS - 1) // CHUNKS
     for c in prange(CHUNKS):
         _rows_q5(xl, xh, sums, q, d, m, h, offset, y, c * step, min(out, (c + 1) * step))
+
+@njit(parallel=True, cache=True)
+def _mv_q4_k(x, sums, q, d, dmin, sc, mn, y):
+    out = d.shape[0]
+    step = (out + CHUNKS - 1) // CHUNKS
+    for c in prange(CHUNKS):
+        _rows_q4_k(x, sums, q, d, dmin, sc, mn, y, c * step, min(out, (c + 1) * step))
+
+@njit(parallel=True, cache=True)
+def _mv_q5_k(x, sums, q, qh, d, dmin, sc, mn, y):
+    out = d.shape[0]
+    step = (out + CHUNKS - 1) // CHUNKS
+    for c in prange(CHUNKS):
+        _rows_q5_k(x, sums, q, qh, d, dmin, sc, mn, y, c * step, min(out, (c + 1) * step))
+
+@njit(parallel=True, cache=True)
+def _mv_q6_k(x, sums, ql, qh, sc, d, y):
+    out = d.shape[0]
+    step = (out + CHUNKS - 1) // CHUNKS
+    for c in prange(CHUNKS):
+        _rows_q6_k(x, sums, ql, qh, sc, d, y, c * step, min(out, (c + 1) * step))
 
 def _halves(x):
     """x (R, d_in) → each block's first and last 16 numbers, apart and contiguous: 2 × (R, nb, 16)."""
@@ -153,6 +301,45 @@ def _dq_rows_q5(q, d, m, h, offset, out, o0, o1):
                 ob[16 + j] = db * np.float32((v >> 4) | np.int32(((bits >> (j + 16)) & 1) << 4)) + mb
 
 
+@njit(cache=True)
+def _dq_rows_q45_k(q, qh, d, dmin, sc, mn, five, out, o0, o1):
+    nb = d.shape[1]
+    for o in range(o0, o1):
+        row = out[o]
+        for b in range(nb):
+            qb = q[o, b]
+            for i in range(4):
+                s0, s1 = d[o, b] * np.float32(sc[o, b, 2 * i]), d[o, b] * np.float32(sc[o, b, 2 * i + 1])
+                m0, m1 = dmin[o, b] * np.float32(mn[o, b, 2 * i]), dmin[o, b] * np.float32(mn[o, b, 2 * i + 1])
+                at = b * 256 + 64 * i
+                for j in range(32):
+                    v = np.int32(qb[32 * i + j])
+                    lo, hi = v & 15, v >> 4
+                    if five:
+                        h = np.int32(qh[o, b, j]) >> (2 * i)
+                        lo, hi = lo | ((h & 1) << 4), hi | ((h & 2) << 3)
+                    row[at + j] = s0 * np.float32(lo) - m0
+                    row[at + 32 + j] = s1 * np.float32(hi) - m1
+
+
+@njit(cache=True)
+def _dq_rows_q6_k(ql, qh, sc, d, out, o0, o1):
+    nb = d.shape[1]
+    for o in range(o0, o1):
+        row = out[o]
+        for b in range(nb):
+            for n in range(2):
+                for l in range(32):
+                    k = 8 * n + l // 16
+                    a, c = np.int32(ql[o, b, 64 * n + l]), np.int32(ql[o, b, 64 * n + l + 32])
+                    h = np.int32(qh[o, b, 32 * n + l])
+                    at = b * 256 + 128 * n + l
+                    row[at] = d[o, b] * np.float32(sc[o, b, k]) * np.float32(((a & 15) | ((h & 3) << 4)) - 32)
+                    row[at + 32] = d[o, b] * np.float32(sc[o, b, k + 2]) * np.float32(((c & 15) | ((h & 12) << 2)) - 32)
+                    row[at + 64] = d[o, b] * np.float32(sc[o, b, k + 4]) * np.float32(((a >> 4) | (h & 48)) - 32)
+                    row[at + 96] = d[o, b] * np.float32(sc[o, b, k + 6]) * np.float32(((c >> 4) | ((h & 192) >> 2)) - 32)
+
+
 # Dequantising feeds BLAS (the many-row path): one thread, so that numba's workers never wait on
 # OpenBLAS's spinning ones between a tile and its product (two pools on two cores: 10× slower here).
 
@@ -176,5 +363,19 @@ def _dq_q5_1(q, d, m, h, out):
     _dq_rows_q5(q, d, m, h, np.float32(0), out, 0, d.shape[0])
 
 
-MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1}
-DEQUANT = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1}
+def _dq_q4_k(q, d, dmin, sc, mn, out):
+    _dq_rows_q45_k(q, q, d, dmin, sc, mn, False, out, 0, d.shape[0])
+
+
+def _dq_q5_k(q, qh, d, dmin, sc, mn, out):
+    _dq_rows_q45_k(q, qh, d, dmin, sc, mn, True, out, 0, d.shape[0])
+
+
+def _dq_q6_k(ql, qh, sc, d, out):
+    _dq_rows_q6_k(ql, qh, sc, d, out, 0, d.shape[0])
+
+
+MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1,
+          "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k, "F16": _mv_f16, "BF16": _mv_bf16}
+DEQUANT = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1,
+           "Q4_K": _dq_q4_k, "Q5_K": _dq_q5_k, "Q6_K": _dq_q6_k}

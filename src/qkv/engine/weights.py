@@ -24,8 +24,8 @@ def check_dtype(dtype) -> np.dtype:
     except (TypeError, ValueError):
         found = None
     if found is None or found.name not in DTYPES:
-        raise QkvError(f"dtype {dtype!r:.40} is not supported; use one of {', '.join(DTYPES)} "
-                       "(or, for a GGUF file, \"stored\": its quantised blocks as they are)")
+        raise QkvError(f"dtype {dtype!r:.40} is not supported; use one of {', '.join(DTYPES)}, or to load: "
+                       "\"bfloat16\", \"float16\" or \"stored\" (the weights as the file holds them)")
     return found
 
 
