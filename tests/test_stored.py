@@ -176,21 +176,23 @@ def test_sixteen_bit_floats_subnormals_signs_and_rounding():
     want = x.astype(np.float64) @ T.T.astype(np.float64)
     assert np.array_equal(W.dequantized(), T.T.astype(np.float32))
     assert np.abs(x @ W - want).max() <= 1e-5 * np.abs(want).max()
-    F = np.random.default_rng(4).standard_normal((8, 300)).astype(np.float32)              # any width
+    F = np.random.default_rng(4).standard_normal((7, 300)).astype(np.float32)              # any width, odd rows
     raw = stored.half_bytes(F, "BF16")
     assert np.array_equal(raw, np.ascontiguousarray(gguf.quants.quantize(F, gguf.GGMLQuantizationType.BF16)).view(np.uint8))
     B = StoredMatrix("BF16", raw, 300)
     assert np.abs(F.T - B.dequantized()).max() <= 2 ** -8 * np.abs(F).max()
+    assert np.abs(x[:, :300] @ B - x[:, :300] @ B.dequantized()).max() <= 1e-5 * np.abs(x[:, :300] @ F.T).max()
     inf = raw.copy()
     inf[3, 10:12] = np.frombuffer(np.uint16(0x7F80).tobytes(), np.uint8)
     with pytest.raises(qkv.QkvError, match="NaN or infinite values"):
         StoredMatrix("BF16", inf, 300)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"])
 def test_a_gguf_file_of_each_type_loads_stored_as_its_float32_copy(tmp_path, qtype):
-    """A tiny llama file of QTYPE (written by the gguf package): the default load keeps its matrices as
-    the file's bytes and computes what the float32 conversion of the same file computes."""
+    """A tiny llama file of QTYPE (written by the gguf package; K-quants as random blocks, which it cannot
+    quantise): the default load keeps its matrices as the file's bytes and computes what the float32
+    conversion of the same file computes."""
     sys.path.insert(0, str(FIXTURES))
     import make_gguf_fixtures as F
 

@@ -188,18 +188,17 @@ class StoredMatrix(_ReadAsArray):
 
     def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
         """x (..., d_in) @ W → (..., d_out) float32."""
-        x = np.asarray(x)
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous):
+            x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape[-1] != self.d_in:
             raise ValueError(f"matmul: x has {x.shape[-1]} columns, W has {self.d_in} rows")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)    # (R, d_in)
+        x2 = x.reshape(-1, self.d_in)                                             # (R, d_in)
         R = x2.shape[0]
+        y = np.empty((R, self.d_out), np.float32)
         if R <= FEW_ROWS and numba is not None:
-            y = np.empty((R, self.d_out), np.float32)
-            sums = None if self.kind in HALVES else x2.reshape(R, -1, BLOCK).sum(axis=-1)   # (R, nb) Σ x of each block
-            _kernels().MATVEC[self.kind](x2, sums, *self._parts(0, self.d_out), y)
+            _kernels().MATVEC[self.kind](x2, *self.parts, y)
         else:
-            y = np.empty((R, self.d_out), np.float32)
             step = max(1, TILE_VALUES // self.d_in)
             tile = np.empty((min(step, self.d_out), self.d_in), np.float32)
             for o0 in range(0, self.d_out, step):
