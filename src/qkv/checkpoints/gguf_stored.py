@@ -21,10 +21,10 @@ import numpy as np
 from ..engine.errors import QkvError
 from ..engine.stored import KINDS, StoredMatrix, StoredTable, half_bytes
 from .gguf import _dequantised, parse, source_of
-from .tensors import _find, check_finite
+from .tensors import ByName, check_finite
 
 
-class GGUFTensors:
+class GGUFTensors(ByName):
     def __init__(self, directory: Path):
         path = source_of(directory)
         if path is None:
@@ -32,7 +32,8 @@ class GGUFTensors:
         vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
         p = parse(path, vocab_size=vocab)
         self.reader = p.reader
-        self._where: dict[str, tuple] = {}         # hf name → (GGUF tensor, its shape, (hf shape, fn))
+        self._where: dict[str, tuple] = {}         # hf name → (GGUF tensor, its shape, hf shape, fn)
+        self._table = self._where
         self._stored: dict[str, StoredMatrix] = {}
         self.read: set[str] = set()
         for t, shape, plan in p.plans:
@@ -62,15 +63,6 @@ class GGUFTensors:
         if len(order) and np.array_equal(order, np.arange(order[0], order[0] + len(order))):
             return matrix.rows(slice(int(order[0]), int(order[0]) + len(order)))     # a view: no copy
         return matrix.rows(order)
-
-    def names(self) -> list[str]:
-        return list(self._where)
-
-    def find(self, name: str) -> str | None:
-        return _find(self._where, name)
-
-    def has(self, name: str) -> bool:
-        return self.find(name) is not None
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32):
         """Tensor NAME checked against the shape the config implies: a StoredTable for a quantised matrix,

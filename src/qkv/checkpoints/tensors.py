@@ -103,7 +103,25 @@ def _read_index(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-class TensorStore:
+class ByName:
+    """What every tensor store answers from its table of tensors by name (`_table`): the names, and a name
+    found under the usual base-model prefixes."""
+
+    _table: dict
+
+    def names(self) -> list[str]:
+        """The stored name of every tensor."""
+        return list(self._table)
+
+    def find(self, name: str) -> str | None:
+        """The stored name of tensor `name`, trying the usual base-model prefixes."""
+        return _find(self._table, name)
+
+    def has(self, name: str) -> bool:
+        return self.find(name) is not None
+
+
+class TensorStore(ByName):
     """All tensors of a checkpoint directory, by name, as NumPy views of mapped files."""
 
     def __init__(self, directory: Path):
@@ -124,6 +142,7 @@ class TensorStore:
                 raise QkvError(f"{directory} has no model.safetensors; give a checkpoint directory in "
                                "Hugging Face layout (config.json + model.safetensors)")
         self._where: dict[str, tuple[mmap.mmap, dict, int]] = {}
+        self._table = self._where
         self._maps = []
         self.read: set[str] = set()                     # stored names `get` has handed out
         for path in files:
@@ -143,17 +162,6 @@ class TensorStore:
         for mm in self._maps:
             if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
                 mm.madvise(mmap.MADV_DONTNEED)
-
-    def names(self) -> list[str]:
-        """The stored name of every tensor in the checkpoint (all shards)."""
-        return list(self._where)
-
-    def find(self, name: str) -> str | None:
-        """The stored name of tensor `name`, trying the usual base-model prefixes."""
-        return _find(self._where, name)
-
-    def has(self, name: str) -> bool:
-        return self.find(name) is not None
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """Tensor `name` as `dtype`, checked against the shape the config implies."""
@@ -212,22 +220,13 @@ def _find(names, name: str) -> str | None:
     return None
 
 
-class TensorDict:
+class TensorDict(ByName):
     """A TensorStore over a dict of arrays in memory: `get` hands out the dict's own arrays (no copy),
     so weights built from it are views of the dict (an in-place update of one shows in the other)."""
 
     def __init__(self, tensors: dict[str, np.ndarray]):
-        self.tensors = tensors
+        self.tensors = self._table = tensors
         self.read: set[str] = set()
-
-    def names(self) -> list[str]:
-        return list(self.tensors)
-
-    def find(self, name: str) -> str | None:
-        return _find(self.tensors, name)
-
-    def has(self, name: str) -> bool:
-        return self.find(name) is not None
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """Tensor `name` itself, checked against the shape the config implies and the dtype asked for."""
