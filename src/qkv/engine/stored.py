@@ -161,7 +161,7 @@ class StoredMatrix(_ReadAsArray):
         """T[o0:o1] as float32 (o1 - o0, d_in): rows of the dequantised tensor (a table's embeddings)."""
         o1 = self.d_out if o1 is None else o1
         out = np.empty((o1 - o0, self.d_in), np.float32) if out is None else out[:o1 - o0]
-        if self.kind in HALVES:
+        if self.kind in HALVES and numba is None:
             _halves_to_float32(self.kind, self.parts[0][o0:o1], out)
         elif numba is None:
             _gguf_dequantize(self, o0, o1, out)
