@@ -69,15 +69,20 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
 
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
-          token_type_ids: np.ndarray | None = None, tape: Tape | None = None) -> np.ndarray:
+          token_type_ids: np.ndarray | None = None, tape: Tape | None = None,
+          tokens: np.ndarray | None = None) -> np.ndarray:
     """X = E[ids]·s + P[positions + offset] (+ T[types]), then LayerNorm (BERT, BART), then ·W_embed + b_embed
     where the tables are E wide (ELECTRA) (guide: embeddings), with s = cfg.embed_scale (√d_model: Marian, Gemma;
     Granite's embedding_multiplier; none: 1). positions (B, n) or (n,); T5 has no table: its positions enter
     the scores. A table narrower than d_model (OPT-350m) is mapped to it first: X = E[ids]·s·embed_in + P[…].
-    tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept."""
-    x = weights.tok_embed[ids]                           # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
-    if cfg.embed_scale is not None:
-        x *= cfg.embed_scale                             # Marian: E·√d, Granite: E·m
+    tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept.
+    tokens: the token embeddings E[ids]·s to use instead (B, n, d_embed), as input attribution scales them."""
+    if tokens is None:
+        x = weights.tok_embed[ids]                       # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
+        if cfg.embed_scale is not None:
+            x *= cfg.embed_scale                         # Marian: E·√d, Granite: E·m
+    else:
+        x = np.array(tokens, dtype=weights.tok_embed.dtype)      # (B, n, d_embed) E[ids]·s given
     if weights.embed_in is not None:
         x = linear(x, weights.embed_in)                  # (B, n, d_model) OPT's project_in
     if weights.pos_embed is not None:                    # learned or sinusoidal table
@@ -87,7 +92,7 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
         x += weights.type_embed[types]
     if tape is not None:                                 # the table rows looked up, as (B, n)
         rows = np.broadcast_to(positions + cfg.position_offset if cfg.position_offset else positions, ids.shape)
-        record = EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x)
+        record = EmbedTape(ids, rows, token_type_ids, None if weights.embed_norm is None else x, tokens=tokens)
         tape.put(None, "embed", record)
     if weights.embed_norm is not None:
         x = norm(x, weights.embed_norm, cfg)

@@ -90,6 +90,7 @@ class EmbedTape:
     types: np.ndarray | None         # (B, n) token types, None: all 0
     norm_in: np.ndarray | None       # (B, n, d_model) before the embedding norm; None without one
     proj_in: np.ndarray | None = None    # (B, n, E) what W_embed projects (ELECTRA); None without it
+    tokens: np.ndarray | None = None     # (B, n, d_embed) token embeddings given instead of E[ids]·s; None: looked up
 
 
 @dataclass
@@ -457,7 +458,9 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     the tape kept.
     dE is added into d_tok (a new table of zeros if None); dP only for a learned table (a sinusoidal one
     is fixed), dT only with token types; None where there is none. With embed_in (OPT-350m) its gradient
-    E[ids]ᵀ·dX goes into GRADS["embed_in"] and the table's rows get dX·embed_inᵀ."""
+    E[ids]ᵀ·dX goes into GRADS["embed_in"] and the table's rows get dX·embed_inᵀ. GRADS["tokens"] is the
+    gradient of the token embeddings E[ids]·s themselves (B, n, d_embed), before it is added into the table
+    (input attribution)."""
     g_norm = None
     if weights.embed_norm is not None:
         dx, g_norm = norm(dx, t.norm_in, weights.embed_norm, cfg)
@@ -465,10 +468,12 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
     d_rows = dx
     if weights.embed_in is not None:                                           # X = (E[ids]·s)·embed_in + …
-        rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0)             # (B, n, d_embed)
+        rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0) if t.tokens is None else t.tokens   # (B, n, d_embed)
         d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)         # (B, n, d_embed), (d_embed, d_model)
         if grads is not None:
             grads["embed_in"] = d_proj
+    if grads is not None:
+        grads["tokens"] = d_rows                                               # d(E[ids]·s) (B, n, d_embed)
     embedding(d_tok, t.ids, d_rows if cfg.embed_scale is None else d_rows * cfg.embed_scale, cfg)   # E[ids]·s
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":

@@ -51,8 +51,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
                 ablate: Ablation | None = None, hooks: Hooks | None = None,
-                start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
+                start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None,
+                tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None); the hidden states are
     (B, n, d_embed) where unembed_in maps them back to the table's width (OPT-350m, as transformers gives them).
 
@@ -65,6 +65,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     logits="last" computes them for the last position only (all that generation needs).
     start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
     block START, instead of embedding ids (what activation patching reruns; ids may then be None).
+    tokens (B, n, d_embed): the token embeddings E[ids]·s to add positions to, instead of looking them up
+    (input attribution: the embeddings scaled towards a baseline).
     """
     if tape is not None and (cache is not None or ablate is not None or hooks is not None
                              or (rec is not None and rec.heads is not None)):
@@ -78,7 +80,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         np.arange(n), attention_mask.shape[:1] + (n,))
     if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
         positions = positions_from_ids(ids, cfg.pad_token_id)
-    x = embed(weights, cfg, ids, positions, token_type_ids, tape) if stream is None else stream   # (B, n, d_model)
+    x = embed(weights, cfg, ids, positions, token_type_ids, tape, tokens) if stream is None else stream   # (B, n, d_model)
     rope = None
     if cfg.position == "rope":
         inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype,

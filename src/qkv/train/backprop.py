@@ -1,28 +1,18 @@
-"""Backprop through a decoder: the engine's own forward keeping a tape, then the boxes' backwards in reverse.
+"""The losses training learns from, and their gradients through the whole model (qkv.engine.backward).
 
-    forward: qkv.engine.model.transformer(…, tape=Tape())      embed → L × block → final norm → logits
     loss:    L = mean −log softmax(logits)[next id]            dlogits = (softmax(logits) − onehot(next id)) / N
              (a masked-LM encoder: [labels[t]] at the labelled positions, through its head's backward)
-    backward (qkv.engine.blocks_backward: each box's under its forward's name), in the opposite order:
-             logits_of → norm (final) → block (L − 1 … 0: FFN's residual step, attention's) → embed
-             a tied W_vocab's gradient is added into the embedding table's (one table, two uses)
-
-No forward is written here: the pass is the one inference runs (qkv.engine.blocks), which keeps, per
-block, the inputs of each norm and box, Q, K, V, the attention weights A (L · B · H · n² floats: what
-training on short sequences can afford), Concat(Z) and the FFN's pre-activations, only when given a tape.
+    then     engine.backward.taped (the pass inference runs, keeping a tape) and engine.backward.backward
+             (every box's backward in reverse, from dlogits)
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from ..engine import blocks_backward as back
-from ..engine.blocks_backward import Tape, fused_qkv
+from ..engine.backward import backward, taped
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.model import transformer
 from ..engine.weights import Weights
 
 
@@ -71,16 +61,6 @@ def counted_positions(attention_mask: np.ndarray, loss_mask: np.ndarray | None =
 
 # ── the whole model ──────────────────────────────────────────────────────────────
 
-def _with_fused_qkv(weights: Weights) -> Weights:
-    """The same weights, with W_QKV given where W_Q, W_K, W_V are column blocks of one matrix (GPT-2's
-    c_attn, viewed by weights_from_tensors): the forward then makes Q, K, V in one product, as the backward."""
-    blocks = []
-    for b in weights.blocks:
-        fused = fused_qkv(b.attn)
-        blocks.append(b if fused is None or b.attn.W_QKV is not None else replace(b, attn=replace(b.attn, W_QKV=fused)))
-    return replace(weights, blocks=blocks)
-
-
 def masked_lm_targets(labels: np.ndarray | None, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(targets, counted) (B, n) of a masked-LM encoder's labels: the token each position must give, −100
     where nothing is learned (transformers' labels for *ForMaskedLM: position t predicts labels[t], no shift)."""
@@ -114,34 +94,6 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     else:
         targets, counted = masked_lm_targets(labels, ids)
 
-    tape = Tape()
-    h, logits = transformer(_with_fused_qkv(weights), cfg, ids, mask, tape=tape)   # (B, n, d_model), (B, n, V)
+    h, logits, tape = taped(weights, cfg, ids, mask)        # (B, n, d_model), (B, n, V)
     loss, dlogits = next_token_loss(logits, ids, counted) if cfg.causal else token_loss(logits, targets, counted)
-
-    head = tape.pop(None, "head") if weights.W_head is not None else None
-    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h if head is None else head.out, weights, cfg, logits)
-    del dlogits, h, logits
-    dW_head = db_head = g_head_norm = None
-    if head is not None:                                  # the masked-LM head, between Z and W_vocab
-        dh, dW_head, db_head, g_head_norm = back.head(dh, weights, cfg, head)
-    dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
-    g_final = None
-    if weights.final_norm is not None:
-        dh, g_final = back.norm(dh, tape.pop(None, "final_norm"), weights.final_norm, cfg)
-    dx = dh                                               # (B, n, d_model)
-    g_blocks = [None] * len(weights.blocks)
-    for i in reversed(range(len(weights.blocks))):
-        dx, g_blocks[i], _ = back.block(dx, weights.blocks[i], tape, i, cfg)   # frees what block i kept
-    embed = tape.pop(None, "embed")
-    dW_embed = db_embed = None
-    if weights.W_embed is not None:                       # ELECTRA: back through E → d_model first
-        dx, dW_embed, db_embed = back.embed_projection(dx, weights, embed)
-    projected: dict[str, np.ndarray] = {}
-    d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, embed, grads=projected)
-    if np.shares_memory(weights.W_vocab, weights.tok_embed):
-        d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
-        dW_vocab = d_tok.T
-    return loss, Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, type_embed=d_type, embed_norm=g_embed,
-                         W_embed=dW_embed, b_embed=db_embed, final_norm=g_final, W_head=dW_head, b_head=db_head,
-                         head_norm=g_head_norm, W_vocab=dW_vocab, b_vocab=db_vocab,
-                         embed_in=projected.get("embed_in"), unembed_in=d_unembed_in)
+    return loss, backward(dlogits, h, logits, weights, cfg, tape)
