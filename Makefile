@@ -6,8 +6,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 # The reference stack (torch CPU build + transformers; accelerate lets it read GGUF), only for fixtures,
 # live checks and benchmarks. transformer-lens (4.x: TransformerBridge over transformers 5) checks the
-# logit lens, DLA, head ablation and induction scores (tests/live/test_live_transformer_lens.py).
-REF_PKGS := torch==2.13.0 transformers accelerate transformer-lens==4.3.0
+# logit lens, DLA, head ablation and induction scores (tests/live/test_live_transformer_lens.py); captum checks
+# qkv attribute's integrated gradients (tests/live/test_live_attribution.py).
+REF_PKGS := torch==2.13.0 transformers accelerate transformer-lens==4.3.0 captum==0.9.0
 
 .PHONY: setup demo test test-live bench fixtures fixtures-smollm2 clean
 
@@ -52,6 +53,7 @@ fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_gguf_fixtures.py
 	$(PY) tests/fixtures/make_grad_fixtures.py
 	$(PY) tests/fixtures/make_seq2seq_fixtures.py
+	$(PY) tests/fixtures/make_attribution_fixtures.py
 
 # SmolLM2's fixtures: the tokenizer's from llama.cpp itself (a Python with llama-cpp-python built from
 # source, see the script's docstring), then logits, attention, greedy replies and chat ids from transformers.

@@ -9,7 +9,8 @@ stats.py (one text's numbers per head) → detectors.py → roles.py; corpus.py 
 and cuts windows; text.py analyses one text; backends.py runs many (here, local cores,
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
-attribution.py (direct logit attribution), patch.py (activation patching), circuits.py (a head's
+attribution.py (direct logit attribution), input_attribution.py (gradients
+with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), circuits.py (a head's
 QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
 Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
@@ -19,6 +20,7 @@ from .attribution import direct_logit_attribution
 from .circuits import copying_scores, ov_circuit, qk_positions
 from .corpus import Corpus, open_corpus
 from .detectors import DETECTORS, induction_scores, pattern_score
+from .input_attribution import attribute
 from .lens import logit_lens
 from .patch import patch
 from .roles import ROLES, THRESHOLDS, classify
@@ -28,4 +30,4 @@ from .stats import STATS, head_stats
 
 __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
            "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
-           "direct_logit_attribution", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow"]
+           "direct_logit_attribution", "attribute", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow"]

@@ -16,7 +16,7 @@ from .bench import bench as bench_cmd
 from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_pairs, new_console, removed_if_failed,
                      run, warn_unknown)
 from .explain import explain_cmd, next_cmd
-from .interpret import circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
+from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .write import chat_cmd, generate, translate_cmd
 from ..engine.errors import QkvError
 from ..engine.tokenizer import shorten as _label
@@ -366,7 +366,7 @@ for command in (generate, translate_cmd, chat_cmd):
     cli.add_command(command)      # writing text: generate, translate, chat (cli_write.py)
 for command in (explain_cmd, next_cmd):
     cli.add_command(command)      # the walkthrough, its lessons, the next token (cli_explain.py)
-for command in (lens_cmd, rollout_cmd, dla_cmd, patch_cmd, circuits_cmd):
+for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 
 

@@ -1,4 +1,4 @@
-"""The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `patch`, `circuits`
+"""The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `attribute`, `patch`, `circuits`
 (README, "Beyond attention weights"). Registered in qkv.cli.app with `cli.add_command`; each reads a model,
 computes with qkv.analysis, draws with qkv.viz.interpret_figures and writes the figure with
 `cli_common.write_figure`; lens, rollout and patch also write a viewer page beside it (lens.html,
@@ -213,6 +213,95 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
                            + ", ".join(f"{k} {v:+.3f}" for k, v in a.rest.items() if v) + f"; sum {a.total():.3f}"))
         if out_dir is not None:
             write_figure(attribution_figure(a.heads, model_name=model.name, what=what), out_dir, "dla")
+
+
+@click.command(name="attribute")
+@click.argument("text")
+@click.option("--model", "source", default="smollm2", show_default=True,
+              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory.")
+@click.option("--target", default=None,
+              help="The next token to explain, one token (e.g. ' Paris'); 'A-B' for the logit difference of two "
+                   "tokens. Default: the model's top-1 next token.")
+@click.option("--other", default=None, help="Explain logit(target) − logit(other) (one token).")
+@click.option("--method", type=click.Choice(("saliency", "grad-x-input", "ig")), default="grad-x-input",
+              show_default=True, help="saliency ‖∂z/∂e‖, gradient × input, or integrated gradients.")
+@click.option("--steps", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="Integrated gradients: nodes of the integral (batched).")
+@click.option("--baseline", type=click.Choice(("zero", "pad")), default="zero", show_default=True,
+              help="Integrated gradients: start from the zero embedding or from the pad token's at every position.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the tokens coloured by score (attribute.png, .svg) and attribute.json here.")
+def attribute_cmd(text: str, source: str, target: str | None, other: str | None, method: str, steps: int,
+                  baseline: str, as_json: bool, out_dir: str | None) -> None:
+    """Which input tokens made the next token: the gradient of its logit z with respect to each token's
+    embedding e_i (before positions are added), as saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or
+    integrated gradients from a baseline (their sum is z(e) − z(baseline); the gap is reported)."""
+    import json
+
+    from ..analysis.attribution import token_id
+    from ..analysis.input_attribution import attribute, check_attributable
+    from ..engine.io import FileBatch
+    from ..viz.figures import save_all
+    from ..viz.interpret_figures import token_scores_figure
+    from .common import load_model as load
+
+    model = load(source)
+    check_attributable(model)
+    model.encode(text)                                                        # bad input fails before DIR is touched
+    target, other = _target_pair(model, target, other, token_id)
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline)
+        what = f"{method} of logit({a.target_label})" + ("" if a.other is None else
+                                                          f" − logit({model.tokenizer.label(a.other)})")
+        if as_json:
+            click.echo(json.dumps(a.to_json(), ensure_ascii=False))
+        else:
+            console = new_console()
+            console.print(Text(f"{model.name}: {what} = {a.logit:.3f} at the last position"))
+            table = Table(show_edge=False, pad_edge=False)
+            for name, justify in (("#", "right"), ("token", "left"), ("score", "right"), ("", "left")):
+                table.add_column(name, justify=justify)
+            top = float(np.abs(a.scores).max()) or 1.0
+            for i, (label, score) in enumerate(zip(a.tokens, a.scores)):
+                bar = "█" * int(round(12 * abs(score) / top))
+                table.add_row(str(i), label, f"{score:+.4f}", Text(bar, style="red" if score > 0 else "blue"))
+            console.print(table)
+            if a.baseline_logit is not None:
+                console.print(Text(f"sum {a.scores.sum():+.4f}; z(e) − z(baseline) = {a.logit - a.baseline_logit:+.4f} "
+                                   f"(baseline {a.baseline}, {a.steps} steps: {100 * a.completeness:.2f} % apart)"))
+        if out_dir is not None:                                               # all three files or none
+            with FileBatch(out_dir) as batch:
+                paths = [batch.write_text("attribute.json", json.dumps(a.to_json(), ensure_ascii=False, indent=1))]
+                paths += save_all(batch, [("attribute", lambda: token_scores_figure(
+                    a.tokens, a.scores, model_name=model.name, what=what))], ("png", "svg"))
+            if not as_json:
+                for path in paths:
+                    click.echo(f"wrote {path}")
+
+
+def _target_pair(model, target: str | None, other: str | None, token_id) -> tuple[int | None, int | None]:
+    """(target, other) token ids from --target and --other; --target 'A-B' is a difference when the whole is not
+    one token and A and B each are."""
+    from ..engine.errors import QkvError
+
+    if target is None:
+        if other is not None:
+            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
+        return None, None
+    try:
+        return token_id(model, target), None if other is None else token_id(model, other)
+    except QkvError as whole:
+        if other is not None or "-" not in target.strip("-"):
+            raise
+        for at in [i for i, c in enumerate(target) if c == "-" and 0 < i < len(target) - 1]:
+            try:
+                return token_id(model, target[:at]), token_id(model, target[at + 1:])
+            except QkvError:
+                continue
+        raise whole
 
 
 @click.command(name="patch")

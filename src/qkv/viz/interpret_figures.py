@@ -5,6 +5,7 @@ fields below (viz comes before analysis, so nothing here computes or imports an 
     lens_figure          layers × positions: P(final prediction) after each layer
     rollout_figure       raw attention, attention rollout and attention flow side by side
     attribution_figure   layers × heads: each head's direct part of one logit
+    token_scores_figure  the input tokens coloured by their attribution to one output (qkv attribute)
     patch_figure         activation patching's effect tables (heads; residual, attn, FFN by position)
     save_patching        patch.png, .svg, patch.json and any pages beside them, all or none
     circuits_figure      one head's OV circuit on a token set, and its QK pattern by distance
@@ -164,6 +165,38 @@ def attribution_figure(heads: np.ndarray, *, model_name: str = "", what: str = "
     ax.set_ylabel("layer")
     ax.set_title(figure_title(model_name, "direct logit attribution") + (f"\n{what}" if what else ""), fontsize=11)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("direct contribution to the logit")
+    return fig
+
+
+TOKENS_PER_LINE = 12
+
+
+@styled
+def token_scores_figure(labels: Sequence[str], scores: np.ndarray, *, model_name: str = "", what: str = "") -> "Figure":
+    """The input tokens as a text, TOKENS_PER_LINE to a line, each cell coloured by its score (red: adds to
+    the output, blue: takes away, white: 0, one symmetric scale) with the score written under the token."""
+    from .figures import tick_label
+
+    n = len(labels)
+    cols = min(n, TOKENS_PER_LINE)
+    lines = -(-n // cols)
+    grid = np.full((lines, cols), np.nan)
+    grid.flat[:n] = scores
+    fig = new_figure(float(np.clip(1.2 + 0.95 * cols, 4.0, 13.0)), float(np.clip(1.3 + 0.75 * lines, 2.2, 12.0)))
+    ax = fig.add_subplot()
+    m = float(np.nanmax(np.abs(grid))) if n else 1.0
+    im = _signed(ax, np.where(np.isnan(grid), 0.0, grid) if m == 0 else grid, aspect="auto")
+    for i in range(n):
+        r, c = divmod(i, cols)
+        strong = m > 0 and abs(scores[i]) > 0.6 * m
+        ax.text(c, r - 0.12, tick_label(labels[i], 10), ha="center", va="center", fontsize=8,
+                color="white" if strong else "black")
+        ax.text(c, r + 0.25, f"{scores[i]:+.2f}", ha="center", va="center", fontsize=6.5,
+                color="white" if strong else "#333333")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(figure_title(model_name, "input attribution") + (f"\n{what}" if what else ""), fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("attribution")
     return fig
 
 

@@ -1,0 +1,197 @@
+"""Input attribution: which input tokens made an output, from the gradient with respect to their embeddings.
+
+The output is one number z: a decoder's logit of a target token at the last position (by default its
+top-1 next token), or a logit difference z_A − z_B. Its inputs are the token embeddings e_i = E[ids_i]·s
+(the table's rows as they join the positions: s is the family's embedding scale, 1 for most), so
+
+    saliency       ‖∂z/∂e_i‖₂                                  how much z moves per unit change of e_i
+    grad-x-input   Σ_d e_id · ∂z/∂e_id                         the first-order part of z that e_i gives
+    ig             Σ_d (e − b)_id · ∫₀¹ ∂z/∂e_id(b + α(e − b)) dα    integrated gradients (Sundararajan et al.
+                                                               2017) from a baseline b: the zero embedding, or
+                                                               the pad token's (positions kept; `baseline_rows`)
+
+Integrated gradients' scores sum to z(e) − z(b) (completeness); the integral is a Gauss–Legendre sum over
+STEPS nodes, as Captum's default, and `InputAttribution.completeness` reports how close the sum came.
+The gradients are the engine's own backward (qkv.engine.backward: the pass that inference runs, kept on a
+tape), which tests/test_input_attribution.py checks against torch autograd. The nodes of IG are rows of
+one batch (a few batches for long inputs): each batch is one forward and one backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..engine.errors import QkvError
+from .attribution import token_id
+
+if TYPE_CHECKING:
+    from ..engine.model import Model
+
+METHODS = ("saliency", "grad-x-input", "ig")
+BATCH_TOKENS = 512           # rows × tokens of one IG batch (its tape and logits: ~1.4 MB a token for SmolLM2)
+MAX_STEPS = 1024
+
+
+@dataclass
+class InputAttribution:
+    """Scores (n,) for the n input tokens of one output z; `to_json` is what `qkv attribute --json` prints."""
+
+    tokens: list[str]
+    ids: list[int]
+    scores: np.ndarray                      # (n,) float64
+    method: str
+    target: int
+    other: int | None
+    logit: float                            # z at the input
+    baseline_logit: float | None = None     # z at the zero embedding (ig)
+    steps: int | None = None                # ig's nodes
+    baseline: str | None = None             # ig's starting point: "zero" or "pad (token N)"
+    target_label: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def completeness(self) -> float | None:
+        """ig: |Σ scores − (z(e) − z(b))| / |z(e) − z(b)|, the relative error of the integral (None otherwise)."""
+        if self.baseline_logit is None:
+            return None
+        gap = self.logit - self.baseline_logit
+        return abs(float(self.scores.sum()) - gap) / max(abs(gap), 1e-12)
+
+    def to_json(self) -> dict:
+        out = {"tokens": self.tokens, "ids": self.ids, "scores": [float(s) for s in self.scores],
+               "target": self.target, "target_token": self.target_label, "logit": self.logit,
+               "baseline_logit": self.baseline_logit, "method": self.method}
+        if self.other is not None:
+            out["other"] = self.other
+        if self.steps is not None:
+            out["steps"] = self.steps
+            out["baseline"] = self.baseline
+            out["completeness_error"] = self.completeness
+        return out
+
+
+def check_attributable(model: "Model") -> None:
+    """Input attribution differentiates a decoder's logits: one line for what it cannot read."""
+    cfg = model.config
+    if cfg.encoder_decoder:
+        raise QkvError(f"{model.name} is an encoder–decoder; qkv attribute reads decoders so far (e.g. --model smollm2)")
+    if model.weights.W_vocab is None or not cfg.causal:
+        raise QkvError(f"{model.name} is not a decoder with an LM head; qkv attribute explains a decoder's next "
+                       "token (e.g. --model smollm2)")
+
+
+def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | int | None = None,
+              other: str | int | None = None, *, method: str = "grad-x-input", steps: int = 64,
+              baseline: str = "zero") -> InputAttribution:
+    """Attribute the logit of TARGET after TEXT (None: the model's top-1 next token), or the difference
+    logit(target) − logit(other), to the input tokens by METHOD (saliency, grad-x-input, ig with STEPS nodes
+    from BASELINE: `baseline_rows`)."""
+    if method not in METHODS:
+        raise QkvError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
+    if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
+        raise QkvError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
+    check_attributable(model)
+    if isinstance(text_or_ids, str):
+        ids, labels = model.encode(text_or_ids)
+    else:
+        ids = model.check_ids(text_or_ids)[0][0]
+        labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]
+    model = _float_model(model)
+    weights, cfg = model.weights, model.config
+    ids = np.asarray(ids, np.int64)[None]                                    # (1, n)
+    rows = weights.tok_embed[ids].astype(np.float32)                         # (1, n, d_embed) E[ids]
+    if cfg.embed_scale is not None:
+        rows *= cfg.embed_scale                                              # e = E[ids]·s
+    logits = _logits(model, ids, rows)                                       # (V,) at the last position
+    t = int(np.argmax(logits)) if target is None else token_id(model, target)
+    o = None if other is None else token_id(model, other)
+    if o is not None and o == t:
+        raise QkvError("the target and the other token are the same token; give two different tokens")
+    z = float(logits[t] - (0.0 if o is None else logits[o]))
+    label = model.tokenizer.label(t) if model.tokenizer else str(t)
+    result = InputAttribution(list(labels), [int(i) for i in ids[0]], np.zeros(ids.shape[1]), method, t, o, z,
+                              target_label=label)
+    if method == "ig":
+        start, result.baseline = baseline_rows(model, rows, baseline)    # (1, n, d)
+        x, w = np.polynomial.legendre.leggauss(int(steps))
+        alphas, w = (x + 1) / 2, w / 2                                       # Gauss–Legendre on [0, 1]
+        total = np.zeros(rows.shape[1:], np.float64)                         # (n, d) Σ_k w_k ∂z/∂e(b + α_k (e − b))
+        per = max(1, BATCH_TOKENS // ids.shape[1])
+        for a0 in range(0, len(alphas), per):
+            a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
+            g, _ = _gradient(model, ids, start + a * (rows - start), t, o)  # (b, n, d)
+            total += np.einsum("b,bnd->nd", w[a0:a0 + per], g.astype(np.float64))
+        result.scores = np.einsum("nd,nd->n", (rows - start)[0].astype(np.float64), total)
+        base = _logits(model, ids, start)
+        result.baseline_logit = float(base[t] - (0.0 if o is None else base[o]))
+        result.steps = int(steps)
+        return result
+    g, _ = _gradient(model, ids, rows, t, o)                                 # (1, n, d)
+    g = g[0].astype(np.float64)
+    result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
+    return result
+
+
+def baseline_rows(model: "Model", rows: np.ndarray, baseline: str) -> tuple[np.ndarray, str]:
+    """IG's starting point b (1, n, d) and its name: "zero" (the issue's and Captum's default), or "pad" —
+    every position the embedding of the pad token (EOS where the model has none), as inseq offers.
+
+    Neither makes the path smooth everywhere. Where positions are added to the tokens (GPT-2, OPT) the
+    stream never nears zero and 64 nodes integrate to ~1e-6. Where nothing is added (RoPE, ALiBi) the zero
+    path runs the norms on inputs far below their ε, where each block multiplies by ~100 (SmolLM2: z(α·e)
+    swings between −2 and 17 for α from 10⁻¹² to 10⁻²); the pad path swings too (z 17 → −3 → 17 around
+    α = 0.5, transformers computing the same). `completeness` says how far the sum is from z(e) − z(b)."""
+    cfg, weights = model.config, model.weights
+    if baseline == "zero":
+        return np.zeros_like(rows), "zero"
+    if baseline != "pad":
+        raise QkvError(f"unknown IG baseline {baseline!r}; choose zero or pad")
+    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) and cfg.eos_token_id else cfg.eos_token_id
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else eos
+    if pad is None or not 0 <= int(pad) < cfg.vocab_size:
+        raise QkvError(f"{model.name} names no pad or EOS token for the pad baseline; use --baseline zero")
+    row = np.asarray(weights.tok_embed[np.asarray([int(pad)])], np.float32) * np.float32(cfg.embed_scale or 1.0)
+    return np.broadcast_to(row[None], rows.shape).copy(), f"pad (token {int(pad)})"
+
+
+def _float_model(model: "Model") -> "Model":
+    """The model with float32 arrays where it keeps weights stored (a GGUF's blocks): the backward
+    multiplies by Wᵀ, which a stored matrix answers only by dequantising it whole, every time."""
+    from ..engine.stored import StoredMatrix, StoredTable
+
+    leaves = [model.weights.tok_embed, model.weights.W_vocab] + [b.attn.W_Q for b in model.weights.blocks]
+    if any(isinstance(w, (StoredMatrix, StoredTable)) for w in leaves):
+        return model.astype(np.float32)
+    return model
+
+
+def _logits(model: "Model", ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The last position's logits (V,) float64 with token embeddings ROWS (1, n, d)."""
+    from ..engine.model import transformer
+
+    mask = np.ones(ids.shape, np.int64)
+    _, logits = transformer(model.weights, model.config, ids, mask, tokens=rows, logits="last")
+    return logits[0, -1].astype(np.float64)
+
+
+def _gradient(model: "Model", ids: np.ndarray, rows: np.ndarray, t: int, o: int | None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(∂z/∂rows (b, n, d), z (b,)) for b rows of token embeddings of the same ids, z = logit_t − logit_o at
+    the last position: one forward keeping a tape and one backward (qkv.engine.backward)."""
+    from ..engine.backward import backward, taped
+
+    b = rows.shape[0]
+    batch = np.broadcast_to(ids, (b, ids.shape[1]))
+    h, logits, tape = taped(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows)
+    dlogits = np.zeros_like(logits)                                          # (b, n, V)
+    dlogits[:, -1, t] = 1.0
+    z = logits[:, -1, t].astype(np.float64)
+    if o is not None:
+        dlogits[:, -1, o] = -1.0
+        z = z - logits[:, -1, o]
+    inputs: dict[str, np.ndarray] = {}
+    backward(dlogits, h, logits, model.weights, model.config, tape, inputs)
+    return inputs["tokens"], z

@@ -1,0 +1,153 @@
+"""qkv attribute / qkv.analysis.input_attribution: input gradients equal torch autograd's (fixtures made by
+tests/fixtures/make_attribution_fixtures.py), integrated gradients integrate, and the command's output and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import qkv
+from conftest import MODELS, run_main
+from qkv.analysis import input_attribution as IA
+from qkv.cli.app import cli
+
+FIXTURES = MODELS.parent / "attribution"
+NAMES = sorted(p.stem for p in FIXTURES.glob("*.npz"))
+
+
+def test_the_fixtures_are_there():
+    assert len(NAMES) >= 10, NAMES
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def case(request):
+    ref = dict(np.load(FIXTURES / f"{request.param}.npz"))
+    return request.param, qkv.load(MODELS / request.param), ref
+
+
+def _scale(model, ref) -> float:
+    """qkv's e = E[ids]·s over what torch's embedding module gives (1, or s where the family scales after it)."""
+    rows = model.weights.tok_embed[ref["input_ids"]] * (model.config.embed_scale or 1.0)
+    c = float(np.vdot(rows, ref["embeddings"]) / np.vdot(ref["embeddings"], ref["embeddings"]))
+    assert np.abs(rows - c * ref["embeddings"]).max() <= 1e-5 * np.abs(rows).max()
+    return c
+
+
+def _terms(e: np.ndarray, g: np.ndarray) -> float:
+    """The scale of gradient × input's sums: max over tokens of Σ_d |e_d·g_d| (a sum that cancels to less keeps
+    float32's error of its terms)."""
+    return float(np.abs(e * g).sum(-1).max())
+
+
+def test_gradients_equal_torch_autograd(case):
+    name, model, ref = case
+    ids, t, o = ref["input_ids"].tolist(), int(ref["target"]), int(ref["other"])
+    c = _scale(model, ref)
+    gxi = IA.attribute(model, ids, t, method="grad-x-input")
+    want = (ref["embeddings"] * ref["grad"]).sum(-1)                       # invariant under e → c·e
+    assert gxi.target == t and gxi.method == "grad-x-input"
+    assert np.abs(gxi.scores - want).max() <= 1e-4 * _terms(ref["embeddings"], ref["grad"]), name
+    sal = IA.attribute(model, ids, t, method="saliency")
+    want = np.linalg.norm(ref["grad"], axis=-1) / c                        # ∂z/∂(c·e) = ∂z/∂e / c
+    assert np.abs(sal.scores - want).max() <= 1e-4 * want.max(), name
+    diff = IA.attribute(model, ids, t, o, method="grad-x-input")
+    want = (ref["embeddings"] * ref["grad_diff"]).sum(-1)
+    assert np.abs(diff.scores - want).max() <= 1e-4 * _terms(ref["embeddings"], ref["grad_diff"]), name
+
+
+def test_the_default_target_is_the_top_next_token(case):
+    name, model, ref = case
+    a = IA.attribute(model, ref["input_ids"].tolist(), method="saliency")
+    assert a.target == int(ref["target"])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt_neo"])
+def test_integrated_gradients_sum_to_the_logit_gap_where_the_path_is_smooth(name):
+    """Learned positions keep the stream away from zero: 64 nodes integrate z(e) − z(0) to within 2 %."""
+    model = qkv.load(MODELS / name)
+    ids = np.random.default_rng(1).integers(3, model.config.vocab_size, 8).tolist()
+    a = IA.attribute(model, ids, method="ig", steps=64)
+    assert a.baseline == "zero" and a.steps == 64
+    z0 = IA._logits(model, np.asarray(ids)[None], np.zeros((1, 8, model.weights.tok_embed.shape[1]), np.float32))[a.target]
+    assert a.baseline_logit == pytest.approx(float(z0))
+    assert a.completeness <= 0.02, a.completeness
+    assert np.isclose(a.scores.sum(), a.logit - a.baseline_logit, rtol=0.02)
+
+
+def test_integrated_gradients_batches_give_the_same_scores(monkeypatch):
+    model = qkv.load(MODELS / "llama_gqa")
+    ids = list(range(5, 12))
+    whole = IA.attribute(model, ids, method="ig", steps=12, baseline="pad")
+    monkeypatch.setattr(IA, "BATCH_TOKENS", len(ids) * 5)                    # 12 nodes in batches of 5, 5, 2
+    parts = IA.attribute(model, ids, method="ig", steps=12, baseline="pad")
+    assert np.allclose(whole.scores, parts.scores, rtol=1e-4, atol=1e-6 * np.abs(whole.scores).max())
+    assert whole.baseline.startswith("pad (token ")
+
+
+def test_one_node_of_integrated_gradients_is_the_gradient_at_the_midpoint():
+    """IG with one Gauss–Legendre node: (e − 0)·∂z/∂e(e/2); checked against gradient × input of the model
+    whose token embeddings are halved (the same point), times 2."""
+    model = qkv.load(MODELS / "gpt2")
+    ids = [5, 9, 14, 3]
+    ig = IA.attribute(model, ids, method="ig", steps=1)
+    rows = model.weights.tok_embed[np.asarray(ids)][None]
+    g, _ = IA._gradient(model, np.asarray(ids)[None], rows * np.float32(0.5), ig.target, None)
+    assert np.allclose(ig.scores, (rows[0] * g[0]).sum(-1), rtol=1e-5, atol=1e-7)
+
+
+def test_a_stored_model_is_attributed_in_float32(tmp_path):
+    """SmolLM2 (the GGUF file kept as its blocks): the gradient runs on a float32 copy, and gradient × input of
+    the stored model is the float32 model's."""
+    stored = qkv.load("smollm2")
+    text = "The capital of France is"
+    a = IA.attribute(stored, text, " Paris")
+    b = IA.attribute(qkv.load("smollm2", dtype="float32"), text, " Paris")
+    assert a.target_label == "␣Paris" and a.tokens[0] == "The"
+    assert np.allclose(a.scores, b.scores, rtol=1e-4, atol=1e-5 * np.abs(b.scores).max())
+
+
+# ── the command ──────────────────────────────────────────────────────────────────
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_attribute_json_and_files(tmp_path):
+    out = tmp_path / "attr"
+    r = run("attribute", "the cat sat on", "--model", str(MODELS / "gpt2"), "--method", "ig", "--steps", "16",
+            "--json", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output.splitlines()[0])
+    assert set(data) >= {"tokens", "scores", "target", "logit", "baseline_logit", "method", "steps", "completeness_error"}
+    assert len(data["tokens"]) == len(data["scores"]) and data["method"] == "ig" and data["steps"] == 16
+    assert sorted(p.name for p in out.iterdir()) == ["attribute.json", "attribute.png", "attribute.svg"]
+    assert json.loads((out / "attribute.json").read_text())["scores"] == data["scores"]
+
+
+def test_attribute_table_and_a_logit_difference():
+    model = qkv.load(MODELS / "gpt2")
+    a, b = model.tokenizer.label(5), model.tokenizer.label(9)
+    text_a, text_b = model.tokenizer.decode([5]), model.tokenizer.decode([9])
+    r = run("attribute", "the cat sat on", "--model", str(MODELS / "gpt2"), "--target", text_a, "--other", text_b)
+    assert r.exit_code == 0, r.output
+    assert f"logit({a}) − logit({b})" in r.output and "score" in r.output
+    want = IA.attribute(model, "the cat sat on", text_a, text_b)
+    assert f"{want.scores[0]:+.4f}" in r.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--target", "catcatcat dog"], "not one"),
+    (["--other", "the"], "--other needs --target"),
+    (["--target", "t", "--other", "t"], "the same token"),
+    (["--steps", "0"], "0"),
+    (["--method", "lime"], "lime"),
+    (["--model", "minilm"], "not a decoder"),
+    (["--model", "ko-en-tiny"], "encoder–decoder"),
+])
+def test_attribute_refuses_bad_input_in_one_line(monkeypatch, capsys, args, message):
+    code, out, err = run_main(monkeypatch, capsys, "attribute", "the cat sat on", "--model", str(MODELS / "gpt2"), *args)
+    assert code == 2, (out, err)
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) <= 4, err
