@@ -106,6 +106,10 @@ def fake_llm_result(reference: bool = True, llama: bool = True) -> dict:
             "repeats": 3, "pinned_threads": None, "tokens_per_s": tps,
             "prefill_seconds": {"128": {"qkv": 0.2, **({"transformers": 0.25} if reference else {})},
                                 "512": {"qkv": 0.9, **({"transformers": 0.8} if reference else {})}},
+            "step_tokens_per_s": {"qkv": 45.0, **({"transformers": 22.5} if reference else {}),
+                                  **({"llama.cpp": 90.0} if llama else {})},
+            "step_share": {"qkv": gb.bandwidth_share(538_060_032, 45.0, 25e9),
+                           **({"transformers": gb.bandwidth_share(538_060_032, 22.5, 25e9)} if reference else {})},
             "weight_bytes": 538_060_032, "copy_bytes_per_s": 25e9, "copy_bytes_per_s_runs": [24e9, 26e9],
             "bandwidth_limit_tokens_per_s": 25e9 / 538_060_032,
             "share": {k: gb.bandwidth_share(538_060_032, v, 25e9) for k, v in tps.items() if k != "llama.cpp"},
@@ -122,7 +126,9 @@ def test_llm_markdown_with_every_generator():
     assert "| qkv, as shipped (BLAS threads of one-token steps chosen by timing them) | 40.0 | 2.00× | 86 % |" in text
     assert "| qkv, one-token steps on 2 BLAS threads (`QKV_DECODE_THREADS=2`) | 40.5 | 2.02× |" in text
     assert "| transformers (torch, its threads) | 20.0 | 1.00× | 43 % |" in text
-    assert "| llama.cpp 0.3 (4-bit weights, 2 threads) | 80.0 | 4.00× |" in text
+    assert "| llama.cpp 0.3 (4-bit weights, 2 threads, 98 MB read per step) | 80.0 | 4.00× | — | 90.0 | 4.00× |" in text
+    assert "| 86 % | 45.0 | 2.00× | 97 % |" in text and "after the prompt: the steps alone, 63 ÷" in text
+    assert "| qkv, one-token steps on 1 BLAS thread (`QKV_DECODE_THREADS=1`) | 25.0 | 1.25× | 54 % | — | — | — |" in text
     assert "the same 64 tokens" in text and "(here 2.00×: met)" in text and "(here 86 %: met)" in text
     assert "| 128 | 200 | 250 | 0.80× | 50 |" in text and "| 512 | 900 | 800 | 1.12× | 200 |" in text
     assert "leave qkv's at new token 12" in text and "98 MB against 538 MB" in text

@@ -36,10 +36,15 @@ def prefill(ids):
     llm.reset()
     llm.eval(ids)
 
+def first():
+    for tok in llm.generate(job["ids"], top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        return
+
 tokens = decode()
-times = []
+times, firsts = [], []
 for _ in range(job["repeats"]):
     t = time.perf_counter(); decode(); times.append(time.perf_counter() - t)
+    t = time.perf_counter(); first(); firsts.append(time.perf_counter() - t)
 pre = {}
 for n, ids in job["prefill"].items():
     prefill(ids)
@@ -49,7 +54,8 @@ for n, ids in job["prefill"].items():
         t = time.perf_counter(); prefill(ids); ts.append(time.perf_counter() - t)
     pre[n] = statistics.median(ts)
 print(json.dumps({"version": getattr(llama_cpp, "__version__", "?"), "tokens": tokens,
-                  "decode_s": statistics.median(times), "prefill_s": pre, "threads": threads}))
+                  "decode_s": statistics.median(times), "first_s": statistics.median(firsts), "prefill_s": pre,
+                  "threads": threads}))
 """
 
 def gguf_weights(gguf: Path) -> tuple[str, int]:

@@ -130,31 +130,21 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
             hf_half = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, half)).eval()
 
     pinned = decode_threads() or tuning_pins().get("decode")
-    decode_runs = {
-        "qkv": lambda: model.generate(ids[None], new_tokens, temperature=0, stop_at_eos=False)[0, len(ids):],
-    }
-    for n in THREADS:
-        decode_runs[f"qkv_{n}"] = _with_threads(n, decode_runs["qkv"])
-    if stored is not None:
-        decode_runs["qkv_stored"] = lambda: stored.generate(ids[None], new_tokens, temperature=0,
-                                                            stop_at_eos=False)[0, len(ids):]
-    if hf is not None:
-        ids_t = torch.from_numpy(ids[None])
-        ones = torch.ones_like(ids_t)
 
-        def reference(prompt=ids_t, mask=ones, n=new_tokens):
-            with torch.no_grad():
-                out = hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, eos_token_id=None,
-                                  pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
-            return out[0, prompt.shape[1]:].numpy()
-        decode_runs["transformers"] = reference
-        if hf_half is not None:
-            def reference_half(prompt=ids_t, mask=ones, n=new_tokens):
-                with torch.no_grad():
-                    out = hf_half.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=n,
-                                           eos_token_id=None, pad_token_id=cfg.pad_token_id or 0)
-                return out[0, prompt.shape[1]:].numpy()
-            decode_runs["transformers_stored"] = reference_half
+    def runs(n: int) -> dict:
+        """Each generator writing N tokens after the chat prompt: name → a call returning its new ids."""
+        out = {"qkv": lambda: model.generate(ids[None], n, temperature=0, stop_at_eos=False)[0, len(ids):]}
+        for t in THREADS:
+            out[f"qkv_{t}"] = _with_threads(t, out["qkv"])
+        if stored is not None:
+            out["qkv_stored"] = lambda: stored.generate(ids[None], n, temperature=0, stop_at_eos=False)[0, len(ids):]
+        if hf is not None:
+            prompt = torch.from_numpy(ids[None])
+            for name, m in (("transformers", hf), ("transformers_stored", hf_half)):
+                if m is not None:
+                    out[name] = lambda m=m: _hf_generate(m, prompt, n, cfg.pad_token_id)
+        return out
+    decode_runs = runs(new_tokens)
     log("checking that they choose the same tokens")
     tokens = {name: run() for name, run in decode_runs.items()}
     same = {name: first_difference(tokens["qkv"], t) for name, t in tokens.items() if name != "qkv"}
@@ -163,6 +153,8 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     log(f"decode: {repeats} rounds after a warm-up, taking turns")
     snap = cpu_snapshot()
     decode_s = time_interleaved(decode_runs, repeats=repeats)
+    log("the prompt alone (one new token), to tell the steps after it")
+    first_s = time_interleaved(runs(1), repeats=repeats) if new_tokens > 1 else {}
     busy_decode = others_cores(snap, cpu_snapshot())
 
     prefill_s: dict[int, dict[str, float]] = {}
@@ -170,13 +162,13 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     prompts = {n: rng.integers(0, cfg.vocab_size, size=(1, n)) for n in prefill}      # (1, n) each
     snap = cpu_snapshot()
     for n, p in prompts.items():
-        runs = {"qkv": lambda p=p: model.generate(p, 1, temperature=0, stop_at_eos=False)}
+        first = {"qkv": lambda p=p: model.generate(p, 1, temperature=0, stop_at_eos=False)}
         if stored is not None:
-            runs["qkv_stored"] = lambda p=p: stored.generate(p, 1, temperature=0, stop_at_eos=False)
+            first["qkv_stored"] = lambda p=p: stored.generate(p, 1, temperature=0, stop_at_eos=False)
         if hf is not None:
-            runs["transformers"] = (lambda p=torch.from_numpy(p): reference(p, torch.ones_like(p), 1))
+            first["transformers"] = lambda p=torch.from_numpy(p): _hf_generate(hf, p, 1, cfg.pad_token_id)
         log(f"prefill of {n} tokens")
-        prefill_s[n] = time_interleaved(runs, repeats=repeats, settle=SETTLE)
+        prefill_s[n] = time_interleaved(first, repeats=repeats, settle=SETTLE)
     busy_prefill = others_cores(snap, cpu_snapshot())
     bandwidth_after = copy_bandwidth()
 
@@ -194,8 +186,12 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     stored_bytes = stored.weights.nbytes() if stored is not None else None
     copy_bw = float(np.mean([bandwidth, bandwidth_after]))
     tps = {name: new_tokens / s for name, s in decode_s.items()}
+    steps = {name: (new_tokens - 1) / (s - first_s[name]) for name, s in decode_s.items()
+             if name in first_s and s > first_s[name]}             # the tokens after the first: one step each
     if llama and llama.get("decode_s"):
         tps["llama.cpp"] = new_tokens / llama["decode_s"]
+        if llama.get("first_s") and llama["decode_s"] > llama["first_s"] and new_tokens > 1:
+            steps["llama.cpp"] = (new_tokens - 1) / (llama["decode_s"] - llama["first_s"])
     machine = machine_facts()
     machine["vector"] = vector_extensions()
     if torch is not None:
@@ -209,7 +205,9 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
                   "vocab_size": cfg.vocab_size, "parameters": weight_bytes // 4},
         "machine": machine, "missing": missing, "prompt": len(ids), "question": QUESTION,
         "new_tokens": new_tokens, "repeats": repeats, "settle_s": SETTLE, "pinned_threads": pinned,
-        "decode_seconds": decode_s, "tokens_per_s": tps, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
+        "decode_seconds": decode_s, "first_token_seconds": first_s, "tokens_per_s": tps, "step_tokens_per_s": steps,
+        "step_share": {name: bandwidth_share(stored_bytes if name.endswith("_stored") else weight_bytes, v, copy_bw)
+                       for name, v in steps.items() if name != "llama.cpp"}, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
         "weight_bytes": weight_bytes, "copy_bytes_per_s": copy_bw, "copy_bytes_per_s_runs": [bandwidth, bandwidth_after],
         "bandwidth_limit_tokens_per_s": copy_bw / weight_bytes,
         "share": {name: bandwidth_share(stored_bytes if name.endswith("_stored") else weight_bytes, v, copy_bw)
@@ -221,13 +219,24 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     }
 
 
+def _hf_generate(hf, prompt, n: int, pad: int | None) -> np.ndarray:
+    """transformers' greedy N new ids after PROMPT (1, n) (a tensor), end-of-turn ignored."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=n,
+                          eos_token_id=None, pad_token_id=pad if pad is not None else 0)
+    return out[0, prompt.shape[1]:].numpy()
+
+
 def markdown(result: dict, command: str) -> str:
     """The "Generation: <model>" section of docs/benchmarks.md, from `measure`'s dict."""
     m, n = result["model"], result["new_tokens"]
     return md.join(f"## Generation: {m['name']}", _setup(result),
                    f"**Decode**: {n} new tokens, greedy, after a {result['prompt']}-token chat prompt (the model's "
                    f"template around \"{result['question']}\"), end-of-turn ignored; tokens/s = {n} ÷ the wall time "
-                   "of the whole `generate` call (prompt included).",
+                   "of the whole `generate` call (prompt included); after the prompt: the steps alone, "
+                   f"{n - 1} ÷ (that time − the time of `generate` of 1 token).",
                    _decode_table(result), _comparison(result), _bandwidth(result), _llama_note(result),
                    "**Prefill**: time to the first token (`generate` of 1 token) of a prompt of random token ids, "
                    f"{result.get('settle_s', SETTLE):g} s of sleep before each run.",
@@ -267,14 +276,22 @@ def _decode_table(result: dict) -> list[str]:
     if result.get("sixteen_bit"):
         names["transformers"] = "transformers (torch, its threads, float32)"
         names["transformers_stored"] = f"transformers in {result['sixteen_bit']}, as the checkpoint stores it"
-    rows = [[name, f"{tps[k]:.1f}", _ratio(tps[k], ref), f"{100 * share[k]:.0f} %"]
+    steps, step_share = result.get("step_tokens_per_s", {}), result.get("step_share", {})
+    step_ref = steps.get("transformers")
+
+    def after(k: str) -> list[str]:
+        if k not in steps:
+            return ["—", "—", "—"]
+        return [f"{steps[k]:.1f}", _ratio(steps[k], step_ref), f"{100 * step_share[k]:.0f} %" if k in step_share else "—"]
+    rows = [[name, f"{tps[k]:.1f}", _ratio(tps[k], ref), f"{100 * share[k]:.0f} %", *after(k)]
             for k, name in names.items() if k in tps]
     llama = _llama(result)
     if llama:
         rows.append([f"llama.cpp {llama.get('version', '')} ({llama.get('weights')} weights, "
-                     f"{llama.get('threads')} threads)", f"{tps['llama.cpp']:.1f}", _ratio(tps["llama.cpp"], ref),
-                     f"— ({llama.get('weight_bytes', 0) / 1e6:.0f} MB read per step)"])
-    return md.table(["generator", "tokens/s", "× transformers", "share of the bandwidth limit"], rows, "lrrr")
+                     f"{llama.get('threads')} threads, {llama.get('weight_bytes', 0) / 1e6:.0f} MB read per step)",
+                     f"{tps['llama.cpp']:.1f}", _ratio(tps["llama.cpp"], ref), "—", *after("llama.cpp")[:2], "—"])
+    return md.table(["generator", "tokens/s", "× transformers", "share of the bandwidth limit",
+                     "after the prompt: tokens/s", "× transformers", "share"], rows, "lrrrrrr")
 
 
 def _comparison(result: dict) -> list[str]:
@@ -313,11 +330,19 @@ def _sixteen_bit_targets(result: dict) -> list[str]:
     tps, half = result["tokens_per_s"], result.get("sixteen_bit")
     if not half or "qkv_stored" not in tps or "transformers_stored" not in tps:
         return []
-    speed, share = tps["qkv_stored"] / tps["transformers_stored"], result["share"]["qkv_stored"]
-    return [f"Stored ({half}): " + md.target(f"decode ≥ {TARGET_SPEEDUP:g}× transformers in {half}", speed,
-                                             TARGET_SPEEDUP, f"{speed:.2f}×")
-            + ", " + md.target(f"≥ {100 * TARGET_SHARE:.0f} % of the {half} bandwidth limit", share, TARGET_SHARE,
-                               f"{100 * share:.0f} %") + ".", ""]
+    lines = []
+    steps = result.get("step_tokens_per_s", {})
+    for what, rate, shares in (("whole calls", tps, result["share"]),
+                               ("after the prompt", steps, result.get("step_share", {}))):
+        if "qkv_stored" not in rate or "transformers_stored" not in rate:
+            continue
+        speed, share = rate["qkv_stored"] / rate["transformers_stored"], shares["qkv_stored"]
+        lines.append(f"Stored ({half}), {what}: "
+                     + md.target(f"decode ≥ {TARGET_SPEEDUP:g}× transformers in {half}", speed, TARGET_SPEEDUP,
+                                 f"{speed:.2f}×")
+                     + ", " + md.target(f"≥ {100 * TARGET_SHARE:.0f} % of the {half} bandwidth limit", share,
+                                        TARGET_SHARE, f"{100 * share:.0f} %") + ".")
+    return [" ".join(lines), ""] if lines else []
 
 
 def _bandwidth(result: dict) -> str:
