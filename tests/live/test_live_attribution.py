@@ -87,8 +87,7 @@ def test_decoder(cls, config_cls, kw, lengths, tmp_path, request):
     check(build(cls, cfg, seed=seed), tmp_path, seed, ig=request.node.callspec.indices["cls"] < 3)
 
 
-@pytest.mark.parametrize(("cls", "config_cls", "kw", "lengths"), FAMILY_CASES)
-def test_families(cls, config_cls, kw, lengths, tmp_path, request):
-    cfg = decoder_config(config_cls, **copy.deepcopy(kw))
+@pytest.mark.parametrize(("cls", "config"), FAMILY_CASES)
+def test_families(cls, config, tmp_path, request):
     seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    check(build(cls, cfg, seed=seed), tmp_path, seed, ig=False)
+    check(build(cls, config, seed=seed), tmp_path, seed, ig=False)
