@@ -229,11 +229,14 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
               help="Integrated gradients: nodes of the integral (batched).")
 @click.option("--baseline", type=click.Choice(("zero", "pad")), default="zero", show_default=True,
               help="Integrated gradients: start from the zero embedding or from the pad token's at every position.")
+@click.option("--keep-first/--vary-first", default=True, show_default=True,
+              help="Integrated gradients: keep the first token (the attention sink of every later one) itself along "
+                   "the path, so its score is 0 and the integral converges; or move it from the baseline too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the tokens coloured by score (attribute.png, .svg) and attribute.json here.")
 def attribute_cmd(text: str, source: str, target: str | None, other: str | None, method: str, steps: int,
-                  baseline: str, as_json: bool, out_dir: str | None) -> None:
+                  baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
     """Which input tokens made the next token: the gradient of its logit z with respect to each token's
     embedding e_i (before positions are added), as saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or
     integrated gradients from a baseline (their sum is z(e) − z(baseline); the gap is reported)."""
@@ -253,7 +256,8 @@ def attribute_cmd(text: str, source: str, target: str | None, other: str | None,
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline)
+        a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
+                      keep_first=keep_first)
         what = f"{method} of logit({a.target_label})" + ("" if a.other is None else
                                                           f" − logit({model.tokenizer.label(a.other)})")
         if as_json:
