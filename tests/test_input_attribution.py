@@ -117,7 +117,7 @@ def test_a_stored_model_is_attributed_in_float32(tmp_path):
     text = "The capital of France is"
     a = IA.attribute(stored, text, " Paris")
     b = IA.attribute(qkv.load("smollm2", dtype="float32"), text, " Paris")
-    assert a.target_label == "␣Paris" and a.tokens[0] == "The"
+    assert a.target_label == "␣Paris" and a.tokens[:2] == ["The", "␣capital"]
     assert np.allclose(a.scores, b.scores, rtol=1e-4, atol=1e-5 * np.abs(b.scores).max())
 
 

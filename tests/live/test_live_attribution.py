@@ -12,7 +12,9 @@ attention biases, …) and of test_live_families (GPT-NeoX, Phi).
 from __future__ import annotations
 
 import copy
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,9 @@ from live_helpers import build, save
 from test_live_families import CASES as NEOX_CASES, PHI_CASES
 from test_live_reference import DECODER_CASES, GPT2_CASES, decoder_config, gpt2_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from make_attribution_fixtures import grads as embedding_grads  # noqa: E402
+
 pytestmark = pytest.mark.live
 
 FAMILY_CASES = ([pytest.param(GPTNeoXForCausalLM, *c.values, id=c.id) for c in NEOX_CASES]
@@ -34,37 +39,22 @@ FAMILY_CASES = ([pytest.param(GPTNeoXForCausalLM, *c.values, id=c.id) for c in N
 LENGTH = 10
 
 
-def logit_at_last(model: torch.nn.Module, target: int):
-    def z(ids: torch.Tensor) -> torch.Tensor:
-        return model(ids).logits[:, -1, target]
-    return z
-
-
 def check(model: torch.nn.Module, directory, seed: int, ig: bool) -> None:
     save(model, directory)
     ours = qkv.load(directory)
     ids = np.random.default_rng(seed).integers(3, model.config.vocab_size, LENGTH)
     x = torch.tensor(ids[None])
-    kept = {}
-
-    def keep(module, inputs, out):
-        out.retain_grad()
-        kept["e"] = out
-        return out
-
-    hook = model.get_input_embeddings().register_forward_hook(keep)
-    logits = model(x).logits[0, -1]
-    target = int(logits.argmax())
-    logits[target].backward()
-    hook.remove()
-    e, g = kept["e"][0].detach().numpy(), kept["e"].grad[0].numpy()
+    with torch.no_grad():
+        target = int(model(x).logits[0, -1].argmax())
+    e, g = embedding_grads(model, x, target, None)             # the fixtures' own reference (torch autograd)
     a = attribute(ours, ids.tolist(), target, method="grad-x-input")
     assert a.target == target
     assert np.abs(a.scores - (e * g).sum(-1)).max() <= 1e-4 * np.abs(e * g).sum(-1).max()
     if not ig:
         return
     ig_ref = IntegratedGradients(lambda emb: model(inputs_embeds=emb).logits[:, -1, target])
-    ref, delta = ig_ref.attribute(kept["e"].detach(), baselines=torch.zeros_like(kept["e"]), n_steps=64,
+    emb = torch.tensor(e[None])
+    ref, delta = ig_ref.attribute(emb, baselines=torch.zeros_like(emb), n_steps=64,
                                   method="gausslegendre", return_convergence_delta=True)
     want = ref[0].sum(-1).detach().numpy()
     b = attribute(ours, ids.tolist(), target, method="ig", steps=64, keep_first=False)   # as Captum: every row moves

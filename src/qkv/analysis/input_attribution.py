@@ -97,11 +97,8 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
     if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
         raise QkvError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
     check_attributable(model)
-    if isinstance(text_or_ids, str):
-        ids, labels = model.encode(text_or_ids)
-    else:
-        ids = model.check_ids(text_or_ids)[0][0]
-        labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]
+    ids = model.encode(text_or_ids)[0] if isinstance(text_or_ids, str) else model.check_ids(text_or_ids)[0][0]
+    labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]   # "␣Paris"
     model = _float_model(model)
     weights, cfg = model.weights, model.config
     ids = np.asarray(ids, np.int64)[None]                                    # (1, n)
