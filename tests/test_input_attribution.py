@@ -110,6 +110,14 @@ def test_integrated_gradients_keep_the_first_token_by_default():
     assert kept.logit == moved.logit
 
 
+def test_a_text_too_long_for_the_backward_is_refused_before_the_work(monkeypatch):
+    model = qkv.load(MODELS / "gpt2")
+    monkeypatch.setattr(IA, "TAPE_BYTES", model.config.n_layers * model.config.n_heads * 4 * 10 ** 2)   # 10 tokens
+    assert len(IA.attribute(model, list(range(3, 13))).scores) == 10
+    with pytest.raises(qkv.QkvError, match=r"attribute at most 10 tokens .* \(shorten the text\)"):
+        IA.attribute(model, list(range(3, 14)), method="ig")
+
+
 def test_a_stored_model_is_attributed_in_float32(tmp_path):
     """SmolLM2 (the GGUF file kept as its blocks): the gradient runs on a float32 copy, and gradient × input of
     the stored model is the float32 model's."""

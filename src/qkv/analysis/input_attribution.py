@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 METHODS = ("saliency", "grad-x-input", "ig")
 BATCH_TOKENS = 512           # rows × tokens of one IG batch (its tape and logits: ~1.4 MB a token for SmolLM2)
+TAPE_BYTES = 2 << 30         # the attention weights one backward keeps (L · rows · H · n² floats), at the most
 MAX_STEPS = 1024
 BASELINES = ("zero", "pad")
 
@@ -99,8 +100,15 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
     check_attributable(model)
     ids = model.encode(text_or_ids)[0] if isinstance(text_or_ids, str) else model.check_ids(text_or_ids)[0][0]
     labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]   # "␣Paris"
+    cfg = model.config
+    n = len(ids)
+    per_row = cfg.n_layers * cfg.n_heads * n * n * 4                         # A of every layer, one row
+    if per_row > TAPE_BYTES:
+        longest = int((TAPE_BYTES / (cfg.n_layers * cfg.n_heads * 4)) ** 0.5)
+        raise QkvError(f"{n} tokens need {per_row / 2**30:.1f} GiB of attention weights for the backward pass; "
+                       f"attribute at most {longest} tokens of {model.name} (shorten the text)")
     model = _float_model(model)
-    weights, cfg = model.weights, model.config
+    weights = model.weights
     ids = np.asarray(ids, np.int64)[None]                                    # (1, n)
     rows = weights.tok_embed[ids].astype(np.float32)                         # (1, n, d_embed) E[ids]
     if cfg.embed_scale is not None:
@@ -121,7 +129,7 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
             result.baseline += ", first token kept"
         alphas, w = ig_nodes(int(steps))
         total = np.zeros(rows.shape[1:], np.float64)                         # (n, d) Σ_k w_k ∂z/∂e(b + α_k (e − b))
-        per = max(1, BATCH_TOKENS // ids.shape[1])
+        per = max(1, min(BATCH_TOKENS // ids.shape[1], TAPE_BYTES // per_row))    # rows a pass
         for a0 in range(0, len(alphas), per):
             a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
             g, _ = _gradient(model, ids, start + a * (rows - start), t, o)  # (b, n, d)
