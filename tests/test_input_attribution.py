@@ -15,11 +15,12 @@ from qkv.analysis import input_attribution as IA
 from qkv.cli.app import cli
 
 FIXTURES = MODELS.parent / "attribution"
-NAMES = sorted(p.stem for p in FIXTURES.glob("*.npz"))
+ENCODERS = ("roberta", "distilbert", "bert")
+NAMES = sorted(p.stem for p in FIXTURES.glob("*.npz") if p.stem not in ENCODERS)
 
 
 def test_the_fixtures_are_there():
-    assert len(NAMES) >= 10, NAMES
+    assert len(NAMES) >= 10 and all((FIXTURES / f"{name}.npz").exists() for name in ENCODERS), NAMES
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -58,6 +59,37 @@ def test_gradients_equal_torch_autograd(case):
     assert np.abs(diff.scores - want).max() <= 1e-4 * _terms(ref["embeddings"], ref["grad_diff"]), name
 
 
+@pytest.mark.parametrize("name", ["roberta", "distilbert"])
+def test_a_masked_lm_encoder_is_attributed_at_its_mask_token(name):
+    """z = the logit of the top token at the first mask token: gradient × input and saliency equal autograd's."""
+    ref = dict(np.load(FIXTURES / f"{name}.npz"))
+    model = qkv.load(MODELS / name)
+    ids, t = ref["input_ids"].tolist(), int(ref["target"])
+    a = IA.attribute(model, ids, method="grad-x-input")
+    assert a.target == t and f"(position {int(ref['mask_at'])})" in a.what
+    c = _scale(model, ref)
+    assert np.abs(a.scores - (ref["embeddings"] * ref["grad"]).sum(-1)).max() <= 1e-4 * _terms(ref["embeddings"], ref["grad"])
+    sal = IA.attribute(model, ids, t, method="saliency")
+    want = np.linalg.norm(ref["grad"], axis=-1) / c
+    assert np.abs(sal.scores - want).max() <= 1e-4 * want.max()
+
+
+def test_an_encoder_without_a_head_is_attributed_by_its_sentence_embedding(monkeypatch):
+    """BERT without an LM head: z = cos(mean-pooled final hidden states, a second text's); equal to autograd's,
+    and IG's scores sum to z(e) − z(0) (learned positions: the path is smooth)."""
+    ref = dict(np.load(FIXTURES / "bert.npz"))
+    model = qkv.load(MODELS / "bert")
+    compare = ref["compare_ids"]
+    monkeypatch.setattr(model, "encode", lambda text, **kw: (compare, None) if text == "COMPARE" else (ref["input_ids"], None))
+    a = IA.attribute(model, ref["input_ids"].tolist(), compare="COMPARE")
+    assert a.target is None and a.what.startswith("cos(sentence embedding")
+    assert np.abs(a.scores - (ref["embeddings"] * ref["grad"]).sum(-1)).max() <= 1e-4 * _terms(ref["embeddings"], ref["grad"])
+    ig = IA.attribute(model, ref["input_ids"].tolist(), compare="COMPARE", method="ig", keep_first=False)
+    assert ig.completeness <= 0.02, ig.completeness
+    with pytest.raises(qkv.QkvError, match="no LM head: give --compare"):
+        IA.attribute(model, ref["input_ids"].tolist())
+
+
 def test_the_default_target_is_the_top_next_token(case):
     name, model, ref = case
     a = IA.attribute(model, ref["input_ids"].tolist(), method="saliency")
@@ -71,7 +103,8 @@ def test_integrated_gradients_sum_to_the_logit_gap_where_the_path_is_smooth(name
     ids = np.random.default_rng(1).integers(3, model.config.vocab_size, 8).tolist()
     a = IA.attribute(model, ids, method="ig", steps=64, keep_first=False)
     assert a.baseline == "zero" and a.steps == 64
-    z0 = IA._logits(model, np.asarray(ids)[None], np.zeros((1, 8, model.weights.tok_embed.shape[1]), np.float32))[a.target]
+    zeros = np.zeros((1, 8, model.weights.tok_embed.shape[1]), np.float32)
+    z0 = IA._z(model, np.asarray(ids)[None], zeros, IA.Output(target=a.target))[0]
     assert a.baseline_logit == pytest.approx(float(z0))
     assert a.completeness <= 0.02, a.completeness
     assert np.isclose(a.scores.sum(), a.logit - a.baseline_logit, rtol=0.02)
@@ -94,7 +127,7 @@ def test_one_node_of_integrated_gradients_is_the_gradient_at_the_midpoint():
     ids = [5, 9, 14, 3]
     ig = IA.attribute(model, ids, method="ig", steps=1, keep_first=False)
     rows = model.weights.tok_embed[np.asarray(ids)][None]
-    g, _ = IA._gradient(model, np.asarray(ids)[None], rows * np.float32(0.5), ig.target, None)
+    g, _ = IA._gradient(model, np.asarray(ids)[None], rows * np.float32(0.5), IA.Output(target=ig.target))
     assert np.allclose(ig.scores, (rows[0] * g[0]).sum(-1), rtol=1e-5, atol=1e-7)
 
 
@@ -147,6 +180,15 @@ def test_attribute_json_and_files(tmp_path):
     assert json.loads((out / "attribute.json").read_text())["scores"] == data["scores"]
 
 
+def test_attribute_an_encoders_similarity_from_the_command_line(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "attribute", "The cat sat on the mat.", "--model", "minilm",
+                              "--compare", "A kitten rested on a rug.", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["target"] is None and data["tokens"][0] == "[CLS]" and 0 < data["logit"] < 1
+    assert data["output"] == "cos(sentence embedding, 'A kitten rested on a rug.''s)"
+
+
 def test_attribute_table_and_a_logit_difference():
     model = qkv.load(MODELS / "gpt2")
     a, b = model.tokenizer.label(5), model.tokenizer.label(9)
@@ -165,7 +207,10 @@ def test_attribute_table_and_a_logit_difference():
     (["--steps", "0"], "0"),
     (["--method", "lime"], "lime"),
     (["--baseline", "mean"], "mean"),
-    (["--model", "minilm"], "not a decoder"),
+    (["--model", "minilm"], "give --compare TEXT"),
+    (["--model", "minilm", "--compare", "a dog", "--target", "t"], "leave out --target"),
+    (["--compare", "a dog"], "--compare is for encoders"),
+    (["--model", str(MODELS / "roberta")], "put its mask token"),
     (["--model", "ko-en-tiny"], "encoder–decoder"),
 ])
 def test_attribute_refuses_bad_input_in_one_line(monkeypatch, capsys, args, message):

@@ -1,7 +1,9 @@
 """Input attribution: which input tokens made an output, from the gradient with respect to their embeddings.
 
-The output is one number z: a decoder's logit of a target token at the last position (by default its
-top-1 next token), or a logit difference z_A − z_B. Its inputs are the token embeddings e_i = E[ids_i]·s
+The output is one number z (`Output`): a decoder's logit of a target token at the last position (by
+default its top-1 next token), a masked-LM encoder's at its first mask token, or a logit difference
+z_A − z_B; for an encoder without an LM head (MiniLM), the cosine of its sentence embedding (mean-pooled,
+as sentence-transformers pools it) to a second text's. Its inputs are the token embeddings e_i = E[ids_i]·s
 (the table's rows as they join the positions: s is the family's embedding scale, 1 for most), so
 
     saliency       ‖∂z/∂e_i‖₂                                  how much z moves per unit change of e_i
@@ -19,7 +21,7 @@ one batch (a few batches for long inputs): each batch is one forward and one bac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -45,14 +47,14 @@ class InputAttribution:
     ids: list[int]
     scores: np.ndarray                      # (n,) float64
     method: str
-    target: int
+    target: int | None                      # None: an encoder's cosine
     other: int | None
     logit: float                            # z at the input
     baseline_logit: float | None = None     # z at the zero embedding (ig)
     steps: int | None = None                # ig's nodes
     baseline: str | None = None             # ig's starting point: "zero" or "pad (token N)", ", first token kept"
     target_label: str = ""
-    extra: dict = field(default_factory=dict)
+    what: str = ""                          # z in words: "logit(␣Paris)", "cos(sentence embedding, …)"
 
     @property
     def completeness(self) -> float | None:
@@ -65,7 +67,7 @@ class InputAttribution:
     def to_json(self) -> dict:
         out = {"tokens": self.tokens, "ids": self.ids, "scores": [float(s) for s in self.scores],
                "target": self.target, "target_token": self.target_label, "logit": self.logit,
-               "baseline_logit": self.baseline_logit, "method": self.method}
+               "baseline_logit": self.baseline_logit, "method": self.method, "output": self.what}
         if self.other is not None:
             out["other"] = self.other
         if self.steps is not None:
@@ -75,22 +77,96 @@ class InputAttribution:
         return out
 
 
+@dataclass
+class Output:
+    """What z is, read from a pass's final hidden states h (b, n, d) and logits (b, n, V): the logit of TARGET
+    (− OTHER's) at POSITION, or with COMPARE (d,) (unit) the cosine of the mean-pooled h to it (an encoder's
+    sentence embedding, as sentence-transformers pools it)."""
+
+    position: int = -1
+    target: int | None = None
+    other: int | None = None
+    compare: np.ndarray | None = None
+
+    def value(self, h: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
+        """z of each row (b,) float64."""
+        if self.compare is not None:
+            e = h.astype(np.float64).mean(axis=1)                            # (b, d)
+            return e @ self.compare / np.linalg.norm(e, axis=-1)
+        z = logits[:, self.position, self.target].astype(np.float64)
+        return z if self.other is None else z - logits[:, self.position, self.other]
+
+    def gradient(self, h: np.ndarray, logits: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(dz/dlogits, None), or (None, dz/dh) for the cosine: with e = mean h, u = e/‖e‖,
+        dz/dh_i = (v − (u·v)·u) / (‖e‖·n)."""
+        if self.compare is not None:
+            e = h.astype(np.float64).mean(axis=1)                            # (b, d)
+            norm = np.linalg.norm(e, axis=-1, keepdims=True)
+            u = e / norm
+            de = (self.compare - (u @ self.compare)[:, None] * u) / norm     # (b, d)
+            return None, np.broadcast_to((de / h.shape[1])[:, None], h.shape).astype(h.dtype)
+        d = np.zeros_like(logits)                                            # (b, n, V)
+        d[:, self.position, self.target] = 1.0
+        if self.other is not None:
+            d[:, self.position, self.other] = -1.0
+        return d, None
+
+
 def check_attributable(model: "Model") -> None:
-    """Input attribution differentiates a decoder's logits: one line for what it cannot read."""
+    """Input attribution differentiates a decoder's or an encoder's pass: one line for a translator."""
+    if model.config.encoder_decoder:
+        raise QkvError(f"{model.name} is an encoder–decoder; qkv attribute reads decoders and encoders so far "
+                       "(e.g. --model smollm2)")
+
+
+def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | None) -> tuple[Output, str]:
+    """What to attribute for this model and ids (n,), and its name: a decoder's next token (TARGET, default its
+    top-1), a masked-LM encoder's token at the first mask token, an encoder's sentence embedding's cosine to
+    COMPARE's."""
+    from ..writing.nexttoken import MASK_TOKENS, mask_position
+
     cfg = model.config
-    if cfg.encoder_decoder:
-        raise QkvError(f"{model.name} is an encoder–decoder; qkv attribute reads decoders so far (e.g. --model smollm2)")
-    if model.weights.W_vocab is None or not cfg.causal:
-        raise QkvError(f"{model.name} is not a decoder with an LM head; qkv attribute explains a decoder's next "
-                       "token (e.g. --model smollm2)")
+    label = model.tokenizer.label if model.tokenizer else str
+    if compare is not None:
+        if cfg.causal:
+            raise QkvError("--compare is for encoders (a sentence embedding's cosine); a decoder explains its next "
+                           "token: give --target instead")
+        if target is not None or other is not None:
+            raise QkvError("--compare explains a cosine, not a token: leave out --target and --other")
+        from .patch import sentence_embedding
+        v = sentence_embedding(model.forward(model.encode(compare)[0][None], attentions=False).hidden)[0]
+        return Output(compare=v), f"cos(sentence embedding, {compare!r}'s)"
+    if model.weights.W_vocab is None:
+        raise QkvError(f"{model.name} has no LM head: give --compare TEXT to attribute the cosine of its sentence "
+                       "embedding to TEXT's")
+    position = -1
+    if not cfg.causal:
+        position = mask_position(model, ids)
+        if position is None:
+            tok = model.tokenizer
+            shown = next((t for t in MASK_TOKENS if tok is not None and tok.token_to_id(t) is not None), "<mask>")
+            raise QkvError(f"{model.name} is a masked-LM encoder: put its mask token {shown} where a word should be "
+                           f'predicted, e.g. "The cat sat on the {shown}."')
+    if target is None:
+        if other is not None:
+            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
+        logits = model.forward(ids[None], attentions=False).logits[0, position]
+        target = int(np.argmax(logits))
+    t = token_id(model, target)
+    o = None if other is None else token_id(model, other)
+    if o is not None and o == t:
+        raise QkvError("the target and the other token are the same token; give two different tokens")
+    where = "" if cfg.causal else f" at the mask (position {position})"
+    return Output(position, t, o), f"logit({label(t)})" + ("" if o is None else f" − logit({label(o)})") + where
 
 
 def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | int | None = None,
               other: str | int | None = None, *, method: str = "grad-x-input", steps: int = 64,
-              baseline: str = "zero", keep_first: bool = True) -> InputAttribution:
-    """Attribute the logit of TARGET after TEXT (None: the model's top-1 next token), or the difference
-    logit(target) − logit(other), to the input tokens by METHOD (saliency, grad-x-input, ig with STEPS nodes
-    from BASELINE: `baseline_rows`; KEEP_FIRST: the first token stays itself along the path and scores 0)."""
+              baseline: str = "zero", keep_first: bool = True, compare: str | None = None) -> InputAttribution:
+    """Attribute the logit of TARGET after TEXT (None: the model's top-1 next token; a masked-LM encoder's at
+    its first mask token), or the difference logit(target) − logit(other), or an encoder's sentence
+    embedding's cosine to COMPARE's, to the input tokens by METHOD (saliency, grad-x-input, ig with STEPS
+    nodes from BASELINE: `baseline_rows`; KEEP_FIRST: the first token stays itself along the path, score 0)."""
     if baseline not in BASELINES:
         raise QkvError(f"unknown IG baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
     if method not in METHODS:
@@ -108,20 +184,16 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
         raise QkvError(f"{n} tokens need {per_row / 2**30:.1f} GiB of attention weights for the backward pass; "
                        f"attribute at most {longest} tokens of {model.name} (shorten the text)")
     model = _float_model(model)
+    out, what = output_of(model, np.asarray(ids, np.int64), target, other, compare)
     weights = model.weights
     ids = np.asarray(ids, np.int64)[None]                                    # (1, n)
     rows = weights.tok_embed[ids].astype(np.float32)                         # (1, n, d_embed) E[ids]
     if cfg.embed_scale is not None:
         rows *= cfg.embed_scale                                              # e = E[ids]·s
-    logits = _logits(model, ids, rows)                                       # (V,) at the last position
-    t = int(np.argmax(logits)) if target is None else token_id(model, target)
-    o = None if other is None else token_id(model, other)
-    if o is not None and o == t:
-        raise QkvError("the target and the other token are the same token; give two different tokens")
-    z = float(logits[t] - (0.0 if o is None else logits[o]))
-    label = model.tokenizer.label(t) if model.tokenizer else str(t)
-    result = InputAttribution(list(labels), [int(i) for i in ids[0]], np.zeros(ids.shape[1]), method, t, o, z,
-                              target_label=label)
+    z = float(_z(model, ids, rows, out)[0])
+    label = "" if out.target is None else (model.tokenizer.label(out.target) if model.tokenizer else str(out.target))
+    result = InputAttribution(list(labels), [int(i) for i in ids[0]], np.zeros(ids.shape[1]), method, out.target,
+                              out.other, z, target_label=label, what=what)
     if method == "ig":
         start, result.baseline = baseline_rows(model, rows, baseline)    # (1, n, d)
         if keep_first and ids.shape[1] > 1:
@@ -132,14 +204,13 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
         per = max(1, min(BATCH_TOKENS // ids.shape[1], TAPE_BYTES // per_row))    # rows a pass
         for a0 in range(0, len(alphas), per):
             a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
-            g, _ = _gradient(model, ids, start + a * (rows - start), t, o)  # (b, n, d)
+            g, _ = _gradient(model, ids, start + a * (rows - start), out)   # (b, n, d)
             total += np.einsum("b,bnd->nd", w[a0:a0 + per], g.astype(np.float64))
         result.scores = np.einsum("nd,nd->n", (rows - start)[0].astype(np.float64), total)
-        base = _logits(model, ids, start)
-        result.baseline_logit = float(base[t] - (0.0 if o is None else base[o]))
+        result.baseline_logit = float(_z(model, ids, start, out)[0])
         result.steps = int(steps)
         return result
-    g, _ = _gradient(model, ids, rows, t, o)                                 # (1, n, d)
+    g, _ = _gradient(model, ids, rows, out)                                  # (1, n, d)
     g = g[0].astype(np.float64)
     result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
     return result
@@ -185,30 +256,25 @@ def _float_model(model: "Model") -> "Model":
     return model
 
 
-def _logits(model: "Model", ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The last position's logits (V,) float64 with token embeddings ROWS (1, n, d)."""
+def _z(model: "Model", ids: np.ndarray, rows: np.ndarray, out: Output) -> np.ndarray:
+    """z (b,) of a pass over ids with token embeddings ROWS (b, n, d)."""
     from ..engine.model import transformer
 
-    mask = np.ones(ids.shape, np.int64)
-    _, logits = transformer(model.weights, model.config, ids, mask, tokens=rows, logits="last")
-    return logits[0, -1].astype(np.float64)
+    batch = np.broadcast_to(ids, (rows.shape[0], ids.shape[1]))
+    h, logits = transformer(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows,
+                            logits="last" if out.compare is None and out.position == -1 else "all")
+    return out.value(h, logits)
 
 
-def _gradient(model: "Model", ids: np.ndarray, rows: np.ndarray, t: int, o: int | None
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """(∂z/∂rows (b, n, d), z (b,)) for b rows of token embeddings of the same ids, z = logit_t − logit_o at
-    the last position: one forward keeping a tape and one backward (qkv.engine.backward)."""
+def _gradient(model: "Model", ids: np.ndarray, rows: np.ndarray, out: Output) -> tuple[np.ndarray, np.ndarray]:
+    """(∂z/∂rows (b, n, d), z (b,)) for b rows of token embeddings of the same ids: one forward keeping a tape
+    and one backward (qkv.engine.backward)."""
     from ..engine.backward import backward, taped
 
-    b = rows.shape[0]
-    batch = np.broadcast_to(ids, (b, ids.shape[1]))
+    batch = np.broadcast_to(ids, (rows.shape[0], ids.shape[1]))
     h, logits, tape = taped(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows)
-    dlogits = np.zeros_like(logits)                                          # (b, n, V)
-    dlogits[:, -1, t] = 1.0
-    z = logits[:, -1, t].astype(np.float64)
-    if o is not None:
-        dlogits[:, -1, o] = -1.0
-        z = z - logits[:, -1, o]
+    z = out.value(h, logits)
+    dlogits, dhidden = out.gradient(h, logits)
     inputs: dict[str, np.ndarray] = {}
-    backward(dlogits, h, logits, model.weights, model.config, tape, inputs)
+    backward(dlogits, h, logits, model.weights, model.config, tape, inputs, dhidden=dhidden)
     return inputs["tokens"], z

@@ -218,10 +218,13 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
 @click.command(name="attribute")
 @click.argument("text")
 @click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory.")
+              help="A decoder ('smollm2', a .gguf file, a local Hugging Face directory), a masked-LM encoder (its "
+                   "token at the first mask token) or an encoder without an LM head ('minilm', with --compare).")
 @click.option("--target", default=None,
               help="The next token to explain, one token (e.g. ' Paris'); 'A-B' for the logit difference of two "
                    "tokens. Default: the model's top-1 next token.")
+@click.option("--compare", default=None,
+              help="Encoders: explain the cosine of TEXT's sentence embedding to this text's.")
 @click.option("--other", default=None, help="Explain logit(target) − logit(other) (one token).")
 @click.option("--method", type=click.Choice(("saliency", "grad-x-input", "ig")), default="grad-x-input",
               show_default=True, help="saliency ‖∂z/∂e‖, gradient × input, or integrated gradients.")
@@ -235,11 +238,12 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the tokens coloured by score (attribute.png, .svg) and attribute.json here.")
-def attribute_cmd(text: str, source: str, target: str | None, other: str | None, method: str, steps: int,
-                  baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
-    """Which input tokens made the next token: the gradient of its logit z with respect to each token's
-    embedding e_i (before positions are added), as saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or
-    integrated gradients from a baseline (their sum is z(e) − z(baseline); the gap is reported)."""
+def attribute_cmd(text: str, source: str, target: str | None, compare: str | None, other: str | None, method: str,
+                  steps: int, baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
+    """Which input tokens made the next token (a masked token; an encoder's similarity to --compare): the
+    gradient of its logit z with respect to each token's embedding e_i (before positions are added), as
+    saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or integrated gradients from a baseline (their sum is
+    z(e) − z(baseline); the gap is reported)."""
     import json
 
     from ..analysis.attribution import token_id
@@ -252,19 +256,20 @@ def attribute_cmd(text: str, source: str, target: str | None, other: str | None,
     model = load(source)
     check_attributable(model)
     model.encode(text)                                                        # bad input fails before DIR is touched
+    if compare is not None:
+        model.encode(compare)
     target, other = _target_pair(model, target, other, token_id)
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
         a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
-                      keep_first=keep_first)
-        what = f"{method} of logit({a.target_label})" + ("" if a.other is None else
-                                                          f" − logit({model.tokenizer.label(a.other)})")
+                      keep_first=keep_first, compare=compare)
+        what = f"{method} of {a.what}"
         if as_json:
             click.echo(json.dumps(a.to_json(), ensure_ascii=False))
         else:
             console = new_console()
-            console.print(Text(f"{model.name}: {what} = {a.logit:.3f} at the last position"))
+            console.print(Text(f"{model.name}: {what} = {a.logit:.3f}"))
             table = Table(show_edge=False, pad_edge=False)
             for name, justify in (("#", "right"), ("token", "left"), ("score", "right"), ("", "left")):
                 table.add_column(name, justify=justify)

@@ -44,17 +44,22 @@ def taped(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: n
     return h, logits, tape
 
 
-def backward(dlogits: np.ndarray, h: np.ndarray, logits: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape,
-             inputs: dict[str, np.ndarray] | None = None) -> Weights:
+def backward(dlogits: np.ndarray | None, h: np.ndarray, logits: np.ndarray | None, weights: Weights, cfg: ModelConfig,
+             tape: Tape, inputs: dict[str, np.ndarray] | None = None, dhidden: np.ndarray | None = None) -> Weights:
     """Every weight's gradient of a scalar whose gradient on the logits is DLOGITS (B, n, V), back through the
-    pass `taped` kept (h, logits its outputs; the tape is used up). inputs: a dict that receives "tokens", the
-    gradient of the token embeddings E[ids]·s (B, n, d_embed) (input attribution)."""
+    pass `taped` kept (h, logits its outputs; the tape is used up); or, with DLOGITS None, whose gradient on the
+    final hidden states h is DHIDDEN (B, n, d) (an encoder's sentence embedding: no head, no W_vocab gradient).
+    inputs: a dict that receives "tokens", the gradient of the token embeddings E[ids]·s (B, n, d_embed)
+    (input attribution)."""
     head = tape.pop(None, "head") if weights.W_head is not None else None
-    dh, dW_vocab, db_vocab = back.logits_of(dlogits, h if head is None else head.out, weights, cfg, logits)
+    dW_vocab = db_vocab = dW_head = db_head = g_head_norm = None
+    if dlogits is None:
+        dh = dhidden
+    else:
+        dh, dW_vocab, db_vocab = back.logits_of(dlogits, h if head is None else head.out, weights, cfg, logits)
+        if head is not None:                              # the masked-LM head, between Z and W_vocab
+            dh, dW_head, db_head, g_head_norm = back.head(dh, weights, cfg, head)
     del dlogits, h, logits
-    dW_head = db_head = g_head_norm = None
-    if head is not None:                                  # the masked-LM head, between Z and W_vocab
-        dh, dW_head, db_head, g_head_norm = back.head(dh, weights, cfg, head)
     dh, d_unembed_in = back.unembed_in(dh, weights, tape)   # OPT-350m: back to d_model; else dh itself
     g_final = None
     if weights.final_norm is not None:
@@ -71,7 +76,7 @@ def backward(dlogits: np.ndarray, h: np.ndarray, logits: np.ndarray, weights: We
     d_tok, d_pos, d_type, g_embed = back.embed(dx, weights, cfg, embed, grads=projected)
     if inputs is not None:
         inputs["tokens"] = projected["tokens"]
-    if np.shares_memory(weights.W_vocab, weights.tok_embed):
+    if dW_vocab is not None and np.shares_memory(weights.W_vocab, weights.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ, one table
         dW_vocab = d_tok.T
     return Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, type_embed=d_type, embed_norm=g_embed,
