@@ -62,17 +62,18 @@ class Stacks:
 
 
 def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
-                 stacks: Stacks | None = None) -> np.ndarray:
+                 stacks: Stacks | None = None, tokens: np.ndarray | None = None) -> np.ndarray:
     """Source ids (B, n_src), mask (B, n_src) → the encoder's output M (B, n_src, d_model).
 
     Bidirectional: every source token sees every real source token (padding never); T5 adds its
     relative position bias (both directions) to the scores. Positions 0..n-1 whatever the padding,
-    as transformers numbers them in these families.
+    as transformers numbers them in these families. tokens: the token embeddings E[ids]·s to use (B, n_src, d)
+    instead of looking them up (input attribution).
     """
     w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
     pos = np.arange(n)                                             # (n_src,)
     tape = stacks.tape.get("encoder")
-    x = embed(w, cfg, ids, pos, tape=tape)                         # (B, n_src, d_model)
+    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens)          # (B, n_src, d_model)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
     ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
@@ -98,20 +99,22 @@ def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) ->
 def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
                  memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
                  cache: KVCache | None = None, stacks: Stacks | None = None, logits: str = "all",
-                 start: int = 0, stream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 start: int = 0, stream: np.ndarray | None = None, tokens: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Decoder ids (B, n) → (hidden (B, n, d_model), logits (B, n, V); logits="last": (B, 1, V)).
 
     mask (B, past + n) covers the target's past and new tokens (None: no padding); source_mask
     (B, n_src) the source's. With a KV cache, ids are the n new tokens after the cache's past.
     Each block: causal self-attention (+ T5's backward-only position bias), cross-attention reading
     memory (the encoder output's K, V), FFN. start, stream: run blocks START.. on STREAM (B, n, d_model),
-    the residual stream entering block START, instead of embedding ids (activation patching).
+    the residual stream entering block START, instead of embedding ids (activation patching); tokens: the
+    target's token embeddings E[ids]·s to use (B, n, d) instead of looking them up (input attribution).
     """
     w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
     tape = stacks.tape.get("decoder")
-    x = embed(w, cfg, ids, pos, tape=tape) if stream is None else stream   # (B, n, d_model)
+    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens) if stream is None else stream   # (B, n, d_model)
     key_mask = None if mask is None or mask.all() else mask.astype(bool)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
                                                             cfg.relative_max_distance)
