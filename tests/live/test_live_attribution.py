@@ -81,3 +81,26 @@ def test_decoder(cls, config_cls, kw, lengths, tmp_path, request):
 def test_families(cls, config, tmp_path, request):
     seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
     check(build(cls, config, seed=seed), tmp_path, seed, ig=False)
+
+
+# ── encoder–decoders: random Marian and BART configs (test_live_seq2seq_grads's) ────────────────────────
+
+from test_live_seq2seq_grads import CASES as SEQ2SEQ_CASES, random_seq2seq  # noqa: E402
+
+
+@pytest.mark.parametrize("cls, config_cls, kw", SEQ2SEQ_CASES)
+def test_encoder_decoders(cls, config_cls, kw, tmp_path):
+    """gradient × input over the source's and the target's tokens equals autograd's through each stack's
+    embedding module (the fixture script's `seq2seq` reference, on a random checkpoint saved here)."""
+    from make_attribution_fixtures import seq2seq_reference
+
+    model = random_seq2seq(cls, config_cls, kw, seed=2)
+    directory = tmp_path / "model"
+    model.save_pretrained(directory)
+    ref = seq2seq_reference(model)
+    a = attribute(qkv.load(directory), ref["input_ids"].tolist(), prefix=ref["decoder_ids"][1:].tolist())
+    assert a.target == int(ref["target"])
+    n = len(ref["input_ids"])
+    for side, got in (("source", a.scores[:n]), ("target", a.scores[n:])):
+        e, g = ref[f"{side}_embeddings"], ref[f"{side}_grad"]
+        assert np.abs(got - (e * g).sum(-1)).max() <= 1e-4 * np.abs(e * g).sum(-1).max(), side

@@ -22,9 +22,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cls, config_cls, kw", CASES)
-def test_seq2seq_gradients_equal_autograd(cls, config_cls, kw, tmp_path):
-    torch.manual_seed(1)
+def random_seq2seq(cls, config_cls, kw: dict, seed: int) -> torch.nn.Module:
+    """A small random encoder–decoder of CASES's kind, its weights moved off their init."""
+    torch.manual_seed(seed)
     base = dict(vocab_size=90, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                 decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
                 pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout=0.0, attention_dropout=0.0,
@@ -34,6 +34,12 @@ def test_seq2seq_gradients_equal_autograd(cls, config_cls, kw, tmp_path):
         for p in model.parameters():
             if p.requires_grad:                              # Marian's sinusoids are fixed
                 p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+@pytest.mark.parametrize("cls, config_cls, kw", CASES)
+def test_seq2seq_gradients_equal_autograd(cls, config_cls, kw, tmp_path):
+    model = random_seq2seq(cls, config_cls, kw, seed=1)
     model.save_pretrained(tmp_path)
     rng = np.random.default_rng(0)
     src = rng.integers(2, 90, (3, 7))

@@ -55,6 +55,7 @@ class InputAttribution:
     baseline: str | None = None             # ig's starting point: "zero" or "pad (token N)", ", first token kept"
     target_label: str = ""
     what: str = ""                          # z in words: "logit(␣Paris)", "cos(sentence embedding, …)"
+    sides: list[str] | None = None          # an encoder–decoder's: "source" or "target" for each token
 
     @property
     def completeness(self) -> float | None:
@@ -70,6 +71,8 @@ class InputAttribution:
                "baseline_logit": self.baseline_logit, "method": self.method, "output": self.what}
         if self.other is not None:
             out["other"] = self.other
+        if self.sides is not None:
+            out["sides"] = self.sides
         if self.steps is not None:
             out["steps"] = self.steps
             out["baseline"] = self.baseline
@@ -113,10 +116,9 @@ class Output:
 
 
 def check_attributable(model: "Model") -> None:
-    """Input attribution differentiates a decoder's or an encoder's pass: one line for a translator."""
-    if model.config.encoder_decoder:
-        raise QkvError(f"{model.name} is an encoder–decoder; qkv attribute reads decoders and encoders so far "
-                       "(e.g. --model smollm2)")
+    """Kept for the command line: every family qkv runs can be attributed (one line if not)."""
+    if not hasattr(model, "config"):
+        raise QkvError("qkv attribute needs a model loaded by qkv.load")
 
 
 def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | None) -> tuple[Output, str]:
@@ -162,11 +164,14 @@ def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | Non
 
 def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | int | None = None,
               other: str | int | None = None, *, method: str = "grad-x-input", steps: int = 64,
-              baseline: str = "zero", keep_first: bool = True, compare: str | None = None) -> InputAttribution:
+              baseline: str = "zero", keep_first: bool = True, compare: str | None = None,
+              prefix: str | Sequence[int] | None = None) -> InputAttribution:
     """Attribute the logit of TARGET after TEXT (None: the model's top-1 next token; a masked-LM encoder's at
     its first mask token), or the difference logit(target) − logit(other), or an encoder's sentence
     embedding's cosine to COMPARE's, to the input tokens by METHOD (saliency, grad-x-input, ig with STEPS
-    nodes from BASELINE: `baseline_rows`; KEEP_FIRST: the first token stays itself along the path, score 0)."""
+    nodes from BASELINE: `baseline_rows`; KEEP_FIRST: the first token stays itself along the path, score 0).
+    An encoder–decoder: TEXT is the source, PREFIX the target written so far ("" or None: the start token
+    alone), z the logit of the next target token, scored over the source tokens and the target's."""
     if baseline not in BASELINES:
         raise QkvError(f"unknown IG baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
     if method not in METHODS:
@@ -174,6 +179,11 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
     if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
         raise QkvError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
     check_attributable(model)
+    if model.config.encoder_decoder:
+        return _attribute_seq2seq(model, text_or_ids, target, other, method, int(steps), baseline, keep_first,
+                                  prefix, compare)
+    if prefix is not None:
+        raise QkvError("--prefix is for an encoder–decoder (the target written so far); a decoder reads TEXT whole")
     ids = model.encode(text_or_ids)[0] if isinstance(text_or_ids, str) else model.check_ids(text_or_ids)[0][0]
     labels = [model.tokenizer.label(int(i)) if model.tokenizer else str(int(i)) for i in ids]   # "␣Paris"
     cfg = model.config
@@ -213,6 +223,85 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
     g, _ = _gradient(model, ids, rows, out)                                  # (1, n, d)
     g = g[0].astype(np.float64)
     result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
+    return result
+
+
+def _attribute_seq2seq(model, source, target, other, method: str, steps: int, baseline: str, keep_first: bool,
+                       prefix, compare) -> InputAttribution:
+    """`attribute` on an encoder–decoder: the source's and the target prefix's token embeddings both vary
+    (IG: on one path; keep_first keeps the decoder's start token itself)."""
+    from ..engine.seq2seq import DecoderView
+    from ..engine.seq2seq_backward import backward, taped
+
+    if compare is not None:
+        raise QkvError("--compare is for encoders; an encoder–decoder explains a target token: give --target")
+    cfg, w = model.config, model.weights
+    src = model.encode(source)[0] if isinstance(source, str) else model.check_ids(source)[0][0]
+    tgt = np.asarray(DecoderView(model, "" if prefix is None else prefix).target, np.int64)
+    model.check_ids(tgt)
+    L_dec = cfg.n_decoder_layers or cfg.n_layers
+    per_row = 4 * cfg.n_heads * (cfg.n_layers * len(src) ** 2 + L_dec * (len(tgt) ** 2 + len(tgt) * len(src)))
+    if per_row > TAPE_BYTES:
+        raise QkvError(f"the source and target need {per_row / 2**30:.1f} GiB of attention weights for the backward "
+                       "pass; shorten them")
+    label = model.tokenizer.label if model.tokenizer else str
+    scale = np.float32(cfg.embed_scale or 1.0)
+    e_src = np.asarray(w.encoder.tok_embed[src], np.float32)[None] * scale          # (1, n_src, d)
+    e_tgt = np.asarray(w.decoder.tok_embed[tgt], np.float32)[None] * scale          # (1, n_tgt, d)
+    n_src = e_src.shape[1]
+
+    def run(rows_src: np.ndarray, rows_tgt: np.ndarray, grad: bool):
+        b = rows_src.shape[0]
+        s_ids, t_ids = np.broadcast_to(src, (b, len(src))), np.broadcast_to(tgt, (b, len(tgt)))
+        m, h, logits, tapes = taped(w, cfg, s_ids, np.ones(s_ids.shape, np.int64), t_ids, rows_src, rows_tgt)
+        z = out.value(h, logits)
+        if not grad:
+            return z, None
+        inputs: dict[str, np.ndarray] = {}
+        backward(out.gradient(h, logits)[0], m, h, w, cfg, tapes, inputs)
+        return z, np.concatenate([inputs["source_tokens"], inputs["target_tokens"]], axis=1)   # (b, n, d)
+
+    out = Output()
+    if target is None:
+        if other is not None:
+            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
+        logits = taped(w, cfg, src[None], np.ones((1, len(src)), np.int64), tgt[None])[2]   # (1, n_tgt, V)
+        out.target = int(np.argmax(logits[0, -1]))                        # the model's next target token
+    else:
+        out.target = token_id(model, target)
+    out.other = None if other is None else token_id(model, other)
+    if out.other is not None and out.other == out.target:
+        raise QkvError("the target and the other token are the same token; give two different tokens")
+    rows = np.concatenate([e_src, e_tgt], axis=1)                         # (1, n, d): source, then target
+    z = float(run(e_src, e_tgt, False)[0][0])
+    what = f"logit({label(out.target)})" + ("" if out.other is None else f" − logit({label(out.other)})") + \
+        f" after {len(tgt)} target token{'s' if len(tgt) > 1 else ''}"
+    labels = [label(int(i)) for i in src] + [label(int(i)) for i in tgt]
+    result = InputAttribution(labels, [int(i) for i in src] + [int(i) for i in tgt], np.zeros(rows.shape[1]), method,
+                              out.target, out.other, z, target_label=label(out.target), what=what,
+                              sides=["source"] * n_src + ["target"] * len(tgt))
+    if method != "ig":
+        g = run(e_src, e_tgt, True)[1][0].astype(np.float64)
+        result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
+        return result
+    if baseline != "zero":
+        raise QkvError("an encoder–decoder's integrated gradients start from the zero embedding: leave out --baseline")
+    start = np.zeros_like(rows)
+    result.baseline = "zero"
+    if keep_first:
+        start[:, n_src] = rows[:, n_src]                                   # the decoder's start token stays itself
+        result.baseline += ", start token kept"
+    alphas, wts = ig_nodes(steps)
+    total = np.zeros(rows.shape[1:], np.float64)
+    per = max(1, min(BATCH_TOKENS // rows.shape[1], TAPE_BYTES // per_row))
+    for a0 in range(0, len(alphas), per):
+        a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
+        point = start + a * (rows - start)
+        _, g = run(point[:, :n_src], point[:, n_src:], True)
+        total += np.einsum("b,bnd->nd", wts[a0:a0 + per], g.astype(np.float64))
+    result.scores = np.einsum("nd,nd->n", (rows - start)[0].astype(np.float64), total)
+    result.baseline_logit = float(run(start[:, :n_src], start[:, n_src:], False)[0][0])
+    result.steps = steps
     return result
 
 

@@ -225,6 +225,9 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
                    "tokens. Default: the model's top-1 next token.")
 @click.option("--compare", default=None,
               help="Encoders: explain the cosine of TEXT's sentence embedding to this text's.")
+@click.option("--prefix", default=None,
+              help="Encoder–decoders (TEXT the source): the target written so far; default the start token alone "
+                   "(the first target token is explained).")
 @click.option("--other", default=None, help="Explain logit(target) − logit(other) (one token).")
 @click.option("--method", type=click.Choice(("saliency", "grad-x-input", "ig")), default="grad-x-input",
               show_default=True, help="saliency ‖∂z/∂e‖, gradient × input, or integrated gradients.")
@@ -238,8 +241,9 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the tokens coloured by score (attribute.png, .svg) and attribute.json here.")
-def attribute_cmd(text: str, source: str, target: str | None, compare: str | None, other: str | None, method: str,
-                  steps: int, baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
+def attribute_cmd(text: str, source: str, target: str | None, compare: str | None, prefix: str | None,
+                  other: str | None, method: str, steps: int, baseline: str, keep_first: bool, as_json: bool,
+                  out_dir: str | None) -> None:
     """Which input tokens made the next token (a masked token; an encoder's similarity to --compare): the
     gradient of its logit z with respect to each token's embedding e_i (before positions are added), as
     saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or integrated gradients from a baseline (their sum is
@@ -263,7 +267,7 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
         if out_dir is not None:
             check_writable(out_dir)
         a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
-                      keep_first=keep_first, compare=compare)
+                      keep_first=keep_first, compare=compare, prefix=prefix)
         what = f"{method} of {a.what}"
         if as_json:
             click.echo(json.dumps(a.to_json(), ensure_ascii=False))
@@ -276,7 +280,8 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
             top = float(np.abs(a.scores).max()) or 1.0
             for i, (label, score) in enumerate(zip(a.tokens, a.scores)):
                 bar = "█" * int(round(12 * abs(score) / top))
-                table.add_row(str(i), label, f"{score:+.4f}", Text(bar, style="red" if score > 0 else "blue"))
+                side = "" if a.sides is None else ("src " if a.sides[i] == "source" else "tgt ")
+                table.add_row(str(i), side + label, f"{score:+.4f}", Text(bar, style="red" if score > 0 else "blue"))
             console.print(table)
             if a.baseline_logit is not None:
                 console.print(Text(f"sum {a.scores.sum():+.4f}; z(e) − z(baseline) = {a.logit - a.baseline_logit:+.4f} "
