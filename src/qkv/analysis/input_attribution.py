@@ -115,12 +115,6 @@ class Output:
         return d, None
 
 
-def check_attributable(model: "Model") -> None:
-    """Kept for the command line: every family qkv runs can be attributed (one line if not)."""
-    if not hasattr(model, "config"):
-        raise QkvError("qkv attribute needs a model loaded by qkv.load")
-
-
 def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | None) -> tuple[Output, str]:
     """What to attribute for this model and ids (n,), and its name: a decoder's next token (TARGET, default its
     top-1), a masked-LM encoder's token at the first mask token, an encoder's sentence embedding's cosine to
@@ -178,7 +172,6 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
         raise QkvError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
         raise QkvError(f"--steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
-    check_attributable(model)
     if model.config.encoder_decoder:
         return _attribute_seq2seq(model, text_or_ids, target, other, method, int(steps), baseline, keep_first,
                                   prefix, compare)
@@ -200,29 +193,18 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
     rows = weights.tok_embed[ids].astype(np.float32)                         # (1, n, d_embed) E[ids]
     if cfg.embed_scale is not None:
         rows *= cfg.embed_scale                                              # e = E[ids]·s
-    z = float(_z(model, ids, rows, out)[0])
     label = "" if out.target is None else (model.tokenizer.label(out.target) if model.tokenizer else str(out.target))
     result = InputAttribution(list(labels), [int(i) for i in ids[0]], np.zeros(ids.shape[1]), method, out.target,
-                              out.other, z, target_label=label, what=what)
+                              out.other, 0.0, target_label=label, what=what)
+    start = None
     if method == "ig":
         start, result.baseline = baseline_rows(model, rows, baseline)    # (1, n, d)
         if keep_first and ids.shape[1] > 1:
             start[:, 0] = rows[:, 0]                                         # the attention sink stays itself
             result.baseline += ", first token kept"
-        alphas, w = ig_nodes(int(steps))
-        total = np.zeros(rows.shape[1:], np.float64)                         # (n, d) Σ_k w_k ∂z/∂e(b + α_k (e − b))
-        per = max(1, min(BATCH_TOKENS // ids.shape[1], TAPE_BYTES // per_row))    # rows a pass
-        for a0 in range(0, len(alphas), per):
-            a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
-            g, _ = _gradient(model, ids, start + a * (rows - start), out)   # (b, n, d)
-            total += np.einsum("b,bnd->nd", w[a0:a0 + per], g.astype(np.float64))
-        result.scores = np.einsum("nd,nd->n", (rows - start)[0].astype(np.float64), total)
-        result.baseline_logit = float(_z(model, ids, start, out)[0])
-        result.steps = int(steps)
-        return result
-    g, _ = _gradient(model, ids, rows, out)                                  # (1, n, d)
-    g = g[0].astype(np.float64)
-    result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
+    per = max(1, min(BATCH_TOKENS // ids.shape[1], TAPE_BYTES // per_row))    # rows a pass
+    _scores(result, rows, start, int(steps), per, lambda r: _gradient(model, ids, r, out),
+            lambda r: _z(model, ids, r, out))
     return result
 
 
@@ -250,22 +232,24 @@ def _attribute_seq2seq(model, source, target, other, method: str, steps: int, ba
     e_tgt = np.asarray(w.decoder.tok_embed[tgt], np.float32)[None] * scale          # (1, n_tgt, d)
     n_src = e_src.shape[1]
 
-    def run(rows_src: np.ndarray, rows_tgt: np.ndarray, grad: bool):
-        b = rows_src.shape[0]
+    def run(points: np.ndarray, grad: bool):
+        """(∂z/∂points (b, n, d) or None, z (b,)) of points (b, n, d): the source's rows, then the target's."""
+        b = points.shape[0]
         s_ids, t_ids = np.broadcast_to(src, (b, len(src))), np.broadcast_to(tgt, (b, len(tgt)))
-        m, h, logits, tapes = taped(w, cfg, s_ids, np.ones(s_ids.shape, np.int64), t_ids, rows_src, rows_tgt)
+        m, h, logits, tapes = taped(w, cfg, s_ids, np.ones(s_ids.shape, np.int64), t_ids, points[:, :n_src],
+                                    points[:, n_src:])
         z = out.value(h, logits)
         if not grad:
-            return z, None
+            return None, z
         inputs: dict[str, np.ndarray] = {}
         backward(out.gradient(h, logits)[0], m, h, w, cfg, tapes, inputs)
-        return z, np.concatenate([inputs["source_tokens"], inputs["target_tokens"]], axis=1)   # (b, n, d)
+        return np.concatenate([inputs["source_tokens"], inputs["target_tokens"]], axis=1), z
 
     out = Output()
     if target is None:
         if other is not None:
             raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
-        logits = taped(w, cfg, src[None], np.ones((1, len(src)), np.int64), tgt[None])[2]   # (1, n_tgt, V)
+        logits = model.forward(src[None], decoder_input_ids=tgt[None], attentions=False).logits   # (1, n_tgt, V)
         out.target = int(np.argmax(logits[0, -1]))                        # the model's next target token
     else:
         out.target = token_id(model, target)
@@ -273,36 +257,48 @@ def _attribute_seq2seq(model, source, target, other, method: str, steps: int, ba
     if out.other is not None and out.other == out.target:
         raise QkvError("the target and the other token are the same token; give two different tokens")
     rows = np.concatenate([e_src, e_tgt], axis=1)                         # (1, n, d): source, then target
-    z = float(run(e_src, e_tgt, False)[0][0])
     what = f"logit({label(out.target)})" + ("" if out.other is None else f" − logit({label(out.other)})") + \
         f" after {len(tgt)} target token{'s' if len(tgt) > 1 else ''}"
     labels = [label(int(i)) for i in src] + [label(int(i)) for i in tgt]
     result = InputAttribution(labels, [int(i) for i in src] + [int(i) for i in tgt], np.zeros(rows.shape[1]), method,
-                              out.target, out.other, z, target_label=label(out.target), what=what,
+                              out.target, out.other, 0.0, target_label=label(out.target), what=what,
                               sides=["source"] * n_src + ["target"] * len(tgt))
-    if method != "ig":
-        g = run(e_src, e_tgt, True)[1][0].astype(np.float64)
-        result.scores = np.linalg.norm(g, axis=-1) if method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
-        return result
-    if baseline != "zero":
-        raise QkvError("an encoder–decoder's integrated gradients start from the zero embedding: leave out --baseline")
-    start = np.zeros_like(rows)
-    result.baseline = "zero"
-    if keep_first:
-        start[:, n_src] = rows[:, n_src]                                   # the decoder's start token stays itself
-        result.baseline += ", start token kept"
-    alphas, wts = ig_nodes(steps)
-    total = np.zeros(rows.shape[1:], np.float64)
+    start = None
+    if method == "ig":
+        if baseline != "zero":
+            raise QkvError("an encoder–decoder's integrated gradients start from the zero embedding: leave out "
+                           "--baseline")
+        start = np.zeros_like(rows)
+        result.baseline = "zero"
+        if keep_first:
+            start[:, n_src] = rows[:, n_src]                               # the decoder's start token stays itself
+            result.baseline += ", start token kept"
     per = max(1, min(BATCH_TOKENS // rows.shape[1], TAPE_BYTES // per_row))
+    _scores(result, rows, start, steps, per, lambda r: run(r, True), lambda r: run(r, False)[1])
+    return result
+
+
+def _scores(result: InputAttribution, rows: np.ndarray, start: np.ndarray | None, steps: int, per: int,
+            gradient, value) -> None:
+    """RESULT's scores and z (and ig's baseline z) from rows (1, n, d) of token embeddings: gradient(points
+    (b, n, d)) → (∂z/∂points, z (b,)), value(points) → z (b,). START None: saliency or gradient × input at
+    the rows (z from the same pass); else IG from START in batches of PER of the STEPS nodes."""
+    if start is None:
+        g, z = gradient(rows)                                                # (1, n, d), (1,)
+        g = g[0].astype(np.float64)
+        result.logit = float(z[0])
+        result.scores = np.linalg.norm(g, axis=-1) if result.method == "saliency" else np.einsum("nd,nd->n", rows[0], g)
+        return
+    alphas, w = ig_nodes(steps)
+    total = np.zeros(rows.shape[1:], np.float64)                             # (n, d) Σ_k w_k ∂z/∂e(b + α_k (e − b))
     for a0 in range(0, len(alphas), per):
         a = alphas[a0:a0 + per].astype(np.float32)[:, None, None]
-        point = start + a * (rows - start)
-        _, g = run(point[:, :n_src], point[:, n_src:], True)
-        total += np.einsum("b,bnd->nd", wts[a0:a0 + per], g.astype(np.float64))
+        g, _ = gradient(start + a * (rows - start))                         # (b, n, d)
+        total += np.einsum("b,bnd->nd", w[a0:a0 + per], g.astype(np.float64))
     result.scores = np.einsum("nd,nd->n", (rows - start)[0].astype(np.float64), total)
-    result.baseline_logit = float(run(start[:, :n_src], start[:, n_src:], False)[0][0])
+    result.logit = float(value(rows)[0])
+    result.baseline_logit = float(value(start)[0])
     result.steps = steps
-    return result
 
 
 def ig_nodes(steps: int) -> tuple[np.ndarray, np.ndarray]:

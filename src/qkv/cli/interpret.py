@@ -251,14 +251,13 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
     import json
 
     from ..analysis.attribution import token_id
-    from ..analysis.input_attribution import attribute, check_attributable
+    from ..analysis.input_attribution import attribute
     from ..engine.io import FileBatch
     from ..viz.figures import save_all
     from ..viz.interpret_figures import token_scores_figure
     from .common import load_model as load
 
     model = load(source)
-    check_attributable(model)
     model.encode(text)                                                        # bad input fails before DIR is touched
     if compare is not None:
         model.encode(compare)
@@ -296,15 +295,13 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
                     click.echo(f"wrote {path}")
 
 
-def _target_pair(model, target: str | None, other: str | None, token_id) -> tuple[int | None, int | None]:
+def _target_pair(model, target: str | None, other: str | None, token_id) -> tuple[int | None, int | str | None]:
     """(target, other) token ids from --target and --other; --target 'A-B' is a difference when the whole is not
     one token and A and B each are."""
     from ..engine.errors import QkvError
 
     if target is None:
-        if other is not None:
-            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
-        return None, None
+        return None, other                                      # attribute says what --other alone lacks
     try:
         return token_id(model, target), None if other is None else token_id(model, other)
     except QkvError as whole:
