@@ -131,18 +131,19 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
 
     pinned = decode_threads() or tuning_pins().get("decode")
 
-    def runs(n: int) -> dict:
-        """Each generator writing N tokens after the chat prompt: name → a call returning its new ids."""
-        out = {"qkv": lambda: model.generate(ids[None], n, temperature=0, stop_at_eos=False)[0, len(ids):]}
-        for t in THREADS:
+    def runs(n: int, prompt: np.ndarray = ids[None], variants: bool = True) -> dict:
+        """Each generator writing N tokens after PROMPT (1, n_prompt): name → a call returning its new ids.
+        variants: also qkv on each count of THREADS and transformers in a 16-bit checkpoint's own dtype."""
+        out = {"qkv": lambda: model.generate(prompt, n, temperature=0, stop_at_eos=False)[0, prompt.shape[1]:]}
+        for t in THREADS if variants else ():
             out[f"qkv_{t}"] = _with_threads(t, out["qkv"])
         if stored is not None:
-            out["qkv_stored"] = lambda: stored.generate(ids[None], n, temperature=0, stop_at_eos=False)[0, len(ids):]
+            out["qkv_stored"] = lambda: stored.generate(prompt, n, temperature=0, stop_at_eos=False)[0, prompt.shape[1]:]
         if hf is not None:
-            prompt = torch.from_numpy(ids[None])
-            for name, m in (("transformers", hf), ("transformers_stored", hf_half)):
+            prompt_t = torch.from_numpy(prompt)
+            for name, m in (("transformers", hf), ("transformers_stored", hf_half if variants else None)):
                 if m is not None:
-                    out[name] = lambda m=m: _hf_generate(m, prompt, n, cfg.pad_token_id)
+                    out[name] = lambda m=m: _hf_generate(m, prompt_t, n, cfg.pad_token_id)
         return out
     decode_runs = runs(new_tokens)
     log("checking that they choose the same tokens")
@@ -162,13 +163,8 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     prompts = {n: rng.integers(0, cfg.vocab_size, size=(1, n)) for n in prefill}      # (1, n) each
     snap = cpu_snapshot()
     for n, p in prompts.items():
-        first = {"qkv": lambda p=p: model.generate(p, 1, temperature=0, stop_at_eos=False)}
-        if stored is not None:
-            first["qkv_stored"] = lambda p=p: stored.generate(p, 1, temperature=0, stop_at_eos=False)
-        if hf is not None:
-            first["transformers"] = lambda p=torch.from_numpy(p): _hf_generate(hf, p, 1, cfg.pad_token_id)
         log(f"prefill of {n} tokens")
-        prefill_s[n] = time_interleaved(first, repeats=repeats, settle=SETTLE)
+        prefill_s[n] = time_interleaved(runs(1, p, variants=False), repeats=repeats, settle=SETTLE)
     busy_prefill = others_cores(snap, cpu_snapshot())
     bandwidth_after = copy_bandwidth()
 
@@ -186,6 +182,11 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
     stored_bytes = stored.weights.nbytes() if stored is not None else None
     copy_bw = float(np.mean([bandwidth, bandwidth_after]))
     tps = {name: new_tokens / s for name, s in decode_s.items()}
+
+    def shares(rates: dict[str, float]) -> dict[str, float]:
+        """Each qkv or transformers rate's share of its storage's bandwidth limit (llama.cpp's bytes are its own)."""
+        return {name: bandwidth_share(stored_bytes if name.endswith("_stored") else weight_bytes, v, copy_bw)
+                for name, v in rates.items() if name != "llama.cpp"}
     steps = {name: (new_tokens - 1) / (s - first_s[name]) for name, s in decode_s.items()
              if name in first_s and s > first_s[name]}             # the tokens after the first: one step each
     if llama and llama.get("decode_s"):
@@ -206,12 +207,10 @@ def measure(source: str = MODEL, new_tokens: int = NEW_TOKENS, prefill: tuple[in
         "machine": machine, "missing": missing, "prompt": len(ids), "question": QUESTION,
         "new_tokens": new_tokens, "repeats": repeats, "settle_s": SETTLE, "pinned_threads": pinned,
         "decode_seconds": decode_s, "first_token_seconds": first_s, "tokens_per_s": tps, "step_tokens_per_s": steps,
-        "step_share": {name: bandwidth_share(stored_bytes if name.endswith("_stored") else weight_bytes, v, copy_bw)
-                       for name, v in steps.items() if name != "llama.cpp"}, "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
+        "step_share": shares(steps), "prefill_seconds": {str(n): s for n, s in prefill_s.items()},
         "weight_bytes": weight_bytes, "copy_bytes_per_s": copy_bw, "copy_bytes_per_s_runs": [bandwidth, bandwidth_after],
         "bandwidth_limit_tokens_per_s": copy_bw / weight_bytes,
-        "share": {name: bandwidth_share(stored_bytes if name.endswith("_stored") else weight_bytes, v, copy_bw)
-                  for name, v in tps.items() if name != "llama.cpp"},
+        "share": shares(tps),
         "stored_bytes": stored_bytes, "sixteen_bit": half,
         "first_difference": same, "others_cores": {"decode": busy_decode, "prefill": busy_prefill},
         "reply": model.tokenizer.decode(tokens["qkv"].tolist()) if model.tokenizer else None,

@@ -39,7 +39,6 @@ import numpy as np
 
 from .errors import QkvError
 
-BLOCK = 32                      # the numbers of a (sub-)block that share a scale, and the sums kernels take
 # kind: (weights a block holds, bytes it takes)
 KINDS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
          "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "F16": (1, 2), "BF16": (1, 2)}
