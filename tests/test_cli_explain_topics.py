@@ -43,7 +43,7 @@ def test_the_walkthrough_is_unchanged(monkeypatch, capsys, tmp_path):
 def test_help_lists_the_topics(monkeypatch, capsys):
     code, out, _ = run_main(monkeypatch, capsys, "explain", "--help")
     assert code == 0
-    for topic in ("attention", "positions", "kv-cache", "gqa", "sparse", "flash"):
+    for topic in ("attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn"):
         assert f"\n    {topic} " in out, topic
 
 

@@ -94,10 +94,10 @@ def test_a_one_token_step_reads_only_its_k_experts(monkeypatch):
     experts = {id(e): i for b in model.weights.blocks for i, e in enumerate(b.ffn.experts)}
     plain = blocks.feed_forward
 
-    def counting(x, w, cfg, tape=None, layer=0, rec=None):
+    def counting(x, w, cfg, tape=None, layer=0, rec=None, hooks=None):
         if id(w) in experts:
             used.append(experts[id(w)])
-        return plain(x, w, cfg, tape, layer, rec)
+        return plain(x, w, cfg, tape, layer, rec, hooks)
     monkeypatch.setattr(blocks, "feed_forward", counting)
     ids = reference("mixtral")["single_input_ids"][0]
     model.generate(ids, 1, temperature=0)                            # the prefill only

@@ -44,7 +44,7 @@ def test_identity_hooks_change_no_bit(name):
     model = load(name)
     ids = reference(name)["input_ids"][0]
     calls = []
-    plain, hooked = model.run(ids), model.run(ids, hooks=identity_hooks(calls))
+    plain, hooked = model.run(ids, keep=NAMES), model.run(ids, keep=NAMES, hooks=identity_hooks(calls))
     assert len(calls) == len(NAMES) * model.config.n_layers
     assert np.array_equal(plain.hidden, hooked.hidden)
     assert plain.logits is None or np.array_equal(plain.logits, hooked.logits)

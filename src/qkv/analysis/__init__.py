@@ -11,7 +11,7 @@ Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), input_attribution.py (gradients
 with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), circuits.py (a head's
-QK and OV circuits); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
+QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
 Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """
@@ -22,6 +22,7 @@ from .corpus import Corpus, open_corpus
 from .detectors import DETECTORS, induction_scores, pattern_score
 from .input_attribution import attribute
 from .lens import logit_lens
+from .neurons import neurons
 from .patch import patch
 from .roles import ROLES, THRESHOLDS, classify
 from .rollout import attention_flow, attention_rollout
@@ -30,4 +31,5 @@ from .stats import STATS, head_stats
 
 __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
            "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
-           "direct_logit_attribution", "attribute", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow"]
+           "direct_logit_attribution", "attribute", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow",
+           "neurons"]

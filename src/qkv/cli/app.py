@@ -17,6 +17,7 @@ from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_p
                      run, warn_unknown)
 from .explain import explain_cmd, next_cmd
 from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
+from .neurons import neurons_cmd
 from .write import chat_cmd, generate, translate_cmd
 from ..engine.errors import QkvError
 from ..engine.tokenizer import shorten as _label
@@ -132,11 +133,11 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         check_writable(out_dir)
     try:
         from ..analysis.sections import sections_keep
-        from ..engine.trace import INTERMEDIATES, ROUTER
+        from ..engine.trace import INTERMEDIATES, OPT_IN, ROUTER
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
-            keep = tuple(INTERMEDIATES)                                         # the pipeline page shows them all
+            keep = tuple(n for n in INTERMEDIATES if n not in OPT_IN)           # the pipeline page shows them all
         if out_dir is not None:
             keep = (*keep, *ROUTER)                                             # a MoE model's Experts panel
         trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
@@ -368,6 +369,7 @@ for command in (explain_cmd, next_cmd):
     cli.add_command(command)      # the walkthrough, its lessons, the next token (cli_explain.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
+cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 
 
 def main() -> None:

@@ -277,10 +277,14 @@ def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConf
 
 
 def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, tape: Tape | None = None,
-                 layer: int = 0, rec: Recorder | None = None) -> np.ndarray:
+                 layer: int = 0, rec: Recorder | None = None, hooks: Hooks | None = None) -> np.ndarray:
     """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out; a MoE layer's
-    (w a MoEWeights) is `routed_feed_forward`. tape: where to keep what the backward reads, as (layer, "ffn");
-    None: nothing kept. rec: where a routed FFN records its router's choice; None: nowhere."""
+    (w a MoEWeights) is `routed_feed_forward`. The hidden h = act(x·W_in + b) (B, n, d_ff) is "neurons": h_i is
+    neuron i's coefficient on its output vector W_out[i] (a key–value memory, Geva et al. 2021), hooked
+    (`hooks`; a replacement is what W_out reads: neuron ablation) and then recorded (`rec`). A MoE layer has
+    no single d_ff hidden (each token's k experts have their own): it records none, and qkv.engine.hooks
+    refuses a hook on it. tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing
+    kept. rec: where the hidden, or a routed FFN's router choice, is recorded; None: nowhere."""
     if isinstance(w, MoEWeights):
         return routed_feed_forward(x, w, cfg, tape, layer, rec)
     act = ACTIVATIONS[cfg.activation]
@@ -300,8 +304,12 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
         else:
             h = act(g)
             h *= u                                           # act(x·W_gate) ⊙ (x·W_in + b_in)
+    if hooks is not None and hooks.wants(layer, "neurons"):
+        h = hooks(layer, "neurons", h)                       # (B, n, d_ff) e.g. a neuron set to 0
     if tape is not None:
         tape.put(layer, "ffn", FFNTape(x, u, g, h))
+    if rec is not None:
+        rec.put(layer, "neurons", h)                         # kept only when asked for (trace.OPT_IN)
     del u, g                                                 # freed before the last product, unless kept
     return linear(h, w.W_out, w.b_out)                       # (B, n, d_model)
 
@@ -493,7 +501,7 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
         a = attention(h, w.attn, ctx, layer)
         a = a if after_attn is None else after_attn(a)
         h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
-        f = feed_forward(h, w.ffn, cfg, tape, layer, ctx.rec)
+        f = feed_forward(h, w.ffn, cfg, tape, layer, ctx.rec, hooks)
         f = f if after_ffn is None else after_ffn(f)
         ctx.rec.put(layer, "attn_out", a)
         ctx.rec.put(layer, "ffn_out", f)
@@ -506,7 +514,7 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
                         after=after_box(None, cross.hooks, layer, "attn_out", cfg),
                         keep=None if tape is None else (tape, layer, "cross_norm"))
         cross.rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, ctx.rec, after=after_ffn,
+    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, ctx.rec, hooks, after=after_ffn,
                     keep=None if tape is None else (tape, layer, "ffn_norm"))
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)

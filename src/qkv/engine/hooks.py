@@ -19,7 +19,11 @@ the model's dtype. What the pass records in a trace is the value after its hooks
 
 Where each point sits in the pass (shapes as INTERMEDIATES; n = the positions this pass adds):
 
-    residual → [norm] → q, k, v (after RoPE) → scores S → attentions A → heads Z → attn_out → … ffn_out
+    residual → [norm] → q, k, v (after RoPE) → scores S → attentions A → heads Z → attn_out
+             → [norm] → neurons h = act(x·W_in + b) (the FFN's hidden, (B, n, d_ff)) → ffn_out = h·W_out + b
+
+"neurons" is what W_out reads: a hook that zeroes neuron i takes exactly h_i·W_out[i] out of ffn_out
+(neuron ablation). A MoE layer (a routed FFN) has no single hidden: a hook on its neurons is refused.
 
 With a KV cache (generate), n is the new positions only: q, k, v, heads, attn_out, ffn_out and
 residual are (…, n_new, …) and k, v are hooked before they join the cache (so the cache keeps the
@@ -83,6 +87,12 @@ class Hooks:
                            "from model.run(text), or hook 'ffn_out' to change the FFN's output")
         if name not in INTERMEDIATES:
             raise QkvError(f"hook name {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
+        routed = [i for i in layers if self.cfg.moe_layer(i)] if name == "neurons" else []
+        if routed:
+            dense = [i for i in layers if not self.cfg.moe_layer(i)]
+            raise QkvError(f"hook name {key!r}: layer {routed[0]} of {owner} routes its FFN among "
+                           f"{self.cfg.n_experts} experts, so it has no single d_ff hidden to hook; hook 'ffn_out'"
+                           + (f", or the neurons of a dense layer ({', '.join(map(str, dense))})" if dense else ""))
         if len(parts) == 1:
             return layers, name, None
         if name not in PER_HEAD:

@@ -32,7 +32,7 @@ from .layout import fast_layout
 from .positions import positions_from_ids, positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from ..writing.sampling import Sampling
 from .tokenizer import Tokenizer
-from .trace import RECORDED, Recorder, Trace, layer_traces, made_by, spelled
+from .trace import DEFAULT_KEEP, Recorder, Trace, layer_traces, made_by, spelled
 from .weights import Weights
 
 
@@ -52,7 +52,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                 cache: KVCache | None = None, logits: str = "all",
                 ablate: Ablation | None = None, hooks: Hooks | None = None,
                 start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None,
-                tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                tokens: np.ndarray | None = None, stop: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None); the hidden states are
     (B, n, d_embed) where unembed_in maps them back to the table's width (OPT-350m, as transformers gives them).
 
@@ -65,6 +65,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     logits="last" computes them for the last position only (all that generation needs).
     start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
     block START, instead of embedding ids (what activation patching reruns; ids may then be None).
+    stop: run blocks up to STOP-1 only and return (the residual stream leaving block STOP-1, None), no final
+    norm or logits (what reading one layer's intermediates over a corpus needs: qkv.analysis.neurons).
     tokens (B, n, d_embed): the token embeddings E[ids]·s to add positions to, instead of looking them up
     (input attribution: the embeddings scaled towards a baseline).
     """
@@ -72,6 +74,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                              or (rec is not None and rec.heads is not None)):
         raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
                        "ablation, hooks or a recorder of some heads")
+    if stop is not None and cache is not None:
+        raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; run it without a cache")
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
@@ -108,8 +112,10 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
         if ctx.masks is not None:                            # one per window
             ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
-    for layer in range(start, cfg.n_layers):
+    for layer in range(start, cfg.n_layers if stop is None else stop):
         x = block(x, weights.blocks[layer], ctx, layer)
+    if stop is not None and stop < cfg.n_layers:
+        return x, None                                       # (B, n, d_model) entering block STOP
     if cache is not None:
         cache.advance(n)
     if weights.final_norm is not None:
@@ -225,14 +231,14 @@ class Model:
         return Output(hidden=hidden, logits=logits, attentions=att)
 
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
-            keep: Iterable[str] = tuple(RECORDED), heads: Iterable[int] | None = None,
+            keep: Iterable[str] = DEFAULT_KEEP, heads: Iterable[int] | None = None,
             ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero",
             hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
         keep: which intermediates, from `qkv.engine.trace.INTERMEDIATES` (and a MoE layer's router choice,
-        `ROUTER`);
+        `ROUTER`); by default all of them but the FFN's hidden "neurons" (keep=("neurons",) asks for it);
         heads: keep scores and attention weights of these heads only (default all) — on
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
         ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to

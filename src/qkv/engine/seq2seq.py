@@ -40,8 +40,10 @@ from ..writing.sampling import Sampling
 from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
 from .tokenizer import Tokenizer
-from .trace import INTERMEDIATES, Recorder, Trace, layer_traces, made_by, spelled
+from .trace import INTERMEDIATES, OPT_IN, Recorder, Trace, layer_traces, made_by, spelled
 from .weights import Seq2SeqWeights
+
+SEQ2SEQ_KEEP = tuple(name for name in INTERMEDIATES if name not in OPT_IN)   # what `run` keeps without keep=
 
 
 # ── the two passes: engine/blocks.py's boxes, composed ──────────────────────────
@@ -331,7 +333,7 @@ class Seq2SeqModel:
                              attentions=decoder_att, cross_attentions=cross_att)
 
     def run(self, text: str | Sequence[int], target: str | Sequence[int] | None = None, *,
-            keep: Iterable[str] = tuple(INTERMEDIATES), max_new_tokens: int | None = None,
+            keep: Iterable[str] = SEQ2SEQ_KEEP, max_new_tokens: int | None = None,
             ablate: Iterable | None = None, how: str = "zero", hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One source (text or ids) and its target through the model, keeping what you ask for.
 
@@ -341,7 +343,8 @@ class Seq2SeqModel:
         Trace (tokens = the decoder's input, attentions (L_dec, H, n_tgt, n_tgt), logits) with
         `.encoder`, the source's Trace (attentions (L_enc, H, n_src, n_src)), and `.cross`, target
         × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens`). keep: names from
-        qkv.engine.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out).
+        qkv.engine.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out);
+        by default all but the FFN's hidden "neurons".
 
         ablate: heads knocked out, (layer, head) of the decoder's self-attention or (stack, layer, head)
         with stack "encoder", "decoder" or "cross"; how="zero" or "mean" (see Model.run).
@@ -458,7 +461,7 @@ class DecoderView:
     def check_head(self, head: int) -> int:
         return self.model.check_head(head)
 
-    def run(self, source: str | Sequence[int], *, keep: Iterable[str] = tuple(INTERMEDIATES), **more: Any) -> Trace:
+    def run(self, source: str | Sequence[int], *, keep: Iterable[str] = SEQ2SEQ_KEEP, **more: Any) -> Trace:
         """SOURCE and this view's target through the model: the decoder's Trace (see Seq2SeqModel.run).
         Without a prefix the target is the model's greedy translation of SOURCE, less its end token
         (so the last position predicts it)."""

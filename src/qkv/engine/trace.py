@@ -32,7 +32,13 @@ INTERMEDIATES = {
     "heads": "(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O",
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
     "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
+    "neurons": ("(B, n, d_ff)  the FFN's hidden activations act(x·W_in + b) (gated: act(x·W_gate) ⊙ (x·W_in + b)), "
+                "the input to W_out: each neuron's coefficient on its output vector (Geva et al. 2021's memory "
+                "coefficients); a MoE layer (a routed FFN) has no single d_ff hidden and records none"),
 }
+# Kept only when asked for (keep=("neurons",)): d_ff numbers a token (2.7–4 × d_model) that no default view reads,
+# so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP).
+OPT_IN = ("neurons",)
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.engine.hooks takes INTERMEDIATES).
 ROUTER = {
@@ -41,12 +47,13 @@ ROUTER = {
     "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
 }
 RECORDED = {**INTERMEDIATES, **ROUTER}                             # every name a Recorder can keep
+DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
 
 class Recorder:
     """Collects the intermediates a caller asked for during one forward pass."""
 
-    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = tuple(RECORDED),
+    def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = DEFAULT_KEEP,
                  heads: Iterable[int] | None = None, beside: bool = False):
         """beside: attention weights are computed beside the pass, whose output takes the route it takes
         unrecorded (plain, causal blocks or tiled): a generation records what it attended to without
@@ -82,6 +89,7 @@ class LayerTrace:
     heads: np.ndarray | None = None         # (H, n, d_k)
     attn_out: np.ndarray | None = None      # (n, d_model)
     ffn_out: np.ndarray | None = None       # (n, d_model)
+    neurons: np.ndarray | None = None       # (n, d_ff) the FFN's hidden activations (kept only when asked for)
     router: np.ndarray | None = None        # (n, E) MoE layers: the router's probabilities
     experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
     expert_weights: np.ndarray | None = None   # (n, k) their weights in the sum
@@ -98,6 +106,9 @@ class KeptLayer:
 
     def __getattr__(self, name: str):
         value = getattr(self._t, name)
+        if value is None and name in OPT_IN:
+            raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace (it is kept only when asked "
+                           f"for); run the model with keep=(..., {name!r}) (a MoE layer has none)")
         if value is None and name in INTERMEDIATES:
             raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace; run the model with "
                            f"keep=(..., {name!r}) or without keep= (a trace read by Trace.load holds attentions only)")

@@ -6,6 +6,7 @@
     gqa         query heads sharing K/V heads, and mean-pooling a multi-head model's K/V heads
     sparse      masks the tiled kernel runs (local, global, random, block)
     flash       the online softmax, tile by tile
+    ffn         one token's vector through the FFN: W_in, activation, W_out, what the top neurons write
 
 Every topic module `qkv.lessons.<topic>` exposes the same four things:
 
@@ -50,6 +51,7 @@ TOPICS: dict[str, Topic] = {
     "gqa": Topic("qkv.lessons.gqa", "query heads sharing K/V heads; a multi-head model's K/V mean-pooled"),
     "sparse": Topic("qkv.lessons.sparse", "sparse masks (window, global, random, block) in the tiled kernel"),
     "flash": Topic("qkv.lessons.flash", "FlashAttention's online softmax, tile by tile"),
+    "ffn": Topic("qkv.lessons.ffn", "one token through the FFN: W_in, activation, W_out, what its top neurons write"),
 }
 
 
@@ -171,4 +173,5 @@ def explain_help() -> str:
             "mat\"; for a text that is a topic's name, run qkv explain attention \"positions\".\n\n"
             "\b\nTopics:\n" + topics_help() + "\n\n"
             "--out DIR writes the topic's figures (PNG and SVG). Each topic loads its own model unless --model "
-            "is given (attention: minilm; positions, kv-cache, gqa: smollm2).")
+            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn: smollm2). --layer chooses the "
+            "layer of attention, flash and ffn (ffn's default: the middle one).")

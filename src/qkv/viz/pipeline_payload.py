@@ -58,7 +58,7 @@ from ..engine.blocks import norm
 from ..engine.positions import alibi_slopes
 from ..engine.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
-from ..engine.trace import INTERMEDIATES, Trace
+from ..engine.trace import INTERMEDIATES, OPT_IN, Trace
 from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
 from .wire import decode, encode
@@ -195,7 +195,7 @@ def check_trace(model, trace: Trace) -> None:
     if trace.cross is not None:
         raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
     missing = [i for i in range(cfg.n_layers) if i not in trace.layers
-               or any(getattr(trace.layers[i], name) is None for name in INTERMEDIATES)]
+               or any(getattr(trace.layers[i], name) is None for name in INTERMEDIATES if name not in OPT_IN)]
     if missing or trace.head_ids is not None:
         raise QkvError("the pipeline page needs every intermediate of every layer and head; "
                        "make the trace with model.run(text) (no layers=, keep= or heads=)")
