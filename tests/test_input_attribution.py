@@ -201,7 +201,7 @@ def test_attribute_json_and_files(tmp_path):
     data = json.loads(r.output.splitlines()[0])
     assert set(data) >= {"tokens", "scores", "target", "logit", "baseline_logit", "method", "steps", "completeness_error"}
     assert len(data["tokens"]) == len(data["scores"]) and data["method"] == "ig" and data["steps"] == 16
-    assert sorted(p.name for p in out.iterdir()) == ["attribute.json", "attribute.png", "attribute.svg"]
+    assert sorted(p.name for p in out.iterdir()) == ["attribute.html", "attribute.json", "attribute.png", "attribute.svg"]
     assert json.loads((out / "attribute.json").read_text())["scores"] == data["scores"]
 
 

@@ -4,6 +4,7 @@
     lens_payload(model, trace)     the "lens" section (a decoder's logit lens, `lens.lens_top`)
     rollout_payload(trace)         the "rollout" section (rollout, and flow when `rollout.flow_fits`)
     patch_payload(patching)        the "patch" section (`patch.Patching`'s tables)
+    attribute_payload(attribution) the "attribute" section (`input_attribution.InputAttribution`)
 
 and which of them `qkv show --out`, `qkv generate/chat --trace` and `qkv serve` put beside raw
 attention (Rollout for every model, Logit lens for a decoder):
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..viz.interpret_payload import lens_section, patch_section, rollout_section
+from ..viz.interpret_payload import attribute_section, lens_section, patch_section, rollout_section
+from .input_attribution import InputAttribution
 from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_top
 from .patch import WHAT, Patching
 from .rollout import MAX_FLOW_WORK, attention_flow, attention_rollout, flow_fits
@@ -55,6 +57,13 @@ def rollout_payload(trace: "Trace") -> dict:
 def patch_payload(p: Patching) -> dict:
     """The viewer's "patch" section of P (`viz.interpret_payload.patch_section`): its tables unrounded."""
     return patch_section(p.as_json() | {name: getattr(p, name) for name in WHAT})
+
+
+def attribute_payload(a: InputAttribution) -> dict:
+    """The viewer's "attribute" section of A (`viz.interpret_payload.attribute_section`): its tokens and
+    scores, what was attributed and how. An encoder–decoder's goes with its decoder's trace (the target's
+    tokens; the source's are in the section)."""
+    return attribute_section(a.to_json())
 
 
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:

@@ -1,9 +1,10 @@
 """The commands that look beyond attention weights: `qkv lens`, `rollout`, `dla`, `attribute`, `patch`, `circuits`
 (README, "Beyond attention weights"). Registered in qkv.cli.app with `cli.add_command`; each reads a model,
 computes with qkv.analysis, draws with qkv.viz.interpret_figures and writes the figure with
-`cli_common.write_figure`; lens, rollout and patch also write a viewer page beside it (lens.html,
-rollout.html, patch.html: the attention viewer of the text with that command's panel opened first,
-its section from qkv.analysis.sections or viz.interpret_payload)."""
+`cli_common.write_figure`; lens, rollout, attribute and patch also write a viewer page beside it (lens.html,
+rollout.html, attribute.html, patch.html: the attention viewer of the text with that command's panel opened
+first, its section from qkv.analysis.sections or viz.interpret_payload). `qkv trace-fact` is cli/causal.py's,
+`qkv neurons` cli/neurons.py's."""
 
 from __future__ import annotations
 
@@ -240,7 +241,8 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
                    "the path, so its score is 0 and the integral converges; or move it from the baseline too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the tokens coloured by score (attribute.png, .svg) and attribute.json here.")
+              help="Also write the tokens coloured by score (attribute.png, .svg), attribute.json and the viewer "
+                   "with its attribution panel open (attribute.html) here.")
 def attribute_cmd(text: str, source: str, target: str | None, compare: str | None, prefix: str | None,
                   other: str | None, method: str, steps: int, baseline: str, keep_first: bool, as_json: bool,
                   out_dir: str | None) -> None:
@@ -285,11 +287,18 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
             if a.baseline_logit is not None:
                 console.print(Text(f"sum {a.scores.sum():+.4f}; z(e) − z(baseline) = {a.logit - a.baseline_logit:+.4f} "
                                    f"(baseline {a.baseline}, {a.steps} steps: {100 * a.completeness:.2f} % apart)"))
-        if out_dir is not None:                                               # all three files or none
+        if out_dir is not None:                                               # all four files or none
+            from ..analysis.sections import attribute_payload
+            from ..viz.html import viewer_html
+
+            # the viewer of the text (an encoder–decoder's: its decoder, the target's tokens) opened on the panel
+            trace = _decoder_stack(as_decoder(model, prefix).run(text, keep=("attentions",)))
+            page = viewer_html(trace, sections={"attribute": attribute_payload(a)}, view="attribute")
             with FileBatch(out_dir) as batch:
                 paths = [batch.write_text("attribute.json", json.dumps(a.to_json(), ensure_ascii=False, indent=1))]
                 paths += save_all(batch, [("attribute", lambda: token_scores_figure(
                     a.tokens, a.scores, model_name=model.name, what=what))], ("png", "svg"))
+                paths.append(batch.write_text("attribute.html", page))
             if not as_json:
                 for path in paths:
                     click.echo(f"wrote {path}")

@@ -6,8 +6,8 @@
     save_figures    all of them as PNG and SVG files, written atomically
     (an encoder–decoder's set, cross-attention included: `viz.seq2seq.save_seq2seq_figures`)
 
-and the pieces every figure of qkv is drawn with (`interpret_figures`, `head_maps`, `distribution`,
-`seq2seq`, `training`, the lessons):
+and the pieces every figure of qkv is drawn with (`interpret_figures`, `causal_figures`, `head_maps`,
+`distribution`, `seq2seq`, `training`, the lessons):
 
     new_figure, styled      a figure on its own Agg canvas; draw with the CJK-capable fonts
     fonts                   that font list, for tick labels made before drawing

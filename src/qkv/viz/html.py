@@ -8,15 +8,17 @@ open it); a generation with logits adds a next-token view (each generated token'
 candidates, with a temperature slider; see `payload` for how it re-normalises).
 Optional sections add views beyond attention weights (`payload`, `interpret_payload`): a logit
 lens (layers × positions, the final prediction's probability or rank, a cell's top tokens on
-hover), rollout (raw attention, attention rollout and attention flow side by side) and
-patching (effect tables as heatmaps centred at 0).
+hover), rollout (raw attention, attention rollout and attention flow side by side),
+patching (effect tables as heatmaps centred at 0), input attribution (the input tokens as text,
+coloured by their scores) and causal tracing (tokens × layers, a map per kind of restored state).
 An encoder–decoder's trace adds a selector of the kind of attention — encoder, decoder, cross
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
-The script is three assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
-(the attention views, mount) and viewer_panels.js (the lens, rollout and patching views, which
-register on viewer.js's `QKV.panels`).
+The script is four assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
+(the attention views, mount), viewer_panels.js (the lens, rollout, patching and router views, which
+register on viewer.js's `QKV.panels`, and the heatmap they share) and viewer_causes.js (the attribution
+and causal-tracing views).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -51,7 +53,7 @@ def asset(name: str) -> str:
 
 def viewer_js() -> str:
     """The viewer's JavaScript as one script: the arrays' decoder, the core, then the panels that register on it."""
-    return "\n".join(asset(name) for name in ("wire.js", "viewer.js", "viewer_panels.js"))
+    return "\n".join(asset(name) for name in ("wire.js", "viewer.js", "viewer_panels.js", "viewer_causes.js"))
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:
@@ -82,7 +84,7 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
     model's (default: the trace's own, which Trace.load's lack), to add a "Next token" view to a generation
     trace that kept its logits
     (each generated token's top candidates, with a temperature slider); sections: {"lens" |
-    "rollout" | "patch": section} (`payload`), each a view; view: the view shown first.
+    "rollout" | "patch" | "attribute" | "causal_trace": section} (`payload`), each a view; view: the view shown first.
     """
     payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
                             sections=sections, view=view)

@@ -1,6 +1,6 @@
-"""The viewer's panels beyond attention weights: the optional "lens", "rollout" and "patch"
-sections of the payload (`payload` documents them), built from plain arrays that
-qkv.analysis computes (viz comes before analysis, so nothing here computes a lens or a patch).
+"""The viewer's panels beyond attention weights: the optional "lens", "rollout", "patch", "attribute"
+and "causal_trace" sections of the payload (`payload` documents them), built from plain arrays (or the JSON)
+that qkv.analysis computes (viz comes before analysis, so nothing here computes a lens or a patch).
 
 Big arrays travel as attention does, as `wire` arrays: probabilities u16 with scale 65535
 (±0.5/65535 ≈ 7.6e-6, PROB_PRECISION), rollout and flow u8 with scale 255 (±0.002, as attention:
@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..engine.errors import QkvError
+from .palette import CAUSAL_STOPS, DIVERGING_STOPS
 from .payload import SCALE
 from .wire import encode
 
@@ -22,6 +23,9 @@ PROB_SCALE = 65535                      # probabilities as u16: q = round(p · 6
 PROB_PRECISION = 0.5 / PROB_SCALE       # largest |decoded - original| of a probability
 PATCH_DECIMALS = 5                      # patching effects, rounded in the JSON
 PATCH_TABLES = ("heads", "residual", "attn_out", "ffn_out", "cross")   # cross: encoder–decoders
+SCORE_DIGITS = 6                        # input attribution's scores: significant digits in the JSON
+CAUSAL_KINDS = ("hidden", "ffn", "attn")    # causal tracing's tables: the state restored
+CAUSAL_DECIMALS = 6                     # causal tracing's probabilities, rounded in the JSON
 
 
 def lens_section(probs: np.ndarray, ranks: np.ndarray, predicted: np.ndarray, top_ids: np.ndarray,
@@ -75,3 +79,94 @@ def patch_section(tables: Mapping) -> dict:
             "clean": str(tables.get("clean", "")), "corrupted": str(tables.get("corrupted", "")),
             "metric_clean": float(tables["metric_clean"]), "metric_corrupted": float(tables["metric_corrupted"]),
             "labels": [str(x) for x in labels], "tables": out}
+
+
+def _optional(data: Mapping) -> Callable[[str, Callable], object]:
+    """optional(key, kind): kind(DATA[key]), or None when DATA lacks it (or holds null)."""
+    return lambda key, kind: None if data.get(key) is None else kind(data[key])
+
+
+def attribute_section(data: Mapping) -> dict:
+    """The "attribute" section from `InputAttribution.to_json()` (or any mapping with its keys): the n input
+    tokens, their ids and scores (SCORE_DIGITS significant digits), "sides" (an encoder–decoder's: "source" or
+    "target" per token; null otherwise), what was attributed ("output", "method", "logit", "target",
+    "target_token", "other") and, for integrated gradients, "baseline", "steps", "baseline_logit" and
+    "completeness_error"; "sum" (Σ scores) and "max" (max |score|, the colour scale's end) computed here, and
+    "colours" the DIVERGING_STOPS the page interpolates (`palette`: the figures' map)."""
+    tokens, ids = [str(t) for t in data["tokens"]], [int(i) for i in data["ids"]]
+    scores = np.asarray(data["scores"], dtype=np.float64)                     # (n,)
+    n = len(tokens)
+    if n == 0 or len(ids) != n or scores.shape != (n,):
+        raise QkvError(f"an attribution needs one id and one score per token: {n} tokens, {len(ids)} ids, "
+                       f"scores {scores.shape}; pass InputAttribution.to_json()")
+    if not np.isfinite(scores).all():
+        raise QkvError("the attribution's scores are not all finite; compute them again (a smaller --steps "
+                       "or another method)")
+    sides = data.get("sides")
+    if sides is not None:
+        sides = [str(x) for x in sides]
+        if len(sides) != n or set(sides) - {"source", "target"} or "target" not in sides:
+            raise QkvError(f"an encoder–decoder's attribution gives 'source' or 'target' for each of its {n} tokens "
+                           "(the target's at least one); pass InputAttribution.to_json()")
+    optional = _optional(data)
+    return {"method": str(data["method"]), "output": str(data.get("output", "")), "target": optional("target", int),
+            "target_token": str(data.get("target_token", "")), "other": optional("other", int),
+            "logit": float(data["logit"]), "baseline_logit": optional("baseline_logit", float),
+            "steps": optional("steps", int), "baseline": optional("baseline", str),
+            "completeness_error": optional("completeness_error", float),
+            "tokens": tokens, "ids": ids, "scores": [float(f"{x:.{SCORE_DIGITS}g}") for x in scores], "sides": sides,
+            "sum": float(scores.sum()), "max": float(np.abs(scores).max()),
+            "colours": [list(c) for c in DIVERGING_STOPS]}
+
+
+def causal_scale(table: np.ndarray, p_clean: float, p_corrupted: float) -> float:
+    """The top of a causal-tracing map's colour scale: max(p_clean − p_corrupted, max(table) − p_corrupted),
+    the indirect effect p − p_corrupted drawn from 0 (1 when neither is above 0: nothing to show)."""
+    top = max(p_clean - p_corrupted, float(np.max(table)) - p_corrupted)
+    return top if top > 0 else 1.0
+
+
+def causal_tables(data: Mapping) -> tuple[dict[str, np.ndarray], int, int]:
+    """The tables {kind: (L, n) P(answer) with the clean state restored at (layer, token)} of causal
+    tracing's JSON (`causal_section`), those of CAUSAL_KINDS it holds, checked; and (L, n)."""
+    n = len(data["tokens"])
+    given = data.get("tables") or {}
+    tables = {k: np.asarray(given[k], dtype=np.float64) for k in CAUSAL_KINDS if given.get(k) is not None}
+    if not tables:
+        raise QkvError(f"causal tracing's JSON has no tables; it needs 'tables' with {list(CAUSAL_KINDS)} "
+                       "(qkv trace-fact --out writes them)")
+    first = next(iter(tables.values()))
+    L = first.shape[0] if first.ndim == 2 else 0
+    for kind, t in tables.items():
+        if t.ndim != 2 or t.shape != (L, n) or L == 0 or n == 0:
+            raise QkvError(f"causal tracing's {kind} table is {t.shape}, not layers × tokens ({L}, {n}); "
+                           "pass every table of one run")
+        if not np.isfinite(t).all():
+            raise QkvError(f"causal tracing's {kind} table holds non-finite probabilities; run it again")
+    return tables, L, n
+
+
+def causal_section(data: Mapping) -> dict:
+    """The "causal_trace" section from causal tracing's JSON (Meng et al. 2022; `qkv trace-fact --out`'s): "model",
+    "text", "subject", "subject_span" [s, e] (its tokens s..e−1), "tokens" (n labels), "answer" (an id),
+    "answer_token", "p_clean", "p_corrupted", "noise", "draws", "seed", "window", "layers" (L) and
+    "tables" {"hidden" | "ffn" | "attn": (L × n) P(answer) with that state restored at (layer l, token t)
+    into the corrupted run, rounded to CAUSAL_DECIMALS; null when absent}; computed here: "top" {kind: the
+    colour scale's end, `causal_scale`} and "colours" {kind: `palette.CAUSAL_STOPS`}. Other keys are left out."""
+    tables, L, n = causal_tables(data)
+    s, e = (int(x) for x in data["subject_span"])
+    if not 0 <= s < e <= n:
+        raise QkvError(f"the subject's tokens [{s}, {e}) are not inside the text's {n} tokens; pass the "
+                       "subject_span of the same run")
+    p_clean, p_corrupted = float(data["p_clean"]), float(data["p_corrupted"])
+    optional = _optional(data)
+    return {"model": str(data.get("model", "")), "text": str(data.get("text", "")),
+            "subject": str(data.get("subject", "")), "subject_span": [s, e],
+            "tokens": [str(t) for t in data["tokens"]], "answer": int(data["answer"]),
+            "answer_token": str(data.get("answer_token", "")), "p_clean": p_clean, "p_corrupted": p_corrupted,
+            "noise": optional("noise", float), "draws": optional("draws", int), "seed": optional("seed", int),
+            "window": optional("window", int), "layers": L,
+            "tables": {k: np.round(tables[k], CAUSAL_DECIMALS).tolist() if k in tables else None
+                       for k in CAUSAL_KINDS},
+            "top": {k: causal_scale(t, p_clean, p_corrupted) for k, t in tables.items()},
+            "colours": {k: [list(c) for c in CAUSAL_STOPS[k]] for k in tables}}

@@ -19,8 +19,10 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
                                 "rest": [float | null] (t), "entropy": [float] (t)}]},
-     "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | null (shown first),
-     "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}}   (below; absent = null)
+     "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | "attribute" |
+             "causal_trace" | "router" | null (shown first),
+     "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}, "attribute": null | {...},
+     "causal_trace": null | {...}, "router": null | {...}}   (below; absent = null)
 
 "next" (generation traces that kept their logits, given a tokenizer): for each generated
 token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The page cannot
@@ -59,6 +61,20 @@ qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as atten
       "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
       "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
       0 = corrupted, 1 = clean when normalised).
+    "attribute" (`analysis.sections.attribute_payload`: `InputAttribution.to_json()` through
+      `interpret_payload.attribute_section`): {"tokens": [str] (n), "ids": [int] (n), "scores": [float] (n,
+      6 significant digits), "sides": ["source" | "target"] (n) | null (an encoder–decoder's: its source's
+      tokens, then its target's; the viewer's trace is the decoder's, the target's tokens), "method",
+      "output" (z in words), "logit" (z), "target", "target_token", "other", "baseline", "steps",
+      "baseline_logit", "completeness_error" (integrated gradients; null otherwise), "sum" (Σ scores),
+      "max" (max |score|), "colours": [[r, g, b]] (`palette.DIVERGING_STOPS`)}.
+    "causal_trace" (`interpret_payload.causal_section` of causal tracing's JSON, Meng et al. 2022; not
+      "causal", the attention's mask above): {"model",
+      "text", "subject", "subject_span": [s, e], "tokens": [str] (n), "answer": id, "answer_token",
+      "p_clean", "p_corrupted", "noise", "draws", "seed", "window", "layers": L,
+      "tables": {"hidden" | "ffn" | "attn": [[float]] (L × n) | null} (P(answer) with the clean state
+      restored at layer l, token t; 6 decimals), "top": {kind: float} (each map's colour scale: 0 .. top
+      of the indirect effect p − p_corrupted), "colours": {kind: [[r, g, b]]} (`palette.CAUSAL_STOPS`)}.
     "router" (mixtures of experts, `router_payload`, from the trace itself): {"layers": [int] (Lm, the kept
       layers that route), "positions": n, "experts": E, "k": k, "chosen": [[[e] (k)] (n)] (Lm) (the experts each
       token went to, most probable first), "weights": same shape, floats (their weights in the sum, 4 decimals),
@@ -95,7 +111,7 @@ PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
 NEXT_K = 10                                                   # candidates listed per generated token
 NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
-SECTIONS = ("lens", "rollout", "patch", "router")             # optional views beyond attention weights
+SECTIONS = ("lens", "rollout", "patch", "attribute", "causal_trace", "router")   # optional views beyond attention
 VIEWS = ("head", "matrix", "model", "next") + SECTIONS
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
@@ -168,7 +184,9 @@ def check_sections(sections: Mapping[str, dict | None] | None, view: str | None,
         raise QkvError(f"the viewer cannot open {view!r} first; choose from "
                        f"{[v for v in VIEWS if v not in SECTIONS or v in sections]}")
     sizes = {"lens": lambda s: s["positions"], "rollout": lambda s: s["rollout"]["shape"][-1],
-             "patch": lambda s: len(s["labels"]), "router": lambda s: s["positions"]}
+             "patch": lambda s: len(s["labels"]), "router": lambda s: s["positions"],
+             "attribute": lambda s: len(s["tokens"]) if s["sides"] is None else s["sides"].count("target"),
+             "causal_trace": lambda s: len(s["tokens"])}
     for name, section in sections.items():
         if sizes[name](section) != n:
             raise QkvError(f"the {name} section is about {sizes[name](section)} tokens and the trace has {n}; "
@@ -200,7 +218,8 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     a generation with logits (and a tokenizer), each generated token's candidates.
 
     model_name: instead of the trace's own `model` (what the title and the page name).
-    sections: {"lens" | "rollout" | "patch": section} (module doc; `viz.interpret_payload`),
+    sections: {"lens" | "rollout" | "patch" | "attribute" | "causal_trace": section} (module doc;
+    `viz.interpret_payload`),
     each adding a view; view: the view shown first (default the head view).
     An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`).
     tokenizer: None takes the trace's own (Model.run and generation keep it; Trace.load's has none)."""

@@ -2,14 +2,17 @@
  * (layers × positions, the final prediction's probability or rank, a cell's top tokens on hover),
  * rollout (raw attention, attention rollout and attention flow side by side) and activation
  * patching (effect tables as heatmaps centred at 0), drawn as labelled heatmaps on canvas, and a
- * mixture of experts' router (each token's experts and their weights, a table per layer).
+ * mixture of experts' router (each token's experts and their weights, a table per layer). The
+ * attribution and causal-tracing panels are in viewer_causes.js, drawn with this file's QKV.draw.
  *
  * Input: the sections of the payload (qkv/viz/payload.py, interpret_payload.py). Tokens reach the
  * page only through textContent and canvas fillText: never parsed as HTML. No network.
+ * Colours: the patching panel's RDBU below is palette.py's DIVERGING_STOPS (a test compares them).
  *
  * Load this file after viewer.js (the page inlines both, in that order). The interface:
  *   QKV.util    the core's helpers: el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED (arrays: wire.js)
- *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch", "router"):
+ *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch",
+ *                       "router"; viewer_causes.js: "attribute", "causal_trace"):
  *     label           the tab's name
  *     layer           true if the view follows the Layer selector
  *     decode(section) → Promise<extra>   the section's arrays decoded (viewer.js mount; absent: {})
@@ -19,6 +22,7 @@
  * v.state (view, layer, cell, pin, lensMode), v.set(patch) (update the state and redraw),
  * v.panels[name] (its element), v.root, v.tokens, v.n, v.H, v.A(l, h), v.masked(i, j), v.causal —
  * always through v at call time, as another kind of attention rebuilds the views.
+ *   QKV.draw = {Heat, ramp, legend, signed, about, colourBar}   the drawing helpers, for viewer_causes.js
  */
 (function (global) {
   "use strict";
@@ -45,7 +49,9 @@
   }
 
   // rows × cols cells; colour(r, c) → [r, g, b] or null (masked: grey). flip: data row 0 at the bottom
-  // (layers, as the figures draw them). onCell(cell | null, event) on hover, onPick(cell) on click.
+  // (layers, as the figures draw them). onCell(cell | null, event | null) on hover (or, with keys, as
+  // the arrow keys move a focused map's cell: event null), onPick(cell) on click. colStep: column labels
+  // upright, every colStep-th (layer numbers), instead of every one at 45° when the cells are wide enough.
   // The canvas's data-* (cw, ch, padL, padT, rows, cols, flip) say where the cells are, for tests.
   class Heat {
     constructor(o) {
@@ -64,11 +70,11 @@
       const ctx0 = this.canvas.getContext("2d");
       ctx0.font = this.font;
       const width = (labels) => Math.max(0, ...labels.map(t => ctx0.measureText(shown(t, 12)).width));
-      this.cols = cw >= 9;                                               // room for a label per column
+      this.cols = !o.colStep && cw >= 9;                                 // room for a label per column
       const below = this.cols && o.colLabels ? Math.ceil(width(o.colLabels) * 0.71) : 0;  // labels at 45°
       const above = this.cols && o.topLabels ? Math.ceil(width(o.topLabels) * 0.71) : 0;
       this.padL = Math.ceil(Math.max(width(o.rowLabels) + 10, below - cw / 2 + 4));   // room for the first one
-      this.padB = below ? below + 12 : 8;
+      this.padB = o.colStep ? 18 : below ? below + 12 : 8;
       this.padT = above ? above + 12 : 4;
       this.padR = above ? Math.ceil(Math.max(6, above - cw / 2 + 4)) : 6;
       this.W = this.padL + o.cols * cw + this.padR;
@@ -79,6 +85,27 @@
       this.canvas.addEventListener("mousemove", (e) => o.onCell(this.at(e), e, this));
       this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; o.onCell(null, null, this); });
       if (o.onPick) this.canvas.addEventListener("click", (e) => { const c = this.at(e); if (c) o.onPick(c); });
+      if (o.keys) this.keys();
+    }
+    // keyboard: Tab reaches the map, the arrow keys (Home, End) move its cell, onCell(cell, null) says which
+    keys() {
+      const o = this.o, cv = this.canvas;
+      cv.tabIndex = 0;
+      cv.setAttribute("role", "img");
+      cv.setAttribute("aria-label", (o.title || o.name) + " · arrow keys: read a cell");
+      this.cursor = null;
+      cv.addEventListener("mousemove", (e) => { const c = this.at(e); if (c) this.cursor = c; });
+      cv.addEventListener("focus", () => { this.cursor = this.cursor || {r: 0, c: 0}; o.onCell(this.cursor, null, this); });
+      cv.addEventListener("blur", () => { this.tip.hidden = true; o.onCell(null, null, this); });
+      cv.addEventListener("keydown", (e) => {
+        const d = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[e.key];
+        if (!d && e.key !== "Home" && e.key !== "End") return;
+        e.preventDefault();
+        const c = this.cursor || {r: 0, c: 0}, down = o.flip ? -1 : 1;       // a drawn row down: data row ∓ 1
+        this.cursor = e.key === "Home" ? {r: c.r, c: 0} : e.key === "End" ? {r: c.r, c: o.cols - 1}
+          : {r: clamp(c.r + down * d[0], 0, o.rows - 1), c: clamp(c.c + d[1], 0, o.cols - 1)};
+        o.onCell(this.cursor, null, this);
+      });
     }
     y(r) { return this.o.flip ? this.o.rows - 1 - r : r; }                // data row → drawn row
     at(e) {
@@ -121,6 +148,11 @@
         }
       };
       if (this.cols && o.colLabels) side(o.colLabels, padT + o.rows * ch + 6, 1);
+      if (o.colStep && o.colLabels) {
+        ctx.textAlign = "center";
+        ctx.textBaseline = "top";
+        for (let c = 0; c < o.cols; c += o.colStep) ctx.fillText(o.colLabels[c], padL + (c + 0.5) * cw, padT + o.rows * ch + 4);
+      }
       if (this.cols && o.topLabels) side(o.topLabels, padT - 5, -1);
       if (sel) {
         ctx.strokeStyle = "#d62728";
@@ -128,11 +160,13 @@
         ctx.strokeRect(padL + sel.c * cw - 0.5, padT + this.y(sel.r) * ch - 0.5, cw + 1, ch + 1);
       }
     }
-    showTip(e, text) {
+    // the tooltip beside the mouse (E), or beside CELL (the keyboard's)
+    showTip(e, text, cell) {
       this.tip.textContent = text;
       this.tip.hidden = false;
-      this.tip.style.left = (e.offsetX + 14) + "px";
-      this.tip.style.top = (e.offsetY + 12) + "px";
+      const x = e ? e.offsetX : this.padL + (cell.c + 1) * this.cw, y = e ? e.offsetY : this.padT + (this.y(cell.r) + 1) * this.ch;
+      this.tip.style.left = (x + 14) + "px";
+      this.tip.style.top = (y + 12) + "px";
     }
   }
   // a colour bar: LO … HI under a ramp, with a note
@@ -346,6 +380,34 @@
     return {draw};
   }
 
+  // a legend: a ramp with the numbers of its ends and middle under it (TICKS: three strings), then a note
+  // beside it (under it when STACKED)
+  function legend(colour, ticks, note, stacked) {
+    const scale = el("div", "qkv-scale qkv-legend" + (stacked ? " qkv-legend-stacked" : ""));
+    const box = el("div", "qkv-legend-box"), nums = el("div", "qkv-legend-ticks");
+    const bar = el("canvas", "qkv-colourbar"), ctx = sizeCanvas(bar, 180, 10);
+    for (let x = 0; x < 180; x++) { const c = colour(x / 179); ctx.fillStyle = `rgb(${c})`; ctx.fillRect(x, 0, 1, 10); }
+    for (const t of ticks) nums.append(el("span", null, t));
+    box.append(bar, nums);
+    scale.append(box, el("span", "qkv-legend-note", note));
+    return scale;
+  }
+  // a number with its sign and D decimals, never a misleading 0 (fmtE, in general)
+  function signed(v, d) {
+    const sign = v > 0 ? "+" : v < 0 ? "−" : "", small = 0.5 * 10 ** -d;
+    return sign + (v !== 0 && Math.abs(v) < small ? "<" + (2 * small).toFixed(d) : Math.abs(v).toFixed(d));
+  }
+  // a section's header: lines of "key value", the value as text
+  function about(lines) {
+    const box = el("div", "qkv-about");
+    for (const [key, value] of lines) {
+      const p = el("p", "qkv-about-line");
+      p.append(el("span", "qkv-about-key", key), el("span", null, value));
+      box.append(p);
+    }
+    return box;
+  }
+
   // ── the router (mixtures of experts): which experts each token went to, with their weights ──
   // One table per MoE layer (the Layer selector's): a row per token, a column per expert shaded by the
   // router's probability p; the k chosen cells carry the weight their output is summed with.
@@ -425,4 +487,7 @@
     decode: async (r) => ({probs: await decode(r.probs)}),
     meta: (v) => [`layer ${v.p.layers[v.state.layer]}`, "the router's choice"],
   };
+
+  // the drawing helpers, for the panels of viewer_causes.js (loaded after this file)
+  QKV.draw = {Heat, ramp, legend, signed, about, colourBar};
 })(window);
