@@ -54,6 +54,7 @@ fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_grad_fixtures.py
 	$(PY) tests/fixtures/make_seq2seq_fixtures.py
 	$(PY) tests/fixtures/make_attribution_fixtures.py
+	$(PY) tests/fixtures/make_causal_trace_fixtures.py
 
 # SmolLM2's fixtures: the tokenizer's from llama.cpp itself (a Python with llama-cpp-python built from
 # source, see the script's docstring), then logits, attention, greedy replies and chat ids from transformers.

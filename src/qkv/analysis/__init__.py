@@ -10,13 +10,14 @@ and cuts windows; text.py analyses one text; backends.py runs many (here, local 
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), input_attribution.py (gradients
-with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), circuits.py (a head's
+with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), causal_trace.py (causal tracing: where a fact is recalled), circuits.py (a head's
 QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
 Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """
 
 from .attribution import direct_logit_attribution
+from .causal_trace import trace_fact
 from .circuits import copying_scores, ov_circuit, qk_positions
 from .corpus import Corpus, open_corpus
 from .detectors import DETECTORS, induction_scores, pattern_score
@@ -32,4 +33,4 @@ from .stats import STATS, head_stats
 __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES", "THRESHOLDS", "classify",
            "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
            "direct_logit_attribution", "attribute", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow",
-           "neurons"]
+           "neurons", "trace_fact"]

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
+from .causal import trace_fact_cmd
 from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_pairs, new_console, removed_if_failed,
                      run, warn_unknown)
 from .explain import explain_cmd, next_cmd
@@ -367,7 +368,7 @@ for command in (generate, translate_cmd, chat_cmd):
     cli.add_command(command)      # writing text: generate, translate, chat (cli_write.py)
 for command in (explain_cmd, next_cmd):
     cli.add_command(command)      # the walkthrough, its lessons, the next token (cli_explain.py)
-for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd):
+for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd, trace_fact_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 

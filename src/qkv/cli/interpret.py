@@ -13,8 +13,8 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import (MODEL_HELP, PREFIX_HELP, ProgressLines, as_decoder, check_writable, new_console, removed_if_failed,
-                     write_figure)
+from .common import (MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_console, progress_bar,
+                     removed_if_failed, write_figure)
 
 
 @click.command(name="lens")
@@ -345,9 +345,6 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     attention and FFN outputs, from CLEAN into CORRUPTED, and measure how much of the metric comes
     back (0 = corrupted, 1 = clean): logit(answer) − logit(wrong) for a decoder, the cosine
     similarity to CLEAN's sentence embedding (mean-pooled, L2-normalised) for an encoder."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from ..analysis.patch import EMBEDDING, metric_of, patch
     from ..analysis.sections import patch_payload
     from .common import load_model as load
@@ -369,16 +366,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        columns = (TextColumn("patched copies"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        err = Console(stderr=True)
-        with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("patch", total=None)
-            lines = ProgressLines("patched", "copies")                        # off a terminal the bar is not drawn
-
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-                if not err.is_terminal:
-                    lines(done, total)
+        with progress_bar("patched", "copies") as progress:
             p = patch(model, clean, corrupted, metric, progress=progress)
         console = new_console()
         console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "

@@ -80,6 +80,11 @@ class Tokenizer:
         enc = self._tok.encode(check_text(text), add_special_tokens=add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """Each token's characters TEXT[a:b] (n,), as `encode` gives the tokens (special tokens: (0, 0));
+        a token's span may take in the space before it."""
+        return [tuple(o) for o in self._tok.encode(check_text(text)).offsets]
+
     def unknown_words(self, text: str) -> list[str]:
         """The pieces of TEXT that became the unknown token (each as the text spells it), in order;
         [] when every piece is in the vocabulary or the tokenizer has no unknown token."""
