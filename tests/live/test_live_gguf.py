@@ -110,5 +110,7 @@ def test_committed_references_are_current(name):
     with np.load(F.HERE / "reference.npz") as z:
         ids, mask, logits = z[f"{name}/ids"], z[f"{name}/mask"], z[f"{name}/logits"]
     now = F.transformers_outputs(path, ids, mask)
-    assert max_abs(now["logits"], logits) <= 1e-6
+    # float32 logits of the same computation differ run to run by ~1e-6 (torch's thread count and BLAS
+    # kernel choose the order of the sums: 1.07e-6 seen); a changed reference differs by far more
+    assert max_abs(now["logits"], logits) <= 1e-5
     check_outputs(path, qkv.load(path), reference_model(path))
