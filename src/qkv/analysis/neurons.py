@@ -32,6 +32,8 @@ batch by batch with np.argpartition: memory is bounded by the batch, never the c
 A model without an LM head (MiniLM) or with a masked-LM head (not linear in the stream) has no value
 logits: the report lists the contexts alone and says why (`NeuronReport.vocab`). A MoE layer (a routed FFN)
 has no single d_ff hidden and is refused. The figure and the page: `viz.neuron_figures`.
+The streaming pieces (corpus_triples, window_pieces, padded_batches, TopContexts, contexts_of) also serve
+the SAE's feature pages (`features.pages`): a latent's top contexts are kept the same way.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def value_rows(model: "Model", layer: int, index: Sequence[int]) -> np.ndarray:
 
 # ── streaming the corpus ─────────────────────────────────────────────────────────
 
-def _texts(texts) -> tuple[Iterator[tuple[int, int | None, str]], int | None, str]:
+def corpus_triples(texts) -> tuple[Iterator[tuple[int, int | None, str]], int | None, str]:
     """(index, line, text) triples, how many (None: unknown), and the corpus's name."""
     if isinstance(texts, Corpus):
         return texts.texts(), texts.count, str(texts.path)
@@ -233,7 +235,8 @@ def _texts(texts) -> tuple[Iterator[tuple[int, int | None, str]], int | None, st
     return ((i, None, t) for i, t in enumerate(texts)), count, "texts"
 
 
-def _pieces(model: "Model", texts, length: int, skipped: list, progress) -> Iterator[tuple[tuple[int, int, int], np.ndarray]]:
+def window_pieces(model: "Model", texts, length: int, skipped: list,
+                  progress) -> Iterator[tuple[tuple[int, int, int], np.ndarray]]:
     """((text, line, window), ids (n,)) for every window of every text; a text that cannot be read is skipped."""
     template = template_of(model.tokenizer)
     triples, count, _ = texts
@@ -252,7 +255,7 @@ def _pieces(model: "Model", texts, length: int, skipped: list, progress) -> Iter
             progress(done, count)
 
 
-def _batches(pieces: Iterator, pad: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def padded_batches(pieces: Iterator, pad: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(ids (B, n), lengths (B,), where (B, 3)): windows of similar length, right-padded, ≤ BATCH_TOKENS padded tokens."""
     while True:
         group = sorted(islice(pieces, BUFFER), key=lambda p: len(p[1]))
@@ -272,7 +275,7 @@ def _batches(pieces: Iterator, pad: int) -> Iterator[tuple[np.ndarray, np.ndarra
             start = end
 
 
-class _Best:
+class TopContexts:
     """Per tracked neuron (K columns), its C largest activations so far, where they were and their contexts."""
 
     def __init__(self, K: int, C: int, w: int):
@@ -316,14 +319,14 @@ class _Best:
 
 
 def _stream(model: "Model", layer: int, texts, cols: np.ndarray | None, contexts: int, window: int,
-            length: int, skipped: list, progress) -> tuple[_Best, int, int]:
+            length: int, skipped: list, progress) -> tuple[TopContexts, int, int]:
     """Every window of TEXTS through the model, LAYER's neurons COLS (None: all) tracked → (best, windows, texts)."""
     cfg, d_ff = model.config, model.config.d_ff
-    best = _Best(d_ff if cols is None else len(cols), contexts, window)
+    best = TopContexts(d_ff if cols is None else len(cols), contexts, window)
     pad = cfg.pad_token_id if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size else 0
     seen = set()
     count = 0
-    for ids, lengths, where in _batches(_pieces(model, texts, length, skipped, progress), pad):
+    for ids, lengths, where in padded_batches(window_pieces(model, texts, length, skipped, progress), pad):
         mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)   # (B, n)
         rec = Recorder(layers=[layer], keep=("neurons",))
         transformer(model.weights, cfg, ids, mask, rec=rec, stop=layer + 1)   # blocks 0..LAYER only
@@ -368,7 +371,7 @@ def neurons(model: "Model", layer: int, *, texts: Iterable[str] | Corpus | None 
         chosen = f"the {len(cols)} of largest max activation on TEXT"
     else:
         cols, chosen = None, f"the {min(top, d_ff)} of largest max activation over the corpus"
-    source = _texts(open_corpus(default_corpus()) if texts is None else texts)
+    source = corpus_triples(open_corpus(default_corpus()) if texts is None else texts)
     name = DEFAULT_NAME if texts is None else source[2]
     skipped: list[tuple[int, str]] = []
     best, count, read = _stream(model, layer, source, cols, int(contexts), int(window), length, skipped, progress)
@@ -383,7 +386,7 @@ def neurons(model: "Model", layer: int, *, texts: Iterable[str] | Corpus | None 
     out = []
     for k, (j, i) in enumerate(zip(order, index)):
         n = Neuron(index=int(i), max=float(top_value[j]), min=float(best.lo[j]), mean=float(best.sum[j] / best.count),
-                   positive=float(best.positive[j] / best.count), examples=_examples(best, int(j), label),
+                   positive=float(best.positive[j] / best.count), examples=contexts_of(best, int(j), label),
                    on_text=None if on_text is None else float(on_text[i]))
         if logits is not None:
             z = logits[k]
@@ -398,7 +401,7 @@ def neurons(model: "Model", layer: int, *, texts: Iterable[str] | Corpus | None 
                         sep=" " if model.tokenizer.spelling == "plain" else "")
 
 
-def _examples(best: _Best, j: int, label) -> list[Example]:
+def contexts_of(best: TopContexts, j: int, label) -> list[Example]:
     """Column J's kept contexts, the largest activation first (ties: the earlier text, window, position)."""
     value, where = best.value[:, j], best.where[:, j]                          # (C,), (C, 4)
     found = np.isfinite(value)
