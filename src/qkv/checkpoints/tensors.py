@@ -125,9 +125,12 @@ class TensorStore(ByName):
     """All tensors of a checkpoint directory, by name, as NumPy views of mapped files."""
 
     def __init__(self, directory: Path):
+        """DIRECTORY: a checkpoint directory, or one .safetensors file (an SAE's sae_weights.safetensors)."""
         single = directory / "model.safetensors"
         index = directory / "model.safetensors.index.json"
-        if single.is_file():
+        if directory.suffix == ".safetensors" and directory.is_file():
+            files = [directory]
+        elif single.is_file():
             files = [single]
         elif index.is_file():
             files = [directory / f for f in _read_index(index)]

@@ -19,6 +19,8 @@ from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_p
 from .explain import explain_cmd, next_cmd
 from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .neurons import neurons_cmd
+from .sae import sae_cmd
+from .activations import activations_cmd
 from .write import chat_cmd, generate, translate_cmd
 from ..engine.errors import QkvError
 from ..engine.tokenizer import shorten as _label
@@ -371,6 +373,8 @@ for command in (explain_cmd, next_cmd):
 for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd, trace_fact_cmd):
     cli.add_command(command)      # beyond attention weights (cli_interpret.py)
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
+cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored in shards (cli/activations.py)
+cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)
 
 
 def main() -> None:
