@@ -20,6 +20,7 @@ from .explain import explain_cmd, next_cmd
 from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .neurons import neurons_cmd
 from .sae import sae_cmd
+from .sae_views import features_cmd, show_cmd
 from .activations import activations_cmd
 from .write import chat_cmd, generate, translate_cmd
 from ..engine.errors import QkvError
@@ -375,6 +376,8 @@ for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circui
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored in shards (cli/activations.py)
 cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)
+for command in (features_cmd, show_cmd):
+    sae_cmd.add_command(command)  # qkv sae features|show: feature pages, features on a text (cli/sae_views.py)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The commands that write text: `qkv generate` (continue a prompt), `qkv translate` (an
 encoder–decoder's target) and `qkv chat` (one question or a conversation with an LLM), each with
---trace DIR for what the written tokens attended to. Registered by cli.py."""
+--trace DIR for what the written tokens attended to; generate and chat steer with SAE features
+(--sae DIR --steer FEATURE:ALPHA, cli/sae_views.py). Registered by cli.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import click
 
 from .common import MODEL_HELP, check_writable, removed_if_failed, warn_unknown
+from .sae_views import check_steer_flags, steer_options, steered
 from ..engine.errors import QkvError
 
 
@@ -34,10 +36,13 @@ lens_option = click.option(
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token attended to into this directory.")
 @lens_option
+@steer_options
 def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
-             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool) -> None:
+             top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool,
+             sae_dir: str | None, steer: str | None) -> None:
     """Continue PROMPT with a decoder model, streaming the text as it is written.
 
+    With --sae and --steer, add SAE features' directions to the stream while writing (qkv.features.steer).
     With an encoder–decoder, translate PROMPT instead (qkv translate)."""
     from dataclasses import replace
 
@@ -49,13 +54,17 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
     sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                         seed=seed)                                                # checked before loading
     check_lens_flag(lens, trace_dir)
+    features = check_steer_flags(sae_dir, steer)
     model = load(source)
     if isinstance(model, Seq2SeqModel):
+        if features is not None:
+            raise QkvError("--steer adds a feature to a decoder's stream; a translator's two stacks take none")
         if lens:
             raise QkvError("--lens adds a decoder's Logit lens tab; a translation's viewer shows its three kinds "
                            "of attention (qkv lens TEXT --model ... reads a translator's decoder)")
         sampling = replace(sampling, temperature=0.0) if temperature is None else sampling
         return _translate(model, prompt, max_new_tokens, sampling, stop, trace_dir)
+    model = steered(model, sae_dir, features)
     stream = TextStream(model, prompt, 40 if max_new_tokens is None else max_new_tokens, sampling,
                         stop=list(stop) or None, record=trace_dir is not None)
     with removed_if_failed(trace_dir):
@@ -155,13 +164,16 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
               help="Save what every token of the conversation and reply attended to into this directory "
                    "(in a conversation: after each reply).")
 @lens_option
+@steer_options
 def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
-             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool) -> None:
+             top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool,
+             sae_dir: str | None, steer: str | None) -> None:
     """Ask a chat model QUESTION and stream its answer.
 
     Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
     outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
-    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits.
+    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits. With --sae and --steer, every
+    reply is written with SAE features' directions added to the stream (qkv.features.steer).
     """
     from ..writing.chat import Conversation
     from .common import load_model as load
@@ -169,7 +181,9 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     check_lens_flag(lens, trace_dir)
-    conversation = Conversation(load(source), system, max_new_tokens, sampling, record=trace_dir is not None)
+    features = check_steer_flags(sae_dir, steer)
+    conversation = Conversation(steered(load(source), sae_dir, features), system, max_new_tokens, sampling,
+                                record=trace_dir is not None)
     if question is not None:
         with removed_if_failed(trace_dir):
             if trace_dir is not None:

@@ -15,10 +15,10 @@ An encoder–decoder's trace adds a selector of the kind of attention — encode
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
-The script is four assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
+The script is five assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
 (the attention views, mount), viewer_panels.js (the lens, rollout, patching and router views, which
-register on viewer.js's `QKV.panels`, and the heatmap they share) and viewer_causes.js (the attribution
-and causal-tracing views).
+register on viewer.js's `QKV.panels`, and the heatmap they share), viewer_causes.js (the attribution
+and causal-tracing views) and viewer_features.js (an SAE's latents on each token, `qkv sae show`).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -53,7 +53,8 @@ def asset(name: str) -> str:
 
 def viewer_js() -> str:
     """The viewer's JavaScript as one script: the arrays' decoder, the core, then the panels that register on it."""
-    return "\n".join(asset(name) for name in ("wire.js", "viewer.js", "viewer_panels.js", "viewer_causes.js"))
+    names = ("wire.js", "viewer.js", "viewer_panels.js", "viewer_causes.js", "viewer_features.js")
+    return "\n".join(asset(name) for name in names)
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:
@@ -83,8 +84,9 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
     title: the page title (default: model name and text); tokenizer: the
     model's (default: the trace's own, which Trace.load's lack), to add a "Next token" view to a generation
     trace that kept its logits
-    (each generated token's top candidates, with a temperature slider); sections: {"lens" |
-    "rollout" | "patch" | "attribute" | "causal_trace": section} (`payload`), each a view; view: the view shown first.
+    (each generated token's top candidates, with a temperature slider); sections: {"lens" | "rollout" |
+    "patch" | "attribute" | "causal_trace" | "features": section} (`payload`), each a view; view: the view
+    shown first.
     """
     payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
                             sections=sections, view=view)

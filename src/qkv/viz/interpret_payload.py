@@ -1,6 +1,6 @@
-"""The viewer's panels beyond attention weights: the optional "lens", "rollout", "patch", "attribute"
-and "causal_trace" sections of the payload (`payload` documents them), built from plain arrays (or the JSON)
-that qkv.analysis computes (viz comes before analysis, so nothing here computes a lens or a patch).
+"""The viewer's panels beyond attention weights: the optional "lens", "rollout", "patch", "attribute",
+"causal_trace" and "features" (an SAE's latents on each token) sections of the payload (`payload` documents
+them), built from plain arrays (or the JSON) that qkv.analysis (and qkv.features) computes (viz comes before analysis, so nothing here computes a lens or a patch).
 
 Big arrays travel as attention does, as `wire` arrays: probabilities u16 with scale 65535
 (±0.5/65535 ≈ 7.6e-6, PROB_PRECISION), rollout and flow u8 with scale 255 (±0.002, as attention:
@@ -170,3 +170,32 @@ def causal_section(data: Mapping) -> dict:
                        for k in CAUSAL_KINDS},
             "top": {k: causal_scale(t, p_clean, p_corrupted) for k, t in tables.items()},
             "colours": {k: [list(c) for c in CAUSAL_STOPS[k]] for k in tables}}
+
+
+FEATURE_DIGITS = 5                      # SAE feature activations: significant digits in the JSON
+
+
+def features_section(data: Mapping) -> dict:
+    """The "features" section (`features.pages.text_features`): which SAE latents fire on each of n tokens.
+    "tokens" (n labels), "ids" (n), "features" [[j]] (n lists, each token's non-zero latents, the largest
+    activation first; at most the SAE's k), "acts" [[z]] (the same shape, FEATURE_DIGITS significant digits),
+    "skipped" [t] (positions the SAE does not read: a decoder's first, the attention sink; their lists
+    empty), "top" (latents listed per token on hover), "layer", "site", "d_sae", "k", "sae" (its name);
+    "max" (the largest z, the colour scale's end) computed here, and "colours" the DIVERGING_STOPS."""
+    tokens, ids = [str(t) for t in data["tokens"]], [int(i) for i in data["ids"]]
+    feats, acts = data["features"], data["acts"]
+    n = len(tokens)
+    if n == 0 or len(ids) != n or len(feats) != n or len(acts) != n \
+            or any(len(f) != len(a) for f, a in zip(feats, acts)):
+        raise QkvError(f"a features section needs one id, one list of latents and one of activations per token: "
+                       f"{n} tokens, {len(ids)} ids, {len(feats)} and {len(acts)} lists; pass text_features(...)")
+    d_sae = int(data["d_sae"])
+    flat = [float(a) for row in acts for a in row]
+    if any(not 0 <= int(j) < d_sae for row in feats for j in row) or not np.isfinite(flat).all():
+        raise QkvError(f"the features section holds latents outside 0..{d_sae - 1} or activations that are not finite")
+    return {"sae": str(data.get("sae", "")), "layer": int(data["layer"]), "site": str(data["site"]), "d_sae": d_sae,
+            "k": int(data["k"]), "top": int(data.get("top", 5)), "tokens": tokens, "ids": ids,
+            "features": [[int(j) for j in row] for row in feats],
+            "acts": [[float(f"{a:.{FEATURE_DIGITS}g}") for a in row] for row in acts],
+            "skipped": [int(t) for t in data.get("skipped", [])], "max": max(flat, default=0.0),
+            "colours": [list(c) for c in DIVERGING_STOPS]}

@@ -20,9 +20,9 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
                                 "ids": [id], "tokens": [str], "logits": [float],
                                 "rest": [float | null] (t), "entropy": [float] (t)}]},
      "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | "attribute" |
-             "causal_trace" | "router" | null (shown first),
+             "causal_trace" | "features" | "router" | null (shown first),
      "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}, "attribute": null | {...},
-     "causal_trace": null | {...}, "router": null | {...}}   (below; absent = null)
+     "causal_trace": null | {...}, "features": null | {...}, "router": null | {...}}   (below; absent = null)
 
 "next" (generation traces that kept their logits, given a tokenizer): for each generated
 token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The page cannot
@@ -75,6 +75,11 @@ qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as atten
       "tables": {"hidden" | "ffn" | "attn": [[float]] (L × n) | null} (P(answer) with the clean state
       restored at layer l, token t; 6 decimals), "top": {kind: float} (each map's colour scale: 0 .. top
       of the indirect effect p − p_corrupted), "colours": {kind: [[r, g, b]]} (`palette.CAUSAL_STOPS`)}.
+    "features" (`interpret_payload.features_section` of `features.pages.text_features`: an SAE's latents on
+      each token, `qkv sae show`): {"sae", "layer", "site", "d_sae", "k", "top", "tokens": [str] (n),
+      "ids": [int] (n), "features": [[int]] (n lists: each token's non-zero latents, largest first, ≤ k),
+      "acts": [[float]] (their activations, 5 significant digits), "skipped": [int] (positions the SAE does
+      not read), "max" (the largest activation), "colours": [[r, g, b]] (`palette.DIVERGING_STOPS`)}.
     "router" (mixtures of experts, `router_payload`, from the trace itself): {"layers": [int] (Lm, the kept
       layers that route), "positions": n, "experts": E, "k": k, "chosen": [[[e] (k)] (n)] (Lm) (the experts each
       token went to, most probable first), "weights": same shape, floats (their weights in the sum, 4 decimals),
@@ -111,7 +116,7 @@ PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
 NEXT_K = 10                                                   # candidates listed per generated token
 NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
-SECTIONS = ("lens", "rollout", "patch", "attribute", "causal_trace", "router")   # optional views beyond attention
+SECTIONS = ("lens", "rollout", "patch", "attribute", "causal_trace", "features", "router")   # optional views
 VIEWS = ("head", "matrix", "model", "next") + SECTIONS
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
@@ -186,7 +191,7 @@ def check_sections(sections: Mapping[str, dict | None] | None, view: str | None,
     sizes = {"lens": lambda s: s["positions"], "rollout": lambda s: s["rollout"]["shape"][-1],
              "patch": lambda s: len(s["labels"]), "router": lambda s: s["positions"],
              "attribute": lambda s: len(s["tokens"]) if s["sides"] is None else s["sides"].count("target"),
-             "causal_trace": lambda s: len(s["tokens"])}
+             "causal_trace": lambda s: len(s["tokens"]), "features": lambda s: len(s["tokens"])}
     for name, section in sections.items():
         if sizes[name](section) != n:
             raise QkvError(f"the {name} section is about {sizes[name](section)} tokens and the trace has {n}; "

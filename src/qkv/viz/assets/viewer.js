@@ -11,8 +11,8 @@
  * Colours follow qkv/viz/palette.py: brighter = more attention (viridis, as the figures), cells
  * the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
- * never parsed as HTML. No network: everything is in wire.js, this file, viewer_panels.js, viewer_causes.js
- * and the payload.
+ * never parsed as HTML. No network: everything is in wire.js, this file, viewer_panels.js, viewer_causes.js,
+ * viewer_features.js and the payload.
  *
  *   QKV.mount(root, payload, state?) → Promise<Viewer>   draw a payload into an element
  *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
@@ -23,9 +23,9 @@
  *
  * Optional sections (payload.py, interpret_payload.py) add views beyond attention weights:
  * "lens" (the logit lens), "rollout" (raw attention, rollout and flow), "patch" (activation
- * patching), "attribute" (input attribution), "causal_trace" (causal tracing) and "router" (mixtures of
- * experts); "view" opens one first. Their views live in viewer_panels.js and viewer_causes.js
- * (attribute, causal_trace), loaded after this file: they register QKV.panels[section] = {label, layer,
+ * patching), "attribute" (input attribution), "causal_trace" (causal tracing), "features" (an SAE's
+ * latents on each token) and "router" (mixtures of experts); "view" opens one first. Their views live in
+ * viewer_panels.js, viewer_causes.js (attribute, causal_trace) and viewer_features.js, loaded after this file: they register QKV.panels[section] = {label, layer,
  * decode?, meta, build} and use the helpers this file shares as QKV.util (the interface is described
  * at the top of viewer_panels.js).
  * A payload with a section whose panel is not registered fails with a clear message.
@@ -107,7 +107,7 @@
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
-  const SECTIONS = ["lens", "rollout", "patch", "attribute", "causal_trace", "router"];   // optional views, in tab order
+  const SECTIONS = ["lens", "rollout", "patch", "attribute", "causal_trace", "features", "router"];   // in tab order
   const PANELS = {};                                             // their views: viewer_panels.js registers them
   const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
 
