@@ -226,3 +226,40 @@ def test_memory_benchmark_measures_loads_in_their_own_processes():
     assert 0 < held(stored) < 0.4 * held(f32) and stored["peak"] >= stored["held"]
     text = memory.markdown(result)
     assert "## Loading smollm2" in text and "qkv (stored)" in text and "Target: a stored load holds" in text
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("d_out", [1, 7])
+def test_products_with_fewer_rows_than_the_threads_or_an_odd_count(kind, d_out):
+    """Each chunk of output rows a numba thread takes may be empty or odd; every row is written once."""
+    raw, T = quantised(kind, rows=d_out)
+    x = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
+    got, want = x @ StoredMatrix(kind, raw, 512), x @ T.T
+    assert got.shape == (5, d_out) and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_the_sixteen_lanes_convert_bytes_exactly_and_add_up():
+    """engine.simd: the byte conversions the kernels use equal NumPy's, and vsum / vfma are the sums."""
+    from numba import njit
+    from qkv.engine.simd import bits32, field, int8s, vfma, vload, vstore, vsum
+
+    @njit
+    def lanes(u8, i8, h, x, out):
+        vstore(field(u8, 0, 15), out[0]); vstore(field(u8, 4, 15), out[1]); vstore(field(u8, 3, 1), out[2])
+        vstore(field(u8, 6, 3), out[3]); vstore(int8s(i8), out[4]); vstore(bits32(h, 0), out[5])
+        vstore(bits32(h, 16), out[6]); vstore(vfma(vload(x), vload(x), vload(x)), out[7])
+        return vsum(vload(x))
+
+    rng = np.random.default_rng(4)
+    u8 = rng.integers(0, 256, 16, dtype=np.uint8)
+    i8 = rng.integers(-128, 128, 16, dtype=np.int8)
+    h = np.uint32(rng.integers(0, 2**32, dtype=np.uint64))
+    x = rng.standard_normal(16).astype(np.float32)
+    out = np.zeros((8, 16), np.float32)
+    total = lanes(u8, i8, h, x, out)
+    bits = (int(h) >> np.arange(32)) & 1
+    want = [u8 & 15, u8 >> 4, (u8 >> 3) & 1, (u8 >> 6) & 3, i8, bits[:16], bits[16:]]
+    for row, w in zip(out, want):
+        assert np.array_equal(row, np.asarray(w, np.float32))
+    np.testing.assert_allclose(out[7], x * x + x, rtol=1e-6)
+    assert abs(total - x.astype(np.float64).sum()) <= 1e-5

@@ -49,10 +49,17 @@ TILE_VALUES = 1 << 20           # dequantised numbers per tile of the many-row p
 numba = importlib.util.find_spec("numba")     # the kernels' compiler (stored_kernels), imported on first use
 
 
-def _kernels():
-    from . import stored_kernels
+_compiled = None
 
-    return stored_kernels
+
+def _kernels():
+    """engine.stored_kernels, imported once (an import statement costs microseconds each product)."""
+    global _compiled
+    if _compiled is None:
+        from . import stored_kernels
+
+        _compiled = stored_kernels
+    return _compiled
 
 
 class _ReadAsArray(np.lib.mixins.NDArrayOperatorsMixin):
