@@ -27,7 +27,7 @@ from qkv.viz.interpret_payload import CAUSAL_KINDS, attribute_section, causal_se
 
 # the colours of cells at canvas points [[x, y]] (CSS pixels), as [r, g, b]
 PIXELS = """([sel, pts]) => { const c = document.querySelector(sel), g = c.getContext('2d');
-  const k = Math.min(window.devicePixelRatio || 1, 2);
+  const k = c.width / c.getBoundingClientRect().width;     // the canvas's backing pixels per CSS pixel
   return pts.map(([x, y]) => Array.from(g.getImageData(Math.round(x * k), Math.round(y * k), 1, 1).data).slice(0, 3)); }"""
 
 

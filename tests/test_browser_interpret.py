@@ -144,7 +144,7 @@ def test_the_patching_panel_shows_each_effect_centred_at_zero(tab, minilm, tmp_p
     # the colour scale is centred at 0: a cell of effect 0 is drawn white
     zero = [(r, c) for r in range(L) for c in range(n) if data["tables"]["residual"][r][c] == 0][0]
     d = page.eval_on_selector(".qkv-heat-residual", "e => Object.assign({}, e.dataset)")
-    ratio = page.evaluate("() => Math.min(window.devicePixelRatio || 1, 2)")
+    ratio = page.eval_on_selector(".qkv-heat-residual", "c => c.width / c.getBoundingClientRect().width")
     x = (int(d["padL"]) + (zero[1] + 0.5) * int(d["cw"])) * ratio
     y = (int(d["padT"]) + (L - 1 - zero[0] + 0.5) * int(d["ch"])) * ratio
     pixel = page.eval_on_selector(".qkv-heat-residual", "(c, [x, y]) => Array.from(c.getContext('2d')"

@@ -15,7 +15,8 @@ An encoder–decoder's trace adds a selector of the kind of attention — encode
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
-The script is five assets inlined in order: wire.js (the arrays' decoder, every page's), viewer.js
+Every view exports what it shows (export.js: PNG, SVG, its numbers as JSON).
+The script is six assets inlined in order: wire.js (the arrays' decoder, every page's), export.js, viewer.js
 (the attention views, mount), viewer_panels.js (the lens, rollout, patching and router views, which
 register on viewer.js's `QKV.panels`, and the heatmap they share), viewer_causes.js (the attribution
 and causal-tracing views) and viewer_features.js (an SAE's latents on each token, `qkv sae show`).
@@ -53,7 +54,7 @@ def asset(name: str) -> str:
 
 def viewer_js() -> str:
     """The viewer's JavaScript as one script: the arrays' decoder, the core, then the panels that register on it."""
-    names = ("wire.js", "viewer.js", "viewer_panels.js", "viewer_causes.js", "viewer_features.js")
+    names = ("wire.js", "export.js", "viewer.js", "viewer_panels.js", "viewer_causes.js", "viewer_features.js")
     return "\n".join(asset(name) for name in names)
 
 

@@ -136,6 +136,8 @@
       ctx.lineWidth = 2;
       ctx.strokeRect(left + 1, top + hiRow * ch + 1, cols * cw - 2, ch - 2);
     }
+    c.qkvData = {label, rows, cols, values: Array.from(values, (v) => (Number.isNaN(v) ? null : v)),   // export.js
+                 row_labels: rowLabels || null, col_labels: colLabels || null, highlighted_row: hiRow == null ? null : hiRow};
     c.dataset.rows = rows;
     c.dataset.cols = cols;
     c.dataset.labels = String(Boolean(left || top));
@@ -325,6 +327,15 @@
       const detail = el("section", "qkv-p-detail");
       detail.setAttribute("aria-live", "polite");
       this.detail(detail);
+      if (global.QKV_EXPORT) {                          // export.js: each panel as PNG, SVG, its numbers as JSON
+        const name = (what) => [p.model, this.top.seq2seq ? s.stack : "", what, "token" + s.token, "layer" + s.layer,
+                                "head" + s.head].filter((x) => x !== "").join("-").replace(/[^A-Za-z0-9._-]+/g, "-");
+        flow.prepend(global.QKV_EXPORT.bar(() => flow, () => name("flow"), () => ({model: p.model, layer: s.layer,
+          boxes: [...start, ...block, ...end].map(([id, title]) => ({id, title, open: id === s.box}))})));
+        detail.prepend(global.QKV_EXPORT.bar(() => detail, () => name(s.box), () => Object.assign(
+          {model: p.model, box: s.box, token: s.token, token_label: this.label(s.token), layer: s.layer, head: s.head,
+           language: s.lang}, global.QKV_EXPORT.dataOf(detail))));
+      }
       main.append(flow, detail);
       r.append(main);
       Object.assign(r.dataset, {box: s.box, token: s.token, layer: s.layer, head: s.head, lang: s.lang,

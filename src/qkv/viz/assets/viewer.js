@@ -81,8 +81,10 @@
   }
   // A probability as text: 4 decimals, never a misleading 0 for a tiny non-zero value.
   function fmtP(p) { return p >= 0.00005 ? p.toFixed(4) : p > 0 ? "<0.0001" : "0"; }
+  // A canvas of w × h CSS pixels, its backing store at least twice as fine (sharp on any screen and in an
+  // exported PNG: export.js draws panels at 2×), at most 16 M pixels and 32000 a side.
   function sizeCanvas(canvas, w, h) {
-    const ratio = Math.min(global.devicePixelRatio || 1, 2, 32000 / Math.max(w, h));
+    const ratio = Math.min(Math.max(global.devicePixelRatio || 1, 2), 32000 / Math.max(w, h), Math.sqrt(16e6 / Math.max(1, w * h)));
     canvas.width = Math.round(w * ratio);
     canvas.height = Math.round(h * ratio);
     canvas.style.width = w + "px";
@@ -224,6 +226,9 @@
       this.meta = el("span", "qkv-meta");
       this.fields = [lab("Layer ", this.layerSel), lab("Head ", this.headSel)];   // no use in the next-token view
       bar.append(tabs, ...this.fields, this.meta);
+      if (global.QKV_EXPORT)                               // export.js: the view shown, as PNG, SVG or JSON
+        bar.append(global.QKV_EXPORT.bar(() => this.panels[this.state.view], () => this.exportName(),
+                                         () => this.exportData()));
       if (this.kinds) {                                     // encoder / decoder / cross
         const kinds = el("div", "qkv-kinds");
         kinds.setAttribute("role", "group");
@@ -673,6 +678,43 @@
       nt.readout.textContent = `token ${st.position} “${shown(this.chosenText(st), 24)}” was drawn from ` +
         `P = softmax(logits[${st.position - 1}] / T) · T = ${T.toFixed(1)} · its P = ${fmtP(chosen)} · ` +
         `entropy H = ${H.toFixed(2)} bits`;
+    }
+
+    // ── export (export.js): the file name and the numbers of the view shown ──
+    exportName() {
+      const s = this.state, slug = (x) => String(x).replace(/[^A-Za-z0-9._-]+/g, "-").replace(/^-+|-+$/g, "") || "qkv";
+      const parts = [slug(this.p.model), this.kind, s.view];
+      if (s.view === "head" || s.view === "matrix")
+        parts.push("layer" + this.p.layers[s.layer], s.head < 0 ? "all-heads" : "head" + s.head);
+      else if (s.view === "next") parts.push("token" + this.next.steps[s.step].position, "T" + this.temperature());
+      else if (SECTIONS.includes(s.view) && PANELS[s.view].layer) parts.push("layer" + this.p.layers[s.layer]);
+      return parts.filter(x => x).join("-");
+    }
+    exportData() {
+      const s = this.state, v = s.view, weights = (a) => {                 // n × nk rows of q / 255, as shown
+        const rows = [];
+        for (let i = 0; i < this.n; i++) rows.push(Array.from(a.subarray(i * this.nk, (i + 1) * this.nk), q => Math.round(q / 255 * 1000) / 1000));
+        return rows;
+      };
+      const out = {model: this.p.model, view: v, kind: this.kind, tokens: this.tokens, text: this.p.text || null};
+      if (v === "head" || v === "matrix") {
+        return Object.assign(out, {layer: this.p.layers[s.layer], head: s.head < 0 ? "mean of all heads" : s.head,
+          keys: this.keys, causal: this.causal, precision: "±0.002 (one byte a weight)", attention: weights(this.selected())});
+      }
+      if (v === "model") {
+        const size = this.L * this.H * this.n * this.nk, all = size <= 4000000;
+        return Object.assign(out, {layers: this.p.layers, heads: this.H, roles: this.p.roles || null, keys: this.keys,
+          attention: all ? this.p.layers.map((_, l) => [...Array(this.H).keys()].map(h => weights(this.A(l, h)))) : null,
+          note: all ? "attention[layer][head][query][key], ±0.002" : `${size} weights: too many to copy; save the trace (Trace.save) for them`});
+      }
+      if (v === "next") {
+        const st = this.next.steps[s.step], {p, other, H} = this.probs(st);
+        return Object.assign(out, {position: st.position, temperature: this.temperature(), vocab: this.next.vocab,
+          candidates: st.ids.map((id, i) => ({id, token: st.tokens[i], logit: st.logits[i], p: p[i]})),
+          other_tokens_p: other, entropy_bits: H, chosen: st.chosen});
+      }
+      return Object.assign(out, {layer: PANELS[v].layer ? this.p.layers[s.layer] : null, section: this.p[v],
+                                 arrays: this.extra[v]});
     }
 
     // what a fresh viewer needs to show the same layer, head and view
