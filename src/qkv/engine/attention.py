@@ -255,6 +255,22 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
     return z
 
 
+def _block_scores(qh: np.ndarray, kh: np.ndarray, mask: AttentionMask, hs: np.ndarray, q0: int, q1: int,
+                  scale: float | None, cap: float | None) -> np.ndarray:
+    """S of query rows q0..q1 for heads HS: Q·Kᵀ·scale, soft-capped, + position bias, masked (B, h, q1 − q0, m)."""
+    dk = qh.shape[-1]
+    s = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2))                # (B, h, q1 − q0, m)
+    s *= 1.0 / math.sqrt(dk) if scale is None else scale
+    if cap is not None:
+        soft_cap_(s, cap)
+    if mask.position_bias is not None:
+        pb = mask.position_bias
+        rows = slice(q0, q1) if pb.shape[2] > 1 else slice(None)         # ALiBi: one row for every query
+        s += pb[:, hs if pb.shape[1] > 1 else slice(None), rows]
+    ok = mask.allowed(q0, q1)
+    return s if ok is None else np.where(ok, s, -np.inf)
+
+
 def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: list[int],
                       block_size: int = 256, scale: float | None = None, cap: float | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
@@ -269,15 +285,68 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
     s = np.empty((B, len(hs), n, k.shape[2]), dtype=q.dtype)           # (B, h, n, m)
     for q0 in range(0, n, block_size):
         q1 = min(n, q0 + block_size)
-        s[:, :, q0:q1] = np.matmul(qh[:, :, q0:q1], kh.swapaxes(-1, -2)) * (1.0 / math.sqrt(dk) if scale is None
-                                                                             else scale)
-        if cap is not None:
-            soft_cap_(s[:, :, q0:q1], cap)
-        if mask.position_bias is not None:
-            pb = mask.position_bias
-            rows = slice(q0, q1) if pb.shape[2] > 1 else slice(None)          # ALiBi: one row for every query
-            s[:, :, q0:q1] += pb[:, hs if pb.shape[1] > 1 else slice(None), rows]
-        ok = mask.allowed(q0, q1)
-        if ok is not None:
-            s[:, :, q0:q1] = np.where(ok, s[:, :, q0:q1], -np.inf)
+        s[:, :, q0:q1] = _block_scores(qh, kh, mask, hs, q0, q1, scale, cap)
     return softmax_(s.copy()), s
+
+
+@dataclass
+class TopAttention:
+    """Each query row's K largest attention weights, exact, and the rest of the row: what a view of a long
+    input keeps (L·H·n·K numbers instead of L·H·n²). Rows are queries, as in A.
+
+        index   (..., H, n, K) int32   the keys, largest weight first (ties: the lower key first)
+        weight  (..., H, n, K) float32 A[h, i, index] — the weights themselves, not rounded
+        rest    (..., H, n)    float32 Σ of the row's other weights, Σ_j A − Σ kept (≥ 0; 0 for a masked row)
+        keys    m, the row's length
+    """
+
+    index: np.ndarray
+    weight: np.ndarray
+    rest: np.ndarray
+    keys: int
+
+    def __getitem__(self, row) -> "TopAttention":
+        """Batch row ROW (a recorder's store holds a batch)."""
+        return TopAttention(self.index[row], self.weight[row], self.rest[row], self.keys)
+
+    @property
+    def k(self) -> int:
+        return self.index.shape[-1]
+
+    def dense(self) -> np.ndarray:
+        """(..., H, n, m): the kept weights in place, 0 elsewhere (equal to A when K = m)."""
+        out = np.zeros(self.index.shape[:-1] + (self.keys,), dtype=self.weight.dtype)
+        np.put_along_axis(out, self.index.astype(np.intp), self.weight, axis=-1)
+        return out
+
+
+def top_of(a: np.ndarray, top: int) -> TopAttention:
+    """The K = min(top, m) largest weights of each row of A (..., n, m), largest first, and the rest."""
+    m = a.shape[-1]
+    K = min(int(top), m)
+    part = np.argpartition(-a, K - 1, axis=-1)[..., :K] if K < m else np.broadcast_to(np.arange(m), a.shape).copy()
+    w = np.take_along_axis(a, part, axis=-1)                              # (..., n, K) unordered
+    order = np.lexsort((part, -w), axis=-1)                               # by weight, then by key
+    index = np.take_along_axis(part, order, axis=-1).astype(np.int32)
+    weight = np.take_along_axis(w, order, axis=-1).astype(np.float32)
+    rest = np.maximum(a.sum(axis=-1, dtype=np.float64) - weight.sum(axis=-1, dtype=np.float64), 0).astype(np.float32)
+    return TopAttention(index, weight, rest, m)
+
+
+def attention_top(q: np.ndarray, k: np.ndarray, mask: AttentionMask, top: int, block_size: int = 256,
+                  scale: float | None = None, cap: float | None = None) -> TopAttention:
+    """Every head's TOP largest weights per query row, by blocks of query rows (a block's A of all heads
+    at a time, (B, H, block, m)): what a long input's views keep, without L·H·n² numbers in memory."""
+    B, H, n, dk = q.shape
+    G = H // k.shape[1]
+    hs = np.arange(H)
+    kh = k[:, hs // G]                                                    # (B, H, m, d_k)
+    K = min(int(top), k.shape[2])
+    index = np.empty((B, H, n, K), np.int32)
+    weight = np.empty((B, H, n, K), np.float32)
+    rest = np.empty((B, H, n), np.float32)
+    for q0 in range(0, n, block_size):
+        q1 = min(n, q0 + block_size)
+        t = top_of(softmax_(_block_scores(q, kh, mask, hs, q0, q1, scale, cap)), K)   # (B, H, q1 − q0, K)
+        index[:, :, q0:q1], weight[:, :, q0:q1], rest[:, :, q0:q1] = t.index, t.weight, t.rest
+    return TopAttention(index, weight, rest, k.shape[2])

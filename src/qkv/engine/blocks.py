@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .attention import (AttentionMask, attention_output, attention_weights, merge_heads,
+from .attention import (AttentionMask, attention_output, attention_top, attention_weights, merge_heads, top_of,
                         scaled_dot_product_attention, soft_cap_, split_heads)
 from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape
 from .cache import KVCache
@@ -262,6 +262,9 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         z = hooks(layer, "heads", z)
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
+    if rec.wants(layer, "attention_top"):                     # each row's largest weights: from A if it is there
+        rec.put(layer, "attention_top", top_of(a, rec.top) if a is not None and rec.heads is None
+                else attention_top(q, k, mask, rec.top, scale=scale, cap=cap))
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:
         ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, rope, pre,

@@ -233,7 +233,7 @@ class Model:
     def run(self, text: str | Sequence[int], *, layers: Iterable[int] | None = None,
             keep: Iterable[str] = DEFAULT_KEEP, heads: Iterable[int] | None = None,
             ablate: Iterable[tuple[int, int]] | None = None, how: str = "zero",
-            hooks: Mapping[str, HookFn] | None = None) -> Trace:
+            hooks: Mapping[str, HookFn] | None = None, top: int = 32) -> Trace:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
@@ -245,7 +245,9 @@ class Model:
         0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
         the trace then keeps the ablated Z as "heads" (attention weights are unchanged);
         hooks: {"3.heads": fn, ...}, functions fn(value, layer) that read or replace
-        intermediates as the pass runs (see qkv.engine.hooks); the trace keeps the values they return.
+        intermediates as the pass runs (see qkv.engine.hooks); the trace keeps the values they return;
+        top: with keep=(..., "attention_top"), the weights kept per query row (a long input's view: each row's
+        TOP largest, exact, computed by blocks of rows while the pass itself runs tiled).
         """
         ablation = self.ablation(ablate, how)
         hooked = Hooks.of(self.hooks, hooks, self.config, self.name)
@@ -257,7 +259,7 @@ class Model:
             tokens = spelled(self.tokenizer, ids)
         kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
-        rec = Recorder(layers=kept, keep=keep, heads=head_ids)
+        rec = Recorder(layers=kept, keep=keep, heads=head_ids, top=top)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
                                      rec=rec, ablate=ablation, hooks=hooked)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],

@@ -7,7 +7,7 @@ memory stays bounded on long inputs: attention weights alone are L·H·n² numbe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import json
 import math
@@ -19,6 +19,9 @@ import numpy as np
 
 from .errors import QkvError
 from .tokenizer import label
+
+if TYPE_CHECKING:
+    from .attention import TopAttention
 from .io import FileBatch
 
 # Names a forward pass can record, per layer, with their batched shapes:
@@ -36,9 +39,15 @@ INTERMEDIATES = {
                 "the input to W_out: each neuron's coefficient on its output vector (Geva et al. 2021's memory "
                 "coefficients); a MoE layer (a routed FFN) has no single d_ff hidden and records none"),
 }
+# What a view of a long input keeps instead of A: each query row's K largest weights (Recorder(top=K)).
+SPARSE = {
+    "attention_top": ("(B, H, n, K)  each query row's K largest attention weights, exactly, largest first, with "
+                      "their keys and the rest of the row (engine.attention.TopAttention): L·H·n·K numbers, not "
+                      "L·H·n², computed a block of query rows at a time"),
+}
 # Kept only when asked for (keep=("neurons",)): d_ff numbers a token (2.7–4 × d_model) that no default view reads,
-# so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP).
-OPT_IN = ("neurons",)
+# so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP); and attention_top.
+OPT_IN = ("neurons", "attention_top")
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.engine.hooks takes INTERMEDIATES).
 ROUTER = {
@@ -46,7 +55,7 @@ ROUTER = {
     "experts": "(B, n, k)  the k experts each token went to, most probable first",
     "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
 }
-RECORDED = {**INTERMEDIATES, **ROUTER}                             # every name a Recorder can keep
+RECORDED = {**INTERMEDIATES, **ROUTER, **SPARSE}                  # every name a Recorder can keep
 DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
 
@@ -54,10 +63,14 @@ class Recorder:
     """Collects the intermediates a caller asked for during one forward pass."""
 
     def __init__(self, layers: Iterable[int] | None = None, keep: Iterable[str] = DEFAULT_KEEP,
-                 heads: Iterable[int] | None = None, beside: bool = False):
+                 heads: Iterable[int] | None = None, beside: bool = False, top: int = 32):
         """beside: attention weights are computed beside the pass, whose output takes the route it takes
         unrecorded (plain, causal blocks or tiled): a generation records what it attended to without
-        changing a bit of what it writes (writing.generate.Recording)."""
+        changing a bit of what it writes (writing.generate.Recording). top: the weights per query row
+        "attention_top" keeps."""
+        if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+            raise QkvError(f"top must be a whole number of keys ≥ 1, got {top!r}")
+        self.top = int(top)
         self.layers = None if layers is None else set(layers)
         self.heads = None if heads is None else sorted(set(heads))   # weights/scores of these heads only
         self.keep = set(keep)
@@ -93,6 +106,7 @@ class LayerTrace:
     router: np.ndarray | None = None        # (n, E) MoE layers: the router's probabilities
     experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
     expert_weights: np.ndarray | None = None   # (n, k) their weights in the sum
+    attention_top: "TopAttention | None" = None   # (H, n, K) each row's K largest weights (kept only when asked for)
 
 
 class KeptLayer:
