@@ -73,3 +73,31 @@ def test_a_failing_viewer_leaves_no_partial_files(monkeypatch, capsys, tmp_path)
         assert code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
     assert not fresh.exists()                                          # the directory it made is gone
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]       # no figure, no temporary folder
+
+
+def test_a_long_text_writes_the_viewer_with_each_rows_largest_weights(monkeypatch, tmp_path):
+    """Past LONG_TOKENS, --out keeps each query row's largest weights in every layer (as many as --budget-mb
+    holds) and the chosen layer's figures; the lens, rollout and the pipeline page are left out."""
+    import qkv.viz.payload
+
+    monkeypatch.setattr(qkv.viz.payload, "LONG_TOKENS", 20)
+    text = "the cat sat on the mat and the dog ran to the park " * 4            # 48 tokens
+    r = CliRunner().invoke(cli, ["show", text, "--model", str(MODELS / "gpt2"), "--layer", "1", "--budget-mb",
+                                 "0.01", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "attention.html" in names and "pipeline.html" not in names and any(n.startswith("heatmap_layer1") for n in names)
+    assert "the viewer keeps each query row's largest weights" in r.output
+    page = (tmp_path / "attention.html").read_text()
+    assert '"format":"top"' in page.replace(" ", "") and "largest weights" in page
+
+
+@pytest.mark.parametrize("args, message", [
+    (["word " * 30, "--max-tokens", "10"], "more than --max-tokens 10"),
+    (["hi", "--budget-mb", "0"], "--budget-mb must be above 0"),
+])
+def test_max_tokens_and_budget_are_checked_before_anything_is_written(monkeypatch, capsys, tmp_path, args, message):
+    target = tmp_path / "views"
+    code, out, err = run_main(monkeypatch, capsys, "show", *args, "--model", str(MODELS / "gpt2"), "--out", str(target))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not target.exists()

@@ -115,10 +115,33 @@ def test_a_trace_without_attention_says_how_to_keep_it(minilm):
         viewer_html(trace)
 
 
-def test_too_much_attention_for_one_page_says_keep_fewer_layers(monkeypatch):
-    monkeypatch.setattr(payload, "MAX_VALUES", 100)
-    with pytest.raises(QkvError, match="keep fewer layers"):
-        viewer_html(random_trace(list("abcdefg")))                             # 2·3·49 = 294 > 100
+def test_too_much_attention_for_one_page_keeps_each_rows_largest_weights_and_says_so():
+    """Past the budget the page holds each query row's K largest weights (as many as fit), exact within
+    the byte, and what the rest of the row holds; the rule is stated for the page to show."""
+    trace = random_trace(list("abcdefg"))                                   # 2·3·49 = 294 weights
+    assert payload.attention_payload(trace, budget_mb=294e-6)["dtype"] == "u8"        # all of it fits
+    got = payload.attention_payload(trace, budget_mb=100e-6)                # (100 − 42) // (42 · 3) = 0 → K = 1
+    assert got["format"] == "top" and got["k"] == 1 and got["shape"] == [2, 3, 7, 7]
+    assert "each query row's 1 largest weights" in got["rule"] and "budget_mb" in got["rule"]
+    trace = random_trace([f"t{i}" for i in range(40)])                     # 2·3·1600 = 9600 weights
+    got = payload.attention_payload(trace, budget_mb=5000e-6)               # (5000 − 240) // (240 · 3) = 6
+    assert got["k"] == 6
+    A = trace.attentions                                                    # (2, 3, 40, 40)
+    steps = wire.decode(got["index"]).astype(int)                           # each row's keys ascending, as steps
+    weight = wire.decode(got["weight"])                                     # the bytes, back to weights
+    rest = wire.decode(got["rest"])
+    keys, kept = np.cumsum(steps, -1), weight > 0
+    sixth = np.sort(A, -1)[..., -6]                                         # (2, 3, 40)
+    for idx in np.ndindex(A.shape[:3]):
+        want = {int(j) for j in np.flatnonzero(A[idx] >= sixth[idx]) if A[idx][j] * 255 + 0.5 >= 1}
+        k = kept[idx]
+        assert (np.diff(keys[idx][k]) > 0).all() and not k[k.sum():].any()   # ascending; dropped ones (q = 0) last
+        assert {int(j) for j in keys[idx][kept[idx]]} == want               # the 6 largest that show
+        assert np.abs(weight[idx][kept[idx]] - A[idx][keys[idx][kept[idx]]]).max() <= payload.PRECISION
+        assert abs(rest[idx] - (A[idx].sum() - A[idx][keys[idx][kept[idx]]].sum())) <= payload.PRECISION
+    for bad in (0, -1, float("nan"), 1e9):
+        with pytest.raises(QkvError, match="budget_mb must be"):
+            payload.attention_payload(trace, budget_mb=bad)
 
 
 def test_save_viewer_writes_atomically(tmp_path):

@@ -101,8 +101,12 @@ def cli(weights: str | None) -> None:
 @click.option("--target", default=None,
               help="Encoder–decoders: the target text to read (teacher forcing) instead of the model's own "
                    "greedy translation of TEXT.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Refuse texts longer than this (past 1024 tokens --out keeps each query row's largest weights).")
+@click.option("--budget-mb", type=float, default=None,
+              help="Attention bytes the viewer holds before it keeps each row's largest weights only  [default: 80].")
 def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
-         ablate: tuple[str, ...], target: str | None) -> None:
+         ablate: tuple[str, ...], target: str | None, max_tokens: int, budget_mb: float | None) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
@@ -110,6 +114,9 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     attention.html, a viewer to open in a browser, with attention rollout (and attention flow
     on short texts) beside raw attention, and for a decoder the logit lens; and pipeline.html,
     the whole model as its data flow, every box opening to its real arrays (up to 256 tokens).
+    Past 1024 tokens (up to --max-tokens), --out writes the viewer with each query row's largest weights
+    (as many as --budget-mb holds) and the chosen layer's figures; rollout, the lens and the pipeline page
+    are left out there.
 
     On an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, ko-en-tiny): translate TEXT (or read --target),
     print where each target token looks most in the source (cross-attention of a decoder
@@ -132,9 +139,21 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     model.ablation(knocked_out)                                     # bad heads fail before DIR is touched
     existed = out_dir is not None and os.path.isdir(out_dir)
     ids, _ = model.encode(text)                                     # a bad text fails before DIR is touched
-    check_attention_memory(model, len(ids), n_layers=model.config.n_layers if out_dir else 1)
+    if len(ids) > max_tokens:
+        raise QkvError(f"the text has {len(ids):,} tokens, more than --max-tokens {max_tokens:,}; shorten it or "
+                       "raise --max-tokens")
+    from ..viz.payload import LONG_TOKENS
+    long = out_dir is not None and len(ids) > LONG_TOKENS
+    if budget_mb is not None:
+        from ..viz.payload import MAX_VALUES
+        if not 0 < budget_mb <= MAX_VALUES / 1e6:
+            raise QkvError(f"--budget-mb must be above 0 and at most {MAX_VALUES / 1e6:g}, got {budget_mb:g}")
+    check_attention_memory(model, len(ids), n_layers=model.config.n_layers if out_dir and not long else 1)
     if out_dir is not None:
         check_writable(out_dir)
+    if long:
+        with removed_if_failed(out_dir):
+            return _show_long(model, text, layer, head, out_dir, knocked_out, budget_mb)
     try:
         from ..analysis.sections import sections_keep
         from ..engine.trace import INTERMEDIATES, OPT_IN, ROUTER
@@ -163,6 +182,33 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         click.echo(f"open {files[0]} in a browser to explore every layer and head{_pipeline_note(files)}")
     else:
         click.echo(OUT_HINT)
+
+
+def _show_long(model, text: str, layer: int, head: int | None, out_dir: str, ablate, budget_mb: float | None) -> None:
+    """`show --out` past LONG_TOKENS: one pass keeping each query row's largest weights in every layer (the
+    viewer's), one keeping LAYER's whole attention (the table and its figures)."""
+    from ..engine.io import FileBatch
+    from ..engine.trace import ROUTER
+    from ..viz.figures import focused_head, save_figures
+    from ..viz.html import viewer_html
+    from ..viz.payload import LONG_TOKENS, MAX_TOP
+
+    trace = model.run(text, ablate=ablate, keep=("attention_top", *ROUTER), top=MAX_TOP)
+    one = model.run(text, layers=[layer], ablate=ablate, keep=("attentions",))
+    _print_layer(one, model, layer, head)
+    picked = focused_head(one, layer) if head is None else head
+    out = Path(out_dir)
+    try:
+        with FileBatch(out) as files:
+            files.write_text("attention.html", viewer_html(trace, budget_mb=budget_mb))
+            save_figures(one, files, layer=layer, head=picked)
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
+    click.echo(f"wrote {len(files.paths)} files to {out_dir} ({len(trace.ids):,} tokens: the viewer keeps each "
+               f"query row's largest weights; the figures are layer {layer}'s, head {picked}; rollout, the lens and "
+               f"the pipeline page are left out past {LONG_TOKENS:,} tokens):")
+    for f in files.paths:
+        click.echo(f"  {f}")
 
 
 def _pipeline_note(files: list[Path]) -> str:

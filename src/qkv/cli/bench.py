@@ -315,6 +315,35 @@ def trace_command(new_tokens: int, repeats: int, lens: bool, out: str | None, as
     publish(result, text, as_json, out, "trace", took=f" ({time.perf_counter() - start:.0f} s)")
 
 
+def viewer_command_line(tokens, repeats: int, model_source: str, budget_mb: float | None, out: str | None) -> str:
+    """The command line that reproduces a viewer run with these options."""
+    from ..bench import viewer as vb
+
+    return command_line("qkv bench viewer", [("--model", model_source, vb.MODEL), ("--tokens", tuple(tokens), vb.TOKENS),
+                                             ("--repeats", repeats, vb.REPEATS), ("--budget-mb", budget_mb, None),
+                                             ("--out", out, None)])
+
+
+@bench.command("viewer")
+@click.option("--model", "model_source", default="smollm2", show_default=True, help="The model that reads the text.")
+@click.option("--tokens", type=click.IntRange(min=2), multiple=True, default=(512, 1024, 4096), show_default=True,
+              help="Lengths to measure (repeat the option).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Page loads per length (the median is reported).")
+@click.option("--budget-mb", type=float, default=None, help="The page's attention budget  [default: 80].")
+@out_option("'bench:viewer' section")
+@json_option
+def viewer_command(model_source: str, tokens: tuple[int, ...], repeats: int, budget_mb: float | None,
+                   out: str | None, as_json: bool) -> None:
+    """The viewer at 512 to 4,096 tokens: the page's size, first paint, hover and tab times in Chromium."""
+    from ..bench import viewer as vb
+
+    start = time.perf_counter()
+    result = vb.measure(tokens, repeats, model_source, budget_mb, log=lambda msg: click.echo(msg, err=True))
+    text = vb.markdown(result, viewer_command_line(tokens, repeats, model_source, budget_mb, out))
+    publish(result, text, as_json, out, "viewer", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
 @bench.command("memory")
 @click.option("--model", "model_source", default="smollm2", show_default=True,
               help="What to load: a GGUF file or a checkpoint directory (a 16-bit one: loaded as stored).")

@@ -77,7 +77,7 @@ def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, 
 
 def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[Sequence[str | None]] | None = None,
                 title: str | None = None, tokenizer=None, sections: Mapping[str, dict | None] | None = None,
-                view: str | None = None) -> str:
+                view: str | None = None, budget_mb: float | None = None) -> str:
     """One complete, self-contained HTML document showing TRACE's attention.
 
     model_name: instead of the trace's own `model`; roles: optional kept-layers × heads
@@ -87,10 +87,11 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
     trace that kept its logits
     (each generated token's top candidates, with a temperature slider); sections: {"lens" | "rollout" |
     "patch" | "attribute" | "causal_trace" | "features": section} (`payload`), each a view; view: the view
-    shown first.
+    shown first; budget_mb: the attention bytes the page holds (`payload.BUDGET_MB`): past it, each query
+    row's largest weights (a trace of a long input keeps only those: model.run(keep=("attention_top",))).
     """
     payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
-                            sections=sections, view=view)
+                            sections=sections, view=view, budget_mb=budget_mb)
     body = (f"<div data-qkv-root></div>\n"
             f"<script type=\"application/json\" class=\"qkv-data\">{script_json(payload)}</script>")
     return page(payload["title"], body, [viewer_js(), "QKV.boot();"])
@@ -98,10 +99,11 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
 
 def save_viewer(trace: Trace, path: str | os.PathLike, *, model_name: str | None = None,
                 roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
-                tokenizer=None, sections: Mapping[str, dict | None] | None = None, view: str | None = None) -> Path:
+                tokenizer=None, sections: Mapping[str, dict | None] | None = None, view: str | None = None,
+                budget_mb: float | None = None) -> Path:
     """Write the viewer of TRACE to PATH atomically (never a half-written file)."""
     return write_html(viewer_html(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,
-                                  sections=sections, view=view), path)
+                                  sections=sections, view=view, budget_mb=budget_mb), path)
 
 
 def write_html(document: str, path: str | os.PathLike) -> Path:

@@ -14,7 +14,14 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
      "layers": [int] (L, model layer numbers), "heads": H,
      "prompt_length": int | null (tokens from here on were generated),
      "roles": [[str | null] (H)] (L) | null, "role_colours": {role: "#rrggbb"} (`palette`),
-     "attention": {"dtype": "u8", "shape": [L, H, n_q, n_k], "scale": 255, "data": str}  (`wire`),
+     "attention": {"dtype": "u8", "shape": [L, H, n_q, n_k], "scale": 255, "data": str}  (`wire`: every
+                  weight, when L·H·n_q·n_k bytes fit the page's budget, BUDGET_MB)
+                | {"format": "top", "shape": [L, H, n_q, n_k], "k": K, "rule": str (said on the page),
+                   "index": u16 | i32 (L, H, n_q, K) (each row's kept keys in ascending order, each written as
+                            its distance from the one before; unused slots 0),
+                   "weight": u8 (L, H, n_q, K) scale 255 (the key's weight; 0 = slot unused),
+                   "rest": u8 (L, H, n_q) scale 255 (what the row's other keys hold together)}
+                  (`attention_payload`: each query row's K largest weights, past the budget),
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
@@ -104,6 +111,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..engine.attention import top_of
 from ..engine.errors import QkvError
 from ..writing.nexttoken import candidates, token_text
 from ..engine.trace import Trace
@@ -137,6 +145,66 @@ def encode_attention(attentions: np.ndarray) -> dict:
                        f"({a.size:,} weights, limit {MAX_VALUES:,}); keep fewer layers, "
                        "e.g. model.run(text, layers=[0, -1], keep=('attentions',))")
     return encode(a, "u8", SCALE)                                           # q = round(clip(a, 0, 1) · 255)
+
+
+BUDGET_MB = 80.0                   # attention bytes one page holds by default (before compression): every
+                                   # weight of SmolLM2 up to 512 tokens (71 MB), each row's largest past it
+MAX_TOP = 32                       # most weights a query row keeps in a long input's page
+LONG_TOKENS = 1024                 # past this many tokens `qkv show --out` traces each row's largest weights only
+                                   # (model.run(keep=("attention_top",))): A of every layer no longer fits memory
+
+
+def attention_payload(trace: Trace, budget_mb: float | None = None) -> dict:
+    """The page's "attention": every weight (a `wire` u8 array) when L·H·n_q·n_k bytes fit BUDGET_MB, else each
+    query row's K largest (module doc, "top"), K the most that fit, at most MAX_TOP. The dense weights come from
+    trace.attentions; the top rows from the trace's attention_top (a pass too long to hold A), else from A."""
+    budget = BUDGET_MB if budget_mb is None else float(budget_mb)
+    if not (0 < budget <= MAX_VALUES / 1e6):
+        raise QkvError(f"budget_mb must be a number of megabytes above 0 and at most {MAX_VALUES / 1e6:g}, "
+                       f"got {budget_mb!r}")
+    layers = [trace.layers[i] for i in trace.layer_ids]
+    dense = trace.attentions                                                # (L, H, n_q, n_k) or None
+    top = None if not layers or any(t.attention_top is None for t in layers) else [t.attention_top for t in layers]
+    if dense is None and top is None:
+        raise QkvError("this trace has no attention weights; run the model with keep=('attentions',) "
+                       "(or, for a long input, keep=('attention_top',))")
+    L, H, n_q = (dense.shape[:3] if dense is not None else (len(layers),) + top[0].index.shape[:2])
+    n_k = dense.shape[3] if dense is not None else top[0].keys
+    if dense is not None and L * H * n_q * n_k <= min(budget * 1e6, MAX_VALUES):
+        return encode_attention(dense)
+    per_row = 2 + 1 if n_k <= 65536 else 4 + 1                             # a key's index and its weight, bytes
+    fit = int(budget * 1e6 - L * H * n_q) // (L * H * n_q * per_row)
+    K = max(1, min(MAX_TOP, n_k, fit, top[0].k if top is not None else n_k))
+    rows = [t if t.k == K else _fewer(t, K) for t in top] if top is not None else \
+        [top_of(a, K) for a in dense]                                       # each (H, n_q, K)
+    index = np.stack([r.index for r in rows]).astype(np.int64)              # (L, H, n_q, K)
+    weight = np.stack([r.weight for r in rows])
+    rest = np.stack([r.rest for r in rows]).astype(np.float64)              # (L, H, n_q)
+    # What the page stores, for zlib: a weight that rounds to 0 is dropped into the rest (its key written as 0);
+    # the kept keys of a row in ascending order, each as its distance from the key before it
+    gone = weight * SCALE + 0.5 < 1                                         # q = 0: invisible at ±0.002
+    rest += np.where(gone, weight, 0).sum(-1)
+    weight = np.where(gone, 0, weight)
+    index = np.where(gone, -1, index)
+    order = np.argsort(np.where(gone, n_k, index), axis=-1, kind="stable")  # dropped ones last
+    index, weight = np.take_along_axis(index, order, -1), np.take_along_axis(weight, order, -1)
+    steps = np.diff(np.maximum(index, 0), axis=-1, prepend=0)
+    steps[index < 0] = 0
+    dense_mb = L * H * n_q * n_k / 1e6
+    return {"format": "top", "shape": [L, H, n_q, n_k], "k": K,
+            "index": encode(steps, "u16" if n_k <= 65536 else "i32"),
+            "weight": encode(weight, "u8", SCALE), "rest": encode(rest, "u8", SCALE),
+            "rule": (f"each query row's {K} largest weights (exact, ±0.002 as every weight here) and what the "
+                     f"rest of the row holds: all {L} × {H} × {n_q} × {n_k} weights would take {dense_mb:,.1f} MB, "
+                     f"more than this page's {budget:g} MB (save_viewer(..., budget_mb=) or qkv show --budget-mb "
+                     "sets it; fewer layers or heads, model.run(layers=, heads=), keep every weight)")}
+
+
+def _fewer(t, K: int):
+    """The first K of a TopAttention's kept weights (largest first), the rest of the row grown by the others."""
+    from ..engine.attention import TopAttention
+
+    return TopAttention(t.index[..., :K], t.weight[..., :K], t.rest + t.weight[..., K:].sum(-1), t.keys)
 
 
 def page_title(model_name: str | None, text: str | None, width: int = 80) -> str:
@@ -218,9 +286,11 @@ def router_payload(trace: Trace) -> dict | None:
 def trace_payload(trace: Trace, *, model_name: str | None = None,
                   roles: Sequence[Sequence[str | None]] | None = None, title: str | None = None,
                   tokenizer=None, sections: Mapping[str, dict | None] | None = None,
-                  view: str | None = None) -> dict:
+                  view: str | None = None, budget_mb: float | None = None) -> dict:
     """The JSON object the viewer draws: tokens, kept layers, roles, compact attention, and for
     a generation with logits (and a tokenizer), each generated token's candidates.
+    budget_mb: the attention bytes the page holds before compression (BUDGET_MB): past it, each query row's
+    largest weights only (`attention_payload`).
 
     model_name: instead of the trace's own `model` (what the title and the page name).
     sections: {"lens" | "rollout" | "patch" | "attribute" | "causal_trace": section} (module doc;
@@ -234,11 +304,9 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
             raise QkvError("roles colour the heads of one stack; an encoder–decoder's trace takes none")
         if sections or view is not None:
             raise QkvError("lens, rollout and patching panels show one stack; an encoder–decoder's viewer takes none")
-        return seq2seq_payload(trace, model_name=model_name, title=title, tokenizer=tokenizer)
-    att = trace.attentions                                                  # (L, H, n_q, n_k)
-    if att is None:
-        raise QkvError("this trace has no attention weights; run the model with keep=('attentions',)")
-    L, H, n_q, n_k = att.shape
+        return seq2seq_payload(trace, model_name=model_name, title=title, tokenizer=tokenizer, budget_mb=budget_mb)
+    attention = attention_payload(trace, budget_mb)
+    L, H, n_q, n_k = attention["shape"]
     if (n_q, n_k) != (len(trace.labels), len(trace.key_labels)):
         raise QkvError(f"the trace has {len(trace.labels)} × {len(trace.key_labels)} tokens but attention over "
                        f"{n_q} × {n_k}; use an unmodified trace")
@@ -265,14 +333,14 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "prompt_length": None if trace.prompt_length is None else int(trace.prompt_length),
         "roles": roles,
         "role_colours": role_colours(roles),
-        "attention": encode_attention(att),
+        "attention": attention,
         "next": next_token_payload(trace, tokenizer),
         **check_sections(sections, view, n_q),
     }
 
 
 def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str | None = None,
-                    tokenizer=None) -> dict:
+                    tokenizer=None, budget_mb: float | None = None) -> dict:
     """The JSON object of an encoder–decoder's trace: one payload per kind of attention (module doc).
 
     tokenizer: the model's, to spell what the last row would write and to add the decoder's
@@ -285,7 +353,7 @@ def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str |
     parts = []
     for kind in KINDS:
         part = trace_payload(kinds[kind], model_name=model_name, title=title,
-                             tokenizer=tokenizer if kind == "decoder" else None)
+                             tokenizer=tokenizer if kind == "decoder" else None, budget_mb=budget_mb)
         part.update(kind=kind, name=NAMES[kind], caption=CAPTIONS[kind])
         if kind == "cross":
             part.update(read_tokens=[str(t) for t in trace.tokens], read_labels=trace.labels)

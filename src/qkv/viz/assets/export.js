@@ -182,8 +182,10 @@
   }
 
   function png(node, scale) {
-    const k = scale || 2, text = svg(node);
+    const text = svg(node);
     const [, w, h] = /width="(\d+)" height="(\d+)"/.exec(text);
+    // at most 32000 pixels a side and 100 M in all (a browser's canvas limits): a long head view comes out finer
+    const k = Math.min(scale || 2, 32000 / Math.max(w, h), Math.sqrt(1e8 / Math.max(1, w * h)));
     return new Promise((resolve, reject) => {
       const img = new Image();
       img.onload = () => {

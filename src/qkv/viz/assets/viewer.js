@@ -82,9 +82,10 @@
   // A probability as text: 4 decimals, never a misleading 0 for a tiny non-zero value.
   function fmtP(p) { return p >= 0.00005 ? p.toFixed(4) : p > 0 ? "<0.0001" : "0"; }
   // A canvas of w × h CSS pixels, its backing store at least twice as fine (sharp on any screen and in an
-  // exported PNG: export.js draws panels at 2×), at most 16 M pixels and 32000 a side.
+  // exported PNG: export.js draws panels at 2×), at most 4 M pixels (a long head view's lines, rasterised
+  // without a GPU, took 4 s to paint at 12 M) and 32000 a side.
   function sizeCanvas(canvas, w, h) {
-    const ratio = Math.min(Math.max(global.devicePixelRatio || 1, 2), 32000 / Math.max(w, h), Math.sqrt(16e6 / Math.max(1, w * h)));
+    const ratio = Math.min(Math.max(global.devicePixelRatio || 1, 2), 32000 / Math.max(w, h), Math.sqrt(4e6 / Math.max(1, w * h)));
     canvas.width = Math.round(w * ratio);
     canvas.height = Math.round(h * ratio);
     canvas.style.width = w + "px";
@@ -133,6 +134,8 @@
       this.kind = k < 0 ? null : payload.kind;
       this.p = payload;
       this.bytes = k < 0 ? this.allBytes : this.allBytes[k];
+      this.top = Boolean(this.bytes && this.bytes.top);                 // each row's K largest weights only
+      this.spread = null;
       [this.L, this.H, this.n, this.nk] = payload.attention.shape;     // n queries, nk keys
       this.tokens = payload.labels || payload.tokens;                   // as a reader sees them: "␣capital"
       this.spelled = payload.tokens;                                    // as the tokenizer spells them: "Ġcapital"
@@ -171,8 +174,34 @@
       this.render();
     }
 
-    // attention of (kept layer l, head h): an n×nk view of the bytes, rows = queries
-    A(l, h) { const nn = this.n * this.nk; return this.bytes.subarray((l * this.H + h) * nn, (l * this.H + h + 1) * nn); }
+    // attention of (kept layer l, head h): an n×nk view of the bytes, rows = queries; a long input's page
+    // keeps each row's K largest weights only (this.top): the head is spread out on demand (the last few kept)
+    A(l, h) {
+      const nn = this.n * this.nk;
+      if (!this.top) return this.bytes.subarray((l * this.H + h) * nn, (l * this.H + h + 1) * nn);
+      const key = l * this.H + h, cache = this.spread || (this.spread = new Map());
+      if (cache.has(key)) return cache.get(key);
+      const a = new Uint8Array(nn);
+      this.each(l, h, (i, j, q) => { a[i * this.nk + j] = q; });
+      if (cache.size >= 12) cache.delete(cache.keys().next().value);
+      cache.set(key, a);
+      return a;
+    }
+    // fn(i, j, q) for every non-zero weight of (l, h): the kept ones of a long input's page
+    each(l, h, fn) {
+      const n = this.n, nk = this.nk;
+      if (!this.top) {
+        const a = this.A(l, h);
+        for (let i = 0, o = 0; i < n; i++, o += nk) for (let j = 0; j < nk; j++) if (a[o + j]) fn(i, j, a[o + j]);
+        return;
+      }
+      const {K, index, weight} = this.bytes, base = (l * this.H + h) * n * K;   // a row's keys: ascending, as steps
+      for (let i = 0; i < n; i++) {
+        for (let r = 0, o = base + i * K, j = 0; r < K; r++) { j += index[o + r]; if (weight[o + r]) fn(i, j, weight[o + r]); }
+      }
+    }
+    // the weight (bytes) each row of (l, h) leaves out of the page: 0 when every weight is there
+    rest(l, h, i) { return this.top ? this.bytes.rest[(l * this.H + h) * this.n + i] : 0; }
     masked(i, j) { return this.causal && j > i; }                 // key after query: the causal mask removed it
     // a copy of an n×nk matrix of bytes with the masked cells set to MASK (drawn grey)
     withMask(a) {
@@ -188,8 +217,9 @@
     selected() {
       const l = this.state.layer;
       if (this.state.head >= 0) return this.A(l, this.state.head);
-      const nn = this.n * this.nk, sum = new Float32Array(nn), out = new Uint8Array(nn);
-      for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
+      const nn = this.n * this.nk, nk = this.nk, sum = new Float32Array(nn), out = new Uint8Array(nn);
+      if (this.top) for (let h = 0; h < this.H; h++) this.each(l, h, (i, j, q) => { sum[i * nk + j] += q; });
+      else for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
       for (let p = 0; p < nn; p++) out[p] = Math.round(sum[p] / this.H);
       return out;
     }
@@ -265,7 +295,10 @@
       for (const v of SECTIONS) if (this.views.includes(v)) this.panels[v] = el("div", "qkv-panel qkv-" + v);
       this.caption = el("p", "qkv-caption");
       this.caption.hidden = !this.kinds;
-      root.append(bar, this.caption, this.chips, ...this.views.map(v => this.panels[v]));
+      // a long input's page: what it keeps of each row, said where the reader looks
+      this.rule = el("p", "qkv-note qkv-rule", this.top ? "This page holds " + this.bytes.rule + "." : "");
+      this.rule.hidden = !this.top;
+      root.append(bar, this.caption, this.rule, this.chips, ...this.views.map(v => this.panels[v]));
       this.built = {};
     }
 
@@ -293,7 +326,9 @@
       const size = this.self ? `${this.n} tokens` : `${this.n} × ${this.nk} tokens`;
       this.meta.textContent = [this.p.model, KIND_WHAT[this.kind], size, ...where]
         .filter(x => x).join(" · ");
-      this.hint.textContent = {head: "hover a token to isolate its lines",
+      const left = this.top && s.hover && s.hover.side === "q" && s.head >= 0 && s.view === "head"
+        ? ` · keys not drawn hold ${fmt(this.rest(s.layer, s.head, s.hover.i))} of this row` : "";
+      this.hint.textContent = {head: "hover a token to isolate its lines" + left,
                                matrix: s.head < 0 ? "mean of all heads · hover a cell for its weight" : "hover a cell for its weight",
                                model: "", next: ""}[s.view] || "";
       const t0 = performance.now();
@@ -379,7 +414,7 @@
       const shade = new Float32Array(Math.max(n, nk));
       ctx.lineWidth = heads.length === 1 ? 2 : n > 100 ? 1 : 1.5;
       for (const h of heads) {
-        const a = this.A(s.layer, h);
+        const a = this.top && !hover ? null : this.A(s.layer, h);
         // several heads: each ends at its own height within a row, so their lines stay apart
         const dy = heads.length > 1 ? ((h + 0.5) / this.H - 0.5) * rowH * 0.6 : 0;
         const y = (i) => (i + 0.5) * rowH + dy;
@@ -390,7 +425,8 @@
           paths[b].lineTo(W, y(j));
         };
         if (!hover) {
-          for (let i = 0; i < n; i++) for (let j = 0, o = i * nk; j < nk; j++) { if (a[o + j] >= minQ) line(i, j, a[o + j]); }
+          if (this.top) this.each(s.layer, h, (i, j, q) => { if (q >= minQ) line(i, j, q); });
+          else for (let i = 0; i < n; i++) for (let j = 0, o = i * nk; j < nk; j++) { if (a[o + j] >= minQ) line(i, j, a[o + j]); }
         } else if (hover.side === "q") {
           const i = hover.i;
           for (let j = 0; j < nk; j++) { const q = a[i * nk + j]; if (q) { line(i, j, q); shade[j] = Math.max(shade[j], q); } }
@@ -428,87 +464,169 @@
       bctx.drawImage(heatmapImage(ramp, 256, 1), 0, 0, 160, 10);
       scale.append(el("span", null, "0"), bar, el("span", null, "1   attention weight (±0.002), brighter = more" +
                                                   (this.causal ? " · grey: masked (key after query)" : "")));
-      panel.append(wrap, this.mx.readout, scale);
+      this.mx.zoom = el("p", "qkv-note qkv-zoom");
+      panel.append(wrap, this.mx.readout, this.mx.zoom, scale,
+                   el("p", "qkv-note", "wheel or + / − zooms, drag or the arrow keys pan, double-click or 0 fits the whole matrix"));
       this.mx.readout.textContent = "hover a cell";
-      this.mx.canvas.addEventListener("mousemove", (e) => this.matrixHover(e));
-      this.mx.canvas.addEventListener("mouseleave", () => { this.mx.tip.hidden = true; this.set({cell: null}); });
+      const c = this.mx.canvas;
+      c.tabIndex = 0;
+      c.setAttribute("aria-label", "attention matrix: + and − zoom, arrow keys pan, 0 fits");
+      c.addEventListener("mousemove", (e) => {
+        const d = this.mx.drag;
+        if (d && (e.buttons & 1)) {
+          const w = this.mx.win;
+          if (Math.abs(e.offsetX - d.x) + Math.abs(e.offsetY - d.y) > 3)
+            this.matrixWindow({i0: d.i0 - (e.offsetY - d.y) / w.scale, j0: d.j0 - (e.offsetX - d.x) / w.scale});
+        } else this.matrixHover(e);
+      });
+      c.addEventListener("mousedown", (e) => { const w = this.mx.win; this.mx.drag = {x: e.offsetX, y: e.offsetY, i0: w.i0, j0: w.j0}; });
+      c.addEventListener("mouseup", () => { this.mx.drag = null; });
+      c.addEventListener("mouseleave", () => { this.mx.drag = null; this.mx.tip.hidden = true; this.set({cell: null}); });
+      c.addEventListener("wheel", (e) => { e.preventDefault(); this.matrixZoom(e.deltaY < 0 ? 1.25 : 0.8, e.offsetX, e.offsetY); },
+                         {passive: false});
+      c.addEventListener("dblclick", () => this.matrixWindow({scale: this.matrixBase(), i0: 0, j0: 0}));
+      c.addEventListener("keydown", (e) => {
+        const w = this.mx.win, g = this.mx.geo, step = Math.max(1, Math.round(g.vh / w.scale / 4));
+        const act = {"+": () => this.matrixZoom(1.25), "=": () => this.matrixZoom(1.25), "-": () => this.matrixZoom(0.8),
+                     "0": () => this.matrixWindow({scale: this.matrixBase(), i0: 0, j0: 0}),
+                     ArrowUp: () => this.matrixWindow({i0: w.i0 - step}), ArrowDown: () => this.matrixWindow({i0: w.i0 + step}),
+                     ArrowLeft: () => this.matrixWindow({j0: w.j0 - step}), ArrowRight: () => this.matrixWindow({j0: w.j0 + step})}[e.key];
+        if (act) { e.preventDefault(); act(); }
+      });
+    }
+
+    // The matrix is drawn through a window: rows i0.., columns j0.., `scale` CSS pixels a cell. It opens with the
+    // whole matrix in at most 560 px (cells of 1–44 px; past 560 tokens, less than a pixel a cell: each pixel
+    // then shows the largest weight of the cells under it, so a thin diagonal stays visible); the wheel or
+    // + / − zooms (labels from 10 px a cell), dragging or the arrow keys pan, a double click or 0 fits it again.
+    matrixBase() { return Math.max(this.n, this.nk) <= 560 ? clamp(Math.floor(560 / Math.max(this.n, this.nk)), 1, 44)
+                                                           : 560 / Math.max(this.n, this.nk); }
+    matrixWindow(patch) {
+      const mx = this.mx, base = this.matrixBase(), w = Object.assign({}, mx.win, patch);
+      w.scale = clamp(w.scale, base, 44);
+      const rows = Math.ceil(this.n * base / w.scale), cols = Math.ceil(this.nk * base / w.scale);
+      w.i0 = clamp(Math.round(w.i0), 0, Math.max(0, this.n - rows));
+      w.j0 = clamp(Math.round(w.j0), 0, Math.max(0, this.nk - cols));
+      mx.win = w;
+      this.draw_matrix();
+    }
+    matrixZoom(factor, x, y) {                          // keep the cell under (x, y) (canvas pixels) in place
+      const g = this.mx.geo, w = this.mx.win, scale = clamp(w.scale * factor, this.matrixBase(), 44);
+      const fx = x === undefined ? g.vw / 2 : x - g.padL, fy = y === undefined ? g.vh / 2 : y - g.padT;
+      this.matrixWindow({scale, i0: w.i0 + fy / w.scale - fy / scale, j0: w.j0 + fx / w.scale - fx / scale});
     }
 
     draw_matrix() {
-      const n = this.n, nk = this.nk, mx = this.mx, s = this.state;
+      const n = this.n, nk = this.nk, mx = this.mx, s = this.state, base = this.matrixBase();
       const key = s.layer + ":" + s.head;
-      if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.image = heatmapImage(this.withMask(mx.values), nk, n); }
-      const cell = clamp(Math.floor(560 / Math.max(n, nk)), 1, 44), labels = cell >= 10;
-      const size = nk * cell, height = n * cell;
-      const font = `${clamp(cell - 4, 9, 13)}px system-ui, "qkv Hangul", sans-serif`;
+      if (mx.key !== key) { mx.key = key; mx.values = this.selected(); mx.images = {}; }
+      if (!mx.win || mx.win.base !== base) mx.win = {base, scale: base, i0: 0, j0: 0};
+      const {scale, i0, j0} = mx.win;
+      const vw = Math.ceil(nk * base), vh = Math.ceil(n * base);                 // the window's pixels
+      const rows = Math.min(n - i0, Math.ceil(vh / scale)), cols = Math.min(nk - j0, Math.ceil(vw / scale));
+      const cell = scale, labels = cell >= 10;
+      const font = `${clamp(Math.floor(cell) - 4, 9, 13)}px system-ui, "qkv Hangul", sans-serif`;
       let lw = 0;
       if (labels) {
         const c = mx.canvas.getContext("2d");
         c.font = font;
-        for (const t of this.tokens.concat(this.self ? [] : this.keys)) lw = Math.max(lw, c.measureText(shown(t, 14)).width);
+        for (let i = i0; i < i0 + rows; i++) lw = Math.max(lw, c.measureText(shown(this.tokens[i], 14)).width);
+        for (let j = j0; j < j0 + cols; j++) lw = Math.max(lw, c.measureText(shown(this.keys[j], 14)).width);
       }
       const padL = labels ? Math.ceil(lw) + 12 : 40, padT = labels ? Math.ceil(lw * 0.71) + 14 : 22;
       const padR = labels ? Math.ceil(lw * 0.71) : 8;
-      if (!mx.geo || mx.geo.size !== size || mx.geo.height !== height || mx.geo.padL !== padL) {
-        mx.ctx = sizeCanvas(mx.canvas, padL + size + padR, padT + height + 6);
+      if (!mx.geo || mx.geo.vw !== vw || mx.geo.vh !== vh || mx.geo.padL !== padL || mx.geo.padT !== padT) {
+        mx.ctx = sizeCanvas(mx.canvas, padL + vw + padR, padT + vh + 6);
       }
-      mx.geo = {cell, size, height, padL, padT};
-      Object.assign(mx.canvas.dataset, {cell, padL, padT});       // where the cells are, for tests
+      mx.geo = {cell, vw, vh, padL, padT, padR, size: cols * cell, height: rows * cell};
+      Object.assign(mx.canvas.dataset, {cell, padL, padT, i0, j0, rows, cols});   // where the cells are, for tests
       const ctx = mx.ctx;
-      ctx.clearRect(0, 0, padL + size + padR, padT + height + 6);
+      ctx.clearRect(0, 0, padL + vw + padR, padT + vh + 6);
       ctx.imageSmoothingEnabled = false;
-      ctx.drawImage(mx.image, padL, padT, size, height);
+      const img = this.matrixImage(i0, j0, rows, cols, scale);
+      ctx.drawImage(img, padL, padT, Math.min(vw, cols * cell), Math.min(vh, rows * cell));
       ctx.fillStyle = "#333";
       ctx.font = font;
       if (labels) {
         ctx.textBaseline = "middle";
         ctx.textAlign = "right";
-        for (let i = 0; i < n; i++) {
+        for (let i = i0; i < i0 + rows && (i - i0) * cell < vh; i++) {
           ctx.fillStyle = i >= this.gen ? "#b45309" : s.cell && s.cell.i === i ? "#08306b" : "#333";
-          ctx.fillText(shown(this.tokens[i], 14), padL - 6, padT + (i + 0.5) * cell);
+          ctx.fillText(shown(this.tokens[i], 14), padL - 6, padT + (i - i0 + 0.5) * cell);
         }
         ctx.textAlign = "left";
-        for (let j = 0; j < nk; j++) {
+        for (let j = j0; j < j0 + cols && (j - j0) * cell < vw; j++) {
           ctx.save();
-          ctx.translate(padL + (j + 0.5) * cell, padT - 5);
+          ctx.translate(padL + (j - j0 + 0.5) * cell, padT - 5);
           ctx.rotate(-Math.PI / 4);
           ctx.fillStyle = this.self && j >= this.gen ? "#b45309" : s.cell && s.cell.j === j ? "#08306b" : "#333";
           ctx.fillText(shown(this.keys[j], 14), 0, 0);
           ctx.restore();
         }
       } else {
+        const whole = scale === base && i0 === 0 && j0 === 0;
         ctx.textBaseline = "alphabetic";
         ctx.textAlign = "left";
-        ctx.fillText("key →", padL, padT - 6);
+        ctx.fillText(whole ? "key →" : `keys ${j0}–${j0 + cols - 1} →`, padL, padT - 6);
         ctx.save();
         ctx.translate(padL - 8, padT);
         ctx.rotate(Math.PI / 2);
-        ctx.fillText("query →", 0, 0);
+        ctx.fillText(whole ? "query →" : `queries ${i0}–${i0 + rows - 1} →`, 0, 0);
         ctx.restore();
       }
-      if (s.cell) {
+      if (s.cell && s.cell.i >= i0 && s.cell.i < i0 + rows && s.cell.j >= j0 && s.cell.j < j0 + cols) {
         ctx.strokeStyle = "#d62728";
         ctx.lineWidth = 1.5;
-        ctx.strokeRect(padL + s.cell.j * cell - 0.5, padT + s.cell.i * cell - 0.5, cell + 1, cell + 1);
+        const c = Math.max(cell, 2);
+        ctx.strokeRect(padL + (s.cell.j - j0) * cell - 0.5, padT + (s.cell.i - i0) * cell - 0.5, c + 1, c + 1);
       }
+      if (mx.zoom) mx.zoom.textContent = scale === base && base >= 1 ? "" :
+        `rows ${i0}–${i0 + rows - 1}, columns ${j0}–${j0 + cols - 1}` + (scale < 1
+          ? ` · each pixel the largest of ${(1 / scale).toFixed(1)} × ${(1 / scale).toFixed(1)} cells`
+          : ` · ${scale.toFixed(1)} px a cell`);
+    }
+
+    // the window's cells as an image: a pixel a cell, or past a pixel a cell each pixel the largest weight under it
+    matrixImage(i0, j0, rows, cols, scale) {
+      const mx = this.mx, key = [i0, j0, rows, cols, scale < 1 ? scale : 1].join(":");
+      if (mx.images[key]) return mx.images[key];
+      const nk = this.nk, a = mx.values, f = scale < 1 ? 1 / scale : 1;
+      const bw = Math.max(1, Math.ceil(cols / f)), bh = Math.max(1, Math.ceil(rows / f));
+      const out = new Uint16Array(bw * bh).fill(this.causal ? MASK : 0);
+      for (let i = 0; i < rows; i++) {
+        const r = Math.min(bh - 1, Math.floor(i / f)) * bw, o = (i0 + i) * nk + j0;
+        const last = this.causal ? Math.min(cols, i0 + i + 1 - j0) : cols;      // the keys this query sees
+        for (let j = 0; j < last; j++) {
+          const p = r + Math.min(bw - 1, Math.floor(j / f)), q = a[o + j];
+          if (out[p] === MASK || q > out[p]) out[p] = q;
+        }
+      }
+      mx.images = {[key]: heatmapImage(out, bw, bh)};
+      return mx.images[key];
     }
 
     matrixHover(e) {
-      const g = this.mx.geo, n = this.n, nk = this.nk;
-      const j = Math.floor((e.offsetX - g.padL) / g.cell), i = Math.floor((e.offsetY - g.padT) / g.cell);
-      if (i < 0 || j < 0 || i >= n || j >= nk) {
+      const g = this.mx.geo, n = this.n, nk = this.nk, win = this.mx.win;
+      const x = e.offsetX - g.padL, y = e.offsetY - g.padT;
+      const j = win.j0 + Math.floor(x / g.cell), i = win.i0 + Math.floor(y / g.cell);
+      if (x < 0 || y < 0 || x >= Math.min(g.vw, g.size) || y >= Math.min(g.vh, g.height) || i >= n || j >= nk) {
         this.mx.tip.hidden = true;
         if (this.state.cell) this.set({cell: null});
         return;
       }
-      const q = this.mx.values[i * nk + j], w = this.masked(i, j) ? "masked" : fmt(q);
+      const q = this.mx.values[i * nk + j];
+      const w = this.masked(i, j) ? "masked"
+        : this.top && !q ? (this.state.head >= 0 ? `not among the row's ${this.bytes.K} largest (the row's other keys hold ` +
+                                                   `${fmt(this.rest(this.state.layer, this.state.head, i))} together)`
+                                                 : `not among any head's ${this.bytes.K} largest`)
+        : fmt(q);
       const text = this.read                                      // cross: the row is named by what it wrote
         ? `writing “${shown(this.tokens[i], 24)}” (query ${i}, reading “${shown(this.read[i], 24)}”) → ` +
           `“${shown(this.keys[j], 24)}” (key ${j}): ${w}`
         : `“${shown(this.tokens[i], 24)}” (query ${i}) → “${shown(this.keys[j], 24)}” (key ${j}): ${w}`;
       this.mx.readout.textContent = text;
       const tip = this.mx.tip;
-      tip.textContent = w + "  " + shown(this.tokens[i], 16) + " → " + shown(this.keys[j], 16);
+      tip.textContent = (this.top && !q && !this.masked(i, j) ? "not kept" : w) + "  " + shown(this.tokens[i], 16) + " → " + shown(this.keys[j], 16);
       tip.hidden = false;
       tip.style.left = (e.offsetX + 14) + "px";
       tip.style.top = (e.offsetY + 12) + "px";
@@ -543,13 +661,19 @@
           if (role) { b.style.borderColor = this.roleColour[role]; b.classList.add("qkv-hasrole"); }
           // max-pool the n×nk matrix to bq×bk bins so thin diagonals stay visible; a bin of
           // masked cells only stays MASK (grey)
-          const a = this.A(l, h), pooled = new Uint16Array(bq * bk).fill(this.causal ? MASK : 0);
-          for (let i = 0; i < n; i++) {
-            const r = mapQ[i] * bk, o = i * nk, last = this.causal ? Math.min(i + 1, nk) : nk;
-            for (let j = 0; j < last; j++) {
-              const p = r + mapK[j], q = a[o + j];
-              if (pooled[p] === MASK || q > pooled[p]) pooled[p] = q;
+          const pooled = new Uint16Array(bq * bk).fill(this.causal ? MASK : 0);
+          if (!this.top) {
+            const a = this.A(l, h);
+            for (let i = 0; i < n; i++) {
+              const r = mapQ[i] * bk, o = i * nk, last = this.causal ? Math.min(i + 1, nk) : nk;
+              for (let j = 0; j < last; j++) {
+                const p = r + mapK[j], q = a[o + j];
+                if (pooled[p] === MASK || q > pooled[p]) pooled[p] = q;
+              }
             }
+          } else {                                           // the kept weights; a bin with a visible cell is not grey
+            if (this.causal) for (let i = 0; i < n; i++) pooled.fill(0, mapQ[i] * bk, mapQ[i] * bk + mapK[Math.min(i, nk - 1)] + 1);
+            this.each(l, h, (i, j, q) => { const p = mapQ[i] * bk + mapK[j]; if (q > pooled[p]) pooled[p] = q; });
           }
           const ctx = sizeCanvas(c, tw, th);                                // n × nk: the matrix's own shape
           ctx.imageSmoothingEnabled = Math.max(bq, bk) > t;
@@ -698,8 +822,15 @@
       };
       const out = {model: this.p.model, view: v, kind: this.kind, tokens: this.tokens, text: this.p.text || null};
       if (v === "head" || v === "matrix") {
-        return Object.assign(out, {layer: this.p.layers[s.layer], head: s.head < 0 ? "mean of all heads" : s.head,
-          keys: this.keys, causal: this.causal, precision: "±0.002 (one byte a weight)", attention: weights(this.selected())});
+        Object.assign(out, {layer: this.p.layers[s.layer], head: s.head < 0 ? "mean of all heads" : s.head,
+          keys: this.keys, causal: this.causal, precision: "±0.002 (one byte a weight)"});
+        if (!this.top) return Object.assign(out, {attention: weights(this.selected())});
+        // a long input's page: each query row's kept [key, weight] pairs, and what the row's other keys hold
+        const rows = Array.from({length: this.n}, () => []), w = (q) => Math.round(q / 255 * 1000) / 1000;
+        if (s.head >= 0) this.each(s.layer, s.head, (i, j, q) => rows[i].push([j, w(q)]));
+        else { const a = this.selected(); for (let i = 0; i < this.n; i++) for (let j = 0; j < this.nk; j++) if (a[i * this.nk + j]) rows[i].push([j, w(a[i * this.nk + j])]); }
+        return Object.assign(out, {kept: this.bytes.rule, attention_top: rows,
+          rest: s.head >= 0 ? Array.from({length: this.n}, (_, i) => w(this.rest(s.layer, s.head, i))) : null});
       }
       if (v === "model") {
         const size = this.L * this.H * this.n * this.nk, all = size <= 4000000;
@@ -726,6 +857,15 @@
     }
   }
 
+  // "attention" as the payload holds it: every weight (bytes, L·H·n·nk), or each row's K largest ("top":
+  // {top: true, K, index (L·H·n·K keys), weight (bytes), rest (bytes, L·H·n)}, payload.py)
+  async function decodeAttention(enc) {
+    if (enc.format !== "top") return QKV_WIRE.decode(enc);
+    const [index, weight, rest] = [await QKV_WIRE.decode(enc.index), await QKV_WIRE.decode(enc.weight),
+                                   await QKV_WIRE.decode(enc.rest)];
+    return {top: true, K: enc.k, index, weight, rest, rule: enc.rule};
+  }
+
   function fail(root, err) {
     root.textContent = "";
     root.classList.add("qkv");
@@ -738,7 +878,7 @@
     try {
       const parts = payload.kinds || [payload];            // an encoder–decoder: one attention per kind
       const decoded = [];
-      for (const p of parts) decoded.push(await QKV_WIRE.decode(p.attention));   // bytes q = round(a·255)
+      for (const p of parts) decoded.push(await decodeAttention(p.attention));   // bytes q = round(a·255)
       const bytes = payload.kinds ? decoded : decoded[0];
       const extra = {};                                    // each section's arrays, decoded by its panel
       for (const v of SECTIONS) {
