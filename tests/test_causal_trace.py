@@ -105,9 +105,10 @@ def test_noise_is_three_standard_deviations_of_the_embeddings_and_seeded():
 def test_smollm2_recalls_paris_through_the_subject():
     """What qkv measures on SmolLM2 (README, "Where a fact is recalled"): noise on "Eiffel Tower" drops
     P(␣Paris) from 0.70 to ~0.02; restoring the subject's "iffel" state brings a third back through the first
-    ~22 layers; from layer ~23 on the fact sits at the last token, carried there by attention around layer 19."""
+    ~22 layers; from layer ~23 on the fact sits at the last token, carried there by attention around layer 19.
+    One noise draw (the README's figures average three; the same peaks, a third of make test's minute)."""
     model = qkv.load("smollm2")
-    r = CT.trace_fact(model, EIFFEL, "Eiffel Tower")
+    r = CT.trace_fact(model, EIFFEL, "Eiffel Tower", draws=1)
     assert r.answer_token == "␣Paris" and r.p_clean > 0.6 and r.p_corrupted < 0.05
     assert r.tables["hidden"].shape == (model.config.n_layers, 10)
     iffel, last = 2, 9
