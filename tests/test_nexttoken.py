@@ -150,7 +150,8 @@ def test_visible_whitespace_and_token_text(smollm2):
     assert partial is not None and token_text(tok, partial) == "âĢ"          # not a lone U+FFFD
 
 
-@pytest.mark.parametrize("bad, match", [(-1, "temperature must be ≥ 0"), (float("nan"), "temperature must be ≥ 0")])
+@pytest.mark.parametrize("bad, match", [(-1, "temperature must be ≥ 0"), (float("nan"), "temperature must be ≥ 0"),
+                                        (1e-320, "too small to compute; give 0 for greedy or at least 0.0001")])
 def test_bad_temperature_is_a_clear_error(bad, match):
     with pytest.raises(QkvError, match=match):
         distribution(np.zeros(3), bad)
@@ -242,6 +243,7 @@ def test_next_chat_without_a_template_is_one_line(monkeypatch, capsys):
      "all-MiniLM-L6-v2 is an encoder (bert): it has no next-token distribution; use a decoder, e.g. --model smollm2"),
     (["-t", "hot"], "temperature 'hot' is not a number; give numbers ≥ 0, e.g. -t 0.5,1,2"),
     (["-t", "0.5,-1"], "temperature must be ≥ 0 (0 = greedy), got -1.0"),
+    (["-t", "1e-320"], "temperature 9.99989e-321 is too small to compute; give 0 for greedy or at least 0.0001"),
 ])
 def test_next_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
     code, out, err = run_main(monkeypatch, capsys, "next", "Hello", *args)

@@ -143,6 +143,10 @@ def test_requests_for_another_host_name_are_refused(server):
     status, _, body = call(server, "GET", "/api/models", headers={"Host": "attacker.example:8000"})
     assert status == 403 and "only requests to 127.0.0.1 or localhost" in body["error"]
     assert call(server, "GET", "/api/models", headers={"Host": "localhost"})[0] == 200
+    for host in ("localhost:1@evil.example", "127.0.0.1:80/x", "localhost:8000:1", "[::1", "local host", ""):
+        status, _, body = call(server, "GET", "/api/models", headers={"Host": host})   # parsed exactly, or refused
+        assert status == 403 and "only requests to" in body["error"], host
+    assert call(server, "GET", "/api/models", headers={"Host": "[::1]:8000"})[0] == 200
 
 
 def test_a_bug_answers_500_and_the_server_keeps_serving(server, monkeypatch, capsys):

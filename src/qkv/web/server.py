@@ -41,6 +41,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 import socket
 import sys
 import threading
@@ -85,6 +86,7 @@ _CSP_HEADER = _CSP_APP + "; frame-ancestors 'none'"     # only a header can forb
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")   # Host: name or [IPv6] and a port
 _SAME_SITE = ("same-origin", "none")       # Sec-Fetch-Site of the page's own requests, or typed by the user
 _SECURITY_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
@@ -438,12 +440,8 @@ class Handler(BaseHTTPRequestHandler):
         """Against DNS rebinding: on loopback, answer only requests addressed to a loopback name."""
         if not is_loopback(self.server.server_address[0]):
             return
-        host = self.headers.get("Host") or ""
-        if not host.startswith("["):
-            host = host.rsplit(":", 1)[0]
-        elif "]" in host:
-            host = host[:host.index("]") + 1]
-        if not is_loopback(host):
+        found = _HOST.fullmatch(self.headers.get("Host") or "")       # a name or [address], then :port at most
+        if not found or not is_loopback(found.group(1)):
             raise HttpError(403, f"this server answers only requests to {self.server.server_address[0]} or localhost")
 
     def _check_site(self) -> None:

@@ -16,10 +16,16 @@ from ..engine.errors import QkvError
 from ..engine.ops import softmax
 
 
+MIN_TEMPERATURE = 1e-4     # below it (but 0) logits / T leave float64's range: softmax gives NaN
+
+
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """One clear error for each impossible setting."""
     if temperature is None or not np.isfinite(temperature) or temperature < 0:
         raise QkvError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise QkvError(f"temperature {temperature:g} is too small to compute; give 0 for greedy or at least "
+                       f"{MIN_TEMPERATURE:g}")
     if top_k is not None and (int(top_k) != top_k or top_k < 1):
         raise QkvError(f"top_k must be a whole number ≥ 1, got {top_k}")
     if top_p is not None and not (0 < top_p <= 1):
