@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from qkv.cli.app import cli
 from qkv.engine.trace import Trace
-from conftest import MODELS
+from conftest import MODELS, run_main
 
 
 def qkv_cmd(*args: str) -> subprocess.CompletedProcess:
@@ -61,6 +61,18 @@ def test_mistakes_give_one_line_and_exit_2(args, message):
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["show"], "qkv: error: Missing argument 'TEXT'; see qkv show --help"),
+    (["show", "hi", "--layer", "x"], "qkv: error: Invalid value for '--layer': 'x' is not a valid integer; see qkv show --help"),
+    (["bogus"], "qkv: error: No such command 'bogus'; see qkv --help"),
+    (["sae", "train"], "qkv: error: Missing option '--acts'; see qkv sae train --help"),
+])
+def test_usage_mistakes_are_one_line_too(monkeypatch, capsys, args, message):
+    """Not click's four lines (usage, try, blank, error): the error and where help is, exit 2."""
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert code == 2 and out == "" and err == message + "\n"
 
 
 def test_help_everywhere():

@@ -428,4 +428,4 @@ for command in (features_cmd, show_cmd):
 
 def main() -> None:
     """Entry point: a QkvError becomes one line on stderr and exit code 2 (`cli_common.run`)."""
-    run(cli)
+    run(cli, prog_name="qkv")

@@ -79,8 +79,12 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("qkv: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:                     # one line, not click's four: what is wrong, where help is
+        where = f"; see {e.ctx.command_path} --help" if e.ctx is not None else ""
+        click.echo(f"qkv: error: {e.format_message().replace(chr(10), ' ').rstrip('.')}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"qkv: error: {e.format_message().replace(chr(10), ' ')}", err=True)
         sys.exit(e.exit_code)
 
 
