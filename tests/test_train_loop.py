@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from qkv.cli.app import cli
+from qkv.engine.errors import QkvError
 from qkv.train.loop import KEEP, _flatten, _unflatten, open_run, read_log
 from qkv.engine.threads import blas_threads
 
@@ -159,3 +161,16 @@ def test_a_torn_log_line_is_dropped_on_resume(tmp_path):
     steps = [e["step"] for e in read_log(out / "log.jsonl")]
     assert steps == list(range(11))                                 # 0 (the record before training) … 10
     assert not list((out / "checkpoints").glob(".*"))                # the killed write's leftover is gone
+
+
+def test_a_learning_rate_that_blows_up_stops_in_one_line_and_logs_no_nan(tmp_path):
+    """lr 1e30: the first update makes the weights huge; the next measurement (training or validation loss)
+    stops the run naming the step and the fix, and log.jsonl stays valid JSON (no NaN)."""
+    given = dict(text=str(tiny_text(tmp_path / "t.txt")), steps=6, layers=1, heads=2, d_model=32, context=16,
+                 lr=1e30, every=1, checkpoint_every=6, batch=4)
+    run = open_run(tmp_path / "run", "text", given)
+    with blas_threads(1), pytest.raises(QkvError, match=r"became (nan|inf|-inf) at step \d; lower --lr \(now 1e\+30\)"):
+        run.train()
+    for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines():
+        entry = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in log.jsonl"))
+        assert all(np.isfinite(v) for v in entry.values() if isinstance(v, float))

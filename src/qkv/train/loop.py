@@ -19,6 +19,7 @@ stops (`Interrupted`); the model is written only at the end.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -213,7 +214,8 @@ class Run:
         if self.step == 0 and not self.log:
             self._record({"step": 0}, on_record)
         drawn = time.monotonic()
-        with _deferred_interrupt() as interrupted:
+        # overflow is checked where it matters (the losses, below), as one line: no NumPy warnings before it
+        with _deferred_interrupt() as interrupted, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             while self.step < s.steps:
                 t0 = time.perf_counter()
                 batch = self.task.batch(self.step)                          # a function of (seed, step)
@@ -245,7 +247,12 @@ class Run:
                     raise Interrupted(self.step, self.save_checkpoint())
 
     def _record(self, entry: dict, on_record: Callable[[dict], None]) -> None:
-        entry.update(self.task.record(self.model()))
+        measured = self.task.record(self.model())
+        bad = [k for k, v in measured.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:                                                     # never a NaN in log.jsonl (invalid JSON)
+            raise QkvError(f"the {bad[0].replace('_', ' ')} became {measured[bad[0]]} at step {self.step}; "
+                           f"lower --lr (now {self.settings.lr:g})")
+        entry.update(measured)
         self._append(entry)
         on_record(entry)
 
