@@ -103,6 +103,8 @@ def test_generate_streams_and_saves_a_trace(tmp_path):
     (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "0"], "max_new_tokens"),
     (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "500"], "context of 128"),
     (["generate", "x", "--model", str(MODELS / "gpt2"), "--temperature", "-1"], "temperature"),
+    (["generate", "x", "--model", str(MODELS / "gpt2"), "--stop", "\udcff"],      # the byte 0xff on a command line
+     "a stop string is not valid UTF-8 (byte 0xff at character 0)"),
 ])
 def test_generate_mistakes_give_one_line_and_exit_2(args, message):
     r = qkv_cmd(*args)

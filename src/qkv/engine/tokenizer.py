@@ -301,17 +301,17 @@ def read_tokenizer_config(directory: Path) -> tuple[str | None, dict[str, str]]:
 
 # ── chat templates ──────────────────────────────────────────────────────────────
 
-def check_text(text: str) -> str:
+def check_text(text: str, what: str = "the text") -> str:
     """Text that is not valid UTF-8 (a command line's bytes such as 0xff arrive as lone surrogates)
-    → one clear error, not the tokenizer's TypeError."""
+    → one clear error naming WHAT it is, not the tokenizer's TypeError."""
     if isinstance(text, str):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             bad = text[e.start]
             byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
-            raise QkvError(f"the text is not valid UTF-8 ({byte} at character {e.start}); "
-                           "give the text in UTF-8") from None
+            raise QkvError(f"{what} is not valid UTF-8 ({byte} at character {e.start}); "
+                           f"give {what} in UTF-8") from None
     return text
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ..engine.blocks import logits_of
 from ..engine.cache import KVCache
 from ..engine.errors import QkvError
+from ..engine.tokenizer import check_text
 from .sampling import Sampling
 from ..engine.threads import StepThreads, blas_at_most, cores, decode_threads
 from ..engine.tuning import choices, pinned
@@ -213,6 +214,8 @@ def split_stop(stop) -> tuple[list[int], list[str]]:
     strs = [s for s in items if isinstance(s, str)]
     if len(ids) + len(strs) != len(items) or any(s == "" for s in strs):
         raise QkvError(f"stop must be token ids or non-empty strings, got {stop!r}")
+    for s in strs:                                          # as the prompt: a stop the text could never hold
+        check_text(s, "a stop string")
     return ids, strs
 
 
