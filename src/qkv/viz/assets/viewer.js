@@ -54,6 +54,7 @@
     return lut;
   })();
   const MASK = 256;                                              // a cell value meaning "masked"
+  const HEAD_PIXELS = 1.5e6;   // the head view's canvas at most: its long lines are rasterised without a GPU
 
   function headColour(h, H) {
     return H <= HEAD_COLOURS.length ? HEAD_COLOURS[h] : `hsl(${Math.round(h * 137.508) % 360},62%,44%)`;
@@ -84,8 +85,8 @@
   // A canvas of w × h CSS pixels, its backing store at least twice as fine (sharp on any screen and in an
   // exported PNG: export.js draws panels at 2×), at most 4 M pixels (a long head view's lines, rasterised
   // without a GPU, took 4 s to paint at 12 M) and 32000 a side.
-  function sizeCanvas(canvas, w, h) {
-    const ratio = Math.min(Math.max(global.devicePixelRatio || 1, 2), 32000 / Math.max(w, h), Math.sqrt(4e6 / Math.max(1, w * h)));
+  function sizeCanvas(canvas, w, h, most = 4e6) {
+    const ratio = Math.min(Math.max(global.devicePixelRatio || 1, 2), 32000 / Math.max(w, h), Math.sqrt(most / Math.max(1, w * h)));
     canvas.width = Math.round(w * ratio);
     canvas.height = Math.round(h * ratio);
     canvas.style.width = w + "px";
@@ -396,7 +397,7 @@
       const [left, lrows] = column("q"), [right, rrows] = column("k");
       this.hv.rows = {q: lrows, k: rrows};
       this.hv.canvas = el("canvas", "qkv-lines");
-      this.hv.ctx = sizeCanvas(this.hv.canvas, this.hv.W, n * rowH);
+      this.hv.ctx = sizeCanvas(this.hv.canvas, this.hv.W, n * rowH, HEAD_PIXELS);
       const head = el("div", "qkv-heads-row");
       head.append(el("span", "qkv-axis", this.read ? "target token written (its query looks from)" : "query (looks from)"),
                   el("span"), el("span", "qkv-axis", this.read ? "source token (key, looked at)" : "key (looks at)"));
@@ -875,6 +876,7 @@
 
   async function mount(root, payload, state) {
     const t0 = performance.now();
+    root.dataset.mountAt = t0.toFixed(0);
     try {
       const parts = payload.kinds || [payload];            // an encoder–decoder: one attention per kind
       const decoded = [];
@@ -894,6 +896,7 @@
       viewer.render();
       root.dataset.decodeMs = (t1 - t0).toFixed(1);
       root.dataset.renderMs = (performance.now() - t1).toFixed(1);
+      root.dataset.readyAt = performance.now().toFixed(0);           // ms since the page began loading
       root.dataset.ready = "1";
       return viewer;
     } catch (err) {
