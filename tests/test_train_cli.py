@@ -81,6 +81,8 @@ def _mistake(monkeypatch, capsys, *args: str) -> str:
     (["--task", "induction", "--min-half", "9", "--half", "8"], "--min-half 9 is more than --half 8"),
     (["--task", "induction", "--steps", "10", "--warmup", "20"], "--warmup 20 is longer than the run"),
     (["--task", "induction", "--threads", "0"], "--threads 0 must be 1 or more"),
+    (["--task", "induction", "--vocab", "1099511627776"], "with a vocabulary of 1,099,511,627,776 needs about"),
+    (["--task", "induction", "--d-model", "1048576", "--heads", "4"], "more than half this machine's memory"),
     (["--text", "NO-SUCH-FILE"], "no such file: NO-SUCH-FILE"),
     (["--task", "induction", "--arch", "bert"], "unknown --arch 'bert'; choose gpt2 or llama"),
 ])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -109,7 +110,25 @@ class Settings:
             if self.tokenizer == "bpe" and self.vocab_size < 257:
                 raise QkvError(f"--vocab-size {self.vocab_size} is too small for byte-level BPE (256 bytes and "
                                "<|endoftext|>); give 257 or more, e.g. 512")
+        self._check_size()
         return self
+
+    def _check_size(self) -> None:
+        """Refuse, before allocating, a model whose float32 weights, gradients and AdamW's two moments (16 bytes
+        a parameter; the embedding and W_vocab 2·V·d, a block about 12·d²) need more than half the memory."""
+        V = self.vocab if self.task == "induction" else \
+            self.vocab_size if self.task == "text" and self.tokenizer == "bpe" else 0
+        need = 16 * (2 * V * self.d_model + self.layers * 12 * self.d_model ** 2)
+        try:
+            bound = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError, AttributeError):
+            bound = 4 << 30
+        if need > bound:
+            raise QkvError(f"a model of --d-model {self.d_model} and --layers {self.layers}"
+                           + (f" with a vocabulary of {V:,}" if V else "") + f" needs about {need / 2**30:,.1f} GiB "
+                           f"to train (weights, gradients and AdamW's moments), more than half this machine's memory "
+                           f"({bound / 2**30:.1f} GiB); give a smaller " + ("--vocab, " if V else "") +
+                           "--d-model or --layers")
 
 
 def _flag(name: str) -> str:
