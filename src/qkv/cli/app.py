@@ -142,12 +142,9 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if len(ids) > max_tokens:
         raise QkvError(f"the text has {len(ids):,} tokens, more than --max-tokens {max_tokens:,}; shorten it or "
                        "raise --max-tokens")
-    from ..viz.payload import LONG_TOKENS
+    from ..viz.payload import LONG_TOKENS, check_budget
     long = out_dir is not None and len(ids) > LONG_TOKENS
-    if budget_mb is not None:
-        from ..viz.payload import MAX_VALUES
-        if not 0 < budget_mb <= MAX_VALUES / 1e6:
-            raise QkvError(f"--budget-mb must be above 0 and at most {MAX_VALUES / 1e6:g}, got {budget_mb:g}")
+    check_budget(budget_mb, "--budget-mb")                          # before the model runs or DIR is touched
     check_attention_memory(model, len(ids), n_layers=model.config.n_layers if out_dir and not long else 1)
     if out_dir is not None:
         check_writable(out_dir)
@@ -219,11 +216,9 @@ def _pipeline_note(files: list[Path]) -> str:
 
 def memory_bound() -> int:
     """Bytes of attention weights one command may hold: half the machine's memory, at most 8 GiB."""
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        physical = 8 << 30
-    return min(physical // 2, 8 << 30)
+    from ..engine.tuning import physical_memory
+
+    return min(physical_memory() // 2, 8 << 30)
 
 
 def check_attention_memory(model, n: int, n_layers: int) -> None:

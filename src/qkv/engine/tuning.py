@@ -87,6 +87,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def physical_memory() -> int:
+    """Bytes of memory the machine has (what size checks bound themselves by), 8 GiB if it cannot tell."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def cache_file() -> Path | None:
     """$QKV_CACHE/tuning.json (else $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is off."""
     folder = cache_dir()

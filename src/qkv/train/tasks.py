@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 from ..analysis.detectors import induction_pattern, pattern_score
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.tuning import physical_memory
 
 ARCHS = ("gpt2", "llama", "marian")          # marian: translate-ko-en only
 TOKENIZERS = ("char", "bpe")
@@ -119,10 +119,7 @@ class Settings:
         V = self.vocab if self.task == "induction" else \
             self.vocab_size if self.task == "text" and self.tokenizer == "bpe" else 0
         need = 16 * (2 * V * self.d_model + self.layers * 12 * self.d_model ** 2)
-        try:
-            bound = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-        except (ValueError, OSError, AttributeError):
-            bound = 4 << 30
+        bound = physical_memory() // 2
         if need > bound:
             raise QkvError(f"a model of --d-model {self.d_model} and --layers {self.layers}"
                            + (f" with a vocabulary of {V:,}" if V else "") + f" needs about {need / 2**30:,.1f} GiB "

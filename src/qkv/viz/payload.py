@@ -154,14 +154,19 @@ LONG_TOKENS = 1024                 # past this many tokens `qkv show --out` trac
                                    # (model.run(keep=("attention_top",))): A of every layer no longer fits memory
 
 
+def check_budget(budget_mb: float | None, name: str = "budget_mb") -> float:
+    """A page's attention budget in MB (None: BUDGET_MB), or one error naming NAME: above 0, at most MAX_VALUES."""
+    budget = BUDGET_MB if budget_mb is None else float(budget_mb)
+    if not (0 < budget <= MAX_VALUES / 1e6):
+        raise QkvError(f"{name} must be above 0 and at most {MAX_VALUES / 1e6:g} (megabytes), got {budget_mb!r}")
+    return budget
+
+
 def attention_payload(trace: Trace, budget_mb: float | None = None) -> dict:
     """The page's "attention": every weight (a `wire` u8 array) when L·H·n_q·n_k bytes fit BUDGET_MB, else each
     query row's K largest (module doc, "top"), K the most that fit, at most MAX_TOP. The dense weights come from
     trace.attentions; the top rows from the trace's attention_top (a pass too long to hold A), else from A."""
-    budget = BUDGET_MB if budget_mb is None else float(budget_mb)
-    if not (0 < budget <= MAX_VALUES / 1e6):
-        raise QkvError(f"budget_mb must be a number of megabytes above 0 and at most {MAX_VALUES / 1e6:g}, "
-                       f"got {budget_mb!r}")
+    budget = check_budget(budget_mb)
     layers = [trace.layers[i] for i in trace.layer_ids]
     dense = trace.attentions                                                # (L, H, n_q, n_k) or None
     top = None if not layers or any(t.attention_top is None for t in layers) else [t.attention_top for t in layers]
