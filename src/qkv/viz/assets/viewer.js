@@ -204,13 +204,6 @@
     // the weight (bytes) each row of (l, h) leaves out of the page: 0 when every weight is there
     rest(l, h, i) { return this.top ? this.bytes.rest[(l * this.H + h) * this.n + i] : 0; }
     masked(i, j) { return this.causal && j > i; }                 // key after query: the causal mask removed it
-    // a copy of an n×nk matrix of bytes with the masked cells set to MASK (drawn grey)
-    withMask(a) {
-      if (!this.causal) return a;
-      const out = new Uint16Array(a), nk = this.nk;
-      for (let i = 0; i < this.n; i++) for (let j = i + 1; j < nk; j++) out[i * nk + j] = MASK;
-      return out;
-    }
     heads() { return this.state.head < 0 ? [...Array(this.H).keys()] : [this.state.head]; }
     role(l, h) { return this.p.roles ? this.p.roles[l][h] : null; }
     headName(l, h) { const r = this.role(l, h); return `head ${h}` + (r ? ` (${r})` : ""); }
