@@ -7,7 +7,6 @@ Timings are measured in the page and printed (pytest -s shows them), never asser
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,20 +18,14 @@ from qkv.viz.html import View, save_viewer
 from conftest import MODELS, running_server
 from test_viewer import XSS, random_trace
 
-CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-READY = "[data-qkv-root][data-ready='1']"
+from qkv.bench.viewer import ARGS, CHROMIUM, READY, TIMED   # the browser and page helpers `qkv bench viewer` uses
+
 SENTENCE = "The cat sat on the mat"
 
 # In-page helpers (functions, not strings to eval: the pages forbid eval by CSP).
 CHECKSUM = """(sel) => { const c = document.querySelector(sel);
   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
   let s = 0; for (let i = 0; i < d.length; i++) s = (s * 31 + d[i]) >>> 0; return s; }"""
-TIMED = """async ([sel, kind]) => { const el = document.querySelector(sel); const t = performance.now();
-  if (kind === 'click') el.click(); else el.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
-  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
-  return performance.now() - t; }"""
 
 
 @dataclass

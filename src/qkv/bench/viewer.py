@@ -31,10 +31,11 @@ REPEATS = 3
 TARGETS = {4096: (60.0, 3.0), 1024: (25.0, None)}       # tokens: (MB, first paint s)
 CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-READY = "[data-qkv-root][data-ready='1']"
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]   # the browser tests' too
+READY = "[data-qkv-root][data-ready='1']"                  # the viewer has drawn its first view
 # the page's own clock: ms from navigation start to two frames after the first draw
 FIRST_PAINT = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"""
+# ms from a click or mouseover of SEL to two frames later (in-page: the pages forbid eval by CSP)
 TIMED = """async ([sel, kind]) => { const el = document.querySelector(sel); const t = performance.now();
   if (kind === 'click') el.click(); else el.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
