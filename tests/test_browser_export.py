@@ -177,10 +177,14 @@ def test_both_panels_of_the_pipeline_page_export(tab, tmp_path, minilm):
     assert png_size(export(tab, "png", ".qkv-p-detail")[1])[2]
     got = copied(tab, ".qkv-p-detail")
     assert (got["box"], got["layer"], got["head"], got["token"]) == ("attn", 2, 5, 7)
-    heat = got["heatmaps"][0]
+    heat = next(h for h in got["heatmaps"] if "highlighted_row" in h)          # the box's own heatmap
     A = trace.layer(2).attentions[5]                                            # (n, n)
     assert (heat["rows"], heat["cols"]) == A.shape and heat["highlighted_row"] == 7
     assert np.abs(np.array(heat["values"], dtype=float).reshape(A.shape) - A).max() <= 0.0025
+    drawn = {h["label"]: h for h in got["heatmaps"] if "highlighted_row" not in h}   # the diagram's, float32 whole
+    assert sorted(drawn) == sorted(["Q", "Kᵀ", "S", "A", "V", "Z"])
+    assert np.array_equal(np.array(drawn["A"]["values"], dtype=np.float32).reshape(A.shape), A)
+    assert any(t.startswith("A[7, ") for t in texts(root))                      # the cell's arithmetic, as text
     assert [v["label"] for v in got["values"]] == trace.labels
     flow = svg_of(export(tab, "svg", ".qkv-p-flow")[1])
     assert any("Softmax" in t for t in texts(flow))

@@ -20,7 +20,7 @@ from qkv.writing.sampling import distribution, top_k_filter, top_p_filter
 from qkv.viz import wire
 from qkv.viz.payload import PRECISION
 from qkv.viz.pipeline import pipeline_html, pipeline_payload, save_pipeline
-from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, decode_scores
+from qkv.viz.pipeline_payload import DIMS, HEAD_DIMS, arithmetic_layers, decode_scores
 from qkv.viz.pipeline_text import SHARED_KEYS, TEXTS
 from conftest import MODELS
 from test_viewer import XSS
@@ -210,8 +210,9 @@ def test_smollm2_at_128_tokens_stays_one_usable_file(tmp_path):
     out = save_pipeline(model, trace, tmp_path / "pipeline.html")
     size = out.stat().st_size
     print(f"\nSmolLM2 pipeline page at 128 tokens: {size / 1e6:.2f} MB")
-    assert size < 7_000_000                                    # measured 6.0 MB (scores 2.8, heads 1.3, A 1.0)
+    assert size < 10_000_000          # measured 9.3 MB: scores 2.8, the diagram's layers 0–1 3.4, heads 1.3, A 1.0
     p = data_of(out.read_text())
+    assert p["arithmetic"]["layers"] == [0, 1]
     assert (p["arch"]["H"], p["arch"]["H_kv"], p["arch"]["G"]) == (9, 3, 3)
     z = wire.decode(p["output"]["logits"])
     assert np.array_equal(z, trace.logits[-1])
@@ -282,3 +283,42 @@ def test_every_box_the_page_draws_can_be_opened_first():
 
     drawn = set(re.findall(r'case "([a-z0-9]+)"', asset("pipeline.js"))) - {"en", "ko"}
     assert drawn <= set(BOXES), sorted(drawn - set(BOXES))
+
+
+def test_the_diagrams_arrays_are_the_engines_whole(llama, koen):
+    """The arithmetic of the attention diagram: q, k, v, z, S, A of the layers it holds, float32 as the engine's."""
+    trace = llama.run(SENTENCE)
+    p = pipeline_payload(llama, trace, layer=1)
+    a = p["arithmetic"]
+    assert a["layers"] == [0, 1] and a["bias"] is None
+    for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads"), ("scores", "scores"), ("weights", "attentions")):
+        assert np.array_equal(wire.decode(a[name]), np.stack([getattr(trace.layers[i], field) for i in (0, 1)]))
+    t = koen.run("나는 학교에 간다")
+    p = pipeline_payload(koen, t)
+    x = p["stacks"]["decoder"]["cross"]["arithmetic"]
+    assert np.array_equal(wire.decode(x["k"])[0], t.cross.layers[0].k)               # K over the source tokens
+    assert np.array_equal(wire.decode(p["stacks"]["encoder"]["arithmetic"]["weights"])[0], t.encoder.layers[0].attentions)
+
+
+def test_alibis_bias_is_what_the_scores_add_to_the_scaled_dot_products():
+    model = qkv.load(str(MODELS / "bloom"))
+    trace = model.run(SENTENCE)
+    a = pipeline_payload(model, trace)["arithmetic"]
+    bias, S = wire.decode(a["bias"]).astype(np.float64), wire.decode(a["scores"]).astype(np.float64)
+    q, k = wire.decode(a["q"]).astype(np.float64), wire.decode(a["k"]).astype(np.float64)
+    raw = np.einsum("lhnd,lhmd->lhnm", q, k) / np.sqrt(q.shape[-1])
+    seen = np.isfinite(S)
+    assert np.max(np.abs(raw + bias - S)[seen]) < 1e-5 and np.all(bias[~seen] == 0)
+    slopes = pipeline_payload(model, trace)["arch"]["alibi"]
+    n = S.shape[-1]
+    for h, m in enumerate(slopes):                       # m_h·j, up to a constant per row that softmax ignores
+        row = bias[0, h, n - 1]
+        np.testing.assert_allclose(np.diff(row), m, rtol=1e-4, atol=1e-6)
+
+
+def test_the_diagram_keeps_the_start_layer_and_its_neighbours_within_the_budget():
+    assert arithmetic_layers(10, 30, 3, 1000) == list(range(30))                     # everything fits
+    assert arithmetic_layers(10, 30, 3, 30) == [2, 3, 4]                             # 3, 4, 2
+    assert arithmetic_layers(10, 30, 0, 30) == [0, 1, 2]
+    assert arithmetic_layers(10, 30, 29, 20) == [28, 29]
+    assert arithmetic_layers(10**9, 30, 7, 10) == [7]                                # always the start layer

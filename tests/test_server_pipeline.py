@@ -38,6 +38,9 @@ def test_the_pipeline_payload_is_the_engines(server):
     assert np.array_equal(wire.decode(p["output"]["logits"]), trace.logits[-1])
     np.testing.assert_allclose(wire.decode(p["stream"]["norm"])[0],
                                np.linalg.norm(trace.layers[0].residual.astype(np.float64), axis=-1), rtol=1e-5)
+    assert p["arithmetic"]["layers"] == [0, 1]
+    status, p = post(server, "/api/pipeline", {"text": SENTENCE, "layer": 1})
+    assert status == 200 and p["start"]["layer"] == 1 and 1 in p["arithmetic"]["layers"]
 
 
 def test_an_encoder_gets_its_pipeline_but_no_next_token():
@@ -73,6 +76,10 @@ def test_next_token_draws_what_qkv_sampling_draws(server):
     ("/api/pipeline/next", {"text": "hi", "temperature": -1}, 400, "temperature must be ≥ 0"),
     ("/api/pipeline/next", {"text": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ("/api/pipeline/next", {"text": "hi", "top_k": True}, 400, "field 'top_k' must be a number"),
+    ("/api/pipeline", {"text": "hi", "layer": 2}, 400, "field 'layer' must be a whole number from 0 to 1, got 2"),
+    ("/api/pipeline", {"text": "hi", "layer": "1"}, 400, "field 'layer' must be a whole number"),
+    ("/api/pipeline/next", {"text": "hi", "layer": -1}, 400, "field 'layer' must be a whole number"),
+    ("/api/pipeline/next", {"text": "hi", "layer": True}, 400, "field 'layer' must be a whole number"),
 ])
 def test_refusals_are_one_clear_json_error(server, path, request_body, status, message):
     got, body = post(server, path, request_body)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -33,6 +35,9 @@ def test_show_out_for_a_decoder_and_a_chosen_head(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "heatmap_layer1_head3.png").is_file() and (tmp_path / "grid_layer1.svg").is_file()
     assert "(heatmap of head 3):" in r.output
+    page = (tmp_path / "pipeline.html").read_text()
+    p = json.loads(re.search(r'class="qkv-pipeline-data">(.*?)</script>', page, re.S).group(1))
+    assert p["start"]["layer"] == 1 and p["start"]["head"] == 3 and 1 in p["arithmetic"]["layers"]   # opens there
 
 
 def test_unwritable_out_is_one_line_and_writes_nothing(monkeypatch, capsys, tmp_path):

@@ -330,7 +330,7 @@ def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> li
             if max(len(trace.tokens), len(trace.encoder.tokens)) <= PIPELINE_TOKENS:
                 full = model.run(trace.encoder.ids.tolist(), [int(i) for i in trace.ids])    # every intermediate
                 full.encoder.text = trace.encoder.text
-                files.write_text("pipeline.html", pipeline_html(model, full))
+                files.write_text("pipeline.html", pipeline_html(model, full, layer=layer, head=head or 0))
             save_seq2seq_figures(trace, files, layer=layer, head=head, tokenizer=model.tokenizer)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
@@ -357,7 +357,7 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
             if len(trace.tokens) <= PIPELINE_TOKENS:
-                files.write_text("pipeline.html", pipeline_html(model, trace))
+                files.write_text("pipeline.html", pipeline_html(model, trace, layer=layer, head=head or 0))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
         raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None

@@ -58,6 +58,11 @@ def viewer_js() -> str:
     return "\n".join(asset(name) for name in names)
 
 
+def pipeline_js() -> str:
+    """The pipeline page's JavaScript after wire.js and export.js: its attention diagram, then the page."""
+    return asset("pipeline_diagram.js") + "\n" + asset("pipeline.js")
+
+
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:
     """A complete HTML document: the viewer's CSS, BODY (trusted markup), then SCRIPTS inline.
     face: the @font-face of the Hangul font (viz/hangul.py); None: a subset of just the glyphs the document

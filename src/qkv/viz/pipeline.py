@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..engine.errors import QkvError
 from ..engine.trace import Trace
-from .html import asset, page, write_html
+from .html import asset, page, pipeline_js, write_html
 from .payload import script_json
 from .pipeline_payload import is_seq2seq, pipeline_payload
 
@@ -57,7 +57,7 @@ def pipeline_html(model, trace: Trace, *, title: str | None = None, lang: str = 
     (lang, layer, head, box: what it shows first, see `pipeline_payload`)."""
     payload = pipeline_payload(model, trace, title=title, lang=lang, layer=layer, head=head, box=box)
     return page(payload["title"], pipeline_body(payload),
-                [asset("wire.js") + "\n" + asset("export.js") + "\n" + asset("pipeline.js"), "QKV_PIPELINE.boot();"])
+                [asset("wire.js") + "\n" + asset("export.js") + "\n" + pipeline_js(), "QKV_PIPELINE.boot();"])
 
 
 def save_pipeline(model, text_or_trace: str | Trace, path: str | os.PathLike, lang: str = "en", *,

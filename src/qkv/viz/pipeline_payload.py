@@ -39,7 +39,16 @@ bytes))} (A with its "scale": 255, as the viewer's).
      "scores": {"shape", "lo" [[float]] (L × H), "step" [[float]] (L × H), "data" (u8 array)},
      "output": {"position", "logits" (V,) f32, "top_ids": [int] (TOP), "top_labels": [str] (TOP)} | null,
      "pooled": {"norm", "first" (DIMS,), "unit_first" (DIMS,)} | null   (encoders: mean pooling)
+     "arithmetic": {"layers": [int], "q" (l, H, n, d_k), "k", "v" (l, H_kv, m, d_k), "z" (l, H, n, d_k),
+                    "scores" (l, H, n, m) with −∞ where masked, "weights" (l, H, n, m), all f32 as the engine's,
+                    "bias" (l, H, n, m) f32 | null}   the attention diagram's cells, whole, for the LAYERS it holds
      "text_en", "text_ko": {key: template}   the page's words (`pipeline_text`: `qkv explain`'s where they fit)}
+
+The diagram (Q × Kᵀ = S → softmax → A, A × V = Z) recomputes any hovered cell from "arithmetic": S[i, j] as
+Σ_d q_i[d]·k_j[d] × scale (soft-capped, + bias: ALiBi's or T5's, S minus the rest as the engine added it),
+A[i, j] as exp(S[i, j] − max) / Σ, Z[i, c] as Σ_j A[i, j]·v_j[c], each beside the engine's value. Whole
+arrays of every layer would be L·(2H·n·d_k + 2H_kv·m·d_k + 2H·n·m) floats: the payload keeps the start
+layer's and as many neighbours' as fit in ARITHMETIC_MB (SmolLM2: all 30 layers up to 16 tokens, 2 at 128).
 
 An encoder–decoder's payload has, instead of the one stack's fields (tokens … scores), "seq2seq": true,
 "target": str and "stacks": {"encoder": {tokens, labels, ids, L, causal, stream, blocks, final, heads,
@@ -67,6 +76,7 @@ DIMS = 4                    # first values shown of each d_model vector
 HEAD_DIMS = 4               # first values shown of each per-head vector (q, k, v, z)
 TOP = 100                   # vocabulary entries spelled for the output list (the most probable first)
 MAX_TOKENS = 512            # longest text one page holds (its S and A are L·H·n² bytes each)
+ARITHMETIC_MB = 4           # float32 q, k, v, z, S, A kept whole for the diagram's arithmetic: as many layers as fit
 SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
 BOXES = ("tokens", "embed", "norm1", "qkv", "qknorm", "rope", "gqa", "scores", "alibi", "softcap", "mask", "attn", "z",
          "out", "res1", "router",                                       # a family's own: q/k norm … the MoE router
@@ -149,8 +159,44 @@ def head_arrays(layers: list) -> dict:
             for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads"))}
 
 
-def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None) -> dict:
-    """One stack's part of the payload: its tokens, stream, block vectors, heads, A and S (and cross)."""
+def arithmetic_layers(per_layer: int, L: int, center: int, budget: int) -> list[int]:
+    """The layers whose whole arrays fit in BUDGET bytes at PER_LAYER each: CENTER first, then its neighbours
+    outward (center + 1, center − 1, …); always CENTER itself."""
+    order = sorted(range(L), key=lambda i: (abs(i - center), i < center))
+    return sorted(order[:max(1, min(L, budget // max(1, per_layer)))])
+
+
+def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap: float | None = None) -> dict:
+    """What the attention diagram recomputes its hovered cells from (module doc: "arithmetic"), for the layers
+    around CENTER that fit in ARITHMETIC_MB. BIAS: the scores carry a position bias (ALiBi, T5), kept as
+    S − cap(scale·q·kᵀ) where S is finite (0 where masked); CAP: the scores' soft-cap (Gemma 2)."""
+    t0 = layers[0]
+    H, n, dk = t0.q.shape
+    Hkv, m, _ = t0.k.shape
+    per_layer = 4 * (2 * H * n * dk + 2 * Hkv * m * dk + (3 if bias else 2) * H * n * m)
+    keep = arithmetic_layers(per_layer, len(layers), center, ARITHMETIC_MB << 20)
+    pick = lambda field: np.stack([getattr(layers[i], field) for i in keep]).astype(np.float32)   # noqa: E731
+    out = {"layers": keep, **{name: encode(pick(field), "f32") for name, field in
+                              (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads"), ("scores", "scores"),
+                               ("weights", "attentions"))}, "bias": None}
+    if bias:
+        scale = cfg.score_scale or 1 / math.sqrt(dk)
+        G = H // Hkv
+        rows = []
+        for i in keep:
+            t = layers[i]
+            raw = np.einsum("hnd,hmd->hnm", t.q.astype(np.float64), np.repeat(t.k, G, axis=0).astype(np.float64)) * scale
+            if cap:
+                raw = cap * np.tanh(raw / cap)
+            s = t.scores.astype(np.float64)
+            rows.append(np.where(np.isfinite(s), s - raw, 0.0))
+        out["bias"] = encode(np.stack(rows), "f32")                              # (l, H, n, m)
+    return out
+
+
+def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: int = 0, bias: bool = False) -> dict:
+    """One stack's part of the payload: its tokens, stream, block vectors, heads, A and S (and cross), and the
+    whole arrays of the layers around CENTER for the diagram's arithmetic (BIAS: the scores carry a position bias)."""
     stream, vectors = block_vectors(cfg, blocks, trace, cross)                  # (L+1, n, d), {name: (L, n, d)}
     layers = [trace.layers[i] for i in range(len(blocks))]
     out = {
@@ -162,6 +208,7 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None) -> dict:
         "heads": head_arrays(layers),
         "attention": encode_attention(np.stack([t.attentions for t in layers])),    # (L, H, n, n)
         "scores": encode_scores(np.stack([t.scores for t in layers])),             # (L, H, n, n)
+        "arithmetic": arithmetic_arrays(cfg, layers, center, bias=bias, cap=cfg.attn_softcap),
     }
     if any(t.experts is not None for t in layers):                              # a mixture of experts' router
         out["router"] = [None if t.experts is None else
@@ -172,7 +219,8 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None) -> dict:
         xl = [cross.layers[i] for i in range(len(blocks))]
         out["cross"] = {"heads": head_arrays(xl), "source_labels": cross.key_labels,
                         "attention": encode_attention(np.stack([t.attentions for t in xl])),   # (L, H, n, n_src)
-                        "scores": encode_scores(np.stack([t.scores for t in xl]))}            # (L, H, n, n_src)
+                        "scores": encode_scores(np.stack([t.scores for t in xl])),            # (L, H, n, n_src)
+                        "arithmetic": arithmetic_arrays(cfg, xl, center)}
     return out
 
 
@@ -320,11 +368,15 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
     top = {"version": 1, "kind": "pipeline", "title": title or "pipeline", "model": model.name, "family": cfg.family,
            "lang": lang, "arch": arch_of(model), "dims": DIMS, "head_dims": HEAD_DIMS,
            "start": {"layer": layer, "head": head, "box": box}, "output": output_payload(model, trace), **words()}
+    bias = cfg.position == "alibi" or position_bias_of(model.weights) is not None     # what S adds to q·k·scale
     if is_seq2seq(model):                      # two stacks: the source through the encoder, the target through the decoder
         w = model.weights
         return {**top, "seq2seq": True, "text": trace.encoder.text, "target": model.tokenizer.decode(
                     [int(i) for i in trace.ids[1:]], skip_special_tokens=True) if model.tokenizer else None,
-                "pooled": None, "stacks": {"encoder": stack_arrays(cfg, w.encoder.blocks, trace.encoder),
-                                           "decoder": stack_arrays(cfg, w.decoder.blocks, trace, trace.cross)}}
-    return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace),
+                "pooled": None, "stacks": {
+                    "encoder": stack_arrays(cfg, w.encoder.blocks, trace.encoder, center=min(layer, cfg.n_layers - 1),
+                                            bias=bias),
+                    "decoder": stack_arrays(cfg, w.decoder.blocks, trace, trace.cross,
+                                            center=min(layer, cfg.n_decoder_layers - 1), bias=bias)}}
+    return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace, center=layer, bias=bias),
             "pooled": pooled_payload(trace) if trace.logits is None else None}

@@ -121,6 +121,28 @@ EN.update({
     "p_xres_pre_f": "X'' = X' + CrossAttention(Norm(X'), M)", "p_xres_post_f": "X'' = Norm(X' + CrossAttention(X', M))",
     "p_reads": "k, v of “{token}”, the source token it reads most",
     "p_encoder": "encoder", "p_decoder": "decoder",
+    # the attention diagram (pipeline_diagram.js): any cell of S, A, Z worked out from the engine's q, k, v
+    "p_ar_title": "The arithmetic, cell by cell",
+    "p_ar_hint": "Head {head} (reading K/V head {kv}). Hover a cell of S, A or Z, or focus one and move with the "
+                 "arrow keys: its arithmetic appears below, from the engine's own q, k and v.",
+    "p_ar_aria": "{matrix}: hover a cell or use the arrow keys to see how it is computed",
+    "p_ar_missing": "This page holds the whole q, k and v of layers {layers} only (the arithmetic needs every "
+                    "number); choose one of them, or write the page for layer {layer}: "
+                    "qkv show TEXT --layer {layer} --out DIR.",
+    "p_ar_S": "S[{i}, {j}]: query {i} {q} against key {j} {k}: the {d} products q_i[d]·k_j[d], summed, × {scale}",
+    "p_ar_cap": "soft-cap {c}·tanh(S/{c})",
+    "p_ar_alibi": "+ ALiBi's bias m_h·(key position)",
+    "p_ar_bias": "+ the learned position bias",
+    "p_ar_masked": "Key {j} is masked for query {i} (M = −∞): its weight will be 0.",
+    "p_ar_A": "A[{i}, {j}]: the softmax of row {i} {q} at key {j} {k}: exp(S − max) of every key, their sum, "
+              "and one divided by the sum",
+    "p_ar_max": "max of the row = {max}",
+    "p_ar_Z": "Z[{i}, {c}]: component {c} of query {i} {q}: every value v_j[{c}] times its weight A[{i}, j], summed "
+              "over the {m} keys",
+    "p_ar_engine": "engine",
+    "p_ar_rest": "the other {k} terms",
+    "p_ar_replay": "replay",
+    "p_ar_load": "Run layer {layer}'s arithmetic",
 })
 
 KO.update({
@@ -217,6 +239,25 @@ KO.update({
     "p_xres_pre_f": "X'' = X' + CrossAttention(Norm(X'), M)", "p_xres_post_f": "X'' = Norm(X' + CrossAttention(X', M))",
     "p_reads": "가장 많이 읽는 원문 토큰 “{token}”의 k, v",
     "p_encoder": "인코더", "p_decoder": "디코더",
+    "p_ar_title": "칸 하나씩, 그 계산",
+    "p_ar_hint": "헤드 {head} (K/V 헤드 {kv}번을 읽음). S, A, Z의 칸에 마우스를 올리거나, 칸에 초점을 두고 화살표 "
+                 "키로 움직이세요: 엔진의 q, k, v로 그 칸의 계산이 아래에 나옵니다.",
+    "p_ar_aria": "{matrix}: 칸에 마우스를 올리거나 화살표 키로 그 계산을 봅니다",
+    "p_ar_missing": "이 페이지에는 층 {layers}의 q, k, v 전체만 들어 있습니다(계산에는 숫자가 모두 필요합니다). "
+                    "그중 한 층을 고르거나, 층 {layer}의 페이지를 만드세요: qkv show TEXT --layer {layer} --out DIR.",
+    "p_ar_S": "S[{i}, {j}]: 쿼리 {i} {q}와 키 {j} {k}: 곱 q_i[d]·k_j[d] {d}개를 더하고 × {scale}",
+    "p_ar_cap": "소프트캡 {c}·tanh(S/{c})",
+    "p_ar_alibi": "+ ALiBi 편향 m_h·(키의 위치)",
+    "p_ar_bias": "+ 학습된 위치 편향",
+    "p_ar_masked": "쿼리 {i}에게 키 {j}는 가려져 있습니다(M = −∞): 가중치는 0이 됩니다.",
+    "p_ar_A": "A[{i}, {j}]: {i}번 행 {q}의 softmax 중 키 {j} {k}: 모든 키의 exp(S − max), 그 합, 그리고 하나를 "
+              "합으로 나눈 값",
+    "p_ar_max": "행의 최댓값 = {max}",
+    "p_ar_Z": "Z[{i}, {c}]: 쿼리 {i} {q}의 {c}번 성분: 값 v_j[{c}]마다 가중치 A[{i}, j]를 곱해 키 {m}개에 걸쳐 더한 것",
+    "p_ar_engine": "엔진",
+    "p_ar_rest": "나머지 항 {k}개",
+    "p_ar_replay": "다시 보기",
+    "p_ar_load": "층 {layer}의 계산 불러오기",
 })
 
 TEXTS = {"en": EN, "ko": KO}

@@ -59,7 +59,7 @@ from ..engine.errors import QkvError
 from ..engine.model import Model
 from ..writing.sampling import Sampling
 from ..viz import hangul
-from ..viz.html import asset, page as html_page, viewer_js
+from ..viz.html import asset, page as html_page, pipeline_js, viewer_js
 from ..viz.payload import script_json, trace_payload
 from ..viz.pipeline import pipeline_payload, pipeline_trace
 
@@ -213,13 +213,15 @@ class App:
             lane.leave()
 
     def pipeline(self, request: dict) -> dict:
-        """The pipeline page's payload for request {"text", "model", "lang"} (viz/pipeline.py)."""
+        """The pipeline page's payload for request {"text", "model", "lang", "layer"?} (viz/pipeline.py; layer: the
+        one opened, whose whole q, k, v the attention diagram's arithmetic gets first)."""
         lang = self._lang(request)
         model, n = self._checked(request.get("text"), request.get("model"), MAX_PIPELINE_TOKENS)
+        layer = self._layer(request, model)
         lane = self._lane(n)
         lane.enter()
         try:
-            return pipeline_payload(model, pipeline_trace(model, request["text"]), lang=lang)
+            return pipeline_payload(model, pipeline_trace(model, request["text"]), lang=lang, layer=layer)
         finally:
             lane.leave()
 
@@ -230,6 +232,7 @@ class App:
         sampling = self._sampling(request)
         text = request.get("text")
         model, n = self._checked(text, request.get("model"), MAX_PIPELINE_TOKENS - 1)
+        layer = self._layer(request, model)
         if getattr(model.config, "encoder_decoder", False):
             raise HttpError(400, f"{model.name} is an encoder–decoder: the page shows its translation; "
                                  f"\"next token\" writes with a decoder, e.g. {LLM!r}")
@@ -245,9 +248,19 @@ class App:
             longer = model.run(ids)
             longer.text = text + model.tokenizer.decode([new])
             return {"id": new, "token": model.tokenizer.label(new), "text": longer.text,
-                    "payload": pipeline_payload(model, longer, lang=lang)}
+                    "payload": pipeline_payload(model, longer, lang=lang, layer=layer)}
         finally:
             lane.leave()
+
+    @staticmethod
+    def _layer(request: dict, model) -> int:
+        """The request's "layer" (absent: 0), one of MODEL's (an encoder–decoder's: its decoder's)."""
+        layer = request.get("layer", 0)
+        c = model.config
+        L = c.n_decoder_layers if getattr(c, "encoder_decoder", False) else c.n_layers
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < L:
+            raise HttpError(400, f"field 'layer' must be a whole number from 0 to {L - 1}, got {str(layer)[:20]}")
+        return layer
 
     @staticmethod
     def _lang(request: dict) -> str:
@@ -356,7 +369,7 @@ class App:
                 'font-weight: 100 900; }\n'
                 if hangul.font_path() is not None else "")   # every syllable: chat replies may hold any
         return html_page("qkv · see attention", body,
-                         [viewer_js(), asset("pipeline.js"), asset("app.js")],
+                         [viewer_js(), pipeline_js(), asset("app.js")],
                          csp=_CSP_APP, face=face)
 
 

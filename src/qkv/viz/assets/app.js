@@ -13,7 +13,7 @@
  * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload};
  * or {"error": ...} (a 4xx/5xx status before the reply, or a last line if it breaks mid-way).
  * The server keeps no conversation: the page sends every turn so far with each message.
- * POST api/pipeline {text, model, lang} answers the pipeline payload; POST api/pipeline/next
+ * POST api/pipeline {text, model, lang, layer?} answers the pipeline payload; POST api/pipeline/next
  * {text, model, lang, temperature, top_k, top_p} answers {id, token, text, payload}.
  * Every text from the user or the model is shown with textContent, never as HTML.
  */
@@ -304,17 +304,19 @@
     error.hidden = true;
     // the previous page's choices stay, but its language is the one this payload was asked in
     const state = pipeView ? Object.assign({}, pipeView.s, {lang: payload.lang}) : null;
-    pipeView = await QKV_PIPELINE.mount(pipeRoot, payload, {onNext: nextToken, state});
+    pipeView = await QKV_PIPELINE.mount(pipeRoot, payload, {onNext: nextToken, onLayer: runPipeline, state});
     pipeShown = true;
     app.dataset.state = "shown";
   }
-  async function runPipeline() {
+  // layer: the one whose whole q, k, v the page should hold for its attention diagram (absent: the first)
+  async function runPipeline(layer) {
     pipeGo.disabled = true;
     status.textContent = "running the model…";
     const t0 = performance.now();
     try {
-      await showPipeline(await postJSON("api/pipeline", {text: pipeText.value, model: pipeModel.value,
-                                                                  lang: pipeLang.value}));
+      const ask = {text: pipeText.value, model: pipeModel.value, lang: pipeLang.value};
+      if (Number.isInteger(layer)) { ask.layer = layer; pipeLang.value = ask.lang = pipeView.s.lang; }
+      await showPipeline(await postJSON("api/pipeline", ask));
       status.textContent = `${pipeModel.value}: every box of one pass, in ${Math.round(performance.now() - t0)} ms`;
     } catch (e) {
       fail(e.message);
@@ -329,7 +331,7 @@
     try {
       if (pipeView) pipeLang.value = pipeView.s.lang;   // the page's own language button counts too
       const answer = await postJSON("api/pipeline/next", Object.assign({text: pipeText.value, model: pipeModel.value,
-                                                                          lang: pipeLang.value}, settings));
+                                                                          lang: pipeLang.value, layer: pipeView.s.layer}, settings));
       pipeText.value = answer.text;
       await showPipeline(answer.payload);
       status.textContent = `${pipeModel.value} wrote “${answer.token}” (id ${answer.id})`;
@@ -338,7 +340,7 @@
       if (button) button.disabled = false;
     }
   }
-  pipeForm.addEventListener("submit", (e) => { e.preventDefault(); runPipeline(); });
+  pipeForm.addEventListener("submit", (e) => { e.preventDefault(); runPipeline(null); });
   pipeText.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) pipeForm.requestSubmit(); });
 
   if (cfg.chat_ready) {

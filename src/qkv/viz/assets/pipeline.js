@@ -6,7 +6,8 @@
  * The payload (qkv/viz/pipeline_payload.py) holds every array the boxes show, compressed (wire
  * arrays: wire.js, loaded before this file, decodes them); the page decodes them once and computes nothing the engine computed, except the output end:
  * softmax(logits / T), top-k and top-p over the whole vocabulary, in float64, as qkv.sampling.
- * options.onNext(settings) (qkv serve): adds a "generate next token" button; options.state: a previous
+ * options.onNext(settings) (qkv serve): adds a "generate next token" button; options.onLayer(layer) (qkv serve):
+ * asks for a layer whose whole q, k, v the attention diagram lacks (pipeline_diagram.js); options.state: a previous
  * page's choices (layer, head, box, language, sampling) to keep; the token is the last.
  * Every token and text from the payload is shown with textContent, never as HTML.
  * An encoder–decoder's payload has two stacks (a toggle): the encoder's, and the decoder's with
@@ -40,6 +41,7 @@
       return String(v);
     });
   }
+  const SCORE_CODES = 254;                             // S travels as codes 1..255 (pipeline_payload.py), 0 = masked
   const num = (x, d = 4) => (x === -Infinity ? "−∞" : Number.isFinite(x) ? x.toFixed(d) : String(x));
 
   // ── the output end: exactly qkv.writing.sampling.distribution ──────────────
@@ -309,7 +311,10 @@
       const {start, block, end} = this.boxes();
       if (![...start, ...block, ...end].some(([id]) => id === s.box)) s.box = end[end.length - 1][0];
       const box = (id, title, cls) => {
-        const b = el("button", "qkv-p-box " + (cls || ""), title);
+        const b = el("button", "qkv-p-box " + (cls || ""));
+        b.append(el("span", "qkv-p-box-title", title));
+        const thumb = this.thumb(id);
+        if (thumb) b.append(thumb);
         b.type = "button";
         b.dataset.box = id;
         b.setAttribute("aria-pressed", String(id === s.box));
@@ -342,6 +347,50 @@
                                 T: s.T, topk: s.topk, topp: s.topp, stack: this.top.seq2seq ? s.stack : ""});
     }
 
+    // the array a box of the flow holds, drawn small in the box: every token's |x| as a strip (vectors), the
+    // head's n × n scores or weights, the mask; null for boxes without one array of this token's layer and head
+    thumb(id) {
+      const p = this.p, a = p.arch, d = this.d, s = this.s, n = this.n, L = s.layer, h = s.head;
+      const strip = (sum, base) => {
+        const vals = Array.from(sum.norm.data.subarray(base, base + n));
+        const hi = Math.max(...vals), lo = Math.min(...vals);
+        return this.mini(1, n, (i, j) => (hi > lo ? (vals[j] - lo) / (hi - lo) : 0.5));
+      };
+      const square = (at) => this.mini(n, n, at);
+      const w = a.layer_windows ? a.layer_windows[L] : null;
+      const masked = (i, j) => a.causal && (j > i || (w && j <= i - w));
+      const vec = {embed: [d.stream, 0], norm1: [d.blocks.attn_in, L * n], out: [d.blocks.attn_out, L * n],
+                   res1: [d.blocks.mid, L * n], norm2: [d.blocks.ffn_in, L * n], ffn: [d.blocks.ffn_out, L * n],
+                   res2: [d.stream, (L + 1) * n], final: [d.final, 0], hidden: [d.final, 0], stream: [d.stream, L * n],
+                   qkv: [d.heads.q, (L * a.H + h) * n], rope: [d.heads.q, (L * a.H + h) * n],
+                   z: [d.heads.z, (L * a.H + h) * n]}[id];
+      if (vec && vec[0]) return strip(vec[0], vec[1]);
+      if (id === "attn") {
+        const base = (L * a.H + h) * n * n;
+        return square((i, j) => (masked(i, j) ? NaN : d.attention[base + i * n + j] / 255));
+      }
+      if (id === "scores") {
+        const base = (L * a.H + h) * n * n, codes = d.scores;
+        return square((i, j) => (codes[base + i * n + j] === 0 ? NaN : (codes[base + i * n + j] - 1) / SCORE_CODES));
+      }
+      if (id === "mask") return square((i, j) => (masked(i, j) ? NaN : 0.15));
+      return null;
+    }
+    // a thumbnail: ROWS × COLS values in [0, 1] (NaN: masked) at(i, j), 96 × 6 px (a strip) or 36 × 36 px
+    mini(rows, cols, at) {
+      const c = el("canvas", "qkv-p-thumb");
+      c.width = rows === 1 ? 96 : 36;
+      c.height = rows === 1 ? 6 : 36;
+      c.setAttribute("aria-hidden", "true");
+      const ctx = c.getContext("2d"), cw = c.width / cols, ch = c.height / rows;
+      const step = Math.max(1, Math.ceil(Math.max(rows, cols) / 96));   // long texts: every step-th row and column
+      for (let i = 0; i < rows; i += step) for (let j = 0; j < cols; j += step) {
+        const v = at(i, j);
+        ctx.fillStyle = Number.isNaN(v) ? "#eaeef2" : viridis(v);
+        ctx.fillRect(j * cw, i * ch, Math.max(1, cw * step), Math.max(1, ch * step));
+      }
+      return c;
+    }
     // one d_model vector of a summary {norm (…, n), first (…, n, D)} at flat row `row`
     vector(sum, row) {
       const D = sum.first.shape[sum.first.shape.length - 1];
@@ -459,6 +508,7 @@
         case "scores": {
           formula(a.scale !== null && a.scale !== undefined ? t("p_s_scaled_f", {scale: num(a.scale, 4)}) : t("p_s_f"));
           out.append(el("p", "qkv-p-note", t("s_scale")));
+          this.diagram(out, "self", "S");
           const row = this.scoreRow(L, h, i);
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (H, n, n) = (${a.H}, ${n}, ${n}) · ` +
                         t("p_row", {token: this.label(i)})));
@@ -484,6 +534,7 @@
         }
         case "attn": {
           formula(t("p_a_f"));
+          this.diagram(out, "self", "A");
           const base = (L * a.H + h) * n * n;
           const A = d.attention.subarray(base, base + n * n);
           const vals = new Float64Array(n * n);
@@ -504,6 +555,7 @@
         case "z": {
           formula(t("p_z_f"));
           out.append(el("p", "qkv-p-note", t("z_seed")));
+          this.diagram(out, "self", "Z");
           this.vectorView(out, d.heads.z, headRow("z", a.H, h), `(H, n, d_k) = (${a.H}, ${n}, ${a.d_k})`);
           break;
         }
@@ -582,6 +634,7 @@
             break;
           }
           out.append(el("p", null, t("p_xattn_what", {n, m})));
+          this.diagram(out, "cross", "A");
           const vals = Float64Array.from(x.attention.subarray(base, base + n * m), (w) => w / 255);
           out.append(heatmap(vals, n, m, i, "cross A", p.labels, src));
           out.append(el("p", null, t("looks_most", {token: this.label(i), target: src[j], j, w: row[j]})));
@@ -596,12 +649,17 @@
         }
         case "xz": {
           formula(t("p_z_f"));
+          this.diagram(out, "cross", "Z");
           this.vectorView(out, d.cross.heads.z, headRow("z", a.H, h), `(H, n, d_k) = (${a.H}, ${n}, ${a.d_k})`);
           break;
         }
         case "probs": this.probs(out); break;
         default: break;
       }
+    }
+    // attention as its diagram with the arithmetic of a cell (pipeline_diagram.js, loaded before this file)
+    diagram(out, which, matrix) {
+      if (global.QKV_PIPELINE_DIAGRAM) global.QKV_PIPELINE_DIAGRAM.draw(out, this, which, matrix);
     }
     boxTitle(id) {
       const all = this.boxes();
@@ -690,11 +748,13 @@
     for (const k of Object.keys(part.heads)) d.heads[k] = await summary(part.heads[k]);
     d.attention = (await array(part.attention)).data;
     d.scores = (await array(part.scores.data)).data;
-    d.router = part.router || null;                      // a mixture of experts: per layer {experts, weights} or null
+    d.router = part.router || null;
+    d.arith = global.QKV_PIPELINE_DIAGRAM ? await global.QKV_PIPELINE_DIAGRAM.decode(part.arithmetic) : null;                      // a mixture of experts: per layer {experts, weights} or null
     if (part.cross) {
       const x = part.cross;
       d.cross = {heads: {}, attention: (await array(x.attention)).data, scores: (await array(x.scores.data)).data};
       for (const k of Object.keys(x.heads)) d.cross.heads[k] = await summary(x.heads[k]);
+      d.cross.arith = global.QKV_PIPELINE_DIAGRAM ? await global.QKV_PIPELINE_DIAGRAM.decode(x.arithmetic) : null;
     }
     return d;
   }
