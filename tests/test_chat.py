@@ -140,6 +140,84 @@ def test_a_broken_template_is_one_line(template, message):
     assert message in one_line(e)
 
 
+@pytest.mark.parametrize("template, message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "ran for more than 2 s"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% if i %}{% endif %}{% endfor %}{% endfor %}",
+     "ran for more than"),
+    ("{{ 'x' * 100000000 }}", "more than 1,000,000 characters"),
+    ("{{ 100000000 * ['x'] }}", "more than 1,000,000 characters"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+     "more than 1,000,000"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     "more than 1,000,000"),
+    ("{{ 10 ** 100000000 }}", "more than 1,000,000"),
+    ("{{ '%0999999999d' % 1 }}", "more than 1,000,000"),
+    ("{% for i in range(100000) %}{{ 'abcdefghijklmnopqrstuvwxyz' }}{% endfor %}", "more than 1,000,000"),
+])
+def test_a_template_that_runs_or_grows_without_end_is_stopped_in_one_line(template, message):
+    with pytest.raises(QkvError) as e:
+        render_chat_template(template, USER, True, {})
+    assert message in one_line(e) and "trusted chat template" in str(e.value)
+
+
+def test_bounded_operators_still_compute_what_jinja_computes():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    template = ("{{ 2 ** 10 }} {{ [1, 2] * 2 }} {{ 3 * 'ab' }} {{ 'a' + 'b' }} {{ 1 + 2 }} {{ 'a' ~ 1 ~ x }} "
+                "{{ '%3d|%s' % (7, 'y') }} {{ 7 % 3 }} {{ 2.5 * 2 }}")
+    plain = ImmutableSandboxedEnvironment().from_string(template).render(messages=USER)
+    assert render_chat_template(template, USER, True, {}) == plain == "1024 [1, 2, 1, 2] ababab ab 3 a1   7|y 1 5.0"
+
+
+def test_a_deadline_that_fires_as_the_render_ends_never_lands_later(monkeypatch):
+    """The interruption is withdrawn when it has not landed by the render's end: no TemplateTimeout escapes
+    into the code after it, however the timer and the render race."""
+    import time
+
+    import qkv.engine.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "TEMPLATE_SECONDS", 0.002)
+    template = "{% for i in range(3000) %}{% endfor %}{{ messages[0].content }}"
+    outcomes = set()
+    for _ in range(200):
+        try:
+            outcomes.add(render_chat_template(template, USER, True, {}))
+        except QkvError as e:
+            outcomes.add("stopped" if "ran for more than" in str(e) else str(e))
+        deadline = time.perf_counter() + 0.004                  # Python code after the render, past the timer
+        while time.perf_counter() < deadline:
+            pass
+    assert outcomes <= {FRANCE, "stopped"}
+
+
+def test_an_empty_render_says_so(tmp_path):
+    tok = Tokenizer.from_directory(hf_directory(tmp_path, {"chat_template": "{% if false %}x{% endif %}"}))
+    with pytest.raises(QkvError) as e:
+        tok.apply_chat_template(USER)
+    assert "wrote nothing for these messages" in one_line(e)
+
+
+def test_a_tokenizer_whose_regex_backtracks_without_end_is_one_line(tmp_path, capfd):
+    spec = json.loads((MODELS / "gpt2" / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = Tokenizer(tmp_path / "tokenizer.json")
+    with pytest.raises(QkvError) as e:
+        tok.encode("a" * 40 + "!")
+    assert "the tokenizer failed on this text" in one_line(e) and "replace it" in str(e.value)
+    assert "panicked" not in capfd.readouterr().err                   # Rust's report is not printed
+    assert tok.encode("hello")[1]                                       # and the tokenizer still works
+
+
+def test_cli_chat_with_a_template_that_never_ends_is_one_line(monkeypatch, capsys, tmp_path):
+    model = tmp_path / "m"
+    shutil.copytree(MODELS / "gpt2", model)
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": loops, "eos_token": "<|endoftext|>"}))
+    code, out, err = run_main(monkeypatch, capsys, "chat", "hi", "--model", str(model))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "ran for more than 2 s" in err, err
+
+
 @pytest.mark.parametrize("messages, message", [
     ([], "non-empty list"),
     ("hello", "non-empty list"),

@@ -16,8 +16,12 @@ The analysis keeps reading the tokens as spelled ([CLS], "Ġ," …).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
+import os
+import sys
 import re
 import unicodedata
 from datetime import datetime
@@ -77,13 +81,26 @@ class Tokenizer:
 
         add_special_tokens=False leaves out what the tokenizer adds around a text ([CLS], BOS).
         """
-        enc = self._tok.encode(check_text(text), add_special_tokens=add_special_tokens)
+        enc = self._encode(check_text(text), add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
+
+    def _encode(self, text: str, add_special_tokens: bool = True):
+        """The library's encoding of TEXT; its panics (a pre-tokenizer regex that backtracks without end,
+        e.g. `(a+)+$`, ends in Oniguruma's retry limit) as one QkvError, not a pyo3 PanicException and
+        the report Rust writes to stderr (`_rust_panics_hidden`)."""
+        try:
+            with _rust_panics_hidden():
+                return self._tok.encode(text, add_special_tokens=add_special_tokens)
+        except BaseException as e:                      # PanicException derives from BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            raise QkvError(f"the tokenizer failed on this text ({_one_line(e)[:160]}); its tokenizer.json is "
+                           "broken (e.g. a pre-tokenizer regex that backtracks without end): replace it") from None
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """Each token's characters TEXT[a:b] (n,), as `encode` gives the tokens (special tokens: (0, 0));
         a token's span may take in the space before it."""
-        return [tuple(o) for o in self._tok.encode(check_text(text)).offsets]
+        return [tuple(o) for o in self._encode(check_text(text)).offsets]
 
     def unknown_words(self, text: str) -> list[str]:
         """The pieces of TEXT that became the unknown token (each as the text spells it), in order;
@@ -91,7 +108,7 @@ class Tokenizer:
         unk = self.unk_id
         if unk is None:
             return []
-        enc = self._tok.encode(check_text(text), add_special_tokens=False)
+        enc = self._encode(check_text(text), add_special_tokens=False)
         return [text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk]
 
     def known_words(self, like: str, most: int = 12) -> tuple[int, list[str]]:
@@ -158,10 +175,13 @@ class Tokenizer:
                            "use a chat model, e.g. --model smollm2, or continue plain text with generate")
         text = render_chat_template(self.chat_template, check_messages(messages), add_generation_prompt,
                                     self.special_tokens)
+        if not text:
+            raise QkvError("the chat template wrote nothing for these messages; fix chat_template in "
+                           "tokenizer_config.json")
         if not tokenize:
             return text
         # The template writes the special tokens itself (BOS included): add nothing around it.
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._encode(text, add_special_tokens=False).ids
 
 
 # ── tokens as a reader sees them ────────────────────────────────────────────────
@@ -330,11 +350,136 @@ def check_messages(messages) -> list[dict[str, str]]:
     return out
 
 
+# A chat template is code from a checkpoint: its render is bounded in time and size, not only in what it may touch.
+TEMPLATE_SECONDS = 2.0          # a real template renders a conversation in milliseconds
+TEMPLATE_CHARS = 1_000_000      # what a render may write (and any string or list it builds): ~250k tokens
+POWER_DIGITS = 4096             # x ** y only while the result stays this small (a big power is one C call)
+
+
+class TemplateTooBig(Exception):
+    """A render that built or wrote more than TEMPLATE_CHARS."""
+
+
+class TemplateTimeout(BaseException):
+    """Raised inside a render that ran past TEMPLATE_SECONDS (BaseException: the template's own code cannot
+    catch it, nor can Jinja's `except Exception`)."""
+
+
+class _Deadline:
+    """Interrupts the calling thread with TemplateTimeout after SECONDS, at its next Python instruction
+    (CPython's PyThreadState_SetAsyncExc; a template's loops are Python code). Used as a context manager;
+    an interruption that has not landed by the time the block ends is withdrawn."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds, self.thread = seconds, threading.get_ident()
+        self.lock, self.active, self.sent = threading.Lock(), False, False
+        self.timer = threading.Timer(seconds, self._fire)
+        self.timer.daemon = True
+
+    def _fire(self) -> None:
+        import ctypes
+
+        with self.lock:
+            if self.active:
+                self.sent = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread), ctypes.py_object(TemplateTimeout))
+
+    def __enter__(self) -> "_Deadline":
+        self.active = True
+        self.timer.start()
+        return self
+
+    def __exit__(self, kind, value, tb) -> bool:
+        import ctypes
+
+        with self.lock:
+            self.active = False
+            if self.sent and kind is not TemplateTimeout:      # sent but not raised yet: withdraw it
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread), None)
+        self.timer.cancel()
+        return False
+
+
+def _sized(x) -> int | None:
+    return len(x) if isinstance(x, (str, list, tuple)) else None
+
+
+_STDERR_LOCK = None
+
+
+@contextlib.contextmanager
+def _rust_panics_hidden():
+    """While inside, file descriptor 2 goes to a temporary file; on leaving, what was written there returns to
+    stderr except a Rust panic's report (`thread '…' panicked at …`, its message, its notes and backtrace),
+    which the caller turns into one line. Serialised by a lock: other threads' writes wait or pass through."""
+    global _STDERR_LOCK
+    import tempfile
+    import threading
+
+    if _STDERR_LOCK is None:
+        _STDERR_LOCK = threading.Lock()
+    with _STDERR_LOCK:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                sink.seek(0)
+                text = sink.read().decode("utf-8", "replace")
+                if "panicked at" in text:                           # the report runs to the end
+                    text = text[:text.find("thread '")] if "thread '" in text else ""
+                if text:
+                    sys.stderr.write(text)
+
+
 def _environment():
     """Jinja as transformers sets it up for chat templates: the immutable sandbox, blocks that
-    leave no stray newlines, {% break %}/{% continue %}, and its helpers."""
+    leave no stray newlines, {% break %}/{% continue %}, and its helpers; with * + ** % and ~ bounded
+    (`'x' * 10**8`, a string doubled in a loop, `10 ** 10**8`, `'%0999999999d' % 1` would each be one
+    long C call, beyond the deadline's reach)."""
     import jinja2
+    from jinja2.compiler import CodeGenerator
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generator(CodeGenerator):
+        def visit_Concat(self, node, frame):             # a ~ b ~ c: joined by Sandbox.bounded_join
+            self.write("environment.bounded_join((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "+", "**", "%"])
+        code_generator_class = Generator
+
+        @staticmethod
+        def bounded_join(parts) -> str:
+            parts = [str(p) for p in parts]
+            if sum(map(len, parts)) > TEMPLATE_CHARS:
+                raise TemplateTooBig
+            return "".join(parts)
+
+        def call_binop(self, context, operator, left, right):
+            a, b = _sized(left), _sized(right)
+            if operator == "*" and (a is not None or b is not None):
+                times = right if a is not None else left
+                if isinstance(times, int) and (a if a is not None else b) * max(0, times) > TEMPLATE_CHARS:
+                    raise TemplateTooBig
+            elif operator == "+" and a is not None and b is not None and a + b > TEMPLATE_CHARS:
+                raise TemplateTooBig
+            elif operator == "%" and isinstance(left, str) and re.search(r"%[-#0 +]*[0-9]{7}|\.[0-9]{7}", left):
+                raise TemplateTooBig                   # a width or precision of millions
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                    and right * math.log10(abs(left)) > POWER_DIGITS:
+                raise TemplateTooBig
+            return super().call_binop(context, operator, left, right)
 
     class Undefined(jinja2.Undefined):
         """An undefined name is empty and false, as usual; but what the sandbox refused
@@ -358,8 +503,7 @@ def _environment():
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=Undefined,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, undefined=Undefined, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson                      # Jinja's own escapes HTML characters
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -387,9 +531,25 @@ def render_chat_template(template: str, messages: list[dict[str, str]], add_gene
     except jinja2.TemplateSyntaxError as e:
         raise QkvError(f"the chat template is not valid Jinja (line {e.lineno}: {_one_line(e)}); "
                        "fix chat_template in tokenizer_config.json") from None
+    too_big = QkvError(f"the chat template wrote or built more than {TEMPLATE_CHARS:,} characters; "
+                       "use a trusted chat template")
     try:
-        return compiled.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), tools=None,
-                               documents=None, **special_tokens)
+        parts, size = [], 0
+        with _Deadline(TEMPLATE_SECONDS):
+            for part in compiled.generate(messages=messages, add_generation_prompt=bool(add_generation_prompt),
+                                          tools=None, documents=None, **special_tokens):
+                size += len(part)
+                if size > TEMPLATE_CHARS:
+                    raise too_big
+                parts.append(part)
+        return "".join(parts)
+    except TemplateTimeout:
+        raise QkvError(f"the chat template ran for more than {TEMPLATE_SECONDS:g} s (a loop without end?); "
+                       "use a trusted chat template") from None
+    except (TemplateTooBig, MemoryError):
+        raise too_big from None
+    except QkvError:
+        raise
     except jinja2.exceptions.SecurityError as e:
         raise QkvError(f"the chat template tried something unsafe and was stopped ({_one_line(e)}); "
                        "use a trusted chat template") from None
