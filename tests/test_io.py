@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qkv.engine.io import FILE_MODE, FileBatch, umask, write_atomic, write_directory, write_text
+from qkv.engine.io import FILE_MODE, FileBatch, real_directory, umask, write_atomic, write_directory, write_text
 
 
 @pytest.fixture
@@ -144,3 +144,35 @@ def test_a_link_at_the_directory_is_not_followed(tmp_path):
         write_directory(link, lambda tmp: (tmp / "mine").write_text("y"))
     assert link.is_symlink() and sorted(p.name for p in victim.iterdir()) == ["precious"]
     assert not leftovers(tmp_path)
+
+
+def test_a_dead_writers_temporary_files_are_removed_by_the_next_write(tmp_path):
+    """kill -9 mid-write leaves .NAME.PID.*.tmp: the next write of NAME removes it when PID no longer runs,
+    and leaves a running writer's (and other names') alone."""
+    dead = tmp_path / ".page.html.4194999.abcd1234.tmp"                  # past Linux's largest pid: not running
+    alive = tmp_path / f".page.html.{os.getpid()}.efgh5678.tmp"
+    other = tmp_path / ".other.html.4194999.ijkl9012.tmp"
+    for p in (dead, alive, other):
+        p.write_text("half")
+    write_text(tmp_path / "page.html", "whole")
+    assert not dead.exists() and alive.exists() and other.exists()
+    with FileBatch(tmp_path) as batch:
+        batch.write_text("other.html", "whole")
+    assert not other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, "other.html", "page.html"])
+
+
+def test_real_directory_refuses_links_at_the_folder_and_its_sub_folders(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError, match="is a link"):
+        real_directory(tmp_path / "link")
+    (tmp_path / "run" / "checkpoints").parent.mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError, match="checkpoints is a link"):
+        real_directory(tmp_path / "run", ("checkpoints", "model"))
+    assert real_directory(tmp_path / "new" / "deep", ("model",)).is_dir()
+    with pytest.raises(OSError, match="is a link"):
+        with FileBatch(tmp_path / "link") as batch:
+            batch.write_text("a.txt", "x")
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..engine.handles import Handle
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-# The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<random>.tmp").
+# The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<pid>.<random>.tmp").
 _LEFTOVER = re.compile(r"\.(" + "|".join(re.escape(f) for f in FILES) + r")\.[^/]*\.tmp")
 
 

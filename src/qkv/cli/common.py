@@ -44,10 +44,13 @@ def new_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
 
-def check_writable(directory: str | os.PathLike) -> None:
-    """Fail before the work, not after it, when an output directory cannot be written."""
+def check_writable(directory: str | os.PathLike, subs: tuple[str, ...] = ()) -> None:
+    """Fail before the work, not after it, when an output directory cannot be written, or it or a sub-folder
+    SUBS the command will write in is a link (`io.real_directory`)."""
+    from ..engine.io import real_directory
+
     try:
-        os.makedirs(directory, exist_ok=True)
+        real_directory(directory, subs)
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as e:

@@ -123,7 +123,7 @@ def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tup
     warn_unknown(model, text)
     with removed_if_failed(trace_dir):
         if trace_dir is not None:
-            check_writable(trace_dir)
+            check_writable(trace_dir, ("encoder", "cross"))
         for piece in stream:
             click.echo(piece, nl=False)
         click.echo()

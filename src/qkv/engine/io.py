@@ -2,8 +2,11 @@
 
     write_atomic(path, write)   write(f) into a new temporary file beside PATH, then rename it onto PATH
     write_text(path, text)      the same for a string (UTF-8)
+    real_directory(path, subs)  PATH as a folder qkv may write in: made if missing, refused if it (or a
+                                sub-folder SUBS the command will use) is a link
     FileBatch(directory)        several files in one directory, all renamed into place together or none
     write_directory(path, write)  write(tmp) fills a new temporary directory beside PATH, renamed to PATH
+    remove_leftovers(directory) the temporary files of writers that died mid-write (kill -9), removed
     cache_dir()                 where qkv keeps what it measured or made once per machine (None: nowhere)
 
 How: the temporary file is made by `tempfile.mkstemp` in the target's own directory (the rename must
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -48,10 +52,60 @@ def umask() -> int:
     return mask
 
 
-def temporary_file(path: str | os.PathLike) -> tuple[int, Path]:
-    """(fd, name) of a new, empty temporary file beside PATH, mode FILE_MODE & ~umask, to be renamed onto PATH."""
+def refuse_link(path: str | os.PathLike) -> None:
+    """OSError(ELOOP) when PATH is a symbolic link (even a dangling one): qkv writes into folders it was given,
+    never into wherever a link planted at one points (an --out at /etc, a run's checkpoints linked elsewhere)."""
+    if os.path.islink(path):
+        raise OSError(errno.ELOOP, f"{os.fspath(path)} is a link, and qkv does not write through links", os.fspath(path))
+
+
+def real_directory(path: str | os.PathLike, subs: tuple[str, ...] = ()) -> Path:
+    """PATH as a directory to write in, made (with its parents) if missing. Refused (OSError) before anything
+    is written when PATH, or PATH/SUB for a sub-folder SUB the command will create or use, is a link or a
+    file; checked again after making PATH (a link planted between the check and mkdir)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    refuse_link(path)
+    path.mkdir(parents=True, exist_ok=True)
+    refuse_link(path)
+    for sub in subs:
+        refuse_link(path / sub)
+        if (path / sub).exists() and not (path / sub).is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{path / sub} is a file where qkv writes a folder", str(path / sub))
+    return path
+
+
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")    # .NAME.PID.RANDOM.tmp (`temporary_file`)
+
+
+def remove_leftovers(directory: str | os.PathLike, name: str | None = None) -> None:
+    """Remove the temporary files (of NAME, or of any file) in DIRECTORY whose writer has died: a process killed
+    mid-write (kill -9, a crash) leaves its .NAME.PID.*.tmp behind; the next write there cleans it. A file
+    whose PID still runs is another writer's, and stays (as do links and anything not named so)."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        m = LEFTOVER.match(entry.name)
+        if not m or (name is not None and m["name"] != name) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(m["pid"]), 0)                   # alive (or another user's: PermissionError)
+        except ProcessLookupError:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+        except (PermissionError, OverflowError, ValueError):
+            pass
+
+
+def temporary_file(path: str | os.PathLike) -> tuple[int, Path]:
+    """(fd, name) of a new, empty temporary file beside PATH, mode FILE_MODE & ~umask, to be renamed onto PATH;
+    named .NAME.PID.RANDOM.tmp, so that a later write can tell a dead writer's leftover (`remove_leftovers`)."""
+    path = Path(path)
+    remove_leftovers(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         os.fchmod(fd, FILE_MODE & ~umask())
     except BaseException:
@@ -110,7 +164,7 @@ class FileBatch:
 
     def __enter__(self) -> "FileBatch":
         self._created = not os.path.lexists(self.directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        real_directory(self.directory)
         return self
 
     def write(self, name: str, write: Callable[[IO[bytes]], object]) -> Path:

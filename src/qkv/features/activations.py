@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import write_text
+from ..engine.io import real_directory, write_text
 
 if TYPE_CHECKING:
     from ..engine.model import Model
@@ -203,9 +203,12 @@ def write_activations(path: str | Path, array: np.ndarray, *, model: str, layer:
     if a.ndim != 2 or len(a) == 0:
         raise QkvError(f"write_activations takes a (T, d) array with T ≥ 1, not shape {a.shape}")
     path = Path(path)
-    if path.exists() and any(path.iterdir()):
+    if path.exists() and not path.is_symlink() and any(path.iterdir()):
         raise QkvError(f"{path} is not empty; give a new directory")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        real_directory(path)
+    except OSError as e:
+        raise QkvError(f"cannot write to {path}: {e.strerror}; choose a writable directory") from None
     check_range(a, dtype)
     meta = new_meta(model, layer, site, a.shape[1], dtype, shard_tokens, None, {"from": "write_activations"})
     for k, lo in enumerate(range(0, len(a), shard_tokens)):

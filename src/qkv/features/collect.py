@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io import real_directory, refuse_link
 from .activations import (BATCH_TOKENS, CONTEXT, SHARD_TOKENS, SITES, Activations, check_range, check_settings,
                           new_meta, read_meta, save_meta, shard_name, site_rows, write_shard)
 
@@ -386,12 +387,16 @@ def open_collection(source: "str | Model", out: str | Path, *, layer: int, site:
         import_ray()
     must, corpus = settings_of(model, source, layer, site, dtype, shard_tokens, tokens, context, skip_first, texts, split)
     out = Path(out)
+    try:
+        refuse_link(out)                                  # a store is written into the folder given, not a link's
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror}; choose a real folder") from None
     meta = read_meta(out) if out.is_dir() else None
     if meta is None:
         if out.is_dir() and any(p for p in out.iterdir() if not p.name.startswith(".")):
             raise QkvError(f"{out} holds files but no activation store; give a new or empty directory")
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            real_directory(out)
         except OSError as e:
             raise QkvError(f"cannot make {out}: {e.strerror}; choose a writable directory") from None
         meta = new_meta(model.name, layer, site, model.config.d_model, dtype, shard_tokens, corpus,

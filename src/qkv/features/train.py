@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import FileBatch, write_atomic, write_text
+from ..engine.io import FileBatch, real_directory, refuse_link, write_atomic, write_text
 from ..train.loop import KEEP, Interrupted, _deferred_interrupt, read_log
 from ..train.optim import AdamW, check_lr
 from .sae import AUX_COEF, SAE, SAEConfig, init_sae, loss_and_grads, normalize_decoder, project_decoder_grad, variance
@@ -159,6 +159,11 @@ class Run:
         self.out, self.settings, self.batches = Path(out), settings.check(), batches
         self.source = dict(source or {})
         self.source["d"] = int(d_in)
+        try:
+            for folder in (self.out, self.out / CHECKPOINTS):       # never through a link: refused before the work
+                refuse_link(folder)
+        except OSError as e:
+            raise QkvError(f"--out {self.out}: {e.strerror}; give a real folder") from None
         if self.out.exists() and not self.out.is_dir():
             raise QkvError(f"--out {self.out} is a file; give a directory for the SAE")
         saved = read_json(self.out / RUN_FILE) if self.out.is_dir() else None
@@ -180,7 +185,10 @@ class Run:
             if not var > 0:
                 raise QkvError("the activations do not vary (variance 0): nothing to learn; check the store")
         self.trainer = Trainer(sae, settings, var)
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            real_directory(self.out, (CHECKPOINTS,))
+        except OSError as e:
+            raise QkvError(f"cannot write to {self.out}: {e.strerror}; choose a writable directory") from None
         if saved is None:
             write_text(self.out / RUN_FILE, json.dumps(self._meta(), indent=1))
             write_text(self.out / LOG_FILE, "")
@@ -227,8 +235,7 @@ class Run:
         arrays = self.trainer.arrays()
         meta = {"qkv": "sae", "format": FORMAT, "settings": self.settings.to_json(), "seconds": self.seconds}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        folder = self.out / CHECKPOINTS
-        folder.mkdir(exist_ok=True)
+        folder = real_directory(self.out / CHECKPOINTS)
         path = folder / f"step-{self.trainer.step_count:08d}.npz"
         write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
         for old in self.checkpoints()[:-KEEP]:

@@ -32,12 +32,13 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import write_atomic, write_text
+from ..engine.io import real_directory, refuse_link, write_atomic, write_text
 from .tasks import Settings, file_sha256, make_task, read_json, settings_for
 
 RUN_FILE = "run.json"
 LOG_FILE = "log.jsonl"
 CHECKPOINTS = "checkpoints"
+MODEL = "model"                              # the trained model, a checkpoint folder
 KEEP = 2                                     # checkpoints kept (the newest)
 BETAS, EPS = (0.9, 0.95), 1e-8
 FORMAT = 1                                   # of run.json and the checkpoints
@@ -59,6 +60,12 @@ def open_run(out: str | os.PathLike, task: str | None, given: dict) -> "Run":
     checkpoint. GIVEN: the options the user gave (name → value); on a resume each must equal the
     saved setting, and the rest are taken from it. Bad input raises QkvError before OUT is touched."""
     out = Path(out)
+    try:
+        refuse_link(out)                                  # the run's folders: never through a link
+        for sub in (CHECKPOINTS, MODEL):
+            refuse_link(out / sub)
+    except OSError as e:
+        raise QkvError(f"--out {out}: {e.strerror}; give a real folder") from None
     if out.exists() and not out.is_dir():
         raise QkvError(f"--out {out} is a file; give a directory for the run")
     saved = read_json(out / RUN_FILE) if out.is_dir() else None
@@ -122,7 +129,10 @@ class Run:
         from .optim import AdamW
 
         self.out, self.settings = out, settings
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            real_directory(out, (CHECKPOINTS, MODEL))
+        except OSError as e:
+            raise QkvError(f"cannot write to --out {out}: {e.strerror}; choose a writable folder") from None
         self.task = make_task(settings, out)
         self.config = self.task.config
         start = init(self.config, seed=settings.seed)                      # step 0, also for "before"
@@ -171,8 +181,7 @@ class Run:
                 "optim": scalars, "seconds": self.seconds}
         arrays.update({f"param/{k}": v for k, v in self.params.items()})
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        folder = self.out / CHECKPOINTS
-        folder.mkdir(exist_ok=True)
+        folder = real_directory(self.out / CHECKPOINTS)
         path = folder / f"step-{self.step:08d}.npz"
         write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
         for old in self.checkpoints()[:-KEEP]:
@@ -268,7 +277,7 @@ class Run:
         the files of the run a user opens, in order: also the viewer before training, written at the start."""
         model = self.model()
         model.name = f"{self.settings.task} ({self.step} steps)"
-        written = [model.save(self.out / "model")]                       # all files or none (FileBatch)
+        written = [model.save(self.out / MODEL)]                       # all files or none (FileBatch)
         written += self.write_figures()
         before = self.out / "before.html"
         written.append(before if before.is_file() and hasattr(self.task, "viewer_ids") else None)
