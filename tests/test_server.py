@@ -444,18 +444,28 @@ def test_lanes_serve_in_order_and_bound_their_queue():
 
 
 def test_connections_beyond_the_thread_cap_get_503_at_once(monkeypatch):
+    """Threads held by requests under way: one connection more gets 503 at once. Threads held by connections
+    that have not sent their request (idle, or trickling it): the longest-waiting is closed instead."""
     import qkv.web.server
 
     monkeypatch.setattr(qkv.web.server, "MAX_THREADS", 3)
     with running_server(BERT) as srv:
         idle = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]   # say nothing
+        time.sleep(0.2)
+        assert call(srv, "GET", "/api/models")[0] == 200
+        assert idle[0].recv(10) == b""                    # the one that waited longest was closed for it
+        for s in idle:
+            s.close()
+        busy = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]
+        for s in busy:                                    # heads sent, bodies still to come: requests under way
+            s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
         try:
-            time.sleep(0.2)
+            time.sleep(0.3)
             status, r, answer = call(srv, "GET", "/api/models")
             assert status == 503 and r.getheader("Retry-After") and has_security_headers(r)
             assert "busy with 3 connections" in answer["error"]
         finally:
-            for s in idle:
+            for s in busy:
                 s.close()
         for _ in range(100):                               # their threads end: the server answers again
             if call(srv, "GET", "/api/models")[0] == 200:

@@ -85,3 +85,72 @@ def test_a_short_request_is_answered_while_50_long_ones_run(server):
     # Relative, not a clock limit: waiting behind the long lane's queue would take ≥ 9 long requests'
     # time; a short request may take at most two (measured: 0.2 of one on a quiet machine, 0.8 on a busy one).
     assert max(short) < 2 * one_long, (short, one_long)
+
+
+SLOW = 70                                          # clients trickling their headers, a line every 3 s
+
+
+def test_an_ordinary_request_is_answered_while_70_clients_trickle_their_headers(server):
+    """Each slow client opens a connection and sends its request line, then one header line every 3 s
+    (slowloris): together they would hold every one of the 64 threads. The server closes the longest-waiting
+    when a connection needs a thread, and each has HEAD_SECONDS for its whole head, so ten ordinary
+    requests made meanwhile are all answered (timed and printed; bounded at 10 s, where before none was
+    answered in 30 s)."""
+    import socket
+
+    host, port = server.server_address[:2]
+    slow, stop = [], threading.Event()
+    for _ in range(SLOW):
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.append(s)
+
+    def trickle() -> None:
+        k = 0
+        while not stop.wait(3):
+            for s in slow:
+                try:
+                    s.sendall(f"X-Slow-{k}: 1\r\n".encode())
+                except OSError:
+                    pass                            # closed by the server: as it should be
+            k += 1
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        time.sleep(0.5)
+        took = []
+        for _ in range(10):
+            start = time.monotonic()
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+            try:
+                conn.request("GET", "/api/models")
+                r = conn.getresponse()
+                assert r.status == 200 and "models" in json.loads(r.read())
+            finally:
+                conn.close()
+            took.append(time.monotonic() - start)
+            time.sleep(0.3)
+        print(f"\nwith {SLOW} trickling clients: ordinary requests answered in "
+              f"{min(took) * 1000:.0f}–{max(took) * 1000:.0f} ms")
+    finally:
+        stop.set()
+        for s in slow:
+            s.close()
+
+
+def test_a_body_shorter_than_its_length_is_refused_without_a_traceback(server, capfd):
+    import socket
+
+    host, port = server.server_address[:2]
+    body = json.dumps({"text": "hi"}).encode()
+    with socket.create_connection((host, port), timeout=30) as s:      # stops sending, keeps the connection
+        s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body) + 20}\r\n\r\n".encode() + body)
+        s.shutdown(socket.SHUT_WR)                                        # the client is done: 20 bytes short
+        answer = b""
+        while chunk := s.recv(65536):                                     # to the end: the server closes
+            answer += chunk
+        answer = answer.decode()
+    assert answer.startswith("HTTP/1.0 400") and "fewer than its Content-Length" in answer
+    err = capfd.readouterr().err
+    assert "Traceback" not in err

@@ -25,7 +25,11 @@ included, carries the security headers. Only models on the allow-list load (--mo
 `qkv.available()`). The server keeps no conversation: the page sends the turns so far with each message.
 
 Load: at most MAX_THREADS connections are served at once (more get 503 at once), the kernel
-queues BACKLOG more. Work that runs a model waits in one of two lanes, each one pass at a time
+queues BACKLOG more. A request's line and headers must arrive within HEAD_SECONDS of its first byte being
+awaited (an idle keep-alive connection included), its body within BODY_SECONDS (a body shorter than its
+Content-Length: 400 when the client stops sending, 408 at the deadline); and at most MAX_WAITING
+connections may be waiting for their request at once — a new connection past that closes the one that
+has waited longest, so clients trickling headers (a line every few seconds) never hold every thread. Work that runs a model waits in one of two lanes, each one pass at a time
 and at most LANE_WAITING waiting (more get 503): short texts (≤ SMALL_TOKENS tokens) in their
 own lane, so a one-line request never waits behind long ones; long texts and chat replies in the
 other. Memory stays bounded by two passes.
@@ -38,6 +42,7 @@ server, so a page the user visits cannot drive it.
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import math
@@ -45,7 +50,9 @@ import re
 import socket
 import sys
 import threading
+import time
 import traceback
+from collections import OrderedDict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -79,6 +86,10 @@ MAX_THREADS = 64                    # connections served at once; one more gets 
 SMALL_TOKENS = 64                   # a text up to this many tokens runs in the short lane
 LANE_WAITING = 8                    # requests waiting in one lane; one more gets 503 (one user needs few)
 RETRY_AFTER = 2                     # seconds a 503 asks the client to wait
+HEAD_SECONDS = 10                   # to send a request's line and headers (from when the server awaits it)
+BODY_SECONDS = 10                   # to send its body (64 kB at most)
+MAX_WAITING = MAX_THREADS // 2      # connections waiting for their request's head at once; a new one past it
+                                    # closes the longest-waiting
 
 _CSP_APP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
             "connect-src 'self'; font-src 'self'; form-action 'none'; base-uri 'none'")   # font: hangul.woff
@@ -405,11 +416,51 @@ class ChatReply:
             self._lane.leave()
 
 
+class DeadlineReader(io.RawIOBase):
+    """The connection's bytes, each recv bounded by what is left before `deadline` (time.monotonic()): a
+    client sending a byte every few seconds still runs out of time, where a socket timeout per recv would
+    wait forever. Past the deadline: TimeoutError (which BaseHTTPRequestHandler turns into a closed connection)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.deadline = sock, time.monotonic() + HEAD_SECONDS
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the client took too long to send its request")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
 class Handler(BaseHTTPRequestHandler):
     """Routes one request to the App; every answer is JSON except the page itself."""
 
     server_version = "qkv"
-    timeout = 20                               # a stalled client frees its thread
+    timeout = 20                               # writing an answer to a client that stopped reading
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        """One request: HEAD_SECONDS for its line and headers, counted among the waiting connections until then."""
+        self._reader.deadline = time.monotonic() + HEAD_SECONDS
+        self.server.waiting(self.connection, True)           # type: ignore[attr-defined]
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.waiting(self.connection, False)      # type: ignore[attr-defined]
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if ok:                                               # the head is in: no longer waiting; the body's own time
+            self.server.waiting(self.connection, False)      # type: ignore[attr-defined]
+            self._reader.deadline = time.monotonic() + BODY_SECONDS
+        return ok
 
     @property
     def app(self) -> App:
@@ -487,7 +538,16 @@ class Handler(BaseHTTPRequestHandler):
         if size > MAX_BODY:
             self.close_connection = True       # the body is not read: do not reuse this connection
             raise HttpError(413, f"the request is {size:,} bytes; the limit is {MAX_BODY:,}: send a shorter text")
-        raw = self.rfile.read(max(size, 0))
+        try:
+            raw = self.rfile.read(max(size, 0))
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            raise HttpError(408, f"the request body did not arrive within {BODY_SECONDS} s; send all "
+                                 f"{size:,} bytes its Content-Length promises") from None
+        if len(raw) < size:
+            self.close_connection = True
+            raise HttpError(400, f"the request body has {len(raw):,} bytes, fewer than its Content-Length "
+                                 f"{size:,}; send the whole body")
         try:
             request = json.loads(raw.decode("utf-8"))
             json.dumps(request, ensure_ascii=False).encode("utf-8")     # a lone surrogate (\\ud800) fails here
@@ -602,14 +662,43 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.app = app
         self._threads_free = threading.BoundedSemaphore(MAX_THREADS)
+        self._waiting: OrderedDict[socket.socket, None] = OrderedDict()   # oldest first
+        self._waiting_lock = threading.Lock()
+
+    def waiting(self, connection: socket.socket, yes: bool) -> None:
+        """Count CONNECTION among those waiting for their request's head (yes) or not."""
+        with self._waiting_lock:
+            if yes:
+                self._waiting[connection] = None
+            else:
+                self._waiting.pop(connection, None)
+
+    def _close_longest_waiting(self) -> bool:
+        """Close the connection that has waited longest for its request (its thread ends at once)."""
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            oldest, _ = self._waiting.popitem(last=False)
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)                 # its blocked recv returns: the thread ends
+        except OSError:
+            pass
+        return True
 
     def process_request(self, request, client_address) -> None:
-        if not self._threads_free.acquire(blocking=False):
+        while len(self._waiting) >= MAX_WAITING and self._close_longest_waiting():
+            pass
+        free = self._threads_free.acquire(blocking=False)
+        if not free and self._close_longest_waiting():        # a thread a trickling client held
+            free = self._threads_free.acquire(timeout=1.0)
+        if not free:
             self._refuse(request)
             return
+        self.waiting(request, True)                           # waiting from accept, before its thread runs
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.waiting(request, False)
             self._threads_free.release()
             raise
 
@@ -617,6 +706,7 @@ class Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.waiting(request, False)
             self._threads_free.release()
 
     def _refuse(self, request: socket.socket) -> None:
