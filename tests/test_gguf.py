@@ -341,6 +341,14 @@ BAD = {
     "split": (lambda p: _model(p, _edit(split__count=(3, V.UINT16))), "split in 3"),
     "version-1": (_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)), "version 1"),
     "bad-alignment": (lambda p: _model(p, _edit(general__alignment=(48, V.UINT32))), "alignment"),
+    # numbers in range for their type, not for the model: refused before the conversion is cached
+    "eps-zero": (lambda p: _model(p, _edit(llama__attention__layer_norm_rms_epsilon=(0.0, V.FLOAT32))),
+                 "x.gguf (its metadata read as config.json) rms_norm_eps = 0.0 is not a positive number; the "
+                 "file's metadata is broken: use an intact copy"),
+    "freq-base-tiny": (lambda p: _model(p, _edit(llama__rope__freq_base=(1e-45, V.FLOAT32))),
+                       "rope_theta=1.401298464324817e-45 must be a finite number above 1"),
+    "eos-outside": (lambda p: _model(p, _edit(tokenizer__ggml__eos_token_id=(10**9, V.UINT32))),
+                    "tokenizer.ggml.eos_token_id 1000000000 is not a token id of its"),
 }
 
 

@@ -87,6 +87,15 @@ CONFIG_CASES = [
     ("llama_gqa", "rope_scaling", {"rope_type": ["linear"]}, "rope_scaling.rope_type"),
     ("llama_gqa", "rope_scaling", {"rope_type": "linear", "factor": "2"}, "rope_scaling.factor"),
     ("llama_gqa", "rope_scaling", {"rope_type": "linear", "factor": 0}, "rope_scaling.factor"),
+    # in range for their type, not for the model: 1/θ^(2i/d) or p·ω/factor overflow float32 (NaN in every score)
+    ("llama_gqa", "rope_theta", 5e-324, "rope_theta=5e-324 must be a finite number above 1"),
+    ("llama_gqa", "rope_theta", 1.0, "rope_theta=1.0 must be a finite number above 1"),
+    ("llama_gqa", "rope_scaling", {"rope_type": "linear", "factor": 1e-300}, "factor=1e-300 must be from 0.001"),
+    ("llama_gqa", "rope_scaling", {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192}, "llama3 needs low_freq_factor"),
+    ("llama_gqa", "rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192}, "high_freq_factor > low_freq_factor"),
+    ("llama_gqa", "eos_token_id", 10**9, "eos_token_id=1000000000 is not a token id"),
     ("llama_gqa", "rope_parameters", "default", "rope_parameters"),
     ("llama_gqa", "rope_parameters", {"rope_theta": "x"}, "rope_parameters.rope_theta"),
     ("llama_gqa", "rms_norm_eps", -1e-6, "rms_norm_eps"),
@@ -406,3 +415,31 @@ def test_a_dtype_the_engine_does_not_compute_in_is_one_line(dtype):
     assert model.dtype == np.float64 and qkv.load(MODELS / "gpt2", dtype=np.float32).dtype == np.float32
     with pytest.raises(qkv.QkvError, match="is not supported"):
         model.astype(dtype)                                           # an int8 copy would compute nonsense
+
+
+EXTREME = {                                     # finite values that overflow float32 in the products that follow
+    "wte": ("transformer.wte.weight", 3e38),
+    "c_attn": ("transformer.h.0.attn.c_attn.weight", 1e20),
+}
+
+
+@pytest.mark.parametrize("which", sorted(EXTREME))
+@pytest.mark.parametrize("args", [
+    ["show", "the cat sat"], ["show", "the cat sat", "--out", "{out}"], ["heads", "the cat sat", "--json"],
+    ["next", "the cat sat"], ["generate", "the cat", "-n", "3", "--trace", "{out}"], ["lens", "the cat sat"],
+    ["rollout", "the cat sat"], ["dla", "the cat sat", "--target", " the"],
+    ["patch", "the cat sat", "the dog sat", "--answer", " the", "--wrong", " a"],
+    ["circuits", "--layer", "0", "--head", "0", "--text", "the cat sat"], ["explain", "the cat sat", "--layer", "0", "--head", "0"],
+])
+def test_extreme_finite_weights_stop_in_one_line_naming_where(monkeypatch, capsys, tmp_path, which, args):
+    """wte = 3e38 or q/k weights of 1e20 pass the NaN/Inf weight check but overflow in the pass: every command
+    stops with one line naming where the stream first stopped being finite, never a table of nan or invalid JSON."""
+    d = copy_model(tmp_path, "gpt2")
+    name, value = EXTREME[which]
+    rewrite_tensor(d, name, lambda a: np.full_like(a, value))
+    args = [a.replace("{out}", str(tmp_path / "out")) for a in args]
+    code, out, err = run_main(monkeypatch, capsys, *args, "--model", str(d))
+    assert code == 2, (code, out[-300:], err[-300:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "not finite" in lines[0] and "nan" not in out.lower(), err
+    assert not (tmp_path / "out").exists()

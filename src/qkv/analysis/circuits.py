@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..engine.blocks import QUIET, check_finite
 from ..engine.errors import QkvError
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ def copying_score(model: "Model", layer: int, head: int, *, UE: np.ndarray | Non
     h = head_weights(model, layer, head)
     UE = unembedding(model) @ embedding(model) if UE is None else UE              # (d_model, d_model)
     lam = np.linalg.eigvals(h["W_O"] @ UE @ h["W_V"])                             # (d_k,)
-    return float(lam.sum().real / np.abs(lam).sum())
+    size = np.abs(lam).sum()
+    return float(lam.sum().real / size) if size > 0 else 0.0                     # a circuit of zeros copies nothing
 
 
 def copying_scores(model: "Model") -> np.ndarray:
@@ -173,14 +175,18 @@ def ov_circuit(model: "Model", layer: int, head: int, tokens: str | Sequence[int
     layer, head = model.check_layer(layer), model.check_head(head)
     ids = token_set(model, tokens)
     h = head_weights(model, layer, head)
-    E, U = embedding(model), unembedding(model)                                  # (V, d_model), (d_model, V)
-    rows = E[ids] @ h["W_V"] @ h["W_O"] @ U                                      # (k, V) full rows
+    with np.errstate(**QUIET):                                                   # weights near 3e38: one line, below
+        E, U = embedding(model), unembedding(model)                              # (V, d_model), (d_model, V)
+        rows = E[ids] @ h["W_V"] @ h["W_O"] @ U                                  # (k, V) full rows
+        UE = U @ E
+        check_finite(rows, f"the OV circuit of layer {layer}, head {head}")
+        check_finite(UE, "W_U·W_E")
     matrix = rows[:, ids]                                                        # (k, k)
     label = model.tokenizer.label if model.tokenizer else str
     best = np.argsort(-rows, axis=1)[:, :top]                                   # (k, top)
     outputs = [[(label(int(t)), float(r[t])) for t in b] for r, b in zip(rows, best)]
     return OVCircuit(layer=layer, head=head, ids=ids, labels=[label(int(i)) for i in ids], matrix=matrix,
-                     top_outputs=outputs, copying_score=copying_score(model, layer, head, UE=U @ E),
+                     top_outputs=outputs, copying_score=copying_score(model, layer, head, UE=UE),
                      diagonal=float(np.mean(np.argmax(matrix, axis=1) == np.arange(len(ids)))))
 
 

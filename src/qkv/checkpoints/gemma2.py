@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.positions import rope_inv_freq
+from ..engine.positions import check_rope
 from . import llama
 from .common import check_config, reads_back
 
@@ -66,7 +66,7 @@ def config(hf: dict) -> ModelConfig:
     if family == "gemma3_text":
         theta, scaling, local_theta, local_scaling = _rope(hf)
         for base, kind in ((theta, scaling), (local_theta, local_scaling)):
-            rope_inv_freq(cfg.d_head, base, kind)        # a rope_type qkv lacks: refused now, not at the first pass
+            check_rope(base, kind)               # a rope_type qkv lacks, θ ≤ 1: refused now, not at the first pass
         knobs |= dict(rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta,
                       local_rope_scaling=local_scaling)
     return cfg.with_(**knobs)

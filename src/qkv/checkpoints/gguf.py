@@ -295,6 +295,9 @@ def parse(path: Path, vocab_size: int | None = None) -> Parsed:
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int) and 0 <= value < vocab_size:
             cfg[key] = value
+        elif value is not None and name != "padding":     # a writer that never meets its end, or a wrong start
+            raise QkvError(f"the GGUF file's tokenizer.ggml.{name}_token_id {value!r:.20} is not a token id of its "
+                           f"{vocab_size}-token vocabulary; the file is damaged: use an intact copy")
     used = _used_tensors(reader, a, cfg, dims)
     # Each GGUF tensor becomes one Hugging Face tensor (or, fused Q/K/V split, several), the converter's
     # changes undone (gguf_archs.hf_tensors).
@@ -305,7 +308,16 @@ def parse(path: Path, vocab_size: int | None = None) -> Parsed:
 def describe(path: Path, out: Path) -> None:
     """Write the Hugging Face directory of GGUF file PATH, without its tensors, into the (existing, empty)
     directory OUT: config.json, the tokenizer's files, and qkv_source.json (which file it describes)."""
+    from .families import config_of
+
     p = parse(path)
+    try:                                                  # checked before anything is written (and cached)
+        config_of(json.loads(json.dumps(p.cfg)), f"{path.name} (its metadata read as config.json)")
+    except QkvError as e:
+        message = str(e).replace("restore the checkpoint's config.json", "the file's metadata is broken: "
+                                 "use an intact copy").replace("fix the model's config", "the file's metadata is "
+                                                                 "broken: use an intact copy")
+        raise QkvError(message if path.name in message else f"{path.name}: {message}") from None
     tokenizer_json, tokenizer_config = p.tokenizer
     (out / "config.json").write_text(json.dumps(p.cfg, indent=2))
     (out / "tokenizer.json").write_text(tokenizer_json)

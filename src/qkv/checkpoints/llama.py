@@ -27,7 +27,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.positions import rope_inv_freq
+from ..engine.positions import check_rope
 from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
 from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
                      reads_back, ROTARY_BUFFERS)
@@ -91,7 +91,7 @@ def config(hf: dict) -> ModelConfig:
     L = need(hf, "num_hidden_layers")
     check_shapes(hf, d, H)
     theta, scaling = _rope(hf)
-    rope_inv_freq(hf.get("head_dim") or d // H, theta, scaling)   # a rope_type qkv lacks: refused now, not at a pass
+    check_rope(theta, scaling)           # a rope_type qkv lacks, θ ≤ 1, a factor of 1e-300: refused now, not at a pass
     rope_layers = _rope_layers(hf, L) if family == "smollm3" else [1] * L
     window, windows = None, None
     if family == "mistral":

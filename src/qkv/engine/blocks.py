@@ -485,6 +485,18 @@ def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, nam
     return after
 
 
+# What a pass does where float32 overflows (weights near 3e38, a q·k of 1e40): NumPy's warnings are silenced
+# inside the pass and the first non-finite stream stops it, naming where (`check_finite`), instead of tables of nan.
+QUIET = dict(over="ignore", invalid="ignore", divide="ignore")
+
+
+def check_finite(x: np.ndarray, where: str) -> None:
+    """One QkvError when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed."""
+    if not np.isfinite(x).all():
+        raise QkvError(f"{where} is not finite (inf or NaN): the model's weights or config overflow float32 there; "
+                       "check the checkpoint (its values, its rope and eps settings)")
+
+
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
     """One transformer block (guide: block): attention, then (an encoder–decoder's decoder) cross-attention
     reading the encoder's output, then the FFN, each a residual step with its norm."""

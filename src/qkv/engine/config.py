@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .errors import QkvError
+from .positions import check_rope
 
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
@@ -180,6 +181,12 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.no_rope_layers):
             raise QkvError(f"no_rope_layers={self.no_rope_layers} must be layers 0..{self.n_layers - 1}; "
                            "fix the model's config")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
+            raise QkvError(f"norm_eps={self.norm_eps} must be a finite number ≥ 0; fix the model's config")
+        if self.position == "rope":
+            check_rope(self.rope_theta, self.rope_scaling)
+            if self.local_rope_theta is not None:
+                check_rope(self.local_rope_theta, self.local_rope_scaling, "local_rope")
         for knob in ("attn_softcap", "final_softcap", "local_rope_theta"):
             v = getattr(self, knob)
             if v is not None and not (0 < v < float("inf")):
@@ -196,6 +203,10 @@ class ModelConfig:
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:
             raise QkvError(f"d_embed={self.d_embed} must be positive (or none: d_model); fix the model's config")
+        eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id or ())
+        if any(not 0 <= e < self.vocab_size for e in eos):           # else writing never meets its end
+            raise QkvError(f"eos_token_id={self.eos_token_id} is not a token id of the {self.vocab_size}-token "
+                           "vocabulary; fix the model's config")
         if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
             raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
                            f"{self.vocab_size}-token vocabulary; fix the model's config")

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import ABLATIONS, Ablation, Context, attention_mask_of, block, embed, logits_of, norm, unembed_in
+from .blocks import (ABLATIONS, QUIET, Ablation, Context, attention_mask_of, block, check_finite, embed, logits_of, norm,
+                     unembed_in)
 from .blocks_backward import Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
@@ -47,6 +48,7 @@ class Output:
     attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
 
 
+@np.errstate(**QUIET)
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
                 token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
                 cache: KVCache | None = None, logits: str = "all",
@@ -112,8 +114,13 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
         if ctx.masks is not None:                            # one per window
             ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
+    checked = tape is None                                   # training checks its own loss (train.loop)
+    if checked and stream is None:
+        check_finite(x, "the embeddings")
     for layer in range(start, cfg.n_layers if stop is None else stop):
         x = block(x, weights.blocks[layer], ctx, layer)
+        if checked:
+            check_finite(x, f"layer {layer}'s output")
     if stop is not None and stop < cfg.n_layers:
         return x, None                                       # (B, n, d_model) entering block STOP
     if cache is not None:
@@ -123,7 +130,10 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
             tape.put(None, "final_norm", x)
         x = norm(x, weights.final_norm, cfg)
     x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
-    return x, logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
+    out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
+    if checked and out is not None:
+        check_finite(out, "the logits")
+    return x, out
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────

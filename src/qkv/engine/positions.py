@@ -92,6 +92,45 @@ def relative_bias(table: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, bidir
     return table[b].transpose(2, 0, 1)[None]                                           # (1, H, n_q, n_k)
 
 
+ROPE_FACTOR = (1e-3, 1e6)        # a rope_scaling factor outside this makes float32 angles of 0 or ∞
+
+
+def check_rope(theta: float, scaling: dict | None, what: str = "rope") -> None:
+    """RoPE's numbers as `rope_inv_freq` will use them, checked once at load: θ a finite number above 1 (else
+    1/θ^(2i/d) is ∞ or flat), a scaling kind qkv computes with every number it reads present, finite and in
+    range (llama3: high_freq_factor > low_freq_factor). One QkvError naming the knob."""
+    fix = "fix the model's config"
+    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 1):
+        raise QkvError(f"{what}_theta={theta!r} must be a finite number above 1 (the rotation speeds are "
+                       f"1/θ^(2i/d)); {fix}")
+    if not scaling:
+        return
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    need = {"default": (), "linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                             "original_max_position_embeddings"),
+            "longrope": ("original_max_position_embeddings",)}
+    if kind not in need:
+        raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, longrope")
+    for key in need[kind]:
+        v = scaling.get(key)
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise QkvError(f"rope_scaling {kind} needs {key}, a positive finite number, not {v!r}; {fix}")
+    if "factor" in need[kind] and not ROPE_FACTOR[0] <= scaling["factor"] <= ROPE_FACTOR[1]:
+        raise QkvError(f"rope_scaling factor={scaling['factor']!r} must be from {ROPE_FACTOR[0]:g} to "
+                       f"{ROPE_FACTOR[1]:g}; {fix}")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise QkvError(f"rope_scaling llama3 needs high_freq_factor > low_freq_factor, not "
+                       f"{scaling['high_freq_factor']!r} ≤ {scaling['low_freq_factor']!r}; {fix}")
+    if kind == "longrope":
+        for key in ("short_factor", "long_factor", "attention_factor"):
+            v = scaling.get(key)
+            values = v if isinstance(v, list) else [v]
+            if v is not None and not all(isinstance(x, (int, float)) and math.isfinite(x) and
+                                         ROPE_FACTOR[0] <= x <= ROPE_FACTOR[1] for x in values):
+                raise QkvError(f"rope_scaling longrope {key} must hold numbers from {ROPE_FACTOR[0]:g} to "
+                               f"{ROPE_FACTOR[1]:g}; {fix}")
+
+
 def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=np.float32,
                   length: int | None = None) -> np.ndarray:
     """RoPE's rotation speeds: ω_i = 1 / θ^(2i/d) for i < d/2, optionally rescaled.

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .attention import AttentionMask
-from .blocks import ABLATIONS, Ablation, Context, block, cross_memory, embed, logits_of, norm
+from .blocks import ABLATIONS, QUIET, Ablation, Context, block, check_finite, cross_memory, embed, logits_of, norm
 from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
@@ -63,6 +63,7 @@ class Stacks:
                        hooks=self.hooks.get(stack), scale=cfg.score_scale, tape=self.tape.get(stack), **more)
 
 
+@np.errstate(**QUIET)
 def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
                  stacks: Stacks | None = None, tokens: np.ndarray | None = None) -> np.ndarray:
     """Source ids (B, n_src), mask (B, n_src) → the encoder's output M (B, n_src, d_model).
@@ -79,8 +80,11 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
     ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
+    checked = tape is None                                         # training checks its own loss
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
+        if checked:
+            check_finite(x, f"encoder layer {layer}'s output")
     if tape is not None and w.final_norm is not None:
         tape.put(None, "final_norm", x)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
@@ -98,6 +102,7 @@ def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) ->
     return cross_memory(encoded, weights.decoder.blocks, cfg)
 
 
+@np.errstate(**QUIET)
 def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
                  memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
                  cache: KVCache | None = None, stacks: Stacks | None = None, logits: str = "all",
@@ -126,8 +131,11 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
     ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
                          rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
+    checked = tape is None
     for layer in range(start, len(w.blocks)):
         x = block(x, w.blocks[layer], ctx, layer)
+        if checked:
+            check_finite(x, f"decoder layer {layer}'s output")
     if cache is not None:
         cache.advance(n)
     if w.final_norm is not None:
