@@ -113,3 +113,20 @@ def test_workers_end_when_their_parent_is_killed():
         for p in workers:                                                  # never leave them running
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("address, message", [
+    ("127.0.0.1:1", "cannot reach the Ray cluster at 127.0.0.1:1 (Connection refused)"),
+    ("ray://127.0.0.1:1", "cannot reach the Ray cluster at ray://127.0.0.1:1"),
+    ("nowhere", "is not host:port"),
+    ("127.0.0.1:99999", "is not host:port"),
+])
+def test_a_ray_address_where_nothing_listens_is_one_line_at_once(monkeypatch, capsys, tmp_path, address, message):
+    """Ray itself retries a missing head for about a minute: qkv tries the port first (5 s at most)."""
+    from conftest import run_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\n" * 3)
+    code, _, err = run_main(monkeypatch, capsys, "heads", "--file", str(corpus), "--backend", "ray", "--address",
+                            address, "--model", "minilm")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err

@@ -278,6 +278,21 @@ def _tensor(name: str, value=None):
     return edit
 
 
+def _tensor_offset(name: str, value: int):
+    """A file whose tensor NAME's data offset (its info: name, n_dims u32, dims u64 × n, type u32, offset u64)
+    is VALUE: near 2⁶⁴ the reader's uint64 sums overflow."""
+    def make(path):
+        _model(path)
+        raw = bytearray(path.read_bytes())
+        at = raw.index(name.encode()) + len(name)
+        n_dims = int.from_bytes(raw[at:at + 4], "little")
+        at += 4 + 8 * n_dims + 4
+        raw[at:at + 8] = value.to_bytes(8, "little")
+        path.write_bytes(bytes(raw))
+        return path
+    return make
+
+
 def _nan(meta, tensors):
     w = np.zeros((64,), np.float32)
     w[3] = np.nan
@@ -341,6 +356,7 @@ BAD = {
     "split": (lambda p: _model(p, _edit(split__count=(3, V.UINT16))), "split in 3"),
     "version-1": (_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)), "version 1"),
     "bad-alignment": (lambda p: _model(p, _edit(general__alignment=(48, V.UINT32))), "alignment"),
+    "offset-overflow": (_tensor_offset("token_embd.weight", 2**64 - 32), "damaged"),
     # numbers in range for their type, not for the model: refused before the conversion is cached
     "eps-zero": (lambda p: _model(p, _edit(llama__attention__layer_norm_rms_epsilon=(0.0, V.FLOAT32))),
                  "x.gguf (its metadata read as config.json) rms_norm_eps = 0.0 is not a positive number; the "
@@ -366,7 +382,7 @@ def test_bad_file(tmp_path, monkeypatch, capsys, case):
     assert fragment in str(e.value)                      # the float32 conversion refuses it too
     cache = tmp_path / "cache"
     left = [p for p in cache.iterdir()] if cache.exists() else []
-    if case == "nan-weights":            # its header is sound: described (config, tokenizer), no tensors written
+    if case in ("nan-weights", "offset-overflow"):   # a sound header: described (config, tokenizer), no tensors
         assert len(left) == 1 and not (left[0] / "model.safetensors").exists()
         assert not [p for p in left[0].iterdir() if p.name.startswith(".")]
     else:

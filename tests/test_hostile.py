@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import struct
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -54,6 +55,8 @@ CONFIG_CASES = [
     ("gpt2", "n_head", -4, "n_head"),
     ("gpt2", "n_head", 5, "not divisible"),
     ("gpt2", "n_layer", [2], "n_layer"),
+    ("gpt2", "n_layer", 1, "config.json says 1 layer but the checkpoint holds layers up to 1"),   # strict: not 1 of 2
+    ("llama_gqa", "num_hidden_layers", 1, "config.json says 1 layer but the checkpoint holds layers up to 1"),
     ("gpt2", "n_positions", None, "n_positions"),
     ("gpt2", "vocab_size", 0, "vocab_size"),
     ("gpt2", "vocab_size", 10 ** 30 + 0.5, "vocab_size"),
@@ -227,6 +230,21 @@ def test_weights_of_the_wrong_kind(monkeypatch, capsys, tmp_path, change, match)
         assert_one_line(monkeypatch, capsys, tmp_path, [*command, "--model", str(d)], match)
 
 
+@pytest.mark.parametrize("dtype, value, weights, match", [
+    (np.float64, 1e300, None, "holds values beyond float32's range (|x| up to 1e+300)"),
+    (np.float64, 1e300, "bfloat16", "holds values beyond float32's range"),
+    (np.float32, 1e5, "float16", "holds values beyond float16's range (|x| up to 1e+05"),
+])
+def test_values_beyond_the_type_held_are_one_line_without_a_warning(monkeypatch, capsys, tmp_path, dtype, value,
+                                                                     weights, match):
+    d = copy_model(tmp_path, "gpt2")
+    rewrite_tensor(d, "transformer.h.1.mlp.c_fc.weight", lambda a: np.full_like(a, value, dtype=dtype))
+    args = (["--weights", weights] if weights else []) + ["show", TEXT, "--model", str(d)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                            # a RuntimeWarning before the line fails the test
+        assert_one_line(monkeypatch, capsys, tmp_path, args, match)
+
+
 def test_large_finite_weights_are_not_taken_for_inf(tmp_path):
     d = copy_model(tmp_path, "gpt2")
     rewrite_tensor(d, "transformer.h.1.mlp.c_fc.weight", lambda a: np.full_like(a, 3e38))   # the float32 sum overflows
@@ -366,7 +384,28 @@ TRACE_CASES = [
     ("npz-ids-2d", lambda d, n: edit_npz(d, ids=np.zeros((1, n), np.int64)), "ids"),
     ("npz-ids-float", lambda d, n: edit_npz(d, ids=np.zeros(n, np.float32)), "ids"),
     ("npz-object", lambda d, n: edit_npz(d, ids=np.array([None] * n, dtype=object)), "does not hold a qkv trace"),
+    # values, not only shapes: what the engine's outputs are (softmax rows, token ids, layer numbers)
+    ("npz-attn-nan", lambda d, n: edit_npz(d, attentions=np.full((2, 4, n, n), np.nan, np.float32)), "NaN or inf"),
+    ("npz-attn-negative", lambda d, n: edit_npz(d, attentions=causal_rows(n) * -1), "weights ≥ 0"),
+    ("npz-attn-negative-edited", lambda d, n: (edit_npz(d, attentions=causal_rows(n) * -1),
+                                               edit_json(d, lambda m: {**m, "rows": "edited"})), "weights ≥ 0"),
+    ("npz-attn-rows-5", lambda d, n: edit_npz(d, attentions=causal_rows(n) * 5), "in \\[0, 1\\]|sum to 1"),
+    ("json-rows-other", lambda d, n: edit_json(d, lambda m: {**m, "rows": "whatever"}), "'rows' must be"),
+    ("npz-attn-rows-half", lambda d, n: edit_npz(d, attentions=causal_rows(n) * 0.5), "each sum to 1"),
+    ("npz-layers-huge", lambda d, n: edit_npz(d, layers=np.array([0, 10**6])), "layer numbers from 0 to 9999"),
+    ("npz-ids-negative", lambda d, n: edit_npz(d, ids=np.full(n, -1)), "token ids"),
+    ("json-fifo", lambda d, n: ((d / "trace.json").unlink(), os.mkfifo(d / "trace.json")), "not a regular file"),
+    ("npz-dev-zero", lambda d, n: ((d / "trace.npz").unlink(), (d / "trace.npz").symlink_to("/dev/zero")),
+     "not a regular file"),
+    ("json-dev-urandom", lambda d, n: ((d / "trace.json").unlink(), (d / "trace.json").symlink_to("/dev/urandom")),
+     "not a regular file"),
 ]
+
+
+def causal_rows(n: int) -> np.ndarray:
+    """(2, 4, n, n) causal attention rows that each sum to 1 (uniform over the keys seen)."""
+    A = np.tril(np.ones((n, n), np.float32))
+    return np.broadcast_to(A / A.sum(-1, keepdims=True), (2, 4, n, n)).copy()
 
 
 @pytest.mark.parametrize("spoil, match", [c[1:] for c in TRACE_CASES], ids=[c[0] for c in TRACE_CASES])
@@ -443,3 +482,47 @@ def test_extreme_finite_weights_stop_in_one_line_naming_where(monkeypatch, capsy
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "not finite" in lines[0] and "nan" not in out.lower(), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["heads", "--file", "{fifo}", "--model", "{gpt2}"], ["train", "--text", "{fifo}", "--out", "{out}"],
+    ["activations", "--layer", "0", "--tokens", "8", "--file", "{fifo}", "--out", "{out}", "--model", "{gpt2}"],
+])
+def test_a_fifo_or_a_device_given_as_input_is_refused_without_waiting(monkeypatch, capsys, tmp_path, args):
+    """A FIFO with no writer would block the open (or the first read) forever; /dev/zero never ends."""
+    os.mkfifo(tmp_path / "fifo")
+    for source in (tmp_path / "fifo", Path("/dev/zero")):
+        given = [a.replace("{fifo}", str(source)).replace("{out}", str(tmp_path / "out"))
+                 .replace("{gpt2}", str(MODELS / "gpt2")) for a in args]
+        code, _, err = run_main(monkeypatch, capsys, *given)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "not a regular file" in err and ("a FIFO" in err) == (source.name == "fifo"), err
+
+
+@pytest.mark.parametrize("content", [b"PK\x03\x04 not a zip at all", b"", b"\x93NUMPY garbage", None])
+def test_a_corrupt_heads_checkpoint_is_one_line(monkeypatch, capsys, tmp_path, content):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\n" * 3)
+    checkpoint = tmp_path / "heads.npz"
+    if content is None:
+        np.savez(checkpoint, meta=np.array("[1, 2]"))                # a real .npz, not a heads checkpoint
+    else:
+        checkpoint.write_bytes(content)
+    code, _, err = run_main(monkeypatch, capsys, "heads", "--file", str(corpus), "--checkpoint", str(checkpoint),
+                            "--model", str(MODELS / "gpt2"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a qkv heads checkpoint" in err, err
+
+
+@pytest.mark.parametrize("args", [["show", "the cat sat"], ["models"], ["heads", "the cat sat", "--json"]])
+def test_output_to_a_full_disk_is_one_line(args):
+    """stdout on /dev/full: every write fails with ENOSPC (at the latest at the final flush)."""
+    import subprocess
+    import sys
+
+    model = [] if args == ["models"] else ["--model", str(MODELS / "gpt2")]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "qkv", *args, *model], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines == ["qkv: error: cannot write the output (No space left on device); "
+                                              "free some space or write elsewhere"], done.stderr

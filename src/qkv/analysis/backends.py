@@ -154,6 +154,30 @@ class RayWorker:
         return run_chunk(self.setup, chunk)
 
 
+RAY_CONNECT_SECONDS = 5          # a head that does not answer in this long is not there (Ray itself retries ~60 s)
+
+
+def reach(address: str) -> None:
+    """One QkvError, within RAY_CONNECT_SECONDS, when nothing listens at ADDRESS (host:port, or ray://host:port
+    of a Ray Client server); "auto" (the cluster this machine runs) is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    where = address.removeprefix("ray://")
+    host, _, port = where.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise QkvError(f"--address {address!r} is not host:port (e.g. 10.0.0.5:6379, ray://10.0.0.5:10001, auto); "
+                       "give the address `ray start --head` printed")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_SECONDS).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise QkvError(f"cannot reach the Ray cluster at {address} ({reason}); start it (ray start --head) "
+                       "or give its address") from None
+
+
 def ray_cluster(spec: WorkerSpec, jobs: Iterable[Job], workers: int | None = None,
                 address: str | None = None) -> Iterator:
     """Run on Ray: a local instance (`ray.init()`) by default, or join the cluster at `address`.
@@ -164,6 +188,8 @@ def ray_cluster(spec: WorkerSpec, jobs: Iterable[Job], workers: int | None = Non
     """
     ray = import_ray()
     started = not ray.is_initialized()
+    if started and address:
+        reach(address)
     if started:
         options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         try:

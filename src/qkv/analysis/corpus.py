@@ -9,6 +9,7 @@ lines of a paragraph are joined with newlines). Lines of only whitespace are nev
 
 from __future__ import annotations
 
+import errno
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io import open_regular
 
 SPLITS = ("line", "paragraph")
 
@@ -53,10 +55,10 @@ def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
     """(line number from 1, line) of a UTF-8 text file; a clear QkvError for a file that cannot be read
     or is binary (a line that is not UTF-8 fails alone, when its text is encoded)."""
     try:
-        f = open(path, "rb")
-    except IsADirectoryError:
-        raise QkvError(f"{path} is a directory; give a text file with one text per line") from None
+        f = open_regular(path)                                 # a FIFO or a device would hang or never end
     except OSError as e:
+        if e.errno == errno.EINVAL and "directory" in (e.strerror or ""):
+            raise QkvError(f"{path} is a directory; give a text file with one text per line") from None
         raise QkvError(f"cannot read {path}: {e.strerror}; give a readable text file") from None
     with f:
         head = f.peek(8192)[:8192] if hasattr(f, "peek") else b""

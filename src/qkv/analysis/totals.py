@@ -10,13 +10,14 @@ resumed from its checkpoint gives the same bits as one never interrupted.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import write_atomic
+from ..engine.io import open_regular, write_atomic
 
 
 @dataclass
@@ -103,11 +104,14 @@ class Totals:
         if not path.exists():
             return cls()
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with open_regular(path) as f, np.load(f, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 sums = {name[4:]: z[name] for name in z.files if name.startswith("sum_")}
-        except (OSError, ValueError, KeyError) as e:
-            raise QkvError(f"{path} is not a qkv heads checkpoint ({e}); delete it or choose another "
+                if not isinstance(meta, dict):
+                    raise ValueError("its meta is not an object")
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
+            raise QkvError(f"{path} is not a qkv heads checkpoint ({reason}); delete it or choose another "
                            "--checkpoint") from None
         if meta.get("key") != key:
             raise QkvError(f"the checkpoint {path} belongs to another run (other corpus, model or options); "

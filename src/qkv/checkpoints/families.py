@@ -19,6 +19,7 @@ tensors (what training updates in place).
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
 import numpy as np
@@ -64,6 +65,9 @@ def config_of(hf: dict, where: str = "config.json") -> ModelConfig:
     return family.config(check_config(hf, where))
 
 
+LAYER_NUMBER = re.compile(r"\.(?:h|layers?|blocks?)\.(\d+)\.")      # a tensor of layer N (every family's naming)
+
+
 def read_weights(store: TensorStore | TensorDict, cfg: ModelConfig, dtype, holder: str = "the checkpoint",
                  fix: str | None = None) -> Weights:
     """The family's weights from STORE, once every tensor STORE holds was read or is in the family's
@@ -72,6 +76,11 @@ def read_weights(store: TensorStore | TensorDict, cfg: ModelConfig, dtype, holde
     family = family_of(cfg.family)
     weights = family.weights(store, cfg, dtype)
     left = unread(store.names(), store.read, family.IGNORED)
+    numbers = [int(m.group(1)) for m in map(LAYER_NUMBER.search, left) if m]
+    if left and fix is None and len(numbers) == len(left) and min(numbers) >= cfg.n_layers:
+        raise QkvError(f"config.json says {cfg.n_layers} layer{'s' if cfg.n_layers > 1 else ''} but {holder} holds "
+                       f"layers up to {max(numbers)} ({left[0]!r}, …): its later layers would not run; use the config.json "
+                       "that came with it")
     if left:
         fix = fix or (f"it is probably not a {cfg.family} checkpoint but another family (mislabelled model_type), "
                       f"or config.json is not its own: use the config.json that came with it "

@@ -221,7 +221,8 @@ def _dequantised(t, shape: tuple[int, ...]) -> np.ndarray:
     import gguf
 
     try:
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        with np.errstate(all="ignore"):                 # damaged scales (inf × 0) are said in one line below
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
     except (ValueError, NotImplementedError) as e:
         raise QkvError(f"tensor {t.name} cannot be dequantised ({e}); the file is damaged") from None
     if not np.isfinite(w).all():

@@ -23,6 +23,8 @@ from ..engine.stored import KINDS, StoredMatrix, StoredTable, half_bytes
 from .gguf import _dequantised, parse, source_of
 from .tensors import ByName, check_finite
 
+HALF_MAX = float(np.finfo(np.float16).max)       # 65504: a float32 matrix held as float16 must fit
+
 
 class GGUFTensors(ByName):
     def __init__(self, directory: Path):
@@ -109,6 +111,10 @@ class HalfTensors:
         arr = self.store.get(name, shape, dtype)
         if self.kind is None or len(shape) != 2 or not isinstance(arr, np.ndarray):
             return arr
+        if self.kind == "F16" and arr.size and float(np.abs(arr).max()) > HALF_MAX:
+            raise QkvError(f"tensor {name} holds values beyond float16's range (|x| up to "
+                           f"{float(np.abs(arr).max()):.3g}, float16 stops at {HALF_MAX:g}); hold the weights as "
+                           "bfloat16 or float32 (qkv --weights bfloat16)")
         return StoredTable(StoredMatrix(self.kind, half_bytes(arr, self.kind), shape[1]))
 
     def __getattr__(self, name):

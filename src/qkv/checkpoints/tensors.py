@@ -190,7 +190,14 @@ class TensorStore(ByName):
         if kind == "BF16":                                # bfloat16 = the top half of a float32
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
         arr = raw.reshape(got)
-        arr = arr if arr.dtype == dtype else arr.astype(dtype)
+        if arr.dtype != dtype:
+            with np.errstate(over="ignore", invalid="ignore"):      # said below, in one line, if it overflowed
+                cast = arr.astype(dtype)
+            if not np.isfinite(cast).all() and np.isfinite(arr).all():
+                raise QkvError(f"tensor {stored} holds values beyond {np.dtype(dtype).name}'s range (|x| up to "
+                               f"{float(np.abs(arr).max()):.3g}); the checkpoint is corrupt (re-save the model after "
+                               "fixing its weights)")
+            arr = cast
         check_finite(stored, arr)
         self.read.add(stored)
         return arr

@@ -8,6 +8,7 @@ cli.py, analysis/cli.py and bench/cli.py import this module; it imports none of 
 from __future__ import annotations
 
 
+import errno
 import os
 import sys
 import tempfile
@@ -76,9 +77,18 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
     """
     try:
         command.main(prog_name=prog_name, standalone_mode=False)
+        sys.stdout.flush()                            # a full disk or a closed pipe shows here, not at exit
     except QkvError as e:
         click.echo(f"qkv: error: {e}", err=True)
         sys.exit(2)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EIO, errno.EFBIG):
+            raise
+        _abandon_stdout()
+        if e.errno != errno.EPIPE:                    # a reader that left (| head) wants no message
+            click.echo(f"qkv: error: cannot write the output ({e.strerror}); free some space or write elsewhere",
+                       err=True)
+        sys.exit(2 if e.errno != errno.EPIPE else 141)
     except click.exceptions.Abort:
         click.echo("qkv: aborted", err=True)
         sys.exit(130)
@@ -89,6 +99,17 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
     except click.ClickException as e:
         click.echo(f"qkv: error: {e.format_message().replace(chr(10), ' ')}", err=True)
         sys.exit(e.exit_code)
+
+
+def _abandon_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail a second time
+    (and print "Exception ignored … OSError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def write_figure(fig, out_dir: str, name: str) -> None:

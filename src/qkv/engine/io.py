@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,6 +51,26 @@ def umask() -> int:
     mask = os.umask(0o022)                  # elsewhere: set and restore (the only portable way)
     os.umask(mask)
     return mask
+
+
+def open_regular(path: str | os.PathLike, limit: int | None = None) -> IO[bytes]:
+    """PATH open for binary reading if it is a regular file (after links) of at most LIMIT bytes; else OSError
+    naming what it is. A FIFO is refused without waiting for a writer (opened non-blocking, then fstat), a device
+    (/dev/zero, /dev/urandom) before a byte is read: input that would hang or never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd)
+        if not stat.S_ISREG(mode.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode.st_mode) else "a directory" if stat.S_ISDIR(mode.st_mode) \
+                else "a device or socket"
+            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
+        if limit is not None and mode.st_size > limit:
+            raise OSError(errno.EFBIG, f"it has {mode.st_size:,} bytes, more than {limit:,}", os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def refuse_link(path: str | os.PathLike) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
+import errno
+import io
 import json
 import math
 import os
@@ -22,7 +24,7 @@ from .tokenizer import label
 
 if TYPE_CHECKING:
     from .attention import TopAttention
-from .io import FileBatch
+from .io import FileBatch, open_regular
 
 # Names a forward pass can record, per layer, with their batched shapes:
 INTERMEDIATES = {
@@ -224,7 +226,8 @@ class Trace:
             arrays.update({name: np.stack([getattr(self.layers[i], name) for i in routed]) for name in ROUTER})
         meta = {"model": self.model if model_name is None else model_name, "family": self.family,
                 "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
-                "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length}
+                "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length,
+                "rows": "softmax" if A is None or _softmax_rows(A) else "edited"}     # hooks may edit the weights
         try:
             with FileBatch(out) as files:                       # both files or neither
                 files.write("trace.npz", lambda f: _write_npz(f, arrays))
@@ -241,9 +244,9 @@ class Trace:
         is refused before it expands), trace.json's keys and types, and the arrays' shapes."""
         d = Path(directory)
         try:
-            meta = json.loads((d / "trace.json").read_text(encoding="utf-8"))
-            arrays = _read_npz(d / "trace.npz", ("ids", "layers"),
-                               ("attentions", "attentions_lower", "router_layers", *ROUTER))
+            meta = json.loads(_regular_file(d / "trace.json", TRACE_JSON_MAX).decode("utf-8"))
+            npz = io.BytesIO(_regular_file(d / "trace.npz", None))
+            arrays = _read_npz(npz, ("ids", "layers"), ("attentions", "attentions_lower", "router_layers", *ROUTER))
         except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile) as e:
             raise QkvError(f"{d} does not hold a qkv trace ({_short(e)}); give a directory written by --trace") from None
         meta = _check_meta(d, meta)
@@ -356,17 +359,35 @@ def _short(e: Exception) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _read_npz(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[np.ndarray | None]:
-    """The named arrays of an .npz (then the OPTIONAL ones, None where absent), after checking the zip
+TRACE_JSON_MAX = 64 << 20         # trace.json: tokens and a text (8,192 tokens take well under 1 MiB)
+MAX_LAYER = 10_000                # layer numbers a trace may name (the largest models have ~100)
+ROW_SUM = 1e-2                    # a row of attention sums to 1 (0 when every key is masked), float16 included
+
+
+def _regular_file(path: Path, limit: int | None) -> bytes:
+    """PATH's bytes if it is a regular file of at most LIMIT bytes (`io.open_regular`: a FIFO or a device
+    such as /dev/zero is refused before it is read)."""
+    try:
+        with open_regular(path, limit) as f:
+            return f.read()
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EFBIG):
+            raise ValueError(f"{path.name}: {e.strerror}") from None
+        raise
+
+
+def _read_npz(data: io.BytesIO, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[np.ndarray | None]:
+    """The named arrays of an .npz's bytes (then the OPTIONAL ones, None where absent), after checking the zip
     directory's uncompressed sizes against a bound and each .npy header's shape against its member's
     size: nothing large is allocated first."""
-    bound = max(TRACE_MIN_BOUND, TRACE_RATIO * path.stat().st_size)
-    with zipfile.ZipFile(path) as z:
+    size = len(data.getbuffer())
+    bound = max(TRACE_MIN_BOUND, TRACE_RATIO * size)
+    with zipfile.ZipFile(data) as z:
         members = {info.filename: info for info in z.infolist()}
         total = sum(info.file_size for info in members.values())
         if total > bound:
             raise ValueError(f"trace.npz would expand to {total / 2**20:.0f} MiB from "
-                             f"{path.stat().st_size / 2**20:.1f} MiB on disk, more than a trace can hold")
+                             f"{size / 2**20:.1f} MiB on disk, more than a trace can hold")
         out = []
         for name in names + optional:
             info = members.get(name + ".npy")
@@ -402,6 +423,8 @@ def _check_meta(d: Path, meta) -> dict:
             raise bad(f"{key!r} must be a string")
     if meta.get("causal") is not None and not isinstance(meta["causal"], bool):
         raise bad("'causal' must be true, false or null")
+    if meta.get("rows") not in (None, "softmax", "edited"):
+        raise bad("'rows' must be \"softmax\" or \"edited\"")
     p = meta.get("prompt_length")
     if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= len(meta["tokens"])):
         raise bad("'prompt_length' must be a token count")
@@ -419,8 +442,11 @@ def _check_arrays(d: Path, meta: dict, ids, layers, att, lower) -> tuple[np.ndar
 
     if ids.shape != (n,) or ids.dtype.kind not in "iu":
         raise bad(f"ids have shape {ids.shape} of {ids.dtype}, expected ({n},) integers for {n} tokens")
-    if layers.ndim != 1 or layers.dtype.kind not in "iu" or len(set(layers.tolist())) != len(layers):
-        raise bad("layers must be distinct layer numbers")
+    if ids.size and not 0 <= ids.min() <= ids.max() < 2**31:
+        raise bad(f"ids must be token ids (0 or more), not {ids.min()}")
+    if layers.ndim != 1 or layers.dtype.kind not in "iu" or len(set(layers.tolist())) != len(layers) \
+            or (layers.size and not 0 <= layers.min() <= layers.max() < MAX_LAYER):
+        raise bad(f"layers must be distinct layer numbers from 0 to {MAX_LAYER - 1}")
     if (att is None) == (lower is None):
         raise bad("it must hold attentions or attentions_lower, one of them")
     if lower is not None:
@@ -433,7 +459,32 @@ def _check_arrays(d: Path, meta: dict, ids, layers, att, lower) -> tuple[np.ndar
         att[..., rows, cols] = lower
     if att.ndim != 4 or att.shape[0] != len(layers) or att.shape[2:] != (n, n_k) or att.dtype.kind != "f":
         raise bad(f"attentions have shape {att.shape} of {att.dtype}, expected ({len(layers)}, H, {n}, {n_k}) floats")
+    check_weights(att, lambda what: bad(f"attentions {what}"), rows=meta.get("rows") != "edited")
     return ids, att, layers.tolist()
+
+
+def _softmax_rows(att: np.ndarray) -> bool:
+    """Whether every row of ATT sums to 1 (or 0: every key masked), to within ROW_SUM."""
+    sums = att.sum(axis=-1, dtype=np.float64)
+    return not sums.size or float(np.minimum(np.abs(sums - 1), np.abs(sums)).max()) <= ROW_SUM
+
+
+def check_weights(att: np.ndarray, bad, rows: bool = True) -> None:
+    """Attention weights as a pass leaves them: finite and ≥ 0; with ROWS (a trace whose trace.json does not say
+    its weights were edited by hooks: "rows": "edited") also at most 1, each row summing to 1 (0: every key
+    masked) to within ROW_SUM. Else bad(what is wrong) is raised."""
+    if not np.isfinite(att).all():
+        raise bad("hold NaN or inf")
+    if att.size and att.min() < 0:
+        raise bad(f"must be weights ≥ 0, not {float(att.min()):.3g}")
+    if not rows:
+        return
+    if att.size and att.max() > 1 + ROW_SUM:
+        raise bad(f"must be weights in [0, 1], not up to {float(att.max()):.3g}")
+    sums = att.sum(axis=-1, dtype=np.float64)
+    off = np.minimum(np.abs(sums - 1), np.abs(sums))
+    if off.size and off.max() > ROW_SUM:
+        raise bad(f"rows must each sum to 1 (softmax), not {float(sums.flat[int(np.argmax(off))]):.3g}")
 
 
 def _check_router(d: Path, n: int, layers: list[int], routed, router, experts, weights
@@ -460,4 +511,6 @@ def _check_router(d: Path, n: int, layers: list[int], routed, router, experts, w
         raise bad(f"experts have shape {experts.shape} of {experts.dtype}, expected ({Lm}, {n}, k) expert numbers")
     if weights.shape != experts.shape or weights.dtype.kind != "f":
         raise bad(f"expert_weights have shape {weights.shape}, expected {experts.shape} floats")
+    if not (np.isfinite(router).all() and np.isfinite(weights).all()) or (weights.size and weights.min() < 0):
+        raise bad("router and expert_weights must be finite, the weights ≥ 0")
     return {int(i): (router[j], experts[j], weights[j]) for j, i in enumerate(routed)}

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io import open_regular
 from ..engine.tokenizer import Tokenizer, check_text
 
 EOT = "<|endoftext|>"           # the end-of-text token of both kinds
@@ -164,7 +165,8 @@ def read_text(path: str | Path) -> str:
     if path.is_dir():
         raise QkvError(f"{path} is a directory; {fix}")
     try:
-        data = path.read_bytes()
+        with open_regular(path) as f:                     # a FIFO or a device would hang or never end
+            data = f.read()
     except OSError as e:
         raise QkvError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
     try:

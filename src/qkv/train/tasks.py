@@ -27,6 +27,7 @@ import numpy as np
 from ..analysis.detectors import induction_pattern, pattern_score
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.io import open_regular
 from ..engine.tuning import physical_memory
 
 ARCHS = ("gpt2", "llama", "marian")          # marian: translate-ko-en only
@@ -157,7 +158,7 @@ def settings_for(task: str, given: dict) -> Settings:
 def file_sha256(path: str | Path) -> str:
     """The SHA-256 of a file's bytes: a resumed text run must read the text it began with."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
