@@ -122,6 +122,9 @@ def check_rope(theta: float, scaling: dict | None, what: str = "rope") -> None:
         raise QkvError(f"rope_scaling llama3 needs high_freq_factor > low_freq_factor, not "
                        f"{scaling['high_freq_factor']!r} ≤ {scaling['low_freq_factor']!r}; {fix}")
     if kind == "longrope":
+        if "attention_factor" not in scaling:            # a reader that left it unresolved: refused, not guessed
+            raise QkvError("rope_scaling longrope is read for phi3, stablelm and starcoder2 checkpoints; "
+                           "use one of those families (or a checkpoint without longrope)")
         for key in ("short_factor", "long_factor", "attention_factor"):
             v = scaling.get(key)
             values = v if isinstance(v, list) else [v]

@@ -256,7 +256,13 @@ class Run:
                     raise Interrupted(self.step, self.save_checkpoint())
 
     def _record(self, entry: dict, on_record: Callable[[dict], None]) -> None:
-        measured = self.task.record(self.model())
+        try:
+            measured = self.task.record(self.model())
+        except QkvError as e:                                       # the model's own pass overflowed (engine.blocks)
+            if "is not finite" not in str(e):
+                raise
+            raise QkvError(f"the model's weights overflowed by step {self.step} ({str(e).split(':')[0]}); "
+                           f"lower --lr (now {self.settings.lr:g})") from None
         bad = [k for k, v in measured.items() if isinstance(v, float) and not math.isfinite(v)]
         if bad:                                                     # never a NaN in log.jsonl (invalid JSON)
             raise QkvError(f"the {bad[0].replace('_', ' ')} became {measured[bad[0]]} at step {self.step}; "
