@@ -75,6 +75,10 @@ def test_a_4096_token_page_opens_says_what_it_keeps_and_the_head_view_shows_the_
     assert long_page.stat().st_size <= 60e6
     open_viewer(tab, long_page)
     page = tab.page
+    page.select_option(".qkv-layer", "1")                  # a layer maybe not inflated yet: the view waits for it
+    page.wait_for_selector("[data-qkv-root][data-decoded='all']", timeout=60000)   # the rest, after the first paint
+    root = tab.state()
+    assert int(root["paintedAt"]) >= int(root["readyAt"]) and "waiting" not in root
     assert_offline(tab)
     rule = page.text_content(".qkv-rule")
     assert "each query row's 32 largest weights" in rule and "268.4 MB" in rule and page.is_visible(".qkv-rule")

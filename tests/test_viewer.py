@@ -127,9 +127,10 @@ def test_too_much_attention_for_one_page_keeps_each_rows_largest_weights_and_say
     got = payload.attention_payload(trace, budget_mb=5000e-6)               # (5000 − 240) // (240 · 3) = 6
     assert got["k"] == 6
     A = trace.attentions                                                    # (2, 3, 40, 40)
-    steps = wire.decode(got["index"]).astype(int)                           # each row's keys ascending, as steps
-    weight = wire.decode(got["weight"])                                     # the bytes, back to weights
-    rest = wire.decode(got["rest"])
+    assert len(got["index"]) == len(got["weight"]) == len(got["rest"]) == 2   # one array per layer
+    steps = np.stack([wire.decode(a) for a in got["index"]]).astype(int)     # each row's keys ascending, as steps
+    weight = np.stack([wire.decode(a) for a in got["weight"]])              # the bytes, back to weights
+    rest = np.stack([wire.decode(a) for a in got["rest"]])
     keys, kept = np.cumsum(steps, -1), weight > 0
     sixth = np.sort(A, -1)[..., -6]                                         # (2, 3, 40)
     for idx in np.ndindex(A.shape[:3]):

@@ -4,7 +4,9 @@
     does: every weight of every layer up to LONG_TOKENS tokens, each query row's largest weights past it
     (model.run(keep=("attention_top",))), as many as the page's budget holds (viz.payload.BUDGET_MB).
     The page is opened in Chromium (headless, no GPU, the network blocked) with a 1100 × 800 window:
-      first paint   navigation start → the page drew its first view (data-ready, then two animation frames)
+      first paint   navigation start → the frame holding the page's first view is painted (the viewer stamps
+                    data-painted-at in a task after that frame's animation frame; a long page inflates its
+                    other layers only then: `decoded` is when they are all in)
       hover         mouseover of a query token in the head view (one head) → the next frame drawn
       matrix, model view   a click on the tab → the next frame drawn
     The median of `repeats` page loads; the trace is made once per length (its time is reported too).
@@ -33,8 +35,6 @@ CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]   # the browser tests' too
 READY = "[data-qkv-root][data-ready='1']"                  # the viewer has drawn its first view
-# the page's own clock: ms from navigation start to two frames after the first draw
-FIRST_PAINT = """() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"""
 # ms from a click or mouseover of SEL to two frames later (in-page: the pages forbid eval by CSP)
 TIMED = """async ([sel, kind]) => { const el = document.querySelector(sel); const t = performance.now();
   if (kind === 'click') el.click(); else el.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
@@ -76,7 +76,9 @@ def open_page(browser, path: str) -> dict:
     try:
         page.goto("file://" + path, timeout=300_000)
         page.wait_for_selector(READY, timeout=300_000)
-        first = page.evaluate(FIRST_PAINT) / 1000
+        page.wait_for_selector("[data-qkv-root][data-painted-at]", timeout=300_000)
+        first = float(page.get_attribute("[data-qkv-root]", "data-painted-at")) / 1000     # the viewer's own stamp
+        page.wait_for_selector("[data-qkv-root][data-decoded='all']", timeout=300_000)   # then the other layers
         page.select_option(".qkv-head", "0")
         n = page.locator(".qkv-col-q .qkv-tok").count()
         row = f".qkv-col-q .qkv-tok:nth-child({max(1, n - 10)})"

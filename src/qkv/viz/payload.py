@@ -17,10 +17,12 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
      "attention": {"dtype": "u8", "shape": [L, H, n_q, n_k], "scale": 255, "data": str}  (`wire`: every
                   weight, when L·H·n_q·n_k bytes fit the page's budget, BUDGET_MB)
                 | {"format": "top", "shape": [L, H, n_q, n_k], "k": K, "rule": str (said on the page),
-                   "index": u16 | i32 (L, H, n_q, K) (each row's kept keys in ascending order, each written as
-                            its distance from the one before; unused slots 0),
-                   "weight": u8 (L, H, n_q, K) scale 255 (the key's weight; 0 = slot unused),
-                   "rest": u8 (L, H, n_q) scale 255 (what the row's other keys hold together)}
+                   "index": [u16 | i32 (H, n_q, K)] (L) (each row's kept keys in ascending order, each written
+                            as its distance from the one before; unused slots 0),
+                   "weight": [u8 (H, n_q, K) scale 255] (L) (the key's weight; 0 = slot unused),
+                   "rest": [u8 (H, n_q) scale 255] (L) (what the row's other keys hold together)}
+                  one array per layer, so that the page inflates the layer it shows first and the others
+                  after its first paint (a 4,096-token page: 1/30 of the work before it is seen)
                   (`attention_payload`: each query row's K largest weights, past the budget),
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
@@ -196,9 +198,11 @@ def attention_payload(trace: Trace, budget_mb: float | None = None) -> dict:
     steps = np.diff(np.maximum(index, 0), axis=-1, prepend=0)
     steps[index < 0] = 0
     dense_mb = L * H * n_q * n_k / 1e6
-    return {"format": "top", "shape": [L, H, n_q, n_k], "k": K,
-            "index": encode(steps, "u16" if n_k <= 65536 else "i32"),
-            "weight": encode(weight, "u8", SCALE), "rest": encode(rest, "u8", SCALE),
+    kind = "u16" if n_k <= 65536 else "i32"
+    return {"format": "top", "shape": [L, H, n_q, n_k], "k": K,                # one array per layer (module doc)
+            "index": [encode(steps[l], kind) for l in range(L)],
+            "weight": [encode(weight[l], "u8", SCALE) for l in range(L)],
+            "rest": [encode(rest[l], "u8", SCALE) for l in range(L)],
             "rule": (f"each query row's {K} largest weights (exact, ±0.002 as every weight here) and what the "
                      f"rest of the row holds: all {L} × {H} × {n_q} × {n_k} weights would take {dense_mb:,.1f} MB, "
                      f"more than this page's {budget:g} MB (save_viewer(..., budget_mb=) or qkv show --budget-mb "

@@ -298,6 +298,16 @@
 
     render() {
       const s = this.state, root = this.root;
+      // a long page still inflating its other layers: a view that needs one not yet in waits for them
+      const b = this.bytes;
+      if (this.top && b.complete && b.decoded.size < this.L) {
+        const draws = s.view === "model" || ((s.view === "head" || s.view === "matrix") && !b.decoded.has(s.layer));
+        if (draws) {
+          root.dataset.waiting = "1";
+          b.complete().then(() => { delete root.dataset.waiting; this.render(); });
+          return;
+        }
+      }
       for (const v in this.tabs) {
         this.tabs[v].setAttribute("aria-pressed", String(v === s.view));
         this.panels[v].hidden = v !== s.view;
@@ -852,12 +862,30 @@
   }
 
   // "attention" as the payload holds it: every weight (bytes, L·H·n·nk), or each row's K largest ("top":
-  // {top: true, K, index (L·H·n·K keys), weight (bytes), rest (bytes, L·H·n)}, payload.py)
-  async function decodeAttention(enc) {
+  // {top: true, K, index (L·H·n·K keys), weight (bytes), rest (bytes, L·H·n)}, payload.py). A "top" payload
+  // comes one array per layer: layer FIRST is inflated now, the others by rest() after the first paint
+  // (decoded: the layers in place; complete(): a promise of all of them, starting the work if not started).
+  async function decodeAttention(enc, first) {
     if (enc.format !== "top") return QKV_WIRE.decode(enc);
-    const [index, weight, rest] = [await QKV_WIRE.decode(enc.index), await QKV_WIRE.decode(enc.weight),
-                                   await QKV_WIRE.decode(enc.rest)];
-    return {top: true, K: enc.k, index, weight, rest, rule: enc.rule};
+    const L = enc.shape[0];
+    const out = {top: true, K: enc.k, rule: enc.rule, index: null, weight: null, rest: null, decoded: new Set()};
+    const fill = async (l) => {
+      const [ix, w, r] = [await QKV_WIRE.decode(enc.index[l]), await QKV_WIRE.decode(enc.weight[l]),
+                          await QKV_WIRE.decode(enc.rest[l])];
+      if (!out.index) {
+        out.index = new ix.constructor(ix.length * L);
+        out.weight = new Uint8Array(w.length * L);
+        out.rest = new Uint8Array(r.length * L);
+      }
+      out.index.set(ix, l * ix.length);
+      out.weight.set(w, l * w.length);
+      out.rest.set(r, l * r.length);
+      out.decoded.add(l);
+    };
+    await fill(Math.max(0, Math.min(L - 1, first || 0)));
+    let all = null;
+    out.complete = () => all || (all = (async () => { for (let l = 0; l < L; l++) if (!out.decoded.has(l)) await fill(l); })());
+    return out;
   }
 
   function fail(root, err) {
@@ -873,7 +901,9 @@
     try {
       const parts = payload.kinds || [payload];            // an encoder–decoder: one attention per kind
       const decoded = [];
-      for (const p of parts) decoded.push(await decodeAttention(p.attention));   // bytes q = round(a·255)
+      for (const p of parts) {                             // bytes q = round(a·255); a long page: the layer shown
+        decoded.push(await decodeAttention(p.attention, Math.max(0, p.layers.indexOf((state || {}).layer))));
+      }
       const bytes = payload.kinds ? decoded : decoded[0];
       const extra = {};                                    // each section's arrays, decoded by its panel
       for (const v of SECTIONS) {
@@ -891,6 +921,15 @@
       root.dataset.renderMs = (performance.now() - t1).toFixed(1);
       root.dataset.readyAt = performance.now().toFixed(0);           // ms since the page began loading
       root.dataset.ready = "1";
+      const later = decoded.filter((b) => b && b.complete);          // a long page: its other layers, once painted
+      // once the frame with the first view is painted (a task after its animation frame): say when, then inflate
+      // a long page's other layers
+      requestAnimationFrame(() => setTimeout(() => {
+        root.dataset.paintedAt = performance.now().toFixed(0);       // ms since the page began loading
+        Promise.all(later.map((b) => b.complete()))
+          .then(() => { root.dataset.decoded = "all"; })
+          .catch((err) => fail(root, err));
+      }, 0));
       return viewer;
     } catch (err) {
       fail(root, err);
