@@ -43,13 +43,19 @@ def test_show_out_as_a_link_is_refused(monkeypatch, capsys, tmp_path):
     assert untouched(t, files)
 
 
+def planted(tmp_path: Path, name: str, sub: str) -> Path:
+    """TMP_PATH/NAME, itself a link to the target (SUB "") or a real folder with a link at NAME/SUB."""
+    d = tmp_path / name
+    if sub:
+        d.mkdir()
+    (d / sub if sub else d).symlink_to(tmp_path / "elsewhere")
+    return d
+
+
 @pytest.mark.parametrize("sub", ["", "encoder", "cross"])
 def test_a_translations_trace_folders_are_never_links(monkeypatch, capsys, tmp_path, sub):
     t, files = target(tmp_path)
-    d = tmp_path / "trace"
-    if sub:
-        d.mkdir()
-    (d / sub if sub else d).symlink_to(t)
+    d = planted(tmp_path, "trace", sub)
     line = refused(*run_main(monkeypatch, capsys, "translate", "나는 학교에 간다", "--model", "ko-en-tiny",
                              "--trace", str(d)))
     assert "qkv does not write through links" in line
@@ -59,10 +65,7 @@ def test_a_translations_trace_folders_are_never_links(monkeypatch, capsys, tmp_p
 @pytest.mark.parametrize("sub", ["", "checkpoints", "model"])
 def test_a_new_runs_folders_are_never_links(monkeypatch, capsys, tmp_path, sub):
     t, files = target(tmp_path)
-    d = tmp_path / "run"
-    if sub:
-        d.mkdir()
-    (d / sub if sub else d).symlink_to(t)
+    d = planted(tmp_path, "run", sub)
     refused(*run_main(monkeypatch, capsys, *TINY_RUN, "--out", str(d)))
     assert untouched(t, files)
 

@@ -93,11 +93,12 @@
   // viridis, as every other view of qkv draws weights (matplotlib's map, sampled at 9 stops)
   const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141], [39, 173, 129],
                    [92, 200, 99], [170, 220, 50], [253, 231, 37]];
-  function viridis(t) {
+  function viridisRGB(t) {                         // [r, g, b] of t in [0, 1]
     const x = Math.max(0, Math.min(1, t)) * (VIRIDIS.length - 1), i = Math.min(VIRIDIS.length - 2, Math.floor(x)), f = x - i;
     const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
-    return `rgb(${Math.round(a[0] + f * (b[0] - a[0]))},${Math.round(a[1] + f * (b[1] - a[1]))},${Math.round(a[2] + f * (b[2] - a[2]))})`;
+    return [0, 1, 2].map((k) => Math.round(a[k] + f * (b[k] - a[k])));
   }
+  function viridis(t) { return `rgb(${viridisRGB(t).join(",")})`; }
   const LABEL_FONT = '11px ui-monospace, SFMono-Regular, Menlo, "qkv Hangul", monospace';
   // values in [0, 1], row-major; NaN = masked; rowLabels / colLabels: the tokens along each side (optional)
   function heatmap(values, rows, cols, hiRow, label, rowLabels, colLabels) {
@@ -789,5 +790,6 @@
     }
   }
 
-  global.QKV_PIPELINE = {mount, boot, distribution, format};
+  // util: what pipeline_diagram.js draws with (it is loaded first and reads these when it draws)
+  global.QKV_PIPELINE = {mount, boot, distribution, format, util: {el, viridisRGB}};
 })(window);

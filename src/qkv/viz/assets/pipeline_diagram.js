@@ -18,12 +18,9 @@
 (function (global) {
   "use strict";
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined && text !== null) e.textContent = String(text);
-    return e;
-  }
+  // the page's own helpers (pipeline.js, loaded after this file: read when drawing)
+  const el = (tag, cls, text) => global.QKV_PIPELINE.util.el(tag, cls, text);
+  const viridis = (t) => global.QKV_PIPELINE.util.viridisRGB(t);
   const fix = (x, d = 4) => (x === -Infinity ? "−∞" : Number.isFinite(x) ? x.toFixed(d) : String(x));
   const sci = (x) => (x === 0 ? "0" : Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? x.toFixed(5) : x.toExponential(4));
   const MAX_TERMS = 256;          // terms drawn one by one; past it the largest 64 and the rest as one sum
@@ -42,13 +39,6 @@
   function diverging(t) {
     const a = Math.min(1, Math.abs(t)), w = Math.round(255 * (1 - a));
     return t >= 0 ? [255, w, w] : [w, w, 255];
-  }
-  const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141], [39, 173, 129],
-                   [92, 200, 99], [170, 220, 50], [253, 231, 37]];
-  function viridis(t) {
-    const x = Math.max(0, Math.min(1, t)) * (VIRIDIS.length - 1), i = Math.min(VIRIDIS.length - 2, Math.floor(x)), f = x - i;
-    const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
-    return [0, 1, 2].map((k) => Math.round(a[k] + f * (b[k] - a[k])));
   }
   const MASKED = [234, 238, 242];
 
