@@ -573,6 +573,7 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:                 # a bug: say so, log it, keep serving
             traceback.print_exc(file=sys.stderr)
             status, body = 500, {"error": f"internal error ({type(e).__name__}); see the server's log"}
+        self.connection.settimeout(self.timeout)     # writing: the reads' deadline is over (DeadlineReader)
         if isinstance(body, ChatReply):
             return self._stream(body)
         self._send(status, body)
