@@ -4,9 +4,9 @@
     GET  /api/models      {"models": [...], "default": ...}: what this server may load
     POST /api/attention   {"text": ..., "model": ...} → the viewer's payload (viz/payload.py)
     GET  /api/attention?text=...&model=...   the same, for curl
-    POST /api/pipeline    {"text": ..., "model": ..., "lang": "en" | "ko"} → the pipeline page's payload
-                          (viz/pipeline.py: every box of one forward pass), fetched when the page's
-                          Pipeline mode asks for it
+    POST /api/pipeline    {"text": ..., "model": ..., "lang": "en" | "ko", "layer"?: int} → the pipeline page's
+                          payload (viz/pipeline.py: every box of one forward pass; the whole q, k, v of LAYER and
+                          its neighbours for the attention diagram), fetched when the page's Pipeline mode asks
     POST /api/pipeline/next  {"text", "model", "lang", "temperature", "top_k", "top_p", "seed"} → one new
                           token drawn by the engine (qkv.writing.sampling) and the pipeline of the longer text:
                           {"id", "token", "text", "payload"}
