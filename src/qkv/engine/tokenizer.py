@@ -354,6 +354,7 @@ def check_messages(messages) -> list[dict[str, str]]:
 TEMPLATE_SECONDS = 2.0          # a real template renders a conversation in milliseconds
 TEMPLATE_CHARS = 1_000_000      # what a render may write (and any string or list it builds): ~250k tokens
 POWER_DIGITS = 4096             # x ** y only while the result stays this small (a big power is one C call)
+WIDE_FORMAT = re.compile(r"%[-#0 +]*[0-9]{7}|\.[0-9]{7}")   # a %-format width or precision of millions
 
 
 class TemplateTooBig(Exception):
@@ -474,7 +475,7 @@ def _environment():
                     raise TemplateTooBig
             elif operator == "+" and a is not None and b is not None and a + b > TEMPLATE_CHARS:
                 raise TemplateTooBig
-            elif operator == "%" and isinstance(left, str) and re.search(r"%[-#0 +]*[0-9]{7}|\.[0-9]{7}", left):
+            elif operator == "%" and isinstance(left, str) and WIDE_FORMAT.search(left):
                 raise TemplateTooBig                   # a width or precision of millions
             elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
                     and right * math.log10(abs(left)) > POWER_DIGITS:
@@ -505,6 +506,19 @@ def _environment():
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, undefined=Undefined, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson                      # Jinja's own escapes HTML characters
+    center, fmt = env.filters["center"], env.filters["format"]       # one C call each: bounded before it
+
+    def bounded_center(value, width=80):
+        if isinstance(width, int) and width > TEMPLATE_CHARS:
+            raise TemplateTooBig
+        return center(value, width)
+
+    def bounded_format(value, *args, **kwargs):
+        if isinstance(value, str) and WIDE_FORMAT.search(value):
+            raise TemplateTooBig
+        return fmt(value, *args, **kwargs)
+
+    env.filters.update(center=bounded_center, format=bounded_format)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
