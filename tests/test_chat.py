@@ -154,6 +154,7 @@ def test_a_broken_template_is_one_line(template, message):
     ("{{ '%0999999999d' % 1 }}", "more than 1,000,000"),
     ("{{ '%0999999999d'|format(1) }}", "more than 1,000,000"),              # the same through a filter
     ("{{ 'x'|center(100000000) }}", "more than 1,000,000"),
+    ("{{ 'a\\nb'|indent(100000000, true) }}", "more than 1,000,000"),
     ("{% for i in range(100000) %}{{ 'abcdefghijklmnopqrstuvwxyz' }}{% endfor %}", "more than 1,000,000"),
 ])
 def test_a_template_that_runs_or_grows_without_end_is_stopped_in_one_line(template, message):
@@ -166,10 +167,11 @@ def test_bounded_operators_still_compute_what_jinja_computes():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     template = ("{{ 2 ** 10 }} {{ [1, 2] * 2 }} {{ 3 * 'ab' }} {{ 'a' + 'b' }} {{ 1 + 2 }} {{ 'a' ~ 1 ~ x }} "
-                "{{ '%3d|%s' % (7, 'y') }} {{ 7 % 3 }} {{ 2.5 * 2 }} {{ 'ab'|center(6) }}|{{ '%2d'|format(5) }}")
+                "{{ '%3d|%s' % (7, 'y') }} {{ 7 % 3 }} {{ 2.5 * 2 }} {{ 'ab'|center(6) }}|{{ '%2d'|format(5) }}|"
+                "{{ 'a\\nb'|indent(2) }}|{{ 'a\\nb'|indent('> ', true) }}")
     plain = ImmutableSandboxedEnvironment().from_string(template).render(messages=USER)
     assert render_chat_template(template, USER, True, {}) == plain == \
-        "1024 [1, 2, 1, 2] ababab ab 3 a1   7|y 1 5.0   ab  | 5"
+        "1024 [1, 2, 1, 2] ababab ab 3 a1   7|y 1 5.0   ab  | 5|a\n  b|> a\n> b"
 
 
 def test_a_deadline_that_fires_as_the_render_ends_never_lands_later(monkeypatch):

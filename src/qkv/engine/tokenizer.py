@@ -518,7 +518,15 @@ def _environment():
             raise TemplateTooBig
         return fmt(value, *args, **kwargs)
 
-    env.filters.update(center=bounded_center, format=bounded_format)
+    indent = env.filters["indent"]
+
+    def bounded_indent(value, width=4, *args, **kwargs):
+        lines = str(value).count("\n") + 1
+        if (len(width) if isinstance(width, str) else width if isinstance(width, int) else 0) * lines > TEMPLATE_CHARS:
+            raise TemplateTooBig
+        return indent(value, width, *args, **kwargs)
+
+    env.filters.update(center=bounded_center, format=bounded_format, indent=bounded_indent)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
