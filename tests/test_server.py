@@ -456,11 +456,14 @@ def test_connections_beyond_the_thread_cap_get_503_at_once(monkeypatch):
         assert idle[0].recv(10) == b""                    # the one that waited longest was closed for it
         for s in idle:
             s.close()
-        busy = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(3)]
-        for s in busy:                                    # heads sent, bodies still to come: requests under way
+        time.sleep(0.3)                                   # their threads end
+        busy = []
+        for _ in range(3):                                # heads sent, bodies still to come: requests under way
+            s = socket.create_connection(srv.server_address[:2], timeout=30)
             s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
+            busy.append(s)
+            time.sleep(0.2)                               # its head is read before the next one comes
         try:
-            time.sleep(0.3)
             status, r, answer = call(srv, "GET", "/api/models")
             assert status == 503 and r.getheader("Retry-After") and has_security_headers(r)
             assert "busy with 3 connections" in answer["error"]
