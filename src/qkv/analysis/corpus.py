@@ -57,7 +57,7 @@ def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
     try:
         f = open_regular(path)                                 # a FIFO or a device would hang or never end
     except OSError as e:
-        if e.errno == errno.EINVAL and "directory" in (e.strerror or ""):
+        if e.errno == errno.EISDIR:
             raise QkvError(f"{path} is a directory; give a text file with one text per line") from None
         raise QkvError(f"cannot read {path}: {e.strerror}; give a readable text file") from None
     with f:

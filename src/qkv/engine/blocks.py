@@ -490,10 +490,14 @@ def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, nam
 QUIET = dict(over="ignore", invalid="ignore", divide="ignore")
 
 
+class NotFinite(QkvError):
+    """A pass's stream held inf or NaN (`check_finite`): callers with their own words for it (training) catch this."""
+
+
 def check_finite(x: np.ndarray, where: str) -> None:
-    """One QkvError when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed."""
+    """One NotFinite when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed."""
     if not np.isfinite(x).all():
-        raise QkvError(f"{where} is not finite (inf or NaN): the model's weights or config overflow float32 there; "
+        raise NotFinite(f"{where} is not finite (inf or NaN): the model's weights or config overflow float32 there; "
                        "check the checkpoint (its values, its rope and eps settings)")
 
 

@@ -61,8 +61,9 @@ def open_regular(path: str | os.PathLike, limit: int | None = None) -> IO[bytes]
     try:
         mode = os.fstat(fd)
         if not stat.S_ISREG(mode.st_mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode.st_mode) else "a directory" if stat.S_ISDIR(mode.st_mode) \
-                else "a device or socket"
+            if stat.S_ISDIR(mode.st_mode):
+                raise OSError(errno.EISDIR, "it is a directory, not a regular file", os.fspath(path))
+            kind = "a FIFO" if stat.S_ISFIFO(mode.st_mode) else "a device or socket"
             raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
         if limit is not None and mode.st_size > limit:
             raise OSError(errno.EFBIG, f"it has {mode.st_size:,} bytes, more than {limit:,}", os.fspath(path))

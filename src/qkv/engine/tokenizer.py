@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import threading
 import re
 import unicodedata
 from datetime import datetime
@@ -372,8 +373,6 @@ class _Deadline:
     an interruption that has not landed by the time the block ends is withdrawn."""
 
     def __init__(self, seconds: float):
-        import threading
-
         self.seconds, self.thread = seconds, threading.get_ident()
         self.lock, self.active, self.sent = threading.Lock(), False, False
         self.timer = threading.Timer(seconds, self._fire)
@@ -407,7 +406,7 @@ def _sized(x) -> int | None:
     return len(x) if isinstance(x, (str, list, tuple)) else None
 
 
-_STDERR_LOCK = None
+_STDERR_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -415,12 +414,8 @@ def _rust_panics_hidden():
     """While inside, file descriptor 2 goes to a temporary file; on leaving, what was written there returns to
     stderr except a Rust panic's report (`thread '…' panicked at …`, its message, its notes and backtrace),
     which the caller turns into one line. Serialised by a lock: other threads' writes wait or pass through."""
-    global _STDERR_LOCK
     import tempfile
-    import threading
 
-    if _STDERR_LOCK is None:
-        _STDERR_LOCK = threading.Lock()
     with _STDERR_LOCK:
         sys.stderr.flush()
         saved = os.dup(2)

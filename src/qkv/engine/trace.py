@@ -371,7 +371,7 @@ def _regular_file(path: Path, limit: int | None) -> bytes:
         with open_regular(path, limit) as f:
             return f.read()
     except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EFBIG):
+        if e.errno in (errno.EINVAL, errno.EISDIR, errno.EFBIG):
             raise ValueError(f"{path.name}: {e.strerror}") from None
         raise
 

@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..engine.blocks import NotFinite
 from ..engine.errors import QkvError
 from ..engine.io import real_directory, refuse_link, write_atomic, write_text
 from .tasks import Settings, file_sha256, make_task, read_json, settings_for
@@ -258,9 +259,7 @@ class Run:
     def _record(self, entry: dict, on_record: Callable[[dict], None]) -> None:
         try:
             measured = self.task.record(self.model())
-        except QkvError as e:                                       # the model's own pass overflowed (engine.blocks)
-            if "is not finite" not in str(e):
-                raise
+        except NotFinite as e:                                      # the model's own pass overflowed (engine.blocks)
             raise QkvError(f"the model's weights overflowed by step {self.step} ({str(e).split(':')[0]}); "
                            f"lower --lr (now {self.settings.lr:g})") from None
         bad = [k for k, v in measured.items() if isinstance(v, float) and not math.isfinite(v)]
