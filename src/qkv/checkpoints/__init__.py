@@ -19,11 +19,13 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.layout import fast_layout
+from ..engine.image_model import ImageModel
+from ..engine.images import ImageProcessing
 from ..engine.model import Model
 from ..engine.seq2seq import Seq2SeqModel
 from ..engine.tokenizer import Tokenizer
 from ..engine.weights import check_dtype
-from . import gguf
+from . import gguf, vit
 from .families import FAMILIES, config_of, read_weights
 from .families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from .tensors import TensorStore
@@ -34,15 +36,27 @@ LLM = "smollm2"
 _LLM_ALIASES = {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
 _LLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KO_EN = "ko-en-tiny"          # the guide's Korean→English translator, trained by qkv and shipped inside it
+DIGITS = "digits-vit"         # a Vision Transformer on handwritten digits, trained by qkv and shipped inside it
+
+
+def bundled_dir(name: str) -> Path:
+    """The directory of a model qkv trained and ships (src/qkv/checkpoints/data/NAME; its README.md says
+    which `qkv train` command remakes it)."""
+    path = Path(__file__).resolve().parent / "data" / name
+    if not (path / "config.json").is_file():
+        raise QkvError(f"{name} is missing from this installation of qkv ({path}); reinstall qkv")
+    return path
 
 
 def ko_en_dir() -> Path:
-    """The directory of ko-en-tiny inside qkv (src/qkv/checkpoints/data/ko-en-tiny; `qkv train --task
-    translate-ko-en` remakes it, see its README.md)."""
-    path = Path(__file__).resolve().parent / "data" / KO_EN
-    if not (path / "config.json").is_file():
-        raise QkvError(f"{KO_EN} is missing from this installation of qkv ({path}); reinstall qkv")
-    return path
+    """The directory of ko-en-tiny inside qkv (`qkv train --task translate-ko-en` remakes it)."""
+    return bundled_dir(KO_EN)
+
+
+def digits_dir() -> Path:
+    """The directory of digits-vit inside qkv (`qkv train --task digits` remakes it), with example digits
+    (digit-*.png, from the held-out images)."""
+    return bundled_dir(DIGITS)
 
 
 def default_model_dir() -> Path:
@@ -144,6 +158,8 @@ def resolve(source: str | os.PathLike) -> Path:
         return gguf.described(smollm2_file())
     if text.lower() == KO_EN:
         return ko_en_dir()
+    if text.lower() == DIGITS:
+        return digits_dir()
     path = Path(text).expanduser()
     if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
@@ -181,9 +197,10 @@ def read_config(directory: Path) -> ModelConfig:
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel:
+def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
-    Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel.
+    Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel,
+    an image model (ViT, and "digits-vit") an ImageModel.
 
     dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
     as the file's blocks (engine.stored), read in place. Anything else defaults to float32, memory-mapped
@@ -223,8 +240,26 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     if gguf.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     _give_back_heap()
+    if cfg.image_size is not None:
+        return image_model(directory, cfg, weights, _display_name(source))
     model = Seq2SeqModel if cfg.encoder_decoder else Model
     return model(cfg, weights, tokenizer, name=_display_name(source))
+
+
+def image_model(directory: Path, cfg: ModelConfig, weights, name: str) -> ImageModel:
+    """An image model (ViT) of DIRECTORY: its preprocessor_config.json (ViTImageProcessor's defaults without
+    one) and the names of its labels (config.json's id2label)."""
+    hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    found = None
+    path = directory / "preprocessor_config.json"
+    if path.is_file():
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError):
+            raise QkvError(f"{path} is not valid JSON; restore the checkpoint's preprocessor_config.json") from None
+        if not isinstance(found, dict):
+            raise QkvError(f"{path} is not a JSON object; restore the checkpoint's preprocessor_config.json")
+    return ImageModel(cfg, weights, None, name, ImageProcessing.of(found, cfg), vit.labels_of(hf))
 
 
 def _give_back_heap() -> None:
@@ -261,6 +296,10 @@ def available() -> list[tuple[str, str]]:
         found.append((KO_EN, f"Korean→English Marian trained by qkv (bundled) at {ko_en_dir()}"))
     except QkvError as e:
         found.append((KO_EN, f"not installed: {e}"))
+    try:
+        found.append((DIGITS, f"a Vision Transformer on handwritten digits, trained by qkv (bundled) at {digits_dir()}"))
+    except QkvError as e:
+        found.append((DIGITS, f"not installed: {e}"))
     for repo_id, snap in _cached_repos():
         kind = _model_type(snap)
         if kind is None:

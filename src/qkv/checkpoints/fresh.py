@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.image_model import ImageModel
 from ..engine.model import Model
 from ..engine.seq2seq import Seq2SeqModel
 from ..engine.tokenizer import Tokenizer
@@ -86,4 +87,6 @@ def init(config: ModelConfig | dict, seed: int = 0, dtype=np.float32, tokenizer:
                        f"{config.vocab_size}; make vocab_size at least the tokenizer's")
     store = _Initialiser(config, int(seed), float(std))
     weights = family_of(config.family).weights(store, config, dtype.type)
+    if config.image_size is not None:
+        return ImageModel(config, weights, None, name=name)
     return (Seq2SeqModel if config.encoder_decoder else Model)(config, weights, tokenizer, name=name)

@@ -6,6 +6,7 @@
     DIR/tokenizer.json         the model's tokenizer, if it has one
     DIR/tokenizer_config.json  its special tokens and chat template (what transformers' and qkv's
                                tokenizer loaders read besides tokenizer.json)
+    DIR/preprocessor_config.json  an image model's (ViT's) image processing: size, rescale, mean, std
 
 All files are written together through qkv.engine.io.FileBatch: a save that fails or is interrupted
 leaves the previous files (or nothing) in place, never half a model. The target must be a new or
@@ -30,7 +31,7 @@ from .tensors import write_safetensors
 if TYPE_CHECKING:
     from ..engine.handles import Handle
 
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
 # The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<pid>.<random>.tmp").
 _LEFTOVER = re.compile(r"\.(" + "|".join(re.escape(f) for f in FILES) + r")\.[^/]*\.tmp")
 
@@ -64,13 +65,16 @@ def save(model: Handle, directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     check_target(directory)
     family = family_of(model.config.family)
-    config = family.hf_config(model.config)
+    processing = getattr(model, "processing", None)                   # an image model (ViT): its labels and
+    config = family.hf_config(model.config, model.labels) if processing is not None else family.hf_config(model.config)
     tensors = family.tensors(model.weights, model.config)
     config["dtype"] = str(model.dtype)                                  # transformers loads it in this dtype
     try:
         with FileBatch(directory) as batch:
             batch.write("model.safetensors", lambda f: write_safetensors(f, tensors, {"format": "pt"}))
             batch.write_text("config.json", json.dumps(config, indent=2) + "\n")
+            if processing is not None:                               # how its images are processed
+                batch.write_text("preprocessor_config.json", json.dumps(processing.to_dict(), indent=2) + "\n")
             if model.tokenizer is not None:
                 batch.write_text("tokenizer.json", model.tokenizer.to_json())
                 batch.write_text("tokenizer_config.json", json.dumps(tokenizer_config(model), indent=2) + "\n")

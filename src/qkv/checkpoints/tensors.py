@@ -29,7 +29,7 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 # Where a task model keeps its base model's tensors (BertForMaskedLM: "bert.", Llama: "model.").
-PREFIXES = ("", "model.", "bert.", "transformer.", "gpt_neox.", "roberta.", "distilbert.", "electra.")
+PREFIXES = ("", "model.", "bert.", "transformer.", "gpt_neox.", "roberta.", "distilbert.", "electra.", "vit.")
 
 
 _FLOATS = ("F64", "F32", "F16", "BF16")

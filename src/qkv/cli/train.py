@@ -55,7 +55,8 @@ def _options(command):
 
 @click.command(name="train")
 @click.option("--task", default=None, help="induction: an attention-only model on random tokens repeated twice; "
-                                            "translate-ko-en: the guide's Korean→English example (or give --text FILE).")
+                                            "translate-ko-en: the guide's Korean→English example; digits: a Vision "
+                                            "Transformer on handwritten digits (or give --text FILE).")
 @click.option("--text", "text", default=None, metavar="FILE", help="Learn this UTF-8 text (any language).")
 @click.option("--out", "out", default=None, metavar="DIR",
               help="The run's directory: log, figures, checkpoints, the model. Give it again to continue.")
@@ -156,6 +157,8 @@ def record_line(e: dict) -> str:
                      f"best induction head L{layer} h{head} {score:.2f}")
     if "exact" in e:
         parts.append(f"held-out: exact {e['exact']:.1%}, cross-attention alignment {e['alignment']:.1%}")
+    if "accuracy" in e:
+        parts.append(f"held-out accuracy {e['accuracy']:.1%}")
     if "val_loss" in e:
         parts.append(f"held-out {e['val_loss']:.3f}")
     line = "  ".join(parts)
@@ -184,6 +187,9 @@ def _summary(run, took: float, written: list[Path]) -> None:
     model = run.out / "model"
     if s.task == "translate-ko-en":
         click.echo(f"try: qkv translate \"나는 학교에 간다\" --model {model}")
+        return
+    if s.task == "digits":
+        click.echo(f"try: qkv show IMAGE.png --model {model} --out DIR   (a digit, dark ink on white)")
         return
     click.echo(f"open {run.out / 'before.html'} and {run.out / 'after.html'} in a browser to see the heads "
                "before and after" if s.task == "induction"

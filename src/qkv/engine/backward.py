@@ -82,4 +82,5 @@ def backward(dlogits: np.ndarray | None, h: np.ndarray, logits: np.ndarray | Non
     return Weights(tok_embed=d_tok, blocks=g_blocks, pos_embed=d_pos, type_embed=d_type, embed_norm=g_embed,
                          W_embed=dW_embed, b_embed=db_embed, final_norm=g_final, W_head=dW_head, b_head=db_head,
                          head_norm=g_head_norm, W_vocab=dW_vocab, b_vocab=db_vocab,
-                         embed_in=projected.get("embed_in"), unembed_in=d_unembed_in)
+                         embed_in=projected.get("embed_in"), unembed_in=d_unembed_in,
+                         W_patch=projected.get("W_patch"), b_patch=projected.get("b_patch"))

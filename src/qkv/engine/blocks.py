@@ -76,8 +76,14 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     Granite's embedding_multiplier; none: 1). positions (B, n) or (n,); T5 has no table: its positions enter
     the scores. A table narrower than d_model (OPT-350m) is mapped to it first: X = E[ids]·s·embed_in + P[…].
     tape: where to keep what the backward reads (blocks_backward.embed); None: nothing kept.
-    tokens: the token embeddings E[ids]·s to use instead (B, n, d_embed), as input attribution scales them."""
-    if tokens is None:
+    tokens: the token embeddings E[ids]·s to use instead (B, n, d_embed), as input attribution scales them.
+    An image model (ViT, weights.W_patch) reads TOKENS as its image's patches, flattened (B, n − 1, C·p_h·p_w):
+    X = [E[0]; patches·W_patch + b_patch] + P, [CLS] first (the patch convolution as one product)."""
+    if weights.W_patch is not None:
+        tokens = np.asarray(tokens, dtype=weights.tok_embed.dtype)                   # (B, P, C·p·p), as the tape keeps it
+        cls = np.broadcast_to(weights.tok_embed[0], (len(tokens), 1, weights.tok_embed.shape[1]))   # (B, 1, d)
+        x = np.concatenate([cls, linear(tokens, weights.W_patch, weights.b_patch)], axis=1)   # (B, 1 + P, d_model)
+    elif tokens is None:
         x = weights.tok_embed[ids]                       # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
         if cfg.embed_scale is not None:
             x *= cfg.embed_scale                         # Marian: E·√d, Granite: E·m

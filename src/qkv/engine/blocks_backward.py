@@ -467,6 +467,14 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d = dx.shape[-1]
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
     d_rows = dx
+    if weights.W_patch is not None:                                            # ViT: X = [E[0]; patches·W + b] + P
+        d_tok[0] += dx[:, 0].sum(axis=0)                                       # [CLS]
+        d_patches, d_W, d_b = linear(dx[:, 1:], t.tokens, weights.W_patch, True)   # (B, P, C·p·p), (C·p·p, d), (d,)
+        if grads is not None:
+            grads |= {"W_patch": d_W, "b_patch": d_b, "tokens": d_patches}     # the pixels' gradient: a saliency map
+        d_pos = np.zeros_like(weights.pos_embed)
+        add_rows(d_pos, t.positions.reshape(-1), dx.reshape(-1, d))
+        return d_tok, d_pos, None, g_norm
     if weights.embed_in is not None:                                           # X = (E[ids]·s)·embed_in + …
         rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0) if t.tokens is None else t.tokens   # (B, n, d_embed)
         d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)         # (B, n, d_embed), (d_embed, d_model)

@@ -28,6 +28,9 @@ The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the no
 sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
   Mixtral, Qwen2-MoE = the Llama knobs + a routed FFN (n_experts > 0): each token goes to the k experts
            its router ranks highest, their outputs summed with the router's weights (+ a shared expert)
+An image model (image_size set: ViT) reads an image cut into patches: its tokens are [CLS] (the table's one
+row, tok_embed[0]) and each patch's pixels, flattened, times W_patch + b_patch (blocks.embed); learned positions,
+pre-norm LayerNorm blocks, a final LayerNorm, and the classifier on [CLS] as W_vocab (vocab_size = the labels).
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -140,6 +143,23 @@ class ModelConfig:
     d_expert: int | None = None       # each expert's inner width; None: d_ff (Mixtral)
     d_shared_expert: int = 0          # a shared expert every token also takes, gated by σ(x·w) (Qwen2-MoE); 0: none
     dense_layers: tuple[int, ...] = ()   # layers whose FFN is dense (width d_ff) among the MoE layers
+    # ── image models (ViT): the input is an image of image_size pixels cut into patch_size squares
+    image_size: tuple[int, int] | None = None   # (height, width) in pixels; None: a text model
+    patch_size: tuple[int, int] | None = None   # (height, width) of a patch; the grid is image_size // patch_size
+    num_channels: int = 3                       # C: 3 for RGB, 1 for a grey image
+
+    @property
+    def grid(self) -> tuple[int, int] | None:
+        """(rows, columns) of an image model's patches (leftover pixels at the right and bottom edges are not
+        read, as a strided convolution leaves them); None for a text model."""
+        if self.image_size is None:
+            return None
+        return self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1]
+
+    @property
+    def patch_dim(self) -> int:
+        """C·p_h·p_w: the numbers of one flattened patch, what W_patch reads (0 for a text model)."""
+        return 0 if self.patch_size is None else self.num_channels * self.patch_size[0] * self.patch_size[1]
 
     def moe_layer(self, layer: int) -> bool:
         """Whether LAYER's FFN is routed among experts (else one dense FFN)."""
@@ -228,6 +248,26 @@ class ModelConfig:
                            f"(got {self.pad_token_id}, {self.position_offset}); fix the model's config")
         if self.embed_dim is not None and self.embed_dim <= 0:
             raise QkvError(f"embed_dim={self.embed_dim} must be positive (or none: d_model); fix the model's config")
+        if self.image_size is not None:
+            self._check_image()
+
+    def _check_image(self) -> None:
+        """An image model's sizes: whole positive pixels, patches that fit, one position per patch + [CLS]."""
+        for knob in ("image_size", "patch_size"):
+            v = getattr(self, knob)
+            v = (v, v) if isinstance(v, int) else tuple(v or ())
+            object.__setattr__(self, knob, v)
+            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+                raise QkvError(f"{knob}={getattr(self, knob)} must be a positive number of pixels (or a height "
+                               "and a width); fix the model's config")
+        if not 1 <= self.num_channels <= 4:
+            raise QkvError(f"num_channels={self.num_channels} must be 1 (grey) to 4; fix the model's config")
+        rows, cols = self.grid
+        if rows == 0 or cols == 0:
+            raise QkvError(f"patch_size={self.patch_size} is larger than image_size={self.image_size}; "
+                           "fix the model's config")
+        if self.causal or self.encoder_decoder:
+            raise QkvError("an image model is an encoder: causal and encoder_decoder must be false")
 
     @property
     def score_scale(self) -> float | None:

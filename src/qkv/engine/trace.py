@@ -177,6 +177,9 @@ class Trace:
     source_tokens: list[str] | None = None   # (n_k,) cross-attention's keys; None = self-attention
     encoder: Trace | None = None             # encoder–decoders: the source through the encoder (see above)
     cross: Trace | None = None               # encoder–decoders: the decoder's cross-attention to the source
+    image: np.ndarray | None = None          # image models (ViT): the image the model read, (H, W, C) uint8
+    grid: tuple[int, int] | None = None      # and its patches' (rows, columns): token 1 + r·cols + c is patch (r, c)
+    label_names: list[str] | None = None     # an image classifier's labels: the names of the logits' columns
     # The model's tokenizer, so that views can spell tokens the trace did not read (the Next token tab's
     # candidates); set by Model.run and generation, not saved (a trace read by Trace.load has none).
     tokenizer: object | None = field(default=None, repr=False, compare=False)
@@ -224,10 +227,13 @@ class Trace:
         if routed:
             arrays["router_layers"] = np.array(routed)
             arrays.update({name: np.stack([getattr(self.layers[i], name) for i in routed]) for name in ROUTER})
+        if self.image is not None:
+            arrays["image"] = self.image                                 # (H, W, C) uint8, what the model read
         meta = {"model": self.model if model_name is None else model_name, "family": self.family,
                 "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
                 "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length,
-                "rows": "softmax" if A is None or _softmax_rows(A) else "edited"}     # hooks may edit the weights
+                "rows": "softmax" if A is None or _softmax_rows(A) else "edited",     # hooks may edit the weights
+                "grid": None if self.grid is None else list(self.grid), "label_names": self.label_names}
         try:
             with FileBatch(out) as files:                       # both files or neither
                 files.write("trace.npz", lambda f: _write_npz(f, arrays))
@@ -246,17 +252,20 @@ class Trace:
         try:
             meta = json.loads(_regular_file(d / "trace.json", TRACE_JSON_MAX).decode("utf-8"))
             npz = io.BytesIO(_regular_file(d / "trace.npz", None))
-            arrays = _read_npz(npz, ("ids", "layers"), ("attentions", "attentions_lower", "router_layers", *ROUTER))
+            arrays = _read_npz(npz, ("ids", "layers"), ("attentions", "attentions_lower", "router_layers", *ROUTER,
+                                                         "image"))
         except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile) as e:
             raise QkvError(f"{d} does not hold a qkv trace ({_short(e)}); give a directory written by --trace") from None
         meta = _check_meta(d, meta)
         ids, att, layers = _check_arrays(d, meta, *arrays[:4])
-        routed = _check_router(d, len(ids), layers, *arrays[4:])
+        routed = _check_router(d, len(ids), layers, *arrays[4:-1])
+        image = _check_image(d, meta, arrays[-1])
         trace = cls(tokens=meta["tokens"], ids=ids, hidden=None, logits=None, text=meta.get("text"),
                    prompt_length=meta.get("prompt_length"), model=meta.get("model") or "",
                    family=meta.get("family") or "", causal=meta.get("causal"),
                    spelling=meta.get("spelling") or "plain", source_tokens=meta.get("source_tokens"),
-                   layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)})
+                   layers={i: LayerTrace(layer=i, attentions=att[k]) for k, i in enumerate(layers)},
+                   image=image, grid=None if image is None else tuple(meta["grid"]), label_names=meta.get("label_names"))
         for i, values in routed.items():
             for name, value in zip(ROUTER, values):
                 setattr(trace.layers[i], name, value)
@@ -429,6 +438,27 @@ def _check_meta(d: Path, meta) -> dict:
     if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= len(meta["tokens"])):
         raise bad("'prompt_length' must be a token count")
     return meta
+
+
+def _check_image(d: Path, meta: dict, image) -> np.ndarray | None:
+    """An image model's trace: the image (H, W, C) uint8 and a grid of (rows, columns) whose patches are the
+    tokens after [CLS]; None for a text trace (neither saved)."""
+    grid = meta.get("grid")
+    if image is None and grid is None:
+        return None
+    if image is None or not (isinstance(grid, list) and len(grid) == 2
+                             and all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in grid)
+                             and 1 + grid[0] * grid[1] == len(meta["tokens"])):
+        raise QkvError(f"{d} is not a qkv trace of an image (its image, its grid and its {len(meta['tokens'])} "
+                       "tokens disagree); give a directory written by qkv show")
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3) \
+            or image.shape[0] < grid[0] or image.shape[1] < grid[1]:
+        raise QkvError(f"{d}/trace.npz's image is {image.dtype} {image.shape}, not (H, W, 1 or 3) uint8 pixels "
+                       "holding its grid; give a directory written by qkv show")
+    names = meta.get("label_names")
+    if names is not None and not (isinstance(names, list) and all(isinstance(x, str) for x in names)):
+        raise QkvError(f"{d}/trace.json's label_names must be a list of strings; give a directory written by qkv show")
+    return image
 
 
 def _check_arrays(d: Path, meta: dict, ids, layers, att, lower) -> tuple[np.ndarray, np.ndarray, list[int]]:

@@ -139,6 +139,9 @@ class Weights:
     unembed_in: np.ndarray | None = None       # (d_model, d_embed) Z·unembed_in after the final norm, before W_vocab
     b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias
     rel_bias: np.ndarray | None = None         # (buckets, H) T5: relative position bias, shared by the layers
+    W_patch: np.ndarray | None = None          # (C·p_h·p_w, d_model) an image model (ViT): each patch's pixels → its
+    b_patch: np.ndarray | None = None          # (d_model,) token (the patch convolution as one product); tok_embed (1, d)
+                                               # is then the [CLS] token
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""

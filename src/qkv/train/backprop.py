@@ -97,3 +97,21 @@ def loss_and_grads(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attentio
     h, logits, tape = taped(weights, cfg, ids, mask)        # (B, n, d_model), (B, n, V)
     loss, dlogits = next_token_loss(logits, ids, counted) if cfg.causal else token_loss(logits, targets, counted)
     return loss, backward(dlogits, h, logits, weights, cfg, tape)
+
+
+def image_loss_and_grads(weights: Weights, cfg: ModelConfig, patches: np.ndarray, labels: np.ndarray
+                         ) -> tuple[float, Weights]:
+    """An image classifier's (ViT's) mean cross-entropy of its [CLS] logits against LABELS (B,), and every
+    weight's gradient: transformers' ViTForImageClassification loss. patches (B, P, C·p·p) from
+    qkv.engine.images.patches_of; only position 0 ([CLS]) is scored, so dlogits is 0 at the patches."""
+    if weights.W_patch is None or weights.W_vocab is None:
+        raise QkvError("image_loss_and_grads trains an image classifier (a ViT with its classifier)")
+    B, P = patches.shape[:2]
+    ids = np.zeros((B, 1 + P), np.int64)                  # [CLS], then the patches (read from `patches`)
+    targets = np.zeros_like(ids)
+    targets[:, 0] = labels
+    counted = np.zeros(ids.shape, bool)
+    counted[:, 0] = True
+    h, logits, tape = taped(weights, cfg, ids, np.ones_like(ids), tokens=patches)   # (B, 1 + P, d), (B, 1 + P, V)
+    loss, dlogits = token_loss(logits, targets, counted)
+    return loss, backward(dlogits, h, logits, weights, cfg, tape)

@@ -36,10 +36,14 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     predictions count besides (e.g. the repeated half of a sequence).
     Masked-LM encoders (RoBERTa, DistilBERT, ELECTRA's generator): transformers' *ForMaskedLM loss,
     labels (B, n) the token each position must give (−100: not learned), no shift.
+    Image classifiers (ViT): input_ids is pixel_values (B, C, H, W) and labels (B,) each image's label:
+    ViTForImageClassification's cross-entropy on [CLS].
     Encoder–decoders (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): input_ids is the source and labels
     (B, n_tgt) the target, −100 where there is nothing to learn; the decoder reads [decoder_start] +
     labels[:-1], as transformers' (mBART: its labels' last real token first).
     """
+    if model.config.image_size is not None:                 # an image classifier (ViT): pixel_values, labels (B,)
+        return _image_gradients(model, input_ids, labels)
     ids, mask = model.check_ids(input_ids, attention_mask)
     if model.config.encoder_decoder:
         if labels is None:
@@ -61,4 +65,19 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
     if not model.config.causal and labels is not None:
         model.check_ids(np.where(np.asarray(labels) == -100, 0, labels))         # label ids in the vocabulary
     loss, grads = loss_and_grads(model.weights, model.config, ids, mask, loss_mask, labels)
+    return loss, grads_by_name(grads, model.config)
+
+
+def _image_gradients(model, pixel_values, labels) -> tuple[float, dict[str, np.ndarray]]:
+    """`gradients` of an image classifier: pixel_values (B, C, H, W), labels (B,) label ids."""
+    from ..engine.images import patches_of
+    from .backprop import image_loss_and_grads
+
+    x = model.check_pixels(pixel_values)
+    y = np.asarray(labels) if labels is not None else None
+    if y is None or y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer) \
+            or not ((0 <= y) & (y < model.config.vocab_size)).all():
+        raise QkvError(f"an image classifier learns from labels: pass labels=(B,) label ids from 0 to "
+                       f"{model.config.vocab_size - 1}, one per image ({len(x)})")
+    loss, grads = image_loss_and_grads(model.weights, model.config, patches_of(x, model.config), y.astype(np.int64))
     return loss, grads_by_name(grads, model.config)

@@ -164,8 +164,13 @@ class Run:
         from ..engine.model import Model
         from ..engine.seq2seq import Seq2SeqModel
 
+        name = f"{self.settings.task} step {self.step}"
+        if self.config.image_size is not None:                              # digits: a ViT, its images' processing
+            from ..engine.image_model import ImageModel
+
+            return ImageModel(self.config, self.weights, None, name, self.task.processing, self.task.labels)
         kind = Seq2SeqModel if self.config.encoder_decoder else Model
-        return kind(self.config, self.weights, self.task.tokenizer, name=f"{self.settings.task} step {self.step}")
+        return kind(self.config, self.weights, self.task.tokenizer, name=name)
 
     # checkpoints ------------------------------------------------------------
 
@@ -284,6 +289,8 @@ class Run:
         model.name = f"{self.settings.task} ({self.step} steps)"
         written = [model.save(self.out / MODEL)]                       # all files or none (FileBatch)
         written += self.write_figures()
+        if hasattr(self.task, "finish"):
+            written += self.task.finish(self.out)                      # the task's own files (digits: examples)
         before = self.out / "before.html"
         written.append(before if before.is_file() and hasattr(self.task, "viewer_ids") else None)
         written.append(self._viewer(model, "after.html", f"after {self.step} steps"))

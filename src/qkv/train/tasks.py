@@ -30,7 +30,7 @@ from ..engine.errors import QkvError
 from ..engine.io import open_regular
 from ..engine.tuning import physical_memory
 
-ARCHS = ("gpt2", "llama", "marian")          # marian: translate-ko-en only
+ARCHS = ("gpt2", "llama", "marian", "vit")   # marian: translate-ko-en only; vit: digits only
 TOKENIZERS = ("char", "bpe")
 EVAL_SEED = 10_007            # added to the run's seed: the held-out batches never equal a training batch
 EVAL_BATCH = 64               # repeated sequences the induction records average over
@@ -75,7 +75,7 @@ class Settings:
     def check(self) -> "Settings":
         """One QkvError naming the first out-of-range setting and the fix."""
         if self.task not in KINDS:
-            raise QkvError(f"unknown task {self.task!r}; give --task induction or translate-ko-en, "
+            raise QkvError(f"unknown task {self.task!r}; give --task induction, translate-ko-en or digits, "
                            "or --text FILE to learn a text")
         positive = ("steps", "batch", "every", "checkpoint_every", "layers", "heads", "d_model")
         for name in positive + (("half", "min_half", "vocab") if self.task == "induction" else ("context",)):
@@ -98,11 +98,12 @@ class Settings:
             raise QkvError(f"--vocab {self.vocab} leaves too few random tokens; give at least 3")
         if self.task == "induction" and self.min_half > self.half:
             raise QkvError(f"--min-half {self.min_half} is more than --half {self.half}; give min-half ≤ half")
-        if (self.arch == "marian") != (self.task == "translate-ko-en"):
-            raise QkvError(f"--arch {self.arch} does not fit --task {self.task}: translate-ko-en trains a marian "
-                           "model, the others gpt2 or llama")
         if self.arch not in ARCHS:
-            raise QkvError(f"unknown --arch {self.arch!r}; choose {' or '.join(ARCHS)}")
+            raise QkvError(f"unknown --arch {self.arch!r}; choose gpt2 or llama")
+        own = {"translate-ko-en": "marian", "digits": "vit"}
+        if own.get(self.task, self.arch if self.arch in ("gpt2", "llama") else "gpt2") != self.arch:
+            raise QkvError(f"--arch {self.arch} does not fit --task {self.task}: translate-ko-en trains a marian "
+                           "model, digits a vit, the others gpt2 or llama")
         if self.task == "text":
             if self.tokenizer not in TOKENIZERS:
                 raise QkvError(f"unknown --tokenizer {self.tokenizer!r}; choose {' or '.join(TOKENIZERS)}")
@@ -141,13 +142,15 @@ DEFAULTS = {
                  checkpoint_every=200, layers=4, heads=4, d_model=128, arch="gpt2"),
     "translate-ko-en": dict(steps=800, batch=64, lr=3e-3, min_lr=3e-4, warmup=100, weight_decay=0.01, every=100,
                             checkpoint_every=200, layers=2, heads=4, d_model=64, arch="marian"),
+    "digits": dict(steps=1500, batch=64, lr=2e-3, min_lr=1e-4, warmup=100, weight_decay=0.05, every=250,
+                   checkpoint_every=500, layers=3, heads=4, d_model=64, arch="vit"),
 }
 
 
 def settings_for(task: str, given: dict) -> Settings:
     """The task's defaults, overridden by the options the user GIVEN (name → value), checked."""
     if task not in KINDS:
-        raise QkvError(f"unknown task {task!r}; give --task induction or translate-ko-en, "
+        raise QkvError(f"unknown task {task!r}; give --task induction, translate-ko-en or digits, "
                        "or --text FILE to learn a text")
     s = replace(Settings(task=task, **DEFAULTS[task]), **given)
     if "warmup" not in given:                                   # a short run warms up for a tenth of it
@@ -339,8 +342,13 @@ def _translate(s: Settings, tokenizer_file: Path):
     return TranslateTask(s, tokenizer_file)
 
 
+def _digits(s: Settings, tokenizer_file: Path):
+    from .digits import DigitsTask                    # a Vision Transformer on handwritten digits (digits-vit)
+    return DigitsTask(s)
+
+
 KINDS = {"induction": InductionTask, "text": TextTask,       # --task NAME → its class
-         "translate-ko-en": _translate}
+         "translate-ko-en": _translate, "digits": _digits}
 
 
 def make_task(s: Settings, out: Path):
