@@ -1,4 +1,5 @@
-# qkv — quick start:  make demo   (set up + show the default model's attention, ask the LLM a question, translate)
+# qkv — quick start:  make demo   (set up + show the default model's attention, ask the LLM a question, translate,
+#                                  and a Vision Transformer's attention over a handwritten digit)
 #                     make test   (set up + run the tests)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -31,6 +32,8 @@ demo: setup
 	$(VENV)/bin/qkv show "The cat sat on the mat" --out qkv-out
 	$(VENV)/bin/qkv chat "What is the capital of France?" --trace qkv-out/chat
 	$(VENV)/bin/qkv show "나는 학교에 간다" --model ko-en-tiny --out qkv-out/ko-en
+	$(VENV)/bin/qkv show "$$($(PY) -c 'from qkv.checkpoints import digits_dir; print(digits_dir() / "digit-3.png")')" \
+		--model digits-vit --out qkv-out/digit
 
 # The browser tests drive Debian's Chromium (never a browser downloaded by playwright).
 CHROMIUM ?= /usr/bin/chromium
@@ -53,6 +56,7 @@ fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_fixtures.py
 	$(PY) tests/fixtures/make_gguf_fixtures.py
 	$(PY) tests/fixtures/make_grad_fixtures.py
+	$(PY) tests/fixtures/make_vit_fixtures.py
 	$(PY) tests/fixtures/make_seq2seq_fixtures.py
 	$(PY) tests/fixtures/make_attribution_fixtures.py
 	$(PY) tests/fixtures/make_causal_trace_fixtures.py

@@ -142,7 +142,7 @@ DEFAULTS = {
                  checkpoint_every=200, layers=4, heads=4, d_model=128, arch="gpt2"),
     "translate-ko-en": dict(steps=800, batch=64, lr=3e-3, min_lr=3e-4, warmup=100, weight_decay=0.01, every=100,
                             checkpoint_every=200, layers=2, heads=4, d_model=64, arch="marian"),
-    "digits": dict(steps=1500, batch=64, lr=2e-3, min_lr=1e-4, warmup=100, weight_decay=0.05, every=250,
+    "digits": dict(steps=3000, batch=64, lr=3e-3, min_lr=1e-4, warmup=100, weight_decay=0.05, every=250,
                    checkpoint_every=500, layers=3, heads=4, d_model=64, arch="vit"),
 }
 
