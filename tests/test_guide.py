@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDE, GUIDE_KO = ROOT / "docs" / "guide.md", ROOT / "docs" / "guide.ko.md"
 SECTIONS = ["tokens", "embeddings", "positions", "qkv", "scores", "scaling", "mask", "softmax", "weighted-sum",
             "heads", "block", "logits", "temperature", "kv-cache", "flash", "gqa", "sparse", "self-cross",
-            "families", "head-roles", "limits"]
+            "families", "head-roles", "limits", "vit"]
 ANCHOR = re.compile(r'<a id="([a-z-]+)"></a>')
 
 

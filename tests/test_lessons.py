@@ -54,7 +54,7 @@ def test_every_topic_has_the_interface():
     for name in ("positions", "kv-cache", "gqa"):
         m = lesson_module(name)
         assert m.DEFAULT_MODEL == "smollm2" and callable(m.build) and callable(m.render) and callable(m.figures)
-    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn"]
+    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn", "vit"]
     with pytest.raises(QkvError, match="unknown topic 'rope'"):
         lesson_module("rope")
 

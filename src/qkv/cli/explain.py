@@ -18,7 +18,7 @@ from ..lessons import explain_help
 @click.command(name="explain", help=explain_help())
 @click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
 @click.option("--model", "source", default=None, help=MODEL_HELP + "  [default: the topic's own]")
-@click.option("--layer", type=int, default=None, help="attention, flash, ffn: the layer to follow (negative counts from the "
+@click.option("--layer", type=int, default=None, help="attention, flash, ffn, vit: the layer to follow (negative counts from the "
                                                       "end).  [default: 0; flash: the one whose max grows most; ffn: the "
                                                       "middle layer]")
 @click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
@@ -40,9 +40,12 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
     if topic == "ffn" and head is not None:
         raise QkvError("--head chooses a head of the attention walkthrough (or of flash); ffn follows one layer's FFN, "
                        "which has no heads: drop --head (--layer chooses the layer)")
-    if topic not in ("attention", "flash", "ffn") and (layer is not None or head is not None):
+    if topic == "vit" and head is not None:
+        raise QkvError("--head chooses the head of the attention walkthrough (or of flash); vit shows every head of "
+                       "its layer: drop --head (--layer chooses the layer)")
+    if topic not in ("attention", "flash", "ffn", "vit") and (layer is not None or head is not None):
         raise QkvError(f"--layer and --head choose the head of the attention walkthrough (or of flash), --layer the "
-                       f"layer of ffn; {topic} does not take them")
+                       f"layer of ffn and vit; {topic} does not take them")
     if html_file is not None and topic != "attention":
         raise QkvError(f"--html writes the attention walkthrough as the pipeline page; {topic} does not take it")
     console = new_console()
@@ -66,7 +69,8 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
         else:
             lesson = lesson_module(topic)
             name = source or lesson.DEFAULT_MODEL
-            options = {"layer": layer, "head": head} if topic == "flash" else {"layer": layer} if topic == "ffn" else {}
+            options = ({"layer": layer, "head": head} if topic == "flash" else
+                       {"layer": layer} if topic in ("ffn", "vit") else {})
             built = lesson.build(None if name is None else load(name), text, **options)
             for part in lesson.render(built, lang):
                 console.print(part)

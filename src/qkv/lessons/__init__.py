@@ -7,6 +7,7 @@
     sparse      masks the tiled kernel runs (local, global, random, block)
     flash       the online softmax, tile by tile
     ffn         one token's vector through the FFN: W_in, activation, W_out, what the top neurons write
+    vit         an image through a Vision Transformer: pixels, patches, [CLS], attention over patches, the answer
 
 Every topic module `qkv.lessons.<topic>` exposes the same four things:
 
@@ -52,6 +53,8 @@ TOPICS: dict[str, Topic] = {
     "sparse": Topic("qkv.lessons.sparse", "sparse masks (window, global, random, block) in the tiled kernel"),
     "flash": Topic("qkv.lessons.flash", "FlashAttention's online softmax, tile by tile"),
     "ffn": Topic("qkv.lessons.ffn", "one token through the FFN: W_in, activation, W_out, what its top neurons write"),
+    "vit": Topic("qkv.lessons.vit", "an image as patch tokens: pixels, patches · W_patch, [CLS], attention over "
+                                    "patches, rollout, the classifier (TEXT: an image file, or a digit 0–9)"),
 }
 
 
@@ -170,8 +173,10 @@ def explain_help() -> str:
             "argument is the TEXT of the attention walkthrough: one head of the model through X → Q, K, V → "
             "S = Q·Kᵀ → /√d_k → softmax → A·V → Concat·W_O, then why √d_k matters (on a decoder, --model "
             "smollm2, also RMSNorm, RoPE, GQA and the causal mask). TEXT defaults to \"The cat sat on the "
-            "mat\"; for a text that is a topic's name, run qkv explain attention \"positions\".\n\n"
+            "mat\"; for a text that is a topic's name, run qkv explain attention \"positions\". vit reads an "
+            "image instead: TEXT is an image file, or a digit 0–9 for that example digit of digits-vit (default "
+            "3).\n\n"
             "\b\nTopics:\n" + topics_help() + "\n\n"
             "--out DIR writes the topic's figures (PNG and SVG). Each topic loads its own model unless --model "
-            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn: smollm2). --layer chooses the "
-            "layer of attention, flash and ffn (ffn's default: the middle one).")
+            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn: smollm2; vit: digits-vit). --layer "
+            "chooses the layer of attention, flash, ffn and vit (ffn's default: the middle one).")
