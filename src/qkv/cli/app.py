@@ -90,7 +90,7 @@ def cli(weights: str | None) -> None:
 @click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
 @click.option("--layer", type=int, default=None,
               help="Layer to show (negative counts from the end).  [default: 0; an encoder–decoder: the decoder's "
-                   "last layer]")
+                   "last layer; an image model: the last layer, whose [CLS] the classifier reads]")
 @click.option("--head", type=int, default=None,
               help="Show this head's whole attention matrix instead (with --out: draw its heatmap).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -122,16 +122,31 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     print where each target token looks most in the source (cross-attention of a decoder
     layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
     the viewer with its encoder / decoder / cross views.
+
+    On an image model (digits-vit, a ViT directory): TEXT is the path of an image; print its top labels and
+    where each head's [CLS] looks most among the patches (of the last layer by default: the one the
+    classifier reads), and with --out draw that over the image (each head, every layer, attention rollout)
+    and write the viewer in its image mode (click a patch to see where it looks).
     """
     from .common import load_model as load
+    from ..engine.image_model import ImageModel
     from ..engine.seq2seq import Seq2SeqModel
 
     model = load(source)
+    if isinstance(model, ImageModel):
+        from .show_image import show_image
+
+        return show_image(model, text, layer, head, out_dir, ablate, target, budget_mb)
     if isinstance(model, Seq2SeqModel):
         return _show_seq2seq(model, text, target, layer, head, out_dir, ablate)
     if target is not None:
         raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} is a single stack "
                        f"({model.config.family}): drop --target")
+    from .show_image import IMAGE_SUFFIXES
+
+    if Path(text).suffix.lower() in IMAGE_SUFFIXES and os.path.isfile(text):     # read as text, as asked; say so
+        click.echo(f"note: {model.name} reads text: {text!r} is read as text, not as an image; give an image model "
+                   "(--model digits-vit, a ViT directory) to look at the image", err=True)
     layer = model.check_layer(0 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)

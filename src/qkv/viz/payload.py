@@ -31,7 +31,16 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
      "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | "attribute" |
              "causal_trace" | "features" | "router" | null (shown first),
      "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}, "attribute": null | {...},
-     "causal_trace": null | {...}, "features": null | {...}, "router": null | {...}}   (below; absent = null)
+     "causal_trace": null | {...}, "features": null | {...}, "router": null | {...},
+     "image": null | {...}}   (below; absent = null)
+
+"image" (an image model's trace, ViT: tokens [CLS], "patch (0, 0)", … row by row; `image_payload`):
+    {"png": "data:image/png;base64,…" (the image the model read, trace.image, as a PNG),
+     "height", "width": pixels, "rows", "cols": the grid (trace.grid), "patch": [p_h, p_w] (pixels a patch
+     covers: height // rows, width // cols, exact when the patches tile the image), "first": 1 (the token of
+     patch (0, 0); patch (r, c) is token first + r·cols + c),
+     "predicted": [{"label": str, "p": float}] (the classifier's top PREDICTED labels, softmax of [CLS]'s
+     logits, 4 decimals) | []}. The page lays the attention of a query token over the image.
 
 "next" (generation traces that kept their logits, given a tokenizer): for each generated
 token i, the distribution it was drawn from, P = softmax(logits[i-1] / T). The page cannot
@@ -117,6 +126,7 @@ from ..engine.attention import top_of
 from ..engine.errors import QkvError
 from ..writing.nexttoken import candidates, token_text
 from ..engine.trace import Trace
+from .image_payload import image_payload
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
 from .wire import encode
@@ -344,6 +354,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "role_colours": role_colours(roles),
         "attention": attention,
         "next": next_token_payload(trace, tokenizer),
+        "image": image_payload(trace),
         **check_sections(sections, view, n_q),
     }
 

@@ -29,6 +29,11 @@
  * decode?, meta, build} and use the helpers this file shares as QKV.util (the interface is described
  * at the top of viewer_panels.js).
  * A payload with a section whose panel is not registered fails with a clear message.
+ *
+ * An image model's payload ("image": a ViT's tokens are [CLS] and the image's patches) adds, above the
+ * views, the image with the attention of one query token (default [CLS]; root data-query) for the layer and
+ * head shown laid over it, its predicted labels, and a strip of the patches as tiles: clicking a patch on
+ * the image or a tile selects that query. The overlay canvas carries its cells' bytes in data-values.
  */
 (function (global) {
   "use strict";
@@ -157,7 +162,7 @@
       this.state = {view: this.views.includes(view) ? view : "head", lensMode: "prob", pin: null,
                     layer: li >= 0 ? li : 0, head: s.head >= 0 && s.head < this.H ? s.head : -1,
                     hover: null, cell: null, temp: s.temperature === 0 ? 0 : ti >= 0 ? ti + 1 : temps.length,
-                    step: 0};
+                    step: 0, query: s.query >= 0 && s.query < this.n ? s.query : 0};
       this.roleColour = {};
       const roles = [...new Set((payload.roles || []).flat().filter(r => r))].sort();
       const known = payload.role_colours || {};
@@ -292,7 +297,9 @@
       // a long input's page: what it keeps of each row, said where the reader looks
       this.rule = el("p", "qkv-note qkv-rule", this.top ? "This page holds " + this.bytes.rule + "." : "");
       this.rule.hidden = !this.top;
-      root.append(bar, this.caption, this.rule, this.chips, ...this.views.map(v => this.panels[v]));
+      root.append(bar, this.caption, this.rule, this.chips);
+      if (this.p.image) root.append(this.buildImage());
+      root.append(...this.views.map(v => this.panels[v]));
       this.built = {};
     }
 
@@ -343,6 +350,7 @@
                                    hover: s.hover ? s.hover.side + s.hover.i : "",
                                    cell: s.cell ? s.cell.i + "," + s.cell.j : ""});
       if (s.cell && s.cell.t) root.dataset.cell += "," + s.cell.t;             // patching: which table
+      if (this.p.image) { this.drawImage(); root.dataset.query = s.query; }
       if (this.p.lens) root.dataset.lensMode = s.lensMode;
       if (this.next) Object.assign(root.dataset, {temperature: this.temperature(), step: this.next.steps[s.step].position});
       else { delete root.dataset.temperature; delete root.dataset.step; }     // another kind may have set them
@@ -362,6 +370,86 @@
       const who = this.state.head < 0 ? "the mean of its heads" : `head ${this.state.head}`;
       return ` Here, layer ${this.p.layers[this.state.layer]} (${who}): when the decoder writes “${shown(this.tokens[0], 24)}” ` +
              `it looks most at “${shown(this.keys[j], 24)}” (${fmt(a[j])}).`;
+    }
+
+    // ── an image model's image: a query's attention over the patches, the labels, the patches as tiles ──
+    buildImage() {
+      const im = this.p.image, box = el("div", "qkv-image");
+      const scale = Math.max(1, Math.floor(256 / Math.max(im.width, im.height)));   // screen pixels per image pixel
+      const w = im.width * scale, h = im.height * scale, [ph, pw] = im.patch;
+      const stage = el("div", "qkv-image-stage"), pic = el("img", "qkv-image-pic");
+      stage.style.width = w + "px";
+      stage.style.height = h + "px";
+      pic.src = im.png;                                            // a data: URI, as the page's CSP allows
+      pic.alt = "the image the model read";
+      pic.width = w;
+      pic.height = h;
+      const canvas = el("canvas", "qkv-image-overlay"), ctx = sizeCanvas(canvas, w, h);
+      canvas.title = "click a patch: where it looks";
+      canvas.addEventListener("click", (e) => {                     // the patch under the pointer becomes the query
+        const b = canvas.getBoundingClientRect();
+        const r = Math.floor((e.clientY - b.top) / scale / ph), c = Math.floor((e.clientX - b.left) / scale / pw);
+        if (r >= 0 && r < im.rows && c >= 0 && c < im.cols) this.set({query: im.first + r * im.cols + c});
+      });
+      stage.append(pic, canvas);
+      const side = el("div", "qkv-image-side");
+      const top = im.predicted.map(x => `${x.label} (${x.p.toFixed(3)})`).join(" · ");
+      side.append(el("p", "qkv-image-predicted", top ? "predicted: " + top : "no classifier"),
+                  el("p", "qkv-image-readout"));
+      const strip = el("div", "qkv-image-strip"), tiles = [], crops = [], T = 24, k = T / pw;  // a patch: T px wide
+      for (let i = 0; i < this.n; i++) {
+        const t = el("button", "qkv-image-tile", i < im.first ? shown(this.tokens[i], 6) : undefined);
+        t.type = "button";
+        t.dataset.i = i;
+        if (i >= im.first) {                                       // the patch itself, cut from the image below
+          const crop = el("canvas");
+          crops.push([sizeCanvas(crop, T, ph * k), Math.floor((i - im.first) / im.cols), (i - im.first) % im.cols]);
+          t.append(crop);
+        }
+        t.addEventListener("click", () => this.set({query: i}));
+        strip.append(t);
+        tiles.push(t);
+      }
+      pic.decode().then(() => crops.forEach(([cx, r, c]) => {      // pixels stay pixels: no smoothing
+        cx.imageSmoothingEnabled = false;
+        cx.drawImage(pic, c * pw, r * ph, pw, ph, 0, 0, T, ph * k);
+      })).catch(() => null);
+      box.append(stage, side, strip);
+      this.im = {canvas, ctx, w, h, scale, readout: side.lastChild, tiles};
+      return box;
+    }
+
+    // the query's row of the layer and head shown (all heads: their mean), each patch's weight as a cell over
+    // its pixels; colours on 0 .. the row's largest patch weight, so a spread-out row still shows its shape
+    drawImage() {
+      const im = this.p.image, g = this.im, s = this.state, q = s.query, [ph, pw] = im.patch, k = g.scale;
+      const row = this.selected().subarray(q * this.nk, (q + 1) * this.nk);          // bytes, nk keys
+      const cells = Array.from(row.subarray(im.first, im.first + im.rows * im.cols)); // patch (r, c) at r·cols + c
+      const top = Math.max(1, ...cells);
+      g.ctx.clearRect(0, 0, g.w, g.h);
+      cells.forEach((v, p) => {
+        const c = LUT.subarray(3 * Math.round(v / top * 255), 3 * Math.round(v / top * 255) + 3);
+        g.ctx.fillStyle = `rgba(${c[0]},${c[1]},${c[2]},${(0.2 + 0.65 * v / top).toFixed(3)})`;   // the image shows through low weights
+        g.ctx.fillRect((p % im.cols) * pw * k, Math.floor(p / im.cols) * ph * k, pw * k, ph * k);
+      });
+      if (q >= im.first) {                                         // the query patch, outlined
+        g.ctx.strokeStyle = "#fff";
+        g.ctx.lineWidth = 2;
+        g.ctx.strokeRect(((q - im.first) % im.cols) * pw * k + 1, Math.floor((q - im.first) / im.cols) * ph * k + 1,
+                         pw * k - 2, ph * k - 2);
+      }
+      Object.assign(g.canvas.dataset, {values: cells.join(","), query: q, top});
+      let best = im.first;
+      for (let j = im.first; j < this.nk; j++) if (row[j] > row[best]) best = j;
+      const who = s.head < 0 ? "mean of all heads" : `head ${s.head}`;
+      g.readout.textContent = `query ${shown(this.tokens[q], 24)}, layer ${this.p.layers[s.layer]}, ${who}: ` +
+        `looks most at ${shown(this.keys[best], 24)} (${fmt(row[best])}); at [CLS] ${fmt(row[0])} · ` +
+        `colours 0 … ${fmt(top)} · click a patch or a tile to choose the query`;
+      g.tiles.forEach((t, i) => {
+        t.setAttribute("aria-pressed", String(i === q));
+        t.title = `${this.tokens[i]}: ${fmt(row[i])} of ${this.tokens[q]}'s attention`;
+        t.style.setProperty("--w", (row[i] / 255).toFixed(3));
+      });
     }
 
     // ── head view: two token columns, one line per (query, key), alpha = weight ──
@@ -857,6 +945,7 @@
       const out = {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head};
       if (this.next) out.temperature = this.temperature();
       if (this.kinds) out.kind = this.kind;
+      if (this.p.image) out.query = this.state.query;
       return out;
     }
   }

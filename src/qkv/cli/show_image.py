@@ -1,0 +1,152 @@
+"""`qkv show IMAGE --model digits-vit`: an image model's prediction and where its [CLS] looks among the
+patches; with --out, the overlays of `viz.image_figures` and the viewer in its image mode.
+
+    image ─ImageModel.run─▶ trace: tokens [CLS], patch (0, 0), …; attentions (L, H, n, n), n = 1 + rows·cols
+      [CLS]'s row at layer l, head h:  A[l, h, 0, 1:]  reshaped (rows, cols)  → the overlay of head h
+      rollout R_L[0, 1:] (analysis.rollout)                                     → the rollout figure
+      softmax(logits[0])  ([CLS]'s row, the classifier)                         → the predicted labels
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from ..engine.errors import QkvError
+from ..engine.tokenizer import shorten
+from .common import check_writable, head_pairs, new_console, removed_if_failed
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")   # `engine.images.FORMATS`
+TOP_LABELS = 3            # predicted labels printed
+TOP_PATCHES = 3           # patches printed per head
+
+
+def show_image(model, image: str, layer: int | None, head: int | None, out_dir: str | None,
+               ablate: tuple[str, ...], target: str | None, budget_mb: float | None) -> None:
+    """`qkv show` on an image model: IMAGE's top labels and, at LAYER (default the last: the one whose [CLS]
+    the classifier reads), where each head's [CLS] looks most (--head: its weights over the grid);
+    with OUT_DIR the figures and the viewer."""
+    if target is not None:
+        raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} reads an image: drop --target")
+    if budget_mb is not None:
+        raise QkvError(f"--budget-mb limits a long text's viewer; every weight of {model.name}'s images fits: "
+                       "drop --budget-mb")
+    check_image_path(model, image)
+    layer = model.check_layer(-1 if layer is None else layer)
+    if head is not None:
+        head = model.check_head(head)
+    knocked_out = head_pairs(ablate)
+    model.ablation(knocked_out)                                     # bad heads fail before DIR is touched
+    trace = model.run(image, ablate=knocked_out)                    # a bad image fails before DIR is touched
+    trace.text = Path(image).name                                   # the page's title names the file, not its folder
+    if out_dir is not None:
+        check_writable(out_dir)
+    with removed_if_failed(out_dir):
+        _print_image(trace, model, layer, head, knocked_out)
+        if out_dir is not None:
+            files = save_image_views(trace, out_dir, layer, model.config.patch_size)
+    if out_dir is None:
+        click.echo("(--out DIR draws each head's attention over the image, every layer's, attention rollout, "
+                   "and writes the interactive viewer)")
+        return
+    click.echo(f"wrote {len(files)} files to {out_dir} (layer {layer}'s heads over the image):")
+    for f in files:
+        click.echo(f"  {f}")
+    click.echo(f"open {files[0]} in a browser: click a patch to see where it looks, every layer and head")
+
+
+def check_image_path(model, image: str) -> None:
+    """Text given to an image model is one clear error (not "no image file The cat sat")."""
+    path = Path(image)
+    if not path.exists() and (path.suffix.lower() not in IMAGE_SUFFIXES or "\n" in image):
+        raise QkvError(f"{model.name} reads images, not text: {shorten(image, 40)!r} is no image file; give the "
+                       "path of a PNG or JPEG file (or a text model with --model)")
+
+
+def predictions(trace, k: int = TOP_LABELS) -> list[tuple[str, float]]:
+    """The K most probable labels: softmax over [CLS]'s logits (trace.logits[0]), most probable first."""
+    z = trace.logits[0].astype(np.float64)                          # (V,)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")[:k]
+    return [(trace.label_names[i], float(p[i])) for i in order]
+
+
+def cls_cells(trace, layer: int) -> np.ndarray:
+    """[CLS]'s attention to each patch at LAYER, every head, as the grid: A[l, :, 0, 1:] → (H, rows, cols)."""
+    a = trace.layer(layer).attentions                               # (H, n, n)
+    return a[:, 0, 1:].reshape(a.shape[0], *trace.grid)             # (H, rows, cols)
+
+
+def _print_image(trace, model, layer: int, head: int | None, knocked_out) -> None:
+    """The terminal part: the image and its patches, the top labels, then each head's most-attended patches
+    from [CLS] (or one head's weights laid out as the grid)."""
+    c, console = model.config, new_console()
+    (rows, cols), (ph, pw) = trace.grid, c.patch_size
+    H_px, W_px = trace.image.shape[:2]
+    console.print(Text(f"{model.name}: an image of {H_px} × {W_px} pixels in {rows} × {cols} patches of {ph} × {pw} pixels "
+                       f"({len(trace.tokens)} tokens: [CLS] + {rows * cols} patches), {c.n_layers} layers × "
+                       f"{c.n_heads} heads"))
+    if knocked_out:
+        console.print(Text("heads knocked out: " + ", ".join(f"{l}.{h}" for l, h in knocked_out)))
+    if trace.logits is None or trace.label_names is None:
+        console.print(Text("no classifier (a ViTModel): no labels to predict"))
+    else:
+        console.print(Text("predicted: ") + Text(", ".join(f"{label} ({p:.3f})" for label, p in predictions(trace))))
+    cells = cls_cells(trace, layer)                                 # (H, rows, cols)
+    kept = trace.layer(layer).attentions[:, 0, 0]                   # (H,) [CLS] → itself
+    last = " (the last, whose [CLS] the classifier reads; choose another with --layer)" \
+        if layer == c.n_layers - 1 else ""
+    if head is not None:
+        console.print(Text(f"layer {layer}{last}, head {head}: attention from [CLS] to each patch (row r, column "
+                           f"c of the image; [CLS] → itself {kept[head]:.2f})"))
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("row", justify="right", style="grey50")
+        for j in range(cols):
+            table.add_column(f"c{j}", justify="right")
+        for r in range(rows):
+            table.add_row(str(r), *(f"{w:.2f}" for w in cells[head, r]))
+        console.print(table)
+        return
+    console.print(Text(f"layer {layer}{last}: where [CLS] looks most, each head"))
+    for h in range(len(cells)):
+        flat = cells[h].ravel()                                     # (rows·cols,)
+        top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
+        where = "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)
+        console.print(Text(f"  head {h}: {where}   [CLS] itself {kept[h]:.2f}"))
+
+
+def save_image_views(trace, out_dir: str, layer: int, patch: tuple[int, int]) -> list[Path]:
+    """image_heads.png/.svg, image_layers.png, image_rollout.png and attention.html into OUT_DIR, all or
+    nothing (`io.FileBatch`); PATCH: a patch's (p_h, p_w) in pixels (model.config.patch_size)."""
+    from ..analysis.rollout import attention_rollout
+    from ..analysis.sections import rollout_payload
+    from ..engine.io import FileBatch
+    from ..viz.figures import save_all
+    from ..viz.html import viewer_html
+    from ..viz.image_figures import image_heads, image_layers, image_rollout
+
+    image, name = trace.image, trace.model
+    layers = trace.layer_ids
+    every = np.stack([cls_cells(trace, l) for l in layers])          # (L, H, rows, cols)
+    rolled = attention_rollout(trace)[-1][0, 1:].reshape(trace.grid)  # (rows, cols) R_L's [CLS] row, patches
+    label, prob = predictions(trace, 1)[0] if trace.logits is not None and trace.label_names else ("no classifier", 0.0)
+    kept = trace.layer(layer).attentions[:, 0, 0]                    # (H,)
+    out = Path(out_dir)
+    try:
+        with FileBatch(out) as files:
+            files.write_text("attention.html", viewer_html(trace, sections={"rollout": rollout_payload(trace)}))
+            save_all(files, [("image_heads", lambda: image_heads(image, cls_cells(trace, layer), patch, layer,
+                                                                 self_weights=kept, model_name=name))],
+                     ("png", "svg"))
+            save_all(files, [("image_layers", lambda: image_layers(image, every, patch, layers, model_name=name)),
+                             ("image_rollout", lambda: image_rollout(image, rolled, patch, label, prob,
+                                                                     model_name=name))], ("png",))
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
+    return files.paths
+
