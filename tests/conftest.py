@@ -14,7 +14,9 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = FIXTURES / "models"
 IMAGE_FIXTURES = ("vit", "vit_base")       # image models (ViT): pixel_values in, tests/test_vit.py
-FAMILY_FIXTURES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file() and p.name not in IMAGE_FIXTURES)
+AUDIO_FIXTURES = ("whisper", "whisper_base")   # speech (Whisper): log-mel features in, tests/test_whisper.py
+FAMILY_FIXTURES = sorted(p.name for p in MODELS.iterdir()
+                         if (p / "config.json").is_file() and p.name not in IMAGE_FIXTURES + AUDIO_FIXTURES)
 ENCODER_PREFIXES = ("bert", "roberta", "xlm_roberta", "distilbert", "electra", "modernbert")    # encoders: no KV cache, no greedy ids
 DECODER_FIXTURES = [n for n in FAMILY_FIXTURES if not n.startswith(ENCODER_PREFIXES)]
 

@@ -19,6 +19,7 @@ import numpy as np
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
 from ..engine.layout import fast_layout
+from ..engine.audio_model import AudioModel
 from ..engine.image_model import ImageModel
 from ..engine.images import ImageProcessing
 from ..engine.model import Model
@@ -197,10 +198,10 @@ def read_config(directory: Path) -> ModelConfig:
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel:
+def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel | AudioModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
     Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel,
-    an image model (ViT, and "digits-vit") an ImageModel.
+    an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel.
 
     dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
     as the file's blocks (engine.stored), read in place. Anything else defaults to float32, memory-mapped
@@ -242,6 +243,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     _give_back_heap()
     if cfg.image_size is not None:
         return image_model(directory, cfg, weights, _display_name(source))
+    if cfg.audio_mels is not None:
+        return AudioModel(cfg, weights, tokenizer, name=_display_name(source))
     model = Seq2SeqModel if cfg.encoder_decoder else Model
     return model(cfg, weights, tokenizer, name=_display_name(source))
 

@@ -44,7 +44,9 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  # MPT (its n_heads, n_layers: DistilBERT's names above)
                  "max_seq_len",
                  # ViT
-                 "num_channels", "encoder_stride", "pooler_output_size", "num_labels")
+                 "num_channels", "encoder_stride", "pooler_output_size", "num_labels",
+                 # Whisper
+                 "num_mel_bins", "max_source_positions", "max_target_positions")
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim",
           "num_experts", "shared_expert_intermediate_size")        # 0 experts: every FFN dense (Qwen2-MoE)
@@ -64,7 +66,8 @@ _BOOL = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_windo
          "is_decoder", "add_cross_attention", "sinusoidal_pos_embds",
          "norm_bias", "decoder_bias", "classifier_bias",                # ModernBERT
          "apply_residual_connection_post_layernorm", "slow_but_exact",  # BLOOM
-         "alibi", "new_decoder_architecture", "multi_query", "parallel_attn", "bias")   # Falcon
+         "alibi", "new_decoder_architecture", "multi_query", "parallel_attn", "bias",   # Falcon
+         "use_weighted_layer_sum", "apply_spec_augment")                               # Whisper
 _TEXT = ("model_type", "hidden_act", "hidden_activation", "activation_function", "position_embedding_type", "feed_forward_proj",
          "activation", "classifier_activation", "pooler_act")
 _OBJECT = ("rope_scaling", "rope_parameters", "attn_config")

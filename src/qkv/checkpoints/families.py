@@ -1,7 +1,7 @@
 """The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py, moe.py;
 gpt_neox.py, gptj.py, phi.py, cohere.py, granite.py (Llama's table with its multipliers), …; the encoders
 roberta.py (and XLM-RoBERTa), distilbert.py, electra.py, modernbert.py; the image encoder vit.py;
-the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whose weights are a Seq2SeqWeights of two stacks).
+the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whisper.py (speech), whose weights are a Seq2SeqWeights of two stacks).
 
 Every family module is a table between the checkpoint's names and ours, read both ways:
 
@@ -29,7 +29,7 @@ from ..engine.errors import QkvError
 from ..engine.weights import Weights
 from . import (bart, bert, bloom, cohere, distilbert, electra, falcon, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite,
                llama, marian, mbart, modernbert, moe, mpt, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5,
-               umt5, vit)
+               umt5, vit, whisper)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 
@@ -43,7 +43,7 @@ FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_n
                                    "mt5": mt5, "umt5": umt5,
                                    "gpt_neo": gpt_neo, "smollm3": llama, "gemma2": gemma2, "gemma3_text": gemma2,
                                    "roberta": roberta, "xlm-roberta": roberta, "distilbert": distilbert, "electra": electra,
-                                   "modernbert": modernbert, "vit": vit}
+                                   "modernbert": modernbert, "vit": vit, "whisper": whisper}
 
 
 def family_of(kind: str) -> ModuleType:

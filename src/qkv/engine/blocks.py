@@ -44,7 +44,7 @@ from .hooks import Hooks
 from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
 from .positions import alibi_bias, alibi_slopes, apply_rope
 from .trace import Recorder
-from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
+from .weights import AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
 
 # ── the boxes ────────────────────────────────────────────────────────────────────
@@ -79,6 +79,14 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
     tokens: the token embeddings E[ids]·s to use instead (B, n, d_embed), as input attribution scales them.
     An image model (ViT, weights.W_patch) reads TOKENS as its image's patches, flattened (B, n − 1, C·p_h·p_w):
     X = [E[0]; patches·W_patch + b_patch] + P, [CLS] first (the patch convolution as one product)."""
+    if weights.front is not None:                        # Whisper: log-mel frames (B, T, mels) through the convolutions
+        if tape is not None:
+            raise QkvError("backpropagation through an audio encoder's convolutions is not in qkv; "
+                           "train or attribute a text model")
+        x = np.asarray(tokens, dtype=weights.tok_embed.dtype)
+        for conv in weights.front:
+            x = ACTIVATIONS["gelu"](convolve(x, conv))   # (B, T / stride, C_out): transformers' F.gelu, the erf one
+        return x + weights.pos_embed[positions]          # a fixed sinusoidal table, stored (Whisper's encoder)
     if weights.W_patch is not None:
         tokens = np.asarray(tokens, dtype=weights.tok_embed.dtype)                   # (B, P, C·p·p), as the tape keeps it
         cls = np.broadcast_to(weights.tok_embed[0], (len(tokens), 1, weights.tok_embed.shape[1]))   # (B, 1, d)
@@ -107,6 +115,17 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
             record.proj_in = x                           # what the projection read, for its backward
         x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
+
+
+def convolve(x: np.ndarray, w: ConvWeights) -> np.ndarray:
+    """A 1-D convolution over time, x (B, T, C_in) → (B, T_out, C_out), T_out = (T + 2·padding − kernel) // stride + 1:
+    each output step's KERNEL input frames side by side (B, T_out, kernel·C_in), times W, + b."""
+    B, T, C = x.shape
+    padded = np.pad(x, ((0, 0), (w.padding, w.padding), (0, 0)))              # zeros outside the input
+    T_out = (T + 2 * w.padding - w.kernel) // w.stride + 1
+    windows = np.concatenate([padded[:, j:j + w.stride * (T_out - 1) + 1:w.stride] for j in range(w.kernel)],
+                             axis=-1)                                        # (B, T_out, kernel·C_in)
+    return linear(windows, w.W, w.b)                                         # (B, T_out, C_out)
 
 
 def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

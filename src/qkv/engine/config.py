@@ -23,6 +23,8 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
   mBART  = BART pre-norm + a final LayerNorm per stack (+ the language id as the first token written)
   Pegasus = pre-norm + sinusoidal positions (Marian's halves, no offset) + a final LayerNorm per stack
   UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
+  Whisper = pre-norm + a final LayerNorm per stack; the encoder reads log-mel frames through two GELU
+           convolutions (audio_mels, Weights.front) + a fixed sinusoidal table, the decoder learned positions
 The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
 (positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
 sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
@@ -147,6 +149,10 @@ class ModelConfig:
     image_size: tuple[int, int] | None = None   # (height, width) in pixels; None: a text model
     patch_size: tuple[int, int] | None = None   # (height, width) of a patch; the grid is image_size // patch_size
     num_channels: int = 3                       # C: 3 for RGB, 1 for a grey image
+    # ── speech (Whisper): the encoder reads log-mel frames through two 1-D convolutions (Weights.front)
+    audio_mels: int | None = None               # mel bins per input frame; None: the encoder reads tokens
+    source_positions: int | None = None         # the encoder's positions (max_source_positions): the input is
+                                                # 2 × this many frames, halved by the second convolution's stride
 
     @property
     def grid(self) -> tuple[int, int] | None:
@@ -250,6 +256,10 @@ class ModelConfig:
             raise QkvError(f"embed_dim={self.embed_dim} must be positive (or none: d_model); fix the model's config")
         if self.image_size is not None:
             self._check_image()
+        if self.audio_mels is not None and not (self.encoder_decoder and self.audio_mels > 0
+                                                and (self.source_positions or 0) > 0):
+            raise QkvError(f"an audio model needs an encoder–decoder, audio_mels={self.audio_mels} > 0 and "
+                           f"source_positions={self.source_positions} > 0; fix the model's config")
 
     def _check_image(self) -> None:
         """An image model's sizes: whole positive pixels, patches that fit, one position per patch + [CLS]."""

@@ -120,6 +120,19 @@ class BlockWeights:
 
 
 @dataclass
+class ConvWeights:
+    """A 1-D convolution over time as one product (Whisper's front end): the frames around each output step,
+    kernel of them side by side, times W. Frame t of the output reads input frames t·stride − padding + j,
+    j < kernel (zeros outside the input)."""
+
+    W: np.ndarray                    # (kernel·C_in, C_out): row j·C_in + c is the file's weight[:, c, j]
+    b: np.ndarray                    # (C_out,)
+    kernel: int = 3
+    stride: int = 1
+    padding: int = 1
+
+
+@dataclass
 class Weights:
     """Everything a forward pass reads: embeddings, L blocks, final norm, W_vocab."""
 
@@ -139,6 +152,8 @@ class Weights:
     unembed_in: np.ndarray | None = None       # (d_model, d_embed) Z·unembed_in after the final norm, before W_vocab
     b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias
     rel_bias: np.ndarray | None = None         # (buckets, H) T5: relative position bias, shared by the layers
+    front: list[ConvWeights] | None = None     # an audio encoder (Whisper): the convolutions from log-mel frames
+                                               # (B, T, mels) to the stream, each followed by GELU
     W_patch: np.ndarray | None = None          # (C·p_h·p_w, d_model) an image model (ViT): each patch's pixels → its
     b_patch: np.ndarray | None = None          # (d_model,) token (the patch convolution as one product); tok_embed (1, d)
                                                # is then the [CLS] token
