@@ -57,11 +57,11 @@ def test_a_trace_labels_frames_by_time_and_has_a_viewer(models, tmp_path):
 
     ref, model = reference("whisper"), models["whisper"]
     trace = model.run(ref["input_features"][0], ref["decoder_input_ids"][0])
-    assert trace.cross.source_tokens == ["0.00 s", "0.02 s", "0.04 s", "0.06 s", "0.08 s", "0.10 s", "0.12 s", "0.14 s"]
+    assert trace.cross.source_tokens == ["0.00s", "0.02s", "0.04s", "0.06s", "0.08s", "0.10s", "0.12s", "0.14s"]
     assert trace.encoder.tokens == trace.cross.source_tokens and trace.cross.attentions.shape == (2, 2, 5, 8)
     np.testing.assert_allclose(trace.cross.attentions.sum(axis=-1), 1, atol=1e-6)
     page = save_viewer(trace, tmp_path / "attention.html")
-    assert "0.14 s" in page.read_text(encoding="utf-8")
+    assert "0.14s" in page.read_text(encoding="utf-8")
 
 
 def test_hooks_and_ablation_reach_the_cross_attention(models):

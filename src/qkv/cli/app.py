@@ -127,8 +127,12 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     where each head's [CLS] looks most among the patches (of the last layer by default: the one the
     classifier reads), and with --out draw that over the image (each head, every layer, attention rollout)
     and write the viewer in its image mode (click a patch to see where it looks).
+
+    On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) and --target its transcript;
+    print where each word looks in time (cross-attention of a decoder layer) and with --out draw it.
     """
     from .common import load_model as load
+    from ..engine.audio_model import AudioModel
     from ..engine.image_model import ImageModel
     from ..engine.seq2seq import Seq2SeqModel
 
@@ -137,6 +141,10 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         from .show_image import show_image
 
         return show_image(model, text, layer, head, out_dir, ablate, target, budget_mb)
+    if isinstance(model, AudioModel):
+        from .show_audio import show_audio
+
+        return show_audio(model, text, target, layer, head, out_dir, ablate)
     if isinstance(model, Seq2SeqModel):
         return _show_seq2seq(model, text, target, layer, head, out_dir, ablate)
     if target is not None:

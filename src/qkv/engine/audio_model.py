@@ -27,7 +27,7 @@ FRAME_SECONDS = 0.02          # one encoder position: two 10 ms frames (WhisperF
 
 def frame_labels(n: int) -> list[str]:
     """The encoder's positions as a reader sees them: the start of the 20 ms each covers."""
-    return [f"{i * FRAME_SECONDS:.2f} s" for i in range(n)]
+    return [f"{i * FRAME_SECONDS:.2f}s" for i in range(n)]
 
 
 class AudioModel(Seq2SeqModel):
@@ -84,7 +84,7 @@ class AudioModel(Seq2SeqModel):
             max_new_tokens: int | None = None, ablate: Iterable | None = None, how: str = "zero",
             hooks: Mapping[str, HookFn] | None = None) -> Trace:
         """One sound (its log-mel features (mels, 2·S)) and its transcript through the model, as
-        Seq2SeqModel.run: the decoder's Trace with `.encoder` (the frames, labelled by time: "0.00 s", "0.02 s",
+        Seq2SeqModel.run: the decoder's Trace with `.encoder` (the frames, labelled by time: "0.00s", "0.02s",
         …) and `.cross` (each text token over the frames). target: the decoder's ids (starting with
         decoder_start_token_id) or, with a tokenizer, the text after it."""
         if target is None:

@@ -1,0 +1,93 @@
+"""`qkv show FEATURES.npy --model WHISPER --target TEXT`: where each word of a transcript looks in the sound.
+
+FEATURES.npy holds the log-mel features of one sound (mels × frames, float, what WhisperFeatureExtractor gives for
+one input); the encoder reads them through its convolutions (20 ms per position), the decoder reads the transcript
+(--target), and the cross-attention of each text token over the frames is printed for one decoder layer and, with
+--out, drawn (the encoder–decoder's heatmaps and viewer, whose source tokens are the times "0.00s", "0.02s", …).
+Whisper's own writing is not in qkv: the transcript is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..engine.errors import QkvError
+from ..engine.io import open_regular
+from .common import check_writable, removed_if_failed
+
+MAX_BYTES = 64 << 20            # a features file larger than this is refused before it is read
+
+
+def read_features(path: str) -> np.ndarray:
+    """An .npy file of log-mel features (mels, frames) or (1, mels, frames), floats, no pickles: one QkvError
+    naming what is wrong."""
+    try:
+        with open_regular(path, MAX_BYTES) as f:
+            x = np.load(f, allow_pickle=False)
+    except FileNotFoundError:
+        raise QkvError(f"no features file {path}; give an .npy file of log-mel features (mels × frames)") from None
+    except OSError as e:
+        raise QkvError(f"cannot read {path}: {e.strerror or e}; give a regular .npy file of at most "
+                       f"{MAX_BYTES >> 20} MB") from None
+    except ValueError as e:
+        raise QkvError(f"{path} is not an .npy array of numbers ({str(e)[:60]}); save the features with numpy.save") from None
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f" or x.ndim not in (2, 3) or (x.ndim == 3 and len(x) != 1):
+        raise QkvError(f"{path} holds {getattr(x, 'dtype', '?')} {getattr(x, 'shape', '?')}; give the log-mel features of "
+                       "one sound, floats of shape (mels, frames)")
+    return x.reshape(x.shape[-2:])
+
+
+def show_audio(model, path: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
+               ablate: tuple[str, ...]) -> None:
+    """`qkv show` on Whisper: the transcript's cross-attention over the frames (see the module docstring)."""
+    from ..viz.figures import focused_head
+    from ..viz.seq2seq import cross_written
+    from .app import _print_cross
+
+    if ablate:
+        raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
+                       "drop --ablate")
+    if target is None:
+        raise QkvError(f"give the transcript with --target TEXT: Whisper's own writing is not in qkv")
+    if model.tokenizer is None:
+        raise QkvError(f"{model.name} has no tokenizer.json to read --target with; add the checkpoint's tokenizer.json")
+    layer = model.check_layer(-1 if layer is None else layer)
+    if head is not None:
+        head = model.check_head(head)
+    features = read_features(path)
+    model.check_features(features)                                   # the model's mels and frames, finite
+    with removed_if_failed(out_dir):
+        if out_dir is not None:
+            check_writable(out_dir)
+        trace = model.run(features, target)
+        trace.encoder.text = Path(path).name
+        cross = cross_written(trace, model.tokenizer)
+        _print_cross(trace, cross, model, layer, head, translated=False)
+        if out_dir is not None:
+            picked = focused_head(cross, layer) if head is None else head
+            files = _save(trace, out_dir, model, layer, picked)
+    if out_dir is not None:
+        click.echo(f"wrote {len(files)} files to {out_dir} (cross-attention heatmap of head {picked}, decoder layer {layer}):")
+        for f in files:
+            click.echo(f"  {f}")
+        click.echo(f"open {files[0]} in a browser: encoder, decoder and cross-attention (text over time), every layer "
+                   "and head")
+
+
+def _save(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
+    """The viewer (encoder / decoder / cross views) and the heatmaps into OUT_DIR, all or nothing."""
+    from ..engine.io import FileBatch
+    from ..viz.html import viewer_html
+    from ..viz.seq2seq import save_seq2seq_figures
+
+    out = Path(out_dir)
+    try:
+        with FileBatch(out) as files:
+            files.write_text("attention.html", viewer_html(trace, tokenizer=model.tokenizer))
+            save_seq2seq_figures(trace, files, layer=layer, head=head, tokenizer=model.tokenizer)
+    except OSError as e:
+        raise QkvError(f"cannot write to {out}: {e.strerror or e}; choose a writable directory") from None
+    return files.paths
