@@ -68,7 +68,9 @@ def config(hf: dict) -> ModelConfig:
     return ModelConfig(**stacks_config(hf, "bart"), position="learned", position_offset=OFFSET, embed_norm=True)
 
 
-def _attention(store: TensorStore, p: str, d: int, dtype) -> AttentionWeights:
+def attention(store: TensorStore, p: str, d: int, dtype, key_bias: bool = True) -> AttentionWeights:
+    """The attention at P: q_proj, k_proj, v_proj, out_proj with their biases (k_proj's only if KEY_BIAS: Whisper
+    has none, softmax ignoring a constant added to every score of a row)."""
     def lin(name: str) -> np.ndarray:
         return linear_T(store, f"{p}.{name}.weight", d, d, dtype)
 
@@ -76,16 +78,18 @@ def _attention(store: TensorStore, p: str, d: int, dtype) -> AttentionWeights:
         return store.get(f"{p}.{name}.bias", (d,), dtype)
 
     return AttentionWeights(W_Q=lin("q_proj"), W_K=lin("k_proj"), W_V=lin("v_proj"), W_O=lin("out_proj"),
-                            b_Q=bias("q_proj"), b_K=bias("k_proj"), b_V=bias("v_proj"), b_O=bias("out_proj"))
+                            b_Q=bias("q_proj"), b_K=bias("k_proj") if key_bias else None, b_V=bias("v_proj"),
+                            b_O=bias("out_proj"))
 
 
-def _norm(store: TensorStore, name: str, d: int, dtype) -> NormWeights:
+def norm(store: TensorStore, name: str, d: int, dtype) -> NormWeights:
     return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
 
 
 def stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarray,
-          pos: np.ndarray | None) -> Weights:
-    """One stack's blocks by the table above; decoder blocks with their cross-attention."""
+          pos: np.ndarray | None, key_bias: bool = True) -> Weights:
+    """One stack's blocks by the table above; decoder blocks with their cross-attention (k_proj without a bias
+    unless KEY_BIAS: Whisper)."""
     d, f = cfg.d_model, cfg.d_ff
     decoder = which == "decoder"
 
@@ -96,14 +100,14 @@ def stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarr
                          W_out=linear_T(store, f"{p}.fc2.weight", f, d, dtype),
                          b_out=store.get(f"{p}.fc2.bias", (d,), dtype))
         return BlockWeights(
-            attn_norm=_norm(store, f"{p}.self_attn_layer_norm", d, dtype),
-            attn=_attention(store, f"{p}.self_attn", d, dtype),
-            ffn_norm=_norm(store, f"{p}.final_layer_norm", d, dtype), ffn=ffn,
-            cross_attn=_attention(store, f"{p}.encoder_attn", d, dtype) if decoder else None,
-            cross_norm=_norm(store, f"{p}.encoder_attn_layer_norm", d, dtype) if decoder else None)
+            attn_norm=norm(store, f"{p}.self_attn_layer_norm", d, dtype),
+            attn=attention(store, f"{p}.self_attn", d, dtype, key_bias),
+            ffn_norm=norm(store, f"{p}.final_layer_norm", d, dtype), ffn=ffn,
+            cross_attn=attention(store, f"{p}.encoder_attn", d, dtype, key_bias) if decoder else None,
+            cross_norm=norm(store, f"{p}.encoder_attn_layer_norm", d, dtype) if decoder else None)
 
-    embed_norm = _norm(store, f"{which}.layernorm_embedding", d, dtype) if cfg.embed_norm else None
-    final_norm = _norm(store, f"{which}.layer_norm", d, dtype) if cfg.final_norm else None   # mBART, Pegasus
+    embed_norm = norm(store, f"{which}.layernorm_embedding", d, dtype) if cfg.embed_norm else None
+    final_norm = norm(store, f"{which}.layer_norm", d, dtype) if cfg.final_norm else None   # mBART, Pegasus
     return Weights(tok_embed=tok, pos_embed=pos, embed_norm=embed_norm, final_norm=final_norm,
                    blocks=[block(i) for i in range(cfg.n_decoder_layers if decoder else cfg.n_layers)])
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, ConvWeights, FFNWeights, NormWeights, Seq2SeqWeights, Weights
+from ..engine.weights import ConvWeights, Seq2SeqWeights
 from . import bart
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
@@ -61,39 +61,6 @@ def config(hf: dict) -> ModelConfig:
         audio_mels=hf.get("num_mel_bins", 80), source_positions=hf.get("max_source_positions", 1500))
 
 
-def _attention(store: TensorStore, p: str, d: int, dtype) -> AttentionWeights:
-    def lin(name: str) -> np.ndarray:
-        return linear_T(store, f"{p}.{name}.weight", d, d, dtype)
-
-    def bias(name: str) -> np.ndarray:
-        return store.get(f"{p}.{name}.bias", (d,), dtype)
-
-    return AttentionWeights(W_Q=lin("q_proj"), W_K=lin("k_proj"), W_V=lin("v_proj"), W_O=lin("out_proj"),
-                            b_Q=bias("q_proj"), b_V=bias("v_proj"), b_O=bias("out_proj"))   # k_proj: no bias
-
-
-def _norm(store: TensorStore, name: str, d: int, dtype) -> NormWeights:
-    return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
-
-
-def _stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarray, pos: np.ndarray) -> Weights:
-    d, f = cfg.d_model, cfg.d_ff
-    decoder = which == "decoder"
-
-    def block(i: int) -> BlockWeights:
-        p = f"{which}.layers.{i}"
-        ffn = FFNWeights(W_in=linear_T(store, f"{p}.fc1.weight", d, f, dtype), b_in=store.get(f"{p}.fc1.bias", (f,), dtype),
-                         W_out=linear_T(store, f"{p}.fc2.weight", f, d, dtype), b_out=store.get(f"{p}.fc2.bias", (d,), dtype))
-        return BlockWeights(
-            attn_norm=_norm(store, f"{p}.self_attn_layer_norm", d, dtype), attn=_attention(store, f"{p}.self_attn", d, dtype),
-            ffn_norm=_norm(store, f"{p}.final_layer_norm", d, dtype), ffn=ffn,
-            cross_attn=_attention(store, f"{p}.encoder_attn", d, dtype) if decoder else None,
-            cross_norm=_norm(store, f"{p}.encoder_attn_layer_norm", d, dtype) if decoder else None)
-
-    return Weights(tok_embed=tok, pos_embed=pos, final_norm=_norm(store, f"{which}.layer_norm", d, dtype),
-                   blocks=[block(i) for i in range(cfg.n_decoder_layers if decoder else cfg.n_layers)])
-
-
 def _conv(store: TensorStore, name: str, c_in: int, c_out: int, stride: int, dtype) -> ConvWeights:
     W = store.get(f"{name}.weight", (c_out, c_in, 3), dtype)                 # (C_out, C_in, kernel)
     return ConvWeights(W=np.ascontiguousarray(W.transpose(2, 1, 0)).reshape(3 * c_in, c_out),   # row j·C_in + c
@@ -103,11 +70,11 @@ def _conv(store: TensorStore, name: str, c_in: int, c_out: int, stride: int, dty
 def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Seq2SeqWeights:
     d = cfg.d_model
     tok = store.get("decoder.embed_tokens.weight", (cfg.vocab_size, d), dtype)
-    encoder = _stack(store, cfg, dtype, "encoder", tok, store.get("encoder.embed_positions.weight",
-                                                                 (cfg.source_positions, d), dtype))
+    encoder = bart.stack(store, cfg, dtype, "encoder", tok, store.get("encoder.embed_positions.weight",
+                                                                      (cfg.source_positions, d), dtype), key_bias=False)
     encoder.front = [_conv(store, "encoder.conv1", cfg.audio_mels, d, 1, dtype), _conv(store, "encoder.conv2", d, d, 2, dtype)]
-    decoder = _stack(store, cfg, dtype, "decoder", tok, store.get("decoder.embed_positions.weight",
-                                                                 (cfg.max_positions, d), dtype))
+    decoder = bart.stack(store, cfg, dtype, "decoder", tok, store.get("decoder.embed_positions.weight",
+                                                                      (cfg.max_positions, d), dtype), key_bias=False)
     if cfg.lm_head:
         own = store.has("proj_out.weight") and not cfg.tied_embeddings
         decoder.W_vocab = linear_T(store, "proj_out.weight", d, cfg.vocab_size, dtype) if own else tok.T

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import QkvError
 from .hooks import HookFn
-from .seq2seq import (SEQ2SEQ_KEEP, STACKS, Seq2SeqModel, Seq2SeqOutput, _stacked, decoder_pass, encoder_pass)
+from .seq2seq import SEQ2SEQ_KEEP, STACKS, Seq2SeqModel, Seq2SeqOutput, decoder_pass, encoder_pass
 from .trace import Trace, layer_traces, made_by
 
 FRAME_SECONDS = 0.02          # one encoder position: two 10 ms frames (WhisperFeatureExtractor's hop, 160 at 16 kHz)
@@ -73,12 +73,7 @@ class AudioModel(Seq2SeqModel):
         self.check_length(dec.shape[1])
         stacks = self.stacks(hooks, ablate, how, keep=("attentions",) if attentions else ())
         encoded = encoder_pass(self.weights, self.config, ids, mask, stacks, tokens=frames)
-        hidden, logits = decoder_pass(self.weights, self.config, dec, dec_mask, self.memory(encoded), mask, stacks=stacks)
-        depths = (self.config.n_layers, self.config.n_decoder_layers, self.config.n_decoder_layers)
-        encoder_att, decoder_att, cross_att = (_stacked(stacks.rec[s], L) if attentions else None
-                                               for s, L in zip(STACKS, depths))
-        return Seq2SeqOutput(logits=logits, hidden=hidden, encoder_hidden=encoded, encoder_attentions=encoder_att,
-                             attentions=decoder_att, cross_attentions=cross_att)
+        return self._output(stacks, encoded, dec, dec_mask, mask, attentions)
 
     def run(self, input_features, target: str | Sequence[int] | None = None, *, keep: Iterable[str] = SEQ2SEQ_KEEP,
             max_new_tokens: int | None = None, ablate: Iterable | None = None, how: str = "zero",

@@ -333,6 +333,11 @@ class Seq2SeqModel:
         self.check_length(dec.shape[1])
         stacks = self.stacks(hooks, ablate, how, keep=("attentions",) if attentions else ())
         encoded = encoder_pass(self.weights, self.config, ids, mask, stacks)
+        return self._output(stacks, encoded, dec, dec_mask, mask, attentions)
+
+    def _output(self, stacks: Stacks, encoded: np.ndarray, dec: np.ndarray, dec_mask: np.ndarray, mask: np.ndarray,
+                attentions: bool) -> Seq2SeqOutput:
+        """The decoder's pass over the encoder's output ENCODED (B, n_src, d), and what `forward` returns."""
         hidden, logits = decoder_pass(self.weights, self.config, dec, dec_mask, self.memory(encoded), mask, stacks=stacks)
         depths = (self.config.n_layers, self.config.n_decoder_layers, self.config.n_decoder_layers)
         encoder_att, decoder_att, cross_att = (_stacked(stacks.rec[s], L) if attentions else None
