@@ -45,13 +45,13 @@ def show_audio(model, path: str, target: str | None, layer: int | None, head: in
     """`qkv show` on Whisper: the transcript's cross-attention over the frames (see the module docstring)."""
     from ..viz.figures import focused_head
     from ..viz.seq2seq import cross_written
-    from .app import _print_cross
+    from .tables import print_cross
 
     if ablate:
         raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
                        "drop --ablate")
     if target is None:
-        raise QkvError(f"give the transcript with --target TEXT: Whisper's own writing is not in qkv")
+        raise QkvError("give the transcript with --target TEXT: Whisper's own writing is not in qkv")
     if model.tokenizer is None:
         raise QkvError(f"{model.name} has no tokenizer.json to read --target with; add the checkpoint's tokenizer.json")
     layer = model.check_layer(-1 if layer is None else layer)
@@ -65,7 +65,7 @@ def show_audio(model, path: str, target: str | None, layer: int | None, head: in
         trace = model.run(features, target)
         trace.encoder.text = Path(path).name
         cross = cross_written(trace, model.tokenizer)
-        _print_cross(trace, cross, model, layer, head, translated=False)
+        print_cross(trace, cross, model, layer, head, translated=False)
         if out_dir is not None:
             picked = focused_head(cross, layer) if head is None else head
             files = _save(trace, out_dir, model, layer, picked)

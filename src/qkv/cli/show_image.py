@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..engine.errors import QkvError
+from ..engine.image_model import top_labels
 from ..engine.tokenizer import shorten
 from .common import check_writable, head_pairs, new_console, removed_if_failed
 
@@ -69,11 +70,7 @@ def check_image_path(model, image: str) -> None:
 
 def predictions(trace, k: int = TOP_LABELS) -> list[tuple[str, float]]:
     """The K most probable labels: softmax over [CLS]'s logits (trace.logits[0]), most probable first."""
-    z = trace.logits[0].astype(np.float64)                          # (V,)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")[:k]
-    return [(trace.label_names[i], float(p[i])) for i in order]
+    return top_labels(trace.logits[0], trace.label_names, k)
 
 
 def cls_cells(trace, layer: int) -> np.ndarray:

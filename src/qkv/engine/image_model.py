@@ -127,16 +127,20 @@ class ImageModel(Model):
         """The K most probable labels of IMAGE and their probabilities, softmax over [CLS]'s logits."""
         if self.weights.W_vocab is None:
             raise QkvError(f"{self.name} has no classifier (a ViTModel); load a ViTForImageClassification checkpoint")
-        z = self.forward(self.pixel_values(image)[1], attentions=False).logits[0].astype(np.float64)
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        order = np.argsort(-p, kind="stable")[:max(1, int(k))]
-        return [(self.labels[i], float(p[i])) for i in order]
+        return top_labels(self.forward(self.pixel_values(image)[1], attentions=False).logits[0], self.labels, k)
 
     def generate(self, *args, **kwargs):
         raise QkvError(f"{self.name} is an image classifier: it writes no text; use run(image) or classify(image)")
 
     stream = chat = generate
+
+
+def top_labels(logits: np.ndarray, names: list[str], k: int) -> list[tuple[str, float]]:
+    """The K most probable of NAMES and their probabilities, softmax of LOGITS (V,) in float64, most probable first."""
+    z = np.asarray(logits, np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    return [(names[i], float(p[i])) for i in np.argsort(-p, kind="stable")[:max(1, int(k))]]
 
 
 def _shown_of(pixel_values: np.ndarray, processing: ImageProcessing) -> np.ndarray:

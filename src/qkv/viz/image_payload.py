@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.image_model import top_labels
 from ..engine.trace import Trace
 
 PREDICTED = 3             # labels an image page lists
@@ -25,11 +26,8 @@ def image_payload(trace: Trace) -> dict | None:
     (H, W), (rows, cols) = trace.image.shape[:2], trace.grid
     predicted = []
     if trace.logits is not None and trace.label_names:
-        z = trace.logits[0].astype(np.float64)                                           # (V,) [CLS]'s logits
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        predicted = [{"label": str(trace.label_names[i]), "p": round(float(p[i]), 4)}
-                     for i in np.argsort(-p, kind="stable")[:PREDICTED]]
+        predicted = [{"label": str(label), "p": round(p, 4)}                             # [CLS]'s logits
+                     for label, p in top_labels(trace.logits[0], trace.label_names, PREDICTED)]
     return {"png": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode("ascii"),
             "height": int(H), "width": int(W), "rows": int(rows), "cols": int(cols),
             "patch": [int(H // rows), int(W // cols)], "first": 1, "predicted": predicted}
