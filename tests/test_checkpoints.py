@@ -63,9 +63,9 @@ def test_missing_or_broken_config(tmp_path):
 def test_unsupported_model_type(tmp_path):
     d = copy_fixture("gpt2", tmp_path)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["model_type"] = "whisper"
+    cfg["model_type"] = "wav2vec2"
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(qkv.QkvError, match="model_type 'whisper' is not supported"):
+    with pytest.raises(qkv.QkvError, match="model_type 'wav2vec2' is not supported"):
         qkv.load(d)
 
 

@@ -272,7 +272,7 @@ def test_init_from_a_config_dict():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(config={"model_type": "whisper"}), "model_type 'whisper' is not supported"),
+    (dict(config={"model_type": "wav2vec2"}), "model_type 'wav2vec2' is not supported"),
     (dict(config={"model_type": "gpt2", "n_embd": "64"}), "n_embd"),
     (dict(config="gpt2"), "ModelConfig or a config.json dict"),
     (dict(config=CONFIGS["bert"], seed=-1), "seed -1"),
