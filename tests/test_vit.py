@@ -220,8 +220,10 @@ def test_pixel_values_are_checked(models):
     bad[0, 0, 0, 0] = np.nan
     with pytest.raises(QkvError, match="inf or NaN"):
         model.forward(bad)
-    with pytest.raises(QkvError, match="reads images, not text"):
-        model.run("the cat sat") if False else model.encode("the cat sat")
+    with pytest.raises(QkvError, match="reads images, not text: 'the cat sat' is no image file"):
+        model.run("the cat sat")
+    with pytest.raises(QkvError, match="reads images, not text: look at one with qkv show IMAGE"):
+        model.encode("the cat sat")
     with pytest.raises(QkvError, match="writes no text"):
         model.generate("a")
 

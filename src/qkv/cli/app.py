@@ -104,9 +104,9 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if target is not None:
         raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} is a single stack "
                        f"({model.config.family}): drop --target")
-    from .show_image import IMAGE_SUFFIXES
+    from ..engine.images import SUFFIXES
 
-    if Path(text).suffix.lower() in IMAGE_SUFFIXES and os.path.isfile(text):     # read as text, as asked; say so
+    if Path(text).suffix.lower() in SUFFIXES and os.path.isfile(text):     # read as text, as asked; say so
         click.echo(f"note: {model.name} reads text: {text!r} is read as text, not as an image; give an image model "
                    "(--model digits-vit, a ViT directory) to look at the image", err=True)
     layer = model.check_layer(0 if layer is None else layer)

@@ -18,10 +18,8 @@ from rich.text import Text
 
 from ..engine.errors import QkvError
 from ..engine.image_model import top_labels
-from ..engine.tokenizer import shorten
 from .common import check_writable, head_pairs, new_console, removed_if_failed
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")   # `engine.images.FORMATS`
 TOP_LABELS = 3            # predicted labels printed
 TOP_PATCHES = 3           # patches printed per head
 
@@ -36,7 +34,7 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     if budget_mb is not None:
         raise QkvError(f"--budget-mb limits a long text's viewer; every weight of {model.name}'s images fits: "
                        "drop --budget-mb")
-    check_image_path(model, image)
+    model.check_image(image)                                        # text given: one line, before anything
     layer = model.check_layer(-1 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)
@@ -58,14 +56,6 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     for f in files:
         click.echo(f"  {f}")
     click.echo(f"open {files[0]} in a browser: click a patch to see where it looks, every layer and head")
-
-
-def check_image_path(model, image: str) -> None:
-    """Text given to an image model is one clear error (not "no image file The cat sat")."""
-    path = Path(image)
-    if not path.exists() and (path.suffix.lower() not in IMAGE_SUFFIXES or "\n" in image):
-        raise QkvError(f"{model.name} reads images, not text: {shorten(image, 40)!r} is no image file; give the "
-                       "path of a PNG or JPEG file (or a text model with --model)")
 
 
 def predictions(trace, k: int = TOP_LABELS) -> list[tuple[str, float]]:

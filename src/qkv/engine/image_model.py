@@ -12,6 +12,7 @@ and puts [CLS] first), so hooks, ablation, recording, the tape and its backward 
 
 from __future__ import annotations
 
+import os
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -19,8 +20,9 @@ import numpy as np
 from .config import ModelConfig
 from .errors import QkvError
 from .hooks import HookFn, Hooks
-from .images import ImageProcessing, patch_labels, patches_of, preprocess
+from .images import SUFFIXES, ImageProcessing, patch_labels, patches_of, preprocess
 from .model import Model, Output, transformer
+from .tokenizer import shorten
 from .trace import DEFAULT_KEEP, Recorder, Trace, layer_traces, made_by
 from .weights import Weights
 
@@ -68,7 +70,16 @@ class ImageModel(Model):
         return x.astype(self.dtype, copy=False)
 
     def encode(self, text):
-        raise QkvError(f"{self.name} reads images, not text; give an image (a PNG or JPEG file)")
+        raise QkvError(f"{self.name} reads images, not text: look at one with qkv show IMAGE --model {self.name} "
+                       "(from Python: model.run(image)), or give a text model")
+
+    def check_image(self, image) -> None:
+        """A string that names no file and no image file is text given to an image model: one clear error (not
+        "no image file The cat sat on the mat")."""
+        if isinstance(image, str) and not os.path.exists(image) and (
+                os.path.splitext(image)[1].lower() not in SUFFIXES or "\n" in image):
+            raise QkvError(f"{self.name} reads images, not text: {shorten(image, 40)!r} is no image file; give the "
+                           "path of a PNG or JPEG file (or a text model)")
 
     def _pass(self, x: np.ndarray, **kwargs) -> tuple[np.ndarray, np.ndarray | None]:
         """transformer() over pixel_values x (B, C, H, W): its patches are the tokens after [CLS]."""
@@ -105,6 +116,7 @@ class ImageModel(Model):
             raise QkvError("give an image (a path, a PIL image or a uint8 array) or pixel_values, one of them")
         shown = None
         if pixel_values is None:
+            self.check_image(image)
             shown, pixel_values = self.pixel_values(image)
         x = self.check_pixels(pixel_values)
         if x.shape[0] != 1:

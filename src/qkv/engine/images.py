@@ -30,6 +30,7 @@ from .io import open_regular
 MAX_BYTES = 64 << 20             # an image file larger than this is refused before it is read
 MAX_PIXELS = 40_000_000          # width × height; PIL's own bomb guard warns from 89 M and refuses from 179 M
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF")
+SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")   # their files' names
 RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}   # PIL's numbers
 
 
