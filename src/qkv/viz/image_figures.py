@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .figures import figure_title, new_figure, styled
+from .figures import figure_title, new_figure, styled, tick_label
 from .palette import CMAP
 
 if TYPE_CHECKING:
@@ -113,5 +113,5 @@ def image_rollout(image: np.ndarray, cells: np.ndarray, patch: Sequence[int], la
     im = overlay(right, image, cells, patch, _scale(cells))
     right.set_title("attention rollout from [CLS]", fontsize=9)
     fig.colorbar(im, ax=right, shrink=0.8, label="share of [CLS] after every layer")
-    fig.suptitle(figure_title(model_name, f"predicted: {label} ({prob:.2f})"))
+    fig.suptitle(figure_title(model_name, f"predicted: {tick_label(label, 24)} ({prob:.2f})"))   # never mathtext
     return fig
