@@ -151,3 +151,21 @@ def test_a_label_with_dollars_is_drawn_as_text(tmp_path):
     fig = image_rollout(np.zeros((8, 8, 1), np.uint8), np.full((4, 4), 1 / 16), (2, 2), "a$b $\\frac", 0.5)
     assert "\\$" in fig._suptitle.get_text()
     assert all(p.stat().st_size > 0 for p in save_figure(fig, tmp_path, "x", formats=("png",)))
+
+
+def test_the_lens_on_cls_ends_at_the_prediction(monkeypatch, capsys):
+    """The terminal's logit lens on [CLS]: one entry per depth (the embeddings, then after each layer), each the
+    label the final norm and the classifier read from [CLS]'s stream there; the last one is the prediction."""
+    from qkv.analysis.lens import lens_of_trace
+    from qkv.checkpoints import digits_dir
+
+    image = str(digits_dir() / "digit-8.png")
+    code, out, err = run_main(monkeypatch, capsys, "show", image, "--model", "digits-vit")
+    assert code == 0, err
+    line = next(l for l in out.splitlines() if l.startswith("the logit lens on [CLS]"))
+    model = qkv.load("digits-vit")
+    rows = lens_of_trace(model, model.run(image))[:, 0]                    # (L + 1, 10)
+    want = [model.labels[int(np.argmax(z))] for z in rows]
+    found = re.findall(r"(embeddings|after L\d) (\S+) \(", line)
+    assert [w for w, _ in found] == ["embeddings", "after L0", "after L1", "after L2"]
+    assert [label for _, label in found] == want and want[-1] == "8"

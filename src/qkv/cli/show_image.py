@@ -63,6 +63,16 @@ def predictions(trace, k: int = TOP_LABELS) -> list[tuple[str, float]]:
     return top_labels(trace.logits[0], trace.label_names, k)
 
 
+def cls_lens(model, trace) -> list[tuple[str, str, float]]:
+    """What [CLS] would be classified as after each layer: (where, label, probability), "embeddings" first, then
+    "after L0", …; the last is the prediction (qkv.analysis.lens on row 0)."""
+    from ..analysis.lens import lens_of_trace
+
+    rows = lens_of_trace(model, trace)[:, 0]                        # (L + 1, labels): [CLS] at each depth
+    return [("embeddings" if i == 0 else f"after L{i - 1}", *top_labels(z, trace.label_names, 1)[0])
+            for i, z in enumerate(rows)]
+
+
 def cls_cells(trace, layer: int) -> np.ndarray:
     """[CLS]'s attention to each patch at LAYER, every head, as the grid: A[l, :, 0, 1:] → (H, rows, cols)."""
     a = trace.layer(layer).attentions                               # (H, n, n)
@@ -84,6 +94,8 @@ def _print_image(trace, model, layer: int, head: int | None, knocked_out) -> Non
         console.print(Text("no classifier (a ViTModel): no labels to predict"))
     else:
         console.print(Text("predicted: ") + Text(", ".join(f"{label} ({p:.3f})" for label, p in predictions(trace))))
+        console.print(Text("the logit lens on [CLS] (each layer's stream read by the final norm and the classifier): ")
+                      + Text(", ".join(f"{where} {label} ({p:.2f})" for where, label, p in cls_lens(model, trace))))
     cells = cls_cells(trace, layer)                                 # (H, rows, cols)
     kept = trace.layer(layer).attentions[:, 0, 0]                   # (H,) [CLS] → itself
     last = " (the last, whose [CLS] the classifier reads; choose another with --layer)" \
