@@ -210,6 +210,11 @@ def test_images_of_every_mode_are_read(models, tmp_path):
         trace = models["vit"].run(_png(tmp_path / f"{mode.replace(';', '')}.png", size, mode))
         assert trace.image.shape == (12, 15, 3)
     assert models["vit_base"].run(_png(tmp_path / "c.png", (10, 10))).image.shape == (10, 10, 1)
+    for mode, fmt in (("LAB", "TIFF"), ("CMYK", "JPEG"), ("F", "TIFF")):       # LAB → grey goes through RGB
+        path = tmp_path / f"x.{fmt.lower()}"
+        Image.new(mode, (9, 7)).save(path, format=fmt)
+        assert models["vit_base"].run(path).image.shape == (10, 10, 1)
+        assert models["vit"].run(path).image.shape == (12, 15, 3)
 
 
 def test_pixel_values_are_checked(models):

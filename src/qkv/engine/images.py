@@ -175,12 +175,16 @@ def preprocess(image, processing: ImageProcessing, cfg: ModelConfig) -> tuple[np
     mode = {1: "L", 3: "RGB"}.get(cfg.num_channels)
     if mode is None:
         raise QkvError(f"qkv reads images for models of 1 or 3 channels; this one has {cfg.num_channels}")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(white, image.convert("RGBA"))
-    image = image.convert(mode)
-    if processing.do_resize and image.size != (processing.size[1], processing.size[0]):
-        image = image.resize((processing.size[1], processing.size[0]), resample=processing.resample)
+    try:
+        if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+            image = Image.alpha_composite(white, image.convert("RGBA"))
+        image = image.convert("RGB").convert(mode) if image.mode == "LAB" else image.convert(mode)   # LAB → L: via RGB
+        if processing.do_resize and image.size != (processing.size[1], processing.size[0]):
+            image = image.resize((processing.size[1], processing.size[0]), resample=processing.resample)
+    except (ValueError, OSError) as e:                    # a mode PIL cannot convert, pixels it cannot decode
+        raise QkvError(f"the image (mode {image.mode}) cannot be read as {'grey' if mode == 'L' else 'RGB'} "
+                       f"({str(e)[:60]}); save it as an RGB or grey PNG") from None
     shown = np.asarray(image, dtype=np.uint8).reshape(image.size[1], image.size[0], cfg.num_channels)
     if shown.shape[:2] != tuple(cfg.image_size):
         raise QkvError(f"the image is {shown.shape[0]} × {shown.shape[1]} pixels after processing but the model reads "
