@@ -519,3 +519,14 @@ def test_a_broken_hugging_face_cache_entry_breaks_neither_models_nor_serve(tmp_p
         assert "someone/good" in srv.app.sources and "someone/escape" not in srv.app.sources
     finally:
         srv.server_close()
+
+
+def test_image_and_sound_models_are_not_served():
+    """Their input is a file: a page must never make the server read one it names. The web app shows text models:
+    digits-vit is not on its list, and serving an image or a Whisper model is one line at startup."""
+    from qkv.web.server import App
+
+    assert "digits-vit" not in App("minilm").sources
+    for source, kind in (("digits-vit", "images"), (str(MODELS / "whisper"), "sound")):
+        with pytest.raises(qkv.QkvError, match=f"reads {kind}, and qkv serve shows text models"):
+            make_server(source, port=0)

@@ -61,7 +61,9 @@ import numpy as np
 
 from ..analysis.sections import sections_keep, viewer_sections
 from ..writing.seq2seq_generate import translation_trace
-from ..checkpoints import LLM, available, load
+from ..checkpoints import DIGITS, LLM, available, load
+from ..engine.audio_model import AudioModel
+from ..engine.image_model import ImageModel
 from ..engine.errors import QkvError
 from ..engine.model import Model
 from ..writing.sampling import Sampling
@@ -165,7 +167,7 @@ class App:
 
     def __init__(self, source: str = "minilm"):
         self.default = source
-        self.sources = list(dict.fromkeys([source, *(s for s, _ in available())]))
+        self.sources = list(dict.fromkeys([source, *(s for s, _ in available() if s != DIGITS)]))   # text models
         self._models: dict[str, Model] = {}
         self._loading = threading.Lock()
         self.short = Lane("short texts")       # one pass at a time per lane: bounded memory
@@ -177,7 +179,13 @@ class App:
             raise HttpError(400, f"unknown model {source!r}; this server offers {', '.join(map(repr, self.sources))}")
         with self._loading:
             if source not in self._models:
-                self._models[source] = load(source)
+                model = load(source)
+                if isinstance(model, (ImageModel, AudioModel)):     # their input is a file: never read one a page names
+                    kind = "images" if isinstance(model, ImageModel) else "sound"
+                    self.sources.remove(source)
+                    raise QkvError(f"{model.name} reads {kind}, and qkv serve shows text models; look at it with "
+                                   f"qkv show FILE --model {source}")
+                self._models[source] = model
             return self._models[source]
 
     def max_tokens(self, model: Model) -> int:
