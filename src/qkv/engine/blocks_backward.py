@@ -460,7 +460,8 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     is fixed), dT only with token types; None where there is none. With embed_in (OPT-350m) its gradient
     E[ids]ᵀ·dX goes into GRADS["embed_in"] and the table's rows get dX·embed_inᵀ. GRADS["tokens"] is the
     gradient of the token embeddings E[ids]·s themselves (B, n, d_embed), before it is added into the table
-    (input attribution)."""
+    (input attribution). An image model (ViT): dE[0] is [CLS]'s, GRADS gets W_patch's and b_patch's, and
+    GRADS["tokens"] is the patches' pixels' (B, P, C·p·p)."""
     g_norm = None
     if weights.embed_norm is not None:
         dx, g_norm = norm(dx, t.norm_in, weights.embed_norm, cfg)
@@ -469,20 +470,18 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d_rows = dx
     if weights.W_patch is not None:                                            # ViT: X = [E[0]; patches·W + b] + P
         d_tok[0] += dx[:, 0].sum(axis=0)                                       # [CLS]
-        d_patches, d_W, d_b = linear(dx[:, 1:], t.tokens, weights.W_patch, True)   # (B, P, C·p·p), (C·p·p, d), (d,)
+        d_rows, d_W, d_b = linear(dx[:, 1:], t.tokens, weights.W_patch, True)  # (B, P, C·p·p), (C·p·p, d), (d,)
         if grads is not None:
-            grads |= {"W_patch": d_W, "b_patch": d_b, "tokens": d_patches}     # the pixels' gradient: a saliency map
-        d_pos = np.zeros_like(weights.pos_embed)
-        add_rows(d_pos, t.positions.reshape(-1), dx.reshape(-1, d))
-        return d_tok, d_pos, None, g_norm
-    if weights.embed_in is not None:                                           # X = (E[ids]·s)·embed_in + …
-        rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0) if t.tokens is None else t.tokens   # (B, n, d_embed)
-        d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)         # (B, n, d_embed), (d_embed, d_model)
-        if grads is not None:
-            grads["embed_in"] = d_proj
+            grads |= {"W_patch": d_W, "b_patch": d_b}
+    else:
+        if weights.embed_in is not None:                                       # X = (E[ids]·s)·embed_in + …
+            rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0) if t.tokens is None else t.tokens   # (B, n, d_embed)
+            d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)     # (B, n, d_embed), (d_embed, d_model)
+            if grads is not None:
+                grads["embed_in"] = d_proj
+        embedding(d_tok, t.ids, d_rows if cfg.embed_scale is None else d_rows * cfg.embed_scale, cfg)   # E[ids]·s
     if grads is not None:
-        grads["tokens"] = d_rows                                               # d(E[ids]·s) (B, n, d_embed)
-    embedding(d_tok, t.ids, d_rows if cfg.embed_scale is None else d_rows * cfg.embed_scale, cfg)   # E[ids]·s
+        grads["tokens"] = d_rows                      # d(E[ids]·s) (B, n, d_embed); ViT: the pixels' (a saliency map)
     d_pos = d_type = None
     if weights.pos_embed is not None and cfg.position == "learned":
         d_pos = np.zeros_like(weights.pos_embed)                               # (P, d_model)

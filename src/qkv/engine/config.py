@@ -162,11 +162,6 @@ class ModelConfig:
             return None
         return self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1]
 
-    @property
-    def patch_dim(self) -> int:
-        """C·p_h·p_w: the numbers of one flattened patch, what W_patch reads (0 for a text model)."""
-        return 0 if self.patch_size is None else self.num_channels * self.patch_size[0] * self.patch_size[1]
-
     def moe_layer(self, layer: int) -> bool:
         """Whether LAYER's FFN is routed among experts (else one dense FFN)."""
         return self.n_experts > 0 and layer not in self.dense_layers

@@ -13,6 +13,7 @@ and puts [CLS] first), so hooks, ablation, recording, the tape and its backward 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -21,9 +22,9 @@ from .config import ModelConfig
 from .errors import QkvError
 from .hooks import HookFn, Hooks
 from .images import SUFFIXES, ImageProcessing, patch_labels, patches_of, preprocess
-from .model import Model, Output, transformer
+from .model import Model, Output
 from .tokenizer import shorten
-from .trace import DEFAULT_KEEP, Recorder, Trace, layer_traces, made_by
+from .trace import DEFAULT_KEEP, Trace
 from .weights import Weights
 
 
@@ -81,12 +82,9 @@ class ImageModel(Model):
             raise QkvError(f"{self.name} reads images, not text: {shorten(image, 40)!r} is no image file; give the "
                            "path of a PNG or JPEG file (or a text model)")
 
-    def _pass(self, x: np.ndarray, **kwargs) -> tuple[np.ndarray, np.ndarray | None]:
-        """transformer() over pixel_values x (B, C, H, W): its patches are the tokens after [CLS]."""
-        n = 1 + self.config.grid[0] * self.config.grid[1]              # [CLS] + P patches
-        ids = np.zeros((x.shape[0], n), np.int64)                     # [CLS] is row 0; the patches read no table
-        return transformer(self.weights, self.config, ids, np.ones_like(ids), tokens=patches_of(x, self.config),
-                           **kwargs)
+    def _ids(self, batch: int) -> np.ndarray:
+        """The ids of BATCH images (B, 1 + P): [CLS] is row 0 of the table; the patches read none (their tokens)."""
+        return np.zeros((batch, 1 + self.config.grid[0] * self.config.grid[1]), np.int64)
 
     # the passes --------------------------------------------------------------
 
@@ -98,11 +96,10 @@ class ImageModel(Model):
         if attention_mask is not None or token_type_ids is not None:
             raise QkvError("an image model reads every patch: give pixel_values only")
         x = self.check_pixels(pixel_values)
-        rec = Recorder(keep=("attentions",) if attentions else ())
-        hidden, logits = self._pass(x, rec=rec, ablate=self.ablation(ablate, how),
-                                    hooks=Hooks.of(self.hooks, hooks, self.config, self.name))
-        att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
-        return Output(hidden=hidden, logits=None if logits is None else logits[:, 0], attentions=att)
+        ids = self._ids(len(x))
+        out = self._output(ids, np.ones_like(ids), attentions, self.ablation(ablate, how),
+                           Hooks.of(self.hooks, hooks, self.config, self.name), tokens=patches_of(x, self.config))
+        return replace(out, logits=None if out.logits is None else out.logits[:, 0])
 
     def run(self, image=None, *, pixel_values=None, layers: Iterable[int] | None = None,
             keep: Iterable[str] = DEFAULT_KEEP, heads: Iterable[int] | None = None,
@@ -121,19 +118,11 @@ class ImageModel(Model):
         x = self.check_pixels(pixel_values)
         if x.shape[0] != 1:
             raise QkvError(f"run reads one image; got a batch of {x.shape[0]}: use forward for batches")
-        kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
-        head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
-        rec = Recorder(layers=kept, keep=keep, heads=head_ids, top=top)
-        hidden, logits = self._pass(x, rec=rec, ablate=self.ablation(ablate, how),
-                                    hooks=Hooks.of(self.hooks, hooks, self.config, self.name))
-        tokens = patch_labels(self.config)
-        trace = Trace(tokens=tokens, ids=np.zeros(len(tokens), np.int64), hidden=hidden[0],
-                      logits=None if logits is None else logits[0], layers=layer_traces(rec.store),
-                      text=None if image is None or not isinstance(image, str) else str(image),
-                      head_ids=head_ids, causal=False, image=shown if shown is not None else
-                      _shown_of(pixel_values, self.processing), grid=self.config.grid,
-                      label_names=None if logits is None else list(self.labels), **made_by(self))
-        return trace
+        return self._trace(self._ids(1)[0], patch_labels(self.config), image if isinstance(image, str) else None,
+                           layers, keep, heads, self.ablation(ablate, how),
+                           Hooks.of(self.hooks, hooks, self.config, self.name), top, patches_of(x, self.config),
+                           image=shown if shown is not None else _shown_of(pixel_values, self.processing),
+                           grid=self.config.grid, label_names=None if self.weights.W_vocab is None else list(self.labels))
 
     def classify(self, image, k: int = 5) -> list[tuple[str, float]]:
         """The K most probable labels of IMAGE and their probabilities, softmax over [CLS]'s logits."""

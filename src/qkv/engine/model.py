@@ -233,10 +233,15 @@ class Model:
         """
         ids, mask = self.check_ids(input_ids, attention_mask)
         types = None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64).reshape(ids.shape)
+        return self._output(ids, mask, attentions, self.ablation(ablate, how),
+                            Hooks.of(self.hooks, hooks, self.config, self.name), token_type_ids=types)
+
+    def _output(self, ids: np.ndarray, mask: np.ndarray, attentions: bool, ablate: Ablation | None,
+                hooks: Hooks | None, **inputs) -> Output:
+        """`forward`'s pass over checked ids (B, n) and what it returns; INPUTS: the rest `transformer` reads
+        (token types; an image model's patches as `tokens`)."""
         rec = Recorder(keep=("attentions",) if attentions else ())
-        hidden, logits = transformer(self.weights, self.config, ids, mask, token_type_ids=types, rec=rec,
-                                     ablate=self.ablation(ablate, how),
-                                     hooks=Hooks.of(self.hooks, hooks, self.config, self.name))
+        hidden, logits = transformer(self.weights, self.config, ids, mask, rec=rec, ablate=ablate, hooks=hooks, **inputs)
         att = np.stack([rec.store[i]["attentions"] for i in range(self.config.n_layers)]) if attentions else None
         return Output(hidden=hidden, logits=logits, attentions=att)
 
@@ -267,14 +272,22 @@ class Model:
             ids, _ = self.check_ids(text)
             ids = ids[0]
             tokens = spelled(self.tokenizer, ids)
+        return self._trace(ids, tokens, text if isinstance(text, str) else None, layers, keep, heads, ablation,
+                           hooked, top)
+
+    def _trace(self, ids: np.ndarray, tokens: list[str], text: str | None, layers: Iterable[int] | None,
+               keep: Iterable[str], heads: Iterable[int] | None, ablate: Ablation | None, hooks: Hooks | None,
+               top: int, inputs: np.ndarray | None = None, **about) -> Trace:
+        """`run`'s pass over one checked row of ids (n,) and the Trace it returns; INPUTS: `transformer`'s
+        `tokens` (an image model's patches (1, P, C·p·p)), ABOUT: more fields of the Trace (its image)."""
         kept = None if layers is None else sorted({self.check_layer(i) for i in layers})
         head_ids = None if heads is None else sorted({self.check_head(h) for h in heads})
         rec = Recorder(layers=kept, keep=keep, heads=head_ids, top=top)
         hidden, logits = transformer(self.weights, self.config, ids[None], np.ones((1, len(ids)), np.int64),
-                                     rec=rec, ablate=ablation, hooks=hooked)
+                                     rec=rec, ablate=ablate, hooks=hooks, tokens=inputs)
         return Trace(tokens=tokens, ids=ids, hidden=hidden[0], logits=None if logits is None else logits[0],
-                     layers=layer_traces(rec.store), text=text if isinstance(text, str) else None,
-                     head_ids=head_ids, causal=self.config.causal, **made_by(self))
+                     layers=layer_traces(rec.store), text=text, head_ids=head_ids, causal=self.config.causal,
+                     **about, **made_by(self))
 
     def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None = None,
                    trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray | None]:
