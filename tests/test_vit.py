@@ -270,3 +270,12 @@ def test_config_of_reads_knobs():
                       "hidden_act": "gelu_new", "layer_norm_eps": 1e-6, "architectures": ["ViTModel"]})
     assert (cfg.grid, cfg.max_positions, cfg.qkv_bias, cfg.activation, cfg.lm_head) == ((14, 14), 197, False,
                                                                                           "gelu_tanh", False)
+
+
+@pytest.mark.parametrize("text, message", [("{not json", "is not valid JSON"), ("[1, 2]", "is not a JSON object")])
+def test_a_broken_preprocessor_config_is_one_line(tmp_path, text, message):
+    shutil.copytree(MODELS / "vit", tmp_path / "m")
+    (tmp_path / "m" / "preprocessor_config.json").write_text(text)
+    with pytest.raises(QkvError, match=f"preprocessor_config.json {message}.*restore the checkpoint's "
+                                       "preprocessor_config.json"):
+        qkv.load(tmp_path / "m")

@@ -179,20 +179,25 @@ def resolve(source: str | os.PathLike) -> Path:
                    f"give a local checkpoint directory or {DEFAULT!r} (see `qkv models`)")
 
 
-def read_config(directory: Path) -> ModelConfig:
-    """config.json → ModelConfig, through the family's module."""
+def json_object(path: Path) -> dict:
+    """The JSON object in PATH (a checkpoint's config.json, preprocessor_config.json), or one QkvError naming it."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise QkvError(f"{path} is nested too deeply to be a config; restore the checkpoint's {path.name}") from None
+    except ValueError as e:
+        raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's {path.name}") from None
+    if not isinstance(found, dict):
+        raise QkvError(f"{path} is not a JSON object; restore the checkpoint's {path.name}")
+    return found
+
+
+def config_json(directory: Path) -> dict:
+    """DIRECTORY's config.json as a dict (ModelConfig comes of it through `config_of`)."""
     path = directory / "config.json"
     if not path.is_file():
         raise QkvError(f"{directory} has no config.json; give a checkpoint directory in Hugging Face layout")
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise QkvError(f"{path} is nested too deeply to be a config; restore the checkpoint's config.json") from None
-    except ValueError as e:
-        raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from None
-    if not isinstance(hf, dict):
-        raise QkvError(f"{path} is not a JSON object; restore the checkpoint's config.json")
-    return config_of(hf)                              # model_type, types and ranges of every knob, the family's reader
+    return json_object(path)
 
 
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
@@ -216,7 +221,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
         dtype = "stored" if source_gguf is not None else np.float32
     storage = dtype if isinstance(dtype, str) and dtype in STORAGES else None
     dtype = np.dtype(np.float32) if storage else check_dtype(dtype)   # what the engine computes in
-    cfg = read_config(directory)
+    hf = config_json(directory)
+    cfg = config_of(hf)                               # model_type, types and ranges of every knob, the family's reader
     if source_gguf is not None and storage is not None:
         from .gguf_stored import GGUFTensors
 
@@ -242,26 +248,18 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     _give_back_heap()
     if cfg.image_size is not None:
-        return image_model(directory, cfg, weights, _display_name(source))
+        return image_model(directory, hf, cfg, weights, _display_name(source))
     if cfg.audio_mels is not None:
         return AudioModel(cfg, weights, tokenizer, name=_display_name(source))
     model = Seq2SeqModel if cfg.encoder_decoder else Model
     return model(cfg, weights, tokenizer, name=_display_name(source))
 
 
-def image_model(directory: Path, cfg: ModelConfig, weights, name: str) -> ImageModel:
+def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:
     """An image model (ViT) of DIRECTORY: its preprocessor_config.json (ViTImageProcessor's defaults without
-    one) and the names of its labels (config.json's id2label)."""
-    hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    found = None
+    one) and the names of its labels (id2label of HF, its config.json)."""
     path = directory / "preprocessor_config.json"
-    if path.is_file():
-        try:
-            found = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError):
-            raise QkvError(f"{path} is not valid JSON; restore the checkpoint's preprocessor_config.json") from None
-        if not isinstance(found, dict):
-            raise QkvError(f"{path} is not a JSON object; restore the checkpoint's preprocessor_config.json")
+    found = json_object(path) if path.is_file() else None
     return ImageModel(cfg, weights, None, name, ImageProcessing.of(found, cfg), vit.labels_of(hf))
 
 
