@@ -194,11 +194,19 @@ def _forward(model, X: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], 
         x = x + Z @ f64(a.W_O) + (0 if a.b_O is None else f64(a.b_O))        # (n, d)
         h = norm_of(x, f64(blk.ffn_norm.weight), f64(blk.ffn_norm.bias), "layer", cfg.norm_eps)     # (n, d)
         u = h @ f64(f.W_in) + (0 if f.b_in is None else f64(f.b_in))         # (n, d_ff)
-        x = x + ACTIVATIONS[cfg.activation](u) @ f64(f.W_out) + (0 if f.b_out is None else f64(f.b_out))   # (n, d)
+        x = x + _act(u, cfg.activation) @ f64(f.W_out) + (0 if f.b_out is None else f64(f.b_out))   # (n, d)
         resid.append(x)
         S_all.append(S)
         A_all.append(A)
     return resid, S_all, A_all
+
+
+def _act(u: np.ndarray, name: str) -> np.ndarray:
+    """GELU(u) = u·Φ(u) = ½·u·(1 + erf(u/√2)); another activation: the engine's."""
+    if name == "gelu":
+        erf = np.frompyfunc(math.erf, 1, 1)
+        return 0.5 * u * (1 + erf(u / math.sqrt(2)).astype(np.float64))
+    return ACTIVATIONS[name](u)
 
 
 # ── the page ─────────────────────────────────────────────────────────────────────
