@@ -19,8 +19,8 @@ import numpy as np
 
 from .errors import QkvError
 from .hooks import HookFn
-from .seq2seq import SEQ2SEQ_KEEP, STACKS, Seq2SeqModel, Seq2SeqOutput, decoder_pass, encoder_pass
-from .trace import Trace, layer_traces, made_by
+from .seq2seq import SEQ2SEQ_KEEP, Seq2SeqModel, Seq2SeqOutput, encoder_pass
+from .trace import Trace
 
 FRAME_SECONDS = 0.02          # one encoder position: two 10 ms frames (WhisperFeatureExtractor's hop, 160 at 16 kHz)
 
@@ -87,26 +87,11 @@ class AudioModel(Seq2SeqModel):
         frames = self.check_features(input_features)
         if len(frames) != 1:
             raise QkvError(f"run reads one sound; got a batch of {len(frames)}: use forward for batches")
-        if isinstance(target, str):
-            dec = np.concatenate([[self.start_token], self.encode(target)[0]])
-        else:
-            dec = self.check_decoder_ids(target)[0][0]
+        dec = self._target(target)
         self.check_length(len(dec))
-        ids, mask = self._source(frames)
-        stacks = self.stacks(hooks, ablate, how, keep=keep)
-        recs = [stacks.rec[s] for s in STACKS]                       # encoder, decoder, cross
-        encoded = encoder_pass(self.weights, self.config, ids, mask, stacks, tokens=frames)
-        hidden, logits = decoder_pass(self.weights, self.config, dec[None], None, self.memory(encoded), mask,
-                                      stacks=stacks)
-        frame_tokens, tgt_tokens = frame_labels(self.config.source_positions), self._tokens(dec)
-        common = made_by(self)
-        source = Trace(tokens=frame_tokens, ids=ids[0], hidden=encoded[0], logits=None,
-                       layers=layer_traces(recs[0].store), causal=False, **common)
-        cross = Trace(tokens=tgt_tokens, ids=dec, hidden=None, logits=None, layers=layer_traces(recs[2].store),
-                      causal=False, source_tokens=frame_tokens, prompt_length=1, **common)
-        return Trace(tokens=tgt_tokens, ids=dec, hidden=hidden[0], logits=None if logits is None else logits[0],
-                     layers=layer_traces(recs[1].store), text=target if isinstance(target, str) else None,
-                     causal=True, prompt_length=1, encoder=source, cross=cross, **common)
+        return self._trace(self._source(frames)[0][0], frame_labels(self.config.source_positions), None, dec,
+                           target if isinstance(target, str) else None, self.stacks(hooks, ablate, how, keep=keep),
+                           frames)
 
     def encoder_output(self, ids, mask):
         raise QkvError(f"{self.name} reads sound: give its log-mel features to run or forward")

@@ -370,25 +370,37 @@ class Seq2SeqModel:
             new = max_new_tokens or min(64, self.config.max_positions - 1)
             writer = self if hooks is None and ablate is None else self.with_hooks(hooks or {}).ablate(ablate or (), how)
             dec = writer.generate(ids, new, temperature=0, use_cache=how != "mean")[0]   # (1 + new,)
-        elif isinstance(target, str):
-            dec = np.concatenate([[self.start_token], self.encode(target)[0]])
         else:
-            dec = self.check_decoder_ids(target)[0][0]
+            dec = self._target(target)
         self.check_length(len(dec))
-        stacks = self.stacks(hooks, ablate, how, keep=keep)
+        return self._trace(ids, src_tokens, text if isinstance(text, str) else None, dec,
+                           target if isinstance(target, str) else None, self.stacks(hooks, ablate, how, keep=keep))
+
+    def _target(self, target: str | Sequence[int]) -> np.ndarray:
+        """A given target → the decoder's checked ids (n_tgt,): a text after decoder_start_token_id (as in
+        training), or the ids themselves (starting with it)."""
+        if isinstance(target, str):
+            return np.concatenate([[self.start_token], self.encode(target)[0]])
+        return self.check_decoder_ids(target)[0][0]
+
+    def _trace(self, ids: np.ndarray, src_tokens: list[str], text: str | None, dec: np.ndarray, target: str | None,
+               stacks: Stacks, frames: np.ndarray | None = None) -> Trace:
+        """`run`'s passes over one checked source ids (n_src,) and target dec (n_tgt,), and the decoder's Trace
+        with its `.encoder` and `.cross`; FRAMES: what the encoder reads instead of looking ids up (Whisper's
+        log-mel frames (1, frames, mels))."""
         recs = [stacks.rec[s] for s in STACKS]                     # encoder, decoder, cross
         mask = np.ones((1, len(ids)), np.int64)
-        encoded = encoder_pass(self.weights, self.config, ids[None], mask, stacks)
+        encoded = encoder_pass(self.weights, self.config, ids[None], mask, stacks, tokens=frames)
         hidden, logits = decoder_pass(self.weights, self.config, dec[None], None, self.memory(encoded), mask,
                                       stacks=stacks)
         tgt_tokens = self._tokens(dec)
         common = made_by(self)
         source = Trace(tokens=src_tokens, ids=ids, hidden=encoded[0], logits=None, layers=layer_traces(recs[0].store),
-                       text=text if isinstance(text, str) else None, causal=False, **common)
+                       text=text, causal=False, **common)
         cross = Trace(tokens=tgt_tokens, ids=dec, hidden=None, logits=None, layers=layer_traces(recs[2].store),
                       causal=False, source_tokens=src_tokens, prompt_length=1, **common)
-        return Trace(tokens=tgt_tokens, ids=dec, hidden=hidden[0], logits=logits[0], layers=layer_traces(recs[1].store),
-                     text=target if isinstance(target, str) else None, causal=True, prompt_length=1,
+        return Trace(tokens=tgt_tokens, ids=dec, hidden=hidden[0], logits=None if logits is None else logits[0],
+                     layers=layer_traces(recs[1].store), text=target, causal=True, prompt_length=1,
                      encoder=source, cross=cross, **common)
 
     def _one(self, text: str | Sequence[int]) -> tuple[np.ndarray, list[str]]:
