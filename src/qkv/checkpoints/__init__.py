@@ -18,6 +18,7 @@ import numpy as np
 
 from ..engine.config import ModelConfig
 from ..engine.errors import QkvError
+from ..engine.io_json import read_json
 from ..engine.layout import fast_layout
 from ..engine.audio_model import AudioModel
 from ..engine.image_model import ImageModel
@@ -181,15 +182,7 @@ def resolve(source: str | os.PathLike) -> Path:
 
 def json_object(path: Path) -> dict:
     """The JSON object in PATH (a checkpoint's config.json, preprocessor_config.json), or one QkvError naming it."""
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise QkvError(f"{path} is nested too deeply to be a config; restore the checkpoint's {path.name}") from None
-    except ValueError as e:
-        raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's {path.name}") from None
-    if not isinstance(found, dict):
-        raise QkvError(f"{path} is not a JSON object; restore the checkpoint's {path.name}")
-    return found
+    return read_json(path, fix=f"restore the checkpoint's {path.name}")
 
 
 def config_json(directory: Path) -> dict:
