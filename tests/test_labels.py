@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.tokenizer import Tokenizer, label, readable, shorten, visible
+from qkv.engine.tokenizer import Tokenizer, label, labels_of, readable, shorten, token_bytes, visible
 from conftest import MODELS
 
 
@@ -20,19 +20,42 @@ def smollm2():
 
 
 def test_byte_level_labels_are_the_tokenizers_own_decoding_over_the_whole_vocabulary(smollm2):
-    """Reference: the tokenizers library's decode of each id alone. Where it decodes to U+FFFD
-    (a piece of a character; or "ï¿½", the bytes of U+FFFD itself), the label is the token as spelled."""
+    """Reference: the tokenizers library's decode of each id alone. Where it decodes to U+FFFD (a piece of a
+    character), the label shows the piece's bytes in ⟨⟩ and the rest as the decoded text; never a byte glyph."""
     tok = smollm2.tokenizer
     assert tok.spelling == "byte-level"
     pieces = 0
     for i in range(tok.vocab_size):
-        text, spelled = tok.decode([i]), tok.id_to_token(i)
-        if "\ufffd" in text and tok.label(i) == spelled:
+        text, spelled, shown = tok.decode([i]), tok.id_to_token(i), tok.label(i)
+        if "\ufffd" in text and "⟨" in shown:
             pieces += 1
+            cut = re.findall(r"⟨([0-9A-F ]+)⟩", shown)
+            assert all(bytes.fromhex(h) in token_bytes(spelled, "byte-level") for h in cut), (i, spelled, shown)
+            rest = re.sub(r"⟨[^⟩]*⟩", "", shown)
+            assert rest == ("" if text.strip("\ufffd") == "" else visible(text.replace("\ufffd", ""))), (i, shown)
         else:
-            assert tok.label(i) == visible(text), (i, spelled, text)
+            assert shown == visible(text), (i, spelled, text)
     assert 0 < pieces < tok.vocab_size // 10
     assert tok.labels(tok.encode(" capital\n\tof")[0]) == ["␣capital", "↵", "⇥", "of"]
+
+
+def test_pieces_of_characters_read_with_their_neighbours(smollm2):
+    """Byte-level BPE cuts Korean, Japanese and emoji into bytes: each piece shows its bytes and the character
+    it belongs to, whole characters show as themselves, and no byte glyph (ì, Ħ, ľ) is left."""
+    text = "서울은 한국의 수도 東京 🙂"
+    ids = smollm2.tokenizer.encode(text)[0]
+    shown = smollm2.tokenizer.labels(ids)
+    assert not any(ch in "".join(shown) for ch in "ìĦľļ¸ĿĢíķêµŃ")
+    assert shown[:3] == ["⟨EC:서⟩", "⟨84:서⟩", "⟨9C:서⟩"]                    # 서 = EC 84 9C, one byte a token
+    chars = [m for lab in shown for m in re.findall(r"⟨[0-9A-F ]+:(.)⟩", lab)]
+    for ch in "서울은한국의수":
+        assert ch in chars
+    pieces = [bytes.fromhex(h) for lab in shown for h in re.findall(r"⟨([0-9A-F ]+)", lab)]
+    assert b"".join(pieces).decode("utf-8") in text.replace(" ", "")        # the bytes, in order, are the text's
+    trace = smollm2.run(text, keep=())
+    assert trace.labels == shown
+    assert labels_of(["ìĿ", "Ģ", "<|im_end|>", "Ġì"], "byte-level") == ["⟨EC 9D:은⟩", "⟨80:은⟩", "<|im_end|>", "␣⟨EC⟩"]
+    assert labels_of(["ÿ", "Ġa"], "byte-level") == ["⟨FF⟩", "␣a"]                # a byte UTF-8 never uses
 
 
 def test_wordpiece_tokens_stay_as_spelled(minilm):
@@ -53,14 +76,14 @@ def test_sentencepiece_tokens_read_as_text(tmp_path):
     hf.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer(tmp_path / "tokenizer.json")
     assert tok.spelling == "sentencepiece"
-    assert tok.labels([1, 2, 3, 4]) == ["␣Paris", "↵", "is", "<0xE2>"]       # a lone byte of "…" stays spelled
+    assert tok.labels([1, 2, 3, 4]) == ["␣Paris", "↵", "is", "⟨E2⟩"]          # a lone byte of "…": its byte
 
 
 def test_readable_and_visible():
     assert readable("ĠParis", "byte-level") == " Paris" and readable("Ċ", "byte-level") == "\n"
     assert readable("ĠParis", "plain") == "ĠParis" and readable("##ing", "plain") == "##ing"
     assert readable("<|im_start|>", "byte-level") == "<|im_start|>"               # special tokens spell themselves
-    assert label("ĠâĢ¦", "byte-level") == "␣…" and label("âĢ", "byte-level") == "âĢ"   # 2 of 3 bytes of "…"
+    assert label("ĠâĢ¦", "byte-level") == "␣…" and label("âĢ", "byte-level") == "⟨E2 80⟩"   # 2 of 3 bytes of "…"
     assert visible("a b\n\t") == "a␣b↵⇥" and visible("") == "∅" and visible("\x7f") == "\\x7f"
     assert shorten("abcdef", 4) == "abc…" and shorten("abcd", 4) == "abcd"
 

@@ -241,6 +241,17 @@ def test_flash_figures(flash_lesson, tmp_path):
     assert "<script src" not in page and not re.search(r"(src|href)=[\"'](https?:|//)", page)   # nothing loaded
 
 
+def test_flash_animation_in_korean_embeds_the_hangul_face(flash_lesson):
+    """The page's title is Korean text: its font stack names the embedded face, which holds the title's syllables."""
+    from qkv.viz.hangul import FAMILY
+
+    page = flash._animation(flash_lesson, FLASH_TEXTS["ko"])
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert re.search("[\uac00-\ud7a3]", title)
+    assert f'@font-face {{ font-family: "{FAMILY}"; src: url(data:font/woff;base64,' in page
+    assert re.search(rf"body\{{font-family:[^}}]*'{FAMILY}'[^}}]*sans-serif", page)
+
+
 def test_flash_animation_escapes_the_tokens(flash_lesson):
     labels = list(flash_lesson.labels)
     labels[flash_lesson.row] = "<img src=x onerror=alert(1)>"

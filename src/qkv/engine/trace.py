@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import QkvError
-from .tokenizer import label
+from .tokenizer import labels_of
 
 if TYPE_CHECKING:
     from .attention import TopAttention
@@ -201,12 +201,12 @@ class Trace:
     @property
     def labels(self) -> list[str]:
         """(n,) the tokens as a reader sees them: "Ġcapital" → "␣capital", "Ċ" → "↵" (byte-level BPE)."""
-        return [label(t, self.spelling) for t in self.tokens]
+        return labels_of(self.tokens, self.spelling)
 
     @property
     def key_labels(self) -> list[str]:
         """(n_k,) the keys as a reader sees them, attention's columns: `labels` in self-attention."""
-        return self.labels if self.source_tokens is None else [label(t, self.spelling) for t in self.source_tokens]
+        return self.labels if self.source_tokens is None else labels_of(self.source_tokens, self.spelling)
 
     def save(self, directory: str | os.PathLike, model_name: str | None = None) -> Path:
         """Write tokens and attention weights to DIRECTORY/trace.npz + trace.json (atomically).

@@ -36,6 +36,7 @@ from ..engine.kernels import K_BLOCK, Q_BLOCK, tiled_attention
 from ..engine.ops import softmax
 from . import Page, nbytes, same
 from .flash_text import TEXTS
+from ..viz import hangul
 from ..viz.figures import styled
 
 DEFAULT_MODEL = "smollm2"
@@ -391,7 +392,8 @@ def _animation(le: Lesson, t: dict) -> str:
                         for i in range(len(le.steps) + 1))
     title = html.escape(t["fig_steps"].format(token=le.labels[le.row], model=le.model, layer=le.layer, head=le.head))
     return (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{title}</title>\n'
-            "<style>body{font-family:sans-serif;margin:1em} .frame svg{max-width:100%;height:auto}</style>"
+            f"<style>{hangul.face_css(title)}body{{font-family:system-ui,'{hangul.FAMILY}',sans-serif;margin:1em}} "
+            ".frame svg{max-width:100%;height:auto}</style>"
             f"</head><body>\n<p>{title}</p>\n{frames}\n"
             '<p><button id="back">◀</button> <button id="play">▶ ▶</button> <button id="next">▶</button> '
             '<span id="at"></span></p>\n<script>\n'

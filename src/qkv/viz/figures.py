@@ -100,8 +100,32 @@ def focused_head(trace: "Trace", layer: int) -> int:
 
 
 def tick_label(label: str, width: int = 12) -> str:
-    """A token's label as a tick label: short, and never read as mathtext."""
-    return shorten(label, width).replace("$", r"\$")
+    """A token's label as a tick label: short, drawable, and never read as mathtext."""
+    return drawable(shorten(label, width)).replace("$", r"\$")
+
+
+@functools.lru_cache(maxsize=1)
+def _drawable_chars() -> frozenset[int]:
+    """The code points some font of `fonts()` has a glyph for (read once from their character maps)."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    chars: set[int] = set()
+    for name in fonts():
+        try:
+            chars.update(FT2Font(font_manager.findfont(name, fallback_to_default=False)).get_charmap())
+        except (ValueError, RuntimeError, OSError):
+            pass
+    return frozenset(chars)
+
+
+def drawable(text: str) -> str:
+    """TEXT with each character no figure font can draw (an emoji, a rare script) written as its code point,
+    "⟨U+1F642⟩", instead of the empty box matplotlib would draw."""
+    have = _drawable_chars()
+    if not have or all(ord(ch) in have for ch in text):
+        return text
+    return "".join(ch if ord(ch) in have or ch in "\n\t" else f"⟨U+{ord(ch):04X}⟩" for ch in text)
 
 
 def ticks(labels: Sequence[str]) -> tuple[list[int], list[str]]:
@@ -239,8 +263,8 @@ def cell_numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
 
 
 def figure_title(model_name: str | None, *parts: str) -> str:
-    """A figure's title: the model's name and the parts joined by " · ", empty ones left out."""
-    return " · ".join(p for p in (model_name, *parts) if p)
+    """A figure's title: the model's name and the parts joined by " · ", empty ones left out, drawable."""
+    return drawable(" · ".join(p for p in (model_name, *parts) if p))
 
 
 def _name(trace: "Trace", model_name: str | None) -> str:
