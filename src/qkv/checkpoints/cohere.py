@@ -14,7 +14,7 @@ optional q/k LayerNorms with weights per head, a tied head and logits × logit_s
     lm_head (absent when tied)                   W_vocab
 
 A block: x + Attn(Norm(x)) + FFN(Norm(x)) (`parallel_residual`, ffn_norm None); RoPE over all of each head
-by pairs (0, 1), (2, 3), … (`rope_interleaved`); logits = Z·W_vocab·logit_scale (`logit_scale`).
+by pairs (0, 1), (2, 3), … (`rope_interleaved`); logits = H·W_vocab·logit_scale (`logit_scale`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     embedding_multiplier    embedding_multiplier     X = E[ids]·m
     residual_multiplier     residual_multiplier      x + Box(Norm(x))·m, for attention and the FFN
     attention_multiplier    attn_scale               S = Q·Kᵀ·m (in place of 1/√d_k; the default is 1)
-    logits_scaling          logit_scale = 1 / s      logits = Z·W_vocab / s
+    logits_scaling          logit_scale = 1 / s      logits = H·W_vocab / s
 
 The tensors are Llama's: embed_tokens, layers.{i}.input_layernorm, self_attn.q_proj/k_proj/v_proj/o_proj,
 post_attention_layernorm, mlp.gate_proj/up_proj/down_proj, norm, lm_head (`llama.weights` / `llama.tensors`).

@@ -18,7 +18,7 @@ encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3)
 is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
-one-token fast path of `block` (the same numbers), `logits_of` the last box, Z·W_vocab.
+one-token fast path of `block` (the same numbers), `logits_of` the last box, H·W_vocab (H: the final norm of the stream).
 qkv.engine.model and qkv.engine.seq2seq compose the boxes into whole passes.
 
 Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
@@ -590,7 +590,7 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 
 
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
-    """logits = Z·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (guide: logits);
+    """logits = H·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (guide: logits);
     T5 with a tied head scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa,
     DistilBERT, ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the
     logits, logits = c·tanh(logits/c) (final_softcap). None without an LM head.

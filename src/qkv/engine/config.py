@@ -119,14 +119,14 @@ class ModelConfig:
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
     embedding_multiplier: float = 1.0    # X = E[ids]·m (Granite's embedding_multiplier); see embed_scale
     residual_multiplier: float = 1.0     # each box's output × m before it joins the stream (Granite)
-    logit_scale: float = 1.0             # logits = Z·W_vocab·s (Cohere's logit_scale, Granite's 1 / logits_scaling)
+    logit_scale: float = 1.0             # logits = H·W_vocab·s (Cohere's logit_scale, Granite's 1 / logits_scaling)
     position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
     positions_from_ids: bool = False  # RoBERTa: positions count the ids that are not pad_token_id (not the mask's
                                       # ones): the k-th real token is k, a pad −1, read at row + offset (pad + 1)
     embed_dim: int | None = None      # E, the embedding tables' width when ≠ d_model (ELECTRA): X = Norm(E[ids] + …)·W_embed
                                       # + b_embed, (B, n, E) → (B, n, d_model); None: the tables are d_model wide
     head_activation: Activation | None = None   # a masked-LM head before W_vocab (RoBERTa, DistilBERT, ELECTRA's
-                                      # generator): logits = Norm(act(Z·W_head + b_head))·W_vocab + b_vocab; None: Z·W_vocab
+                                      # generator): logits = Norm(act(H·W_head + b_head))·W_vocab + b_vocab; None: H·W_vocab
     relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
     relative_max_distance: int = 128  # distances from here on share the last bucket
     scale_scores: bool = True         # S = Q·Kᵀ/√d_k; False: S = Q·Kᵀ (T5 folds the scale into W_Q)

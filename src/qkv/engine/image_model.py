@@ -4,7 +4,7 @@ image's patches (qkv.engine.images) and whose "vocabulary" is the classifier's l
     image ─preprocess─▶ pixel_values (C, H, W) ─patches_of─▶ (P, C·p·p)
       ─embed─▶ X = [CLS; patches·W_patch + b_patch] + P      (1 + P, d_model)
       └─▶ L × pre-norm block (LayerNorm, attention, LayerNorm, GELU FFN) ─▶ final LayerNorm
-      └─▶ logits = Z·W_vocab + b_vocab, read at [CLS] (row 0): the classifier
+      └─▶ logits = H·W_vocab + b_vocab, read at [CLS] (row 0): the classifier
 
 Nothing of the pass is new: `transformer` runs it with the patches as `tokens` (blocks.embed projects them
 and puts [CLS] first), so hooks, ablation, recording, the tape and its backward are the text models' own.

@@ -3,7 +3,7 @@
     text ─tokenizer─▶ ids ─embed (+ positions)─▶ X (n × d_model)
       └─▶ L × block:  X + Attention(Norm(X)), X + FFN(Norm(X))   (pre-norm: GPT-2, Llama)
                       Norm(X + Attention(X)), Norm(X + FFN(X))   (post-norm: BERT)
-      └─▶ final norm ─▶ logits = Z·W_vocab
+      └─▶ final norm ─▶ logits = H·W_vocab
 
 The boxes of a block, each called as box(x, w, …) with `w` the weights of that box, and the
 `Context` that every box of one pass shares (the config, the mask, the rotation of positions,

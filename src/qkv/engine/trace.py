@@ -32,8 +32,8 @@ INTERMEDIATES = {
     "q": "(B, H, n, d_k)  queries, after RoPE where the model uses it",
     "k": "(B, Hkv, n, d_k)  keys, after RoPE",
     "v": "(B, Hkv, n, d_k)  values",
-    "scores": "(B, H, n, n)  S = Q·Kᵀ/√d_k with the mask applied (-inf), before softmax",
-    "attentions": "(B, H, n, n)  A = softmax(S), rows sum to 1",
+    "scores": "(B, H, n, n)  S + M: the scores S = Q·Kᵀ/√d_k with the mask M applied (-inf), before softmax",
+    "attentions": "(B, H, n, n)  A = softmax(S + M), rows sum to 1",
     "heads": "(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O",
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
     "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
@@ -99,7 +99,7 @@ class LayerTrace:
     q: np.ndarray | None = None             # (H, n, d_k)
     k: np.ndarray | None = None             # (Hkv, n, d_k)
     v: np.ndarray | None = None             # (Hkv, n, d_k)
-    scores: np.ndarray | None = None        # (H, n_q, n_k) before softmax, masked = -inf
+    scores: np.ndarray | None = None        # (H, n_q, n_k) S + M: S = Q·Kᵀ/√d_k, masked = -inf, before softmax
     attentions: np.ndarray | None = None    # (H, n_q, n_k); self-attention: n_q = n_k = n
     heads: np.ndarray | None = None         # (H, n, d_k)
     attn_out: np.ndarray | None = None      # (n, d_model)

@@ -171,7 +171,7 @@ def explain_help() -> str:
             "against the engine, in English or Korean (--lang ko).\n\n"
             "TOPIC is one of the topics below; without one (or when the first argument is not a topic) the "
             "argument is the TEXT of the attention walkthrough: one head of the model through X → Q, K, V → "
-            "S = Q·Kᵀ → /√d_k → softmax → A·V → Concat·W_O, then why √d_k matters (on a decoder, --model "
+            "Q·Kᵀ → S = Q·Kᵀ/√d_k → A = softmax(S + M) → Z = A·V → Concat·W_O, then why √d_k matters (on a decoder, --model "
             "smollm2, also RMSNorm, RoPE, GQA and the causal mask). TEXT defaults to \"The cat sat on the "
             "mat\"; for a text that is a topic's name, run qkv explain attention \"positions\". vit reads an "
             "image instead: TEXT is an image file, or a digit 0–9 for that example digit of digits-vit (default "

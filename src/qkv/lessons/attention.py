@@ -1,6 +1,6 @@
 """`qkv explain`: the guide's attention steps for one head of the real model, with shapes and numbers.
 
-    X → Q, K, V → S = Q·Kᵀ → S/√d_k → A = softmax(·) → Z = A·V → Concat(Z)·W_O
+    X → Q, K, V → Q·Kᵀ → S = Q·Kᵀ/√d_k → A = softmax(S + M) → Z = A·V → Concat(Z)·W_O
 
 On a decoder such as SmolLM2 it adds the steps BERT lacks: Norm(X) (RMSNorm) before the
 projections, RoPE (q and k turned by their position; q·k then depends on the distance
@@ -60,7 +60,7 @@ class Checks:
 
     norm: float                  # our Norm(X) − the engine's (0 for post-norm)
     qkv: float                   # X·W + b − the model's q, k, v (v only with RoPE)
-    scores: float                # S/√d_k + M
+    scores: float                # S + M, S = Q·Kᵀ/√d_k
     group: float                 # the group's scores recomputed with the one shared K
     heads: float                 # Z = A·V
     out: float                   # Concat(Z)·W_O + b_O
@@ -109,9 +109,9 @@ class Walkthrough:
     K: np.ndarray                # (n, d_k)
     V: np.ndarray                # (n, d_k)
     S_raw: np.ndarray            # (n, n) Q·Kᵀ
-    S: np.ndarray                # (n, n) Q·Kᵀ/√d_k + M
+    S: np.ndarray                # (n, n) S + M, S = Q·Kᵀ/√d_k
     causal: bool                 # S has masked (−∞) cells
-    A: np.ndarray                # (n, n) softmax(S)
+    A: np.ndarray                # (n, n) softmax(S + M)
     Z: np.ndarray                # (n, d_k) A·V
     out: np.ndarray              # (n, d_model) Concat(Z)·W_O + b_O
     checks: Checks
@@ -170,7 +170,7 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     bias = position_bias(model, n)                                  # (H, 1, n) m_h·p_j, or 0
     S_raw = Q @ K.T                                                 # (n, n)
     S = np.where(masked, -np.inf, _scaled(S_raw, cfg) + bias[head])   # (n, n)
-    scores_diff = _same("S/√d_k", S, lt.scores[head].astype(np.float64), 1e-5)
+    scores_diff = _same("S = Q·Kᵀ/√d_k", S, lt.scores[head].astype(np.float64), 1e-5)
     if rope is not None:
         _same("q·k at its own positions", np.array(rope.relative[0][2]), S_raw[row, rope.key], 1e-4)
     group = list(range(kv * G, (kv + 1) * G))                       # the query heads reading K/V head kv

@@ -1,7 +1,7 @@
 """`qkv explain`'s layout: a `Walkthrough` (explain.py) as rich renderables, one function per step.
 
     render = title, ⓪ tokens, ① X, [①a Norm(X)], ② Q K V, [②a RoPE], [②b GQA],
-             ③ S, ④ S/√d_k, ⑤ softmax, ⑥ Z = A·V, ⑦ Concat·W_O, ⑧ why √d_k
+             ③ Q·Kᵀ, ④ S = Q·Kᵀ/√d_k, ⑤ softmax, ⑥ Z = A·V, ⑦ Concat·W_O, ⑧ why √d_k
 
 Each step function takes a `Page` (the walkthrough, the sentences of one language from
 `explain_text`, and the table helpers) and returns its renderables, a rule first; `render`
@@ -193,7 +193,7 @@ def _gqa(p: Page) -> list:
 
 
 def _scores(p: Page) -> list:
-    """③ S = Q·Kᵀ."""
+    """③ Q·Kᵀ, the raw dot products."""
     w, d_k = p.w, p.a.d_k
     k, corner = p.corner()
     return [p.rule("s_s"),
@@ -202,7 +202,7 @@ def _scores(p: Page) -> list:
 
 
 def _scale(p: Page) -> list:
-    """④ S / √d_k, and the causal mask where there is one."""
+    """④ The scores S = Q·Kᵀ/√d_k, and the causal mask M where there is one."""
     w, d_k = p.w, p.a.d_k
     k, corner = p.corner()
     out = [p.rule("s_scale"), p.say("scale", d_k=d_k, sqrt=math.sqrt(d_k), ss=_shape(w.n, w.n), corner=corner)]
@@ -214,7 +214,7 @@ def _scale(p: Page) -> list:
 
 
 def _softmax(p: Page) -> list:
-    """⑤ A = softmax(S/√d_k): the shown token's row (its 10 largest weights past 12 tokens)."""
+    """⑤ A = softmax(S + M): the shown token's row (its 10 largest weights past 12 tokens)."""
     w, i = p.w, p.w.row
     shown = range(w.n) if w.n <= 12 else sorted(np.argsort(w.A[i])[-10:])
     tab = p.table(p.t["col_key"], *[w.labels[j] for j in shown])

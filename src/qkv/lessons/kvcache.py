@@ -99,7 +99,7 @@ def flops(fed: int, m: int, d_model: int, H: int, H_kv: int, d_k: int, d_ff: int
             + 2·2·H·fed·m·d_k                        S = Q·Kᵀ and Z = A·V
             + 2·fed·H·d_k·d_model                    Concat(Z)·W_O
             + 2·fed·d_model·d_ff·(3 gated | 2) ]     the FFN
-        + 2·d_model·V                                logits = Z·W_vocab
+        + 2·d_model·V                                logits = H·W_vocab
     """
     per_layer = (2 * fed * d_model * (H + 2 * H_kv) * d_k + 4 * H * fed * m * d_k + 2 * fed * H * d_k * d_model
                  + 2 * fed * d_model * d_ff * (3 if gated else 2))

@@ -75,11 +75,11 @@ EN = {
                  "difference {diff:.1e}).",
     "row_of": "row of “{token}”",
 
-    "s_s": "③ S = Q·Kᵀ: every query against every key",
-    "s": "{qs} · {kts} = {ss}. S[i, j] is the dot product of token i's query with token j's key: "
+    "s_s": "③ Q·Kᵀ: every query against every key",
+    "s": "{qs} · {kts} = {ss}. (Q·Kᵀ)[i, j] is the dot product of token i's query with token j's key: "
          "how well they point the same way. {corner}:",
 
-    "s_scale": "④ Scaling: S / √d_k",
+    "s_scale": "④ Scaling: the scores S = Q·Kᵀ / √d_k",
     "scale": "√d_k = √{d_k} = {sqrt:.3f}. Dividing keeps the scores in a range where softmax still spreads "
              "its weight (why: step ⑧). Shape {ss}. {corner}:",
     "corner": "Top-left corner", "whole": "All of it",
@@ -90,7 +90,7 @@ EN = {
              "lower, each head by its own slope.",
     "scale_check": "Equal to the scores the model computed (largest difference {diff:.1e}).",
 
-    "s_softmax": "⑤ Softmax: A = softmax(S / √d_k), row by row",
+    "s_softmax": "⑤ Softmax: A = softmax(S + M), row by row",
     "softmax": "Each row turns into weights between 0 and 1 that sum to 1 (largest deviation of a row sum: "
                "{dev:.1e}). Shape {ss}. The row of “{token}”:",
     "looks_most": "“{token}” looks most at “{target}” (token {j}), with weight {w:.3f}.",
@@ -196,11 +196,11 @@ KO = {
     "gqa_check": "{heads}번 헤드의 점수를 공유된 K 하나로 다시 계산하면 모델의 점수와 같습니다(최대 차이 {diff:.1e}).",
     "row_of": "“{token}”의 행",
 
-    "s_s": "③ 점수 행렬 S = Q·Kᵀ: 모든 쿼리와 모든 키의 내적",
-    "s": "{qs} · {kts} = {ss}. S[i, j]는 토큰 i의 쿼리와 토큰 j의 키의 내적, 즉 두 벡터가 얼마나 같은 방향을 "
+    "s_s": "③ Q·Kᵀ: 모든 쿼리와 모든 키의 내적",
+    "s": "{qs} · {kts} = {ss}. (Q·Kᵀ)[i, j]는 토큰 i의 쿼리와 토큰 j의 키의 내적, 즉 두 벡터가 얼마나 같은 방향을 "
          "가리키는지입니다. {corner}:",
 
-    "s_scale": "④ 스케일링: S / √d_k",
+    "s_scale": "④ 스케일링: 점수 행렬 S = Q·Kᵀ / √d_k",
     "scale": "√d_k = √{d_k} = {sqrt:.3f}. 이렇게 나누면 점수가 소프트맥스가 가중치를 고르게 나눌 수 있는 범위에 "
              "머뭅니다(이유는 ⑧단계). shape {ss}. {corner}:",
     "corner": "왼쪽 위 모서리", "whole": "전체",
@@ -212,7 +212,7 @@ KO = {
              "헤드마다 기울기가 다릅니다.",
     "scale_check": "모델이 계산한 점수와 같습니다(최대 차이 {diff:.1e}).",
 
-    "s_softmax": "⑤ 소프트맥스: A = softmax(S / √d_k), 행마다",
+    "s_softmax": "⑤ 소프트맥스: A = softmax(S + M), 행마다",
     "softmax": "각 행이 0과 1 사이의 가중치로 바뀌고 합은 1입니다(행 합의 최대 오차 {dev:.1e}). shape {ss}. "
                "“{token}”의 행:",
     "looks_most": "“{token}”은(는) “{target}”(토큰 {j})을(를) 가장 많이 봅니다. 가중치 {w:.3f}.",

@@ -73,8 +73,8 @@ EN.update({
     "p_res2_pre_f": "X'' = X' + FFN(Norm(X'))", "p_res2_post_f": "X'' = Norm(X' + FFN(X'))",
     "p_ffn": "FFN", "p_ffn_f": "FFN(x) = act(x·W_in + b)·W_out + b   (d_ff = {d_ff})",
     "p_ffn_gated_f": "FFN(x) = (act(x·W_gate) ⊙ x·W_in)·W_out   (d_ff = {d_ff})",
-    "p_final": "Final norm", "p_final_f": "Z_last = Norm(X after block {last})",
-    "p_logits": "Logits", "p_logits_f": "logits = Z_last · W_vocab   (n × d_model)·(d_model × V) = n × V",
+    "p_final": "Final norm", "p_final_f": "H = Norm(X after block {last})",
+    "p_logits": "Logits", "p_logits_f": "logits = H · W_vocab   (n × d_model)·(d_model × V) = n × V",
     "p_logits_what": "One score per vocabulary entry (V = {V}); the page keeps the last position's, the one "
                      "that predicts the next token.",
     "p_probs": "softmax(logits / T) → next token",
@@ -87,7 +87,7 @@ EN.update({
     "p_encoder_end": "{model} is an encoder: it has no W_vocab, no logits and no next token. Its output is the "
                      "final hidden states, one vector per token; a sentence embedding is their mean (mean "
                      "pooling), divided by its length.",
-    "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
+    "p_pooled_f": "e = mean_i(H_i) / |mean_i(H_i)|",
     "p_stream": "Residual stream", "p_stream_what": "|x| of each token's residual stream entering each block "
                 "(rows: blocks 0…{L}, the last row after the last block); darker = longer (log scale).",
     "p_embed_rope": "X is the token embedding alone: no position vector is added. This model brings positions "
@@ -192,8 +192,8 @@ KO.update({
     "p_res2_pre_f": "X'' = X' + FFN(Norm(X'))", "p_res2_post_f": "X'' = Norm(X' + FFN(X'))",
     "p_ffn": "FFN(피드포워드)", "p_ffn_f": "FFN(x) = act(x·W_in + b)·W_out + b   (d_ff = {d_ff})",
     "p_ffn_gated_f": "FFN(x) = (act(x·W_gate) ⊙ x·W_in)·W_out   (d_ff = {d_ff})",
-    "p_final": "마지막 정규화", "p_final_f": "Z_last = Norm({last}번 블록 뒤의 X)",
-    "p_logits": "로짓", "p_logits_f": "logits = Z_last · W_vocab   (n × d_model)·(d_model × V) = n × V",
+    "p_final": "마지막 정규화", "p_final_f": "H = Norm({last}번 블록 뒤의 X)",
+    "p_logits": "로짓", "p_logits_f": "logits = H · W_vocab   (n × d_model)·(d_model × V) = n × V",
     "p_logits_what": "어휘집 항목마다 점수 하나(V = {V}). 이 페이지는 다음 토큰을 예측하는 마지막 위치의 "
                      "로짓을 담습니다.",
     "p_probs": "softmax(logits / T) → 다음 토큰",
@@ -205,7 +205,7 @@ KO.update({
     "p_hidden": "마지막 은닉 상태", "p_pooled": "풀링된 임베딩",
     "p_encoder_end": "{model}은(는) 인코더입니다: W_vocab도, 로짓도, 다음 토큰도 없습니다. 출력은 토큰마다 "
                      "벡터 하나인 마지막 은닉 상태이고, 문장 임베딩은 그 평균(평균 풀링)을 길이로 나눈 것입니다.",
-    "p_pooled_f": "e = mean_i(Z_i) / |mean_i(Z_i)|",
+    "p_pooled_f": "e = mean_i(H_i) / |mean_i(H_i)|",
     "p_rope": "RoPE: 위치만큼 회전하는 Q와 K",
     "p_stream": "잔차 스트림", "p_stream_what": "각 블록으로 들어가는 토큰별 잔차 스트림의 길이 |x| "
                 "(행: 0…{L}번 블록, 마지막 행은 마지막 블록 뒤). 진할수록 깁니다(로그 눈금).",

@@ -593,7 +593,7 @@
           out.append(el("p", "qkv-p-encoder", t("p_encoder_end", {model: p.model})));
           const pl = p.pooled;
           out.append(table(["", t("p_length"), t("p_first", {k: pl.first.length})],
-                           [["mean_i(Z_i)", num(pl.norm), pl.first.map((x) => num(x)).join(", ")],
+                           [["mean_i(H_i)", num(pl.norm), pl.first.map((x) => num(x)).join(", ")],
                             ["e", "1.0000", (pl.unit_first || []).map((x) => num(x)).join(", ")]]));
           break;
         }
