@@ -8,6 +8,8 @@
     >>> fresh.save("my-model")                  # Hugging Face layout: qkv.load and transformers read it
 """
 
+import importlib
+
 from .checkpoints import available, load
 from .checkpoints.fresh import init
 from .checkpoints.save import save
@@ -20,3 +22,14 @@ from .engine.trace import LayerTrace, Trace
 __all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace",
            "Seq2SeqModel", "Seq2SeqOutput"]
 __version__ = "0.1.0"
+
+# The folders, reachable as attributes after `import qkv` (qkv.analysis.logit_lens(...), qkv.viz.figures, …):
+# each is imported on first use, so `import qkv` stays as light as the engine.
+SUBPACKAGES = ("analysis", "bench", "checkpoints", "cli", "engine", "features", "lessons", "train", "viz", "web",
+               "writing")
+
+
+def __getattr__(name: str):
+    if name in SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
