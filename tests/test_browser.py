@@ -259,6 +259,25 @@ def test_two_views_in_one_notebook_page_work_independently(tab, minilm, cat, tmp
     assert tab.dialogs == [] and tab.errors == []
 
 
+def test_a_notebook_frame_fits_its_viewer(tab, cat, tmp_path):
+    """View's iframe starts at an estimated height, then takes the viewer's own height as the viewer reports it
+    (no band of empty space below a short viewer); a message from elsewhere never resizes it."""
+    view = View(cat, height=1500)                                     # an estimate far too tall
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!DOCTYPE html><meta charset=utf-8><body><div class=output>{view._repr_html_()}</div></body>")
+    tab.page.goto(notebook.as_uri())
+    frame = next(f for f in tab.page.frames if f != tab.page.main_frame)
+    frame.wait_for_selector(READY, timeout=15000)
+    tab.page.wait_for_function("() => document.querySelector('iframe.qkv-view').style.height !== '1500px'")
+    height = tab.page.evaluate("() => document.querySelector('iframe.qkv-view').getBoundingClientRect().height")
+    content = frame.evaluate("() => document.body.getBoundingClientRect().bottom")
+    assert content <= height <= content + 40, (height, content)      # fits, within the frame's border and margin
+    tab.page.evaluate("() => window.postMessage({qkvHeight: 5}, '*')")  # not from the frame: ignored
+    tab.page.wait_for_timeout(100)
+    assert tab.page.evaluate("() => document.querySelector('iframe.qkv-view').getBoundingClientRect().height") == height
+    assert tab.errors == []
+
+
 def test_512_tokens_load_and_stay_interactive(tab, minilm, tmp_path):
     ids, _ = minilm.tokenizer.encode("The quick brown fox jumps over the lazy dog near the river bank. " * 50)
     trace = minilm.run(ids[:512], keep=("attentions",))

@@ -142,3 +142,16 @@ def test_a_trace_holds_cross_attention_of_any_shape():
               layers={0: LayerTrace(layer=0, attentions=a[0])})
     assert t.attentions.shape == (1, 2, 3, 5)
     assert t.labels == ["a", "␣b", "c"] and t.key_labels == ["x", "␣y", "z", "w", "."]
+
+
+def test_a_trace_prints_a_short_summary_not_its_arrays(minilm):
+    """A notebook cell ending in a trace shows what it holds in a few lines (it printed 114 KB of arrays)."""
+    trace = minilm.run("The cat sat on the mat " * 20)
+    text = repr(trace)
+    assert len(text) < 1000 and len(text.splitlines()) <= 6 and "array(" not in text
+    assert text.startswith(f"Trace of {minilm.name} (bert): {len(trace.tokens)} tokens")
+    assert "layers 0–5: residual, q, k, v, scores, attentions" in text and "more)" in text
+    assert f"attentions {trace.attentions.shape}" in text
+    assert "array(" not in repr(trace.layers[0]) and "kept=['residual'" in repr(trace.layers[0])
+    few = minilm.run("a b", layers=[0, 5], keep=("attentions",))
+    assert "layers 0, 5: attentions" in repr(few)

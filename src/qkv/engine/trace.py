@@ -110,6 +110,10 @@ class LayerTrace:
     expert_weights: np.ndarray | None = None   # (n, k) their weights in the sum
     attention_top: "TopAttention | None" = None   # (H, n, K) each row's K largest weights (kept only when asked for)
 
+    def __repr__(self) -> str:
+        """The layer and the names of what it kept, never the arrays themselves."""
+        return f"LayerTrace(layer={self.layer}, kept={[n for n in INTERMEDIATES if getattr(self, n) is not None]})"
+
 
 class KeptLayer:
     """One layer of a trace as `Trace.layer` gives it: the LayerTrace's fields, except that an intermediate
@@ -187,6 +191,31 @@ class Trace:
     @property
     def layer_ids(self) -> list[int]:
         return sorted(self.layers)
+
+    def __repr__(self) -> str:
+        """A few lines that say what the trace holds (a notebook cell ending in a trace shows this, not the
+        megabytes of its arrays): the model, the tokens, the layers and intermediates kept, the arrays' shapes."""
+        n, labels = len(self.tokens), self.labels
+        shown = " ".join(labels[:12]) + (f" … ({n - 12} more)" if n > 12 else "")
+        kept = sorted({name for t in self.layers.values() for name in INTERMEDIATES if getattr(t, name) is not None},
+                      key=list(INTERMEDIATES).index)
+        ids = self.layer_ids
+        span = "none" if not ids else (f"{ids[0]}–{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else
+                                       ", ".join(map(str, ids)))
+        lines = [f"Trace of {self.model or 'a model'}{f' ({self.family})' if self.family else ''}: {n} tokens",
+                 f"  tokens: {shown}",
+                 f"  layers {span}: {', '.join(kept) or 'nothing kept'}"
+                 + (f" (heads {self.head_ids})" if self.head_ids is not None else "")]
+        shapes = [f"{name} {getattr(self, name).shape}" for name in ("attentions", "hidden", "logits")
+                  if getattr(self, name) is not None]
+        if shapes:
+            lines.append("  " + ", ".join(shapes))
+        for name in ("encoder", "cross"):
+            if getattr(self, name) is not None:
+                lines.append(f"  .{name}: {len(getattr(self, name).tokens)} tokens")
+        if self.prompt_length is not None:
+            lines.append(f"  generated from token {self.prompt_length} on")
+        return "\n".join(lines)
 
     @property
     def attentions(self) -> np.ndarray | None:

@@ -29,6 +29,7 @@ and causal-tracing views) and viewer_features.js (an SAE's latents on each token
 from __future__ import annotations
 
 import html
+import itertools
 import os
 from functools import lru_cache
 from importlib import resources
@@ -123,6 +124,10 @@ def write_html(document: str, path: str | os.PathLike) -> Path:
     return out
 
 
+_FRAMES = itertools.count()          # each View's iframe has an id of its own in a notebook's page
+MAX_FRAME = 4000                     # px: a viewer taller than this scrolls inside its frame
+
+
 class View:
     """The viewer of a trace, for notebooks: the last expression of a cell shows it.
 
@@ -141,10 +146,17 @@ class View:
         self.height = height or min(900, max(420, 130 + 22 * n, 150 + 90 * L))
 
     def _repr_html_(self) -> str:
-        return (f"<iframe class=\"qkv-view\" srcdoc=\"{html.escape(self.html, quote=True)}\" "
+        """The iframe at its estimated height, and a script that fits it to the viewer's own height as the viewer
+        reports it (postMessage from inside the sandbox; only this frame's messages are read)."""
+        frame = f"qkv-view-{next(_FRAMES)}-{os.getpid()}"
+        return (f"<iframe id=\"{frame}\" class=\"qkv-view\" srcdoc=\"{html.escape(self.html, quote=True)}\" "
                 f"sandbox=\"allow-scripts\" title=\"qkv attention viewer\" "
                 f"style=\"width: 100%; height: {int(self.height)}px; border: 1px solid #d0d7de; border-radius: 6px;\">"
-                "</iframe>")
+                "</iframe>"
+                f"<script>(() => {{ const f = document.getElementById(\"{frame}\"); if (!f) return;"
+                " window.addEventListener(\"message\", (e) => { const h = e.data && e.data.qkvHeight;"
+                " if (e.source === f.contentWindow && Number.isFinite(h))"
+                f" f.style.height = Math.min(Math.max(h + 2, 120), {MAX_FRAME}) + \"px\"; }}); }})();</script>")
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the viewer to PATH as a standalone HTML file."""

@@ -1026,7 +1026,19 @@
     }
   }
 
+  // In a notebook's iframe (View): tell the page around it how tall the viewer is, so the frame fits it
+  // (the page's listener is View's own script; without one the frame keeps its estimated height).
+  function reportHeight() {
+    if (global.parent === global || typeof ResizeObserver === "undefined") return;
+    const post = () => {
+      const body = document.body, margin = parseFloat(getComputedStyle(body).marginBottom) || 0;
+      global.parent.postMessage({qkvHeight: Math.ceil(body.getBoundingClientRect().bottom + margin)}, "*");
+    };
+    new ResizeObserver(post).observe(document.body);
+  }
+
   function boot() {
+    reportHeight();
     for (const root of document.querySelectorAll("[data-qkv-root]")) {
       const script = root.nextElementSibling;
       let payload;
