@@ -4,7 +4,8 @@ The few-row products (decoding): each row of T against each row of x, a block's 
 sixteen float32 lanes held in registers (`simd.F32x16`: an LLVM vector, lowered to the machine's AVX2,
 AVX-512 or NEON), the lanes summed once at the end of the row. A block's bytes are converted to floats
 exactly (small integers) and multiplied by x in float32: activations are never quantised. One function
-per kind and task, compiled on first use and cached on disk. fastmath "reassoc" lets the sums run in SIMD
+per kind and task, compiled on first use and kept on disk by `kernel_cache` (only the entries Python calls,
+each whole: numba's own cache could save an entry that crashed the next process). fastmath "reassoc" lets the sums run in SIMD
 lanes (float32 sums in another order: within rounding of the plain order); NaN and infinity keep their
 meaning.
 
@@ -17,9 +18,12 @@ Four rows of T at a time, sharing the loads of x, was slower for every kind (reg
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from numba import njit, prange
 
+from . import kernel_cache, simd
 from .simd import as_float32, bits32, field, int8s, vadd, vfma, vload, vmul, vsplat, vsum, vzero
 
 FAST = {"reassoc", "contract"}
@@ -29,18 +33,18 @@ CHUNKS = 2                   # row chunks a product is split into, one per numba
 # product); what multiplies Σx of the block (a Q4_1 block's m, a Q4_0 block's −8·d) the row kernels add
 # as a number of their own (the tail).
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _q8_0_block(qb, db, xr, at):
     """w = d · q, q int8 [32]."""
     return vmul(vsplat(db), vfma(int8s(qb[:16]), vload(xr[at:at + 16]), vmul(int8s(qb[16:]), vload(xr[at + 16:at + 32]))))
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _q4_block(qb, db, xr, at):
     """Σ q·x of a Q4 block (w = d·q + …): byte j holds weight j (low nibble) and weight 16 + j (high)."""
     lo, hi = field(qb, 0, 15), field(qb, 4, 15)
     return vmul(vsplat(db), vfma(lo, vload(xr[at:at + 16]), vmul(hi, vload(xr[at + 16:at + 32]))))
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _q5_block(qb, hb, db, xr, at):
     """The same with q = nibble + 16 · fifth bit (bit j of the block's uint32 for weight j)."""
     sixteen = vsplat(np.float32(16))
@@ -48,7 +52,7 @@ def _q5_block(qb, hb, db, xr, at):
     hi = vfma(bits32(hb, 16), sixteen, field(qb, 4, 15))
     return vmul(vsplat(db), vfma(lo, vload(xr[at:at + 16]), vmul(hi, vload(xr[at + 16:at + 32]))))
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _q45_k_block(qb, hb, scb, db, xr, at, five):
     """A Q4_K/Q5_K block of 256: four runs of 32 bytes, each holding sub-blocks 2i (low nibbles) and 2i + 1
     (high), w = d·scale·q − dmin·min (the minimums go to the tail); Q5_K's fifth bits: bit 2i / 2i + 1 of
@@ -67,7 +71,7 @@ def _q45_k_block(qb, hb, scb, db, xr, at, five):
             acc = vfma(vsplat(db * np.float32(scb[2 * i + 1])), vmul(hi, vload(xr[x0 + 32 + j:x0 + 48 + j])), acc)
     return acc
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _q6_k_block(lb, hb, scb, db, xr, at):
     """A Q6_K block of 256: two halves of 128, each from 64 low-nibble bytes and 32 bytes of 2-bit pairs,
     w = d·scale·(q − 32) with a scale per 16 numbers."""
@@ -88,7 +92,7 @@ def _q6_k_block(lb, hb, scb, db, xr, at):
             acc = vfma(vsplat(db * np.float32(scb[k + 6])), vmul(q4, vload(xr[x0 + 96:x0 + 112])), acc)
     return acc
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_q8_0(x, q, d, y, o0, o1):
     for r in range(x.shape[0]):
         xr = x[r]
@@ -98,7 +102,7 @@ def _rows_q8_0(x, q, d, y, o0, o1):
                 acc = vadd(acc, _q8_0_block(q[o, b], d[o, b], xr, 32 * b))
             y[r, o] = vsum(acc)
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_q4(x, sums, q, d, m, mscale, offset, y, o0, o1):
     """Q4_0 (mscale 0: no m, offset 8) and Q4_1 (mscale 1, offset 0): w = d·(q − offset) + m."""
     for r in range(x.shape[0]):
@@ -110,7 +114,7 @@ def _rows_q4(x, sums, q, d, m, mscale, offset, y, o0, o1):
                 tail += (mscale * m[o, b] - offset * d[o, b]) * sr[b]
             y[r, o] = vsum(acc) + tail
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_q5(x, sums, q, d, m, mscale, h, offset, y, o0, o1):
     """Q5_0 (mscale 0, offset 16) and Q5_1 (mscale 1, offset 0): w = d·(q − offset) + m, q = nibble | high bit · 16."""
     for r in range(x.shape[0]):
@@ -122,7 +126,7 @@ def _rows_q5(x, sums, q, d, m, mscale, h, offset, y, o0, o1):
                 tail += (mscale * m[o, b] - offset * d[o, b]) * sr[b]
             y[r, o] = vsum(acc) + tail
 
-@njit(cache=True, fastmath=FAST, inline="always")
+@njit(fastmath=FAST, inline="always")
 def _k_tail(sr, dmin, mnb, b):
     """Σ over a K block's 8 sub-blocks of dmin·min·Σx: what the minimums take off."""
     t = np.float32(0)
@@ -130,7 +134,7 @@ def _k_tail(sr, dmin, mnb, b):
         t += np.float32(mnb[k]) * sr[b * 8 + k]
     return dmin * t
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_q45_k(x, sums, q, qh, d, dmin, sc, mn, five, y, o0, o1):
     """Q4_K (five False: qh unused) and Q5_K; the minimums take dmin·Σ_k min_k·Σx off (`_k_tail`)."""
     for r in range(x.shape[0]):
@@ -142,7 +146,7 @@ def _rows_q45_k(x, sums, q, qh, d, dmin, sc, mn, five, y, o0, o1):
                 tail -= _k_tail(sr, dmin[o, b], mn[o, b], b)
             y[r, o] = vsum(acc) + tail
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_q6_k(x, ql, qh, sc, d, y, o0, o1):
     for r in range(x.shape[0]):
         xr = x[r]
@@ -157,14 +161,14 @@ def _rows_q6_k(x, ql, qh, sc, d, y, o0, o1):
 # subnormals too) and reinterpreted in a register (`simd.as_float32`, an LLVM bitcast), so the loop streams
 # the 16-bit words once and vectorises (~45 GB/s of bfloat16 from memory here, against ~14 through a buffer).
 
-@njit(cache=True, inline="always")
+@njit(inline="always")
 def _half(h, bf16):
     if bf16:
         return as_float32(np.uint32(h) << 16)
     v = np.uint32(h)
     return as_float32(((v & np.uint32(0x7FFF)) << 13) | ((v & np.uint32(0x8000)) << 16)) * np.float32(5.192296858534828e33)
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _rows_half(x, u, bf16, y, o0, o1):
     """y[r, o] = Σ_k half(T[o, k])·x[r, k] as a plain reduction: "reassoc" lets LLVM keep several SIMD
     accumulators in registers (explicit lanes held in an array went through memory each step: a third of the speed)."""
@@ -180,9 +184,10 @@ def _rows_half(x, u, bf16, y, o0, o1):
 # The products: each an njit entry taking x (R, d_in) float32 C-ordered, the matrix's parts and y (R, d_out),
 # which prepares what its kernel reads (block sums) and runs it over CHUNKS chunks of output rows, one per
 # numba thread: one call from Python a product (a call's cost, ~8 µs in NumPy steps before, was a fifth of
-# a small matrix's product).
+# a small matrix's product). Each kind's entry holds its own parallel loop and no compiled function calls a
+# parallel one, so that an entry read back from disk starts numba's thread pool itself (see kernel_cache).
 
-@njit(cache=True)
+@njit
 def _sums(x):
     """Σ x over each block of 32: (R, d_in / 32)."""
     R, nb = x.shape[0], x.shape[1] // 32
@@ -195,89 +200,79 @@ def _sums(x):
             out[r, b] = s
     return out
 
-@njit(cache=True)
+@njit
 def _chunk(out, c):
     """Output rows o0..o1 of chunk C of CHUNKS (the last may be shorter)."""
     step = (out + CHUNKS - 1) // CHUNKS
     return min(out, c * step), min(out, (c + 1) * step)
 
-@njit(parallel=True, cache=True)
-def _par_half(x, u, bf16, y):
+@njit(parallel=True)
+def _mv_f16(x, u, y):
     for c in prange(CHUNKS):
         o0, o1 = _chunk(u.shape[0], c)
-        _rows_half(x, u, bf16, y, o0, o1)
+        _rows_half(x, u, False, y, o0, o1)
 
-@njit(parallel=True, cache=True)
-def _par_q8_0(x, q, d, y):
+@njit(parallel=True)
+def _mv_bf16(x, u, y):
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(u.shape[0], c)
+        _rows_half(x, u, True, y, o0, o1)
+
+@njit(parallel=True)
+def _mv_q8_0(x, q, d, y):
     for c in prange(CHUNKS):
         o0, o1 = _chunk(d.shape[0], c)
         _rows_q8_0(x, q, d, y, o0, o1)
 
-@njit(parallel=True, cache=True)
-def _par_q4(x, sums, q, d, m, mscale, offset, y):
+@njit(parallel=True)
+def _mv_q4_0(x, q, d, y):
+    sums = _sums(x)
     for c in prange(CHUNKS):
         o0, o1 = _chunk(d.shape[0], c)
-        _rows_q4(x, sums, q, d, m, mscale, offset, y, o0, o1)
+        _rows_q4(x, sums, q, d, d, np.float32(0), np.float32(8), y, o0, o1)
 
-@njit(parallel=True, cache=True)
-def _par_q5(x, sums, q, d, m, mscale, h, offset, y):
+@njit(parallel=True)
+def _mv_q4_1(x, q, d, m, y):
+    sums = _sums(x)
     for c in prange(CHUNKS):
         o0, o1 = _chunk(d.shape[0], c)
-        _rows_q5(x, sums, q, d, m, mscale, h, offset, y, o0, o1)
+        _rows_q4(x, sums, q, d, m, np.float32(1), np.float32(0), y, o0, o1)
 
-@njit(parallel=True, cache=True)
-def _par_q45_k(x, sums, q, qh, d, dmin, sc, mn, five, y):
+@njit(parallel=True)
+def _mv_q5_0(x, q, d, h, y):
+    sums = _sums(x)
     for c in prange(CHUNKS):
         o0, o1 = _chunk(d.shape[0], c)
-        _rows_q45_k(x, sums, q, qh, d, dmin, sc, mn, five, y, o0, o1)
+        _rows_q5(x, sums, q, d, d, np.float32(0), h, np.float32(16), y, o0, o1)
 
-@njit(parallel=True, cache=True)
-def _par_q6_k(x, ql, qh, sc, d, y):
+@njit(parallel=True)
+def _mv_q5_1(x, q, d, m, h, y):
+    sums = _sums(x)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q5(x, sums, q, d, m, np.float32(1), h, np.float32(0), y, o0, o1)
+
+@njit(parallel=True)
+def _mv_q4_k(x, q, d, dmin, sc, mn, y):
+    sums = _sums(x)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q45_k(x, sums, q, q, d, dmin, sc, mn, False, y, o0, o1)
+
+@njit(parallel=True)
+def _mv_q5_k(x, q, qh, d, dmin, sc, mn, y):
+    sums = _sums(x)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q45_k(x, sums, q, qh, d, dmin, sc, mn, True, y, o0, o1)
+
+@njit(parallel=True)
+def _mv_q6_k(x, ql, qh, sc, d, y):
     for c in prange(CHUNKS):
         o0, o1 = _chunk(d.shape[0], c)
         _rows_q6_k(x, ql, qh, sc, d, y, o0, o1)
 
-@njit(cache=True)
-def _mv_f16(x, u, y):
-    _par_half(x, u, False, y)
-
-@njit(cache=True)
-def _mv_bf16(x, u, y):
-    _par_half(x, u, True, y)
-
-@njit(cache=True)
-def _mv_q8_0(x, q, d, y):
-    _par_q8_0(x, q, d, y)
-
-@njit(cache=True)
-def _mv_q4_0(x, q, d, y):
-    _par_q4(x, _sums(x), q, d, d, np.float32(0), np.float32(8), y)
-
-@njit(cache=True)
-def _mv_q4_1(x, q, d, m, y):
-    _par_q4(x, _sums(x), q, d, m, np.float32(1), np.float32(0), y)
-
-@njit(cache=True)
-def _mv_q5_0(x, q, d, h, y):
-    _par_q5(x, _sums(x), q, d, d, np.float32(0), h, np.float32(16), y)
-
-@njit(cache=True)
-def _mv_q5_1(x, q, d, m, h, y):
-    _par_q5(x, _sums(x), q, d, m, np.float32(1), h, np.float32(0), y)
-
-@njit(cache=True)
-def _mv_q4_k(x, q, d, dmin, sc, mn, y):
-    _par_q45_k(x, _sums(x), q, q, d, dmin, sc, mn, False, y)
-
-@njit(cache=True)
-def _mv_q5_k(x, q, qh, d, dmin, sc, mn, y):
-    _par_q45_k(x, _sums(x), q, qh, d, dmin, sc, mn, True, y)
-
-@njit(cache=True)
-def _mv_q6_k(x, ql, qh, sc, d, y):
-    _par_q6_k(x, ql, qh, sc, d, y)
-
-@njit(cache=True)
+@njit
 def _dq_rows_q8_0(q, d, out, o0, o1):
     nb = d.shape[1]
     for o in range(o0, o1):
@@ -288,7 +283,7 @@ def _dq_rows_q8_0(q, d, out, o0, o1):
                 ob[j] = db * np.float32(np.int32(qb[j]))
 
 
-@njit(cache=True)
+@njit
 def _dq_rows_q4(q, d, m, offset, out, o0, o1):
     """w = d·(q − offset) + m (Q4_0: m zeros, offset 8; Q4_1: offset 0)."""
     nb = d.shape[1]
@@ -302,7 +297,7 @@ def _dq_rows_q4(q, d, m, offset, out, o0, o1):
                 ob[16 + j] = db * np.float32(v >> 4) + mb
 
 
-@njit(cache=True)
+@njit
 def _dq_rows_q5(q, d, m, h, offset, out, o0, o1):
     """w = d·(q − offset) + m, q = nibble | high bit · 16 (Q5_0: m zeros, offset 16; Q5_1: offset 0)."""
     nb = d.shape[1]
@@ -317,7 +312,7 @@ def _dq_rows_q5(q, d, m, h, offset, out, o0, o1):
                 ob[16 + j] = db * np.float32((v >> 4) | np.int32(((bits >> (j + 16)) & 1) << 4)) + mb
 
 
-@njit(cache=True)
+@njit
 def _dq_rows_q45_k(q, qh, d, dmin, sc, mn, five, out, o0, o1):
     nb = d.shape[1]
     for o in range(o0, o1):
@@ -338,7 +333,7 @@ def _dq_rows_q45_k(q, qh, d, dmin, sc, mn, five, out, o0, o1):
                     row[at + 32 + j] = s1 * np.float32(hi) - m1
 
 
-@njit(cache=True)
+@njit
 def _dq_rows_q6_k(ql, qh, sc, d, out, o0, o1):
     nb = d.shape[1]
     for o in range(o0, o1):
@@ -359,7 +354,7 @@ def _dq_rows_q6_k(ql, qh, sc, d, out, o0, o1):
 # Dequantising feeds BLAS (the many-row path): one thread, so that numba's workers never wait on
 # OpenBLAS's spinning ones between a tile and its product (two pools on two cores: 10× slower here).
 
-@njit(cache=True, fastmath=FAST)
+@njit(fastmath=FAST)
 def _dq_half(u, bf16, out):
     """16-bit floats (rows, d_in) → float32 OUT, exactly (~4× NumPy's casting shift, which was a third of a
     bfloat16 prompt's time)."""
@@ -413,3 +408,7 @@ MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0
           "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k, "F16": _mv_f16, "BF16": _mv_bf16}
 DEQUANT = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1,
            "Q4_K": _dq_q4_k, "Q5_K": _dq_q5_k, "Q6_K": _dq_q6_k, "F16": _dq_f16, "BF16": _dq_bf16}
+
+# What Python calls, kept on disk whole (their callees are compiled into them).
+kernel_cache.keep([*MATVEC.values(), _dq_half, _dq_rows_q8_0, _dq_rows_q4, _dq_rows_q5, _dq_rows_q45_k, _dq_rows_q6_k],
+                  [Path(__file__), Path(simd.__file__)])
