@@ -4,14 +4,16 @@ and the reader's batches cover every row once an epoch, deterministically."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -105,14 +107,17 @@ def test_smollm2_mid_layer(tmp_path):
 # ── resume, workers ──────────────────────────────────────────────────────────────
 
 KILLED = textwrap.dedent("""
-    import sys, time
+    import sys, threading
     import qkv.features.collect as a
     from qkv.features.corpora import open_texts
     make = a.make_shard
-    def slow(*args, **kw):
-        time.sleep(0.15)
-        return make(*args, **kw)
-    a.make_shard = slow
+    def held(model, job, *args, **kw):
+        rows = make(model, job, *args, **kw)
+        if job.index == 3:                  # the 4th shard is on disk, not listed yet: say so and wait to be killed
+            print("held", flush=True)
+            threading.Event().wait()
+        return rows
+    a.make_shard = held
     a.collect_activations(sys.argv[1], sys.argv[2], layer=1, site="ffn_out", texts=open_texts(file=sys.argv[3]),
                           tokens=1500, shard_tokens=60, context=32, dtype="float16")
 """)
@@ -122,19 +127,16 @@ def test_a_store_killed_and_continued_equals_a_straight_run(corpus, tmp_path):
     settings = dict(layer=1, site="ffn_out", tokens=1500, shard_tokens=60, context=32, dtype="float16")
     straight = collect(tmp_path / "straight", corpus, **settings).store
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, GPT2, str(out), str(corpus)])
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, GPT2, str(out), str(corpus)], stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:                 # kill it once some shards are listed
-            meta = out / "meta.json"
-            if meta.is_file() and len(json.loads(meta.read_text())["shards"]) >= 3:
-                break
-            time.sleep(0.02)
+        said = proc.stdout.readline()                      # the child's word, not a clock: b"" if it ended first
         os.kill(proc.pid, signal.SIGKILL)
     finally:
-        proc.wait()
+        proc.communicate()
+    assert said == b"held\n"
     half = json.loads((out / "meta.json").read_text())
-    assert proc.returncode == -signal.SIGKILL and not half["done"] and 3 <= len(half["shards"]) < len(straight.shards)
+    assert proc.returncode == -signal.SIGKILL and not half["done"] and len(half["shards"]) == 3 < len(straight.shards)
+    assert (out / "acts-00003.npy").is_file()                # killed between a shard's write and its listing
     again = collect(out, corpus, **settings)
     assert again.resumed_from == half["tokens"] and again.tokens == straight.tokens
     assert again.store.meta["shards"] == straight.meta["shards"]
@@ -329,3 +331,253 @@ def test_the_bible_and_the_english_corpus():
     assert english.count == 38 + 66 and english.sha256 not in (kjv.sha256, open_texts(corpus="shakespeare").sha256)
     assert [t for _, _, t in english.texts(37)][1:3] == books[:2]           # text 38 on: the books, in order
     assert next(english.texts(38))[0] == 38
+
+
+# ── a full disk ──────────────────────────────────────────────────────────────────
+
+def _full(*args, **kw):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["posix_fallocate", "pwrite"])
+def test_a_full_disk_is_one_error_line_leaves_no_temporary_file_and_the_store_continues(where, monkeypatch, capsys,
+                                                                                         corpus, tmp_path):
+    """ENOSPC simulated where the shard's bytes go (its space reserved, then its rows written): one line, exit 2,
+    no .tmp; the shards listed before stay, and the same command continues the store once there is space."""
+    args = ("activations", "--model", GPT2, "--layer", "1", "--file", str(corpus), "--tokens", "400",
+            "--shard-tokens", "100", "--dtype", "float32")
+    code, _, _ = run_main(monkeypatch, capsys, *args, "--out", str(tmp_path / "straight"))
+    assert code == 0
+    out = tmp_path / "s"
+    real = getattr(os, where)
+
+    def fills_up(fd, *a, **kw):                          # the disk fills up at the third shard
+        if ".acts-00002.npy." in os.readlink(f"/proc/self/fd/{fd}"):
+            _full()
+        return real(fd, *a, **kw)
+
+    monkeypatch.setattr(os, where, fills_up)
+    code, _, err = run_main(monkeypatch, capsys, *args, "--out", str(out))
+    monkeypatch.setattr(os, where, real)
+    assert code == 2 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"qkv: error: the disk holding {out} is full (writing acts-00002.npy") and err.count("qkv:") == 1
+    assert sorted(p.name for p in out.iterdir()) == ["acts-00000.npy", "acts-00001.npy", "meta.json"]     # no .tmp
+    assert open_activations(out).tokens == 200
+    code, _, err = run_main(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 0, err
+    for k in range(4):
+        assert (out / f"acts-{k:05d}.npy").read_bytes() == (tmp_path / "straight" / f"acts-{k:05d}.npy").read_bytes()
+
+
+def test_meta_json_on_a_full_disk_is_one_error(monkeypatch, corpus, tmp_path):
+    import qkv.engine.io as io
+
+    collect(tmp_path / "s", corpus, tokens=100)
+    monkeypatch.setattr(io.os, "replace", _full)
+    with pytest.raises(QkvError, match=r"cannot write .*meta.json: No space left on device; free some space"):
+        collect(tmp_path / "s", corpus, tokens=200)
+    monkeypatch.undo()
+    assert not list((tmp_path / "s").glob(".*.tmp"))
+
+
+FILL_A_TMPFS = textwrap.dedent("""
+    import sys
+    from qkv.cli.app import main
+    sys.argv = ["qkv", "activations", "--model", sys.argv[1], "--layer", "1", "--file", sys.argv[2], "--tokens", "1000",
+                "--shard-tokens", "300", "--dtype", "float32", "--out", sys.argv[3]]
+    main()
+""")
+
+
+def test_a_real_full_disk(corpus, tmp_path):
+    """A tmpfs of 200 KiB (a store of 1000 rows × 64 float32 needs 256 KB): one error line and exit 2 where the
+    memory-mapped writer died of SIGBUS and left its .tmp; given space (remounted larger), the same command finishes
+    the store, equal to one made on a roomy disk. Needs root (mount); skipped only when mounting is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        out = disk / "s"
+        run = [sys.executable, "-c", FILL_A_TMPFS, GPT2, str(corpus), str(out)]
+        full = subprocess.run(run, capture_output=True, text=True)
+        assert full.returncode == 2, full.stderr
+        assert full.stderr.strip().splitlines()[-1].startswith(f"qkv: error: the disk holding {out} is full")
+        assert "Traceback" not in full.stderr and not list(out.glob(".*.tmp"))
+        listed = open_activations(out)
+        assert 0 < listed.tokens < 1000 and [p.name for p, _ in listed.shards] == sorted(
+            p.name for p in out.glob("acts-*.npy"))
+        subprocess.run(["mount", "-o", "remount,size=2m", str(disk)], check=True)
+        done = subprocess.run(run, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        straight = collect(tmp_path / "straight", corpus, tokens=1000, shard_tokens=300, dtype="float32",
+                           context=128, skip_first=None).store
+        np.testing.assert_array_equal(all_rows(open_activations(out)), all_rows(straight))
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+# ── a corpus of one long line ────────────────────────────────────────────────────
+
+UNDER_A_CAP = textwrap.dedent("""
+    import resource, sys
+    cap = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    from qkv.cli.app import main
+    sys.argv = ["qkv", "activations", "--model", sys.argv[2], "--layer", "1", "--file", sys.argv[3], "--tokens", "64",
+                "--out", sys.argv[4], "--json"]
+    main()
+""")
+
+
+def test_a_150_mb_line_streams_under_a_memory_cap(tmp_path):
+    """One line of 150 MB, no newline in it: `qkv activations` under a 2 GB address-space cap (the run needs ~0.3 GB
+    on a short corpus) stores its 64 tokens and exits 0. Tokenised whole, that line would need ~28 GB
+    (~190 bytes a character): measured, it died of SIGABRT under the cap."""
+    long = tmp_path / "long.txt"
+    words = "the quick brown fox jumps over the lazy dog " * 23831                   # ~1 MB
+    with open(long, "w", encoding="utf-8") as f:
+        for _ in range(150):
+            f.write(words)
+        f.write("\n")
+    try:
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", UNDER_A_CAP, str(2 << 30), GPT2, str(long), str(tmp_path / "s")],
+                              capture_output=True, text=True, env=env)
+    finally:
+        long.unlink()
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["tokens"] == 64 and not report["corpus_ended"]
+    rows = all_rows(open_activations(tmp_path / "s"))
+    expected = qkv.load(GPT2).run(words[:150], layers=[1], keep=("residual",)).layer(1).residual[1:65]
+    np.testing.assert_allclose(rows, expected, atol=2e-2)                             # float16, from the same words
+
+
+# ── a damaged store ──────────────────────────────────────────────────────────────
+
+def _meta(store: Path, change) -> None:
+    meta = json.loads((store / "meta.json").read_text())
+    change(meta)
+    (store / "meta.json").write_text(json.dumps(meta))
+
+
+def _deep(store: Path) -> None:
+    text = (store / "meta.json").read_text()
+    (store / "meta.json").write_text(text[:-2] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
+def _shard(k: int, array) -> Callable:
+    def damage(store: Path) -> None:
+        path = store / f"acts-{k:05d}.npy"
+        path.unlink()
+        np.save(path, array, allow_pickle=True)
+    return damage
+
+
+def _bytes(k: int, edit) -> Callable:
+    def damage(store: Path) -> None:
+        path = store / f"acts-{k:05d}.npy"
+        path.write_bytes(edit(path.read_bytes()))
+    return damage
+
+
+def _replace(k: int, make) -> Callable:
+    def damage(store: Path) -> None:
+        path = store / f"acts-{k:05d}.npy"
+        path.unlink()
+        make(path)
+    return damage
+
+
+def _with_nan(value: float) -> np.ndarray:
+    rows = np.repeat(np.arange(30, 60, dtype=np.float32)[:, None], 4, axis=1)
+    rows[7, 2] = value
+    return rows
+
+
+def _outside(store: Path) -> None:
+    np.save(store.parent / "elsewhere.npy", np.zeros((30, 4), np.float32))
+    (store / "acts-00001.npy").unlink()
+    (store / "acts-00001.npy").symlink_to(store.parent / "elsewhere.npy")
+
+
+DAMAGES = {                     # how a store of 100 rows × 4 in shards of 30, 30, 30, 10 is damaged → what is said
+    "meta missing a key": (lambda s: _meta(s, lambda m: m.pop("d")), "meta.json has no d"),
+    "meta wrong type": (lambda s: _meta(s, lambda m: m.update(d="4")), "d must be a whole number"),
+    "meta shards not a list": (lambda s: _meta(s, lambda m: m.update(shards={"a": 1})), "shards must be a list"),
+    "meta shard rows wrong type": (lambda s: _meta(s, lambda m: m["shards"][0].update(tokens=[30])),
+                                   r"shards\[0\]: tokens must be a whole number"),
+    "meta rows not adding up": (lambda s: _meta(s, lambda m: m.update(tokens=120)), "its shards hold 100"),
+    "meta dtype": (lambda s: _meta(s, lambda m: m.update(dtype="int8")), "dtype must be one of"),
+    "meta settings wrong type": (lambda s: _meta(s, lambda m: m.update(settings=[1])), "settings must be an object"),
+    "meta deep nesting": (_deep, "nested too deeply"),
+    "meta not JSON": (lambda s: (s / "meta.json").write_text('{"format": '), "not valid JSON"),
+    "meta a FIFO": (lambda s: ((s / "meta.json").unlink(), os.mkfifo(s / "meta.json")), "it is a FIFO"),
+    "meta a directory": (lambda s: ((s / "meta.json").unlink(), (s / "meta.json").mkdir()), "directory"),
+    "shard path up": (lambda s: _meta(s, lambda m: m["shards"][1].update(file="../../elsewhere.npy")),
+                      r"shards\[1\].file '../../elsewhere.npy' is not a plain file name"),
+    "shard path absolute": (lambda s: _meta(s, lambda m: m["shards"][1].update(file="/etc/passwd")),
+                            "is not a plain file name"),
+    "shard path dot dot": (lambda s: _meta(s, lambda m: m["shards"][1].update(file="..")), "is not a plain file name"),
+    "shard a link out": (_outside, r"shard 1 of the store at .* \(acts-00001.npy\) is a link out of the store"),
+    "shard missing": (lambda s: (s / "acts-00002.npy").unlink(), r"shard 2 .* is missing"),
+    "shard truncated": (_bytes(1, lambda b: b[:-5]), r"shard 1 .* has 603 bytes, not the 608"),
+    "shard with bytes after": (_bytes(1, lambda b: b + b"xx"), r"shard 1 .* has 610 bytes, not the 608"),
+    "shard empty": (_bytes(3, lambda b: b""), r"shard 3 .* is not a .npy array"),
+    "shard not npy": (_bytes(0, lambda b: b"hello, world" * 60), r"shard 0 .* is not a .npy array"),
+    "shard pickled": (_shard(0, np.array([{"a": 1}] * 30, dtype=object)), r"shard 0 .* holds object"),
+    "shard int8": (_shard(1, np.ones((30, 4), np.int8)), r"shard 1 .* holds int8 \(30, 4\), but meta.json says "
+                                                          r"float32 \(30, 4\)"),
+    "shard complex": (_shard(1, np.ones((30, 4), np.complex64)), r"shard 1 .* holds complex64"),
+    "shard float64": (_shard(1, np.ones((30, 4), np.float64)), r"shard 1 .* holds float64"),
+    "shard wrong shape": (_shard(2, np.ones((30, 5), np.float32)), r"shard 2 .* holds float32 \(30, 5\)"),
+    "shard fortran order": (_shard(0, np.asfortranarray(np.ones((30, 4), np.float32))), "Fortran order"),
+    "shard a directory": (_replace(2, lambda p: p.mkdir()), r"shard 2 .* cannot be read \(it is a directory"),
+    "shard a FIFO": (_replace(2, os.mkfifo), r"shard 2 .* cannot be read \(it is a FIFO"),
+    "shard NaN": (_shard(1, _with_nan(np.nan)), r"shard 1 .* \(acts-00001.npy\) holds non-finite values"),
+    "shard inf": (_shard(1, _with_nan(np.inf)), r"shard 1 .* holds non-finite values"),
+}
+
+
+@pytest.fixture
+def damaged(request, numbered):
+    damage, said = DAMAGES[request.param]
+    damage(numbered.path)
+    return numbered.path, said
+
+
+@pytest.mark.parametrize("damaged", list(DAMAGES), indirect=True)
+def test_a_damaged_store_is_one_error_naming_it(damaged):
+    """Every kind of damage, read as SAE training reads (open, a sample, a pass of batches): one QkvError saying
+    what is wrong; nothing hangs (FIFOs are refused before they are opened for reading), nothing is trained on."""
+    path, said = damaged
+    with pytest.raises(QkvError, match=said) as e:
+        acts = open_activations(path)
+        acts.sample(100)
+        list(acts.batches(10))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("damaged", list(DAMAGES), indirect=True)
+def test_a_damaged_store_through_sae_train(damaged, monkeypatch, capsys, tmp_path):
+    """The same through `qkv sae train`: exit 2, one line on stderr, no traceback."""
+    path, said = damaged
+    code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(path), "--out", str(tmp_path / "sae"),
+                            "--latents", "8", "--k", "2", "--batch", "10", "--steps", "3")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("qkv: error: "), err
+    assert re.search(said, err) and "Traceback" not in err
+
+
+def test_a_link_may_stay_inside_the_store_but_not_leave_it(numbered):
+    """A shard's file may be a link to another file in the store (a copy saved by linking); a link out is refused."""
+    (numbered.path / "kept.npy").write_bytes((numbered.path / "acts-00001.npy").read_bytes())
+    (numbered.path / "acts-00001.npy").unlink()
+    (numbered.path / "acts-00001.npy").symlink_to("kept.npy")
+    np.testing.assert_array_equal(open_activations(numbered.path).sample(100)[:, 0], np.arange(100))
+    (numbered.path / "acts-00002.npy").rename(numbered.path.parent / "away.npy")
+    (numbered.path / "acts-00002.npy").symlink_to(numbered.path.parent / "away.npy")
+    with pytest.raises(QkvError, match=r"shard 2 .* is a link out of the store"):
+        open_activations(numbered.path)

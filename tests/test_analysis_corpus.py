@@ -166,3 +166,41 @@ def test_decoders_report_cls_and_sep_as_not_applicable():
     assert js["stats"]["cls"] == [[None] * 4] * 2                     # L × H of null, never 0
     assert report.stats["next"].max() == 0.0                          # causal: nothing after the token
     assert report.detectors["duplicate_token"] is not None            # "the cat" repeats
+
+
+# ── long lines: read and cut in bounded pieces ──────────────────────────────────
+
+def test_a_long_line_becomes_bounded_texts_that_keep_every_word(tmp_path):
+    """A line of ~590 KB (no text may pass PIECE characters, the file is read PIECE bytes at a time): cut after a
+    space, each piece a text of that line, every word kept in order; the hash is the file's bytes' own."""
+    import hashlib
+
+    from qkv.analysis.corpus import PIECE
+
+    line = " ".join(f"word{i}" for i in range(80_000))
+    path = write(tmp_path, f"short one\n{line}\nlast\n")
+    c = open_corpus(path)
+    texts = list(c.texts())
+    assert c.count == len(texts) > 3 and all(len(t) <= PIECE for _, _, t in texts)
+    assert texts[0] == (0, 1, "short one") and texts[-1] == (c.count - 1, 3, "last")
+    assert {n for _, n, _ in texts[1:-1]} == {2} and " ".join(t for _, _, t in texts[1:-1]) == line
+    assert c.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert list(c.texts(start=c.count - 1)) == [texts[-1]]
+
+
+def test_a_long_line_without_spaces_is_cut_between_characters(tmp_path):
+    """No whitespace to cut at: the pieces end between two characters, never inside a UTF-8 sequence."""
+    from qkv.analysis.corpus import PIECE
+
+    line = "é中😀" * 40_000                                          # 2, 3 and 4 bytes a character
+    texts = [t for _, _, t in open_corpus(write(tmp_path, line + "\r\nok")).texts()]
+    assert "".join(texts[:-1]) == line and texts[-1] == "ok" and all(len(t) <= PIECE for t in texts)
+
+
+def test_a_long_paragraph_is_cut_between_its_lines(tmp_path):
+    from qkv.analysis.corpus import PIECE
+
+    lines = [f"line {i} of a paragraph that goes on" for i in range(5000)]               # ~180 KB, no blank line
+    texts = [t for _, _, t in open_corpus(write(tmp_path, "\n".join(lines) + "\n\nnext\n"), "paragraph").texts()]
+    assert len(texts) > 2 and all(len(t) <= PIECE for t in texts) and texts[-1] == "next"
+    assert "\n".join(texts[:-1]).split("\n") == lines

@@ -5,6 +5,11 @@
 
 Split: "line" (one text per line) or "paragraph" (texts separated by blank lines; the
 lines of a paragraph are joined with newlines). Lines of only whitespace are never texts.
+
+Bounded: the file is read PIECE (64 KiB) at a time, and no text is longer than PIECE characters. A longer
+line is cut into texts of its own (after a space or tab in the second half of each piece, else between two
+characters), a longer paragraph between its lines; so a 150 MB line costs the memory of a short one, where
+tokenising it whole would take ~190 bytes a character (10 MB: 1.9 GB). Lines up to PIECE bytes read as before.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..engine.errors import QkvError
 from ..engine.io import open_regular
 
 SPLITS = ("line", "paragraph")
+PIECE = 1 << 16            # bytes read at a time, and characters a text at most (a longer line is cut)
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,11 @@ def open_corpus(path: str | Path, split: str = "line") -> Corpus:
     return Corpus(path=path, split=split, count=count, sha256=digest.hexdigest())
 
 
-def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line) of a UTF-8 text file; a clear QkvError for a file that cannot be read
-    or is binary (a line that is not UTF-8 fails alone, when its text is encoded)."""
+def _lines(path: Path, digest=None) -> Iterator[tuple[int, str, bool]]:
+    """(line number from 1, piece, whether the piece ends its line) of a UTF-8 text file, read PIECE bytes at a
+    time at most: a line longer than that comes in pieces (`_cut`), so a 150 MB line costs what a short one does.
+    A clear QkvError for a file that cannot be read or is binary (a line that is not UTF-8 fails alone, when its
+    text is encoded)."""
     try:
         f = open_regular(path)                                 # a FIFO or a device would hang or never end
     except OSError as e:
@@ -64,45 +72,74 @@ def _lines(path: Path, digest=None) -> Iterator[tuple[int, str]]:
         head = f.peek(8192)[:8192] if hasattr(f, "peek") else b""
         if b"\x00" in head:                                    # what `file` and git call binary
             raise QkvError(f"{path} looks binary (it holds NUL bytes); give a UTF-8 text file")
-        number = 0
+        number, carry, first = 1, b"", True                    # number: the line being read
         while True:
             try:
-                raw = f.readline()
+                new = f.readline(PIECE - len(carry))           # bounded: never a whole long line
             except OSError as e:
                 raise QkvError(f"cannot read {path}: {e.strerror}; give a readable text file") from None
+            if digest is not None:
+                digest.update(new)
+            if b"\x00" in new:
+                raise QkvError(f"{path} looks binary (a NUL byte on line {number}); give a UTF-8 text file")
+            raw, carry = carry + new, b""
             if not raw:
                 return
-            number += 1
-            if digest is not None:
-                digest.update(raw)
-            if b"\x00" in raw:
-                raise QkvError(f"{path} looks binary (a NUL byte on line {number}); give a UTF-8 text file")
+            ends = raw.endswith(b"\n") or len(raw) < PIECE        # a short read without a newline: the file's end
+            if not ends:
+                raw, carry = _cut(raw)
             # A line that is not UTF-8 keeps its bad bytes as lone surrogates: encoding it fails
             # with a clear message, so the run reports that one text and skips it.
-            line = raw.decode("utf-8", errors="surrogateescape")
-            if number == 1:
-                line = line.removeprefix("\ufeff")             # a byte-order mark is not text
-            yield number, line.rstrip("\r\n")
+            piece = raw.decode("utf-8", errors="surrogateescape")
+            if first:
+                piece, first = piece.removeprefix("\ufeff"), False   # a byte-order mark is not text
+            yield number, piece.rstrip("\r\n") if ends else piece, ends
+            number += ends
 
 
-def _split(lines: Iterator[tuple[int, str]], split: str) -> Iterator[tuple[int, str]]:
-    """(first line number, text): one per non-blank line, or one per blank-line-separated paragraph."""
+def _cut(raw: bytes) -> tuple[bytes, bytes]:
+    """A full read of PIECE bytes in the middle of a line → (this piece, the bytes carried to the next): cut after
+    its last ASCII whitespace when that is in its second half, else before its last character (never inside a
+    UTF-8 sequence)."""
+    at = max(raw.rfind(c) for c in (b" ", b"\t", b"\r", b"\x0b", b"\x0c"))
+    if at >= len(raw) // 2:
+        return raw[:at + 1], raw[at + 1:]
+    for k in range(len(raw) - 1, max(len(raw) - 5, 0), -1):     # the last character's first byte
+        if not 0x80 <= raw[k] < 0xC0:
+            return raw[:k], raw[k:]
+    return raw, b""                                            # not UTF-8 there: cut anywhere
+
+
+def _split(pieces: Iterator[tuple[int, str, bool]], split: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text): one per non-blank line, or one per blank-line-separated paragraph; a text
+    longer than PIECE characters is cut into texts of at most that many (a long line where `_lines` cut it, a
+    long paragraph between its lines)."""
     if split == "line":
-        for number, line in lines:
-            if line.strip():
-                yield number, line.strip()
+        for number, piece, _ in pieces:
+            if piece.strip():
+                yield number, piece.strip()
         return
-    start, para = 0, []
-    for number, line in lines:
-        if line.strip():
-            if not para:
-                start = number
-            para.append(line.strip())
-        elif para:
-            yield start, "\n".join(para)
-            para = []
+    start, para, size, fresh = 0, [], 0, True                  # fresh: the piece begins a line
+    for number, piece, ends in pieces:
+        text = piece.strip()
+        if not text:
+            if fresh and ends and para:                        # a blank line: the paragraph ends
+                yield start, "".join(para)
+                para, size = [], 0
+            fresh = ends
+            continue
+        if para and size + 1 + len(text) > PIECE:              # a text stays at most PIECE characters
+            yield start, "".join(para)
+            para, size = [], 0
+        if not para:
+            start, joint = number, ""
+        else:
+            joint = "\n" if fresh else " "                     # between lines, or within a long line's pieces
+        para.append(joint + text)
+        size += len(joint) + len(text)
+        fresh = ends
     if para:
-        yield start, "\n".join(para)
+        yield start, "".join(para)
 
 
 # ── windows ───────────────────────────────────────────────────────────────────────

@@ -14,7 +14,8 @@ The store (DIR):
                        where the corpus was read to after it), the corpus (name, sha256, texts), the settings,
                        qkv's version; rewritten atomically after each shard
     acts-00000.npy …   (T_i, d) float16 or float32 each, T_i = shard_tokens but the last; written under a
-                       temporary name and renamed: a shard is there whole or not at all
+                       temporary name (its space reserved first, its rows written with pwrite, never through a
+                       memory map: a full disk is an error, not SIGBUS) and renamed: a shard is there whole or not
 
 Reading (what SAE training codes against):
     acts = open_activations(DIR)        .model .layer .site .d .tokens .dtype .shards
@@ -24,12 +25,20 @@ Reading (what SAE training codes against):
     acts.sample(n, seed=0)              (n, d) float32 rows drawn without replacement, in store order
     write_activations(DIR, array, model=, layer=, site=, ...)   an array as a store (tests, Python users)
 Only the shards meta.json lists are read: a store still being made reads as far as it is.
+
+Trusted nothing (a store may come from elsewhere, or be damaged): meta.json is read by engine.io_json (bounded,
+every field checked for type and range), a shard's file is a plain name inside the store (no path, no link out of
+it), opened as a regular file (a FIFO would hang), its .npy header checked against meta.json (dtype, shape, the
+data's length; never a pickle), and rows that are not finite stop the read naming the shard. Each fault is one
+QkvError; `open_activations` checks every shard's header before a row is read.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -37,7 +46,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import real_directory, write_text
+from ..engine.io import open_regular, real_directory, write_text
+from ..engine.io_json import Fields, read_json
 
 if TYPE_CHECKING:
     from ..engine.model import Model
@@ -51,6 +61,8 @@ BATCH_TOKENS = 2048       # padded tokens a forward pass (as qkv neurons: a stor
 FORMAT = "qkv-activations/1"
 META = "meta.json"
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+REMAKE = "remake the store (qkv activations with a new --out)"
+PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}")       # a shard's file: a name in the store, not a path
 
 
 def shard_name(k: int) -> str:
@@ -61,7 +73,7 @@ def shard_name(k: int) -> str:
 
 @dataclass(frozen=True)
 class Activations:
-    """A store on disk (see the module): its meta and its complete shards, memory-mapped when read."""
+    """A store on disk (see the module): its meta (as `check_meta` returns it) and its complete shards."""
 
     path: Path
     meta: dict
@@ -79,13 +91,31 @@ class Activations:
         return [(self.path / s["file"], int(s["tokens"])) for s in self.meta["shards"]]
 
     def shard(self, k: int) -> np.ndarray:
-        """Shard K memory-mapped, (T_k, d) in the stored dtype."""
+        """Shard K memory-mapped, (T_k, d) in the stored dtype: the one reader of a shard's file. Its name must
+        stay in the store, the file be regular, its header say meta.json's dtype and (T_k, d), its data be that
+        long; else one QkvError naming the shard."""
         path, rows = self.shards[k]
-        a = np.load(path, mmap_mode="r")
-        if a.shape != (rows, self.d):
-            raise QkvError(f"{path} holds {a.shape}, but {META} says ({rows}, {self.d}); the store is damaged: "
-                           "remake it (delete the shard and rerun the command to redo it)")
-        return a
+        where = f"shard {k} of the store at {self.path} ({path.name})"
+        real, store = os.path.realpath(path), os.path.realpath(self.path)
+        if os.path.dirname(real) != store:
+            raise QkvError(f"{where} is a link out of the store; {REMAKE}")
+        try:
+            with open_regular(real) as f:
+                return _mapped(f, where, np.dtype(self.dtype), (rows, self.d))
+        except FileNotFoundError:
+            raise QkvError(f"{where} is missing; {REMAKE}") from None
+        except OSError as e:
+            raise QkvError(f"{where} cannot be read ({e.strerror or e}); {REMAKE}") from None
+
+    def rows(self, k: int, index: np.ndarray | None = None) -> np.ndarray:
+        """Rows INDEX (None: all, read in order) of shard K as float32 (len(index), d), or one QkvError if any is
+        not finite (NaN, inf): what `batches` and `sample` read, so a damaged shard is named, never trained on."""
+        a = self.shard(k)                                                          # (T_k, d) memory-mapped
+        out = np.asarray(a if index is None else a[index], dtype=np.float32)       # (len(index), d)
+        if not np.isfinite(out).all():
+            raise QkvError(f"shard {k} of the store at {self.path} ({self.shards[k][0].name}) holds non-finite "
+                           f"values (NaN or inf); {REMAKE}")
+        return out
 
     def batches(self, batch_size: int, seed: int = 0, start: int = 0, epochs: int = 1) -> Iterator[np.ndarray]:
         """float32 (batch_size, d) arrays: EPOCHS passes over the store (one pass by default, never forever),
@@ -116,7 +146,7 @@ class Activations:
             if lo >= hi:
                 continue
             perm = np.random.default_rng([seed, epoch, int(k)]).permutation(rows)[lo:hi]
-            block = np.asarray(self.shard(int(k)), dtype=np.float32)[perm]             # (hi - lo, d)
+            block = self.rows(int(k))[perm]                                            # (hi - lo, d)
             if carry is not None:
                 block = np.concatenate([carry, block])
             full = len(block) // B * B
@@ -134,56 +164,170 @@ class Activations:
         for k in range(len(self.shards)):
             lo, hi = np.searchsorted(rows, [starts[k], starts[k + 1]])                 # the sample's rows in shard k
             if hi > lo:
-                out[lo:hi] = self.shard(k)[rows[lo:hi] - starts[k]]
+                out[lo:hi] = self.rows(k, rows[lo:hi] - starts[k])
         return out
 
 
-def read_meta(path: str | Path) -> dict | None:
-    """DIR/meta.json as a dict, None when there is none; a clear error for one that is not a store's."""
-    file = Path(path) / META
-    if not file.is_file():
-        return None
+def _mapped(f, where: str, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
+    """The .npy in F (open, at its start) memory-mapped read-only, after its header is checked: DTYPE, C order,
+    SHAPE, and the file exactly as long as the header and the data. Never unpickled (a header naming an object
+    dtype is refused like any other)."""
     try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise QkvError(f"cannot read {file}: {e}; it is not an activation store's (give another --out)") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise QkvError(f"{file} is not an activation store's ({FORMAT}); give another directory")
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        found, fortran, kind = read(f)
+    except (ValueError, TypeError, SyntaxError, EOFError) as e:
+        raise QkvError(f"{where} is not a .npy array ({str(e).splitlines()[0][:80]}); {REMAKE}") from None
+    if kind != dtype or fortran or found != shape:
+        said = f"{kind}{'' if not fortran else ' (Fortran order)'} {tuple(found)}"
+        raise QkvError(f"{where} holds {said}, but meta.json says {dtype} {shape}; {REMAKE}")
+    offset, size = f.tell(), os.fstat(f.fileno()).st_size
+    if size != offset + shape[0] * shape[1] * dtype.itemsize:
+        raise QkvError(f"{where} has {size:,} bytes, not the {offset + shape[0] * shape[1] * dtype.itemsize:,} its "
+                       f"header says (it is cut short or has bytes after its data); {REMAKE}")
+    return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def read_meta(path: str | Path) -> dict | None:
+    """DIR/meta.json checked (`check_meta`), None when there is none; one QkvError for one that is damaged or not
+    a store's (read by engine.io_json: a FIFO, a huge or deeply nested file is refused like a malformed one)."""
+    file = Path(path) / META
+    if not os.path.lexists(file):
+        return None
+    return check_meta(read_json(file, what=str(file), fix=f"it is not a readable activation store's; {REMAKE}, "
+                                "or give another directory"), str(file))
+
+
+def check_meta(data: dict, name: str) -> dict:
+    """A store's meta.json (DATA, read from NAME) with every field the readers use checked, as a new dict: the
+    same keys, each of the type and range the writer gives it; the shards plain names whose rows add up."""
+    m = Fields(data, name, fix=REMAKE)
+    if m.text("format", default="") != FORMAT:
+        raise QkvError(f"{name} is not an activation store's ({FORMAT}); give another directory")
+    shard_tokens = m.integer("shard_tokens", 1, 1 << 40)
+    meta = {"format": FORMAT, "model": m.text("model"), "layer": m.integer("layer", 0, 1 << 20),
+            "site": m.text("site", choices=SITES), "d": m.integer("d", 1, 1 << 24),
+            "dtype": m.text("dtype", choices=DTYPES), "shard_tokens": shard_tokens,
+            "tokens": m.integer("tokens", 0, 1 << 50), "done": m.boolean("done", False), "shards": [],
+            "corpus": None, "settings": {}, "qkv": m.text("qkv", "")}
+    for i, item in enumerate(m.array("shards", max_len=1 << 24)):
+        s = m.sub(f"shards[{i}]", item)
+        file = s.text("file", max_len=255)
+        if not PLAIN.fullmatch(file) or file in (".", ".."):
+            raise QkvError(f"{name}: shards[{i}].file {file[:60]!r} is not a plain file name inside the store; "
+                           f"{REMAKE}")
+        entry = {"file": file, "tokens": s.integer("tokens", 1, shard_tokens)}
+        if item.get("read") is not None:
+            r = s.object("read")
+            entry["read"] = {k: r.integer(k, 0, 1 << 50) for k in ("text", "window", "row", "skipped")}
+        meta["shards"].append(entry)
+    held = sum(e["tokens"] for e in meta["shards"])
+    if held != meta["tokens"]:
+        raise QkvError(f"{name} says tokens {meta['tokens']}, but its shards hold {held}; {REMAKE}")
+    if data.get("corpus") is not None:
+        c = m.object("corpus")
+        meta["corpus"] = {"name": c.text("name", ""), "sha256": c.text("sha256", None, max_len=64),
+                          "texts": c.integer("texts", 0, 1 << 50, None), "split": c.text("split", None)}
+    if data.get("settings") is not None:
+        g = m.object("settings")
+        found = {"source": g.text("source", None), "tokens": g.integer("tokens", 1, 1 << 50, None),
+                 "context": g.integer("context", 1, 1 << 30, None), "skip_first": g.boolean("skip_first", None),
+                 "split": g.text("split", None), "from": g.text("from", None)}
+        meta["settings"] = {k: v for k, v in found.items() if v is not None}
     return meta
 
 
 def open_activations(path: str | Path) -> Activations:
-    """The store at PATH (see the module), or one error saying what is missing."""
+    """The store at PATH (see the module), every shard's header checked, or one error saying what is wrong."""
     path = Path(path)
     meta = read_meta(path)
     if meta is None:
         raise QkvError(f"{path} holds no activation store (no {META}); make one with qkv activations --out {path}")
     if not meta["shards"]:
         raise QkvError(f"the store at {path} has no complete shard yet; let qkv activations run longer")
-    return Activations(path, meta)
+    acts = Activations(path, meta)
+    for k in range(len(meta["shards"])):
+        acts.shard(k)                                  # a missing, foreign or damaged shard: said before any work
+    return acts
 
 
 # ── writing ──────────────────────────────────────────────────────────────────────
 
-def write_shard(path: Path, rows: int, d: int, dtype: str, fill: Callable[[np.ndarray], None]) -> None:
-    """fill(a) writes a memory-mapped (ROWS, d) array of a temporary file beside PATH; renamed onto PATH after."""
+Put = Callable[[int, np.ndarray], None]            # put(row, block): BLOCK (k, d) into rows row..row+k-1
+
+
+def write_shard(path: Path, rows: int, d: int, dtype: str, fill: Callable[[Put], None]) -> None:
+    """A (ROWS, d) .npy at PATH: fill(put) calls put(row, block) for blocks in any order, written into a temporary
+    file beside PATH, renamed onto PATH once filled. No memory map: the file's space is reserved first
+    (posix_fallocate) and the rows written with pwrite, so a full disk is an OSError here, one QkvError, never
+    SIGBUS; the temporary file is removed on any error."""
     from ..engine.io import temporary_file
 
-    fd, tmp = temporary_file(path)
-    os.close(fd)
+    kind = np.dtype(dtype)
+    size = rows * d * kind.itemsize                                                    # the data's bytes
+    header = {"descr": np.lib.format.dtype_to_descr(kind), "fortran_order": False, "shape": (rows, d)}
     try:
-        a = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(rows, d))
-        fill(a)
-        a.flush()
-        del a
+        fd, tmp = temporary_file(path)
+    except OSError as e:
+        raise _unwritable(path, e, size) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            f.flush()
+            offset = f.tell()
+            _reserve(f.fileno(), offset + size)
+
+            def put(row: int, block: np.ndarray) -> None:
+                data = np.ascontiguousarray(block, dtype=kind)                       # (k, d)
+                if data.ndim != 2 or data.shape[1] != d or not 0 <= row <= rows - len(data):
+                    raise ValueError(f"rows {row}..{row + len(data)} of shape {data.shape} do not fit ({rows}, {d})")
+                _pwrite_all(f.fileno(), memoryview(data).cast("B"), offset + row * d * kind.itemsize)
+
+            fill(put)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _unwritable(path, e, size) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
+def _unwritable(path: Path, e: OSError, size: int) -> QkvError:
+    """The one line for a shard that could not be written: a full disk says so, and that the store continues."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return QkvError(f"the disk holding {path.parent} is full (writing {path.name}, {size / 2**20:,.1f} MB); free "
+                        "some space or give another --out, then rerun the same command to continue")
+    return QkvError(f"cannot write {path}: {e.strerror or e}; choose a writable --out")
+
+
+def _reserve(fd: int, size: int) -> None:
+    """The file's SIZE bytes allocated now (a full disk fails here, before any row is made); a file system that
+    cannot preallocate just has the file extended, and a full disk shows at the first write instead."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            raise
+        os.ftruncate(fd, size)
+    except AttributeError:                             # no posix_fallocate (macOS)
+        os.ftruncate(fd, size)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    """All of DATA at byte AT of FD (pwrite may write less than asked)."""
+    while len(data):
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
+
+
 def save_meta(path: Path, meta: dict) -> None:
-    write_text(path / META, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    """meta.json rewritten atomically; a full disk is one QkvError (the store stays as it was)."""
+    try:
+        write_text(path / META, json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    except OSError as e:
+        raise QkvError(f"cannot write {path / META}: {e.strerror or e}; free some space or give another --out, "
+                       "then rerun the same command to continue") from None
 
 
 def new_meta(model: str, layer: int, site: str, d: int, dtype: str, shard_tokens: int, corpus: dict | None,
@@ -213,7 +357,7 @@ def write_activations(path: str | Path, array: np.ndarray, *, model: str, layer:
     meta = new_meta(model, layer, site, a.shape[1], dtype, shard_tokens, None, {"from": "write_activations"})
     for k, lo in enumerate(range(0, len(a), shard_tokens)):
         part = a[lo:lo + shard_tokens]
-        write_shard(path / shard_name(k), len(part), a.shape[1], dtype, lambda m: m.__setitem__(slice(None), part))
+        write_shard(path / shard_name(k), len(part), a.shape[1], dtype, lambda put: put(0, part))
         meta["shards"].append({"file": shard_name(k), "tokens": len(part)})
         meta["tokens"] += len(part)
     meta["done"] = True

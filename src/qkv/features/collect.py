@@ -13,7 +13,8 @@ Resume: the same command again continues after the last shard meta.json lists (a
 shards in flight) and gives the same bits as a run never stopped: a shard's rows depend only on the corpus
 and the settings, never on which worker made it or when. A larger token count grows the store (the same bits
 as a run asked for that many). Other settings or another corpus: one error naming the difference.
-Memory: per worker one batch's pass, the shard going to a memory-mapped file as it is made.
+Memory: per worker one batch's pass, its rows written into the shard's file as they are made (pwrite, not a
+memory map: a full disk is one error).
 Workers: 1 (this process), N local processes or Ray actors, each taking whole shards; meta.json lists
 shards in order as they are done.
 """
@@ -97,7 +98,7 @@ def make_shard(model: "Model", job: Job, out: Path, layer: int, site: str, dtype
     offsets = np.cumsum([0] + [hi - lo for _, lo, hi in job.pieces])                  # where each piece's rows go
     order = sorted(range(len(job.pieces)), key=lambda i: (-len(job.pieces[i][0]), i))
 
-    def fill(a: np.ndarray) -> None:
+    def fill(put: Callable[[int, np.ndarray], None]) -> None:
         start = 0
         while start < len(order):
             n = len(job.pieces[order[start]][0])
@@ -112,7 +113,7 @@ def make_shard(model: "Model", job: Job, out: Path, layer: int, site: str, dtype
                 _, lo, hi = job.pieces[i]
                 rows = h[r, skip + lo:skip + hi]                                         # (hi - lo, d)
                 check_range(rows, dtype)
-                a[offsets[i]:offsets[i + 1]] = rows
+                put(int(offsets[i]), rows)
             start = end
 
     write_shard(out / shard_name(job.index), job.rows, cfg.d_model, dtype, fill)
@@ -326,7 +327,10 @@ class Collection:
         """Make the missing shards, listing each in meta.json as soon as it and those before it are done."""
         meta, out, spec = self.meta, self.out, self.spec
         before, first = meta["tokens"], len(meta["shards"])
-        read = meta["shards"][-1]["read"] if first else {"text": 0, "window": 0, "row": 0, "skipped": 0}
+        read = meta["shards"][-1].get("read") if first else {"text": 0, "window": 0, "row": 0, "skipped": 0}
+        if read is None:
+            raise QkvError(f"{out}/meta.json does not say where its last shard ends in the corpus (its read); "
+                           "remake the store (qkv activations with a new --out)")
         if not meta["done"]:
             jobs: dict[int, Job] = {}
 
@@ -350,7 +354,7 @@ class Collection:
                         progress(meta["tokens"], self.tokens)
             meta["done"] = True
             save_meta(out, meta)
-        last = meta["shards"][-1]["read"] if meta["shards"] else read
+        last = meta["shards"][-1].get("read", read) if meta["shards"] else read
         return Collected(store=Activations(out, meta), tokens=meta["tokens"], asked=self.tokens, resumed_from=before,
                          corpus_ended=meta["tokens"] < self.tokens, skipped=int(last.get("skipped", 0)))
 

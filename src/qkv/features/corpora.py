@@ -5,7 +5,9 @@ package ships (no download at run time).
     open_texts(corpus=NAME)        a named corpus of CORPORA, found inside its package's installed files
 
 Both give a `Texts`: name, sha256 of the content, how many texts, and texts(start) streaming
-(index, line or None, text) from text START on: never all in memory.
+(index, line or None, text) from text START on: never all in memory. A file is read in bounded pieces and
+no text of it passes 64 KiB characters, whatever its line lengths (analysis.corpus: a longer line is cut into
+texts of its own); a named corpus's texts are the package's plays and books (at most ~0.2 MB each).
 
 The named corpora:
 
