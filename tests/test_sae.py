@@ -446,3 +446,221 @@ def test_a_store_of_another_width_is_refused(store, tmp_path, monkeypatch, capsy
     assert code == 2 and "width 16" in err and "24" in err
     code, _, err = run_main(monkeypatch, capsys, "sae", "eval", "--sae", str(out), "--acts", str(wide.path))
     assert code == 2 and "24-wide" in err
+
+
+# ── damaged SAE files and bad flags: one line, exit 2 ────────────────────────────
+
+def saved_sae(tmp_path, name="s", d=16, n=32, k=3) -> "Path":
+    sae = random_sae(d=d, n=n, k=k)
+    sae.config.model, sae.config.layer, sae.config.site = "synthetic", 2, "resid"
+    return save_saelens(sae, tmp_path / name)
+
+
+def one_line(code, err, *words):
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+DEEP = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+@pytest.mark.parametrize("change, words", [
+    ("deep", ("cfg.json", "nested too deeply")),                       # was a RecursionError
+    ({"hook_name": 5}, ("cfg.json", "hook_name must be text")),       # was a TypeError
+    ({"d_in": 64.7}, ("cfg.json", "d_in must be a whole number", "64.7")),   # was truncated to 64
+    ({"d_sae": None}, ("cfg.json", "has no d_sae")),
+    ({"activation_fn_kwargs": {"k": "3"}}, ("k must be a whole number", "'3'")),   # was read as 3
+    ({"activation_fn_kwargs": {"k": 33}}, ("k must be a whole number from 1 to 32",)),
+    ({"metadata": [1]}, ("metadata must be an object",)),           # was ignored
+    ({"model_name": 5}, ("model_name must be text",)),               # was reported as the model 5
+    ({"apply_b_dec_to_input": "no"}, ("apply_b_dec_to_input must be true or false",)),   # was read as true
+])
+def test_a_damaged_cfg_json_is_one_line(store, tmp_path, monkeypatch, capsys, change, words):
+    out = saved_sae(tmp_path)
+    cfg = json.loads((out / "cfg.json").read_text())
+    text = DEEP if change == "deep" else json.dumps({k: v for k, v in {**cfg, **change}.items() if v is not None})
+    (out / "cfg.json").write_text(text)
+    code, _, err = run_main(monkeypatch, capsys, "sae", "eval", "--sae", str(out), "--acts", str(store.path))
+    one_line(code, err, *words)
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("shape", ("sae_weights.safetensors", "W_enc has shape (16, 32)", "cfg.json (d_in 24")),
+    ("nan", ("sae_weights.safetensors", "NaN")),
+    ("int", ("sae_weights.safetensors", "must be floats")),
+    ("pickle", ("sae_weights.pt is a pickle",)),
+])
+def test_damaged_sae_weights_are_one_line_naming_the_file(store, tmp_path, monkeypatch, capsys, damage, words):
+    from safetensors.numpy import load_file, save_file
+
+    out = saved_sae(tmp_path)
+    weights = out / "sae_weights.safetensors"
+    tensors = load_file(str(weights))
+    if damage == "shape":                                                 # cfg.json says another width
+        cfg = json.loads((out / "cfg.json").read_text())
+        (out / "cfg.json").write_text(json.dumps({**cfg, "d_in": 24}))
+    elif damage == "nan":
+        tensors["W_dec"][3, 1] = np.nan
+        save_file(tensors, str(weights))
+    elif damage == "int":
+        save_file({**tensors, "b_enc": tensors["b_enc"].astype(np.int32)}, str(weights))
+    else:
+        weights.rename(out / "sae_weights.pt")
+    code, _, err = run_main(monkeypatch, capsys, "sae", "eval", "--sae", str(out), "--acts", str(store.path))
+    one_line(code, err, *words)
+
+
+@pytest.mark.parametrize("change, words", [
+    ("deep", ("qkv.json", "nested too deeply")),                     # was a RecursionError
+    ({"variance": -1}, ("qkv.json", "variance must be a number")),   # was trained with it
+    ({"settings": {"k": "3"}}, ("qkv.json: settings: k must be a whole number",)),
+    ({"source": {"d": 16.5}}, ("qkv.json: source: d must be a whole number",)),
+])
+def test_a_damaged_run_file_is_one_line(store, tmp_path, monkeypatch, capsys, change, words):
+    out = tmp_path / "sae"
+    args = ("sae", "train", "--acts", str(store.path), "--latents", "32", "--k", "3", "--batch", "128",
+            "--steps", "4", "--out", str(out))
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    meta = json.loads((out / "qkv.json").read_text())
+    if change != "deep":
+        for key, value in change.items():
+            meta[key] = {**meta[key], **value} if isinstance(value, dict) else value
+    (out / "qkv.json").write_text(DEEP if change == "deep" else json.dumps(meta))
+    code, _, err = run_main(monkeypatch, capsys, *args[:-4], "--steps", "8", "--out", str(out))
+    one_line(code, err, *words)
+
+
+def test_a_damaged_checkpoint_or_log_line_is_passed_over(store, tmp_path):
+    """The newest checkpoint holding NaN weights is passed over (named in run.skipped), the one before it
+    resumed; a log line nested 3000 deep or not UTF-8 is dropped, not a RecursionError."""
+    open_store_run(tmp_path / "r", store, steps=20).train()
+    newest = tmp_path / "r" / "checkpoints" / "step-00000020.npz"
+    with np.load(newest) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["param/W_enc"][0, 0] = np.nan
+    np.savez(newest, **arrays)
+    with open(tmp_path / "r" / "log.jsonl", "ab") as f:
+        f.write(b'{"step": ' + b"[" * 3000 + b"\n\xff\xfe\n")
+    again = open_store_run(tmp_path / "r", store, steps=20)
+    assert again.resumed_from.name == "step-00000010.npz" and again.trainer.step_count == 10
+    assert len(again.skipped) == 1 and "param/W_enc holds NaN" in again.skipped[0]
+    assert [e["step"] for e in again.log] == list(range(1, 11))
+    again.train()
+    assert np.isfinite(again.sae.W_enc).all()
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--batch", "0"), ("--batch must be a whole number from 1",)),              # was a ZeroDivisionError
+    (("--aux-coef", "1e300"), ("--aux-coef must be a number from 0 to 10",)),    # was 'lower --lr' at best
+    (("--lr", "2"), ("--lr 2 is more than 1",)),
+    (("--latents", "1000000000"), ("--latents must be a whole number from 1 to",)),
+    (("--steps", "1000000000"), ("--steps must be a whole number from 1 to 100,000,000",)),   # was a run of 10^9 steps
+    (("--threads", "THREADS"), ("--threads", "core")),                           # was accepted
+])
+def test_qkv_sae_train_bounds_every_size(store, tmp_path, monkeypatch, capsys, args, words):
+    from qkv.engine.threads import cores
+
+    args = [str(cores() + 1) if a == "THREADS" else a for a in args]
+    code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(store.path), "--latents", "32",
+                            "--k", "3", "--batch", "128", "--steps", "2", *args, "--out", str(tmp_path / "o"))
+    one_line(code, err, *words)
+    assert not (tmp_path / "o").exists()
+
+
+def test_qkv_sae_train_refuses_a_run_larger_than_the_memory(store, tmp_path, monkeypatch, capsys):
+    """20 000 latents × d 16 at --batch 128 need ~130 MB (`Settings.memory`); with 64 MB available: refused
+    before anything is allocated or written, naming the sizes that fit."""
+    import qkv.engine.tuning as tuning
+
+    monkeypatch.setattr(tuning, "available_memory", lambda: 64 << 20)
+    code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(store.path), "--latents", "20000",
+                            "--k", "3", "--batch", "128", "--steps", "1", "--out", str(tmp_path / "o"))
+    one_line(code, err, "20,000 latents", "GiB", "give fewer --latents")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_memory_estimate_bounds_a_real_run():
+    """Settings.memory against tracemalloc's peak of a trainer (SAE, AdamW) taking AuxK steps and copying
+    its arrays for a checkpoint: never less, at most twice as much (measured 1.05–1.4× over three sizes)."""
+    import tracemalloc
+
+    d, n, B = 32, 8192, 256
+    x = np.random.default_rng(0).standard_normal((B, d)).astype(np.float32)
+    s = Settings(latents=n, k=16, steps=4, batch=B, dead_tokens=1)         # every latent dead after one step: AuxK
+    tracemalloc.start()
+    try:
+        trainer = Trainer(init_sae(SAEConfig(d, n, 16), x, median=False), s, variance=1.0)
+        for _ in range(3):
+            trainer.step(x)
+        trainer.arrays()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = s.memory(d) - 16 * 32768 * d                                 # the sample is not part of this run
+    assert peak <= estimate <= 2 * peak, (peak, estimate)
+
+
+def test_the_worker_and_thread_flags_share_one_check(monkeypatch):
+    from qkv.engine import threads
+
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    assert threads.check_count("--workers", 2) == 2 and threads.check_count("--workers", None) is None
+    with pytest.raises(QkvError, match="--workers 12: this machine has 2 cores; give --workers from 1 to 2"):
+        threads.check_count("--workers", 12)
+    assert threads.check_count("--workers", 12, here=False) == 12          # a Ray cluster elsewhere
+    with pytest.raises(QkvError, match="--threads 0"):
+        threads.check_count("--threads", 0)
+
+
+def test_nan_activations_are_named_not_variance_0(tmp_path, monkeypatch, capsys):
+    x = np.random.default_rng(0).standard_normal((600, 8)).astype(np.float32)
+    acts = write_activations(tmp_path / "acts", x, model="m", layer=0, site="resid")
+    shard = np.load(acts.shards[0][0])
+    shard[5, 3] = np.nan
+    np.save(acts.shards[0][0], shard)
+    code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(acts.path), "--latents", "16",
+                            "--k", "2", "--batch", "64", "--steps", "2", "--out", str(tmp_path / "o"))
+    one_line(code, err, "NaN")
+    assert "variance 0" not in err
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_a_non_finite_loss_names_its_term(monkeypatch):
+    """An AuxK term that overflows says --aux-coef, a reconstruction error at the first step says the
+    activations are too large: not 'lower --lr' for both."""
+    import qkv.features.train as train
+
+    sae = random_sae()
+    trainer = Trainer(sae, Settings(latents=32, k=4, steps=5), variance=1.0)
+    real = train.loss_and_grads
+
+    def aux_overflows(*a, **kw):
+        st = real(*a, **kw)
+        st.aux, st.loss = float("inf"), float("inf")
+        return st
+    monkeypatch.setattr(train, "loss_and_grads", aux_overflows)
+    with pytest.raises(QkvError, match="the AuxK term became inf at step 0.*lower --aux-coef"):
+        trainer.step(np.ones((4, 8), np.float32))
+    monkeypatch.setattr(train, "loss_and_grads", real)
+    with pytest.raises(QkvError, match="too large for float32"):
+        trainer.step(np.full((4, 8), 1e30, np.float32))
+
+
+def test_negative_feature_indices_are_refused(tmp_path, monkeypatch, capsys):
+    out = saved_sae(tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("some text\n")
+    code, _, err = run_main(monkeypatch, capsys, "sae", "features", "--sae", str(out), "--model", str(MODELS / "gpt2"),
+                            "--file", str(text), "--feature", "-1")
+    one_line(code, err, "--feature -1 is negative")
+
+
+def test_qkv_sae_eval_on_an_image_model_is_one_line(tmp_path, monkeypatch, capsys):
+    out = saved_sae(tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat.\n")
+    code, _, err = run_main(monkeypatch, capsys, "sae", "eval", "--sae", str(out), "--model", "digits-vit",
+                            "--file", str(text))
+    one_line(code, err, "image model", "give --model with the text model")

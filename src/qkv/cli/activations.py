@@ -47,8 +47,8 @@ def activations_cmd(source: str, layer: int, site: str, corpus_path: str | None,
                     tokens: int, out_dir: str, dtype: str, shard_tokens: int, context: int, skip_first: bool | None,
                     backend: str, workers: int, address: str | None, as_json: bool) -> None:
     """Stream a corpus through the model and store SITE of LAYER for --tokens tokens in --out: float16 or
-    float32 shards, memory-mapped, resumable after any stop (the same command continues), the same bits
-    whatever the workers. Read them with qkv.features.activations.open_activations(DIR)."""
+    float32 shards, resumable after any stop (the same command continues, also after a full disk), the same
+    bits whatever the workers. Read them with qkv.features.activations.open_activations(DIR)."""
     from .common import _weights
     from ..features.activations import stored_files
     from ..features.collect import open_collection
@@ -56,6 +56,9 @@ def activations_cmd(source: str, layer: int, site: str, corpus_path: str | None,
 
     if address and backend != "ray":
         raise QkvError("--address is for the Ray backend; add --backend ray")
+    from ..engine.threads import check_count
+
+    check_count("--workers", workers, here=not address)
     if corpus_path is None and corpus_name is None:
         corpus_name = "english"
     texts = open_texts(file=corpus_path, corpus=corpus_name, split=split)

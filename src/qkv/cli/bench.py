@@ -106,7 +106,9 @@ def forward(tokens: tuple[int, ...], repeats: int, eager: bool, model_source: st
 def heads_bench(sentences: int, workers: int | None, use_ray: bool, out: str | None, as_json: bool) -> None:
     """Texts per second of `qkv heads` on the default model: one process, local cores, Ray (no torch needed)."""
     from ..bench import heads as hb
+    from ..engine.threads import check_count
 
+    check_count("--workers", workers)
     result = hb.measure(sentences=sentences, workers=workers, ray=use_ray)
     command = hb.COMMAND if (sentences, workers, use_ray) == (hb.SENTENCES, None, True) else command_line(
         "qkv bench heads", [("--sentences", sentences, None), ("--workers", workers, None),
@@ -230,6 +232,9 @@ def train_command_line(models: tuple[str, ...], repeats: int, memory_tokens: tup
 def train_command(models: tuple[str, ...], repeats: int, memory_tokens: tuple[int, ...], memory: bool,
                   threads: int | None, out: str | None, as_json: bool) -> None:
     """A training step (forward, backward, AdamW): qkv's tokens/s against torch's, and activation memory."""
+    from ..engine.threads import check_count
+
+    check_count("--threads", threads)
     start = time.perf_counter()
     result = tb.measure(models=models, repeats=repeats, memory_tokens=memory_tokens if memory else (),
                         threads=threads, log=lambda msg: click.echo(msg, err=True))
@@ -252,6 +257,9 @@ def patch_command_line(repeats: int, threads: int | None, out: str | None) -> st
 @json_option
 def patch_command(repeats: int, threads: int | None, out: str | None, as_json: bool) -> None:
     """Activation patching of every head on SmolLM2 (docs/patching.md's IOI run): qkv against TransformerLens."""
+    from ..engine.threads import check_count
+
+    check_count("--threads", threads)
     start = time.perf_counter()
     result = pb.measure(repeats=repeats, threads=threads, log=lambda msg: click.echo(msg, err=True))
     text = pb.markdown(result, patch_command_line(repeats, threads, out))

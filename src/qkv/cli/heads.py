@@ -14,7 +14,7 @@ from rich.text import Text
 from .common import MODEL_HELP, check_writable, new_console
 from ..engine.errors import QkvError
 from ..engine.io import write_atomic
-from ..engine.threads import cores
+from ..engine.threads import check_count, cores
 from ..viz.palette import ROLE_COLOURS
 from ..analysis.backends import BACKENDS, CHUNK
 from ..analysis.detectors import top_heads
@@ -146,6 +146,7 @@ def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: s
         raise QkvError("give either TEXT(s) or --file CORPUS (not both, not neither); see qkv heads --help")
     if address and backend != "ray":
         raise QkvError("--address is for the Ray backend; add --backend ray")
+    check_count("--workers", workers, here=not address)
     for t in texts:
         if not t.strip():
             raise QkvError("the text is empty; give some words to look at")

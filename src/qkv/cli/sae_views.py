@@ -84,18 +84,10 @@ def steered(model, sae_dir: str | None, features: dict[int, float] | None):
 # ── qkv sae features ────────────────────────────────────────────────────────────
 
 def feature_list(value: str | None) -> list[int] | None:
-    """--feature 12,40 → [12, 40], or one clear error (the SAE checks that they exist)."""
-    if value is None:
-        return None
-    items = [i.strip() for i in value.split(",") if i.strip()]
-    try:
-        out = [int(i) for i in items]
-    except ValueError:
-        raise QkvError(f"--feature {value!r} is not a list of indices; give e.g. --feature 12 or "
-                       "--feature 12,40") from None
-    if not out:
-        raise QkvError("--feature is empty; give one index or several, e.g. --feature 12,40")
-    return out
+    """--feature 12,40 → [12, 40], or one clear error (negative: refused; the SAE checks that they exist)."""
+    from .neurons import index_list
+
+    return index_list("--feature", value)
 
 
 @click.command(name="features")

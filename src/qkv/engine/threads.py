@@ -43,6 +43,23 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+MAX_REMOTE = 4096        # workers a command may ask of a Ray cluster (whose cores are not counted here)
+
+
+def check_count(flag: str, n: int | None, *, here: bool = True) -> int | None:
+    """A --workers or --threads count as given (None: the command chooses): 1 to the cores this process may
+    run on when the work runs here (more would only queue on the same cores, each with its own memory);
+    up to MAX_REMOTE for a Ray cluster elsewhere (HERE false). Else one QkvError saying how many there are.
+    The one check of every such flag (qkv activations, heads, sae train, train, bench)."""
+    if n is None:
+        return None
+    most = cores() if here else MAX_REMOTE
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+        where = f"this machine has {most} core{'s' if most > 1 else ''}" if here else f"at most {most} workers"
+        raise QkvError(f"{flag} {n}: {where}; give {flag} from 1 to {most}")
+    return n
+
+
 # Pins the BLAS threads of one-token decoding steps (e.g. QKV_DECODE_THREADS=2 on an idle machine).
 DECODE_THREADS_VAR = "QKV_DECODE_THREADS"
 

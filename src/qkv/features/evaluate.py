@@ -101,6 +101,23 @@ class Spliced:
         return asdict(self)
 
 
+def check_text_model(model, sae: SAE, layer: int | None = None, site: str | None = None) -> tuple[int, str]:
+    """(layer, site) where SAE reads MODEL, once MODEL is known to be a single-stack text model with a
+    next-token loss (not an image or audio model, not an encoder–decoder) whose stream at the SAE's hook is
+    the SAE's d_in wide; else one QkvError naming the cause (`features.steer.check_model` for width and layer)."""
+    from ..engine.image_model import ImageModel
+    from .steer import check_model
+
+    kind = ("an image model" if isinstance(model, ImageModel) else
+            "an encoder–decoder" if getattr(model.config, "encoder_decoder", False) else
+            "a model without a tokenizer" if model.tokenizer is None else None)
+    if kind is not None:
+        raise QkvError(f"{model.name} is {kind}: it has no next-token loss on a text corpus to splice the SAE into; "
+                       "give --model with the text model the SAE was trained on (or drop --file / --corpus)")
+    layer, site, _ = check_model(model, sae, layer, site)
+    return layer, site
+
+
 def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> tuple[float, int]:
     """(Σ over positions t < n−1 of −log softmax(logits[t])[ids[t+1]], how many), logits (B, n, V), ids (B, n)."""
     z = logits[:, :-1].astype(np.float64)                                 # (B, n−1, V)

@@ -32,6 +32,8 @@ from ..engine.errors import QkvError
 
 NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")     # SAELens's names, shapes below
 AUX_COEF = 1 / 32                                 # α, the paper's
+MAX_D_IN = 1 << 17                                # widths: the widest LLM streams are ~2^14
+MAX_LATENTS = 1 << 27                             # d_sae: OpenAI's largest SAE had 2^24; memory is checked too
 
 
 @dataclass
@@ -47,10 +49,10 @@ class SAEConfig:
     site: str | None = None                      # "resid" (entering block `layer`), "attn_out", "ffn_out"
 
     def check(self) -> "SAEConfig":
-        for name in ("d_in", "d_sae", "k"):
+        for name, most in (("d_in", MAX_D_IN), ("d_sae", MAX_LATENTS), ("k", MAX_LATENTS)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise QkvError(f"{name} must be a whole number ≥ 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= most:
+                raise QkvError(f"{name} must be a whole number from 1 to {most:,}, got {value!r}")
         if self.k > self.d_sae:
             raise QkvError(f"k ({self.k}) is more than the latents ({self.d_sae}); give k ≤ latents, e.g. 32")
         return self

@@ -12,6 +12,10 @@ without a `sae_lens_version` goes through its `handle_pre_6_0_config`, which tur
 into its TopKSAE. We read both: that layout (and its older names hook_point, activation_fn) and SAELens 6's
 (k at the top, model_name and hook_name under "metadata").
 
+Reading trusts neither file: cfg.json goes through engine.io_json (bounded, at most 64 levels deep) and each key
+it uses is typed and ranged (`Fields`: d_in 64.7 or hook_name 5 is one line naming the file and the key); the
+weights must have the shapes cfg.json's d_in and d_sae imply, be floats (safetensors: never a pickle) and finite.
+
 Hook names (TransformerLens's, which SAELens uses) ↔ qkv's sites:
     blocks.L.hook_resid_pre   "resid" at layer L (the residual stream entering block L; qkv's hook "L.residual")
     blocks.L.hook_resid_post  "resid" at layer L+1 (what leaves block L enters block L+1)
@@ -29,9 +33,11 @@ import numpy as np
 from ..checkpoints.tensors import TensorStore, write_safetensors
 from ..engine.errors import QkvError
 from ..engine.io import FileBatch
-from .sae import NAMES, SAE, SAEConfig
+from ..engine.io_json import Fields, read_json
+from .sae import MAX_D_IN, MAX_LATENTS, NAMES, SAE, SAEConfig
 
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
+FIX = f"give an SAE directory written by qkv or SAELens ({CFG_FILE} + {WEIGHTS_FILE})"
 SITES = {"resid": "hook_resid_pre", "attn_out": "hook_attn_out", "ffn_out": "hook_mlp_out"}
 _HOOK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|hook_attn_out|hook_mlp_out)$")
 
@@ -82,45 +88,49 @@ def save_saelens(sae: SAE, directory: str | Path, **cfg_fields) -> Path:
     return Path(directory)
 
 
-def read_cfg(directory: Path) -> dict:
-    """DIR/cfg.json as a dict, or a QkvError that says what to give."""
+def read_cfg(directory: Path) -> Fields:
+    """DIR/cfg.json as Fields (read by `io_json.read_json`: bounded, not too deep), or a QkvError that says
+    what to give."""
     path = directory / CFG_FILE
-    if not path.is_file():
-        raise QkvError(f"{directory} has no {CFG_FILE}; give an SAE directory (cfg.json + {WEIGHTS_FILE})")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise QkvError(f"{path} is not JSON ({e}); give an SAE directory written by qkv or SAELens") from None
-    if not isinstance(cfg, dict):
-        raise QkvError(f"{path} is not a JSON object; give an SAE directory written by qkv or SAELens")
-    return cfg
+    if not path.exists():
+        raise QkvError(f"{directory} has no {CFG_FILE}; {FIX}")
+    return Fields(read_json(path, fix=FIX), str(path), FIX)
 
 
-def config_from_saelens(cfg: dict, where: str = "cfg.json") -> tuple[SAEConfig, bool]:
-    """(qkv's SAEConfig, rescale_acts_by_decoder_norm) from a cfg.json of SAELens 5 or 6."""
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
-    fn = cfg.get("activation_fn_str", cfg.get("activation_fn"))
-    kwargs = cfg.get("activation_fn_kwargs") or {}
-    k = cfg.get("k", kwargs.get("k") if isinstance(kwargs, dict) else None)
-    if not (cfg.get("architecture") == "topk" or fn == "topk"):
-        raise QkvError(f"{where} describes a {cfg.get('architecture') or fn or 'ReLU'} SAE; qkv reads TopK SAEs "
+def config_from_saelens(cfg: Fields | dict, where: str = "cfg.json") -> tuple[SAEConfig, bool]:
+    """(qkv's SAEConfig, rescale_acts_by_decoder_norm) from a cfg.json of SAELens 5 or 6, every key read
+    typed and ranged (one line naming WHERE and the key when it is not)."""
+    if not isinstance(cfg, Fields):
+        cfg = Fields(cfg, where, FIX)
+    where = cfg.source
+    meta = cfg.object("metadata", {})
+    fn = cfg.text("activation_fn_str", None) or cfg.text("activation_fn", None)
+    arch = cfg.text("architecture", None)
+    if not (arch == "topk" or fn == "topk"):
+        raise QkvError(f"{where} describes a {arch or fn or 'ReLU'} SAE; qkv reads TopK SAEs "
                        "(architecture \"topk\", or activation_fn \"topk\" with activation_fn_kwargs {\"k\": …})")
-    norm = cfg.get("normalize_activations") or "none"
-    if norm not in ("none", "expected_average_only_in", False):
+    kwargs = cfg.object("activation_fn_kwargs", {})
+    d_in = cfg.integer("d_in", 1, MAX_D_IN)
+    d_sae = cfg.integer("d_sae", 1, MAX_LATENTS)
+    k = cfg.integer("k", 1, d_sae) if "k" in cfg else kwargs.integer("k", 1, d_sae)
+    norm = cfg.data.get("normalize_activations")
+    if norm in (None, False):
+        norm = "none"
+    elif not isinstance(norm, str):
+        cfg.text("normalize_activations")                                   # raises: it must be text
+    if norm not in ("none", "expected_average_only_in"):
         raise QkvError(f"{where} normalises its inputs ({norm!r}), which qkv does not; give an SAE with "
                        "normalize_activations \"none\"")
-    if cfg.get("reshape_activations", "none") not in ("none", None):
-        raise QkvError(f"{where} reshapes its inputs ({cfg['reshape_activations']!r}); qkv reads SAEs of one "
-                       "vector per token")
-    name = meta.get("hook_name", cfg.get("hook_name", cfg.get("hook_point")))
+    reshape = cfg.text("reshape_activations", "none")
+    if reshape != "none":
+        raise QkvError(f"{where} reshapes its inputs ({reshape!r}); qkv reads SAEs of one vector per token")
+    name = meta.text("hook_name", None) if "hook_name" in meta else (
+        cfg.text("hook_name", None) if "hook_name" in cfg else cfg.text("hook_point", None))
     layer, site = site_of(name)
-    try:
-        config = SAEConfig(d_in=int(cfg["d_in"]), d_sae=int(cfg["d_sae"]), k=int(k),
-                           apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
-                           model=meta.get("model_name", cfg.get("model_name")) or None, layer=layer, site=site)
-    except (KeyError, TypeError, ValueError):
-        raise QkvError(f"{where} lacks d_in, d_sae or k (a whole number); give a TopK SAE's cfg.json") from None
-    return config.check(), bool(cfg.get("rescale_acts_by_decoder_norm", False))
+    model = meta.text("model_name", None) if "model_name" in meta else cfg.text("model_name", None)
+    config = SAEConfig(d_in=d_in, d_sae=d_sae, k=k, apply_b_dec_to_input=cfg.boolean("apply_b_dec_to_input", True),
+                       model=model or None, layer=layer, site=site)
+    return config.check(), cfg.boolean("rescale_acts_by_decoder_norm", False)
 
 
 def load_saelens(directory: str | Path) -> SAE:
@@ -131,23 +141,39 @@ def load_saelens(directory: str | Path) -> SAE:
     /‖w_j‖ — the same SAE with unit-norm decoder rows."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise QkvError(f"{directory} is not a directory; give an SAE directory (cfg.json + {WEIGHTS_FILE})")
-    config, rescale = config_from_saelens(read_cfg(directory), str(directory / CFG_FILE))
+        raise QkvError(f"{directory} is not a directory; {FIX}")
+    config, rescale = config_from_saelens(read_cfg(directory))
     path = directory / WEIGHTS_FILE
     if not path.is_file():
-        raise QkvError(f"{directory} has no {WEIGHTS_FILE}; give an SAE directory (cfg.json + {WEIGHTS_FILE})")
+        pickled = [p.name for p in directory.glob("sae_weights.*") if p.suffix in (".pt", ".pth", ".bin", ".pkl")]
+        why = f" ({pickled[0]} is a pickle, which qkv never loads)" if pickled else ""
+        raise QkvError(f"{directory} has no {WEIGHTS_FILE}{why}; {FIX}")
     store = TensorStore(path)
     extra = sorted(set(store.names()) - set(NAMES) - {"scaling_factor"})
     if extra:
         raise QkvError(f"{path} holds {', '.join(extra[:3])} besides {', '.join(NAMES)}: not a TopK SAE qkv reads")
     shapes = config.shapes()
-    params = {name: np.array(store.get(name, shapes[name], np.float32)) for name in NAMES}   # owned copies
-    if "scaling_factor" in store.names():
-        scale = store.get("scaling_factor", (config.d_sae,), np.float32)
-        if not np.all(scale == 1):
-            raise QkvError(f"{path} has a finetuning scaling_factor other than 1, which qkv does not apply")
+    shapes["scaling_factor"] = (config.d_sae,)
+    for name, shape in shapes.items():
+        found = store.shape(name)
+        if found is None and name != "scaling_factor":
+            raise QkvError(f"{path} has no tensor {name}; {FIX}")
+        if found is not None and found != shape:
+            sizes = f"d_in {config.d_in}, d_sae {config.d_sae}"
+            raise QkvError(f"{path}: {name} has shape {found}, but {CFG_FILE} ({sizes}) implies {shape}; "
+                           f"the weights and {CFG_FILE} disagree: {FIX}")
+    try:
+        params = {name: np.array(store.get(name, shapes[name], np.float32)) for name in NAMES}   # owned copies
+        scale = store.get("scaling_factor", shapes["scaling_factor"]) if store.has("scaling_factor") else None
+    except QkvError as e:                                                 # not floats, not finite, truncated
+        raise QkvError(f"{path}: {e}") from None
+    if scale is not None and not np.all(scale == 1):
+        raise QkvError(f"{path} has a finetuning scaling_factor other than 1, which qkv does not apply")
     if rescale:
         norms = np.linalg.norm(params["W_dec"], axis=1)                   # (d_sae,)
+        if not (np.isfinite(norms).all() and (norms > 0).all()):
+            raise QkvError(f"{path}: a row of W_dec is 0 (or overflows), so rescale_acts_by_decoder_norm cannot be "
+                           f"folded; {FIX}")
         params["b_enc"] *= norms
         params["W_enc"] *= norms[None, :]
         params["W_dec"] /= norms[:, None]

@@ -19,79 +19,39 @@ smaller of 10 M and a tenth of the run's tokens). Batches depend only on (seed, 
 `batches(B, seed, start)` — and a checkpoint holds every array exactly (npz, no pickle), so a run killed at
 any moment and started again ends with the same arrays, bit for bit, as one never stopped: the
 mechanisms of qkv.train.loop (atomic fsynced checkpoints, the newest two kept, Ctrl-C finishing the step).
+
+A run's files are read as untrusted: qkv.json through engine.io_json, every key typed and ranged (`read_run`);
+a checkpoint's arrays checked for names, shapes, dtypes and finite values (a damaged one is passed over, named
+in `Run.skipped`); log.jsonl line by line (a damaged line dropped). Every knob has an upper bound (MAX_*), and
+before anything is allocated `check_memory` compares the run's peak (`Settings.memory`) with the memory free.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
 from ..engine.errors import QkvError
-from ..engine.io import FileBatch, real_directory, refuse_link, write_atomic, write_text
-from ..train.loop import KEEP, Interrupted, _deferred_interrupt, read_log
-from ..train.optim import AdamW, check_lr
-from .sae import AUX_COEF, SAE, SAEConfig, init_sae, loss_and_grads, normalize_decoder, project_decoder_grad, variance
+from ..engine.io import FileBatch, open_regular, real_directory, refuse_link, write_atomic, write_text
+from ..engine.io_json import Fields, parse_json
+from ..train.loop import KEEP, Interrupted, _deferred_interrupt
+from ..train.optim import AdamW
+from .sae import SAE, SAEConfig, init_sae, loss_and_grads, normalize_decoder, project_decoder_grad, variance
 from .saelens import write_saelens
+from .train_settings import ANOTHER_OUT, RUN_FILE, SAMPLE, SavedRun, Settings, read_run
 
-RUN_FILE, LOG_FILE, CHECKPOINTS = "qkv.json", "log.jsonl", "checkpoints"
+LOG_FILE, CHECKPOINTS = "log.jsonl", "checkpoints"
 FORMAT = 1
 BETAS, EPS = (0.9, 0.999), 6.25e-10
-DEAD_TOKENS = 10_000_000                     # the paper's window for a dead latent
-SAMPLE = 32768                               # activations read to set b_dec and the variance
 
 Batches = Callable[[int], Iterator[np.ndarray]]      # start step → the minibatches from that step on
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Every knob of a training run (`qkv sae train`'s options)."""
-
-    latents: int
-    k: int
-    steps: int
-    batch: int = 4096
-    lr: float = 4e-4
-    aux_k: int | None = None                 # None: d_in // 2
-    aux_coef: float = AUX_COEF
-    seed: int = 0
-    checkpoint_every: int = 500
-    dead_tokens: int | None = None           # None: min(10 M, steps·batch / 10)
-
-    def check(self) -> "Settings":
-        for name in ("latents", "k", "steps", "batch", "checkpoint_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise QkvError(f"--{name.replace('_', '-')} must be a whole number ≥ 1, got {v!r}")
-        if self.k > self.latents:
-            raise QkvError(f"--k {self.k} is more than --latents {self.latents}; give k ≤ latents, e.g. --k 32")
-        check_lr(self.lr, "--lr")
-        if not (isinstance(self.aux_coef, (int, float)) and 0 <= self.aux_coef < float("inf")):
-            raise QkvError(f"--aux-coef must be a number ≥ 0, got {self.aux_coef!r}; give e.g. 0.03125 (1/32)")
-        for name in ("aux_k", "dead_tokens"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise QkvError(f"--{name.replace('_', '-')} must be a whole number ≥ 1, got {v!r}")
-        if self.seed < 0:
-            raise QkvError(f"--seed must be ≥ 0, got {self.seed}")
-        return self
-
-    def window(self) -> int:
-        """Tokens without a firing after which a latent counts as dead."""
-        return self.dead_tokens or max(self.batch, min(DEAD_TOKENS, self.steps * self.batch // 10))
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Settings":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 class Trainer:
@@ -118,7 +78,7 @@ class Trainer:
         st = loss_and_grads(sae.params, sae.config, x, variance=self.variance, dead=dead,
                             k_aux=s.aux_k, aux_coef=s.aux_coef)
         if not np.isfinite(st.loss):
-            raise QkvError(f"the loss became {st.loss} at step {self.step_count}; lower --lr (now {s.lr:g})")
+            raise QkvError(self._why_not_finite(x, st))
         project_decoder_grad(sae.params["W_dec"], st.grads["W_dec"])
         self.opt.step(st.grads)
         normalize_decoder(sae.params["W_dec"])
@@ -129,6 +89,25 @@ class Trainer:
         return {"step": self.step_count, "loss": st.loss, "fvu": st.mse, "aux": st.aux, "l0": st.l0,
                 "dead": float(dead.mean())}
 
+    def _why_not_finite(self, x: np.ndarray, st) -> str:
+        """Which term of the loss went non-finite at this step, and the fix for that cause."""
+        s, at = self.settings, f"at step {self.step_count}"
+        if not np.isfinite(x).all():
+            bad = int((~np.isfinite(x)).sum())
+            return (f"the batch of activations {at} holds {bad:,} NaN or infinite values; the store is damaged: "
+                    "remake it (qkv activations with a new --out)")
+        if not all(np.isfinite(p).all() for p in self.sae.params.values()):
+            return f"the SAE's weights became NaN or infinite {at}; lower --lr (now {s.lr:g})"
+        if not np.isfinite(st.mse) and self.step_count == 0:               # no step taken: not the lr
+            big = float(np.abs(x).max())
+            return (f"the reconstruction error (FVU) is {st.mse} {at}, before any step: the activations (|x| up "
+                    f"to {big:.3g}, variance {self.variance:.3g}) are too large for float32 arithmetic; store a "
+                    "site whose values are smaller")
+        if not np.isfinite(st.mse):
+            return f"the reconstruction error (FVU) became {st.mse} {at}; lower --lr (now {s.lr:g})"
+        return (f"the AuxK term became {st.aux} {at} (the reconstruction error is {st.mse:.4g}); lower --aux-coef "
+                f"(now {s.aux_coef:g}; the paper's is 1/32)")
+
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything a resume needs, as arrays (copies)."""
         out = {f"param/{k}": v.copy() for k, v in self.sae.params.items()}
@@ -136,6 +115,26 @@ class Trainer:
         out["since_fired"] = self.since_fired.copy()
         out["counts"] = np.array([self.step_count, self.tokens], np.int64)
         return out
+
+    def check_arrays(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """What is wrong with a checkpoint's ARRAYS for this trainer (a missing name, another shape or dtype,
+        a value not finite or out of range), None if nothing."""
+        want = {f"param/{k}": (v.shape, v.dtype) for k, v in self.sae.params.items()}
+        want["since_fired"] = ((self.sae.config.d_sae,), np.dtype(np.int64))
+        want["counts"] = ((2,), np.dtype(np.int64))
+        for name, (shape, dtype) in want.items():
+            a = arrays.get(name)
+            if a is None:
+                return f"it has no {name}"
+            if a.shape != shape or a.dtype != dtype:
+                return f"its {name} is {a.dtype} {a.shape}, not {np.dtype(dtype)} {shape}"
+        for name, a in arrays.items():
+            if name.startswith(("param/", "optim/m.", "optim/v.")) and not np.isfinite(a).all():
+                return f"its {name} holds NaN or infinite values"
+        if (arrays["since_fired"] < 0).any() or not 0 <= arrays["counts"][0] <= self.settings.steps \
+                or arrays["counts"][1] < 0:
+            return "its step or token counts are out of range"
+        return None
 
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         for k, v in self.sae.params.items():
@@ -166,24 +165,32 @@ class Run:
             raise QkvError(f"--out {self.out}: {e.strerror}; give a real folder") from None
         if self.out.exists() and not self.out.is_dir():
             raise QkvError(f"--out {self.out} is a file; give a directory for the SAE")
-        saved = read_json(self.out / RUN_FILE) if self.out.is_dir() else None
+        saved = read_run(self.out) if self.out.is_dir() else None
         if saved is None and self.out.is_dir() and any(self.out.iterdir()):
             raise QkvError(f"--out {self.out} holds other files, not a qkv SAE run; give a new or empty directory")
         self.resumed_from: Path | None = None
+        self.skipped: list[str] = []                                      # damaged checkpoints passed over
         self.seconds = 0.0                                                 # of training, over every session
         cfg = SAEConfig(d_in=int(d_in), d_sae=settings.latents, k=settings.k, model=self.source.get("model"),
                         layer=self.source.get("layer"), site=self.source.get("site"))
         if saved is not None:
             self._agree(saved)
-            var = float(saved["variance"])
+            var = saved.variance
             sae = init_sae(cfg, np.zeros((1, d_in), np.float32), settings.seed, median=False)   # overwritten below
         else:
             x = np.asarray(sample(), dtype=np.float32)
             if x.ndim != 2 or x.shape[1] != d_in or len(x) < 2:
                 raise QkvError(f"the sample of activations is {x.shape}, not (N ≥ 2, {d_in})")
-            sae, var = init_sae(cfg, x, settings.seed), variance(x)
-            if not var > 0:
-                raise QkvError("the activations do not vary (variance 0): nothing to learn; check the store")
+            bad = int(x.size - np.isfinite(x).sum())
+            if bad:
+                raise QkvError(f"the activations hold NaN or infinite values ({bad:,} in a sample of {len(x):,} rows); "
+                               "the store is damaged: remake it (qkv activations with a new --out)")
+            var = variance(x)
+            if not 0 < var < float("inf"):
+                raise QkvError(f"the activations' variance is {var:g} (a sample of {len(x):,} rows): "
+                               + ("they do not vary, nothing to learn; check the store" if var == 0 else
+                                  "too large for float32; store a site whose values are smaller"))
+            sae = init_sae(cfg, x, settings.seed)
         self.trainer = Trainer(sae, settings, var)
         try:
             real_directory(self.out, (CHECKPOINTS,))
@@ -195,7 +202,7 @@ class Run:
         else:
             self._resume()
         self.start_step = self.trainer.step_count
-        self.log = read_log(self.out / LOG_FILE, upto=self.start_step)
+        self.log = read_entries(self.out / LOG_FILE, upto=self.start_step)
         write_text(self.out / LOG_FILE, "".join(json.dumps(e) + "\n" for e in self.log))   # drop steps not saved
 
     @property
@@ -209,19 +216,15 @@ class Run:
             meta["final"] = final
         return meta
 
-    def _agree(self, saved: dict) -> None:
-        if saved.get("qkv") != "sae" or "settings" not in saved or "variance" not in saved:
-            raise QkvError(f"{self.out / RUN_FILE} is not a qkv SAE run; give another --out")
-        old = Settings.from_json(saved["settings"])
+    def _agree(self, saved: "SavedRun") -> None:
         for f in fields(Settings):
-            if getattr(old, f.name) != getattr(self.settings, f.name):
+            if getattr(saved.settings, f.name) != getattr(self.settings, f.name):
                 raise QkvError(f"{self.out} holds an SAE trained with --{f.name.replace('_', '-')} "
-                               f"{getattr(old, f.name)}, not {getattr(self.settings, f.name)}; give the same "
-                               "settings to continue it, or another --out")
-        d = saved.get("source", {}).get("d")
-        if d != self.source["d"]:
-            raise QkvError(f"{self.out} holds an SAE of activations of width {d}, these are {self.source['d']} wide; "
-                           "give the activations it was trained on, or another --out")
+                               f"{getattr(saved.settings, f.name)}, not {getattr(self.settings, f.name)}; give the "
+                               "same settings to continue it, or another --out")
+        if saved.d != self.source["d"]:
+            raise QkvError(f"{self.out} holds an SAE of activations of width {saved.d}, these are {self.source['d']} "
+                           "wide; give the activations it was trained on, or another --out")
 
     # checkpoints ------------------------------------------------------------
 
@@ -248,15 +251,25 @@ class Run:
                 leftover.unlink(missing_ok=True)
         for path in reversed(self.checkpoints()):
             try:
-                with np.load(path, allow_pickle=False) as z:
-                    meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+                with open_regular(path) as f, np.load(f, allow_pickle=False) as z:      # a FIFO: refused
+                    meta = Fields(parse_json(bytes(z["meta"]), f"{path}'s meta", ANOTHER_OUT), f"{path}'s meta")
+                    saved = Settings.from_json(meta.object("settings"))
+                    seconds = meta.number("seconds", 0, 1e12, 0.0)
                     arrays = {k: z[k] for k in z.files if k != "meta"}
-            except (OSError, ValueError, KeyError, EOFError):
-                continue                                                 # unreadable: the one before
-            if Settings.from_json(meta["settings"]) != self.settings:
+            except (OSError, ValueError, KeyError, EOFError, QkvError):
+                continue                                                 # unreadable (a kill mid-write): the one before
+            if saved != self.settings:
                 raise QkvError(f"{path} was written with other settings than {self.out / RUN_FILE}; give another --out")
-            self.trainer.load(arrays)
-            self.seconds = float(meta.get("seconds", 0.0))
+            wrong = self.trainer.check_arrays(arrays)
+            if wrong is None:
+                try:
+                    self.trainer.load(arrays)
+                except QkvError as e:                                    # AdamW's state: another shape or dtype
+                    wrong = str(e)
+            if wrong is not None:
+                self.skipped.append(f"{path.name}: {wrong}")
+                continue
+            self.seconds = seconds
             self.resumed_from = path
             return
         # no checkpoint: start again from step 0, with the fresh SAE the settings and sample make
@@ -315,13 +328,26 @@ def open_run(out: str | Path, settings: Settings, **kwargs) -> Run:
         return Run(out, settings, **kwargs)
 
 
-def read_json(path: Path) -> dict | None:
-    """A JSON object from PATH, or None (missing, unreadable, not an object)."""
+def read_entries(path: Path, upto: int) -> list[dict]:
+    """The entries of a run's log.jsonl for steps 1..UPTO, each a JSON object whose step is a whole number and
+    whose numbers are finite; a torn, damaged or deep line is skipped (the log is rewritten from these)."""
+    entries: list[dict] = []
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        with open_regular(path) as f:                                   # a FIFO: refused, not waited on
+            for line in f:
+                try:
+                    e = parse_json(line, str(path), "")
+                except QkvError:
+                    continue
+                step = e.get("step")
+                numbers = [e.get(k) for k in ("loss", "fvu", "aux", "l0", "dead")]
+                if (isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= upto
+                        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                for v in numbers)):
+                    entries.append(e)
+    except OSError:
+        return entries
+    return entries
 
 
 def store_batches(acts, batch: int, seed: int, steps: int) -> Batches:
