@@ -64,7 +64,8 @@ def test_stats_equal_a_direct_computation_from_forward(model):
     """One text: the cross `end` and `max` and the encoder `prev` are what forward's attentions give."""
     one = analyse(model, TEXTS[:1])
     ids, _ = model.encode(TEXTS[0])
-    target = model.generate(ids[None], 20, temperature=0)                     # (1, n_tgt) greedy, from the start token
+    target = model.without_end(model.generate(ids[None], 20, temperature=0)[0])[None]   # (1, n_tgt) greedy, from the
+    # start token, less the final </s>: the last row writes it (model.run's decoder input, as `qkv show`'s)
     out = model.forward(ids[None], decoder_input_ids=target)
     cross = out.cross_attentions[:, 0].astype(np.float64)                     # (L_dec, H, n_tgt, n_src)
     np.testing.assert_allclose(one.kinds["cross"].stats["end"], cross[..., -1].mean(-1), atol=1e-6)

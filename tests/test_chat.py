@@ -19,6 +19,9 @@ from qkv.engine.tokenizer import Tokenizer, render_chat_template
 from qkv.engine.trace import Trace
 from conftest import FIXTURES, MODELS, run_main
 
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
 SMOLLM2 = json.loads((FIXTURES / "chat" / "smollm2.json").read_text())
 HF_DIRECTORY = json.loads((FIXTURES / "chat" / "hf_directory.json").read_text())
 FRANCE = "What is the capital of France?"
@@ -96,6 +99,8 @@ def test_chat_template_jinja_file_wins_over_the_config(tmp_path):
 @pytest.mark.parametrize("config, message", [
     ("{not json", "is not valid JSON"),
     ("[1, 2]", "is not a JSON object"),
+    ('{"chat_template": ' + "[" * 10000 + "]" * 10000 + "}", "is nested too deeply"),   # past Python's parser
+    ('{"eos_token": ' + "[" * 100 + "]" * 100 + "}", "is nested too deeply"),            # past qkv's bound
     ({"chat_template": 3}, "chat_template must be a string or a list"),
     ({"chat_template": [{"name": "tool_use", "template": "x"}]}, "no 'default'"),
     ({"chat_template": [{"name": "default"}]}, "chat_template must be a string or a list"),
@@ -373,7 +378,7 @@ def test_cli_interactive_loop_keeps_resets_and_ends_at_eof():
 def test_cli_interactive_a_failed_turn_does_not_end_the_chat():
     r = CliRunner().invoke(cli, ["chat", "-n", "16"], input="word " * 9000 + f"\n{FRANCE}\n/quit\n")
     assert r.exit_code == 0
-    assert "qkv: error: the prompt has" in r.output and f"> {PARIS}\n" in r.output
+    assert "qkv: error: the message has 9,000 tokens, more than" in r.output and f"> {PARIS}\n" in r.output
 
 
 def test_cli_interactive_ctrl_c_stops_only_the_reply(monkeypatch):
@@ -392,6 +397,73 @@ def test_cli_interactive_ctrl_c_stops_only_the_reply(monkeypatch):
     r = CliRunner().invoke(cli, ["chat", "-n", "24"], input=f"{FRANCE}\n{FRANCE}\n")
     assert r.exit_code == 0, r.output
     assert "> The [stopped]\n" in r.output and f"> {PARIS}\n" in r.output
+
+
+# The child of the terminal test: `qkv chat` whose reply, after its first piece, says so (MARKER) and waits for a
+# line typed on the terminal (the user typing while it streams), then goes on.
+TYPING_CHILD = """
+import select, sys
+from qkv.writing.generate import TextStream
+real = TextStream.__iter__
+def waiting(self):
+    for i, piece in enumerate(real(self)):
+        yield piece
+        if i == 0:
+            print("{marker}", end="", flush=True)
+            select.select([sys.stdin], [], [], {patience})
+TextStream.__iter__ = waiting
+sys.argv = ["qkv", "--quiet", "chat", "--model", {model!r}, "-n", "6"]
+from qkv.cli.app import main
+main()
+"""
+MARKER = "<<reply-streaming>>"
+
+
+def test_cli_interactive_text_typed_during_a_reply_is_not_echoed_and_is_discarded(tmp_path):
+    """On a terminal (a pty), keys typed while a reply streams do not land inside the reply (echo off), and the
+    line typed then is discarded (tcflush) rather than sent as the next question: one reply, then the prompt."""
+    import os
+    import select
+    import subprocess
+    import sys
+
+    from conftest import PATIENCE
+
+    model = hf_directory(tmp_path, {"chat_template": CHATML, "eos_token": "</s>"})
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MODELS / "gpt2" / name, model / name)
+    master, slave = os.openpty()
+    child = subprocess.Popen([sys.executable, "-c", TYPING_CHILD.format(marker=MARKER, patience=PATIENCE,
+                                                                          model=str(model))],
+                             stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "TERM": "dumb"})
+    os.close(slave)
+    seen = b""
+
+    def read_until(text: str, start: int = 0) -> None:
+        nonlocal seen
+        while text.encode() not in seen[start:]:
+            ready, _, _ = select.select([master], [], [], PATIENCE)              # a hang guard, not a speed limit
+            assert ready, seen
+            try:
+                seen += os.read(master, 4096)
+            except OSError:                                                   # the child ended: the pty closed
+                raise AssertionError(seen) from None
+
+    try:
+        read_until("> ")
+        os.write(master, b"hello there\n")
+        read_until(MARKER)
+        os.write(master, b"typed while busy\n")                                # the user types during the reply
+        read_until("\n> ", seen.index(MARKER.encode()))
+        os.write(master, b"/quit\n")
+        assert child.wait(PATIENCE) == 0
+    finally:
+        child.kill()
+        child.wait()
+        os.close(master)
+    out = seen.decode(errors="replace")
+    assert "typed while busy" not in out                                        # never echoed into the reply
+    assert out.count(MARKER) == 1                                               # nor sent as the next question
 
 
 @pytest.mark.parametrize("args, message", [

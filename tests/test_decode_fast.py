@@ -50,7 +50,10 @@ def test_the_fast_step_gives_the_plain_numbers_bit_for_bit(decoder, monkeypatch)
     real = qb.step_block
     monkeypatch.setattr(qb, "step_block", lambda *a: calls.append(1) or real(*a))
     fast = step_logits(decoder, ids, mask, 6)
-    assert len(calls) == 6 * decoder.config.n_layers                     # every step, every layer took it
+    # every step, every layer took it; phi3's step past original_max_position_embeddings (12) reads the whole
+    # sequence again with LongRoPE's long table (tests/test_cache.py): a pass of many rows, the plain blocks
+    fast_steps = 5 if decoder.config.family == "phi3" else 6
+    assert len(calls) == fast_steps * decoder.config.n_layers
     monkeypatch.setattr(qb, "step_block", plain_step_block)
     plain = step_logits(decoder, ids, mask, 6)
     for a, b in zip(fast, plain):

@@ -31,9 +31,9 @@ def same_as_a_pass(model, trace, ids: np.ndarray) -> None:
     assert (trace.model, trace.family, trace.causal, trace.spelling) == (ref.model, ref.family, ref.causal, ref.spelling)
 
 
-# phi3: LongRoPE turns a pass that reaches past original_max_position_embeddings by the long table, while the
-# cached keys keep the short one's turn, as in transformers (tests/test_generate.py leaves it out alike)
-@pytest.mark.parametrize("name", [n for n in DECODER_FIXTURES if n != "phi3"])
+# phi3: the prompt and reply pass original_max_position_embeddings (12), so the recording also follows the step
+# that reads the whole sequence again with LongRoPE's long table (tests/test_cache.py)
+@pytest.mark.parametrize("name", DECODER_FIXTURES)
 def test_the_recorded_trace_equals_one_pass_over_prompt_and_reply(name):
     model = load(name)
     prompt = reference(name)["single_input_ids"][0, :6]

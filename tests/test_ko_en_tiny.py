@@ -48,3 +48,19 @@ def test_I_looks_at_na_neun(model):
 
 def test_listed_by_qkv_models():
     assert any(name == "ko-en-tiny" and "bundled" in text for name, text in qkv.available())
+
+
+def test_a_trace_from_python_ends_once_as_the_cli_shows(model):
+    """run(text), generate(text, trace=True) and generate(ids, trace=True) give `qkv show`'s trace: the decoder
+    reads the start token and the translation, its last row writes the one </s> (transformers' generate
+    returns one eos: [<pad>, I, go, to, school, </s>]); none reads </s> and writes it a second time."""
+    from qkv.viz.seq2seq import written
+    from qkv.writing.seq2seq_generate import translation_trace
+
+    text = "나는 학교에 간다"
+    shown = translation_trace(model, text)                                     # what `qkv show` draws
+    ids = model.encode(text)[0][None]
+    assert model.generate(ids, 20, temperature=0)[0].tolist() == [0, 3, 28, 70, 55, 1]   # one eos, as transformers
+    for trace in (model.run(text), model.generate(text, trace=True), model.generate(ids, 20, trace=True)):
+        assert trace.tokens == shown.tokens == ["<pad>", "I", "go", "to", "school"]
+        assert written(trace, model.tokenizer)[1] == ["I", "go", "to", "school", "</s>"]

@@ -88,7 +88,7 @@ def test_bad_settings(T, k, p, msg):
 
 
 def test_settings_are_one_value_checked_when_made():
-    assert Sampling() == Sampling(temperature=1.0, top_k=None, top_p=None, seed=None, stop_at_eos=True)
+    assert Sampling() == Sampling(temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True)   # greedy
     base = Sampling(temperature=0.7, top_k=5)
     assert Sampling.of(base, seed=3) == Sampling(temperature=0.7, top_k=5, seed=3)     # the rest kept
     assert Sampling.of(base) is base and Sampling.of(None, top_p=0.9) == Sampling(top_p=0.9)
@@ -96,6 +96,6 @@ def test_settings_are_one_value_checked_when_made():
         Sampling(top_k=0)
     with pytest.raises(TypeError, match="temprature"):
         Sampling.of(temprature=0)
-    rng = Sampling(seed=7).rng()
-    assert Sampling(seed=7).pick(np.tile(LOGITS, (50, 1)), rng).tolist() == \
+    rng = Sampling(temperature=1.0, seed=7).rng()
+    assert Sampling(temperature=1.0, seed=7).pick(np.tile(LOGITS, (50, 1)), rng).tolist() == \
         sample(np.tile(LOGITS, (50, 1)), np.random.default_rng(7)).tolist()

@@ -519,11 +519,24 @@ class NotFinite(QkvError):
     """A pass's stream held inf or NaN (`check_finite`): callers with their own words for it (training) catch this."""
 
 
-def check_finite(x: np.ndarray, where: str) -> None:
-    """One NotFinite when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed."""
+def check_finite(x: np.ndarray, where: str, hooks: Hooks | None = None) -> None:
+    """One NotFinite when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed.
+    What it blames: the weights, or with HOOKS in the pass (engine.hooks; their values are finite, `_replacement`)
+    those values or the weights; an input the caller gave (a stream, embeddings) is checked before the pass."""
     if not np.isfinite(x).all():
+        if hooks is not None:
+            raise NotFinite(f"{where} is not finite (inf or NaN): the values of the hooks in the pass "
+                            f"({', '.join(hooks.keys)}) or the model's weights overflow float32 there; make the "
+                            "hooks' values smaller, or run without them to see which")
         raise NotFinite(f"{where} is not finite (inf or NaN): the model's weights or config overflow float32 there; "
                        "check the checkpoint (its values, its rope and eps settings)")
+
+
+def check_given(x: np.ndarray | None, what: str) -> None:
+    """An array the caller hands a pass instead of ids (a stream to continue, token embeddings) holding inf or
+    NaN is the caller's mistake: said here, before the pass would blame the weights (`check_finite`)."""
+    if x is not None and not np.isfinite(x).all():
+        raise QkvError(f"{what} holds inf or NaN; give finite numbers")
 
 
 def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
@@ -592,7 +605,7 @@ def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.
 def logits_of(hidden: np.ndarray, weights: Weights, cfg: ModelConfig, tape: Tape | None = None) -> np.ndarray | None:
     """logits = H·W_vocab (+ b), × logit_scale (Cohere, Granite): one score per vocabulary entry (guide: logits);
     T5 with a tied head scales Z by d_model^-0.5 first (scale_decoder_output); a masked-LM head (RoBERTa,
-    DistilBERT, ELECTRA's generator) reads Norm(act(Z·W_head + b_head)) instead of Z; Gemma 2 soft-caps the
+    DistilBERT, ELECTRA's generator) reads Norm(act(H·W_head + b_head)) instead of Z; Gemma 2 soft-caps the
     logits, logits = c·tanh(logits/c) (final_softcap). None without an LM head.
     tape: keeps the head's HeadTape as (None, "head") for its backward."""
     if weights.W_vocab is None:

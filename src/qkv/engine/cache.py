@@ -4,6 +4,12 @@ Without it, generating token t recomputes Q, K, V for all t tokens; with it, a s
 computes them for one token and reads the past K, V from here. Keys are stored after
 RoPE (their rotation depends only on their own position); GQA/MQA models store only
 their Hkv heads, which is their memory saving.
+
+A key's turn depends on its position and on the RoPE speeds ω of the pass that made it, and a
+table that changes with the sequence's length (LongRoPE: short factors up to its original length,
+long ones past it) turns the same position another way once the sequence grows. So the cache keeps
+the speeds its keys were turned with, and the ids it read: a pass with other speeds reads the whole
+sequence again (`reread`), as transformers' Phi-3 drops its cache when it crosses that length.
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ class KVCache:
         shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.d_head)
         self.k = np.zeros(shape, dtype=dtype)
         self.v = np.zeros(shape, dtype=dtype)
+        self.ids = np.zeros((batch, max_len), dtype=np.int64)   # (B, max_len) the tokens read, to read again
         self.max_len = max_len
         self.length = 0                                  # positions filled in every layer
+        self.speeds: dict[str, np.ndarray] = {}          # the RoPE speeds ω the cached keys were turned with
+        self.rereads = 0                                 # how many times a change of speeds emptied the cache
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store this step's k, v (B, Hkv, n, d_k) for `layer`; return all keys and values so far.
@@ -37,9 +46,29 @@ class KVCache:
         self.v[layer, :, :, start:start + n] = v
         return self.k[layer, :, :, :start + n], self.v[layer, :, :, :start + n]
 
-    def advance(self, n: int) -> None:
-        """Mark n more positions as filled (after every layer has appended them)."""
+    def advance(self, n: int, ids: np.ndarray | None = None, speeds: dict[str, np.ndarray] | None = None) -> None:
+        """Mark n more positions as filled (after every layer has appended them); ids (B, n): the tokens they
+        hold, speeds: the RoPE speeds of each kind of layer ({"global": ω (d_rot/2,), …}) their keys were
+        turned with (kept to see when a pass turns by others: `fits`)."""
+        if ids is not None:
+            self.ids[:, self.length:self.length + n] = ids
+        if speeds is not None:
+            self.speeds = speeds
         self.length += n
+
+    def fits(self, speeds: dict[str, np.ndarray]) -> bool:
+        """Whether keys turned with SPEEDS may join the cached ones: the cache is empty, or its keys were turned
+        with the same speeds (False once LongRoPE's table switches from short to long with the length)."""
+        return self.length == 0 or (self.speeds.keys() == speeds.keys() and
+                                    all(np.array_equal(self.speeds[k], w) for k, w in speeds.items()))
+
+    def reread(self, ids: np.ndarray) -> np.ndarray:
+        """Empty the cache and give back the whole sequence to read again: the past ids, then IDS (B, n) →
+        (B, length + n). What a change of RoPE speeds needs: every cached key turns by the new ones."""
+        everything = np.concatenate([self.ids[:, :self.length], ids], axis=1)   # (B, length + n)
+        self.length, self.speeds = 0, {}
+        self.rereads += 1
+        return everything
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype=np.float32) -> int:

@@ -166,20 +166,27 @@ def _is_int(text: str) -> bool:
 
 
 def _replacement(new, old: np.ndarray, layer: int, name: str) -> np.ndarray:
-    """A hook's answer checked: None keeps `old`; otherwise an array of old's shape and dtype."""
+    """A hook's answer checked: None keeps `old`; otherwise an array of old's shape and dtype, finite (scores
+    may be -inf: a key hidden), so that NaN a hook wrote is blamed on the hook, not on the model's weights."""
     if new is None or new is old:
         return old
     new = np.asarray(new)
     if new.dtype.kind not in "fiub":
         raise QkvError(f"the hook on {layer}.{name} returned {new.dtype} values; return numbers or None")
     if new.shape == old.shape:
-        return new.astype(old.dtype, copy=False)
-    try:
-        out = np.empty_like(old)
-        out[...] = new                                                 # broadcast, e.g. a scalar 0
-    except ValueError:
-        raise QkvError(f"the hook on {layer}.{name} returned shape {new.shape}, but the value there is "
-                       f"{old.shape}; return an array of that shape (or None to only read)") from None
+        out = new.astype(old.dtype, copy=False)
+    else:
+        try:
+            out = np.empty_like(old)
+            out[...] = new                                             # broadcast, e.g. a scalar 0
+        except ValueError:
+            raise QkvError(f"the hook on {layer}.{name} returned shape {new.shape}, but the value there is "
+                           f"{old.shape}; return an array of that shape (or None to only read)") from None
+    scores = name.split(".")[0] == "scores"
+    bad = (np.isnan(out).any() or np.isposinf(out).any()) if scores else not np.isfinite(out).all()
+    if bad:
+        raise QkvError(f"the hook on {layer}.{name} returned inf or NaN (or values beyond {old.dtype}); return "
+                       + ("finite scores (or -inf to hide a key)" if scores else "finite numbers"))
     return out
 
 

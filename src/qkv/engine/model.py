@@ -20,8 +20,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import (ABLATIONS, QUIET, Ablation, Context, attention_mask_of, block, check_finite, embed, logits_of, norm,
-                     unembed_in)
+from .blocks import (ABLATIONS, QUIET, Ablation, Context, attention_mask_of, block, check_finite, check_given, embed,
+                     logits_of, norm, unembed_in)
 from .blocks_backward import Tape
 from .cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
@@ -38,6 +38,20 @@ from .weights import Weights
 
 
 # ── the whole pass ───────────────────────────────────────────────────────────────
+
+def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
+    """RoPE's speeds ω of each kind of layer a pass over LENGTH positions turns: {"global": (d_rot/2,)}, and
+    "local" for Gemma 3's windowed layers with a base of their own; {} without RoPE. A table may depend on the
+    length (LongRoPE: short factors up to original_max_position_embeddings, long ones past it), so a KV cache
+    compares them with the speeds its keys were turned with (KVCache.fits)."""
+    if cfg.position != "rope":
+        return {}
+    d_rot = cfg.rotary_dim or cfg.d_head
+    speeds = {"global": rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, dtype, length=length)}
+    if cfg.local_rope_theta is not None:
+        speeds["local"] = rope_inv_freq(d_rot, cfg.local_rope_theta, cfg.local_rope_scaling, dtype, length=length)
+    return speeds
+
 
 @dataclass
 class Output:
@@ -63,7 +77,11 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     tape: where to keep, box by box, what the backward reads (qkv.engine.blocks_backward; training),
     for the plain pass only: not with a cache, ablation, hooks or a recorder of some heads.
     With a KV cache, ids are the n new tokens after the cache's past and attention_mask
-    (B, past + n) covers past and new.
+    (B, past + n) covers past and new. When this pass's RoPE speeds are not those the cached keys were turned
+    with (LongRoPE's table switches to the long factors once the sequence passes original_max_position_embeddings),
+    the cache is emptied and the pass reads the whole sequence again, past ids and new, with the new speeds
+    (KVCache.reread; transformers' Phi-3 drops its cache there alike): the hidden states, logits="all" and what
+    REC keeps then cover all past + n positions.
     logits="last" computes them for the last position only (all that generation needs).
     start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
     block START, instead of embedding ids (what activation patching reruns; ids may then be None).
@@ -78,6 +96,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
                        "ablation, hooks or a recorder of some heads")
     if stop is not None and cache is not None:
         raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; run it without a cache")
+    check_given(stream, "the residual stream given to the pass (from_layer's x)")
+    check_given(tokens, "the token embeddings given to the pass")
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
@@ -86,12 +106,18 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         np.arange(n), attention_mask.shape[:1] + (n,))
     if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
         positions = positions_from_ids(ids, cfg.pad_token_id)
+    speeds = rope_speeds(cfg, dtype, int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
+    if cache is not None and not cache.fits(speeds):         # the past's keys were turned by another table:
+        if ids is None or tokens is not None:                # read all of it again with this one
+            raise QkvError("the KV cache's keys were turned by other RoPE speeds and a pass from embeddings cannot "
+                           "read its past again; run it without a cache")
+        ids = cache.reread(ids)                              # (B, past + n)
+        n = ids.shape[1]
+        positions = positions_from_mask(attention_mask)[:, -n:]                 # (B, past + n)
     x = embed(weights, cfg, ids, positions, token_type_ids, tape, tokens) if stream is None else stream   # (B, n, d_model)
     rope = None
-    if cfg.position == "rope":
-        inv_freq = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.rope_theta, cfg.rope_scaling, dtype,
-                                 length=int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
-        rope = rope_cos_sin(positions, inv_freq, rope_attention_factor(cfg.rope_scaling),
+    if "global" in speeds:
+        rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
                             interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
     if ablate is not None and ablate.how == "mean" and cache is not None:
         raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
@@ -101,10 +127,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
         ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
         ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
-        if rope is not None and cfg.local_rope_theta is not None:
-            local = rope_inv_freq(cfg.rotary_dim or cfg.d_head, cfg.local_rope_theta, cfg.local_rope_scaling, dtype,
-                                  length=int(positions.max()) + 1)
-            ctx.ropes["local"] = rope_cos_sin(positions, local, rope_attention_factor(cfg.local_rope_scaling),
+        if "local" in speeds:
+            ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
                                              interleaved=cfg.rope_interleaved)
     if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
@@ -120,11 +144,11 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     for layer in range(start, cfg.n_layers if stop is None else stop):
         x = block(x, weights.blocks[layer], ctx, layer)
         if checked:
-            check_finite(x, f"layer {layer}'s output")
+            check_finite(x, f"layer {layer}'s output", hooks)
     if stop is not None and stop < cfg.n_layers:
         return x, None                                       # (B, n, d_model) entering block STOP
     if cache is not None:
-        cache.advance(n)
+        cache.advance(n, ids, speeds)
     if weights.final_norm is not None:
         if tape is not None:
             tape.put(None, "final_norm", x)
@@ -132,11 +156,28 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
     out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
     if checked and out is not None:
-        check_finite(out, "the logits")
+        check_finite(out, "the logits", hooks)
     return x, out
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
+
+def encode_batch(model, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Texts → ids (B, n) and attention mask (B, n) (1 = token, 0 = pad): each text encoded as `Model.encode`
+    encodes it alone, padded on its tokenizer's padding side with its pad token, else the config's
+    pad_token_id (forward(ids, mask) then gives each row what the text alone gives, at its real positions)."""
+    from .tokenizer import check_texts
+
+    rows = [model.encode(t)[0] for t in check_texts(texts)]                   # each (n_b,)
+    pad, fallback = model.tokenizer.pad_token_id, model.config.pad_token_id
+    if pad is None and fallback is not None and 0 <= fallback < model.config.vocab_size:
+        pad = fallback
+    if pad is None:
+        raise QkvError(f"{model.name} has no pad token (no pad_token in tokenizer_config.json, no pad_token_id in "
+                       "config.json), so a list of texts cannot be padded into a batch; set pad_token in "
+                       "tokenizer_config.json (e.g. to the eos token), or encode one text at a time")
+    return model.tokenizer.pad(rows, pad)
+
 
 class Model:
     """A loaded checkpoint: config, weights under the guide's names, and its tokenizer."""
@@ -208,8 +249,11 @@ class Model:
         if n > limit:
             raise QkvError(f"the input has {n} tokens but {self.name} handles at most {limit}; shorten the text")
 
-    def encode(self, text: str) -> tuple[np.ndarray, list[str]]:
-        """Text → (ids (n,), tokens) with this model's tokenizer, special tokens included."""
+    def encode(self, text: str | Sequence[str]) -> tuple[np.ndarray, list[str]] | tuple[np.ndarray, np.ndarray]:
+        """Text → (ids (n,), tokens) with this model's tokenizer, special tokens included; a list of texts →
+        (ids (B, n), attention mask (B, n)), padded as transformers' tokenizer(texts, padding=True) (`encode_batch`)."""
+        if isinstance(text, (list, tuple)):
+            return encode_batch(self, text)
         if not isinstance(text, str) or not text.strip():
             raise QkvError("the text is empty; give some words to look at")
         if self.tokenizer is None:
@@ -306,13 +350,15 @@ class Model:
 
     def step(self, ids: np.ndarray, attention_mask: np.ndarray, *, rec: Recorder | None = None,
              cache: KVCache | None = None, ablate: Ablation | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """`last_logits`, with the final hidden states of ids too: (hidden (B, n, d_model), logits (B, 1, V))."""
+        """`last_logits`, with the final hidden states of ids too: (hidden (B, n, d_model), logits (B, 1, V));
+        hidden (B, past + n, d_model) when the pass read the cache's past again (its RoPE table changed with the
+        length: `transformer`)."""
         return transformer(self.weights, self.config, ids, attention_mask, rec=rec, cache=cache, logits="last",
                            ablate=self.ablated if ablate is None else ablate, hooks=self.hooks)
 
     # writing -----------------------------------------------------------------
     # settings: the fields of qkv.writing.sampling.Sampling by name (temperature, top_k, top_p, seed,
-    # stop_at_eos), over `sampling` (a Sampling; default Sampling(), chat: greedy).
+    # stop_at_eos), over `sampling` (a Sampling; default Sampling(): greedy, as transformers and chat).
 
     def generate(self, prompt, max_new_tokens: int = 20, sampling: Sampling | None = None, *, stop=None,
                  attention_mask=None, use_cache: bool = True, trace: bool = False,
@@ -320,7 +366,7 @@ class Model:
         """Continue a prompt (guide: temperature: sample from softmax(logits[last] / temperature)).
 
         prompt text → the continuation (str); prompt ids (B, n) → ids (B, n + new), as
-        transformers' generate. temperature 0 or top_k 1 is greedy; seed makes sampling
+        transformers' generate. Greedy unless a temperature is given (temperature=0.8 samples); seed makes sampling
         repeatable; stop: token id(s) or string(s); the model's EOS stops too unless
         stop_at_eos=False. trace=True returns a Trace of prompt + continuation instead.
         hooks: as in `run`, called at every step (the prompt's pass, then one per new token).

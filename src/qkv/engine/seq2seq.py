@@ -28,7 +28,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .attention import AttentionMask
-from .blocks import ABLATIONS, QUIET, Ablation, Context, block, check_finite, cross_memory, embed, logits_of, norm
+from .blocks import (ABLATIONS, QUIET, Ablation, Context, block, check_finite, check_given, cross_memory, embed,
+                     logits_of, norm)
 from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
@@ -74,6 +75,7 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     instead of looking them up (input attribution).
     """
     w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
+    check_given(tokens, "the source's token embeddings given to the pass")
     pos = np.arange(n)                                             # (n_src,)
     tape = stacks.tape.get("encoder")
     x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens)          # (B, n_src, d_model)
@@ -84,7 +86,7 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     for layer, b in enumerate(w.blocks):
         x = block(x, b, ctx, layer)
         if checked:
-            check_finite(x, f"encoder layer {layer}'s output")
+            check_finite(x, f"encoder layer {layer}'s output", ctx.hooks)
     if tape is not None and w.final_norm is not None:
         tape.put(None, "final_norm", x)
     return x if w.final_norm is None else norm(x, w.final_norm, cfg)
@@ -118,6 +120,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     target's token embeddings E[ids]·s to use (B, n, d) instead of looking them up (input attribution).
     """
     w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
+    check_given(stream, "the residual stream given to the decoder's pass (from_layer's x)")
+    check_given(tokens, "the target's token embeddings given to the pass")
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
     tape = stacks.tape.get("decoder")
@@ -135,7 +139,7 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     for layer in range(start, len(w.blocks)):
         x = block(x, w.blocks[layer], ctx, layer)
         if checked:
-            check_finite(x, f"decoder layer {layer}'s output")
+            check_finite(x, f"decoder layer {layer}'s output", ctx.hooks or cross.hooks)
     if cache is not None:
         cache.advance(n)
     if w.final_norm is not None:
@@ -352,7 +356,8 @@ class Seq2SeqModel:
 
         target: the target text (read after decoder_start_token_id, as in training), the decoder's
         ids (starting with it), or None: the model's own greedy translation (at most max_new_tokens,
-        default 64 or what the positions allow). Returns the decoder's
+        default 64 or what the positions allow), less its final end token: the last row writes it, as in
+        `qkv show` and generate(trace=True). Returns the decoder's
         Trace (tokens = the decoder's input, attentions (L_dec, H, n_tgt, n_tgt), logits) with
         `.encoder`, the source's Trace (attentions (L_enc, H, n_src, n_src)), and `.cross`, target
         × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens`). keep: names from
@@ -369,12 +374,20 @@ class Seq2SeqModel:
         if target is None:
             new = max_new_tokens or min(64, self.config.max_positions - 1)
             writer = self if hooks is None and ablate is None else self.with_hooks(hooks or {}).ablate(ablate or (), how)
-            dec = writer.generate(ids, new, temperature=0, use_cache=how != "mean")[0]   # (1 + new,)
+            dec = self.without_end(writer.generate(ids, new, temperature=0, use_cache=how != "mean")[0])  # (≤ 1 + new,)
         else:
             dec = self._target(target)
         self.check_length(len(dec))
         return self._trace(ids, src_tokens, text if isinstance(text, str) else None, dec,
                            target if isinstance(target, str) else None, self.stacks(hooks, ablate, how, keep=keep))
+
+    def without_end(self, dec: np.ndarray) -> np.ndarray:
+        """A written target's decoder ids (n_tgt,) less their final end token: the decoder reads what came
+        before it and its last row writes it (as `qkv show`), rather than a row that reads the end token
+        and writes it again."""
+        eos = self.config.eos_token_id
+        ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        return dec[:-1] if len(dec) > 1 and int(dec[-1]) in ends else dec
 
     def _target(self, target: str | Sequence[int]) -> np.ndarray:
         """A given target → the decoder's checked ids (n_tgt,): a text after decoder_start_token_id (as in
@@ -493,10 +506,8 @@ class DecoderView:
         target = self.target
         if target is None:
             ids, _ = self.model._one(source)
-            target = list(self.model.generate(ids, min(64, self.config.max_positions - 1), temperature=0)[0])
-            eos = self.config.eos_token_id
-            if len(target) > 1 and target[-1] in (eos if isinstance(eos, list) else [eos]):
-                target = target[:-1]
+            target = self.model.without_end(self.model.generate(ids, min(64, self.config.max_positions - 1),
+                                                                temperature=0)[0])
         return self.model.run(source, target, keep=keep, **more)
 
     def from_layer(self, x: np.ndarray, start: int, hooks: Mapping[str, HookFn] | None, trace: Trace

@@ -27,10 +27,12 @@ import re
 import unicodedata
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from .errors import QkvError
+from .io_json import read_json
 
 # The special tokens a template may read by name (transformers passes its special_tokens_map).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -44,19 +46,25 @@ class Tokenizer:
     """
 
     def __init__(self, path: str | Path, chat_template: str | None = None,
-                 special_tokens: dict[str, str] | None = None):
+                 special_tokens: dict[str, str] | None = None, padding_side: str | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises plain Exceptions for bad JSON
             raise QkvError(f"cannot read tokenizer {path}: {e}; replace it with a valid tokenizer.json") from None
+        # A batch pads as transformers' tokenizer(texts, padding=True) does: tokenizer_config.json's pad_token and
+        # padding_side, else tokenizer.json's own padding section, else on the right.
+        padding = self._tok.padding or {}
+        self.special_tokens = dict(special_tokens or {})
+        if "pad_token" not in self.special_tokens and padding.get("pad_token"):
+            self.special_tokens["pad_token"] = padding["pad_token"]
+        self.padding_side = padding_side or padding.get("direction") or "right"
         # Checkpoints often ship fixed padding/truncation (MiniLM pads to 128): qkv sees
         # exactly the tokens of the text, and says so when a text is too long.
         self._tok.no_padding()
         self._tok.no_truncation()
         self.chat_template = chat_template
-        self.special_tokens = dict(special_tokens or {})
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> "Tokenizer":
@@ -64,7 +72,8 @@ class Tokenizer:
         its tokenizer_config.json (and chat_template.jinja, which newer transformers write) if present."""
         directory = Path(directory)
         template, specials = read_tokenizer_config(directory)
-        return cls(directory / "tokenizer.json", chat_template=template, special_tokens=specials)
+        return cls(directory / "tokenizer.json", chat_template=template, special_tokens=specials,
+                   padding_side=read_padding_side(directory))
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what `Model.save` writes)."""
@@ -77,13 +86,40 @@ class Tokenizer:
         tok = getattr(self._tok.model, "unk_token", None)
         return None if not tok else self._tok.token_to_id(tok)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> tuple[np.ndarray, list[str]]:
-        """ids (n,) and tokens as the tokenizer spells them, special tokens included.
+    def encode(self, text: str | Sequence[str], add_special_tokens: bool = True
+               ) -> tuple[np.ndarray, list[str]] | tuple[np.ndarray, np.ndarray]:
+        """ids (n,) and tokens as the tokenizer spells them, special tokens included; a list of texts →
+        (ids (B, n), attention mask (B, n)), padded as transformers' tokenizer(texts, padding=True) (`pad`).
 
         add_special_tokens=False leaves out what the tokenizer adds around a text ([CLS], BOS).
         """
+        if not isinstance(text, str):
+            return self.pad([self.encode(t, add_special_tokens)[0] for t in check_texts(text)])
         enc = self._encode(check_text(text), add_special_tokens)
         return np.asarray(enc.ids, dtype=np.int64), list(enc.tokens)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The id of the pad token (tokenizer_config.json's pad_token, else tokenizer.json's padding); None
+        without one, or when the vocabulary lacks it."""
+        pad = self.special_tokens.get("pad_token")
+        return None if pad is None else self.token_to_id(pad)
+
+    def pad(self, rows: Sequence[np.ndarray], pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ids (n_b,) → ids (B, n) and attention mask (B, n) (1 = token, 0 = pad), n the longest row,
+        padded with PAD_ID (default: the pad token's) on `padding_side` ("right", or "left" as decoders'
+        tokenizer_config.json often say, so that every row's last token is its last column)."""
+        pad_id = self.pad_token_id if pad_id is None else pad_id
+        if pad_id is None:
+            raise QkvError("this tokenizer has no pad token, so a list of texts cannot be padded into a batch; set "
+                           "pad_token in tokenizer_config.json (e.g. to the eos token), or encode one text at a time")
+        n = max(len(r) for r in rows)
+        ids = np.full((len(rows), n), pad_id, dtype=np.int64)                # (B, n)
+        mask = np.zeros((len(rows), n), dtype=np.int64)                       # (B, n)
+        for b, row in enumerate(rows):
+            at = slice(n - len(row), n) if self.padding_side == "left" else slice(0, len(row))
+            ids[b, at], mask[b, at] = row, 1
+        return ids, mask
 
     def _encode(self, text: str, add_special_tokens: bool = True):
         """The library's encoding of TEXT; its panics (a pre-tokenizer regex that backtracks without end,
@@ -374,19 +410,23 @@ def _template_text(value, path: Path) -> str | None:
                    "fix or remove it")
 
 
+def read_padding_side(directory: Path) -> str | None:
+    """tokenizer_config.json's padding_side ("left" or "right"); None when it says none."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    side = read_json(path, fix="restore the checkpoint's tokenizer_config.json or remove it").get("padding_side")
+    if side not in (None, "left", "right"):
+        raise QkvError(f"{path}: padding_side is {side!r:.40}, not \"left\" or \"right\"; fix or remove it")
+    return side
+
+
 def read_tokenizer_config(directory: Path) -> tuple[str | None, dict[str, str]]:
     """(chat template, special tokens by name) of a checkpoint directory; (None, {}) without a config."""
     path = directory / "tokenizer_config.json"
     config = {}
-    if path.is_file():
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise QkvError(f"{path} is not valid JSON ({e}); restore the checkpoint's tokenizer_config.json "
-                           "or remove it") from None
-        if not isinstance(config, dict):
-            raise QkvError(f"{path} is not a JSON object; restore the checkpoint's tokenizer_config.json "
-                           "or remove it")
+    if path.is_file():                           # bounded and checked (size, UTF-8, an object, depth): io_json
+        config = read_json(path, fix="restore the checkpoint's tokenizer_config.json or remove it")
     specials = {key: _token_text(config.get(key), key, path) for key in SPECIAL_TOKENS}
     template = _template_text(config.get("chat_template"), path)
     jinja = directory / "chat_template.jinja"
@@ -399,6 +439,14 @@ def read_tokenizer_config(directory: Path) -> tuple[str | None, dict[str, str]]:
 
 
 # ── chat templates ──────────────────────────────────────────────────────────────
+
+def check_texts(texts) -> list[str]:
+    """A batch of texts: a non-empty list (or tuple) of strings, each checked by `check_text`."""
+    if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
+        raise QkvError(f"give a text (str) or a non-empty list of texts, not {type(texts).__name__} "
+                       f"{str(texts)[:40]!r}")
+    return [check_text(t, f"text {i}") for i, t in enumerate(texts)]
+
 
 def check_text(text: str, what: str = "the text") -> str:
     """Text that is not valid UTF-8 (a command line's bytes such as 0xff arrive as lone surrogates)

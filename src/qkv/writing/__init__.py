@@ -1,1 +1,8 @@
 """Writing with a model: the decoding loops, sampling, chat and the next-token distribution."""
+
+from ..engine.lazy import submodule
+
+
+def __getattr__(name: str):
+    """A submodule as an attribute (`qkv.writing.sampling` after `import qkv`), imported on first use."""
+    return submodule(__name__, name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from ..engine.errors import QkvError
+from ..engine.tokenizer import TEMPLATE_CHARS, check_messages
 from .generate import TextStream, check_can_generate
 from .sampling import Sampling
 
@@ -58,6 +59,33 @@ def as_messages(messages_or_text, system: str | None = None) -> list[dict[str, s
     return messages
 
 
+def check_fits(model: Writer, messages) -> list[dict[str, str]]:
+    """The checked messages, or one error when they cannot fit the model's context, said in tokens
+    ("the user message has 166,667 tokens, more than SmolLM2's context of 8,192") before the chat template
+    renders them: a long message is the user's to shorten, not a template's fault (its render is bounded at
+    TEMPLATE_CHARS characters, engine.tokenizer)."""
+    messages = check_messages(messages)
+    limit, total = model.config.max_positions, 0
+    roles = [m["role"] for m in messages]
+    for i, m in enumerate(messages):
+        which = ("the message" if len(messages) == 1 else f"the {m['role']} message" if roles.count(m["role"]) == 1
+                 else f"message {i} ({m['role']})")
+        text = m["content"][:TEMPLATE_CHARS]                     # past it only its characters are counted
+        n = len(model.tokenizer.encode(text, add_special_tokens=False)[0])
+        if len(m["content"]) > TEMPLATE_CHARS:
+            size = f"{which} has {len(m['content']):,} characters"
+            raise QkvError(f"{size} (its first {TEMPLATE_CHARS:,} alone are {n:,} tokens), more than {model.name}'s "
+                           f"context of {limit:,}; shorten it" if n > limit else
+                           f"{size}, more than the {TEMPLATE_CHARS:,} a chat prompt may hold; shorten it")
+        if n > limit:
+            raise QkvError(f"{which} has {n:,} tokens, more than {model.name}'s context of {limit:,}; shorten it")
+        total += n
+    if total > limit:
+        raise QkvError(f"the messages have {total:,} tokens together, more than {model.name}'s context of "
+                       f"{limit:,}; shorten or drop some")
+    return messages
+
+
 def end_of_turn(model: Writer) -> list[int]:
     """The token ids that end a reply: the tokenizer's eos_token (the chat template's end of a
     turn); the model's own EOS stops generation as well (generate.stop_ids)."""
@@ -80,7 +108,8 @@ def chat_stream(model: Writer, messages_or_text, max_new_tokens: int = MAX_NEW_T
     record: keep what the passes compute, for a quick `trace()` (TextStream)."""
     check_can_chat(model)
     sampling = chat_sampling(sampling, **settings)
-    ids = model.tokenizer.apply_chat_template(as_messages(messages_or_text, system), add_generation_prompt=True)
+    messages = check_fits(model, as_messages(messages_or_text, system))
+    ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return TextStream(model, ids, max_new_tokens, sampling, stop=end_of_turn(model), use_cache=use_cache,
                       record=record)
 
@@ -120,7 +149,7 @@ class Conversation:
         the conversation when the generator ends, even stopped early, if the reply said anything.
 
         Raises QkvError now, before any piece, if the message cannot be answered."""
-        messages, dropped = self._fitted(as_messages(text))
+        messages, dropped = self._fitted(check_fits(self.model, as_messages(text)))
         stream = chat_stream(self.model, messages, self.max_new_tokens, self.sampling, use_cache=self.use_cache,
                              record=self.record)
         self.dropped, self.last = self.dropped + dropped, stream

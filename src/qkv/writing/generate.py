@@ -11,6 +11,8 @@ token attended to, the logits it was chosen from) needs no second pass over the 
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator
 
@@ -43,8 +45,8 @@ def check_can_generate(model: Writer, prompt_length: int, max_new_tokens: int) -
     cfg = model.config
     if not cfg.causal or model.weights.W_vocab is None:
         raise QkvError(f"{model.name} is an encoder ({cfg.family}): it reads the whole text at once and cannot "
-                       "generate; use a decoder, e.g. --model path/to/gpt2 (any GPT-2, Llama, Mistral or Qwen2 "
-                       "directory; the repository has a tiny one in tests/fixtures/models/gpt2)")
+                       "generate; use a decoder: --model smollm2 (shipped with qkv), a .gguf file, or a GPT-2, "
+                       "Llama, Mistral or Qwen2 directory")
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise QkvError(f"max_new_tokens must be a whole number ≥ 1, got {max_new_tokens}")
     if prompt_length + max_new_tokens > cfg.max_positions:
@@ -53,10 +55,36 @@ def check_can_generate(model: Writer, prompt_length: int, max_new_tokens: int) -
 
 
 def stop_ids(model: Writer, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
-    """The ids that end a row: the model's EOS (unless stop_at_eos is False) and stop_tokens."""
+    """The ids that end a row: the model's EOS (unless stop_at_eos is False) and stop_tokens. An eos, bos or
+    pad id the vocabulary lacks (GPT-2's default 50256 in a tiny checkpoint) is said once on stderr: a row then
+    never ends on it, as in transformers."""
     eos = model.config.eos_token_id if stop_at_eos else None
     eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    absent = model.config.absent_special_ids()
+    if absent:
+        never = bool(eos) and all(not 0 <= e < model.config.vocab_size for e in eos)   # no eos can end a row
+        _say_absent(model.name, model.config.vocab_size, tuple(sorted(absent.items())), never)
     return np.array(sorted(set(eos) | set(stop_tokens)), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _say_absent(name: str, vocab_size: int, absent: tuple[tuple[str, int], ...], never: bool) -> None:
+    """One line on stderr, once per model: its config's special ids ABSENT from its vocabulary; NEVER: no eos
+    of the config can end a row."""
+    ids = ", ".join(f"{key} {i}" for key, i in absent)
+    end = " (writing stops only at the length asked or a stop token)" if never else ""
+    print(f"qkv: note: {name}'s config names {ids}, outside its {vocab_size}-token vocabulary: ignored{end}",
+          file=sys.stderr)
+
+
+def fill_id(cfg, stops: np.ndarray) -> int:
+    """The id a finished row is filled with while the others write: pad_token_id, else the first stop id, else
+    0, whichever first is a token of the vocabulary (a filled row is fed to the model: its id must be a row
+    of the embedding table)."""
+    for i in (cfg.pad_token_id, *stops.tolist()):
+        if i is not None and 0 <= i < cfg.vocab_size:
+            return int(i)
+    return 0
 
 
 def step_threads() -> StepThreads:
@@ -98,7 +126,12 @@ class Recording:
         return Recorder(keep=("attentions",), beside=True)
 
     def add(self, ids: np.ndarray, rec: Recorder, hidden: np.ndarray, logits: np.ndarray) -> None:
-        """One pass over ids (n,): what REC kept, hidden (1, n, d_model), logits (1, 1, V)."""
+        """One pass over ids (n,): what REC kept, hidden (1, n, d_model), logits (1, 1, V). A pass that read the
+        cache's past again, hidden (1, past + n, d_model) (its RoPE table changed with the length: LongRoPE past
+        its original length), replaces what the passes before it kept: their rows were turned by the old table."""
+        if hidden.shape[1] > len(ids):                   # every token so far, read again in this pass
+            ids = self.ids + [int(i) for i in ids]
+            self.ids, self.attentions, self.hidden, self.ends = [], [], [], []
         self.ids += [int(i) for i in ids]
         self.attentions.append(np.stack([rec.store[i]["attentions"][0] for i in sorted(rec.store)]))
         self.hidden.append(hidden[0])
@@ -154,7 +187,7 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     cfg = model.config
     rng = sampling.rng()
     stops = stop_ids(model, sampling.stop_at_eos, stop_tokens or [])
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (stops[0] if len(stops) else 0)
+    pad = fill_id(cfg, stops)
     cache = KVCache(cfg, B, n + max_new_tokens, dtype=model.dtype) if use_cache else None
     if record is not None:
         if B != 1 or cache is None:

@@ -36,10 +36,11 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 class Sampling:
     """How the next token is chosen, and whether the model's EOS ends the text. Checked when made.
 
-    temperature 0 (or top_k 1) is greedy; seed makes sampling repeatable (None: fresh each run).
+    temperature 0 (or top_k 1) is greedy, the default (as transformers' generate without do_sample, and as chat
+    and translate): give a temperature to sample; seed makes sampling repeatable (None: fresh each run).
     """
 
-    temperature: float = 1.0
+    temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None

@@ -113,7 +113,7 @@ def generate(model: SourceWriter, source, max_new_tokens: int, sampling: Samplin
         return out                                              # (B, 1 + new)
     if len(out) != 1:
         raise QkvError("trace=True follows one sequence; give a batch of one")
-    return model.run(ids[0], target=out[0], keep=("attentions",))
+    return model.run(ids[0], target=model.without_end(out[0]), keep=("attentions",))
 
 
 def translation_trace(model: SourceWriter, text: str, target: np.ndarray | None = None):
