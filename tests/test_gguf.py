@@ -24,7 +24,7 @@ import pytest
 from gguf import GGUFValueType as V
 
 import qkv
-from conftest import FIXTURES, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
+from conftest import FIXTURES, PATIENCE, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
 from qkv.checkpoints import gguf
 from qkv.engine.errors import QkvError
 
@@ -122,7 +122,8 @@ def test_in_order_equals_map():
 # ── the cache ────────────────────────────────────────────────────────────────────
 
 def entries(cache: Path) -> list[str]:
-    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+    """The conversions in CACHE (not the compiled kernels beside them: engine.kernel_cache)."""
+    return sorted(p.name for p in cache.iterdir() if p.name != "kernels") if cache.exists() else []
 
 
 def test_second_load_does_not_convert(monkeypatch, private_cache):
@@ -149,6 +150,32 @@ def test_changed_file_is_converted_again(tmp_path, private_cache):
     after = qkv.load(path).weights.tok_embed
     (second,) = entries(private_cache)                                   # the stale conversion is gone
     assert first != second and not np.array_equal(before, after)
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("qkv_source.json", "{"),                                            # cut short
+    ("qkv_source.json", '{"gguf": ' + "[" * 10000 + "]" * 10000 + "}"),   # nested past Python's parser
+    ("qkv_source.json", '{"gguf": 3}'),
+    ("qkv_source.json", "\xff"),
+    ("config.json", '{"vocab_size": "many"}'),
+    ("config.json", ""),
+])
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_a_damaged_cache_entry_is_a_cache_miss(private_cache, capfd, name, damage, dtype):
+    """A qkv_source.json or config.json in qkv's own GGUF cache that is not what qkv wrote: converted again, said
+    once on stderr, and the model loads as before (not a traceback, nor a load as a plain directory)."""
+    before = qkv.load(LLAMA, dtype=dtype)
+    entry = gguf._key(LLAMA)
+    (private_cache / entry / name).write_bytes(damage.encode("latin-1"))
+    capfd.readouterr()
+    after = qkv.load(LLAMA, dtype=dtype)
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"the GGUF cache entry {private_cache / entry} is damaged" in err, err
+    np.testing.assert_array_equal(after.forward([[5, 6, 7]]).logits, before.forward([[5, 6, 7]]).logits)
+    assert [e for e in entries(private_cache) if "llama" in e] == [entry]          # rebuilt in place, no leftovers
+    assert json.loads((private_cache / entry / name).read_text())
+    qkv.load(LLAMA, dtype=dtype)
+    assert capfd.readouterr().err == ""                                  # rebuilt: said once
 
 
 def test_cache_off_leaves_nothing(tmp_path, monkeypatch):
@@ -186,7 +213,7 @@ def test_concurrent_conversions(tmp_path, private_cache):
     """)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=dict(os.environ, QKV_CACHE=str(private_cache))) for _ in range(3)]
-    results = [p.communicate(timeout=300) for p in procs]
+    results = [p.communicate(timeout=PATIENCE) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in results]
     assert len({out for out, _ in results}) == 1
     (entry,) = entries(private_cache)
@@ -357,6 +384,11 @@ BAD = {
     "version-1": (_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)), "version 1"),
     "bad-alignment": (lambda p: _model(p, _edit(general__alignment=(48, V.UINT32))), "alignment"),
     "offset-overflow": (_tensor_offset("token_embd.weight", 2**64 - 32), "damaged"),
+    # a tensor's bytes inside another's (its offset pointing into token_embd), or not where the alignment puts it
+    "overlapping-tensors": (_tensor_offset("blk.1.attn_q.weight", 32), "damaged GGUF file (tensors "
+                            "'token_embd.weight' and 'blk.1.attn_q.weight' overlap"),
+    "unaligned-tensor": (_tensor_offset("blk.1.attn_q.weight", 4), "'blk.1.attn_q.weight' at offset 4 is not "
+                         "aligned to 32 bytes"),
     # numbers in range for their type, not for the model: refused before the conversion is cached
     "eps-zero": (lambda p: _model(p, _edit(llama__attention__layer_norm_rms_epsilon=(0.0, V.FLOAT32))),
                  "x.gguf (its metadata read as config.json) rms_norm_eps = 0.0 is not a positive number; the "
@@ -382,7 +414,7 @@ def test_bad_file(tmp_path, monkeypatch, capsys, case):
     assert fragment in str(e.value)                      # the float32 conversion refuses it too
     cache = tmp_path / "cache"
     left = [p for p in cache.iterdir()] if cache.exists() else []
-    if case in ("nan-weights", "offset-overflow"):   # a sound header: described (config, tokenizer), no tensors
+    if case == "nan-weights":                        # a sound header: described (config, tokenizer), no tensors
         assert len(left) == 1 and not (left[0] / "model.safetensors").exists()
         assert not [p for p in left[0].iterdir() if p.name.startswith(".")]
     else:
@@ -412,6 +444,6 @@ def test_huge_declared_lengths_stay_small(tmp_path):
         status = open("/proc/self/status").read().split("VmHWM:")[1]     # peak resident set, this process only
         print(status.split()[0])                                          # (ru_maxrss survives exec: the parent's)
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) < 300_000                                   # KiB: no gigabyte allocations

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import MODELS, run_main
+from conftest import MODELS, PATIENCE, run_main
 
 TEXT = "the cat sat"
 
@@ -98,7 +98,6 @@ CONFIG_CASES = [
                                    "original_max_position_embeddings": 8192}, "llama3 needs low_freq_factor"),
     ("llama_gqa", "rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 8192}, "high_freq_factor > low_freq_factor"),
-    ("llama_gqa", "eos_token_id", 10**9, "eos_token_id=1000000000 is not a token id"),
     ("llama_gqa", "rope_parameters", "default", "rope_parameters"),
     ("llama_gqa", "rope_parameters", {"rope_theta": "x"}, "rope_parameters.rope_theta"),
     ("llama_gqa", "rms_norm_eps", -1e-6, "rms_norm_eps"),
@@ -107,6 +106,20 @@ CONFIG_CASES = [
     ("llama_gqa", "attention_bias", "false", "attention_bias"),
     ("llama_gqa", "partial_rotary_factor", 2, "partial_rotary_factor"),
     ("mistral", "sliding_window", 0, "sliding_window"),
+    # sizes past generous bounds (some shape lists before any tensor is read: 10⁹ labels' names, each layer's kind)
+    ("vit", "num_labels", 10**9, "num_labels = 1000000000 is not a positive integer up to 1,048,576"),
+    ("vit", "num_hidden_layers", 10**9, "num_hidden_layers = 1000000000 is not a positive integer up to 16,384"),
+    ("gemma3_text", "num_hidden_layers", 10**9, "num_hidden_layers = 1000000000 is not a positive integer up to"),
+    ("gpt2", "n_head", 2**20, "n_head = 1048576 is not a positive integer up to 16,384"),
+    ("llama_gqa", "max_position_embeddings", 10**18, "max_position_embeddings = 1000000000000000000 is not a "
+                                                     "positive integer up to 2,147,483,647"),
+    ("llama_gqa", "intermediate_size", 10**12, "intermediate_size = 1000000000000 is not a whole number up to"),
+    ("mixtral", "num_local_experts", 10**9, "num_local_experts = 1000000000 is not a positive integer up to"),
+    ("whisper", "num_mel_bins", 10**9, "num_mel_bins = 1000000000 is not a positive integer up to 4,096"),
+    ("gemma3_text", "sliding_window_pattern", 0, "sliding_window_pattern = 0 is not a positive integer"),
+    ("gemma3_text", "sliding_window_pattern", "6", "sliding_window_pattern = '6' is not a positive integer"),
+    ("gemma3_text", "rope_local_base_freq", 1.0, "rope_local_base_freq = 1.0 is not a RoPE base above 1"),
+    ("gemma3_text", "rope_local_base_freq", 0.5, "rope_local_base_freq = 0.5 is not a RoPE base above 1"),
     ("mistral", "sliding_window", -5, "sliding_window"),
     ("mistral", "sliding_window", "4096", "sliding_window"),
     ("bert", "num_attention_heads", 5, "not divisible"),
@@ -130,6 +143,48 @@ def test_config_values(monkeypatch, capsys, tmp_path, family, key, value, match)
         assert qkv.load(d).config.norm_eps == 1e-12
         return
     assert_one_line(monkeypatch, capsys, tmp_path, ["show", TEXT, "--model", str(d)], match)
+
+
+@pytest.mark.parametrize("family, ids", [
+    ("gpt2", {"eos_token_id": 50256, "bos_token_id": 50256, "pad_token_id": None}),   # GPT2Config's defaults
+    ("llama_gqa", {"eos_token_id": [2, 10**9], "pad_token_id": 10**9}),
+])
+def test_special_ids_outside_the_vocabulary_load(monkeypatch, capsys, tmp_path, family, ids):
+    """An eos, bos or pad id the vocabulary lacks loads, as transformers loads it (item 10: tiny and test
+    checkpoints keep GPT-2's 50256): `show` runs; writing runs to the length asked (an absent eos never ends
+    it) and says so once on stderr."""
+    d = copy_model(tmp_path, family)
+    hf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**hf, **ids}))
+    code, _, err = run_main(monkeypatch, capsys, "show", TEXT, "--model", str(d))
+    assert code == 0 and err == "", err
+    model = qkv.load(d)
+    absent = {k: v for k, v in ids.items() if v is not None and k != "eos_token_id"}
+    assert model.config.absent_special_ids() == {**absent, "eos_token_id": 50256 if family == "gpt2" else 10**9}
+    prompt = np.array([[5, 6, 7], [8, 9, 10]])
+    first = model.generate(prompt, 6, temperature=0)
+    assert first.shape == (2, 9) and ((0 <= first) & (first < model.config.vocab_size)).all()
+    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=0, stop=[int(first[0, 3])]
+                                                 )[0, :4], first[0, :4])          # a row ends, the other goes on
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "outside its" in err, err
+    assert ("writing stops only at the length asked" in err) == (family == "gpt2")   # llama_gqa's eos 2 can end it
+
+
+def test_sizes_past_the_bounds_or_the_memory_are_one_line(monkeypatch):
+    """A ModelConfig made in Python is bounded like a config.json; a fresh model (qkv.init, training) whose
+    sizes are in range but whose tensors the free memory cannot hold is refused before the first one is drawn."""
+    from qkv.engine.config import ModelConfig
+
+    base = dict(family="gpt2", vocab_size=100, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_positions=128)
+    for knob, value in (("n_layers", 10**9), ("n_kv_heads", 2**20), ("vocab_size", 2**40), ("max_positions", 10**18)):
+        with pytest.raises(qkv.QkvError, match=f"{knob}={value:,} is more than qkv reads"):
+            ModelConfig(**{**base, knob: value})
+    monkeypatch.setattr("qkv.engine.tuning.available_memory", lambda: 1 << 30)        # 1 GiB free
+    with pytest.raises(qkv.QkvError, match=r"a fresh gpt2 model of these sizes does not fit in memory: its tensor "
+                                           r"wte.weight \(10000000, 64\) alone needs about 9.5 GiB and 1.0 GiB is free"):
+        qkv.init(ModelConfig(**{**base, "vocab_size": 10**7}))
+    assert qkv.init(ModelConfig(**base)).config.vocab_size == 100                      # what fits is made
 
 
 def test_a_tokenizer_larger_than_the_vocabulary(monkeypatch, capsys, tmp_path):
@@ -171,6 +226,10 @@ HEADER_CASES = [
     ("offsets-bool", {"a": entry(offsets=[False, True])}, b"\0" * 8, "data_offsets"),
     ("overlapping", {"a": entry(offsets=(0, 8)), "b": entry(offsets=(4, 12))}, b"\0" * 12, "overlap"),
     ("size-mismatch", {"a": entry(shape=(3,), offsets=(0, 8))}, b"\0" * 8, "needs 12"),
+    # the tensors must cover the data without a gap, as the safetensors library requires
+    ("hole", {"a": entry(offsets=(0, 8)), "b": entry(offsets=(12, 20))}, b"\0" * 20, "starts at byte 12 of the data, not 8"),
+    ("leading-bytes", {"a": entry(offsets=(4, 12))}, b"\0" * 12, "starts at byte 4 of the data, not 0"),
+    ("trailing-bytes", {"a": entry(offsets=(0, 8))}, b"\0" * 12, "the data holds 12 bytes but its tensors cover 8"),
     ("shape-int", {"a": entry(shape=2)}, b"\0" * 8, "shape"),
     ("shape-null", {"a": entry(shape=None)}, b"\0" * 8, "shape"),
     ("shape-floats", {"a": entry(shape=[2.0])}, b"\0" * 8, "shape"),
@@ -253,6 +312,7 @@ def test_large_finite_weights_are_not_taken_for_inf(tmp_path):
 
 @pytest.mark.parametrize("index, match", [
     ("{not json", "not a safetensors index"),
+    ('{"weight_map": ' + "[" * 10000 + "]" * 10000 + "}", "not a safetensors index (it is nested too deeply"),
     ("[]", "not a safetensors index"),
     ("{}", "not a safetensors index"),
     ('{"weight_map": []}', "not a safetensors index"),
@@ -522,7 +582,7 @@ def test_output_to_a_full_disk_is_one_line(args):
     model = [] if args == ["models"] else ["--model", str(MODELS / "gpt2")]
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "qkv", *args, *model], stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=120)
+                              text=True, timeout=PATIENCE)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines == ["qkv: error: cannot write the output (No space left on device); "
                                               "free some space or write elsewhere"], done.stderr

@@ -47,10 +47,21 @@ def test_show_out_writes_the_viewer_and_heatmaps(whisper, monkeypatch, capsys, t
     assert "0.08s" in page and any(p.suffix == ".png" for p in (tmp_path / "o").iterdir())
 
 
+def _declaring(path, shape: tuple[int, ...]) -> None:
+    """An .npy file whose header declares float32 SHAPE and which holds no data."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+
+
 @pytest.mark.parametrize("make, args, message", [
     (None, ("--target", "w5"), "no features file"),
     (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), ("--target", "w5"), "not an .npy array of numbers"),
-    (lambda p: np.save(p, np.zeros((6, 10), np.float32)), ("--target", "w5"), "shape (B, 6, 16)"),
+    (lambda p: np.save(p, np.zeros((6, 10), np.float32)), ("--target", "w5"),
+     "declares float32 (6, 10); the model reads floats of shape (mels, frames) = (6, 16)"),
+    # a header declaring more than the file holds: refused from the header, before an array is made
+    (lambda p: _declaring(p, (6, 10 ** 12)), ("--target", "w5"),
+     "declares float32 (6, 1000000000000); the model reads floats of shape (mels, frames) = (6, 16)"),
+    (lambda p: _declaring(p, (6, 16)), ("--target", "w5"), "declares float32 (6, 16), 384 bytes of data, but holds 0"),
     (lambda p: np.save(p, np.zeros((6, 16), np.int64)), ("--target", "w5"), "floats of shape (mels, frames)"),
     (lambda p: np.save(p, np.zeros((6, 16), np.float32)), (), "give the transcript with --target"),
 ])

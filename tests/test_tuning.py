@@ -69,6 +69,7 @@ def test_the_cache_round_trips(cache_dir):
                                                   "q_block": 64, "k_block": 64}}).encode(),
     json.dumps({"machine": "MACHINE", "choices": {"decode": 1}}).encode(),
     b" " * 70000 + b"{}",
+    b'{"machine": ' + b"[" * 10000 + b"]" * 10000 + b"}",              # nested too deep for Python's parser
 ])
 def test_a_damaged_or_hostile_cache_is_ignored_with_one_line_and_measured_again(cache_dir, content):
     tmp, calls = cache_dir

@@ -19,7 +19,7 @@ from qkv.analysis.rollout import attention_rollout
 from qkv.checkpoints import vit
 from qkv.engine.images import MAX_PIXELS, patch_labels, patches_of
 from qkv.train import gradients
-from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
+from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 
 IMAGES = ("vit", "vit_base")
 
@@ -215,6 +215,24 @@ def test_images_of_every_mode_are_read(models, tmp_path):
         Image.new(mode, (9, 7)).save(path, format=fmt)
         assert models["vit_base"].run(path).image.shape == (10, 10, 1)
         assert models["vit"].run(path).image.shape == (12, 15, 3)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_float_image_of_nan_pixels_is_refused(models, tmp_path, monkeypatch, capsys, bad):
+    """A 32-bit float TIFF (PIL mode "F") with NaN or infinite pixels: converting it to grey or RGB would make
+    them 0 or 255 and the model would classify a picture the file lacks; refused in one line (a finite one is read)."""
+    pixels = np.full((7, 9), bad, np.float32)
+    pixels[0, :2] = 30.0
+    Image.fromarray(pixels, mode="F").save(tmp_path / "nan.tif")
+    for model in (models["vit"], models["vit_base"]):
+        with pytest.raises(QkvError, match=r"nan.tif has 61 of its 63 pixels NaN or infinite"):
+            model.run(tmp_path / "nan.tif")
+        with pytest.raises(QkvError, match="the image has 61 of its 63 pixels NaN"):
+            model.run(Image.open(tmp_path / "nan.tif"))
+    code, _, err = run_main(monkeypatch, capsys, "show", str(tmp_path / "nan.tif"), "--model", str(MODELS / "vit"))
+    assert code == 2 and err.count("\n") == 1 and "pixels NaN or infinite" in err, err
+    Image.fromarray(np.where(np.isfinite(pixels), pixels, 0), mode="F").save(tmp_path / "finite.tif")
+    assert models["vit"].run(tmp_path / "finite.tif").image.shape == (12, 15, 3)
 
 
 def test_pixel_values_are_checked(models):

@@ -203,6 +203,32 @@ def test_gpt2_base_model_without_prefix(tmp_path):
     compare(out, ref, mask, logits=ref.hidden.astype(np.float64) @ wte.T, label="gpt2-base")
 
 
+def test_gpt2_default_special_ids_outside_a_small_vocabulary(tmp_path, capfd):
+    """GPT2Config's own defaults (bos = eos = 50256, no pad) with a 320-token vocabulary, as tiny test
+    checkpoints have them: transformers loads and runs it, so qkv does too, equal to it, and its greedy
+    writing (which never meets an eos the vocabulary lacks) is transformers' own generate, token for token,
+    with the eos left as the config says; the absent ids are said once on stderr."""
+    cfg = GPT2Config(vocab_size=320, n_embd=64, n_head=4, n_layer=2, n_positions=64, initializer_range=INIT_RANGE,
+                     attn_implementation="eager")
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (50256, 50256, None)   # transformers' defaults
+    model = build(GPT2LMHeadModel, cfg, seed=270)
+    save(model, tmp_path)
+    ours = qkv.load(tmp_path)
+    assert ours.config.eos_token_id == 50256 and ours.config.absent_special_ids() == {"eos_token_id": 50256,
+                                                                                       "bos_token_id": 50256}
+    ids, mask = padded_batch(cfg.vocab_size, RIGHT, seed=13)
+    compare(ours.forward(ids, mask), run_reference(model, ids, mask), mask, label="gpt2-eos-50256")
+    prompt = padded_batch(cfg.vocab_size, [7], seed=14)[0]                    # (1, 7)
+    with torch.no_grad():
+        theirs = model.generate(torch.from_numpy(prompt), attention_mask=torch.ones_like(torch.from_numpy(prompt)),
+                                max_new_tokens=12, do_sample=False).numpy()   # the config's eos, as transformers reads it
+    capfd.readouterr()
+    np.testing.assert_array_equal(ours.generate(prompt, 12, temperature=0), theirs)
+    np.testing.assert_array_equal(ours.generate(prompt, 12, temperature=0, use_cache=False), theirs)
+    err = capfd.readouterr().err
+    assert err.count("eos_token_id 50256") == 1 and err.count("\n") == 1, err
+
+
 # ── Llama, Qwen2, Mistral ─────────────────────────────────────────────────────────
 
 

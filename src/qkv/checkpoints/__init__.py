@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
@@ -144,10 +143,10 @@ def _cached_repos() -> list[tuple[str, Path]]:
 def _model_type(snapshot: Path) -> str | None:
     """The model_type a cached config.json names, or None if it is missing, unreadable or not an object."""
     try:
-        hf = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        hf = json_object(snapshot / "config.json")
+    except QkvError:
         return None
-    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    kind = hf.get("model_type")
     return kind if isinstance(kind, str) else None
 
 

@@ -33,8 +33,8 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "relative_attention_max_distance", "decoder_vocab_size",
                  # Phi-3's LongRoPE, OPT's embedding width
                  "original_max_position_embeddings", "word_embed_proj_dim",
-                 # layers of different kinds (GPT-Neo, SmolLM3)
-                 "window_size", "no_rope_layer_interval",
+                 # layers of different kinds (GPT-Neo, SmolLM3, Gemma 3's older configs)
+                 "window_size", "no_rope_layer_interval", "sliding_window_pattern",
                  # encoders (DistilBERT's names, ELECTRA's embedding width)
                  "dim", "n_layers", "n_heads", "embedding_size", "global_attn_every_n_layers", "local_attention",
                  # mixtures of experts (Mixtral, Qwen2-MoE)
@@ -50,6 +50,17 @@ _POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 # The FFN's width: 0 = attention-only.
 _COUNT = ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "ffn_dim", "hidden_dim",
           "num_experts", "shared_expert_intermediate_size")        # 0 experts: every FFN dense (Qwen2-MoE)
+# Upper bounds of the sizes above, generous (the largest checkpoints have ~10² layers and heads, ~10⁵ labels, ≤ 128
+# mel bins): past them a config is nonsense, and a few sizes shape lists or arrays before any tensor is read (the
+# labels' names, each layer's kind), so 10⁹ layers or labels would exhaust memory or time before the tensors' shapes
+# are checked against them. Every other size: at most MAX_SIZE (int32, as torch's shapes and ids in practice).
+MAX_SIZE = 2**31 - 1
+_BOUNDS = {**dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+                            "num_decoder_layers", "n_layers", "num_attention_heads", "num_key_value_heads", "n_head",
+                            "encoder_attention_heads", "decoder_attention_heads", "num_heads", "n_heads",
+                            "num_kv_heads"), 1 << 14),
+           **dict.fromkeys(("num_labels", "num_local_experts", "num_experts", "num_experts_per_tok"), 1 << 20),
+           **dict.fromkeys(("num_mel_bins", "num_channels"), 1 << 12)}
 _ANY_INT = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id")   # some Llama conversions say pad_token_id -1
 _POSITIVE_FLOAT = ("clip_qkv", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
                    "rotary_emb_base", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
@@ -97,13 +108,13 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
     if hf.get("use_sliding_window") is False and hf.get("sliding_window") == 0:
         del hf["sliding_window"]                          # Qwen2-MoE writes 0 for "no window": unused, as absent
     for key in _POSITIVE_INT:
-        v = hf.get(key)
-        if v is not None and not (_is_int(v) and v > 0):
-            raise _bad(where, key, v, "a positive integer")
+        v, most = hf.get(key), _BOUNDS.get(key, MAX_SIZE)
+        if v is not None and not (_is_int(v) and 0 < v <= most):
+            raise _bad(where, key, v, "a positive integer" + (f" up to {most:,}" if _is_int(v) and v > 0 else ""))
     for key in _COUNT:
-        v = hf.get(key)
-        if v is not None and not (_is_int(v) and v >= 0):
-            raise _bad(where, key, v, "a whole number (0 = no FFN)")
+        v, most = hf.get(key), _BOUNDS.get(key, MAX_SIZE)
+        if v is not None and not (_is_int(v) and 0 <= v <= most):
+            raise _bad(where, key, v, f"a whole number up to {most:,} (0 = no FFN)")
     for key in _ANY_INT:
         v = hf.get(key)
         if v is not None and not _is_int(v):
@@ -115,6 +126,9 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
         v = hf.get(key)
         if v is not None and not (_is_number(v) and v > 0):
             raise _bad(where, key, v, "a positive number")
+    v = hf.get("rope_local_base_freq")                  # Gemma 3's older key; θ ≤ 1 turns every pair alike or not
+    if v is not None and not (_is_number(v) and v > 1):  # at all (1/θ^(2i/d)), even where rope_parameters wins
+        raise _bad(where, "rope_local_base_freq", v, "a RoPE base above 1")
     for key in ("partial_rotary_factor", "rotary_pct"):
         v = hf.get(key)
         if v is not None and not (_is_number(v) and 0 < v <= 1):

@@ -45,6 +45,7 @@ class _Initialiser:
         return not (name == "lm_head.weight" and self.cfg.tied_embeddings)
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        _check_room(name, shape, self.cfg)
         if len(shape) == 1 or name == "final_logits_bias":             # a bias / β (Marian's, BART's (1, V)), or γ
             is_gain = len(shape) == 1 and (name.endswith(".weight") or name.endswith(".gamma"))
             t = (np.ones if is_gain else np.zeros)(shape, dtype=dtype)
@@ -59,6 +60,19 @@ class _Initialiser:
                     and 0 <= pad < self.cfg.vocab_size):
                 t[pad] = 0                                               # the padding token's row
         return t
+
+
+def _check_room(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> None:
+    """Refuse, before it is drawn, a tensor the memory free now cannot hold (its float64 draw and the copy in the
+    model's dtype, ≤ 16 bytes a number): a config of sizes in range but too large for this machine is one line,
+    not a MemoryError or the system killing qkv."""
+    from ..engine.tuning import available_memory
+
+    need, free = 16 * math.prod(shape), available_memory()
+    if free is not None and need > free:
+        raise QkvError(f"a fresh {cfg.family} model of these sizes does not fit in memory: its tensor {name} "
+                       f"{tuple(shape)} alone needs about {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; "
+                       "give smaller sizes (vocab_size, d_model, d_ff, n_layers)")
 
 
 def init(config: ModelConfig | dict, seed: int = 0, dtype=np.float32, tokenizer: Tokenizer | None = None,

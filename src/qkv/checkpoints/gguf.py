@@ -31,6 +31,7 @@ import math
 import os
 import shutil
 import struct
+import sys
 import tempfile
 from collections import deque
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import numpy as np
 
 from ..engine.errors import QkvError
 from ..engine.io import cache_dir, write_atomic, write_directory
+from ..engine.io_json import Fields, read_json
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader
@@ -48,6 +50,8 @@ from .gguf_reader import check_file, metadata, open_reader
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 CONVERTER_VERSION = 4          # bump when the conversion of a file read before changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
+SOURCE_LIMIT = 1 << 16         # bytes of a qkv_source.json (describe writes ~200)
+MAX_VOCAB = 1 << 31            # a config.json's vocab_size, as the cache's reader accepts it
 
 # Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
 # tensor outside the arch's table is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
@@ -330,17 +334,33 @@ def describe(path: Path, out: Path) -> None:
 
 def source_of(directory: Path) -> Path | None:
     """The GGUF file a described directory stands for (its qkv_source.json); None for any other directory."""
-    try:
-        return Path(json.loads((directory / "qkv_source.json").read_text())["gguf"])
-    except (OSError, ValueError, KeyError, TypeError):
+    if not (directory / "qkv_source.json").is_file():
         return None
+    try:
+        found = _source_json(directory).get("gguf")
+    except QkvError:
+        return None
+    return Path(found) if isinstance(found, str) and found else None
+
+
+def _source_json(directory: Path) -> dict:
+    """DIRECTORY's qkv_source.json, read bounded and checked (engine.io_json), or one QkvError."""
+    return read_json(directory / "qkv_source.json", what=f"{directory / 'qkv_source.json'}", limit=SOURCE_LIMIT,
+                     fix="remove that folder of qkv's GGUF cache: it is remade from the .gguf file")
+
+
+def _vocab_size(directory: Path) -> int:
+    """The vocab_size of a described directory's config.json (which `describe` wrote)."""
+    config = read_json(directory / "config.json", fix="remove that folder of qkv's GGUF cache: it is remade from "
+                       "the .gguf file")
+    return Fields(config, str(directory / "config.json"), "remove that folder of qkv's GGUF cache: it is remade "
+                  "from the .gguf file").integer("vocab_size", 1, MAX_VOCAB)
 
 
 def write_tensors(path: Path, out: Path) -> None:
     """OUT/model.safetensors: every tensor of GGUF file PATH dequantised to float32, in its Hugging Face
     name and shape (written atomically: engine.io.write_atomic)."""
-    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
-    p = parse(path, vocab_size=vocab)
+    p = parse(path, vocab_size=_vocab_size(out))
     shapes = [(hf, hf_shape) for _, _, plan in p.plans for hf, hf_shape, _ in plan]
 
     def arrays_of(item) -> list[np.ndarray]:
@@ -396,9 +416,9 @@ def _drop_stale(root: Path, final: Path, source: Path) -> None:
         if entry == final or entry.is_symlink() or not entry.is_dir():
             continue
         try:
-            if json.loads((entry / "qkv_source.json").read_text()).get("gguf") == str(source.resolve()):
+            if _source_json(entry).get("gguf") == str(source.resolve()):
                 shutil.rmtree(entry, ignore_errors=True)
-        except (OSError, ValueError, AttributeError):
+        except QkvError:
             continue
 
 
@@ -426,7 +446,10 @@ def described(path: str | os.PathLike) -> Path:
         raise QkvError(f"{final} is in qkv's GGUF cache but was not written by qkv (a link or a stray file); "
                        "remove it, or set QKV_CACHE to another directory")
     if final.is_dir():
-        return final
+        damage = _damage(final, path)
+        if damage is None:
+            return final
+        _set_aside(final, damage)
     try:
         root.mkdir(parents=True, exist_ok=True)
         placed = write_directory(final, lambda tmp: _writing(describe, path, tmp))    # never onto a link
@@ -440,6 +463,33 @@ def described(path: str | os.PathLike) -> Path:
                        "remove it, or set QKV_CACHE to another directory")
     # else another process described the same file first: use its copy
     return final
+
+
+def _damage(entry: Path, path: Path) -> str | None:
+    """What is wrong with cache ENTRY of GGUF file PATH (a qkv_source.json or config.json that is not the JSON
+    `describe` wrote: cut short by a full disk, edited by hand), or None when both read as they should."""
+    try:
+        if _source_json(entry).get("gguf") != str(path.resolve()):
+            return "its qkv_source.json names another file"
+        _vocab_size(entry)
+    except QkvError as e:
+        return str(e).split("; ")[0]
+    return None
+
+
+def _set_aside(entry: Path, damage: str) -> None:
+    """Cache ENTRY is damaged (DAMAGE says how): a cache miss. Said once on stderr; the entry is renamed away
+    (a reader of it keeps its open files) and removed, and the caller describes the GGUF file again."""
+    print(f"qkv: the GGUF cache entry {entry} is damaged ({damage}); converting the file again", file=sys.stderr)
+    aside = entry.with_name(f".{entry.name}.damaged-{os.getpid()}")
+    try:
+        os.rename(entry, aside)
+    except FileNotFoundError:                         # another process set it aside first
+        return
+    except OSError as e:
+        raise QkvError(f"cannot replace the damaged {entry}: {e.strerror}; remove it, or set QKV_CACHE to another "
+                       "directory") from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def converted(path: str | os.PathLike) -> Path:

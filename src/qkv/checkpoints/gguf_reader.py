@@ -108,7 +108,32 @@ def open_reader(path: Path):
     if reader.byte_order != "I":       # gguf.quants would read its tensors in this machine's byte order
         raise QkvError(f"{path} is a GGUF file for big-endian machines, which qkv does not read; use the "
                        "ordinary (little-endian) file")
+    check_layout(reader, path)
     return reader
+
+
+def check_layout(reader, path: Path) -> None:
+    """Every tensor's bytes where the format puts them: at an offset (counted from the data section's start) that
+    is a multiple of general.alignment, inside the data section, no two tensors sharing a byte. The package
+    checks none of it: an offset pointing into another tensor (or, wrapped past 2⁶⁴, into the header) would load
+    and run on bytes that are not that tensor's."""
+    start, alignment = int(reader.data_offset), int(reader.alignment)
+    spans = []                                          # (first byte, end, name), counted from the data section
+    for t in reader.tensors:
+        offset = int(t.field.parts[-1][0])                  # as the file declares it (the package's sum may wrap)
+        end = offset + int(t.data.nbytes)
+        if offset % alignment:
+            raise QkvError(f"{path} is a damaged GGUF file (tensor {t.name!r} at offset {offset} is not aligned "
+                           f"to {alignment} bytes, as its header says); re-download it")
+        if start + end > len(reader.data):
+            raise QkvError(f"{path} is a damaged GGUF file (tensor {t.name!r} at offset {offset} ends past the "
+                           f"end of the file); re-download it")
+        spans.append((offset, end, t.name))
+    spans.sort()
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+        if begin < end:
+            raise QkvError(f"{path} is a damaged GGUF file (tensors {a!r} and {b!r} overlap: {b!r} starts at byte "
+                           f"{begin} of the data, inside {a!r}); re-download it")
 
 
 def metadata(reader) -> dict:

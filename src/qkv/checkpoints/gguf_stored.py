@@ -12,7 +12,6 @@ nothing is ever converted whole and no float32 copy of the model is written.
 
 from __future__ import annotations
 
-import json
 import mmap
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from ..engine.errors import QkvError
 from ..engine.stored import KINDS, StoredMatrix, StoredTable, half_bytes
-from .gguf import _dequantised, parse, source_of
+from .gguf import _dequantised, _vocab_size, parse, source_of
 from .tensors import ByName, check_finite
 
 HALF_MAX = float(np.finfo(np.float16).max)       # 65504: a float32 matrix held as float16 must fit
@@ -31,8 +30,7 @@ class GGUFTensors(ByName):
         path = source_of(directory)
         if path is None:
             raise QkvError('dtype="stored" keeps a GGUF file\'s blocks; give a .gguf file (or "smollm2")')
-        vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
-        p = parse(path, vocab_size=vocab)
+        p = parse(path, vocab_size=_vocab_size(directory))
         self.reader = p.reader
         self._where: dict[str, tuple] = {}         # hf name → (GGUF tensor, its shape, hf shape, fn)
         self._table = self._where

@@ -24,6 +24,7 @@ from typing import IO
 import numpy as np
 
 from ..engine.errors import QkvError
+from ..engine.io_json import read_json
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -43,7 +44,10 @@ def _is_int(v) -> bool:
 
 def _check_entries(path: Path, header: dict, data_size: int) -> None:
     """Every tensor entry: a known dtype, a shape of non-negative ints, two ordered offsets inside
-    the data that hold exactly the shape's bytes, no two tensors sharing bytes."""
+    the data that hold exactly the shape's bytes, no two tensors sharing bytes, and the tensors covering
+    the data from its first byte to its last without a gap: the format requires it (the safetensors library
+    refuses a hole or trailing bytes: "invalid offset", "file not fully covered"), so no bytes hide
+    between or after the tensors."""
     spans = []
     for name, info in header.items():
         if name == "__metadata__":
@@ -66,6 +70,15 @@ def _check_entries(path: Path, header: dict, data_size: int) -> None:
     for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
         if begin < end:
             raise QkvError(f"{path.name}: tensors {a!r} and {b!r} overlap in the file; re-download or re-save it")
+    covered = 0                                      # the data's bytes the tensors so far cover, from the start
+    for begin, end, name in spans:
+        if begin != covered:
+            raise QkvError(f"{path.name}: tensor {name!r} starts at byte {begin} of the data, not {covered} "
+                           "(the bytes between are no tensor's); re-download or re-save it")
+        covered = end
+    if covered != data_size:
+        raise QkvError(f"{path.name}: the data holds {data_size} bytes but its tensors cover {covered} (the rest "
+                       "is no tensor's); re-download or re-save it")
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
@@ -92,10 +105,11 @@ def _read_header(path: Path) -> tuple[dict, int]:
 
 def _read_index(index: Path) -> list[str]:
     """The shard file names of a sharded checkpoint's model.safetensors.index.json."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (ValueError, AttributeError, RecursionError):
-        weight_map = None
+    try:                                          # bounded and checked (size, UTF-8, an object, depth): io_json
+        weight_map = read_json(index, what="it", fix="").get("weight_map")
+    except QkvError as e:
+        raise QkvError(f"{index.name} is not a safetensors index ({str(e).split('; ')[0]}); re-download the "
+                       "checkpoint") from None
     if not (isinstance(weight_map, dict) and weight_map
             and all(isinstance(f, str) and f and Path(f).name == f for f in weight_map.values())):
         raise QkvError(f"{index.name} is not a safetensors index (it needs a weight_map from tensor names "
@@ -158,6 +172,11 @@ class TensorStore(ByName):
             for name, info in header.items():
                 if name != "__metadata__":
                     self._where[name] = (mm, info, start)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape tensor NAME has in the file (its header), None if there is no such tensor."""
+        stored = self.find(name)
+        return None if stored is None else tuple(self._where[stored][1]["shape"])
 
     def release(self) -> None:
         """Drop the mapped files' pages from this process (MADV_DONTNEED; clean file pages, so a

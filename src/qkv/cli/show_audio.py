@@ -9,6 +9,8 @@ Whisper's own writing is not in qkv: the transcript is given.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
 import click
@@ -21,11 +23,13 @@ from .common import check_writable, removed_if_failed
 MAX_BYTES = 64 << 20            # a features file larger than this is refused before it is read
 
 
-def read_features(path: str) -> np.ndarray:
+def read_features(path: str, want: tuple[int, int] | None = None) -> np.ndarray:
     """An .npy file of log-mel features (mels, frames) or (1, mels, frames), floats, no pickles: one QkvError
-    naming what is wrong."""
+    naming what is wrong. Its header is read first: a shape other than WANT (the model's (mels, frames)), or data
+    the file does not hold, is refused before an array is made (a header declaring (6, 10¹²) allocates nothing)."""
     try:
         with open_regular(path, MAX_BYTES) as f:
+            _check_header(f, path, want)
             x = np.load(f, allow_pickle=False)
     except FileNotFoundError:
         raise QkvError(f"no features file {path}; give an .npy file of log-mel features (mels × frames)") from None
@@ -38,6 +42,28 @@ def read_features(path: str) -> np.ndarray:
         raise QkvError(f"{path} holds {getattr(x, 'dtype', '?')} {getattr(x, 'shape', '?')}; give the log-mel features of "
                        "one sound, floats of shape (mels, frames)")
     return x.reshape(x.shape[-2:])
+
+
+def _check_header(f, path: str, want: tuple[int, int] | None) -> None:
+    """The .npy header in F (open at its start; left there again): a float dtype, a shape (mels, frames) or
+    (1, mels, frames) equal to WANT when given, and data bytes the file holds. ValueError for a header numpy cannot
+    read (np.load says what); QkvError naming the shape for the rest."""
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f)
+    data = f.tell()
+    f.seek(0)
+    if dtype.hasobject:
+        return                                          # pickled objects: np.load refuses them (allow_pickle=False)
+    expected = "(mels, frames)" if want is None else f"(mels, frames) = ({want[0]}, {want[1]})"
+    if dtype.kind != "f" or len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1) or (
+            want is not None and tuple(shape[-2:]) != tuple(want)):
+        raise QkvError(f"{path} declares {dtype} {tuple(shape)}; the model reads floats of shape {expected}: give "
+                       "the log-mel features of one sound, padded or cut to that many frames")
+    size, need = os.fstat(f.fileno()).st_size, data + math.prod(shape) * dtype.itemsize
+    if size < need:
+        raise QkvError(f"{path} declares {dtype} {tuple(shape)}, {need - data:,} bytes of data, but holds "
+                       f"{max(size - data, 0):,}; save the features again with numpy.save")
 
 
 def show_audio(model, path: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
@@ -57,7 +83,7 @@ def show_audio(model, path: str, target: str | None, layer: int | None, head: in
     layer = model.check_layer(-1 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)
-    features = read_features(path)
+    features = read_features(path, (model.config.audio_mels, 2 * model.config.source_positions))
     model.check_features(features)                                   # the model's mels and frames, finite
     with removed_if_failed(out_dir):
         if out_dir is not None:

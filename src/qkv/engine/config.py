@@ -46,6 +46,12 @@ from typing import Literal
 from .errors import QkvError
 from .positions import check_rope
 
+# Upper bounds of the sizes (generous: the largest checkpoints have ~10² layers and heads): a config past them is
+# refused before an array is shaped by it. qkv.checkpoints.common bounds config.json's keys the same way.
+SIZE_BOUNDS = {**dict.fromkeys(("n_layers", "n_decoder_layers", "n_heads", "n_kv_heads"), 1 << 14),
+               **dict.fromkeys(("vocab_size", "d_model", "d_head", "d_ff", "max_positions"), 2**31 - 1),
+               "n_experts": 1 << 20}
+
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
 Position = Literal["learned", "sinusoidal", "rope", "relative", "alibi"]
@@ -162,6 +168,15 @@ class ModelConfig:
             return None
         return self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1]
 
+    def absent_special_ids(self) -> dict[str, int]:
+        """The eos, bos and pad ids the config names that are not ids of its vocabulary (0 … V−1), by name: a
+        model cannot write them, so an eos among them never ends a text (transformers runs such configs, e.g.
+        GPT-2's default eos 50256 in a tiny checkpoint; writing says so once, `writing.generate.stop_ids`)."""
+        eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id or ())
+        named = [("eos_token_id", e) for e in eos] + [("bos_token_id", self.bos_token_id),
+                                                      ("pad_token_id", self.pad_token_id)]
+        return {name: i for name, i in named if i is not None and not 0 <= i < self.vocab_size}
+
     def moe_layer(self, layer: int) -> bool:
         """Whether LAYER's FFN is routed among experts (else one dense FFN)."""
         return self.n_experts > 0 and layer not in self.dense_layers
@@ -176,6 +191,10 @@ class ModelConfig:
         for knob in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions", "n_kv_heads", "d_head"):
             if getattr(self, knob) <= 0:
                 raise QkvError(f"{knob}={getattr(self, knob)} must be positive; fix the model's config")
+        for knob, most in SIZE_BOUNDS.items():              # generous; past them a config is nonsense
+            v = getattr(self, knob)
+            if v is not None and v > most:
+                raise QkvError(f"{knob}={v:,} is more than qkv reads (at most {most:,}); fix the model's config")
         if self.d_ff < 0:
             raise QkvError(f"d_ff={self.d_ff} must be positive, or 0 for an attention-only model; fix the model's config")
         if self.n_heads % self.n_kv_heads:
@@ -224,10 +243,8 @@ class ModelConfig:
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:
             raise QkvError(f"d_embed={self.d_embed} must be positive (or none: d_model); fix the model's config")
-        eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id or ())
-        if any(not 0 <= e < self.vocab_size for e in eos):           # else writing never meets its end
-            raise QkvError(f"eos_token_id={self.eos_token_id} is not a token id of the {self.vocab_size}-token "
-                           "vocabulary; fix the model's config")
+        # eos, bos and pad ids outside the vocabulary are accepted, as transformers accepts them (GPT-2's default
+        # 50256 in a tiny test checkpoint): `absent_special_ids` names them, and writing says so once
         if self.forced_bos_token_id is not None and not 0 <= self.forced_bos_token_id < self.vocab_size:
             raise QkvError(f"forced_bos_token_id={self.forced_bos_token_id} is not a token id of the "
                            f"{self.vocab_size}-token vocabulary; fix the model's config")

@@ -110,6 +110,7 @@ def read_image(source) -> "object":
 
     if isinstance(source, Image.Image):
         _check_pixels(source.size)
+        _check_finite(source)
         return source
     if isinstance(source, np.ndarray):
         return _from_array(source)
@@ -140,7 +141,22 @@ def read_image(source) -> "object":
         raise QkvError(f"{path} is {kind}; give a PNG, JPEG, GIF, BMP, WebP or TIFF image") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         raise QkvError(f"{path} is a damaged image ({str(e)[:80]}); give a complete PNG or JPEG file") from None
+    _check_finite(image, path)
     return image
+
+
+def _check_finite(image, path: Path | None = None) -> None:
+    """A floating-point image (PIL mode "F": a 32-bit float TIFF) whose pixels are NaN or infinite is refused:
+    converting it to grey or RGB would turn them into 0 or 255 without a word, and the model would classify a
+    picture the file does not hold (transformers would compute NaN logits from it)."""
+    if image.mode != "F":
+        return
+    pixels = np.asarray(image, dtype=np.float32)                     # (H, W)
+    bad = int(pixels.size - np.count_nonzero(np.isfinite(pixels)))
+    if bad:
+        where = f"{path} has" if path is not None else "the image has"
+        raise QkvError(f"{where} {bad:,} of its {pixels.size:,} pixels NaN or infinite (a floating-point image); "
+                       "give an image of finite pixels, e.g. a PNG")
 
 
 def _check_pixels(size: tuple[int, int], path: Path | None = None) -> None:

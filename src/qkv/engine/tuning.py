@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import QkvError
 from .io import cache_dir, write_text
+from .io_json import read_json
 from .threads import _blas_libs, blas_threads, cores
 
 ENV = "QKV_THREADS"               # pins choices: decode:1,prefill:2,attention:2,q_block:128,k_block:512
@@ -95,6 +96,22 @@ def physical_memory() -> int:
         return 8 << 30
 
 
+def available_memory() -> int | None:
+    """Bytes of memory free for a new allocation now (MemAvailable of /proc/meminfo, else the free pages),
+    None when the system does not say: what a check before a large allocation compares with."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def cache_file() -> Path | None:
     """$QKV_CACHE/tuning.json (else $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is off."""
     folder = cache_dir()
@@ -123,11 +140,10 @@ def read_cache(path: Path) -> Choices | None:
             if path.is_symlink():
                 warnings.warn(f"qkv: ignoring {path}: it is a symbolic link; measuring again", stacklevel=2)
             return None
-        if path.stat().st_size > 65536:
-            raise ValueError("larger than 64 KiB")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
+        try:                                             # bounded and checked: engine.io_json
+            data = read_json(path, what="it", fix="measuring again", limit=65536)
+        except QkvError as e:
+            raise ValueError(str(e).split("; ")[0]) from None
         if data.get("machine") != machine_key():
             return None                                  # another machine, BLAS or NumPy: measure here
         then, now = data.get("load"), _load()
