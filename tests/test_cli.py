@@ -12,12 +12,13 @@ from click.testing import CliRunner
 
 from qkv.cli.app import cli
 from qkv.engine.trace import Trace
-from conftest import MODELS, run_main
+from conftest import MODELS, PATIENCE, run_main
 
 
 def qkv_cmd(*args: str) -> subprocess.CompletedProcess:
     """`python -m qkv ARGS`, as a user would run it."""
-    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True,
+                          timeout=PATIENCE)
 
 
 def test_show_default_model_finds_the_previous_token_head():
@@ -80,6 +81,11 @@ def test_help_everywhere():
         assert CliRunner().invoke(cli, args).exit_code == 0
 
 
+def test_generate_defaults_to_the_shipped_llm():
+    r = qkv_cmd("generate", "Once upon a time", "-n", "4", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.startswith("Once upon a time") and len(r.stdout) > len("Once upon a time")
+
+
 def test_generate_streams_and_saves_a_trace(tmp_path):
     gpt2 = str(MODELS / "gpt2")
     r = qkv_cmd("generate", "the cat", "--model", gpt2, "-n", "6", "--seed", "4", "--trace", str(tmp_path / "t"))
@@ -98,7 +104,8 @@ def test_generate_streams_and_saves_a_trace(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "The cat"], "is an encoder"),
+    (["generate", "The cat", "--model", "minilm"], "is an encoder (bert): it reads the whole text at once and cannot "
+                                                   "generate; use a decoder: --model smollm2 (shipped with qkv)"),
     (["generate", "x", "--model", str(MODELS / "gpt2"), "--top-p", "2"], "top_p"),
     (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "0"], "max_new_tokens"),
     (["generate", "x", "--model", str(MODELS / "gpt2"), "-n", "500"], "context of 128"),

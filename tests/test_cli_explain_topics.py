@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_main
+from conftest import MODELS, run_main
+from qkv.checkpoints import digits_dir
 
 
 @pytest.mark.parametrize("topic, heading, files", [
@@ -55,6 +56,14 @@ def test_help_lists_the_topics(monkeypatch, capsys):
     (["positions", "--head", "1"], "positions does not take them"),
     (["kv-cache", "--model", "minilm"], "keeps no KV cache"),
     (["gqa", "--model", "ko-en-tiny"], "is an encoder–decoder"),
+    # an image or speech model given to a lesson that follows text: one line naming what reads its input
+    ([str(digits_dir() / "digit-3.png"), "--model", "digits-vit"], "digits-vit is an image model and qkv explain "
+     "attention follows a text; for its patches run: qkv explain vit IMAGE --model digits-vit"),
+    (["positions", "3", "--model", "digits-vit"], "qkv explain positions follows a text"),
+    (["ffn", "--model", "digits-vit"], "qkv explain ffn follows a text"),
+    (["features.npy", "--model", str(MODELS / "whisper")], "reads speech (log-mel features) and qkv explain "
+     "attention follows a text; look at it with: qkv show FEATURES.npy"),
+    (["vit", "--model", str(MODELS / "whisper")], "reads speech (log-mel features) and qkv explain vit follows an image"),
 ])
 def test_mistakes_give_one_line_and_exit_2(monkeypatch, capsys, tmp_path, args, message):
     out_dir = tmp_path / "never"

@@ -305,6 +305,7 @@ def test_a_hostile_corpus_stays_text(monkeypatch, capsys, tmp_path):
     (["--layer", "-3"], "layer -3 does not exist"),
     (["--layer", "0", "--neuron", "999"], "neuron 999 does not exist"),
     (["--layer", "0", "--neuron", "a,b"], "is not a list of indices"),
+    (["--layer", "0", "--neuron", "-1", "--text", "the cat"], "--neuron -1 is negative"),   # not "the last"
     (["--layer", "0", "--file", "no/such/file.txt"], "cannot read no/such/file.txt"),
     (["--layer", "0", "--file", "BINARY"], "looks binary"),
     (["--layer", "0", "--file", "EMPTY"], "holds no text"),

@@ -54,6 +54,15 @@ def test_show_prints_the_labels_and_each_heads_top_patches_of_the_last_layer(mon
     assert "--out DIR draws" in out
 
 
+def test_a_digit_names_the_shipped_example(monkeypatch, capsys, digits):
+    """`qkv show 7 --model digits-vit` reads the shipped digit-7.png and says where it is."""
+    code, out, err = run_main(monkeypatch, capsys, "show", "7", "--model", "digits-vit")
+    assert code == 0, err
+    assert "digit-7.png" in err and "predicted: 7 (" in out
+    code, out, err = run_main(monkeypatch, capsys, "show", "77", "--model", "digits-vit")
+    assert code == 2 and "is no image file" in err                               # only the ten shipped digits
+
+
 def test_show_one_head_prints_its_grid_and_ablation_changes_the_prediction(monkeypatch, capsys, digits, three):
     code, out, _ = run_main(monkeypatch, capsys, "show", DIGIT, "--model", "digits-vit", "--layer", "0",
                             "--head", "1")

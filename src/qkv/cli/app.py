@@ -14,8 +14,8 @@ from rich.text import Text
 from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
 from .causal import trace_fact_cmd
-from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_weights, head_pairs, new_console, removed_if_failed,
-                     run, warn_unknown)
+from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_weights, head_pairs, new_console,
+                     removed_if_failed, run, status, warn_unknown)
 from .explain import explain_cmd, next_cmd
 from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
 from .neurons import neurons_cmd
@@ -34,9 +34,11 @@ from .train import train as train_cmd
               help="How the model holds its weights: 'stored' (as the file has them: a GGUF file's 4/8-bit blocks, "
                    "a checkpoint's 16-bit floats), float32, bfloat16 or float16. Default: stored for a GGUF file, "
                    "float32 for the rest. Activations are float32 whatever the choice.")
-def cli(weights: str | None) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress or status lines on stderr (they show only on a terminal).")
+def cli(weights: str | None, quiet: bool) -> None:
     """qkv: see inside transformer language models."""
     choose_weights(weights)
+    choose_quiet(quiet)
 
 
 @cli.command()
@@ -46,12 +48,13 @@ def cli(weights: str | None) -> None:
               help="Layer to show (negative counts from the end).  [default: 0; an encoder–decoder: the decoder's "
                    "last layer; an image model: the last layer, whose [CLS] the classifier reads]")
 @click.option("--head", type=int, default=None,
-              help="Show this head's whole attention matrix instead (with --out: draw its heatmap).")
+              help="Show this head's whole attention matrix instead (with --out: draw its heatmap); negative counts "
+                   "from the end.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write figures (PNG, SVG) and the interactive viewer (HTML) into this directory.")
 @click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
-                   "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
+                   "repeat or give a comma list, e.g. --ablate 3.2,5.1 (negative numbers count from the end).")
 @click.option("--target", default=None,
               help="Encoder–decoders: the target text to read (teacher forcing) instead of the model's own "
                    "greedy translation of TEXT.")
@@ -137,13 +140,18 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
             keep = tuple(n for n in INTERMEDIATES if n not in OPT_IN)           # the pipeline page shows them all
         if out_dir is not None:
             keep = (*keep, *ROUTER)                                             # a MoE model's Experts panel
-        trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
+        with status(f"running {model.name} …"):
+            trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
+        if knocked_out:
+            click.echo(f"heads knocked out (their output A·V set to 0 in every pass): "
+                       f"{', '.join(f'L{l}.H{h}' for l, h in knocked_out)}")
         _print_layer(trace, model, layer, head)
         if out_dir is not None:
             from ..viz.figures import focused_head
 
             picked = focused_head(trace, layer) if head is None else head
-            files = _save_views(trace, out_dir, model, layer, picked)
+            with status(f"writing figures, the viewer and the pipeline page to {out_dir} …"):
+                files = _save_views(trace, out_dir, model, layer, picked)
     except BaseException:
         if out_dir is not None and not existed and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)                                       # leave no trace of a failed run

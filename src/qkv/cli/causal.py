@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed
+from .common import MODEL_HELP, SEED, check_writable, new_console, progress_bar, removed_if_failed
 
 KIND_NAMES = {"hidden": "hidden state (block output)", "ffn": "FFN outputs (window)", "attn": "attention outputs (window)"}
 
@@ -26,7 +26,7 @@ KIND_NAMES = {"hidden": "hidden state (block output)", "ffn": "FFN outputs (wind
               help="The noise's σ in standard deviations of the embedding table's entries.")
 @click.option("--window", type=click.IntRange(1, None), default=10, show_default=True,
               help="Layers restored at once in the FFN and attention maps (the paper's 10).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the noise.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the noise.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the three heatmaps (trace_fact.png, .svg), trace_fact.json and the viewer with "

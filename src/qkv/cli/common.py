@@ -23,6 +23,8 @@ from ..engine.errors import QkvError
 MODEL_HELP = "Model: 'minilm', 'smollm2', 'ko-en-tiny', a .gguf file, a local Hugging Face directory, or a cached repo id."
 
 
+SEED = click.IntRange(0, 2**32 - 1)     # every --seed: what numpy's generators take, a bad one one line (exit 2)
+
 WEIGHTS = ("stored", "float32", "bfloat16", "float16")     # `qkv --weights`: how a command's model holds its weights
 _weights: dict[str, str | None] = {"dtype": None}
 
@@ -34,10 +36,40 @@ def choose_weights(dtype: str | None) -> None:
 
 
 def load_model(source):
-    """qkv.load(SOURCE) with the weights `qkv --weights` chose."""
+    """qkv.load(SOURCE) with the weights `qkv --weights` chose, saying so while it loads (`status`)."""
     from ..checkpoints import load
 
-    return load(source, dtype=_weights["dtype"])
+    with status(f"loading {source} …"):
+        return load(source, dtype=_weights["dtype"])
+
+
+_quiet = {"on": False}
+
+
+def choose_quiet(quiet: bool) -> None:
+    """`qkv --quiet`: no progress and no status lines on stderr (errors and warnings still print)."""
+    _quiet["on"] = quiet
+
+
+def _stderr_terminal() -> Console | None:
+    """A console on stderr when it is a terminal and --quiet was not given, else None (a log or pipe stays clean)."""
+    if _quiet["on"]:
+        return None
+    err = Console(stderr=True)
+    return err if err.is_terminal else None
+
+
+@contextmanager
+def status(what: str) -> Iterator[None]:
+    """WHAT ("loading smollm2 …", "computing the logit lens …") with a spinner on stderr's terminal while the
+    block runs, gone when it ends; nothing off a terminal or with --quiet. Work that counts its steps shows a
+    bar instead (`progress_bar`)."""
+    err = _stderr_terminal()
+    if err is None:
+        yield
+        return
+    with err.status(what, spinner="dots"):
+        yield
 
 
 def new_console() -> Console:
@@ -79,7 +111,7 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
         command.main(prog_name=prog_name, standalone_mode=False)
         sys.stdout.flush()                            # a full disk or a closed pipe shows here, not at exit
     except QkvError as e:
-        click.echo(f"qkv: error: {e}", err=True)
+        click.echo(error_line(e), err=True)
         sys.exit(2)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EIO, errno.EFBIG):
@@ -99,6 +131,11 @@ def run(command: click.Command, prog_name: str | None = None) -> None:
     except click.ClickException as e:
         click.echo(f"qkv: error: {e.format_message().replace(chr(10), ' ')}", err=True)
         sys.exit(e.exit_code)
+
+
+def error_line(e: QkvError) -> str:
+    """"qkv: error: …" on one line whatever the message holds (a value it quotes may hold a newline)."""
+    return "qkv: error: " + " ".join(str(e).splitlines()).strip()
 
 
 def _abandon_stdout() -> None:
@@ -173,6 +210,9 @@ def progress_bar(verb: str, things: str) -> Iterator:
     (`restored 120/801 states (15%), 12 s`); the bar goes when the block ends."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    if _quiet["on"]:
+        yield lambda done, total: None
+        return
     err = Console(stderr=True)
     columns = (TextColumn(f"{verb} {things}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as bar:

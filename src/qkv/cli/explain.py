@@ -21,8 +21,8 @@ from ..lessons import explain_help
 @click.option("--layer", type=int, default=None, help="attention, flash, ffn, vit: the layer to follow (negative counts from the "
                                                       "end).  [default: 0; flash: the one whose max grows most; ffn: the "
                                                       "middle layer]")
-@click.option("--head", type=int, default=None, help="attention, flash: the head to follow [attention's default: 2, or 0 if the model has "
-                                                     "fewer heads].")
+@click.option("--head", type=int, default=None, help="attention, flash: the head to follow (negative counts from the "
+                                                     "end) [attention's default: 2, or 0 if the model has fewer heads].")
 @click.option("--lang", default="en", show_default=True, help="en (English) or ko (Korean, docs/guide.ko.md's words).")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Also write the topic's figures (PNG + SVG) into DIR.")
@@ -32,7 +32,7 @@ from ..lessons import explain_help
 def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
                 out_dir: str | None, html_file: str | None) -> None:
     """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
-    from .common import load_model as load
+    from .common import load_model as load, status
     from ..lessons import attention_figures, check_lang, lesson_module, parse
 
     topic, text = parse(args)
@@ -56,11 +56,13 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
             from ..lessons.attention import DEFAULT_TEXT, walkthrough
             from ..lessons.attention_render import render
 
-            model, text = load(source or "minilm"), DEFAULT_TEXT if text is None else text
-            steps = walkthrough(model, text, layer or 0, head)
+            model, text = _follows(load(source or "minilm"), topic), DEFAULT_TEXT if text is None else text
+            with status(f"computing the walkthrough on {model.name} …"):
+                steps = walkthrough(model, text, layer or 0, head)
             for part in render(steps, lang):
                 console.print(part)
-            written = [] if out_dir is None else attention_figures(model, text, steps.layer, steps.head, out_dir)
+            with status(f"writing figures to {out_dir} …"):
+                written = [] if out_dir is None else attention_figures(model, text, steps.layer, steps.head, out_dir)
             if html_file is not None:
                 from ..viz.pipeline import save_pipeline
 
@@ -71,12 +73,32 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
             name = source or lesson.DEFAULT_MODEL
             options = ({"layer": layer, "head": head} if topic == "flash" else
                        {"layer": layer} if topic in ("ffn", "vit") else {})
-            built = lesson.build(None if name is None else load(name), text, **options)
+            model = None if name is None else _follows(load(name), topic)
+            with status(f"computing the {topic} lesson{'' if model is None else f' on {model.name}'} …"):
+                built = lesson.build(model, text, **options)
             for part in lesson.render(built, lang):
                 console.print(part)
-            written = [] if out_dir is None else lesson.figures(built, Path(out_dir), lang)
+            with status(f"writing figures to {out_dir} …"):
+                written = [] if out_dir is None else lesson.figures(built, Path(out_dir), lang)
     for path in written:
         click.echo(f"wrote {path}")
+
+
+def _follows(model, topic: str):
+    """MODEL, if lesson TOPIC can follow it: the lessons read text, but vit, which reads an image; an image model
+    given to a text lesson (or a speech model to any) is one line naming the lesson that reads its input,
+    instead of a walkthrough of its patches as if they were tokens of id 0."""
+    from ..engine.audio_model import AudioModel
+    from ..engine.image_model import ImageModel
+
+    if isinstance(model, ImageModel) and topic != "vit":
+        raise QkvError(f"{model.name} is an image model and qkv explain {topic} follows a text; for its patches "
+                       f"run: qkv explain vit IMAGE --model {model.name}")
+    if isinstance(model, AudioModel):
+        raise QkvError(f"{model.name} reads speech (log-mel features) and qkv explain {topic} follows "
+                       f"{'an image' if topic == 'vit' else 'a text'}; look at it with: qkv show FEATURES.npy "
+                       f"--model {model.name}")
+    return model
 
 
 def _temperatures(values: tuple[str, ...]) -> list[float]:
@@ -108,7 +130,7 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
               help="Also write the bar chart (next_token.png, .svg) into this directory.")
 @click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
-                   "repeat or give a comma list, e.g. --ablate 3.2,5.1.")
+                   "repeat or give a comma list, e.g. --ablate 3.2,5.1 (negative numbers count from the end).")
 @click.option("--target", default=None,
               help="Encoder–decoders: the target written so far (default: none, so the translation's first token).")
 def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,

@@ -13,7 +13,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import (MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_console, progress_bar,
+from .common import (MODEL_HELP, PREFIX_HELP, as_decoder, check_writable, new_console, progress_bar, status,
                      removed_if_failed, write_figure)
 
 
@@ -50,8 +50,9 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
     from ..analysis.lens import KEEP, final_prediction, lens_of_trace
     from ..writing.nexttoken import distribution, mask_position, top_tokens
 
-    trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
-    lens = lens_of_trace(model, trace)                                        # (L+1, n, V)
+    with status(f"computing the logit lens on {model.name} …"):
+        trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
+        lens = lens_of_trace(model, trace)                                    # (L+1, n, V)
     ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
     label = model.tokenizer.label
     at = mask_position(model, trace.ids) if not getattr(model.config, "causal", True) else None
@@ -85,9 +86,10 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
         from ..analysis.sections import lens_payload
         from ..viz.interpret_figures import lens_figure
 
-        write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
-                      out_dir, "lens")
-        _write_viewer(trace, out_dir, "lens", lens_payload(model, trace))
+        with status(f"writing the figure and the viewer to {out_dir} …"):
+            write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
+                         out_dir, "lens")
+            _write_viewer(trace, out_dir, "lens", lens_payload(model, trace))
 
 
 def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:
@@ -134,10 +136,11 @@ def _rollout(model, text: str, flow: bool, out_dir: str | None) -> None:
     """`qkv rollout`'s work: each position's strongest source under raw / rollout / flow, and the figure."""
     from ..analysis.rollout import attention_flow, attention_rollout
 
-    trace = model.run(text, keep=("attentions",))
-    rollout = attention_rollout(trace)                                        # (L, n, n)
-    R = rollout[-1]                                                           # (n, n) after all L layers
-    F = attention_flow(trace) if flow else None                               # (n, n), or a clear error
+    with status(f"computing attention rollout{' and flow' if flow else ''} on {model.name} …"):
+        trace = model.run(text, keep=("attentions",))
+        rollout = attention_rollout(trace)                                    # (L, n, n)
+        R = rollout[-1]                                                       # (n, n) after all L layers
+        F = attention_flow(trace) if flow else None                           # (n, n), or a clear error
     A = trace.attentions[-1]                                                  # (H, n, n) the last layer
     raw = A.astype(np.float64).mean(axis=0)                                   # (n, n)
     labels, L = trace.labels, len(trace.layers)
@@ -193,7 +196,8 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        a = attribution_of_trace(model, model.run(text, keep=KEEP), t, o)
+        with status(f"computing direct logit attribution on {model.name} …"):
+            a = attribution_of_trace(model, model.run(text, keep=KEEP), t, o)
         label = model.tokenizer.label
         what = f"logit({label(t)})" + ("" if o is None else f" − logit({label(o)})")
         console = new_console()
@@ -234,6 +238,10 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
               show_default=True, help="saliency ‖∂z/∂e‖, gradient × input, or integrated gradients.")
 @click.option("--steps", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="Integrated gradients: nodes of the integral (batched).")
+@click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.02, show_default=True,
+              help="Integrated gradients: where the STEPS nodes' sum misses z(e) − z(baseline) by more than this "
+                   "part of it, integrate again with adaptive nodes (at most 1024 more) and say so; 0: never, the "
+                   "STEPS nodes as Captum sums them.")
 @click.option("--baseline", type=click.Choice(("zero", "pad")), default="zero", show_default=True,
               help="Integrated gradients: start from the zero embedding or from the pad token's at every position.")
 @click.option("--keep-first/--vary-first", default=True, show_default=True,
@@ -244,8 +252,8 @@ def dla_cmd(text: str, source: str, target: str, other: str | None, top: int, pr
               help="Also write the tokens coloured by score (attribute.png, .svg), attribute.json and the viewer "
                    "with its attribution panel open (attribute.html) here.")
 def attribute_cmd(text: str, source: str, target: str | None, compare: str | None, prefix: str | None,
-                  other: str | None, method: str, steps: int, baseline: str, keep_first: bool, as_json: bool,
-                  out_dir: str | None) -> None:
+                  other: str | None, method: str, steps: int, tolerance: float, baseline: str, keep_first: bool,
+                  as_json: bool, out_dir: str | None) -> None:
     """Which input tokens made the next token (a masked token; an encoder's similarity to --compare): the
     gradient of its logit z with respect to each token's embedding e_i (before positions are added), as
     saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or integrated gradients from a baseline (their sum is
@@ -267,8 +275,9 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
-                      keep_first=keep_first, compare=compare, prefix=prefix)
+        with status(f"computing {method} attributions on {model.name} …"):
+            a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
+                          keep_first=keep_first, compare=compare, prefix=prefix, tolerance=tolerance)
         what = f"{method} of {a.what}"
         if as_json:
             click.echo(json.dumps(a.to_json(), ensure_ascii=False))
@@ -287,6 +296,8 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
             if a.baseline_logit is not None:
                 console.print(Text(f"sum {a.scores.sum():+.4f}; z(e) − z(baseline) = {a.logit - a.baseline_logit:+.4f} "
                                    f"(baseline {a.baseline}, {a.steps} steps: {100 * a.completeness:.2f} % apart)"))
+            if a.refinement is not None:
+                console.print(Text(a.refinement))
         if out_dir is not None:                                               # all four files or none
             from ..analysis.sections import attribute_payload
             from ..viz.html import viewer_html
@@ -410,9 +421,7 @@ CIRCUITS_TEXT = ("When Mary and John went to the store, John gave a drink to Mar
 def circuits_cmd(source: str, layer: int, head: int, text: str | None, top: int, out_dir: str | None) -> None:
     """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
     score) and where it looks by relative position."""
-    if text is None:
-        text = CIRCUITS_TEXT
-        click.echo(f"text (the default; choose another with --text): {text}", err=True)
+    default, text = text is None, CIRCUITS_TEXT if text is None else text
     from ..analysis.circuits import ov_circuit, qk_positions
     from .common import load_model as load
     from ..viz.interpret_figures import circuits_figure
@@ -424,6 +433,8 @@ def circuits_cmd(source: str, layer: int, head: int, text: str | None, top: int,
         if out_dir is not None:
             check_writable(out_dir)
         ov, qk = ov_circuit(model, layer, head, text), qk_positions(model, layer, head, text)
+        if default:                                                    # after the checks: an error stays one line
+            click.echo(f"text (the default; choose another with --text): {text}", err=True)
         console = new_console()
         console.print(Text(f"{model.name} layer {layer}, head {head}: OV copying score {ov.copying_score:+.3f} "
                            f"(Σλ/Σ|λ|: +1 copies, −1 suppresses); {ov.diagonal:.0%} of the {len(ov.ids)} tokens "

@@ -10,23 +10,34 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, ProgressLines, check_writable, new_console, removed_if_failed
+from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed, status
 from ..engine.errors import QkvError
 from ..engine.tokenizer import shorten
 
 
-def neuron_list(value: str | None) -> list[int] | None:
-    """--neuron 12,40 → [12, 40], or one clear error (the layer checks that they exist)."""
+def index_list(flag: str, value: str | None, example: str = "12,40") -> list[int] | None:
+    """FLAG's value "12,40" → [12, 40], or one clear error: not integers, empty, or negative (an index
+    counts from 0; -1 does not mean the last here). Whoever uses them checks that they exist."""
     if value is None:
         return None
     items = [i.strip() for i in value.split(",") if i.strip()]
+    first = example.split(",")[0]
     try:
         out = [int(i) for i in items]
     except ValueError:
-        raise QkvError(f"--neuron {value!r} is not a list of indices; give e.g. --neuron 12 or --neuron 12,40") from None
+        raise QkvError(f"{flag} {value!r} is not a list of indices; give e.g. {flag} {first} or "
+                       f"{flag} {example}") from None
     if not out:
-        raise QkvError("--neuron is empty; give one index or several, e.g. --neuron 12,40")
+        raise QkvError(f"{flag} is empty; give one index or several, e.g. {flag} {example}")
+    negative = [i for i in out if i < 0]
+    if negative:
+        raise QkvError(f"{flag} {negative[0]} is negative; indices count from 0 (give e.g. {flag} {first})")
     return out
+
+
+def neuron_list(value: str | None) -> list[int] | None:
+    """--neuron 12,40 → [12, 40], or one clear error (the layer checks that they exist)."""
+    return index_list("--neuron", value)
 
 
 @click.command(name="neurons")
@@ -70,9 +81,10 @@ def neurons_cmd(layer: int, source: str, corpus_path: str | None, text: str | No
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        progress = ProgressLines("read", "texts") if corpus is not None and corpus.count >= 200 else None
-        report = neurons(model, layer, texts=corpus, text=text, top=top, neuron=given, contexts=contexts,
-                         window=window, tokens=tokens, progress=progress)
+        counted = corpus is not None and corpus.count >= 200                  # a bar for a corpus, else a status
+        with (progress_bar("read", "texts") if counted else status(f"computing layer {layer}'s neurons …")) as progress:
+            report = neurons(model, layer, texts=corpus, text=text, top=top, neuron=given, contexts=contexts,
+                             window=window, tokens=tokens, progress=progress)
         if as_json:
             click.echo(json.dumps(report.as_json(), ensure_ascii=False))
         else:
@@ -82,7 +94,8 @@ def neurons_cmd(layer: int, source: str, corpus_path: str | None, text: str | No
         if out_dir is not None:
             from ..viz.neuron_figures import save_neurons
 
-            paths = save_neurons(report, out_dir)
+            with status(f"writing figures to {out_dir} …"):
+                paths = save_neurons(report, out_dir)
             if not as_json:
                 for path in paths:
                     click.echo(f"wrote {path}")

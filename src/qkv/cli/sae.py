@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .common import MODEL_HELP, new_console, progress_bar
+from .common import MODEL_HELP, SEED, new_console, progress_bar
 from ..engine.errors import QkvError
 
 SMALL = 1 << 18             # d_in × latents up to which training runs on one BLAS thread
@@ -49,7 +49,7 @@ def _store(path: str):
 @click.option("--aux-coef", "aux_coef", type=float, default=None, help="AuxK's coefficient α [1/32].")
 @click.option("--dead-tokens", "dead_tokens", type=int, default=None,
               help="Tokens without firing after which a latent is dead [10 M, or a tenth of the run if less].")
-@click.option("--seed", type=int, default=None, help="Of the initial decoder and of the batches' order [0].")
+@click.option("--seed", type=SEED, default=None, help="Of the initial decoder and of the batches' order [0].")
 @click.option("--checkpoint-every", "checkpoint_every", type=int, default=None, help="Steps between checkpoints [500].")
 @click.option("--threads", type=int, default=None, help="BLAS threads [1 for d × latents up to 262 144, else every core].")
 def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, **given) -> None:

@@ -9,6 +9,7 @@ patches; with --out, the overlays of `viz.image_figures` and the viewer in its i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -34,6 +35,11 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     if budget_mb is not None:
         raise QkvError(f"--budget-mb limits a long text's viewer; every weight of {model.name}'s images fits: "
                        "drop --budget-mb")
+    if model.name == "digits-vit" and image.strip() in tuple("0123456789") and not os.path.exists(image):
+        from ..lessons.vit import example_image
+
+        image = str(example_image(image.strip()))                   # "7": the shipped example digit-7.png
+        click.echo(f"(the example digit shipped with digits-vit: {image})", err=True)
     model.check_image(image)                                        # text given: one line, before anything
     layer = model.check_layer(-1 if layer is None else layer)
     if head is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .common import new_console
+from .common import SEED, new_console
 from ..engine.errors import QkvError
 
 SMALL = 256                 # d_model up to which training runs on one BLAS thread (see `train`)
@@ -23,7 +23,7 @@ SMALL = 256                 # d_model up to which training runs on one BLAS thre
 # option name → (type, help); None = the task's default (qkv.train.tasks.DEFAULTS / Settings)
 SETTINGS = {
     "steps": (int, "Optimiser steps [induction 2000, text 1000]."),
-    "seed": (int, "Seed of the initial weights and of every batch [0]."),
+    "seed": (SEED, "Seed of the initial weights and of every batch [0]."),
     "batch": (int, "Sequences per step [induction 32, text 16]."),
     "lr": (float, "Peak learning rate of AdamW [1e-3]."),
     "min_lr": (float, "Learning rate at the end of the cosine schedule [1e-4]."),
@@ -79,8 +79,9 @@ def train(task: str | None, text: str | None, out: str | None, threads: int | No
         raise QkvError("give --task induction or --text FILE, not both")
     if text is not None:
         task, options["text"] = "text", text
-    if threads is not None and threads < 1:
-        raise QkvError(f"--threads {threads} must be 1 or more")
+    from ..engine.threads import check_count
+
+    check_count("--threads", threads)
     given = {k: v for k, v in options.items() if v is not None}
     run = open_run(out, task, given)
     _start(run)

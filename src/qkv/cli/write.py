@@ -5,11 +5,13 @@ encoder–decoder's target) and `qkv chat` (one question or a conversation with 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import sys
 
 import click
 
-from .common import MODEL_HELP, check_writable, removed_if_failed, warn_unknown
+from .common import MODEL_HELP, SEED, check_writable, error_line, removed_if_failed, status, warn_unknown
 from .sae_views import check_steer_flags, steer_options, steered
 from ..engine.errors import QkvError
 
@@ -22,7 +24,7 @@ lens_option = click.option(
 
 @click.command(name="generate")
 @click.argument("prompt")
-@click.option("--model", "source", default="minilm", show_default=True,
+@click.option("--model", "source", default="smollm2", show_default=True,
               help=MODEL_HELP + " Must be a decoder, or an encoder–decoder (then PROMPT is translated, as by "
                                 "qkv translate).")
 @click.option("--max-new-tokens", "-n", type=int, default=None,
@@ -31,7 +33,7 @@ lens_option = click.option(
               help="0 = greedy.  [default: 1.0; an encoder–decoder: 0, as qkv translate]")
 @click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
 @click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--seed", type=SEED, default=None, help="Make sampling repeatable.")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token attended to into this directory.")
@@ -89,7 +91,7 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
               help="0 = greedy: the same text, the same translation.")
 @click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
 @click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--seed", type=SEED, default=None, help="Make sampling repeatable.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every target token looked at in the source (cross-attention), and both stacks' "
                    "self-attention, into this directory, with attention.html to open in a browser.")
@@ -115,8 +117,13 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
 def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tuple[str, ...],
                trace_dir: str | None) -> None:
     """`qkv translate`'s work (and `qkv generate`'s on an encoder–decoder): the target streamed, then --trace."""
+    from ..engine.audio_model import AudioModel
     from ..writing.seq2seq_generate import TargetStream
 
+    if isinstance(model, AudioModel):                   # before warn_unknown: its source is sound, not TEXT
+        raise QkvError(f"{model.name} is Whisper: it reads sound, and its writing (language and task prompt, "
+                       f"timestamps) is not in qkv; see where a transcript looks in time with `qkv show FEATURES.npy "
+                       f"--model {model.name} --target TEXT`")
     if max_new_tokens is None:
         max_new_tokens = min(40, model.config.max_positions - 1)
     stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here
@@ -159,7 +166,7 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
               help="0 = greedy: the same question, the same answer.")
 @click.option("--top-k", type=int, default=None, help="Sample only among the k most likely tokens.")
 @click.option("--top-p", type=float, default=None, help="Sample only from the smallest set with probability ≥ p.")
-@click.option("--seed", type=int, default=None, help="Make sampling repeatable.")
+@click.option("--seed", type=SEED, default=None, help="Make sampling repeatable.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Save what every token of the conversation and reply attended to into this directory "
                    "(in a conversation: after each reply).")
@@ -172,7 +179,8 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
 
     Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
     outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
-    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits. With --sae and --steer, every
+    it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits; what you type while a reply streams is
+    neither shown nor kept. With --sae and --steer, every
     reply is written with SAE features' directions added to the stream (qkv.features.steer).
     """
     from ..writing.chat import Conversation
@@ -212,9 +220,35 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
             click.echo(f"unknown command {line.split()[0]}: {CHAT_HELP}")
         elif line:
             try:
-                _chat_turn(conversation, line, trace_dir, lens)
+                with typing_hidden():
+                    _chat_turn(conversation, line, trace_dir, lens)
             except QkvError as e:                                   # this turn fails, the chat goes on
-                click.echo(f"qkv: error: {e}", err=True)
+                click.echo(error_line(e), err=True)
+
+
+@contextlib.contextmanager
+def typing_hidden():
+    """While a reply streams in the chat loop, what the user types is not echoed into it (the terminal's ECHO
+    off) and is discarded when the block ends (tcflush of the unread input): the next prompt starts empty, never
+    sending half a line typed blind. Ctrl-C still stops the reply (signals stay on).
+    Nothing changes when stdin is not a terminal (a pipe's lines are the next questions)."""
+    try:
+        import termios
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd) if sys.stdin.isatty() else None
+    except (ImportError, OSError, ValueError, AttributeError):     # no termios (Windows), no real stdin
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO                                       # lflag: keystrokes no longer echoed
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcflush(fd, termios.TCIFLUSH)                       # what was typed meanwhile: discarded
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 def _chat_turn(conversation, text: str, trace_dir: str | None, lens: bool = False) -> None:
@@ -225,14 +259,29 @@ def _chat_turn(conversation, text: str, trace_dir: str | None, lens: bool = Fals
         click.echo(f"(dropped the {conversation.dropped - dropped} oldest turns to fit the context of "
                    f"{conversation.model.config.max_positions} tokens)", err=True)
     try:
-        for piece in pieces:
+        with status(f"{conversation.model.name} is reading the conversation …"):
+            first = next(pieces, None)                   # the prompt's pass: the wait before the first token
+        for piece in ([] if first is None else itertools.chain([first], pieces)):
             click.echo(piece, nl=False)
     except KeyboardInterrupt:
         pieces.close()
         click.echo(" [stopped]", nl=False)
     click.echo()
+    stream = conversation.last
+    if stream is not None and len(stream.new_ids) >= conversation.max_new_tokens and not _ended(stream):
+        click.echo(f"(the reply stopped at -n {conversation.max_new_tokens} tokens, maybe mid-sentence; "
+                   "raise -n for a longer one)", err=True)
     if trace_dir is not None:
         _save_generation(conversation.last, trace_dir, "in the reply", lens)
+
+
+def _ended(stream) -> bool:
+    """Whether a finished stream's last token was one of its stop tokens (the model ended its reply), not the
+    -n limit."""
+    from ..writing.generate import stop_ids
+
+    ends = stop_ids(stream.model, stream.sampling.stop_at_eos, stream.stop_tokens)
+    return bool(stream.new_ids) and int(stream.new_ids[-1]) in set(ends.tolist())
 
 
 def check_lens_flag(lens: bool, trace_dir: str | None) -> None:

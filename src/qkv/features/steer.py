@@ -81,7 +81,12 @@ def steering_vector(sae: "SAE", features: Mapping[int, float]) -> np.ndarray:
     features = check_features(sae, features)
     idx = np.array(list(features), dtype=np.int64)                              # (m,)
     alpha = np.array(list(features.values()), dtype=np.float64)                 # (m,)
-    return (alpha @ sae.W_dec[idx].astype(np.float64)).astype(np.float32)       # (d_in,)
+    v = alpha @ sae.W_dec[idx].astype(np.float64)                               # (d_in,) float64
+    top = float(np.abs(v).max(initial=0.0))
+    if not top < float(np.finfo(np.float32).max):
+        raise QkvError(f"the steering vector Σ α·W_dec reaches {top:.3g}, beyond float32; give smaller α "
+                       "(a few times the feature's typical activation, e.g. 8)")
+    return v.astype(np.float32)                                                 # (d_in,)
 
 
 def steering_hooks(sae: "SAE", features: Mapping[int, float], *, layer: int | None = None,
