@@ -16,6 +16,7 @@ Everything here computes: the figures are drawn in qkv.viz (interpret_figures, h
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """
 
+from ..engine.lazy import submodule
 from .attribution import direct_logit_attribution
 from .causal_trace import trace_fact
 from .circuits import copying_scores, ov_circuit, qk_positions
@@ -34,3 +35,8 @@ __all__ = ["analyse", "HeadReport", "head_stats", "STATS", "DETECTORS", "ROLES",
            "pattern_score", "induction_scores", "open_corpus", "Corpus", "logit_lens", "attention_rollout",
            "direct_logit_attribution", "attribute", "patch", "ov_circuit", "qk_positions", "copying_scores", "attention_flow",
            "neurons", "trace_fact"]
+
+
+def __getattr__(name: str):
+    """A submodule as an attribute (`qkv.analysis.sections` after `import qkv`), imported on first use."""
+    return submodule(__name__, name)

@@ -4,7 +4,13 @@
     qkv.train.backprop.loss_and_grads(...)    the same on a Weights tree (what the loop uses)
 """
 
+from ..engine.lazy import submodule
 from .gradients import gradients, grads_by_name
 from .backprop import loss_and_grads
 
 __all__ = ["gradients", "grads_by_name", "loss_and_grads"]
+
+
+def __getattr__(name: str):
+    """A submodule as an attribute (`qkv.train.optim` after `import qkv`), imported on first use."""
+    return submodule(__name__, name)
