@@ -208,7 +208,7 @@ def test_the_causal_panel_draws_three_maps_of_layers_by_tokens(tab, tmp_path):
     lines = page.eval_on_selector_all(".qkv-causal_trace .qkv-about-line", "ls => ls.map(l => l.textContent)")
     assert lines[0] == "answer “␣Paris” (id 42)"
     assert lines[1] == f"text “{data['text']}” · subject “{data['subject']}” (tokens 1..2, marked *)"
-    assert lines[2] == "clean P = 0.8000" and lines[3].startswith("corrupted P = 0.1000 · noise 0.134 · 10 draws · seed 3")
+    assert lines[2] == "clean P = 0.8000" and lines[3].startswith("corrupted P = 0.1000 · noise 0.134 · 10 draws · seed 3")   # 3 digits of 0.13404731…
     assert lines[4].startswith("window 3 layers")
     scales = page.eval_on_selector_all(".qkv-causal_trace .qkv-legend-ticks", "ls => ls.map(l => l.textContent)")
     assert scales == [f"0{section['top'][k] / 2:.3f}{section['top'][k]:.3f}" for k in CAUSAL_KINDS]

@@ -29,7 +29,7 @@ def llama():
 
 def open_page(tab, path) -> None:
     tab.page.goto(path.as_uri())
-    tab.page.wait_for_selector(READY, timeout=30000)
+    tab.page.wait_for_selector(READY)
 
 
 def state(tab) -> dict:
@@ -135,6 +135,29 @@ def test_temperature_top_k_and_top_p_equal_qkv_sampling(tab, tmp_path):
     assert_offline(tab)
 
 
+def test_tiny_probabilities_read_as_they_are_and_bars_agree(tab, tmp_path):
+    """A random Gemma 2 with a large vocabulary (soft-capped logits: nearly uniform over 60,000 tokens, each far
+    below 0.01 %): every shown percent is the probability to 2 significant digits (never "0.00%"), and every
+    bar's length is the probability itself (full width = 100 %), so number and bar agree."""
+    config = qkv.load(MODELS / "gemma2").config.with_(vocab_size=60_000)
+    model = qkv.init(config, seed=3)
+    trace = model.run([5, 17, 400, 9])
+    open_page(tab, save_pipeline(model, trace, tmp_path / "p.html"))
+    assert state(tab)["box"] == "probs"
+    rows = tab.page.eval_on_selector_all(".qkv-p-prob-bars .qkv-p-bar", """rs => rs.map(r => [
+        +r.dataset.p, r.querySelector('.qkv-p-bar-value').textContent,
+        r.querySelector('.qkv-p-bar-fill').getBoundingClientRect().width /
+        r.querySelector('.qkv-p-bar-track').getBoundingClientRect().width])""")
+    assert len(rows) == 20 and max(p for p, _, _ in rows) < 1e-4                   # each below 0.01 %
+    for p, text, width in rows:
+        assert text.endswith("%") and float(text[:-1]) == pytest.approx(100 * p, rel=0.05), (p, text)
+        assert width == pytest.approx(p, abs=2e-3), (p, width)                  # a sliver, as its number says
+    summary = tab.page.text_content(".qkv-p-remain")
+    assert f"({rows[0][1]})" in summary and "0.00%" not in summary
+    assert "full width = 100%" in tab.page.text_content(".qkv-p-detail")
+    assert tab.errors == []
+
+
 def test_the_language_switches_and_back(tab, llama, tmp_path):
     open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html"))
     page = tab.page
@@ -187,7 +210,7 @@ def test_the_web_apps_pipeline_writes_the_next_token(tab):
         page = tab.page
         page.goto(srv.url)
         page.click(".qkv-mode[data-mode='pipeline']")                       # fetched only now
-        page.wait_for_selector(READY, timeout=30000)
+        page.wait_for_selector(READY)
         trace = model.run("The cat sat on the mat")
         assert page.eval_on_selector_all(".qkv-p-tok", "ts => ts.map(t => t.textContent)") == trace.labels
         page.select_option(".qkv-p-layer", "1")
@@ -210,14 +233,14 @@ def test_the_web_apps_language_picker_sets_the_pages_language(tab):
         page = tab.page
         page.goto(srv.url)
         page.click(".qkv-mode[data-mode='pipeline']")
-        page.wait_for_selector(READY, timeout=30000)
+        page.wait_for_selector(READY)
         assert state(tab)["lang"] == "en"
         english = page.text_content(".qkv-p-title")
         for lang in ("ko", "en", "ko"):
             page.select_option(".qkv-pipe-lang", lang)
             page.evaluate("() => { document.querySelector('[data-qkv-pipeline]').dataset.ready = ''; }")
             page.click(".qkv-pipe-form button[type=submit]")
-            page.wait_for_selector(READY, timeout=30000)
+            page.wait_for_selector(READY)
             assert state(tab)["lang"] == lang
             assert (page.text_content(".qkv-p-title") == english) == (lang == "en")
     assert tab.errors == [] and tab.dialogs == []

@@ -13,7 +13,7 @@ import pytest
 import qkv
 from qkv.engine.trace import LayerTrace, Trace
 from qkv.viz import figures
-from conftest import MODELS
+from conftest import MODELS, PATIENCE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -191,7 +191,7 @@ def test_tokens_are_never_mathtext(tmp_path):
 
 def test_importing_qkv_does_not_import_matplotlib():
     code = "import sys, qkv, qkv.viz.figures; print('matplotlib' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE)
     assert r.stdout.strip() == "False", r.stderr
 
 
@@ -214,3 +214,41 @@ def test_cross_attention_draws_queries_by_keys():
     assert [x.get_text() for x in ax.get_xticklabels()] == ["v", "w", "x", "y", "z"]
     assert ax.get_title() == "m · layer 0 · head 1"
     assert figures.layer_grid(t, 0) is not None and figures.model_overview(t) is not None
+
+
+@pytest.mark.parametrize("n", [44, 100])
+def test_heatmap_tick_labels_never_overlap(minilm, n):
+    """At 44 and 100 tokens the heatmap's key labels (turned 60°, anchored at their right end) and query labels are
+    each clear of their neighbours: every label's own box, turned as drawn, shares no area with the next one's."""
+    import math
+
+    words = ("the cat sat on the mat while the old dog watched from across a quiet garden " * 8).split()[:n - 2]
+    trace = minilm.run(" ".join(words), keep=("attentions",))
+    assert len(trace.tokens) == n
+    fig = figures.head_heatmap(trace, 0, 0)
+    fig.canvas.draw()
+    renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+
+    def turned(label) -> list[tuple[float, float]]:
+        angle = label.get_rotation()
+        label.set_rotation(0)
+        e = label.get_window_extent(renderer)                    # unturned, aligned right / top at its anchor
+        label.set_rotation(angle)
+        c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+        ax_, ay = (e.x1, e.y1) if angle else (e.x0, e.y0)
+        return [(ax_ + (x - ax_) * c - (y - ay) * s, ay + (x - ax_) * s + (y - ay) * c)
+                for x, y in [(e.x0, e.y0), (e.x1, e.y0), (e.x1, e.y1), (e.x0, e.y1)]]
+
+    def overlap(a, b) -> bool:                                   # separating axis theorem, convex polygons
+        for poly in (a, b):
+            for (x1, y1), (x2, y2) in zip(poly, poly[1:] + poly[:1]):
+                pa = [(y2 - y1) * x + (x1 - x2) * y for x, y in a]
+                pb = [(y2 - y1) * x + (x1 - x2) * y for x, y in b]
+                if max(pa) <= min(pb) or max(pb) <= min(pa):
+                    return False
+        return True
+
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        boxes = [turned(t) for t in labels if t.get_text()]
+        assert len(boxes) >= 20
+        assert not any(overlap(a, b) for k, a in enumerate(boxes) for b in boxes[k + 1:k + 4])

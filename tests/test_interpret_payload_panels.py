@@ -40,7 +40,7 @@ def causal_data(L: int = 4, n: int = 6, tokens: list[str] | None = None, span=(1
     tokens = tokens or ["The", XSS, "␣Tower", "␣is", "␣in", "␣the"][:n]
     return {"model": "test-model", "text": "The " + XSS + " Tower is in the", "subject": XSS + " Tower",
             "subject_span": list(span), "tokens": tokens, "answer": 42, "answer_token": "␣Paris",
-            "p_clean": 0.8, "p_corrupted": 0.1, "noise": 0.134, "draws": 10, "seed": 3, "window": 3,
+            "p_clean": 0.8, "p_corrupted": 0.1, "noise": 0.13404731657334582, "draws": 10, "seed": 3, "window": 3,
             "tables": {k: (0.05 + 0.85 * rng.random((L, n))).tolist() for k in CAUSAL_KINDS},
             "other": "ignored"}
 

@@ -83,6 +83,7 @@ EN.update({
     "p_greedy": "T = 0: greedy, all the mass on the top token.",
     "p_remain": "{k} of {V} tokens remain.",
     "p_next": "next token", "p_prob": "probability", "p_removed": "removed by the filters",
+    "p_bar_scale": "A bar's length is the probability itself (full width = 100%).",
     "p_hidden": "Final hidden states", "p_pooled": "Pooled embedding",
     "p_encoder_end": "{model} is an encoder: it has no W_vocab, no logits and no next token. Its output is the "
                      "final hidden states, one vector per token; a sentence embedding is their mean (mean "
@@ -202,6 +203,7 @@ KO.update({
     "p_greedy": "T = 0: 탐욕적 선택, 모든 확률이 가장 높은 토큰에.",
     "p_remain": "토큰 {V}개 중 {k}개가 남습니다.",
     "p_next": "다음 토큰", "p_prob": "확률", "p_removed": "필터로 제외됨",
+    "p_bar_scale": "막대의 길이가 곧 확률입니다 (전체 폭 = 100%).",
     "p_hidden": "마지막 은닉 상태", "p_pooled": "풀링된 임베딩",
     "p_encoder_end": "{model}은(는) 인코더입니다: W_vocab도, 로짓도, 다음 토큰도 없습니다. 출력은 토큰마다 "
                      "벡터 하나인 마지막 은닉 상태이고, 문장 임베딩은 그 평균(평균 풀링)을 길이로 나눈 것입니다.",

@@ -43,6 +43,10 @@
   }
   const SCORE_CODES = 254;                             // S travels as codes 1..255 (pipeline_payload.py), 0 = masked
   const num = (x, d = 4) => (x === -Infinity ? "−∞" : Number.isFinite(x) ? x.toFixed(d) : String(x));
+  // a probability as a percent that never reads 0 when it is not: 2 decimals from 1 %, else 2 significant digits
+  // ("0.0031%", "3.9e-5%": a random model spreads its mass over 256k tokens, each far below 0.01 %)
+  const pct = (p) => { const x = 100 * p;
+    return (x >= 1 ? x.toFixed(2) : x >= 1e-4 ? x.toPrecision(2) : x.toExponential(1)) + "%"; };
 
   // ── the output end: exactly qkv.writing.sampling.distribution ──────────────
   // softmax(filter(z / T)) in float64: top-k keeps logits ≥ the k-th largest (ties kept), top-p sorts
@@ -146,11 +150,12 @@
     c.dataset.labels = String(Boolean(left || top));
     return c;
   }
-  // one bar per item: [{label, value, text, hot, off}]; bars scaled to the largest |value|
-  function bars(items, cls) {
+  // one bar per item: [{label, value, text, hot, off}]; bars scaled to the largest |value|, or to FULL (a
+  // probability's bar: FULL = 1, its length the probability itself, as its number says)
+  function bars(items, cls, full) {
     const box = el("div", "qkv-p-bars " + (cls || ""));
-    let top = 0;
-    for (const it of items) if (Number.isFinite(it.value)) top = Math.max(top, Math.abs(it.value));
+    let top = full || 0;
+    if (!full) for (const it of items) if (Number.isFinite(it.value)) top = Math.max(top, Math.abs(it.value));
     for (const it of items) {
       const row = el("div", "qkv-p-bar" + (it.hot ? " qkv-p-hot" : "") + (it.off ? " qkv-p-off" : ""));
       const name = el("span", "qkv-p-bar-label", it.label);
@@ -715,12 +720,12 @@
         for (let v = 1; v < V; v++) if (P[v] > P[best]) best = v;
         const k = o.top_ids.indexOf(best);
         summaryLine.textContent = (s.T === 0 ? t("p_greedy") + " " : "") + t("p_remain", {k: remain, V}) + " " +
-          t("p_next") + ": “" + (k >= 0 ? o.top_labels[k] : String(best)) + "” (" + (100 * P[best]).toFixed(2) + "%)";
+          t("p_next") + ": “" + (k >= 0 ? o.top_labels[k] : String(best)) + "” (" + pct(P[best]) + ")";
         list.textContent = "";
         const rows = o.top_ids.slice(0, 20).map((id, k) => ({
-          label: o.top_labels[k], value: P[id], text: P[id] > 0 ? (100 * P[id]).toFixed(2) + "%" : t("p_removed"),
+          label: o.top_labels[k], value: P[id], text: P[id] > 0 ? pct(P[id]) : t("p_removed"),
           off: !(P[id] > 0), hot: k === 0, data: {id: String(id), p: String(P[id])}}));
-        list.append(bars(rows, "qkv-p-prob-bars"));
+        list.append(el("p", "qkv-p-note", t("p_bar_scale")), bars(rows, "qkv-p-prob-bars", 1));
         Object.assign(this.root.dataset, {T: s.T, topk: s.topk, topp: s.topp, remain});
       };
       temp.addEventListener("input", () => { s.T = +temp.value; tv.textContent = s.T.toFixed(2); update(); });

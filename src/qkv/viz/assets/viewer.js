@@ -590,7 +590,7 @@
     // The matrix is drawn through a window: rows i0.., columns j0.., `scale` CSS pixels a cell. It opens with the
     // whole matrix in at most 560 px (cells of 1–44 px; past 560 tokens, less than a pixel a cell: each pixel
     // then shows the largest weight of the cells under it, so a thin diagonal stays visible); the wheel or
-    // + / − zooms (labels from 10 px a cell), dragging or the arrow keys pan, a double click or 0 fits it again.
+    // + / − zooms (labels from 10 px a cell; every k-th where a label a line high would touch the next), dragging or the arrow keys pan, a double click or 0 fits it again.
     matrixBase() { return Math.max(this.n, this.nk) <= 560 ? clamp(Math.floor(560 / Math.max(this.n, this.nk)), 1, 44)
                                                            : 560 / Math.max(this.n, this.nk); }
     matrixWindow(patch) {
@@ -618,10 +618,15 @@
       const rows = Math.min(n - i0, Math.ceil(vh / scale)), cols = Math.min(nk - j0, Math.ceil(vw / scale));
       const cell = scale, labels = cell >= 10;
       const font = `${clamp(Math.floor(cell) - 4, 9, 13)}px system-ui, "qkv Hangul", sans-serif`;
-      let lw = 0;
+      let lw = 0, rowStep = 1, colStep = 1;
       if (labels) {
         const c = mx.canvas.getContext("2d");
         c.font = font;
+        // Labels a line high (the font's box, about 1.2 × its size) that would touch their neighbours are thinned
+        // to every k-th: rows are `cell` apart, the columns' 45° labels cell·sin 45° apart across their lines.
+        const m = c.measureText("Mg"), line = (m.fontBoundingBoxAscent + m.fontBoundingBoxDescent) || 1.25 * parseFloat(font);
+        rowStep = Math.ceil(line / cell);
+        colStep = Math.ceil(line / (cell * Math.SQRT1_2));
         for (let i = i0; i < i0 + rows; i++) lw = Math.max(lw, c.measureText(shown(this.tokens[i], 14)).width);
         for (let j = j0; j < j0 + cols; j++) lw = Math.max(lw, c.measureText(shown(this.keys[j], 14)).width);
       }
@@ -631,7 +636,8 @@
         mx.ctx = sizeCanvas(mx.canvas, padL + vw + padR, padT + vh + 6);
       }
       mx.geo = {cell, vw, vh, padL, padT, padR, size: cols * cell, height: rows * cell};
-      Object.assign(mx.canvas.dataset, {cell, padL, padT, i0, j0, rows, cols});   // where the cells are, for tests
+      Object.assign(mx.canvas.dataset, {cell, padL, padT, i0, j0, rows, cols, rowStep, colStep});   // for tests
+      const drawn = mx.canvas.qkvLabels = {font, rows: [], cols: []};   // each label's text and anchor (CSS px), for tests
       const ctx = mx.ctx;
       ctx.clearRect(0, 0, padL + vw + padR, padT + vh + 6);
       ctx.imageSmoothingEnabled = false;
@@ -643,17 +649,23 @@
         ctx.textBaseline = "middle";
         ctx.textAlign = "right";
         for (let i = i0; i < i0 + rows && (i - i0) * cell < vh; i++) {
+          if (i % rowStep) continue;                     // every k-th token, the same ones as the window pans
+          const text = shown(this.tokens[i], 14), y = padT + (i - i0 + 0.5) * cell;
           ctx.fillStyle = i >= this.gen ? "#b45309" : s.cell && s.cell.i === i ? "#08306b" : "#333";
-          ctx.fillText(shown(this.tokens[i], 14), padL - 6, padT + (i - i0 + 0.5) * cell);
+          ctx.fillText(text, padL - 6, y);
+          drawn.rows.push({i, text, x: padL - 6, y});
         }
         ctx.textAlign = "left";
         for (let j = j0; j < j0 + cols && (j - j0) * cell < vw; j++) {
+          if (j % colStep) continue;
+          const text = shown(this.keys[j], 14), x = padL + (j - j0 + 0.5) * cell;
           ctx.save();
-          ctx.translate(padL + (j - j0 + 0.5) * cell, padT - 5);
+          ctx.translate(x, padT - 5);
           ctx.rotate(-Math.PI / 4);
           ctx.fillStyle = this.self && j >= this.gen ? "#b45309" : s.cell && s.cell.j === j ? "#08306b" : "#333";
-          ctx.fillText(shown(this.keys[j], 14), 0, 0);
+          ctx.fillText(text, 0, 0);
           ctx.restore();
+          drawn.cols.push({j, text, x, y: padT - 5});
         }
       } else {
         const whole = scale === base && i0 === 0 && j0 === 0;

@@ -102,7 +102,7 @@
     const titles = {hidden: "hidden state · block l's output", ffn: `FFN output · ${w || "layer l"}`,
                     attn: `attention output · ${w || "layer l"}`};
     const kinds = ["hidden", "ffn", "attn"].filter(k => C.tables[k]);
-    const corrupted = [`P = ${fmtP(C.p_corrupted)}`, C.noise == null ? null : `noise ${C.noise}`,
+    const corrupted = [`P = ${fmtP(C.p_corrupted)}`, C.noise == null ? null : `noise ${Number(C.noise).toPrecision(3)}`,
                        C.draws == null ? null : `${C.draws} draws`, C.seed == null ? null : `seed ${C.seed}`]
       .filter(x => x).join(" · ");
     panel.append(about([["answer ", `“${C.answer_token}” (id ${C.answer})`],
