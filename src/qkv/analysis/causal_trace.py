@@ -180,6 +180,8 @@ def trace_fact(model: "Model", text: str, subject: str, answer: str | int | None
         raise QkvError(f"--draws must be a whole number from 1 to {MAX_DRAWS}, got {draws!r}")
     if not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise <= 0:
         raise QkvError(f"--noise must be a positive number of standard deviations, got {noise!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise QkvError(f"--seed must be a whole number from 0 to {2**32 - 1}, got {seed!r}")
     ids, _ = model.encode(text)
     s, e = subject_span(model, text, subject)
     sigma = float(noise) * embedding_std(model)
@@ -212,6 +214,8 @@ def trace_tokens(model: "Model", ids, span: tuple[int, int], noise: np.ndarray, 
     if noise.ndim != 3 or noise.shape[1:] != (e - s, weights.tok_embed.shape[1]) or not 1 <= len(noise) <= MAX_DRAWS:
         raise QkvError(f"noise must be (draws ≤ {MAX_DRAWS}, {e - s}, {weights.tok_embed.shape[1]}), "
                        f"got {noise.shape}")
+    if not np.isfinite(noise).all():                                             # the input's fault, not the weights'
+        raise QkvError("noise holds inf or NaN (or values beyond float32); give finite numbers")
     D = len(noise)
     rows = np.asarray(weights.tok_embed[ids], dtype=np.float32)[None]            # (1, n, d_embed) E[ids]
     if cfg.embed_scale is not None:
