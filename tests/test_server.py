@@ -1,6 +1,7 @@
 """`qkv serve` without a browser: the API's answers and every refusal, through plain HTTP.
 
-tests/test_browser.py drives the page itself in Chromium.
+tests/test_browser.py drives the page itself in Chromium. The tests wait on events (an answer, a hook
+called, a lane freed), never for a number of seconds: PATIENCE only guards against a hang.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from qkv.viz.payload import PRECISION
 from conftest import MODELS, running_server
 
 BERT = str(MODELS / "bert")                     # 2 layers × 4 heads, 64 positions: fast
+SENTENCE = "The cat sat on the mat"
+PATIENCE = 900      # seconds a client waits for the server's next bytes: a hang guard, not a speed limit (on a
+                    # busy 2-core machine a SmolLM2 reply's logit lens alone took two minutes)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def server():
 def call(srv, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     """(status, headers, decoded body) of one request; JSON bodies are parsed."""
     host, port = srv.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn = http.client.HTTPConnection(host, port, timeout=PATIENCE)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()
@@ -118,7 +122,7 @@ def test_bad_requests_get_a_clear_json_error(server, body, status, message):
 
 def test_a_body_too_large_is_refused_before_reading_it(server):
     host, port = server.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn = http.client.HTTPConnection(host, port, timeout=PATIENCE)
     conn.putrequest("POST", "/api/attention")
     conn.putheader("Content-Length", str(10**9))
     conn.endheaders()
@@ -129,7 +133,7 @@ def test_a_body_too_large_is_refused_before_reading_it(server):
 
 def test_missing_content_length_and_unknown_paths(server):
     host, port = server.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn = http.client.HTTPConnection(host, port, timeout=PATIENCE)
     conn.putrequest("POST", "/api/attention")
     conn.endheaders()
     r = conn.getresponse()
@@ -147,6 +151,27 @@ def test_requests_for_another_host_name_are_refused(server):
         status, _, body = call(server, "GET", "/api/models", headers={"Host": host})   # parsed exactly, or refused
         assert status == 403 and "only requests to" in body["error"], host
     assert call(server, "GET", "/api/models", headers={"Host": "[::1]:8000"})[0] == 200
+
+
+def raw(srv, request: bytes) -> str:
+    """The whole answer to REQUEST sent as bytes (headers a client library would not send twice)."""
+    with socket.create_connection(srv.server_address[:2], timeout=PATIENCE) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):                 # to the end: these answers close the connection
+            answer += chunk
+    return answer.decode()
+
+
+def test_two_host_headers_are_a_bad_request(server):
+    """Issue 42: a request naming two hosts was answered (the checks read the first); HTTP/1.1 says 400."""
+    for hosts in ([b"127.0.0.1", b"attacker.example"], [b"localhost", b"localhost"], [b"a.example", b"127.0.0.1"]):
+        head = b"".join(b"Host: %s\r\n" % h for h in hosts)
+        answer = raw(server, b"GET /api/models HTTP/1.1\r\n" + head + b"Connection: close\r\n\r\n")
+        assert answer.startswith("HTTP/1.0 400") and "2 Host headers; send one" in answer, answer
+        assert "X-Content-Type-Options: nosniff" in answer
+    answer = raw(server, b"GET /api/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    assert answer.startswith("HTTP/1.0 200")
 
 
 def test_a_bug_answers_500_and_the_server_keeps_serving(server, monkeypatch, capsys):
@@ -175,7 +200,7 @@ def test_concurrent_requests_all_answer(server):
 # the command ------------------------------------------------------------------
 
 def qkv_cmd(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=PATIENCE)
 
 
 def test_serve_prints_its_url_and_answers():
@@ -185,7 +210,7 @@ def test_serve_prints_its_url_and_answers():
         line = proc.stdout.readline()
         assert line.startswith(f"qkv: serving {BERT} at http://127.0.0.1:"), line
         url = line.split(" at ")[1].split()[0]
-        with urllib.request.urlopen(url + "api/models", timeout=30) as r:
+        with urllib.request.urlopen(url + "api/models", timeout=PATIENCE) as r:
             assert json.load(r)["default"] == BERT
     finally:
         proc.terminate()
@@ -226,15 +251,43 @@ def chat_events(srv, obj) -> tuple[int, str, list[dict]]:
     return status, kind, [json.loads(line) for line in body.splitlines() if line.strip()]
 
 
+def done_of(events: list[dict]) -> dict:
+    """The "done" event of a chat answer (the logit lens may follow it)."""
+    return next(e for e in events if e.get("done"))
+
+
+class Chat:
+    """One POST /api/chat read line by line as the server writes it (the test decides when to read on)."""
+
+    def __init__(self, srv, obj):
+        self.conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=PATIENCE)
+        self.conn.request("POST", "/api/chat", json.dumps(obj).encode(), {"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        self.events: list[dict] = []
+
+    def until(self, key: str) -> dict:
+        """Read events up to the first holding KEY (an exception if the answer ends before)."""
+        while True:
+            line = self.response.readline()
+            if not line:
+                raise AssertionError(f"the answer ended without {key!r}: {self.events}")
+            self.events.append(json.loads(line))
+            if key in self.events[-1]:
+                return self.events[-1]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
     status, kind, events = chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 24})
     assert status == 200 and kind == "application/x-ndjson", events
     model = llm_server.app.model("smollm2")
     prompt = model.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
     assert events[0] == {"prompt": len(prompt), "dropped": 0}
-    pieces = [e["piece"] for e in events[1:-1]]
-    done = events[-1]
-    assert len(pieces) > 3 and all(set(e) == {"piece"} for e in events[1:-1])     # streamed, piece by piece
+    pieces = [e["piece"] for e in events[1:-2]]
+    done, lens_event = events[-2:]                                       # the reply's views, then its lens
+    assert len(pieces) > 3 and all(set(e) == {"piece"} for e in events[1:-2])     # streamed, piece by piece
     assert "".join(pieces) == done["reply"] == model.chat(QUESTION, max_new_tokens=24)   # greedy, as Model.chat
     assert "Paris" in done["reply"] and done["stopped"] == "end of turn"
     p = done["payload"]
@@ -247,22 +300,24 @@ def test_chat_streams_the_reply_then_the_attention_of_every_token(llm_server):
     assert got.shape == want.attentions.shape == (30, 9, len(ids), len(ids))
     assert np.abs(got - want.attentions).max() <= PRECISION + 1e-6
     assert len(p["next"]["steps"]) == new                                     # each reply token's candidates
+    assert p["lens"] is None and set(lens_event) == {"lens"}                  # the lens comes after the reply
     lens = logit_lens(model, ids)                                            # (L + 1, n, V): the lens tab's source
     final = lens[-1].argmax(-1)                                              # the model's own predictions
     probs = np.exp(lens - lens.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     want_p = np.take_along_axis(probs, np.broadcast_to(final[None, :, None], probs.shape[:2] + (1,)), -1)[..., 0]
-    assert np.abs(wire.decode(p["lens"]["prob"]) - want_p).max() <= 1e-5 and p["lens"]["predicted"] == final.tolist()
-    assert p["rollout"] is not None
+    got = lens_event["lens"]
+    assert np.abs(wire.decode(got["prob"]) - want_p).max() <= 1e-5 and got["predicted"] == final.tolist()
+    assert got["positions"] == len(ids) and p["rollout"] is not None
 
 
 def test_chat_stops_at_max_new_tokens_and_carries_the_conversation(llm_server):
     turns = QUESTION + [{"role": "assistant", "content": "The capital of France is Paris."},
                         {"role": "user", "content": "And of Italy?"}]
     status, _, events = chat_events(llm_server, {"messages": turns, "max_new_tokens": 3, "model": "smollm2"})
-    assert status == 200 and events[-1]["stopped"] == "length"
+    assert status == 200 and done_of(events)["stopped"] == "length"
     model = llm_server.app.model("smollm2")
-    assert events[-1]["reply"] == model.chat(turns, max_new_tokens=3)
+    assert done_of(events)["reply"] == model.chat(turns, max_new_tokens=3)
     assert events[0]["prompt"] == len(model.tokenizer.apply_chat_template(turns, add_generation_prompt=True))
 
 
@@ -296,36 +351,83 @@ def test_chat_refusals_are_one_clear_json_error(llm_server, request_body, status
 
 def test_one_reply_at_a_time(llm_server):
     app = llm_server.app
-    app.long.enter()                                         # as if another reply were being written
+    app.writer.enter()                                       # as if another reply were being written
     try:
         status, _, events = chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})
         assert status == 503 and "busy writing another reply" in events[0]["error"]
     finally:
-        app.long.leave()
+        app.writer.leave()
     assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
 
 
-def test_a_client_that_leaves_frees_the_writer(llm_server):
-    body = json.dumps({"messages": QUESTION, "max_new_tokens": 40}).encode()
-    with socket.create_connection(llm_server.server_address[:2], timeout=60) as sock:
+def test_the_writer_is_free_as_the_reply_ends_and_the_lens_follows(llm_server, monkeypatch):
+    """Issue 43: the chat held the writer (Send disabled, other tabs 503) while it computed the logit lens,
+    seconds to minutes after the reply. Now "done" comes as the reply ends, the writer free, and the lens
+    after it. The lens is held (a hook) until a second reply has been written and shown in full."""
+    import qkv.analysis.sections as sections
+
+    lens_top, started, release = sections.lens_top, threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):                       # the first lens waits for the test; the next ones do not
+        started.set()
+        release.wait(PATIENCE)
+        return lens_top(*args, **kwargs)
+
+    monkeypatch.setattr(sections, "lens_top", held)
+    first = Chat(llm_server, {"messages": QUESTION, "max_new_tokens": 8})
+    second = None
+    try:
+        assert first.response.status == 200
+        assert started.wait(PATIENCE)                # the first reply's lens is being computed, and held
+        second = Chat(llm_server, {"messages": QUESTION, "max_new_tokens": 2})
+        assert second.response.status == 200, second.response.read()           # the writer is free: not 503
+        done = second.until("done")                  # a whole reply, its views, while the first lens is held
+        assert not release.is_set() and done["payload"]["lens"] is None and done["stopped"] == "length"
+        assert first.until("done")["payload"]["lens"] is None                   # sent before its lens began
+        release.set()
+        assert first.until("lens")["lens"]["positions"] == len(first.events[-2]["payload"]["tokens"])
+        assert second.until("lens")["lens"]["positions"] == len(done["payload"]["tokens"])
+    finally:
+        release.set()
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_a_client_that_leaves_frees_the_writer(llm_server, monkeypatch):
+    import qkv.web.server as server
+    import qkv.writing.chat as chat
+
+    freed, close = threading.Event(), server.ChatReply.close
+    streams, chat_stream = [], chat.chat_stream
+
+    def closing(reply):
+        close(reply)
+        if reply.messages == count:                      # this test's reply (an earlier one may close late)
+            freed.set()
+
+    def recorded(*args, **kwargs):
+        streams.append(chat_stream(*args, **kwargs))
+        return streams[-1]
+
+    monkeypatch.setattr(server.ChatReply, "close", closing)
+    monkeypatch.setattr(chat, "chat_stream", recorded)
+    count = [{"role": "user", "content": "Count from 1 to 500, separated by commas."}]
+    body = json.dumps({"messages": count, "max_new_tokens": 200}).encode()
+    with socket.create_connection(llm_server.server_address[:2], timeout=PATIENCE) as sock:
         sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         answer = sock.makefile("rb")
         while answer.readline().strip():                     # the status line and headers
             pass
         assert json.loads(answer.readline())["prompt"] > 0
+        assert "piece" in json.loads(answer.readline())      # the writing has begun
         answer.close()
         sock.shutdown(socket.SHUT_RDWR)                      # leave in the middle of the reply
-    for _ in range(600):                                     # the writer notices, stops, and lets go
-        try:
-            llm_server.app.long.enter(wait=False)
-        except Busy:
-            time.sleep(0.1)
-            continue
-        llm_server.app.long.leave()
-        break
-    else:
-        pytest.fail("the writer still holds the model after its client left")
+    assert freed.wait(PATIENCE)                              # the writer notices, stops, and lets go
+    assert len(streams[0].new_ids) < 200                     # stopped early: it did not write on to the end
+    llm_server.app.writer.enter(wait=False)                  # free: no Busy
+    llm_server.app.writer.leave()
     assert chat_events(llm_server, {"messages": QUESTION, "max_new_tokens": 2})[0] == 200
 
 
@@ -398,8 +500,8 @@ def test_any_loopback_address_keeps_the_host_check():
 def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
     import qkv.web.server
 
-    monkeypatch.setattr(qkv.web.server, "SMALL_TOKENS", 6)
     app = server.app
+    monkeypatch.setattr(qkv.web.server, "SMALL_WORK", qkv.web.server.work(app.model(BERT), 6))   # 6 tokens
     app.long.enter()                                     # as if a long text were being computed
     try:
         status, body = post(server, {"text": "the cat"})                       # short: its own lane
@@ -412,6 +514,54 @@ def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
     finally:
         app.long.leave()
     assert post(server, {"text": "the cat sat on the mat and then on the dog"})[0] == 200
+
+
+def test_lanes_go_by_the_cost_of_the_work_not_its_tokens(llm_server):
+    """Issue 42: a pipeline page of 6 SmolLM2 tokens shared the short lane with one-line attention requests
+    (tokens ≤ 64), which then waited behind it. A lane is chosen by work(): tokens × the model's size, and
+    what the request computes (a pipeline page, a logit lens)."""
+    from qkv.web.server import SMALL_WORK, work
+
+    app = llm_server.app
+    minilm, smollm2, gpt2 = app.model("minilm"), app.model("smollm2"), qkv.load(str(MODELS / "gpt2"))
+    assert work(minilm, 64) <= SMALL_WORK < work(minilm, 128)              # MiniLM's attention: as before
+    assert work(smollm2, 6, "pipeline") > SMALL_WORK and work(smollm2, 6) > SMALL_WORK     # heavy though short
+    assert work(gpt2, 64, "pipeline") <= SMALL_WORK                          # a tiny model's page is light
+    assert work(smollm2, 6, "pipeline") > 4 * work(minilm, 6, "pipeline")    # per token, the bigger model costs more
+    assert work(minilm, 30, "next") > work(minilm, 30, "pipeline") > work(minilm, 30)
+    assert app._lane(smollm2, 6, "pipeline") is app.long and app._lane(minilm, 6, "attention") is app.short
+
+
+def test_a_short_request_is_served_while_heavy_short_pages_run(llm_server, monkeypatch):
+    """Heavy pages short in tokens (SmolLM2's pipeline of 6 tokens) fill their lane, the first held in a hook
+    until the test lets it go: a one-line attention request is answered meanwhile."""
+    import qkv.web.server as server
+
+    page, started, release = server.pipeline_payload, threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):                           # a heavy page in progress, its lane held
+        started.set()
+        release.wait(PATIENCE)
+        return page(*args, **kwargs)
+
+    monkeypatch.setattr(server, "pipeline_payload", held)
+    app, answers = llm_server.app, []
+    request = json.dumps({"text": SENTENCE, "model": "smollm2"}).encode()
+    heavy = [threading.Thread(target=lambda: answers.append(call(llm_server, "POST", "/api/pipeline", request)[0]))
+             for _ in range(3)]
+    try:
+        for t in heavy:
+            t.start()
+        assert started.wait(PATIENCE)                    # a heavy page is being computed, and held
+        app.short.enter(wait=False)                      # the short lane is free (Busy if the page held it)
+        app.short.leave()
+        status, body = post(llm_server, {"text": SENTENCE, "model": "minilm"})
+        assert status == 200 and body["tokens"][:3] == ["[CLS]", "the", "cat"] and not release.is_set()
+    finally:
+        release.set()
+        for t in heavy:
+            t.join(PATIENCE)
+    assert answers == [200] * 3
 
 
 def test_lanes_serve_in_order_and_bound_their_queue():

@@ -1,9 +1,9 @@
 """`qkv serve` under load, on 127.0.0.1 only: 50 long requests at once, and a short one still answered.
 
-Bounded in count (50 long requests, 5 short ones) and in time (every client gives up after 120 s).
-It asserts responsiveness, not speed: the short requests are answered while the long ones run,
-well before the long ones could all be done one after another; every long request is answered
-(200, or 503 with Retry-After when its lane is full) and none is reset.
+Bounded in count (50 long requests, 5 short ones), and waiting on events, never for a number of seconds:
+the long request in progress is held in a hook until the short ones are answered, which proves they did
+not wait behind it; every long request is then answered (200, or 503 with Retry-After when its lane is
+full) and none is reset. Timings are printed, never asserted (the machine may be busy).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ LONG = 50                                          # long requests sent at once
 SHORT = 5                                          # short requests sent one by one meanwhile
 LONG_TEXT = " ".join(f"word{i} sat on the mat" for i in range(50))      # ~300 tokens of 512 on MiniLM
 SHORT_TEXT = "The cat sat on the mat"
+PATIENCE = 900      # seconds a client waits for the server's next bytes: a hang guard, not a speed limit
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def server():
 def request(srv, text: str) -> tuple[int, dict, float]:
     """(status, headers, seconds) of one POST /api/attention; an exception if the connection fails."""
     start = time.monotonic()
-    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=120)
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=PATIENCE)
     try:
         conn.request("POST", "/api/attention", json.dumps({"text": text}).encode(),
                      {"Content-Type": "application/json"})
@@ -43,48 +44,59 @@ def request(srv, text: str) -> tuple[int, dict, float]:
         conn.close()
 
 
-def test_a_short_request_is_answered_while_50_long_ones_run(server):
+def test_a_short_request_is_answered_while_50_long_ones_run(server, monkeypatch):
+    import qkv.web.server as web
+
     assert server.server_address[0] == "127.0.0.1"
     status, _, one_long = request(server, LONG_TEXT)                     # loads nothing more: warm
     assert status == 200
     short_alone = request(server, SHORT_TEXT)[2]
+    payload, started, release = web.trace_payload, threading.Event(), threading.Event()
+
+    def held(trace, **kwargs):                     # a long request in progress holds its lane until released
+        if len(trace.ids) > 100:
+            started.set()
+            release.wait(PATIENCE)
+        return payload(trace, **kwargs)
+
+    monkeypatch.setattr(web, "trace_payload", held)
     answers: list = [None] * LONG
-    started = threading.Barrier(LONG + 1)
+    answered = threading.Semaphore(0)
 
     def send(i: int) -> None:
-        started.wait(timeout=60)
         try:
             answers[i] = request(server, LONG_TEXT)
         except OSError as e:                       # a reset or refused connection: the test fails below
             answers[i] = e
+        answered.release()
 
     threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(LONG)]
-    for t in threads:
-        t.start()
-    started.wait(timeout=60)
-    t0 = time.monotonic()
-    time.sleep(0.2)                                                      # the long ones are in
-    short = []
-    for _ in range(SHORT):
-        status, _, seconds = request(server, SHORT_TEXT)
-        assert status == 200
-        short.append(seconds)
-        time.sleep(0.1)
-    for t in threads:
-        t.join(timeout=120)
-    long_done = time.monotonic() - t0
+    try:
+        for t in threads:
+            t.start()
+        assert started.wait(PATIENCE)              # a long request is being computed, and held
+        refused = LONG - 1 - web.LANE_WAITING      # one runs, LANE_WAITING wait: the others are told to retry
+        for _ in range(refused):
+            assert answered.acquire(timeout=PATIENCE)
+        assert sum(a is not None and a[0] == 503 for a in answers) == refused   # the lane is full
+        short = []
+        for _ in range(SHORT):
+            status, _, seconds = request(server, SHORT_TEXT)
+            assert status == 200 and not release.is_set()                # answered while the long one is held
+            short.append(seconds)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(PATIENCE)
 
     failed = [a for a in answers if not isinstance(a, tuple)]
     assert not failed, f"{len(failed)} long requests failed: {failed[:3]}"
     codes = [a[0] for a in answers]
-    assert set(codes) <= {200, 503} and codes.count(200) >= 2, codes
+    assert set(codes) <= {200, 503} and codes.count(200) == web.LANE_WAITING + 1, codes
     assert all(a[1].get("Retry-After") for a in answers if a[0] == 503)
     print(f"\nshort request under load: max {max(short):.3f} s, median {sorted(short)[SHORT // 2]:.3f} s; "
           f"alone {short_alone:.3f} s; one long request alone {one_long:.3f} s; {codes.count(200)} long answered, "
-          f"{codes.count(503)} told to retry, all done in {long_done:.1f} s")
-    # Relative, not a clock limit: waiting behind the long lane's queue would take ≥ 9 long requests'
-    # time; a short request may take at most two (measured: 0.2 of one on a quiet machine, 0.8 on a busy one).
-    assert max(short) < 2 * one_long, (short, one_long)
+          f"{codes.count(503)} told to retry")
 
 
 SLOW = 70                                          # clients trickling their headers, a line every 3 s
@@ -94,8 +106,8 @@ def test_an_ordinary_request_is_answered_while_70_clients_trickle_their_headers(
     """Each slow client opens a connection and sends its request line, then one header line every 3 s
     (slowloris): together they would hold every one of the 64 threads. The server closes the longest-waiting
     when a connection needs a thread, and each has HEAD_SECONDS for its whole head, so ten ordinary
-    requests made meanwhile are all answered (timed and printed; bounded at 10 s, where before none was
-    answered in 30 s)."""
+    requests made meanwhile are all answered (timed and printed; each bounded at 60 s, where before none was
+    answered at all: the bound is the point here, generous for a busy machine)."""
     import socket
 
     host, port = server.server_address[:2]
@@ -121,7 +133,7 @@ def test_an_ordinary_request_is_answered_while_70_clients_trickle_their_headers(
         took = []
         for _ in range(10):
             start = time.monotonic()
-            conn = http.client.HTTPConnection(host, port, timeout=10)
+            conn = http.client.HTTPConnection(host, port, timeout=60)
             try:
                 conn.request("GET", "/api/models")
                 r = conn.getresponse()

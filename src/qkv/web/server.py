@@ -15,10 +15,13 @@
                             {"prompt": n, "dropped": k}   the conversation took n tokens (k old turns left out)
                             {"piece": "..."} …            the reply, piece by piece
                             {"done": true, "reply": ..., "stopped": "end of turn" | "length",
-                             "payload": the viewer's payload of the conversation and the reply}
+                             "payload": the viewer's payload of the conversation and the reply, its "lens"
+                             null}                         sent as the reply ends: the writer is free from here
+                            {"lens": the payload's "lens" section, or null and "note": why not}   the logit lens
+                                                          of a decoder's reply, computed after it as heavy work
                           or {"error": ...} as the last line if something breaks mid-way
 
-Mistakes get a JSON {"error": "..."} naming the fix: 400 (bad request), 403 (another site or
+Mistakes get a JSON {"error": "..."} naming the fix: 400 (bad request, two Host headers), 403 (another site or
 host name), 404, 411, 413 (text too long for the page or the model), 503 with Retry-After (the
 server is full: try again); a bug gets 500 and the server keeps running. Every answer, errors
 included, carries the security headers. Only models on the allow-list load (--model and
@@ -29,10 +32,17 @@ queues BACKLOG more. A request's line and headers must arrive within HEAD_SECOND
 awaited (an idle keep-alive connection included), its body within BODY_SECONDS (a body shorter than its
 Content-Length: 400 when the client stops sending, 408 at the deadline); and at most MAX_WAITING
 connections may be waiting for their request at once — a new connection past that closes the one that
-has waited longest, so clients trickling headers (a line every few seconds) never hold every thread. Work that runs a model waits in one of two lanes, each one pass at a time
-and at most LANE_WAITING waiting (more get 503): short texts (≤ SMALL_TOKENS tokens) in their
-own lane, so a one-line request never waits behind long ones; long texts and chat replies in the
-other. Memory stays bounded by two passes.
+has waited longest, so clients trickling headers (a line every few seconds) never hold every thread.
+
+Work that runs a model waits in a lane, each one pass at a time and at most LANE_WAITING waiting (more
+get 503). The lane is chosen by the work's cost (`work`: multiply-adds, from the tokens, the model's size
+and what the request computes), not by its tokens alone: light work (≤ SMALL_WORK, e.g. attention of 64
+MiniLM tokens) in the short lane, so a one-line request never waits behind heavy ones, even heavy ones
+short in tokens (a SmolLM2 pipeline page of 6 tokens costs more than 64 MiniLM tokens); the rest in the
+long lane. A chat reply is written by the writer, its own lane: one reply at a time, a second refused at
+once (503) rather than queued behind a reply of unknown length. The writer is freed as the reply ends;
+what the reply's views add after (the logit lens: a pass and (L+1)·n·V more) waits in the long lane like
+any heavy work. Memory stays bounded by three passes, one per lane.
 
 Other sites: it binds 127.0.0.1 unless told otherwise, and on any loopback address answers only
 requests addressed to a loopback name (403 otherwise: DNS rebinding). The API refuses requests a
@@ -59,7 +69,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from ..analysis.sections import sections_keep, viewer_sections
+from ..analysis.sections import lens_payload, sections_keep, shows_lens, viewer_sections
 from ..writing.seq2seq_generate import translation_trace
 from ..checkpoints import DIGITS, LLM, available, load
 from ..engine.audio_model import AudioModel
@@ -85,7 +95,10 @@ NEW_TOKENS = 160                    # the reply's length when the page does not 
 ROLES = ("system", "user", "assistant")
 BACKLOG = 128                       # connections the kernel queues before accept (the default is 5)
 MAX_THREADS = 64                    # connections served at once; one more gets 503 at once
-SMALL_TOKENS = 64                   # a text up to this many tokens runs in the short lane
+SMALL_WORK = 1e9                    # multiply-adds (work()) of work that runs in the short lane: attention of
+                                    # 64 MiniLM tokens is 0.7e9, a pipeline page of 6 SmolLM2 tokens 3.2e9
+PIPELINE_PASSES = 4                 # what a pipeline page costs, in passes: it keeps and summarises every
+                                    # intermediate (measured, against attention: 4× on 6 SmolLM2 tokens, 7× on 52 MiniLM)
 LANE_WAITING = 8                    # requests waiting in one lane; one more gets 503 (one user needs few)
 RETRY_AFTER = 2                     # seconds a 503 asks the client to wait
 HEAD_SECONDS = 10                   # to send a request's line and headers (from when the server awaits it)
@@ -120,6 +133,28 @@ def exposure_warning(host: str) -> str | None:
     if is_loopback(host):
         return None
     return f"qkv: warning: listening on {host}, so other machines can reach this page"
+
+
+def work(model: Model, n: int, kind: str = "attention") -> float:
+    """The multiply-adds of one request on n tokens of MODEL, roughly: what decides its lane. Tokens alone do not
+    (a SmolLM2 token costs 13 MiniLM tokens; its logit lens 6 passes more):
+
+        a pass       n · (L · block + d_model · V) + L · n² · d_model    block: W_Q, W_K, W_V, W_O, the FFN
+        "attention"  a pass, and the logit lens's (L + 1) · n · d_model · V when the viewer shows it
+        "pipeline"   PIPELINE_PASSES passes
+        "next"       two passes and a pipeline page of n tokens
+    """
+    c = model.config
+    L = c.n_layers + (c.n_decoder_layers or c.n_layers if getattr(c, "encoder_decoder", False) else 0)
+    d, d_k = c.d_model, c.d_head or c.d_model // c.n_heads
+    attention = d * d_k * (2 * c.n_heads + 2 * (c.n_kv_heads or c.n_heads))       # W_Q, W_O; W_K, W_V
+    ffn = (3 if c.gated_ffn else 2) * d * c.d_ff * max(1, c.experts_per_token)      # a routed token: k experts
+    head = getattr(model.weights, "decoder", model.weights).W_vocab        # an encoder–decoder's: its decoder's
+    V = 0 if head is None else head.shape[1]
+    one_pass = n * (L * (attention + ffn) + d * V) + L * n * n * d
+    if kind == "attention":
+        return one_pass + ((L + 1) * n * d * V if shows_lens(model, n) else 0)
+    return (PIPELINE_PASSES + (2 if kind == "next" else 0)) * one_pass
 
 
 class HttpError(Exception):
@@ -170,8 +205,9 @@ class App:
         self.sources = list(dict.fromkeys([source, *(s for s, _ in available() if s != DIGITS)]))   # text models
         self._models: dict[str, Model] = {}
         self._loading = threading.Lock()
-        self.short = Lane("short texts")       # one pass at a time per lane: bounded memory
-        self.long = Lane("long texts or chat replies")
+        self.short = Lane("light requests")    # one pass at a time per lane: bounded memory
+        self.long = Lane("heavy requests")
+        self.writer = Lane("replies")          # one chat reply at a time (a second: 503 at once)
 
     def model(self, source: str) -> Model:
         """The model for SOURCE, loaded on first use; only sources on the allow-list."""
@@ -215,13 +251,14 @@ class App:
                                      f"{' on this page' if limit is not None else ''}; shorten it")
         return model, n
 
-    def _lane(self, n: int) -> Lane:
-        return self.short if n <= SMALL_TOKENS else self.long
+    def _lane(self, model: Model, n: int, kind: str) -> Lane:
+        """The short lane for light work (≤ SMALL_WORK multiply-adds), the long lane for the rest."""
+        return self.short if work(model, n, kind) <= SMALL_WORK else self.long
 
     def attention(self, text, source=None) -> dict:
         """The viewer's payload for TEXT through model SOURCE (default: the server's)."""
         model, n = self._checked(text, source)
-        lane = self._lane(n)
+        lane = self._lane(model, n, "attention")
         lane.enter()
         try:                                   # the payload too: one L·H·n² array per lane at a time
             if getattr(model.config, "encoder_decoder", False):     # its translation, and three kinds of attention
@@ -237,7 +274,7 @@ class App:
         lang = self._lang(request)
         model, n = self._checked(request.get("text"), request.get("model"), MAX_PIPELINE_TOKENS)
         layer = self._layer(request, model)
-        lane = self._lane(n)
+        lane = self._lane(model, n, "pipeline")
         lane.enter()
         try:
             return pipeline_payload(model, pipeline_trace(model, request["text"]), lang=lang, layer=layer)
@@ -258,7 +295,7 @@ class App:
         if model.weights.W_vocab is None or not model.config.causal:
             raise HttpError(400, f"{model.name} is an encoder: it writes no next token; choose a decoder, "
                                  f"e.g. {LLM!r}")
-        lane = self._lane(n + 1)
+        lane = self._lane(model, n + 1, "next")
         lane.enter()
         try:
             trace = model.run(text)
@@ -310,10 +347,10 @@ class App:
         check_can_chat(model)
         messages, n, dropped = self._fitted(model, messages, max_new)
         try:
-            self.long.enter(wait=False)
+            self.writer.enter(wait=False)
         except Busy:
             raise Busy("the model is busy writing another reply; send again when it is done") from None
-        return ChatReply(self.long, model, messages, n, max_new, dropped)
+        return ChatReply(self.writer, self.long, model, messages, n, max_new, dropped)
 
     def _chat_request(self, request: dict) -> tuple[list[dict], str, int]:
         """(messages, model source, max_new_tokens) of a chat request, or the reason it is refused."""
@@ -393,17 +430,19 @@ class App:
 
 
 class ChatReply:
-    """One reply being written: holds the long lane from creation until `close`.
+    """One reply being written: holds the writer from creation until the reply ends (or `close`).
 
-    Iterating `events()` writes the reply (greedy, as `Model.chat`), yielding the NDJSON
-    events of the module doc; the last carries the viewer's payload of prompt + reply.
+    Iterating `events()` writes the reply (greedy, as `Model.chat`), yielding the NDJSON events of the
+    module doc. "done" carries the viewer's payload of prompt + reply made from what the writing recorded
+    (attention, each token's candidates, rollout: no second pass), and is sent with the writer free; the
+    logit lens, a pass and (L+1)·n·V more, follows as heavy work in the long lane.
     """
 
-    def __init__(self, lane: Lane, model: Model, messages: list[dict], prompt: int, max_new: int,
-                 dropped: int):
-        self._lane, self.model, self.messages, self.max_new = lane, model, messages, max_new
-        self.prompt, self.dropped = prompt, dropped
-        self._held = True
+    def __init__(self, writer: Lane, heavy: Lane, model: Model, messages: list[dict], prompt: int,
+                 max_new: int, dropped: int):
+        self._writer, self._heavy, self.model, self.messages = writer, heavy, model, messages
+        self.max_new, self.prompt, self.dropped = max_new, prompt, dropped
+        self._writing = True
 
     def events(self):
         from ..writing.chat import chat_stream
@@ -412,16 +451,32 @@ class ChatReply:
         stream = chat_stream(self.model, self.messages, self.max_new, record=True)   # greedy, ends at the end of
         for piece in stream:                                                          # turn, recorded as it runs
             yield {"piece": piece}
-        trace = stream.trace()                   # the lens (up to TRACE_LENS_TOKENS) takes its own pass
+        trace = stream.trace()                   # from the recording: no pass over the text
         payload = trace_payload(trace, title=f"{self.model.name} · chat", tokenizer=self.model.tokenizer,
-                                sections=viewer_sections(self.model, trace))
+                                sections=viewer_sections(self.model, trace, lens_limit=0))   # the lens: below
+        self.close()                             # the reply is written: another may be
         yield {"done": True, "reply": self.model.tokenizer.decode(stream.new_ids, skip_special_tokens=True),
                "stopped": "length" if len(stream.new_ids) >= self.max_new else "end of turn", "payload": payload}
+        if shows_lens(self.model, len(trace.ids)):
+            yield self._lens(trace)
+
+    def _lens(self, trace) -> dict:
+        """{"lens": the viewer's lens section} of the reply's TRACE, computed in the long lane (waiting there as
+        any heavy request does), or {"lens": None, "note": why} when that lane is full."""
+        try:
+            self._heavy.enter()
+        except Busy:
+            return {"lens": None, "note": "the server is busy with heavy requests, so the logit lens was left out"}
+        try:
+            return {"lens": lens_payload(self.model, trace)}      # a pass keeping the stream's parts, then the lens
+        finally:
+            self._heavy.leave()
 
     def close(self) -> None:
-        if self._held:
-            self._held = False
-            self._lane.leave()
+        """Free the writer (once): the reply is written, or its client left."""
+        if self._writing:
+            self._writing = False
+            self._writer.leave()
 
 
 class DeadlineReader(io.RawIOBase):
@@ -509,7 +564,11 @@ class Handler(BaseHTTPRequestHandler):
         return 200, self.app.attention(request.get("text"), request.get("model"))
 
     def _check_host(self) -> None:
-        """Against DNS rebinding: on loopback, answer only requests addressed to a loopback name."""
+        """One Host header (HTTP/1.1: two are a bad request, and the checks below would read only the first);
+        against DNS rebinding: on loopback, answer only requests addressed to a loopback name."""
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:
+            raise HttpError(400, f"the request has {len(hosts)} Host headers; send one")
         if not is_loopback(self.server.server_address[0]):
             return
         found = _HOST.fullmatch(self.headers.get("Host") or "")       # a name or [address], then :port at most

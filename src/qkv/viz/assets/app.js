@@ -2,7 +2,8 @@
  *
  *   Attention  type text, pick a model, see its attention.
  *   Chat       talk with a chat model (a decoder with a chat template, e.g. smollm2): the reply
- *              streams in, then the viewer shows what every token of the conversation attended to.
+ *              streams in, then the viewer shows what every token of the conversation attended to
+ *              (and, when it comes, the logit lens: computed after the reply, which it never delays).
  *   Pipeline   the whole model as its data flow (pipeline.js): fetched only when asked for;
  *              "next token" asks the engine for one more token and redraws the longer text.
  *
@@ -10,7 +11,8 @@
  * pipeline_tokens, chat_model, chat_ready, max_message, max_new_tokens}).
  * POST api/attention answers the viewer's payload, or {"error": ...} with a 4xx/5xx status.
  * POST api/chat {messages, model, max_new_tokens} answers one JSON object per line:
- * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload};
+ * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload} as it ends
+ * (Send works again from here), then for a decoder {lens: the payload's lens section, or null and note};
  * or {"error": ...} (a 4xx/5xx status before the reply, or a last line if it breaks mid-way).
  * The server keeps no conversation: the page sends every turn so far with each message.
  * POST api/pipeline {text, model, lang, layer?} answers the pipeline payload; POST api/pipeline/next
@@ -219,9 +221,12 @@
     }
   }
 
+  let replies = 0;                                    // replies asked for: a late logit lens joins only its own
   async function talk() {
     const said = message.value;
     if (!said.trim()) return;
+    const no = ++replies;
+    delete app.dataset.lens;
     send.disabled = fresh.disabled = chatModel.disabled = true;
     error.hidden = true;
     app.dataset.state = "writing";
@@ -233,7 +238,7 @@
     message.value = "";
     status.textContent = "reading the conversation…";
     const t0 = performance.now();
-    let written = "", done = null, pieces = 0;
+    let written = "", done = null;
     const undo = (why) => {                           // nothing was answered: take the question back
       root.hidden = viewOf !== "chat";
       mine.remove();
@@ -256,33 +261,54 @@
         return undo(body.error || `the server answered ${r.status}`);
       }
       for await (const event of lines(r)) {
+        if (done) { await extra(event, done.payload, no); continue; }   // the reply is shown: what follows it
         if (event.error) return undo(event.error);
         if (event.prompt !== undefined) {
           status.textContent = `writing… (the conversation is ${event.prompt} tokens` +
             (event.dropped ? `; the ${event.dropped} oldest turn${event.dropped > 1 ? "s" : ""} left out to fit` : "") + ")";
         } else if (event.piece !== undefined) {
           written += event.piece;
-          pieces += 1;
           reply.textContent = written;
           log.scrollTop = log.scrollHeight;
         } else if (event.done) {
-          done = event;
+          done = event;                               // the reply's own time: to its end, not to its extras
+          const ms = Math.round(performance.now() - t0);
+          reply.textContent = done.reply;
+          reply.parentNode.classList.remove("qkv-writing");
+          turns = asked.concat([{role: "assistant", content: done.reply}]);
+          const p = done.payload;
+          status.textContent = `${p.model}: a reply of ${p.tokens.length - p.prompt_length} tokens ` +
+            `(${done.stopped}) in ${ms} ms; below, what each of the ${p.tokens.length} tokens attended to`;
+          try {
+            await show(p, "chat");
+          } finally {
+            send.disabled = fresh.disabled = chatModel.disabled = false;   // the server's writer is free too
+          }
+          app.dataset.state = "shown";
         }
       }
       if (!done) return undo("the reply broke off; send the message again");
-      reply.textContent = done.reply;
-      reply.parentNode.classList.remove("qkv-writing");
-      turns = asked.concat([{role: "assistant", content: done.reply}]);
-      const p = done.payload;
-      status.textContent = `${p.model}: a reply of ${p.tokens.length - p.prompt_length} tokens ` +
-        `(${done.stopped}) in ${Math.round(performance.now() - t0)} ms; below, what each of the ` +
-        `${p.tokens.length} tokens attended to`;
-      await show(p, "chat");
-      app.dataset.state = "shown";
     } catch (e) {
-      undo("cannot show this reply: " + e.message);
+      if (!done) return undo("cannot show this reply: " + e.message);
+      if (no === replies) fail("cannot show this reply's views: " + e.message);
     } finally {
-      send.disabled = fresh.disabled = chatModel.disabled = false;
+      if (!done) send.disabled = fresh.disabled = chatModel.disabled = false;
+    }
+  }
+
+  // What follows a shown reply: its logit lens (computed after it), joining its view if that is still shown.
+  async function extra(event, payload, no) {
+    if (no !== replies || viewOf !== "chat") return;          // another reply's, or another mode's view by now
+    const say = (more) => { if (app.dataset.mode === "chat") status.textContent += more; };
+    if (event.lens) {
+      payload.lens = event.lens;
+      await show(payload, "chat");
+      say("; the Logit lens tab is added");
+      app.dataset.lens = "shown";
+    } else if (event.note) {
+      say(`; ${event.note}`);
+    } else if (event.error) {
+      say(`; no logit lens (${event.error})`);
     }
   }
   chatForm.addEventListener("submit", (e) => { e.preventDefault(); talk(); });
