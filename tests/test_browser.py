@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 import qkv
 from qkv.viz.html import View, save_viewer
-from conftest import MODELS, running_server
+from conftest import MODELS, PATIENCE, running_server
 from test_viewer import XSS, random_trace
 
 from qkv.bench.viewer import ARGS, CHROMIUM, READY, TIMED   # the browser and page helpers `qkv bench viewer` uses
@@ -59,6 +59,7 @@ def browser() -> Browser:
 def tab(browser):
     """A fresh page with no network: anything but file:, data: and the local test server is blocked."""
     context = browser.new_context(viewport={"width": 1100, "height": 800})
+    context.set_default_timeout(PATIENCE * 1000)       # every wait on the page: a hang guard, never a speed limit
     t = Tab(context.new_page())
     allowed = ("file:", "data:", "about:", "http://127.0.0.1:")
 
@@ -85,7 +86,7 @@ def cat(minilm):
 
 def open_viewer(tab: Tab, path: Path) -> None:
     tab.page.goto(path.as_uri())
-    tab.page.wait_for_selector(READY, timeout=15000)
+    tab.page.wait_for_selector(READY)
 
 
 def assert_offline(tab: Tab) -> None:
@@ -149,6 +150,61 @@ def test_matrix_view_shows_a_cells_weight_as_python_computed_it(tab, cat, tmp_pa
         want = f"“{cat.tokens[i]}” (query {i}) → “{cat.tokens[j]}” (key {j}): {value}"
         assert page.text_content(".qkv-readout") == want
     assert page.is_visible(".qkv-tip")
+    assert tab.errors == []
+
+
+# Each drawn matrix label as the polygon its text covers on the page, measured here in the page's own font: its
+# width by measureText, its height the font's line box (textBaseline "middle", as drawn); columns turned by −45°.
+LABEL_BOXES = """c => {
+  const ctx = document.createElement("canvas").getContext("2d"), d = c.qkvLabels, r = c.getBoundingClientRect();
+  ctx.font = d.font;
+  ctx.textBaseline = "middle";
+  const box = (l, right, turn) => {
+    const m = ctx.measureText(l.text), w = m.width, up = m.fontBoundingBoxAscent, down = m.fontBoundingBoxDescent;
+    const corners = right ? [[-w, -up], [0, -up], [0, down], [-w, down]] : [[0, -up], [w, -up], [w, down], [0, down]];
+    const cos = Math.cos(turn), sin = Math.sin(turn);
+    return corners.map(([u, v]) => [r.x + l.x + u * cos - v * sin, r.y + l.y + u * sin + v * cos]);
+  };
+  return {rows: d.rows.map((l) => box(l, true, 0)), cols: d.cols.map((l) => box(l, false, -Math.PI / 4))};
+}"""
+
+
+def polygons_overlap(a: list, b: list) -> bool:
+    """Whether two convex polygons [(x, y), ...] share any area (separating axis theorem)."""
+    for poly in (a, b):
+        for (x1, y1), (x2, y2) in zip(poly, poly[1:] + poly[:1]):
+            nx, ny = y2 - y1, x1 - x2
+            pa, pb = [nx * x + ny * y for x, y in a], [nx * x + ny * y for x, y in b]
+            if max(pa) <= min(pb) + 1e-6 or max(pb) <= min(pa) + 1e-6:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("words, zooms", [(42, [0]), (98, [4, 5, 6, 8])])
+def test_matrix_labels_never_overlap(tab, minilm, tmp_path, words, zooms):
+    """44 and 100 tokens (the matrix opens at 12 and 5 px a cell; + zooms 1.25× a press): every drawn row label and
+    every 45° column label is clear of every other (each polygon its text covers), and enough are drawn to read."""
+    text = " ".join(("the cat sat on the mat while the old dog watched from across a quiet garden " * 8).split()[:words])
+    trace = minilm.run(text, keep=("attentions",))
+    assert len(trace.tokens) == words + 2
+    open_viewer(tab, save_viewer(trace, tmp_path / "v.html"))
+    page = tab.page
+    page.click(".qkv-tab >> text=Matrix")
+    page.focus(".qkv-heat")
+    pressed = 0
+    for presses in zooms:
+        for _ in range(presses - pressed):
+            page.keyboard.press("=")
+        pressed = presses
+        geo = page.eval_on_selector(".qkv-heat", "c => c.dataset")
+        boxes = page.eval_on_selector(".qkv-heat", LABEL_BOXES)
+        cell, cols = float(geo["cell"]), int(geo["cols"])
+        assert cell >= 10 and len(boxes["cols"]) >= min(cols, 560 / cell) / 3, geo     # labelled, one in 3 at least
+        for side in ("rows", "cols"):
+            drawn = boxes[side]
+            for k, a in enumerate(drawn):
+                for b in drawn[k + 1:k + 6]:                                       # neighbours on the page
+                    assert not polygons_overlap(a, b), (side, cell, k)
     assert tab.errors == []
 
 
@@ -248,7 +304,7 @@ def test_two_views_in_one_notebook_page_work_independently(tab, minilm, cat, tmp
     frames = [f for f in tab.page.frames if f != tab.page.main_frame]
     assert len(frames) == 2
     for f in frames:
-        f.wait_for_selector(READY, timeout=15000)
+        f.wait_for_selector(READY)
     first, second = frames
     assert tokens_shown(first) == cat.tokens and tokens_shown(second) == other.tokens
     first.click(".qkv-chip >> nth=2")
@@ -267,7 +323,7 @@ def test_a_notebook_frame_fits_its_viewer(tab, cat, tmp_path):
     notebook.write_text(f"<!DOCTYPE html><meta charset=utf-8><body><div class=output>{view._repr_html_()}</div></body>")
     tab.page.goto(notebook.as_uri())
     frame = next(f for f in tab.page.frames if f != tab.page.main_frame)
-    frame.wait_for_selector(READY, timeout=15000)
+    frame.wait_for_selector(READY)
     tab.page.wait_for_function("() => document.querySelector('iframe.qkv-view').style.height !== '1500px'")
     height = tab.page.evaluate("() => document.querySelector('iframe.qkv-view').getBoundingClientRect().height")
     content = frame.evaluate("() => document.body.getBoundingClientRect().bottom")
@@ -307,6 +363,17 @@ def test_512_tokens_load_and_stay_interactive(tab, minilm, tmp_path):
 
 # the web app --------------------------------------------------------------------
 
+PATIENT = 900_000   # ms the web app's pages wait for what they wait on (an answer shown, a state): a hang guard,
+                    # not a speed limit (on a busy 2-core machine a SmolLM2 reply and its lens took minutes)
+
+
+def open_app(tab: Tab, srv) -> Page:
+    """The web app of SRV in TAB, every wait of its page bounded by PATIENT only."""
+    tab.page.set_default_timeout(PATIENT)
+    tab.page.goto(srv.url)
+    return tab.page
+
+
 @pytest.fixture(scope="module")
 def app_server():
     with running_server("minilm") as srv:
@@ -314,9 +381,8 @@ def app_server():
 
 
 def test_the_web_app_answers_a_typed_sentence(tab, app_server):
-    page = tab.page
-    page.goto(app_server.url)
-    page.wait_for_selector(READY, timeout=30000)                               # the example runs on load
+    page = open_app(tab, app_server)
+    page.wait_for_selector(READY)                               # the example runs on load
     assert tokens_shown(page) == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
     page.click(".qkv-chip >> nth=2")                                           # a head: kept across texts
     page.fill("textarea", "A dog barked at the mailman")
@@ -331,9 +397,8 @@ def test_the_web_app_answers_a_typed_sentence(tab, app_server):
 
 
 def test_the_web_app_has_the_viewers_rollout_tab(tab, app_server):
-    page = tab.page
-    page.goto(app_server.url)
-    page.wait_for_selector(READY, timeout=30000)
+    page = open_app(tab, app_server)
+    page.wait_for_selector(READY)
     assert [t.inner_text() for t in page.query_selector_all(".qkv-tab")][-1] == "Rollout"    # an encoder: no lens
     page.click(".qkv-tab >> text=Rollout")
     page.wait_for_selector(".qkv-heat-rollout")
@@ -341,9 +406,8 @@ def test_the_web_app_has_the_viewers_rollout_tab(tab, app_server):
 
 
 def test_the_web_app_shows_why_it_refuses_a_long_text(tab, app_server):
-    page = tab.page
-    page.goto(app_server.url)
-    page.wait_for_selector(READY, timeout=30000)
+    page = open_app(tab, app_server)
+    page.wait_for_selector(READY)
     page.fill("textarea", "word " * 600)
     page.click("button[type=submit]")
     page.wait_for_selector(".qkv-error:not([hidden])")
@@ -365,9 +429,22 @@ def chat_server():
         yield srv
 
 
-def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, chat_server):
-    page = tab.page
-    page.goto(chat_server.url)
+def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, chat_server, monkeypatch):
+    """The reply streams in; its views show as it ends, Send works again and the time shown is the reply's,
+    while its logit lens is still being computed (held here in a hook); the Logit lens tab joins the view after."""
+    import threading
+
+    import qkv.analysis.sections as sections
+
+    lens_top, started, release = sections.lens_top, threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):                       # the first reply's lens waits for the test
+        started.set()
+        release.wait(PATIENT / 1000)
+        return lens_top(*args, **kwargs)
+
+    monkeypatch.setattr(sections, "lens_top", held)
+    page = open_app(tab, chat_server)
     page.wait_for_selector(".qkv-app[data-mode='chat']")                       # a chat model: the page opens in chat
     assert page.get_attribute(".qkv-mode[data-mode='chat']", "aria-pressed") == "true"
     # record every text the reply bubble showed while it was being written
@@ -377,7 +454,18 @@ def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, ch
         {subtree: true, childList: true, characterData: true}); }""")
     page.fill("textarea[name=message]", "What is the capital of France?")
     page.press("textarea[name=message]", "Enter")
-    page.wait_for_selector(".qkv-app[data-state='shown']", timeout=120000)
+    try:
+        assert started.wait(PATIENT / 1000)          # the reply is written; its lens is being computed, held
+        chat_server.app.writer.enter(wait=False)     # the server's writer is free (Busy if the lens held it)
+        chat_server.app.writer.leave()
+        page.wait_for_selector(".qkv-app[data-state='shown']")                  # the reply's views, at once
+        assert page.is_enabled(".qkv-chat-form button[type=submit]") and page.get_attribute(".qkv-app", "data-lens") is None
+        assert "Logit lens" not in [t.inner_text() for t in page.query_selector_all(".qkv-tab")]
+        assert "a reply of" in page.text_content(".qkv-status")              # its time: the reply's, not the lens's
+    finally:
+        release.set()
+    page.wait_for_selector(".qkv-app[data-lens='shown']")                        # the lens joins the view
+    assert "Logit lens" in [t.inner_text() for t in page.query_selector_all(".qkv-tab")]
     model = chat_server.app.model("smollm2")
     question = [{"role": "user", "content": "What is the capital of France?"}]
     reply = model.chat(question, max_new_tokens=160)
@@ -395,7 +483,7 @@ def test_the_chat_streams_a_reply_then_shows_what_each_token_attended_to(tab, ch
     page.fill("textarea[name=message]", "And of Italy?")
     page.click(".qkv-chat-form button[type=submit]")
     page.wait_for_function("() => document.querySelectorAll('.qkv-msg').length === 4 && "
-                           "document.querySelector('.qkv-app').dataset.state === 'shown'", timeout=120000)
+                           "document.querySelector('.qkv-app').dataset.state === 'shown'")
     turns = question + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And of Italy?"}]
     assert page.text_content(".qkv-msg-assistant >> nth=1") .endswith(model.chat(turns, max_new_tokens=160))
     page.click(".qkv-new-chat")
@@ -408,9 +496,8 @@ def test_the_chat_never_shows_another_answers_view_under_its_reply(tab, app_serv
     """Plain `qkv serve` (MiniLM): after Show attention, the chat mode does not show MiniLM's view under
     a reply being written (it looked like the reply's); the reply's own view appears when it is done, and
     the attention mode shows its own again."""
-    page = tab.page
-    page.goto(app_server.url)
-    page.wait_for_selector(READY, timeout=30000)                                 # MiniLM's view of the example
+    page = open_app(tab, app_server)
+    page.wait_for_selector(READY)                                 # MiniLM's view of the example
     root = "[data-qkv-root]"
     assert page.is_visible(root)
     page.click(".qkv-mode[data-mode='chat']")
@@ -419,25 +506,24 @@ def test_the_chat_never_shows_another_answers_view_under_its_reply(tab, app_serv
     page.press("textarea[name=message]", "Enter")
     page.wait_for_selector(".qkv-app[data-state='writing']")
     assert page.is_hidden(root)
-    page.wait_for_selector(".qkv-app[data-state='shown']", timeout=120000)
+    page.wait_for_selector(".qkv-app[data-state='shown']")
     assert page.is_visible(root) and tokens_shown(page)[0] == "<|im_start|>"  # the reply's own view
     page.click(".qkv-mode[data-mode='attention']")
     assert page.is_hidden(root)                                                  # until it shows its own again
     page.click("button[type=submit]")
-    page.wait_for_function("() => document.querySelector('[data-qkv-root]').hidden === false", timeout=30000)
+    page.wait_for_function("() => document.querySelector('[data-qkv-root]').hidden === false")
     page.wait_for_selector(READY)
     assert tokens_shown(page)[0] == "[CLS]"
     assert tab.errors == [] and tab.dialogs == []
 
 
 def test_the_chat_shows_why_it_refuses(tab, chat_server):
-    page = tab.page
-    page.goto(chat_server.url)
+    page = open_app(tab, chat_server)
     page.wait_for_selector(".qkv-app[data-mode='chat']")
     page.select_option(".qkv-chat-model", "minilm")
     page.fill("textarea[name=message]", "Hello")
     page.press("textarea[name=message]", "Enter")
-    page.wait_for_selector(".qkv-error:not([hidden])", timeout=60000)
+    page.wait_for_selector(".qkv-error:not([hidden])")
     assert "all-MiniLM-L6-v2 is an encoder" in page.text_content(".qkv-error")
     assert page.locator(".qkv-msg").count() == 0                                # the question is taken back
     assert page.input_value("textarea[name=message]") == "Hello"
