@@ -24,6 +24,12 @@ DECODER_FIXTURES = [n for n in FAMILY_FIXTURES if not n.startswith(ENCODER_PREFI
 TOL_HIDDEN = 1e-4       # hidden states and logits, max abs
 TOL_ATTENTION = 1e-5    # attention weights, max abs
 
+# Tests wait on events (a line from a child, a file listed, a selector shown), never for a number of seconds.
+# PATIENCE only bounds such a wait so that a hang fails instead of blocking the run: a hang guard, never a speed
+# limit (on a busy 2-core machine a step that takes a second idle has taken minutes). Seconds; Playwright's
+# waits get it in milliseconds (tests/test_browser.py's `tab`).
+PATIENCE = 900
+
 # tests/live needs torch + transformers and re-checks against them live: only
 # `make test-live` (pytest tests/live) runs it, never the ordinary `pytest`.
 collect_ignore = ["live"]

@@ -94,7 +94,7 @@ def test_workers_end_when_their_parent_is_killed():
     import subprocess
     import time
 
-    from conftest import MODELS
+    from conftest import MODELS, PATIENCE
 
     parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(MODELS / "bert")],
                               stdout=subprocess.PIPE, text=True)
@@ -103,8 +103,8 @@ def test_workers_end_when_their_parent_is_killed():
         workers = [int(p) for p in parent.stdout.readline().split()]       # blocks until the pool runs
         assert len(workers) >= 2 and all(_alive(p) for p in workers)
         parent.send_signal(signal.SIGKILL)                                 # no cleanup can run
-        parent.wait(timeout=30)
-        deadline = time.monotonic() + 10
+        parent.wait(timeout=PATIENCE)
+        deadline = time.monotonic() + PATIENCE       # the kernel kills them at once (PR_SET_PDEATHSIG): a hang guard
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in workers if _alive(p)], "workers outlived their parent"

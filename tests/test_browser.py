@@ -328,8 +328,9 @@ def test_a_notebook_frame_fits_its_viewer(tab, cat, tmp_path):
     height = tab.page.evaluate("() => document.querySelector('iframe.qkv-view').getBoundingClientRect().height")
     content = frame.evaluate("() => document.body.getBoundingClientRect().bottom")
     assert content <= height <= content + 40, (height, content)      # fits, within the frame's border and margin
-    tab.page.evaluate("() => window.postMessage({qkvHeight: 5}, '*')")  # not from the frame: ignored
-    tab.page.wait_for_timeout(100)
+    tab.page.evaluate("() => new Promise((done) => {"                       # not from the frame: ignored (the
+                      "  addEventListener('message', (e) => e.data === 'after' && done());"   # 'after' message
+                      "  postMessage({qkvHeight: 5}, '*'); postMessage('after', '*'); })")  # arrives after it)
     assert tab.page.evaluate("() => document.querySelector('iframe.qkv-view').getBoundingClientRect().height") == height
     assert tab.errors == []
 

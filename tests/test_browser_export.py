@@ -40,7 +40,7 @@ def copied(tab, scope: str = "") -> dict:
     tab.page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     note = tab.page.locator(f"{scope} .qkv-export-note").first
     tab.page.locator(f"{scope} .qkv-export-btn[data-export=json]").first.click()
-    note.filter(has_text="copied").wait_for(timeout=10000)
+    note.filter(has_text="copied").wait_for()
     text = tab.page.evaluate("navigator.clipboard.readText()")
     tab.page.evaluate("() => document.querySelectorAll('.qkv-export-note').forEach(n => { n.textContent = ''; })")
     return json.loads(text)
@@ -166,7 +166,7 @@ def test_both_panels_of_the_pipeline_page_export(tab, tmp_path, minilm):
     trace = minilm.run(SENTENCE)
     open_viewer_pipeline = save_pipeline(minilm, SENTENCE, tmp_path / "p.html")
     tab.page.goto(open_viewer_pipeline.as_uri())
-    tab.page.wait_for_selector("[data-qkv-pipeline][data-ready='1']", timeout=15000)
+    tab.page.wait_for_selector("[data-qkv-pipeline][data-ready='1']")
     tab.page.click(".qkv-p-box[data-box=attn]")
     tab.page.select_option(".qkv-p-layer", "2")
     tab.page.select_option(".qkv-p-head-pick", "5")

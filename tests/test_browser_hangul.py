@@ -67,7 +67,7 @@ def test_the_web_app_serves_the_font_and_shows_korean(tab):
     with running_server(str(MODELS / "gpt2")) as srv:
         tab.page.goto(srv.url)
         tab.page.click(".qkv-mode[data-mode='pipeline']")
-        tab.page.wait_for_selector("[data-qkv-pipeline][data-ready='1']", timeout=30000)
+        tab.page.wait_for_selector("[data-qkv-pipeline][data-ready='1']")
         assert distinct_glyphs(tab.page, ".qkv-pipe-form") == len(GLYPHS)
         assert any(u.endswith("/hangul.woff") for u in tab.requests)
     assert tab.errors == []

@@ -76,7 +76,7 @@ def test_a_4096_token_page_opens_says_what_it_keeps_and_the_head_view_shows_the_
     open_viewer(tab, long_page)
     page = tab.page
     page.select_option(".qkv-layer", "1")                  # a layer maybe not inflated yet: the view waits for it
-    page.wait_for_selector("[data-qkv-root][data-decoded='all']", timeout=60000)   # the rest, after the first paint
+    page.wait_for_selector("[data-qkv-root][data-decoded='all']")   # the rest, after the first paint
     root = tab.state()
     assert int(root["paintedAt"]) >= int(root["readyAt"]) and "waiting" not in root
     assert_offline(tab)

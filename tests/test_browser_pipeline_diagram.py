@@ -90,19 +90,26 @@ def test_every_cell_of_S_A_and_Z_is_worked_out_as_the_engine(tab, llama, tmp_pat
 
 
 def test_the_products_light_up_one_by_one_with_the_running_sum(tab, llama, tmp_path):
-    open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html", box="scores"))
+    """The page's clock is Playwright's, stopped: the animation moves only as the test moves the clock (the real one
+    would let a busy machine's page finish it between two of the test's looks)."""
     page = tab.page
-    page.wait_for_function("() => document.querySelector('.qkv-p-running').textContent.includes('/')")
-    lit = page.locator(".qkv-p-term.qkv-p-lit").count()
-    assert 0 < lit < page.locator(".qkv-p-term").count()                        # part way through
-    page.wait_for_function("() => document.querySelectorAll('.qkv-p-term:not(.qkv-p-lit)').length === 0")
+    page.clock.install(time=0)
+    page.clock.pause_at(1000)                                                   # before the page exists
+    open_page(tab, save_pipeline(llama, SENTENCE, tmp_path / "p.html", box="scores"))
+    lit = lambda: page.locator(".qkv-p-term.qkv-p-lit").count()
+    terms = page.locator(".qkv-p-term").count()
+    assert lit() == 0 and terms > 2
+    page.clock.run_for(130)                                                     # ≥ 2 steps (8–60 ms each)
+    assert 0 < lit() < terms and "/" in page.text_content(".qkv-p-running")     # part way through, summing
+    page.clock.run_for(1600)                                                    # all of it takes 1.5 s at most
+    assert lit() == terms and page.text_content(".qkv-p-running") == ""
     page.click(".qkv-p-replay")
-    assert page.locator(".qkv-p-term.qkv-p-lit").count() < page.locator(".qkv-p-term").count()
+    assert lit() < terms
     page.emulate_media(reduced_motion="reduce")                                 # no animation at all
     page.reload()
     page.wait_for_selector(READY)
-    page.wait_for_timeout(300)
-    assert page.locator(".qkv-p-term.qkv-p-lit").count() == 0 and page.text_content(".qkv-p-running") == ""
+    page.clock.run_for(5000)
+    assert lit() == 0 and page.text_content(".qkv-p-running") == ""
     assert tab.errors == []
 
 
@@ -128,12 +135,12 @@ def test_the_web_app_asks_the_engine_for_a_layer_it_lacks(tab, monkeypatch):
         page = tab.page
         page.goto(srv.url)
         page.click(".qkv-mode[data-mode='pipeline']")
-        page.wait_for_selector(READY, timeout=30000)
+        page.wait_for_selector(READY)
         page.select_option(".qkv-p-layer", "1")
         page.click(".qkv-p-box[data-box='attn']")
         page.evaluate("() => { document.querySelector('[data-qkv-pipeline]').dataset.ready = ''; }")
         page.click(".qkv-p-ar-load")
-        page.wait_for_selector(READY, timeout=30000)
+        page.wait_for_selector(READY)
         assert state(tab).items() >= {"layer": "1", "box": "attn"}.items()
         matrix, i, j, value, engine = worked(tab)
         assert matrix == "A" and engine == float(trace.layers[1].attentions[0, i, j]) and abs(value - engine) <= 1e-6

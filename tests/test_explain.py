@@ -15,7 +15,7 @@ import qkv
 from qkv.lessons import attention as explain, attention_render as explain_render
 
 from qkv.viz.explain_text import TEXTS
-from conftest import MODELS, run_main
+from conftest import MODELS, PATIENCE, run_main
 
 STEPS = ["⓪", "①", "②", "③", "④", "⑤", "⑥", "⑦", "⑧"]
 
@@ -122,7 +122,7 @@ def test_mistakes_give_one_line_and_exit_2(monkeypatch, capsys, args, message):
 
 def test_cli_explain_in_korean():
     r = subprocess.run([sys.executable, "-m", "qkv", "explain", "--lang", "ko", "--head", "-10"],
-                       capture_output=True, text=True, timeout=120, encoding="utf-8")
+                       capture_output=True, text=True, timeout=PATIENCE, encoding="utf-8")
     assert r.returncode == 0, r.stderr
     assert "12개 헤드 중 2번 헤드" in r.stdout and "⑧ 왜 √d_k로 나누나" in r.stdout
 

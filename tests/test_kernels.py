@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import PATIENCE
 from qkv.engine import attention as A
 from qkv.engine.kernels import linear_attention, sliding_window_attention, tiled_attention
 from qkv.engine.kernels import compare_to_softmax, elu_feature_map
@@ -146,7 +147,8 @@ print(json.dumps({"peak": peak, "out": out.nbytes, "scores": H * n * n * 4, "fin
 
 def test_memory_at_16k_tokens_is_far_below_the_score_matrix():
     """In a fresh process: the extra memory of tiled attention at n = 16384 is O(n·block), not n²."""
-    r = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "16384"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "16384"], capture_output=True, text=True,
+                       timeout=PATIENCE)
     assert r.returncode == 0, r.stderr
     m = json.loads(r.stdout)
     assert m["finite"]

@@ -6,12 +6,15 @@ from __future__ import annotations
 import nbformat
 from nbclient import NotebookClient
 
-from conftest import MODELS
+from conftest import MODELS, PATIENCE
 
 
 def run_cells(*sources: str) -> list:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    # Each wait of the client bounded by PATIENCE only: the kernel starting (nbclient's default: 60 s), a cell, and
+    # a cell's output arriving after its reply (default: 4 s, then the output is dropped with a mere warning).
+    NotebookClient(nb, timeout=PATIENCE, startup_timeout=PATIENCE, iopub_timeout=PATIENCE,
+                   raise_on_iopub_timeout=True, kernel_name="python3").execute()
     return [cell.outputs for cell in nb.cells]
 
 

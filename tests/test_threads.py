@@ -119,3 +119,22 @@ def test_set_blas_threads_lasts_until_set_again():
         for lib, n in zip(threads._blas_libs(), before):
             lib.set_num_threads(n)
     assert blas_threads() == before
+
+
+def test_a_blas_loaded_after_the_first_look_is_found(monkeypatch):
+    """A library an import brings in later (scipy's OpenBLAS, loaded with numba's kernels) is limited too: the
+    libraries are looked for again once modules were imported since the last look."""
+    import sys
+    import types
+
+    from qkv.engine import threads
+
+    class Nothing:                          # what a look before that import found: no BLAS at all
+        lib_controllers = []
+
+    monkeypatch.setattr(threads, "_controller", Nothing())
+    monkeypatch.setattr(threads, "_seen_modules", len(sys.modules))
+    assert threads._blas_libs() == []                                   # no import since: the same look
+    monkeypatch.setitem(sys.modules, "qkv_test_a_new_module", types.ModuleType("qkv_test_a_new_module"))
+    assert [lib.user_api for lib in threads._blas_libs()] and all(
+        lib.user_api == "blas" for lib in threads._blas_libs())           # looked again: NumPy's BLAS found

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from qkv.cli.app import cli
 from qkv.engine.errors import QkvError
 from qkv.train.loop import KEEP, _flatten, _unflatten, open_run, read_log
 from qkv.engine.threads import blas_threads
+from conftest import PATIENCE
 
 # A tiny induction model: one step takes a few milliseconds.
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--vocab", "8", "--half", "4", "--min-half", "3",
@@ -75,20 +76,50 @@ def test_state_flattens_and_back():
     assert back["nested"]["x"][0] == 1.5 and back["nested"]["x"][1] is state["nested"]["x"][1]
 
 
-def _start(out: Path, steps: int) -> subprocess.Popen:
-    """`python -m qkv train …` in a new process, as a user would start it."""
-    return subprocess.Popen([sys.executable, "-m", "qkv", "train", "--task", "induction", "--out", str(out), *TINY,
+# `qkv train` in a new process, as a user would start it, held at its first checkpoint until a signal comes: the
+# test kills or interrupts it there, waiting on the child's word, never on a clock (a run can end before a test
+# that polls gets the CPU back on a busy machine).
+HELD = "held at the checkpoint of step"
+HELD_RUN = textwrap.dedent(f"""
+    import signal, sys, time
+    from qkv.cli.app import main
+    from qkv.train.loop import Run
+
+    save = Run.save_checkpoint
+
+    def held(self):
+        path = save(self)
+        if not held.said:                           # the first checkpoint is on disk: say so, then wait for a signal
+            held.said, came, ctrl_c = True, [], signal.getsignal(signal.SIGINT)       # ctrl_c: the loop's handler
+
+            def noted(signum, frame):
+                came.append(signum)
+                ctrl_c(signum, frame)               # a Ctrl-C as it reaches the run: noted, the step finishes, it stops
+
+            signal.signal(signal.SIGINT, noted)
+            print({HELD!r}, self.step, flush=True)
+            while not came:                         # SIGKILL ends the process here
+                time.sleep(0.01)
+            signal.signal(signal.SIGINT, ctrl_c)
+        return path
+
+    held.said = False
+    Run.save_checkpoint = held
+    sys.argv = ["qkv", *sys.argv[1:]]
+    main()
+""")
+
+
+def _start_held(out: Path, steps: int) -> tuple[subprocess.Popen, int]:
+    """`qkv train …` in a new process, held at its first checkpoint: (the process, that checkpoint's step)."""
+    proc = subprocess.Popen([sys.executable, "-c", HELD_RUN, "train", "--task", "induction", "--out", str(out), *TINY,
                              "--steps", str(steps), "--every", "10", "--checkpoint-every", "10"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
-    """Return as soon as the run in OUT has written a checkpoint (it goes on training)."""
-    deadline = time.monotonic() + timeout
-    while not any((out / "checkpoints").glob("step-*.npz")):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
+    for line in proc.stdout:                                        # ends (and fails below) if the run dies first
+        if line.startswith(HELD):
+            return proc, int(line.split()[-1])
+    proc.wait()
+    raise AssertionError(f"the run ended (exit {proc.returncode}) before a checkpoint: {proc.stderr.read()[-2000:]}")
 
 
 def _same_run(a: Path, b: Path) -> None:
@@ -106,33 +137,32 @@ def _same_run(a: Path, b: Path) -> None:
 
 
 def test_a_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):
-    steps = 400
+    steps = 60
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train(whole, "--steps", str(steps), "--every", "10", "--checkpoint-every", "10")
-    proc = _start(killed, steps)
-    _wait_for_checkpoint(proc, killed)
+    proc, held = _start_held(killed, steps)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     assert not (killed / "model").exists()                          # no model before the end
     saved = max(int(p.stem[5:]) for p in (killed / "checkpoints").glob("step-*.npz"))
-    assert saved < steps                                            # it was killed mid-run
+    assert saved == held == 10 < steps                              # it was killed mid-run
     r = train(killed, "--steps", str(steps), "--every", "10", "--checkpoint-every", "10")
     assert f"resuming from step {saved} of {steps}" in r.output
     _same_run(whole, killed)
 
 
 def test_ctrl_c_saves_a_checkpoint_and_the_same_command_continues(tmp_path):
-    steps = 400
+    steps = 60
     out = tmp_path / "run"
-    proc = _start(out, steps)
-    _wait_for_checkpoint(proc, out)
+    proc, held = _start_held(out, steps)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=PATIENCE)                     # a hang guard only
     assert proc.returncode == 130
     line = err.strip().splitlines()[-1]
     assert line.startswith("qkv: interrupted at step") and "run the same command again" in line
     stopped = int(line.split("step ")[1].split(";")[0])
+    assert stopped == held                                          # the step in progress finished, then it stopped
     assert (out / "checkpoints" / f"step-{stopped:08d}.npz").is_file() and not (out / "model").exists()
     r = train(out, "--steps", str(steps))                           # options left out come from the run
     assert f"resuming from step {stopped} of {steps}" in r.output

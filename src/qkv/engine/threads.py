@@ -16,6 +16,7 @@ counts cores and sets BLAS threads; qkv.engine.tuning measures how many each kin
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -31,6 +32,7 @@ R = TypeVar("R")
 
 _pool: ThreadPoolExecutor | None = None
 _controller = None
+_seen_modules = 0                 # len(sys.modules) when _controller looked for BLAS libraries
 _lock = threading.Lock()
 _inside = threading.local()          # set in pool threads: no nested pools
 
@@ -65,10 +67,12 @@ DECODE_THREADS_VAR = "QKV_DECODE_THREADS"
 
 
 def _blas_libs() -> list:
-    """NumPy's BLAS libraries, as threadpoolctl controls them (found once)."""
-    global _controller
-    if _controller is None:
-        _controller = ThreadpoolController()
+    """The process's BLAS libraries, as threadpoolctl controls them: found again whenever modules were imported
+    since the last look (~1 ms), since an import can load a BLAS of its own (scipy's OpenBLAS, which numba's
+    kernels bring in), and a library found before it would leave that one unlimited."""
+    global _controller, _seen_modules
+    if _controller is None or _seen_modules != len(sys.modules):
+        _controller, _seen_modules = ThreadpoolController(), len(sys.modules)
     return [lib for lib in _controller.lib_controllers if lib.user_api == "blas"]
 
 
