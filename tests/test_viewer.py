@@ -182,7 +182,10 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, mon
 def test_notebook_view_is_a_sandboxed_iframe_holding_the_document():
     view = View(random_trace([XSS, "b"]), model_name="m")
     out = view._repr_html_()
-    assert out.startswith("<iframe") and out.endswith("</iframe>") and out.count("<") == 2
+    frame, script = out[:out.index("</iframe>") + len("</iframe>")], out[out.index("</iframe>") + len("</iframe>"):]
+    assert frame.startswith("<iframe") and frame.count("<") == 2          # the document only inside srcdoc
+    assert re.fullmatch(r"<script>[^<]*</script>", script)                # and the frame's own height listener
+    assert re.search(r'<iframe id="(qkv-view-[0-9-]+)"', frame).group(1) in script
     assert 'sandbox="allow-scripts"' in out and "allow-same-origin" not in out
     srcdoc = html.unescape(re.search(r'srcdoc="([^"]*)"', out).group(1))
     assert srcdoc == view.html and data_of(srcdoc)["tokens"][0] == XSS
