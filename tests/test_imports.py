@@ -177,3 +177,12 @@ def test_the_walk_sees_imports(source, expected, monkeypatch, tmp_path):
 
 def test_cycles_finds_a_lazy_loop():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_every_kind_of_model_is_named_by_the_package():
+    """qkv.load returns a Model, Seq2SeqModel, ImageModel or AudioModel: each is importable from qkv itself."""
+    import qkv
+
+    assert isinstance(qkv.load("digits-vit"), qkv.ImageModel) and isinstance(qkv.load("ko-en-tiny"), qkv.Seq2SeqModel)
+    assert {"Model", "Seq2SeqModel", "ImageModel", "AudioModel"} <= set(qkv.__all__)
+    assert qkv.AudioModel.__module__ == "qkv.engine.audio_model"

@@ -16,11 +16,13 @@ from .checkpoints.save import save
 from .engine.config import ModelConfig
 from .engine.errors import QkvError
 from .engine.model import Model, Output
+from .engine.audio_model import AudioModel
+from .engine.image_model import ImageModel
 from .engine.seq2seq import Seq2SeqModel, Seq2SeqOutput
 from .engine.trace import LayerTrace, Trace
 
 __all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace",
-           "Seq2SeqModel", "Seq2SeqOutput"]
+           "Seq2SeqModel", "Seq2SeqOutput", "ImageModel", "AudioModel"]
 __version__ = "0.1.0"
 
 # The folders, reachable as attributes after `import qkv` (qkv.analysis.logit_lens(...), qkv.viz.figures, …):

@@ -367,15 +367,15 @@ def serve(source: str, port: int, host: str) -> None:
         server.server_close()
 
 
-cli.add_command(heads_cmd)        # `qkv heads`: what each head does (analysis/cli.py)
-cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (bench/cli.py)
-cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (train/cli.py)
+cli.add_command(heads_cmd)        # `qkv heads`: what each head does (cli/heads.py)
+cli.add_command(bench_cmd)        # `qkv bench`: timings against transformers (cli/bench.py)
+cli.add_command(train_cmd)        # `qkv train`: train a small model in NumPy (cli/train.py)
 for command in (generate, translate_cmd, chat_cmd):
-    cli.add_command(command)      # writing text: generate, translate, chat (cli_write.py)
+    cli.add_command(command)      # writing text: generate, translate, chat (cli/write.py)
 for command in (explain_cmd, next_cmd):
-    cli.add_command(command)      # the walkthrough, its lessons, the next token (cli_explain.py)
+    cli.add_command(command)      # the walkthrough, its lessons, the next token (cli/explain.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd, trace_fact_cmd):
-    cli.add_command(command)      # beyond attention weights (cli_interpret.py)
+    cli.add_command(command)      # beyond attention weights (cli/interpret.py)
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored in shards (cli/activations.py)
 cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)

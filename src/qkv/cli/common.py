@@ -2,7 +2,7 @@
 the early check of an output directory, and `run`, which turns a user's mistake (QkvError)
 into one line on stderr and exit code 2.
 
-cli.py, analysis/cli.py and bench/cli.py import this module; it imports none of them.
+Every module of cli/ imports this one; it imports none of them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`qkv explain` (the walkthrough of docs/guide.md and its topics, `qkv explain TOPIC`) and `qkv next` (the
-next-token distribution at several temperatures). Registered by cli.py."""
+next-token distribution at several temperatures). Registered by cli/app.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The commands that write text: `qkv generate` (continue a prompt), `qkv translate` (an
 encoder–decoder's target) and `qkv chat` (one question or a conversation with an LLM), each with
 --trace DIR for what the written tokens attended to; generate and chat steer with SAE features
-(--sae DIR --steer FEATURE:ALPHA, cli/sae_views.py). Registered by cli.py."""
+(--sae DIR --steer FEATURE:ALPHA, cli/sae_views.py). Registered by cli/app.py."""
 
 from __future__ import annotations
 
