@@ -145,7 +145,8 @@ def work(model: Model, n: int, kind: str = "attention") -> float:
         "next"       two passes and a pipeline page of n tokens
     """
     c = model.config
-    L = c.n_layers + (c.n_decoder_layers or c.n_layers if getattr(c, "encoder_decoder", False) else 0)
+    decoder = (c.n_decoder_layers or c.n_layers) if getattr(c, "encoder_decoder", False) else 0   # its own stack
+    L = c.n_layers + decoder
     d, d_k = c.d_model, c.d_head or c.d_model // c.n_heads
     attention = d * d_k * (2 * c.n_heads + 2 * (c.n_kv_heads or c.n_heads))       # W_Q, W_O; W_K, W_V
     ffn = (3 if c.gated_ffn else 2) * d * c.d_ff * max(1, c.experts_per_token)      # a routed token: k experts
