@@ -61,6 +61,21 @@ def running_server(source: str, **options) -> Iterator:
         srv.server_close()
 
 
+class Spy:
+    """A model whose passes' last logits are kept, (B, V) each: what each generated token was chosen from."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def last_logits(self, *args, **kw):
+        z = self.model.last_logits(*args, **kw)                  # (B, 1, V)
+        self.seen.append(z[:, -1].copy())
+        return z
+
+
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))

@@ -20,7 +20,7 @@ from qkv.engine.model import transformer
 from qkv.engine.trace import Recorder
 from qkv.writing.chat import Conversation
 from qkv.writing.generate import Recording, decode
-from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs
+from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, Spy, max_abs
 
 ORIGINAL = 8                                     # original_max_position_embeddings: passes longer take the long table
 
@@ -38,21 +38,6 @@ def phi3(original: int = ORIGINAL, rotary: float = 0.5, kv: int = 2, window: int
 
 
 PROMPT = np.array([[5, 17, 42, 9, 33]])          # 5 tokens: the prompt's pass and 3 steps take the short table
-
-
-class Spy:
-    """A model whose passes' last logits are kept: what each generated token was chosen from."""
-
-    def __init__(self, model):
-        self.model, self.seen = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def last_logits(self, *args, **kw):
-        z = self.model.last_logits(*args, **kw)                  # (B, 1, V)
-        self.seen.append(z[:, -1].copy())
-        return z
 
 
 def written(model, ids: np.ndarray, mask: np.ndarray, new: int, use_cache: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,6 @@ error never blames the checkpoint or the chat template for what the user gave.
 from __future__ import annotations
 
 import ast
-import shutil
 from pathlib import Path
 
 import click
@@ -22,6 +21,7 @@ from click.testing import CliRunner
 
 import qkv
 from conftest import MODELS, run_main
+from test_show_audio import whisper  # noqa: F401 (the fixture: the whisper fixture with a tokenizer.json)
 from qkv.cli.app import cli
 from qkv.engine.errors import QkvError
 
@@ -179,24 +179,10 @@ def test_circuits_with_its_default_text_fails_in_one_line(monkeypatch, capsys):
     assert "layer 99 does not exist" in one_error_line(code, err)
 
 
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory):
-    """The whisper fixture with a word-level tokenizer.json (w4 … w59), as tests/test_show_audio.py makes it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    out = tmp_path_factory.mktemp("whisper") / "m"
-    shutil.copytree(MODELS / "whisper", out)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<start>": 3} | {f"w{i}": i for i in range(4, 60)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(out / "tokenizer.json"))
-    return out
-
-
 @pytest.mark.parametrize("command", ["generate", "translate"])
 @pytest.mark.parametrize("text", ["hello", "w5 w6"])
 def test_whisper_generate_and_translate_are_one_line(monkeypatch, capsys, whisper, tmp_path, command, text):
-    code, out, err = run_main(monkeypatch, capsys, command, text, "--model", str(whisper),
+    code, out, err = run_main(monkeypatch, capsys, command, text, "--model", str(whisper[0]),
                               "--trace", str(tmp_path / "t"))
     line = one_error_line(code, err)
     assert "is Whisper: it reads sound" in line and "qkv show FEATURES.npy" in line

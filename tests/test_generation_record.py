@@ -9,7 +9,7 @@ import pytest
 import qkv
 from qkv.engine.errors import QkvError
 from qkv.writing.generate import Recording, TextStream, decode
-from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
+from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, Spy, max_abs, reference
 
 
 def load(name):
@@ -46,21 +46,6 @@ def test_the_recorded_trace_equals_one_pass_over_prompt_and_reply(name):
     assert not trace.attentions.flags.writeable                           # the layers' rows, not a copy
 
 
-class Spy:
-    """A model whose one-token steps' logits are kept: what an unrecorded generation chose from."""
-
-    def __init__(self, model):
-        self.model, self.seen = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def last_logits(self, *args, **kw):
-        z = self.model.last_logits(*args, **kw)
-        self.seen.append(z[0, -1].copy())
-        return z
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "mistral"])
 def test_recording_writes_exactly_what_an_unrecorded_generation_writes(name):
     """A prompt past causal_attention's blocks (64 rows): the prefill keeps its unrecorded route and the
@@ -73,7 +58,7 @@ def test_recording_writes_exactly_what_an_unrecorded_generation_writes(name):
     record, new = recorded(model, prompt, 12, temperature=1.0, seed=5)
     assert new == plain
     assert len(record.ends) == len(spy.seen) == 12
-    assert all(np.array_equal(record.logits[t], z) for t, z in zip(record.ends, spy.seen))
+    assert all(np.array_equal(record.logits[t], z[0]) for t, z in zip(record.ends, spy.seen))   # row 0 of (1, V)
     same_as_a_pass(model, record.trace(model, np.concatenate([prompt, new]), 90), np.concatenate([prompt, new]))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import Spy
 from live_helpers import INIT_RANGE, TOL_HIDDEN, build, max_abs, save
 from transformers import Phi3Config, Phi3ForCausalLM, StableLmConfig, StableLmForCausalLM
 
@@ -58,21 +59,6 @@ def theirs(model, ids: np.ndarray, mask: np.ndarray, use_cache: bool) -> tuple[n
                              do_sample=False, eos_token_id=None, pad_token_id=0, use_cache=use_cache,
                              output_logits=True, return_dict_in_generate=True)
     return out.sequences[:, ids.shape[1]:].numpy(), torch.stack(out.logits).numpy()
-
-
-class Spy:
-    """A qkv model whose passes' last logits are kept: what each written token was chosen from."""
-
-    def __init__(self, model):
-        self.model, self.seen = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def last_logits(self, *args, **kw):
-        z = self.model.last_logits(*args, **kw)
-        self.seen.append(z[:, -1].copy())
-        return z
 
 
 def ours(model, ids: np.ndarray, mask: np.ndarray, use_cache: bool) -> tuple[np.ndarray, np.ndarray]:
