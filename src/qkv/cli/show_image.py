@@ -35,10 +35,10 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     if budget_mb is not None:
         raise QkvError(f"--budget-mb limits a long text's viewer; every weight of {model.name}'s images fits: "
                        "drop --budget-mb")
-    if model.name == "digits-vit" and image.strip() in tuple("0123456789") and not os.path.exists(image):
-        from ..lessons.vit import example_image
+    from ..lessons.vit import example_image, shipped_digit
 
-        image = str(example_image(image.strip()))                   # "7": the shipped example digit-7.png
+    if model.name == "digits-vit" and shipped_digit(image) and not os.path.exists(image):
+        image = str(example_image(shipped_digit(image)))            # "7": the shipped example digit-7.png
         click.echo(f"(the example digit shipped with digits-vit: {image})", err=True)
     model.check_image(image)                                        # text given: one line, before anything
     layer = model.check_layer(-1 if layer is None else layer)

@@ -85,6 +85,12 @@ def example_image(digit: str = DEFAULT_DIGIT) -> Path:
     return digits_dir() / f"digit-{digit}.png"
 
 
+def shipped_digit(text: str) -> str | None:
+    """The digit 0–9 TEXT names (digits-vit ships an example of each: `example_image`), else None."""
+    digit = text.strip()
+    return digit if len(digit) == 1 and digit in "0123456789" else None
+
+
 def build(model, text: str | None = None, *, layer: int | None = None) -> Lesson:
     """The image TEXT (a file; a digit 0–9 or nothing: digits-vit's example digit) through the ViT `model`,
     attention followed in `layer` (default 0); every number checked against the engine."""
@@ -99,8 +105,8 @@ def build(model, text: str | None = None, *, layer: int | None = None) -> Lesson
                        "digits-vit: use --model digits-vit")
     layer = 0 if layer is None else model.check_layer(layer)
     true_label = None
-    if text is None or (len(text.strip()) == 1 and text.strip().isdigit()):
-        digit = DEFAULT_DIGIT if text is None else text.strip()
+    if text is None or shipped_digit(text):
+        digit = DEFAULT_DIGIT if text is None else shipped_digit(text)
         source, image, true_label = example_image(digit), f"digit-{digit}.png", digit
     else:
         source, image = Path(text), Path(text).name
