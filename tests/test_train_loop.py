@@ -205,3 +205,12 @@ def test_a_learning_rate_that_blows_up_stops_in_one_line_and_logs_no_nan(tmp_pat
     for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines():
         entry = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in log.jsonl"))
         assert all(np.isfinite(v) for v in entry.values() if isinstance(v, float))
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "{", "[1, 2]"])
+def test_a_damaged_run_file_is_one_line(tmp_path, text):
+    """run.json nested past Python's recursion limit, cut short or not an object: not a run qkv made, one line
+    (the nested one was a RecursionError traceback)."""
+    (tmp_path / "run.json").write_text(text)
+    with pytest.raises(QkvError, match="holds other files, not a qkv training run"):
+        open_run(tmp_path, "induction", {})

@@ -18,7 +18,6 @@ as an uninterrupted one.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -357,9 +356,11 @@ def make_task(s: Settings, out: Path):
 
 
 def read_json(path: Path) -> dict | None:
-    """A JSON object from PATH, or None if it is missing or not one."""
+    """A JSON object from PATH (read as every JSON file is: engine.io_json), or None if it is missing or not a
+    sound one (a run's settings file, whose absence or damage means a new run)."""
+    from ..engine.io_json import read_json as read_checked
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_checked(path)
+    except QkvError:
         return None
-    return data if isinstance(data, dict) else None
