@@ -18,7 +18,7 @@ import pytest
 
 import qkv
 from conftest import MODELS, max_abs, reference
-from qkv.engine.model import Model
+from qkv.models.model import Model
 
 TOL = 1e-6
 FIXTURES = ["llama_gqa", "gpt2", "bert"]

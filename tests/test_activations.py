@@ -371,7 +371,7 @@ def test_a_full_disk_is_one_error_line_leaves_no_temporary_file_and_the_store_co
 
 
 def test_meta_json_on_a_full_disk_is_one_error(monkeypatch, corpus, tmp_path):
-    import qkv.engine.io as io
+    import qkv.runtime.io as io
 
     collect(tmp_path / "s", corpus, tokens=100)
     monkeypatch.setattr(io.os, "replace", _full)

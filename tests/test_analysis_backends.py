@@ -53,7 +53,7 @@ def test_ray_missing_says_how_to_install_it(monkeypatch):
 
 
 def test_workers_need_a_source_they_can_load(minilm):
-    from qkv.engine.model import Model
+    from qkv.models.model import Model
 
     in_memory = Model(minilm.config, minilm.weights, minilm.tokenizer, name="my-own-model")
     with pytest.raises(QkvError, match="does not load this model"):

@@ -56,7 +56,7 @@ def test_repeated_random_tokens_repeat_inside_the_template(minilm):
 
 def test_induction_scores_find_a_planted_induction_head(monkeypatch, minilm):
     """Replace the model's attention by a planted pattern: the detector must point at that head."""
-    from qkv.engine import model as model_module
+    from qkv.models import model as model_module
 
     class Planted:
         def __init__(self, L, H):

@@ -14,7 +14,7 @@ import qkv
 from qkv.analysis import analyse
 from qkv.analysis.seq2seq_heads import KIND_STATS, KINDS, Seq2SeqHeadReport
 from qkv.cli.app import cli, main
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 TEXTS = ["나는 학교에 간다", "그녀는 공원에서 책을 읽었어요"]
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qkv.engine import attention as A
+from qkv.core import attention as A
 
 
 def naive_attention(q, k, v, allowed=None):
@@ -125,7 +125,7 @@ def test_causal_attention_by_blocks_equals_the_plain_path(n, m, window, padded, 
 @pytest.mark.parametrize("window", [None, 1, 3])
 def test_one_rule_for_every_mask(window):
     """masks.visible, and every mask built from it, equal the definition: j <= i and i - j < window."""
-    from qkv.engine import kernels, masks
+    from qkv.core import kernels, masks
 
     n, m = 5, 9
     pos = np.arange(m - n, m)                                            # the last n positions query

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine import attention as at
+from qkv.core import attention as at
 from conftest import DECODER_FIXTURES, FAMILY_FIXTURES, MODELS
 
 IDS = np.random.default_rng(1).integers(3, 90, 21)          # every fixture's vocabulary holds ids below 90

@@ -18,7 +18,7 @@ import qkv
 from conftest import DECODER_FIXTURES, MODELS, run_main
 from qkv.analysis import direct_logit_attribution
 from qkv.analysis.attribution import KEEP, attribution_of_trace, token_id
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 TOL = 1e-4             # max abs, logits
 IOI = "When Mary and John went to the store, John gave a drink to"

@@ -9,16 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qkv.engine import blocks_backward as back
-from qkv.engine import ops
-from qkv.engine.attention import AttentionMask, attention_backward, scaled_dot_product_attention
-from qkv.engine.blocks import Context, block, linear
-from qkv.engine.blocks_backward import Tape
-from qkv.engine.config import ModelConfig
-from qkv.engine.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
-from qkv.engine.trace import Recorder
+from qkv.core import blocks_backward as back
+from qkv.core import ops
+from qkv.core.attention import AttentionMask, attention_backward, scaled_dot_product_attention
+from qkv.core.blocks import Context, block, linear
+from qkv.core.blocks_backward import Tape
+from qkv.core.config import ModelConfig
+from qkv.core.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
+from qkv.core.trace import Recorder
 from qkv.train import backprop as G
-from qkv.engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
+from qkv.core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights
 
 EPS = 1e-6
 TOL = 1e-6

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from qkv.bench import forward as fwd
 from qkv.cli.bench import bench, forward_command
 from qkv.bench.common import cpu_snapshot, machine_facts, others_cores, time_interleaved, write_section
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 
 class FakeClock:
@@ -232,7 +232,7 @@ def test_the_forward_report_labels_what_it_did_not_measure():
 # ── qkv bench tune / qkv bench all ───────────────────────────────────────────────
 
 def test_bench_tune_measures_stores_and_prints(monkeypatch, tmp_path):
-    from qkv.engine import tuning
+    from qkv.runtime import tuning
 
     monkeypatch.setenv("QKV_CACHE", str(tmp_path))
     monkeypatch.delenv(tuning.ENV, raising=False)

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from qkv import QkvError
-from qkv.engine.attention import causal_mask, sliding_window_mask
+from qkv.core.attention import causal_mask, sliding_window_mask
 from qkv.bench import attention as ab
 from qkv.cli import bench as bench_cli
 from qkv.bench import attention_report as ar

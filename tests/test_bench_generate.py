@@ -10,7 +10,7 @@ import pytest
 from qkv import QkvError
 from qkv.bench import generate as gb
 from qkv.cli import bench as bench_cli
-from qkv.engine.config import ModelConfig
+from qkv.core.config import ModelConfig
 
 GPT2_SMALL = ModelConfig(family="gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
                          max_positions=1024, causal=True)

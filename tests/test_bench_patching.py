@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from qkv.bench import patching as pb
 from qkv.cli.bench import bench, patch_command_line
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 
 def fake_result() -> dict:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from qkv.bench import train as tb
 from qkv.cli.bench import bench, train_command_line
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 TINY = {
     "attention-only": tb.Spec("tiny attention-only GPT-2", {"model_type": "gpt2", "vocab_size": 32, "n_embd": 32,

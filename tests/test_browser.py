@@ -243,7 +243,7 @@ def test_a_decoders_generation_marks_generated_tokens_and_kept_layers(tab, tmp_p
 def test_readable_tokens_the_causal_mask_and_cross_attention(tab, tmp_path):
     import numpy as np
 
-    from qkv.engine.trace import LayerTrace, Trace
+    from qkv.core.trace import LayerTrace, Trace
 
     model = qkv.load(str(MODELS / "gpt2"))
     trace = model.run("the cat\nsat", keep=("attentions",))

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.cache import KVCache
-from qkv.engine.model import transformer
-from qkv.engine.trace import Recorder
+from qkv.core.cache import KVCache
+from qkv.core.stack import transformer
+from qkv.core.trace import Recorder
 from qkv.writing.chat import Conversation
 from qkv.writing.generate import Recording, decode
 from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, Spy, max_abs

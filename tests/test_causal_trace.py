@@ -62,8 +62,8 @@ def test_batches_equal_one_restoration_at_a_time_through_the_hooks(monkeypatch):
         value = value.copy()
         value[:, e - 1] = clean.layers[layer].ffn_out[e - 1]
         return value
-    from qkv.engine.hooks import Hooks
-    from qkv.engine.model import transformer
+    from qkv.core.hooks import Hooks
+    from qkv.core.stack import transformer
     batch = np.repeat(ids[None], len(rows), axis=0)
     _, logits = transformer(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows,
                             hooks=Hooks({"0.ffn_out": restore}, model.config))

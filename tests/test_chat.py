@@ -13,10 +13,11 @@ from click.testing import CliRunner
 import qkv
 from qkv.writing.chat import Conversation, as_messages, chat_stream
 from qkv.cli.app import cli
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.writing.generate import TextStream
-from qkv.engine.tokenizer import Tokenizer, render_chat_template
-from qkv.engine.trace import Trace
+from qkv.inputs.tokenizer import Tokenizer
+from qkv.inputs.chat_template import render_chat_template
+from qkv.core.trace import Trace
 from conftest import FIXTURES, MODELS, run_main
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -184,7 +185,7 @@ def test_a_deadline_that_fires_as_the_render_ends_never_lands_later(monkeypatch)
     into the code after it, however the timer and the render race."""
     import time
 
-    import qkv.engine.tokenizer as tokenizer
+    import qkv.inputs.tokenizer as tokenizer
 
     monkeypatch.setattr(tokenizer, "TEMPLATE_SECONDS", 0.002)
     template = "{% for i in range(3000) %}{% endfor %}{{ messages[0].content }}"

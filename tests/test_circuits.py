@@ -20,7 +20,7 @@ import qkv
 from conftest import MODELS, run_main
 from qkv.analysis.circuits import (copying_score, copying_scores, embedding, head_weights, ov_circuit,
                                    qk_positions, unembedding)
-from qkv.engine.model import Model
+from qkv.models.model import Model
 
 TOL = 1e-6
 TEXT = "the cat sat on the mat and the cat ran"

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.cli.app import cli
-from qkv.engine.trace import Trace
+from qkv.core.trace import Trace
 from conftest import MODELS, PATIENCE, run_main
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import qkv
-import qkv.engine.blocks as qb
-from qkv.engine.cache import KVCache
-from qkv.engine.ops import rms_norm
-from qkv.engine.weights import NormWeights
+import qkv.core.blocks as qb
+from qkv.core.cache import KVCache
+from qkv.core.ops import rms_norm
+from qkv.core.weights import NormWeights
 
 from conftest import DECODER_FIXTURES, MODELS
 

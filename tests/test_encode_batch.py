@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.errors import QkvError
-from qkv.engine.tokenizer import Tokenizer
+from qkv.runtime.errors import QkvError
+from qkv.inputs.tokenizer import Tokenizer
 from conftest import MODELS
 
 TEXTS = ["the cat sat on the mat", "hello", "a b"]

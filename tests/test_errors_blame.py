@@ -23,7 +23,7 @@ import qkv
 from conftest import MODELS, run_main
 from test_show_audio import whisper  # noqa: F401 (the fixture: the whisper fixture with a tokenizer.json)
 from qkv.cli.app import cli
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 GPT2 = str(MODELS / "gpt2")
 SRC = Path(qkv.__file__).parent

@@ -16,8 +16,8 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.engine.config import ModelConfig
-from qkv.engine.positions import alibi_bias, alibi_slopes, to_bfloat16
+from qkv.core.config import ModelConfig
+from qkv.core.positions import alibi_bias, alibi_slopes, to_bfloat16
 from qkv.train import gradients
 from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
 
@@ -66,7 +66,7 @@ def test_gradients_equal_autograd(name):
 
 @pytest.mark.parametrize("name", ["bloom", "falcon_rw", "mpt"])           # mpt: its own softmax_scale too
 def test_alibi_at_length_stays_tiled_and_equals_plain(name, monkeypatch):
-    from qkv.engine import attention
+    from qkv.core import attention
 
     model = qkv.load(MODELS / name).with_config(max_positions=512)
     ids = np.random.default_rng(0).integers(3, model.config.vocab_size, size=(1, 300))

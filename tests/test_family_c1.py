@@ -14,7 +14,7 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.engine.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
+from qkv.core.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
 from conftest import MODELS, TOL_HIDDEN, max_abs, reference, run_main
 from test_grads import test_gradients_equal_autograd as gradients_equal_autograd
 

@@ -15,9 +15,9 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.engine.cache import KVCache
-from qkv.engine.model import transformer
-from qkv.engine.trace import Recorder
+from qkv.core.cache import KVCache
+from qkv.core.stack import transformer
+from qkv.core.trace import Recorder
 from qkv.train import gradients
 
 from conftest import MODELS, TOL_HIDDEN, max_abs, reference, run_main

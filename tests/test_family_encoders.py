@@ -14,7 +14,7 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.engine.positions import positions_from_ids
+from qkv.core.positions import positions_from_ids
 from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 
 ENCODERS = ("roberta", "xlm_roberta", "distilbert", "electra", "electra_discriminator", "modernbert")

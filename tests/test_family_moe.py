@@ -15,9 +15,9 @@ import pytest
 import qkv
 from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
 from qkv import QkvError
-from qkv.engine.blocks import route
-from qkv.engine.trace import Trace
-from qkv.engine.weights import FFNWeights, MoEWeights
+from qkv.core.blocks import route
+from qkv.core.trace import Trace
+from qkv.core.weights import FFNWeights, MoEWeights
 from qkv.train import gradients
 
 MOE = ("mixtral", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe")
@@ -58,7 +58,7 @@ def test_the_trace_holds_the_routers_choice(name):
         x = model.weights.blocks[i]
         # the router reads the FFN's norm of the stream after attention: what route() gives on it
         h = t.residual + t.attn_out
-        from qkv.engine.blocks import norm
+        from qkv.core.blocks import norm
         p, chosen, weights = route(norm(h, x.ffn_norm, cfg), x.ffn, cfg)
         assert np.array_equal(chosen, t.experts) and max_abs(p, t.router) < 1e-6
 
@@ -74,7 +74,7 @@ def test_route_breaks_ties_towards_the_lower_expert_and_renormalises():
 
 def test_a_routed_layer_sums_its_chosen_experts_by_hand():
     """MoE(x) = Σ_j w_j·FFN_{e_j}(x) + σ(x·W_s)·FFN_s(x), written out token by token."""
-    from qkv.engine.blocks import feed_forward, routed_feed_forward
+    from qkv.core.blocks import feed_forward, routed_feed_forward
     model = qkv.load(MODELS / "qwen2_moe", dtype=np.float64)
     cfg, moe = model.config, model.weights.blocks[0].ffn
     x = np.random.default_rng(0).standard_normal((2, 5, cfg.d_model))
@@ -88,7 +88,7 @@ def test_a_routed_layer_sums_its_chosen_experts_by_hand():
 
 def test_a_one_token_step_reads_only_its_k_experts(monkeypatch):
     """The KV cache's step (step_block) runs the FFN of the k chosen experts and no other."""
-    import qkv.engine.blocks as blocks
+    import qkv.core.blocks as blocks
     model = qkv.load(MODELS / "mixtral")
     used: list[int] = []
     experts = {id(e): i for b in model.weights.blocks for i, e in enumerate(b.ffn.experts)}
@@ -130,7 +130,7 @@ def test_gradients_equal_autograd(name):
 def test_gradient_steps_lower_the_loss():
     """Training's way: the checkpoint's tensors as one dict, Weights as views of it, updated in place."""
     from qkv.checkpoints import FAMILIES, weights_from_tensors
-    from qkv.engine.model import Model
+    from qkv.models.model import Model
     from qkv.train import loss_and_grads
     model = qkv.load(MODELS / "qwen2_moe_norm")
     cfg = model.config

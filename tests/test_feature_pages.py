@@ -22,7 +22,7 @@ import qkv
 from conftest import MODELS, run_main
 from test_steer import make_sae
 from qkv.analysis.corpus import open_corpus
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.features.pages import HIST_BINS, feature_report, hist_edges, text_features
 from qkv.viz.interpret_payload import features_section
 

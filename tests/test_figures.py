@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.trace import LayerTrace, Trace
+from qkv.core.trace import LayerTrace, Trace
 from qkv.viz import figures
 from conftest import MODELS, PATIENCE
 

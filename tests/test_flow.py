@@ -19,7 +19,7 @@ import pytest
 import qkv
 from qkv.analysis import attention_flow, attention_rollout
 from qkv.analysis.rollout import flow_of, max_flow, rollout_of
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from test_rollout import random_trace
 
 TOL = 1e-12

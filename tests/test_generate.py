@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.cache import KVCache
+from qkv.core.cache import KVCache
 from qkv.writing.generate import decode
-from qkv.engine.model import transformer
+from qkv.core.stack import transformer
 from qkv.writing.sampling import Sampling
-from qkv.engine.trace import Recorder
+from qkv.core.trace import Recorder
 from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.writing.generate import Recording, TextStream, decode
 from conftest import DECODER_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, Spy, max_abs, reference
 

@@ -26,7 +26,7 @@ from gguf import GGUFValueType as V
 import qkv
 from conftest import FIXTURES, PATIENCE, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
 from qkv.checkpoints import gguf
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import make_gguf_fixtures as F  # noqa: E402
@@ -434,7 +434,7 @@ def test_huge_declared_lengths_stay_small(tmp_path):
                                                           "huge-key-count", "huge-tensor-count")]
     code = textwrap.dedent(f"""
         from qkv.checkpoints import gguf
-        from qkv.engine.errors import QkvError
+        from qkv.runtime.errors import QkvError
         for p in {[str(p) for p in paths]!r}:
             try:
                 gguf.open_reader(p)

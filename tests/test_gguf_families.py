@@ -28,7 +28,7 @@ from gguf import GGUFValueType as V
 import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 from qkv.checkpoints import gguf
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402

@@ -22,7 +22,7 @@ import pytest
 import qkv
 from conftest import FIXTURES
 from qkv.checkpoints import gguf_tokenizer
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 SMOLLM2 = FIXTURES / "smollm2"
 REFERENCE = json.loads((SMOLLM2 / "tokenizer_llamacpp.json").read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.train import gradients
 
 FIXTURES = Path(__file__).parent / "fixtures"

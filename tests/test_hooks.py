@@ -1,4 +1,4 @@
-"""Hooks (qkv.engine.hooks): reading and replacing intermediates during run, forward and generate.
+"""Hooks (qkv.core.hooks): reading and replacing intermediates during run, forward and generate.
 
 Every check is an identity that can fail:
   - hooks that return their input (at every point of every layer) leave every output and every
@@ -19,7 +19,7 @@ import pytest
 
 import qkv
 from conftest import MODELS, max_abs, reference
-from qkv.engine.trace import INTERMEDIATES
+from qkv.core.trace import INTERMEDIATES
 
 NAMES = list(INTERMEDIATES)
 

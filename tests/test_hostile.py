@@ -174,13 +174,13 @@ def test_special_ids_outside_the_vocabulary_load(monkeypatch, capsys, tmp_path, 
 def test_sizes_past_the_bounds_or_the_memory_are_one_line(monkeypatch):
     """A ModelConfig made in Python is bounded like a config.json; a fresh model (qkv.init, training) whose
     sizes are in range but whose tensors the free memory cannot hold is refused before the first one is drawn."""
-    from qkv.engine.config import ModelConfig
+    from qkv.core.config import ModelConfig
 
     base = dict(family="gpt2", vocab_size=100, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_positions=128)
     for knob, value in (("n_layers", 10**9), ("n_kv_heads", 2**20), ("vocab_size", 2**40), ("max_positions", 10**18)):
         with pytest.raises(qkv.QkvError, match=f"{knob}={value:,} is more than qkv reads"):
             ModelConfig(**{**base, knob: value})
-    monkeypatch.setattr("qkv.engine.tuning.available_memory", lambda: 1 << 30)        # 1 GiB free
+    monkeypatch.setattr("qkv.runtime.tuning.available_memory", lambda: 1 << 30)        # 1 GiB free
     with pytest.raises(qkv.QkvError, match=r"a fresh gpt2 model of these sizes does not fit in memory: its tensor "
                                            r"wte.weight \(10000000, 64\) alone needs about 9.5 GiB and 1.0 GiB is free"):
         qkv.init(ModelConfig(**{**base, "vocab_size": 10**7}))
@@ -381,7 +381,7 @@ def test_a_good_trace_loads(saved_trace):
 
 
 def load_trace(d: Path):
-    from qkv.engine.trace import Trace
+    from qkv.core.trace import Trace
 
     return Trace.load(d)
 

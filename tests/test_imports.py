@@ -3,21 +3,28 @@
 An AST walk over src/qkv: every `import` and `from … import`, at the top of a module or inside a
 function (a lazy import is still a dependency), resolved to the qkv module it loads. Imports under
 `if TYPE_CHECKING:` count too, for the layers and for cycles: a type the two sides share is a small
-Protocol below both (qkv.engine.handles), never an import of the module that imports you.
+Protocol below both (qkv.writing.handles), never an import of the module that imports you.
 
-A module's layer is its folder's:
+A module's layer is its folder's, one folder per layer, in this order:
 
-    core      engine/ (the maths of a pass and the model handles), writing/ (decoding loops, sampling,
-              chat, next token), checkpoints/ (file formats, families, the bundled models); qkv itself
-    viz       viz/: figures, the viewer, the pipeline page, the walkthrough's words
-    analysis  analysis/ (head statistics, interpretability methods), lessons/ (qkv explain [TOPIC])
-    train     train/: gradients, optimiser, data, the training loop; features/ (activations at scale, sparse
-              autoencoders trained with train's optimiser)
-    bench     bench/: timings against the reference
-    web       web/: the local web app
-    cli       cli/: every command; qkv.__main__
+    runtime      errors, atomic files and bounded JSON, threads, this machine's tuning, stored weights, kernels
+    core         the maths of a pass: ops, positions, masks, attention, blocks and backward, the stack runner,
+                 config, weights, cache, hooks, trace, token labels
+    inputs       what a model reads: tokenizer, chat templates, images
+    writing      decoding loops, sampling, chat, the next-token distribution
+    checkpoints  file formats and families as data (HF and GGUF tables), the bundled models' files
+    models       the handles a user holds (Model, Seq2SeqModel, ImageModel, AudioModel), load and init;
+                 qkv itself (the package) sits here
+    viz          figures, the viewer, the pipeline page
+    analysis     head statistics, interpretability methods
+    lessons      qkv explain [TOPIC]
+    train        gradients, optimiser, data, the training loop
+    features     activations at scale, sparse autoencoders
+    bench        timings against the reference
+    web          the local web app
+    cli          every command; qkv.__main__
 
-A module may import its own layer and the layers above it in this list, never one below.
+A module may import its own layer and the layers above it in this list, never one below: no exceptions.
 """
 
 from __future__ import annotations
@@ -29,10 +36,10 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-LAYERS = ("core", "viz", "analysis", "train", "bench", "web", "cli")
-FOLDERS = {"engine": "core", "writing": "core", "checkpoints": "core", "viz": "viz", "analysis": "analysis",
-           "lessons": "analysis", "train": "train", "features": "train", "bench": "bench", "web": "web", "cli": "cli"}
-ROOT = {"qkv": "core", "qkv.__main__": "cli"}
+LAYERS = ("runtime", "core", "inputs", "writing", "checkpoints", "models", "viz", "analysis", "lessons", "train",
+          "features", "bench", "web", "cli")
+FOLDERS = {name: name for name in LAYERS}
+ROOT = {"qkv": "models", "qkv.__main__": "cli"}
 
 
 def layer_of(module: str) -> str | None:
@@ -117,7 +124,7 @@ def test_imports_flow_one_way():
     for module, (run, typing_only) in GRAPH.items():
         own = LAYERS.index(layer_of(module) or "cli")
         for target in sorted(run | typing_only):
-            if LAYERS.index(layer_of(target) or "core") > own:
+            if LAYERS.index(layer_of(target) or "runtime") > own:
                 wrong.append(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})")
     assert not wrong, "imports run back up (" + " → ".join(LAYERS) + "):\n" + "\n".join(wrong)
 
@@ -163,8 +170,8 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize("source, expected", [
     ("from .viz.html import save_viewer", {"qkv.viz.html"}),
-    ("from .engine import errors", {"qkv.engine.errors"}),
-    ("import qkv.engine.trace", {"qkv.engine.trace"}),
+    ("from .runtime import errors", {"qkv.runtime.errors"}),
+    ("import qkv.core.trace", {"qkv.core.trace"}),
     ("def f():\n    from .checkpoints import load", {"qkv.checkpoints"}),
 ])
 def test_the_walk_sees_imports(source, expected, monkeypatch, tmp_path):
@@ -185,4 +192,4 @@ def test_every_kind_of_model_is_named_by_the_package():
 
     assert isinstance(qkv.load("digits-vit"), qkv.ImageModel) and isinstance(qkv.load("ko-en-tiny"), qkv.Seq2SeqModel)
     assert {"Model", "Seq2SeqModel", "ImageModel", "AudioModel"} <= set(qkv.__all__)
-    assert qkv.AudioModel.__module__ == "qkv.engine.audio_model"
+    assert qkv.AudioModel.__module__ == "qkv.models.audio_model"

@@ -22,8 +22,8 @@ from conftest import MODELS
 from test_viewer import XSS, data_of, random_trace
 from qkv.analysis.input_attribution import attribute
 from qkv.analysis.sections import attribute_payload
-from qkv.engine.errors import QkvError
-from qkv.engine.seq2seq import DecoderView
+from qkv.runtime.errors import QkvError
+from qkv.models.seq2seq import DecoderView
 from qkv.viz import palette
 from qkv.viz.causal_figures import causal_trace_figure
 from qkv.viz.figures import save_all

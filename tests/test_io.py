@@ -1,4 +1,4 @@
-"""qkv.engine.io: whole files (and directories) or none, never through a link, one mode."""
+"""qkv.runtime.io: whole files (and directories) or none, never through a link, one mode."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qkv.engine.io import FILE_MODE, FileBatch, real_directory, umask, write_atomic, write_directory, write_text
+from qkv.runtime.io import FILE_MODE, FileBatch, real_directory, umask, write_atomic, write_directory, write_text
 
 
 @pytest.fixture

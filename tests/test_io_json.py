@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from qkv.engine.errors import QkvError
-from qkv.engine.io_json import MAX_DEPTH, Fields, depth, read_json
+from qkv.runtime.errors import QkvError
+from qkv.runtime.io_json import MAX_DEPTH, Fields, depth, read_json
 
 
 def write(tmp_path, text, name="meta.json"):

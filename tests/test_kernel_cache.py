@@ -25,8 +25,8 @@ CHILD = r"""
 import json, sys
 import gguf, numpy as np
 from numba.core.registry import CPUDispatcher
-from qkv.engine import stored
-from qkv.engine.stored import StoredMatrix
+from qkv.runtime import stored
+from qkv.runtime.stored import StoredMatrix
 
 kernels = stored._kernels()
 dispatchers = [f for f in vars(kernels).values() if isinstance(f, CPUDispatcher)]

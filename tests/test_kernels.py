@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PATIENCE
-from qkv.engine import attention as A
-from qkv.engine.kernels import linear_attention, sliding_window_attention, tiled_attention
-from qkv.engine.kernels import compare_to_softmax, elu_feature_map
+from qkv.core import attention as A
+from qkv.core.kernels import linear_attention, sliding_window_attention, tiled_attention
+from qkv.core.kernels import compare_to_softmax, elu_feature_map
 
 TOL = 1e-5      # float32 kernels against a float64 reference
 
@@ -134,7 +134,7 @@ def test_comparison_tool_sees_the_difference_on_real_activations(minilm):
 MEMORY_PROBE = r"""
 import json, sys, tracemalloc
 import numpy as np
-from qkv.engine.kernels import tiled_attention
+from qkv.core.kernels import tiled_attention
 n, H, d = int(sys.argv[1]), 1, 64
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, H, n, d), dtype=np.float32) for _ in range(3))
@@ -159,7 +159,7 @@ def test_memory_at_16k_tokens_is_far_below_the_score_matrix():
 @pytest.mark.parametrize("causal", [False, True])
 def test_default_blocks_over_several_query_and_key_blocks(causal):
     """The default Q_BLOCK × K_BLOCK tiling (query blocks in parallel), n not a multiple of either."""
-    from qkv.engine.kernels import K_BLOCK, Q_BLOCK
+    from qkv.core.kernels import K_BLOCK, Q_BLOCK
 
     n = K_BLOCK + Q_BLOCK + 37
     q, k, v = qkv_arrays(np.random.default_rng(11), 1, 4, 2, n, n, 8)

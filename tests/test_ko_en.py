@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.train import ko_en
 
 

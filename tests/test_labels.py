@@ -1,4 +1,4 @@
-"""Tokens as a reader sees them (qkv.engine.tokenizer: label, visible, shorten), and the colours every
+"""Tokens as a reader sees them (qkv.inputs.tokenizer: label, visible, shorten), and the colours every
 view shares (qkv.viz.palette): figures, terminal and viewer agree."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.tokenizer import Tokenizer, label, labels_of, readable, shorten, token_bytes, visible
+from qkv.inputs.tokenizer import Tokenizer
+from qkv.core.labels import label, labels_of, readable, shorten, token_bytes, visible
 from conftest import MODELS
 
 

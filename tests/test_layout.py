@@ -1,4 +1,4 @@
-"""qkv.engine.layout: the weights laid out for speed keep the guide's names and values (decoders).
+"""qkv.core.layout: the weights laid out for speed keep the guide's names and values (decoders).
 
 W_Q, W_K, W_V are views of the columns of W_QKV (W_gate, W_in of W_gate_in), every matrix
 is C-contiguous, a tied W_vocab shares memory with the embedding table, and the forward
@@ -16,9 +16,9 @@ import pytest
 
 import qkv
 from conftest import FAMILY_FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
-from qkv.engine.layout import fast_layout, is_fast, side_by_side
-from qkv.engine.model import Model
-from qkv.engine.weights import MoEWeights, Weights, ffns_of
+from qkv.core.layout import fast_layout, is_fast, side_by_side
+from qkv.models.model import Model
+from qkv.core.weights import MoEWeights, Weights, ffns_of
 
 
 def unfused(w: Weights) -> Weights:

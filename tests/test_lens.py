@@ -16,8 +16,8 @@ import qkv
 from conftest import DECODER_FIXTURES, MODELS, max_abs, run_main
 from qkv.analysis import logit_lens
 from qkv.analysis.lens import KEEP, final_prediction, lens_of_trace, residual_stream
-from qkv.engine.blocks import logits_of, norm
-from qkv.engine.errors import QkvError
+from qkv.core.blocks import logits_of, norm
+from qkv.runtime.errors import QkvError
 
 TOL = 1e-4             # max abs, logits
 

@@ -12,9 +12,9 @@ from rich.console import Console
 
 import qkv
 from conftest import MODELS, run_main
-from qkv.engine.blocks import feed_forward, norm
-from qkv.engine.errors import QkvError
-from qkv.engine.trace import INTERMEDIATES
+from qkv.core.blocks import feed_forward, norm
+from qkv.runtime.errors import QkvError
+from qkv.core.trace import INTERMEDIATES
 from qkv.lessons import ffn, lesson_module
 from qkv.lessons.ffn_text import TEXTS
 

@@ -12,8 +12,8 @@ from rich.console import Console
 
 import qkv
 from conftest import MODELS, run_main
-from qkv.engine.errors import QkvError
-from qkv.engine.images import patches_of
+from qkv.runtime.errors import QkvError
+from qkv.inputs.images import patches_of
 from qkv.lessons import lesson_module, vit
 from qkv.lessons.vit_text import TEXTS
 

@@ -14,13 +14,13 @@ import pytest
 from rich.console import Console
 
 import qkv
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.lessons import TOPICS, gqa, kvcache, lesson_module, positions
 from qkv.lessons.gqa_text import TEXTS as GQA_TEXTS
 from qkv.lessons.kvcache_text import TEXTS as KV_TEXTS
 from conftest import MODELS
 from qkv.lessons.positions_text import TEXTS as POS_TEXTS
-from qkv.engine.model import Model
+from qkv.models.model import Model
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 import qkv
-from qkv.engine import sparse as sp
-from qkv.engine.errors import QkvError
-from qkv.engine.kernels import tiled_attention
+from qkv.core import sparse as sp
+from qkv.runtime.errors import QkvError
+from qkv.core.kernels import tiled_attention
 from qkv.lessons import flash, sparse
 from qkv.lessons.flash_text import TEXTS as FLASH_TEXTS
 from qkv.lessons.sparse_text import TEXTS as SPARSE_TEXTS

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine import attention, kernels
+from qkv.core import attention, kernels
 from conftest import FAMILY_FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
 

@@ -24,8 +24,8 @@ import qkv
 from conftest import MODELS, reference, run_main
 from qkv.analysis.corpus import open_corpus, template_of, windows
 from qkv.analysis.neurons import NeuronReport, neurons, value_logits
-from qkv.engine.errors import QkvError
-from qkv.engine.trace import DEFAULT_KEEP, Recorder
+from qkv.runtime.errors import QkvError
+from qkv.core.trace import DEFAULT_KEEP, Recorder
 
 TEXT = "The capital of France is Paris, and the cat sat on the mat."
 CORPUS = ["the cat sat on the mat", "a dog ran to the park and back", "the cat saw the dog",
@@ -130,7 +130,7 @@ def test_hooks_on_neurons_in_generate_with_the_cache(llama):
 
 def test_a_pass_can_stop_after_a_layer(llama):
     """transformer(stop=k): blocks 0..k-1 only, the stream entering block k out, no logits."""
-    from qkv.engine.model import transformer
+    from qkv.core.stack import transformer
 
     ids = reference("llama_gqa")["single_input_ids"][:, :9]
     rec = Recorder(layers=[0], keep=("neurons",))

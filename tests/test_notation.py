@@ -32,7 +32,7 @@ def test_each_letter_has_one_meaning():
 
 
 def test_the_trace_and_the_pipeline_say_the_same():
-    from qkv.engine.trace import INTERMEDIATES as ARRAYS
+    from qkv.core.trace import INTERMEDIATES as ARRAYS
     from qkv.viz.pipeline_text import TEXTS
 
     assert "S = Q·Kᵀ/√d_k" in ARRAYS["scores"] and "softmax(S + M)" in ARRAYS["attentions"]

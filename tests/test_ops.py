@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from qkv.engine import ops
+from qkv.core import ops
 
 finite = st.floats(-50, 50, allow_nan=False, width=32)
 

@@ -26,7 +26,7 @@ from conftest import MODELS, run_main
 from qkv.analysis import patch
 from qkv.analysis.patch import patch_one
 from qkv.viz.interpret_figures import save_patching
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 
 IOI = "When Mary and John went to the store, John gave a drink to"
 IOI_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from qkv.engine import positions as P
-from qkv.engine.errors import QkvError
+from qkv.core import positions as P
+from qkv.runtime.errors import QkvError
 
 
 def test_sinusoidal_table_formula():

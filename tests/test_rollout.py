@@ -10,8 +10,8 @@ import pytest
 
 import qkv
 from qkv.analysis import attention_rollout
-from qkv.engine.errors import QkvError
-from qkv.engine.trace import LayerTrace, Trace
+from qkv.runtime.errors import QkvError
+from qkv.core.trace import LayerTrace, Trace
 
 TOL = 1e-12
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, MODELS, run_main
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.features.activations import write_activations
 from qkv.features.evaluate import reconstruction, spliced_loss
 from qkv.features.sae import (SAE, SAEConfig, geometric_median, init_sae, loss_and_grads, normalize_decoder,
@@ -560,7 +560,7 @@ def test_a_damaged_checkpoint_or_log_line_is_passed_over(store, tmp_path):
     (("--threads", "THREADS"), ("--threads", "core")),                           # was accepted
 ])
 def test_qkv_sae_train_bounds_every_size(store, tmp_path, monkeypatch, capsys, args, words):
-    from qkv.engine.threads import cores
+    from qkv.runtime.threads import cores
 
     args = [str(cores() + 1) if a == "THREADS" else a for a in args]
     code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(store.path), "--latents", "32",
@@ -572,7 +572,7 @@ def test_qkv_sae_train_bounds_every_size(store, tmp_path, monkeypatch, capsys, a
 def test_qkv_sae_train_refuses_a_run_larger_than_the_memory(store, tmp_path, monkeypatch, capsys):
     """20 000 latents × d 16 at --batch 128 need ~130 MB (`Settings.memory`); with 64 MB available: refused
     before anything is allocated or written, naming the sizes that fit."""
-    import qkv.engine.tuning as tuning
+    import qkv.runtime.tuning as tuning
 
     monkeypatch.setattr(tuning, "available_memory", lambda: 64 << 20)
     code, _, err = run_main(monkeypatch, capsys, "sae", "train", "--acts", str(store.path), "--latents", "20000",
@@ -603,7 +603,7 @@ def test_the_memory_estimate_bounds_a_real_run():
 
 
 def test_the_worker_and_thread_flags_share_one_check(monkeypatch):
-    from qkv.engine import threads
+    from qkv.runtime import threads
 
     monkeypatch.setattr(threads, "cores", lambda: 2)
     assert threads.check_count("--workers", 2) == 2 and threads.check_count("--workers", None) is None

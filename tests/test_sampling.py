@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.writing.sampling import Sampling, check_sampling, distribution, sample, top_k_filter, top_p_filter
 
 # χ² critical values at significance 0.001, by degrees of freedom (tables; no SciPy needed).

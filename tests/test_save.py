@@ -17,8 +17,8 @@ from qkv import ModelConfig, QkvError
 from qkv.checkpoints import FAMILIES, bert, gpt2, llama, weights_from_tensors
 from qkv.checkpoints import save as save_module
 from qkv.checkpoints.tensors import TensorStore
-from qkv.engine.tokenizer import Tokenizer
-from qkv.engine.weights import Weights
+from qkv.inputs.tokenizer import Tokenizer
+from qkv.core.weights import Weights
 from conftest import MODELS
 
 # ── configs: every family, each a set of knob values ─────────────────────────────

@@ -18,8 +18,8 @@ from safetensors import safe_open
 import qkv
 from conftest import FIXTURES, TOL_ATTENTION, TOL_HIDDEN, max_abs
 from qkv.checkpoints import FAMILIES
-from qkv.engine.positions import relative_buckets, sinusoidal_halves, sinusoidal_table
-from qkv.engine.seq2seq import Seq2SeqModel
+from qkv.core.positions import relative_buckets, sinusoidal_halves, sinusoidal_table
+from qkv.models.seq2seq import Seq2SeqModel
 
 SEQ2SEQ = FIXTURES / "seq2seq"
 NAMES = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]

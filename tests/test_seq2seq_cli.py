@@ -21,7 +21,7 @@ from conftest import FIXTURES, MODELS, run_main
 from qkv.cli.app import cli
 from qkv.writing.seq2seq_generate import translation_trace
 from qkv.writing.nexttoken import distribution
-from qkv.engine.trace import Trace
+from qkv.core.trace import Trace
 from qkv.viz.seq2seq import cross_written
 
 SOURCE = "나는 학교에 간다"

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file, save_file
 import qkv
 from conftest import FIXTURES, TOL_HIDDEN, max_abs
 from qkv.cli.app import cli
-from qkv.engine.positions import sinusoidal_halves
+from qkv.core.positions import sinusoidal_halves
 from qkv.train import gradients
 from qkv.train.seq2seq_backprop import decoder_inputs
 

@@ -21,7 +21,7 @@ from qkv.analysis.attribution import KEEP as DLA_KEEP, attribution_of_trace
 from qkv.analysis.lens import KEEP, lens_of_trace, residual_stream
 from qkv.analysis.patch import patch, patch_one
 from qkv.cli.app import cli
-from qkv.engine.seq2seq import DecoderView
+from qkv.models.seq2seq import DecoderView
 
 from conftest import FIXTURES, run_main
 

@@ -1,7 +1,7 @@
 """sparse: every pattern of the gallery against a float64 dense softmax with the same mask, and its map of tiles.
 
 The reference here is written from the definitions (distance d = i − j, global tokens, blocks),
-not from qkv.engine.sparse's parts, so a wrong part fails both the mask test and the attention test.
+not from qkv.core.sparse's parts, so a wrong part fails both the mask test and the attention test.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from qkv.engine import sparse as sp
-from qkv.engine.errors import QkvError
-from qkv.engine.kernels import tiled_attention
+from qkv.core import sparse as sp
+from qkv.runtime.errors import QkvError
+from qkv.core.kernels import tiled_attention
 
 
 def dense_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import pytest
 
 import qkv
 from conftest import MODELS, run_main
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.features.sae import SAEConfig, init_sae
 from qkv.features.saelens import load_saelens, save_saelens
 from qkv.features.steer import parse_steer, steering_hooks, steering_vector

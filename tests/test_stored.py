@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine import stored
-from qkv.engine.stored import KINDS, StoredMatrix
+from qkv.runtime import stored
+from qkv.runtime.stored import KINDS, StoredMatrix
 from conftest import FIXTURES, MODELS
 
 
@@ -241,7 +241,7 @@ def test_products_with_fewer_rows_than_the_threads_or_an_odd_count(kind, d_out):
 def test_the_sixteen_lanes_convert_bytes_exactly_and_add_up():
     """engine.simd: the byte conversions the kernels use equal NumPy's, and vsum / vfma are the sums."""
     from numba import njit
-    from qkv.engine.simd import bits32, field, int8s, vfma, vload, vstore, vsum
+    from qkv.runtime.simd import bits32, field, int8s, vfma, vload, vstore, vsum
 
     @njit
     def lanes(u8, i8, h, x, out):

@@ -10,8 +10,8 @@ from threadpoolctl import threadpool_info
 
 from qkv import QkvError
 
-from qkv.engine import threads
-from qkv.engine.kernels import tiled_attention
+from qkv.runtime import threads
+from qkv.core.kernels import tiled_attention
 
 
 def blas_threads() -> list[int]:
@@ -127,7 +127,7 @@ def test_a_blas_loaded_after_the_first_look_is_found(monkeypatch):
     import sys
     import types
 
-    from qkv.engine import threads
+    from qkv.runtime import threads
 
     class Nothing:                          # what a look before that import found: no BLAS at all
         lib_controllers = []

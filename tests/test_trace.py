@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.engine.attention import merge_heads
-from qkv.engine.ops import softmax
+from qkv.core.attention import merge_heads
+from qkv.core.ops import softmax
 from conftest import MODELS
 
 
@@ -73,7 +73,7 @@ def test_trace_of_text_has_tokens_and_logits(gpt2):
 def test_a_trace_knows_its_model_family_causality_and_spelling(gpt2, minilm):
     t = gpt2.run("the cat sat", keep=("attentions",))
     assert (t.model, t.family, t.causal, t.spelling) == (gpt2.name, "gpt2", True, "byte-level")
-    from qkv.engine.tokenizer import visible
+    from qkv.core.labels import visible
 
     assert "Ġs" in t.tokens and "␣s" in t.labels                      # "Ġs" is " s": the tokenizer's decode says so
     assert t.labels == [visible(gpt2.tokenizer.decode([i])) for i in t.ids]
@@ -87,7 +87,7 @@ def test_a_trace_knows_its_model_family_causality_and_spelling(gpt2, minilm):
 def test_saved_traces_keep_what_they_know_and_old_ones_still_load(gpt2, tmp_path):
     import json
 
-    from qkv.engine.trace import Trace
+    from qkv.core.trace import Trace
 
     t = gpt2.run("the cat\nsat", keep=("attentions",))
     back = Trace.load(t.save(tmp_path / "new"))
@@ -118,7 +118,7 @@ def test_saved_traces_keep_what_they_know_and_old_ones_still_load(gpt2, tmp_path
 def test_only_a_causal_self_attention_is_saved_as_lower_triangles(gpt2, minilm, tmp_path):
     import zipfile
 
-    from qkv.engine.trace import Trace
+    from qkv.core.trace import Trace
 
     for model, packed in ((gpt2, True), (minilm, False)):
         t = model.run("the cat sat on the mat", keep=("attentions",))
@@ -134,7 +134,7 @@ def test_only_a_causal_self_attention_is_saved_as_lower_triangles(gpt2, minilm, 
 
 
 def test_a_trace_holds_cross_attention_of_any_shape():
-    from qkv.engine.trace import LayerTrace, Trace
+    from qkv.core.trace import LayerTrace, Trace
 
     a = np.full((1, 2, 3, 5), 0.2)                                     # (L, H, n_q, n_k): 3 queries, 5 keys
     t = Trace(tokens=["a", "Ġb", "c"], ids=np.arange(3), hidden=None, logits=None, spelling="byte-level",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.train.data import (EOT, UNK, TextCorpus, build_tokenizer, char_tokenizer, induction_batch,
                             repeated_half_targets)
 

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from qkv.cli.app import cli
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.train.loop import KEEP, _flatten, _unflatten, open_run, read_log
-from qkv.engine.threads import blas_threads
+from qkv.runtime.threads import blas_threads
 from conftest import PATIENCE
 
 # A tiny induction model: one step takes a few milliseconds.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load, save as st_save
 
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.train.optim import AdamW, clip_grad_norm, global_norm, lr_at, no_decay_1d
 
 SHAPES = {"wte": (11, 8), "h.0.attn.W": (8, 24), "h.0.attn.b": (24,), "ln_f.weight": (8,), "conv": (2, 3, 4)}

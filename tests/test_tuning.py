@@ -12,8 +12,9 @@ from threadpoolctl import threadpool_info
 
 import qkv
 from qkv import QkvError
-from qkv.engine import kernels, threads, tuning
-from qkv.engine.tuning import Choices
+from qkv.core import kernels
+from qkv.runtime import threads, tuning
+from qkv.runtime.tuning import Choices
 
 from conftest import MODELS
 

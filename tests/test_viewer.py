@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from qkv import QkvError
-from qkv.engine.trace import LayerTrace, Trace
+from qkv.core.trace import LayerTrace, Trace
 from qkv.viz import payload
 from qkv.viz.html import View, save_viewer, viewer_html
 from qkv.viz import wire

@@ -26,7 +26,7 @@ from qkv.analysis.lens import KEEP
 from qkv.analysis.patch import EMBEDDING, patch, patch_one, sentence_embedding
 from qkv.analysis.rollout import MAX_FLOW_WORK, attention_flow, flow_fits
 from qkv.analysis.sections import lens_payload, patch_payload, rollout_payload
-from qkv.engine.errors import QkvError
+from qkv.runtime.errors import QkvError
 from qkv.viz.html import viewer_html
 from qkv.viz.interpret_payload import LENS_K, PROB_PRECISION, lens_section
 from qkv.viz.payload import PRECISION

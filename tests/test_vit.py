@@ -17,7 +17,7 @@ import qkv
 from qkv import QkvError
 from qkv.analysis.rollout import attention_rollout
 from qkv.checkpoints import vit
-from qkv.engine.images import MAX_PIXELS, patch_labels, patches_of
+from qkv.inputs.images import MAX_PIXELS, patch_labels, patches_of
 from qkv.train import gradients
 from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 

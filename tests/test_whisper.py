@@ -13,7 +13,7 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.engine.audio_model import AudioModel
+from qkv.models.audio_model import AudioModel
 from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
 
 AUDIO = ("whisper", "whisper_base")

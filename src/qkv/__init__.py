@@ -10,16 +10,17 @@
 
 import importlib
 
-from .checkpoints import available, load
-from .checkpoints.fresh import init
+from .checkpoints import available
+from .models.loading import load
+from .models.fresh import init
 from .checkpoints.save import save
-from .engine.config import ModelConfig
-from .engine.errors import QkvError
-from .engine.model import Model, Output
-from .engine.audio_model import AudioModel
-from .engine.image_model import ImageModel
-from .engine.seq2seq import Seq2SeqModel, Seq2SeqOutput
-from .engine.trace import LayerTrace, Trace
+from .core.config import ModelConfig
+from .runtime.errors import QkvError
+from .models.model import Model, Output
+from .models.audio_model import AudioModel
+from .models.image_model import ImageModel
+from .models.seq2seq import Seq2SeqModel, Seq2SeqOutput
+from .core.trace import LayerTrace, Trace
 
 __all__ = ["load", "available", "init", "save", "Model", "ModelConfig", "Output", "QkvError", "Trace", "LayerTrace",
            "Seq2SeqModel", "Seq2SeqOutput", "ImageModel", "AudioModel"]
@@ -27,8 +28,8 @@ __version__ = "0.1.0"
 
 # The folders, reachable as attributes after `import qkv` (qkv.analysis.logit_lens(...), qkv.viz.figures, …):
 # each is imported on first use, so `import qkv` stays as light as the engine.
-SUBPACKAGES = ("analysis", "bench", "checkpoints", "cli", "engine", "features", "lessons", "train", "viz", "web",
-               "writing")
+SUBPACKAGES = ("runtime", "core", "inputs", "writing", "checkpoints", "models", "viz", "analysis", "lessons", "train",
+               "features", "bench", "web", "cli")
 
 
 def __getattr__(name: str):

@@ -16,8 +16,8 @@ import pytest
 from transformers import AutoTokenizer
 
 import qkv
-from qkv.engine.errors import QkvError
-from qkv.engine.tokenizer import Tokenizer
+from qkv.runtime.errors import QkvError
+from qkv.inputs.tokenizer import Tokenizer
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "a b, 42 times"]

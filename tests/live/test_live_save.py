@@ -19,7 +19,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 import qkv
 from qkv import ModelConfig
 from qkv.checkpoints import FAMILIES, weights_from_tensors
-from qkv.engine.tokenizer import Tokenizer
+from qkv.inputs.tokenizer import Tokenizer
 from live_helpers import INIT_RANGE, NOISE, TOL_HIDDEN, max_abs, padded_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"

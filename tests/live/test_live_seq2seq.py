@@ -19,7 +19,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import qkv
-from qkv.engine.positions import relative_buckets, sinusoidal_halves
+from qkv.core.positions import relative_buckets, sinusoidal_halves
 
 NEW = 7
 

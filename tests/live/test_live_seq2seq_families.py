@@ -24,7 +24,7 @@ from transformers import (MBartConfig, MBartForConditionalGeneration, MT5Config,
 from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
 
 import qkv
-from qkv.engine.positions import sinusoidal_halves
+from qkv.core.positions import sinusoidal_halves
 from qkv.train import gradients
 
 

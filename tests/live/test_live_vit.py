@@ -91,7 +91,7 @@ def test_transformers_reads_digits_vit():
     ref = ViTForImageClassification.from_pretrained(digits_dir(), attn_implementation="eager").eval()
     images, labels = digits()
     test = split()[1][:64]
-    from qkv.engine.images import normalise
+    from qkv.inputs.images import normalise
 
     x = normalise(images[test], ours.processing)
     with torch.no_grad():

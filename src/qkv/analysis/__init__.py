@@ -11,12 +11,12 @@ Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), input_attribution.py (gradients
 with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), causal_trace.py (causal tracing: where a fact is recalled), circuits.py (a head's
-QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens); hooks that read or replace intermediates live in the core (qkv.engine.hooks).
+QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens); hooks that read or replace intermediates live in the core (qkv.core.hooks).
 Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """
 
-from ..engine.lazy import submodule
+from ..runtime.lazy import submodule
 from .attribution import direct_logit_attribution
 from .causal_trace import trace_fact
 from .circuits import copying_scores, ov_circuit, qk_positions

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .lens import residual_stream
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
-    from ..engine.trace import Trace
+    from ..models.model import Model
+    from ..core.trace import Trace
 
 KEEP = ("residual", "heads", "attn_out", "ffn_out")     # what a trace must keep
 

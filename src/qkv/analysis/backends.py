@@ -8,7 +8,7 @@ bounded number of chunks in flight, so the corpus is never all in memory.
 Each worker computes with one BLAS thread: a text is a few small matrix products, which
 threads do not speed up, and N processes × several BLAS threads on N cores slow to a crawl
 (measured: 40 ms → 620 ms a text on a busy 2-core machine). Parallelism comes from workers.
-Cores and BLAS threads are counted and set by qkv.engine.threads, as everywhere.
+Cores and BLAS threads are counted and set by qkv.runtime.threads, as everywhere.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..engine.errors import QkvError
-from ..engine.threads import blas_one_thread, cores, set_blas_threads
+from ..runtime.errors import QkvError
+from ..runtime.threads import blas_one_thread, cores, set_blas_threads
 from .text import Setup, analyse_job, prepare
 
 BACKENDS = ("local", "ray")
@@ -45,7 +45,7 @@ class WorkerSpec:
     window: int
 
     def setup(self) -> Setup:
-        from ..checkpoints import load
+        from ..models.loading import load
 
         return prepare(load(self.source, dtype=self.dtype), self.window)
 

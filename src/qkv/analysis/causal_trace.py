@@ -17,7 +17,7 @@ GPT-2 XL and GPT-J, the FFN's effect peaking in early–middle layers at the sub
 attention's late at the last token.
 
 Noise enters where the paper adds it: to the token embeddings E[ids]·s before positions are added
-(`qkv.engine.model.transformer(tokens=)`). σ is NOISE × the standard deviation of the table's
+(`qkv.core.stack.transformer(tokens=)`). σ is NOISE × the standard deviation of the table's
 entries E·s (over up to STD_ROWS evenly spaced rows), where the paper measured the subjects' own
 embeddings over its dataset: one number that needs no data beside the model.
 
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .attribution import token_id
 from .patch import MAX_TOKENS
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 KINDS = ("hidden", "ffn", "attn")                 # the three tables, in the paper's order
 HOOKED = {"ffn": "ffn_out", "attn": "attn_out"}   # the intermediate a window restores
@@ -149,8 +149,8 @@ def _probability(logits: np.ndarray, answer: int) -> np.ndarray:
 
 def _run(model: "Model", ids: np.ndarray, tokens: np.ndarray):
     """The pass over ids (n,) with token embeddings TOKENS (B, n, d) → (the recorder's store, last logits (B, V))."""
-    from ..engine.model import transformer
-    from ..engine.trace import Recorder
+    from ..core.stack import transformer
+    from ..core.trace import Recorder
 
     rec = Recorder(keep=("residual", "attn_out", "ffn_out"))
     batch = np.broadcast_to(ids[None], tokens.shape[:2])

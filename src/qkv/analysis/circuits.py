@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.blocks import QUIET, check_finite
-from ..engine.errors import QkvError
+from ..core.blocks import QUIET, check_finite
+from ..runtime.errors import QkvError
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 MAX_POSITIONS = 64          # the positional QK table's side N
 

@@ -22,8 +22,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import open_regular
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular
 
 SPLITS = ("line", "paragraph")
 PIECE = 1 << 16            # bytes read at a time, and characters a text at most (a longer line is cut)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 DETECTORS = ("previous_token", "duplicate_token", "induction", "duplicate_token_repeated")
 INDUCTION_HALF = 25          # random tokens per half of a repeated sequence

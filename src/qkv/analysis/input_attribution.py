@@ -18,7 +18,7 @@ it is more than TOLERANCE off, the integral is done again adaptively (`quadratur
 baseline's path turns sharply near its start, where the streams are below the norms' ε). A Llama of weights
 N(0, 0.3²) with its first token kept: 64 nodes miss z(e) − z(b) by 50–450 % and single tokens by several
 times the largest score; refined, by < 0.5 % and < 1 %.
-The gradients are the engine's own backward (qkv.engine.backward: the pass that inference runs, kept on a
+The gradients are the engine's own backward (qkv.core.backward: the pass that inference runs, kept on a
 tape), which tests/test_input_attribution.py checks against torch autograd. The nodes of IG are rows of
 one batch (a few batches for long inputs): each batch is one forward and one backward.
 """
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from . import quadrature
 from .attribution import token_id
 from .quadrature import ig_nodes, node_scores
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 METHODS = ("saliency", "grad-x-input", "ig")
 BATCH_TOKENS = 512           # rows × tokens of one IG batch (its tape and logits: ~1.4 MB a token for SmolLM2)
@@ -247,8 +247,8 @@ def _attribute_seq2seq(model, source, target, other, method: str, steps: int, ba
                        prefix, compare, tolerance: float | None) -> InputAttribution:
     """`attribute` on an encoder–decoder: the source's and the target prefix's token embeddings both vary
     (IG: on one path; keep_first keeps the decoder's start token itself)."""
-    from ..engine.seq2seq import DecoderView
-    from ..engine.seq2seq_backward import backward, taped
+    from ..models.seq2seq import DecoderView
+    from ..core.seq2seq_backward import backward, taped
 
     if compare is not None:
         raise QkvError("--compare is for encoders; an encoder–decoder explains a target token: give --target")
@@ -371,7 +371,7 @@ def baseline_rows(model: "Model", rows: np.ndarray, baseline: str) -> tuple[np.n
 def _float_model(model: "Model") -> "Model":
     """The model with float32 arrays where it keeps weights stored (a GGUF's blocks): the backward
     multiplies by Wᵀ, which a stored matrix answers only by dequantising it whole, every time."""
-    from ..engine.stored import StoredMatrix, StoredTable
+    from ..runtime.stored import StoredMatrix, StoredTable
 
     leaves = [model.weights.tok_embed, model.weights.W_vocab] + [b.attn.W_Q for b in model.weights.blocks]
     if any(isinstance(w, (StoredMatrix, StoredTable)) for w in leaves):
@@ -381,7 +381,7 @@ def _float_model(model: "Model") -> "Model":
 
 def _z(model: "Model", ids: np.ndarray, rows: np.ndarray, out: Output) -> np.ndarray:
     """z (b,) of a pass over ids with token embeddings ROWS (b, n, d)."""
-    from ..engine.model import transformer
+    from ..core.stack import transformer
 
     batch = np.broadcast_to(ids, (rows.shape[0], ids.shape[1]))
     h, logits = transformer(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows,
@@ -391,8 +391,8 @@ def _z(model: "Model", ids: np.ndarray, rows: np.ndarray, out: Output) -> np.nda
 
 def _gradient(model: "Model", ids: np.ndarray, rows: np.ndarray, out: Output) -> tuple[np.ndarray, np.ndarray]:
     """(∂z/∂rows (b, n, d), z (b,)) for b rows of token embeddings of the same ids: one forward keeping a tape
-    and one backward (qkv.engine.backward)."""
-    from ..engine.backward import backward, taped
+    and one backward (qkv.core.backward)."""
+    from ..core.backward import backward, taped
 
     batch = np.broadcast_to(ids, (rows.shape[0], ids.shape[1]))
     h, logits, tape = taped(model.weights, model.config, batch, np.ones(batch.shape, np.int64), tokens=rows)

@@ -11,7 +11,7 @@
 
 The figure (layers × positions) is `viz.interpret_figures.lens_figure`.
 
-The norm and W_vocab are the model's own (`qkv.engine.blocks.norm`, `qkv.engine.blocks.logits_of`), so row L
+The norm and W_vocab are the model's own (`qkv.core.blocks.norm`, `qkv.core.blocks.logits_of`), so row L
 is the model's logits by construction of the same arithmetic, and the tests check that it is.
 """
 
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..engine.blocks import logits_of, norm, unembed_in
-from ..engine.errors import QkvError
+from ..core.blocks import logits_of, norm, unembed_in
+from ..runtime.errors import QkvError
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
-    from ..engine.trace import Trace
+    from ..models.model import Model
+    from ..core.trace import Trace
 
 KEEP = ("residual", "attn_out", "ffn_out")       # what a trace must keep for the lens
 MAX_BYTES = 2 << 30                              # the lens array (L+1)·n·V; past this, one clear error

@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..engine.blocks import linear, unembed_in
-from ..engine.errors import QkvError, check_index
-from ..engine.model import transformer
-from ..engine.trace import Recorder
+from ..core.blocks import linear, unembed_in
+from ..runtime.errors import QkvError, check_index
+from ..core.stack import transformer
+from ..core.trace import Recorder
 from .corpus import Corpus, template_of, windows
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 TOP = 5                  # neurons chosen when none are given
 CONTEXTS = 10            # top-activating contexts kept per neuron

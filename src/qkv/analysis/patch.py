@@ -16,7 +16,7 @@ embedding a patch brings back.
 
     patch           the effect tables: heads (L, H), each head's Z at every position; residual,
                     attn_out, ffn_out (L, n), one position of the residual stream entering block l,
-                    or of layer l's attention or FFN output; an encoder–decoder's (qkv.engine.seq2seq.
+                    or of layer l's attention or FFN output; an encoder–decoder's (qkv.models.seq2seq.
                     DecoderView: CLEAN and CORRUPTED are sources, the decoder writes one target) also
                     cross (L, H), each cross-attention head's Z
     patch_one       the effect of one patch (any positions or heads at once), for checks
@@ -30,7 +30,7 @@ as one batch (B = H + 3·n copies, split when B·n passes MAX_TOKENS): L passes 
 over (L − l) blocks, instead of L·(H + 3n) whole forward passes. A patch whose clean value equals
 the corrupted one bit for bit (in a decoder: every position before the first token that differs)
 is the corrupted run itself: its effect is 0 and it is not run. The patches themselves are hooks
-(qkv.engine.hooks) on "heads", "attn_out" and "ffn_out", each writing its own batch rows.
+(qkv.core.hooks) on "heads", "attn_out" and "ffn_out", each writing its own batch rows.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .attribution import token_id
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 WHAT = ("heads", "residual", "attn_out", "ffn_out", "cross")   # the tables `patch` can make (cross: encoder–decoders)
 MAX_TOKENS = 2048                                        # B·n of one batched pass (memory ~ B·n·d_ff floats)

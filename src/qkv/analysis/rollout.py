@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engine.errors import QkvError, check_index
+from ..runtime.errors import QkvError, check_index
 
 if TYPE_CHECKING:
-    from ..engine.trace import Trace
+    from ..core.trace import Trace
 
 
 def rollout_of(attentions: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.threads import blas_one_thread
+from ..runtime.errors import QkvError
+from ..runtime.threads import blas_one_thread
 from . import backends
 from .corpus import Corpus
 from .detectors import repeated_scores
@@ -76,7 +76,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     An encoder–decoder gives a Seq2SeqHeadReport: encoder, decoder and cross-attention apart,
     each text translated greedily, in this process (seq2seq_heads.py).
     """
-    from ..checkpoints import load
+    from ..models.loading import load
 
     if backend not in backends.BACKENDS:
         raise QkvError(f"unknown backend {backend!r}; choose one of {', '.join(backends.BACKENDS)}")
@@ -154,7 +154,7 @@ def report(setup: Setup, totals: Totals) -> HeadReport:
 
 def worker_source(source: str, model) -> str:
     """The source workers load the model from, checked to give this very model."""
-    from ..checkpoints import load
+    from ..models.loading import load
 
     try:
         same = model_fingerprint(load(source, dtype=model.dtype)) == model_fingerprint(model)

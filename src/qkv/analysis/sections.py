@@ -27,8 +27,8 @@ from .rollout import MAX_FLOW_WORK, attention_flow, attention_rollout, flow_fits
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..engine.model import Model
-    from ..engine.trace import Trace
+    from ..models.model import Model
+    from ..core.trace import Trace
 
 
 def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .corpus import Corpus, template_of
 from .stats import attention_to, diagonal, entropy, punctuation_positions, uniform_entropy
 from .totals import Failure

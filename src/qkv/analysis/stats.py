@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.ops import entropy as row_entropy
+from ..core.ops import entropy as row_entropy
 
 STATS = ("self", "prev", "next", "cls", "sep", "punct", "first", "entropy")
 DESCRIPTIONS = {

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.model import Model
+from ..runtime.errors import QkvError
+from ..models.model import Model
 from .corpus import Template, template_of, windows
 from .detectors import duplicate_token_pattern, pattern_mass, previous_token_pattern
 from .stats import CLS, SEP, head_stats, uniform_entropy

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import open_regular, write_atomic
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular, write_atomic
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The attention benchmark: plain, tiled, sliding-window and torch's SDPA, side by side, n = 512 … 65536.
 
     q, k, v random (1, H 12, n, d 64) float32; per n, causal and not:
-      plain   qkv.engine.attention.scaled_dot_product_attention (+ causal bias): holds H · n² scores
-      tiled   qkv.engine.kernels.tiled_attention: online softmax by blocks, never n × n
-      window  qkv.engine.kernels.sliding_window_attention (causal only), window w
+      plain   qkv.core.attention.scaled_dot_product_attention (+ causal bias): holds H · n² scores
+      tiled   qkv.core.kernels.tiled_attention: online softmax by blocks, never n × n
+      window  qkv.core.kernels.sliding_window_attention (causal only), window w
       torch   torch.nn.functional.scaled_dot_product_attention, where torch is installed
     each method once in a fresh subprocess (its time and peak memory), then, where a call
     is short, `repeats` more rounds taking turns in this process (the median is reported).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved
 
 SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -103,16 +103,16 @@ def call(method: str, n: int, causal: bool, window: int = WINDOW, arrays=None):
     """A function that runs `method` once on this n's inputs (built here unless given)."""
     q, k, v = arrays if arrays is not None else inputs(n)
     if method == "plain":
-        from ..engine.attention import causal_mask, mask_bias, scaled_dot_product_attention
+        from ..core.attention import causal_mask, mask_bias, scaled_dot_product_attention
 
         bias = mask_bias(causal_mask(n))[None, None] if causal else None      # (1, 1, n, n)
         return lambda: scaled_dot_product_attention(q, k, v, bias)
     if method == "tiled":
-        from ..engine.kernels import tiled_attention
+        from ..core.kernels import tiled_attention
 
         return lambda: tiled_attention(q, k, v, causal=causal)
     if method == "window":
-        from ..engine.kernels import sliding_window_attention
+        from ..core.kernels import sliding_window_attention
 
         return lambda: sliding_window_attention(q, k, v, window=window)
     if method == "torch":
@@ -265,7 +265,7 @@ def linear_vs_softmax(text: str = TEXT, source: str = "minilm") -> dict:
     between the two outputs (per position), the worst head's relative error too.
     """
     from .. import load
-    from ..engine.kernels import compare_to_softmax
+    from ..core.kernels import compare_to_softmax
 
     model = load(source)
     trace = model.run(text, keep=("q", "k", "v"))

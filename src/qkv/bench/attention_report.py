@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.io import write_atomic
+from ..runtime.io import write_atomic
 from . import markdown as md
 from .attention import COMMAND, METHODS
 
@@ -125,7 +125,7 @@ def _linear(linear: dict) -> list:
     rows = [[str(la["layer"]), f"{la['relative_error']:.3f}", f"{la['worst_relative_error']:.3f}",
              f"{la['cosine']:.3f}"] for la in linear["layers"]]
     return ["### Linear attention against softmax on real activations",
-            f"`qkv.engine.kernels.compare_to_softmax` on {linear['model']} reading a {linear['tokens']}-token "
+            f"`qkv.core.kernels.compare_to_softmax` on {linear['model']} reading a {linear['tokens']}-token "
             f"paragraph ({'causal' if linear['causal'] else 'not causal'}): q, k, v of every layer from "
             "`Model.run`, softmax attention (tiled) against linear attention (φ = elu + 1) on the same "
             "inputs; mean over the heads, and the worst head.",
@@ -180,7 +180,7 @@ def plot(result: dict, path: str | Path) -> Path:
 
 def threshold_note(result: dict) -> str:
     """What the run says about the engine's switch from plain to tiled (attention.TILED_MIN_SCORES)."""
-    from ..engine.attention import TILED_MIN_SCORES
+    from ..core.attention import TILED_MIN_SCORES
 
     found = {c: crossover(result["rows"], c) for c in (True, False)}
     said = ", ".join(f"{'causal' if c else 'not causal'} from n = {n}" if n else

@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import write_text
-from ..engine.tuning import cpu_name
+from ..runtime.errors import QkvError
+from ..runtime.io import write_text
+from ..runtime.tuning import cpu_name
 
 REFERENCE_FIX = "run `make bench`, or: pip install torch==2.13.0 transformers"
 
@@ -85,8 +85,8 @@ def blas_info() -> dict:
 
 def machine_facts() -> dict:
     """The facts a timing depends on: CPU, its vector extensions, cores, NumPy, its BLAS kernel,
-    OpenBLAS variables, and the choices qkv measured on this machine (qkv.engine.tuning)."""
-    from ..engine.tuning import choices
+    OpenBLAS variables, and the choices qkv measured on this machine (qkv.runtime.tuning)."""
+    from ..runtime.tuning import choices
 
     tuned = choices()
     return {

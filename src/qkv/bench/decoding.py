@@ -25,7 +25,7 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
 def gemv_bandwidth(nbytes: int = COPY_BYTES // 4, repeats: int = 7) -> float:
     """Bytes per second one core reads in a matrix × vector product (one BLAS thread, as qkv's
     one-token steps run): the rate a decoding step can stream its weights at, on one core."""
-    from ..engine.threads import blas_one_thread
+    from ..runtime.threads import blas_one_thread
 
     W = np.ones((nbytes // 4 // 1024, 1024), dtype=np.float32)          # (rows, 1024)
     x = np.ones(1024, dtype=np.float32)

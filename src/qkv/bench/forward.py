@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from . import common
 from . import markdown as md
 from .common import cpu_snapshot, machine_facts, others_cores, time_interleaved

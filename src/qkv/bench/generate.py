@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.cache import KVCache
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
+from ..core.cache import KVCache
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
 from . import common
 from . import markdown as md
 from .common import cpu_snapshot, machine_facts, others_cores, time_rounds
-from .decoding import (COPY_BYTES, TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference,  # noqa: F401
-                       gemv_bandwidth, spread)
+from .decoding import (COPY_BYTES, TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference, gemv_bandwidth,
+                       spread)
 from .forward import GPT2_SMALL
 
 PROMPT = 16

@@ -58,7 +58,7 @@ def synthetic_corpus(n: int = SENTENCES, seed: int = 0) -> list[str]:
 def measure(sentences: int = SENTENCES, workers: int | None = None, ray: bool = True) -> dict:
     """Time the three backends on the synthetic corpus; a plain dict of results."""
     from ..analysis import analyse, open_corpus
-    from ..engine.threads import cores as local_cores
+    from ..runtime.threads import cores as local_cores
 
     cores = workers or local_cores()
     rows = []

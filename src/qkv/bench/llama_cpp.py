@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 # Runs in the child: argv[1] is a JSON job. Greedy = top_k 1; `generate` never stops at EOS.
 CHILD = r"""

@@ -24,12 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.threads import DECODE_THREADS_VAR, decode_threads
-from ..engine.tuning import pinned as tuning_pins
+from ..runtime.errors import QkvError
+from ..runtime.threads import DECODE_THREADS_VAR, decode_threads
+from ..runtime.tuning import pinned as tuning_pins
 from . import markdown as md
-from .common import (VECTOR_FLAGS, cpu_snapshot, machine_facts, others_cores, time_interleaved,  # noqa: F401
-                     vector_extensions)
+from .common import VECTOR_FLAGS, cpu_snapshot, machine_facts, others_cores, time_interleaved, vector_extensions
 from .decoding import COPY_BYTES, TARGET_SHARE, bandwidth_share, copy_bandwidth, first_difference
 
 MODEL = "smollm2"

@@ -47,8 +47,8 @@ def numpy_blas(mach: dict, threads_note: str = "") -> str:
 
 
 def tuned(t: dict) -> str:
-    """The choices qkv.engine.tuning made on this machine, as a report names them."""
-    return (f"qkv's choices for this machine (qkv.engine.tuning, {t.get('source', 'measured')}): one-token steps "
+    """The choices qkv.runtime.tuning made on this machine, as a report names them."""
+    return (f"qkv's choices for this machine (qkv.runtime.tuning, {t.get('source', 'measured')}): one-token steps "
             f"fastest on {t['decode']} BLAS thread(s) when measured (generation still times 1 against 2 or more), "
             f"a prompt's pass on {t['prefill']}, tiled attention on {t['attention']} worker(s) with "
             f"{t['q_block']} × {t['k_block']} blocks")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import markdown as md
 from .common import machine_facts
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 COMMAND = "qkv bench memory --out docs/benchmarks.md"
 
@@ -65,7 +65,7 @@ def _file_size(source: str) -> tuple[Path, int, bool]:
 def measure(source: str = "smollm2", with_transformers: bool = True, log=lambda m: None) -> dict:
     """{"rows": [{"who", "how", "seconds", "peak", "held"}], "file_bytes", "source", "machine"}."""
     path, size, is_gguf = _file_size(source)
-    q = "import qkv, numba\nfrom qkv.engine import stored_kernels"
+    q = "import qkv, numba\nfrom qkv.runtime import stored_kernels"
     rows = []
     for how in ("stored", "float32"):
         log(f"qkv.load({source!r}, dtype={how!r})")

@@ -22,7 +22,7 @@ from unittest import mock
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from . import markdown as md
 from .common import cpu_snapshot, others_cores, time_rounds, torch_machine_facts
 
@@ -112,7 +112,7 @@ def measure(repeats: int = REPEATS, threads: int | None = None, log: Callable[[s
     from .. import load
     from ..analysis.attribution import token_id
     from ..checkpoints import resolve
-    from ..engine.threads import blas_threads, cores
+    from ..runtime.threads import blas_threads, cores
 
     threads = threads or cores()
     torch.set_num_threads(threads)

@@ -1,9 +1,9 @@
-"""The sparse attention benchmark: each pattern of `qkv.engine.sparse.gallery` in the tiled kernel, n = 512 … 8192.
+"""The sparse attention benchmark: each pattern of `qkv.core.sparse.gallery` in the tiled kernel, n = 512 … 8192.
 
     q, k, v random (1, H 9, n, 64) with 3 K/V heads (SmolLM2's attention), float32, causal; per n:
       dense    softmax(Q·Kᵀ/√d + M)·V on the whole n × n matrix (the mask added, nothing saved)
-      tiled    qkv.engine.kernels.tiled_attention, causal: the engine's kernel
-      <name>   qkv.engine.sparse.sparse_attention with each gallery pattern (window w, blocks of `block`),
+      tiled    qkv.core.kernels.tiled_attention, causal: the engine's kernel
+      <name>   qkv.core.sparse.sparse_attention with each gallery pattern (window w, blocks of `block`),
                tiles of `tile`: the hidden tiles skipped
     the time of one call (median of `repeats` rounds taking turns) and its peak memory (tracemalloc,
     one call: NumPy's allocations, inputs excluded, output included), the tiles computed and the
@@ -16,8 +16,8 @@ No torch needed.
 
 from __future__ import annotations
 
-from ..engine import sparse as sp
-from ..engine.errors import QkvError
+from ..core import sparse as sp
+from ..runtime.errors import QkvError
 from ..lessons.sparse import measure_cost
 from . import markdown as md
 from .common import cpu_snapshot, machine_facts, others_cores, vector_extensions

@@ -37,7 +37,7 @@ def measure(new_tokens: int = NEW_TOKENS, repeats: int = REPEATS, lens: bool = T
     run, "tokens": [prompt, reply], "bytes": {file: size}, "machine", "others_cores", ...}
     """
     from ..analysis.sections import save_generation
-    from ..checkpoints import load
+    from ..models.loading import load
     from ..writing.chat import chat_stream
 
     model = load(MODEL)

@@ -28,8 +28,8 @@ from unittest import mock
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
 from . import common
 from . import markdown as md
 from .common import cpu_snapshot, others_cores, time_interleaved, torch_machine_facts
@@ -107,7 +107,7 @@ def qkv_step(params: dict[str, np.ndarray], cfg: ModelConfig, ids: np.ndarray, o
 
 
 def kept_floats(cfg: ModelConfig, B: int, n: int) -> dict[str, int]:
-    """Floats held when the forward ends, by what holds them (the forward's Tape, engine/blocks_backward.py):
+    """Floats held when the forward ends, by what holds them (the forward's Tape, core/blocks_backward.py):
 
         per block   X and X₁ (the norms' inputs), Norm(X), Q, K, V, Concat(Z), Norm(X₁)   B·n·(4d + 2·H·d_k + 2·Hkv·d_k)
                     A = softmax(S)                                                     B·H·n²
@@ -248,7 +248,7 @@ def measure(models=tuple(MODELS), repeats: int = REPEATS, warmup: int = 1, seed:
     "qkv_tokens_per_s", "torch_tokens_per_s", "ratio", "losses"}], "memory": [...], "machine": {...}, ...}
     """
     torch, transformers = reference_stack()
-    from ..engine.threads import blas_threads, cores
+    from ..runtime.threads import blas_threads, cores
 
     for name in models:
         if name not in MODELS:

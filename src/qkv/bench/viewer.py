@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Callable
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from . import markdown as md
 from .common import cpu_snapshot, machine_facts, others_cores
 
@@ -106,7 +106,7 @@ def measure(tokens=TOKENS, repeats: int = REPEATS, model_source: str = MODEL, bu
         raise QkvError(f"Chromium is missing at {CHROMIUM}: apt-get install chromium, or set QKV_CHROMIUM")
     import re
 
-    from ..checkpoints import load
+    from ..models.loading import load
 
     model = load(model_source)
     rows, before = [], cpu_snapshot()

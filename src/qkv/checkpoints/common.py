@@ -11,10 +11,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.stored import StoredMatrix, StoredTable, half_bytes
-from ..engine.weights import AttentionWeights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..runtime.stored import StoredMatrix, StoredTable, half_bytes
+from ..core.weights import AttentionWeights
 from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
@@ -190,7 +190,7 @@ def partial_rope(hf: dict, d_head: int, default_factor: float = 1.0) -> tuple[fl
 
 def longrope_scaling(hf: dict, scaling: dict | None, rotary: int) -> dict | None:
     """SCALING with a "longrope" kind resolved as transformers' _compute_longrope_parameters reads it, every
-    number written in (what qkv.engine.positions reads): both factor tables checked (ROTARY/2 positive numbers
+    number written in (what qkv.core.positions reads): both factor tables checked (ROTARY/2 positive numbers
     each), original_max_position_embeddings (the config's own key first, as Phi-3's), factor (else
     max_position_embeddings / original) and the attention factor (else √(1 + ln factor / ln original), 1 when
     factor ≤ 1). Any other SCALING is returned as it is."""

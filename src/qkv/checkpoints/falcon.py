@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
 

@@ -24,12 +24,12 @@ from types import ModuleType
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import Weights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import Weights
 from . import (bart, bert, bloom, cohere, distilbert, electra, falcon, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite,
-               llama, marian, mbart, modernbert, moe, mpt, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2, t5,
-               umt5, vit, whisper)
+               llama, marian, mbart, modernbert, moe, mpt, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2,
+               t5, umt5, vit, whisper)
 from .common import check_config, unread, unread_error
 from .tensors import TensorDict, TensorStore
 

@@ -28,9 +28,9 @@ use_bidirectional_attention is refused.
 
 from __future__ import annotations
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.positions import check_rope
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.positions import check_rope
 from . import llama
 from .common import check_config, reads_back
 

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import cache_dir, write_atomic, write_directory
-from ..engine.io_json import Fields, read_json
+from ..runtime.errors import QkvError
+from ..runtime.io import cache_dir, write_atomic, write_directory
+from ..runtime.io_json import Fields, read_json
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import check_file, metadata, open_reader

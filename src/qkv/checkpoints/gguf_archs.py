@@ -91,7 +91,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 Split = Callable[[np.ndarray], np.ndarray]
 

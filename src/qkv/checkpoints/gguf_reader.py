@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 
 def _reader_class():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.stored import KINDS, StoredMatrix, StoredTable, half_bytes
+from ..runtime.errors import QkvError
+from ..runtime.stored import KINDS, StoredMatrix, StoredTable, half_bytes
 from .gguf import _dequantised, _vocab_size, parse, source_of
 from .tensors import ByName, check_finite
 

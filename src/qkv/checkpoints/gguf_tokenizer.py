@@ -11,7 +11,7 @@ never split.
 
 from __future__ import annotations
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) for the names we support.
 _GPT2 = None                                       # the ByteLevel pre-tokenizer's own GPT-2 regex

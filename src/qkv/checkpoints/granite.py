@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import Weights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import Weights
 from . import llama
 from .common import reads_back
 from .tensors import TensorStore

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.positions import check_rope
-from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, layer_types, layer_windows, linear_T, need,
-                     reads_back, ROTARY_BUFFERS)
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.positions import check_rope
+from ..core.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, layer_types, layer_windows,
+                     linear_T, need, reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.positions import sinusoidal_halves
-from ..engine.weights import Seq2SeqWeights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.positions import sinusoidal_halves
+from ..core.weights import Seq2SeqWeights
 from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.weights import Seq2SeqWeights
+from ..core.config import ModelConfig
+from ..core.weights import Seq2SeqWeights
 from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
 from .common import HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .llama import IGNORED, _rope
 from .tensors import TensorStore

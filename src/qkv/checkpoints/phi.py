@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, attention_linears, ROTARY_BUFFERS, activation, c_arrays, check_shapes, linear_T, need, partial_rope,
-                     reads_back)
+from ..core.config import ModelConfig
+from ..core.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, ROTARY_BUFFERS, activation, c_arrays, check_shapes, linear_T,
+                     need, partial_rope, reads_back)
 from .tensors import TensorStore
 
 # Tensors a Phi checkpoint may hold that qkv never reads ({i}: a layer), relative to PhiModel.

@@ -17,7 +17,7 @@ Knobs: RoPE over the first d_head·partial_rotary_factor numbers of each head (`
 "longrope" (older configs: rope_scaling "su" or "yarn", which transformers reads as longrope): each speed
 divided by short_factor[i], or by long_factor[i] in a pass that reaches past original_max_position_embeddings,
 and cos, sin multiplied by the attention factor (given, or √(1 + ln s / ln original) with s =
-max_position_embeddings / original, as transformers computes it) — qkv.engine.positions; sliding_window:
+max_position_embeddings / original, as transformers computes it) — qkv.core.positions; sliding_window:
 each query sees the last `sliding_window` keys (the mask). Dropouts (resid_pdrop, embd_pdrop,
 attention_dropout) are training's: qkv runs the model as transformers does in eval.
 """
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
 from .common import (HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
                      reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore

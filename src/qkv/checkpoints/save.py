@@ -8,7 +8,7 @@
                                tokenizer loaders read besides tokenizer.json)
     DIR/preprocessor_config.json  an image model's (ViT's) image processing: size, rescale, mean, std
 
-All files are written together through qkv.engine.io.FileBatch: a save that fails or is interrupted
+All files are written together through qkv.runtime.io.FileBatch: a save that fails or is interrupted
 leaves the previous files (or nothing) in place, never half a model. The target must be a new or
 empty directory, or one holding only these files (a previous save: it is overwritten); anything
 else (a file, a link, a directory with other files) is refused, so a save never clobbers what it
@@ -23,16 +23,16 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.errors import QkvError
-from ..engine.io import FileBatch
+from ..runtime.errors import QkvError
+from ..runtime.io import FileBatch
 from .families import family_of
 from .tensors import write_safetensors
 
 if TYPE_CHECKING:
-    from ..engine.handles import Handle
+    from ..writing.handles import Handle
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
-# The temporary files of a save killed midway (qkv.engine.io names them ".<final name>.<pid>.<random>.tmp").
+# The temporary files of a save killed midway (qkv.runtime.io names them ".<final name>.<pid>.<random>.tmp").
 _LEFTOVER = re.compile(r"\.(" + "|".join(re.escape(f) for f in FILES) + r")\.[^/]*\.tmp")
 
 

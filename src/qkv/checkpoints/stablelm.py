@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
-                     reads_back, ROTARY_BUFFERS)
+from ..core.config import ModelConfig
+from ..core.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling,
+                     need, partial_rope, reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
 # Tensors a StableLM checkpoint may hold that qkv never reads ({i}: a layer), relative to StableLmModel.

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling, need, partial_rope,
-                     reads_back, ROTARY_BUFFERS)
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import BlockWeights, FFNWeights, NormWeights, Weights
+from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, longrope_scaling,
+                     need, partial_rope, reads_back, ROTARY_BUFFERS)
 from .tensors import TensorStore
 
 # Tensors a StarCoder2 checkpoint may hold that qkv never reads ({i}: a layer), relative to Starcoder2Model.

@@ -23,8 +23,8 @@ from typing import IO
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io_json import read_json
+from ..runtime.errors import QkvError
+from ..runtime.io_json import read_json
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -231,7 +231,7 @@ class TensorStore(ByName):
         mm, info, start = self._where[stored]
         if info["dtype"] not in ("F16", "BF16") or tuple(info["shape"]) != tuple(shape):
             return None
-        from ..engine.stored import StoredMatrix, StoredTable
+        from ..runtime.stored import StoredMatrix, StoredTable
 
         begin, end = info["data_offsets"]
         if start + end > len(mm):

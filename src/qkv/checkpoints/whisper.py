@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import ConvWeights, Seq2SeqWeights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import ConvWeights, Seq2SeqWeights
 from . import bart
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore

@@ -10,7 +10,7 @@ import time
 import click
 
 from .common import MODEL_HELP, progress_bar
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 
 @click.command(name="activations")
@@ -56,7 +56,7 @@ def activations_cmd(source: str, layer: int, site: str, corpus_path: str | None,
 
     if address and backend != "ray":
         raise QkvError("--address is for the Ray backend; add --backend ray")
-    from ..engine.threads import check_count
+    from ..runtime.threads import check_count
 
     check_count("--workers", workers, here=not address)
     if corpus_path is None and corpus_name is None:

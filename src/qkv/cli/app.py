@@ -23,7 +23,7 @@ from .sae import sae_cmd
 from .sae_views import features_cmd, show_cmd
 from .activations import activations_cmd
 from .write import chat_cmd, generate, translate_cmd
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .tables import head_matrix, heads_table, print_cross
 from .train import train as train_cmd
 
@@ -89,9 +89,9 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     print where each word looks in time (cross-attention of a decoder layer) and with --out draw it.
     """
     from .common import load_model as load
-    from ..engine.audio_model import AudioModel
-    from ..engine.image_model import ImageModel
-    from ..engine.seq2seq import Seq2SeqModel
+    from ..models.audio_model import AudioModel
+    from ..models.image_model import ImageModel
+    from ..models.seq2seq import Seq2SeqModel
 
     model = load(source)
     if isinstance(model, ImageModel):
@@ -107,7 +107,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if target is not None:
         raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} is a single stack "
                        f"({model.config.family}): drop --target")
-    from ..engine.images import SUFFIXES
+    from ..inputs.images import SUFFIXES
 
     if Path(text).suffix.lower() in SUFFIXES and os.path.isfile(text):     # read as text, as asked; say so
         click.echo(f"note: {model.name} reads text: {text!r} is read as text, not as an image; give an image model "
@@ -133,7 +133,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
             return _show_long(model, text, layer, head, out_dir, knocked_out, budget_mb)
     try:
         from ..analysis.sections import sections_keep
-        from ..engine.trace import INTERMEDIATES, OPT_IN, ROUTER
+        from ..core.trace import INTERMEDIATES, OPT_IN, ROUTER
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
@@ -169,8 +169,8 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
 def _show_long(model, text: str, layer: int, head: int | None, out_dir: str, ablate, budget_mb: float | None) -> None:
     """`show --out` past LONG_TOKENS: one pass keeping each query row's largest weights in every layer (the
     viewer's), one keeping LAYER's whole attention (the table and its figures)."""
-    from ..engine.io import FileBatch
-    from ..engine.trace import ROUTER
+    from ..runtime.io import FileBatch
+    from ..core.trace import ROUTER
     from ..viz.figures import focused_head, save_figures
     from ..viz.html import viewer_html
     from ..viz.payload import LONG_TOKENS, MAX_TOP
@@ -201,7 +201,7 @@ def _pipeline_note(files: list[Path]) -> str:
 
 def memory_bound() -> int:
     """Bytes of attention weights one command may hold: half the machine's memory, at most 8 GiB."""
-    from ..engine.tuning import physical_memory
+    from ..runtime.tuning import physical_memory
 
     return min(physical_memory() // 2, 8 << 30)
 
@@ -280,7 +280,7 @@ def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head:
 
 def _save_seq2seq_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
     """The viewer (encoder / decoder / cross views) and the figures into OUT_DIR, all or nothing."""
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.html import viewer_html
     from ..viz.pipeline import pipeline_html
     from ..viz.seq2seq import save_seq2seq_figures
@@ -308,7 +308,7 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     tokens, from a trace that kept every intermediate) and the figures into OUT_DIR, all or nothing
     (`io.FileBatch`)."""
     from ..analysis.sections import viewer_sections
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.figures import save_figures
     from ..viz.html import viewer_html
     from ..viz.pipeline import pipeline_html

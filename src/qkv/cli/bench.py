@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from ..bench import attention as ab
 from ..bench import attention_report as report
 from ..bench import forward as fwd
@@ -106,7 +106,7 @@ def forward(tokens: tuple[int, ...], repeats: int, eager: bool, model_source: st
 def heads_bench(sentences: int, workers: int | None, use_ray: bool, out: str | None, as_json: bool) -> None:
     """Texts per second of `qkv heads` on the default model: one process, local cores, Ray (no torch needed)."""
     from ..bench import heads as hb
-    from ..engine.threads import check_count
+    from ..runtime.threads import check_count
 
     check_count("--workers", workers)
     result = hb.measure(sentences=sentences, workers=workers, ray=use_ray)
@@ -232,7 +232,7 @@ def train_command_line(models: tuple[str, ...], repeats: int, memory_tokens: tup
 def train_command(models: tuple[str, ...], repeats: int, memory_tokens: tuple[int, ...], memory: bool,
                   threads: int | None, out: str | None, as_json: bool) -> None:
     """A training step (forward, backward, AdamW): qkv's tokens/s against torch's, and activation memory."""
-    from ..engine.threads import check_count
+    from ..runtime.threads import check_count
 
     check_count("--threads", threads)
     start = time.perf_counter()
@@ -257,7 +257,7 @@ def patch_command_line(repeats: int, threads: int | None, out: str | None) -> st
 @json_option
 def patch_command(repeats: int, threads: int | None, out: str | None, as_json: bool) -> None:
     """Activation patching of every head on SmolLM2 (docs/patching.md's IOI run): qkv against TransformerLens."""
-    from ..engine.threads import check_count
+    from ..runtime.threads import check_count
 
     check_count("--threads", threads)
     start = time.perf_counter()
@@ -374,7 +374,7 @@ def memory_command(model_source: str, no_transformers: bool, out: str | None, as
 @json_option
 def tune_command(as_json: bool) -> None:
     """Measure this machine's choices again (BLAS threads, attention workers and blocks; ≈1–3 s) and print them."""
-    from ..engine.tuning import describe, pinned, retune
+    from ..runtime.tuning import describe, pinned, retune
 
     found, seconds = retune()
     pins = pinned()

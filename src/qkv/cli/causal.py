@@ -81,7 +81,7 @@ def _write(model, r, data: dict, out_dir: str, quiet: bool) -> None:
     """trace_fact.json, .png, .svg and .html into OUT_DIR, all or none."""
     import json
 
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.causal_figures import causal_trace_figure
     from ..viz.figures import save_all
     from ..viz.html import viewer_html

@@ -18,7 +18,7 @@ from typing import Iterator
 import click
 from rich.console import Console
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 MODEL_HELP = "Model: 'minilm', 'smollm2', 'ko-en-tiny', a .gguf file, a local Hugging Face directory, or a cached repo id."
 
@@ -37,7 +37,7 @@ def choose_weights(dtype: str | None) -> None:
 
 def load_model(source):
     """qkv.load(SOURCE) with the weights `qkv --weights` chose, saying so while it loads (`status`)."""
-    from ..checkpoints import load
+    from ..models.loading import load
 
     with status(f"loading {source} …"):
         return load(source, dtype=_weights["dtype"])
@@ -80,7 +80,7 @@ def new_console() -> Console:
 def check_writable(directory: str | os.PathLike, subs: tuple[str, ...] = ()) -> None:
     """Fail before the work, not after it, when an output directory cannot be written, or it or a sub-folder
     SUBS the command will write in is a link (`io.real_directory`)."""
-    from ..engine.io import real_directory
+    from ..runtime.io import real_directory
 
     try:
         real_directory(directory, subs)
@@ -178,8 +178,8 @@ def as_decoder(model, prefix: str | None, default: str | None = ""):
     """MODEL as the decoder its analyses read: an encoder–decoder becomes its DecoderView writing
     PREFIX (None: DEFAULT; "" the start token alone, None its own translation); a decoder stays, and
     refuses --prefix in one line."""
-    from ..engine.errors import QkvError
-    from ..engine.seq2seq import DecoderView, Seq2SeqModel
+    from ..runtime.errors import QkvError
+    from ..models.seq2seq import DecoderView, Seq2SeqModel
 
     if isinstance(model, Seq2SeqModel):
         return DecoderView(model, default if prefix is None else prefix)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from ..lessons import explain_help
 
 
@@ -88,8 +88,8 @@ def _follows(model, topic: str):
     """MODEL, if lesson TOPIC can follow it: the lessons read text, but vit, which reads an image; an image model
     given to a text lesson (or a speech model to any) is one line naming the lesson that reads its input,
     instead of a walkthrough of its patches as if they were tokens of id 0."""
-    from ..engine.audio_model import AudioModel
-    from ..engine.image_model import ImageModel
+    from ..models.audio_model import AudioModel
+    from ..models.image_model import ImageModel
 
     if isinstance(model, ImageModel) and topic != "vit":
         raise QkvError(f"{model.name} is an image model and qkv explain {topic} follows a text; for its patches "
@@ -143,8 +143,9 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     from functools import partial
 
     from .common import load_model as load
-    from ..writing.nexttoken import distribution, entropy, masked_token_logits, next_token_logits, token_text, top_tokens
-    from ..engine.seq2seq import Seq2SeqModel
+    from ..writing.nexttoken import (distribution, entropy, masked_token_logits, next_token_logits, token_text,
+                                     top_tokens)
+    from ..models.seq2seq import Seq2SeqModel
 
     temps = _temperatures(temperatures)
     model = load(source)

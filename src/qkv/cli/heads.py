@@ -12,16 +12,17 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, new_console
-from ..engine.errors import QkvError
-from ..engine.io import write_atomic
-from ..engine.threads import check_count, cores
+from ..runtime.errors import QkvError
+from ..runtime.io import write_atomic
+from ..runtime.threads import check_count, cores
 from ..viz.palette import ROLE_COLOURS
 from ..analysis.backends import BACKENDS, CHUNK
 from ..analysis.detectors import top_heads
 from ..analysis.corpus import SPLITS, open_corpus
 from ..analysis.roles import BROAD, DOMINANT, INDUCTION, strength
 from ..analysis.run import HeadReport, analyse
-from ..analysis.seq2seq_heads import KIND_TITLES, SEQ2SEQ_DESCRIPTIONS, Seq2SeqHeadReport, analyse_seq2seq, check_options
+from ..analysis.seq2seq_heads import (KIND_TITLES, SEQ2SEQ_DESCRIPTIONS, Seq2SeqHeadReport, analyse_seq2seq,
+                                      check_options)
 from ..analysis.stats import DESCRIPTIONS, STATS
 
 # the roles' colours of every view (viz.palette), bold where a head has one clear target

@@ -262,7 +262,7 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
 
     from ..analysis.attribution import token_id
     from ..analysis.input_attribution import attribute
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.figures import save_all
     from ..viz.interpret_figures import token_scores_figure
     from .common import load_model as load
@@ -318,7 +318,7 @@ def attribute_cmd(text: str, source: str, target: str | None, compare: str | Non
 def _target_pair(model, target: str | None, other: str | None, token_id) -> tuple[int | None, int | str | None]:
     """(target, other) token ids from --target and --other; --target 'A-B' is a difference when the whole is not
     one token and A and B each are."""
-    from ..engine.errors import QkvError
+    from ..runtime.errors import QkvError
 
     if target is None:
         return None, other                                      # attribute says what --other alone lacks
@@ -359,7 +359,7 @@ def patch_cmd(clean: str, corrupted: str, source: str, answer: str | None, wrong
     from ..analysis.patch import EMBEDDING, metric_of, patch
     from ..analysis.sections import patch_payload
     from .common import load_model as load
-    from ..engine.errors import QkvError
+    from ..runtime.errors import QkvError
     from ..viz.interpret_figures import save_patching
 
     model = as_decoder(load(source), prefix)

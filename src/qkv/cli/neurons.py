@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed, status
-from ..engine.errors import QkvError
-from ..engine.tokenizer import shorten
+from ..runtime.errors import QkvError
+from ..core.labels import shorten
 
 
 def index_list(flag: str, value: str | None, example: str = "12,40") -> list[int] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .common import MODEL_HELP, SEED, new_console, progress_bar
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 SMALL = 1 << 18             # d_in × latents up to which training runs on one BLAS thread
 MAX_EVAL_TOKENS = 10**8     # `sae eval --tokens`: the --file's token ids are held as a list
@@ -55,7 +55,7 @@ def _store(path: str):
 def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, **given) -> None:
     """Train a TopK sparse autoencoder on stored activations, with AdamW, AuxK for dead latents, a progress
     bar, checkpoints and bit-for-bit resume. Prints FVU, L0 and dead latents as it goes."""
-    from ..engine.threads import blas_threads, check_count, cores
+    from ..runtime.threads import blas_threads, check_count, cores
     from ..features.train import SAMPLE, Interrupted, open_run, store_batches
     from ..features.train_settings import MAX_BATCH, MAX_STEPS, Settings, check_memory, read_run
 

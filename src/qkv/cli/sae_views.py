@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed
-from ..engine.errors import QkvError
-from ..engine.tokenizer import shorten
+from ..runtime.errors import QkvError
+from ..core.labels import shorten
 
 
 def sae_and_model(sae_dir: str, source: str | None):
@@ -226,7 +226,7 @@ def _write_show(model, text: str, data: dict, out_dir: str, quiet: bool) -> None
     """OUT_DIR/features.json (the data) and features.html: the viewer of TEXT with its Features panel open."""
     from pathlib import Path
 
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.html import viewer_html
     from ..viz.interpret_payload import features_section
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import open_regular
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular
 from .common import check_writable, removed_if_failed
 
 MAX_BYTES = 64 << 20            # a features file larger than this is refused before it is read
@@ -105,7 +105,7 @@ def show_audio(model, path: str, target: str | None, layer: int | None, head: in
 
 def _save(trace, out_dir: str, model, layer: int, head: int) -> list[Path]:
     """The viewer (encoder / decoder / cross views) and the heatmaps into OUT_DIR, all or nothing."""
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.html import viewer_html
     from ..viz.seq2seq import save_seq2seq_figures
 

@@ -17,8 +17,8 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.errors import QkvError
-from ..engine.image_model import top_labels
+from ..runtime.errors import QkvError
+from ..models.image_model import top_labels
 from .common import check_writable, head_pairs, new_console, removed_if_failed
 
 TOP_LABELS = 3            # predicted labels printed
@@ -130,7 +130,7 @@ def save_image_views(trace, out_dir: str, layer: int, patch: tuple[int, int]) ->
     nothing (`io.FileBatch`); PATCH: a patch's (p_h, p_w) in pixels (model.config.patch_size)."""
     from ..analysis.rollout import attention_rollout
     from ..analysis.sections import rollout_payload
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.figures import save_all
     from ..viz.html import viewer_html
     from ..viz.image_figures import image_heads, image_layers, image_rollout

@@ -7,7 +7,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.tokenizer import shorten as _label
+from ..core.labels import shorten as _label
 from .common import new_console
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from .common import SEED, new_console
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 SMALL = 256                 # d_model up to which training runs on one BLAS thread (see `train`)
 
@@ -70,7 +70,7 @@ def train(task: str | None, text: str | None, out: str | None, threads: int | No
     checkpoint (`qkv generate --model DIR/model`, `qkv show --model DIR/model`).
     Ctrl-C saves a checkpoint; the same command continues the run.
     """
-    from ..engine.threads import blas_threads, cores
+    from ..runtime.threads import blas_threads, cores
     from ..train.loop import Interrupted, open_run
 
     if out is None:
@@ -79,7 +79,7 @@ def train(task: str | None, text: str | None, out: str | None, threads: int | No
         raise QkvError("give --task induction or --text FILE, not both")
     if text is not None:
         task, options["text"] = "text", text
-    from ..engine.threads import check_count
+    from ..runtime.threads import check_count
 
     check_count("--threads", threads)
     given = {k: v for k, v in options.items() if v is not None}

@@ -13,7 +13,7 @@ import click
 
 from .common import MODEL_HELP, SEED, check_writable, error_line, removed_if_failed, status, warn_unknown
 from .sae_views import check_steer_flags, steer_options, steered
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 
 lens_option = click.option(
@@ -51,7 +51,7 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
     from .common import load_model as load
     from ..writing.generate import TextStream
     from ..writing.sampling import Sampling
-    from ..engine.seq2seq import Seq2SeqModel
+    from ..models.seq2seq import Seq2SeqModel
 
     sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                         seed=seed)                                                # checked before loading
@@ -104,7 +104,7 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
     """
     from .common import load_model as load
     from ..writing.sampling import Sampling
-    from ..engine.seq2seq import Seq2SeqModel
+    from ..models.seq2seq import Seq2SeqModel
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     model = load(source)
@@ -117,7 +117,7 @@ def translate_cmd(text: str, source: str, max_new_tokens: int | None, temperatur
 def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tuple[str, ...],
                trace_dir: str | None) -> None:
     """`qkv translate`'s work (and `qkv generate`'s on an encoder–decoder): the target streamed, then --trace."""
-    from ..engine.audio_model import AudioModel
+    from ..models.audio_model import AudioModel
     from ..writing.seq2seq_generate import TargetStream
 
     if isinstance(model, AudioModel):                   # before warn_unknown: its source is sound, not TEXT

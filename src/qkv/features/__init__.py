@@ -2,7 +2,7 @@
 autoencoders that decompose them into sparse, mostly interpretable features (README, "Features:
 sparse autoencoders")."""
 
-from ..engine.lazy import submodule
+from ..runtime.lazy import submodule
 
 
 def __getattr__(name: str):

@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import open_regular, real_directory, write_text
-from ..engine.io_json import Fields, read_json
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular, real_directory, write_text
+from ..runtime.io_json import Fields, read_json
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
 
 SITES = ("resid", "attn_out", "ffn_out")
 RECORDED = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}     # qkv's intermediate names
@@ -261,7 +261,7 @@ def write_shard(path: Path, rows: int, d: int, dtype: str, fill: Callable[[Put],
     file beside PATH, renamed onto PATH once filled. No memory map: the file's space is reserved first
     (posix_fallocate) and the rows written with pwrite, so a full disk is an OSError here, one QkvError, never
     SIGBUS; the temporary file is removed on any error."""
-    from ..engine.io import temporary_file
+    from ..runtime.io import temporary_file
 
     kind = np.dtype(dtype)
     size = rows * d * kind.itemsize                                                    # the data's bytes
@@ -386,8 +386,8 @@ def check_range(a: np.ndarray, dtype: str) -> None:
 def site_rows(model: "Model", layer: int, site: str, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """ids (B, n) right-padded to LENGTHS → the site's (B, n, d) in float32, running blocks 0..LAYER-1 (resid)
     or 0..LAYER (attn_out, ffn_out) only; past the last block only the last position's logits are made."""
-    from ..engine.model import transformer
-    from ..engine.trace import Recorder
+    from ..core.stack import transformer
+    from ..core.trace import Recorder
 
     mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)      # (B, n)
     if site == "resid":

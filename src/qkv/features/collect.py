@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import real_directory, refuse_link
+from ..runtime.errors import QkvError
+from ..runtime.io import real_directory, refuse_link
 from .activations import (BATCH_TOKENS, CONTEXT, SHARD_TOKENS, SITES, Activations, check_range, check_settings,
                           new_meta, read_meta, save_meta, shard_name, site_rows, write_shard)
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
     from .corpora import Texts
 
 # ── the plan: which window rows go into which shard ─────────────────────────────
@@ -135,7 +135,7 @@ class Spec:
     skip: int
 
     def load(self):
-        from ..checkpoints import load
+        from ..models.loading import load
 
         return load(self.source, dtype=self.weights)
 
@@ -147,7 +147,7 @@ def _init_worker(spec: Spec, parent: int) -> None:
     import signal
 
     from ..analysis.backends import die_with_parent
-    from ..engine.threads import set_blas_threads
+    from ..runtime.threads import set_blas_threads
 
     global _WORKER
     die_with_parent(parent)
@@ -165,7 +165,7 @@ class RayShards:
     """A Ray actor making shards: loads the model once."""
 
     def __init__(self, spec: Spec):
-        from ..engine.threads import set_blas_threads
+        from ..runtime.threads import set_blas_threads
 
         set_blas_threads(1)
         self.spec, self.model = spec, spec.load()
@@ -178,7 +178,7 @@ class RayShards:
 def run_jobs(jobs: Iterable[Job], model: "Model", spec: Spec, workers: int, backend: str,
              address: str | None = None) -> Iterator[tuple[int, int]]:
     """(shard index, rows) as shards are done, in any order; at most 2 jobs in flight a worker."""
-    from ..engine.threads import blas_one_thread
+    from ..runtime.threads import blas_one_thread
 
     if backend == "local" and workers == 1:
         with blas_one_thread():
@@ -211,7 +211,7 @@ def _ray_jobs(jobs: Iterable[Job], spec: Spec, workers: int | None, address: str
     import logging
 
     from ..analysis.backends import import_ray
-    from ..engine.threads import cores
+    from ..runtime.threads import cores
 
     ray = import_ray()
     started = not ray.is_initialized()
@@ -366,7 +366,7 @@ def open_collection(source: "str | Model", out: str | Path, *, layer: int, site:
     """Every check of `collect_activations`, the model loaded and the store at OUT made or matched: one error
     before any work (the command opens its progress bar after this)."""
     from ..analysis.backends import BACKENDS
-    from ..checkpoints import load
+    from ..models.loading import load
 
     check_settings(site, dtype, shard_tokens)
     if backend not in BACKENDS:

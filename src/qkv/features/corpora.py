@@ -37,7 +37,7 @@ from itertools import chain
 from typing import Callable, Iterator
 
 from ..analysis.corpus import open_corpus
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 
 @dataclass(frozen=True)

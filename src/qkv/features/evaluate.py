@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .sae import SAE
 
 HOOK_POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}
@@ -105,7 +105,7 @@ def check_text_model(model, sae: SAE, layer: int | None = None, site: str | None
     """(layer, site) where SAE reads MODEL, once MODEL is known to be a single-stack text model with a
     next-token loss (not an image or audio model, not an encoder–decoder) whose stream at the SAE's hook is
     the SAE's d_in wide; else one QkvError naming the cause (`features.steer.check_model` for width and layer)."""
-    from ..engine.image_model import ImageModel
+    from ..models.image_model import ImageModel
     from .steer import check_model
 
     kind = ("an image model" if isinstance(model, ImageModel) else

@@ -33,12 +33,12 @@ import numpy as np
 
 from ..analysis.neurons import (Example, TopContexts, contexts_of, corpus_triples, no_vocab, padded_batches,
                                 value_logits, window_pieces)
-from ..engine.errors import QkvError, check_index
+from ..runtime.errors import QkvError, check_index
 from .activations import CONTEXT, site_rows
 from .steer import check_model
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
     from .sae import SAE
 
 TOP = 24                 # latents reported when none are given

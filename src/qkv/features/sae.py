@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")     # SAELens's names, shapes below
 AUX_COEF = 1 / 32                                 # α, the paper's

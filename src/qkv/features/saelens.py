@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints.tensors import TensorStore, write_safetensors
-from ..engine.errors import QkvError
-from ..engine.io import FileBatch
-from ..engine.io_json import Fields, read_json
+from ..runtime.errors import QkvError
+from ..runtime.io import FileBatch
+from ..runtime.io_json import Fields, read_json
 from .sae import MAX_D_IN, MAX_LATENTS, NAMES, SAE, SAEConfig
 
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"

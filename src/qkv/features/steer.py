@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 if TYPE_CHECKING:
-    from ..engine.model import Model
+    from ..models.model import Model
     from .sae import SAE
 
 POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}   # SAE site → qkv's hook point

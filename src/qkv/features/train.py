@@ -38,9 +38,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import FileBatch, open_regular, real_directory, refuse_link, write_atomic, write_text
-from ..engine.io_json import Fields, parse_json
+from ..runtime.errors import QkvError
+from ..runtime.io import FileBatch, open_regular, real_directory, refuse_link, write_atomic, write_text
+from ..runtime.io_json import Fields, parse_json
 from ..train.loop import KEEP, Interrupted, _deferred_interrupt
 from ..train.optim import AdamW
 from .sae import SAE, SAEConfig, init_sae, loss_and_grads, normalize_decoder, project_decoder_grad, variance

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine import tuning
-from ..engine.errors import QkvError
-from ..engine.io_json import Fields, read_json
+from ..runtime import tuning
+from ..runtime.errors import QkvError
+from ..runtime.io_json import Fields, read_json
 from ..train.optim import check_lr
 from .sae import AUX_COEF, MAX_D_IN, MAX_LATENTS
 

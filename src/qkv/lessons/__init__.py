@@ -32,7 +32,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 LANGS = ("en", "ko")
 

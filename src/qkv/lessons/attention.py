@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.blocks import attention_mask_of, norm
-from ..engine.model import Model
-from ..engine.ops import entropy as row_entropy, softmax
-from ..engine.positions import rope_inv_freq
+from ..core.blocks import attention_mask_of, norm
+from ..models.model import Model
+from ..core.ops import entropy as row_entropy, softmax
+from ..core.positions import rope_inv_freq
 
 DEFAULT_TEXT = "The cat sat on the mat"
 DK_SIZES = (4, 16, 64, 256)

@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine.blocks import linear, unembed_in
-from ..engine.errors import QkvError, check_index
-from ..engine.ops import ACTIVATIONS
-from ..engine.stored import StoredMatrix
-from ..engine.trace import INTERMEDIATES
-from ..engine.weights import MoEWeights
+from ..core.blocks import linear, unembed_in
+from ..runtime.errors import QkvError, check_index
+from ..core.ops import ACTIVATIONS
+from ..runtime.stored import StoredMatrix
+from ..core.trace import INTERMEDIATES
+from ..core.weights import MoEWeights
 from ..writing.nexttoken import token_text
 from . import Page, nbytes, same, shape
 from .attention import DEFAULT_TEXT, norm_of

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine import sparse as sp
-from ..engine.errors import QkvError
+from ..core import sparse as sp
+from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
-from ..engine.kernels import K_BLOCK, Q_BLOCK, tiled_attention
-from ..engine.ops import softmax
+from ..core.kernels import K_BLOCK, Q_BLOCK, tiled_attention
+from ..core.ops import softmax
 from . import Page, nbytes, same
 from .flash_text import TEXTS
 from ..viz import hangul
@@ -251,7 +251,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """flash_tiles (the grid, the visiting order, m and ℓ), flash_steps (one panel a step): .png and .svg;
     flash_steps.html: the same steps as an animation (one SVG frame a step, play / step buttons, offline)."""
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
     from ..viz.figures import save_all
 
     t = Page(TEXTS, lang).t

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from . import Page, same
 from .gqa_text import TEXTS
@@ -87,7 +87,7 @@ def build(model, text: str | None = None, *, pool_model=None) -> Lesson:
         if model.config.n_kv_heads == model.config.n_heads and hasattr(model.weights, "blocks"):
             pool_model = model
         else:
-            from ..checkpoints import load
+            from ..models.loading import load
             pool_model = load(POOL_MODEL)
     rows, n = _pooling(pool_model, text)
     return Lesson(sharing=sharing, pool_model=pool_model.name, pool_H=pool_model.config.n_heads, pool_tokens=n,
@@ -130,7 +130,7 @@ def repeat_heads(W: np.ndarray, H: int, G: int, d_k: int) -> np.ndarray:
 def _with_kv(model, G: int, dense: bool):
     """`model` with its K/V heads mean-pooled into G: as GQA (Hkv = G) or, dense=True, as the multi-head
     model whose K/V heads are the pooled ones repeated."""
-    from ..engine.model import Model
+    from ..models.model import Model
 
     cfg = model.config
     H, d_k = cfg.n_heads, cfg.d_head

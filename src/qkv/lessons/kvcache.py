@@ -9,7 +9,7 @@ cache's contents (per layer K and V of shape (Hkv, m, d_k), after RoPE) checked 
 full pass, each step's time (best of REPEATS) and FLOPs counted from the weights' shapes,
 and the check that both ways choose the same token with logits equal within 1e-4. The cache
 of the same model with H K/V heads (MHA) and one (MQA) is computed beside the model's (GQA).
-No torch: qkv.engine.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.writing.generate.decode
+No torch: qkv.core.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.writing.generate.decode
 uses them.
 """
 
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine.cache import KVCache
-from ..engine.errors import QkvError
+from ..core.cache import KVCache
+from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT
 from ..writing.generate import check_can_generate
-from ..engine.threads import StepThreads, decode_threads
-from ..engine.tokenizer import shorten
-from ..engine.weights import MoEWeights
+from ..runtime.threads import StepThreads, decode_threads
+from ..core.labels import shorten
+from ..core.weights import MoEWeights
 from . import Page, nbytes, same, shape
 from .kvcache_text import TEXTS
 

@@ -7,7 +7,7 @@
     learned     a trained table P (MiniLM: 512 × 384) added to X; cos(P[p], P[p+k]) falls with k,
                 but only roughly: nothing makes it a function of k alone
 
-Every number comes from the engine (qkv.engine.positions: `sinusoidal_table`, `rope_inv_freq`,
+Every number comes from the engine (qkv.core.positions: `sinusoidal_table`, `rope_inv_freq`,
 `rope_cos_sin`, `apply_rope`; the model's trace and weights) and is checked against an
 independent float64 computation before it is shown.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .attention import DEFAULT_TEXT, head_qk, norm_of, rope_rotate
-from ..engine.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
+from ..core.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
 from rich.text import Text
 
 from . import Page, same, shape
@@ -102,7 +102,7 @@ def build(model, text: str | None = None, *, learned_model=None) -> Lesson:
     if cfg.position == "learned" and getattr(model.weights, "pos_embed", None) is not None:
         learned_model = model
     elif learned_model is None:
-        from ..checkpoints import load
+        from ..models.loading import load
         learned_model = load(LEARNED_MODEL)
     return Lesson(model=model.name, position=cfg.position, sin=_sinusoidal(cfg.d_model), rope=rope,
                   learned=_learned(learned_model, text))
@@ -171,7 +171,7 @@ def _rope(model, text: str) -> Rope:
 
 
 def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False) -> np.ndarray:
-    """The engine's RoPE (qkv.engine.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
+    """The engine's RoPE (qkv.core.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
     cos, sin = rope_cos_sin(np.asarray(positions)[None], omega, interleaved=interleaved)   # (1, 1, n, d_k) each
     return apply_rope(x.astype(np.float32)[None, None], cos, sin, interleaved)[0, 0]
 

@@ -17,7 +17,7 @@ EN = {
                 "each pair of columns is a wave, the first turning 1 radian per position, the last "
                 "{w_last:.1e}. The first positions (heatmap: --out, shape {shape}):",
     "col_pos": "p", "col_closed": "Σ cos(k·ω_i)",
-    "sin_check": "qkv.engine.positions.sinusoidal_table equals the formula computed in float64 (largest difference "
+    "sin_check": "qkv.core.positions.sinusoidal_table equals the formula computed in float64 (largest difference "
                  "{diff:.1e}).",
     "sin_dot": "Why waves: the dot product of two positions' encodings, PE(p)·PE(p+k) = Σ_i cos(k·ω_i) over the "
                "{half} pairs, depends on the distance k only, not on p:",
@@ -31,7 +31,7 @@ EN = {
                  "(i, i + {half}), and pair i turns by the angle p·ω_i, ω_i = θ^(−2i/d_k), θ = {theta:g}. Fast "
                  "pairs tell near positions apart, slow ones far ones. Angles in radians:",
     "col_pair_i": "pair i", "col_wave": "wavelength (tokens)",
-    "rope_omega_check": "qkv.engine.positions.rope_inv_freq equals θ^(−2i/d_k) in float64 (largest difference "
+    "rope_omega_check": "qkv.core.positions.rope_inv_freq equals θ^(−2i/d_k) in float64 (largest difference "
                         "{diff:.1e}).",
     "rope_turn": "One real query: layer {layer}, head {head}, the token “{token}” (its key comes from K/V head "
                  "{kv}). The same vector placed at positions 0, 1, 2, 3: each pair turns, the length |q| stays.",
@@ -80,7 +80,7 @@ KO = {
                 "열 두 개가 한 쌍의 파동이고, 첫 쌍은 위치마다 1 rad, 마지막 쌍은 {w_last:.1e} rad씩 돕니다. "
                 "앞쪽 위치들(히트맵은 --out, shape {shape}):",
     "col_pos": "p", "col_closed": "Σ cos(k·ω_i)",
-    "sin_check": "qkv.engine.positions.sinusoidal_table이 float64로 계산한 수식과 같습니다(최대 차이 {diff:.1e}).",
+    "sin_check": "qkv.core.positions.sinusoidal_table이 float64로 계산한 수식과 같습니다(최대 차이 {diff:.1e}).",
     "sin_dot": "왜 파동인가: 두 위치 인코딩의 내적 PE(p)·PE(p+k) = Σ_i cos(k·ω_i)({half}개 쌍의 합)는 p가 아니라 "
                "거리 k에만 달려 있습니다:",
     "sin_dot_end": "모든 p에서 같고(p에 따른 최대 차이 {spread:.1e}) Σ cos(k·ω_i)와 같습니다. k = 0에서 가장 크고"
@@ -93,7 +93,7 @@ KO = {
                  "(i, i + {half})을 이루고, 쌍 i는 p·ω_i만큼 돕니다. ω_i = θ^(−2i/d_k), θ = {theta:g}. 빠른 쌍은 "
                  "가까운 위치를, 느린 쌍은 먼 위치를 구별합니다. 각도(rad):",
     "col_pair_i": "쌍 i", "col_wave": "파장(토큰)",
-    "rope_omega_check": "qkv.engine.positions.rope_inv_freq가 float64로 계산한 θ^(−2i/d_k)와 같습니다(최대 차이 "
+    "rope_omega_check": "qkv.core.positions.rope_inv_freq가 float64로 계산한 θ^(−2i/d_k)와 같습니다(최대 차이 "
                         "{diff:.1e}).",
     "rope_turn": "실제 쿼리 하나: {layer}번 층, {head}번 헤드, 토큰 “{token}”(키는 {kv}번 K/V 헤드에서). 같은 벡터를 "
                  "위치 0, 1, 2, 3에 놓으면 각 쌍이 회전하고 길이 |q|는 그대로입니다.",

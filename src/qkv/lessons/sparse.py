@@ -1,7 +1,7 @@
 """`qkv explain sparse`: sparse attention (guide: sparse, 희소 어텐션) on a real model's q, k, v, measured.
 
     gallery   causal, sliding window, dilated window, global + window (Longformer), + random
-              blocks (BigBird), block-sparse: each a mask `qkv.engine.sparse.sparse_attention` runs,
+              blocks (BigBird), block-sparse: each a mask `qkv.core.sparse.sparse_attention` runs,
               skipping the tiles it hides (the tile map and the count of tiles it computed)
     error     on every layer and head of the model reading a long text (a paragraph repeated to
               ≥ 256 tokens): ‖Z_sparse − Z‖ / ‖Z‖ against the model's own output Z, and the mass
@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine import sparse as sp
-from ..engine.attention import mask_bias, scaled_dot_product_attention
-from ..engine.errors import QkvError
-from ..engine.kernels import tiled_attention
+from ..core import sparse as sp
+from ..core.attention import mask_bias, scaled_dot_product_attention
+from ..runtime.errors import QkvError
+from ..core.kernels import tiled_attention
 from . import Page, same
 from .sparse_text import TEXTS
 from ..viz.figures import styled

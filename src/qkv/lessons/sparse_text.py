@@ -14,7 +14,7 @@ EN = {
                "pattern keeps all of it, with the mask when it keeps part, and skipped when it keeps none:",
     "mode_causal": "causal: a token never sees a later one",
     "mode_not_causal": "not causal: every token may see every other",
-    "col_pattern": "pattern", "col_defined": "as defined (qkv.engine.sparse)", "col_density": "pairs kept",
+    "col_pattern": "pattern", "col_defined": "as defined (qkv.core.sparse)", "col_density": "pairs kept",
     "col_tiles": "tiles computed", "col_skipped": "skipped",
     "gallery_end": "The kernel's count of skipped tiles equals the tiles the pattern hides (checked). Window, "
                    "dilated and block patterns keep O(n·w) pairs; global tokens add a row and a column; BigBird's "
@@ -64,7 +64,7 @@ KO = {
                "일부만 남기면 마스크와 함께 계산하고, 하나도 남기지 않으면 건너뜁니다:",
     "mode_causal": "인과: 토큰은 뒤의 토큰을 보지 않음",
     "mode_not_causal": "비인과: 모든 토큰이 서로를 볼 수 있음",
-    "col_pattern": "패턴", "col_defined": "정의 (qkv.engine.sparse)", "col_density": "남긴 쌍", "col_tiles": "계산한 타일",
+    "col_pattern": "패턴", "col_defined": "정의 (qkv.core.sparse)", "col_density": "남긴 쌍", "col_tiles": "계산한 타일",
     "col_skipped": "건너뜀",
     "gallery_end": "커널이 건너뛴 타일 수는 패턴이 가리는 타일 수와 같습니다(확인함). 윈도우, 팽창(dilated), "
                    "블록 패턴은 O(n·w) 쌍을 남기고, 전역 토큰은 행 하나와 열 하나를 더하며, BigBird의 무작위 "

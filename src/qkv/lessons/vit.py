@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..engine.errors import QkvError
-from ..engine.ops import ACTIVATIONS
+from ..runtime.errors import QkvError
+from ..core.ops import ACTIVATIONS
 from . import Page, same, shape
 from .attention import norm_of
 from .vit_text import TEXTS
@@ -94,7 +94,7 @@ def shipped_digit(text: str) -> str | None:
 def build(model, text: str | None = None, *, layer: int | None = None) -> Lesson:
     """The image TEXT (a file; a digit 0–9 or nothing: digits-vit's example digit) through the ViT `model`,
     attention followed in `layer` (default 0); every number checked against the engine."""
-    from ..engine.image_model import ImageModel
+    from ..models.image_model import ImageModel
 
     if not isinstance(model, ImageModel):
         raise QkvError(f"{model.name} reads text; qkv explain vit follows an image model: use --model digits-vit "
@@ -128,7 +128,7 @@ def build(model, text: str | None = None, *, layer: int | None = None) -> Lesson
     (ph, pw), (rows, cols), C = cfg.patch_size, cfg.grid, cfg.num_channels
     patches = np.stack([x[:, ph * r:ph * (r + 1), pw * c:pw * (c + 1)].reshape(-1)
                         for r in range(rows) for c in range(cols)])          # (P, C·p_h·p_w)
-    from ..engine.images import patches_of
+    from ..inputs.images import patches_of
     diffs["patches"] = same("the patches", patches, patches_of(pixel_values[None], cfg)[0], 1e-6)
 
     # ③ tokens = patches·W_patch + b_patch; the same as the stride-p convolution, window by window

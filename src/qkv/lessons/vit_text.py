@@ -26,7 +26,7 @@ EN = {
                "are the image's tokens:",
     "patches_more": "… and {more} more patches.",
     "col_patch": "patch", "col_rows": "rows", "col_cols": "columns", "col_values": "its numbers",
-    "patches_check": "Equal to the engine's patches (qkv.engine.images.patches_of; largest difference {diff:.1e}).",
+    "patches_check": "Equal to the engine's patches (qkv.inputs.images.patches_of; largest difference {diff:.1e}).",
 
     "s_embed": "③ Each patch becomes a token: X = [CLS; patches·W_patch + b_patch] + positions",
     "embed": "Where a text model looks up a row of its embedding table E, a ViT multiplies: token = "
@@ -104,7 +104,7 @@ KO = {
                "읽은 C·{ph}·{pw} = {k}개의 수입니다. 패치 {P}개를 행 순서대로 늘어놓은 것이 이미지의 토큰입니다:",
     "patches_more": "… 그리고 패치 {more}개가 더 있습니다.",
     "col_patch": "패치", "col_rows": "행", "col_cols": "열", "col_values": "그 수들",
-    "patches_check": "엔진이 자른 패치와 같습니다(qkv.engine.images.patches_of, 최대 차이 {diff:.1e}).",
+    "patches_check": "엔진이 자른 패치와 같습니다(qkv.inputs.images.patches_of, 최대 차이 {diff:.1e}).",
 
     "s_embed": "③ 패치가 토큰이 된다: X = [CLS; patches·W_patch + b_patch] + 위치",
     "embed": "텍스트 모델은 임베딩 표 E에서 행을 찾아오지만, ViT는 곱합니다. 토큰 = patch·W_patch + b_patch이고 "

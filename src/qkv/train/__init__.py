@@ -4,7 +4,7 @@
     qkv.train.backprop.loss_and_grads(...)    the same on a Weights tree (what the loop uses)
 """
 
-from ..engine.lazy import submodule
+from ..runtime.lazy import submodule
 from .gradients import gradients, grads_by_name
 from .backprop import loss_and_grads
 

@@ -1,4 +1,4 @@
-"""The losses training learns from, and their gradients through the whole model (qkv.engine.backward).
+"""The losses training learns from, and their gradients through the whole model (qkv.core.backward).
 
     loss:    L = mean −log softmax(logits)[next id]            dlogits = (softmax(logits) − onehot(next id)) / N
              (a masked-LM encoder: [labels[t]] at the labelled positions, through its head's backward)
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.backward import backward, taped
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.weights import Weights
+from ..core.backward import backward, taped
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.weights import Weights
 
 
 # ── the loss ─────────────────────────────────────────────────────────────────────
@@ -103,7 +103,7 @@ def image_loss_and_grads(weights: Weights, cfg: ModelConfig, patches: np.ndarray
                          ) -> tuple[float, Weights]:
     """An image classifier's (ViT's) mean cross-entropy of its [CLS] logits against LABELS (B,), and every
     weight's gradient: transformers' ViTForImageClassification loss. patches (B, P, C·p·p) from
-    qkv.engine.images.patches_of; only position 0 ([CLS]) is scored, so dlogits is 0 at the patches."""
+    qkv.inputs.images.patches_of; only position 0 ([CLS]) is scored, so dlogits is 0 at the patches."""
     if weights.W_patch is None or weights.W_vocab is None:
         raise QkvError("image_loss_and_grads trains an image classifier (a ViT with its classifier)")
     B, P = patches.shape[:2]

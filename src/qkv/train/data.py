@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import open_regular
-from ..engine.tokenizer import Tokenizer, check_text
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular
+from ..inputs.tokenizer import Tokenizer, check_text
 
 EOT = "<|endoftext|>"           # the end-of-text token of both kinds
 UNK = "[UNK]"                   # "char": a character the text never had

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.images import ImageProcessing, normalise, patches_of
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..inputs.images import ImageProcessing, normalise, patches_of
 from .backprop import image_loss_and_grads
 
 SIZE, PATCH = 8, 2
@@ -121,7 +121,7 @@ class DigitsTask:
     def finish(self, out: Path) -> list[Path]:
         """OUT/examples/digit-0.png … digit-9.png: the first held-out image of each digit (what digits-vit ships
         to try it on), as 8 × 8 grey PNGs."""
-        from ..engine.io import real_directory, write_atomic
+        from ..runtime.io import real_directory, write_atomic
 
         folder = real_directory(out / "examples")
         written = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
 from .backprop import loss_and_grads
 from .seq2seq_backprop import decoder_inputs, loss_and_grads as seq2seq_loss_and_grads
 
@@ -70,7 +70,7 @@ def gradients(model, input_ids, attention_mask=None, loss_mask=None, *, labels=N
 
 def _image_gradients(model, pixel_values, labels) -> tuple[float, dict[str, np.ndarray]]:
     """`gradients` of an image classifier: pixel_values (B, C, H, W), labels (B,) label ids."""
-    from ..engine.images import patches_of
+    from ..inputs.images import patches_of
     from .backprop import image_loss_and_grads
 
     x = model.check_pixels(pixel_values)

@@ -25,7 +25,7 @@ from itertools import product
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..engine.blocks import NotFinite
-from ..engine.errors import QkvError
-from ..engine.io import real_directory, refuse_link, write_atomic, write_text
+from ..core.blocks import NotFinite
+from ..runtime.errors import QkvError
+from ..runtime.io import real_directory, refuse_link, write_atomic, write_text
 from .tasks import Settings, file_sha256, make_task, read_json, settings_for
 
 RUN_FILE = "run.json"
@@ -126,7 +126,7 @@ class Run:
 
     def __init__(self, out: Path, settings: Settings, *, fresh: bool):
         from ..checkpoints.families import family_of, weights_from_tensors
-        from ..checkpoints.fresh import init
+        from ..models.fresh import init
         from .optim import AdamW
 
         self.out, self.settings = out, settings
@@ -161,12 +161,12 @@ class Run:
 
     def model(self):
         """The model of the current weights (a copy in the inference layout: training goes on)."""
-        from ..engine.model import Model
-        from ..engine.seq2seq import Seq2SeqModel
+        from ..models.model import Model
+        from ..models.seq2seq import Seq2SeqModel
 
         name = f"{self.settings.task} step {self.step}"
         if self.config.image_size is not None:                              # digits: a ViT, its images' processing
-            from ..engine.image_model import ImageModel
+            from ..models.image_model import ImageModel
 
             return ImageModel(self.config, self.weights, None, name, self.task.processing, self.task.labels)
         kind = Seq2SeqModel if self.config.encoder_decoder else Model
@@ -196,7 +196,7 @@ class Run:
 
     def _resume(self) -> None:
         """Load the newest readable checkpoint (none: start again from step 0), after removing the
-        temporary files of a write a kill interrupted (qkv.engine.io names them .NAME.*.tmp)."""
+        temporary files of a write a kill interrupted (qkv.runtime.io names them .NAME.*.tmp)."""
         for folder in (self.out, self.out / CHECKPOINTS):
             for leftover in folder.glob(".*.tmp"):
                 leftover.unlink(missing_ok=True)

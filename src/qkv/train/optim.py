@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 NoDecay = Callable[[str, np.ndarray], bool]
 

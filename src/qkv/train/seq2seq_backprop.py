@@ -1,5 +1,5 @@
 """Training an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5): its loss, and the gradient of
-every weight through both stacks (qkv.engine.seq2seq_backward: the passes keeping their tapes, the boxes'
+every weight through both stacks (qkv.core.seq2seq_backward: the passes keeping their tapes, the boxes'
 backwards in reverse).
 
     loss      mean −log softmax(Y·W_vocab + b)[label]           labels −100 are not learned
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.seq2seq_backward import backward, taped
-from ..engine.weights import Seq2SeqWeights
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.seq2seq_backward import backward, taped
+from ..core.weights import Seq2SeqWeights
 from .backprop import token_loss
 
 

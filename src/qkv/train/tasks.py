@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.detectors import induction_pattern, pattern_score
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.io import open_regular
-from ..engine.tuning import physical_memory
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular
+from ..runtime.tuning import physical_memory
 
 ARCHS = ("gpt2", "llama", "marian", "vit")   # marian: translate-ko-en only; vit: digits only
 TOKENIZERS = ("char", "bpe")
@@ -286,7 +286,7 @@ class TextTask(DecoderTask):
         again on a resume, so that the ids never change."""
         from tokenizers import Tokenizer as HFTokenizer
 
-        from ..engine.io import write_text
+        from ..runtime.io import write_text
         from .data import TextCorpus, read_text
 
         self.s = s
@@ -337,12 +337,12 @@ class TextTask(DecoderTask):
 
 
 def _translate(s: Settings, tokenizer_file: Path):
-    from .translate import TranslateTask              # the guide's Korean→English example (ko-en-tiny)
+    from .translate import TranslateTask  # the guide's Korean→English example (ko-en-tiny)
     return TranslateTask(s, tokenizer_file)
 
 
 def _digits(s: Settings, tokenizer_file: Path):
-    from .digits import DigitsTask                    # a Vision Transformer on handwritten digits (digits-vit)
+    from .digits import DigitsTask  # a Vision Transformer on handwritten digits (digits-vit)
     return DigitsTask(s)
 
 
@@ -358,7 +358,7 @@ def make_task(s: Settings, out: Path):
 def read_json(path: Path) -> dict | None:
     """A JSON object from PATH (read as every JSON file is: engine.io_json), or None if it is missing or not a
     sound one (a run's settings file, whose absence or damage means a new run)."""
-    from ..engine.io_json import read_json as read_checked
+    from ..runtime.io_json import read_json as read_checked
 
     try:
         return read_checked(path)

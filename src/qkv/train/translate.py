@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
 from . import ko_en
 from .seq2seq_backprop import decoder_inputs, loss_and_grads
 
@@ -53,8 +53,8 @@ class TranslateTask:
     def __init__(self, s, tokenizer_file: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
-        from ..engine.io import write_text
-        from ..engine.tokenizer import Tokenizer
+        from ..runtime.io import write_text
+        from ..inputs.tokenizer import Tokenizer
 
         self.s = s
         self.train, self.held_out = ko_en.split_pairs(s.seed)

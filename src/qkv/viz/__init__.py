@@ -1,6 +1,6 @@
 """Pictures of a trace: matplotlib figures (`figures`) and the self-contained HTML viewer (`html`)."""
 
-from ..engine.lazy import submodule
+from ..runtime.lazy import submodule
 
 
 def __getattr__(name: str):

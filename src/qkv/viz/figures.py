@@ -39,18 +39,18 @@ from typing import IO, TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..engine.attention import causal_mask
-from ..engine.errors import QkvError, check_index
-from ..engine.ops import entropy
-from ..engine.io import FileBatch
-from ..engine.tokenizer import shorten
+from ..core.attention import causal_mask
+from ..runtime.errors import QkvError, check_index
+from ..core.ops import entropy
+from ..runtime.io import FileBatch
+from ..core.labels import shorten
 from .palette import CMAP, HATCH, MASKED
 from . import hangul
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..engine.trace import Trace
+    from ..core.trace import Trace
 
 DPI = 110
 MAX_NUMBERS = 16          # write each cell's weight up to this many tokens

@@ -28,7 +28,7 @@ import io
 import re
 from pathlib import Path
 
-from ..engine.io import cache_dir, write_atomic
+from ..runtime.io import cache_dir, write_atomic
 
 FAMILY = "qkv Hangul"                    # the @font-face name the CSS and canvas stacks use
 MATPLOTLIB_NAME = "NanumGothic"          # the family name matplotlib reads from the file

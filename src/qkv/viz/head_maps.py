@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..engine.io import FileBatch
+from ..runtime.io import FileBatch
 from .figures import new_figure
 from .palette import CMAP, ROLE_COLOURS
 

@@ -36,9 +36,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..engine.errors import QkvError
-from ..engine.io import write_text
-from ..engine.trace import Trace
+from ..runtime.errors import QkvError
+from ..runtime.io import write_text
+from ..core.trace import Trace
 from . import hangul
 from .payload import script_json, trace_payload
 

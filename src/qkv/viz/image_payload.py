@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.image_model import top_labels
-from ..engine.trace import Trace
+from ..models.image_model import top_labels
+from ..core.trace import Trace
 
 PREDICTED = 3             # labels an image page lists
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import FileBatch
-from .figures import (MAX_NUMBERS, SQRT_SCALE, cell_numbers, check_formats, figure_title, fonts, new_figure,
-                      panel_grid, save_all, styled, ticks, weights_image)
+from ..runtime.errors import QkvError
+from ..runtime.io import FileBatch
+from .figures import (MAX_NUMBERS, SQRT_SCALE, cell_numbers, check_formats, figure_title, fonts, new_figure, panel_grid,
+                      save_all, styled, ticks, weights_image)
 from .palette import CMAP, DIVERGING
 
 if TYPE_CHECKING:

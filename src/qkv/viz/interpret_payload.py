@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .palette import CAUSAL_STOPS, DIVERGING_STOPS
 from .payload import SCALE
 from .wire import encode

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.io import FileBatch
+from ..runtime.errors import QkvError
+from ..runtime.io import FileBatch
 from .figures import check_formats, figure_title, new_figure, save_all, styled, tick_label
 from .palette import DIVERGING, DIVERGING_STOPS
 

@@ -122,10 +122,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..engine.attention import top_of
-from ..engine.errors import QkvError
+from ..core.attention import top_of
+from ..runtime.errors import QkvError
 from ..writing.nexttoken import candidates, token_text
-from ..engine.trace import Trace
+from ..core.trace import Trace
 from .image_payload import image_payload
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
@@ -221,7 +221,7 @@ def attention_payload(trace: Trace, budget_mb: float | None = None) -> dict:
 
 def _fewer(t, K: int):
     """The first K of a TopAttention's kept weights (largest first), the rest of the row grown by the others."""
-    from ..engine.attention import TopAttention
+    from ..core.attention import TopAttention
 
     return TopAttention(t.index[..., :K], t.weight[..., :K], t.rest + t.weight[..., K:].sum(-1), t.keys)
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..engine.errors import QkvError
-from ..engine.trace import Trace
+from ..runtime.errors import QkvError
+from ..core.trace import Trace
 from .html import asset, page, pipeline_js, write_html
 from .payload import script_json
 from .pipeline_payload import is_seq2seq, pipeline_payload

@@ -63,11 +63,11 @@ import math
 
 import numpy as np
 
-from ..engine.blocks import norm
-from ..engine.positions import alibi_slopes
-from ..engine.errors import QkvError
+from ..core.blocks import norm
+from ..core.positions import alibi_slopes
+from ..runtime.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
-from ..engine.trace import INTERMEDIATES, OPT_IN, Trace
+from ..core.trace import INTERMEDIATES, OPT_IN, Trace
 from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
 from .wire import decode, encode

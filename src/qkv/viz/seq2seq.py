@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.trace import LayerTrace, Trace
+from ..runtime.errors import QkvError
+from ..core.trace import LayerTrace, Trace
 from .figures import check_formats, focused_head, head_heatmap, layer_grid, model_overview, save_all
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..engine.io import FileBatch
+    from ..runtime.io import FileBatch
 
 KINDS = ("encoder", "decoder", "cross")          # the viewer's order; "cross" is shown first
 UNKNOWN_NEXT = "…"                               # the last row's label when neither logits nor tokenizer tell it

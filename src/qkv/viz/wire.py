@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 
 DTYPES = {"u8": "<u1", "u16": "<u2", "i32": "<i4", "f16": "<f2", "f32": "<f4"}
 # zlib's level: on SmolLM2's attention of 178 tokens (8.6 MB of bytes) level 4 takes 0.06 s for 1.07 MB,

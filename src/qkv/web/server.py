@@ -71,11 +71,12 @@ import numpy as np
 
 from ..analysis.sections import lens_payload, sections_keep, shows_lens, viewer_sections
 from ..writing.seq2seq_generate import translation_trace
-from ..checkpoints import DIGITS, LLM, available, load
-from ..engine.audio_model import AudioModel
-from ..engine.image_model import ImageModel
-from ..engine.errors import QkvError
-from ..engine.model import Model
+from ..checkpoints import DIGITS, LLM, available
+from ..models.loading import load
+from ..models.audio_model import AudioModel
+from ..models.image_model import ImageModel
+from ..runtime.errors import QkvError
+from ..models.model import Model
 from ..writing.sampling import Sampling
 from ..viz import hangul
 from ..viz.html import asset, page as html_page, pipeline_js, viewer_js

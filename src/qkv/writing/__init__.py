@@ -1,6 +1,6 @@
 """Writing with a model: the decoding loops, sampling, chat and the next-token distribution."""
 
-from ..engine.lazy import submodule
+from ..runtime.lazy import submodule
 
 
 def __getattr__(name: str):

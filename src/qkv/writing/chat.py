@@ -8,20 +8,21 @@
 
 The end of a turn is the tokenizer's eos_token (SmolLM2: <|im_end|>) or the model's EOS.
 Sampling is greedy by default (temperature 0): the same question gets the same answer.
-The model comes in as an argument: this module never imports qkv.engine.model (which imports it).
+The model comes in as an argument: this module never imports qkv.models.model (which imports it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..engine.errors import QkvError
-from ..engine.tokenizer import TEMPLATE_CHARS, check_messages
+from ..runtime.errors import QkvError
+from ..inputs.chat_template import TEMPLATE_CHARS
+from ..inputs.tokenizer import check_messages
 from .generate import TextStream, check_can_generate
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from ..engine.handles import Writer
+    from .handles import Writer
 
 MAX_NEW_TOKENS = 256
 TEMPERATURE = 0.0

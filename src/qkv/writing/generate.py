@@ -4,7 +4,7 @@
     step:     the newest token alone → logits[last] → sample → append → repeat
 
 `decode` is the loop; `Model.generate` and `Model.stream` wrap it for text and ids. The
-model comes in as an argument: this module never imports qkv.engine.model (which imports it).
+model comes in as an argument: this module never imports qkv.models.model (which imports it).
 A `Recording` keeps what the loop's passes computed, so that the generation's trace (what every
 token attended to, the logits it was chosen from) needs no second pass over the text (`--trace`).
 """
@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
-from ..engine.blocks import logits_of
-from ..engine.cache import KVCache
-from ..engine.errors import QkvError
-from ..engine.tokenizer import check_text
+from ..core.blocks import logits_of
+from ..core.cache import KVCache
+from ..runtime.errors import QkvError
+from ..inputs.tokenizer import check_text
 from .sampling import Sampling
-from ..engine.threads import StepThreads, blas_at_most, cores, decode_threads
-from ..engine.tuning import choices, pinned
-from ..engine.trace import LayerTrace, Recorder, Trace, made_by, spelled
+from ..runtime.threads import StepThreads, blas_at_most, cores, decode_threads
+from ..runtime.tuning import choices, pinned
+from ..core.trace import LayerTrace, Recorder, Trace, made_by, spelled
 
 if TYPE_CHECKING:
-    from ..engine.handles import Writer
+    from .handles import Writer
 
 
 @dataclass
@@ -90,7 +90,7 @@ def fill_id(cfg, stops: np.ndarray) -> int:
 def step_threads() -> StepThreads:
     """The BLAS threads of one generation's one-token steps: pinned by QKV_DECODE_THREADS=N (or
     QKV_THREADS=decode:N), else timed while generating (threads.StepThreads) between 1 and the
-    count measured fastest on this machine (qkv.engine.tuning; at least 2 where there are 2 cores, so a
+    count measured fastest on this machine (qkv.runtime.tuning; at least 2 where there are 2 cores, so a
     measurement made while the machine was busy does not keep an idle machine on one thread)."""
     pin = decode_threads() or pinned().get("decode")
     if pin:
@@ -199,7 +199,7 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
     new = ids                                            # what the next forward pass reads
     done = np.zeros(B, dtype=bool)
     threads = step_threads()                             # BLAS threads of one-token steps, by timing them
-    prefill = choices().prefill                          # BLAS threads of the prompt's pass (qkv.engine.tuning)
+    prefill = choices().prefill                          # BLAS threads of the prompt's pass (qkv.runtime.tuning)
     # One-token steps keep their BLAS thread count from step to step (threads.StepThreads: set
     # again only when the choice changes); what BLAS had comes back when the generation ends.
     with threads:
@@ -215,7 +215,7 @@ def decode(model: Writer, ids: np.ndarray, attention_mask: np.ndarray, max_new_t
                     return logits
                 # A one-token step is matrix × vector products, bound by memory: 1 or 2 BLAS threads,
                 # whichever streams faster on this machine now (threads.StepThreads). The prompt: the
-                # count measured fastest for many rows (qkv.engine.tuning).
+                # count measured fastest for many rows (qkv.runtime.tuning).
                 if new.shape[1] == 1:
                     logits = threads.run(step)
                 else:

@@ -21,10 +21,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.ops import entropy as ops_entropy
+from ..runtime.errors import QkvError
+from ..core.ops import entropy as ops_entropy
 from .sampling import distribution  # noqa: F401  (re-exported: the views of the distribution sample draws from)
-from ..engine.tokenizer import visible
+from ..core.labels import visible
 
 
 def top_tokens(probs: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:

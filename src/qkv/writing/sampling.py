@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from ..engine.errors import QkvError
-from ..engine.ops import softmax
+from ..runtime.errors import QkvError
+from ..core.ops import softmax
 
 
 MIN_TEMPERATURE = 1e-4     # below it (but 0) logits / T leave float64's range: softmax gives NaN

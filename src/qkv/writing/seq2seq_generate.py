@@ -7,7 +7,7 @@
 
 `decode` starts the decoders' own loop (generate.decode) on the decoder with its source read;
 `Seq2SeqModel.generate` and `.stream` wrap it for text and ids. Sampling, stop ids and stop strings work as for decoders (qkv.writing.sampling, qkv.writing.generate).
-The model comes in as an argument: this module never imports qkv.engine.seq2seq (which imports it).
+The model comes in as an argument: this module never imports qkv.models.seq2seq (which imports it).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from ..engine.errors import QkvError
+from ..runtime.errors import QkvError
 from .generate import Step, TextStream, split_stop, stop_ids
 from .generate import decode as steps
 from .sampling import Sampling
 
 if TYPE_CHECKING:
-    from ..engine.handles import SourceWriter
+    from .handles import SourceWriter
 
 
 def check_can_generate(model: SourceWriter, max_new_tokens: int) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
-from .errors import QkvError
+from ..runtime.errors import QkvError
 
 DTYPES = ("float32", "float64")          # what the engine computes in (bfloat16, float16: not yet)
 
@@ -59,7 +59,7 @@ class AttentionWeights:
     k_norm: NormWeights | None = None    # and of k: (d_k,), (Hkv, d_k) or (Hkv·d_k,)
     rel_bias: np.ndarray | None = None   # (buckets, H) this layer's own relative position bias (UMT5); None: the
                                          # stack's shared one (Weights.rel_bias, T5) or none
-    # Set by qkv.engine.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
+    # Set by qkv.core.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
 
@@ -73,7 +73,7 @@ class FFNWeights:
     b_in: np.ndarray | None = None   # (d_ff,)
     b_out: np.ndarray | None = None  # (d_model,)
     W_gate: np.ndarray | None = None  # (d_model, d_ff), SwiGLU only
-    # Set by qkv.engine.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
+    # Set by qkv.core.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
     # for both; W_gate and W_in are then views of its columns.
     W_gate_in: np.ndarray | None = None
 

@@ -1,4 +1,4 @@
-"""The backward of each box of qkv.engine.blocks (and of model.py's `embed`), under the same names, and
+"""The backward of each box of qkv.core.blocks (and of model.py's `embed`), under the same names, and
 the `Tape` a forward pass fills for them when asked (`Context.tape`).
 
     forward (blocks.py, model.py)                        backward (here, the same letters)
@@ -149,7 +149,7 @@ def norm(dy: np.ndarray, x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> tup
 
 def fused_qkv(w: AttentionWeights) -> np.ndarray | None:
     """[W_Q | W_K | W_V] as one (d_model, (H + 2·Hkv)·d_k) array when the three are its column blocks
-    (qkv.engine.layout's W_QKV, or GPT-2's c_attn, which the checkpoint stores fused), else None.
+    (qkv.core.layout's W_QKV, or GPT-2's c_attn, which the checkpoint stores fused), else None.
     One product then does the work of three, forwards (blocks.projections, given W_QKV) and backwards."""
     if w.W_QKV is not None:
         return w.W_QKV

@@ -1,11 +1,11 @@
 """The whole model's backward: the forward pass keeping a tape, then the boxes' backwards in reverse order.
 
-    taped      qkv.engine.model.transformer(…, tape=Tape())    embed → L × block → final norm → logits
+    taped      qkv.core.stack.transformer(…, tape=Tape())    embed → L × block → final norm → logits
     backward   given dL/dlogits: logits_of → norm (final) → block (L − 1 … 0: FFN's residual step,
                attention's) → embed (blocks_backward: each box's under its forward's name); a tied
                W_vocab's gradient is added into the embedding table's (one table, two uses)
 
-No forward is written here: the pass is the one inference runs (qkv.engine.blocks), which keeps, per
+No forward is written here: the pass is the one inference runs (qkv.core.blocks), which keeps, per
 block, the inputs of each norm and box, Q, K, V, the attention weights A (L · B · H · n² floats: what
 short sequences can afford), Concat(Z) and the FFN's pre-activations, only when given a tape. Training
 (qkv.train.backprop: the loss) and input attribution (qkv.analysis.input_attribution: one logit,
@@ -21,7 +21,7 @@ import numpy as np
 from . import blocks_backward as back
 from .blocks_backward import Tape, fused_qkv
 from .config import ModelConfig
-from .model import transformer
+from .stack import transformer
 from .weights import Weights
 
 

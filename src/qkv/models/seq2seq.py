@@ -21,132 +21,27 @@ Seq2SeqWeights and a tokenizer; writing is in writing/seq2seq_generate.py.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .attention import AttentionMask
-from .blocks import (ABLATIONS, QUIET, Ablation, Context, block, check_finite, check_given, cross_memory, embed,
-                     logits_of, norm)
-from .blocks_backward import Tape
-from .cache import KVCache
-from .config import ModelConfig
-from .errors import QkvError, check_index
+from ..core.blocks import ABLATIONS, Ablation
+from ..core.cache import KVCache
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError, check_index
 from .model import Model
-from .hooks import STACKS, HookFn, Hooks, stack_hooks
-from .positions import relative_bias, relative_buckets
+from ..core.hooks import STACKS, HookFn, Hooks, stack_hooks
+from ..core.stack import Stacks, decoder_pass, encoder_pass, memory_of
 from ..writing.sampling import Sampling
 from ..writing.generate import stream
 from ..writing.seq2seq_generate import TargetStream, generate, stream_ids
-from .tokenizer import Tokenizer
-from .trace import INTERMEDIATES, OPT_IN, Recorder, Trace, layer_traces, made_by, spelled
-from .weights import Seq2SeqWeights
+from ..inputs.tokenizer import Tokenizer
+from ..core.trace import INTERMEDIATES, OPT_IN, Recorder, Trace, layer_traces, made_by, spelled
+from ..core.weights import Seq2SeqWeights
 
 SEQ2SEQ_KEEP = tuple(name for name in INTERMEDIATES if name not in OPT_IN)   # what `run` keeps without keep=
-
-
-# ── the two passes: engine/blocks.py's boxes, composed ──────────────────────────
-
-@dataclass
-class Stacks:
-    """What an encoder–decoder's pass does besides computing: per stack (encoder, the decoder's
-    self-attention and FFN, its cross-attention), the recorder, hooks and ablation. None: nothing."""
-
-    rec: dict[str, Recorder] = field(default_factory=dict)
-    hooks: dict[str, Hooks | None] = field(default_factory=dict)
-    ablate: dict[str, Ablation | None] = field(default_factory=dict)
-    tape: dict[str, Tape] = field(default_factory=dict)     # training: what each stack's backward reads
-
-    def context(self, stack: str, cfg: ModelConfig, mask: AttentionMask, **more: Any) -> Context:
-        return Context(cfg, mask, None, self.rec.get(stack) or Recorder(keep=()), ablate=self.ablate.get(stack),
-                       hooks=self.hooks.get(stack), scale=cfg.score_scale, tape=self.tape.get(stack), **more)
-
-
-@np.errstate(**QUIET)
-def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
-                 stacks: Stacks | None = None, tokens: np.ndarray | None = None) -> np.ndarray:
-    """Source ids (B, n_src), mask (B, n_src) → the encoder's output M (B, n_src, d_model).
-
-    Bidirectional: every source token sees every real source token (padding never); T5 adds its
-    relative position bias (both directions) to the scores. Positions 0..n-1 whatever the padding,
-    as transformers numbers them in these families. tokens: the token embeddings E[ids]·s to use (B, n_src, d)
-    instead of looking them up (input attribution).
-    """
-    w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
-    check_given(tokens, "the source's token embeddings given to the pass")
-    pos = np.arange(n)                                             # (n_src,)
-    tape = stacks.tape.get("encoder")
-    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens)          # (B, n_src, d_model)
-    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
-    attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
-    ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
-    checked = tape is None                                         # training checks its own loss
-    for layer, b in enumerate(w.blocks):
-        x = block(x, b, ctx, layer)
-        if checked:
-            check_finite(x, f"encoder layer {layer}'s output", ctx.hooks)
-    if tape is not None and w.final_norm is not None:
-        tape.put(None, "final_norm", x)
-    return x if w.final_norm is None else norm(x, w.final_norm, cfg)
-
-
-def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
-    """(n_q, n_k) T5 buckets when the stack's layers each have their own bias table (UMT5), else None."""
-    if not w.blocks or w.blocks[0].attn.rel_bias is None:
-        return None
-    return relative_buckets(q_pos, k_pos, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
-
-
-def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each decoder layer's cross-attention K, V of the encoder's output (blocks.cross_memory)."""
-    return cross_memory(encoded, weights.decoder.blocks, cfg)
-
-
-@np.errstate(**QUIET)
-def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
-                 memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
-                 cache: KVCache | None = None, stacks: Stacks | None = None, logits: str = "all",
-                 start: int = 0, stream: np.ndarray | None = None, tokens: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decoder ids (B, n) → (hidden (B, n, d_model), logits (B, n, V); logits="last": (B, 1, V)).
-
-    mask (B, past + n) covers the target's past and new tokens (None: no padding); source_mask
-    (B, n_src) the source's. With a KV cache, ids are the n new tokens after the cache's past.
-    Each block: causal self-attention (+ T5's backward-only position bias), cross-attention reading
-    memory (the encoder output's K, V), FFN. start, stream: run blocks START.. on STREAM (B, n, d_model),
-    the residual stream entering block START, instead of embedding ids (activation patching); tokens: the
-    target's token embeddings E[ids]·s to use (B, n, d) instead of looking them up (input attribution).
-    """
-    w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
-    check_given(stream, "the residual stream given to the decoder's pass (from_layer's x)")
-    check_given(tokens, "the target's token embeddings given to the pass")
-    past = 0 if cache is None else cache.length
-    pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
-    tape = stacks.tape.get("decoder")
-    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens) if stream is None else stream   # (B, n, d_model)
-    key_mask = None if mask is None or mask.all() else mask.astype(bool)
-    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
-                                                            cfg.relative_max_distance)
-    own = AttentionMask(n, past + n, causal=True, key_mask=key_mask, position_bias=bias)
-    src = AttentionMask(n, source_mask.shape[1], causal=False,
-                        key_mask=None if source_mask.all() else source_mask.astype(bool))
-    cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
-    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
-                         rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
-    checked = tape is None
-    for layer in range(start, len(w.blocks)):
-        x = block(x, w.blocks[layer], ctx, layer)
-        if checked:
-            check_finite(x, f"decoder layer {layer}'s output", ctx.hooks or cross.hooks)
-    if cache is not None:
-        cache.advance(n)
-    if w.final_norm is not None:
-        if tape is not None:
-            tape.put(None, "final_norm", x)
-        x = norm(x, w.final_norm, cfg)
-    return x, logits_of(x[:, -1:] if logits == "last" else x, w, cfg)   # (B, n, d_model), (B, n | 1, V)
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -199,7 +94,7 @@ class Seq2SeqModel:
 
     def save(self, directory: str | Path) -> Path:
         """Write the model in Hugging Face layout (see qkv.checkpoints.save)."""
-        from ..checkpoints.save import save      # the file formats live with the checkpoints
+        from ..checkpoints.save import save  # the file formats live with the checkpoints
 
         return save(self, directory)
 
@@ -361,7 +256,7 @@ class Seq2SeqModel:
         Trace (tokens = the decoder's input, attentions (L_dec, H, n_tgt, n_tgt), logits) with
         `.encoder`, the source's Trace (attentions (L_enc, H, n_src, n_src)), and `.cross`, target
         × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens`). keep: names from
-        qkv.engine.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out);
+        qkv.core.trace.INTERMEDIATES, for every stack (cross: its q, k, v, scores, attentions, heads, attn_out);
         by default all but the FFN's hidden "neurons".
 
         ablate: heads knocked out, (layer, head) of the decoder's self-attention or (stack, layer, head)

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from .stored import StoredMatrix, StoredTable
+from ..runtime.stored import StoredMatrix, StoredTable
 from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights, ffns_of
 
 

@@ -39,8 +39,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import QkvError
-from .threads import parallel_map
+from ..runtime.errors import QkvError
+from ..runtime.threads import parallel_map
 
 HIDDEN, PARTIAL, FULL = 0, 1, 2                    # what a tile holds (Pattern.tile, Pattern.tiles)
 KINDS = ("hidden", "partial", "full")

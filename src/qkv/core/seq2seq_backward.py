@@ -5,8 +5,8 @@ passes keeping their tapes, then the boxes' backwards in reverse.
     decoder   Y = Blocks_dec(E[tgt_in]·s + P, M)                causal self-attention, cross-attention, FFN
               cross-attention: Q = Y·W_Q, K = M·W_K, V = M·W_V   (n_tgt × n_src)
 
-The forward is qkv.engine.seq2seq's (encoder_pass, memory_of, decoder_pass) with a Tape per stack (`taped`);
-every backward is qkv.engine.blocks_backward's (`backward`, from a gradient on the logits: training's loss,
+The forward is qkv.models.seq2seq's (encoder_pass, memory_of, decoder_pass) with a Tape per stack (`taped`);
+every backward is qkv.core.blocks_backward's (`backward`, from a gradient on the logits: training's loss,
 qkv.train.seq2seq_backprop, or one logit, input attribution). Backwards, the cross-attention is where the
 two stacks meet: each decoder layer's dK and dV flow into dM, the gradient of the encoder's output
 (`back.memory`), which then runs back through the encoder. T5 and mT5: the scores unscaled (scale 1), the
@@ -22,7 +22,7 @@ from . import blocks_backward as back
 from .blocks_backward import Tape
 from .config import ModelConfig
 from .positions import relative_buckets
-from .seq2seq import Stacks, decoder_pass, encoder_pass, memory_of
+from .stack import Stacks, decoder_pass, encoder_pass, memory_of
 from .weights import Seq2SeqWeights, Weights
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import ModelConfig
-from .errors import QkvError
+from ..runtime.errors import QkvError
 
 
 class KVCache:

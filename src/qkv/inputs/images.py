@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import QkvError
-from .io import open_regular
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..runtime.io import open_regular
 
 MAX_BYTES = 64 << 20             # an image file larger than this is refused before it is read
 MAX_PIXELS = 40_000_000          # width × height; PIL's own bomb guard warns from 89 M and refuses from 179 M

@@ -6,11 +6,11 @@ BLAS threading would only parallelise the matmuls. BLAS must then run one thread
 call: two levels of threads would fight for the same cores. A one-token decoding step is
 matrix × vector products bound by memory: whether a second BLAS thread helps (idle
 machine) or makes every product wait for a busy core (shared machine) is measured while
-generating (`StepThreads`, between 1 and the count qkv.engine.tuning measured fastest), or pinned with
+generating (`StepThreads`, between 1 and the count qkv.runtime.tuning measured fastest), or pinned with
 QKV_THREADS=decode:N (or QKV_DECODE_THREADS=N). Worker processes that
 parallelise by themselves (analysis/backends.py) set one BLAS thread for their whole life
 (`set_blas_threads`). threadpoolctl sets the limits. This module is the one place qkv
-counts cores and sets BLAS threads; qkv.engine.tuning measures how many each kind of work should use.
+counts cores and sets BLAS threads; qkv.runtime.tuning measures how many each kind of work should use.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def decode_threads() -> int | None:
 
 
 RECENT = 4              # a thread count's time: the least of its last RECENT one-token steps
-SWITCH_MARGIN = 1.08    # more threads must be this much faster to take over (as qkv.engine.tuning.MARGIN)
+SWITCH_MARGIN = 1.08    # more threads must be this much faster to take over (as qkv.runtime.tuning.MARGIN)
 
 
 class StepThreads:

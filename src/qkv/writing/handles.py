@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .cache import KVCache
-from .config import ModelConfig
-from .tokenizer import Tokenizer
-from .trace import Recorder, Trace
+from ..core.cache import KVCache
+from ..core.config import ModelConfig
+from ..inputs.tokenizer import Tokenizer
+from ..core.trace import Recorder, Trace
 
 
 class Handle(Protocol):

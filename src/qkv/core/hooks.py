@@ -6,7 +6,7 @@
     model.with_hooks({...})                              a view of the model (same weights) whose every
                                                          pass runs the hooks: generate, stream, chat, ...
 
-A key names a point of `qkv.engine.trace.INTERMEDIATES` ("z" is "heads", the guide's Z = A·V):
+A key names a point of `qkv.core.trace.INTERMEDIATES` ("z" is "heads", the guide's Z = A·V):
 
     "3.heads"       layer 3's value, the whole batched array: fn(value (B, H, n, d_k), layer=3)
     "heads"         every layer's (negative layers count from the end: "-1.attn_out")
@@ -43,7 +43,7 @@ import numpy as np
 
 from .attention import AttentionMask, attend, attention_scores
 from .config import ModelConfig
-from .errors import QkvError, check_index
+from ..runtime.errors import QkvError, check_index
 from .ops import softmax_
 from .trace import INTERMEDIATES, ROUTER, Recorder
 

@@ -20,13 +20,13 @@ import zlib
 
 import numpy as np
 
-from ..engine.config import ModelConfig
-from ..engine.errors import QkvError
-from ..engine.image_model import ImageModel
-from ..engine.model import Model
-from ..engine.seq2seq import Seq2SeqModel
-from ..engine.tokenizer import Tokenizer
-from .families import config_of, family_of
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from .image_model import ImageModel
+from .model import Model
+from .seq2seq import Seq2SeqModel
+from ..inputs.tokenizer import Tokenizer
+from ..checkpoints.families import config_of, family_of
 
 INITIALIZER_RANGE = 0.02                    # σ of transformers' PreTrainedConfig.initializer_range
 # The token tables of single-stack models. An encoder–decoder's shared table is drawn whole (torch would
@@ -66,7 +66,7 @@ def _check_room(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> None:
     """Refuse, before it is drawn, a tensor the memory free now cannot hold (its float64 draw and the copy in the
     model's dtype, ≤ 16 bytes a number): a config of sizes in range but too large for this machine is one line,
     not a MemoryError or the system killing qkv."""
-    from ..engine.tuning import available_memory
+    from ..runtime.tuning import available_memory
 
     need, free = 16 * math.prod(shape), available_memory()
     if free is not None and need > free:

@@ -7,157 +7,31 @@
 
 The boxes of a block, each called as box(x, w, …) with `w` the weights of that box, and the
 `Context` that every box of one pass shares (the config, the mask, the rotation of positions,
-the recorder, the KV cache) live in qkv.engine.blocks; here `embed` (`weights` is the whole model's)
+the recorder, the KV cache) live in qkv.core.blocks; here `embed` (`weights` is the whole model's)
 and `transformer` compose them into one pass, and `Model` ties them to a config, weights and
 tokenizer. Everything works on a batch: B rows of n tokens.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .blocks import (ABLATIONS, QUIET, Ablation, Context, attention_mask_of, block, check_finite, check_given, embed,
-                     logits_of, norm, unembed_in)
-from .blocks_backward import Tape
-from .cache import KVCache
+from ..core.blocks import ABLATIONS, Ablation
+from ..core.cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
-from .config import ModelConfig
-from .errors import QkvError, check_index
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError, check_index
 from ..writing.generate import generate, stream
-from .hooks import HookFn, Hooks
-from .layout import fast_layout
-from .positions import positions_from_ids, positions_from_mask, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from ..core.hooks import HookFn, Hooks
+from ..core.layout import fast_layout
+from ..core.stack import Output, transformer
 from ..writing.sampling import Sampling
-from .tokenizer import Tokenizer
-from .trace import DEFAULT_KEEP, Recorder, Trace, layer_traces, made_by, spelled
-from .weights import Weights
-
-
-# ── the whole pass ───────────────────────────────────────────────────────────────
-
-def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
-    """RoPE's speeds ω of each kind of layer a pass over LENGTH positions turns: {"global": (d_rot/2,)}, and
-    "local" for Gemma 3's windowed layers with a base of their own; {} without RoPE. A table may depend on the
-    length (LongRoPE: short factors up to original_max_position_embeddings, long ones past it), so a KV cache
-    compares them with the speeds its keys were turned with (KVCache.fits)."""
-    if cfg.position != "rope":
-        return {}
-    d_rot = cfg.rotary_dim or cfg.d_head
-    speeds = {"global": rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, dtype, length=length)}
-    if cfg.local_rope_theta is not None:
-        speeds["local"] = rope_inv_freq(d_rot, cfg.local_rope_theta, cfg.local_rope_scaling, dtype, length=length)
-    return speeds
-
-
-@dataclass
-class Output:
-    """What `Model.forward` returns."""
-
-    hidden: np.ndarray                  # (B, n, d_model) after the final norm where there is one
-    logits: np.ndarray | None           # (B, n, V), None for encoders
-    attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
-
-
-@np.errstate(**QUIET)
-def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
-                token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
-                cache: KVCache | None = None, logits: str = "all",
-                ablate: Ablation | None = None, hooks: Hooks | None = None,
-                start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None,
-                tokens: np.ndarray | None = None, stop: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None); the hidden states are
-    (B, n, d_embed) where unembed_in maps them back to the table's width (OPT-350m, as transformers gives them).
-
-    rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
-    hooks: functions reading or replacing intermediates (qkv.engine.hooks);
-    tape: where to keep, box by box, what the backward reads (qkv.engine.blocks_backward; training),
-    for the plain pass only: not with a cache, ablation, hooks or a recorder of some heads.
-    With a KV cache, ids are the n new tokens after the cache's past and attention_mask
-    (B, past + n) covers past and new. When this pass's RoPE speeds are not those the cached keys were turned
-    with (LongRoPE's table switches to the long factors once the sequence passes original_max_position_embeddings),
-    the cache is emptied and the pass reads the whole sequence again, past ids and new, with the new speeds
-    (KVCache.reread; transformers' Phi-3 drops its cache there alike): the hidden states, logits="all" and what
-    REC keeps then cover all past + n positions.
-    logits="last" computes them for the last position only (all that generation needs).
-    start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
-    block START, instead of embedding ids (what activation patching reruns; ids may then be None).
-    stop: run blocks up to STOP-1 only and return (the residual stream leaving block STOP-1, None), no final
-    norm or logits (what reading one layer's intermediates over a corpus needs: qkv.analysis.neurons).
-    tokens (B, n, d_embed): the token embeddings E[ids]·s to add positions to, instead of looking them up
-    (input attribution: the embeddings scaled towards a baseline).
-    """
-    if tape is not None and (cache is not None or ablate is not None or hooks is not None
-                             or (rec is not None and rec.heads is not None)):
-        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
-                       "ablation, hooks or a recorder of some heads")
-    if stop is not None and cache is not None:
-        raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; run it without a cache")
-    check_given(stream, "the residual stream given to the pass (from_layer's x)")
-    check_given(tokens, "the token embeddings given to the pass")
-    dtype = weights.tok_embed.dtype
-    n = (ids if stream is None else stream).shape[1]
-    # Decoders count positions over real tokens (left padding does not shift them);
-    # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
-    positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
-        np.arange(n), attention_mask.shape[:1] + (n,))
-    if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
-        positions = positions_from_ids(ids, cfg.pad_token_id)
-    speeds = rope_speeds(cfg, dtype, int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
-    if cache is not None and not cache.fits(speeds):         # the past's keys were turned by another table:
-        if ids is None or tokens is not None:                # read all of it again with this one
-            raise QkvError("the KV cache's keys were turned by other RoPE speeds and a pass from embeddings cannot "
-                           "read its past again; run it without a cache")
-        ids = cache.reread(ids)                              # (B, past + n)
-        n = ids.shape[1]
-        positions = positions_from_mask(attention_mask)[:, -n:]                 # (B, past + n)
-    x = embed(weights, cfg, ids, positions, token_type_ids, tape, tokens) if stream is None else stream   # (B, n, d_model)
-    rope = None
-    if "global" in speeds:
-        rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
-                            interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
-    if ablate is not None and ablate.how == "mean" and cache is not None:
-        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
-                  scale=cfg.score_scale, tape=tape)
-    if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
-        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
-        ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
-        ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
-        if "local" in speeds:
-            ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
-                                             interleaved=cfg.rope_interleaved)
-    if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
-            and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
-        def hiding(mask) -> np.ndarray | None:
-            bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
-            return None if bias is None or not bias.any() else bias
-        ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
-        if ctx.masks is not None:                            # one per window
-            ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
-    checked = tape is None                                   # training checks its own loss (train.loop)
-    if checked and stream is None:
-        check_finite(x, "the embeddings")
-    for layer in range(start, cfg.n_layers if stop is None else stop):
-        x = block(x, weights.blocks[layer], ctx, layer)
-        if checked:
-            check_finite(x, f"layer {layer}'s output", hooks)
-    if stop is not None and stop < cfg.n_layers:
-        return x, None                                       # (B, n, d_model) entering block STOP
-    if cache is not None:
-        cache.advance(n, ids, speeds)
-    if weights.final_norm is not None:
-        if tape is not None:
-            tape.put(None, "final_norm", x)
-        x = norm(x, weights.final_norm, cfg)
-    x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
-    out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
-    if checked and out is not None:
-        check_finite(out, "the logits", hooks)
-    return x, out
+from ..inputs.tokenizer import Tokenizer
+from ..core.trace import DEFAULT_KEEP, Recorder, Trace, layer_traces, made_by, spelled
+from ..core.weights import Weights
 
 
 # ── the model a user holds ───────────────────────────────────────────────────────
@@ -166,7 +40,7 @@ def encode_batch(model, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Texts → ids (B, n) and attention mask (B, n) (1 = token, 0 = pad): each text encoded as `Model.encode`
     encodes it alone, padded on its tokenizer's padding side with its pad token, else the config's
     pad_token_id (forward(ids, mask) then gives each row what the text alone gives, at its real positions)."""
-    from .tokenizer import check_texts
+    from ..inputs.tokenizer import check_texts
 
     rows = [model.encode(t)[0] for t in check_texts(texts)]                   # each (n_b,)
     pad, fallback = model.tokenizer.pad_token_id, model.config.pad_token_id
@@ -214,7 +88,7 @@ class Model:
     def save(self, directory: str | Path) -> Path:
         """Write the model into DIRECTORY in Hugging Face layout (config.json, model.safetensors,
         tokenizer.json), readable by `qkv.load` and by transformers; see qkv.checkpoints.save."""
-        from ..checkpoints.save import save      # the file formats live with the checkpoints
+        from ..checkpoints.save import save  # the file formats live with the checkpoints
 
         return save(self, directory)
 
@@ -296,7 +170,7 @@ class Model:
         """One text (or a list of token ids) through the model, keeping what you ask for.
 
         layers: which layers to keep (default all; negative counts from the end);
-        keep: which intermediates, from `qkv.engine.trace.INTERMEDIATES` (and a MoE layer's router choice,
+        keep: which intermediates, from `qkv.core.trace.INTERMEDIATES` (and a MoE layer's router choice,
         `ROUTER`); by default all of them but the FFN's hidden "neurons" (keep=("neurons",) asks for it);
         heads: keep scores and attention weights of these heads only (default all) — on
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
@@ -304,7 +178,7 @@ class Model:
         0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
         the trace then keeps the ablated Z as "heads" (attention weights are unchanged);
         hooks: {"3.heads": fn, ...}, functions fn(value, layer) that read or replace
-        intermediates as the pass runs (see qkv.engine.hooks); the trace keeps the values they return;
+        intermediates as the pass runs (see qkv.core.hooks); the trace keeps the values they return;
         top: with keep=(..., "attention_top"), the weights kept per query row (a long input's view: each row's
         TOP largest, exact, computed by blocks of rows while the pass itself runs tiled).
         """
@@ -400,7 +274,7 @@ class Model:
 
     def with_hooks(self, hooks: Mapping[str, HookFn]) -> "Model":
         """This model (the same weights, not copied) with HOOKS run by every pass: run, forward,
-        generate, stream, chat, ... (qkv.engine.hooks). Hooks of a view of a view run in order."""
+        generate, stream, chat, ... (qkv.core.hooks). Hooks of a view of a view run in order."""
         view = copy.copy(self)
         view.hooks = Hooks.of(self.hooks, hooks, self.config, self.name)
         return view

@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from .errors import QkvError
+from ..runtime.errors import QkvError
 from .positions import check_rope
 
 # Upper bounds of the sizes (generous: the largest checkpoints have ~10² layers and heads): a config past them is

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .errors import QkvError
+from ..runtime.errors import QkvError
 
 
 def positions_from_mask(attention_mask: np.ndarray) -> np.ndarray:

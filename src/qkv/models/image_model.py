@@ -1,5 +1,5 @@
 """A Vision Transformer (ViT) as qkv holds it: the same engine as every text model, whose tokens are an
-image's patches (qkv.engine.images) and whose "vocabulary" is the classifier's labels.
+image's patches (qkv.inputs.images) and whose "vocabulary" is the classifier's labels.
 
     image ─preprocess─▶ pixel_values (C, H, W) ─patches_of─▶ (P, C·p·p)
       ─embed─▶ X = [CLS; patches·W_patch + b_patch] + P      (1 + P, d_model)
@@ -18,14 +18,14 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import QkvError
-from .hooks import HookFn, Hooks
-from .images import SUFFIXES, ImageProcessing, patch_labels, patches_of, preprocess
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.hooks import HookFn, Hooks
+from ..inputs.images import SUFFIXES, ImageProcessing, patch_labels, patches_of, preprocess
 from .model import Model, Output
-from .tokenizer import shorten
-from .trace import DEFAULT_KEEP, Trace
-from .weights import Weights
+from ..core.labels import shorten
+from ..core.trace import DEFAULT_KEEP, Trace
+from ..core.weights import Weights
 
 
 class ImageModel(Model):

@@ -19,7 +19,7 @@ is called as box(x, w, …) with `w` the weights of that box; `Context` carries 
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
 one-token fast path of `block` (the same numbers), `logits_of` the last box, H·W_vocab (H: the final norm of the stream).
-qkv.engine.model and qkv.engine.seq2seq compose the boxes into whole passes.
+qkv.models.model and qkv.models.seq2seq compose the boxes into whole passes.
 
 Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
 d_model wide. x (B, n, d_model); Q (B, H, n, d_k); K, V (B, Hkv, m, d_k) (Hkv < H: grouped
@@ -39,7 +39,7 @@ from .attention import (AttentionMask, attention_output, attention_top, attentio
 from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape
 from .cache import KVCache
 from .config import ModelConfig
-from .errors import QkvError
+from ..runtime.errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
 from .positions import alibi_bias, alibi_slopes, apply_rope
@@ -132,7 +132,7 @@ def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndar
     """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (guide: qkv).
 
     Plain form: linear(x, w.W_Q, w.b_Q), linear(x, w.W_K, w.b_K), linear(x, w.W_V, w.b_V).
-    With the weights laid out by qkv.engine.layout it is one product, X·[W_Q | W_K | W_V], whose
+    With the weights laid out by qkv.core.layout it is one product, X·[W_Q | W_K | W_V], whose
     column blocks are Q, K and V: one pass over the weights instead of three (decoding is
     bound by how fast they stream).
     """
@@ -204,7 +204,7 @@ class Context:
     rec: Recorder                                    # which intermediates to keep, and where
     cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
     ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
-    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.engine.hooks); None: none
+    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.core.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
     scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (ModelConfig.score_scale)
@@ -310,13 +310,13 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
     (w a MoEWeights) is `routed_feed_forward`. The hidden h = act(x·W_in + b) (B, n, d_ff) is "neurons": h_i is
     neuron i's coefficient on its output vector W_out[i] (a key–value memory, Geva et al. 2021), hooked
     (`hooks`; a replacement is what W_out reads: neuron ablation) and then recorded (`rec`). A MoE layer has
-    no single d_ff hidden (each token's k experts have their own): it records none, and qkv.engine.hooks
+    no single d_ff hidden (each token's k experts have their own): it records none, and qkv.core.hooks
     refuses a hook on it. tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing
     kept. rec: where the hidden, or a routed FFN's router choice, is recorded; None: nowhere."""
     if isinstance(w, MoEWeights):
         return routed_feed_forward(x, w, cfg, tape, layer, rec)
     act = ACTIVATIONS[cfg.activation]
-    if w.W_gate_in is not None:                              # laid out by qkv.engine.layout: one product,
+    if w.W_gate_in is not None:                              # laid out by qkv.core.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
         d_ff = w.W_in.shape[1]
         u, g = gate_in[..., d_ff:], gate_in[..., :d_ff]     # x·W_in, x·W_gate

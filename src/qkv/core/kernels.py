@@ -23,11 +23,11 @@ import math
 import numpy as np
 
 from .masks import visible
-from .threads import parallel_map
-from .tuning import choices
+from ..runtime.threads import parallel_map
+from ..runtime.tuning import choices
 
 # Rows of queries and of keys per block of tiled attention when the machine's own measurement
-# is not used (qkv.engine.tuning measures them where qkv runs, with the worker threads): big enough that
+# is not used (qkv.runtime.tuning measures them where qkv runs, with the worker threads): big enough that
 # each matmul runs near BLAS speed, small enough that a block of scores (H · Q_BLOCK · K_BLOCK
 # floats, 3 MB for 12 heads) stays in the cache. Of {32, 64, 128, 256, 512} × {256, 512, 1024}
 # at n = 4096 (12 heads, d 64, 2-core AVX2, both cores busy), 128 × 512 and 64 × 512 were
@@ -52,8 +52,8 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     sees only the last `window` positions (itself included); key_mask (B, m): False for
     padding keys; key_bias (B|1, H, m): added to every query's score of key j (ALiBi's m_h·p_j).
     A query that sees no key gets zeros. block_size: rows of queries and
-    of keys per block (default: measured on this machine, qkv.engine.tuning). Query blocks are
-    independent: they run in parallel on the worker threads qkv.engine.tuning chose (threads.parallel_map).
+    of keys per block (default: measured on this machine, qkv.runtime.tuning). Query blocks are
+    independent: they run in parallel on the worker threads qkv.runtime.tuning chose (threads.parallel_map).
 
     Plain form it equals:  softmax(q @ kᵀ / √d + mask) @ v   (see `attention.scaled_dot_product_attention`).
     """

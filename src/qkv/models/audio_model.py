@@ -5,7 +5,7 @@
     text tokens ─embed + learned positions─▶ L_dec blocks (self-attention, cross-attention to M, FFN)
       ─▶ LayerNorm ─▶ logits
 
-The passes are the encoder–decoder's (qkv.engine.seq2seq): the features go in as the encoder's `tokens`
+The passes are the encoder–decoder's (qkv.models.seq2seq): the features go in as the encoder's `tokens`
 (blocks.embed runs the convolutions), so hooks, ablation, recording and the cross-attention of every text token
 over the frames are the translation models' own. The target is given (its ids, or text with a tokenizer): Whisper's
 writing (its prompt of language and task tokens, suppressed tokens, timestamps) is not in qkv.
@@ -17,10 +17,11 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import QkvError
-from .hooks import HookFn
-from .seq2seq import SEQ2SEQ_KEEP, Seq2SeqModel, Seq2SeqOutput, encoder_pass
-from .trace import Trace
+from ..runtime.errors import QkvError
+from ..core.hooks import HookFn
+from .seq2seq import SEQ2SEQ_KEEP, Seq2SeqModel, Seq2SeqOutput
+from ..core.stack import encoder_pass
+from ..core.trace import Trace
 
 FRAME_SECONDS = 0.02          # one encoder position: two 10 ms frames (WhisperFeatureExtractor's hop, 160 at 16 kHz)
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import QkvError
-from .tokenizer import labels_of
+from ..runtime.errors import QkvError
+from .labels import labels_of
 
 if TYPE_CHECKING:
     from .attention import TopAttention
-from .io import FileBatch, open_regular
+from ..runtime.io import FileBatch, open_regular
 
 # Names a forward pass can record, per layer, with their batched shapes:
 INTERMEDIATES = {
@@ -51,7 +51,7 @@ SPARSE = {
 # so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP); and attention_top.
 OPT_IN = ("neurons", "attention_top")
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
-# has none of them; they are read from the trace, not hooked (qkv.engine.hooks takes INTERMEDIATES).
+# has none of them; they are read from the trace, not hooked (qkv.core.hooks takes INTERMEDIATES).
 ROUTER = {
     "router": "(B, n, E)  the router's probabilities p = softmax(x·W_router) over the E experts",
     "experts": "(B, n, k)  the k experts each token went to, most probable first",
@@ -157,7 +157,7 @@ class Trace:
 
     `tokens` are spelled as the tokenizer spells them ("Ġcapital", "[CLS]"), which the
     analysis reads; `labels` are the same tokens as a reader sees them ("␣capital"), which
-    every view shows, read with the tokenizer's `spelling` (`qkv.engine.tokenizer.label`).
+    every view shows, read with the tokenizer's `spelling` (`qkv.core.labels.label`).
 
     An encoder–decoder's trace (Seq2SeqModel.run) is the decoder's: tokens = what the decoder
     read (decoder_start_token_id first, `prompt_length` 1), attentions (L_dec, H, n_tgt, n_tgt),

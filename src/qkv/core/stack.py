@@ -1,0 +1,253 @@
+"""The stack runner: embeddings → blocks → final norm → logits, for every kind of model.
+
+    decoder / encoder   ids ─embed (+ positions)─▶ X ─▶ L × block ─▶ final norm ─▶ logits = H·W_vocab
+    encoder–decoder     source ─encoder_pass─▶ M;  target ─decoder_pass (self, cross reading M, FFN)─▶ logits
+
+The boxes of a block, and the `Context` every box of one pass shares (config, mask, rotation of positions,
+recorder, KV cache, hooks, ablation), are core/blocks.py's; here they are composed into passes. Everything
+works on a batch: B rows of n tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..runtime.errors import QkvError
+from .attention import AttentionMask
+from .blocks import (QUIET, Ablation, Context, attention_mask_of, block, check_finite, check_given, cross_memory, embed,
+                     logits_of, norm, unembed_in)
+from .blocks_backward import Tape
+from .cache import KVCache
+from .config import ModelConfig
+from .hooks import Hooks
+from .positions import (positions_from_ids, positions_from_mask, relative_bias, relative_buckets, rope_attention_factor,
+                        rope_cos_sin, rope_inv_freq)
+from .trace import Recorder
+from .weights import Seq2SeqWeights, Weights
+
+
+# ── the whole pass ───────────────────────────────────────────────────────────────
+
+def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
+    """RoPE's speeds ω of each kind of layer a pass over LENGTH positions turns: {"global": (d_rot/2,)}, and
+    "local" for Gemma 3's windowed layers with a base of their own; {} without RoPE. A table may depend on the
+    length (LongRoPE: short factors up to original_max_position_embeddings, long ones past it), so a KV cache
+    compares them with the speeds its keys were turned with (KVCache.fits)."""
+    if cfg.position != "rope":
+        return {}
+    d_rot = cfg.rotary_dim or cfg.d_head
+    speeds = {"global": rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, dtype, length=length)}
+    if cfg.local_rope_theta is not None:
+        speeds["local"] = rope_inv_freq(d_rot, cfg.local_rope_theta, cfg.local_rope_scaling, dtype, length=length)
+    return speeds
+
+
+@dataclass
+class Output:
+    """What `Model.forward` returns."""
+
+    hidden: np.ndarray                  # (B, n, d_model) after the final norm where there is one
+    logits: np.ndarray | None           # (B, n, V), None for encoders
+    attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
+
+
+@np.errstate(**QUIET)
+def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
+                token_type_ids: np.ndarray | None = None, rec: Recorder | None = None,
+                cache: KVCache | None = None, logits: str = "all",
+                ablate: Ablation | None = None, hooks: Hooks | None = None,
+                start: int = 0, stream: np.ndarray | None = None, tape: Tape | None = None,
+                tokens: np.ndarray | None = None, stop: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """ids (B, n) → (final hidden states (B, n, d_model), logits (B, n, V) or None); the hidden states are
+    (B, n, d_embed) where unembed_in maps them back to the table's width (OPT-350m, as transformers gives them).
+
+    rec: the intermediates to keep (default none); ablate: heads to knock out (see Ablation);
+    hooks: functions reading or replacing intermediates (qkv.core.hooks);
+    tape: where to keep, box by box, what the backward reads (qkv.core.blocks_backward; training),
+    for the plain pass only: not with a cache, ablation, hooks or a recorder of some heads.
+    With a KV cache, ids are the n new tokens after the cache's past and attention_mask
+    (B, past + n) covers past and new. When this pass's RoPE speeds are not those the cached keys were turned
+    with (LongRoPE's table switches to the long factors once the sequence passes original_max_position_embeddings),
+    the cache is emptied and the pass reads the whole sequence again, past ids and new, with the new speeds
+    (KVCache.reread; transformers' Phi-3 drops its cache there alike): the hidden states, logits="all" and what
+    REC keeps then cover all past + n positions.
+    logits="last" computes them for the last position only (all that generation needs).
+    start, stream: run blocks START..L-1 on STREAM (B, n, d_model), the residual stream entering
+    block START, instead of embedding ids (what activation patching reruns; ids may then be None).
+    stop: run blocks up to STOP-1 only and return (the residual stream leaving block STOP-1, None), no final
+    norm or logits (what reading one layer's intermediates over a corpus needs: qkv.analysis.neurons).
+    tokens (B, n, d_embed): the token embeddings E[ids]·s to add positions to, instead of looking them up
+    (input attribution: the embeddings scaled towards a baseline).
+    """
+    if tape is not None and (cache is not None or ablate is not None or hooks is not None
+                             or (rec is not None and rec.heads is not None)):
+        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
+                       "ablation, hooks or a recorder of some heads")
+    if stop is not None and cache is not None:
+        raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; run it without a cache")
+    check_given(stream, "the residual stream given to the pass (from_layer's x)")
+    check_given(tokens, "the token embeddings given to the pass")
+    dtype = weights.tok_embed.dtype
+    n = (ids if stream is None else stream).shape[1]
+    # Decoders count positions over real tokens (left padding does not shift them);
+    # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
+    positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
+        np.arange(n), attention_mask.shape[:1] + (n,))
+    if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
+        positions = positions_from_ids(ids, cfg.pad_token_id)
+    speeds = rope_speeds(cfg, dtype, int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
+    if cache is not None and not cache.fits(speeds):         # the past's keys were turned by another table:
+        if ids is None or tokens is not None:                # read all of it again with this one
+            raise QkvError("the KV cache's keys were turned by other RoPE speeds and a pass from embeddings cannot "
+                           "read its past again; run it without a cache")
+        ids = cache.reread(ids)                              # (B, past + n)
+        n = ids.shape[1]
+        positions = positions_from_mask(attention_mask)[:, -n:]                 # (B, past + n)
+    x = embed(weights, cfg, ids, positions, token_type_ids, tape, tokens) if stream is None else stream   # (B, n, d_model)
+    rope = None
+    if "global" in speeds:
+        rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
+                            interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
+    if ablate is not None and ablate.how == "mean" and cache is not None:
+        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
+    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
+                  scale=cfg.score_scale, tape=tape)
+    if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
+        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
+        ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
+        ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
+        if "local" in speeds:
+            ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
+                                             interleaved=cfg.rope_interleaved)
+    if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
+            and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
+        def hiding(mask) -> np.ndarray | None:
+            bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
+            return None if bias is None or not bias.any() else bias
+        ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
+        if ctx.masks is not None:                            # one per window
+            ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
+    checked = tape is None                                   # training checks its own loss (train.loop)
+    if checked and stream is None:
+        check_finite(x, "the embeddings")
+    for layer in range(start, cfg.n_layers if stop is None else stop):
+        x = block(x, weights.blocks[layer], ctx, layer)
+        if checked:
+            check_finite(x, f"layer {layer}'s output", hooks)
+    if stop is not None and stop < cfg.n_layers:
+        return x, None                                       # (B, n, d_model) entering block STOP
+    if cache is not None:
+        cache.advance(n, ids, speeds)
+    if weights.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
+        x = norm(x, weights.final_norm, cfg)
+    x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
+    out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
+    if checked and out is not None:
+        check_finite(out, "the logits", hooks)
+    return x, out
+
+# ── an encoder–decoder's two passes ──────────────────────────
+
+@dataclass
+class Stacks:
+    """What an encoder–decoder's pass does besides computing: per stack (encoder, the decoder's
+    self-attention and FFN, its cross-attention), the recorder, hooks and ablation. None: nothing."""
+
+    rec: dict[str, Recorder] = field(default_factory=dict)
+    hooks: dict[str, Hooks | None] = field(default_factory=dict)
+    ablate: dict[str, Ablation | None] = field(default_factory=dict)
+    tape: dict[str, Tape] = field(default_factory=dict)     # training: what each stack's backward reads
+
+    def context(self, stack: str, cfg: ModelConfig, mask: AttentionMask, **more: Any) -> Context:
+        return Context(cfg, mask, None, self.rec.get(stack) or Recorder(keep=()), ablate=self.ablate.get(stack),
+                       hooks=self.hooks.get(stack), scale=cfg.score_scale, tape=self.tape.get(stack), **more)
+
+
+@np.errstate(**QUIET)
+def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray,
+                 stacks: Stacks | None = None, tokens: np.ndarray | None = None) -> np.ndarray:
+    """Source ids (B, n_src), mask (B, n_src) → the encoder's output M (B, n_src, d_model).
+
+    Bidirectional: every source token sees every real source token (padding never); T5 adds its
+    relative position bias (both directions) to the scores. Positions 0..n-1 whatever the padding,
+    as transformers numbers them in these families. tokens: the token embeddings E[ids]·s to use (B, n_src, d)
+    instead of looking them up (input attribution).
+    """
+    w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
+    check_given(tokens, "the source's token embeddings given to the pass")
+    pos = np.arange(n)                                             # (n_src,)
+    tape = stacks.tape.get("encoder")
+    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens)          # (B, n_src, d_model)
+    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
+    attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
+    ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
+    checked = tape is None                                         # training checks its own loss
+    for layer, b in enumerate(w.blocks):
+        x = block(x, b, ctx, layer)
+        if checked:
+            check_finite(x, f"encoder layer {layer}'s output", ctx.hooks)
+    if tape is not None and w.final_norm is not None:
+        tape.put(None, "final_norm", x)
+    return x if w.final_norm is None else norm(x, w.final_norm, cfg)
+
+
+def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
+    """(n_q, n_k) T5 buckets when the stack's layers each have their own bias table (UMT5), else None."""
+    if not w.blocks or w.blocks[0].attn.rel_bias is None:
+        return None
+    return relative_buckets(q_pos, k_pos, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
+
+
+def memory_of(weights: Seq2SeqWeights, cfg: ModelConfig, encoded: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each decoder layer's cross-attention K, V of the encoder's output (blocks.cross_memory)."""
+    return cross_memory(encoded, weights.decoder.blocks, cfg)
+
+
+@np.errstate(**QUIET)
+def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray | None,
+                 memory: list[tuple[np.ndarray, np.ndarray]], source_mask: np.ndarray, *,
+                 cache: KVCache | None = None, stacks: Stacks | None = None, logits: str = "all",
+                 start: int = 0, stream: np.ndarray | None = None, tokens: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Decoder ids (B, n) → (hidden (B, n, d_model), logits (B, n, V); logits="last": (B, 1, V)).
+
+    mask (B, past + n) covers the target's past and new tokens (None: no padding); source_mask
+    (B, n_src) the source's. With a KV cache, ids are the n new tokens after the cache's past.
+    Each block: causal self-attention (+ T5's backward-only position bias), cross-attention reading
+    memory (the encoder output's K, V), FFN. start, stream: run blocks START.. on STREAM (B, n, d_model),
+    the residual stream entering block START, instead of embedding ids (activation patching); tokens: the
+    target's token embeddings E[ids]·s to use (B, n, d) instead of looking them up (input attribution).
+    """
+    w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
+    check_given(stream, "the residual stream given to the decoder's pass (from_layer's x)")
+    check_given(tokens, "the target's token embeddings given to the pass")
+    past = 0 if cache is None else cache.length
+    pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
+    tape = stacks.tape.get("decoder")
+    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens) if stream is None else stream   # (B, n, d_model)
+    key_mask = None if mask is None or mask.all() else mask.astype(bool)
+    bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
+                                                            cfg.relative_max_distance)
+    own = AttentionMask(n, past + n, causal=True, key_mask=key_mask, position_bias=bias)
+    src = AttentionMask(n, source_mask.shape[1], causal=False,
+                        key_mask=None if source_mask.all() else source_mask.astype(bool))
+    cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
+    ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
+                         rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
+    checked = tape is None
+    for layer in range(start, len(w.blocks)):
+        x = block(x, w.blocks[layer], ctx, layer)
+        if checked:
+            check_finite(x, f"decoder layer {layer}'s output", ctx.hooks or cross.hooks)
+    if cache is not None:
+        cache.advance(n)
+    if w.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
+        x = norm(x, w.final_norm, cfg)
+    return x, logits_of(x[:, -1:] if logits == "last" else x, w, cfg)   # (B, n, d_model), (B, n | 1, V)

@@ -1,0 +1,109 @@
+"""qkv.load: a source (a bundled name, a directory, a .gguf file, a cached repo id) → the handle of its kind
+(Model, Seq2SeqModel, ImageModel, AudioModel), its weights read by the family's tables (qkv.checkpoints).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
+from ..core.layout import fast_layout
+from .audio_model import AudioModel
+from .image_model import ImageModel
+from ..inputs.images import ImageProcessing
+from .model import Model
+from .seq2seq import Seq2SeqModel
+from ..inputs.tokenizer import Tokenizer
+from ..core.weights import check_dtype
+from ..checkpoints import DEFAULT, DEFAULT_ALIASES, LLM_ALIASES, config_json, gguf, json_object, resolve, vit
+from ..checkpoints.families import config_of, read_weights
+from ..checkpoints.families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
+from ..checkpoints.tensors import TensorStore
+
+
+STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
+
+
+def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel | AudioModel:
+    """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
+    Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel,
+    an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel.
+
+    dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
+    as the file's blocks (engine.stored), read in place. Anything else defaults to float32, memory-mapped
+    from safetensors (zero-copy); np.float64 computes in double precision, for checks (a GGUF file then
+    is dequantised once into qkv's cache). "bfloat16" and "float16" hold every matrix in 16 bits (a
+    checkpoint's own 16-bit matrices mapped as they are, others rounded once); "stored" on a safetensors
+    checkpoint keeps each matrix as the file has it. Activations are float32 whatever the storage.
+    """
+    directory = resolve(source)
+    source_gguf = gguf.source_of(directory)
+    if dtype is None:
+        dtype = "stored" if source_gguf is not None else np.float32
+    storage = dtype if isinstance(dtype, str) and dtype in STORAGES else None
+    dtype = np.dtype(np.float32) if storage else check_dtype(dtype)   # what the engine computes in
+    hf = config_json(directory)
+    cfg = config_of(hf)                               # model_type, types and ranges of every knob, the family's reader
+    if source_gguf is not None and storage is not None:
+        from ..checkpoints.gguf_stored import GGUFTensors
+
+        store = GGUFTensors(directory)                    # the file's blocks (and 16-bit floats) in place
+    else:
+        if source_gguf is not None:
+            gguf.with_tensors(directory)                  # its tensors as float32 (written once)
+        store = TensorStore(directory)
+    if storage in ("bfloat16", "float16") or (storage == "stored" and source_gguf is None):
+        from ..checkpoints.gguf_stored import HalfTensors
+
+        store = HalfTensors(store, {"bfloat16": "BF16", "float16": "F16", "stored": None}[storage])
+    weights = read_weights(store, cfg, dtype.type)   # every tensor read, or one the family may ignore
+    store.release()                   # reading every tensor once (the NaN check) mapped all its pages
+    if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
+        weights = fast_layout(weights, after_copy=store.release)
+    tok_path = directory / "tokenizer.json"
+    tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:     # ids are never checked again
+        raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} "
+                       "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
+    if gguf.is_temporary(directory):
+        shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
+    _give_back_heap()
+    if cfg.image_size is not None:
+        return image_model(directory, hf, cfg, weights, _display_name(source))
+    if cfg.audio_mels is not None:
+        return AudioModel(cfg, weights, tokenizer, name=_display_name(source))
+    model = Seq2SeqModel if cfg.encoder_decoder else Model
+    return model(cfg, weights, tokenizer, name=_display_name(source))
+
+
+def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:
+    """An image model (ViT) of DIRECTORY: its preprocessor_config.json (ViTImageProcessor's defaults without
+    one) and the names of its labels (id2label of HF, its config.json)."""
+    path = directory / "preprocessor_config.json"
+    found = json_object(path) if path.is_file() else None
+    return ImageModel(cfg, weights, None, name, ImageProcessing.of(found, cfg), vit.labels_of(hf))
+
+
+def _give_back_heap() -> None:
+    """Return the heap a load freed to the system (glibc's malloc_trim; elsewhere nothing): reading a GGUF
+    file's metadata makes ~50k small objects, whose freed pages glibc would otherwise keep (74 MB of
+    resident memory for SmolLM2)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _display_name(source) -> str:
+    text = str(source).lower()
+    if text in DEFAULT_ALIASES:
+        return "all-MiniLM-L6-v2"
+    if text in LLM_ALIASES:
+        return "SmolLM2-135M-Instruct"
+    return str(source)
