@@ -206,9 +206,9 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs llama, granite, phi3, command-r, qwen2, qwen3, gemma, gemma2, "
-                                       "olmo2, phi2, gptneox, starcoder2, stablelm, qwen3moe, qwen2moe, olmoe, "
-                                       "bloom, falcon, mpt, gpt2"):
+    with pytest.raises(QkvError, match="qkv runs bloom, command-r, falcon, gemma, gemma2, gpt2, gptneox, granite, "
+                                       "llama, mpt, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, "
+                                       "stablelm, starcoder2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("mamba", V.STRING)}))
 
 

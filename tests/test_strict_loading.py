@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 import qkv
 from conftest import FAMILY_FIXTURES, FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
-from qkv.checkpoints import FAMILIES, config_of, weights_from_tensors
+from qkv.checkpoints.families import FAMILIES, config_of, weights_from_tensors
 from qkv.checkpoints.common import ignorable
 
 SEQ2SEQ = FIXTURES / "seq2seq"

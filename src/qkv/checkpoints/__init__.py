@@ -15,7 +15,7 @@ from pathlib import Path
 from ..runtime.errors import QkvError
 from ..runtime.io_json import read_json
 from . import gguf
-from .families import FAMILIES
+from .families import FAMILIES, config_of  # noqa: F401 (qkv.checkpoints.config_of)
 from .families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 
 DEFAULT = "minilm"
@@ -182,22 +182,15 @@ def config_json(directory: Path) -> dict:
 def available() -> list[tuple[str, str]]:
     """(source, description) of every model loadable here: the default and cached repos."""
     found = []
-    try:
-        found.append((DEFAULT, f"all-MiniLM-L6-v2 (bundled default) at {default_model_dir()}"))
-    except QkvError as e:
-        found.append((DEFAULT, f"not installed: {e}"))
-    try:
-        found.append((LLM, f"SmolLM2-135M-Instruct (bundled LLM, GGUF) at {smollm2_file()}"))
-    except QkvError as e:
-        found.append((LLM, f"not installed: {e}"))
-    try:
-        found.append((KO_EN, f"Korean→English Marian trained by qkv (bundled) at {ko_en_dir()}"))
-    except QkvError as e:
-        found.append((KO_EN, f"not installed: {e}"))
-    try:
-        found.append((DIGITS, f"a Vision Transformer on handwritten digits, trained by qkv (bundled) at {digits_dir()}"))
-    except QkvError as e:
-        found.append((DIGITS, f"not installed: {e}"))
+    for source, what, where in ((DEFAULT, "all-MiniLM-L6-v2 (bundled default)", default_model_dir),
+                                (LLM, "SmolLM2-135M-Instruct (bundled LLM, GGUF)", smollm2_file),
+                                (KO_EN, "Korean→English Marian trained by qkv (bundled)", ko_en_dir),
+                                (DIGITS, "a Vision Transformer on handwritten digits, trained by qkv (bundled)",
+                                 digits_dir)):
+        try:
+            found.append((source, f"{what} at {where()}"))
+        except QkvError as e:
+            found.append((source, f"not installed: {e}"))
     for repo_id, snap in _cached_repos():
         kind = _model_type(snap)
         if kind is None:

@@ -1,21 +1,11 @@
 """BART: an encoder–decoder, post-norm, learned positions (offset 2), embedding LayerNorm, GELU.
 
-    checkpoint name (relative to BartModel)            qkv name
-    shared                                             tok_embed (both stacks)
-    {stack}.embed_positions   (P + 2, d)               pos_embed: position p reads row p + 2
-    {stack}.layernorm_embedding                        embed_norm
-    {stack}.layers.{i}.self_attn.q_proj/k_proj/v_proj/out_proj    W_Q / W_K / W_V / W_O (+ b)
-    {stack}.layers.{i}.self_attn_layer_norm            attn_norm (after the residual)
-    decoder.layers.{i}.encoder_attn.q_proj/…/out_proj  cross_attn: Q from the decoder, K, V from the encoder
-    decoder.layers.{i}.encoder_attn_layer_norm         cross_norm
-    {stack}.layers.{i}.fc1 / fc2                       W_in / W_out
-    {stack}.layers.{i}.final_layer_norm                ffn_norm
-    lm_head (absent when tied)                         W_vocab (the decoder's)
-    final_logits_bias (1, V)                           b_vocab
+Its tensors: `stack_rows` below, each checkpoint name (relative to BartModel) beside ours and how it is stored, read
+both ways (loading and saving).
 {stack} is "encoder" or "decoder". Marian (marian.py) has the same blocks under the same names.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
 checkpoint by this table; `hf_config` / `tensors` write one, under BartForConditionalGeneration's
-names ("model." + the name above; "lm_head" and "final_logits_bias" at the top).
+names ("model." + the names in stack_rows; "lm_head" and "final_logits_bias" at the top).
 """
 
 from __future__ import annotations
@@ -24,9 +14,12 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Seq2SeqWeights, Weights
+from ..core.weights import Seq2SeqWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .table import Row, layer_norm, linear, read_table, write_table
 from .tensors import TensorStore
+
+MODEL_TYPES = ("bart",)
 
 OFFSET = 2                                     # BartLearnedPositionalEmbedding's offset
 
@@ -68,48 +61,46 @@ def config(hf: dict) -> ModelConfig:
     return ModelConfig(**stacks_config(hf, "bart"), position="learned", position_offset=OFFSET, embed_norm=True)
 
 
-def attention(store: TensorStore, p: str, d: int, dtype, key_bias: bool = True) -> AttentionWeights:
+def _attention(p: str, ours: str, key_bias: bool) -> list[Row]:
     """The attention at P: q_proj, k_proj, v_proj, out_proj with their biases (k_proj's only if KEY_BIAS: Whisper
     has none, softmax ignoring a constant added to every score of a row)."""
-    def lin(name: str) -> np.ndarray:
-        return linear_T(store, f"{p}.{name}.weight", d, d, dtype)
-
-    def bias(name: str) -> np.ndarray:
-        return store.get(f"{p}.{name}.bias", (d,), dtype)
-
-    return AttentionWeights(W_Q=lin("q_proj"), W_K=lin("k_proj"), W_V=lin("v_proj"), W_O=lin("out_proj"),
-                            b_Q=bias("q_proj"), b_K=bias("k_proj") if key_bias else None, b_V=bias("v_proj"),
-                            b_O=bias("out_proj"))
+    return [*linear(f"{ours}.W_Q", f"{p}.q_proj", "d q", f"{ours}.b_Q"),
+            *linear(f"{ours}.W_K", f"{p}.k_proj", "d kv", f"{ours}.b_K", key_bias),
+            *linear(f"{ours}.W_V", f"{p}.v_proj", "d kv", f"{ours}.b_V"),
+            *linear(f"{ours}.W_O", f"{p}.out_proj", "q d", f"{ours}.b_O")]
 
 
-def norm(store: TensorStore, name: str, d: int, dtype) -> NormWeights:
-    return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
+def embed_norm(cfg: ModelConfig) -> bool:
+    return cfg.embed_norm
+
+
+def final_norm(cfg: ModelConfig) -> bool:                # mBART, Pegasus: a norm after the last block
+    return cfg.final_norm
+
+
+def stack_rows(which: str, key_bias: bool = True) -> list[Row]:
+    """The table of one stack ("encoder" or "decoder", whose blocks have cross-attention; k_proj without a bias
+    unless KEY_BIAS: Whisper), BART's names, read both ways (its embeddings and head are the family's)."""
+    p = f"{which}.layers.{{i}}"
+    cross = [*_attention(f"{p}.encoder_attn", "block.cross_attn", key_bias),
+             *layer_norm("block.cross_norm", f"{p}.encoder_attn_layer_norm")] if which == "decoder" else []
+    return [
+        *layer_norm("embed_norm", f"{which}.layernorm_embedding", when=embed_norm),
+        *_attention(f"{p}.self_attn", "block.attn", key_bias),
+        *layer_norm("block.attn_norm", f"{p}.self_attn_layer_norm"),
+        *cross,
+        *linear("block.ffn.W_in", f"{p}.fc1", "d f", "block.ffn.b_in"),
+        *linear("block.ffn.W_out", f"{p}.fc2", "f d", "block.ffn.b_out"),
+        *layer_norm("block.ffn_norm", f"{p}.final_layer_norm"),
+        *layer_norm("final_norm", f"{which}.layer_norm", when=final_norm),
+    ]
 
 
 def stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarray,
           pos: np.ndarray | None, key_bias: bool = True) -> Weights:
-    """One stack's blocks by the table above; decoder blocks with their cross-attention (k_proj without a bias
-    unless KEY_BIAS: Whisper)."""
-    d, f = cfg.d_model, cfg.d_ff
-    decoder = which == "decoder"
-
-    def block(i: int) -> BlockWeights:
-        p = f"{which}.layers.{i}"
-        ffn = FFNWeights(W_in=linear_T(store, f"{p}.fc1.weight", d, f, dtype),
-                         b_in=store.get(f"{p}.fc1.bias", (f,), dtype),
-                         W_out=linear_T(store, f"{p}.fc2.weight", f, d, dtype),
-                         b_out=store.get(f"{p}.fc2.bias", (d,), dtype))
-        return BlockWeights(
-            attn_norm=norm(store, f"{p}.self_attn_layer_norm", d, dtype),
-            attn=attention(store, f"{p}.self_attn", d, dtype, key_bias),
-            ffn_norm=norm(store, f"{p}.final_layer_norm", d, dtype), ffn=ffn,
-            cross_attn=attention(store, f"{p}.encoder_attn", d, dtype, key_bias) if decoder else None,
-            cross_norm=norm(store, f"{p}.encoder_attn_layer_norm", d, dtype) if decoder else None)
-
-    embed_norm = norm(store, f"{which}.layernorm_embedding", d, dtype) if cfg.embed_norm else None
-    final_norm = norm(store, f"{which}.layer_norm", d, dtype) if cfg.final_norm else None   # mBART, Pegasus
-    return Weights(tok_embed=tok, pos_embed=pos, embed_norm=embed_norm, final_norm=final_norm,
-                   blocks=[block(i) for i in range(cfg.n_decoder_layers if decoder else cfg.n_layers)])
+    """One stack's Weights by `stack_rows`, over the shared table TOK and the positions POS."""
+    n = cfg.n_decoder_layers if which == "decoder" else cfg.n_layers
+    return read_table(stack_rows(which, key_bias), store, cfg, dtype, n, tok_embed=tok, pos_embed=pos)
 
 
 def head(store: TensorStore, cfg: ModelConfig, dtype, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -162,31 +153,10 @@ def hf_config(cfg: ModelConfig) -> dict:
                             **stacks_hf_config(cfg)}, config)
 
 
-def _attention_tensors(p: str, a: AttentionWeights) -> dict:
-    return {f"{p}.{name}.{kind}": (W.T if kind == "weight" else W)                 # Linear: (out, in)
-            for name, Wb in (("q_proj", (a.W_Q, a.b_Q)), ("k_proj", (a.W_K, a.b_K)),
-                             ("v_proj", (a.W_V, a.b_V)), ("out_proj", (a.W_O, a.b_O)))
-            for kind, W in zip(("weight", "bias"), Wb)}
-
-
-def _norm_tensors(p: str, w: NormWeights | None) -> dict:
-    return {} if w is None else {f"{p}.weight": w.weight, f"{p}.bias": w.bias}
-
-
-def stack_tensors(w: Weights, which: str, positions: bool) -> dict:
-    """One stack's tensors under the BART/Marian names, "model." included."""
+def stack_tensors(w: Weights, cfg: ModelConfig, which: str, positions: bool) -> dict:
+    """One stack's tensors by `stack_rows`, "model." included (and its positions, if POSITIONS)."""
     t = {f"model.{which}.embed_positions.weight": w.pos_embed} if positions else {}
-    t |= _norm_tensors(f"model.{which}.layernorm_embedding", w.embed_norm)
-    for i, b in enumerate(w.blocks):
-        p = f"model.{which}.layers.{i}"
-        t |= _attention_tensors(f"{p}.self_attn", b.attn) | _norm_tensors(f"{p}.self_attn_layer_norm", b.attn_norm)
-        if b.cross_attn is not None:
-            t |= _attention_tensors(f"{p}.encoder_attn", b.cross_attn)
-            t |= _norm_tensors(f"{p}.encoder_attn_layer_norm", b.cross_norm)
-        t |= {f"{p}.fc1.weight": b.ffn.W_in.T, f"{p}.fc1.bias": b.ffn.b_in,          # (d_ff, d)
-              f"{p}.fc2.weight": b.ffn.W_out.T, f"{p}.fc2.bias": b.ffn.b_out}        # (d, d_ff)
-        t |= _norm_tensors(f"{p}.final_layer_norm", b.ffn_norm)
-    return t | _norm_tensors(f"model.{which}.layer_norm", w.final_norm)          # mBART, Pegasus
+    return t | write_table(stack_rows(which), w, cfg, "model.")
 
 
 def head_tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict:
@@ -201,5 +171,5 @@ def head_tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict:
 
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under BartForConditionalGeneration's name, as its file stores it; new arrays."""
-    return c_arrays(head_tensors(weights, cfg) | stack_tensors(weights.encoder, "encoder", True)
-                    | stack_tensors(weights.decoder, "decoder", True))
+    return c_arrays(head_tensors(weights, cfg) | stack_tensors(weights.encoder, cfg, "encoder", True)
+                    | stack_tensors(weights.decoder, cfg, "decoder", True))

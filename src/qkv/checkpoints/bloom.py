@@ -1,16 +1,7 @@
 """BLOOM: ALiBi instead of position embeddings, a LayerNorm right after the embeddings, tanh GELU.
 
-    checkpoint name (relative to BloomModel)          qkv name
-    word_embeddings                                   tok_embed
-    word_embeddings_layernorm                         embed_norm
-    h.{i}.input_layernorm                             attn_norm
-    h.{i}.self_attention.query_key_value              W_Q / W_K / W_V with biases: rows by head, [q | k | v]
-                                                      of each head in turn (H, 3, d_k), regrouped
-    h.{i}.self_attention.dense                        W_O
-    h.{i}.post_attention_layernorm                    ffn_norm
-    h.{i}.mlp.dense_h_to_4h / dense_4h_to_h           W_in / W_out (d_ff = 4·d_model)
-    ln_f                                              final_norm
-    lm_head (beside BloomModel; absent when tied)     W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to BloomModel) beside ours and how it is stored, read
+both ways (loading and saving).
 
 Attention: S = Q·Kᵀ/√d_k + m_h·p_j (position "alibi"; BLOOM's baddbmm with beta 1: the bias unscaled),
 p_j key j's position over real tokens. Knobs read and why some are not: apply_residual_connection_post_layernorm
@@ -21,13 +12,12 @@ training's (qkv runs the model in eval).
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import c_arrays, check_shapes, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import check_shapes, need, reads_back
+from .table import BY_GROUP, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
+
+MODEL_TYPES = ("bloom",)
 
 # Tensors a BLOOM checkpoint may hold that qkv never reads, relative to BloomModel.
 IGNORED = {
@@ -55,50 +45,21 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def fused_qkv(store: TensorStore, name: str, H: int, dk: int, d: int, dtype, bias: bool = True
-              ) -> tuple[np.ndarray, ...]:
-    """W_Q, W_K, W_V (d, H·d_k) and b_Q, b_K, b_V of a fused Linear whose rows are head by head [q | k | v]
-    (BLOOM, Falcon's multi-head layout, GPT-NeoX): (3·H·d_k, d) viewed (H, 3, d_k, d), each third copied out."""
-    qkv = store.get(f"{name}.weight", (3 * H * dk, d), dtype).reshape(H, 3, dk, d)    # rows by head
-    W = [np.ascontiguousarray(qkv[:, j].reshape(H * dk, d).T) for j in range(3)]      # (d, H·d_k) each
-    b = [None] * 3
-    if bias:
-        qkv_b = store.get(f"{name}.bias", (3 * H * dk,), dtype).reshape(H, 3, dk)
-        b = [np.ascontiguousarray(qkv_b[:, j].reshape(H * dk)) for j in range(3)]   # (H·d_k,) each
-    return (*W, *b)
-
-
-def fused_qkv_tensors(a: AttentionWeights, H: int, dk: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The fused (3·H·d_k, d) weight and (3·H·d_k,) bias of `fused_qkv`, back in its rows by head."""
-    d = a.W_Q.shape[0]
-    W = np.stack([M.T.reshape(H, dk, d) for M in (a.W_Q, a.W_K, a.W_V)], axis=1).reshape(3 * H * dk, d)
-    b = None if a.b_Q is None else np.stack([x.reshape(H, dk) for x in (a.b_Q, a.b_K, a.b_V)], axis=1).reshape(-1)
-    return W, b
-
-
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, H, dk = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head
-
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
-
-    def block(i: int) -> BlockWeights:
-        p, a, m = f"h.{i}", f"h.{i}.self_attention", f"h.{i}.mlp"
-        W_Q, W_K, W_V, b_Q, b_K, b_V = fused_qkv(store, f"{a}.query_key_value", H, dk, d, dtype)
-        attn = AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
-                                W_O=linear_T(store, f"{a}.dense.weight", d, d, dtype),
-                                b_O=store.get(f"{a}.dense.bias", (d,), dtype))
-        ffn = FFNWeights(
-            W_in=linear_T(store, f"{m}.dense_h_to_4h.weight", d, f, dtype), b_in=store.get(f"{m}.dense_h_to_4h.bias", (f,), dtype),
-            W_out=linear_T(store, f"{m}.dense_4h_to_h.weight", f, d, dtype), b_out=store.get(f"{m}.dense_4h_to_h.bias", (d,), dtype),
-        )
-        return BlockWeights(attn_norm=norm(f"{p}.input_layernorm"), attn=attn,
-                            ffn_norm=norm(f"{p}.post_attention_layernorm"), ffn=ffn)
-
-    tok = store.get("word_embeddings.weight", (cfg.vocab_size, d), dtype)
-    W_vocab = tok.T if cfg.tied_embeddings else linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(tok_embed=tok, embed_norm=norm("word_embeddings_layernorm"),
-                   blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("ln_f"), W_vocab=W_vocab)
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. query_key_value's
+# rows go head by head (q, k, v of each).
+ROWS = [
+    Row("tok_embed", "word_embeddings.weight", "V d"),
+    *layer_norm("embed_norm", "word_embeddings_layernorm"),
+    *layer_norm("block.attn_norm", "h.{i}.input_layernorm"),
+    *fused_qkv("h.{i}.self_attention.query_key_value", BY_GROUP, True),
+    *linear("block.attn.W_O", "h.{i}.self_attention.dense", "q d", "block.attn.b_O"),
+    *layer_norm("block.ffn_norm", "h.{i}.post_attention_layernorm"),
+    *linear("block.ffn.W_in", "h.{i}.mlp.dense_h_to_4h", "d f", "block.ffn.b_in"),
+    *linear("block.ffn.W_out", "h.{i}.mlp.dense_4h_to_h", "f d", "block.ffn.b_out"),
+    *layer_norm("final_norm", "ln_f"),
+    lm_head(prefer_stored=False),
+]
+weights, tensors = both_ways(ROWS, "transformer.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -113,25 +74,25 @@ def hf_config(cfg: ModelConfig) -> dict:
     }, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under BloomForCausalLM's names, as its file stores it (Linear: (out, in); Q, K, V rows
-    regrouped by head); new arrays. Tied: no lm_head."""
-    t = {"transformer.word_embeddings.weight": weights.tok_embed,                            # (V, d)
-         "transformer.word_embeddings_layernorm.weight": weights.embed_norm.weight,
-         "transformer.word_embeddings_layernorm.bias": weights.embed_norm.bias}
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.h.{i}", b.attn, b.ffn
-        W, bias = fused_qkv_tensors(a, cfg.n_heads, cfg.d_head)
-        t |= {
-            f"{p}.input_layernorm.weight": b.attn_norm.weight, f"{p}.input_layernorm.bias": b.attn_norm.bias,
-            f"{p}.self_attention.query_key_value.weight": W, f"{p}.self_attention.query_key_value.bias": bias,
-            f"{p}.self_attention.dense.weight": a.W_O.T, f"{p}.self_attention.dense.bias": a.b_O,
-            f"{p}.post_attention_layernorm.weight": b.ffn_norm.weight,
-            f"{p}.post_attention_layernorm.bias": b.ffn_norm.bias,
-            f"{p}.mlp.dense_h_to_4h.weight": f.W_in.T, f"{p}.mlp.dense_h_to_4h.bias": f.b_in,
-            f"{p}.mlp.dense_4h_to_h.weight": f.W_out.T, f"{p}.mlp.dense_4h_to_h.bias": f.b_out,
-        }
-    t |= {"transformer.ln_f.weight": weights.final_norm.weight, "transformer.ln_f.bias": weights.final_norm.bias}
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                              # (V, d)
-    return c_arrays(t)
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """BLOOM's config.json of a llama.cpp file: ALiBi, no RoPE keys."""
+    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    if Hkv != H or dk * H != d or dims["f"] != 4 * d:
+        raise QkvError(f"the GGUF bloom model has {H} heads of {dk}, {Hkv} K/V heads and d_ff {dims['f']} in "
+                       f"d_model {d}; BLOOM has d_model / heads per head, none grouped, d_ff = 4·d_model; the "
+                       "file is damaged")
+    return {"hidden_size": d, "n_head": H, "n_layer": dims["L"], "layer_norm_epsilon": dims["eps"],
+            "max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False,
+            "apply_residual_connection_post_layernorm": False}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table).
+GGUF = {
+    "bloom": Arch("bloom", "BloomForCausalLM",
+                  {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+                   "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+                   "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                  {"token_embd": "word_embeddings", "token_embd_norm": "word_embeddings_layernorm",
+                   "output_norm": "ln_f", "output": "lm_head"},
+                  norm="layer", biases="all", norm_biases=True, layers="h", config=_gguf_config),
+}

@@ -14,7 +14,6 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..runtime.stored import StoredMatrix, StoredTable, half_bytes
-from ..core.weights import AttentionWeights
 from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
@@ -245,21 +244,6 @@ def columns(W, start: int, stop: int):
     return W.rows(slice(start, stop)) if isinstance(W, StoredMatrix) else W[:, start:stop]
 
 
-def attention_linears(store: TensorStore, a: str, d: int, hq: int, hkv: int, dtype, qkv_bias: bool,
-                      out_bias: bool, out: str = "o_proj") -> AttentionWeights:
-    """The four torch Linears of an attention under A — q_proj, k_proj, v_proj and OUT (Phi: "dense") — as
-    W_Q (d, hq), W_K, W_V (d, hkv), W_O (hq, d), with Q/K/V's biases if QKV_BIAS and OUT's if OUT_BIAS:
-    what most decoders read; the caller adds the rest (q/k norms)."""
-    def bias(name: str, size: int, present: bool):
-        return store.get(f"{a}.{name}.bias", (size,), dtype) if present else None
-
-    return AttentionWeights(
-        W_Q=linear_T(store, f"{a}.q_proj.weight", d, hq, dtype), b_Q=bias("q_proj", hq, qkv_bias),
-        W_K=linear_T(store, f"{a}.k_proj.weight", d, hkv, dtype), b_K=bias("k_proj", hkv, qkv_bias),
-        W_V=linear_T(store, f"{a}.v_proj.weight", d, hkv, dtype), b_V=bias("v_proj", hkv, qkv_bias),
-        W_O=linear_T(store, f"{a}.{out}.weight", hq, d, dtype), b_O=bias(out, d, out_bias))
-
-
 def reads_back(cfg: ModelConfig, hf: dict, read: Callable[[dict], ModelConfig]) -> dict:
     """HF, the config.json written for CFG, once it reads back as CFG (every knob, rope_scaling too);
     a knob the family's config.json cannot hold (RMSNorm in GPT-2, a window in Llama) is refused."""
@@ -269,6 +253,13 @@ def reads_back(cfg: ModelConfig, hf: dict, read: Callable[[dict], ModelConfig]) 
         knobs = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in differ)
         raise QkvError(f"a {hf['model_type']} config.json cannot hold {knobs}; change those knobs or the family")
     return hf
+
+
+def rope_parameters(cfg: ModelConfig, **more) -> dict:
+    """transformers 5's rope_parameters of CFG: its scaling (or the "default" kind), θ, and MORE (a partial
+    rotary factor)."""
+    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    return {**rope, "rope_theta": cfg.rope_theta, **more}
 
 
 def c_arrays(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:

@@ -1,17 +1,7 @@
 """DistilBERT: BERT's post-norm blocks under their own names, no token types, a masked-LM head.
 
-    checkpoint name (relative to DistilBertModel)  qkv name
-    embeddings.word_embeddings                     tok_embed
-    embeddings.position_embeddings                 pos_embed (positions 0…n−1; with sinusoidal_pos_embds the
-                                                   file holds the sinusoids the table starts from: read as
-                                                   stored and learned, as transformers 5 trains it)
-    embeddings.LayerNorm                           embed_norm
-    transformer.layer.{i}.attention.q_lin/k_lin/v_lin/out_lin   W_Q / W_K / W_V / W_O (+ b)
-    transformer.layer.{i}.sa_layer_norm            attn_norm (after the residual)
-    transformer.layer.{i}.ffn.lin1 / lin2          W_in / W_out
-    transformer.layer.{i}.output_layer_norm        ffn_norm (after the residual)
-    vocab_transform, vocab_layer_norm              W_head, b_head, head_norm: Norm(act(Z·W_head + b))
-    vocab_projector (weight absent when tied)      W_vocab (tied: tok_embedᵀ), b_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to DistilBertModel) beside ours and how it is stored, read
+both ways (loading and saving).
 Every LayerNorm has eps 1e-12 (transformers fixes it; config.json has no eps). DistilBertForMaskedLM gives
 logits; DistilBertModel hidden states. `hf_config` / `tensors` write a DistilBertModel or
 DistilBertForMaskedLM.
@@ -19,13 +9,15 @@ DistilBertForMaskedLM.
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
+
 
 from ..core.config import ModelConfig
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm
-from .tensors import TensorStore
+from .table import Head, Row, both_ways, layer_norm, linear
+
+MODEL_TYPES = ("distilbert",)
 
 EPS = 1e-12                                      # every LayerNorm of DistilBERT (not a config knob)
 IGNORED = {
@@ -50,35 +42,33 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+def masked_lm_head(cfg: ModelConfig) -> bool:
+    return cfg.lm_head
 
-    def lin(name: str, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-        return linear_T(store, f"{name}.weight", n_in, n_out, dtype), store.get(f"{name}.bias", (n_out,), dtype)
 
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
+HEAD = "vocab_transform.weight"        # a checkpoint that holds it has the masked-LM head
 
-    def block(i: int) -> BlockWeights:
-        p = f"transformer.layer.{i}"
-        (W_Q, b_Q), (W_K, b_K), (W_V, b_V), (W_O, b_O) = (lin(f"{p}.attention.{n}_lin", d, d)
-                                                          for n in ("q", "k", "v", "out"))
-        (W_in, b_in), (W_out, b_out) = lin(f"{p}.ffn.lin1", d, f), lin(f"{p}.ffn.lin2", f, d)
-        return BlockWeights(
-            attn_norm=norm(f"{p}.sa_layer_norm"),
-            attn=AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=b_O),
-            ffn_norm=norm(f"{p}.output_layer_norm"), ffn=FFNWeights(W_in=W_in, W_out=W_out, b_in=b_in, b_out=b_out))
-
-    w = Weights(tok_embed=store.get("embeddings.word_embeddings.weight", (V, d), dtype),
-                pos_embed=store.get("embeddings.position_embeddings.weight", (cfg.max_positions, d), dtype),
-                embed_norm=norm("embeddings.LayerNorm"), blocks=[block(i) for i in range(cfg.n_layers)])
-    if cfg.lm_head or store.has("vocab_transform.weight"):        # DistilBertForMaskedLM
-        w.W_head, w.b_head = lin("vocab_transform", d, d)
-        w.head_norm = norm("vocab_layer_norm")
-        w.W_vocab = w.tok_embed.T if cfg.tied_embeddings and not store.has("vocab_projector.weight") else \
-            linear_T(store, "vocab_projector.weight", d, V, dtype)
-        w.b_vocab = store.get("vocab_projector.bias", (V,), dtype)
-    return w
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one; with the head, the encoder's
+# names are under "distilbert." and the head's beside it.
+ROWS = [
+    Row("tok_embed", "embeddings.word_embeddings.weight", "V d"),
+    Row("pos_embed", "embeddings.position_embeddings.weight", "P d"),
+    *layer_norm("embed_norm", "embeddings.LayerNorm"),
+    *linear("block.attn.W_Q", "transformer.layer.{i}.attention.q_lin", "d q", "block.attn.b_Q"),
+    *linear("block.attn.W_K", "transformer.layer.{i}.attention.k_lin", "d kv", "block.attn.b_K"),
+    *linear("block.attn.W_V", "transformer.layer.{i}.attention.v_lin", "d kv", "block.attn.b_V"),
+    *linear("block.attn.W_O", "transformer.layer.{i}.attention.out_lin", "q d", "block.attn.b_O"),
+    *layer_norm("block.attn_norm", "transformer.layer.{i}.sa_layer_norm"),
+    *linear("block.ffn.W_in", "transformer.layer.{i}.ffn.lin1", "d f", "block.ffn.b_in"),
+    *linear("block.ffn.W_out", "transformer.layer.{i}.ffn.lin2", "f d", "block.ffn.b_out"),
+    *layer_norm("block.ffn_norm", "transformer.layer.{i}.output_layer_norm"),
+    *linear("W_head", "vocab_transform", "d d", "b_head", when=masked_lm_head),
+    *layer_norm("head_norm", "vocab_layer_norm", when=masked_lm_head),
+    Row("W_vocab", "vocab_projector.weight", "d V", Head(), masked_lm_head),
+    Row("b_vocab", "vocab_projector.bias", "V", when=masked_lm_head),
+]
+ROWS = [replace(r, root=True, also=HEAD) if r.hf.startswith("vocab_") else r for r in ROWS]
+weights, tensors = both_ways(ROWS, lambda w: "" if w.W_head is None else "distilbert.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -91,27 +81,3 @@ def hf_config(cfg: ModelConfig) -> dict:
         "tie_word_embeddings": cfg.tied_embeddings, "dropout": 0.0, "attention_dropout": 0.0,
         "pad_token_id": cfg.pad_token_id,
     }, config)
-
-
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under DistilBertModel's names ("distilbert." + them and the head's with one); new arrays."""
-    e = "embeddings"
-    t = {f"{e}.word_embeddings.weight": weights.tok_embed, f"{e}.position_embeddings.weight": weights.pos_embed,
-         f"{e}.LayerNorm.weight": weights.embed_norm.weight, f"{e}.LayerNorm.bias": weights.embed_norm.bias}
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.layer.{i}", b.attn, b.ffn
-        for n, W, bias in (("q", a.W_Q, a.b_Q), ("k", a.W_K, a.b_K), ("v", a.W_V, a.b_V), ("out", a.W_O, a.b_O)):
-            t |= {f"{p}.attention.{n}_lin.weight": W.T, f"{p}.attention.{n}_lin.bias": bias}       # (d, d)
-        t |= {f"{p}.ffn.lin1.weight": f.W_in.T, f"{p}.ffn.lin1.bias": f.b_in,                     # (d_ff, d)
-              f"{p}.ffn.lin2.weight": f.W_out.T, f"{p}.ffn.lin2.bias": f.b_out,                   # (d, d_ff)
-              f"{p}.sa_layer_norm.weight": b.attn_norm.weight, f"{p}.sa_layer_norm.bias": b.attn_norm.bias,
-              f"{p}.output_layer_norm.weight": b.ffn_norm.weight, f"{p}.output_layer_norm.bias": b.ffn_norm.bias}
-    if weights.W_head is None:
-        return c_arrays(t)
-    t = {f"distilbert.{k}": v for k, v in t.items()}
-    t |= {"vocab_transform.weight": weights.W_head.T, "vocab_transform.bias": weights.b_head,
-          "vocab_layer_norm.weight": weights.head_norm.weight, "vocab_layer_norm.bias": weights.head_norm.bias,
-          "vocab_projector.bias": weights.b_vocab}
-    if not cfg.tied_embeddings:
-        t["vocab_projector.weight"] = weights.W_vocab.T                                          # (V, d)
-    return c_arrays(t)

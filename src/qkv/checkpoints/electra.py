@@ -1,12 +1,7 @@
 """ELECTRA (discriminator and generator): BERT's blocks after embeddings of their own width E, projected.
 
-    checkpoint name (relative to ElectraModel)     qkv name
-    embeddings.word_embeddings / position_embeddings / token_type_embeddings   tok_embed / pos_embed / type_embed (E wide)
-    embeddings.LayerNorm                           embed_norm (over E)
-    embeddings_project (when E ≠ hidden_size)      W_embed, b_embed: (E, d_model), after the norm
-    encoder.layer.{i}.…                            BERT's names (bert.py), post-norm
-    generator_predictions.dense, .LayerNorm        W_head (d_model, E), b_head, head_norm: Norm(gelu(Z·W_head + b))
-    generator_lm_head (weight absent when tied)    W_vocab (E, V) (tied: tok_embedᵀ), b_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to ElectraModel) beside ours and how it is stored, read
+both ways (loading and saving).
 The generator (ElectraForMaskedLM) gives logits over the vocabulary. The discriminator's head
 (ElectraForPreTraining: discriminator_predictions) scores each token as replaced or not, one number
 per token and no vocabulary, so qkv leaves it unread (IGNORED) and gives the discriminator's hidden
@@ -15,14 +10,16 @@ states, as for ElectraModel. `hf_config` / `tensors` write an ElectraModel or El
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
+
 
 from ..core.config import ModelConfig
-from ..core.weights import Weights
 from . import bert
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm, refuse_decoder
-from .tensors import TensorStore
+from .table import Head, Row, both_ways, linear
+
+MODEL_TYPES = ("electra",)
 
 IGNORED = {
     "embeddings.position_ids": "the positions 0…P−1, a buffer older transformers saved",
@@ -52,26 +49,29 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, V, E = cfg.d_model, cfg.vocab_size, cfg.embed_dim or cfg.d_model
-    w = Weights(
-        tok_embed=store.get("embeddings.word_embeddings.weight", (V, E), dtype),
-        pos_embed=store.get("embeddings.position_embeddings.weight", (cfg.max_positions, E), dtype),
-        type_embed=store.get("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, E), dtype),
-        embed_norm=bert.norm_of(store, "embeddings.LayerNorm", E, dtype),
-        blocks=bert.blocks(store, cfg, dtype),
-    )
-    if cfg.embed_dim is not None:
-        w.W_embed = linear_T(store, "embeddings_project.weight", E, d, dtype)          # (E, d_model)
-        w.b_embed = store.get("embeddings_project.bias", (d,), dtype)
-    if cfg.lm_head or store.has("generator_predictions.dense.weight"):             # ElectraForMaskedLM
-        w.W_head = linear_T(store, "generator_predictions.dense.weight", d, E, dtype)   # (d_model, E)
-        w.b_head = store.get("generator_predictions.dense.bias", (E,), dtype)
-        w.head_norm = bert.norm_of(store, "generator_predictions.LayerNorm", E, dtype)
-        w.W_vocab = w.tok_embed.T if cfg.tied_embeddings and not store.has("generator_lm_head.weight") else \
-            linear_T(store, "generator_lm_head.weight", E, V, dtype)                    # (E, V)
-        w.b_vocab = store.get("generator_lm_head.bias", (V,), dtype)
-    return w
+def projected(cfg: ModelConfig) -> bool:
+    return cfg.embed_dim is not None
+
+
+def masked_lm_head(cfg: ModelConfig) -> bool:
+    return cfg.lm_head
+
+
+HEAD = "generator_predictions.dense.weight"   # a checkpoint that holds it has the generator's head
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. BERT's embeddings (E wide)
+# and blocks, the embeddings projected to d_model when E ≠ d_model, then ElectraForMaskedLM's generator head
+# (beside the encoder, "electra.").
+ROWS = [
+    *bert.ROWS,
+    *linear("W_embed", "embeddings_project", "E d", "b_embed", when=projected),
+    *linear("W_head", "generator_predictions.dense", "d E", "b_head", when=masked_lm_head),
+    *bert.layer_norm("head_norm", "generator_predictions.LayerNorm", "E", when=masked_lm_head),
+    Row("W_vocab", "generator_lm_head.weight", "E V", Head(), masked_lm_head),
+    Row("b_vocab", "generator_lm_head.bias", "V", when=masked_lm_head),
+]
+ROWS = [replace(r, root=True, also=HEAD) if r.hf.startswith("generator_") else r for r in ROWS]
+weights, tensors = both_ways(ROWS, lambda w: "" if w.W_head is None else "electra.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -85,19 +85,3 @@ def hf_config(cfg: ModelConfig) -> dict:
         "tie_word_embeddings": cfg.tied_embeddings, "is_decoder": False,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "pad_token_id": cfg.pad_token_id,
     }, config)
-
-
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under ElectraModel's names ("electra." + them and the generator head's with one); new arrays."""
-    t = dict(bert.tensors(weights, cfg))
-    if weights.W_embed is not None:
-        t |= {"embeddings_project.weight": weights.W_embed.T, "embeddings_project.bias": weights.b_embed}   # (d, E)
-    if weights.W_head is None:
-        return c_arrays(t)
-    t = {f"electra.{k}": v for k, v in t.items()}
-    t |= {"generator_predictions.dense.weight": weights.W_head.T, "generator_predictions.dense.bias": weights.b_head,
-          "generator_predictions.LayerNorm.weight": weights.head_norm.weight,
-          "generator_predictions.LayerNorm.bias": weights.head_norm.bias, "generator_lm_head.bias": weights.b_vocab}
-    if not cfg.tied_embeddings:
-        t["generator_lm_head.weight"] = weights.W_vocab.T                                  # (V, E)
-    return c_arrays(t)

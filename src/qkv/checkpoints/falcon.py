@@ -1,19 +1,7 @@
 """Falcon: a fused Q/K/V in three layouts, parallel attention and FFN, RoPE or ALiBi, biases or none.
 
-    checkpoint name (relative to FalconModel)        qkv name
-    word_embeddings                                  tok_embed
-    h.{i}.input_layernorm                            attn_norm (one norm: read by both parallel branches,
-                                                     ffn_norm None; or the first of a sequential block)
-    h.{i}.ln_attn / ln_mlp                           attn_norm / ffn_norm (new architecture, two norms)
-    h.{i}.post_attention_layernorm                   ffn_norm (sequential: parallel_attn false)
-    h.{i}.self_attention.query_key_value             W_Q / W_K / W_V (b_Q, b_K, b_V with bias), rows:
-        new_decoder_architecture: per K/V head g, its G query heads, then k, then v: (Hkv, G + 2, d_k)
-        multi_query: the H query heads, then one k and one v: (H + 2, d_k)   (Hkv = 1)
-        else: per head [q | k | v]: (H, 3, d_k)                                (Hkv = H)
-    h.{i}.self_attention.dense                       W_O
-    h.{i}.mlp.dense_h_to_4h / dense_4h_to_h          W_in / W_out (d_ff = ffn_hidden_size)
-    ln_f                                             final_norm
-    lm_head (beside FalconModel; absent when tied)   W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to FalconModel) beside ours and how it is stored, read
+both ways (loading and saving).
 
 A block: x + Attn(Norm₁ x) + FFN(Norm₂ x) (new architecture, num_ln_in_parallel_attn 2), x + Attn(N x) + FFN(N x)
 (one norm: Falcon-7B's parallel_attn, or num_ln_in_parallel_attn 1), or sequential (parallel_attn false).
@@ -25,13 +13,12 @@ a parallel model as the new architecture. Dropouts are training's.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
+from .table import BY_GROUP, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head, qkv_bias
+
+MODEL_TYPES = ("falcon",)
 
 # Tensors a Falcon checkpoint may hold that qkv never reads, relative to FalconModel.
 IGNORED = {
@@ -94,41 +81,34 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, H, Hkv, dk = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-    G = H // Hkv
+def _sequential(cfg: ModelConfig) -> bool:             # a norm before each box
+    return not cfg.parallel_residual
 
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
 
-    def bias(name: str, size: int) -> np.ndarray | None:
-        return store.get(name, (size,), dtype) if cfg.qkv_bias else None
+def _one_norm(cfg: ModelConfig) -> bool:               # parallel, one norm read by both boxes (Falcon-7B)
+    return cfg.parallel_residual and cfg.shared_norm
 
-    def block(i: int) -> BlockWeights:
-        p, a, m = f"h.{i}", f"h.{i}.self_attention", f"h.{i}.mlp"
-        qkv = store.get(f"{a}.query_key_value.weight", ((H + 2 * Hkv) * dk, d), dtype).reshape(Hkv, G + 2, dk, d)
-        W_Q = np.ascontiguousarray(qkv[:, :G].reshape(H * dk, d).T)                   # (d, H·d_k)
-        W_K, W_V = (np.ascontiguousarray(qkv[:, j].reshape(Hkv * dk, d).T) for j in (G, G + 1))   # (d, Hkv·d_k)
-        b_Q = b_K = b_V = None
-        if cfg.qkv_bias:
-            qkv_b = bias(f"{a}.query_key_value.bias", (H + 2 * Hkv) * dk).reshape(Hkv, G + 2, dk)
-            b_Q = np.ascontiguousarray(qkv_b[:, :G].reshape(H * dk))
-            b_K, b_V = (np.ascontiguousarray(qkv_b[:, j].reshape(Hkv * dk)) for j in (G, G + 1))
-        attn = AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
-                                W_O=linear_T(store, f"{a}.dense.weight", H * dk, d, dtype), b_O=bias(f"{a}.dense.bias", d))
-        ffn = FFNWeights(W_in=linear_T(store, f"{m}.dense_h_to_4h.weight", d, f, dtype), b_in=bias(f"{m}.dense_h_to_4h.bias", f),
-                         W_out=linear_T(store, f"{m}.dense_4h_to_h.weight", f, d, dtype), b_out=bias(f"{m}.dense_4h_to_h.bias", d))
-        if not cfg.parallel_residual:
-            return BlockWeights(attn_norm=norm(f"{p}.input_layernorm"), attn=attn,
-                                ffn_norm=norm(f"{p}.post_attention_layernorm"), ffn=ffn)
-        if cfg.shared_norm:
-            return BlockWeights(attn_norm=norm(f"{p}.input_layernorm"), attn=attn, ffn_norm=None, ffn=ffn)
-        return BlockWeights(attn_norm=norm(f"{p}.ln_attn"), attn=attn, ffn_norm=norm(f"{p}.ln_mlp"), ffn=ffn)
 
-    tok = store.get("word_embeddings.weight", (cfg.vocab_size, d), dtype)
-    W_vocab = tok.T if cfg.tied_embeddings else linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("ln_f"),
-                   W_vocab=W_vocab)
+def _two_norms(cfg: ModelConfig) -> bool:              # parallel, a norm each (Falcon-40B's ln_attn, ln_mlp)
+    return cfg.parallel_residual and not cfg.shared_norm
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. query_key_value's rows go
+# by K/V group (its query heads, its k, its v); `bias`: every linear map's bias, or none.
+ROWS = [
+    Row("tok_embed", "word_embeddings.weight", "V d"),
+    *layer_norm("block.attn_norm", "h.{i}.input_layernorm", when=lambda cfg: not _two_norms(cfg)),
+    *layer_norm("block.ffn_norm", "h.{i}.post_attention_layernorm", when=_sequential),
+    *layer_norm("block.attn_norm", "h.{i}.ln_attn", when=_two_norms),
+    *layer_norm("block.ffn_norm", "h.{i}.ln_mlp", when=_two_norms),
+    *fused_qkv("h.{i}.self_attention.query_key_value", BY_GROUP, qkv_bias),
+    *linear("block.attn.W_O", "h.{i}.self_attention.dense", "q d", "block.attn.b_O", qkv_bias),
+    *linear("block.ffn.W_in", "h.{i}.mlp.dense_h_to_4h", "d f", "block.ffn.b_in", qkv_bias),
+    *linear("block.ffn.W_out", "h.{i}.mlp.dense_4h_to_h", "f d", "block.ffn.b_out", qkv_bias),
+    *layer_norm("final_norm", "ln_f"),
+    lm_head(prefer_stored=False),
+]
+weights, tensors = both_ways(ROWS, "transformer.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -136,14 +116,13 @@ def hf_config(cfg: ModelConfig) -> dict:
     (num_kv_heads, num_ln_in_parallel_attn 1 or 2), a sequential one as multi_query (one K/V head) or not."""
     if cfg.position not in ("rope", "alibi"):
         raise QkvError(f"a falcon config.json cannot hold position={cfg.position!r}; use rope or alibi")
-    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
     hf = {
         "model_type": "falcon", "architectures": ["FalconForCausalLM"],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_kv_heads": cfg.n_kv_heads, "ffn_hidden_size": cfg.d_ff,
         "max_position_embeddings": cfg.max_positions, "layer_norm_epsilon": cfg.norm_eps,
         "activation": HF_ACTIVATIONS[cfg.activation], "alibi": cfg.position == "alibi",
-        "rope_parameters": {**rope, "rope_theta": cfg.rope_theta}, "bias": cfg.qkv_bias,
+        "rope_parameters": rope_parameters(cfg), "bias": cfg.qkv_bias,
         "new_decoder_architecture": cfg.parallel_residual, "parallel_attn": cfg.parallel_residual,
         "multi_query": cfg.n_kv_heads == 1, "tie_word_embeddings": cfg.tied_embeddings,
         "hidden_dropout": 0.0, "attention_dropout": 0.0,
@@ -154,31 +133,25 @@ def hf_config(cfg: ModelConfig) -> dict:
     return reads_back(cfg, hf, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under FalconForCausalLM's names, as its file stores it (Linear: (out, in); Q/K/V rows
-    grouped by K/V head: the G query heads, k, v); new arrays. Tied: no lm_head."""
-    H, Hkv, dk, d = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-    G = H // Hkv
-    t = {"transformer.word_embeddings.weight": weights.tok_embed}                             # (V, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.h.{i}", b.attn, b.ffn
-        qkv = np.concatenate([a.W_Q.T.reshape(Hkv, G, dk, d), a.W_K.T.reshape(Hkv, 1, dk, d),
-                              a.W_V.T.reshape(Hkv, 1, dk, d)], axis=1)                          # (Hkv, G + 2, d_k, d)
-        t |= {
-            f"{p}.self_attention.query_key_value.weight": qkv.reshape(-1, d),
-            f"{p}.self_attention.dense.weight": a.W_O.T, f"{p}.self_attention.dense.bias": a.b_O,
-            f"{p}.mlp.dense_h_to_4h.weight": f.W_in.T, f"{p}.mlp.dense_h_to_4h.bias": f.b_in,
-            f"{p}.mlp.dense_4h_to_h.weight": f.W_out.T, f"{p}.mlp.dense_4h_to_h.bias": f.b_out,
-        }
-        if a.b_Q is not None:
-            t[f"{p}.self_attention.query_key_value.bias"] = np.concatenate(
-                [a.b_Q.reshape(Hkv, G, dk), a.b_K.reshape(Hkv, 1, dk), a.b_V.reshape(Hkv, 1, dk)], axis=1).reshape(-1)
-        names = (("input_layernorm", "post_attention_layernorm") if not cfg.parallel_residual else
-                 ("input_layernorm", None) if cfg.shared_norm else ("ln_attn", "ln_mlp"))
-        for name, w in zip(names, (b.attn_norm, b.ffn_norm)):
-            if name is not None:
-                t |= {f"{p}.{name}.weight": w.weight, f"{p}.{name}.bias": w.bias}
-    t |= {"transformer.ln_f.weight": weights.final_norm.weight, "transformer.ln_f.bias": weights.final_norm.bias}
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                                # (V, d)
-    return c_arrays(t)
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Falcon's config.json of a llama.cpp file (the norms' layout comes from the tensors: gguf.py)."""
+    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    if dk * H != d or dims["f"] != 4 * d:
+        raise QkvError(f"the GGUF falcon model has {H} heads of {dk} and d_ff {dims['f']} in d_model {d}; "
+                       "Falcon has d_model / heads per head and d_ff = 4·d_model; the file is damaged")
+    return {"hidden_size": d, "num_attention_heads": H, "num_kv_heads": Hkv, "num_hidden_layers": dims["L"],
+            "layer_norm_epsilon": dims["eps"], "ffn_hidden_size": dims["f"], "activation": "gelu",
+            "parallel_attn": True, "alibi": False, "bias": False, "max_position_embeddings": dims["n_ctx"],
+            "rope_theta": dims["theta"], "rope_parameters": {"rope_type": "default", "rope_theta": dims["theta"]},
+            "tie_word_embeddings": False}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table).
+GGUF = {
+    "falcon": Arch("falcon", "FalconForCausalLM",
+                   {"attn_norm": "input_layernorm", "attn_norm_2": "ln_attn",    # two norms: ln_mlp (hf_tensors)
+                    "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
+                    "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                   {"token_embd": "word_embeddings", "output_norm": "ln_f", "output": "lm_head"},
+                   norm="layer", norm_biases=True, layers="h", keys=("tensor_data_layout",), config=_gguf_config),
+}

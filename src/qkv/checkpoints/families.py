@@ -1,25 +1,32 @@
-"""The families qkv runs, by config.json's model_type: one module each (bert.py, gpt2.py, llama.py, moe.py;
-gpt_neox.py, gptj.py, phi.py, cohere.py, granite.py (Llama's table with its multipliers), …; the encoders
-roberta.py (and XLM-RoBERTa), distilbert.py, electra.py, modernbert.py; the image encoder vit.py;
-the encoder–decoders marian.py, bart.py, mbart.py, pegasus.py, t5.py, mt5.py, umt5.py, whisper.py (speech), whose weights are a Seq2SeqWeights of two stacks).
+"""The families qkv runs, by config.json's model_type: one module each, found here by itself (every module of this
+folder but MACHINERY that declares MODEL_TYPES is registered: a new family is one new file, listed nowhere).
 
-Every family module is a table between the checkpoint's names and ours, read both ways:
+A family module holds everything qkv knows of the family, as data where it can be:
 
+    MODEL_TYPES                          the config.json model_types it reads ("llama", "mistral", …)
     config(hf) -> ModelConfig            config.json → the knobs
-    weights(store, cfg, dtype) -> Weights   tensors by checkpoint name → the guide's names
     hf_config(cfg) -> dict               the knobs → config.json (reads back as cfg)
-    tensors(weights, cfg) -> dict        the guide's names → tensors under transformers' full names
+    ROWS                                 its tensor table (table.Row: our name ↔ the checkpoint's, how stored),
+    weights(store, cfg, dtype) -> Weights   read by it: tensors by checkpoint name → the guide's names
+    tensors(weights, cfg) -> dict           and written back by it: transformers' full names
     IGNORED                              the tensors a checkpoint may hold that `weights` never reads
+    GGUF                                 llama.cpp's architectures of the family (table.Arch), if any
 
-Here they meet: `config_of` picks the family of a config.json, `read_weights` reads a checkpoint
-strictly (every tensor read or IGNORED: an mBART checkpoint labelled BART is refused, not run with
-its extra layer norms dropped), `weights_from_tensors` builds Weights that are views of a dict of
-tensors (what training updates in place).
+(The encoder–decoders' two stacks are tables too, bart.stack_rows and t5.stack_rows; their shared embedding
+table and head, and Whisper's convolutions, are a few lines of code of their own.)
+
+Here they meet: `config_of` picks the family of a config.json, `read_weights` reads a checkpoint strictly
+(every tensor read or IGNORED: an mBART checkpoint labelled BART is refused, not run with its extra layer
+norms dropped), `weights_from_tensors` builds Weights that are views of a dict of tensors (what training
+updates in place).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -27,23 +34,46 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Weights
-from . import (bart, bert, bloom, cohere, distilbert, electra, falcon, gemma2, gpt2, gpt_neo, gpt_neox, gptj, granite,
-               llama, marian, mbart, modernbert, moe, mpt, mt5, opt, pegasus, phi, phi3, roberta, stablelm, starcoder2,
-               t5, umt5, vit, whisper)
 from .common import check_config, unread, unread_error
+from .table import Arch
 from .tensors import TensorDict, TensorStore
 
-FAMILIES: dict[str, ModuleType] = {"bert": bert, "gpt2": gpt2, "gpt_neox": gpt_neox, "llama": llama, "mistral": llama,
-                                   "qwen2": llama, "qwen3": llama, "gemma": llama, "olmo2": llama, "phi": phi,
-                                   "phi3": phi3, "stablelm": stablelm, "starcoder2": starcoder2, "opt": opt,
-                                   "mixtral": moe, "qwen2_moe": moe, "qwen3_moe": moe, "olmoe": moe,
-                                   "gptj": gptj, "cohere": cohere, "granite": granite,
-                                   "bloom": bloom, "falcon": falcon, "mpt": mpt,
-                                   "marian": marian, "bart": bart, "t5": t5, "mbart": mbart, "pegasus": pegasus,
-                                   "mt5": mt5, "umt5": umt5,
-                                   "gpt_neo": gpt_neo, "smollm3": llama, "gemma2": gemma2, "gemma3_text": gemma2,
-                                   "roberta": roberta, "xlm-roberta": roberta, "distilbert": distilbert, "electra": electra,
-                                   "modernbert": modernbert, "vit": vit, "whisper": whisper}
+# The modules of this folder that are not families: every other module is one, found here by its name
+# (a new family is a new file, listed nowhere).
+MACHINERY = {"common", "families", "gguf", "gguf_archs", "gguf_reader", "gguf_stored", "gguf_tokenizer", "save",
+             "table", "tensors"}
+
+FAMILIES: dict[str, ModuleType] = {}            # config.json model_type → its module
+GGUF_ARCHS: dict[str, Arch] = {}                # llama.cpp's general.architecture → its table
+
+
+def register(module: ModuleType) -> None:
+    """Make MODULE's families loadable, savable and initialisable: every model_type of its MODEL_TYPES, and
+    its llama.cpp architectures (GGUF, if it has any). A model_type or an architecture another module
+    already reads is a bug (two tables for one name), refused with a traceback."""
+    for kind in module.MODEL_TYPES:
+        assert FAMILIES.get(kind, module) is module, f"model_type {kind} is read by two modules"
+        FAMILIES[kind] = module
+    for name, arch in getattr(module, "GGUF", {}).items():
+        assert GGUF_ARCHS.get(name, arch) is arch, f"GGUF architecture {name} is read by two modules"
+        GGUF_ARCHS[name] = arch
+
+
+def discover(folder: Path, package: str) -> list[ModuleType]:
+    """Register every family module in FOLDER (the modules of PACKAGE there, but MACHINERY), in name order: those
+    that declare MODEL_TYPES. How this folder's families are found; a plug-in folder's would be the same call."""
+    found = []
+    for info in sorted(pkgutil.iter_modules([str(folder)]), key=lambda m: m.name):
+        if info.name in MACHINERY or info.ispkg:
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        if hasattr(module, "MODEL_TYPES"):
+            register(module)
+            found.append(module)
+    return found
+
+
+discover(Path(__file__).parent, __package__)
 
 
 def family_of(kind: str) -> ModuleType:

@@ -33,6 +33,9 @@ from ..runtime.errors import QkvError
 from ..core.positions import check_rope
 from . import llama
 from .common import check_config, reads_back
+from .table import LLAMA_LAYER, LLAMA_TOP, Arch, gguf_positive
+
+MODEL_TYPES = ("gemma2", "gemma3_text")
 
 IGNORED = llama.IGNORED
 weights = llama.weights
@@ -94,3 +97,28 @@ def hf_config(cfg: ModelConfig) -> dict:
 def hf_activation(cfg: ModelConfig) -> str:
     """Gemma's name of its activation (hidden_activation)."""
     return {"gelu_tanh": "gelu_pytorch_tanh"}.get(cfg.activation, llama.HF_ACTIVATIONS[cfg.activation])
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Gemma 2's config.json of a llama.cpp file: the soft-caps (llama.cpp's defaults 50 / 30) and the window from
+    the metadata, every other layer sliding (llama.cpp's pattern), Q·Kᵀ scaled by 1/√d_k (1/√(d_model / heads)
+    with 46 layers, llama.cpp's 27B)."""
+    caps = {k: gguf_positive(meta, a, k, default) for k, default in (("attn_logit_softcapping", 50.0),
+                                                                      ("final_logit_softcapping", 30.0))}
+    window = gguf_positive(meta, a, "attention.sliding_window")
+    L = dims["L"]
+    return hf | caps | {
+        "sliding_window": int(window), "query_pre_attn_scalar": dims["d"] // dims["H"] if L == 46 else dims["d_head"],
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)],
+        "attention_bias": False}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table).
+GGUF = {
+    "gemma2": Arch("gemma2", "Gemma2ForCausalLM",
+                   LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
+                                   "post_attention_norm": "post_attention_layernorm",
+                                   "post_ffw_norm": "post_feedforward_layernorm"}, LLAMA_TOP, plus_one=True,
+                   keys=("attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"),
+                   activation="gelu_pytorch_tanh", config=_gguf_config),
+}

@@ -11,8 +11,8 @@ quantised matrices as their blocks, in place). A float32 or float64 load adds mo
 every tensor dequantised to float32, once (`with_tensors`; about 2 s for SmolLM2-135M), and maps it
 like any other checkpoint. `QKV_CACHE=off` writes in a temporary directory instead.
 
-Architectures (checkpoints/gguf_archs.py has each one's table of metadata keys and tensor names, and
-what llama.cpp's converter changed that is undone here): `llama` (Llama, SmolLM2, and Mistral, which
+Architectures (each one's table of metadata keys and tensor names is in its family's module, GGUF = {…};
+gguf_archs.py reads them and undoes what llama.cpp's converter changed): `llama` (Llama, SmolLM2, and Mistral, which
 llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`, `phi2`,
 `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `phi3` (without
 LongRoPE), `command-r` (Cohere), `falcon`, `bloom` and `mpt` (ALiBi), and the mixtures `qwen2moe`,
@@ -344,7 +344,7 @@ def source_of(directory: Path) -> Path | None:
 
 
 def _source_json(directory: Path) -> dict:
-    """DIRECTORY's qkv_source.json, read bounded and checked (engine.io_json), or one QkvError."""
+    """DIRECTORY's qkv_source.json, read bounded and checked (runtime.io_json), or one QkvError."""
     return read_json(directory / "qkv_source.json", what=f"{directory / 'qkv_source.json'}", limit=SOURCE_LIMIT,
                      fix="remove that folder of qkv's GGUF cache: it is remade from the .gguf file")
 
@@ -359,7 +359,7 @@ def _vocab_size(directory: Path) -> int:
 
 def write_tensors(path: Path, out: Path) -> None:
     """OUT/model.safetensors: every tensor of GGUF file PATH dequantised to float32, in its Hugging Face
-    name and shape (written atomically: engine.io.write_atomic)."""
+    name and shape (written atomically: runtime.io.write_atomic)."""
     p = parse(path, vocab_size=_vocab_size(out))
     shapes = [(hf, hf_shape) for _, _, plan in p.plans for hf, hf_shape, _ in plan]
 
@@ -381,7 +381,7 @@ def convert(path: Path, out: Path) -> None:
 # ── the cache ───────────────────────────────────────────────────────────────────
 
 def cache_root() -> Path | None:
-    """Where converted GGUF files live: qkv's cache directory (engine.io.cache_dir: $QKV_CACHE, else
+    """Where converted GGUF files live: qkv's cache directory (runtime.io.cache_dir: $QKV_CACHE, else
     $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is 'off'."""
     return cache_dir()
 
@@ -429,7 +429,7 @@ def _glob_escape(text: str) -> str:
 def described(path: str | os.PathLike) -> Path:
     """The Hugging Face directory of a GGUF file without its tensors (config.json, the tokenizer): from
     the cache, or written now (atomically: into a private temporary directory, then renamed into place:
-    engine.io.write_directory). A stored load reads the tensors from the GGUF file itself."""
+    runtime.io.write_directory). A stored load reads the tensors from the GGUF file itself."""
     path = Path(path)
     check_file(path)
     root = cache_root()

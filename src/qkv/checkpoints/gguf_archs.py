@@ -1,6 +1,8 @@
-"""llama.cpp's architectures, each as a table: GGUF metadata → config.json, GGUF tensors → the
-Hugging Face tensors the family module reads (checkpoints/<family>.py), with the few changes
-llama.cpp's converter (convert_hf_to_gguf.py) made undone.
+"""llama.cpp's architectures read: GGUF metadata → config.json, GGUF tensors → the Hugging Face tensors the
+family module reads, with the few changes llama.cpp's converter (convert_hf_to_gguf.py) made undone. Each
+architecture's table (table.Arch: its tensor names by GGUF part, its metadata keys, which of the changes below
+it has) lives in its family's module (GGUF = {…} in llama.py, gpt2.py, moe.py, …; families.py gathers them);
+here is the machinery they share.
 
     GGUF arch    family    what the converter changed, undone here
     llama        llama     Q, K rows of each head interleaved (LlamaModel.permute) for its RoPE
@@ -54,23 +56,6 @@ mlp_only_layers / decoder_sparse_step; norm_topk_prob, fixed per arch in llama.c
 RMSNorm eps, written as 1e-5 whatever the directory says; Mixtral's sliding window) cannot be read
 back: the config written here is llama.cpp's model (every layer routed, its renormalisation, no window).
 
-Tensor names by GGUF part (blk.{i}.<part>.weight / .bias), each arch its own column:
-
-    GGUF part            llama / qwen2 / qwen3 / gemma / olmo2     phi2                gptneox                      gpt2
-    token_embd           embed_tokens                              embed_tokens        embed_in                     wte
-    position_embd        -                                         -                   -                            wpe
-    attn_norm            input_layernorm (olmo2: none)             input_layernorm     input_layernorm              ln_1
-    attn_q / k / v       self_attn.q_proj / k_proj / v_proj        self_attn.q/k/v_proj  -                          -
-    attn_qkv             -                                         (split to q/k/v)    attention.query_key_value    attn.c_attn
-    attn_q_norm / k_norm self_attn.q_norm / k_norm (qwen3, olmo2)  -                   -                            -
-    attn_output          self_attn.o_proj                          self_attn.dense     attention.dense              attn.c_proj
-    post_attention_norm  post_attention_layernorm (olmo2)          -                   -                            -
-    ffn_norm             post_attention_layernorm                  -                   post_attention_layernorm     ln_2
-    ffn_gate / up / down mlp.gate_proj / up_proj / down_proj       mlp.fc1 / fc2       mlp.dense_h_to_4h / 4h_to_h  mlp.c_fc / c_proj
-    post_ffw_norm        post_feedforward_layernorm (olmo2)        -                   -                            -
-    output_norm          norm                                      final_layernorm     final_layer_norm             ln_f
-    output               lm_head (absent: tied)                    lm_head             embed_out                    lm_head
-
 Metadata read (<a>: the arch): context_length, embedding_length, block_count, feed_forward_length,
 attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base (10000 when
 absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm; the whole head
@@ -86,135 +71,20 @@ the tanh form).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..runtime.errors import QkvError
+from .families import GGUF_ARCHS
+from .table import Arch
 
 Split = Callable[[np.ndarray], np.ndarray]
 
+# Every architecture's table, by general.architecture: each family module declares its own (GGUF = {…},
+# of table.Arch), and families.py gathers them.
+ARCHS: dict[str, Arch] = GGUF_ARCHS
 
-@dataclass(frozen=True)
-class Arch:
-    """One llama.cpp architecture: its family, tensor table and the converter's changes."""
-    family: str                         # config.json model_type
-    architecture: str                   # config.json architectures[0]
-    layer: dict[str, str]               # GGUF part of blk.{i} → Hugging Face name under layers.{i} / h.{i}
-    top: dict[str, str]                 # token_embd, output_norm, output (, position_embd) → names
-    norm: str = "rms"                   # "rms" (eps: layer_norm_rms_epsilon) or "layer" (layer_norm_epsilon)
-    biases: str = "none"                # "none", "all" (every linear), "qkv" (q/k/v always),
-                                        # "optional" (attention's, all or none: which, the file says)
-    norm_biases: bool = False           # LayerNorms with biases
-    permuted: bool = False              # llama: Q, K rows interleaved per head
-    plus_one: bool = False              # gemma: RMSNorm weights stored as 1 + w
-    transposed: tuple[str, ...] = ()    # gpt2: parts whose Hugging Face weight is (in, out)
-    partial_rope: bool = False          # rope.dimension_count may be less than the head
-    layers: str = "layers"              # Hugging Face's name of the block list
-    keys: tuple[str, ...] = ()          # <a>.* metadata keys of this arch beyond the common ones
-    experts: dict[str, str] | None = None   # MoE: GGUF part → Hugging Face name with {e}, the expert
-
-
-_LLAMA_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
-_LLAMA_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-
-_MOE = {"ffn_gate_inp": "mlp.gate"}
-_QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
-                 "ffn_down_exps": "mlp.experts.{e}.down_proj"}
-_ATTENTION = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_") or k == "ffn_norm"}
-EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-
-ARCHS: dict[str, Arch] = {
-    "llama": Arch("llama", "LlamaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="optional", permuted=True,
-                  keys=("tensor_data_layout",)),
-    "granite": Arch("granite", "GraniteForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, permuted=True,
-                    keys=("attention.scale", "embedding_scale", "residual_scale", "logit_scale")),
-    "phi3": Arch("phi3", "Phi3ForCausalLM",
-                 {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-                  "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
-                 _LLAMA_TOP, partial_rope=True, keys=("attention.sliding_window", "rope.scaling.attn_factor")),
-    "command-r": Arch("cohere", "CohereForCausalLM",
-                      {k: v for k, v in _LLAMA_LAYER.items() if k != "ffn_norm"} | _QK_NORMS,
-                      {"token_embd": "embed_tokens", "output_norm": "norm"}, norm="layer", keys=("logit_scale",)),
-    "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, biases="qkv"),
-    "qwen3": Arch("qwen3", "Qwen3ForCausalLM", _LLAMA_LAYER | _QK_NORMS, _LLAMA_TOP, biases="optional"),
-    "gemma": Arch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, _LLAMA_TOP, plus_one=True),
-    "gemma2": Arch("gemma2", "Gemma2ForCausalLM",
-                   _LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
-                                   "post_attention_norm": "post_attention_layernorm",
-                                   "post_ffw_norm": "post_feedforward_layernorm"}, _LLAMA_TOP, plus_one=True,
-                   keys=("attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window")),
-    "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
-                  {k: v for k, v in _LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | _QK_NORMS
-                  | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-                  _LLAMA_TOP),
-    "phi2": Arch("phi", "PhiForCausalLM",
-                 {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                  "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv",     # attn_qkv: split (hf_tensors)
-                  "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
-                 {"token_embd": "embed_tokens", "output_norm": "final_layernorm", "output": "lm_head"},
-                 norm="layer", biases="all", norm_biases=True, partial_rope=True),
-    "gptneox": Arch("gpt_neox", "GPTNeoXForCausalLM",
-                    {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value",
-                     "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm",
-                     "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
-                    {"token_embd": "embed_in", "output_norm": "final_layer_norm", "output": "embed_out"},
-                    norm="layer", biases="optional", norm_biases=True, partial_rope=True,
-                    keys=("use_parallel_residual",)),
-    "starcoder2": Arch("starcoder2", "Starcoder2ForCausalLM",
-                       {k: v for k, v in _LLAMA_LAYER.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")}
-                       | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}, _LLAMA_TOP,
-                       norm="layer", biases="optional", norm_biases=True),
-    "stablelm": Arch("stablelm", "StableLmForCausalLM",
-                     _LLAMA_LAYER | {"attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm"},
-                     _LLAMA_TOP, norm="layer", biases="optional", norm_biases=True, partial_rope=True,
-                     keys=("use_parallel_residual",)),
-    # llama.cpp writes Mixtral as 'llama' with <a>.expert_count; gguf.py reads such a file by this table.
-    "mixtral": Arch("mixtral", "MixtralForCausalLM", _ATTENTION | {"ffn_gate_inp": "block_sparse_moe.gate"},
-                    _LLAMA_TOP, permuted=True, keys=("tensor_data_layout",),
-                    experts={"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
-                             "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
-                             "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"}),
-    "qwen3moe": Arch("qwen3_moe", "Qwen3MoeForCausalLM", _ATTENTION | _QK_NORMS | _MOE, _LLAMA_TOP,
-                     keys=("expert_feed_forward_length",), experts=_QWEN_EXPERTS),
-    "qwen2moe": Arch("qwen2_moe", "Qwen2MoeForCausalLM",
-                     _ATTENTION | _MOE | {"ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-                                          "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-                                          "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                                          "ffn_down_shexp": "mlp.shared_expert.down_proj"},
-                     _LLAMA_TOP, biases="qkv", keys=("expert_feed_forward_length", "expert_shared_feed_forward_length"),
-                     experts=_QWEN_EXPERTS),
-    "olmoe": Arch("olmoe", "OlmoeForCausalLM", _ATTENTION | _QK_NORMS | _MOE, _LLAMA_TOP, experts=_QWEN_EXPERTS),
-    "bloom": Arch("bloom", "BloomForCausalLM",
-                  {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
-                   "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
-                   "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
-                  {"token_embd": "word_embeddings", "token_embd_norm": "word_embeddings_layernorm",
-                   "output_norm": "ln_f", "output": "lm_head"},
-                  norm="layer", biases="all", norm_biases=True, layers="h"),
-    "falcon": Arch("falcon", "FalconForCausalLM",
-                   {"attn_norm": "input_layernorm", "attn_norm_2": "ln_attn",    # two norms: ln_mlp (hf_tensors)
-                    "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
-                    "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
-                   {"token_embd": "word_embeddings", "output_norm": "ln_f", "output": "lm_head"},
-                   norm="layer", norm_biases=True, layers="h", keys=("tensor_data_layout",)),
-    "mpt": Arch("mpt", "MptForCausalLM",
-                {"attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
-                 "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"},
-                {"token_embd": "wte", "output_norm": "norm_f", "output": "lm_head"},
-                norm="layer", layers="blocks", keys=("attention.max_alibi_bias",)),
-    "gpt2": Arch("gpt2", "GPT2LMHeadModel",
-                 {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
-                  "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
-                 {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f", "output": "lm_head"},
-                 norm="layer", biases="all", norm_biases=True, layers="h",
-                 transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down")),
-}
 
 # <a>.* keys every arch may carry that qkv reads (or that change nothing it computes).
 COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
@@ -228,7 +98,8 @@ def arch_of(name) -> Arch:
     """The table of GGUF architecture NAME, or one error naming those qkv reads."""
     if name not in ARCHS:
         raise QkvError(f"GGUF architecture {name!r:.60} is not supported; qkv runs "
-                       f"{', '.join(a for a in ARCHS if a != 'mixtral')} (Mistral and Mixtral files are 'llama')")
+                       f"{', '.join(sorted(a for a in ARCHS if a != 'mixtral'))} (Mistral and Mixtral files are "
+                       "'llama')")
     return ARCHS[name]
 
 
@@ -244,9 +115,10 @@ def check_keys(meta: dict, a: str) -> None:
 
 def config(meta: dict, a: str, dims: dict) -> dict:
     """The arch's config.json keys (beyond model_type) from the metadata and the common `dims`
-    (d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims)."""
+    (d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims): a Llama-like config, then the family's own keys
+    (its Arch's `config`: its module's)."""
     arch = ARCHS[a]
-    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    d, H, dk = dims["d"], dims["H"], dims["d_head"]
     if arch.partial_rope:
         if not 0 < dims["rope_dims"] <= dk or dims["rope_dims"] % 2:
             raise QkvError(f"the GGUF model rotates {dims['rope_dims']} of {dk} dimensions per head; it must be "
@@ -254,111 +126,20 @@ def config(meta: dict, a: str, dims: dict) -> dict:
     elif dims["rope_dims"] != dk:
         raise QkvError(f"the GGUF model rotates {dims['rope_dims']} of {dk} dimensions per head (partial RoPE, "
                        f"or head counts that disagree with the file), which qkv does not run for {a}")
-    common = {"max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False}
-    if arch.family == "gpt2":
-        if Hkv != H or dk * H != d:
-            raise QkvError(f"the GGUF gpt2 model has {H} heads of {dk} and {Hkv} K/V heads in d_model {d}; GPT-2 "
-                           "has d_model / heads per head and no grouped K/V; the file is damaged")
-        return {"n_embd": d, "n_head": H, "n_layer": dims["L"], "n_inner": dims["f"], "n_positions": dims["n_ctx"],
-                "layer_norm_epsilon": dims["eps"], "activation_function": "gelu_new", "tie_word_embeddings": False}
-    if arch.family == "falcon":                                      # the norms' layout: from the tensors
-        if dk * H != d or dims["f"] != 4 * d:
-            raise QkvError(f"the GGUF falcon model has {H} heads of {dk} and d_ff {dims['f']} in d_model {d}; "
-                           "Falcon has d_model / heads per head and d_ff = 4·d_model; the file is damaged")
-        return {"hidden_size": d, "num_attention_heads": H, "num_kv_heads": Hkv, "num_hidden_layers": dims["L"],
-                "layer_norm_epsilon": dims["eps"], "ffn_hidden_size": dims["f"], "activation": "gelu",
-                "parallel_attn": True, "alibi": False, "bias": False, "max_position_embeddings": dims["n_ctx"],
-                "rope_theta": dims["theta"], "rope_parameters": {"rope_type": "default", "rope_theta": dims["theta"]},
-                "tie_word_embeddings": False}
-    if arch.family == "mpt":                                         # ALiBi: no RoPE keys
-        bias_max = meta.get("mpt.attention.max_alibi_bias", 8.0)
-        if Hkv != H or dk * H != d or dims["f"] != 4 * d or bias_max != 8:
-            raise QkvError(f"the GGUF mpt model has {H} heads of {dk}, {Hkv} K/V heads, d_ff {dims['f']} in d_model "
-                           f"{d} and ALiBi's maximum bias {bias_max!r:.10}; qkv runs MPT with d_model / heads per "
-                           "head, none grouped, d_ff = 4·d_model and ALiBi's bias 8")
-        return {"d_model": d, "n_heads": H, "n_layers": dims["L"], "expansion_ratio": 4, "max_seq_len": dims["n_ctx"],
-                "layer_norm_epsilon": dims["eps"], "no_bias": True, "tie_word_embeddings": False,
-                "attn_config": {"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
-                                "softmax_scale": None}}
-    if arch.family == "bloom":                                       # ALiBi: no RoPE keys
-        if Hkv != H or dk * H != d or dims["f"] != 4 * d:
-            raise QkvError(f"the GGUF bloom model has {H} heads of {dk}, {Hkv} K/V heads and d_ff {dims['f']} in "
-                           f"d_model {d}; BLOOM has d_model / heads per head, none grouped, d_ff = 4·d_model; the "
-                           "file is damaged")
-        return {"hidden_size": d, "n_head": H, "n_layer": dims["L"], "layer_norm_epsilon": dims["eps"],
-                "max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False,
-                "apply_residual_connection_post_layernorm": False}
     rope = {"rope_type": "default", "rope_theta": dims["theta"]}
-    hf = common | {"hidden_size": d, "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": dk,
-                   "num_hidden_layers": dims["L"], "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
-    if arch.norm == "rms":
-        hf["rms_norm_eps"] = dims["eps"]
-    else:
-        hf["norm_epsilon" if arch.family == "starcoder2" else "layer_norm_eps"] = dims["eps"]
-    if a == "phi3" and (meta.get(f"{a}.rope.scaling.attn_factor") is not None or
-                        meta.get(f"{a}.rope.scaling.type") not in (None, "none")):
-        raise QkvError(f"the GGUF phi3 model uses LongRoPE (rope_factors_long / short), which qkv does not read from "
-                       "GGUF; load the Hugging Face checkpoint instead")
-    if arch.family in ("phi", "gpt_neox", "stablelm", "phi3"):
+    hf = {"max_position_embeddings": dims["n_ctx"], "tie_word_embeddings": False, "hidden_size": d,
+          "num_attention_heads": H, "num_key_value_heads": dims["Hkv"], "head_dim": dk, "num_hidden_layers": dims["L"],
+          "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
+    hf[arch.eps_key or ("rms_norm_eps" if arch.norm == "rms" else "layer_norm_eps")] = dims["eps"]
+    if arch.partial_rope:                                            # d_model / heads per head, part of it turned
         if dk * H != d:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
         rope["partial_rotary_factor"] = dims["rope_dims"] / dk
         hf.pop("head_dim")
-    if arch.family in ("gpt_neox", "stablelm"):
-        parallel = meta.get(f"{a}.use_parallel_residual", True)
-        if not isinstance(parallel, bool):
-            raise QkvError(f"the GGUF value {a}.use_parallel_residual = {parallel!r:.20} is not true or false; the "
-                           "file is damaged")
-        dims["parallel"] = hf["use_parallel_residual"] = parallel
-    if arch.family == "gpt_neox":
-        if Hkv != H:
-            raise QkvError(f"the GGUF gptneox model has {Hkv} K/V heads for {H} heads; GPT-NeoX has none grouped; "
-                           "the file is damaged")
-        hf |= {"hidden_act": "gelu", "rotary_emb_base": dims["theta"],
-               "rotary_pct": rope["partial_rotary_factor"]}
-        hf.pop("num_key_value_heads")
-    hf["rope_parameters"] = rope
-    hf["hidden_act"] = {"gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh", "phi": "gelu_new",
-                        "gpt_neox": "gelu", "starcoder2": "gelu_pytorch_tanh"}.get(arch.family, "silu")
-    if arch.family == "phi":
-        hf["qk_layernorm"] = False
-    if arch.family == "granite":                                     # llama.cpp: kq_scale = scale or 1/√d_k
-        scale = {k: meta.get(f"{a}.{k}") for k in ("attention.scale", "embedding_scale", "residual_scale",
-                                                   "logit_scale")}
-        for key, value in scale.items():
-            zero_ok = key == "attention.scale"                       # 0: llama.cpp's 1/√d_k
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not np.isfinite(value) or value < 0 or (value == 0 and not zero_ok)):
-                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is "
-                               "damaged")
-        hf |= {"attention_multiplier": float(scale["attention.scale"] or 1 / np.sqrt(dk)),
-               "embedding_multiplier": float(scale["embedding_scale"] or 1.0),
-               "residual_multiplier": float(scale["residual_scale"] or 1.0),
-               "logits_scaling": float(scale["logit_scale"] or 1.0), "mlp_bias": False, "attention_bias": False}
-        hf.pop("rope_theta")
-    if arch.family in ("qwen2", "qwen3"):
-        hf |= {"use_sliding_window": False, "sliding_window": None}
-    if arch.family == "gemma2":                                      # llama.cpp's defaults: caps 50 / 30
-        caps = {k: meta.get(f"{a}.{k}", default) for k, default in (("attn_logit_softcapping", 50.0),
-                                                                     ("final_logit_softcapping", 30.0))}
-        window = meta.get(f"{a}.attention.sliding_window")
-        for key, value in caps.items() | {("attention.sliding_window", window)}:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-                raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is missing or not a positive number; "
-                               "the file is damaged")
-        hf |= {k: float(v) for k, v in caps.items()} | {
-            "sliding_window": int(window), "query_pre_attn_scalar": d // H if dims["L"] == 46 else dk,
-            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(dims["L"])],
-            "attention_bias": False}
-    if arch.family == "cohere":                                      # llama.cpp requires logit_scale
-        scale = meta.get(f"{a}.logit_scale")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
-            raise QkvError(f"the GGUF value {a}.logit_scale = {scale!r:.30} is missing or not a positive number; "
-                           "the file is damaged")
-        hf |= {"logit_scale": float(scale), "attention_bias": False}
-    if arch.family in ("starcoder2", "phi3"):                        # llama.cpp runs every layer in full
-        hf["sliding_window"] = None
+    hf |= {"rope_parameters": rope, "hidden_act": arch.activation}
+    if arch.config is not None:
+        hf = arch.config(meta, a, dims, hf)
     if arch.experts:
         hf |= moe_config(arch.family, dims)
     return hf

@@ -1,9 +1,9 @@
 """A GGUF file's tensors read in place (a stored load, GGUF's default): its quantised matrices as the
-file's own blocks (engine.stored), everything else dequantised to float32 when it is read.
+file's own blocks (runtime.stored), everything else dequantised to float32 when it is read.
 
 `GGUFTensors(directory)` is a tensor store (the interface of tensors.TensorStore) over the GGUF file a
 described directory stands for (gguf.described: config.json and the tokenizer, no model.safetensors).
-A matrix the file holds as one of engine.stored.KINDS is answered as a `StoredTable` (its (out, in) rows
+A matrix the file holds as one of runtime.stored.KINDS is answered as a `StoredTable` (its (out, in) rows
 as blocks, views of the file's memory map; `.T` the StoredMatrix W the loaders take). The converter's
 row changes (`gguf_archs.hf_tensors`: Q/K un-permuted, fused rows split) are applied to the rows'
 numbers, never to the values. Norms, biases and float matrices are dequantised as they are read, so
@@ -95,7 +95,7 @@ class HalfTensors:
     """A tensor store whose matrices (2-D tensors) are held in 16 bits: `qkv.load(..., dtype="bfloat16")`,
     "float16", or "stored" for a safetensors checkpoint (kept as the file has them: 16-bit matrices as
     their bytes, float32 ones as they are). A matrix the file holds in the asked kind is its own bytes,
-    mapped (TensorStore.get_stored); any other is rounded into that kind once (engine.stored.half_bytes).
+    mapped (TensorStore.get_stored); any other is rounded into that kind once (runtime.stored.half_bytes).
     Vectors (norms, biases) stay float32."""
 
     def __init__(self, store, kind: str | None):

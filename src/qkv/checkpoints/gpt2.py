@@ -1,29 +1,21 @@
 """GPT-2: pre-norm, learned positions, tanh GELU, W_vocab tied to the embeddings.
 
-    checkpoint name (relative to GPT2Model)   qkv name
-    wte / wpe                                 tok_embed / pos_embed
-    h.{i}.ln_1                                attn_norm (before attention)
-    h.{i}.attn.c_attn   [W_Q | W_K | W_V]     split in three column blocks (views)
-    h.{i}.attn.c_proj                         W_O
-    h.{i}.ln_2                                ffn_norm
-    h.{i}.mlp.c_fc / mlp.c_proj               W_in / W_out
-    ln_f                                      final_norm
-    lm_head (only if untied)                  W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to GPT2Model) beside ours and how it is stored, read
+both ways (loading and saving).
 GPT-2's Conv1D stores weights (in, out), already the way we multiply: no transpose.
 `config` / `weights` read a checkpoint by this table; `hf_config` / `tensors` write one, under
-GPT2LMHeadModel's names ("transformer." + the name above; the head is "lm_head").
+GPT2LMHeadModel's names ("transformer." + the names in ROWS; the head is "lm_head").
 An attention-only model (d_ff = 0) keeps c_fc (d, 0), c_proj (0, d) and its bias b_out.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, columns, conv1d, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .table import CONV1D, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
+
+MODEL_TYPES = ("gpt2",)                  # the config.json model_type this module reads (families.py finds it)
 
 # Tensors a GPT-2 checkpoint may hold that qkv never reads ({i}: a layer), relative to GPT2Model.
 IGNORED = {
@@ -52,37 +44,38 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f = cfg.d_model, cfg.d_ff
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one.
+ROWS = [
+    Row("tok_embed", "wte.weight", "V d"),
+    Row("pos_embed", "wpe.weight", "P d"),
+    *layer_norm("block.attn_norm", "h.{i}.ln_1"),
+    *fused_qkv("h.{i}.attn.c_attn", CONV1D, True),                     # (d, 3d) = [W_Q | W_K | W_V]
+    *linear("block.attn.W_O", "h.{i}.attn.c_proj", "q d", "block.attn.b_O", how=CONV1D),
+    *layer_norm("block.ffn_norm", "h.{i}.ln_2"),
+    *linear("block.ffn.W_in", "h.{i}.mlp.c_fc", "d f", "block.ffn.b_in", how=CONV1D),
+    *linear("block.ffn.W_out", "h.{i}.mlp.c_proj", "f d", "block.ffn.b_out", how=CONV1D),
+    *layer_norm("final_norm", "ln_f"),
+    lm_head(prefer_stored=False, absent_ties=True),
+]
+weights, tensors = both_ways(ROWS, "transformer.")
 
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """GPT-2's config.json of a llama.cpp file: its own key names, d_model / heads per head, no RoPE."""
+    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    if Hkv != H or dk * H != d:
+        raise QkvError(f"the GGUF gpt2 model has {H} heads of {dk} and {Hkv} K/V heads in d_model {d}; GPT-2 "
+                       "has d_model / heads per head and no grouped K/V; the file is damaged")
+    return {"n_embd": d, "n_head": H, "n_layer": dims["L"], "n_inner": dims["f"], "n_positions": dims["n_ctx"],
+            "layer_norm_epsilon": dims["eps"], "activation_function": "gelu_new", "tie_word_embeddings": False}
 
-    def block(i: int) -> BlockWeights:
-        p = f"h.{i}"
-        qkv = conv1d(store, f"{p}.attn.c_attn.weight", d, 3 * d, dtype)   # (d, 3d) = [W_Q | W_K | W_V]
-        qkv_b = store.get(f"{p}.attn.c_attn.bias", (3 * d,), dtype)
-        attn = AttentionWeights(
-            W_Q=columns(qkv, 0, d), W_K=columns(qkv, d, 2 * d), W_V=columns(qkv, 2 * d, 3 * d),
-            b_Q=qkv_b[:d], b_K=qkv_b[d:2 * d], b_V=qkv_b[2 * d:],
-            W_O=conv1d(store, f"{p}.attn.c_proj.weight", d, d, dtype),
-            b_O=store.get(f"{p}.attn.c_proj.bias", (d,), dtype),
-        )
-        ffn = FFNWeights(
-            W_in=conv1d(store, f"{p}.mlp.c_fc.weight", d, f, dtype), b_in=store.get(f"{p}.mlp.c_fc.bias", (f,), dtype),
-            W_out=conv1d(store, f"{p}.mlp.c_proj.weight", f, d, dtype), b_out=store.get(f"{p}.mlp.c_proj.bias", (d,), dtype),
-        )
-        return BlockWeights(attn_norm=norm(f"{p}.ln_1"), attn=attn, ffn_norm=norm(f"{p}.ln_2"), ffn=ffn)
 
-    tok = store.get("wte.weight", (cfg.vocab_size, d), dtype)
-    if cfg.tied_embeddings or not store.has("lm_head.weight"):
-        W_vocab = tok.T                                                 # tied: W_vocab = Eᵀ
-    else:
-        W_vocab = linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(
-        tok_embed=tok, pos_embed=store.get("wpe.weight", (cfg.max_positions, d), dtype),
-        blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("ln_f"), W_vocab=W_vocab,
-    )
+# llama.cpp's architecture (gguf_archs): Conv1D weights transposed to (out, in) by its converter.
+GGUF = {"gpt2": Arch("gpt2", "GPT2LMHeadModel",
+                     {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                      "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                     {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f", "output": "lm_head"},
+                     norm="layer", biases="all", norm_biases=True, layers="h",
+                     transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gguf_config)}
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -98,23 +91,3 @@ def hf_config(cfg: ModelConfig) -> dict:
     }, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under GPT2LMHeadModel's name, as its file stores it (Conv1D: (in, out)); new arrays.
-    Tied: no lm_head (W_vocab is wte)."""
-    t = {"transformer.wte.weight": weights.tok_embed,                              # (V, d)
-         "transformer.wpe.weight": weights.pos_embed}                              # (P, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.h.{i}", b.attn, b.ffn
-        t |= {
-            f"{p}.ln_1.weight": b.attn_norm.weight, f"{p}.ln_1.bias": b.attn_norm.bias,
-            f"{p}.attn.c_attn.weight": np.concatenate([a.W_Q, a.W_K, a.W_V], axis=1),   # (d, 3d)
-            f"{p}.attn.c_attn.bias": np.concatenate([a.b_Q, a.b_K, a.b_V]),            # (3d,)
-            f"{p}.attn.c_proj.weight": a.W_O, f"{p}.attn.c_proj.bias": a.b_O,          # (d, d), (d,)
-            f"{p}.ln_2.weight": b.ffn_norm.weight, f"{p}.ln_2.bias": b.ffn_norm.bias,
-            f"{p}.mlp.c_fc.weight": f.W_in, f"{p}.mlp.c_fc.bias": f.b_in,              # (d, d_ff), (d_ff,)
-            f"{p}.mlp.c_proj.weight": f.W_out, f"{p}.mlp.c_proj.bias": f.b_out,        # (d_ff, d), (d,)
-        }
-    t |= {"transformer.ln_f.weight": weights.final_norm.weight, "transformer.ln_f.bias": weights.final_norm.bias}
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                    # (V, d)
-    return c_arrays(t)

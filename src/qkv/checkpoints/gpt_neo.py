@@ -1,14 +1,7 @@
 """GPT-Neo: GPT-2's layout with separate Q, K, V (no biases), unscaled scores and local / global layers.
 
-    checkpoint name (relative to GPTNeoModel)     qkv name
-    wte / wpe                                     tok_embed / pos_embed
-    h.{i}.ln_1                                    attn_norm (LayerNorm, before attention)
-    h.{i}.attn.attention.q_proj / k_proj / v_proj W_Q / W_K / W_V (no biases)
-    h.{i}.attn.attention.out_proj                 W_O, b_O
-    h.{i}.ln_2                                    ffn_norm
-    h.{i}.mlp.c_fc / c_proj                       W_in / W_out (torch Linear: stored (out, in))
-    ln_f                                          final_norm
-    lm_head (tied to wte)                         W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to GPTNeoModel) beside ours and how it is stored, read
+both ways (loading and saving).
 
 Knobs: attention_types, e.g. [[["global", "local"], 12]], expanded to one kind per layer (attention_layers):
 a "local" layer's query i sees keys i − window_size + 1 … i (layer_windows), a "global" one every earlier key;
@@ -18,13 +11,12 @@ Dropouts are training's: qkv runs the model as transformers does in eval.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .table import Row, attention, both_ways, layer_norm, linear, lm_head
+
+MODEL_TYPES = ("gpt_neo",)
 
 # Tensors a GPT-Neo checkpoint may hold that qkv never reads ({i}: a layer), relative to GPTNeoModel.
 IGNORED = {
@@ -66,33 +58,19 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f = cfg.d_model, cfg.d_ff
-
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
-
-    def block(i: int) -> BlockWeights:
-        p = f"h.{i}"
-        a = f"{p}.attn.attention"
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.q_proj.weight", d, d, dtype), W_K=linear_T(store, f"{a}.k_proj.weight", d, d, dtype),
-            W_V=linear_T(store, f"{a}.v_proj.weight", d, d, dtype), W_O=linear_T(store, f"{a}.out_proj.weight", d, d, dtype),
-            b_O=store.get(f"{a}.out_proj.bias", (d,), dtype),
-        )
-        ffn = FFNWeights(
-            W_in=linear_T(store, f"{p}.mlp.c_fc.weight", d, f, dtype), b_in=store.get(f"{p}.mlp.c_fc.bias", (f,), dtype),
-            W_out=linear_T(store, f"{p}.mlp.c_proj.weight", f, d, dtype), b_out=store.get(f"{p}.mlp.c_proj.bias", (d,), dtype),
-        )
-        return BlockWeights(attn_norm=norm(f"{p}.ln_1"), attn=attn, ffn_norm=norm(f"{p}.ln_2"), ffn=ffn)
-
-    tok = store.get("wte.weight", (cfg.vocab_size, d), dtype)
-    if cfg.tied_embeddings or not store.has("lm_head.weight"):
-        W_vocab = tok.T                                                 # tied: W_vocab = Eᵀ
-    else:
-        W_vocab = linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(tok_embed=tok, pos_embed=store.get("wpe.weight", (cfg.max_positions, d), dtype),
-                   blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("ln_f"), W_vocab=W_vocab)
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one.
+ROWS = [
+    Row("tok_embed", "wte.weight", "V d"),
+    Row("pos_embed", "wpe.weight", "P d"),
+    *layer_norm("block.attn_norm", "h.{i}.ln_1"),
+    *attention("h.{i}.attn.attention", out_bias=True, out="out_proj"),
+    *layer_norm("block.ffn_norm", "h.{i}.ln_2"),
+    *linear("block.ffn.W_in", "h.{i}.mlp.c_fc", "d f", "block.ffn.b_in"),
+    *linear("block.ffn.W_out", "h.{i}.mlp.c_proj", "f d", "block.ffn.b_out"),
+    *layer_norm("final_norm", "ln_f"),
+    lm_head(prefer_stored=False, absent_ties=True),
+]
+weights, tensors = both_ways(ROWS, "transformer.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -115,22 +93,3 @@ def hf_config(cfg: ModelConfig) -> dict:
     }, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under GPTNeoForCausalLM's names, as its file stores it (Linear: (out, in)); new arrays.
-    Tied: no lm_head (W_vocab is wte)."""
-    t = {"transformer.wte.weight": weights.tok_embed, "transformer.wpe.weight": weights.pos_embed}   # (V, d), (P, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.h.{i}", b.attn, b.ffn
-        t |= {
-            f"{p}.ln_1.weight": b.attn_norm.weight, f"{p}.ln_1.bias": b.attn_norm.bias,
-            f"{p}.attn.attention.q_proj.weight": a.W_Q.T, f"{p}.attn.attention.k_proj.weight": a.W_K.T,
-            f"{p}.attn.attention.v_proj.weight": a.W_V.T,                               # (d, d) each
-            f"{p}.attn.attention.out_proj.weight": a.W_O.T, f"{p}.attn.attention.out_proj.bias": a.b_O,
-            f"{p}.ln_2.weight": b.ffn_norm.weight, f"{p}.ln_2.bias": b.ffn_norm.bias,
-            f"{p}.mlp.c_fc.weight": f.W_in.T, f"{p}.mlp.c_fc.bias": f.b_in,             # (d_ff, d), (d_ff,)
-            f"{p}.mlp.c_proj.weight": f.W_out.T, f"{p}.mlp.c_proj.bias": f.b_out,       # (d, d_ff), (d,)
-        }
-    t |= {"transformer.ln_f.weight": weights.final_norm.weight, "transformer.ln_f.bias": weights.final_norm.bias}
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                    # (V, d)
-    return c_arrays(t)

@@ -19,7 +19,10 @@ from ..runtime.errors import QkvError
 from ..core.weights import Weights
 from . import llama
 from .common import reads_back
+from .table import LLAMA_LAYER, LLAMA_TOP, Arch
 from .tensors import TensorStore
+
+MODEL_TYPES = ("granite",)
 
 IGNORED = llama.IGNORED
 
@@ -56,3 +59,29 @@ def hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under GraniteForCausalLM's names: Llama's."""
     return llama.tensors(weights, cfg)
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Granite's multipliers from a llama.cpp file: attention.scale (Q·Kᵀ's factor; absent or 0: llama.cpp's
+    1/√d_k), embedding_scale, residual_scale and logit_scale (1 when absent)."""
+    scale = {k: meta.get(f"{a}.{k}") for k in ("attention.scale", "embedding_scale", "residual_scale", "logit_scale")}
+    for key, value in scale.items():
+        zero_ok = key == "attention.scale"                       # 0: llama.cpp's 1/√d_k
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value < 0 or (value == 0 and not zero_ok)):
+            raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is not a positive number; the file is "
+                           "damaged")
+    hf |= {"attention_multiplier": float(scale["attention.scale"] or 1 / np.sqrt(dims["d_head"])),
+           "embedding_multiplier": float(scale["embedding_scale"] or 1.0),
+           "residual_multiplier": float(scale["residual_scale"] or 1.0),
+           "logits_scaling": float(scale["logit_scale"] or 1.0), "mlp_bias": False, "attention_bias": False}
+    hf.pop("rope_theta")
+    return hf
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table).
+GGUF = {
+    "granite": Arch("granite", "GraniteForCausalLM", LLAMA_LAYER, LLAMA_TOP, permuted=True,
+                    keys=("attention.scale", "embedding_scale", "residual_scale", "logit_scale"),
+                    config=_gguf_config),
+}

@@ -1,16 +1,7 @@
 """The Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma, OLMo 2): RMSNorm, RoPE, SwiGLU, GQA/MQA.
 
-    checkpoint name (relative to LlamaModel)   qkv name
-    embed_tokens                               tok_embed
-    layers.{i}.input_layernorm                 attn_norm (RMSNorm, before attention)
-    layers.{i}.self_attn.q_proj/k_proj/v_proj  W_Q / W_K / W_V (Qwen2: with biases)
-    layers.{i}.self_attn.o_proj                W_O
-    layers.{i}.self_attn.q_norm / k_norm       q_norm / k_norm (Qwen3: RMSNorm of each head's q, k before RoPE)
-    layers.{i}.post_attention_layernorm        ffn_norm
-    layers.{i}.mlp.gate_proj / up_proj         W_gate / W_in: SiLU(x·W_gate) ⊙ x·W_in
-    layers.{i}.mlp.down_proj                   W_out
-    norm                                       final_norm
-    lm_head (absent when tied)                 W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to LlamaModel) beside ours and how it is stored, read
+both ways (loading and saving).
 OLMo 2: no norm before attention or the FFN; post_attention_layernorm and post_feedforward_layernorm
 normalise their outputs before they join the stream (attn_out_norm, ffn_out_norm), and q_norm / k_norm
 the whole projections (qk_norm "all", weights (H·d_k,), (Hkv·d_k,)).
@@ -18,24 +9,25 @@ Gemma: its RMSNorm multiplies by (1 + weight), so γ = 1 + the stored weight (wr
 the embeddings are scaled by √d_model (scale_embedding); GeGLU (gelu_pytorch_tanh); a head_dim of its own.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
 checkpoint by this table; `hf_config` / `tensors` write one, under LlamaForCausalLM's names
-("model." + the name above; the head is "lm_head"), Mistral's and Qwen2's alike.
+("model." + the names in ROWS; the head is "lm_head"), Mistral's and Qwen2's alike.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.positions import check_rope
-from ..core.weights import BlockWeights, FFNWeights, NormWeights, Weights
-from .common import (HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, layer_types, layer_windows,
-                     linear_T, need, reads_back, ROTARY_BUFFERS)
-from .tensors import TensorStore
+from .common import (HF_ACTIVATIONS, activation, check_shapes, layer_types, layer_windows, need, reads_back,
+                     rope_parameters, ROTARY_BUFFERS)
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, Gamma, Row, attention, both_ways, gated_ffn, lm_head,
+                    out_bias, qkv_bias)
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "smollm3")
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+
 GEMMA = {"gemma", "gemma2", "gemma3_text"}   # √d_model-scaled embeddings, tied by default
 PLUS_ONE = GEMMA                     # RMSNorm(x)·(1 + w): γ is stored less one
 SANDWICH = {"gemma2", "gemma3_text"}  # a norm before and after attention and the FFN
@@ -128,47 +120,51 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f = cfg.d_model, cfg.d_ff
-    hq, hkv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+GAMMA = Gamma(lambda cfg: cfg.family in PLUS_ONE)      # every RMSNorm's γ (Gemma: stored less one)
 
-    def rms(name: str, size: int = d) -> NormWeights:
-        g = store.get(f"{name}.weight", (size,), dtype)
-        return NormWeights(g + 1, stored_offset=1.0) if cfg.family in PLUS_ONE else NormWeights(g)   # Gemma: γ = 1 + w
 
-    def block(i: int) -> BlockWeights:
-        p = f"layers.{i}"
-        a = f"{p}.self_attn"
-        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.out_bias)
-        if cfg.qk_norm:                                          # over each head's d_k, or (OLMo 2) all of them
-            wide = cfg.qk_norm == "all"
-            attn.q_norm = rms(f"{a}.q_norm", hq if wide else cfg.d_head)
-            attn.k_norm = rms(f"{a}.k_norm", hkv if wide else cfg.d_head)
-        m = f"{p}.mlp"
-        ffn = FFNWeights(
-            W_gate=linear_T(store, f"{m}.gate_proj.weight", d, f, dtype),
-            W_in=linear_T(store, f"{m}.up_proj.weight", d, f, dtype),
-            W_out=linear_T(store, f"{m}.down_proj.weight", f, d, dtype),
-        )
-        if cfg.family in SANDWICH:                               # Gemma 2/3: norms before and after each box
-            return BlockWeights(attn_norm=rms(f"{p}.input_layernorm"), attn=attn,
-                                ffn_norm=rms(f"{p}.pre_feedforward_layernorm"), ffn=ffn,
-                                attn_out_norm=rms(f"{p}.post_attention_layernorm"),
-                                ffn_out_norm=rms(f"{p}.post_feedforward_layernorm"))
-        if cfg.family == "olmo2":                                # norms after each box, none before
-            return BlockWeights(attn_norm=None, attn=attn, ffn_norm=None, ffn=ffn,
-                                attn_out_norm=rms(f"{p}.post_attention_layernorm"),
-                                ffn_out_norm=rms(f"{p}.post_feedforward_layernorm"))
-        return BlockWeights(attn_norm=rms(f"{p}.input_layernorm"), attn=attn,
-                            ffn_norm=rms(f"{p}.post_attention_layernorm"), ffn=ffn)
+def _plain(cfg: ModelConfig) -> bool:                  # a norm before each box, none after
+    return cfg.family not in SANDWICH and cfg.family != "olmo2"
 
-    tok = store.get("embed_tokens.weight", (cfg.vocab_size, d), dtype)
-    if cfg.tied_embeddings and not store.has("lm_head.weight"):
-        W_vocab = tok.T
-    else:
-        W_vocab = linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=rms("norm"),
-                   W_vocab=W_vocab)
+
+def _before(cfg: ModelConfig) -> bool:                 # a norm before attention (all but OLMo 2)
+    return cfg.family != "olmo2"
+
+
+def _sandwich(cfg: ModelConfig) -> bool:               # Gemma 2/3: norms before and after each box
+    return cfg.family in SANDWICH
+
+
+def _after(cfg: ModelConfig) -> bool:                  # norms after each box (Gemma 2/3, OLMo 2)
+    return cfg.family in SANDWICH or cfg.family == "olmo2"
+
+
+def _per_head(cfg: ModelConfig) -> bool:               # q/k norms over each head's d_k (Qwen3, Gemma 3)
+    return cfg.qk_norm == "head"
+
+
+def _whole(cfg: ModelConfig) -> bool:                  # q/k norms over the whole projection (OLMo 2)
+    return cfg.qk_norm == "all"
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one.
+ROWS = [
+    Row("tok_embed", "embed_tokens.weight", "V d"),
+    Row("block.attn_norm", "layers.{i}.input_layernorm.weight", "d", GAMMA, _before),
+    *attention("layers.{i}.self_attn", qkv_bias, out_bias),
+    Row("block.attn.q_norm", "layers.{i}.self_attn.q_norm.weight", "dk", GAMMA, _per_head),
+    Row("block.attn.k_norm", "layers.{i}.self_attn.k_norm.weight", "dk", GAMMA, _per_head),
+    Row("block.attn.q_norm", "layers.{i}.self_attn.q_norm.weight", "q", GAMMA, _whole),
+    Row("block.attn.k_norm", "layers.{i}.self_attn.k_norm.weight", "kv", GAMMA, _whole),
+    Row("block.ffn_norm", "layers.{i}.post_attention_layernorm.weight", "d", GAMMA, _plain),
+    Row("block.attn_out_norm", "layers.{i}.post_attention_layernorm.weight", "d", GAMMA, _after),
+    Row("block.ffn_norm", "layers.{i}.pre_feedforward_layernorm.weight", "d", GAMMA, _sandwich),
+    Row("block.ffn_out_norm", "layers.{i}.post_feedforward_layernorm.weight", "d", GAMMA, _after),
+    *gated_ffn("layers.{i}.mlp"),
+    Row("final_norm", "norm.weight", "d", GAMMA),
+    lm_head(),
+]
+weights, tensors = both_ways(ROWS, "model.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -187,14 +183,13 @@ def hf_dict(cfg: ModelConfig) -> dict:
     family = cfg.family
     if family not in ARCHITECTURES:
         raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
-    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
     hf = {
         "model_type": family, "architectures": [ARCHITECTURES[family]],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
         "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
         "rms_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
-        "rope_theta": cfg.rope_theta, "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta, "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
     }
@@ -216,30 +211,21 @@ def hf_dict(cfg: ModelConfig) -> dict:
     return hf
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under the ForCausalLM model's name, as its file stores it (Linear: (out, in));
-    new arrays. Tied: no lm_head (W_vocab is embed_tokens)."""
-    def g(w: NormWeights | None):                                              # Gemma stores γ − 1 (a gradient: dγ)
-        return None if w is None else (w.weight - w.stored_offset if w.stored_offset else w.weight)
+def _no_window(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Qwen2's and Qwen3's config.json of a llama.cpp file: no sliding window (llama.cpp's has none)."""
+    return hf | {"use_sliding_window": False, "sliding_window": None}
 
-    t = {"model.embed_tokens.weight": weights.tok_embed}                       # (V, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"model.layers.{i}", b.attn, b.ffn
-        t |= {
-            f"{p}.input_layernorm.weight": g(b.attn_norm),                       # (d,); OLMo 2: none
-            f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
-            f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
-            f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,   # (Hkv·d_k, d)
-            f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
-            f"{p}.self_attn.q_norm.weight": g(a.q_norm), f"{p}.self_attn.k_norm.weight": g(a.k_norm),  # (d_k,) Qwen3
-            f"{p}.post_attention_layernorm.weight": g(b.ffn_norm if b.attn_out_norm is None else b.attn_out_norm),
-            f"{p}.pre_feedforward_layernorm.weight": g(b.ffn_norm if b.attn_out_norm is not None else None),   # Gemma 2
-            f"{p}.post_feedforward_layernorm.weight": g(b.ffn_out_norm),         # (d,) OLMo 2, Gemma 2
-            f"{p}.mlp.gate_proj.weight": f.W_gate.T,                             # (d_ff, d)
-            f"{p}.mlp.up_proj.weight": f.W_in.T,                                 # (d_ff, d)
-            f"{p}.mlp.down_proj.weight": f.W_out.T,                              # (d, d_ff)
-        }
-    t["model.norm.weight"] = g(weights.final_norm)                         # (d,)
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                # (V, d)
-    return c_arrays(t)
+
+# llama.cpp's architectures (gguf_archs reads them by this table).
+GGUF = {
+    "llama": Arch("llama", "LlamaForCausalLM", LLAMA_LAYER, LLAMA_TOP, biases="optional", permuted=True,
+                  keys=("tensor_data_layout",)),
+    "qwen2": Arch("qwen2", "Qwen2ForCausalLM", LLAMA_LAYER, LLAMA_TOP, biases="qkv", config=_no_window),
+    "qwen3": Arch("qwen3", "Qwen3ForCausalLM", LLAMA_LAYER | QK_NORMS, LLAMA_TOP, biases="optional",
+                  config=_no_window),
+    "gemma": Arch("gemma", "GemmaForCausalLM", LLAMA_LAYER, LLAMA_TOP, plus_one=True, activation="gelu_pytorch_tanh"),
+    "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
+                  {k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | QK_NORMS
+                  | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                  LLAMA_TOP),
+}

@@ -30,6 +30,8 @@ from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore
 
+MODEL_TYPES = ("marian",)
+
 # Tensors a Marian checkpoint may hold that qkv never reads, relative to MarianModel.
 IGNORED = {
     "encoder.embed_positions.weight": "the sinusoids, which qkv computes (older files saved them)",
@@ -67,5 +69,5 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under MarianMTModel's name, as its file stores it (no positions: computed); new arrays."""
-    return c_arrays(bart.head_tensors(weights, cfg) | bart.stack_tensors(weights.encoder, "encoder", False)
-                    | bart.stack_tensors(weights.decoder, "decoder", False))
+    return c_arrays(bart.head_tensors(weights, cfg) | bart.stack_tensors(weights.encoder, cfg, "encoder", False)
+                    | bart.stack_tensors(weights.decoder, cfg, "decoder", False))

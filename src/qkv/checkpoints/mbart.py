@@ -28,8 +28,10 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..core.weights import Seq2SeqWeights
 from . import bart
-from .common import c_arrays, reads_back
+from .common import reads_back
 from .tensors import TensorStore
+
+MODEL_TYPES = ("mbart",)
 
 IGNORED = bart.IGNORED
 

@@ -1,17 +1,7 @@
 """ModernBERT (global layers): a pre-norm encoder with RoPE, GeGLU, LayerNorms without bias, a masked-LM head.
 
-    checkpoint name (relative to ModernBertModel)  qkv name
-    embeddings.tok_embeddings                      tok_embed (no position table: RoPE turns q and k)
-    embeddings.norm                                embed_norm (β only with norm_bias)
-    layers.{i}.attn_norm (none in layer 0)         attn_norm (layer 0's attention reads the embeddings' norm)
-    layers.{i}.attn.Wqkv (3·d, d), rows Q | K | V  W_Q / W_K / W_V (+ b with attention_bias)
-    layers.{i}.attn.Wo                             W_O
-    layers.{i}.mlp_norm                            ffn_norm
-    layers.{i}.mlp.Wi (2·d_ff, d), rows in | gate  W_gate = the first half (act(x·W_gate)), W_in the second
-    layers.{i}.mlp.Wo                              W_out
-    final_norm                                     final_norm
-    head.dense, head.norm                          W_head (+ b with classifier_bias), head_norm: Norm(act(Z·W_head))
-    decoder (weight absent when tied)              W_vocab (tied: tok_embedᵀ), b_vocab (decoder_bias)
+Its tensors: `ROWS` below, each checkpoint name (relative to ModernBertModel) beside ours and how it is stored, read
+both ways (loading and saving).
 Positions are 0…n−1 whatever the mask, as transformers numbers them. ModernBERT's local layers
 (layer_types "sliding_attention", from global_attn_every_n_layers > 1) attend within a window that reaches
 both ways — key j is seen from query i when |i − j| ≤ local_attention // 2, the engine's window
@@ -22,14 +12,13 @@ layers see everything, with rope_theta. `hf_config` /
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm
-from .tensors import TensorStore
+from .table import LINEAR, Head, Row, both_ways
+
+MODEL_TYPES = ("modernbert",)
 
 IGNORED = {
     "classifier.*": "a sequence or token classification head",
@@ -97,39 +86,45 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+def masked_lm_head(cfg: ModelConfig) -> bool:
+    return cfg.lm_head
 
-    def norm(name: str) -> NormWeights:
-        bias = store.get(f"{name}.bias", (d,), dtype) if store.has(f"{name}.bias") else None   # norm_bias
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), bias)
 
-    def bias(name: str, n: int) -> np.ndarray | None:
-        return store.get(name, (n,), dtype) if store.has(name) else None
+def _norm(ours: str, hf: str, **kw) -> list[Row]:
+    """A LayerNorm at HF: γ, and β when the checkpoint has one (norm_bias)."""
+    return [Row(f"{ours}.weight", f"{hf}.weight", "d", **kw),
+            Row(f"{ours}.bias", f"{hf}.bias", "d", optional=True, **kw)]
 
-    def block(i: int) -> BlockWeights:
-        p = f"layers.{i}"
-        qkv = linear_T(store, f"{p}.attn.Wqkv.weight", d, 3 * d, dtype)           # (d, 3·d) = [W_Q | W_K | W_V]
-        b = bias(f"{p}.attn.Wqkv.bias", 3 * d)
-        attn = AttentionWeights(W_Q=qkv[:, :d], W_K=qkv[:, d:2 * d], W_V=qkv[:, 2 * d:],
-                                W_O=linear_T(store, f"{p}.attn.Wo.weight", d, d, dtype),
-                                b_Q=None if b is None else b[:d], b_K=None if b is None else b[d:2 * d],
-                                b_V=None if b is None else b[2 * d:], b_O=bias(f"{p}.attn.Wo.bias", d))
-        wi = linear_T(store, f"{p}.mlp.Wi.weight", d, 2 * f, dtype)                 # (d, 2·d_ff) = [in | gate]
-        ffn = FFNWeights(W_gate=wi[:, :f], W_in=wi[:, f:], W_out=linear_T(store, f"{p}.mlp.Wo.weight", f, d, dtype))
-        return BlockWeights(attn_norm=norm(f"{p}.attn_norm") if i > 0 else None, attn=attn,
-                            ffn_norm=norm(f"{p}.mlp_norm"), ffn=ffn)
 
-    w = Weights(tok_embed=store.get("embeddings.tok_embeddings.weight", (V, d), dtype),
-                embed_norm=norm("embeddings.norm"), blocks=[block(i) for i in range(cfg.n_layers)],
-                final_norm=norm("final_norm"))
-    if cfg.lm_head or store.has("decoder.weight") or store.has("decoder.bias"):   # ModernBertForMaskedLM
-        w.W_head, w.b_head = linear_T(store, "head.dense.weight", d, d, dtype), bias("head.dense.bias", d)
-        w.head_norm = norm("head.norm")
-        w.W_vocab = w.tok_embed.T if cfg.tied_embeddings and not store.has("decoder.weight") else \
-            linear_T(store, "decoder.weight", d, V, dtype)
-        w.b_vocab = bias("decoder.bias", V)
-    return w
+def _linear(W: str, hf: str, shape: str, b: str, **kw) -> list[Row]:
+    """A Linear at HF, its bias when the checkpoint has one (attention_bias, mlp_bias)."""
+    return [Row(W, f"{hf}.weight", shape, LINEAR, **kw), Row(b, f"{hf}.bias", shape.split()[-1], optional=True, **kw)]
+
+
+HEAD = ("decoder.weight", "decoder.bias")      # a checkpoint that holds either has the masked-LM head
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. Wqkv's rows are [Q; K; V] and
+# Wi's [in; gate] (each part a view); the first layer has no norm before attention (the embeddings' norm serves).
+# With the head, the encoder's names are under "model." and the head's beside it.
+ROWS = [
+    Row("tok_embed", "embeddings.tok_embeddings.weight", "V d"),
+    *_norm("embed_norm", "embeddings.norm"),
+    *_norm("block.attn_norm", "layers.{i}.attn_norm", layers=lambda cfg, i: i > 0),
+    Row(("block.attn.W_Q", "block.attn.W_K", "block.attn.W_V"), "layers.{i}.attn.Wqkv.weight", "d q+kv+kv", LINEAR,
+        parts="q kv kv"),
+    Row(("block.attn.b_Q", "block.attn.b_K", "block.attn.b_V"), "layers.{i}.attn.Wqkv.bias", "q+kv+kv",
+        parts="q kv kv", optional=True),
+    *_linear("block.attn.W_O", "layers.{i}.attn.Wo", "q d", "block.attn.b_O"),
+    *_norm("block.ffn_norm", "layers.{i}.mlp_norm"),
+    Row(("block.ffn.W_gate", "block.ffn.W_in"), "layers.{i}.mlp.Wi.weight", "d f+f", LINEAR, parts="f f"),
+    Row("block.ffn.W_out", "layers.{i}.mlp.Wo.weight", "f d", LINEAR),
+    *_norm("final_norm", "final_norm"),
+    *_linear("W_head", "head.dense", "d d", "b_head", when=masked_lm_head, root=True, also=HEAD),
+    *_norm("head_norm", "head.norm", when=masked_lm_head, root=True, also=HEAD),
+    Row("W_vocab", "decoder.weight", "d V", Head(), masked_lm_head, root=True, also=HEAD),
+    Row("b_vocab", "decoder.bias", "V", when=masked_lm_head, root=True, also=HEAD, optional=True),
+]
+weights, tensors = both_ways(ROWS, lambda w: "" if w.W_head is None else "model.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -151,30 +146,3 @@ def hf_config(cfg: ModelConfig) -> dict:
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_dropout": 0.0,
     }, config)
-
-
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under ModernBertModel's names ("model." + them, head.* and decoder.* with a head)."""
-    def norm(name: str, w: NormWeights) -> dict:
-        return {f"{name}.weight": w.weight, f"{name}.bias": w.bias}
-
-    t = {"embeddings.tok_embeddings.weight": weights.tok_embed, **norm("embeddings.norm", weights.embed_norm),
-         **norm("final_norm", weights.final_norm)}
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"layers.{i}", b.attn, b.ffn
-        t[f"{p}.attn.Wqkv.weight"] = np.concatenate([a.W_Q, a.W_K, a.W_V], axis=1).T                  # (3·d, d)
-        if a.b_Q is not None:
-            t[f"{p}.attn.Wqkv.bias"] = np.concatenate([a.b_Q, a.b_K, a.b_V])
-        t |= {f"{p}.attn.Wo.weight": a.W_O.T, f"{p}.attn.Wo.bias": a.b_O, f"{p}.mlp.Wo.weight": f.W_out.T,
-              f"{p}.mlp.Wi.weight": np.concatenate([f.W_gate, f.W_in], axis=1).T,                         # (2·d_ff, d)
-              **norm(f"{p}.mlp_norm", b.ffn_norm)}
-        if b.attn_norm is not None:
-            t |= norm(f"{p}.attn_norm", b.attn_norm)
-    if weights.W_head is None:
-        return c_arrays(t)
-    t = {f"model.{k}": v for k, v in t.items()}
-    t |= {"head.dense.weight": weights.W_head.T, "head.dense.bias": weights.b_head, **norm("head.norm", weights.head_norm),
-          "decoder.bias": weights.b_vocab}
-    if not cfg.tied_embeddings:
-        t["decoder.weight"] = weights.W_vocab.T
-    return c_arrays(t)

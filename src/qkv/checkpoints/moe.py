@@ -1,13 +1,7 @@
 """Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the Llama family's blocks with a routed FFN.
 
-    checkpoint name (relative to the base model)        qkv name
-    embed_tokens                                        tok_embed
-    layers.{i}.input_layernorm                          attn_norm (RMSNorm)
-    layers.{i}.self_attn.q_proj/k_proj/v_proj/o_proj    W_Q / W_K / W_V / W_O (Qwen2-MoE: q/k/v biases, qkv_bias;
-                                                        Qwen3-MoE, OLMoE: all four with attention_bias)
-    layers.{i}.self_attn.q_norm / k_norm                q_norm / k_norm: RMSNorm of each head's q, k (Qwen3-MoE) or
-                                                        of the whole projections (OLMoE, as OLMo 2)
-    layers.{i}.post_attention_layernorm                 ffn_norm
+Its tensors: `ROWS` below, each checkpoint name (relative to the base model) beside ours and how it is stored, read
+both ways (loading and saving).
   Mixtral (every layer routed):
     layers.{i}.block_sparse_moe.gate                    ffn.W_router (E, d_model) → (d_model, E)
     layers.{i}.block_sparse_moe.experts.{e}.w1/w3/w2    ffn.experts[e].W_gate / W_in / W_out
@@ -32,17 +26,19 @@ false); router_jitter_noise (Mixtral) acts in transformers' training mode only, 
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, attention_linears, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from ..core.weights import FFNWeights, MoEWeights
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
 from .llama import IGNORED, _rope
-from .tensors import TensorStore
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, How, Row, attention, both_ways, gated_ffn, layer_norm,
+                    lm_head, out_bias, qkv_bias)
+
+MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+
 # Where each family keeps a MoE layer's router and experts, and its experts' three matrices (gate, up, down).
 MOE = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp", "olmoe": "mlp"}
 QWEN = ("gate_proj", "up_proj", "down_proj")
@@ -125,49 +121,86 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, V = cfg.d_model, cfg.vocab_size
-    hq, hkv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+class Routed(How):
+    """A routed layer's FFN under layers.{i}.<MOE>: the router (gate, (E, d)), each expert's gated FFN (one
+    tensor per matrix and expert, as save_pretrained writes them; transformers 5's fused gate_up_proj and
+    down_proj (E, …) read as views) and Qwen2-MoE's shared expert with its gate: one MoEWeights."""
 
-    def rms(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype))
+    def read(self, store, name, shape, dtype, cfg):
+        d, E = cfg.d_model, cfg.n_experts
+        p = f"{name}.{MOE[cfg.family]}"
+        ffn = MoEWeights(W_router=store.get(f"{p}.gate.weight", (E, d), dtype).T,            # (d, E)
+                         experts=self._experts(store, p, cfg, dtype))
+        if cfg.d_shared_expert:
+            ffn.shared = self._gated(store, f"{p}.shared_expert", cfg.d_shared_expert, cfg, dtype)
+            ffn.W_shared_gate = store.get(f"{p}.shared_expert_gate.weight", (1, d), dtype).T
+        return ffn
 
-    def gated(p: str, f: int, names=("gate_proj", "up_proj", "down_proj")) -> FFNWeights:
+    @staticmethod
+    def _gated(store, p: str, f: int, cfg: ModelConfig, dtype, names=("gate_proj", "up_proj", "down_proj")):
         g, u, o = names
-        return FFNWeights(W_gate=linear_T(store, f"{p}.{g}.weight", d, f, dtype),
-                          W_in=linear_T(store, f"{p}.{u}.weight", d, f, dtype),
-                          W_out=linear_T(store, f"{p}.{o}.weight", f, d, dtype))
+        d = cfg.d_model
+        return FFNWeights(W_gate=store.get(f"{p}.{g}.weight", (f, d), dtype).T,
+                          W_in=store.get(f"{p}.{u}.weight", (f, d), dtype).T,
+                          W_out=store.get(f"{p}.{o}.weight", (d, f), dtype).T)
 
-    def experts(p: str) -> list[FFNWeights]:
-        E, f = cfg.n_experts, cfg.d_expert or cfg.d_ff
+    def _experts(self, store, p: str, cfg: ModelConfig, dtype) -> list[FFNWeights]:
+        E, f, d = cfg.n_experts, cfg.d_expert or cfg.d_ff, cfg.d_model
         first = f"{p}.experts.0.{EXPERT[cfg.family][0]}.weight"     # save_pretrained's per-expert form first
         if not store.has(first) and store.has(f"{p}.experts.gate_up_proj"):   # transformers 5's fused form, as views
             gate_up = store.get(f"{p}.experts.gate_up_proj", (E, 2 * f, d), dtype)    # (E, 2·f, d) [gate; up]
             down = store.get(f"{p}.experts.down_proj", (E, d, f), dtype)             # (E, d, f)
             return [FFNWeights(W_gate=gate_up[e, :f].T, W_in=gate_up[e, f:].T, W_out=down[e].T) for e in range(E)]
-        return [gated(f"{p}.experts.{e}", f, EXPERT[cfg.family]) for e in range(E)]
+        return [self._gated(store, f"{p}.experts.{e}", f, cfg, dtype, EXPERT[cfg.family]) for e in range(E)]
 
-    def block(i: int) -> BlockWeights:
-        a = f"layers.{i}.self_attn"
-        attn = attention_linears(store, a, d, hq, hkv, dtype, cfg.qkv_bias, cfg.out_bias)
-        if cfg.qk_norm:                                            # each head's (Qwen3-MoE) or all of them (OLMoE)
-            wide = cfg.qk_norm == "all"
-            attn.q_norm = NormWeights(store.get(f"{a}.q_norm.weight", (hq if wide else cfg.d_head,), dtype))
-            attn.k_norm = NormWeights(store.get(f"{a}.k_norm.weight", (hkv if wide else cfg.d_head,), dtype))
-        if cfg.moe_layer(i):
-            p = f"layers.{i}.{MOE[cfg.family]}"
-            ffn = MoEWeights(W_router=linear_T(store, f"{p}.gate.weight", d, cfg.n_experts, dtype), experts=experts(p))
-            if cfg.d_shared_expert:
-                ffn.shared = gated(f"{p}.shared_expert", cfg.d_shared_expert)
-                ffn.W_shared_gate = linear_T(store, f"{p}.shared_expert_gate.weight", d, 1, dtype)
-        else:
-            ffn = gated(f"layers.{i}.mlp", cfg.d_ff)               # Qwen2-MoE's dense layers: a Llama FFN
-        return BlockWeights(attn_norm=rms(f"layers.{i}.input_layernorm"), attn=attn,
-                            ffn_norm=rms(f"layers.{i}.post_attention_layernorm"), ffn=ffn)
+    def write_all(self, name, value, cfg):
+        def gated(p: str, f: FFNWeights, names=("gate_proj", "up_proj", "down_proj")) -> dict:
+            g, u, o = names
+            return {f"{p}.{g}.weight": f.W_gate.T, f"{p}.{u}.weight": f.W_in.T, f"{p}.{o}.weight": f.W_out.T}
 
-    tok = store.get("embed_tokens.weight", (V, d), dtype)
-    W_vocab = tok.T if cfg.tied_embeddings and not store.has("lm_head.weight") else linear_T(store, "lm_head.weight", d, V, dtype)
-    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=rms("norm"), W_vocab=W_vocab)
+        m = f"{name}.{MOE[cfg.family]}"
+        t = {f"{m}.gate.weight": value.W_router.T}                                        # (E, d)
+        for e, expert in enumerate(value.experts):
+            t |= gated(f"{m}.experts.{e}", expert, EXPERT[cfg.family])                    # (d_expert, d) …
+        if value.shared is not None:
+            t |= gated(f"{m}.shared_expert", value.shared)
+            t[f"{m}.shared_expert_gate.weight"] = value.W_shared_gate.T                   # (1, d)
+        return t
+
+
+def _routed(cfg: ModelConfig, i: int) -> bool:
+    return cfg.moe_layer(i)
+
+
+def _dense(cfg: ModelConfig, i: int) -> bool:               # Qwen2-MoE's dense layers: a Llama FFN
+    return not cfg.moe_layer(i)
+
+
+def _per_head(cfg: ModelConfig) -> bool:                    # q/k norms over each head's d_k (Qwen3-MoE)
+    return cfg.qk_norm == "head"
+
+
+def _whole(cfg: ModelConfig) -> bool:                       # q/k norms over the whole projection (OLMoE)
+    return cfg.qk_norm == "all"
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. Llama's attention and
+# norms; a routed layer's FFN is one row (Routed).
+ROWS = [
+    Row("tok_embed", "embed_tokens.weight", "V d"),
+    *layer_norm("block.attn_norm", "layers.{i}.input_layernorm", bias=False),
+    *attention("layers.{i}.self_attn", qkv_bias, out_bias),
+    *layer_norm("block.attn.q_norm", "layers.{i}.self_attn.q_norm", "dk", bias=False, when=_per_head),
+    *layer_norm("block.attn.k_norm", "layers.{i}.self_attn.k_norm", "dk", bias=False, when=_per_head),
+    *layer_norm("block.attn.q_norm", "layers.{i}.self_attn.q_norm", "q", bias=False, when=_whole),
+    *layer_norm("block.attn.k_norm", "layers.{i}.self_attn.k_norm", "kv", bias=False, when=_whole),
+    *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
+    Row("block.ffn", "layers.{i}", "d", Routed(), layers=_routed),
+    *gated_ffn("layers.{i}.mlp", layers=_dense),
+    *layer_norm("final_norm", "norm", bias=False),
+    lm_head(),
+]
+weights, tensors = both_ways(ROWS, "model.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -175,13 +208,12 @@ def hf_config(cfg: ModelConfig) -> dict:
     family = cfg.family
     if family not in ARCHITECTURES:
         raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
-    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
     hf = {
         "model_type": family, "architectures": [ARCHITECTURES[family]],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
         "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
-        "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
+        "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
         "num_experts_per_tok": cfg.experts_per_token or 1, "output_router_logits": False,   # (no experts: unread)
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
@@ -203,38 +235,27 @@ def hf_config(cfg: ModelConfig) -> dict:
     return reads_back(cfg, hf, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under the ForCausalLM model's names as save_pretrained writes them (Linear: (out, in),
-    one tensor per expert); new arrays. Tied: no lm_head (W_vocab is embed_tokens)."""
-
-    def gated(p: str, f: FFNWeights, names=("gate_proj", "up_proj", "down_proj")) -> dict:
-        g, u, o = names
-        return {f"{p}.{g}.weight": f.W_gate.T, f"{p}.{u}.weight": f.W_in.T, f"{p}.{o}.weight": f.W_out.T}
-
-    t = {"model.embed_tokens.weight": weights.tok_embed}                      # (V, d)
-    for i, b in enumerate(weights.blocks):
-        p, a = f"model.layers.{i}", b.attn
-        t |= {
-            f"{p}.input_layernorm.weight": b.attn_norm.weight, f"{p}.post_attention_layernorm.weight": b.ffn_norm.weight,
-            f"{p}.self_attn.q_proj.weight": a.W_Q.T, f"{p}.self_attn.q_proj.bias": a.b_Q,   # (H·d_k, d)
-            f"{p}.self_attn.k_proj.weight": a.W_K.T, f"{p}.self_attn.k_proj.bias": a.b_K,   # (Hkv·d_k, d)
-            f"{p}.self_attn.v_proj.weight": a.W_V.T, f"{p}.self_attn.v_proj.bias": a.b_V,
-            f"{p}.self_attn.o_proj.weight": a.W_O.T, f"{p}.self_attn.o_proj.bias": a.b_O,   # (d, H·d_k)
-            f"{p}.self_attn.q_norm.weight": None if a.q_norm is None else a.q_norm.weight,  # (d_k,) or (H·d_k,)
-            f"{p}.self_attn.k_norm.weight": None if a.k_norm is None else a.k_norm.weight,
-        }
-        f = b.ffn
-        if isinstance(f, MoEWeights):
-            m = f"{p}.{MOE[cfg.family]}"
-            t[f"{m}.gate.weight"] = f.W_router.T                                           # (E, d)
-            for e, expert in enumerate(f.experts):
-                t |= gated(f"{m}.experts.{e}", expert, EXPERT[cfg.family])                 # (d_expert, d) …
-            if f.shared is not None:
-                t |= gated(f"{m}.shared_expert", f.shared)
-                t[f"{m}.shared_expert_gate.weight"] = f.W_shared_gate.T                    # (1, d)
-        else:
-            t |= gated(f"{p}.mlp", f)                                                       # a dense layer
-    t["model.norm.weight"] = weights.final_norm.weight
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                           # (V, d)
-    return c_arrays(t)
+# llama.cpp's architectures (gguf_archs reads them by this table): Llama's attention, the router and the
+# experts stacked (E, …) in one tensor each.
+_ATTENTION = {k: v for k, v in LLAMA_LAYER.items() if not k.startswith("ffn_") or k == "ffn_norm"}
+_MOE = {"ffn_gate_inp": "mlp.gate"}
+_QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                 "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+GGUF = {
+    # llama.cpp writes Mixtral as 'llama' with <a>.expert_count; gguf.py reads such a file by this table.
+    "mixtral": Arch("mixtral", "MixtralForCausalLM", _ATTENTION | {"ffn_gate_inp": "block_sparse_moe.gate"},
+                    LLAMA_TOP, permuted=True, keys=("tensor_data_layout",),
+                    experts={"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                             "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+                             "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"}),
+    "qwen3moe": Arch("qwen3_moe", "Qwen3MoeForCausalLM", _ATTENTION | QK_NORMS | _MOE, LLAMA_TOP,
+                     keys=("expert_feed_forward_length",), experts=_QWEN_EXPERTS),
+    "qwen2moe": Arch("qwen2_moe", "Qwen2MoeForCausalLM",
+                     _ATTENTION | _MOE | {"ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                                          "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                                          "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                                          "ffn_down_shexp": "mlp.shared_expert.down_proj"},
+                     LLAMA_TOP, biases="qkv", keys=("expert_feed_forward_length", "expert_shared_feed_forward_length"),
+                     experts=_QWEN_EXPERTS),
+    "olmoe": Arch("olmoe", "OlmoeForCausalLM", _ATTENTION | QK_NORMS | _MOE, LLAMA_TOP, experts=_QWEN_EXPERTS),
+}

@@ -1,14 +1,7 @@
 """MPT: ALiBi with its own slopes, LayerNorms without β, no biases anywhere, erf GELU, tied head.
 
-    checkpoint name (relative to MptModel)      qkv name
-    wte                                         tok_embed
-    blocks.{i}.norm_1                           attn_norm (γ only)
-    blocks.{i}.attn.Wqkv  [W_Q | W_K | W_V]     split in three row blocks
-    blocks.{i}.attn.out_proj                    W_O
-    blocks.{i}.norm_2                           ffn_norm (γ only)
-    blocks.{i}.ffn.up_proj / down_proj          W_in / W_out (d_ff = 4·d_model)
-    norm_f                                      final_norm (γ only)
-    lm_head (beside MptModel; absent when tied) W_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to MptModel) beside ours and how it is stored, read
+both ways (loading and saving).
 
 Attention: S = Q·Kᵀ·softmax_scale + m_h·p_j (position "alibi"); softmax_scale None is 1/√d_k. MPT writes its
 slopes as 2^(-8·(i+1)/P') over P' = 2^⌈log₂H⌉ heads, the odd-numbered first, then the even, the first H kept:
@@ -21,13 +14,12 @@ not read either, so both run the same model. Dropouts are training's.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import c_arrays, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import need, reads_back
+from .table import LINEAR, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
+
+MODEL_TYPES = ("mpt",)
 
 # Tensors an MPT checkpoint may hold that qkv never reads, relative to MptModel.
 IGNORED = {
@@ -58,25 +50,20 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f = cfg.d_model, cfg.d_ff
-
-    def norm(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype))              # LayerNorm without β
-
-    def block(i: int) -> BlockWeights:
-        p = f"blocks.{i}"
-        qkv = store.get(f"{p}.attn.Wqkv.weight", (3 * d, d), dtype)               # rows [Q | K | V]
-        attn = AttentionWeights(W_Q=qkv[:d].T, W_K=qkv[d:2 * d].T, W_V=qkv[2 * d:].T,   # (d, d) views
-                                W_O=linear_T(store, f"{p}.attn.out_proj.weight", d, d, dtype))
-        ffn = FFNWeights(W_in=linear_T(store, f"{p}.ffn.up_proj.weight", d, f, dtype),
-                         W_out=linear_T(store, f"{p}.ffn.down_proj.weight", f, d, dtype))
-        return BlockWeights(attn_norm=norm(f"{p}.norm_1"), attn=attn, ffn_norm=norm(f"{p}.norm_2"), ffn=ffn)
-
-    tok = store.get("wte.weight", (cfg.vocab_size, d), dtype)
-    W_vocab = tok.T if cfg.tied_embeddings else linear_T(store, "lm_head.weight", d, cfg.vocab_size, dtype)
-    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)], final_norm=norm("norm_f"),
-                   W_vocab=W_vocab)
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. LayerNorms without β;
+# Wqkv's rows are [Q; K; V] (each part a view).
+ROWS = [
+    Row("tok_embed", "wte.weight", "V d"),
+    *layer_norm("block.attn_norm", "blocks.{i}.norm_1", bias=False),
+    *fused_qkv("blocks.{i}.attn.Wqkv"),
+    Row("block.attn.W_O", "blocks.{i}.attn.out_proj.weight", "q d", LINEAR),
+    *layer_norm("block.ffn_norm", "blocks.{i}.norm_2", bias=False),
+    Row("block.ffn.W_in", "blocks.{i}.ffn.up_proj.weight", "d f", LINEAR),
+    Row("block.ffn.W_out", "blocks.{i}.ffn.down_proj.weight", "f d", LINEAR),
+    *layer_norm("final_norm", "norm_f", bias=False),
+    lm_head(prefer_stored=False),
+]
+weights, tensors = both_ways(ROWS, "transformer.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -92,19 +79,25 @@ def hf_config(cfg: ModelConfig) -> dict:
     }, config)
 
 
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under MptForCausalLM's names, as its file stores it (Linear: (out, in)); new arrays.
-    Tied: no lm_head."""
-    t = {"transformer.wte.weight": weights.tok_embed}                                        # (V, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"transformer.blocks.{i}", b.attn, b.ffn
-        t |= {
-            f"{p}.norm_1.weight": b.attn_norm.weight, f"{p}.norm_2.weight": b.ffn_norm.weight,
-            f"{p}.attn.Wqkv.weight": np.concatenate([a.W_Q.T, a.W_K.T, a.W_V.T]),                # (3d, d)
-            f"{p}.attn.out_proj.weight": a.W_O.T,
-            f"{p}.ffn.up_proj.weight": f.W_in.T, f"{p}.ffn.down_proj.weight": f.W_out.T,
-        }
-    t["transformer.norm_f.weight"] = weights.final_norm.weight
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                                  # (V, d)
-    return c_arrays(t)
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """MPT's config.json of a llama.cpp file: ALiBi, no RoPE keys."""
+    d, H, Hkv, dk = dims["d"], dims["H"], dims["Hkv"], dims["d_head"]
+    bias_max = meta.get("mpt.attention.max_alibi_bias", 8.0)
+    if Hkv != H or dk * H != d or dims["f"] != 4 * d or bias_max != 8:
+        raise QkvError(f"the GGUF mpt model has {H} heads of {dk}, {Hkv} K/V heads, d_ff {dims['f']} in d_model "
+                       f"{d} and ALiBi's maximum bias {bias_max!r:.10}; qkv runs MPT with d_model / heads per "
+                       "head, none grouped, d_ff = 4·d_model and ALiBi's bias 8")
+    return {"d_model": d, "n_heads": H, "n_layers": dims["L"], "expansion_ratio": 4, "max_seq_len": dims["n_ctx"],
+            "layer_norm_epsilon": dims["eps"], "no_bias": True, "tie_word_embeddings": False,
+            "attn_config": {"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
+                            "softmax_scale": None}}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table).
+GGUF = {
+    "mpt": Arch("mpt", "MptForCausalLM",
+                {"attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
+                 "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"},
+                {"token_embd": "wte", "output_norm": "norm_f", "output": "lm_head"},
+                norm="layer", layers="blocks", keys=("attention.max_alibi_bias",), config=_gguf_config),
+}

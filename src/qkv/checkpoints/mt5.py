@@ -27,6 +27,8 @@ from . import t5
 from .common import reads_back
 from .tensors import TensorStore
 
+MODEL_TYPES = ("mt5",)
+
 IGNORED = t5.IGNORED
 
 

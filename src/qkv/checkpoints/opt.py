@@ -1,17 +1,7 @@
 """OPT (Meta's OPT-125m … 66b, OPT-350m's post-LN layout): learned positions from row 2, LayerNorm, ReLU FFN.
 
-    checkpoint name (relative to OPTModel)              qkv name
-    decoder.embed_tokens                                tok_embed (V, d_embed)
-    decoder.project_in (when d_embed ≠ d_model)         embed_in: X = E[ids]·embed_in + P[p + 2]
-    decoder.embed_positions                             pos_embed, read from row p + 2 (position_offset)
-    decoder.layers.{i}.self_attn_layer_norm             attn_norm (before attention, or after its residual step)
-    decoder.layers.{i}.self_attn.q_proj/k_proj/v_proj   W_Q / W_K / W_V (enable_bias: with biases)
-    decoder.layers.{i}.self_attn.out_proj               W_O
-    decoder.layers.{i}.final_layer_norm                 ffn_norm (each layer's own, despite the name)
-    decoder.layers.{i}.fc1 / fc2                        W_in / W_out: act(x·W_in + b_in)·W_out + b_out
-    decoder.final_layer_norm (pre-LN only)              final_norm
-    decoder.project_out (when d_embed ≠ d_model)        unembed_in: logits = (Norm(x)·unembed_in)·W_vocab
-    lm_head (beside OPTModel; absent when tied)         W_vocab (d_embed, V)
+Its tensors: `ROWS` below, each checkpoint name (relative to OPTModel) beside ours and how it is stored, read
+both ways (loading and saving).
 
 Knobs: do_layer_norm_before (true: pre-LN, x + Box(Norm(x)), then a final norm; false, OPT-350m: post-LN,
 Norm(x + Box(x)) after each box, and no final norm); _remove_final_layer_norm (pre-LN without the final
@@ -26,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.config import ModelConfig
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .table import LINEAR, How, Row, attention, both_ways, linear, lm_head, qkv_bias
+
+MODEL_TYPES = ("opt",)
 
 OFFSET = 2                     # OPTLearnedPositionalEmbedding: position p reads row p + 2
 
@@ -57,38 +48,50 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, e = cfg.d_model, cfg.d_ff, cfg.d_embed or cfg.d_model
+class Affine(How):
+    """A LayerNorm's γ, stored only when norm_affine (else γ = 1, none stored, none written)."""
 
-    def norm(name: str) -> NormWeights:
-        if not cfg.norm_affine:                                     # γ = 1, no β: nothing stored
-            return NormWeights(np.ones(d, dtype))
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype), store.get(f"{name}.bias", (d,), dtype))
+    def read(self, store, name, shape, dtype, cfg):
+        return store.get(name, shape, dtype) if cfg.norm_affine else np.ones(shape, dtype)
 
-    def linear(name: str, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray | None]:
-        b = store.get(f"{name}.bias", (n_out,), dtype) if cfg.qkv_bias else None
-        return linear_T(store, f"{name}.weight", n_in, n_out, dtype), b
+    def write(self, value, cfg):
+        return value if cfg.norm_affine else None
 
-    def block(i: int) -> BlockWeights:
-        p = f"decoder.layers.{i}"
-        (W_Q, b_Q), (W_K, b_K), (W_V, b_V), (W_O, b_O) = (linear(f"{p}.self_attn.{x}_proj", d, d)
-                                                          for x in ("q", "k", "v", "out"))
-        (W_in, b_in), (W_out, b_out) = linear(f"{p}.fc1", d, f), linear(f"{p}.fc2", f, d)
-        return BlockWeights(attn_norm=norm(f"{p}.self_attn_layer_norm"),
-                            attn=AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=b_O),
-                            ffn_norm=norm(f"{p}.final_layer_norm"),
-                            ffn=FFNWeights(W_in=W_in, W_out=W_out, b_in=b_in, b_out=b_out))
 
-    tok = store.get("decoder.embed_tokens.weight", (cfg.vocab_size, e), dtype)          # (V, d_embed)
-    W_vocab = tok.T if cfg.tied_embeddings else linear_T(store, "lm_head.weight", e, cfg.vocab_size, dtype)
-    projected = cfg.d_embed is not None
-    return Weights(
-        tok_embed=tok, blocks=[block(i) for i in range(cfg.n_layers)],
-        pos_embed=store.get("decoder.embed_positions.weight", (cfg.max_positions + OFFSET, d), dtype),
-        final_norm=norm("decoder.final_layer_norm") if cfg.final_norm else None, W_vocab=W_vocab,
-        embed_in=linear_T(store, "decoder.project_in.weight", e, d, dtype) if projected else None,
-        unembed_in=linear_T(store, "decoder.project_out.weight", d, e, dtype) if projected else None,
-    )
+def affine(cfg: ModelConfig) -> bool:
+    return cfg.norm_affine
+
+
+def final(cfg: ModelConfig) -> bool:
+    return cfg.final_norm
+
+
+def projected(cfg: ModelConfig) -> bool:
+    return cfg.d_embed is not None
+
+
+def _norm(ours: str, hf: str, when=None) -> list[Row]:
+    """A LayerNorm: γ (1 when not norm_affine) and β (only when norm_affine)."""
+    return [Row(f"{ours}.weight", f"{hf}.weight", "d", Affine(), when),
+            Row(f"{ours}.bias", f"{hf}.bias", "d", when=affine if when is None else lambda c: affine(c) and when(c))]
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one (enable_bias: every
+# linear map's bias, or none).
+ROWS = [
+    Row("tok_embed", "decoder.embed_tokens.weight", "V e"),                         # (V, d_embed)
+    Row("pos_embed", "decoder.embed_positions.weight", f"P+{OFFSET} d"),
+    Row("embed_in", "decoder.project_in.weight", "e d", LINEAR, projected),
+    Row("unembed_in", "decoder.project_out.weight", "d e", LINEAR, projected),
+    *_norm("block.attn_norm", "decoder.layers.{i}.self_attn_layer_norm"),
+    *attention("decoder.layers.{i}.self_attn", qkv_bias, qkv_bias, out="out_proj"),
+    *_norm("block.ffn_norm", "decoder.layers.{i}.final_layer_norm"),
+    *linear("block.ffn.W_in", "decoder.layers.{i}.fc1", "d f", "block.ffn.b_in", qkv_bias),
+    *linear("block.ffn.W_out", "decoder.layers.{i}.fc2", "f d", "block.ffn.b_out", qkv_bias),
+    *_norm("final_norm", "decoder.final_layer_norm", final),
+    lm_head("lm_head.weight", "e V", prefer_stored=False),
+]
+weights, tensors = both_ways(ROWS, "model.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -104,25 +107,3 @@ def hf_config(cfg: ModelConfig) -> dict:
         "tie_word_embeddings": cfg.tied_embeddings, "dropout": 0.0, "attention_dropout": 0.0, "layerdrop": 0.0,
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
     }, config)
-
-
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under OPTForCausalLM's names, as its file stores it (Linear: (out, in)); new arrays. Tied: no
-    lm_head; LayerNorms without γ, β (norm_affine False): none of theirs."""
-    def norm(name: str, w: NormWeights | None) -> dict:
-        return {} if w is None or not cfg.norm_affine else {f"{name}.weight": w.weight, f"{name}.bias": w.bias}
-
-    p0 = "model.decoder"
-    t = {f"{p0}.embed_tokens.weight": weights.tok_embed, f"{p0}.embed_positions.weight": weights.pos_embed,
-         f"{p0}.project_in.weight": None if weights.embed_in is None else weights.embed_in.T,        # (d, d_embed)
-         f"{p0}.project_out.weight": None if weights.unembed_in is None else weights.unembed_in.T}   # (d_embed, d)
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"{p0}.layers.{i}", b.attn, b.ffn
-        t |= norm(f"{p}.self_attn_layer_norm", b.attn_norm) | norm(f"{p}.final_layer_norm", b.ffn_norm)
-        for x, W, bias in (("q", a.W_Q, a.b_Q), ("k", a.W_K, a.b_K), ("v", a.W_V, a.b_V), ("out", a.W_O, a.b_O)):
-            t |= {f"{p}.self_attn.{x}_proj.weight": W.T, f"{p}.self_attn.{x}_proj.bias": bias}
-        t |= {f"{p}.fc1.weight": f.W_in.T, f"{p}.fc1.bias": f.b_in, f"{p}.fc2.weight": f.W_out.T, f"{p}.fc2.bias": f.b_out}
-    t |= norm(f"{p0}.final_layer_norm", weights.final_norm)
-    if not cfg.tied_embeddings:
-        t["lm_head.weight"] = weights.W_vocab.T                                # (V, d_embed)
-    return c_arrays(t)

@@ -31,6 +31,8 @@ from . import bart
 from .common import c_arrays, reads_back
 from .tensors import TensorStore
 
+MODEL_TYPES = ("pegasus",)
+
 IGNORED = {k: v for k, v in bart.IGNORED.items() if "version" not in k}
 
 
@@ -62,5 +64,5 @@ def hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under PegasusForConditionalGeneration's name, the sinusoids too (transformers saves
     them); new arrays."""
-    return c_arrays(bart.head_tensors(weights, cfg) | bart.stack_tensors(weights.encoder, "encoder", True)
-                    | bart.stack_tensors(weights.decoder, "decoder", True))
+    return c_arrays(bart.head_tensors(weights, cfg) | bart.stack_tensors(weights.encoder, cfg, "encoder", True)
+                    | bart.stack_tensors(weights.decoder, cfg, "decoder", True))

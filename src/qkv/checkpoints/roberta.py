@@ -1,16 +1,7 @@
 """RoBERTa and XLM-RoBERTa: BERT's blocks, positions counted over the ids that are not pads, a masked-LM head.
 
-    checkpoint name (relative to RobertaModel)     qkv name
-    embeddings.word_embeddings                     tok_embed
-    embeddings.position_embeddings (P + pad + 1 rows)  pos_embed: the k-th non-pad token reads row pad + 1 + k,
-                                                   a pad row pad (positions_from_ids, position_offset = pad + 1)
-    embeddings.token_type_embeddings               type_embed
-    embeddings.LayerNorm                           embed_norm
-    encoder.layer.{i}.…                            BERT's names (bert.py): W_Q / W_K / W_V / W_O, attn_norm,
-                                                   W_in / W_out, ffn_norm (post-norm)
-    lm_head.dense, lm_head.layer_norm              W_head, b_head, head_norm: Norm(gelu(Z·W_head + b))
-    lm_head.decoder.weight (absent when tied)      W_vocab (tied: tok_embedᵀ)
-    lm_head.decoder.bias (else its tied copy lm_head.bias)   b_vocab
+Its tensors: `ROWS` below, each checkpoint name (relative to RobertaModel) beside ours and how it is stored, read
+both ways (loading and saving).
 transformers numbers the positions from the ids (create_position_ids_from_input_ids), not from the
 attention mask: a left-padded row reads the same rows as the row alone. RobertaForMaskedLM gives logits
 (`qkv next` reads a masked token); RobertaModel gives hidden states. XLM-RoBERTa (model_type
@@ -20,14 +11,16 @@ RobertaForCausalLM) is refused. `hf_config` / `tensors` write a RobertaModel or 
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
+
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import Weights
 from . import bert
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
-from .tensors import TensorStore
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .table import Head, How, Row, both_ways, linear
+
+MODEL_TYPES = ("roberta", "xlm-roberta")
 
 IGNORED = {
     "embeddings.position_ids": "the positions 0…P−1, a buffer older transformers saved",
@@ -79,17 +72,34 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, V = cfg.d_model, cfg.vocab_size
-    w = bert.weights(store, cfg.with_(max_positions=cfg.max_positions + cfg.position_offset), dtype)
-    if cfg.lm_head or store.has("lm_head.dense.weight"):          # RobertaForMaskedLM
-        w.W_head, w.b_head = linear_T(store, "lm_head.dense.weight", d, d, dtype), store.get("lm_head.dense.bias", (d,), dtype)
-        w.head_norm = bert.norm_of(store, "lm_head.layer_norm", d, dtype)
-        w.W_vocab = w.tok_embed.T if cfg.tied_embeddings and not store.has("lm_head.decoder.weight") else \
-            linear_T(store, "lm_head.decoder.weight", d, V, dtype)
-        bias = "lm_head.decoder.bias" if store.has("lm_head.decoder.bias") else "lm_head.bias"   # what decoder adds
-        w.b_vocab = store.get(bias, (V,), dtype)
-    return w
+class DecoderBias(How):
+    """b_vocab: lm_head.decoder.bias, or (files that hold only the tied copy) lm_head.bias; written as the
+    decoder's when untied, as lm_head.bias when tied (the head's own bias, which decoder.bias is)."""
+
+    def read(self, store, name, shape, dtype, cfg):
+        return store.get(name if store.has(name) else "lm_head.bias", shape, dtype)
+
+    def write_all(self, name, value, cfg):
+        return {"lm_head.bias" if cfg.tied_embeddings else name: value}
+
+
+def masked_lm_head(cfg: ModelConfig) -> bool:
+    return cfg.lm_head
+
+
+HEAD = "lm_head.dense.weight"          # a checkpoint that holds it has the masked-LM head, whatever config.json says
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. BERT's embeddings (the
+# positions after the pad's rows) and blocks, then RobertaForMaskedLM's head (beside the encoder, "roberta.").
+ROWS = [
+    *bert.ROWS,
+    *linear("W_head", "lm_head.dense", "d d", "b_head", when=masked_lm_head),
+    *bert.layer_norm("head_norm", "lm_head.layer_norm", when=masked_lm_head),
+    Row("W_vocab", "lm_head.decoder.weight", "d V", Head(), masked_lm_head),
+    Row("b_vocab", "lm_head.decoder.bias", "V", DecoderBias(), masked_lm_head),
+]
+ROWS = [replace(r, root=True, also=HEAD) if r.hf.startswith("lm_head.") else r for r in ROWS]
+weights, tensors = both_ways(ROWS, lambda w: "" if w.W_head is None else "roberta.")
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -105,17 +115,3 @@ def hf_config(cfg: ModelConfig) -> dict:
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "pad_token_id": cfg.pad_token_id,
         "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
     }, config)
-
-
-def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Every tensor under RobertaModel's names ("roberta." + them and lm_head.* with a head); new arrays."""
-    base = bert.tensors(weights, cfg)
-    if weights.W_head is None:
-        return base
-    t = {f"roberta.{k}": v for k, v in base.items()}
-    t |= {"lm_head.dense.weight": weights.W_head.T, "lm_head.dense.bias": weights.b_head,            # (d, d)
-          "lm_head.layer_norm.weight": weights.head_norm.weight, "lm_head.layer_norm.bias": weights.head_norm.bias,
-          "lm_head.bias": weights.b_vocab}                                           # tied: decoder.bias is it
-    if not cfg.tied_embeddings:                                                       # untied: decoder's own bias
-        t["lm_head.decoder.weight"], t["lm_head.decoder.bias"] = weights.W_vocab.T, t.pop("lm_head.bias")  # (V, d)
-    return c_arrays(t)

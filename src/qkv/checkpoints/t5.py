@@ -1,19 +1,7 @@
 """T5: an encoder–decoder, pre-norm RMSNorm, relative position buckets, no 1/√d_k, no biases.
 
-    checkpoint name (relative to T5ForConditionalGeneration)        qkv name
-    shared                                                          tok_embed (both stacks)
-    {stack}.block.0.layer.0.SelfAttention.relative_attention_bias   rel_bias (buckets, H), for every layer
-    {stack}.block.{i}.layer.0.SelfAttention.q / k / v / o           W_Q / W_K / W_V / W_O
-    {stack}.block.{i}.layer.0.layer_norm                            attn_norm (RMS, before attention)
-    decoder.block.{i}.layer.1.EncDecAttention.q / k / v / o         cross_attn: Q from the decoder, K, V from
-                                                                    the encoder
-    decoder.block.{i}.layer.1.layer_norm                            cross_norm
-    {stack}.block.{i}.layer.{f}.DenseReluDense.wi / wo              W_in / W_out: ReLU(x·W_in)·W_out
-    {stack}.block.{i}.layer.{f}.DenseReluDense.wi_0 / wi_1          v1.1 "gated-gelu": W_gate / W_in,
-                                                                    GELU(x·W_gate) ⊙ x·W_in (tanh GELU)
-    {stack}.block.{i}.layer.{f}.layer_norm                          ffn_norm
-    {stack}.final_layer_norm                                        final_norm
-    lm_head (absent when tied)                                      W_vocab
+Its tensors: `stack_rows` below, each checkpoint name (relative to T5ForConditionalGeneration) beside ours and how
+it is stored, read both ways (loading and saving).
 {f} is 1 in the encoder, 2 in the decoder (after the cross-attention). Heads have d_kv, which
 need not be d_model / H. The original T5 ties W_vocab to the table and scales the decoder's output
 by d_model^-0.5 first; v1.1 (flan-t5) has its own lm_head and no rescale. transformers 5 writes
@@ -27,9 +15,12 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Seq2SeqWeights, Weights
+from ..core.weights import Seq2SeqWeights
 from .common import HF_ACTIVATIONS, activation, c_arrays, linear_T, need, reads_back
+from .table import LINEAR, Row, gated_ffn, layer_norm, read_table, write_table
 from .tensors import TensorStore
+
+MODEL_TYPES = ("t5",)
 
 # Tensors a T5 checkpoint may hold that qkv never reads, relative to T5ForConditionalGeneration.
 IGNORED = {
@@ -69,48 +60,68 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def _stack(store: TensorStore, cfg: ModelConfig, dtype, which: str, tok: np.ndarray) -> Weights:
-    d, f, inner = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.d_head
-    decoder = which == "decoder"
+def gated(cfg: ModelConfig) -> bool:
+    return cfg.gated_ffn
 
-    def rms(name: str) -> NormWeights:
-        return NormWeights(store.get(f"{name}.weight", (d,), dtype))
 
-    def attention(p: str) -> AttentionWeights:
-        return AttentionWeights(W_Q=linear_T(store, f"{p}.q.weight", d, inner, dtype),
-                                W_K=linear_T(store, f"{p}.k.weight", d, inner, dtype),
-                                W_V=linear_T(store, f"{p}.v.weight", d, inner, dtype),
-                                W_O=linear_T(store, f"{p}.o.weight", inner, d, dtype))
+def plain(cfg: ModelConfig) -> bool:
+    return not cfg.gated_ffn
 
-    def block(i: int) -> BlockWeights:
-        p = f"{which}.block.{i}.layer"
-        ff = f"{p}.{2 if decoder else 1}"
-        m = f"{ff}.DenseReluDense"
-        if cfg.gated_ffn:
-            ffn = FFNWeights(W_gate=linear_T(store, f"{m}.wi_0.weight", d, f, dtype),
-                             W_in=linear_T(store, f"{m}.wi_1.weight", d, f, dtype),
-                             W_out=linear_T(store, f"{m}.wo.weight", f, d, dtype))
-        else:
-            ffn = FFNWeights(W_in=linear_T(store, f"{m}.wi.weight", d, f, dtype),
-                             W_out=linear_T(store, f"{m}.wo.weight", f, d, dtype))
-        return BlockWeights(attn_norm=rms(f"{p}.0.layer_norm"), attn=attention(f"{p}.0.SelfAttention"),
-                            ffn_norm=rms(f"{ff}.layer_norm"), ffn=ffn,
-                            cross_attn=attention(f"{p}.1.EncDecAttention") if decoder else None,
-                            cross_norm=rms(f"{p}.1.layer_norm") if decoder else None)
 
-    rel = store.get(f"{which}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                    (cfg.relative_buckets, cfg.n_heads), dtype)
-    return Weights(tok_embed=tok, blocks=[block(i) for i in range(cfg.n_decoder_layers if decoder else cfg.n_layers)],
-                   final_norm=rms(f"{which}.final_layer_norm"), rel_bias=rel)
+def _attention(p: str, ours: str) -> list[Row]:
+    """q, k, v, o at P (Linears without biases; T5 does not scale Q·Kᵀ)."""
+    return [Row(f"{ours}.W_Q", f"{p}.q.weight", "d q", LINEAR), Row(f"{ours}.W_K", f"{p}.k.weight", "d kv", LINEAR),
+            Row(f"{ours}.W_V", f"{p}.v.weight", "d kv", LINEAR), Row(f"{ours}.W_O", f"{p}.o.weight", "q d", LINEAR)]
+
+
+def stack_rows(which: str, bias_per_layer: bool = False) -> list[Row]:
+    """The table of one stack ("encoder", or "decoder" with cross-attention in layer.1 of each block), read both
+    ways: each sublayer's RMSNorm (no β) before it; the FFN last (wi, or wi_0 and wi_1 gated); the relative
+    position bias table (buckets, H) in block 0's self-attention, the stack's (or, BIAS_PER_LAYER, each
+    block's own: UMT5)."""
+    p = f"{which}.block.{{i}}.layer"
+    ff = f"{p}.{2 if which == 'decoder' else 1}"
+    bias = "relative_attention_bias.weight"
+    cross = [*_attention(f"{p}.1.EncDecAttention", "block.cross_attn"),
+             *layer_norm("block.cross_norm", f"{p}.1.layer_norm", bias=False)] if which == "decoder" else []
+    return [
+        Row("block.attn.rel_bias", f"{p}.0.SelfAttention.{bias}", "R H") if bias_per_layer else
+        Row("rel_bias", f"{which}.block.0.layer.0.SelfAttention.{bias}", "R H"),
+        *layer_norm("block.attn_norm", f"{p}.0.layer_norm", bias=False),
+        *_attention(f"{p}.0.SelfAttention", "block.attn"),
+        *cross,
+        *layer_norm("block.ffn_norm", f"{ff}.layer_norm", bias=False),
+        *gated_ffn(f"{ff}.DenseReluDense", "wi_0", "wi_1", "wo", when=gated),
+        Row("block.ffn.W_in", f"{ff}.DenseReluDense.wi.weight", "d f", LINEAR, plain),
+        Row("block.ffn.W_out", f"{ff}.DenseReluDense.wo.weight", "f d", LINEAR, plain),
+        *layer_norm("final_norm", f"{which}.final_layer_norm", bias=False),
+    ]
+
+
+def stacks(store: TensorStore, cfg: ModelConfig, dtype, bias_per_layer: bool = False) -> Seq2SeqWeights:
+    """Both stacks by `stack_rows`, over the shared table (older files name it encoder.embed_tokens), and the
+    head: lm_head when the file has one, else the table's transpose."""
+    name = "shared.weight" if store.has("shared.weight") else "encoder.embed_tokens.weight"
+    tok = store.get(name, (cfg.vocab_size, cfg.d_model), dtype)
+    encoder, decoder = (read_table(stack_rows(which, bias_per_layer), store, cfg, dtype, n, tok_embed=tok)
+                        for which, n in (("encoder", cfg.n_layers), ("decoder", cfg.n_decoder_layers)))
+    decoder.W_vocab = tok.T if not store.has("lm_head.weight") else linear_T(store, "lm_head.weight", cfg.d_model,
+                                                                              cfg.vocab_size, dtype)
+    return Seq2SeqWeights(encoder, decoder)
+
+
+def stacks_tensors(weights: Seq2SeqWeights, cfg: ModelConfig, bias_per_layer: bool = False) -> dict:
+    """Every tensor of both stacks by `stack_rows`, the shared table, and lm_head when W_vocab is not the table."""
+    t = {"shared.weight": weights.tok_embed}                                          # (V, d)
+    for which, w in (("encoder", weights.encoder), ("decoder", weights.decoder)):
+        t |= write_table(stack_rows(which, bias_per_layer), w, cfg)
+    if not np.shares_memory(weights.decoder.W_vocab, weights.tok_embed):
+        t["lm_head.weight"] = weights.decoder.W_vocab.T                               # (V, d)
+    return c_arrays(t)
 
 
 def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Seq2SeqWeights:
-    d, V = cfg.d_model, cfg.vocab_size
-    name = "shared.weight" if store.has("shared.weight") else "encoder.embed_tokens.weight"
-    tok = store.get(name, (V, d), dtype)
-    encoder, decoder = _stack(store, cfg, dtype, "encoder", tok), _stack(store, cfg, dtype, "decoder", tok)
-    decoder.W_vocab = tok.T if not store.has("lm_head.weight") else linear_T(store, "lm_head.weight", d, V, dtype)
-    return Seq2SeqWeights(encoder, decoder)
+    return stacks(store, cfg, dtype)
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -142,26 +153,4 @@ def stack_hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under T5ForConditionalGeneration's name (Linear: (out, in)); new arrays.
     lm_head only when W_vocab is not the table."""
-    t = {"shared.weight": weights.tok_embed}                                          # (V, d)
-    for which, w in (("encoder", weights.encoder), ("decoder", weights.decoder)):
-        t[f"{which}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = w.rel_bias   # (buckets, H)
-        t[f"{which}.final_layer_norm.weight"] = w.final_norm.weight
-        for i, b in enumerate(w.blocks):
-            p = f"{which}.block.{i}.layer"
-            sublayers = [(f"{p}.0", "SelfAttention", b.attn, b.attn_norm)]
-            if b.cross_attn is not None:
-                sublayers.append((f"{p}.1", "EncDecAttention", b.cross_attn, b.cross_norm))
-            for s, name, a, n in sublayers:
-                t |= {f"{s}.{name}.q.weight": a.W_Q.T, f"{s}.{name}.k.weight": a.W_K.T,     # (H·d_k, d)
-                      f"{s}.{name}.v.weight": a.W_V.T, f"{s}.{name}.o.weight": a.W_O.T,     # o: (d, H·d_k)
-                      f"{s}.layer_norm.weight": n.weight}
-            f = f"{p}.{len(sublayers)}"                                                # the FFN comes last
-            if b.ffn.W_gate is not None:
-                t |= {f"{f}.DenseReluDense.wi_0.weight": b.ffn.W_gate.T,                # (d_ff, d)
-                      f"{f}.DenseReluDense.wi_1.weight": b.ffn.W_in.T}
-            else:
-                t[f"{f}.DenseReluDense.wi.weight"] = b.ffn.W_in.T                      # (d_ff, d)
-            t |= {f"{f}.DenseReluDense.wo.weight": b.ffn.W_out.T, f"{f}.layer_norm.weight": b.ffn_norm.weight}
-    if not np.shares_memory(weights.decoder.W_vocab, weights.tok_embed):
-        t["lm_head.weight"] = weights.decoder.W_vocab.T                               # (V, d)
-    return c_arrays(t)
+    return stacks_tensors(weights, cfg)

@@ -1,17 +1,7 @@
 """ViT (Vision Transformer, Dosovitskiy et al. 2021): an image cut into patches read by a pre-norm encoder.
 
-    checkpoint name (relative to ViTModel; ViTForImageClassification adds "vit.")   qkv name
-    embeddings.cls_token (1, 1, d)                          tok_embed (1, d): [CLS], the table's one row
-    embeddings.patch_embeddings.projection (d, C, p, p)     W_patch (C·p·p, d), b_patch: the convolution of
-                                                            stride p as one product over flattened patches
-    embeddings.position_embeddings (1, 1 + P, d)            pos_embed (1 + P, d)
-    encoder.layer.{i}.layernorm_before                      attn_norm (before attention)
-    encoder.layer.{i}.attention.attention.query/key/value   W_Q / W_K / W_V (+ b where qkv_bias)
-    encoder.layer.{i}.attention.output.dense                W_O
-    encoder.layer.{i}.layernorm_after                       ffn_norm (before the FFN)
-    encoder.layer.{i}.intermediate.dense / output.dense     W_in / W_out
-    layernorm                                               final_norm
-    classifier (ViTForImageClassification, at the root)     W_vocab (d, labels), b_vocab: read at [CLS]
+Its tensors: `ROWS` below, each checkpoint name (relative to ViTModel; ViTForImageClassification adds "vit.") beside
+ours and how it is stored, read both ways (loading and saving).
 The pooler (ViTModel's dense + tanh on [CLS]) is not part of the encoder: IGNORED, as BERT's; so is the mask
 token of masked image modelling (used only with bool_masked_pos, which qkv never passes). transformers 5 names
 the same tensors layers.{i}.attention.q_proj / o_proj, mlp.fc1 / fc2 in memory and writes the names above.
@@ -23,9 +13,12 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from ..core.weights import Weights
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .table import LINEAR, How, Row, layer_norm, linear, qkv_bias, read_table, write_table
 from .tensors import TensorStore
+
+MODEL_TYPES = ("vit",)
 
 IGNORED = {
     "pooler.*": "the pooler (a dense layer and tanh on [CLS]), not part of the encoder",
@@ -74,47 +67,58 @@ def config(hf: dict) -> ModelConfig:
     )
 
 
-def _norm(store: TensorStore, prefix: str, d: int, dtype) -> NormWeights:
-    return NormWeights(store.get(f"{prefix}.weight", (d,), dtype), store.get(f"{prefix}.bias", (d,), dtype))
+class Batched(How):
+    """A tensor stored with a leading batch axis of 1 (cls_token (1, 1, d), position_embeddings (1, P, d))."""
+
+    def read(self, store, name, shape, dtype, cfg):
+        return store.get(name, (1, *shape), dtype).reshape(shape)
+
+    def write(self, value, cfg):
+        return value[None]
+
+
+class Patches(How):
+    """The patch convolution, stored (d, C, p_h, p_w): ours is one product, W_patch (C·p_h·p_w, d), a view."""
+
+    def read(self, store, name, shape, dtype, cfg):
+        d, C, (ph, pw) = cfg.d_model, cfg.num_channels, cfg.patch_size
+        return store.get(name, (d, C, ph, pw), dtype).reshape(d, C * ph * pw).T
+
+    def write(self, value, cfg):
+        d, C, (ph, pw) = cfg.d_model, cfg.num_channels, cfg.patch_size
+        return value.T.reshape(d, C, ph, pw)
+
+
+def classifier(cfg: ModelConfig) -> bool:
+    return cfg.lm_head
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one. With the classifier, the
+# encoder's names are under "vit." and the classifier's beside it.
+ROWS = [
+    Row("tok_embed", "embeddings.cls_token", "1 d", Batched()),                          # [CLS]
+    Row("pos_embed", "embeddings.position_embeddings", "P d", Batched()),
+    Row("W_patch", "embeddings.patch_embeddings.projection.weight", "d", Patches()),
+    Row("b_patch", "embeddings.patch_embeddings.projection.bias", "d"),
+    *layer_norm("block.attn_norm", "encoder.layer.{i}.layernorm_before"),
+    *linear("block.attn.W_Q", "encoder.layer.{i}.attention.attention.query", "d q", "block.attn.b_Q", qkv_bias),
+    *linear("block.attn.W_K", "encoder.layer.{i}.attention.attention.key", "d kv", "block.attn.b_K", qkv_bias),
+    *linear("block.attn.W_V", "encoder.layer.{i}.attention.attention.value", "d kv", "block.attn.b_V", qkv_bias),
+    *linear("block.attn.W_O", "encoder.layer.{i}.attention.output.dense", "q d", "block.attn.b_O"),
+    *layer_norm("block.ffn_norm", "encoder.layer.{i}.layernorm_after"),
+    *linear("block.ffn.W_in", "encoder.layer.{i}.intermediate.dense", "d f", "block.ffn.b_in"),
+    *linear("block.ffn.W_out", "encoder.layer.{i}.output.dense", "f d", "block.ffn.b_out"),
+    *layer_norm("final_norm", "layernorm"),
+    Row("W_vocab", "classifier.weight", "d V", LINEAR, classifier, root=True),
+    Row("b_vocab", "classifier.bias", "V", when=classifier, root=True),
+]
 
 
 def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Weights:
-    d, f, hd = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.d_head
-    C, (ph, pw) = cfg.num_channels, cfg.patch_size
-
-    def block(i: int) -> BlockWeights:
-        p = f"encoder.layer.{i}"
-        a = f"{p}.attention.attention"
-        bias = (lambda name, n: store.get(name, (n,), dtype)) if cfg.qkv_bias else (lambda name, n: None)
-        attn = AttentionWeights(
-            W_Q=linear_T(store, f"{a}.query.weight", d, hd, dtype), b_Q=bias(f"{a}.query.bias", hd),
-            W_K=linear_T(store, f"{a}.key.weight", d, hd, dtype), b_K=bias(f"{a}.key.bias", hd),
-            W_V=linear_T(store, f"{a}.value.weight", d, hd, dtype), b_V=bias(f"{a}.value.bias", hd),
-            W_O=linear_T(store, f"{p}.attention.output.dense.weight", hd, d, dtype),
-            b_O=store.get(f"{p}.attention.output.dense.bias", (d,), dtype))
-        ffn = FFNWeights(W_in=linear_T(store, f"{p}.intermediate.dense.weight", d, f, dtype),
-                         b_in=store.get(f"{p}.intermediate.dense.bias", (f,), dtype),
-                         W_out=linear_T(store, f"{p}.output.dense.weight", f, d, dtype),
-                         b_out=store.get(f"{p}.output.dense.bias", (d,), dtype))
-        return BlockWeights(attn_norm=_norm(store, f"{p}.layernorm_before", d, dtype), attn=attn,
-                            ffn_norm=_norm(store, f"{p}.layernorm_after", d, dtype), ffn=ffn)
-
-    e = "embeddings"
-    conv = store.get(f"{e}.patch_embeddings.projection.weight", (d, C, ph, pw), dtype)     # (d, C, p, p)
-    has_head = cfg.lm_head
-    if has_head and not store.has("classifier.weight"):
+    if cfg.lm_head and not store.has("classifier.weight"):
         raise QkvError("config.json says ViTForImageClassification but the checkpoint has no classifier; "
                        "use the config.json that came with it")
-    return Weights(
-        tok_embed=store.get(f"{e}.cls_token", (1, 1, d), dtype).reshape(1, d),               # [CLS]
-        pos_embed=store.get(f"{e}.position_embeddings", (1, cfg.max_positions, d), dtype).reshape(cfg.max_positions, d),
-        W_patch=conv.reshape(d, C * ph * pw).T,                                             # (C·p·p, d) a view
-        b_patch=store.get(f"{e}.patch_embeddings.projection.bias", (d,), dtype),
-        blocks=[block(i) for i in range(cfg.n_layers)],
-        final_norm=_norm(store, "layernorm", d, dtype),
-        W_vocab=linear_T(store, "classifier.weight", d, cfg.vocab_size, dtype) if has_head else None,
-        b_vocab=store.get("classifier.bias", (cfg.vocab_size,), dtype) if has_head else None,
-    )
+    return read_table(ROWS, store, cfg, dtype)
 
 
 def hf_config(cfg: ModelConfig, labels: list[str] | None = None) -> dict:
@@ -134,23 +138,4 @@ def hf_config(cfg: ModelConfig, labels: list[str] | None = None) -> dict:
 def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under ViTForImageClassification's names (ViTModel's without a classifier), as its file stores
     them (Linear: (out, in); the patch convolution (d, C, p, p)); new arrays."""
-    d, C, (ph, pw) = cfg.d_model, cfg.num_channels, cfg.patch_size
-    v = "vit." if weights.W_vocab is not None else ""
-    t = {f"{v}embeddings.cls_token": weights.tok_embed.reshape(1, 1, d),
-         f"{v}embeddings.position_embeddings": weights.pos_embed[None],
-         f"{v}embeddings.patch_embeddings.projection.weight": weights.W_patch.T.reshape(d, C, ph, pw),
-         f"{v}embeddings.patch_embeddings.projection.bias": weights.b_patch,
-         f"{v}layernorm.weight": weights.final_norm.weight, f"{v}layernorm.bias": weights.final_norm.bias}
-    for i, b in enumerate(weights.blocks):
-        p, a, f = f"{v}encoder.layer.{i}", b.attn, b.ffn
-        t |= {f"{p}.attention.attention.query.weight": a.W_Q.T, f"{p}.attention.attention.query.bias": a.b_Q,
-              f"{p}.attention.attention.key.weight": a.W_K.T, f"{p}.attention.attention.key.bias": a.b_K,
-              f"{p}.attention.attention.value.weight": a.W_V.T, f"{p}.attention.attention.value.bias": a.b_V,
-              f"{p}.attention.output.dense.weight": a.W_O.T, f"{p}.attention.output.dense.bias": a.b_O,
-              f"{p}.layernorm_before.weight": b.attn_norm.weight, f"{p}.layernorm_before.bias": b.attn_norm.bias,
-              f"{p}.layernorm_after.weight": b.ffn_norm.weight, f"{p}.layernorm_after.bias": b.ffn_norm.bias,
-              f"{p}.intermediate.dense.weight": f.W_in.T, f"{p}.intermediate.dense.bias": f.b_in,
-              f"{p}.output.dense.weight": f.W_out.T, f"{p}.output.dense.bias": f.b_out}
-    if weights.W_vocab is not None:
-        t |= {"classifier.weight": weights.W_vocab.T, "classifier.bias": weights.b_vocab}
-    return c_arrays(t)
+    return write_table(ROWS, weights, cfg, "" if weights.W_vocab is None else "vit.")

@@ -31,6 +31,8 @@ from . import bart
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
 from .tensors import TensorStore
 
+MODEL_TYPES = ("whisper",)
+
 IGNORED: dict[str, str] = {}
 ARCHITECTURES = ("WhisperForConditionalGeneration", "WhisperModel")
 
@@ -101,7 +103,7 @@ def hf_config(cfg: ModelConfig) -> dict:
 def tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Every tensor under WhisperForConditionalGeneration's names ("model." + the table's), as its file stores them."""
     enc, dec = weights.encoder, weights.decoder
-    t = bart.stack_tensors(enc, "encoder", True) | bart.stack_tensors(dec, "decoder", True)
+    t = bart.stack_tensors(enc, cfg, "encoder", True) | bart.stack_tensors(dec, cfg, "decoder", True)
     for name, conv in zip(("conv1", "conv2"), enc.front):
         c_in = conv.W.shape[0] // conv.kernel
         t[f"model.encoder.{name}.weight"] = conv.W.reshape(conv.kernel, c_in, -1).transpose(2, 1, 0)   # (C_out, C_in, k)
