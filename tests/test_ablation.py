@@ -155,7 +155,7 @@ def test_cli_ablate(monkeypatch, capsys):
     assert code == 0 and "heads 1.2,0.0 zero-ablated" in out
     code, out, _ = run_main(monkeypatch, capsys, "show", "the cat sat", "--model", gpt2, "--ablate", "1.2")
     assert code == 0 and "layer 0" in out
-    for bad, message in (("3", "is not LAYER.HEAD"), ("2.0", "layer 2 does not exist"), ("0.4", "head 4 does not exist")):
+    for bad, message in (("3", "is not [STACK.][LAYER.]NAME[.HEAD]"), ("2.0", "layer 2 does not exist"), ("0.4", "head 4 does not exist")):
         code, _, err = run_main(monkeypatch, capsys, "next", "the cat sat", "--model", gpt2, "--ablate", bad)
         assert code == 2 and message in err
         assert len(err.strip().splitlines()) == 1

@@ -12,7 +12,9 @@ import pytest
 from qkv.core import blocks_backward as back
 from qkv.core import ops
 from qkv.core.attention import AttentionMask, attention_backward, scaled_dot_product_attention
-from qkv.core.blocks import Context, block, linear
+from qkv.core.blocks import linear
+from qkv.core.layer import block
+from qkv.core.context import Context
 from qkv.core.blocks_backward import Tape
 from qkv.core.config import ModelConfig
 from qkv.core.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq

@@ -1,4 +1,4 @@
-"""The one-token step's fast path (blocks.step_block, blocks.row_norm) gives the very numbers of the plain
+"""The one-token step's fast path (layer.step_block, layer.row_norm) gives the very numbers of the plain
 blocks, and generation takes it only where nothing is recorded, hooked or ablated."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qkv
-import qkv.core.blocks as qb
+import qkv.core.layer as qb
 from qkv.core.cache import KVCache
 from qkv.core.ops import rms_norm
 from qkv.core.weights import NormWeights

@@ -213,7 +213,7 @@ def test_ablate_view_generates():
     ({"0.k.2": lambda v, l: v}, "K/V head 2 does not exist"),
     ({"0.attn_out.1": lambda v, l: v}, "hook it without a head"),
     ({"0.values": lambda v, l: v}, "unknown intermediate 'values'"),
-    ({"0.heads.x": lambda v, l: v}, "is not \\[LAYER.\\]NAME\\[.HEAD\\]"),
+    ({"0.heads.x": lambda v, l: v}, "is not \\[STACK.\\]\\[LAYER.\\]NAME\\[.HEAD\\]"),
     ({"0.heads": 3}, "is not a function"),
     ({"0.attn_out": lambda v, l: v[:, :1, :2]}, "returned shape"),
     ({"0.heads": lambda v, l: "no"}, "returned <U2 values"),
@@ -228,3 +228,74 @@ def test_mistakes_are_one_clear_error(hooks, message):
 @pytest.fixture(scope="module")
 def smollm2():
     return qkv.load("smollm2")
+
+
+# ── the one key grammar (parse_key): every spelling, every kind ─────────────────
+
+@pytest.mark.parametrize("key, want", [
+    ("3.heads", (None, 3, "heads", None)),
+    ("heads", (None, None, "heads", None)),
+    ("-1.attn_out", (None, -1, "attn_out", None)),
+    ("3.heads.2", (None, 3, "heads", 2)),
+    ("3.z.2", (None, 3, "heads", 2)),
+    ("3.2", (None, 3, "heads", 2)),                       # qkv show --ablate's LAYER.HEAD
+    ((3, 2), (None, 3, "heads", 2)),                      # ablate=[(layer, head)]
+    ("encoder.3.heads.2", ("encoder", 3, "heads", 2)),
+    ("decoder.3.heads.2", ("decoder", 3, "heads", 2)),
+    ("cross.3.heads.2", ("cross", 3, "heads", 2)),
+    ("encoder.0.1", ("encoder", 0, "heads", 1)),
+    (("encoder", 3, 2), ("encoder", 3, "heads", 2)),
+    (["cross", 0, np.int64(1)], ("cross", 0, "heads", 1)),
+    ("cross.attentions", ("cross", None, "attentions", None)),
+    ("encoder.-1.k.0", ("encoder", -1, "k", 0)),
+])
+def test_every_spelling_of_a_key_parses_alike(key, want):
+    from qkv.core.hooks import parse_key
+
+    got = parse_key(key)
+    assert (got.stack, got.layer, got.name, got.head) == want
+
+
+@pytest.mark.parametrize("key", ["0.heads.x", "", "3", "encoder.", "encoder.3", "a.b.c.d", "3.heads.2.1",
+                                 ("cross", 0), ("middle", 0, 0), (0.5, 1), (True, 1), (1, 2, 3, 4), 3, None])
+def test_a_key_outside_the_grammar_is_one_error_that_shows_it(key):
+    from qkv.core.hooks import parse_key
+
+    with pytest.raises(qkv.QkvError, match=r"is not \[STACK\.\]\[LAYER\.\]NAME\[\.HEAD\] with STACK encoder, "
+                                           r"decoder or cross.*\(layer, head\) pairs"):
+        parse_key(key)
+
+
+def test_a_decoder_ablates_by_any_spelling_of_a_head():
+    """"0.heads.1", "0.1", "0.z.1" and (0, 1) knock out the same head, bit for bit; a hook zeroing it too."""
+    model = load("llama_gqa")
+    ids = reference("llama_gqa")["input_ids"][0]
+    want = model.run(ids, ablate=[(0, 1)]).logits
+    assert max_abs(want, model.run(ids).logits) > 1e-4
+    for spelling in (["0.heads.1"], ["0.1"], ["0.z.1"], "0.heads.1", [(0, 1), "0.heads.1"]):
+        assert np.array_equal(model.run(ids, ablate=spelling).logits, want), spelling
+        assert np.array_equal(model.ablate(spelling).run(ids).logits, want), spelling
+    assert np.array_equal(model.run(ids, hooks={"0.heads.1": lambda z, layer: 0}).logits, want)
+
+
+@pytest.mark.parametrize("ablate, message", [
+    (["encoder.0.heads.1"], "is a single stack, with no encoder; name its heads without a stack, e.g. '0.heads.1'"),
+    (["decoder.0.1"], "is a single stack, with no decoder"),
+    (["0.attn_out"], "ablation knocks out one head's Z"),
+    (["0.attn_out.1"], "attn_out is one array for all heads"),
+    (["0.heads"], "ablation knocks out one head's Z"),
+    (["heads.1"], "ablation knocks out one head's Z"),
+    (["0.q.1"], "ablation knocks out one head's Z"),
+    (["0.heads.x"], r"is not \[STACK\.\]\[LAYER\.\]NAME\[\.HEAD\]"),
+])
+def test_a_bad_ablation_key_is_one_clear_error(ablate, message):
+    model = load("llama_gqa")
+    with pytest.raises(qkv.QkvError, match=message):
+        model.run(reference("llama_gqa")["input_ids"][0], ablate=ablate)
+
+
+def test_a_single_stack_refuses_hooks_that_name_a_stack():
+    model = load("llama_gqa")
+    with pytest.raises(qkv.QkvError, match="is a single stack, with no cross; name its points without a stack, "
+                                           "e.g. '0.attentions'"):
+        model.run(reference("llama_gqa")["input_ids"][0], hooks={"cross.0.attentions": lambda a, layer: None})

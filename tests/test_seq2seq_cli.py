@@ -164,7 +164,7 @@ def test_next_gives_the_first_target_token_after_the_source(marian, marian_dir):
 
 
 def test_next_after_a_target_prefix(marian, marian_dir):
-    r = invoke("next", SOURCE, "--model", str(marian_dir), "-t", "1", "--target", "I go", "--top-k", "3")
+    r = invoke("next", SOURCE, "--model", str(marian_dir), "-t", "1", "--prefix", "I go", "--top-k", "3")
     ids, _ = marian.encode(SOURCE)
     tok = marian.tokenizer
     dec = [[marian.start_token, tok.token_to_id("I"), tok.token_to_id("go")]]
@@ -182,8 +182,8 @@ def test_next_refuses_what_an_encoder_decoder_lacks(monkeypatch, capsys, marian_
 
 
 def test_next_target_on_a_decoder_is_one_line(monkeypatch, capsys):
-    line = one_line_error(monkeypatch, capsys, "next", "the cat", "--model", str(MODELS / "gpt2"), "--target", "x")
-    assert "--target is the target so far of an encoder–decoder" in line
+    line = one_line_error(monkeypatch, capsys, "next", "the cat", "--model", str(MODELS / "gpt2"), "--prefix", "x")
+    assert "--prefix is the target so far of an encoder–decoder" in line
 
 
 # show --------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def table_rows(output: str) -> list[list[str]]:
 
 
 def test_show_prints_where_each_target_token_looks_in_the_source(marian, marian_dir):
-    r = invoke("show", SOURCE, "--model", str(marian_dir), "--target", "I go to school", "--layer", "0")
+    r = invoke("show", SOURCE, "--model", str(marian_dir), "--prefix", "I go to school", "--layer", "0")
     trace = translation_trace(marian, SOURCE, marian.encode("I go to school")[0])
     cross = cross_written(trace, marian.tokenizer)
     assert cross.tokens[:4] == ["I", "go", "to", "school"] and trace.tokens[:2] == ["<pad>", "I"]
@@ -220,7 +220,7 @@ def test_show_translates_when_no_target_is_given(marian, marian_dir):
 
 
 def test_show_one_head_prints_its_cross_matrix(marian, marian_dir):
-    r = invoke("show", SOURCE, "--model", str(marian_dir), "--target", "I go to school", "--head", "2",
+    r = invoke("show", SOURCE, "--model", str(marian_dir), "--prefix", "I go to school", "--head", "2",
                "--layer", "-1")
     trace = translation_trace(marian, SOURCE, marian.encode("I go to school")[0])
     a = trace.cross.layer(1).attentions[2]                                  # (n_tgt, n_src) = (5, 4)
@@ -231,7 +231,7 @@ def test_show_one_head_prints_its_cross_matrix(marian, marian_dir):
 
 def test_show_out_writes_cross_heatmaps_both_stacks_and_the_viewer(marian_dir, tmp_path):
     out = tmp_path / "views"
-    r = invoke("show", SOURCE, "--model", str(marian_dir), "--target", "I go to school", "--head", "1",
+    r = invoke("show", SOURCE, "--model", str(marian_dir), "--prefix", "I go to school", "--head", "1",
                "--out", str(out))
     names = sorted(p.name for p in out.iterdir())
     figures = ["cross_heatmap_layer1_head1", "cross_mean_layer1", "cross_layer0", "cross_layer1", "encoder_overview",
@@ -246,10 +246,10 @@ def test_show_out_writes_cross_heatmaps_both_stacks_and_the_viewer(marian_dir, t
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--ablate", "0.1"], "--ablate knocks out heads of single-stack models"),
+    (["--ablate", "encoder.9.heads.0"], "encoder layer 9 does not exist"),
     (["--layer", "2"], "decoder layer 2 does not exist"),
     (["--head", "4"], "head 4 does not exist"),
-    (["--target", ""], "the text is empty"),
+    (["--prefix", ""], "the text is empty"),
 ])
 def test_show_mistakes_touch_nothing(monkeypatch, capsys, marian_dir, tmp_path, args, message):
     out = tmp_path / "views"
@@ -258,8 +258,8 @@ def test_show_mistakes_touch_nothing(monkeypatch, capsys, marian_dir, tmp_path, 
 
 
 def test_show_target_on_a_single_stack_is_one_line(monkeypatch, capsys):
-    assert "--target is the target text of an encoder–decoder" in one_line_error(
-        monkeypatch, capsys, "show", "hi", "--target", "x")
+    assert "--prefix is the target text of an encoder–decoder" in one_line_error(
+        monkeypatch, capsys, "show", "hi", "--prefix", "x")
 
 
 def test_show_on_bart_with_its_own_tokenizer(tmp_path):

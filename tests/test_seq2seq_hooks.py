@@ -2,7 +2,9 @@
 
 Knocking out head h of a layer is the same model as one whose W_O has rows h·d_k..(h+1)·d_k set to 0
 (Z_h then adds nothing): checked in each stack, against that edit of the weights. Hook names carry the
-stack ("encoder.", "cross.", none for the decoder); bad names and entries get one clear error. Against
+stack ("encoder.", "cross.", none for the decoder); every spelling of a head in the one key grammar
+(qkv.core.hooks.parse_key: "encoder.0.heads.1", "encoder.0.1", ("encoder", 0, 1), ...) ablates the same head,
+in Python and in `qkv show --ablate`; bad names and entries get one clear error. Against
 transformers making the same edit: tests/live/test_live_seq2seq_hooks.py.
 """
 
@@ -114,3 +116,74 @@ def test_bad_ablations_get_one_clear_error(bad):
     model = load("marian")
     with pytest.raises(QkvError):
         model.run(np.arange(3, 8), [model.start_token, 4], ablate=bad)
+
+
+# ── the one key grammar on an encoder–decoder (qkv.core.hooks.parse_key) ─────────
+
+@pytest.mark.parametrize("stack, keys", [
+    ("encoder", ["encoder.0.heads.1", "encoder.0.1", "encoder.0.z.1", ("encoder", 0, 1)]),
+    ("decoder", ["decoder.0.heads.1", "0.heads.1", "0.1", "decoder.0.1", (0, 1), ("decoder", 0, 1)]),
+    ("cross", ["cross.0.heads.1", "cross.0.1", ("cross", 0, 1)]),
+])
+def test_every_spelling_of_a_head_ablates_alike(stack, keys):
+    model = load("marian")
+    ids, mask, dec, dec_mask = batch(model)
+    want = zero_rows_of_W_O(model, stack, 0, 1).forward(ids, mask, dec, dec_mask).logits
+    rows = dec_mask.astype(bool)
+    for key in keys:
+        got = model.forward(ids, mask, dec, dec_mask, ablate=[key]).logits
+        np.testing.assert_allclose(got[rows], want[rows], atol=1e-5, err_msg=str(key))
+        assert np.array_equal(model.ablate([key]).forward(ids, mask, dec, dec_mask).logits, got)
+    hooked = model.forward(ids, mask, dec, dec_mask, hooks={f"{stack}.0.heads.1": lambda z, layer: 0}).logits
+    np.testing.assert_array_equal(hooked, model.forward(ids, mask, dec, dec_mask, ablate=[keys[0]]).logits)
+
+
+def test_decoder_named_or_not_is_the_same_hook():
+    model = load("bart")
+    ids, mask, dec, dec_mask = batch(model)
+    seen = {}
+    for key in ("decoder.1.attn_out", "1.attn_out"):
+        model.forward(ids, mask, dec, dec_mask, hooks={key: lambda v, layer, key=key: seen.setdefault(key, v.copy())})
+    np.testing.assert_array_equal(seen["decoder.1.attn_out"], seen["1.attn_out"])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["cross.0.residual"], "cross-attention has"),
+    (["encoder.0.heads"], "ablation knocks out one head's Z"),
+    (["encoder.9.heads.0"], "encoder layer 9 does not exist"),
+    (["middle.0.heads.1"], r"is not \[STACK\.\]\[LAYER\.\]NAME\[\.HEAD\]"),
+])
+def test_a_bad_ablation_key_names_the_grammar(bad, message):
+    model = load("marian")
+    with pytest.raises(QkvError, match=message):
+        model.run(np.arange(3, 8), [model.start_token, 4], ablate=bad)
+
+
+def test_qkv_show_ablates_an_encoder_decoder(monkeypatch, capsys):
+    """qkv show --ablate on ko-en-tiny: each stack's heads by the grammar's keys, its table and translation those
+    of the ablated model (once refused: "--ablate knocks out heads of single-stack models")."""
+    from conftest import run_main
+
+    text = "나는 학교에 간다"
+    model = qkv.load("ko-en-tiny")
+    _, plain, _ = run_main(monkeypatch, capsys, "show", text, "--model", "ko-en-tiny")
+    for keys, heads in (("encoder.0.heads.1", [("encoder", 0, 1)]),
+                        ("cross.1.heads.0,decoder.0.heads.2", [("cross", 1, 0), (0, 2)]),
+                        ("0.2,cross.1.0", [(0, 2), ("cross", 1, 0)])):
+        code, out, err = run_main(monkeypatch, capsys, "show", text, "--model", "ko-en-tiny", "--ablate", keys)
+        assert code == 0, err
+        assert out != plain
+        translation = model.ablate(heads).generate(text, 20, temperature=0)
+        assert f"translation (greedy): {translation}\n" in out
+    code, _, err = run_main(monkeypatch, capsys, "show", text, "--model", "ko-en-tiny", "--ablate", "encoder.0.heads")
+    assert code == 2 and "ablation knocks out one head's Z" in err and len(err.strip().splitlines()) == 1
+
+
+def test_two_spellings_of_one_point_both_run():
+    model = load("marian")
+    ids, mask, dec, dec_mask = batch(model)
+    calls = []
+    model.forward(ids, mask, dec, dec_mask, hooks={"1.heads": lambda z, layer: calls.append("heads"),
+                                                   "1.z": lambda z, layer: calls.append("z"),
+                                                   "decoder.1.heads": lambda z, layer: calls.append("decoder")})
+    assert calls == ["heads", "z", "decoder"]

@@ -1,4 +1,4 @@
-"""`qkv show FEATURES.npy --model WHISPER --target TEXT`: the transcript's cross-attention over time, in the terminal and
+"""`qkv show FEATURES.npy --model WHISPER --prefix TEXT`: the transcript's cross-attention over time, in the terminal and
 with --out, on the committed Whisper fixture given a word-level tokenizer; bad features refused in one line."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def whisper(tmp_path_factory):
 def test_show_prints_where_each_word_looks_in_time(whisper, monkeypatch, capsys):
     model_dir, features = whisper
     code, out, err = run_main(monkeypatch, capsys, "show", str(features), "--model", str(model_dir),
-                              "--target", "w5 w9 w11")
+                              "--prefix", "w5 w9 w11")
     assert code == 0, err
     assert "target (given): w5 w9 w11" in out and "0.14s" in out
     trace = qkv.load(model_dir).run(np.load(features), "w5 w9 w11")
@@ -41,7 +41,7 @@ def test_show_prints_where_each_word_looks_in_time(whisper, monkeypatch, capsys)
 def test_show_out_writes_the_viewer_and_heatmaps(whisper, monkeypatch, capsys, tmp_path):
     model_dir, features = whisper
     code, out, err = run_main(monkeypatch, capsys, "show", str(features), "--model", str(model_dir),
-                              "--target", "w5 w9", "--out", str(tmp_path / "o"))
+                              "--prefix", "w5 w9", "--out", str(tmp_path / "o"))
     assert code == 0, err
     page = (tmp_path / "o" / "attention.html").read_text(encoding="utf-8")
     assert "0.08s" in page and any(p.suffix == ".png" for p in (tmp_path / "o").iterdir())
@@ -54,16 +54,16 @@ def _declaring(path, shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("make, args, message", [
-    (None, ("--target", "w5"), "no features file"),
-    (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), ("--target", "w5"), "not an .npy array of numbers"),
-    (lambda p: np.save(p, np.zeros((6, 10), np.float32)), ("--target", "w5"),
+    (None, ("--prefix", "w5"), "no features file"),
+    (lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), ("--prefix", "w5"), "not an .npy array of numbers"),
+    (lambda p: np.save(p, np.zeros((6, 10), np.float32)), ("--prefix", "w5"),
      "declares float32 (6, 10); the model reads floats of shape (mels, frames) = (6, 16)"),
     # a header declaring more than the file holds: refused from the header, before an array is made
-    (lambda p: _declaring(p, (6, 10 ** 12)), ("--target", "w5"),
+    (lambda p: _declaring(p, (6, 10 ** 12)), ("--prefix", "w5"),
      "declares float32 (6, 1000000000000); the model reads floats of shape (mels, frames) = (6, 16)"),
-    (lambda p: _declaring(p, (6, 16)), ("--target", "w5"), "declares float32 (6, 16), 384 bytes of data, but holds 0"),
-    (lambda p: np.save(p, np.zeros((6, 16), np.int64)), ("--target", "w5"), "floats of shape (mels, frames)"),
-    (lambda p: np.save(p, np.zeros((6, 16), np.float32)), (), "give the transcript with --target"),
+    (lambda p: _declaring(p, (6, 16)), ("--prefix", "w5"), "declares float32 (6, 16), 384 bytes of data, but holds 0"),
+    (lambda p: np.save(p, np.zeros((6, 16), np.int64)), ("--prefix", "w5"), "floats of shape (mels, frames)"),
+    (lambda p: np.save(p, np.zeros((6, 16), np.float32)), (), "give the transcript with --prefix"),
 ])
 def test_bad_input_is_one_line(whisper, monkeypatch, capsys, tmp_path, make, args, message):
     model_dir, _ = whisper
@@ -74,3 +74,22 @@ def test_bad_input_is_one_line(whisper, monkeypatch, capsys, tmp_path, make, arg
                               "--out", str(tmp_path / "o"))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_show_ablates_heads_of_every_stack(whisper, monkeypatch, capsys):
+    """--ablate names a head of any stack in the one key grammar (encoder.0.heads.1, cross.1.0, 0.heads.1: the
+    decoder's): the pass printed is the ablated model's (once refused on encoder–decoders)."""
+    from qkv.models.audio_model import AudioModel
+
+    model_dir, features = whisper
+    passes = []
+    run = AudioModel.run
+    monkeypatch.setattr(AudioModel, "run", lambda self, *a, **kw: passes.append(self.ablated) or run(self, *a, **kw))
+    code, out, err = run_main(monkeypatch, capsys, "show", str(features), "--model", str(model_dir), "--prefix",
+                              "w5 w9 w11", "--ablate", "encoder.0.heads.1,cross.1.0,0.heads.1")
+    assert code == 0 and "target (given): w5 w9 w11" in out, err
+    assert [{s: a and a.heads for s, a in p.items()} for p in passes] == [
+        {"encoder": {0: (1,)}, "decoder": {0: (1,)}, "cross": {1: (0,)}}]
+    code, _, err = run_main(monkeypatch, capsys, "show", str(features), "--model", str(model_dir), "--prefix", "w5",
+                            "--ablate", "cross.0.residual")
+    assert code == 2 and "cross-attention has" in err and len(err.strip().splitlines()) == 1

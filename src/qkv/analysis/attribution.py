@@ -18,8 +18,9 @@ and the logit is Norm(x_L)·W_vocab[:, t] (+ b_vocab[t]). With the norm's scale 
 does, Norm is linear in x_L, so each piece's part is piece·u with u = γ ⊙ W_vocab[:, t] / s
 (LayerNorm centres each piece first: piece·(u − mean u)). The parts sum to the logit up to
 the final norm's β and b_vocab, reported with the other terms; the tests check that they do.
-A logit scale (Cohere, Granite: logits × s) scales W_vocab's column, and Granite's residual multiplier m
-each head's and bias's piece (what joins the stream is the box's output × m).
+x_L and s are read from the trace as the pass recorded them (the last layer's residual_out and
+final_norm_scale), and what a head's or bias's piece adds to the stream is the core's `joined`
+(Granite: × its residual multiplier). A logit scale (Cohere, Granite: logits × s) scales W_vocab's column.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..runtime.errors import QkvError
-from .lens import residual_stream
+from ..core.layer import joined
 
 if TYPE_CHECKING:
     from ..models.model import Model
     from ..core.trace import Trace
 
-KEEP = ("residual", "heads", "attn_out", "ffn_out")     # what a trace must keep
+KEEP = ("residual", "heads", "attn_out", "ffn_out", "residual_out", "final_norm_scale")   # what a trace must keep
 
 
 @dataclass
@@ -132,22 +133,22 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     L = cfg.n_layers
     if any(trace.layers.get(l) is None or trace.layers[l].heads is None for l in range(L)):
         raise QkvError(f"direct logit attribution needs every layer's heads; run the model with keep={KEEP}")
-    x = residual_stream(model, trace)[-1, p].astype(np.float64)              # (d_model,) the last block's output
+    last = trace.layers[L - 1]
+    if last.residual_out is None:
+        raise QkvError(f"direct logit attribution needs the last layer's residual_out; run the model with keep={KEEP}")
     w, vocab_bias = _direction(model, target, other)                         # (d_model,)
     if cfg.scale_decoder_output:                                             # T5: logits = (Norm(x)·d^-0.5)·W
         w = w * cfg.d_model ** -0.5
     w, vocab_bias = w * cfg.logit_scale, vocab_bias * cfg.logit_scale        # Cohere, Granite: logits × s
-    m = cfg.residual_multiplier                                              # Granite: each output × m joins
     fn = weights.final_norm
-    gamma = np.ones_like(w) if fn is None else fn.weight.astype(np.float64)
-    if cfg.norm == "rms":
-        scale = float(np.sqrt(np.mean(x * x) + cfg.norm_eps))
-        u = gamma * w / scale                                                # (d_model,)
-    else:
-        xc = x - x.mean()
-        scale = float(np.sqrt(np.mean(xc * xc) + cfg.norm_eps))
-        u = gamma * w / scale
-        u = u - u.mean()                                                     # piece·(u − ū) = (piece − mean)·u
+    u, scale = w, 1.0                                                        # no final norm: x_L·w itself
+    if fn is not None:
+        if last.final_norm_scale is None:
+            raise QkvError(f"direct logit attribution needs the final norm's scale; run the model with keep={KEEP}")
+        scale = float(last.final_norm_scale[p])                              # s, as the pass divided by it
+        u = fn.weight.astype(np.float64) * w / scale                         # (d_model,) γ ⊙ w / s
+        if cfg.norm != "rms":
+            u = u - u.mean()                                                 # piece·(u − ū) = (piece − mean)·u
     heads = np.zeros((L, cfg.n_heads))
     cross = None if trace.cross is None else np.zeros((L, cfg.n_heads))    # an encoder–decoder's decoder
     ffns = np.zeros(L)
@@ -155,7 +156,7 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     for l, blk in enumerate(weights.blocks):
         z = trace.layers[l].heads[:, p].astype(np.float64)                   # (H, d_k)
         Wu = (blk.attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1)  # (H, d_k) W_O[h rows]·u
-        heads[l] = m * np.einsum("hd,hd->h", z, Wu)
+        heads[l] = joined(np.einsum("hd,hd->h", z, Wu), cfg)                 # what each head adds to the stream
         if cross is not None:                                                # Z_h of the cross-attention
             zc = trace.cross.layers[l].heads[:, p].astype(np.float64)        # (H, d_k)
             cross[l] = np.einsum("hd,hd->h", zc, (blk.cross_attn.W_O.astype(np.float64) @ u).reshape(cfg.n_heads, -1))
@@ -164,13 +165,13 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         f = trace.layers[l].ffn_out[p].astype(np.float64)                    # (d_model,)
         b_ffn = getattr(blk.ffn, "b_out", None)                              # a routed FFN (MoE) has none
         if b_ffn is not None:
-            bo = m * float(b_ffn.astype(np.float64) @ u)
+            bo = joined(float(b_ffn.astype(np.float64) @ u), cfg)
             b_out += bo
             ffns[l] = f @ u - bo
         else:
             ffns[l] = f @ u
         if blk.attn.b_O is not None:
-            b_O += m * float(blk.attn.b_O.astype(np.float64) @ u)
+            b_O += joined(float(blk.attn.b_O.astype(np.float64) @ u), cfg)
     emb = float(trace.layers[0].residual[p].astype(np.float64) @ u)
     beta = 0.0
     if fn is not None and fn.bias is not None:

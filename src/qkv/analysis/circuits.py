@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..core.blocks import QUIET, check_finite
+from ..core.layer import norm_in_front
+from ..core.context import QUIET, check_finite
 from ..runtime.errors import QkvError
 
 if TYPE_CHECKING:
@@ -83,12 +84,11 @@ def _centred(W: np.ndarray, model: "Model", axis: int = -1) -> np.ndarray:
     return W - W.mean(axis=axis, keepdims=True) if model.config.norm == "layer" else W
 
 
-def _gamma(model: "Model", layer: int, what: str) -> np.ndarray:
-    """γ of the norm in front of the head's input (pre-norm), (d_model,); ones for post-norm."""
-    blk = model.weights.blocks[layer]
-    if model.config.norm_place == "pre" and getattr(blk, what) is not None:     # OLMo 2: no norm in front
-        return getattr(blk, what).weight.astype(np.float64)
-    return np.ones(model.config.d_model)
+def _gamma(model: "Model", layer: int, box: str) -> np.ndarray:
+    """γ of the norm in front of BOX's input ("attn": the head's; the core's `norm_in_front`), (d_model,);
+    ones where the box reads the stream itself (post-norm; no norm in front: OLMo 2)."""
+    front = norm_in_front(model.weights.blocks[layer], box, model.config)
+    return np.ones(model.config.d_model) if front is None else front.weight.astype(np.float64)
 
 
 def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]:
@@ -98,7 +98,7 @@ def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]
     layer, head = model.check_layer(layer), model.check_head(head)
     a, d_k = model.weights.blocks[layer].attn, cfg.d_head
     g = head // (cfg.n_heads // cfg.n_kv_heads)
-    gamma = _gamma(model, layer, "attn_norm")[:, None]                           # (d_model, 1)
+    gamma = _gamma(model, layer, "attn")[:, None]                           # (d_model, 1)
     q, kv = slice(head * d_k, (head + 1) * d_k), slice(g * d_k, (g + 1) * d_k)
     return {"W_Q": gamma * a.W_Q[:, q], "W_K": gamma * a.W_K[:, kv], "W_V": gamma * a.W_V[:, kv],
             "W_O": _centred(a.W_O[q].astype(np.float64), model)}

@@ -155,9 +155,9 @@ def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | Non
     if compare is not None:
         if cfg.causal:
             raise QkvError("--compare is for encoders (a sentence embedding's cosine); a decoder explains its next "
-                           "token: give --target instead")
+                           "token: give --token instead")
         if target is not None or other is not None:
-            raise QkvError("--compare explains a cosine, not a token: leave out --target and --other")
+            raise QkvError("--compare explains a cosine, not a token: leave out --token and --other")
         from .patch import sentence_embedding
         v = sentence_embedding(model.forward(model.encode(compare)[0][None], attentions=False).hidden)[0]
         return Output(compare=v), f"cos(sentence embedding, {compare!r}'s)"
@@ -174,7 +174,7 @@ def output_of(model: "Model", ids: np.ndarray, target, other, compare: str | Non
                            f'predicted, e.g. "The cat sat on the {shown}."')
     if target is None:
         if other is not None:
-            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
+            raise QkvError("--other needs --token: give the token whose logit the other is subtracted from")
         logits = model.forward(ids[None], attentions=False).logits[0, position]
         target = int(np.argmax(logits))
     t = token_id(model, target)
@@ -251,7 +251,7 @@ def _attribute_seq2seq(model, source, target, other, method: str, steps: int, ba
     from ..core.seq2seq_backward import backward, taped
 
     if compare is not None:
-        raise QkvError("--compare is for encoders; an encoder–decoder explains a target token: give --target")
+        raise QkvError("--compare is for encoders; an encoder–decoder explains a target token: give --token")
     cfg, w = model.config, model.weights
     src = model.encode(source)[0] if isinstance(source, str) else model.check_ids(source)[0][0]
     tgt = np.asarray(DecoderView(model, "" if prefix is None else prefix).target, np.int64)
@@ -283,7 +283,7 @@ def _attribute_seq2seq(model, source, target, other, method: str, steps: int, ba
     out = Output()
     if target is None:
         if other is not None:
-            raise QkvError("--other needs --target: give the token whose logit the other is subtracted from")
+            raise QkvError("--other needs --token: give the token whose logit the other is subtracted from")
         logits = model.forward(src[None], decoder_input_ids=tgt[None], attentions=False).logits   # (1, n_tgt, V)
         out.target = int(np.argmax(logits[0, -1]))                        # the model's next target token
     else:

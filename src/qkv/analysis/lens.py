@@ -2,7 +2,7 @@
 
     logit_lens          text or ids → (L+1, n, V): the residual stream after l blocks through
                         the final norm and W_vocab (row 0: the embeddings; row L: the logits)
-    lens_of_trace       the same, from a trace that kept "residual", "attn_out" and "ffn_out"
+    lens_of_trace       the same, from a trace that kept "residual" and "residual_out"
     residual_stream     that trace's residual stream after 0..L blocks, (L+1, n, d_model)
     final_prediction    each position's final top token and its probability at every layer
     lens_top            the same without the (L+1, n, V) array, layer by layer, with each cell's
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..models.model import Model
     from ..core.trace import Trace
 
-KEEP = ("residual", "attn_out", "ffn_out")       # what a trace must keep for the lens
+KEEP = ("residual", "residual_out")               # what a trace must keep for the lens
 MAX_BYTES = 2 << 30                              # the lens array (L+1)·n·V; past this, one clear error
 TRACE_LENS_TOKENS = 256                          # `qkv generate/chat --trace` adds the lens up to this many tokens
 
@@ -44,32 +44,18 @@ def check_lens(model: "Model") -> None:
 def residual_stream(model: "Model", trace: "Trace") -> np.ndarray:
     """(L+1, n, d_model): row l is the residual stream after l blocks (row 0: the embeddings).
 
-    Rows 0..L-1 are the blocks' inputs ("residual"); row L is the last block's output:
-    X + attn_out (+ the cross-attention's, in an encoder–decoder's decoder) + ffn_out for pre-norm
-    models (added in the block's own order), and the final hidden states for post-norm ones (whose
-    blocks end in their own norm).
+    Rows 0..L-1 are the blocks' inputs ("residual"); row L is the last block's output ("residual_out"), the
+    stream the final norm reads, as the pass recorded them (whatever the block's layout: pre- or post-norm,
+    parallel, an encoder–decoder's decoder with its cross-attention).
     """
     L = model.config.n_layers
     if trace.layer_ids != list(range(L)) or any(trace.layers[i].residual is None for i in range(L)):
         raise QkvError("the logit lens needs every layer's residual stream; run the model with "
                        f"keep={KEEP} and every layer")
-    rows = [trace.layers[i].residual for i in range(L)]                    # L × (n, d_model)
-    last = trace.layers[L - 1]
-    post = model.config.norm_place == "post"
-    if (not post or model.weights.unembed_in is not None) and (last.attn_out is None or last.ffn_out is None):
-        raise QkvError(f"the logit lens needs the last layer's attn_out and ffn_out; run with keep={KEEP}")
-    if post and model.weights.unembed_in is not None:
-        w, cfg = model.weights.blocks[L - 1], model.config                 # OPT-350m: trace.hidden is projected to the
-        x = norm(last.residual + last.attn_out, w.attn_norm, cfg)          # table's width; the last block's output is
-        rows.append(norm(x + last.ffn_out, w.ffn_norm, cfg))               # Norm₂(Norm₁(x + a) + f), as the block's
-    elif post:
-        rows.append(trace.hidden)
-    else:
-        x = last.residual + last.attn_out                                  # x = x + a
-        if trace.cross is not None:                                        # an encoder–decoder's decoder:
-            x = x + trace.cross.layers[L - 1].attn_out                     # x = x + cross-attention
-        rows.append(x + last.ffn_out)                                      # x = x + f
-    return np.stack(rows)                                                  # (L+1, n, d_model)
+    last = trace.layers[L - 1].residual_out
+    if last is None:
+        raise QkvError(f"the logit lens needs the last layer's residual_out; run with keep={KEEP}")
+    return np.stack([trace.layers[i].residual for i in range(L)] + [last])    # (L+1, n, d_model)
 
 
 def lens_of_trace(model: "Model", trace: "Trace") -> np.ndarray:

@@ -1,5 +1,7 @@
-"""The viewer's tabs beyond attention weights: what qkv.analysis computes, handed to
-`viz.interpret_payload` as arrays — the one place the analysis methods meet the viewer's payload.
+"""The viewer's panels beyond attention weights (`viz.panels` declares them): what qkv.analysis computes,
+handed to their builders (`viz.interpret_payload`) as arrays — the one place the analysis methods meet the
+viewer's payload. It stays in analysis, not viz: it runs the analyses (a lens pass, rollout, flow), and viz
+comes before analysis in the folders' order.
 
     lens_payload(model, trace)     the "lens" section (a decoder's logit lens, `lens.lens_top`)
     rollout_payload(trace)         the "rollout" section (rollout, and flow when `rollout.flow_fits`)
@@ -9,7 +11,8 @@
 and which of them `qkv show --out`, `qkv generate/chat --trace` and `qkv serve` put beside raw
 attention (Rollout for every model, Logit lens for a decoder):
 
-    keep = sections_keep(model, n)          what the pass must keep so that no second pass is needed
+    keep = sections_keep(model, n)          what the pass must keep so that no second pass is needed (each
+                                            panel's `keep`, `viz.panels`)
     sections = viewer_sections(model, trace)   → viz.html.save_viewer(trace, ..., sections=sections)
     save_generation(stream, directory)      --trace DIR of a generation: trace.npz + .json, attention.html
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..viz.interpret_payload import attribute_section, lens_section, patch_section, rollout_section
+from ..viz.panels import panel
 from .input_attribution import InputAttribution
 from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_top
 from .patch import WHAT, Patching
@@ -75,9 +79,9 @@ def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKEN
 
 
 def sections_keep(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> tuple[str, ...]:
-    """The intermediates a trace of n tokens must keep for `viewer_sections` (attention weights, and the
-    residual stream's parts when the lens is shown)."""
-    return ("attentions",) + (LENS_KEEP if shows_lens(model, n, lens_limit) else ())
+    """The intermediates a trace of n tokens must keep for `viewer_sections`: the rollout panel's (attention
+    weights), and the lens panel's (the residual stream's parts) when the lens is shown."""
+    return panel("rollout").keep + (panel("lens").keep if shows_lens(model, n, lens_limit) else ())
 
 
 def viewer_sections(model: "Model", trace: "Trace", lens_limit: int | None = TRACE_LENS_TOKENS) -> dict:

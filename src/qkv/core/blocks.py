@@ -1,5 +1,5 @@
 """Every box of every architecture, once (guide: block): the functions that compute one box of the
-forward pass, and the `Context` that every box of one pass shares.
+forward pass (core/layer.py composes them into a block, recording and hooking each point of it).
 
     X ─▶ Norm ─▶ Q, K, V = X·W_Q, X·W_K, X·W_V ─▶ softmax(Q·Kᵀ/√d_k + M)·V = Z ─▶ Concat(Z)·W_O ─▶ + X
       (─▶ Norm ─▶ cross-attention: Q from X, K, V from the encoder's output ─▶ + X)
@@ -15,11 +15,10 @@ encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3)
 (each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
 (Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE: `route`, `routed_feed_forward`, read through
 `feed_forward`). Each box
-is called as box(x, w, …) with `w` the weights of that box; `Context` carries the config, the mask,
+is called as box(x, w, …) with `w` the weights of that box; `Context` (core/context.py) carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
-tape that blocks_backward.py (each box's backward, under the same name) reads. `step_block` is the
-one-token fast path of `block` (the same numbers), `logits_of` the last box, H·W_vocab (H: the final norm of the stream).
-qkv.models.model and qkv.models.seq2seq compose the boxes into whole passes.
+tape that blocks_backward.py (each box's backward, under the same name) reads. `logits_of` is the last
+box, H·W_vocab (H: the final norm of the stream). core/stack.py composes the blocks into whole passes.
 
 Shapes: B rows of n tokens (with a KV cache, the n new ones after the past; m keys in all),
 d_model wide. x (B, n, d_model); Q (B, H, n, d_k); K, V (B, Hkv, m, d_k) (Hkv < H: grouped
@@ -30,15 +29,15 @@ logits (B, n, V).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_top, attention_weights, merge_heads, top_of,
                         scaled_dot_product_attention, soft_cap_, split_heads)
 from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape
-from .cache import KVCache
 from .config import ModelConfig
+from .context import Context
 from ..runtime.errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
@@ -66,6 +65,29 @@ def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
     if cfg.norm == "rms":
         return rms_norm(x, g, cfg.norm_eps)
     return layer_norm(x, g, b, cfg.norm_eps)
+
+
+def norm_scale(x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """s (…,) of x (…, d): what `norm` divides each row by, √(mean(x²) + eps) (RMSNorm) or √(var(x) + eps)
+    (LayerNorm), with the very float operations of qkv.core.ops.rms_norm and layer_norm (so `norm_by(x, s)` is
+    `norm(x)` to the bit): what a pass records as attn_norm_scale, ffn_norm_scale and final_norm_scale."""
+    if cfg.norm == "rms":
+        ms = np.add.reduce(x * x, axis=-1, keepdims=True)     # (…, 1) Σ x²
+        ms /= x.shape[-1]                                     # mean(x²)
+        ms += float(cfg.norm_eps)
+        return np.sqrt(ms, out=ms)[..., 0]                    # (…,)
+    xc = x - x.mean(axis=-1, keepdims=True)                   # (…, d)
+    return np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + float(cfg.norm_eps))[..., 0]   # (…,)
+
+
+def norm_by(x: np.ndarray, s: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
+    """`norm` of x (…, d) dividing by a given s (…,) (a hooked norm_scale): x / s · γ (RMSNorm), (x − mean) / s
+    · γ + β (LayerNorm); with s = norm_scale(x) the same numbers as norm(x)."""
+    y = (x if cfg.norm == "rms" else x - x.mean(axis=-1, keepdims=True)) / s[..., None]   # (…, d)
+    y *= w.weight
+    if cfg.norm != "rms" and w.bias is not None:
+        y += w.bias
+    return y
 
 
 def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.ndarray,
@@ -147,92 +169,6 @@ def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndar
     return q, k, v
 
 
-ABLATIONS = ("zero", "mean")
-
-
-@dataclass(frozen=True)
-class Ablation:
-    """Heads knocked out of a pass: their Z = A·V replaced before Concat·W_O.
-
-    how="zero": Z_h = 0, so the head adds nothing (the same as zeroing rows h·d_k..(h+1)·d_k
-    of W_O). how="mean": Z_h = its mean over the positions of the same input (real tokens
-    only, every position, future ones included even in a decoder), so the head adds a
-    constant instead of what it read at each position. `Model.ablation` builds and checks one.
-    """
-
-    heads: dict[int, tuple[int, ...]]              # layer → its ablated query heads (0..H-1)
-    how: str = "zero"
-
-    def apply(self, layer: int, z: np.ndarray, real: np.ndarray | None) -> np.ndarray:
-        """z (B, H, n, d_k) → a copy with this layer's ablated heads replaced (z itself if none);
-        real (B, n): which of the n positions are real tokens (None: all), for the mean."""
-        heads = self.heads.get(layer)
-        if not heads:
-            return z
-        z = z.copy()
-        h = list(heads)
-        if self.how == "zero":
-            z[:, h] = 0
-            return z                                               # (B, H, n, d_k)
-        n = z.shape[2]
-        real = np.ones((z.shape[0], n), bool) if real is None else real   # (B, n) the real tokens
-        w = (real / np.maximum(real.sum(axis=1, keepdims=True), 1)).astype(z.dtype)   # (B, n)
-        mean = np.einsum("bn,bhnd->bhd", w, z[:, h])               # (B, h, d_k)
-        z[:, h] = mean[:, :, None, :]
-        return z                                                   # (B, H, n, d_k)
-
-    def join(self, other: "Ablation") -> "Ablation":
-        """Both ablations' heads (an ablated view of a model ablated again)."""
-        if other.how != self.how:
-            raise QkvError(f"this model already {self.how}-ablates heads; ablate more with how={self.how!r}")
-        layers = self.heads.keys() | other.heads.keys()
-        return Ablation({l: tuple(sorted({*self.heads.get(l, ()), *other.heads.get(l, ())})) for l in layers},
-                        self.how)
-
-
-@dataclass
-class Context:
-    """What every box of one forward pass shares, besides its input and its weights.
-
-    An encoder–decoder's decoder pass has a second Context, `cross`, for its cross-attention:
-    the source's mask, the encoder's K, V (`memory`), and its own recorder, hooks and ablation.
-    """
-
-    cfg: ModelConfig
-    mask: AttentionMask                              # who may see whom (guide: mask), + T5's position bias
-    rope: tuple[np.ndarray, np.ndarray] | None       # cos, sin (B, 1, n, d_k) of the positions; None without RoPE
-    rec: Recorder                                    # which intermediates to keep, and where
-    cache: KVCache | None = None                     # the past's K, V when decoding; None: no past
-    ablate: Ablation | None = None                   # heads whose Z is replaced; None: none (the fast path)
-    hooks: Hooks | None = None                       # functions reading or replacing values (qkv.core.hooks); None: none
-    step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
-    one_step: bool = False                           # a plain one-token step: blocks take `step_block`
-    scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (ModelConfig.score_scale)
-    memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
-    cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none
-    query_mask: np.ndarray | None = None             # cross-attention: (B, n) the real target tokens; None: all
-    rel_buckets: np.ndarray | None = None            # (n, m) T5 buckets of the pass's query–key pairs, for layers
-                                                     # with a position bias of their own (UMT5); None: none
-    tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
-    # Layers of different kinds (ModelConfig.layer_windows, local_rope_theta, no_rope_layers): one mask per
-    # window, one rotation per kind, each made once per pass; None: every layer takes `mask`, `rope`, `step_bias`.
-    masks: dict[int | None, AttentionMask] | None = None
-    ropes: dict[str | None, tuple[np.ndarray, np.ndarray] | None] | None = None
-    step_biases: dict[int | None, np.ndarray | None] | None = None
-
-    def mask_of(self, layer: int) -> AttentionMask:
-        """LAYER's mask: its window's (a full layer's: no window)."""
-        return self.mask if self.masks is None else self.masks[self.cfg.window(layer)]
-
-    def rope_of(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """LAYER's cos, sin: global, local (its own base, Gemma 3) or None (no RoPE, SmolLM3's no_rope_layers)."""
-        return self.rope if self.ropes is None else self.ropes[self.cfg.rope_kind(layer)]
-
-    def step_bias_of(self, layer: int) -> np.ndarray | None:
-        """LAYER's mask M of a one-token step (None if it hides nothing)."""
-        return self.step_bias if self.step_biases is None else self.step_biases[self.cfg.window(layer)]
-
-
 def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> np.ndarray:
     """MultiHead(X) = Concat_h softmax(Q_h·K_hᵀ/√d_k + M)·V_h · W_O (guide: qkv to heads).
 
@@ -263,9 +199,13 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     if cfg.qk_norm == "head":                                 # Qwen3, Phi: each head's q and k normalised
         pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
+    hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
+    if hooks is not None:
+        q, k = hooks(layer, "q_pre_rope", q), hooks(layer, "k_pre_rope", k)
+    rec.put(layer, "q_pre_rope", q)
+    rec.put(layer, "k_pre_rope", k)
     if rope is not None:
         q, k = apply_rope(q, *rope, cfg.rope_interleaved), apply_rope(k, *rope, cfg.rope_interleaved)   # by position
-    hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
     if hooks is not None:
         q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
     if ctx.cache is not None:
@@ -309,7 +249,8 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
     """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out; a MoE layer's
     (w a MoEWeights) is `routed_feed_forward`. The hidden h = act(x·W_in + b) (B, n, d_ff) is "neurons": h_i is
     neuron i's coefficient on its output vector W_out[i] (a key–value memory, Geva et al. 2021), hooked
-    (`hooks`; a replacement is what W_out reads: neuron ablation) and then recorded (`rec`). A MoE layer has
+    (`hooks`; a replacement is what W_out reads: neuron ablation) and then recorded (`rec`); what the activation
+    reads, x·W_in + b (gated: x·W_gate), is "ffn_pre", hooked and recorded before it. A MoE layer has
     no single d_ff hidden (each token's k experts have their own): it records none, and qkv.core.hooks
     refuses a hook on it. tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing
     kept. rec: where the hidden, or a routed FFN's router choice, is recorded; None: nowhere."""
@@ -322,16 +263,21 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
         u, g = gate_in[..., d_ff:], gate_in[..., :d_ff]     # x·W_in, x·W_gate
         if w.b_in is not None:
             u += w.b_in
-        h = act(g)                                           # act(x·W_gate)
-        h *= u                                               # ⊙ (x·W_in + b_in)
     else:
         u = linear(x, w.W_in, w.b_in)                        # (B, n, d_ff)
         g = None if w.W_gate is None else linear(x, w.W_gate)
+    if hooks is not None and hooks.wants(layer, "ffn_pre"):  # what the activation reads, e.g. a neuron's input
         if g is None:
-            h = act(u)
+            u = hooks(layer, "ffn_pre", u)
         else:
-            h = act(g)
-            h *= u                                           # act(x·W_gate) ⊙ (x·W_in + b_in)
+            g = hooks(layer, "ffn_pre", g)
+    if rec is not None:
+        rec.put(layer, "ffn_pre", u if g is None else g)     # kept only when asked for (trace.OPT_IN)
+    if g is None:
+        h = act(u)
+    else:
+        h = act(g)                                           # act(x·W_gate)
+        h *= u                                               # ⊙ (x·W_in + b_in)
     if hooks is not None and hooks.wants(layer, "neurons"):
         h = hooks(layer, "neurons", h)                       # (B, n, d_ff) e.g. a neuron set to 0
     if tape is not None:
@@ -391,191 +337,6 @@ def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Ta
         for name, value in (("router", p), ("experts", chosen), ("expert_weights", gate)):
             rec.put(layer, name, value.reshape(*shape[:-1], value.shape[-1]))   # (B, n, E or k)
     return out.reshape(shape)                                    # (B, n, d_model)
-
-
-def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
-    """`norm` of one row (1, 1, d): RMSNorm's three steps on its one number (mean, + eps, √) done as
-    scalars instead of (1, 1, 1) arrays (each NumPy call on an array costs ~2–4 µs; a SmolLM2 step
-    makes 61 norms). The same float32 numbers: each scalar step is computed in float64 and rounded
-    to float32, which for ÷, + and √ equals the float32 operation (float64 has more than 2·24 + 2 bits).
-    Plain form: rms_norm(x, w.weight, cfg.norm_eps)."""
-    if cfg.norm != "rms" or x.size != x.shape[-1]:
-        return norm(x, w, cfg)
-    ms = np.float32(float(np.add.reduce(x * x, axis=-1)[0, 0]) / x.shape[-1])     # mean(x²), float32
-    r = np.float32(math.sqrt(np.float32(ms + np.float32(cfg.norm_eps))))           # √(mean(x²) + eps)
-    y = x / r                                                                       # (1, 1, d)
-    y *= w.weight
-    return y
-
-
-def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """`block` for one new token after a KV cache's past, pre- or post-norm, with nothing recorded, hooked or
-    ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
-    goes through the same operations; tests/test_decode_fast.py), with less work around them:
-
-      - Q, K, V are one product and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
-        RoPE turns the Q and K heads in one call (plain form: apply_rope(q), apply_rope(k));
-      - K and V of the new position go straight into the cache (plain form: cache.append);
-      - a mask that hides nothing is not added (plain form: S + 0); a recorder may keep only the weights A;
-      - RMSNorm of the one row with scalars (`row_norm`).
-    Layers of different kinds take their own window's mask and their own rotation (ctx.step_bias_of, rope_of).
-    """
-    cfg, cache, a = ctx.cfg, ctx.cache, w.attn
-    B = x.shape[0]
-    H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-    hq, hk = H * dk, Hkv * dk
-    post = cfg.norm_place == "post"                             # OPT-350m: Norm(x + Box(x)) after each box
-    h_attn = x if w.attn_norm is None or post else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
-    qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
-    for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
-        if b is not None:
-            qkv[..., lo:hi] += b
-    if cfg.qk_norm == "all":                                    # OLMo 2: q and k normalised over the projection
-        qkv[..., :hq], qkv[..., hq:hq + hk] = norm(qkv[..., :hq], a.q_norm, cfg), norm(qkv[..., hq:hq + hk], a.k_norm, cfg)
-    heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
-    qk = heads[:, :H + Hkv]
-    if cfg.qk_norm == "head":                                   # Qwen3, Phi: each head's q and k normalised first
-        qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
-    rope = ctx.rope_of(layer)
-    if rope is not None:
-        qk = apply_rope(qk, *rope, cfg.rope_interleaved)        # (B, H + Hkv, 1, d_k) rotated by position
-    t = cache.length
-    cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
-    cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
-    k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
-    z, att, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
-                                             cap=cfg.attn_softcap)   # (B, H, 1, d_k), A (B, H, 1, t + 1)
-    if ctx.rec.keep:                                            # a recorded generation: A is there anyway
-        ctx.rec.put(layer, "attentions", att if ctx.rec.heads is None else att[:, ctx.rec.heads])
-    out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
-    if w.attn_out_norm is not None:                             # OLMo 2: the output normalised before the stream
-        out = row_norm(out, w.attn_out_norm, cfg)
-    m = cfg.residual_multiplier                                 # Granite: each output × m before the stream
-    if m != 1:
-        out *= m
-    if post:
-        x = norm(x + out, w.attn_norm, cfg)
-        f = feed_forward(x, w.ffn, cfg)
-        return norm(x + (f if m == 1 else f * m), w.ffn_norm, cfg)   # (B, 1, d_model)
-    if cfg.parallel_residual:                                   # GPT-NeoX: the FFN reads the block's input too
-        h = row_norm(x, w.ffn_norm, cfg) if w.ffn_norm is not None else h_attn   # Phi: the attention's Norm(x)
-        f = feed_forward(h, w.ffn, cfg)
-        return ((f if m == 1 else f * m) + out) + x
-    x = x + out
-    f = feed_forward(x if w.ffn_norm is None else row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)
-    f = f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg)
-    return x + (f if m == 1 else f * m)                         # (B, 1, d_model)
-
-
-def residual(x: np.ndarray, w: NormWeights | None, cfg: ModelConfig, box, *args, after=None, keep=None
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """One residual step of a block: (the stream after it, what joined it).
-
-        pre-norm (GPT-2, Llama, T5)    x + After(Box(Norm(x)))     no Norm (OLMo 2): x + After(Box(x))
-        post-norm (BERT, Marian, BART) Norm(x + After(Box(x)))
-    After: what the box's output goes through before it joins the stream — its own norm (OLMo 2) and
-    the hooks on it (`after_box`); None: nothing. keep: (tape, layer, name) to keep the norm's input for
-    its backward (training); None: nothing kept."""
-    if cfg.norm_place == "post":
-        out = box(x, *args)
-        out = out if after is None else after(out)
-        r = x + out                                          # (B, n, d_model) what the norm reads
-        if keep is not None:
-            keep[0].put(keep[1], keep[2], r)
-        return norm(r, w, cfg), out
-    if keep is not None:
-        keep[0].put(keep[1], keep[2], x)
-    out = box(x if w is None else norm(x, w, cfg), *args)
-    out = out if after is None else after(out)
-    return x + out, out                                      # (B, n, d_model) each
-
-
-def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig,
-              tape: Tape | None = None):
-    """The output norm (OLMo 2), the residual multiplier (Granite: × m) and then the hooks on NAME, as one
-    function of a box's output; None when there are none of them (the fast path). What it returns is what
-    joins the stream and what the trace records as NAME. tape: keeps the output norm's input as
-    (layer, NAME + "_norm") for its backward."""
-    hooked = hooks is not None and hooks.wants(layer, name)
-    m = cfg.residual_multiplier
-    if out_norm is None and not hooked and m == 1:
-        return None
-
-    def after(out: np.ndarray) -> np.ndarray:
-        if tape is not None and out_norm is not None:
-            tape.put(layer, name + "_norm", out)
-        out = out if out_norm is None else norm(out, out_norm, cfg)
-        out = out if m == 1 else out * m
-        return hooks(layer, name, out) if hooked else out
-    return after
-
-
-# What a pass does where float32 overflows (weights near 3e38, a q·k of 1e40): NumPy's warnings are silenced
-# inside the pass and the first non-finite stream stops it, naming where (`check_finite`), instead of tables of nan.
-QUIET = dict(over="ignore", invalid="ignore", divide="ignore")
-
-
-class NotFinite(QkvError):
-    """A pass's stream held inf or NaN (`check_finite`): callers with their own words for it (training) catch this."""
-
-
-def check_finite(x: np.ndarray, where: str, hooks: Hooks | None = None) -> None:
-    """One NotFinite when X holds inf or NaN: WHERE (e.g. "layer 3's output") is where the pass first overflowed.
-    What it blames: the weights, or with HOOKS in the pass (engine.hooks; their values are finite, `_replacement`)
-    those values or the weights; an input the caller gave (a stream, embeddings) is checked before the pass."""
-    if not np.isfinite(x).all():
-        if hooks is not None:
-            raise NotFinite(f"{where} is not finite (inf or NaN): the values of the hooks in the pass "
-                            f"({', '.join(hooks.keys)}) or the model's weights overflow float32 there; make the "
-                            "hooks' values smaller, or run without them to see which")
-        raise NotFinite(f"{where} is not finite (inf or NaN): the model's weights or config overflow float32 there; "
-                       "check the checkpoint (its values, its rope and eps settings)")
-
-
-def check_given(x: np.ndarray | None, what: str) -> None:
-    """An array the caller hands a pass instead of ids (a stream to continue, token embeddings) holding inf or
-    NaN is the caller's mistake: said here, before the pass would blame the weights (`check_finite`)."""
-    if x is not None and not np.isfinite(x).all():
-        raise QkvError(f"{what} holds inf or NaN; give finite numbers")
-
-
-def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
-    """One transformer block (guide: block): attention, then (an encoder–decoder's decoder) cross-attention
-    reading the encoder's output, then the FFN, each a residual step with its norm."""
-    cfg, hooks = ctx.cfg, ctx.hooks
-    if ctx.one_step:
-        return step_block(x, w, ctx, layer)
-    if hooks is not None:
-        x = hooks(layer, "residual", x)
-    ctx.rec.put(layer, "residual", x)
-    tape = ctx.tape
-    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, tape)
-    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, tape)
-    if cfg.parallel_residual:                                # GPT-NeoX: both branches read the block's input
-        if tape is not None:
-            tape.put(layer, "attn_norm", x)                  # both norms read x (their backward's input)
-        h = norm(x, w.attn_norm, cfg)                        # (B, n, d_model)
-        a = attention(h, w.attn, ctx, layer)
-        a = a if after_attn is None else after_attn(a)
-        h = h if w.ffn_norm is None else norm(x, w.ffn_norm, cfg)   # Phi: one norm read by both branches
-        f = feed_forward(h, w.ffn, cfg, tape, layer, ctx.rec, hooks)
-        f = f if after_ffn is None else after_ffn(f)
-        ctx.rec.put(layer, "attn_out", a)
-        ctx.rec.put(layer, "ffn_out", f)
-        return (f + a) + x                                   # (B, n, d_model), transformers' order of the sum
-    x, a = residual(x, w.attn_norm, cfg, attention, w.attn, ctx, layer, after=after_attn,
-                    keep=None if tape is None else (tape, layer, "attn_norm"))
-    if w.cross_attn is not None:
-        cross = ctx.cross
-        x, c = residual(x, w.cross_norm, cfg, attention, w.cross_attn, cross, layer,
-                        after=after_box(None, cross.hooks, layer, "attn_out", cfg),
-                        keep=None if tape is None else (tape, layer, "cross_norm"))
-        cross.rec.put(layer, "attn_out", c)
-    x, f = residual(x, w.ffn_norm, cfg, feed_forward, w.ffn, cfg, tape, layer, ctx.rec, hooks, after=after_ffn,
-                    keep=None if tape is None else (tape, layer, "ffn_norm"))
-    ctx.rec.put(layer, "attn_out", a)
-    ctx.rec.put(layer, "ffn_out", f)
-    return x                                                 # (B, n, d_model)
 
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:

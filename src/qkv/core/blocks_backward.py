@@ -1,7 +1,7 @@
-"""The backward of each box of qkv.core.blocks (and of model.py's `embed`), under the same names, and
-the `Tape` a forward pass fills for them when asked (`Context.tape`).
+"""The backward of each box of qkv.core.blocks (and of qkv.core.layer's residual step and block), under the
+same names, and the `Tape` a forward pass fills for them when asked (`Context.tape`).
 
-    forward (blocks.py, model.py)                        backward (here, the same letters)
+    forward (blocks.py, layer.py)                        backward (here, the same letters)
     X = E[ids] + P[pos] (+ T[types]), Norm?          embed: dE[ids] += dX, dP[pos] += dX (Norm first)
     N = Norm(X)                                      norm: ops.layer_norm_backward / rms_norm_backward
     Q, K, V = N·W_Q, N·W_K, N·W_V                    projections: dW_Q = Nᵀ·dQ …, dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ

@@ -6,12 +6,17 @@
     model.with_hooks({...})                              a view of the model (same weights) whose every
                                                          pass runs the hooks: generate, stream, chat, ...
 
-A key names a point of `qkv.core.trace.INTERMEDIATES` ("z" is "heads", the guide's Z = A·V):
+A key names a point of `qkv.core.trace.INTERMEDIATES` ("z" is "heads", the guide's Z = A·V), in the one
+grammar of hook and ablation keys for every kind of model (`parse_key`):
 
     "3.heads"       layer 3's value, the whole batched array: fn(value (B, H, n, d_k), layer=3)
     "heads"         every layer's (negative layers count from the end: "-1.attn_out")
     "3.heads.2"     one head of a per-head value: fn(value[:, 2] (B, n, d_k), layer=3);
                     for "k" and "v" the index is a K/V head (0..Hkv-1, GQA shares them)
+    "encoder.3.heads", "decoder.3.heads", "cross.3.heads"
+                    an encoder–decoder's stacks (none named: the decoder's, so a decoder's keys read the same
+                    on Llama and on T5); cross is the decoder's cross-attention (Q from the target, K, V from
+                    the source)
 
 fn(value, layer) returns None to only read (the value must then not be changed in place), or
 an array of the value's shape (or one that broadcasts to it, e.g. 0) to use instead, cast to
@@ -19,11 +24,18 @@ the model's dtype. What the pass records in a trace is the value after its hooks
 
 Where each point sits in the pass (shapes as INTERMEDIATES; n = the positions this pass adds):
 
-    residual → [norm] → q, k, v (after RoPE) → scores S → attentions A → heads Z → attn_out
-             → [norm] → neurons h = act(x·W_in + b) (the FFN's hidden, (B, n, d_ff)) → ffn_out = h·W_out + b
+    residual → [norm: attn_norm_scale] → attn_in → q_pre_rope, k_pre_rope → q, k, v (after RoPE) → scores S
+             → attentions A → heads Z → attn_out → residual_mid → [norm: ffn_norm_scale] → ffn_in
+             → ffn_pre (what the activation reads) → neurons h = act(x·W_in + b) (the FFN's hidden, (B, n, d_ff))
+             → ffn_out = h·W_out + b → residual_out;  after the last block: [final norm: final_norm_scale]
+
+A norm's scale s (B, n) is what it divides each position by: a hook's s is used instead (e.g. frozen at
+another text's). "final_norm_scale" is the last layer's only ("final_norm_scale" or "-1.final_norm_scale").
+A parallel residual (GPT-NeoX, Phi) has no stream between attention and the FFN: its residual_mid is recorded
+for reading, and a hook on it is refused.
 
 "neurons" is what W_out reads: a hook that zeroes neuron i takes exactly h_i·W_out[i] out of ffn_out
-(neuron ablation). A MoE layer (a routed FFN) has no single hidden: a hook on its neurons is refused.
+(neuron ablation). A MoE layer (a routed FFN) has no single hidden: a hook on its neurons or ffn_pre is refused.
 
 With a KV cache (generate), n is the new positions only: q, k, v, heads, attn_out, ffn_out and
 residual are (…, n_new, …) and k, v are hooked before they join the cache (so the cache keeps the
@@ -37,6 +49,7 @@ tests it once per box); with hooks, only the points hooked are touched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
@@ -45,19 +58,25 @@ from .attention import AttentionMask, attend, attention_scores
 from .config import ModelConfig
 from ..runtime.errors import QkvError, check_index
 from .ops import softmax_
-from .trace import INTERMEDIATES, ROUTER, Recorder
+from .trace import FINAL, INTERMEDIATES, ROUTER, Recorder
 
 HookFn = Callable[[np.ndarray, int], "np.ndarray | None"]
 
 ALIASES = {"z": "heads"}                                        # the guide's name for a head's output
-PER_HEAD = {"q", "k", "v", "scores", "attentions", "heads"}    # arrays (B, H or Hkv, ...): a head can be picked
-NAMES = list(INTERMEDIATES) + list(ALIASES)
+PER_HEAD = {"q", "k", "v", "scores", "attentions", "heads",    # arrays (B, H or Hkv, ...): a head can be picked
+            "q_pre_rope", "k_pre_rope"}
+KV_HEAD = {"k", "v", "k_pre_rope"}                              # those whose heads are the Hkv K/V heads
+NAMES = list(INTERMEDIATES) + list(FINAL) + list(ALIASES)
 
 
 class Hooks:
-    """Checked hooks by (layer, point): each a list of (head or None, fn), run in the order given."""
+    """Checked hooks of one stack by (layer, point): each a list of (head or None, fn), run in the order given."""
 
-    def __init__(self, spec: Mapping[str, HookFn], cfg: ModelConfig, owner: str = "the model"):
+    def __init__(self, spec: Mapping[str, HookFn], cfg: ModelConfig, owner: str = "the model",
+                 stack: str | None = None):
+        """spec: key → fn, each key of the grammar (`parse_key`), checked against CFG's layers and heads;
+        stack: the encoder–decoder's stack these hooks are for (`stack_hooks` sorts a spec's keys by it);
+        None: a single stack's hooks, whose keys name no stack."""
         if not isinstance(spec, Mapping):
             raise QkvError("hooks must be a dict of name → function, e.g. {'3.heads': fn}, "
                            f"got {type(spec).__name__}")
@@ -66,39 +85,40 @@ class Hooks:
         self.keys: list[str] = []
         for key, fn in spec.items():
             if not callable(fn):
-                raise QkvError(f"the hook {key!r} is not a function; give fn(value, layer) → array or None")
-            layers, name, head = self._parse(key, owner)
+                raise QkvError(f"the hook {str(key)!r} is not a function; give fn(value, layer) → array or None")
+            parsed = parse_key(key)
+            if stack is None and parsed.stack is not None:
+                raise QkvError(f"hook name {key!r}: {owner} is a single stack, with no {parsed.stack}; name its points "
+                               f"without a stack, e.g. '{parsed.without_stack()}'")
+            layers, head = self._place(parsed, owner)
             for layer in layers:
-                self.points.setdefault((layer, name), []).append((head, fn))
+                self.points.setdefault((layer, parsed.name), []).append((head, fn))
             self.keys.append(str(key))
 
-    def _parse(self, key, owner: str) -> tuple[list[int], str, int | None]:
-        """"3.heads.2" → ([3], "heads", 2); "heads" → (every layer, "heads", None)."""
-        parts = str(key).split(".")
-        layers = list(range(self.cfg.n_layers))
-        if parts and _is_int(parts[0]):
-            layers = [check_index("layer", int(parts[0]), self.cfg.n_layers, owner)]
-            parts = parts[1:]
-        if not 1 <= len(parts) <= 2 or (len(parts) == 2 and not _is_int(parts[1])):
-            raise QkvError(f"hook name {key!r} is not [LAYER.]NAME[.HEAD], e.g. '3.heads', 'attn_out', '3.heads.2'")
-        name = ALIASES.get(parts[0], parts[0])
-        if name in ROUTER:                                      # a MoE layer's choice: recorded, not hooked
-            raise QkvError(f"hook name {key!r}: the router's {name} is recorded in the trace, not hooked; read it "
-                           "from model.run(text), or hook 'ffn_out' to change the FFN's output")
-        if name not in INTERMEDIATES:
-            raise QkvError(f"hook name {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
-        routed = [i for i in layers if self.cfg.moe_layer(i)] if name == "neurons" else []
+    def _place(self, key: "Key", owner: str) -> tuple[list[int], int | None]:
+        """A parsed key's layers (every layer when it names none) and head, checked against this stack's config."""
+        cfg = self.cfg
+        layers = (list(range(cfg.n_layers)) if key.layer is None
+                  else [check_index("layer", key.layer, cfg.n_layers, owner)])
+        if key.name in FINAL:                                   # after the last block: that layer's only
+            if layers[0] != cfg.n_layers - 1 and key.layer is not None:
+                raise QkvError(f"hook name {str(key)!r}: the final norm comes after the last layer "
+                               f"({cfg.n_layers - 1}); hook '{key.name}' or '-1.{key.name}'")
+            layers = [cfg.n_layers - 1]
+        if key.name == "residual_mid" and cfg.parallel_residual:
+            raise QkvError(f"hook name {str(key)!r}: {owner}'s blocks are parallel (attention and the FFN both read "
+                           "the block's input), so no stream lies between them to replace; hook 'attn_out', "
+                           "'ffn_in' or 'residual_out'")
+        routed = [i for i in layers if cfg.moe_layer(i)] if key.name in ("neurons", "ffn_pre") else []
         if routed:
-            dense = [i for i in layers if not self.cfg.moe_layer(i)]
-            raise QkvError(f"hook name {key!r}: layer {routed[0]} of {owner} routes its FFN among "
-                           f"{self.cfg.n_experts} experts, so it has no single d_ff hidden to hook; hook 'ffn_out'"
+            dense = [i for i in layers if not cfg.moe_layer(i)]
+            raise QkvError(f"hook name {str(key)!r}: layer {routed[0]} of {owner} routes its FFN among "
+                           f"{cfg.n_experts} experts, so it has no single d_ff hidden to hook; hook 'ffn_out'"
                            + (f", or the neurons of a dense layer ({', '.join(map(str, dense))})" if dense else ""))
-        if len(parts) == 1:
-            return layers, name, None
-        if name not in PER_HEAD:
-            raise QkvError(f"hook name {key!r}: {name} is one array for all heads; hook it without a head")
-        count = self.cfg.n_kv_heads if name in ("k", "v") else self.cfg.n_heads
-        return layers, name, check_index("K/V head" if name in ("k", "v") else "head", int(parts[1]), count, owner)
+        if key.head is None:
+            return layers, None
+        kv = key.name in KV_HEAD
+        return layers, check_index("K/V head" if kv else "head", key.head, cfg.n_kv_heads if kv else cfg.n_heads, owner)
 
     @classmethod
     def of(cls, base: "Hooks | None", spec: "Mapping[str, HookFn] | Hooks | None", cfg: ModelConfig,
@@ -190,19 +210,98 @@ def _replacement(new, old: np.ndarray, layer: int, name: str) -> np.ndarray:
     return out
 
 
-# ── an encoder–decoder's three stacks ────────────────────────────────────────────
-# Its hook names say the stack first: "encoder.3.heads" (the encoder), "cross.3.heads" (the decoder's
-# cross-attention: Q from the target, K and V from the source), and the decoder's own without a prefix
-# ("3.heads", or "decoder.3.heads"), so a decoder's hooks read the same on Llama and on T5.
+# ── the one key grammar ───────────────────────────────────────────────────────────
 
 STACKS = ("encoder", "decoder", "cross")
 CROSS_POINTS = ("q", "k", "v", "scores", "attentions", "heads", "attn_out")   # cross-attention has no residual or FFN
+GRAMMAR = ("[STACK.][LAYER.]NAME[.HEAD] with STACK encoder, decoder or cross (none: a single stack's, or the "
+           "decoder's), e.g. '3.heads', 'attn_out', '3.heads.2', 'encoder.0.heads.1', 'cross.1.attentions'; "
+           "a head also as LAYER.HEAD ('3.2') or as (layer, head) pairs and (stack, layer, head) of integers")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One hook or ablation key, parsed (`parse_key`): a point of the pass in one stack."""
+
+    stack: str | None          # "encoder", "decoder" or "cross"; None: not named (a single stack, or the decoder)
+    layer: int | None          # as written (negative counts from the end); None: every layer
+    name: str                  # a name of INTERMEDIATES ("z" read as "heads")
+    head: int | None = None    # one head of a per-head value (for k and v a K/V head); None: the whole array
+
+    def __str__(self) -> str:
+        return ".".join(str(p) for p in (self.stack, self.layer, self.name, self.head) if p is not None)
+
+    def without_stack(self) -> str:
+        return str(Key(None, self.layer, self.name, self.head))
+
+
+def parse_key(key, what: str = "hook name") -> Key:
+    """The one grammar of hook and ablation keys, for every kind of model, in text or as a tuple:
+
+        [STACK.][LAYER.]NAME[.HEAD]        "3.heads", "heads", "-1.attn_out", "3.heads.2", "encoder.3.heads.2",
+                                           "decoder.3.heads.2" (= "3.heads.2" on an encoder–decoder),
+                                           "cross.3.heads.2", "cross.0.attentions"
+        [STACK.]LAYER.HEAD                 "3.2", "encoder.0.1": short for LAYER.heads.HEAD (qkv show --ablate's)
+        (LAYER, HEAD), (STACK, LAYER, HEAD)  (3, 2), ("encoder", 0, 1): a head's Z, as ablate= takes them
+
+    STACK: "encoder", "decoder" or "cross" (an encoder–decoder's decoder's cross-attention: Q from the target,
+    K and V from the source, so it has only CROSS_POINTS); none named: the decoder of an encoder–decoder, or the
+    model's one stack. LAYER, HEAD: integers, negative counting from the end; no LAYER: every layer (hooks).
+    NAME: one of qkv.core.trace.INTERMEDIATES ("z" is "heads"); a HEAD only on a per-head value (PER_HEAD).
+    What depends on the model (whether the layer, head and stack exist) is checked by the caller (`Hooks`,
+    `head_key`, the models' `ablation`); a key that breaks the grammar is one QkvError saying it (WHAT names
+    the key: "hook name", "ablate", "--ablate").
+    """
+    if isinstance(key, (tuple, list)):
+        return _tuple_key(key, what)
+    if not isinstance(key, str):
+        raise QkvError(f"{what} {key!r} is not {GRAMMAR}")
+    parts = key.split(".")
+    stack = parts.pop(0) if len(parts) > 1 and parts[0] in STACKS else None
+    layer = int(parts.pop(0)) if parts and _is_int(parts[0]) else None
+    if layer is not None and len(parts) == 1 and _is_int(parts[0]):
+        parts = ["heads", parts[0]]                            # LAYER.HEAD: a head's Z
+    if not 1 <= len(parts) <= 2 or not parts[0] or (len(parts) == 2 and not _is_int(parts[1])):
+        raise QkvError(f"{what} {key!r} is not {GRAMMAR}")
+    name = ALIASES.get(parts[0], parts[0])
+    if name in ROUTER:                                      # a MoE layer's choice: recorded, not hooked
+        raise QkvError(f"{what} {key!r}: the router's {name} is recorded in the trace, not hooked; read it "
+                       "from model.run(text), or hook 'ffn_out' to change the FFN's output")
+    if name not in INTERMEDIATES and name not in FINAL:
+        raise QkvError(f"{what} {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
+    if len(parts) == 2 and name not in PER_HEAD:
+        raise QkvError(f"{what} {key!r}: {name} is one array for all heads; hook it without a head")
+    parsed = Key(stack, layer, name, int(parts[1]) if len(parts) == 2 else None)
+    if stack == "cross" and name not in CROSS_POINTS:
+        raise QkvError(f"{what} {key!r}: cross-attention has {list(CROSS_POINTS)}; "
+                       f"{name} belongs to the decoder ('{parsed.without_stack()}')")
+    return parsed
+
+
+def _tuple_key(key: tuple | list, what: str) -> Key:
+    """(layer, head) or (stack, layer, head) → the Key of that head's Z."""
+    *stack, layer, head = key if 2 <= len(key) <= 3 else (None, None, None, None)
+    whole = all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in (layer, head))
+    if not whole or (stack and stack[0] not in STACKS):
+        raise QkvError(f"{what} {tuple(key)!r} is not {GRAMMAR}")
+    return Key(stack[0] if stack else None, int(layer), "heads", int(head))
+
+
+def head_key(entry, what: str = "ablate") -> Key:
+    """An ablation entry, a key of the grammar naming one head's Z ("3.heads.2", "encoder.0.heads.1", "3.2",
+    (3, 2), ("cross", 0, 1)) → its Key; anything else (a whole layer, another point) is one QkvError."""
+    key = parse_key(entry, what)
+    if key.name != "heads" or key.layer is None or key.head is None:
+        raise QkvError(f"{what} {entry!r}: ablation knocks out one head's Z = A·V; name it [STACK.]LAYER.heads.HEAD, "
+                       "e.g. '3.heads.2', 'encoder.0.heads.1', or as (layer, head) pairs, e.g. (3, 2)")
+    return key
 
 
 def stack_hooks(spec: Mapping[str, HookFn] | None, cfg: ModelConfig, owner: str = "the model"
                 ) -> dict[str, "Hooks | None"]:
     """An encoder–decoder's hooks by stack ("encoder", "decoder", "cross"), each checked against its
-    own depth (n_layers or n_decoder_layers); a stack without hooks maps to None."""
+    own depth (n_layers or n_decoder_layers); a key naming no stack is the decoder's; a stack without hooks
+    maps to None."""
     if spec is None:
         return dict.fromkeys(STACKS)
     if not isinstance(spec, Mapping):
@@ -210,16 +309,7 @@ def stack_hooks(spec: Mapping[str, HookFn] | None, cfg: ModelConfig, owner: str 
                        f"got {type(spec).__name__}")
     parts: dict[str, dict] = {s: {} for s in STACKS}
     for key, fn in spec.items():
-        stack, _, rest = str(key).partition(".")
-        if stack in STACKS and rest:
-            parts[stack][rest] = fn
-        else:
-            parts["decoder"][key] = fn
-    for key in parts["cross"]:
-        bare = [p for p in key.split(".") if not _is_int(p)]
-        if bare and ALIASES.get(bare[0], bare[0]) not in CROSS_POINTS:
-            raise QkvError(f"hook name 'cross.{key}': cross-attention has {list(CROSS_POINTS)}; "
-                           f"{bare[0]} belongs to the decoder (hook '{key}')")
+        parts[parse_key(key).stack or "decoder"][key] = fn      # as spelled: "3.heads" and "3.z" both run
     decoder = cfg.with_(n_layers=cfg.n_decoder_layers)
-    return {s: Hooks.of(None, parts[s], cfg if s == "encoder" else decoder, f"{owner}'s {s}") if parts[s] else None
-            for s in STACKS}
+    return {s: Hooks.of(None, Hooks(parts[s], cfg if s == "encoder" else decoder, f"{owner}'s {s}", s), cfg)
+            if parts[s] else None for s in STACKS}

@@ -1,11 +1,19 @@
-"""The stack runner: embeddings → blocks → final norm → logits, for every kind of model.
+"""The stack runner: embeddings → blocks → final norm → logits, one function for every kind of model.
 
-    decoder / encoder   ids ─embed (+ positions)─▶ X ─▶ L × block ─▶ final norm ─▶ logits = H·W_vocab
-    encoder–decoder     source ─encoder_pass─▶ M;  target ─decoder_pass (self, cross reading M, FFN)─▶ logits
+    run_stack      ids ─embed (+ positions)─▶ X (or a given stream) ─▶ blocks START..STOP-1 ─▶ final norm ─▶ logits
 
-The boxes of a block, and the `Context` every box of one pass shares (config, mask, rotation of positions,
-recorder, KV cache, hooks, ablation), are core/blocks.py's; here they are composed into passes. Everything
-works on a batch: B rows of n tokens.
+Its callers only set up what differs between kinds, the `Context` the blocks share (mask, positions, rotation,
+position bias, cross-attention's memory), and hand the rest to `run_stack`:
+
+    transformer    decoder, encoder, image (ViT: its patches as `tokens`): positions from the mask, RoPE,
+                   sliding windows, ALiBi, the one-token step of writing, LongRoPE's re-read of a cache
+    encoder_pass   an encoder–decoder's encoder (Whisper's: its log-mel frames as `tokens`): every source token
+                   sees every real one, T5's relative bias both ways; source ─▶ M
+    decoder_pass   its decoder: causal self-attention (+ T5's bias backwards), cross-attention reading M ─▶ logits
+
+The boxes are core/blocks.py's, the block they make core/layer.py's, and the `Context` every box of one pass
+shares (config, mask, rotation of positions, recorder, KV cache, hooks, ablation) core/context.py's.
+Everything works on a batch: B rows of n tokens.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from .attention import AttentionMask
-from .blocks import (QUIET, Ablation, Context, attention_mask_of, block, check_finite, check_given, cross_memory, embed,
-                     logits_of, norm, unembed_in)
+from .blocks import attention_mask_of, cross_memory, embed, logits_of, unembed_in
+from .layer import block, final_norm
+from .context import QUIET, Ablation, Context, check_finite, check_given
 from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
@@ -29,7 +38,7 @@ from .trace import Recorder
 from .weights import Seq2SeqWeights, Weights
 
 
-# ── the whole pass ───────────────────────────────────────────────────────────────
+# ── what a pass reads ──────────────────────────────────────────────────────────
 
 def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
     """RoPE's speeds ω of each kind of layer a pass over LENGTH positions turns: {"global": (d_rot/2,)}, and
@@ -53,6 +62,72 @@ class Output:
     logits: np.ndarray | None           # (B, n, V), None for encoders
     attentions: np.ndarray | None       # (L, B, H, n, n) weights after softmax
 
+
+# ── the one runner ───────────────────────────────────────────────────────────────
+
+@np.errstate(**QUIET)
+def run_stack(weights: Weights, ctx: Context, *, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
+              token_type_ids: np.ndarray | None = None, tokens: np.ndarray | None = None,
+              stream: np.ndarray | None = None, start: int = 0, stop: int | None = None, logits: str | None = "all",
+              speeds: dict[str, np.ndarray] | None = None, stack: str | None = None
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+    """One stack of blocks, whatever the kind: (hidden (B, n, d_model) after the final norm (then unembed_in:
+    (B, n, d_embed), OPT-350m), logits (B, n, V) | (B, 1, V) with logits="last" | None without a head or with
+    logits=None (an encoder–decoder's encoder: its output M)).
+
+    X = embed(ids at positions, token types, or the given `tokens`), or STREAM (B, n, d_model), the residual
+    stream entering block START (activation patching); then X = block_l(X) for l = START..STOP-1 under CTX, each
+    output checked finite (not with a tape: training checks its own loss); STOP before the last block returns
+    (the stream entering block STOP, None), no final norm or logits. At the end of the stack the KV cache (ctx's)
+    counts the n new positions (their ids and the RoPE SPEEDS they were turned with, `KVCache.advance`), and the
+    tape (ctx's) keeps what the final norm, unembed_in and a masked-LM head read, for the backward.
+    stack: "encoder" or "decoder", named in errors (None: a single stack).
+    """
+    cache, tape, hooks = ctx.cache, ctx.tape, ctx.hooks
+    if tape is not None and (cache is not None or ctx.ablate is not None or hooks is not None
+                             or ctx.rec.heads is not None):
+        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
+                       "ablation, hooks or a recorder of some heads")
+    if stop is not None and cache is not None:
+        raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; "
+                       "run it without a cache")
+    if ctx.ablate is not None and ctx.ablate.how == "mean" and cache is not None:
+        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
+    whose = "" if stack is None else f"{stack}'s "
+    check_given(stream, f"the residual stream given to the {whose}pass (from_layer's x)")
+    check_given(tokens, f"the token embeddings given to the {whose}pass")
+    blame = hooks if hooks is not None or ctx.cross is None else ctx.cross.hooks   # whose values may overflow
+    where = "" if stack is None else f"{stack} "
+    checked = tape is None                                   # training checks its own loss (train.loop)
+    if stream is None:
+        x = embed(weights, ctx.cfg, ids, positions, token_type_ids, tape, tokens)   # (B, n, d_model)
+        if checked:
+            check_finite(x, f"the {where}embeddings")
+    else:
+        x = stream                                           # (B, n, d_model) entering block START
+    depth = len(weights.blocks)
+    for layer in range(start, depth if stop is None else stop):
+        x = block(x, weights.blocks[layer], ctx, layer)      # (B, n, d_model)
+        if checked:
+            check_finite(x, f"{where}layer {layer}'s output", blame)
+    if stop is not None and stop < depth:
+        return x, None                                       # (B, n, d_model) entering block STOP
+    if cache is not None:
+        cache.advance(x.shape[1], ids, speeds)
+    if weights.final_norm is not None:
+        if tape is not None:
+            tape.put(None, "final_norm", x)
+        x = final_norm(x, weights.final_norm, ctx, depth - 1)   # its scale: the last layer's final_norm_scale
+    x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
+    if logits is None:
+        return x, None
+    out = logits_of(x[:, -1:] if logits == "last" else x, weights, ctx.cfg, tape)   # (B, n | 1, V) or None
+    if checked and out is not None:
+        check_finite(out, "the logits", blame)
+    return x, out
+
+
+# ── a single stack: decoder, encoder, image ─────────────────────────────────────
 
 @np.errstate(**QUIET)
 def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, *,
@@ -81,15 +156,10 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     norm or logits (what reading one layer's intermediates over a corpus needs: qkv.analysis.neurons).
     tokens (B, n, d_embed): the token embeddings E[ids]·s to add positions to, instead of looking them up
     (input attribution: the embeddings scaled towards a baseline).
+
+    What is a single stack's own is set up here (positions, RoPE, masks per window, the one-token step);
+    `run_stack` runs it.
     """
-    if tape is not None and (cache is not None or ablate is not None or hooks is not None
-                             or (rec is not None and rec.heads is not None)):
-        raise QkvError("a tape keeps the plain pass for its backward: run it without a KV cache, "
-                       "ablation, hooks or a recorder of some heads")
-    if stop is not None and cache is not None:
-        raise QkvError("a pass that stops early would leave the later layers' KV cache unfilled; run it without a cache")
-    check_given(stream, "the residual stream given to the pass (from_layer's x)")
-    check_given(tokens, "the token embeddings given to the pass")
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
@@ -106,13 +176,10 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ids = cache.reread(ids)                              # (B, past + n)
         n = ids.shape[1]
         positions = positions_from_mask(attention_mask)[:, -n:]                 # (B, past + n)
-    x = embed(weights, cfg, ids, positions, token_type_ids, tape, tokens) if stream is None else stream   # (B, n, d_model)
     rope = None
     if "global" in speeds:
         rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
                             interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
-    if ablate is not None and ablate.how == "mean" and cache is not None:
-        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
     ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
@@ -130,26 +197,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
         if ctx.masks is not None:                            # one per window
             ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
-    checked = tape is None                                   # training checks its own loss (train.loop)
-    if checked and stream is None:
-        check_finite(x, "the embeddings")
-    for layer in range(start, cfg.n_layers if stop is None else stop):
-        x = block(x, weights.blocks[layer], ctx, layer)
-        if checked:
-            check_finite(x, f"layer {layer}'s output", hooks)
-    if stop is not None and stop < cfg.n_layers:
-        return x, None                                       # (B, n, d_model) entering block STOP
-    if cache is not None:
-        cache.advance(n, ids, speeds)
-    if weights.final_norm is not None:
-        if tape is not None:
-            tape.put(None, "final_norm", x)
-        x = norm(x, weights.final_norm, cfg)
-    x = unembed_in(x, weights, tape)                         # (B, n, d_embed) OPT-350m; else x itself
-    out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg, tape)
-    if checked and out is not None:
-        check_finite(out, "the logits", hooks)
-    return x, out
+    return run_stack(weights, ctx, ids=ids, positions=positions, token_type_ids=token_type_ids, tokens=tokens,
+                     stream=stream, start=start, stop=stop, logits=logits, speeds=speeds)
 
 # ── an encoder–decoder's two passes ──────────────────────────
 
@@ -179,21 +228,11 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     instead of looking them up (input attribution).
     """
     w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
-    check_given(tokens, "the source's token embeddings given to the pass")
     pos = np.arange(n)                                             # (n_src,)
-    tape = stacks.tape.get("encoder")
-    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens)          # (B, n_src, d_model)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
     ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
-    checked = tape is None                                         # training checks its own loss
-    for layer, b in enumerate(w.blocks):
-        x = block(x, b, ctx, layer)
-        if checked:
-            check_finite(x, f"encoder layer {layer}'s output", ctx.hooks)
-    if tape is not None and w.final_norm is not None:
-        tape.put(None, "final_norm", x)
-    return x if w.final_norm is None else norm(x, w.final_norm, cfg)
+    return run_stack(w, ctx, ids=ids, positions=pos, tokens=tokens, logits=None, stack="encoder")[0]   # (B, n_src, d)
 
 
 def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
@@ -224,12 +263,8 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     target's token embeddings E[ids]·s to use (B, n, d) instead of looking them up (input attribution).
     """
     w, n, stacks = weights.decoder, (ids if stream is None else stream).shape[1], stacks or Stacks()
-    check_given(stream, "the residual stream given to the decoder's pass (from_layer's x)")
-    check_given(tokens, "the target's token embeddings given to the pass")
     past = 0 if cache is None else cache.length
     pos = np.arange(past, past + n)                                # (n,) positions of the new tokens
-    tape = stacks.tape.get("decoder")
-    x = embed(w, cfg, ids, pos, tape=tape, tokens=tokens) if stream is None else stream   # (B, n, d_model)
     key_mask = None if mask is None or mask.all() else mask.astype(bool)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, np.arange(past + n), False,
                                                             cfg.relative_max_distance)
@@ -239,15 +274,5 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
     ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
                          rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
-    checked = tape is None
-    for layer in range(start, len(w.blocks)):
-        x = block(x, w.blocks[layer], ctx, layer)
-        if checked:
-            check_finite(x, f"decoder layer {layer}'s output", ctx.hooks or cross.hooks)
-    if cache is not None:
-        cache.advance(n)
-    if w.final_norm is not None:
-        if tape is not None:
-            tape.put(None, "final_norm", x)
-        x = norm(x, w.final_norm, cfg)
-    return x, logits_of(x[:, -1:] if logits == "last" else x, w, cfg)   # (B, n, d_model), (B, n | 1, V)
+    return run_stack(w, ctx, ids=ids, positions=pos, tokens=tokens, stream=stream, start=start, logits=logits,
+                     stack="decoder")                              # (B, n, d_model), (B, n | 1, V)

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from .attention import TopAttention
 from ..runtime.io import FileBatch, open_regular
 
-# Names a forward pass can record, per layer, with their batched shapes:
+# Names a forward pass can record, per layer, with their batched shapes. What the pass computed is recorded, so
+# that analyses and views read it instead of applying the config's knobs again (norm_place, parallel_residual,
+# residual_multiplier, qk_norm): a family's maths stays in the core. Each is hooked under its name (qkv.core.hooks).
 INTERMEDIATES = {
     "residual": "(B, n, d_model)  the residual stream entering the block",
     "q": "(B, H, n, d_k)  queries, after RoPE where the model uses it",
@@ -34,22 +36,53 @@ INTERMEDIATES = {
     "v": "(B, Hkv, n, d_k)  values",
     "scores": "(B, H, n, n)  S + M: the scores S = Q·Kᵀ/√d_k with the mask M applied (-inf), before softmax",
     "attentions": "(B, H, n, n)  A = softmax(S + M), rows sum to 1",
-    "heads": "(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O",
+    "heads": ("(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O (its part of attn_out is "
+              "Z_h·W_O[h·d_k:(h+1)·d_k], before the output norm and multiplier)"),
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
     "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
     "neurons": ("(B, n, d_ff)  the FFN's hidden activations act(x·W_in + b) (gated: act(x·W_gate) ⊙ (x·W_in + b)), "
                 "the input to W_out: each neuron's coefficient on its output vector (Geva et al. 2021's memory "
                 "coefficients); a MoE layer (a routed FFN) has no single d_ff hidden and records none"),
+    # recorded so that analyses and views read them (pass order):
+    "attn_norm_scale": ("(B, n)  s, what the block's first norm divided each position by: √(mean(x²) + eps) "
+                        "(RMSNorm) or √(var(x) + eps) (LayerNorm), of the block's input (pre-norm) or of input + "
+                        "attn_out (post-norm); a hook's s is what the norm divides by. None where the block has "
+                        "no such norm (OLMo 2)"),
+    "attn_in": ("(B, n, d_model)  what attention reads: Norm(residual) (pre-norm, parallel), the residual itself "
+                "(post-norm, or no norm before it: OLMo 2)"),
+    "q_pre_rope": "(B, H, n, d_k)  queries before RoPE turns them (after the q norm where there is one); q without RoPE",
+    "k_pre_rope": "(B, Hkv, n, d_k)  keys before RoPE turns them (after the k norm where there is one); k without RoPE",
+    "residual_mid": ("(B, n, d_model)  the stream after attention, the one the FFN's step starts from: residual + "
+                     "attn_out (pre-norm; an encoder–decoder's decoder: after its cross-attention too), "
+                     "Norm(residual + attn_out) (post-norm). A parallel residual (GPT-NeoX, Phi, GPT-J, Cohere) has "
+                     "no such stream, as its FFN reads the block's input: residual + attn_out there, recorded for "
+                     "reading and never hooked"),
+    "ffn_norm_scale": ("(B, n)  s of the FFN's norm as attn_norm_scale: of residual_mid (pre-norm), of residual_mid "
+                       "+ ffn_out (post-norm), of the block's input (parallel). None where the FFN has no norm of "
+                       "its own (OLMo 2; Phi, whose FFN reads the attention's)"),
+    "ffn_in": ("(B, n, d_model)  what the FFN reads: Norm(residual_mid) (pre-norm), residual_mid (post-norm, or no "
+               "norm before it), Norm(residual) (parallel; Phi: attention's Norm(residual), as attn_in before hooks)"),
+    "ffn_pre": ("(B, n, d_ff)  what the FFN's activation reads: x·W_in + b, or gated x·W_gate (whose neurons are "
+                "act(x·W_gate) ⊙ (x·W_in + b)); a MoE layer has none"),
+    "residual_out": ("(B, n, d_model)  the stream leaving the block: the next block's residual; the last block's "
+                     "is what the final norm reads"),
+}
+# What the pass does after its last block, recorded with the last layer (trace.layer(-1)) and hooked there
+# ("final_norm_scale", or "-1.final_norm_scale"): none without a final norm (BERT).
+FINAL = {
+    "final_norm_scale": ("(B, n)  s, what the final norm divided each position of the last block's output "
+                         "(residual_out) by, as attn_norm_scale"),
 }
 # What a view of a long input keeps instead of A: each query row's K largest weights (Recorder(top=K)).
 SPARSE = {
     "attention_top": ("(B, H, n, K)  each query row's K largest attention weights, exactly, largest first, with "
-                      "their keys and the rest of the row (engine.attention.TopAttention): L·H·n·K numbers, not "
+                      "their keys and the rest of the row (core.attention.TopAttention): L·H·n·K numbers, not "
                       "L·H·n², computed a block of query rows at a time"),
 }
 # Kept only when asked for (keep=("neurons",)): d_ff numbers a token (2.7–4 × d_model) that no default view reads,
 # so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP); and attention_top.
-OPT_IN = ("neurons", "attention_top")
+# q, k before RoPE and the FFN's pre-activations are kept only when asked for too (a copy of q, k; d_ff a token).
+OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top")
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.core.hooks takes INTERMEDIATES).
 ROUTER = {
@@ -57,7 +90,8 @@ ROUTER = {
     "experts": "(B, n, k)  the k experts each token went to, most probable first",
     "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
 }
-RECORDED = {**INTERMEDIATES, **ROUTER, **SPARSE}                  # every name a Recorder can keep
+RECORDED = {**INTERMEDIATES, **FINAL, **ROUTER, **SPARSE}                  # every name a Recorder can keep
+PER_LAYER = [*INTERMEDIATES, *FINAL]                                        # what a LayerTrace's repr lists
 DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
 
@@ -96,6 +130,10 @@ class LayerTrace:
 
     layer: int
     residual: np.ndarray | None = None      # (n, d_model)
+    attn_norm_scale: np.ndarray | None = None   # (n,) what the block's first norm divided by
+    attn_in: np.ndarray | None = None       # (n, d_model) what attention read
+    q_pre_rope: np.ndarray | None = None    # (H, n, d_k) queries before RoPE (kept only when asked for)
+    k_pre_rope: np.ndarray | None = None    # (Hkv, n, d_k) keys before RoPE (kept only when asked for)
     q: np.ndarray | None = None             # (H, n, d_k)
     k: np.ndarray | None = None             # (Hkv, n, d_k)
     v: np.ndarray | None = None             # (Hkv, n, d_k)
@@ -103,7 +141,13 @@ class LayerTrace:
     attentions: np.ndarray | None = None    # (H, n_q, n_k); self-attention: n_q = n_k = n
     heads: np.ndarray | None = None         # (H, n, d_k)
     attn_out: np.ndarray | None = None      # (n, d_model)
+    residual_mid: np.ndarray | None = None  # (n, d_model) the stream after attention
+    ffn_norm_scale: np.ndarray | None = None    # (n,) what the FFN's norm divided by
+    ffn_in: np.ndarray | None = None        # (n, d_model) what the FFN read
+    ffn_pre: np.ndarray | None = None       # (n, d_ff) what the FFN's activation read (kept only when asked for)
     ffn_out: np.ndarray | None = None       # (n, d_model)
+    residual_out: np.ndarray | None = None  # (n, d_model) the stream leaving the block
+    final_norm_scale: np.ndarray | None = None  # (n,) the last layer only: what the final norm divided by
     neurons: np.ndarray | None = None       # (n, d_ff) the FFN's hidden activations (kept only when asked for)
     router: np.ndarray | None = None        # (n, E) MoE layers: the router's probabilities
     experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
@@ -112,7 +156,7 @@ class LayerTrace:
 
     def __repr__(self) -> str:
         """The layer and the names of what it kept, never the arrays themselves."""
-        return f"LayerTrace(layer={self.layer}, kept={[n for n in INTERMEDIATES if getattr(self, n) is not None]})"
+        return f"LayerTrace(layer={self.layer}, kept={[n for n in PER_LAYER if getattr(self, n) is not None]})"
 
 
 class KeptLayer:
@@ -129,6 +173,9 @@ class KeptLayer:
         if value is None and name in OPT_IN:
             raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace (it is kept only when asked "
                            f"for); run the model with keep=(..., {name!r}) (a MoE layer has none)")
+        if value is None and name in FINAL:
+            raise QkvError(f"{name} is kept with the last layer only, for a model with a final norm; run the model "
+                           f"with keep=(..., {name!r}) and the last layer (layers=None or [-1])")
         if value is None and name in INTERMEDIATES:
             raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace; run the model with "
                            f"keep=(..., {name!r}) or without keep= (a trace read by Trace.load holds attentions only)")
@@ -142,7 +189,7 @@ class KeptLayer:
         return getattr(self._t, name) is not None
 
     def __repr__(self) -> str:
-        kept = [n for n in INTERMEDIATES if getattr(self._t, n) is not None]
+        kept = [n for n in PER_LAYER if getattr(self._t, n) is not None]
         return f"KeptLayer(layer={self._t.layer}, kept={kept})"
 
 
@@ -163,7 +210,9 @@ class Trace:
     read (decoder_start_token_id first, `prompt_length` 1), attentions (L_dec, H, n_tgt, n_tgt),
     logits (n_tgt, V); with two more traces, each a plain Trace that saves on its own:
     `encoder`, the source (attentions (L_enc, H, n_src, n_src), hidden = the encoder's output),
-    and `cross`, target × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens` the source).
+    and `cross`, target × source (attentions (L_dec, H, n_tgt, n_src), `source_tokens` the source), whose
+    residual, attn_norm_scale and attn_in are the cross-attention step's: the decoder's stream after its
+    self-attention, the norm's scale and what the cross-attention read (the decoder's residual_mid follows it).
     """
 
     tokens: list[str]
@@ -197,8 +246,8 @@ class Trace:
         megabytes of its arrays): the model, the tokens, the layers and intermediates kept, the arrays' shapes."""
         n, labels = len(self.tokens), self.labels
         shown = " ".join(labels[:12]) + (f" … ({n - 12} more)" if n > 12 else "")
-        kept = sorted({name for t in self.layers.values() for name in INTERMEDIATES if getattr(t, name) is not None},
-                      key=list(INTERMEDIATES).index)
+        kept = sorted({name for t in self.layers.values() for name in PER_LAYER if getattr(t, name) is not None},
+                      key=PER_LAYER.index)
         ids = self.layer_ids
         span = "none" if not ids else (f"{ids[0]}–{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else
                                        ", ".join(map(str, ids)))

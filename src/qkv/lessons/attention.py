@@ -8,7 +8,7 @@ only), GQA (query heads sharing K/V heads) and the causal mask. `walkthrough` re
 each step from the model's own weights and the trace of one forward pass, and checks it
 equals what the model computed (a wrong explanation raises instead of printing); then it
 measures why √d_k matters. This module computes; `explain_render` lays the result out with
-rich, in English or Korean (the sentences live in `explain_text`).
+rich, in English or Korean (the sentences live in `viz.words`, EXPLAIN).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.blocks import attention_mask_of, norm
+from ..core.layer import joined as into_stream, norm_in_front
 from ..models.model import Model
 from ..core.ops import entropy as row_entropy, softmax
 from ..core.positions import rope_inv_freq
@@ -184,7 +185,7 @@ def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: in
     out = _concat_out(lt.heads, head, Z, attn)                      # (n, d_model)
     on = model.weights.blocks[layer].attn_out_norm                  # OLMo 2: normalised before the stream
     joined = out if on is None else norm_of(out, on.weight, on.bias, cfg.norm, cfg.norm_eps)
-    joined = joined * cfg.residual_multiplier                       # Granite: × m before the stream
+    joined = into_stream(joined, cfg)                               # Granite: × m before the stream
     out_diff = _same("Concat·W_O", joined, lt.attn_out.astype(np.float64), 1e-4)
 
     return Walkthrough(
@@ -220,8 +221,8 @@ def _norm_input(model: Model, layer: int, residual: np.ndarray) -> tuple[np.ndar
     """(what attention reads, |ours − the engine's|): Norm(X) in a pre-norm model, X itself in a post-norm one."""
     cfg = model.config
     X = residual.astype(np.float64)                                 # (n, d_model)
-    nw = model.weights.blocks[layer].attn_norm
-    if cfg.norm_place != "pre" or nw is None:                       # post-norm, or no norm before it (OLMo 2)
+    nw = norm_in_front(model.weights.blocks[layer], "attn", cfg)
+    if nw is None:                                                  # post-norm, or no norm before it (OLMo 2)
         return X, 0.0
     Xn = norm_of(X, nw.weight, nw.bias, cfg.norm, cfg.norm_eps)     # (n, d_model)
     return Xn, _same("Norm(X)", Xn, norm(residual, nw, cfg).astype(np.float64), 1e-4)

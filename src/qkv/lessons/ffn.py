@@ -33,6 +33,7 @@ import numpy as np
 from rich.text import Text
 
 from ..core.blocks import linear, unembed_in
+from ..core.layer import joined as into_stream
 from ..runtime.errors import QkvError, check_index
 from ..core.ops import ACTIVATIONS
 from ..runtime.stored import StoredMatrix
@@ -41,8 +42,9 @@ from ..core.weights import MoEWeights
 from ..writing.nexttoken import token_text
 from . import Page, nbytes, same, shape
 from .attention import DEFAULT_TEXT, norm_of
-from .ffn_text import TEXTS
+from ..viz.words import texts
 
+TEXTS = texts("ffn")               # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 TOP = 5                            # neurons followed through ④ and ⑤
 TOKENS = 5                         # promoted and suppressed tokens listed per vector
@@ -167,7 +169,7 @@ def build(model, text: str | None = None, *, layer: int | None = None, token: in
     y = a @ W_out + b_out                                                   # (d_model,)
     joined = y if w.ffn_out_norm is None else norm_of(y, w.ffn_out_norm.weight, w.ffn_out_norm.bias, cfg.norm,
                                                       cfg.norm_eps)
-    joined = joined * cfg.residual_multiplier                               # (d_model,) Granite: × m
+    joined = into_stream(joined, cfg)                                       # (d_model,) Granite: × m
     engine = lt.ffn_out[pos].astype(np.float64)
     diffs = {"ffn_out": same("FFN(h), what joins the stream, against the engine's ffn_out", joined, engine, TOL,
                              rel=True),

@@ -36,7 +36,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel.
 
     dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
-    as the file's blocks (engine.stored), read in place. Anything else defaults to float32, memory-mapped
+    as the file's blocks (runtime.stored), read in place. Anything else defaults to float32, memory-mapped
     from safetensors (zero-copy); np.float64 computes in double precision, for checks (a GGUF file then
     is dequantised once into qkv's cache). "bfloat16" and "float16" hold every matrix in 16 bits (a
     checkpoint's own 16-bit matrices mapped as they are, others rounded once); "stored" on a safetensors

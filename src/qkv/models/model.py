@@ -19,13 +19,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.blocks import ABLATIONS, Ablation
+from ..core.context import ABLATIONS, Ablation
 from ..core.cache import KVCache
 from ..writing.chat import chat, chat_sampling, chat_stream
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError, check_index
 from ..writing.generate import generate, stream
-from ..core.hooks import HookFn, Hooks
+from ..core.hooks import HookFn, Hooks, head_key
 from ..core.layout import fast_layout
 from ..core.stack import Output, transformer
 from ..writing.sampling import Sampling
@@ -62,7 +62,7 @@ class Model:
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer: Tokenizer | None = None,
                  name: str = "model"):
         self.config = config
-        # Decoders: equal values laid out for one-token steps (qkv/layout.py), copied out of the
+        # Decoders: equal values laid out for one-token steps (core/layout.py), copied out of the
         # memory-mapped file. Encoders never decode: they stay mapped (shared between processes).
         self.weights = fast_layout(weights) if config.causal else weights
         self.tokenizer = tokenizer
@@ -174,7 +174,8 @@ class Model:
         `ROUTER`); by default all of them but the FFN's hidden "neurons" (keep=("neurons",) asks for it);
         heads: keep scores and attention weights of these heads only (default all) — on
         long inputs the rest of the pass then runs tiled, never holding n × n per head;
-        ablate: (layer, head) pairs knocked out of the pass, how="zero" (their Z = A·V set to
+        ablate: heads knocked out of the pass, (layer, head) pairs or keys such as "3.heads.2"
+        (qkv.core.hooks.parse_key), how="zero" (their Z = A·V set to
         0 before Concat·W_O) or "mean" (Z replaced by its mean over this input's positions);
         the trace then keeps the ablated Z as "heads" (attention weights are unchanged);
         hooks: {"3.heads": fn, ...}, functions fn(value, layer) that read or replace
@@ -279,27 +280,29 @@ class Model:
         view.hooks = Hooks.of(self.hooks, hooks, self.config, self.name)
         return view
 
-    def ablate(self, heads: Iterable[tuple[int, int]], how: str = "zero") -> "Model":
-        """This model (the same weights) with HEADS, (layer, head) pairs, knocked out of every pass,
-        as `run(..., ablate=heads, how=how)` does; e.g. `model.ablate([(23, 3)]).generate(prompt)`.
+    def ablate(self, heads: Iterable, how: str = "zero") -> "Model":
+        """This model (the same weights) with HEADS ((layer, head) pairs or keys such as "3.heads.2") knocked out
+        of every pass, as `run(..., ablate=heads, how=how)` does; e.g. `model.ablate([(23, 3)]).generate(prompt)`.
         Mean-ablation needs whole passes: generate with use_cache=False."""
         view = copy.copy(self)
         view.ablated = self.ablation(heads, how)
         return view
 
-    def ablation(self, ablate: Iterable[tuple[int, int]] | None, how: str = "zero") -> Ablation | None:
-        """(layer, head) pairs → a checked Ablation, joined with this view's own (`ablate`);
-        None when there is nothing to ablate."""
+    def ablation(self, ablate: Iterable | None, how: str = "zero") -> Ablation | None:
+        """Heads to knock out → a checked Ablation, joined with this view's own (`ablate`); None when there is
+        nothing to ablate. Each entry is a key of the one grammar naming a head (qkv.core.hooks.parse_key):
+        (layer, head) pairs, "3.heads.2" or "3.2"; one key alone may be given as a string."""
         if how not in ABLATIONS:
             raise QkvError(f"unknown ablation {how!r}; choose from {list(ABLATIONS)}")
         if ablate is None:
             return self.ablated
         heads: dict[int, set[int]] = {}
-        for pair in ablate:
-            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
-                    or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in pair)):
-                raise QkvError(f"ablate takes (layer, head) pairs of integers, got {pair!r}; e.g. ablate=[(3, 2)]")
-            heads.setdefault(self.check_layer(int(pair[0])), set()).add(self.check_head(int(pair[1])))
+        for entry in [ablate] if isinstance(ablate, str) else ablate:
+            key = head_key(entry)
+            if key.stack is not None:
+                raise QkvError(f"ablate {entry!r}: {self.name} is a single stack, with no {key.stack}; name its heads "
+                               f"without a stack, e.g. '{key.without_stack()}' or ({key.layer}, {key.head})")
+            heads.setdefault(self.check_layer(key.layer), set()).add(self.check_head(key.head))
         if not heads:
             return self.ablated
         new = Ablation({layer: tuple(sorted(h)) for layer, h in heads.items()}, how)

@@ -27,12 +27,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.blocks import ABLATIONS, Ablation
+from ..core.context import ABLATIONS, Ablation
 from ..core.cache import KVCache
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError, check_index
 from .model import Model
-from ..core.hooks import STACKS, HookFn, Hooks, stack_hooks
+from ..core.hooks import STACKS, HookFn, Hooks, head_key, stack_hooks
 from ..core.stack import Stacks, decoder_pass, encoder_pass, memory_of
 from ..writing.sampling import Sampling
 from ..writing.generate import stream
@@ -147,21 +147,19 @@ class Seq2SeqModel:
         return Stacks(recs, joined, self.ablation(ablate, how))
 
     def ablation(self, ablate: Iterable | None, how: str = "zero") -> dict[str, Ablation | None]:
-        """Heads to knock out → a checked Ablation per stack, joined with this view's own. Each entry is
-        (layer, head) for the decoder's self-attention, or (stack, layer, head) with stack "encoder",
-        "decoder" or "cross"; how: "zero" or "mean" (as Model.ablation)."""
+        """Heads to knock out → a checked Ablation per stack, joined with this view's own. Each entry is a key
+        of the one grammar naming a head (qkv.core.hooks.parse_key): "encoder.3.heads.2", "cross.0.heads.1",
+        "decoder.3.heads.2" or "3.heads.2" (the decoder's self-attention), (layer, head) or (stack, layer, head)
+        with stack "encoder", "decoder" or "cross"; one key alone may be given as a string; how: "zero" or
+        "mean" (as Model.ablation)."""
         if how not in ABLATIONS:
             raise QkvError(f"unknown ablation {how!r}; choose from {list(ABLATIONS)}")
         heads: dict[str, dict[int, set[int]]] = {s: {} for s in STACKS}
-        for entry in ablate or ():
-            entry = tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
-            stack, pair = ("decoder", entry) if len(entry) == 2 else (entry[0], entry[1:])
-            if (stack not in STACKS or len(pair) != 2
-                    or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in pair)):
-                raise QkvError(f"ablate takes (layer, head) or (stack, layer, head) with stack one of {list(STACKS)}, "
-                               f"got {entry!r}; e.g. ablate=[(1, 0), ('cross', 0, 2)]")
-            layer = self.check_layer(int(pair[0]), "encoder" if stack == "encoder" else "decoder")
-            heads[stack].setdefault(layer, set()).add(self.check_head(int(pair[1])))
+        for entry in [ablate] if isinstance(ablate, str) else ablate or ():
+            key = head_key(entry)
+            stack = key.stack or "decoder"
+            layer = self.check_layer(key.layer, "encoder" if stack == "encoder" else "decoder")
+            heads[stack].setdefault(layer, set()).add(self.check_head(key.head))
         out = {}
         for s in STACKS:
             new = Ablation({l: tuple(sorted(h)) for l, h in heads[s].items()}, how) if heads[s] else None
@@ -177,8 +175,9 @@ class Seq2SeqModel:
         return view
 
     def ablate(self, heads: Iterable, how: str = "zero") -> "Seq2SeqModel":
-        """This model (the same weights) with HEADS knocked out of every pass ((layer, head) of the
-        decoder, or (stack, layer, head)); e.g. `model.ablate([("cross", 0, 1)]).generate(text)`.
+        """This model (the same weights) with HEADS knocked out of every pass ((layer, head) of the decoder,
+        (stack, layer, head), or keys such as "encoder.0.heads.1": `ablation`); e.g.
+        `model.ablate(["cross.0.heads.1"]).generate(text)`.
         Mean-ablation of the decoder needs whole passes: generate with use_cache=False."""
         view = copy.copy(self)
         view.ablated = self.ablation(heads, how)
@@ -203,8 +202,6 @@ class Seq2SeqModel:
         stacks = self.stacks() if stacks is None else stacks
         if rec is not None:
             stacks = Stacks({"decoder": rec}, stacks.hooks, stacks.ablate)
-        if cache is not None and stacks.ablate["decoder"] is not None and stacks.ablate["decoder"].how == "mean":
-            raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
         return decoder_pass(self.weights, self.config, ids, mask, memory, source_mask, cache=cache, stacks=stacks,
                             logits="last")[1]
 
@@ -260,7 +257,8 @@ class Seq2SeqModel:
         by default all but the FFN's hidden "neurons".
 
         ablate: heads knocked out, (layer, head) of the decoder's self-attention or (stack, layer, head)
-        with stack "encoder", "decoder" or "cross"; how="zero" or "mean" (see Model.run).
+        with stack "encoder", "decoder" or "cross", or keys such as "encoder.3.heads.2" (`ablation`);
+        how="zero" or "mean" (see Model.run).
         hooks: {"encoder.3.heads": fn, "cross.0.attentions": fn, "1.ffn_out": fn, ...}: as Model.run's,
         the stack first (none: the decoder's); the trace keeps the values they return. A target of None
         is written by this model with the same hooks and ablation.

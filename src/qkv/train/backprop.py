@@ -2,7 +2,7 @@
 
     loss:    L = mean −log softmax(logits)[next id]            dlogits = (softmax(logits) − onehot(next id)) / N
              (a masked-LM encoder: [labels[t]] at the labelled positions, through its head's backward)
-    then     engine.backward.taped (the pass inference runs, keeping a tape) and engine.backward.backward
+    then     core.backward.taped (the pass inference runs, keeping a tape) and core.backward.backward
              (every box's backward in reverse, from dlogits)
 """
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..core.blocks import NotFinite
+from ..core.context import NotFinite
 from ..runtime.errors import QkvError
 from ..runtime.io import real_directory, refuse_link, write_atomic, write_text
 from .tasks import Settings, file_sha256, make_task, read_json, settings_for
@@ -264,7 +264,7 @@ class Run:
     def _record(self, entry: dict, on_record: Callable[[dict], None]) -> None:
         try:
             measured = self.task.record(self.model())
-        except NotFinite as e:                                      # the model's own pass overflowed (engine.blocks)
+        except NotFinite as e:                                      # the model's own pass overflowed (core.blocks)
             raise QkvError(f"the model's weights overflowed by step {self.step} ({str(e).split(':')[0]}); "
                            f"lower --lr (now {self.settings.lr:g})") from None
         bad = [k for k, v in measured.items() if isinstance(v, float) and not math.isfinite(v)]

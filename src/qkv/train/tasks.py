@@ -356,7 +356,7 @@ def make_task(s: Settings, out: Path):
 
 
 def read_json(path: Path) -> dict | None:
-    """A JSON object from PATH (read as every JSON file is: engine.io_json), or None if it is missing or not a
+    """A JSON object from PATH (read as every JSON file is: runtime.io_json), or None if it is missing or not a
     sound one (a run's settings file, whose absence or damage means a new run)."""
     from ..runtime.io_json import read_json as read_checked
 

@@ -6,9 +6,9 @@ The page (`pipeline`, assets/pipeline.js) draws the model as its data flow (guid
            → Concat·W_O → + residual → Norm → FFN → + residual] → final norm → logits → softmax(logits/T)
 
 and opens each box to its real arrays for the chosen token, layer and head. Everything comes
-from the engine's trace (`Model.run`, every INTERMEDIATE kept); the vectors the trace does not
-hold by name (what attention and the FFN read, X after attention's residual) are made by the
-engine's own `norm` from the trace's arrays, as the block makes them.
+from the engine's trace (`Model.run`, every INTERMEDIATE kept): what attention and the FFN read and
+the stream between them are the pass's own records (attn_in, residual_mid, ffn_in, residual_out), never
+made again here from the config's knobs.
 
 To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps only what it shows:
 
@@ -63,11 +63,10 @@ import math
 
 import numpy as np
 
-from ..core.blocks import norm
 from ..core.positions import alibi_slopes
 from ..runtime.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
-from ..core.trace import INTERMEDIATES, OPT_IN, Trace
+from ..core.trace import Trace
 from .payload import encode_attention, page_title
 from .pipeline_text import TEXTS
 from .wire import decode, encode
@@ -78,6 +77,10 @@ TOP = 100                   # vocabulary entries spelled for the output list (th
 MAX_TOKENS = 512            # longest text one page holds (its S and A are L·H·n² bytes each)
 ARITHMETIC_MB = 4           # float32 q, k, v, z, S, A kept whole for the diagram's arithmetic: as many layers as fit
 SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
+# What the page reads of each layer's trace (Model.run keeps them without keep=), and of a cross-attention's
+SHOWN = ("residual", "attn_in", "q", "k", "v", "scores", "attentions", "heads", "attn_out", "residual_mid", "ffn_in",
+         "ffn_out", "residual_out")
+CROSS_SHOWN = ("residual", "attn_in", "q", "k", "v", "scores", "attentions", "heads", "attn_out")
 BOXES = ("tokens", "embed", "norm1", "qkv", "qknorm", "rope", "gqa", "scores", "alibi", "softcap", "mask", "attn", "z",
          "out", "res1", "router",                                       # a family's own: q/k norm … the MoE router
          "xnorm", "xqkv", "xattn", "xz", "xout", "xres",                # a decoder's cross-attention (encoder–decoders)
@@ -117,39 +120,28 @@ def decode_scores(encoded: dict) -> np.ndarray:
     return np.where(code == 0, -np.inf, lo + (code - 1) * step)
 
 
-def block_vectors(cfg, blocks, trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The residual stream (L+1, n, d_model) and what each block reads and adds (L, n, d_model) each.
+def block_vectors(trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The residual stream (L+1, n, d_model) and what each block reads and adds (L, n, d_model) each, as the pass
+    recorded them (qkv.core.trace.INTERMEDIATES), whatever the block's layout:
 
-    Pre-norm:  attn_in = Norm(X), mid = X + attn_out, ffn_in = Norm(mid), next X = mid + ffn_out.
-    Post-norm: attn_in = X, mid = Norm(X + attn_out), ffn_in = mid, next X = Norm(mid + ffn_out).
-    Parallel (GPT-NeoX, Phi): ffn_in = Norm₂(X) (Phi: the attention's Norm(X)), next X = X + attn_out + ffn_out.
-    A decoder with cross-attention (CROSS, its trace) has one more step after mid, the same way:
-    cross_in = Norm(mid) or mid, mid2 = mid + cross_out or Norm(mid + cross_out); the FFN reads mid2.
-    The stream's rows 0..L-1 are the trace's residuals; row L is recomputed the same way."""
-    post = cfg.norm_place == "post"
-    step = lambda x, out, w: norm(x + out, w, cfg) if post else x + out        # noqa: E731 (residual + norm)
-    read = lambda x, w: x if post or w is None else norm(x, w, cfg)            # noqa: E731 (what a box reads)
+        attn_in   what attention read (Norm(X) pre-norm, X post-norm)     attn_out, ffn_out   what joined the stream
+        mid       the stream after attention (residual_mid)               ffn_in              what the FFN read
+    A decoder with cross-attention (CROSS, its trace) has one more step after mid: mid is then the stream its
+    cross-attention starts from (the cross trace's residual), cross_in what it read, cross_out what it added,
+    mid2 the stream after it (residual_mid), which the FFN's step starts from. The stream's rows 0..L-1 are
+    the blocks' residuals, row L the last block's residual_out."""
     out: dict[str, list] = {}
-    stream = []
-    for i in range(len(blocks)):
-        t, b = trace.layers[i], blocks[i]
-        x = t.residual                                                          # (n, d_model)
-        mid = step(x, t.attn_out, b.attn_norm)
-        values = {"attn_in": read(x, b.attn_norm), "attn_out": t.attn_out, "mid": mid}
+    L = len(trace.layers)
+    for i in range(L):
+        t = trace.layers[i]
+        values = {"attn_in": t.attn_in, "attn_out": t.attn_out, "mid": t.residual_mid}
         if cross is not None:
-            c = cross.layers[i].attn_out                                        # (n, d_model)
-            values.update(cross_in=read(mid, b.cross_norm), cross_out=c)
-            mid = values["mid2"] = step(mid, c, b.cross_norm)
-        if cfg.parallel_residual:                                               # GPT-NeoX, Phi: the FFN reads X too
-            values.update(ffn_in=norm(x, b.ffn_norm or b.attn_norm, cfg), ffn_out=t.ffn_out)
-            after = (t.ffn_out + t.attn_out) + x
-        else:
-            values.update(ffn_in=read(mid, b.ffn_norm), ffn_out=t.ffn_out)
-            after = step(mid, t.ffn_out, b.ffn_norm)
+            c = cross.layers[i]
+            values.update(mid=c.residual, cross_in=c.attn_in, cross_out=c.attn_out, mid2=t.residual_mid)
+        values.update(ffn_in=t.ffn_in, ffn_out=t.ffn_out)
         for name, value in values.items():
             out.setdefault(name, []).append(value)
-        stream.append(x)
-    stream.append(after)
+    stream = [trace.layers[i].residual for i in range(L)] + [trace.layers[L - 1].residual_out]
     return np.stack(stream), {name: np.stack(v) for name, v in out.items()}
 
 
@@ -197,7 +189,7 @@ def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap
 def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: int = 0, bias: bool = False) -> dict:
     """One stack's part of the payload: its tokens, stream, block vectors, heads, A and S (and cross), and the
     whole arrays of the layers around CENTER for the diagram's arithmetic (BIAS: the scores carry a position bias)."""
-    stream, vectors = block_vectors(cfg, blocks, trace, cross)                  # (L+1, n, d), {name: (L, n, d)}
+    stream, vectors = block_vectors(trace, cross)                               # (L+1, n, d), {name: (L, n, d)}
     layers = [trace.layers[i] for i in range(len(blocks))]
     out = {
         "tokens": [str(t) for t in trace.tokens], "labels": trace.labels, "ids": [int(i) for i in trace.ids],
@@ -235,15 +227,15 @@ def check_trace(model, trace: Trace) -> None:
         if trace.cross is None or trace.encoder is None:
             raise QkvError(f"{model.name} is an encoder–decoder: give the trace of model.run(source)")
         for part, L in ((trace.encoder, cfg.n_layers), (trace, cfg.n_decoder_layers), (trace.cross, cfg.n_decoder_layers)):
-            if len(part.layers) != L or any(getattr(t, name) is None for t in part.layers.values()
-                                            for name in ("q", "k", "v", "scores", "attentions", "heads", "attn_out")):
+            names = CROSS_SHOWN if part is trace.cross else SHOWN
+            if len(part.layers) != L or any(getattr(t, name) is None for t in part.layers.values() for name in names):
                 raise QkvError("the pipeline page needs every intermediate of every layer; make the trace with "
                                "model.run(source) (no keep=)")
         return
     if trace.cross is not None:
         raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
     missing = [i for i in range(cfg.n_layers) if i not in trace.layers
-               or any(getattr(trace.layers[i], name) is None for name in INTERMEDIATES if name not in OPT_IN)]
+               or any(getattr(trace.layers[i], name) is None for name in SHOWN)]
     if missing or trace.head_ids is not None:
         raise QkvError("the pipeline page needs every intermediate of every layer and head; "
                        "make the trace with model.run(text) (no layers=, keep= or heads=)")
