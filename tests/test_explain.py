@@ -14,7 +14,7 @@ from rich.console import Console
 import qkv
 from qkv.lessons import attention as explain, attention_render as explain_render
 
-from qkv.viz.explain_text import TEXTS
+from qkv.lessons.attention_render import TEXTS
 from conftest import MODELS, PATIENCE, run_main
 
 STEPS = ["⓪", "①", "②", "③", "④", "⑤", "⑥", "⑦", "⑧"]

@@ -16,7 +16,7 @@ from qkv.core.blocks import feed_forward, norm
 from qkv.runtime.errors import QkvError
 from qkv.core.trace import INTERMEDIATES
 from qkv.lessons import ffn, lesson_module
-from qkv.lessons.ffn_text import TEXTS
+from qkv.lessons.ffn import TEXTS
 
 # layouts: sequential pre-norm (GPT-2, SmolLM2), parallel (GPT-NeoX), Phi's one shared norm, a norm after the
 # FFN too (Gemma 2), no norm before it (OLMo 2), Granite's multiplier, post-norm encoders, a dense layer of a MoE

@@ -15,7 +15,7 @@ from conftest import MODELS, run_main
 from qkv.runtime.errors import QkvError
 from qkv.inputs.images import patches_of
 from qkv.lessons import lesson_module, vit
-from qkv.lessons.vit_text import TEXTS
+from qkv.lessons.vit import TEXTS
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from rich.console import Console
 import qkv
 from qkv.runtime.errors import QkvError
 from qkv.lessons import TOPICS, gqa, kvcache, lesson_module, positions
-from qkv.lessons.gqa_text import TEXTS as GQA_TEXTS
-from qkv.lessons.kvcache_text import TEXTS as KV_TEXTS
+from qkv.lessons.gqa import TEXTS as GQA_TEXTS
+from qkv.lessons.kvcache import TEXTS as KV_TEXTS
 from conftest import MODELS
-from qkv.lessons.positions_text import TEXTS as POS_TEXTS
+from qkv.lessons.positions import TEXTS as POS_TEXTS
 from qkv.models.model import Model
 
 

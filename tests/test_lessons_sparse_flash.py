@@ -17,8 +17,8 @@ from qkv.core import sparse as sp
 from qkv.runtime.errors import QkvError
 from qkv.core.kernels import tiled_attention
 from qkv.lessons import flash, sparse
-from qkv.lessons.flash_text import TEXTS as FLASH_TEXTS
-from qkv.lessons.sparse_text import TEXTS as SPARSE_TEXTS
+from qkv.lessons.flash import TEXTS as FLASH_TEXTS
+from qkv.lessons.sparse import TEXTS as SPARSE_TEXTS
 
 COST = (128, 256)                                   # the cost part at small n: the test stays quick
 

@@ -11,8 +11,8 @@ import qkv
 ROOT = Path(qkv.__file__).parent
 REPO = ROOT.parent.parent
 FILES = [REPO / "README.md", REPO / "docs" / "guide.md", REPO / "docs" / "guide.ko.md",
-         ROOT / "viz" / "explain_text.py", ROOT / "viz" / "pipeline_text.py", ROOT / "viz" / "assets" / "pipeline.js",
-         ROOT / "engine" / "trace.py", ROOT / "lessons" / "attention.py", ROOT / "lessons" / "attention_render.py"]
+         ROOT / "viz" / "words" / "en.py", ROOT / "viz" / "words" / "ko.py", ROOT / "viz" / "assets" / "pipeline.js",
+         ROOT / "core" / "trace.py", ROOT / "lessons" / "attention.py", ROOT / "lessons" / "attention_render.py"]
 WRONG = {
     r"S\s*/\s*√d_k": "S divided by √d_k (S already is)",
     r"softmax\(S\s*/": "softmax of S divided again",

@@ -15,7 +15,7 @@ import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.viz import explain_text
+from qkv.viz.words import texts
 from qkv.writing.sampling import distribution, top_k_filter, top_p_filter
 from qkv.viz import wire
 from qkv.viz.payload import PRECISION
@@ -164,7 +164,7 @@ def test_an_encoder_ends_at_its_hidden_states_and_pooled_embedding(bert):
 def test_the_pages_words_are_qkv_explains_in_both_languages(llama):
     assert TEXTS["en"].keys() == TEXTS["ko"].keys()
     for lang in ("en", "ko"):                                # every key the page shares is explain's sentence
-        assert all(key in explain_text.TEXTS[lang] for key in SHARED_KEYS)
+        assert all(key in texts("explain")[lang] for key in SHARED_KEYS)
     p = pipeline_payload(llama, llama.run(SENTENCE), lang="ko")
     assert p["lang"] == "ko" and p["text_en"] == TEXTS["en"] and p["text_ko"] == TEXTS["ko"]
     with pytest.raises(QkvError, match="unknown language 'fr'"):

@@ -212,10 +212,10 @@ def test_qkv_patch_on_minilm_writes_its_page(tmp_path, monkeypatch, capsys, mini
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "minilm", "--answer", " cat"], "is an encoder: its patching metric is the cosine similarity"),
-    (["--model", "minilm", "--wrong", " dog"], "is an encoder: its patching metric is the cosine similarity"),
-    (["--model", str(MODELS / "gpt2")], "give --answer and --wrong"),
-    (["--model", str(MODELS / "gpt2"), "--answer", " a"], "give --answer and --wrong"),
+    (["--model", "minilm", "--token", " cat"], "is an encoder: its patching metric is the cosine similarity"),
+    (["--model", "minilm", "--other", " dog"], "is an encoder: its patching metric is the cosine similarity"),
+    (["--model", str(MODELS / "gpt2")], "give --token and --other"),
+    (["--model", str(MODELS / "gpt2"), "--token", " a"], "give --token and --other"),
 ])
 def test_qkv_patch_refuses_the_wrong_metric_in_one_line(tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run_main(monkeypatch, capsys, "patch", CAT, DOG, *args, "--out", str(tmp_path / "x"))

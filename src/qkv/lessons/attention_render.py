@@ -4,7 +4,7 @@
              ③ Q·Kᵀ, ④ S = Q·Kᵀ/√d_k, ⑤ softmax, ⑥ Z = A·V, ⑦ Concat·W_O, ⑧ why √d_k
 
 Each step function takes a `Page` (the walkthrough, the sentences of one language from
-`explain_text`, and the table helpers) and returns its renderables, a rule first; `render`
+`viz.words`, and the table helpers) and returns its renderables, a rule first; `render`
 leaves a blank line before each step. Nothing here computes a number the model computed:
 every value comes from the walkthrough.
 """
@@ -20,8 +20,9 @@ from rich.text import Text
 
 from .attention import N_PAIRS, Walkthrough
 from . import check_lang
-from ..viz.explain_text import TEXTS
+from ..viz.words import texts
 
+TEXTS = texts("explain")           # {language: its words} (viz/words: one module per language)
 CORNER = 4                       # rows and columns of S shown (a causal S up to 8 tokens: all of it)
 SHOWN = 4                        # values shown of a vector
 

@@ -1,5 +1,5 @@
 """The figures of `qkv explain ffn` (qkv.lessons.ffn.figures writes them): drawn from a built Lesson and one
-language's sentences (ffn_text)."""
+language's sentences (viz.words, FFN)."""
 
 from __future__ import annotations
 

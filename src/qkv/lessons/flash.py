@@ -35,10 +35,11 @@ from .attention import DEFAULT_TEXT, position_bias
 from ..core.kernels import K_BLOCK, Q_BLOCK, tiled_attention
 from ..core.ops import softmax
 from . import Page, nbytes, same
-from .flash_text import TEXTS
+from ..viz.words import texts
 from ..viz import hangul
 from ..viz.figures import styled
 
+TEXTS = texts("flash")             # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 TILES = 3                          # the followed row's keys are cut into this many tiles (block = ⌈n / 3⌉)
 SHOWN = 3                          # values of a vector shown

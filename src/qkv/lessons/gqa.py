@@ -28,9 +28,10 @@ from rich.text import Text
 from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from . import Page, same
-from .gqa_text import TEXTS
+from ..viz.words import texts
 from .kvcache import Layout, cache_layouts, layout_name, own_layout, per_token
 
+TEXTS = texts("gqa")               # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 POOL_MODEL = "minilm"             # the multi-head model pooled when the model itself shares K/V heads
 

@@ -30,8 +30,9 @@ from ..runtime.threads import StepThreads, decode_threads
 from ..core.labels import shorten
 from ..core.weights import MoEWeights
 from . import Page, nbytes, same, shape
-from .kvcache_text import TEXTS
+from ..viz.words import texts
 
+TEXTS = texts("kvcache")           # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 NEW_TOKENS = 8
 REPEATS = 3                     # each step is timed this many times, the fastest kept

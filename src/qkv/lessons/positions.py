@@ -25,9 +25,10 @@ from ..core.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal
 from rich.text import Text
 
 from . import Page, same, shape
-from .positions_text import TEXTS
+from ..viz.words import texts
 from ..viz.figures import styled
 
+TEXTS = texts("positions")         # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 LEARNED_MODEL = "minilm"          # the learned table shown beside RoPE when the model has none
 TABLE_POSITIONS = 64              # rows of the sinusoidal heatmap

@@ -32,9 +32,10 @@ from ..core.attention import mask_bias, scaled_dot_product_attention
 from ..runtime.errors import QkvError
 from ..core.kernels import tiled_attention
 from . import Page, same
-from .sparse_text import TEXTS
+from ..viz.words import texts
 from ..viz.figures import styled
 
+TEXTS = texts("sparse")            # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
 PARAGRAPH = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passing "
              "in the night trusted its beam to guide them past the rocks, and for forty years it never "

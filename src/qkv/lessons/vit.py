@@ -25,8 +25,9 @@ from ..runtime.errors import QkvError
 from ..core.ops import ACTIVATIONS
 from . import Page, same, shape
 from .attention import norm_of
-from .vit_text import TEXTS
+from ..viz.words import texts
 
+TEXTS = texts("vit")               # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "digits-vit"
 DEFAULT_DIGIT = "3"                # the example digit read when no image is given
 SHOWN = 4                          # numbers of a vector shown

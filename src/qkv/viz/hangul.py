@@ -11,7 +11,7 @@ imported (importing it changes matplotlib's global settings); only its file is r
     full_face()              the WOFF of every Hangul syllable and jamo (the web app serves it once)
 
 Making a subset reads the font's tables (about half a second), so each subset is kept in the qkv cache
-directory (engine.io.cache_dir: fonts/, by the font file and the code points asked for): the next page
+directory (runtime.io.cache_dir: fonts/, by the font file and the code points asked for): the next page
 that shows the same characters (every English page shows the same few Korean words) embeds it at once.
 
 Pages name FAMILY last but one in their font stacks (before the generic family), so a machine's own

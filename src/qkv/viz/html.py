@@ -6,20 +6,22 @@ a colour per head; hover a token to isolate its lines), a matrix view (the heatm
 a cell's weight on hover) and a model view (layers × heads thumbnails; click one to
 open it); a generation with logits adds a next-token view (each generated token's top
 candidates, with a temperature slider; see `payload` for how it re-normalises).
-Optional sections add views beyond attention weights (`payload`, `interpret_payload`): a logit
+Panels add views beyond attention weights (`panels` declares each one): a logit
 lens (layers × positions, the final prediction's probability or rank, a cell's top tokens on
 hover), rollout (raw attention, attention rollout and attention flow side by side),
 patching (effect tables as heatmaps centred at 0), input attribution (the input tokens as text,
-coloured by their scores) and causal tracing (tokens × layers, a map per kind of restored state).
+coloured by their scores), causal tracing (tokens × layers, a map per kind of restored state), an SAE's
+features and a mixture of experts' router.
 An encoder–decoder's trace adds a selector of the kind of attention — encoder, decoder, cross
 (target tokens, labelled by the token each row wrote, against source tokens) — and every view
 draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
 Every view exports what it shows (export.js: PNG, SVG, its numbers as JSON).
-The script is six assets inlined in order: wire.js (the arrays' decoder, every page's), export.js, viewer.js
-(the attention views, mount), viewer_panels.js (the lens, rollout, patching and router views, which
-register on viewer.js's `QKV.panels`, and the heatmap they share), viewer_causes.js (the attribution
-and causal-tracing views) and viewer_features.js (an SAE's latents on each token, `qkv sae show`).
+The script is assets inlined in order: wire.js (the arrays' decoder, every page's), export.js, viewer.js
+(the attention views, mount), then the panels' renderers, each asset once (`panels.scripts`): viewer_panels.js
+(the lens, rollout, patching and router views, which register on viewer.js's `QKV.panels`, and the heatmap
+they share), viewer_causes.js (the attribution and causal-tracing views) and viewer_features.js (an SAE's
+latents on each token, `qkv sae show`).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -39,7 +41,7 @@ from typing import Mapping, Sequence
 from ..runtime.errors import QkvError
 from ..runtime.io import write_text
 from ..core.trace import Trace
-from . import hangul
+from . import hangul, panels
 from .payload import script_json, trace_payload
 
 # No request may leave the page: scripts and styles are inline, nothing else is allowed.
@@ -54,8 +56,9 @@ def asset(name: str) -> str:
 
 
 def viewer_js() -> str:
-    """The viewer's JavaScript as one script: the arrays' decoder, the core, then the panels that register on it."""
-    names = ("wire.js", "export.js", "viewer.js", "viewer_panels.js", "viewer_causes.js", "viewer_features.js")
+    """The viewer's JavaScript as one script: the arrays' decoder, export, the core, then the assets that register
+    the panels' renderers on it (`panels.scripts`)."""
+    names = ("wire.js", "export.js", "viewer.js") + panels.scripts()
     return "\n".join(asset(name) for name in names)
 
 
@@ -91,9 +94,9 @@ def viewer_html(trace: Trace, *, model_name: str | None = None, roles: Sequence[
     title: the page title (default: model name and text); tokenizer: the
     model's (default: the trace's own, which Trace.load's lack), to add a "Next token" view to a generation
     trace that kept its logits
-    (each generated token's top candidates, with a temperature slider); sections: {"lens" | "rollout" |
-    "patch" | "attribute" | "causal_trace" | "features": section} (`payload`), each a view; view: the view
-    shown first; budget_mb: the attention bytes the page holds (`payload.BUDGET_MB`): past it, each query
+    (each generated token's top candidates, with a temperature slider); sections: {panel id: section}
+    (`panels`: "lens" | "rollout" | "patch" | "attribute" | "causal_trace" | "features"), each a view; view: the
+    view shown first; budget_mb: the attention bytes the page holds (`payload.BUDGET_MB`): past it, each query
     row's largest weights (a trace of a long input keeps only those: model.run(keep=("attention_top",))).
     """
     payload = trace_payload(trace, model_name=model_name, roles=roles, title=title, tokenizer=tokenizer,

@@ -1,6 +1,8 @@
-"""The viewer's panels beyond attention weights: the optional "lens", "rollout", "patch", "attribute",
-"causal_trace" and "features" (an SAE's latents on each token) sections of the payload (`payload` documents
-them), built from plain arrays (or the JSON) that qkv.analysis (and qkv.features) computes (viz comes before analysis, so nothing here computes a lens or a patch).
+"""The builders of the viewer's panels beyond attention weights: the optional "lens", "rollout", "patch",
+"attribute", "causal_trace", "features" (an SAE's latents on each token) and "router" sections of the payload
+(`panels` declares each panel and documents its section), built from plain arrays (or the JSON) that
+qkv.analysis (and qkv.features) computes (viz comes before analysis, so nothing here computes a lens or a
+patch), and the router's from the trace itself.
 
 Big arrays travel as attention does, as `wire` arrays: probabilities u16 with scale 65535
 (±0.5/65535 ≈ 7.6e-6, PROB_PRECISION), rollout and flow u8 with scale 255 (±0.002, as attention:
@@ -13,10 +15,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..core.trace import Trace
 from ..runtime.errors import QkvError
 from .palette import CAUSAL_STOPS, DIVERGING_STOPS
-from .payload import SCALE
-from .wire import encode
+from .wire import BYTE_SCALE as SCALE, encode
 
 LENS_K = 5                              # top tokens kept per (layer, position) cell of the lens
 PROB_SCALE = 65535                      # probabilities as u16: q = round(p · 65535)
@@ -199,3 +201,19 @@ def features_section(data: Mapping) -> dict:
             "acts": [[float(f"{a:.{FEATURE_DIGITS}g}") for a in row] for row in acts],
             "skipped": [int(t) for t in data.get("skipped", [])], "max": max(flat, default=0.0),
             "colours": [list(c) for c in DIVERGING_STOPS]}
+
+
+def router_section(trace: Trace) -> dict | None:
+    """The "router" section from a MoE model's trace: for each kept layer that routes, which experts each token
+    went to with their weights, and the router's probability of every expert; None when no kept layer recorded
+    its router (a dense model, or a trace made without keep "experts")."""
+    routed = [i for i in trace.layer_ids if trace.layers[i].experts is not None and trace.layers[i].router is not None]
+    if not routed:
+        return None
+    probs = np.stack([trace.layers[i].router for i in routed])                 # (Lm, n, E)
+    return {"layers": [int(i) for i in routed], "positions": int(probs.shape[1]), "experts": int(probs.shape[2]),
+            "k": int(trace.layers[routed[0]].experts.shape[-1]),
+            "chosen": [trace.layers[i].experts.astype(int).tolist() for i in routed],          # (Lm, n, k)
+            "weights": [np.round(trace.layers[i].expert_weights.astype(np.float64), 4).tolist()
+                        for i in routed],                                                   # (Lm, n, k)
+            "probs": encode(np.clip(probs, 0, 1), "u8", SCALE)}                             # (Lm, n, E) ±0.002

@@ -28,10 +28,10 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
                                 "rest": [float | null] (t), "entropy": [float] (t)}]},
-     "view": "head" | "matrix" | "model" | "next" | "lens" | "rollout" | "patch" | "attribute" |
-             "causal_trace" | "features" | "router" | null (shown first),
-     "lens": null | {...}, "rollout": null | {...}, "patch": null | {...}, "attribute": null | {...},
-     "causal_trace": null | {...}, "features": null | {...}, "router": null | {...},
+     "view": "head" | "matrix" | "model" | "next" | a panel's id | null (shown first),
+     "panels": [{"id", "title", "renderer", "layer"}] (`panels.PANELS`, in tab order),
+     "lens" | "rollout" | "patch" | "attribute" | "causal_trace" | "features" | "router": null | {...}
+                  (each panel's section, `panels`),
      "image": null | {...}}   (below; absent = null)
 
 "image" (an image model's trace, ViT: tokens [CLS], "patch (0, 0)", … row by row; `image_payload`):
@@ -56,52 +56,9 @@ The entropy of the whole distribution (bits) comes precomputed per T for the sam
 Sampling filters (top-k, top-p) are not applied: this is softmax(logits / T) itself.
 About 0.6 kB of JSON per generated token.
 
-The sections beyond attention weights (`viz.interpret_payload` builds them from arrays that
-qkv.analysis computes; each adds a view). Big arrays are `wire` arrays, as attention is:
-{"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones only), "data"}, value = q / scale
-(or the integer itself without a scale), little-endian.
-
-    "lens" (decoders, `analysis.sections.lens_payload`): the logit lens, rows 0..L (row 0: the
-      embeddings; row l: the residual stream after l blocks through the final norm and W_vocab)
-      × n positions. {"rows": L+1, "positions": n, "k": K, "vocab": V,
-      "predicted": [id] (n, each position's final prediction: the argmax of row L),
-      "prob": uint16 (L+1, n) scale 65535 (P(final prediction) at row l, ±7.6e-6),
-      "rank": int32 (L+1, n) (its rank there, 1 = top),
-      "top_ids": int32 (L+1, n, K), "top_prob": uint16 (L+1, n, K) scale 65535 (each cell's K most
-      likely tokens, most likely first: LENS_K = 5), "spelling": {"ids": [id], "tokens": [str]}
-      (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows).
-    "rollout" (`analysis.sections.rollout_payload`, self-attention of every layer):
-      {"rollout": uint8 (L, n, n) scale 255 (R_l after layers 1..l; row = position, column =
-      input token; ±0.002 as attention), "flow": uint8 (n, n) scale 255 | null (attention flow
-      after all L layers; null past `analysis.rollout.MAX_FLOW_WORK`, with "flow_note" saying so)}.
-    "patch" (`analysis.sections.patch_payload`: `analysis.patch.Patching`'s tables):
-      {"metric": str, "normalised": bool, "clean": str, "corrupted": str, "metric_clean": float,
-      "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
-      "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
-      0 = corrupted, 1 = clean when normalised).
-    "attribute" (`analysis.sections.attribute_payload`: `InputAttribution.to_json()` through
-      `interpret_payload.attribute_section`): {"tokens": [str] (n), "ids": [int] (n), "scores": [float] (n,
-      6 significant digits), "sides": ["source" | "target"] (n) | null (an encoder–decoder's: its source's
-      tokens, then its target's; the viewer's trace is the decoder's, the target's tokens), "method",
-      "output" (z in words), "logit" (z), "target", "target_token", "other", "baseline", "steps",
-      "baseline_logit", "completeness_error" (integrated gradients; null otherwise), "sum" (Σ scores),
-      "max" (max |score|), "colours": [[r, g, b]] (`palette.DIVERGING_STOPS`)}.
-    "causal_trace" (`interpret_payload.causal_section` of causal tracing's JSON, Meng et al. 2022; not
-      "causal", the attention's mask above): {"model",
-      "text", "subject", "subject_span": [s, e], "tokens": [str] (n), "answer": id, "answer_token",
-      "p_clean", "p_corrupted", "noise", "draws", "seed", "window", "layers": L,
-      "tables": {"hidden" | "ffn" | "attn": [[float]] (L × n) | null} (P(answer) with the clean state
-      restored at layer l, token t; 6 decimals), "top": {kind: float} (each map's colour scale: 0 .. top
-      of the indirect effect p − p_corrupted), "colours": {kind: [[r, g, b]]} (`palette.CAUSAL_STOPS`)}.
-    "features" (`interpret_payload.features_section` of `features.pages.text_features`: an SAE's latents on
-      each token, `qkv sae show`): {"sae", "layer", "site", "d_sae", "k", "top", "tokens": [str] (n),
-      "ids": [int] (n), "features": [[int]] (n lists: each token's non-zero latents, largest first, ≤ k),
-      "acts": [[float]] (their activations, 5 significant digits), "skipped": [int] (positions the SAE does
-      not read), "max" (the largest activation), "colours": [[r, g, b]] (`palette.DIVERGING_STOPS`)}.
-    "router" (mixtures of experts, `router_payload`, from the trace itself): {"layers": [int] (Lm, the kept
-      layers that route), "positions": n, "experts": E, "k": k, "chosen": [[[e] (k)] (n)] (Lm) (the experts each
-      token went to, most probable first), "weights": same shape, floats (their weights in the sum, 4 decimals),
-      "probs": uint8 (Lm, n, E) scale 255 (the router's probability of every expert, ±0.002)}.
+The sections beyond attention weights, each a panel of the viewer: `panels.PANELS` declares them (id, title,
+builder, renderer) and documents each section's format; the payload holds every panel's section under its id
+(null: not shown) and the list of panels, "panels" (`panels.Panel.shipped`), which the page draws its tabs from.
 
 An encoder–decoder's trace (`Seq2SeqModel.run`) becomes three such objects, one per kind of
 attention (`viz.seq2seq`), under one title:
@@ -126,18 +83,18 @@ from ..core.attention import top_of
 from ..runtime.errors import QkvError
 from ..writing.nexttoken import candidates, token_text
 from ..core.trace import Trace
+from . import panels
 from .image_payload import image_payload
 from .palette import role_colours
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
-from .wire import encode
+from .wire import BYTE_SCALE, encode
 
-SCALE = 255
+SCALE = BYTE_SCALE                 # a weight as one byte: q = round(a · 255)
 PRECISION = 0.5 / SCALE            # largest |decoded - original| for weights in [0, 1]
 MAX_VALUES = 150_000_000           # L·H·n² weights in one payload (~150 MB before compression)
 NEXT_K = 10                                                   # candidates listed per generated token
 NEXT_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))   # the slider's grid, T > 0
-SECTIONS = ("lens", "rollout", "patch", "attribute", "causal_trace", "features", "router")   # optional views
-VIEWS = ("head", "matrix", "model", "next") + SECTIONS
+ATTENTION_VIEWS = ("head", "matrix", "model", "next")          # the page's own views; the others: `panels`
 
 # Characters that must not appear raw inside a <script> element (nor, for U+2028/9,
 # inside older JavaScript string literals): written as JSON \u escapes instead.
@@ -267,39 +224,23 @@ def next_token_payload(trace: Trace, tokenizer) -> dict | None:
 
 
 def check_sections(sections: Mapping[str, dict | None] | None, view: str | None, n: int) -> dict:
-    """The optional sections (module doc) and the view shown first, checked against n tokens."""
+    """The panels' sections (`panels`) and the view shown first, checked against n tokens: every panel's
+    section under its id (None: not given), and "panels", the list the page draws its tabs from."""
     sections = {k: v for k, v in (sections or {}).items() if v is not None}
-    unknown = sorted(set(sections) - set(SECTIONS))
+    known = [p.id for p in panels.PANELS]
+    unknown = sorted(set(sections) - set(known))
     if unknown:
-        raise QkvError(f"unknown viewer sections {unknown}; choose from {list(SECTIONS)}")
-    if view is not None and (view not in VIEWS or (view in SECTIONS and view not in sections)):
+        raise QkvError(f"unknown viewer sections {unknown}; choose from {known}")
+    if view is not None and view not in ATTENTION_VIEWS and view not in sections:
         raise QkvError(f"the viewer cannot open {view!r} first; choose from "
-                       f"{[v for v in VIEWS if v not in SECTIONS or v in sections]}")
-    sizes = {"lens": lambda s: s["positions"], "rollout": lambda s: s["rollout"]["shape"][-1],
-             "patch": lambda s: len(s["labels"]), "router": lambda s: s["positions"],
-             "attribute": lambda s: len(s["tokens"]) if s["sides"] is None else s["sides"].count("target"),
-             "causal_trace": lambda s: len(s["tokens"]), "features": lambda s: len(s["tokens"])}
+                       f"{list(ATTENTION_VIEWS) + [v for v in known if v in sections]}")
     for name, section in sections.items():
-        if sizes[name](section) != n:
-            raise QkvError(f"the {name} section is about {sizes[name](section)} tokens and the trace has {n}; "
+        size = panels.panel(name).tokens(section)
+        if size != n:
+            raise QkvError(f"the {name} section is about {size} tokens and the trace has {n}; "
                            "compute it from the same text")
-    return {"view": view, **{name: sections.get(name) for name in SECTIONS}}
-
-
-def router_payload(trace: Trace) -> dict | None:
-    """The "router" section (module doc) from a MoE model's trace: for each kept layer that routes, which
-    experts each token went to with their weights, and the router's probability of every expert; None
-    when no kept layer recorded its router (a dense model, or a trace made without keep "experts")."""
-    routed = [i for i in trace.layer_ids if trace.layers[i].experts is not None and trace.layers[i].router is not None]
-    if not routed:
-        return None
-    probs = np.stack([trace.layers[i].router for i in routed])                 # (Lm, n, E)
-    return {"layers": [int(i) for i in routed], "positions": int(probs.shape[1]), "experts": int(probs.shape[2]),
-            "k": int(trace.layers[routed[0]].experts.shape[-1]),
-            "chosen": [trace.layers[i].experts.astype(int).tolist() for i in routed],          # (Lm, n, k)
-            "weights": [np.round(trace.layers[i].expert_weights.astype(np.float64), 4).tolist()
-                        for i in routed],                                                   # (Lm, n, k)
-            "probs": encode(np.clip(probs, 0, 1), "u8", SCALE)}                             # (Lm, n, E) ±0.002
+    return {"view": view, "panels": [p.shipped() for p in panels.PANELS],
+            **{p.id: sections.get(p.id) for p in panels.PANELS}}
 
 
 def trace_payload(trace: Trace, *, model_name: str | None = None,
@@ -312,9 +253,9 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     largest weights only (`attention_payload`).
 
     model_name: instead of the trace's own `model` (what the title and the page name).
-    sections: {"lens" | "rollout" | "patch" | "attribute" | "causal_trace": section} (module doc;
-    `viz.interpret_payload`),
-    each adding a view; view: the view shown first (default the head view).
+    sections: {panel id: section} (`panels`: "lens", "rollout", "patch", "attribute", "causal_trace",
+    "features"; the router's comes from the trace), each adding a view; view: the view shown first (default the
+    head view).
     An encoder–decoder's trace gives its three kinds of attention (`seq2seq_payload`).
     tokenizer: None takes the trace's own (Model.run and generation keep it; Trace.load's has none)."""
     tokenizer = trace.tokenizer if tokenizer is None else tokenizer
@@ -332,8 +273,10 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
     model_name = trace.model if model_name is None else model_name
     roles = check_roles(roles, L, H)
     cross = trace.source_tokens is not None
-    if not (sections or {}).get("router"):                              # a MoE model's router: from the trace
-        sections = {**(sections or {}), "router": router_payload(trace)}
+    sections = dict(sections or {})
+    for p in panels.PANELS:                                             # a MoE model's router: from the trace
+        if p.from_trace and not sections.get(p.id):
+            sections[p.id] = p.build(trace)
     if title is None:
         title = page_title(model_name, trace.text)
     return {

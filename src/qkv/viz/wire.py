@@ -24,6 +24,7 @@ import numpy as np
 from ..runtime.errors import QkvError
 
 DTYPES = {"u8": "<u1", "u16": "<u2", "i32": "<i4", "f16": "<f2", "f32": "<f4"}
+BYTE_SCALE = 255                 # a value in [0, 1] as one byte (attention, rollout, the router): ±0.5/255 ≈ 0.002
 # zlib's level: on SmolLM2's attention of 178 tokens (8.6 MB of bytes) level 4 takes 0.06 s for 1.07 MB,
 # level 6 0.17 s for 0.98 MB, level 1 0.04 s for 1.24 MB (a page read from disk: a tenth more bytes go unnoticed,
 # a tenth of a second after every generation does not).

@@ -5,7 +5,7 @@
  *
  * The payload (qkv/viz/pipeline_payload.py) holds every array the boxes show, compressed (wire
  * arrays: wire.js, loaded before this file, decodes them); the page decodes them once and computes nothing the engine computed, except the output end:
- * softmax(logits / T), top-k and top-p over the whole vocabulary, in float64, as qkv.sampling.
+ * softmax(logits / T), top-k and top-p over the whole vocabulary, in float64, as qkv.writing.sampling.
  * options.onNext(settings) (qkv serve): adds a "generate next token" button; options.onLayer(layer) (qkv serve):
  * asks for a layer whose whole q, k, v the attention diagram lacks (pipeline_diagram.js); options.state: a previous
  * page's choices (layer, head, box, language, sampling) to keep; the token is the last.

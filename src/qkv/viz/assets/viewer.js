@@ -21,14 +21,15 @@
  * The root's data-* attributes (view, layer, head, hover, cell, ready; with a next-token view
  * also temperature and step; with kinds, kind; with a lens, lensMode) say what is shown.
  *
- * Optional sections (payload.py, interpret_payload.py) add views beyond attention weights:
- * "lens" (the logit lens), "rollout" (raw attention, rollout and flow), "patch" (activation
- * patching), "attribute" (input attribution), "causal_trace" (causal tracing), "features" (an SAE's
- * latents on each token) and "router" (mixtures of experts); "view" opens one first. Their views live in
- * viewer_panels.js, viewer_causes.js (attribute, causal_trace) and viewer_features.js, loaded after this file: they register QKV.panels[section] = {label, layer,
- * decode?, meta, build} and use the helpers this file shares as QKV.util (the interface is described
- * at the top of viewer_panels.js).
- * A payload with a section whose panel is not registered fails with a clear message.
+ * Panels add views beyond attention weights: the payload's "panels" lists them, in tab order, as
+ * qkv/viz/panels.py declares them ({id, title, renderer, layer}; this file keeps no list of its own), and
+ * each one present holds its section under its id: "lens" (the logit lens), "rollout" (raw attention,
+ * rollout and flow), "patch" (activation patching), "attribute" (input attribution), "causal_trace"
+ * (causal tracing), "features" (an SAE's latents on each token), "router" (mixtures of experts); "view"
+ * opens one first. Their renderers live in the assets panels.py names (viewer_panels.js, viewer_causes.js,
+ * viewer_features.js), loaded after this file: they register QKV.panels[renderer] = {decode?, meta, build}
+ * and use the helpers this file shares as QKV.util (the interface is described at the top of
+ * viewer_panels.js). A payload with a section whose renderer is not registered fails with a clear message.
  *
  * An image model's payload ("image": a ViT's tokens are [CLS] and the image's patches) adds, above the
  * views, the image with the attention of one query token (default [CLS]; root data-query) for the layer and
@@ -116,8 +117,7 @@
   }
 
   // ── the viewer ─────────────────────────────────────────────────────────────
-  const SECTIONS = ["lens", "rollout", "patch", "attribute", "causal_trace", "features", "router"];   // in tab order
-  const PANELS = {};                                             // their views: viewer_panels.js registers them
+  const PANELS = {};                 // the panels' renderers by name: viewer_panels.js and the others register them
   const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
 
   class Viewer {
@@ -152,8 +152,10 @@
       this.causal = payload.causal === true;
       this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
       this.next = payload.next && payload.next.steps.length ? payload.next : null;
-      this.views = ["head", "matrix", "model"].concat(this.next ? ["next"] : [],
-                                                     SECTIONS.filter(v => payload[v] && this.extra[v]));
+      // the panels shown: those of the payload's list (panels.py) whose section it holds, in its order
+      this.shownPanels = {};
+      for (const p of payload.panels || []) if (payload[p.id] && this.extra[p.id]) this.shownPanels[p.id] = p;
+      this.views = ["head", "matrix", "model"].concat(this.next ? ["next"] : [], Object.keys(this.shownPanels));
       const li = payload.layers.indexOf(s.layer);
       // temperature: an index on the slider, 0 = greedy, k = next.temperatures[k - 1]; starts at T = 1
       const temps = this.next ? this.next.temperatures : [];
@@ -236,7 +238,7 @@
       this.tabs = {};
       const tabs = el("div", "qkv-tabs");
       const names = {head: "Head view", matrix: "Matrix", model: "Model view", next: "Next token"};
-      for (const [v, label] of this.views.map(v => [v, SECTIONS.includes(v) ? PANELS[v].label : names[v]])) {
+      for (const [v, label] of this.views.map(v => [v, this.shownPanels[v] ? this.shownPanels[v].title : names[v]])) {
         const b = el("button", "qkv-tab", label);
         b.type = "button";
         b.dataset.view = v;
@@ -291,7 +293,7 @@
       this.panels = {head: el("div", "qkv-panel qkv-headview"), matrix: el("div", "qkv-panel qkv-matrix"),
                      model: el("div", "qkv-panel qkv-model")};
       if (this.next) this.panels.next = el("div", "qkv-panel qkv-next");
-      for (const v of SECTIONS) if (this.views.includes(v)) this.panels[v] = el("div", "qkv-panel qkv-" + v);
+      for (const v in this.shownPanels) this.panels[v] = el("div", "qkv-panel qkv-" + v);
       this.caption = el("p", "qkv-caption");
       this.caption.hidden = !this.kinds;
       // a long input's page: what it keeps of each row, said where the reader looks
@@ -326,9 +328,9 @@
         c.title = this.headName(s.layer, h) + (s.head === h ? " · click again for all heads" : " · click to show it alone");
       });
       const attention = s.view === "head" || s.view === "matrix";     // the views that draw one head (or all)
-      const panel = SECTIONS.includes(s.view) ? PANELS[s.view] : null;  // an optional section's view
+      const shipped = this.shownPanels[s.view], panel = shipped ? PANELS[shipped.renderer] : null;   // a panel's view
       this.chips.hidden = !attention;
-      this.fields[0].hidden = !(attention || s.view === "model" || (panel && panel.layer));
+      this.fields[0].hidden = !(attention || s.view === "model" || (shipped && shipped.layer));
       this.fields[1].hidden = !(attention || s.view === "model");
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
       const where = panel ? panel.meta(this)
@@ -915,7 +917,7 @@
       if (s.view === "head" || s.view === "matrix")
         parts.push("layer" + this.p.layers[s.layer], s.head < 0 ? "all-heads" : "head" + s.head);
       else if (s.view === "next") parts.push("token" + this.next.steps[s.step].position, "T" + this.temperature());
-      else if (SECTIONS.includes(s.view) && PANELS[s.view].layer) parts.push("layer" + this.p.layers[s.layer]);
+      else if (this.shownPanels[s.view] && this.shownPanels[s.view].layer) parts.push("layer" + this.p.layers[s.layer]);
       return parts.filter(x => x).join("-");
     }
     exportData() {
@@ -948,7 +950,7 @@
           candidates: st.ids.map((id, i) => ({id, token: st.tokens[i], logit: st.logits[i], p: p[i]})),
           other_tokens_p: other, entropy_bits: H, chosen: st.chosen});
       }
-      return Object.assign(out, {layer: PANELS[v].layer ? this.p.layers[s.layer] : null, section: this.p[v],
+      return Object.assign(out, {layer: this.shownPanels[v].layer ? this.p.layers[s.layer] : null, section: this.p[v],
                                  arrays: this.extra[v]});
     }
 
@@ -1006,12 +1008,13 @@
         decoded.push(await decodeAttention(p.attention, Math.max(0, p.layers.indexOf((state || {}).layer))));
       }
       const bytes = payload.kinds ? decoded : decoded[0];
-      const extra = {};                                    // each section's arrays, decoded by its panel
-      for (const v of SECTIONS) {
-        if (!payload[v]) continue;
-        const panel = PANELS[v];
-        if (!panel) throw new Error(`this page lacks the "${v}" view: load viewer_panels.js after viewer.js`);
-        extra[v] = panel.decode ? await panel.decode(payload[v]) : {};
+      const extra = {};                                    // each section's arrays, decoded by its panel's renderer
+      for (const p of payload.panels || []) {
+        if (!payload[p.id]) continue;
+        const panel = PANELS[p.renderer];
+        if (!panel) throw new Error(`this page lacks the renderer "${p.renderer}" of the "${p.id}" view: ` +
+                                    "load the script that registers it (qkv/viz/panels.py names it) after viewer.js");
+        extra[p.id] = panel.decode ? await panel.decode(payload[p.id]) : {};
       }
       // canvases draw text once: the page's Hangul face (if it has one) must be loaded before
       if (document.fonts && document.fonts.load) await document.fonts.load('13px "qkv Hangul"', "\uD55C").catch(() => null);
@@ -1059,7 +1062,7 @@
     }
   }
 
-  // the interface of viewer_panels.js: the helpers it shares, and PANELS for it to fill
+  // the interface of the panels' renderers (viewer_panels.js): the helpers it shares, and PANELS for them to fill
   const util = {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED};
   global.QKV = {mount, boot, util, panels: PANELS};
 })(window);

@@ -157,13 +157,13 @@
     return {draw};
   }
 
-  // ── registration: one entry per section (viewer.js's SECTIONS gives the tab order) ──
+  // ── registration: one renderer per panel (qkv/viz/panels.py names them and gives the tab order) ──
   QKV.panels.attribute = {
-    label: "Attribution", layer: false, build: buildAttribute,
+    build: buildAttribute,
     meta: (v) => ["input attribution: " + (v.p.attribute.output || v.p.attribute.method)],
   };
   QKV.panels.causal_trace = {
-    label: "Causal trace", layer: false, build: buildCausal,
+    build: buildCausal,
     meta: (v) => [`causal tracing: “${v.p.causal_trace.answer_token}”`],
   };
 })(window);

@@ -105,7 +105,7 @@
   }
 
   QKV.panels.features = {
-    label: "Features", layer: false, build: buildFeatures,
+    build: buildFeatures,
     meta: (v) => [`SAE features: layer ${v.p.features.layer} ${v.p.features.site}`],
   };
 })(window);

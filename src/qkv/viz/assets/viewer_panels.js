@@ -11,16 +11,16 @@
  *
  * Load this file after viewer.js (the page inlines both, in that order). The interface:
  *   QKV.util    the core's helpers: el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED (arrays: wire.js)
- *   QKV.panels[name] = {label, layer, decode?, meta, build}  one per section ("lens", "rollout", "patch",
- *                       "router"; viewer_causes.js: "attribute", "causal_trace"):
- *     label           the tab's name
- *     layer           true if the view follows the Layer selector
+ *   QKV.panels[renderer] = {decode?, meta, build}  one per panel of qkv/viz/panels.py, which declares its id,
+ *                       its tab's title, whether it follows the Layer selector, this renderer's name and the
+ *                       asset that registers it ("lens", "rollout", "patch", "router" here; viewer_causes.js:
+ *                       "attribute", "causal_trace"; viewer_features.js: "features"):
  *     decode(section) → Promise<extra>   the section's arrays decoded (viewer.js mount; absent: {})
  *     meta(v)         → [string]  what the meta line says in this view
- *     build(v)        → {draw()}  builds the view into v.panels[name]; draw() runs on every render
- * v is the Viewer. A panel reads only: v.p (the payload), v.extra[name] (its decoded arrays),
+ *     build(v)        → {draw()}  builds the view into v.panels[id]; draw() runs on every render
+ * v is the Viewer. A panel reads only: v.p (the payload; its section: v.p[id]), v.extra[id] (its decoded arrays),
  * v.state (view, layer, cell, pin, lensMode), v.set(patch) (update the state and redraw),
- * v.panels[name] (its element), v.root, v.tokens, v.n, v.H, v.A(l, h), v.masked(i, j), v.causal —
+ * v.panels[id] (its element), v.root, v.tokens, v.n, v.H, v.A(l, h), v.masked(i, j), v.causal —
  * always through v at call time, as another kind of attention rebuilds the views.
  *   QKV.draw = {Heat, ramp, legend, signed, about, colourBar}   the drawing helpers, for viewer_causes.js
  */
@@ -466,24 +466,24 @@
     return {draw};
   }
 
-  // ── registration: one entry per section, in viewer.js's SECTIONS order ────
+  // ── registration: one renderer per panel (qkv/viz/panels.py names them) ──
   QKV.panels.lens = {
-    label: "Logit lens", layer: false, build: buildLens,
+    build: buildLens,
     decode: async (lz) => ({prob: await decode(lz.prob), rank: await decode(lz.rank),
                             topIds: await decode(lz.top_ids), topProb: await decode(lz.top_prob)}),
     meta: (v) => [`logit lens: ${v.p.lens.rows} rows × ${v.n} positions`],
   };
   QKV.panels.rollout = {
-    label: "Rollout", layer: true, build: buildRollout,
+    build: buildRollout,
     decode: async (ro) => ({R: await decode(ro.rollout), flow: ro.flow ? await decode(ro.flow) : null}),
     meta: (v) => [`layer ${v.p.layers[v.state.layer]}`, "mean of heads"],
   };
   QKV.panels.patch = {
-    label: "Patching", layer: false, build: buildPatch,
+    build: buildPatch,
     meta: (v) => ["activation patching: " + v.p.patch.metric],
   };
   QKV.panels.router = {
-    label: "Experts", layer: true, build: buildRouter,
+    build: buildRouter,
     decode: async (r) => ({probs: await decode(r.probs)}),
     meta: (v) => [`layer ${v.p.layers[v.state.layer]}`, "the router's choice"],
   };
