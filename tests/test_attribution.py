@@ -102,7 +102,7 @@ def test_an_encoder_without_an_lm_head_says_so(minilm):
 
 def test_cli_prints_the_top_heads_and_writes_the_map(monkeypatch, capsys, tmp_path):
     out = tmp_path / "dla"
-    code, stdout, err = run_main(monkeypatch, capsys, "dla", IOI, "--target", " Mary", "--other", " John",
+    code, stdout, err = run_main(monkeypatch, capsys, "dla", IOI, "--token", " Mary", "--other", " John",
                                  "--top", "3", "--out", str(out))
     assert code == 0, err
     assert "logit(␣Mary) − logit(␣John)" in stdout
@@ -112,9 +112,9 @@ def test_cli_prints_the_top_heads_and_writes_the_map(monkeypatch, capsys, tmp_pa
 
 
 @pytest.mark.parametrize("args, message", [
-    (("dla", "The cat", "--model", "minilm", "--target", " x"), "no LM head"),
-    (("dla", IOI, "--target", " Mary Jane"), "2 tokens"),
-    (("dla", "", "--target", " Mary"), "empty"),
+    (("dla", "The cat", "--model", "minilm", "--token", " x"), "no LM head"),
+    (("dla", IOI, "--token", " Mary Jane"), "2 tokens"),
+    (("dla", "", "--token", " Mary"), "empty"),
 ])
 def test_cli_mistakes_are_one_line(monkeypatch, capsys, args, message):
     code, stdout, err = run_main(monkeypatch, capsys, *args)

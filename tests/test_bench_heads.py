@@ -16,6 +16,6 @@ def test_a_small_run_gives_a_markdown_section(tmp_path):
     result = hb.measure(sentences=40, workers=2, ray=False)
     assert [r["backend"] for r in result["rows"]] == ["one process", "local cores"]
     assert result["rows"][0]["speedup"] == 1.0 and result["tokens"] > 40
-    text = hb.markdown(result, command="qkv bench heads --sentences 40 --no-ray")
+    text = hb.markdown(result, command="qkv bench heads --sentences 40 --backend local")
     assert text.startswith("## Head statistics over a corpus")
-    assert "| local cores | 2 |" in text and "qkv bench heads --sentences 40 --no-ray" in text
+    assert "| local cores | 2 |" in text and "qkv bench heads --sentences 40 --backend local" in text

@@ -166,14 +166,14 @@ def test_trace_fact_json_and_files(monkeypatch, capsys, tmp_path):
 
 def test_trace_fact_summary(monkeypatch, capsys):
     code, text, err = run_main(monkeypatch, capsys, "trace-fact", "the cat sat on the", "--subject", "cat sat",
-                               "--model", str(MODELS / "gpt2"), "--answer", " the")
+                               "--model", str(MODELS / "gpt2"), "--token", " the")
     assert code == 0, err
     assert "P(␣the)" in text and "hidden state" in text and "FFN outputs" in text and "attention outputs" in text
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--subject", "dog"], "is not in the text"),
-    (["--subject", "cat", "--answer", "catcatcat dog"], "not one"),
+    (["--subject", "cat", "--token", "catcatcat dog"], "not one"),
     (["--subject", "cat", "--draws", "0"], "0"),
     (["--subject", "cat", "--noise", "-1"], "-1"),
     (["--subject", "cat", "--window", "0"], "0"),

@@ -109,7 +109,7 @@ def test_minilm_previous_token_head_looks_one_back(minilm):
 def test_cli(tmp_path, monkeypatch, capsys):
     gpt2 = str(MODELS / "gpt2")
     code, out, _ = run_main(monkeypatch, capsys, "circuits", "--model", gpt2, "--layer", "1", "--head", "2",
-                            "--text", TEXT, "--out", str(tmp_path))
+                            TEXT, "--out", str(tmp_path))
     assert code == 0 and "copying score" in out and "QK by relative distance" in out and "position table" in out
     assert (tmp_path / "circuits.png").is_file() and (tmp_path / "circuits.svg").is_file()
     code, _, err = run_main(monkeypatch, capsys, "circuits", "--model", gpt2, "--layer", "0", "--head", "9")

@@ -149,7 +149,7 @@ def test_the_small_words_a_newcomer_reads():
     r = CliRunner().invoke(cli, ["show", "The cat sat on the mat", "--model", str(MODELS / "gpt2")])
     assert r.exit_code == 0 and "--out DIR writes the heatmaps" in r.output
     r = CliRunner().invoke(cli, ["circuits", "--model", str(MODELS / "gpt2"), "--layer", "0", "--head", "0"])
-    assert r.exit_code == 0 and "text (the default; choose another with --text): When Mary" in r.output
+    assert r.exit_code == 0 and "text (the default; give another as TEXT): When Mary" in r.output
     r = CliRunner().invoke(cli, ["heads", "The cat sat on the mat. The cat sat on the mat.", "--model",
                                  str(MODELS / "gpt2")])
     assert r.exit_code == 0 and "first: the first position" in " ".join(r.output.split())

@@ -151,7 +151,7 @@ def test_cli_runs_on_the_fixture(name, tmp_path, monkeypatch, capsys):
     assert run_main(monkeypatch, capsys, "show", "--model", path, "--out", str(tmp_path / "v.html"), "The cat sat")[0] == 0
     assert (tmp_path / "v.html").stat().st_size > 1000
     assert run_main(monkeypatch, capsys, "lens", "--model", path, "The cat sat on the mat")[0] == 0
-    code, out, _ = run_main(monkeypatch, capsys, "patch", "--model", path, "--answer", " the", "--wrong", " that",
+    code, out, _ = run_main(monkeypatch, capsys, "patch", "--model", path, "--token", " the", "--other", " that",
                             "She said that the", "She said that that")
     assert code == 0
 

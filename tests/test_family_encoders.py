@@ -195,8 +195,8 @@ def test_the_pipeline_page_reads_the_mask_token():
 
 
 @pytest.mark.parametrize("command, message", [
-    (("dla", "The cat sat on the <mask>.", "--target", "<s>"), "masked-LM head"),
-    (("circuits", "--layer", "0", "--head", "0", "--text", "the cat sat"), "masked-LM head before W_vocab"),
+    (("dla", "The cat sat on the <mask>.", "--token", "<s>"), "masked-LM head"),
+    (("circuits", "--layer", "0", "--head", "0", "the cat sat"), "masked-LM head before W_vocab"),
 ])
 def test_the_analyses_that_need_a_linear_read_out_refuse_in_one_line(monkeypatch, capsys, command, message):
     code, _, err = run_main(monkeypatch, capsys, *command, "--model", str(MODELS / "modernbert"))

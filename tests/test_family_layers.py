@@ -154,7 +154,7 @@ def test_the_cli_runs_on_the_fixtures(tmp_path, monkeypatch, capsys, name):
     for args in (("generate", "--model", str(MODELS / name), "-n", "4", "the cat"),
                  ("lens", "--model", str(MODELS / name), "the cat sat on the mat"),
                  ("patch", "--model", str(MODELS / name), "the cat sat on the", "the dog sat on the",
-                  "--answer", " the", "--wrong", " a")):
+                  "--token", " the", "--other", " a")):
         code, text, err = run_main(monkeypatch, capsys, *args)
         assert code == 0 and text.strip(), err
 

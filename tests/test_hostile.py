@@ -526,9 +526,9 @@ EXTREME = {                                     # finite values that overflow fl
 @pytest.mark.parametrize("args", [
     ["show", "the cat sat"], ["show", "the cat sat", "--out", "{out}"], ["heads", "the cat sat", "--json"],
     ["next", "the cat sat"], ["generate", "the cat", "-n", "3", "--trace", "{out}"], ["lens", "the cat sat"],
-    ["rollout", "the cat sat"], ["dla", "the cat sat", "--target", " the"],
-    ["patch", "the cat sat", "the dog sat", "--answer", " the", "--wrong", " a"],
-    ["circuits", "--layer", "0", "--head", "0", "--text", "the cat sat"], ["explain", "the cat sat", "--layer", "0", "--head", "0"],
+    ["rollout", "the cat sat"], ["dla", "the cat sat", "--token", " the"],
+    ["patch", "the cat sat", "the dog sat", "--token", " the", "--other", " a"],
+    ["circuits", "--layer", "0", "--head", "0", "the cat sat"], ["explain", "the cat sat", "--layer", "0", "--head", "0"],
 ])
 def test_extreme_finite_weights_stop_in_one_line_naming_where(monkeypatch, capsys, tmp_path, which, args):
     """wte = 3e38 or q/k weights of 1e20 pass the NaN/Inf weight check but overflow in the pass: every command

@@ -318,7 +318,7 @@ def test_attribute_table_and_a_logit_difference():
     model = qkv.load(MODELS / "gpt2")
     a, b = model.tokenizer.label(5), model.tokenizer.label(9)
     text_a, text_b = model.tokenizer.decode([5]), model.tokenizer.decode([9])
-    r = run("attribute", "the cat sat on", "--model", str(MODELS / "gpt2"), "--target", text_a, "--other", text_b)
+    r = run("attribute", "the cat sat on", "--model", str(MODELS / "gpt2"), "--token", text_a, "--other", text_b)
     assert r.exit_code == 0, r.output
     assert f"logit({a}) − logit({b})" in r.output and "score" in r.output
     want = IA.attribute(model, "the cat sat on", text_a, text_b)
@@ -326,16 +326,16 @@ def test_attribute_table_and_a_logit_difference():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--target", "catcatcat dog"], "not one"),
-    (["--other", "the"], "--other needs --target"),
-    (["--target", "t", "--other", "t"], "the same token"),
+    (["--token", "catcatcat dog"], "not one"),
+    (["--other", "the"], "--other needs --token"),
+    (["--token", "t", "--other", "t"], "the same token"),
     (["--steps", "0"], "0"),
     (["--method", "ig", "--tolerance", "1"], "--tolerance"),
     (["--method", "ig", "--tolerance", "-0.1"], "--tolerance"),
     (["--method", "lime"], "lime"),
     (["--baseline", "mean"], "mean"),
     (["--model", "minilm"], "give --compare TEXT"),
-    (["--model", "minilm", "--compare", "a dog", "--target", "t"], "leave out --target"),
+    (["--model", "minilm", "--compare", "a dog", "--token", "t"], "leave out --token"),
     (["--compare", "a dog"], "--compare is for encoders"),
     (["--model", str(MODELS / "roberta")], "put its mask token"),
     (["--model", "ko-en-tiny", "--compare", "a"], "--compare is for encoders"),

@@ -278,7 +278,7 @@ def test_command_json_and_files(monkeypatch, capsys, corpus_file, tmp_path):
 
 def test_command_table(monkeypatch, capsys, corpus_file):
     code, stdout, err = run_main(monkeypatch, capsys, "neurons", "--model", str(MODELS / "gpt2"), "--layer", "0",
-                                 "--file", str(corpus_file), "--neuron", "4,9", "--contexts", "2", "--text", "the cat")
+                                 "--file", str(corpus_file), "--neuron", "4,9", "--contexts", "2", "the cat")
     assert code == 0, err
     want = neurons(load("gpt2"), 0, texts=CORPUS, neuron=[4, 9], contexts=2, text="the cat")
     assert "neuron 4: max" in stdout and "neuron 9: max" in stdout and "max on TEXT" in stdout
@@ -305,11 +305,11 @@ def test_a_hostile_corpus_stays_text(monkeypatch, capsys, tmp_path):
     (["--layer", "-3"], "layer -3 does not exist"),
     (["--layer", "0", "--neuron", "999"], "neuron 999 does not exist"),
     (["--layer", "0", "--neuron", "a,b"], "is not a list of indices"),
-    (["--layer", "0", "--neuron", "-1", "--text", "the cat"], "--neuron -1 is negative"),   # not "the last"
+    (["--layer", "0", "--neuron", "-1", "the cat"], "--neuron -1 is negative"),   # not "the last"
     (["--layer", "0", "--file", "no/such/file.txt"], "cannot read no/such/file.txt"),
     (["--layer", "0", "--file", "BINARY"], "looks binary"),
     (["--layer", "0", "--file", "EMPTY"], "holds no text"),
-    (["--layer", "0", "--text", " "], "the text is empty"),
+    (["--layer", "0", " "], "the text is empty"),
     (["--layer", "0", "--model", str(MODELS / "mixtral")], "MoE"),
     (["--layer", "0", "--model", "ko-en-tiny"], "encoder–decoder"),
 ])

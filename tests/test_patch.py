@@ -159,7 +159,7 @@ def test_save_and_the_cli(tmp_path, monkeypatch, capsys):
     gpt2 = str(MODELS / "gpt2")
     out = tmp_path / "cli"
     code, text, err = run_main(monkeypatch, capsys, "patch", "the cat sat on the mat", "the dog sat on the mat",
-                               "--model", gpt2, "--answer", " a", "--wrong", " the", "--out", str(out))
+                               "--model", gpt2, "--token", " a", "--other", " the", "--out", str(out))
     assert code == 0 and "L" in text and "patched copies" in text
     lines = err.strip().splitlines()                          # off a terminal: plain progress lines, total known
     written = json.loads((out / "patch.json").read_text())
@@ -171,7 +171,7 @@ def test_save_and_the_cli(tmp_path, monkeypatch, capsys):
     assert data["labels"][2:4] == ["␣c/␣d", "at/og"] and len(data["heads"]) == 2      # two tokens differ
     assert data["residual"][0][:2] == [0, 0] and (out / "patch.png").is_file()
     code, _, err = run_main(monkeypatch, capsys, "patch", "the cat sat", "the dog sat on the mat", "--model", gpt2,
-                            "--answer", " a", "--wrong", " the", "--out", str(tmp_path / "bad"))
+                            "--token", " a", "--other", " the", "--out", str(tmp_path / "bad"))
     assert code == 2 and "the same count" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
 

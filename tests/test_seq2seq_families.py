@@ -124,9 +124,9 @@ def test_commands_run_on_the_mbart_fixture(tmp_path):
     runner = CliRunner()
     r = runner.invoke(cli, ["translate", TEXT, "--model", d, "-n", "5"])
     assert r.exit_code == 0 and r.output == model.generate(TEXT, 5, temperature=0) + "\n"
-    r = runner.invoke(cli, ["show", TEXT, "--model", d, "--target", " the cat"])
+    r = runner.invoke(cli, ["show", TEXT, "--model", d, "--prefix", " the cat"])
     assert r.exit_code == 0 and "cross" in r.output.lower(), r.output
-    r = runner.invoke(cli, ["patch", TEXT, "The dog sat on the mat.", "--model", d, "--answer", " the", "--wrong", " a",
+    r = runner.invoke(cli, ["patch", TEXT, "The dog sat on the mat.", "--model", d, "--token", " the", "--other", " a",
                             "--out", str(tmp_path / "patch")])
     assert r.exit_code == 0 and (tmp_path / "patch" / "patch.json").exists(), r.output
 

@@ -112,14 +112,14 @@ def test_the_commands_take_an_encoder_decoder(tmp_path, monkeypatch, capsys):
     r = runner.invoke(cli, ["lens", "나는 학교에 간다", "--model", "ko-en-tiny", "--out", str(tmp_path / "lens")])
     assert r.exit_code == 0, r.output
     assert "school" in r.output and (tmp_path / "lens" / "lens.html").is_file()
-    r = runner.invoke(cli, ["patch", "나는 학교에 간다", "너는 학교에 간다", "--model", "ko-en-tiny", "--answer", "I",
-                            "--wrong", "you", "--out", str(tmp_path / "patch")])
+    r = runner.invoke(cli, ["patch", "나는 학교에 간다", "너는 학교에 간다", "--model", "ko-en-tiny", "--token", "I",
+                            "--other", "you", "--out", str(tmp_path / "patch")])
     assert r.exit_code == 0, r.output
     assert "cross-attention heads:" in r.output and (tmp_path / "patch" / "patch.json").is_file()
     code, _, err = run_main(monkeypatch, capsys, "patch", "나는 학교에 간다", "너는 학교에 간다", "--model", "ko-en-tiny",
-                            "--answer", "I", "--wrong", "You")           # ko-en-tiny has no "You": never <unk>
+                            "--token", "I", "--other", "You")           # ko-en-tiny has no "You": never <unk>
     assert code == 2 and "not in ko-en-tiny's vocabulary" in err
-    code, _, err = run_main(monkeypatch, capsys, "dla", "나는 학교에 간다", "--model", "ko-en-tiny", "--target", "I")
+    code, _, err = run_main(monkeypatch, capsys, "dla", "나는 학교에 간다", "--model", "ko-en-tiny", "--token", "I")
     assert code == 2 and "post-norm" in err and "Traceback" not in err
     code, _, err = run_main(monkeypatch, capsys, "lens", "The cat", "--model", str(FIXTURES / "models" / "gpt2"),
                             "--prefix", "x")

@@ -109,7 +109,7 @@ def test_a_vit_directory_reads_an_rgb_image_with_patches_that_are_not_square(mon
 @pytest.mark.parametrize("args, message", [
     (["missing.png"], "no image file missing.png; give the path of a PNG or JPEG file"),
     (["The cat sat on the mat"], "digits-vit reads images, not text: 'The cat sat on the mat' is no image file"),
-    ([DIGIT, "--target", "three"], "digits-vit reads an image: drop --target"),
+    ([DIGIT, "--prefix", "three"], "digits-vit reads an image: drop --prefix"),
     ([DIGIT, "--budget-mb", "3"], "drop --budget-mb"),
     ([DIGIT, "--ablate", "7.0"], "layer"),
     ([DIGIT, "--head", "9"], "head"),

@@ -9,12 +9,13 @@ import time
 
 import click
 
-from .common import MODEL_HELP, progress_bar
+from .common import progress_bar
+from .options import WRITER, backend_option, model_option
 from ..runtime.errors import QkvError
 
 
 @click.command(name="activations")
-@click.option("--model", "source", default="smollm2", show_default=True, help=MODEL_HELP)
+@model_option(WRITER)
 @click.option("--layer", type=int, required=True, help="Layer to read (0..L-1; negative counts from the end).")
 @click.option("--site", type=click.Choice(("resid", "attn_out", "ffn_out")), default="resid", show_default=True,
               help="resid: the residual stream entering the layer; attn_out / ffn_out: what its attention / FFN adds.")
@@ -37,8 +38,7 @@ from ..runtime.errors import QkvError
               help="Tokens a window: longer texts are cut into windows of this many tokens.")
 @click.option("--skip-first/--keep-first", default=None,
               help="Drop each window's first token (its huge-norm attention sink). Default: on for decoders.")
-@click.option("--backend", type=click.Choice(("local", "ray")), default="local", show_default=True,
-              help="local: this machine's cores; ray: a Ray cluster.")
+@backend_option("local: this machine's cores; ray: a Ray cluster.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes (local) or actors (ray), each making whole shards.")
 @click.option("--address", default=None, help="Ray cluster to join (default: start Ray on this machine).")

@@ -17,8 +17,10 @@ from .causal import trace_fact_cmd
 from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_weights, head_pairs, new_console,
                      removed_if_failed, run, status, warn_unknown)
 from .explain import explain_cmd, next_cmd
-from .interpret import attribute_cmd, circuits_cmd, dla_cmd, lens_cmd, patch_cmd, rollout_cmd
+from .attribution import attribute_cmd, dla_cmd, patch_cmd
+from .interpret import circuits_cmd, lens_cmd, rollout_cmd
 from .neurons import neurons_cmd
+from .options import READER, model_option, prefix_option, text_argument
 from .sae import sae_cmd
 from .sae_views import features_cmd, show_cmd
 from .activations import activations_cmd
@@ -42,8 +44,8 @@ def cli(weights: str | None, quiet: bool) -> None:
 
 
 @cli.command()
-@click.argument("text")
-@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@text_argument()
+@model_option(READER)
 @click.option("--layer", type=int, default=None,
               help="Layer to show (negative counts from the end).  [default: 0; an encoder–decoder: the decoder's "
                    "last layer; an image model: the last layer, whose [CLS] the classifier reads]")
@@ -52,18 +54,18 @@ def cli(weights: str | None, quiet: bool) -> None:
                    "from the end.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write figures (PNG, SVG) and the interactive viewer (HTML) into this directory.")
-@click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
-              help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
-                   "repeat or give a comma list, e.g. --ablate 3.2,5.1 (negative numbers count from the end).")
-@click.option("--target", default=None,
-              help="Encoder–decoders: the target text to read (teacher forcing) instead of the model's own "
-                   "greedy translation of TEXT.")
+@click.option("--ablate", multiple=True, metavar="[STACK.]LAYER.HEAD",
+              help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): repeat or give a comma "
+                   "list, e.g. --ablate 3.2,5.1 or 3.heads.2 (negative numbers count from the end); an "
+                   "encoder–decoder's encoder.0.heads.1, cross.0.heads.1, decoder.0.heads.1 (= 0.heads.1).")
+@prefix_option("Default: the model's own greedy translation of TEXT (Whisper: the transcript to read).",
+               was="--target")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Refuse texts longer than this (past 1024 tokens --out keeps each query row's largest weights).")
 @click.option("--budget-mb", type=float, default=None,
               help="Attention bytes the viewer holds before it keeps each row's largest weights only  [default: 80].")
 def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
-         ablate: tuple[str, ...], target: str | None, max_tokens: int, budget_mb: float | None) -> None:
+         ablate: tuple[str, ...], prefix: str | None, max_tokens: int, budget_mb: float | None) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
@@ -75,7 +77,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     (as many as --budget-mb holds) and the chosen layer's figures; rollout, the lens and the pipeline page
     are left out there.
 
-    On an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, ko-en-tiny): translate TEXT (or read --target),
+    On an encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, ko-en-tiny): translate TEXT (or read --prefix),
     print where each target token looks most in the source (cross-attention of a decoder
     layer), and with --out write cross-attention heatmaps, both stacks' self-attention and
     the viewer with its encoder / decoder / cross views.
@@ -85,7 +87,7 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     classifier reads), and with --out draw that over the image (each head, every layer, attention rollout)
     and write the viewer in its image mode (click a patch to see where it looks).
 
-    On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) and --target its transcript;
+    On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) and --prefix its transcript;
     print where each word looks in time (cross-attention of a decoder layer) and with --out draw it.
     """
     from .common import load_model as load
@@ -97,16 +99,16 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     if isinstance(model, ImageModel):
         from .show_image import show_image
 
-        return show_image(model, text, layer, head, out_dir, ablate, target, budget_mb)
+        return show_image(model, text, layer, head, out_dir, ablate, prefix, budget_mb)
     if isinstance(model, AudioModel):
         from .show_audio import show_audio
 
-        return show_audio(model, text, target, layer, head, out_dir, ablate)
+        return show_audio(model, text, prefix, layer, head, out_dir, ablate)
     if isinstance(model, Seq2SeqModel):
-        return _show_seq2seq(model, text, target, layer, head, out_dir, ablate)
-    if target is not None:
-        raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} is a single stack "
-                       f"({model.config.family}): drop --target")
+        return _show_seq2seq(model, text, prefix, layer, head, out_dir, ablate)
+    if prefix is not None:
+        raise QkvError(f"--prefix is the target text of an encoder–decoder; {model.name} is a single stack "
+                       f"({model.config.family}): drop --prefix")
     from ..inputs.images import SUFFIXES
 
     if Path(text).suffix.lower() in SUFFIXES and os.path.isfile(text):     # read as text, as asked; say so
@@ -241,15 +243,14 @@ def _print_layer(trace, model, layer: int, head: int | None) -> None:
 
 def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
                   ablate: tuple[str, ...]) -> None:
-    """`qkv show` on an encoder–decoder: the translation (or --target), the cross-attention table of
+    """`qkv show` on an encoder–decoder: the translation (or --prefix), the cross-attention table of
     a decoder layer, and with OUT_DIR the figures and the viewer of all three kinds of attention."""
     from ..viz.figures import focused_head
     from ..viz.seq2seq import cross_written
     from ..writing.seq2seq_generate import translation_trace
 
-    if ablate:
-        raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
-                       "drop --ablate")
+    if ablate:                                                                # every pass below runs ablated
+        model = model.ablate(head_pairs(ablate))                              # bad heads fail before DIR is touched
     layer = model.check_layer(-1 if layer is None else layer)                 # a decoder layer
     if head is not None:
         head = model.check_head(head)
@@ -344,14 +345,14 @@ def models() -> None:
 
 
 @cli.command()
-@click.option("--model", "source", default="minilm", show_default=True,
-              help=MODEL_HELP + " The page also offers every model `qkv models` lists.")
+@model_option(READER, MODEL_HELP + " The page also offers every model `qkv models` lists.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 127.0.0.1 keeps the page on this machine.")
 def serve(source: str, port: int, host: str) -> None:
     """A local web page: type text, pick model, layer and head, and see the attention."""
-    from ..web.server import exposure_warning, make_server
+    from ..web.app import make_server
+    from ..web.server import exposure_warning
 
     server = make_server(source, host, port)
     click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")
@@ -375,7 +376,7 @@ for command in (generate, translate_cmd, chat_cmd):
 for command in (explain_cmd, next_cmd):
     cli.add_command(command)      # the walkthrough, its lessons, the next token (cli/explain.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd, trace_fact_cmd):
-    cli.add_command(command)      # beyond attention weights (cli/interpret.py)
+    cli.add_command(command)      # beyond attention weights (cli/interpret.py, cli/attribution.py, cli/causal.py)
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored in shards (cli/activations.py)
 cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)

@@ -26,6 +26,7 @@ from ..bench import llm
 from ..bench import patching as pb
 from ..bench import train as tb
 from ..bench.common import write_section
+from .options import backend_option
 
 
 @click.group()
@@ -100,19 +101,20 @@ def forward(tokens: tuple[int, ...], repeats: int, eager: bool, model_source: st
               help="Size of the synthetic English corpus.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes / Ray actors for the parallel runs [default: every core].")
-@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Also time the Ray backend.")
+@backend_option("local: time one process and the local cores; ray: the Ray backend too.", default="ray",
+                was="--ray/--no-ray", values={True: "ray", False: "local"})
 @out_option("'bench:heads' section")
 @json_option
-def heads_bench(sentences: int, workers: int | None, use_ray: bool, out: str | None, as_json: bool) -> None:
+def heads_bench(sentences: int, workers: int | None, backend: str, out: str | None, as_json: bool) -> None:
     """Texts per second of `qkv heads` on the default model: one process, local cores, Ray (no torch needed)."""
     from ..bench import heads as hb
     from ..runtime.threads import check_count
 
     check_count("--workers", workers)
-    result = hb.measure(sentences=sentences, workers=workers, ray=use_ray)
-    command = hb.COMMAND if (sentences, workers, use_ray) == (hb.SENTENCES, None, True) else command_line(
+    result = hb.measure(sentences=sentences, workers=workers, ray=backend == "ray")
+    command = hb.COMMAND if (sentences, workers, backend) == (hb.SENTENCES, None, "ray") else command_line(
         "qkv bench heads", [("--sentences", sentences, None), ("--workers", workers, None),
-                            ("--no-ray", not use_ray, False), ("--out", out, None)])
+                            ("--backend", backend, "ray"), ("--out", out, None)])
     text = hb.markdown(result, command=command)
     publish(result, text, as_json, out, "heads")
 

@@ -9,17 +9,18 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, SEED, check_writable, new_console, progress_bar, removed_if_failed
+from .options import WRITER, model_option, text_argument, token_option
 
 KIND_NAMES = {"hidden": "hidden state (block output)", "ffn": "FFN outputs (window)", "attn": "attention outputs (window)"}
 
 
 @click.command(name="trace-fact")
-@click.argument("text")
+@text_argument()
 @click.option("--subject", required=True, help="The words of TEXT that name the subject (e.g. 'Eiffel Tower'): "
                                                 "their token embeddings get the noise.")
-@click.option("--model", "source", default="smollm2", show_default=True, help="A decoder. " + MODEL_HELP)
-@click.option("--answer", default=None, help="The next token to trace (one token, e.g. ' Paris'). "
-                                             "Default: the model's top-1 next token.")
+@model_option(WRITER, "A decoder. " + MODEL_HELP)
+@token_option("The next token to trace (one token, e.g. ' Paris'). Default: the model's top-1 next token.",
+              was="--answer")
 @click.option("--draws", type=click.IntRange(1, 100), default=3, show_default=True,
               help="Noise draws, averaged (each a batch row).")
 @click.option("--noise", type=click.FloatRange(0, None, min_open=True), default=3.0, show_default=True,
@@ -31,11 +32,11 @@ KIND_NAMES = {"hidden": "hidden state (block output)", "ffn": "FFN outputs (wind
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the three heatmaps (trace_fact.png, .svg), trace_fact.json and the viewer with "
                    "its causal-tracing panel open (trace_fact.html) into this directory.")
-def trace_fact_cmd(text: str, subject: str, source: str, answer: str | None, draws: int, noise: float, window: int,
+def trace_fact_cmd(text: str, subject: str, source: str, token: str | None, draws: int, noise: float, window: int,
                    seed: int, as_json: bool, out_dir: str | None) -> None:
     """Causal tracing (Meng et al. 2022): corrupt SUBJECT's token embeddings with Gaussian noise, then restore
     one clean state at a time — each layer's output at each token, and windows of FFN and attention outputs —
-    and measure how much of P(answer) comes back (the indirect effect)."""
+    and measure how much of P(token) comes back (the indirect effect)."""
     import json
 
     from ..analysis.attribution import token_id
@@ -46,13 +47,13 @@ def trace_fact_cmd(text: str, subject: str, source: str, answer: str | None, dra
     check_traceable(model)                                         # bad input fails before DIR is touched
     model.encode(text)
     subject_span(model, text, subject)
-    if answer is not None:
-        token_id(model, answer)
+    if token is not None:
+        token_id(model, token)
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
         with progress_bar("restored", "states") as progress:
-            r = trace_fact(model, text, subject, answer, draws=draws, noise=noise, window=window, seed=seed,
+            r = trace_fact(model, text, subject, token, draws=draws, noise=noise, window=window, seed=seed,
                            progress=progress)
         data = r.as_json()
         if as_json:

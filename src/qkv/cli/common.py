@@ -157,21 +157,14 @@ def write_figure(fig, out_dir: str, name: str) -> None:
         click.echo(f"wrote {f}")
 
 
-def head_pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
-    """--ablate 3.2 --ablate 5.1 or --ablate 3.2,5.1 → [(3, 2), (5, 1)], or one clear error
-    (the model checks that the layers and heads exist)."""
-    pairs = []
-    for item in (i.strip() for i in ",".join(values).split(",") if i.strip()):
-        layer, dot, head = item.partition(".")
-        try:
-            pairs.append((int(layer), int(head)))
-        except ValueError:
-            raise QkvError(f"--ablate {item!r} is not LAYER.HEAD; give e.g. --ablate 3.2 (layer 3, head 2)") from None
-    return pairs
+def head_pairs(values: tuple[str, ...]) -> list[tuple]:
+    """--ablate 3.2 --ablate 5.1, --ablate 3.2,5.1 or --ablate 3.heads.2,encoder.0.heads.1 → [(3, 2), (5, 1)] or
+    [(3, 2), ("encoder", 0, 1)]: keys of the one hook and ablation grammar naming heads (qkv.core.hooks.parse_key),
+    or one clear error (the model checks that the stacks, layers and heads exist)."""
+    from ..core.hooks import head_key
 
-
-PREFIX_HELP = ("Encoder–decoders (ko-en-tiny, Marian, BART, mBART, Pegasus, T5, mT5): the target written so far, "
-               "read after the start token; TEXT is the source.")
+    keys = [head_key(item, "--ablate") for item in (i.strip() for i in ",".join(values).split(",") if i.strip())]
+    return [(k.layer, k.head) if k.stack is None else (k.stack, k.layer, k.head) for k in keys]
 
 
 def as_decoder(model, prefix: str | None, default: str | None = ""):

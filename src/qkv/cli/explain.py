@@ -13,11 +13,12 @@ from rich.text import Text
 from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
 from ..runtime.errors import QkvError
 from ..lessons import explain_help
+from .options import READER, WRITER, model_option, prefix_option, text_argument
 
 
 @click.command(name="explain", help=explain_help())
 @click.argument("args", nargs=-1, metavar="[TOPIC] [TEXT]")
-@click.option("--model", "source", default=None, help=MODEL_HELP + "  [default: the topic's own]")
+@model_option(None, MODEL_HELP + f"  [default: the topic's own; attention: {READER}]")
 @click.option("--layer", type=int, default=None, help="attention, flash, ffn, vit: the layer to follow (negative counts from the "
                                                       "end).  [default: 0; flash: the one whose max grows most; ffn: the "
                                                       "middle layer]")
@@ -56,7 +57,7 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
             from ..lessons.attention import DEFAULT_TEXT, walkthrough
             from ..lessons.attention_render import render
 
-            model, text = _follows(load(source or "minilm"), topic), DEFAULT_TEXT if text is None else text
+            model, text = _follows(load(source or READER), topic), DEFAULT_TEXT if text is None else text
             with status(f"computing the walkthrough on {model.name} …"):
                 steps = walkthrough(model, text, layer or 0, head)
             for part in render(steps, lang):
@@ -119,9 +120,8 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
 
 
 @click.command(name="next")
-@click.argument("text")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory.")
+@text_argument()
+@model_option(WRITER, "A decoder: 'smollm2', a .gguf file, or a local Hugging Face directory.")
 @click.option("--temperature", "-t", "temperatures", multiple=True, default=("0.5,1,2",), show_default=True,
               help="Temperatures T: a comma list or repeated -t (0 = greedy).")
 @click.option("--top-k", type=click.IntRange(1), default=10, show_default=True, help="How many tokens to list.")
@@ -131,14 +131,13 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
 @click.option("--ablate", multiple=True, metavar="LAYER.HEAD",
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
                    "repeat or give a comma list, e.g. --ablate 3.2,5.1 (negative numbers count from the end).")
-@click.option("--target", default=None,
-              help="Encoder–decoders: the target written so far (default: none, so the translation's first token).")
+@prefix_option("Default: none, so the translation's first token.", was="--target")
 def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
-             out_dir: str | None, ablate: tuple[str, ...], target: str | None) -> None:
+             out_dir: str | None, ablate: tuple[str, ...], prefix: str | None) -> None:
     """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,
     and the entropy H = −Σ P·log₂ P of the whole distribution, in bits.
 
-    On an encoder–decoder, TEXT is the source: the next target token after it (and --target). On a
+    On an encoder–decoder, TEXT is the source: the next target token after it (and --prefix). On a
     masked-LM encoder (RoBERTa, DistilBERT, ELECTRA's generator): the token at TEXT's first mask token."""
     from functools import partial
 
@@ -151,11 +150,11 @@ def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, 
     model = load(source)
     knocked_out = head_pairs(ablate)
     if isinstance(model, Seq2SeqModel):
-        z, what = _next_target_token(model, text, target, chat, knocked_out)  # (V,)
+        z, what = _next_target_token(model, text, prefix, chat, knocked_out)  # (V,)
     else:
-        if target is not None:
-            raise QkvError(f"--target is the target so far of an encoder–decoder; {model.name} is a single stack "
-                           f"({model.config.family}): drop --target")
+        if prefix is not None:
+            raise QkvError(f"--prefix is the target so far of an encoder–decoder; {model.name} is a single stack "
+                           f"({model.config.family}): drop --prefix")
         if chat:                                                               # one user turn, then the reply begins
             ids = np.asarray(model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                                  add_generation_prompt=True), dtype=np.int64)

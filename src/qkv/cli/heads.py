@@ -11,12 +11,13 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, check_writable, new_console
+from .common import check_writable, new_console
+from .options import READER, backend_option, model_option
 from ..runtime.errors import QkvError
 from ..runtime.io import write_atomic
 from ..runtime.threads import check_count, cores
 from ..viz.palette import ROLE_COLOURS
-from ..analysis.backends import BACKENDS, CHUNK
+from ..analysis.backends import CHUNK
 from ..analysis.detectors import top_heads
 from ..analysis.corpus import SPLITS, open_corpus
 from ..analysis.roles import BROAD, DOMINANT, INDUCTION, strength
@@ -109,8 +110,8 @@ def warn_failures(report: HeadReport, limit: int = 10) -> None:
 
 
 @click.command()
-@click.argument("texts", nargs=-1)
-@click.option("--model", "source", default="minilm", show_default=True, help=MODEL_HELP)
+@click.argument("texts", nargs=-1, metavar="[TEXT]...")
+@model_option(READER)
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
               help="A UTF-8 text file: one text per line (or per paragraph with --split paragraph).")
 @click.option("--split", type=click.Choice(SPLITS), default="line", show_default=True,
@@ -124,8 +125,7 @@ def warn_failures(report: HeadReport, limit: int = 10) -> None:
               help="Write heads.json, a layer × head map per statistic (PNG, SVG) and the viewer here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help=f"Save progress here and continue from it (default with --file and --out: OUT/{CHECKPOINT_NAME}).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True,
-              help="local: this machine's cores; ray: a Ray cluster.")
+@backend_option("local: this machine's cores; ray: a Ray cluster.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes (local) or actors (ray). Default: every core for a corpus, 1 for a few texts; "
                    "ray: every CPU of the cluster.")

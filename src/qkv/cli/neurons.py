@@ -10,7 +10,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed, status
+from .common import check_writable, new_console, progress_bar, removed_if_failed, status
+from .options import WRITER, model_option, renamed, text_argument
 from ..runtime.errors import QkvError
 from ..core.labels import shorten
 
@@ -40,14 +41,15 @@ def neuron_list(value: str | None) -> list[int] | None:
     return index_list("--neuron", value)
 
 
-@click.command(name="neurons")
+@click.command(name="neurons", epilog="TEXT: choose the --top neurons most active on it (largest max over its "
+                                      "tokens); with --neuron, also report their max on it.")
+@text_argument(required=False)
+@renamed("--text", "TEXT", "text")
 @click.option("--layer", type=int, required=True, help="Layer whose FFN to read (negative counts from the end).")
-@click.option("--model", "source", default="smollm2", show_default=True, help=MODEL_HELP)
+@model_option(WRITER)
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
               help="A UTF-8 text file, one text per line, whose contexts activate the neurons. "
                    "Default: docs/heads-corpus.txt of qkv's source tree.")
-@click.option("--text", default=None, help="Choose the --top neurons most active on this text (largest max over its "
-                                           "tokens); with --neuron, also report their max on it.")
 @click.option("--neuron", "neuron", default=None, metavar="I[,J…]", help="These neurons (0..d_ff-1) instead.")
 @click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True,
               help="How many neurons to choose (without --neuron).")
@@ -60,10 +62,10 @@ def neuron_list(value: str | None) -> list[int] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the tables.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write neurons.json, the figure (neurons.png, .svg) and the neuron page (neurons.html) here.")
-def neurons_cmd(layer: int, source: str, corpus_path: str | None, text: str | None, neuron: str | None, top: int,
+def neurons_cmd(text: str | None, layer: int, source: str, corpus_path: str | None, neuron: str | None, top: int,
                 contexts: int, window: int, tokens: int, as_json: bool, out_dir: str | None) -> None:
     """FFN neurons as key–value memories (Geva et al. 2021): for LAYER's neurons (the --top of largest
-    activation over the corpus, or on --text, or --neuron), the corpus contexts that activate each most,
+    activation over the corpus, or on TEXT, or --neuron), the corpus contexts that activate each most,
     and the tokens its output vector W_out[i] promotes and suppresses through the final norm's scale and
     W_vocab, as the logit lens reads the stream."""
     from ..analysis.corpus import open_corpus

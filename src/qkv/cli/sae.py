@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from .common import MODEL_HELP, SEED, new_console, progress_bar
+from .options import model_option
 from ..runtime.errors import QkvError
 
 SMALL = 1 << 18             # d_in × latents up to which training runs on one BLAS thread
@@ -171,7 +172,7 @@ def _train(run) -> None:
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
               help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
 @click.option("--acts", "acts_dir", default=None, metavar="DIR", help="FVU, L0 and dead latents on these stored activations.")
-@click.option("--model", "source", default=None, help=f"{MODEL_HELP} [the SAE's own model].")
+@model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
               help="The CE loss with the SAE spliced in, on this UTF-8 text (one text per line).")
 @click.option("--corpus", "corpus_name", default=None, metavar="NAME",

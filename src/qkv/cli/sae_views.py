@@ -5,7 +5,7 @@ draws with qkv.viz.feature_figures and the viewer.
 
     qkv sae features --sae SAE_DIR [--file CORPUS | --corpus NAME] [--top K | --feature I,J] [--out DIR]
     qkv sae show TEXT --sae SAE_DIR [--top 5] [--out DIR]
-    qkv generate PROMPT --model smollm2 --sae SAE_DIR --steer 12:8[,40:-4]
+    qkv generate TEXT --model smollm2 --sae SAE_DIR --steer 12:8[,40:-4]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, new_console, progress_bar, removed_if_failed
+from .options import model_option, text_argument
 from ..runtime.errors import QkvError
 from ..core.labels import shorten
 
@@ -93,7 +94,7 @@ def feature_list(value: str | None) -> list[int] | None:
 @click.command(name="features")
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
               help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
-@click.option("--model", "source", default=None, help=f"{MODEL_HELP} [the SAE's own model].")
+@model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
               help="A UTF-8 text file, one text per line, whose contexts activate the features.")
 @click.option("--corpus", "corpus_name", default=None, metavar="NAME",
@@ -175,10 +176,10 @@ def _print_features(report) -> None:
 # ── qkv sae show ────────────────────────────────────────────────────────────────
 
 @click.command(name="show")
-@click.argument("text")
+@text_argument()
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
               help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
-@click.option("--model", "source", default=None, help=f"{MODEL_HELP} [the SAE's own model].")
+@model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Features listed per token (the largest activations).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")

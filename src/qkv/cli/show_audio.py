@@ -1,8 +1,8 @@
-"""`qkv show FEATURES.npy --model WHISPER --target TEXT`: where each word of a transcript looks in the sound.
+"""`qkv show FEATURES.npy --model WHISPER --prefix TEXT`: where each word of a transcript looks in the sound.
 
 FEATURES.npy holds the log-mel features of one sound (mels × frames, float, what WhisperFeatureExtractor gives for
 one input); the encoder reads them through its convolutions (20 ms per position), the decoder reads the transcript
-(--target), and the cross-attention of each text token over the frames is printed for one decoder layer and, with
+(--prefix), and the cross-attention of each text token over the frames is printed for one decoder layer and, with
 --out, drawn (the encoder–decoder's heatmaps and viewer, whose source tokens are the times "0.00s", "0.02s", …).
 Whisper's own writing is not in qkv: the transcript is given.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from ..runtime.io import open_regular
-from .common import check_writable, removed_if_failed
+from .common import check_writable, head_pairs, removed_if_failed
 
 MAX_BYTES = 64 << 20            # a features file larger than this is refused before it is read
 
@@ -73,13 +73,12 @@ def show_audio(model, path: str, target: str | None, layer: int | None, head: in
     from ..viz.seq2seq import cross_written
     from .tables import print_cross
 
-    if ablate:
-        raise QkvError(f"--ablate knocks out heads of single-stack models; {model.name} is an encoder–decoder: "
-                       "drop --ablate")
+    if ablate:                                                       # its passes run ablated
+        model = model.ablate(head_pairs(ablate))
     if target is None:
-        raise QkvError("give the transcript with --target TEXT: Whisper's own writing is not in qkv")
+        raise QkvError("give the transcript with --prefix TEXT: Whisper's own writing is not in qkv")
     if model.tokenizer is None:
-        raise QkvError(f"{model.name} has no tokenizer.json to read --target with; add the checkpoint's tokenizer.json")
+        raise QkvError(f"{model.name} has no tokenizer.json to read --prefix with; add the checkpoint's tokenizer.json")
     layer = model.check_layer(-1 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)

@@ -31,7 +31,7 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     the classifier reads), where each head's [CLS] looks most (--head: its weights over the grid);
     with OUT_DIR the figures and the viewer."""
     if target is not None:
-        raise QkvError(f"--target is the target text of an encoder–decoder; {model.name} reads an image: drop --target")
+        raise QkvError(f"--prefix is the target text of an encoder–decoder; {model.name} reads an image: drop --prefix")
     if budget_mb is not None:
         raise QkvError(f"--budget-mb limits a long text's viewer; every weight of {model.name}'s images fits: "
                        "drop --budget-mb")

@@ -12,6 +12,7 @@ import sys
 import click
 
 from .common import MODEL_HELP, SEED, check_writable, error_line, removed_if_failed, status, warn_unknown
+from .options import TRANSLATOR, WRITER, model_option, text_argument
 from .sae_views import check_steer_flags, steer_options, steered
 from ..runtime.errors import QkvError
 
@@ -23,10 +24,9 @@ lens_option = click.option(
 
 
 @click.command(name="generate")
-@click.argument("prompt")
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help=MODEL_HELP + " Must be a decoder, or an encoder–decoder (then PROMPT is translated, as by "
-                                "qkv translate).")
+@text_argument()
+@model_option(WRITER, MODEL_HELP + " Must be a decoder, or an encoder–decoder (then TEXT is translated, as by "
+                                   "qkv translate).")
 @click.option("--max-new-tokens", "-n", type=int, default=None,
               help="How many tokens to add.  [default: 40; an encoder–decoder: at most its target positions]")
 @click.option("--temperature", "-t", type=float, default=None,
@@ -39,13 +39,13 @@ lens_option = click.option(
               help="Save what every token attended to into this directory.")
 @lens_option
 @steer_options
-def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
+def generate(text: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool,
              sae_dir: str | None, steer: str | None) -> None:
-    """Continue PROMPT with a decoder model, streaming the text as it is written.
+    """Continue TEXT with a decoder model, streaming the text as it is written.
 
     With --sae and --steer, add SAE features' directions to the stream while writing (qkv.features.steer).
-    With an encoder–decoder, translate PROMPT instead (qkv translate)."""
+    With an encoder–decoder, translate TEXT instead (qkv translate)."""
     from dataclasses import replace
 
     from .common import load_model as load
@@ -65,14 +65,14 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
             raise QkvError("--lens adds a decoder's Logit lens tab; a translation's viewer shows its three kinds "
                            "of attention (qkv lens TEXT --model ... reads a translator's decoder)")
         sampling = replace(sampling, temperature=0.0) if temperature is None else sampling
-        return _translate(model, prompt, max_new_tokens, sampling, stop, trace_dir)
+        return _translate(model, text, max_new_tokens, sampling, stop, trace_dir)
     model = steered(model, sae_dir, features)
-    stream = TextStream(model, prompt, 40 if max_new_tokens is None else max_new_tokens, sampling,
+    stream = TextStream(model, text, 40 if max_new_tokens is None else max_new_tokens, sampling,
                         stop=list(stop) or None, record=trace_dir is not None)
     with removed_if_failed(trace_dir):
         if trace_dir is not None:
             check_writable(trace_dir)
-        click.echo(prompt, nl=False)
+        click.echo(text, nl=False)
         for piece in stream:
             click.echo(piece, nl=False)
         click.echo()
@@ -81,9 +81,8 @@ def generate(prompt: str, source: str, max_new_tokens: int | None, temperature: 
 
 
 @click.command(name="translate")
-@click.argument("text")
-@click.option("--model", "source", default="ko-en-tiny", show_default=True,
-              help="An encoder–decoder: 'ko-en-tiny' (Korean → English, trained by qkv) or a local Hugging Face "
+@text_argument()
+@model_option(TRANSLATOR, "An encoder–decoder: 'ko-en-tiny' (Korean → English, trained by qkv) or a local Hugging Face "
                    "directory (Marian, BART, mBART, Pegasus, T5, mT5).")
 @click.option("--max-new-tokens", "-n", type=int, default=None,
               help="At most this many target tokens.  [default: 40, or what the target positions allow]")
@@ -123,7 +122,7 @@ def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tup
     if isinstance(model, AudioModel):                   # before warn_unknown: its source is sound, not TEXT
         raise QkvError(f"{model.name} is Whisper: it reads sound, and its writing (language and task prompt, "
                        f"timestamps) is not in qkv; see where a transcript looks in time with `qkv show FEATURES.npy "
-                       f"--model {model.name} --target TEXT`")
+                       f"--model {model.name} --prefix TEXT`")
     if max_new_tokens is None:
         max_new_tokens = min(40, model.config.max_positions - 1)
     stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here
@@ -157,9 +156,8 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
 
 
 @click.command(name="chat")
-@click.argument("question", required=False)
-@click.option("--model", "source", default="smollm2", show_default=True,
-              help="A chat model: 'smollm2', a .gguf file, or a Hugging Face directory with a chat template.")
+@text_argument(required=False)
+@model_option(WRITER, "A chat model: 'smollm2', a .gguf file, or a Hugging Face directory with a chat template.")
 @click.option("--system", default=None, help="A system message to begin the conversation with.")
 @click.option("--max-new-tokens", "-n", type=int, default=256, show_default=True, help="At most this many tokens a reply.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
@@ -172,12 +170,12 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
                    "(in a conversation: after each reply).")
 @lens_option
 @steer_options
-def chat_cmd(question: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
+def chat_cmd(text: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
              top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool,
              sae_dir: str | None, steer: str | None) -> None:
-    """Ask a chat model QUESTION and stream its answer.
+    """Ask a chat model TEXT (a question) and stream its answer.
 
-    Without QUESTION, talk with it: the conversation is kept from turn to turn (when it
+    Without TEXT, talk with it: the conversation is kept from turn to turn (when it
     outgrows the model's context, the oldest turns are dropped, with a note); /reset clears
     it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits; what you type while a reply streams is
     neither shown nor kept. With --sae and --steer, every
@@ -192,11 +190,11 @@ def chat_cmd(question: str | None, source: str, system: str | None, max_new_toke
     features = check_steer_flags(sae_dir, steer)
     conversation = Conversation(steered(load(source), sae_dir, features), system, max_new_tokens, sampling,
                                 record=trace_dir is not None)
-    if question is not None:
+    if text is not None:
         with removed_if_failed(trace_dir):
             if trace_dir is not None:
                 check_writable(trace_dir)
-            _chat_turn(conversation, question, trace_dir, lens)
+            _chat_turn(conversation, text, trace_dir, lens)
         return
     if trace_dir is not None:
         check_writable(trace_dir)
