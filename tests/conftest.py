@@ -50,7 +50,7 @@ def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 @contextmanager
 def running_server(source: str, **options) -> Iterator:
     """`qkv serve` for SOURCE on a free port of 127.0.0.1, serving from a thread while inside."""
-    from qkv.web.server import make_server
+    from qkv.web.app import make_server
 
     srv = make_server(source, port=0, **options)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

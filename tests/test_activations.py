@@ -109,15 +109,16 @@ def test_smollm2_mid_layer(tmp_path):
 KILLED = textwrap.dedent("""
     import sys, threading
     import qkv.features.collect as a
+    import qkv.features.shards as shards
     from qkv.features.corpora import open_texts
-    make = a.make_shard
+    make = shards.make_shard
     def held(model, job, *args, **kw):
         rows = make(model, job, *args, **kw)
         if job.index == 3:                  # the 4th shard is on disk, not listed yet: say so and wait to be killed
             print("held", flush=True)
             threading.Event().wait()
         return rows
-    a.make_shard = held
+    shards.make_shard = held
     a.collect_activations(sys.argv[1], sys.argv[2], layer=1, site="ffn_out", texts=open_texts(file=sys.argv[3]),
                           tokens=1500, shard_tokens=60, context=32, dtype="float16")
 """)

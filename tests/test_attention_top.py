@@ -1,4 +1,4 @@
-"""Each query row's largest attention weights (engine.attention.TopAttention, keep=("attention_top",)): what
+"""Each query row's largest attention weights (core.attention.TopAttention, keep=("attention_top",)): what
 a view of a long input keeps. Computed by blocks of query rows beside a tiled pass, they are exactly the K
 largest entries of the dense A the plain pass computes, with their keys, in order, and the rest of the row."""
 

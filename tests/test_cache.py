@@ -1,4 +1,4 @@
-"""The KV cache across a change of RoPE table (engine.cache: KVCache.fits, KVCache.reread).
+"""The KV cache across a change of RoPE table (core.cache: KVCache.fits, KVCache.reread).
 
 LongRoPE (Phi-3) turns a pass by its short factors while the sequence fits original_max_position_embeddings and
 by its long ones past it. A cache filled below that length holds keys turned by the short table; the step that

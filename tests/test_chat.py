@@ -185,9 +185,9 @@ def test_a_deadline_that_fires_as_the_render_ends_never_lands_later(monkeypatch)
     into the code after it, however the timer and the render race."""
     import time
 
-    import qkv.inputs.tokenizer as tokenizer
+    import qkv.inputs.chat_template as chat_template
 
-    monkeypatch.setattr(tokenizer, "TEMPLATE_SECONDS", 0.002)
+    monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 0.002)
     template = "{% for i in range(3000) %}{% endfor %}{{ messages[0].content }}"
     outcomes = set()
     for _ in range(200):

@@ -122,7 +122,7 @@ def test_in_order_equals_map():
 # ── the cache ────────────────────────────────────────────────────────────────────
 
 def entries(cache: Path) -> list[str]:
-    """The conversions in CACHE (not the compiled kernels beside them: engine.kernel_cache)."""
+    """The conversions in CACHE (not the compiled kernels beside them: runtime.kernel_cache)."""
     return sorted(p.name for p in cache.iterdir() if p.name != "kernels") if cache.exists() else []
 
 
@@ -222,7 +222,7 @@ def test_concurrent_conversions(tmp_path, private_cache):
 
 @pytest.mark.parametrize("first", ["qkv", "stray"])
 def test_a_directory_that_appears_during_the_conversion(private_cache, monkeypatch, first):
-    """Another process finished first (engine.io.write_directory keeps its directory): a qkv
+    """Another process finished first (runtime.io.write_directory keeps its directory): a qkv
     conversion is used, anything else refused in one line; no temporary directory is left."""
     describe = gguf.describe
 

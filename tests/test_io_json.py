@@ -1,4 +1,4 @@
-"""engine.io_json: every JSON file qkv is handed is read bounded and checked, each fault one QkvError."""
+"""runtime.io_json: every JSON file qkv is handed is read bounded and checked, each fault one QkvError."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""The stored-weight kernels kept on disk (engine.kernel_cache): whatever the cache holds — entries compiled
+"""The stored-weight kernels kept on disk (runtime.kernel_cache): whatever the cache holds — entries compiled
 by another process, by two at once, damaged or truncated files, no folder at all — every process computes the
 right numbers and exits 0 (issue 42: Q4_0 → Q4_1 → Q4_1 was exit 0, 0, SIGSEGV).
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.web.server import MAX_CHARS, Busy, make_server
+from qkv.web.app import MAX_CHARS, make_server
+from qkv.web.server import Busy
 from qkv.analysis import attention_flow, attention_rollout, logit_lens
 from qkv.viz import wire
 from qkv.viz.payload import PRECISION
@@ -395,7 +396,7 @@ def test_the_writer_is_free_as_the_reply_ends_and_the_lens_follows(llm_server, m
 
 
 def test_a_client_that_leaves_frees_the_writer(llm_server, monkeypatch):
-    import qkv.web.server as server
+    import qkv.web.app as server
     import qkv.writing.chat as chat
 
     freed, close = threading.Event(), server.ChatReply.close
@@ -498,10 +499,10 @@ def test_any_loopback_address_keeps_the_host_check():
 
 
 def test_a_short_text_does_not_wait_behind_a_long_one(server, monkeypatch):
-    import qkv.web.server
+    import qkv.web.app
 
     app = server.app
-    monkeypatch.setattr(qkv.web.server, "SMALL_WORK", qkv.web.server.work(app.model(BERT), 6))   # 6 tokens
+    monkeypatch.setattr(qkv.web.app, "SMALL_WORK", qkv.web.app.work(app.model(BERT), 6))   # 6 tokens
     app.long.enter()                                     # as if a long text were being computed
     try:
         status, body = post(server, {"text": "the cat"})                       # short: its own lane
@@ -520,7 +521,7 @@ def test_lanes_go_by_the_cost_of_the_work_not_its_tokens(llm_server):
     """Issue 42: a pipeline page of 6 SmolLM2 tokens shared the short lane with one-line attention requests
     (tokens ≤ 64), which then waited behind it. A lane is chosen by work(): tokens × the model's size, and
     what the request computes (a pipeline page, a logit lens)."""
-    from qkv.web.server import SMALL_WORK, work
+    from qkv.web.app import SMALL_WORK, work
 
     app = llm_server.app
     minilm, smollm2, gpt2 = app.model("minilm"), app.model("smollm2"), qkv.load(str(MODELS / "gpt2"))
@@ -535,7 +536,7 @@ def test_lanes_go_by_the_cost_of_the_work_not_its_tokens(llm_server):
 def test_a_short_request_is_served_while_heavy_short_pages_run(llm_server, monkeypatch):
     """Heavy pages short in tokens (SmolLM2's pipeline of 6 tokens) fill their lane, the first held in a hook
     until the test lets it go: a one-line attention request is answered meanwhile."""
-    import qkv.web.server as server
+    import qkv.web.app as server
 
     page, started, release = server.pipeline_payload, threading.Event(), threading.Event()
 
@@ -674,9 +675,80 @@ def test_a_broken_hugging_face_cache_entry_breaks_neither_models_nor_serve(tmp_p
 def test_image_and_sound_models_are_not_served():
     """Their input is a file: a page must never make the server read one it names. The web app shows text models:
     digits-vit is not on its list, and serving an image or a Whisper model is one line at startup."""
-    from qkv.web.server import App
+    from qkv.web.app import App
 
     assert "digits-vit" not in App("minilm").sources
     for source, kind in (("digits-vit", "images"), (str(MODELS / "whisper"), "sound")):
         with pytest.raises(qkv.QkvError, match=f"reads {kind}, and qkv serve shows text models"):
             make_server(source, port=0)
+
+
+# ── the hardened server apart from the app (issue 44) ───────────────────────────────────────────
+
+def test_the_server_knows_no_app():
+    """web/server.py is the hardened HTTP server alone: it imports the standard library and qkv.runtime, never
+    the app (web/app.py) nor what the app shows (models, views, analyses)."""
+    import ast
+
+    import qkv.web.server
+
+    tree = ast.parse(open(qkv.web.server.__file__, encoding="utf-8").read())
+    relative = {("." * node.level) + (node.module or "") for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level}
+    assert relative == {"..runtime.errors"}, relative
+    absolute = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in absolute if name.split(".")[0] in ("qkv", "numpy")}, absolute
+
+
+def test_the_server_serves_any_routes_with_its_checks():
+    """Routes of another app: the server answers them with its own checks (Host, other sites, JSON bodies, the
+    security headers, the pages' CSP with framing forbidden, a stream as NDJSON)."""
+    import threading
+
+    from qkv.web.server import Asset, HttpError, Server, Stream
+
+    class Events(Stream):
+        closed = False
+
+        def events(self):
+            yield {"n": 1}
+            yield {"n": 2}
+
+        def close(self):
+            Events.closed = True
+
+    class Echo:
+        csp = "default-src 'none'"
+
+        def get(self, path, query):
+            if path == "/":
+                return 200, "<p>hi</p>"
+            if path == "/font":
+                return 200, Asset(b"\0font", "font/woff")
+            raise HttpError(404, f"no page {path}")
+
+        def post(self, path, body):
+            if path == "/api/stream":
+                return 200, Events()
+            return 200, {"echo": body(), "path": path}
+
+    srv = Server(("127.0.0.1", 0), Echo())
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        status, r, page = call(srv, "GET", "/")
+        assert status == 200 and page == "<p>hi</p>" and has_security_headers(r)
+        assert r.getheader("Content-Security-Policy") == "default-src 'none'; frame-ancestors 'none'"
+        status, r, font = call(srv, "GET", "/font")
+        assert status == 200 and r.getheader("Content-Type") == "font/woff" and "max-age=86400" in r.msg.get_all("Cache-Control")
+        assert call(srv, "GET", "/nope")[0] == 404
+        status, _, answer = call(srv, "POST", "/api/x", b'{"a": 1}', {"Content-Type": "application/json"})
+        assert status == 200 and answer == {"echo": {"a": 1}, "path": "/api/x"}
+        assert call(srv, "POST", "/api/x", b"[1]")[0] == 400
+        assert call(srv, "POST", "/api/x", b"{}", {"Sec-Fetch-Site": "cross-site"})[0] == 403
+        assert call(srv, "GET", "/", headers={"Host": "attacker.example"})[0] == 403
+        status, r, lines = call(srv, "POST", "/api/stream", b"{}")
+        assert status == 200 and r.getheader("Content-Type") == "application/x-ndjson"
+        assert [json.loads(line) for line in lines.splitlines()] == [{"n": 1}, {"n": 2}] and Events.closed
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -45,7 +45,8 @@ def request(srv, text: str) -> tuple[int, dict, float]:
 
 
 def test_a_short_request_is_answered_while_50_long_ones_run(server, monkeypatch):
-    import qkv.web.server as web
+    import qkv.web.app as web
+    from qkv.web.server import LANE_WAITING
 
     assert server.server_address[0] == "127.0.0.1"
     status, _, one_long = request(server, LONG_TEXT)                     # loads nothing more: warm
@@ -75,7 +76,7 @@ def test_a_short_request_is_answered_while_50_long_ones_run(server, monkeypatch)
         for t in threads:
             t.start()
         assert started.wait(PATIENCE)              # a long request is being computed, and held
-        refused = LONG - 1 - web.LANE_WAITING      # one runs, LANE_WAITING wait: the others are told to retry
+        refused = LONG - 1 - LANE_WAITING      # one runs, LANE_WAITING wait: the others are told to retry
         for _ in range(refused):
             assert answered.acquire(timeout=PATIENCE)
         assert sum(a is not None and a[0] == 503 for a in answers) == refused   # the lane is full
@@ -92,7 +93,7 @@ def test_a_short_request_is_answered_while_50_long_ones_run(server, monkeypatch)
     failed = [a for a in answers if not isinstance(a, tuple)]
     assert not failed, f"{len(failed)} long requests failed: {failed[:3]}"
     codes = [a[0] for a in answers]
-    assert set(codes) <= {200, 503} and codes.count(200) == web.LANE_WAITING + 1, codes
+    assert set(codes) <= {200, 503} and codes.count(200) == LANE_WAITING + 1, codes
     assert all(a[1].get("Retry-After") for a in answers if a[0] == 503)
     print(f"\nshort request under load: max {max(short):.3f} s, median {sorted(short)[SHORT // 2]:.3f} s; "
           f"alone {short_alone:.3f} s; one long request alone {one_long:.3f} s; {codes.count(200)} long answered, "

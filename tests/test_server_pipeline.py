@@ -10,7 +10,7 @@ import pytest
 
 import qkv
 from qkv.writing.sampling import Sampling
-from qkv.web.server import MAX_PIPELINE_TOKENS
+from qkv.web.app import MAX_PIPELINE_TOKENS
 from qkv.viz import wire
 from conftest import MODELS, running_server
 from test_server import call

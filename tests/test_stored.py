@@ -1,4 +1,4 @@
-"""Weights kept as a GGUF file stores them (engine.stored, `qkv.load(gguf, dtype="stored")`): every product
+"""Weights kept as a GGUF file stores them (runtime.stored, `qkv.load(gguf, dtype="stored")`): every product
 equals the `gguf` package's dequantisation followed by a float32 matmul, and a stored SmolLM2 answers as
 the float32 one."""
 
@@ -239,7 +239,7 @@ def test_products_with_fewer_rows_than_the_threads_or_an_odd_count(kind, d_out):
 
 
 def test_the_sixteen_lanes_convert_bytes_exactly_and_add_up():
-    """engine.simd: the byte conversions the kernels use equal NumPy's, and vsum / vfma are the sums."""
+    """runtime.simd: the byte conversions the kernels use equal NumPy's, and vsum / vfma are the sums."""
     from numba import njit
     from qkv.runtime.simd import bits32, field, int8s, vfma, vload, vstore, vsum
 

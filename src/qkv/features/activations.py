@@ -26,7 +26,7 @@ Reading (what SAE training codes against):
     write_activations(DIR, array, model=, layer=, site=, ...)   an array as a store (tests, Python users)
 Only the shards meta.json lists are read: a store still being made reads as far as it is.
 
-Trusted nothing (a store may come from elsewhere, or be damaged): meta.json is read by engine.io_json (bounded,
+Trusted nothing (a store may come from elsewhere, or be damaged): meta.json is read by runtime.io_json (bounded,
 every field checked for type and range), a shard's file is a plain name inside the store (no path, no link out of
 it), opened as a regular file (a FIFO would hang), its .npy header checked against meta.json (dtype, shape, the
 data's length; never a pickle), and rows that are not finite stop the read naming the shard. Each fault is one
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ..runtime.errors import QkvError
-from ..runtime.io import open_regular, real_directory, write_text
+from ..runtime.io import open_regular, real_directory, write_atomic, write_text
 from ..runtime.io_json import Fields, read_json
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def _mapped(f, where: str, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarra
 
 def read_meta(path: str | Path) -> dict | None:
     """DIR/meta.json checked (`check_meta`), None when there is none; one QkvError for one that is damaged or not
-    a store's (read by engine.io_json: a FIFO, a huge or deeply nested file is refused like a malformed one)."""
+    a store's (read by runtime.io_json: a FIFO, a huge or deeply nested file is refused like a malformed one)."""
     file = Path(path) / META
     if not os.path.lexists(file):
         return None
@@ -257,40 +257,32 @@ Put = Callable[[int, np.ndarray], None]            # put(row, block): BLOCK (k, 
 
 
 def write_shard(path: Path, rows: int, d: int, dtype: str, fill: Callable[[Put], None]) -> None:
-    """A (ROWS, d) .npy at PATH: fill(put) calls put(row, block) for blocks in any order, written into a temporary
-    file beside PATH, renamed onto PATH once filled. No memory map: the file's space is reserved first
-    (posix_fallocate) and the rows written with pwrite, so a full disk is an OSError here, one QkvError, never
-    SIGBUS; the temporary file is removed on any error."""
-    from ..runtime.io import temporary_file
-
+    """A (ROWS, d) .npy at PATH: fill(put) calls put(row, block) for blocks in any order, written atomically
+    (runtime.io.write_atomic: a temporary file beside PATH, renamed onto PATH once filled, removed on any error).
+    No memory map: the file's space is reserved first (posix_fallocate) and the rows written with pwrite, so a
+    full disk is an OSError here, one QkvError, never SIGBUS."""
     kind = np.dtype(dtype)
     size = rows * d * kind.itemsize                                                    # the data's bytes
     header = {"descr": np.lib.format.dtype_to_descr(kind), "fortran_order": False, "shape": (rows, d)}
+
+    def write(f) -> None:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.flush()
+        offset = f.tell()
+        _reserve(f.fileno(), offset + size)
+
+        def put(row: int, block: np.ndarray) -> None:
+            data = np.ascontiguousarray(block, dtype=kind)                           # (k, d)
+            if data.ndim != 2 or data.shape[1] != d or not 0 <= row <= rows - len(data):
+                raise ValueError(f"rows {row}..{row + len(data)} of shape {data.shape} do not fit ({rows}, {d})")
+            _pwrite_all(f.fileno(), memoryview(data).cast("B"), offset + row * d * kind.itemsize)
+
+        fill(put)
+
     try:
-        fd, tmp = temporary_file(path)
+        write_atomic(path, write)
     except OSError as e:
         raise _unwritable(path, e, size) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.lib.format.write_array_header_1_0(f, header)
-            f.flush()
-            offset = f.tell()
-            _reserve(f.fileno(), offset + size)
-
-            def put(row: int, block: np.ndarray) -> None:
-                data = np.ascontiguousarray(block, dtype=kind)                       # (k, d)
-                if data.ndim != 2 or data.shape[1] != d or not 0 <= row <= rows - len(data):
-                    raise ValueError(f"rows {row}..{row + len(data)} of shape {data.shape} do not fit ({rows}, {d})")
-                _pwrite_all(f.fileno(), memoryview(data).cast("B"), offset + row * d * kind.itemsize)
-
-            fill(put)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise _unwritable(path, e, size) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _unwritable(path: Path, e: OSError, size: int) -> QkvError:

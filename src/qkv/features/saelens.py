@@ -12,7 +12,7 @@ without a `sae_lens_version` goes through its `handle_pre_6_0_config`, which tur
 into its TopKSAE. We read both: that layout (and its older names hook_point, activation_fn) and SAELens 6's
 (k at the top, model_name and hook_name under "metadata").
 
-Reading trusts neither file: cfg.json goes through engine.io_json (bounded, at most 64 levels deep) and each key
+Reading trusts neither file: cfg.json goes through runtime.io_json (bounded, at most 64 levels deep) and each key
 it uses is typed and ranged (`Fields`: d_in 64.7 or hook_name 5 is one line naming the file and the key); the
 weights must have the shapes cfg.json's d_in and d_sae imply, be floats (safetensors: never a pickle) and finite.
 

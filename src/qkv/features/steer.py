@@ -10,7 +10,7 @@ SAE's site (`features.saelens` for how SAELens's hook names map to them):
     attn_out at layer L   "L.attn_out"   what attention adds to it (so the stream after it moves the same)
     ffn_out at layer L    "L.ffn_out"    what the FFN adds
 
-Hooks run on the positions a pass adds (engine.hooks): the prompt's positions in the first pass, then
+Hooks run on the positions a pass adds (core.hooks): the prompt's positions in the first pass, then
 each new token's with a KV cache; the keys and values the cache keeps were made from the steered stream,
 so generating with the cache gives what generating without it gives.
 

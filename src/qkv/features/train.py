@@ -20,7 +20,7 @@ smaller of 10 M and a tenth of the run's tokens). Batches depend only on (seed, 
 any moment and started again ends with the same arrays, bit for bit, as one never stopped: the
 mechanisms of qkv.train.loop (atomic fsynced checkpoints, the newest two kept, Ctrl-C finishing the step).
 
-A run's files are read as untrusted: qkv.json through engine.io_json, every key typed and ranged (`read_run`);
+A run's files are read as untrusted: qkv.json through runtime.io_json, every key typed and ranged (`read_run`);
 a checkpoint's arrays checked for names, shapes, dtypes and finite values (a damaged one is passed over, named
 in `Run.skipped`); log.jsonl line by line (a damaged line dropped). Every knob has an upper bound (MAX_*), and
 before anything is allocated `check_memory` compares the run's peak (`Settings.memory`) with the memory free.

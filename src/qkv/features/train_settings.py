@@ -4,7 +4,7 @@ qkv.json read back: what qkv.features.train checks before it allocates or resume
     Settings(latents=, k=, steps=, batch=, ...).check()     every knob typed and in range (MAX_* below)
     Settings.memory(d_in)                                    the run's peak bytes (measured, see there)
     check_memory(settings, d_in)                             refused in one line when that exceeds the memory free
-    read_run(SAE_DIR)                                        SAE_DIR/qkv.json, every key typed (engine.io_json)
+    read_run(SAE_DIR)                                        SAE_DIR/qkv.json, every key typed (runtime.io_json)
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class SavedRun:
 
 
 def read_run(out: str | Path) -> SavedRun | None:
-    """OUT/qkv.json, each key typed and ranged (engine.io_json; one line naming the file and the key when
+    """OUT/qkv.json, each key typed and ranged (runtime.io_json; one line naming the file and the key when
     not), or None when OUT holds none (a new run)."""
     path = Path(out) / RUN_FILE
     if not (path.exists() or path.is_symlink()):

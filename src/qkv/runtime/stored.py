@@ -53,7 +53,7 @@ _compiled = None
 
 
 def _kernels():
-    """engine.stored_kernels, imported once (an import statement costs microseconds each product)."""
+    """runtime.stored_kernels, imported once (an import statement costs microseconds each product)."""
     global _compiled
     if _compiled is None:
         from . import stored_kernels

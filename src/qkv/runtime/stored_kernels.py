@@ -1,4 +1,4 @@
-"""The numba kernels of engine.stored (imported on first use: numba takes half a second to import).
+"""The numba kernels of runtime.stored (imported on first use: numba takes half a second to import).
 
 The few-row products (decoding): each row of T against each row of x, a block's products summed in
 sixteen float32 lanes held in registers (`simd.F32x16`: an LLVM vector, lowered to the machine's AVX2,

@@ -140,7 +140,7 @@ def read_cache(path: Path) -> Choices | None:
             if path.is_symlink():
                 warnings.warn(f"qkv: ignoring {path}: it is a symbolic link; measuring again", stacklevel=2)
             return None
-        try:                                             # bounded and checked: engine.io_json
+        try:                                             # bounded and checked: runtime.io_json
             data = read_json(path, what="it", fix="measuring again", limit=65536)
         except QkvError as e:
             raise ValueError(str(e).split("; ")[0]) from None
