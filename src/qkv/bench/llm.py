@@ -1,7 +1,7 @@
 """`qkv bench generate --model smollm2`: a real LLM, qkv beside transformers on the same float32 weights.
 
     the model ─qkv.load─▶ qkv (float32)            same file ─from_pretrained(gguf_file=…)─▶ transformers
-    a GGUF file also ─qkv.load(dtype="stored")─▶ qkv with the file's quantised blocks (engine.stored)
+    a GGUF file also ─qkv.load(dtype="stored")─▶ qkv with the file's quantised blocks (runtime.stored)
     a chat prompt (the model's template) → ids; then, taking turns, median of `repeats` rounds:
       decode:   64 new tokens, greedy, end-of-turn ignored (both write the same 64 tokens; checked)
                 qkv model.generate(ids, 64, temperature=0, stop_at_eos=False), with its BLAS-thread

@@ -64,7 +64,7 @@ def check_fits(model: Writer, messages) -> list[dict[str, str]]:
     """The checked messages, or one error when they cannot fit the model's context, said in tokens
     ("the user message has 166,667 tokens, more than SmolLM2's context of 8,192") before the chat template
     renders them: a long message is the user's to shorten, not a template's fault (its render is bounded at
-    TEMPLATE_CHARS characters, engine.tokenizer)."""
+    TEMPLATE_CHARS characters, inputs.tokenizer)."""
     messages = check_messages(messages)
     limit, total = model.config.max_positions, 0
     roles = [m["role"] for m in messages]
