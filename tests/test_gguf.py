@@ -1,5 +1,5 @@
-"""GGUF loading (checkpoints/gguf.py): equal to transformers, cached safely, and every bad file
-is one line and exit 2.
+"""GGUF loading (checkpoints/gguf.py; its cache, checkpoints/gguf_cache.py): equal to transformers, cached
+safely, and every bad file is one line and exit 2.
 
 The committed files in tests/fixtures/gguf/ (a llama with GQA in Q8_0/Q4_1/Q5_1 and a qwen2
 with biases and a separate output in F16/Q4_0/Q5_0/BF16) come with transformers' logits and
@@ -25,7 +25,7 @@ from gguf import GGUFValueType as V
 
 import qkv
 from conftest import FIXTURES, PATIENCE, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
-from qkv.checkpoints import gguf
+from qkv.checkpoints import gguf, gguf_cache
 from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
@@ -85,7 +85,8 @@ def test_unpermuted_exactly(tmp_path):
 
     for kind in ("llama", "qwen2"):
         spec = dict(F.SPECS[kind], **F.SMALL)
-        mine = load_file(gguf.converted(F.make(tmp_path / f"{kind}.gguf", spec, "F32")) / "model.safetensors")
+        path = F.make(tmp_path / f"{kind}.gguf", spec, "F32")
+        mine = load_file(gguf_cache.converted(path) / "model.safetensors")
         original = F.hf_weights(spec)
         assert set(mine) == set(original)
         assert all(np.array_equal(mine[k], w) for k, w in original.items())
@@ -130,8 +131,8 @@ def test_second_load_does_not_convert(monkeypatch, private_cache):
     """The config and tokenizer are written once; the float32 tensors once, and only for a float32 load."""
     calls = []
     for step in ("describe", "write_tensors"):
-        real = getattr(gguf, step)
-        monkeypatch.setattr(gguf, step, lambda *a, real=real, step=step: (calls.append(step), real(*a)))
+        real = getattr(gguf_cache, step)                     # looked up where the cache calls it
+        monkeypatch.setattr(gguf_cache, step, lambda *a, real=real, step=step: (calls.append(step), real(*a)))
     first = qkv.load(LLAMA)                                  # stored: nothing but the description written
     second = qkv.load(LLAMA)
     assert calls == ["describe"] and not (private_cache / entries(private_cache)[0] / "model.safetensors").exists()
@@ -165,7 +166,7 @@ def test_a_damaged_cache_entry_is_a_cache_miss(private_cache, capfd, name, damag
     """A qkv_source.json or config.json in qkv's own GGUF cache that is not what qkv wrote: converted again, said
     once on stderr, and the model loads as before (not a traceback, nor a load as a plain directory)."""
     before = qkv.load(LLAMA, dtype=dtype)
-    entry = gguf._key(LLAMA)
+    entry = gguf_cache._key(LLAMA)
     (private_cache / entry / name).write_bytes(damage.encode("latin-1"))
     capfd.readouterr()
     after = qkv.load(LLAMA, dtype=dtype)
@@ -188,7 +189,7 @@ def test_cache_off_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(QkvError):
         qkv.load(F.make(tmp_path / "bad.gguf", dict(F.COMMITTED_SPECS["tiny-llama"]),
                         edit=lambda meta, t: t.pop("blk.1.ffn_up.weight")))
-    assert list(tmp.iterdir()) == [] and gguf.cache_root() is None
+    assert list(tmp.iterdir()) == [] and gguf_cache.cache_root() is None
 
 
 def test_planted_symlink_is_not_followed(tmp_path, private_cache):
@@ -197,7 +198,7 @@ def test_planted_symlink_is_not_followed(tmp_path, private_cache):
     target.mkdir()
     (target / "qkv_source.json").write_text("{}")                      # looks like a finished conversion
     private_cache.mkdir()
-    (private_cache / gguf._key(LLAMA)).symlink_to(target)
+    (private_cache / gguf_cache._key(LLAMA)).symlink_to(target)
     with pytest.raises(QkvError, match="not written by qkv"):
         qkv.load(LLAMA)
     assert sorted(p.name for p in target.iterdir()) == ["qkv_source.json"]
@@ -224,24 +225,24 @@ def test_concurrent_conversions(tmp_path, private_cache):
 def test_a_directory_that_appears_during_the_conversion(private_cache, monkeypatch, first):
     """Another process finished first (runtime.io.write_directory keeps its directory): a qkv
     conversion is used, anything else refused in one line; no temporary directory is left."""
-    describe = gguf.describe
+    describe = gguf_cache.describe
 
     def racing(path, out):
         describe(path, out)
-        theirs = private_cache / gguf._key(LLAMA)
+        theirs = private_cache / gguf_cache._key(LLAMA)
         if first == "qkv":
             shutil.copytree(out, theirs)
         else:
             theirs.mkdir()
             (theirs / "notes.txt").write_text("mine")
 
-    monkeypatch.setattr(gguf, "describe", racing)
+    monkeypatch.setattr(gguf_cache, "describe", racing)
     if first == "qkv":
         assert qkv.load(LLAMA).config.family == "llama"
     else:
         with pytest.raises(QkvError, match="appeared there, not written by qkv"):
             qkv.load(LLAMA)
-    assert entries(private_cache) == [gguf._key(LLAMA)]                      # theirs, kept; nothing else
+    assert entries(private_cache) == [gguf_cache._key(LLAMA)]                # theirs, kept; nothing else
 
 
 # ── the CLI ──────────────────────────────────────────────────────────────────────

@@ -27,7 +27,7 @@ from gguf import GGUFValueType as V
 
 import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
-from qkv.checkpoints import gguf
+from qkv.checkpoints import gguf_cache
 from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
@@ -91,7 +91,7 @@ def test_f32_file_gives_back_the_weights(files, name):
     and its config reads as the same knobs."""
     from safetensors.numpy import load_file
 
-    mine = load_file(gguf.converted(files[name]) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(files[name]) / "model.safetensors")
     theirs = load_file(MODELS / name / "model.safetensors")
     strip = ("model.", "gpt_neox.", "transformer.")
     theirs = {next((k[len(p):] for p in strip if k.startswith(p)), k): v for k, v in theirs.items()}
@@ -133,7 +133,7 @@ def test_quantised_file_is_the_model_within_its_rounding(tmp_path, name):
     from safetensors.numpy import load_file
 
     path = C.convert(MODELS / name, tmp_path / "q8.gguf", "Q8_0")
-    mine = load_file(gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = load_file(MODELS / name / "model.safetensors")
     theirs = {next((k[len(p):] for p in ("model.", "gpt_neox.", "transformer.") if k.startswith(p)), k): v
               for k, v in theirs.items()}
@@ -250,7 +250,7 @@ def test_starcoder2_file_is_its_directory_without_the_window(tmp_path):
     from safetensors.numpy import load_file
 
     path = C.convert(MODELS / "starcoder2", tmp_path / "sc2.gguf", lossy=True)
-    mine = load_file(gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "starcoder2" / "model.safetensors").items()}
     assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
     ours, directory = qkv.load(path), qkv.load(MODELS / "starcoder2").with_config(sliding_window=None)
@@ -277,7 +277,7 @@ def test_phi3_file_is_its_directory_without_window_and_longrope(tmp_path):
     from safetensors.numpy import load_file
 
     path = C.convert(MODELS / "phi3", tmp_path / "phi3.gguf", lossy=True)
-    mine = load_file(gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / "phi3" / "model.safetensors").items()}
     assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
     ours = qkv.load(path)
@@ -369,7 +369,7 @@ def test_mixtral_file_is_its_directory_without_the_window(tmp_path):
 
     name, changes = "mixtral", {"sliding_window": None, "norm_eps": float(np.float32(1e-6))}   # the file's eps
     path = C.convert(MODELS / name, tmp_path / f"{name}.gguf", lossy=True)
-    mine = load_file(gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v for k, v in load_file(MODELS / name / "model.safetensors").items()}
     assert set(mine) == set(theirs) and all(np.array_equal(mine[k], w) for k, w in theirs.items())
     ours, directory = qkv.load(path), qkv.load(MODELS / name).with_config(**changes)

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 
 import qkv
 from live_helpers import TOL_ATTENTION, TOL_HIDDEN, max_abs
-from qkv.checkpoints import gguf as qkv_gguf
+from qkv.checkpoints import gguf_cache
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
 import make_gguf_fixtures as F  # noqa: E402
@@ -71,7 +71,7 @@ def test_gguf_equals_transformers(tmp_path, kind, qtype):
     model = qkv.load(path)
     ref = reference_model(path)
     # The dequantised weights: identical, name by name (transformers' names carry a `model.` prefix).
-    mine = load_file(qkv_gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model."): v.numpy() for k, v in ref.state_dict().items()}
     if model.config.tied_embeddings:
         assert "lm_head.weight" not in mine
@@ -90,7 +90,7 @@ def test_unquantised_weights_come_back_exactly(tmp_path):
     for kind in ("llama", "qwen2"):
         spec = F.SPECS[kind]
         path = F.make(tmp_path / f"{kind}.gguf", kind, "F32")
-        mine = load_file(qkv_gguf.converted(path) / "model.safetensors")
+        mine = load_file(gguf_cache.converted(path) / "model.safetensors")
         original = F.hf_weights(spec)
         assert set(mine) == set(original)
         for name, w in original.items():

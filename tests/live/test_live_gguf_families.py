@@ -35,7 +35,7 @@ from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, C
                           StableLmForCausalLM, Starcoder2Config, Starcoder2ForCausalLM)
 
 import qkv
-from qkv.checkpoints import gguf as qkv_gguf
+from qkv.checkpoints import gguf_cache
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
 import gguf_convert as C  # noqa: E402
@@ -285,7 +285,7 @@ def test_quantised_gguf_equals_transformers_gguf_loader(case, qtype, tmp_path):
     path = C.convert(tmp_path / "hf", tmp_path / f"{case}.gguf", qtype)
     ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                attn_implementation="eager").eval()
-    mine = load_file(qkv_gguf.converted(path) / "model.safetensors")
+    mine = load_file(gguf_cache.converted(path) / "model.safetensors")
     theirs = {k.removeprefix("model.").removeprefix("transformer."): v.numpy() for k, v in ref.state_dict().items()}
     for name, w in mine.items():
         assert np.array_equal(w, theirs[name]), (name, max_abs(w, theirs[name]))

@@ -2,7 +2,7 @@
 
 A source is "minilm" (the bundled default encoder), "smollm2" (the bundled LLM), a local
 directory in Hugging Face layout, a llama.cpp .gguf file (converted once into qkv's cache,
-see gguf.py), or a repo id already in the local Hugging Face cache (never downloaded here).
+see gguf.py and gguf_cache.py), or a repo id already in the local Hugging Face cache (never downloaded here).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..runtime.errors import QkvError
 from ..runtime.io_json import read_json
-from . import gguf
+from . import gguf_cache
 from .families import FAMILIES, config_of  # noqa: F401 (qkv.checkpoints.config_of)
 from .families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 
@@ -143,7 +143,7 @@ def resolve(source: str | os.PathLike) -> Path:
     if text.lower() in DEFAULT_ALIASES:
         return default_model_dir()
     if text.lower() in LLM_ALIASES:
-        return gguf.described(smollm2_file())
+        return gguf_cache.described(smollm2_file())
     if text.lower() == KO_EN:
         return ko_en_dir()
     if text.lower() == DIGITS:
@@ -152,7 +152,7 @@ def resolve(source: str | os.PathLike) -> Path:
     if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
     if path.suffix.lower() == ".gguf" and path.exists():     # a file, or a directory: one clear error
-        return gguf.described(path)
+        return gguf_cache.described(path)
     if path.is_file():
         raise QkvError(f"{text} is a file; give a .gguf file or the directory that holds config.json and "
                        "model.safetensors")

@@ -1,15 +1,16 @@
 """GGUF files (llama.cpp's format): read with ggml-org's `gguf` package.
 
 A GGUF file holds the config as metadata keys, the tokenizer (tokens, merges, types, the
-pre-tokenizer's name, the chat template) and the tensors, often quantised. qkv describes it,
-once, as an ordinary Hugging Face directory in its cache (`described`) —
+pre-tokenizer's name, the chat template) and the tensors, often quantised. qkv describes it
+as an ordinary Hugging Face directory (`describe`) —
 
     config.json  tokenizer.json  tokenizer_config.json  qkv_source.json (the file it stands for)
 
 — and a load (by default, "stored") reads the tensors from the GGUF file itself (gguf_stored: the
 quantised matrices as their blocks, in place). A float32 or float64 load adds model.safetensors,
-every tensor dequantised to float32, once (`with_tensors`; about 2 s for SmolLM2-135M), and maps it
-like any other checkpoint. `QKV_CACHE=off` writes in a temporary directory instead.
+every tensor dequantised to float32 (`write_tensors`; about 2 s for SmolLM2-135M), and maps it
+like any other checkpoint. This module converts; where the directories are kept, once per file, is
+gguf_cache.py's (`described`, `with_tensors`).
 
 Architectures (each one's table of metadata keys and tensor names is in its family's module, GGUF = {…};
 gguf_archs.py reads them and undoes what llama.cpp's converter changed): `llama` (Llama, SmolLM2, and Mistral, which
@@ -25,14 +26,9 @@ ones, shapes that disagree with the metadata.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import shutil
 import struct
-import sys
-import tempfile
 from collections import deque
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
@@ -41,11 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import QkvError
-from ..runtime.io import cache_dir, write_atomic, write_directory
+from ..runtime.io import write_atomic
 from ..runtime.io_json import Fields, read_json
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
-from .gguf_reader import check_file, metadata, open_reader
+from .gguf_reader import metadata, open_reader
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 CONVERTER_VERSION = 4          # bump when the conversion of a file read before changes: cached directories are rebuilt
@@ -267,6 +263,8 @@ def write_safetensors(f, shapes: list[tuple[str, tuple[int, ...]]], arrays) -> N
         f.write(np.ascontiguousarray(w, dtype="<f4").data)            # no copy of the bytes
 
 
+# ── the file → its Hugging Face directory ───────────────────────────────────────
+
 @dataclass
 class Parsed:
     """What every use of a GGUF file reads first, all checked: its reader, architecture, config.json,
@@ -377,133 +375,3 @@ def convert(path: Path, out: Path) -> None:
     describe(path, out)
     write_tensors(path, out)
 
-
-# ── the cache ───────────────────────────────────────────────────────────────────
-
-def cache_root() -> Path | None:
-    """Where converted GGUF files live: qkv's cache directory (runtime.io.cache_dir: $QKV_CACHE, else
-    $XDG_CACHE_HOME/qkv or ~/.cache/qkv); None when QKV_CACHE is 'off'."""
-    return cache_dir()
-
-
-_TEMPORARY = "qkv-gguf-"
-
-
-def is_temporary(directory: Path) -> bool:
-    """Whether `directory` is a conversion made with QKV_CACHE=off (to delete once loaded)."""
-    return directory.name.startswith(_TEMPORARY) and directory.parent == Path(tempfile.gettempdir())
-
-
-def _key(path: Path) -> str:
-    """A cache key that changes when the file (its place, size or modification time) or the converter does."""
-    st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
-    return f"{path.stem[:60]}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
-
-
-def _writing(step, path: Path, out: Path) -> None:
-    """step(path, out) (describe or write_tensors), with a full disk or an unwritable place reported in one line."""
-    try:
-        step(path, out)
-    except OSError as e:
-        raise QkvError(f"cannot write the converted GGUF model to {out.parent}: {e.strerror}; free some space "
-                       "or set QKV_CACHE to a writable directory") from None
-
-
-def _drop_stale(root: Path, final: Path, source: Path) -> None:
-    """Remove older conversions of the same file (it changed, or the converter did)."""
-    for entry in root.glob(f"{_glob_escape(final.name.rsplit('-', 1)[0])}-*"):
-        if entry == final or entry.is_symlink() or not entry.is_dir():
-            continue
-        try:
-            if _source_json(entry).get("gguf") == str(source.resolve()):
-                shutil.rmtree(entry, ignore_errors=True)
-        except QkvError:
-            continue
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in text)
-
-
-def described(path: str | os.PathLike) -> Path:
-    """The Hugging Face directory of a GGUF file without its tensors (config.json, the tokenizer): from
-    the cache, or written now (atomically: into a private temporary directory, then renamed into place:
-    runtime.io.write_directory). A stored load reads the tensors from the GGUF file itself."""
-    path = Path(path)
-    check_file(path)
-    root = cache_root()
-    if root is None:
-        out = Path(tempfile.mkdtemp(prefix=_TEMPORARY))
-        try:
-            _writing(describe, path, out)
-        except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
-            raise
-        return out
-    final = root / _key(path)
-    if final.is_symlink() or (os.path.lexists(final) and not (final / "qkv_source.json").is_file()):
-        raise QkvError(f"{final} is in qkv's GGUF cache but was not written by qkv (a link or a stray file); "
-                       "remove it, or set QKV_CACHE to another directory")
-    if final.is_dir():
-        damage = _damage(final, path)
-        if damage is None:
-            return final
-        _set_aside(final, damage)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        placed = write_directory(final, lambda tmp: _writing(describe, path, tmp))    # never onto a link
-    except OSError as e:
-        raise QkvError(f"cannot write the GGUF cache {root}: {e.strerror}; set QKV_CACHE to a writable "
-                       "directory, or QKV_CACHE=off") from None
-    if placed:
-        _drop_stale(root, final, path)
-    elif final.is_symlink() or not (final / "qkv_source.json").is_file():
-        raise QkvError(f"cannot write the GGUF cache {root}: {final.name} appeared there, not written by qkv; "
-                       "remove it, or set QKV_CACHE to another directory")
-    # else another process described the same file first: use its copy
-    return final
-
-
-def _damage(entry: Path, path: Path) -> str | None:
-    """What is wrong with cache ENTRY of GGUF file PATH (a qkv_source.json or config.json that is not the JSON
-    `describe` wrote: cut short by a full disk, edited by hand), or None when both read as they should."""
-    try:
-        if _source_json(entry).get("gguf") != str(path.resolve()):
-            return "its qkv_source.json names another file"
-        _vocab_size(entry)
-    except QkvError as e:
-        return str(e).split("; ")[0]
-    return None
-
-
-def _set_aside(entry: Path, damage: str) -> None:
-    """Cache ENTRY is damaged (DAMAGE says how): a cache miss. Said once on stderr; the entry is renamed away
-    (a reader of it keeps its open files) and removed, and the caller describes the GGUF file again."""
-    print(f"qkv: the GGUF cache entry {entry} is damaged ({damage}); converting the file again", file=sys.stderr)
-    aside = entry.with_name(f".{entry.name}.damaged-{os.getpid()}")
-    try:
-        os.rename(entry, aside)
-    except FileNotFoundError:                         # another process set it aside first
-        return
-    except OSError as e:
-        raise QkvError(f"cannot replace the damaged {entry}: {e.strerror}; remove it, or set QKV_CACHE to another "
-                       "directory") from None
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def converted(path: str | os.PathLike) -> Path:
-    """The Hugging Face directory of a GGUF file with its tensors dequantised to float32 (model.safetensors,
-    what a float32 or float64 load maps): `described`, and `with_tensors`."""
-    return with_tensors(described(path))
-
-
-def with_tensors(out: Path) -> Path:
-    """A described directory OUT with model.safetensors in it, written the first time (atomically)."""
-    tensors = out / "model.safetensors"
-    if tensors.is_symlink() or (os.path.lexists(tensors) and not tensors.is_file()):
-        raise QkvError(f"{tensors} in qkv's GGUF cache is not a file qkv wrote (a link or a folder); remove it, "
-                       "or set QKV_CACHE to another directory")
-    if not tensors.is_file():
-        _writing(write_tensors, source_of(out), out)
-    return out

@@ -2,7 +2,7 @@
 file's own blocks (runtime.stored), everything else dequantised to float32 when it is read.
 
 `GGUFTensors(directory)` is a tensor store (the interface of tensors.TensorStore) over the GGUF file a
-described directory stands for (gguf.described: config.json and the tokenizer, no model.safetensors).
+described directory stands for (gguf_cache.described: config.json and the tokenizer, no model.safetensors).
 A matrix the file holds as one of runtime.stored.KINDS is answered as a `StoredTable` (its (out, in) rows
 as blocks, views of the file's memory map; `.T` the StoredMatrix W the loaders take). The converter's
 row changes (`gguf_archs.hf_tensors`: Q/K un-permuted, fused rows split) are applied to the rows'

@@ -22,6 +22,7 @@ from .seq2seq import Seq2SeqModel
 from ..inputs.tokenizer import Tokenizer
 from ..core.weights import check_dtype
 from ..checkpoints import DEFAULT, DEFAULT_ALIASES, LLM_ALIASES, config_json, gguf, json_object, resolve, vit
+from ..checkpoints import gguf_cache
 from ..checkpoints.families import config_of, read_weights
 from ..checkpoints.families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from ..checkpoints.tensors import TensorStore
@@ -56,7 +57,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
         store = GGUFTensors(directory)                    # the file's blocks (and 16-bit floats) in place
     else:
         if source_gguf is not None:
-            gguf.with_tensors(directory)                  # its tensors as float32 (written once)
+            gguf_cache.with_tensors(directory)            # its tensors as float32 (written once)
         store = TensorStore(directory)
     if storage in ("bfloat16", "float16") or (storage == "stored" and source_gguf is None):
         from ..checkpoints.gguf_stored import HalfTensors
@@ -71,7 +72,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:     # ids are never checked again
         raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} "
                        "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
-    if gguf.is_temporary(directory):
+    if gguf_cache.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     _give_back_heap()
     if cfg.image_size is not None:

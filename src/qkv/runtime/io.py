@@ -255,7 +255,7 @@ def write_directory(path: str | os.PathLike, write: Callable[[Path], object]) ->
 
 def cache_dir() -> Path | None:
     """$QKV_CACHE, else $XDG_CACHE_HOME/qkv or ~/.cache/qkv: the tuning choices (runtime.tuning), converted
-    GGUF files (checkpoints.gguf) and the pages' font subsets (viz.hangul). None when QKV_CACHE is off (off, 0, no or empty): keep nothing."""
+    GGUF files (checkpoints.gguf_cache) and the pages' font subsets (viz.hangul). None when QKV_CACHE is off (off, 0, no or empty): keep nothing."""
     env = os.environ.get("QKV_CACHE")
     if env is not None and env.lower() in ("off", "0", "no", ""):
         return None
