@@ -12,7 +12,7 @@ import pytest
 
 import qkv
 from qkv.core.trace import LayerTrace, Trace
-from qkv.viz import figures
+from qkv.viz import drawing, figures, palette
 from conftest import MODELS, PATIENCE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -68,7 +68,7 @@ def test_decoder_heatmap_shows_the_causal_mask(traces):
     n = len(trace.tokens)
     fig = figures.head_heatmap(trace, 0, 1)
     ax = fig.axes[0]
-    zero = (np.array(colormaps[figures.CMAP](0.0)[:3]) * 255).astype(int)
+    zero = (np.array(colormaps[palette.CMAP](0.0)[:3]) * 255).astype(int)
     for i, j in [(0, n - 1), (1, 3), (n - 2, n - 1)]:            # key after query: masked, weight exactly 0
         assert trace.layer(0).attentions[1, i, j] == 0
         rgb = _pixel(fig, ax, j + 0.25, i + 0.25)
@@ -114,7 +114,7 @@ def test_long_inputs_stay_readable():
     fig = figures.head_heatmap(trace, 1, 0)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert len(ax.texts) == 0 and 20 <= len(labels) <= figures.MAX_LABELS
+    assert len(ax.texts) == 0 and 20 <= len(labels) <= drawing.MAX_LABELS
     assert labels[1] == "5 t5"                                    # thinned labels carry their index
     assert max(fig.get_size_inches()) <= 12
     for fig in (fig, figures.layer_grid(trace, 1)):
@@ -159,7 +159,7 @@ def test_unwritable_directory_leaves_nothing(traces, tmp_path):
 
 
 def test_a_failure_midway_leaves_no_file(traces, tmp_path, monkeypatch):
-    render = figures._render
+    render = drawing._render
     calls = []
 
     def fail_third(fig, path, fmt):
@@ -168,7 +168,7 @@ def test_a_failure_midway_leaves_no_file(traces, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         render(fig, path, fmt)
 
-    monkeypatch.setattr(figures, "_render", fail_third)
+    monkeypatch.setattr(drawing, "_render", fail_third)
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(qkv.QkvError, match="No space left"):
         figures.save_figures(traces["bert"][1], tmp_path)

@@ -11,7 +11,7 @@ import warnings
 from fontTools.ttLib import TTFont
 
 from qkv.viz import hangul
-from qkv.viz.figures import fonts, new_figure, styled
+from qkv.viz.drawing import fonts, new_figure, styled
 from qkv.viz.html import page
 
 

@@ -26,7 +26,7 @@ from qkv.runtime.errors import QkvError
 from qkv.models.seq2seq import DecoderView
 from qkv.viz import palette
 from qkv.viz.causal_figures import causal_trace_figure
-from qkv.viz.figures import save_all
+from qkv.viz.drawing import save_all
 from qkv.viz.html import viewer_html
 from qkv.viz.interpret_payload import (CAUSAL_DECIMALS, CAUSAL_KINDS, SCORE_DIGITS, attribute_section,
                                        causal_scale, causal_section)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import qkv
-import qkv.viz.figures
+import qkv.viz.drawing
 from conftest import run_main
 from qkv.analysis import attention_flow, attention_rollout
 
@@ -70,15 +70,15 @@ def test_without_flow_two_columns(monkeypatch, capsys):
 
 @pytest.fixture
 def figures(monkeypatch):
-    """Every figure `qkv` saves through viz.figures.save_figure, still written to disk."""
+    """Every figure `qkv` saves through viz.drawing.save_figure, still written to disk."""
     saved = []
-    original = qkv.viz.figures.save_figure
+    original = qkv.viz.drawing.save_figure
 
     def keep(fig, out_dir, name, *args, **kwargs):
         saved.append((name, fig))
         return original(fig, out_dir, name, *args, **kwargs)
 
-    monkeypatch.setattr(qkv.viz.figures, "save_figure", keep)
+    monkeypatch.setattr(qkv.viz.drawing, "save_figure", keep)
     return saved
 
 

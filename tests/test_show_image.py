@@ -154,7 +154,7 @@ def test_a_text_trace_has_no_image_in_its_payload():
 
 def test_a_label_with_dollars_is_drawn_as_text(tmp_path):
     """A checkpoint's label is its own text: "$\\frac" or an odd "$" must not be parsed as mathtext."""
-    from qkv.viz.figures import save_figure
+    from qkv.viz.drawing import save_figure
     from qkv.viz.image_figures import image_rollout
 
     fig = image_rollout(np.zeros((8, 8, 1), np.uint8), np.full((4, 4), 1 / 16), (2, 2), "a$b $\\frac", 0.5)

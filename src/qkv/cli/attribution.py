@@ -109,7 +109,7 @@ def attribute_cmd(text: str, source: str, token: str | None, compare: str | None
     from ..analysis.attribution import token_id
     from ..analysis.input_attribution import attribute
     from ..runtime.io import FileBatch
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
     from ..viz.interpret_figures import token_scores_figure
     from .common import load_model as load
 

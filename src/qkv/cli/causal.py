@@ -84,7 +84,7 @@ def _write(model, r, data: dict, out_dir: str, quiet: bool) -> None:
 
     from ..runtime.io import FileBatch
     from ..viz.causal_figures import causal_trace_figure
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
     from ..viz.html import viewer_html
     from ..viz.interpret_payload import causal_section
 

@@ -150,8 +150,8 @@ def _abandon_stdout() -> None:
 
 
 def write_figure(fig, out_dir: str, name: str) -> None:
-    """OUT_DIR/NAME.png and .svg, written together (viz.figures.save_figure), and say so."""
-    from ..viz.figures import save_figure
+    """OUT_DIR/NAME.png and .svg, written together (viz.drawing.save_figure), and say so."""
+    from ..viz.drawing import save_figure
 
     for f in save_figure(fig, out_dir, name):
         click.echo(f"wrote {f}")

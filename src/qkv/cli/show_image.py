@@ -131,7 +131,7 @@ def save_image_views(trace, out_dir: str, layer: int, patch: tuple[int, int]) ->
     from ..analysis.rollout import attention_rollout
     from ..analysis.sections import rollout_payload
     from ..runtime.io import FileBatch
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
     from ..viz.html import viewer_html
     from ..viz.image_figures import image_heads, image_layers, image_rollout
 

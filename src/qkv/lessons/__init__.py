@@ -159,7 +159,8 @@ def topics_help() -> str:
 
 def attention_figures(model, text: str, layer: int, head: int, out_dir) -> list:
     """--out of the walkthrough: the followed head's attention heatmap (PNG + SVG)."""
-    from ..viz.figures import head_heatmap, save_figure
+    from ..viz.drawing import save_figure
+    from ..viz.figures import head_heatmap
 
     trace = model.run(text, layers=[layer], keep=("attentions",))
     return save_figure(head_heatmap(trace, layer, head), out_dir, f"explain_layer{layer}_head{head}")

@@ -397,7 +397,7 @@ def _largest(v: np.ndarray, idx: np.ndarray) -> str:
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """ffn_neurons (a over d_ff, the top neurons marked; the top-k partial sums' cosine against k) and, where
     the model has an LM head, ffn_promoted (what each top neuron and the whole output write): PNG + SVG."""
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
     from .ffn_figures import neurons_figure, promoted_figure
 
     t = Page(TEXTS, lang).t

@@ -9,7 +9,7 @@ import numpy as np
 def neurons_figure(le, t: dict):
     """Left: a_i over the d_ff neurons (stems), the top neurons marked, ±10 % of the largest |a_i| dotted.
     Right: the cosine of the top-k partial sum to FFN(h) for every k (log k), the table's k marked."""
-    from ..viz.figures import new_figure, styled, tick_label
+    from ..viz.drawing import new_figure, styled, tick_label
 
     @styled
     def draw():
@@ -46,7 +46,7 @@ def neurons_figure(le, t: dict):
 def promoted_figure(le, t: dict):
     """One panel per top neuron, and one for the whole output: the tokens its vector promotes (green) and
     suppresses (red), with their logits."""
-    from ..viz.figures import new_figure, styled, tick_label
+    from ..viz.drawing import new_figure, styled, tick_label
 
     panels = [(t["fig_one"].format(i=nr.index, a=nr.a), nr.promoted, nr.suppressed) for nr in le.top]
     panels.append((t["fig_whole"], le.out_promoted, le.out_suppressed))

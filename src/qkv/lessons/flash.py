@@ -37,7 +37,7 @@ from ..core.ops import softmax
 from . import Page, nbytes, same
 from ..viz.words import texts
 from ..viz import hangul
-from ..viz.figures import styled
+from ..viz.drawing import styled
 
 TEXTS = texts("flash")             # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
@@ -253,7 +253,7 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """flash_tiles (the grid, the visiting order, m and ℓ), flash_steps (one panel a step): .png and .svg;
     flash_steps.html: the same steps as an animation (one SVG frame a step, play / step buttons, offline)."""
     from ..runtime.io import FileBatch
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
 
     t = Page(TEXTS, lang).t
     makers = [("flash_tiles", lambda: _fig_tiles(lesson, t)), ("flash_steps", lambda: _fig_steps(lesson, t))]
@@ -272,7 +272,7 @@ def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
     from matplotlib import colormaps
     from matplotlib.patches import Rectangle
 
-    from ..viz.figures import tick_label
+    from ..viz.drawing import tick_label
     from ..viz.palette import CMAP, MASKED
 
     shown = np.ma.masked_invalid(np.where(np.isfinite(le.S), le.S, np.nan))          # (n, n) masked cells grey
@@ -300,7 +300,7 @@ def _grid(ax, le: Lesson, t: dict, upto: int | None = None):
 
 def _row(ax, le: Lesson, t: dict, st: Step) -> None:
     """The followed row's scores as bars: this tile orange, seen blue, not yet grey; m dashed; m, ℓ written."""
-    from ..viz.figures import tick_label
+    from ..viz.drawing import tick_label
 
     s = le.S[le.row]
     low = float(s[np.isfinite(s)].min()) - 1
@@ -327,7 +327,7 @@ def _end(ax, le: Lesson, t: dict) -> None:
 def _fig_tiles(le: Lesson, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
 
         fig = new_figure(12, 5.2)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
@@ -352,7 +352,7 @@ def _fig_tiles(le: Lesson, t: dict):
 def _fig_steps(le: Lesson, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
 
         fig = new_figure(3.6 * (len(le.steps) + 1), 3.8)
         axes = fig.subplots(1, len(le.steps) + 1)
@@ -374,7 +374,7 @@ def _animation(le: Lesson, t: dict) -> str:
 
     @styled
     def frame(i: int) -> str:
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
 
         fig = new_figure(10, 4.2)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.1]})

@@ -209,7 +209,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """gqa: the query heads → K/V heads map, and the pooled model's error against its K/V heads."""
-    from ..viz.figures import new_figure, styled, save_all
+    from ..viz.drawing import new_figure, styled, save_all
 
     t, s = Page(TEXTS, lang).t, lesson.sharing
 

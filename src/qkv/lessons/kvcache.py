@@ -266,7 +266,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """kvcache: time and FLOPs per step with and without the cache, and the cache's size (MHA/GQA/MQA)."""
-    from ..viz.figures import new_figure, styled, save_all
+    from ..viz.drawing import new_figure, styled, save_all
 
     t, s = Page(TEXTS, lang).t, lesson
 

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from . import Page, same, shape
 from ..viz.words import texts
-from ..viz.figures import styled
+from ..viz.drawing import styled
 
 TEXTS = texts("positions")         # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
@@ -266,7 +266,7 @@ def _render_learned(p: Page, l: Learned) -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """positions_sinusoidal, positions_rope (with RoPE), positions_learned: .png and .svg, all or none."""
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
 
     t = Page(TEXTS, lang).t
     makers = [("positions_sinusoidal", lambda: _fig_sin(lesson.sin, t))]
@@ -279,7 +279,7 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
 def _fig_sin(s: Sinusoidal, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.4, 1]})
         halves = np.concatenate([s.table[:, 0::2], s.table[:, 1::2]], axis=1)   # sines | cosines, by i
@@ -299,7 +299,7 @@ def _fig_sin(s: Sinusoidal, t: dict):
 def _fig_rope(r: Rope, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         half, pos = len(r.omega), np.arange(0, 65)
@@ -320,7 +320,7 @@ def _fig_rope(r: Rope, t: dict):
 def _fig_learned(l: Learned, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
         im = a.imshow(l.cos, cmap="viridis", interpolation="nearest")

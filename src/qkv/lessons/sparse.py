@@ -33,7 +33,7 @@ from ..runtime.errors import QkvError
 from ..core.kernels import tiled_attention
 from . import Page, same
 from ..viz.words import texts
-from ..viz.figures import styled
+from ..viz.drawing import styled
 
 TEXTS = texts("sparse")            # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
@@ -287,7 +287,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """sparse_gallery (the masks and their tiles), sparse_error (per layer), sparse_cost (when measured): .png, .svg."""
-    from ..viz.figures import save_all
+    from ..viz.drawing import save_all
 
     t = Page(TEXTS, lang).t
     makers = [("sparse_gallery", lambda: _fig_gallery(lesson, t)), ("sparse_error", lambda: _fig_error(lesson, t))]
@@ -302,7 +302,7 @@ def _fig_gallery(le: Lesson, t: dict):
         from matplotlib.colors import ListedColormap
         from matplotlib.patches import Rectangle
 
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
         from ..viz.palette import MASKED
 
         cols = 3
@@ -337,7 +337,7 @@ def _fig_gallery(le: Lesson, t: dict):
 def _fig_error(le: Lesson, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
 
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)
@@ -355,7 +355,7 @@ def _fig_error(le: Lesson, t: dict):
 def _fig_cost(le: Lesson, t: dict):
     @styled
     def draw():
-        from ..viz.figures import new_figure
+        from ..viz.drawing import new_figure
 
         fig = new_figure(11, 4)
         a, b = fig.subplots(1, 2)

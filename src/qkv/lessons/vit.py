@@ -324,7 +324,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
 def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
     """vit: the image with its patch grid, [CLS]'s attention over the patches per head of the layer, the
     rollout over the patches, and the label probabilities (PNG + SVG)."""
-    from ..viz.figures import new_figure, save_all, styled
+    from ..viz.drawing import new_figure, save_all, styled
 
     t, le = Page(TEXTS, lang).t, lesson
     (ph, pw), (rows, cols) = le.patch, le.grid

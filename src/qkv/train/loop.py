@@ -298,7 +298,7 @@ class Run:
 
     def write_figures(self) -> list[Path]:
         """DIR/loss.png, and for the induction task DIR/induction.png, from the log."""
-        from ..viz.figures import save_figure
+        from ..viz.drawing import save_figure
         from ..viz.training import induction_figure, loss_figure
 
         s, log = self.settings, self.log

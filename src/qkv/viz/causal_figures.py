@@ -7,7 +7,7 @@ Each map has the text's tokens as rows (top to bottom, the subject's marked "*")
 colours the indirect effect p − p_corrupted of restoring that one clean state into the corrupted run, from 0
 (white) to max(p_clean − p_corrupted, the map's own max) — `interpret_payload.causal_scale`, the viewer's
 causal panel's scale too — on one sequential map per kind (`palette.CAUSAL_CMAPS`: purple, green, red, as
-ROME draws them). Write it with `figures.save_all(out, [("trace", lambda: causal_trace_figure(data))], formats)`.
+ROME draws them). Write it with `drawing.save_all(out, [("trace", lambda: causal_trace_figure(data))], formats)`.
 matplotlib is imported inside the function: importing qkv.viz never needs it.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from .figures import figure_title, fonts, new_figure, styled, tick_label
+from .drawing import figure_title, fonts, new_figure, styled, tick_label
 from .interpret_payload import CAUSAL_KINDS, causal_scale, causal_tables
 from .palette import CAUSAL_CMAPS
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from ..writing.nexttoken import distribution, entropy, top_tokens
-from .figures import figure_title, fonts, new_figure, styled
+from .drawing import figure_title, fonts, new_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

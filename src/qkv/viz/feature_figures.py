@@ -12,7 +12,7 @@ The cards are the neuron page's (`viz.neuron_figures`: the same CSS, context tab
 two pages look alike. Colours: an activation on DIVERGING on each latent's own scale (latents are ≥ 0, so
 red); the histogram's bars are counts of the non-zero activations in log-spaced bins. Every text from the
 corpus or the vocabulary is escaped (html.escape; the search reads only data-* attributes, never HTML), and
-kept from mathtext in the figure (`figures.tick_label`). viz comes before features: the report is read
+kept from mathtext in the figure (`drawing.tick_label`). viz comes before features: the report is read
 through the Protocols below.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from ..runtime.io import FileBatch
-from .figures import check_formats, figure_title, new_figure, save_all, styled
+from .drawing import check_formats, figure_title, new_figure, save_all, styled
 from .neuron_figures import (FIGURE_CONTEXTS, FIGURE_TOKENS, PAGE_CSS, ExampleLike, colour, context_table,
                              draw_contexts, draw_vocab, vocab_lists)
 

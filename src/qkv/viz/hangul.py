@@ -6,7 +6,7 @@ browser then draw empty boxes. The font comes with qkv's dependencies instead: N
 Font Licence 1.1), the TrueType file that the koreanize-matplotlib package ships. That package is never
 imported (importing it changes matplotlib's global settings); only its file is read.
 
-    register_matplotlib()    NanumGothic added to matplotlib's fonts once (figures.fonts falls back to it)
+    register_matplotlib()    NanumGothic added to matplotlib's fonts once (drawing.fonts falls back to it)
     face_css(text)           an @font-face of just the glyphs TEXT needs, embedded as data (a page's own)
     full_face()              the WOFF of every Hangul syllable and jamo (the web app serves it once)
 

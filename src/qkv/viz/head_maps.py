@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..runtime.io import FileBatch
-from .figures import new_figure
+from .drawing import new_figure
 from .palette import CMAP, ROLE_COLOURS
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .figures import figure_title, new_figure, styled, tick_label
+from .drawing import figure_title, new_figure, styled, tick_label
 from .palette import CMAP
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from ..runtime.io import FileBatch
-from .figures import (MAX_NUMBERS, SQRT_SCALE, cell_numbers, check_formats, figure_title, fonts, new_figure, panel_grid,
+from .drawing import (MAX_NUMBERS, SQRT_SCALE, cell_numbers, check_formats, figure_title, fonts, new_figure, panel_grid,
                       save_all, styled, ticks, weights_image)
 from .palette import CMAP, DIVERGING
 
@@ -175,7 +175,7 @@ TOKENS_PER_LINE = 12
 def token_scores_figure(labels: Sequence[str], scores: np.ndarray, *, model_name: str = "", what: str = "") -> "Figure":
     """The input tokens as a text, TOKENS_PER_LINE to a line, each cell coloured by its score (red: adds to
     the output, blue: takes away, white: 0, one symmetric scale) with the score written under the token."""
-    from .figures import tick_label
+    from .drawing import tick_label
 
     n = len(labels)
     cols = min(n, TOKENS_PER_LINE)

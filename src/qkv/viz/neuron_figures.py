@@ -13,7 +13,7 @@ Colours: an activation on DIVERGING (red above 0, blue below, white at 0), on ea
 symmetric about 0 (its largest |h| among the contexts shown); promoted tokens red, suppressed blue, as every
 signed view of qkv (`viz.palette`). viz comes before analysis: the report is read through the Protocols below.
 Every text from the corpus or the vocabulary is escaped in the page (html.escape) and kept from mathtext in
-the figure (`figures.tick_label`).
+the figure (`drawing.tick_label`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from ..runtime.io import FileBatch
-from .figures import check_formats, figure_title, new_figure, save_all, styled, tick_label
+from .drawing import check_formats, figure_title, new_figure, save_all, styled, tick_label
 from .palette import DIVERGING, DIVERGING_STOPS
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 from ..core.trace import LayerTrace, Trace
-from .figures import check_formats, focused_head, head_heatmap, layer_grid, model_overview, save_all
+from .drawing import check_formats, save_all
+from .figures import focused_head, head_heatmap, layer_grid, model_overview
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

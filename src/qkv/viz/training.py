@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .figures import new_figure, styled
+from .drawing import new_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
