@@ -12,6 +12,7 @@ ROOT = Path(qkv.__file__).parent
 REPO = ROOT.parent.parent
 FILES = [REPO / "README.md", REPO / "docs" / "guide.md", REPO / "docs" / "guide.ko.md",
          ROOT / "viz" / "words" / "en.py", ROOT / "viz" / "words" / "ko.py", ROOT / "viz" / "assets" / "pipeline.js",
+         ROOT / "viz" / "assets" / "pipeline_kit.js",
          ROOT / "core" / "trace.py", ROOT / "lessons" / "attention.py", ROOT / "lessons" / "attention_render.py"]
 WRONG = {
     r"S\s*/\s*√d_k": "S divided by √d_k (S already is)",

@@ -18,10 +18,10 @@ draws the kind selected (`viz.seq2seq`).
 The data travels compactly (see `payload`: one byte per weight, ±0.002, as a `wire` array).
 Every view exports what it shows (export.js: PNG, SVG, its numbers as JSON).
 The script is assets inlined in order: wire.js (the arrays' decoder, every page's), export.js, viewer.js
-(the attention views, mount), then the panels' renderers, each asset once (`panels.scripts`): viewer_panels.js
-(the lens, rollout, patching and router views, which register on viewer.js's `QKV.panels`, and the heatmap
-they share), viewer_causes.js (the attribution and causal-tracing views) and viewer_features.js (an SAE's
-latents on each token, `qkv sae show`).
+(the attention views, mount), viewer_next.js (the next-token view), then the panels' renderers, each asset once
+(`panels.scripts`): viewer_panels.js (the lens, rollout, patching and router views, which register on viewer.js's
+`QKV.panels`, and the heatmap they share), viewer_causes.js (the attribution and causal-tracing views) and
+viewer_features.js (an SAE's latents on each token, `qkv sae show`).
 
     save_viewer(trace, "attention.html")     # a file to open or share (named after trace.model)
     save_viewer(trace, "lens.html", sections={"lens": lens_payload(model, trace)}, view="lens")
@@ -56,15 +56,16 @@ def asset(name: str) -> str:
 
 
 def viewer_js() -> str:
-    """The viewer's JavaScript as one script: the arrays' decoder, export, the core, then the assets that register
-    the panels' renderers on it (`panels.scripts`)."""
-    names = ("wire.js", "export.js", "viewer.js") + panels.scripts()
+    """The viewer's JavaScript as one script: the arrays' decoder, export, the core, the next-token view, then the
+    assets that register the panels' renderers on it (`panels.scripts`)."""
+    names = ("wire.js", "export.js", "viewer.js", "viewer_next.js") + panels.scripts()
     return "\n".join(asset(name) for name in names)
 
 
 def pipeline_js() -> str:
-    """The pipeline page's JavaScript after wire.js and export.js: its attention diagram, then the page."""
-    return asset("pipeline_diagram.js") + "\n" + asset("pipeline.js")
+    """The pipeline page's JavaScript after wire.js and export.js: its toolkit (templates, the sampling distribution,
+    heatmaps, bars, tables), its attention diagram, then the page."""
+    return "\n".join(asset(name) for name in ("pipeline_kit.js", "pipeline_diagram.js", "pipeline.js"))
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:

@@ -2,7 +2,7 @@
  *
  * Input: the JSON payload of qkv/viz/payload.py (tokens + attention as one byte per weight, a wire
  * array that wire.js, loaded first, decodes; for a generation, each generated token's candidates:
- * the next-token view and its temperature slider).
+ * the next-token view and its temperature slider, drawn by viewer_next.js, which registers QKV.views.next).
  * Attention is n_q × n_k: rows = queries ("tokens"), columns = keys ("key_tokens", or the same
  * tokens in self-attention). An encoder–decoder's payload holds one such payload per kind of
  * attention ("kinds": encoder, decoder, cross); a selector switches between them, and every view
@@ -11,8 +11,8 @@
  * Colours follow qkv/viz/palette.py: brighter = more attention (viridis, as the figures), cells
  * the causal mask removed grey, roles as "role_colours".
  * Tokens reach the page only through textContent, attributes and canvas fillText:
- * never parsed as HTML. No network: everything is in wire.js, this file, viewer_panels.js, viewer_causes.js,
- * viewer_features.js and the payload.
+ * never parsed as HTML. No network: everything is in wire.js, this file, viewer_next.js, viewer_panels.js,
+ * viewer_causes.js, viewer_features.js and the payload.
  *
  *   QKV.mount(root, payload, state?) → Promise<Viewer>   draw a payload into an element
  *   QKV.boot()   mount every [data-qkv-root] on the JSON script element that follows it
@@ -118,6 +118,7 @@
 
   // ── the viewer ─────────────────────────────────────────────────────────────
   const PANELS = {};                 // the panels' renderers by name: viewer_panels.js and the others register them
+  const VIEWS = {};                  // views that are not panels, by name: viewer_next.js registers "next"
   const KIND_WHAT = {encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"};
 
   class Viewer {
@@ -328,14 +329,13 @@
         c.title = this.headName(s.layer, h) + (s.head === h ? " · click again for all heads" : " · click to show it alone");
       });
       const attention = s.view === "head" || s.view === "matrix";     // the views that draw one head (or all)
-      const shipped = this.shownPanels[s.view], panel = shipped ? PANELS[shipped.renderer] : null;   // a panel's view
+      const shipped = this.shownPanels[s.view];                                 // a panel's view, or the next-token view
+      const panel = shipped ? PANELS[shipped.renderer] : VIEWS[s.view] || null;
       this.chips.hidden = !attention;
       this.fields[0].hidden = !(attention || s.view === "model" || (shipped && shipped.layer));
       this.fields[1].hidden = !(attention || s.view === "model");
       const who = s.head < 0 ? "all heads" : this.headName(s.layer, s.head);
-      const where = panel ? panel.meta(this)
-        : s.view === "next" ? [`${this.n - this.gen} generated`]
-        : [`layer ${this.p.layers[s.layer]}`, who];
+      const where = panel ? panel.meta(this) : [`layer ${this.p.layers[s.layer]}`, who];
       const size = this.self ? `${this.n} tokens` : `${this.n} × ${this.nk} tokens`;
       this.meta.textContent = [this.p.model, KIND_WHAT[this.kind], size, ...where]
         .filter(x => x).join(" · ");
@@ -354,7 +354,7 @@
       if (s.cell && s.cell.t) root.dataset.cell += "," + s.cell.t;             // patching: which table
       if (this.p.image) { this.drawImage(); root.dataset.query = s.query; }
       if (this.p.lens) root.dataset.lensMode = s.lensMode;
-      if (this.next) Object.assign(root.dataset, {temperature: this.temperature(), step: this.next.steps[s.step].position});
+      if (this.next) Object.assign(root.dataset, {temperature: VIEWS.next.temperature(this), step: this.next.steps[s.step].position});
       else { delete root.dataset.temperature; delete root.dataset.step; }     // another kind may have set them
       if (this.kinds) {
         root.dataset.kind = this.kind;
@@ -814,109 +814,13 @@
       });
     }
 
-    // ── next-token view: each generated token's candidates, P = softmax(logits / T) ──
-    // The payload holds, per generated token, the top K logits z (plus the chosen token's when it
-    // ranks lower) and, per temperature T of a grid, rest(T) = log Σ exp(z_v / T) over all the other
-    // tokens of the vocabulary (see payload.py). So P_v(T) = exp(z_v/T) / (Σ_kept exp(z_u/T) + exp(rest(T)))
-    // is the probability over the whole vocabulary, not a renormalisation over the K shown.
-    temperature() { const k = this.state.temp; return k === 0 ? 0 : this.next.temperatures[k - 1]; }
-
-    // {p: probabilities of step.ids, other: mass of every token not kept, H: entropy in bits}
-    probs(step) {
-      const k = this.state.temp, z = step.logits;
-      if (k === 0) return {p: z.map((_, i) => (i === 0 ? 1 : 0)), other: 0, H: 0};   // greedy: the argmax, ids[0]
-      const T = this.next.temperatures[k - 1];
-      const rest = step.rest[k - 1] == null ? -Infinity : step.rest[k - 1];
-      const m = Math.max(rest, ...z.map(v => v / T));                   // subtract the max: no overflow
-      const e = z.map(v => Math.exp(v / T - m)), er = Math.exp(rest - m);
-      const Z = e.reduce((a, b) => a + b, 0) + er;
-      return {p: e.map(x => x / Z), other: er / Z, H: step.entropy[k - 1]};
-    }
-
-    chosenText(step) { return step.tokens[step.ids.indexOf(step.chosen)]; }
-
-    build_next() {
-      const panel = this.panels.next, nx = this.next;
-      const ctl = el("div", "qkv-temp");
-      const slider = el("input", "qkv-temp-slider");
-      Object.assign(slider, {type: "range", min: 0, max: nx.temperatures.length, step: 1, value: this.state.temp});
-      slider.setAttribute("aria-label", "temperature T");
-      slider.addEventListener("input", () => this.set({temp: +slider.value}));
-      const tval = el("span", "qkv-temp-value");
-      ctl.append(el("span", "qkv-hint", "temperature"), slider, tval,
-                 el("span", "qkv-hint", "0 = greedy · 1 = the model's own distribution · higher = flatter"));
-      const strip = el("div", "qkv-steps");
-      strip.append(el("span", "qkv-hint", "generated:"));
-      const chips = nx.steps.map((st, k) => {
-        const b = el("button", "qkv-step", shown(this.chosenText(st), 16));
-        b.type = "button";
-        b.dataset.k = k;
-        b.addEventListener("click", () => this.set({step: k}));
-        strip.append(b);
-        return b;
-      });
-      const table = el("table", "qkv-cands"), head = el("tr");
-      for (const h of ["rank", "token", "", "P"]) head.append(el("th", null, h));
-      const thead = el("thead");
-      thead.append(head);
-      const body = el("tbody");
-      table.append(thead, body);
-      const readout = el("p", "qkv-readout");
-      panel.append(ctl, strip, readout, table,
-                   el("p", "qkv-note", `P = softmax(logits / T) over all ${nx.vocab} tokens (exact: the page holds the ` +
-                      `top ${nx.k} logits and, per T, the log-sum-exp of the rest). Top-k / top-p filters of the ` +
-                      "generation are not applied. The orange line under each generated token: its probability at this T."));
-      this.nt = {slider, tval, chips, body, readout};
-    }
-
-    draw_next() {
-      const nt = this.nt, s = this.state, nx = this.next, T = this.temperature();
-      nt.slider.value = s.temp;
-      nt.tval.textContent = `T = ${T.toFixed(1)}` + (T === 0 ? " (greedy)" : "");
-      nt.chips.forEach((b, k) => {                                         // how likely each drawn token was
-        const st = nx.steps[k], p = this.probs(st).p[st.ids.indexOf(st.chosen)];
-        b.style.setProperty("--p", (100 * p).toFixed(1) + "%");
-        b.title = `token ${st.position}: P = ${fmtP(p)} at T = ${T}, rank ${st.rank} at T > 0`;
-        b.setAttribute("aria-pressed", String(k === s.step));
-      });
-      const st = nx.steps[s.step], {p, other, H} = this.probs(st);
-      nt.body.textContent = "";
-      const row = (rank, i, cls) => {
-        const tr = el("tr", cls), bar = el("span", "qkv-pbar"), cell = el("td", "qkv-pcell");
-        bar.style.width = (100 * p[i]).toFixed(2) + "%";
-        cell.append(bar);
-        tr.append(el("td", "qkv-rank", String(rank)), el("td", "qkv-ctok", st.tokens[i]), cell,
-                  el("td", "qkv-p", fmtP(p[i])));
-        Object.assign(tr.dataset, {id: st.ids[i], p: String(p[i])});
-        tr.title = `id ${st.ids[i]}` + (st.ids[i] === st.chosen ? " · the token generated here" : "");
-        nt.body.append(tr);
-      };
-      const K = Math.min(nx.k, st.ids.length);
-      for (let i = 0; i < K; i++) row(i + 1, i, st.ids[i] === st.chosen ? "qkv-chosen" : "");
-      if (st.ids.length > K) {                                             // the chosen token ranked below the top K
-        const gap = el("tr", "qkv-gap");
-        gap.append(el("td", null, "…"));
-        nt.body.append(gap);
-        row(st.rank, K, "qkv-chosen");
-      }
-      const rest = el("tr", "qkv-other");
-      rest.dataset.p = String(other);
-      rest.append(el("td"), el("td", "qkv-ctok", `other ${nx.vocab - st.ids.length} tokens`), el("td"),
-                  el("td", "qkv-p", fmtP(other)));
-      nt.body.append(rest);
-      const chosen = p[st.ids.indexOf(st.chosen)];
-      nt.readout.textContent = `token ${st.position} “${shown(this.chosenText(st), 24)}” was drawn from ` +
-        `P = softmax(logits[${st.position - 1}] / T) · T = ${T.toFixed(1)} · its P = ${fmtP(chosen)} · ` +
-        `entropy H = ${H.toFixed(2)} bits`;
-    }
-
     // ── export (export.js): the file name and the numbers of the view shown ──
     exportName() {
       const s = this.state, slug = (x) => String(x).replace(/[^A-Za-z0-9._-]+/g, "-").replace(/^-+|-+$/g, "") || "qkv";
       const parts = [slug(this.p.model), this.kind, s.view];
       if (s.view === "head" || s.view === "matrix")
         parts.push("layer" + this.p.layers[s.layer], s.head < 0 ? "all-heads" : "head" + s.head);
-      else if (s.view === "next") parts.push("token" + this.next.steps[s.step].position, "T" + this.temperature());
+      else if (VIEWS[s.view]) parts.push(...VIEWS[s.view].exportName(this));
       else if (this.shownPanels[s.view] && this.shownPanels[s.view].layer) parts.push("layer" + this.p.layers[s.layer]);
       return parts.filter(x => x).join("-");
     }
@@ -944,12 +848,7 @@
           attention: all ? this.p.layers.map((_, l) => [...Array(this.H).keys()].map(h => weights(this.A(l, h)))) : null,
           note: all ? "attention[layer][head][query][key], ±0.002" : `${size} weights: too many to copy; save the trace (Trace.save) for them`});
       }
-      if (v === "next") {
-        const st = this.next.steps[s.step], {p, other, H} = this.probs(st);
-        return Object.assign(out, {position: st.position, temperature: this.temperature(), vocab: this.next.vocab,
-          candidates: st.ids.map((id, i) => ({id, token: st.tokens[i], logit: st.logits[i], p: p[i]})),
-          other_tokens_p: other, entropy_bits: H, chosen: st.chosen});
-      }
+      if (VIEWS[v]) return Object.assign(out, VIEWS[v].exportData(this));
       return Object.assign(out, {layer: this.shownPanels[v].layer ? this.p.layers[s.layer] : null, section: this.p[v],
                                  arrays: this.extra[v]});
     }
@@ -957,7 +856,7 @@
     // what a fresh viewer needs to show the same layer, head and view
     saved() {
       const out = {view: this.state.view, layer: this.p.layers[this.state.layer], head: this.state.head};
-      if (this.next) out.temperature = this.temperature();
+      if (this.next) out.temperature = VIEWS.next.temperature(this);
       if (this.kinds) out.kind = this.kind;
       if (this.p.image) out.query = this.state.query;
       return out;
@@ -1016,6 +915,8 @@
                                     "load the script that registers it (qkv/viz/panels.py names it) after viewer.js");
         extra[p.id] = panel.decode ? await panel.decode(payload[p.id]) : {};
       }
+      if (payload.next && payload.next.steps.length && !VIEWS.next)
+        throw new Error("this page lacks the next-token view: load viewer_next.js after viewer.js");
       // canvases draw text once: the page's Hangul face (if it has one) must be loaded before
       if (document.fonts && document.fonts.load) await document.fonts.load('13px "qkv Hangul"', "\uD55C").catch(() => null);
       const t1 = performance.now();
@@ -1062,7 +963,8 @@
     }
   }
 
-  // the interface of the panels' renderers (viewer_panels.js): the helpers it shares, and PANELS for them to fill
+  // the interface of the panels' renderers (viewer_panels.js) and of the next-token view (viewer_next.js): the
+  // helpers they share, and PANELS and VIEWS for them to fill
   const util = {el, clamp, shown, fmt, fmtP, sizeCanvas, LUT, MASKED};
-  global.QKV = {mount, boot, util, panels: PANELS};
+  global.QKV = {mount, boot, util, panels: PANELS, views: VIEWS};
 })(window);
