@@ -52,16 +52,9 @@ def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: i
         what = f"logit({label(t)})" + ("" if o is None else f" − logit({label(o)})")
         console = new_console()
         console.print(Text(f"{model.name}: direct logit attribution of {what} = {a.logit:.3f} at the last position"))
-        table = Table(show_edge=False, pad_edge=False)
-        for name in ("#", "head", "contribution"):
-            table.add_column(name, justify="right")
-        for r, (layer, head, c) in enumerate(a.top(top)):
-            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{c:+.3f}")
-        console.print(table)
+        console.print(_head_table("contribution", a.top(top)))
         if a.cross is not None:
-            best = np.argsort(-np.abs(a.cross), axis=None)[:top]
-            console.print(Text(f"cross-attention heads {a.cross.sum():+.3f} (largest: " + ", ".join(
-                f"L{int(i // a.cross.shape[1])}.H{int(i % a.cross.shape[1])} {a.cross.flat[i]:+.3f}" for i in best) + ")"))
+            console.print(Text(f"cross-attention heads {a.cross.sum():+.3f} (largest: {_largest(a.cross, top)})"))
         best = np.argsort(-np.abs(a.ffns))[:3]
         console.print(Text(f"heads {a.heads.sum():+.3f}, FFNs {a.ffns.sum():+.3f} (largest: "
                            + ", ".join(f"L{int(l)} {a.ffns[l]:+.3f}" for l in best) + "), "
@@ -226,16 +219,9 @@ def patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other:
         console.print(Text(f"{model.name}: {p.metric} = {p.clean:.3f} clean, {p.corrupted:.3f} corrupted; "
                            f"{p.runs} patched copies in {p.passes} batched passes, {p.seconds:.1f} s "
                            f"({p.skipped} equal to the corrupted run, not run)"))
-        table = Table(show_edge=False, pad_edge=False)
-        for name in ("#", "head", "effect"):
-            table.add_column(name, justify="right")
-        for r, (layer, head, e) in enumerate(p.top_heads(top)):
-            table.add_row(str(r + 1), f"L{layer}.H{head}", f"{e:+.3f}")
-        console.print(table)
+        console.print(_head_table("effect", p.top_heads(top)))
         if p.cross is not None:
-            best = np.argsort(-np.abs(p.cross), axis=None)[:top]
-            console.print(Text("cross-attention heads: " + ", ".join(
-                f"L{int(i // p.cross.shape[1])}.H{int(i % p.cross.shape[1])} {p.cross.flat[i]:+.3f}" for i in best)))
+            console.print(Text("cross-attention heads: " + _largest(p.cross, top)))
         for name, t in (("residual", p.residual), ("attn_out", p.attn_out), ("ffn_out", p.ffn_out)):
             layer, pos = np.unravel_index(np.argmax(np.abs(t)), t.shape)
             console.print(Text(f"{name}: largest effect {t[layer, pos]:+.3f} at layer {layer}, {p.labels[pos]}"))
@@ -246,3 +232,19 @@ def patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other:
                                view="patch")
             for f in save_patching(p, out_dir, pages={"patch.html": page}):
                 click.echo(f"wrote {f}")
+
+
+def _head_table(column: str, rows) -> Table:
+    """The ranked (layer, head, value) ROWS as dla and patch print them: #, head, COLUMN."""
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("#", "head", column):
+        table.add_column(name, justify="right")
+    for r, (layer, head, value) in enumerate(rows):
+        table.add_row(str(r + 1), f"L{layer}.H{head}", f"{value:+.3f}")
+    return table
+
+
+def _largest(cross: np.ndarray, top: int) -> str:
+    """The TOP cross-attention heads of CROSS (layers × heads) by |value|: "L0.H2 +0.123, …"."""
+    best = np.argsort(-np.abs(cross), axis=None)[:top]
+    return ", ".join(f"L{int(i // cross.shape[1])}.H{int(i % cross.shape[1])} {cross.flat[i]:+.3f}" for i in best)
