@@ -37,7 +37,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = ("runtime", "core", "inputs", "writing", "checkpoints", "models", "viz", "analysis", "lessons", "train",
-          "features", "bench", "web", "cli")
+          "features", "graphs", "bench", "web", "cli")
 FOLDERS = {name: name for name in LAYERS}
 ROOT = {"qkv": "models", "qkv.__main__": "cli"}
 

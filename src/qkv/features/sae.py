@@ -17,6 +17,16 @@ z = TopK(W_enc(x − b_pre) + b_enc), x̂ = W_dec·z + b_pre, so its "columns of
             DEAD latents (ReLU'd, as the main TopK) reconstruct it without bias: ê = z_aux·W_dec.
             α = 1/32 and k_aux = d_in/2 (the paper's Appendix B.1); k_aux ≤ the number of dead latents.
 
+Other activations, for dictionaries trained elsewhere (SAELens, Gemma Scope, sparsify, circuit-tracer) and transcoders:
+
+    "jumprelu"  z = pre ⊙ [pre > θ], θ (d_sae,) a per-latent threshold (Rajamanoharan et al. 2024; Gemma Scope)
+    "relu"      z = ReLU(pre) (the standard SAE)
+
+A transcoder is the same box reading one point and writing another (Dunefsky et al. 2024): it reads what the FFN
+reads and predicts what the FFN writes, so d_out (the output's width) may differ from d_in, b_dec lives in the
+output's space (never subtracted from the input) and an optional W_skip (d_in, d_out) adds x·W_skip to x̂ (a "skip
+transcoder"). An SAE is a transcoder whose output is its input (d_out = d_in, site_out = site).
+
 The decoder's rows stay unit-norm (as OpenAI's code does): before each optimiser step the gradient's
 component along each row is removed (`project_decoder_grad`), after it each row is divided by its norm
 (`normalize_decoder`).
@@ -31,6 +41,8 @@ import numpy as np
 from ..runtime.errors import QkvError
 
 NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")     # SAELens's names, shapes below
+OPTIONAL = ("threshold", "W_skip")               # JumpReLU's θ (d_sae,); a skip transcoder's (d_in, d_out)
+ARCHITECTURES = ("topk", "jumprelu", "relu")
 AUX_COEF = 1 / 32                                 # α, the paper's
 MAX_D_IN = 1 << 17                                # widths: the widest LLM streams are ~2^14
 MAX_LATENTS = 1 << 27                             # d_sae: OpenAI's largest SAE had 2^24; memory is checked too
@@ -38,28 +50,58 @@ MAX_LATENTS = 1 << 27                             # d_sae: OpenAI's largest SAE 
 
 @dataclass
 class SAEConfig:
-    """Every knob of a TopK SAE, and where its inputs come from (the rest is metadata)."""
+    """Every knob of an SAE or a transcoder, and where its inputs come from (the rest is metadata)."""
 
     d_in: int                                    # the activations' width (576 for SmolLM2's residual stream)
     d_sae: int                                   # latents
-    k: int                                       # latents kept per token
-    apply_b_dec_to_input: bool = True            # s = x − b_dec (SAELens's knob; False: s = x)
+    k: int | None = None                         # latents kept per token (TopK; None for the others)
+    apply_b_dec_to_input: bool = True            # s = x − b_dec (SAELens's knob; False: s = x; a transcoder: False)
     model: str | None = None                     # what the activations are of (metadata)
     layer: int | None = None
-    site: str | None = None                      # "resid" (entering block `layer`), "attn_out", "ffn_out"
+    site: str | None = None                      # "resid" (entering block `layer`), "attn_out", "ffn_out", "ffn_in"
+    architecture: str = "topk"                   # one of ARCHITECTURES: how pre-activations become latents
+    d_out: int | None = None                     # a transcoder's output width (None: an SAE, d_out = d_in)
+    site_out: str | None = None                  # what a transcoder writes ("ffn_out"); None: an SAE, `site`
 
     def check(self) -> "SAEConfig":
-        for name, most in (("d_in", MAX_D_IN), ("d_sae", MAX_LATENTS), ("k", MAX_LATENTS)):
+        if self.architecture not in ARCHITECTURES:
+            raise QkvError(f"unknown architecture {self.architecture!r}; give one of {', '.join(ARCHITECTURES)}")
+        if self.architecture == "topk" and self.k is None:
+            raise QkvError("a TopK dictionary needs k, the latents kept per token; give k, e.g. 32")
+        for name, most in (("d_in", MAX_D_IN), ("d_sae", MAX_LATENTS), ("k", MAX_LATENTS), ("d_out", MAX_D_IN)):
             value = getattr(self, name)
+            if value is None and name in ("k", "d_out"):
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= most:
                 raise QkvError(f"{name} must be a whole number from 1 to {most:,}, got {value!r}")
-        if self.k > self.d_sae:
+        if self.k is not None and self.k > self.d_sae:
             raise QkvError(f"k ({self.k}) is more than the latents ({self.d_sae}); give k ≤ latents, e.g. 32")
+        if self.transcoder and self.apply_b_dec_to_input:
+            raise QkvError("a transcoder's b_dec is in its output's space, so it is never subtracted from the input; "
+                           "give apply_b_dec_to_input false")
         return self
 
+    @property
+    def transcoder(self) -> bool:
+        """True for a transcoder (it writes another point than it reads), False for an SAE."""
+        return self.d_out is not None or self.site_out is not None
+
+    @property
+    def width_out(self) -> int:
+        """What x̂ is as wide as: d_out for a transcoder, d_in for an SAE."""
+        return self.d_in if self.d_out is None else self.d_out
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        d, n = self.d_in, self.d_sae
-        return {"W_enc": (d, n), "b_enc": (n,), "W_dec": (n, d), "b_dec": (d,)}
+        """The required arrays' shapes (threshold for JumpReLU; W_skip is optional, `optional_shapes`)."""
+        d, n, o = self.d_in, self.d_sae, self.width_out
+        shapes = {"W_enc": (d, n), "b_enc": (n,), "W_dec": (n, o), "b_dec": (o,)}
+        if self.architecture == "jumprelu":
+            shapes["threshold"] = (n,)
+        return shapes
+
+    def optional_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Arrays a dictionary may have besides `shapes`: a skip transcoder's W_skip (d_in, d_out)."""
+        return {"W_skip": (self.d_in, self.width_out)} if self.transcoder else {}
 
 
 @dataclass
@@ -72,30 +114,40 @@ class SAE:
     def __post_init__(self):
         self.config.check()
         shapes = self.config.shapes()
-        if set(self.params) != set(shapes):
-            raise QkvError(f"an SAE needs exactly {', '.join(NAMES)}, got {', '.join(sorted(self.params))}")
+        optional = self.config.optional_shapes()
+        if not set(shapes) <= set(self.params) <= set(shapes) | set(optional):
+            raise QkvError(f"a {self.config.architecture} {'transcoder' if self.config.transcoder else 'SAE'} needs "
+                           f"exactly {', '.join(shapes)}{' (and optionally W_skip)' if optional else ''}, got "
+                           f"{', '.join(sorted(self.params))}")
+        shapes.update({name: shape for name, shape in optional.items() if name in self.params})
         for name, shape in shapes.items():
             if self.params[name].shape != shape:
                 raise QkvError(f"{name} is {self.params[name].shape}, the config implies {shape}; "
                                "the weights and the config disagree")
 
     def __getattr__(self, name: str) -> np.ndarray:
-        if name in NAMES:
+        if name in NAMES or (name in OPTIONAL and name in self.__dict__.get("params", {})):
             return self.params[name]
         raise AttributeError(name)
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        """x (B, d_in) → z (B, d_sae), at most k non-zeros per row."""
-        return topk(pre_acts(self.params, self.config, x), self.config.k)[0]
+        """x (B, d_in) → z (B, d_sae): TopK at most k non-zeros per row; JumpReLU the pre-activations above
+        their thresholds; ReLU the positive ones."""
+        return activate(pre_acts(self.params, self.config, x), self.config, self.params.get("threshold"))
 
-    def decode(self, z: np.ndarray) -> np.ndarray:
-        """z (B, d_sae) → x̂ = z·W_dec + b_dec (B, d_in)."""
-        return z @ self.params["W_dec"] + self.params["b_dec"]
+    def decode(self, z: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+        """z (B, d_sae) → x̂ = z·W_dec + b_dec (B, d_out), plus x·W_skip for a skip transcoder (x its input)."""
+        out = z @ self.params["W_dec"] + self.params["b_dec"]
+        if "W_skip" in self.params:
+            if x is None:
+                raise QkvError("a skip transcoder's output needs its input too: give decode(z, x)")
+            out = out + x @ self.params["W_skip"]
+        return out
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """x (B, d_in) → (x̂ (B, d_in), z (B, d_sae))."""
+        """x (B, d_in) → (x̂ (B, d_out), z (B, d_sae))."""
         z = self.encode(x)
-        return self.decode(z), z
+        return self.decode(z, x), z
 
     def copy(self) -> "SAE":
         return SAE(SAEConfig(**vars(self.config)), {k: v.copy() for k, v in self.params.items()})
@@ -107,6 +159,16 @@ def pre_acts(params: dict[str, np.ndarray], cfg: SAEConfig, x: np.ndarray) -> np
     """pre = (x − b_dec)·W_enc + b_enc (B, d_sae); without apply_b_dec_to_input, x·W_enc + b_enc."""
     s = x - params["b_dec"] if cfg.apply_b_dec_to_input else x           # (B, d_in)
     return s @ params["W_enc"] + params["b_enc"]                          # (B, d_sae)
+
+
+def activate(pre: np.ndarray, cfg: SAEConfig, threshold: np.ndarray | None = None) -> np.ndarray:
+    """pre (B, d_sae) → z (B, d_sae) by cfg.architecture: ReLU(TopK(pre)); pre ⊙ [pre > θ] (JumpReLU, θ
+    THRESHOLD (d_sae,)); ReLU(pre)."""
+    if cfg.architecture == "topk":
+        return topk(pre, cfg.k)[0]
+    if cfg.architecture == "jumprelu":
+        return np.where(pre > threshold, pre, 0).astype(pre.dtype, copy=False)
+    return np.maximum(pre, 0)
 
 
 def topk(pre: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +210,9 @@ def loss_and_grads(params: dict[str, np.ndarray], cfg: SAEConfig, x: np.ndarray,
         db_enc = Σ_rows dpre               dW_enc = sᵀ·dpre
     (s = x − a·b_dec; the last term of db_dec is −a·Σ_rows(dpre·W_encᵀ), summed before the product.)
     """
+    if cfg.architecture != "topk" or cfg.transcoder:
+        raise QkvError(f"this loss trains TopK SAEs; a {cfg.architecture} "
+                       f"{'transcoder' if cfg.transcoder else 'SAE'} is trained by its own")
     W_enc, b_enc, W_dec, b_dec = (params[n] for n in NAMES)
     B = x.shape[0]
     c = 1.0 / (B * variance)
