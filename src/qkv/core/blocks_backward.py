@@ -23,6 +23,12 @@ the inputs of the norms and boxes, Q, K, V, A, Concat(Z), the FFN's pre-activati
 takes its record out (`Tape.pop`), so each is freed once used. Without a tape the forward keeps
 nothing more than it did. The tape's pass is the plain one (no KV cache, hooks or ablation).
 Shapes as in blocks.py.
+
+`block` runs its boxes' backwards from a `Boxes` (EXACT by default: the functions here). Another set runs
+the same block code as the backward of another linear system: FROZEN is the local replacement model of an
+attribution graph (qkv.graphs), whose norms divide by the scale the real pass had (`frozen_norm`), whose
+attention passes gradient through V only, its pattern A fixed (`value_path`), and whose FFN is cut by the
+caller's `ffn` (the transcoder that replaces it); none of them computes weight gradients.
 """
 
 from __future__ import annotations
@@ -294,11 +300,12 @@ def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelC
 
 
 def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarray,
-             box_backward: Callable[[np.ndarray], tuple[np.ndarray, object]]) -> tuple[np.ndarray, NormWeights, object]:
+             box_backward: Callable[[np.ndarray], tuple[np.ndarray, object]], norm=norm
+             ) -> tuple[np.ndarray, NormWeights, object]:
     """(dx, the norm's gradients, the box's gradients) of one residual step of `block`: y = x + Box(Norm(x))
     (pre-norm, norm_in = x) or y = Norm(x + Box(x)) (post-norm, norm_in = x + Box(x)).
     box_backward(d_out) → (d_in, gradients). The residual passes dy on unchanged; the box adds its path.
-    w None (OLMo 2: no norm before the box): y = x + Box(x)."""
+    w None (OLMo 2: no norm before the box): y = x + Box(x). norm: the norm's backward (`Boxes.norm`)."""
     if w is None:
         dx, g_box = box_backward(dy)
         dx += dy
@@ -341,13 +348,16 @@ def memory(d_kv: list[tuple[np.ndarray, np.ndarray]], encoded: np.ndarray, block
     return dm
 
 
-def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelConfig, cross_tape: Tape | None = None
-          ) -> tuple[np.ndarray, BlockWeights, tuple[np.ndarray, np.ndarray] | None]:
+def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelConfig, cross_tape: Tape | None = None,
+          boxes: "Boxes | None" = None) -> tuple[np.ndarray, BlockWeights, tuple[np.ndarray, np.ndarray] | None]:
     """dX of the block's input, its weights' gradients and, with a cross-attention (an encoder–decoder's
     decoder, CROSS_TAPE its records), the (dK, dV) its memory gets: the FFN's residual step, then
     cross-attention's, then attention's. A parallel block (GPT-NeoX, Phi): dX = dY + both branches'
     paths back through their norms (one norm for both: their sum through it). Output norms (OLMo 2): each
-    box's gradient first goes back through its own."""
+    box's gradient first goes back through its own. boxes: the backwards of the norms, attention and the FFN
+    (None: EXACT); a `Boxes.ffn` takes the FFN's whole step (its output norm and multiplier too)."""
+    boxes = EXACT if boxes is None else boxes
+    norm = boxes.norm
     out_norms: dict[str, NormWeights] = {}
 
     def through(name: str, out_norm: NormWeights | None, box_backward):
@@ -365,8 +375,9 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
         return back_box
 
     attn_tape = tape.pop(layer, "attn")
-    attn_back = through("attn_out", w.attn_out_norm, lambda d: attention(d, w.attn, attn_tape, cfg))
-    ffn_back = through("ffn_out", w.ffn_out_norm, lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+    attn_back = through("attn_out", w.attn_out_norm, lambda d: boxes.attention(d, w.attn, attn_tape, cfg))
+    ffn_back = (through("ffn_out", w.ffn_out_norm, lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
+                if boxes.ffn is None else lambda d: boxes.ffn(layer, d))
     if cfg.parallel_residual:                             # y = x + Attn(N₁(x)) + FFN(N₂(x))
         x = tape.pop(layer, "attn_norm")
         d_ffn, g_ffn = ffn_back(dy)
@@ -380,20 +391,75 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
             dx += dx_f
         dx += dy
         return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn), None
-    dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"), ffn_back)
+    dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"), ffn_back, norm)
     g_cross = g_cross_norm = d_kv = None
     if w.cross_attn is not None:
         def cross_back(d):
             nonlocal d_kv
             d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"), cfg)
             return d_in, g
-        dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back)
-    dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back)
+        dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back, norm)
+    dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back, norm)
     if attn_tape.d_bias is not None:                      # T5: dB of the stack's shared bias, for its pass to collect
         tape.put(layer, "d_position_bias", attn_tape.d_bias)
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
                             cross_attn=g_cross, cross_norm=g_cross_norm, attn_out_norm=out_norms.get("attn_out"),
                             ffn_out_norm=out_norms.get("ffn_out")), d_kv
+
+
+# ── which backwards `block` runs ─────────────────────────────────────────────────
+
+@dataclass(frozen=True)
+class Boxes:
+    """The backwards `block` runs: norm(dy, x, w, cfg) → (dx, gradients) of a norm that read x;
+    attention(dout, w, tape, cfg) → (dX, gradients); ffn: None (the FFN's own backward, `feed_forward`,
+    through its output norm and multiplier) or ffn(layer, d) → (d_in, gradients), d the gradient of what the
+    FFN's step adds to the stream (after its output norm and multiplier), d_in that of what the FFN read."""
+
+    norm: Callable = norm
+    attention: Callable = attention
+    ffn: Callable | None = None
+
+
+def norm_scale_of(x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """s (…,) of x (…, d), what the norm divided each row by (qkv.core.blocks.norm_scale's formula)."""
+    if cfg.norm == "rms":
+        return np.sqrt(np.mean(x * x, axis=-1) + float(cfg.norm_eps))               # (…,)
+    xc = x - x.mean(axis=-1, keepdims=True)                                        # (…, d)
+    return np.sqrt(np.mean(xc * xc, axis=-1) + float(cfg.norm_eps))               # (…,)
+
+
+def frozen_norm(dy: np.ndarray, x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> tuple[np.ndarray, None]:
+    """dx of a norm whose scale s is held at what it was for x (the taped input): y = x/s·γ (RMSNorm),
+    y = (x − mean(x))/s·γ + β (LayerNorm), linear in x: dx = γ⊙dy/s, centred for LayerNorm (the centring
+    matrix is its own transpose). No gradients. x (1 or B, n, d), dy (B, n, d)."""
+    d = dy * w.weight / norm_scale_of(x, cfg)[..., None]                          # (B, n, d)
+    return (d if cfg.norm == "rms" else d - d.mean(axis=-1, keepdims=True)), None
+
+
+def value_path(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: ModelConfig | None = None
+               ) -> tuple[np.ndarray, None]:
+    """dX of MultiHead(X) with each head's pattern A held at the taped one: Z_h = A_h·(X·W_V,h + b_V,h), so
+    dZ = dout·W_Oᵀ, dV_h = A_hᵀ·dZ_h (summed over the query heads sharing a K/V head: GQA), dX = dV·W_Vᵀ;
+    Q and K get nothing. No gradients. t.a (1 or B, H, n, n), dout (B, n, d_model)."""
+    B, n, d = dout.shape
+    H, Hkv = t.q.shape[1], t.v.shape[1]
+    dz = dout.reshape(B * n, d) @ w.W_O.T                                          # (B·n, H·d_k) one product
+    if t.a.shape[0] != 1:                                                          # a pattern per row: the plain form
+        dv = np.matmul(t.a.swapaxes(-1, -2), split_heads(dz.reshape(B, n, -1), H))   # (B, H, n, d_k) A_hᵀ·dZ_h
+        dv = merge_heads(dv.reshape(B, Hkv, H // Hkv, n, -1).sum(axis=2))         # (B, n, Hkv·d_k)
+        return (dv.reshape(B * n, -1) @ w.W_V.T).reshape(B, n, d), None
+    # one pattern for every row (the graph's B targets): the same sums as H products A_hᵀ·[dZ_h of all B rows],
+    # each (n, n)·(n, B·d_k), instead of B·H products of (n, n)·(n, d_k)
+    dz = dz.reshape(B, n, H, -1).transpose(2, 1, 0, 3).reshape(H, n, -1)           # (H, n, B·d_k)
+    dv = np.matmul(t.a[0].swapaxes(-1, -2), dz)                                    # (H, n, B·d_k)
+    dv = dv.reshape(Hkv, H // Hkv, n, B, -1).sum(axis=1)                           # (Hkv, n, B, d_k) GQA's groups
+    dv = dv.transpose(2, 1, 0, 3).reshape(B * n, -1)                               # (B·n, Hkv·d_k)
+    return (dv @ w.W_V.T).reshape(B, n, d), None                                   # (B, n, d_model)
+
+
+EXACT = Boxes()
+FROZEN = Boxes(norm=frozen_norm, attention=value_path)    # its ffn: the caller's (Boxes(..., ffn=…))
 
 
 def logits_of(dlogits: np.ndarray, hidden: np.ndarray, weights: Weights, cfg: ModelConfig | None = None,

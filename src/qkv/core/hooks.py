@@ -31,6 +31,8 @@ Where each point sits in the pass (shapes as INTERMEDIATES; n = the positions th
 
 A norm's scale s (B, n) is what it divides each position by: a hook's s is used instead (e.g. frozen at
 another text's). "final_norm_scale" is the last layer's only ("final_norm_scale" or "-1.final_norm_scale").
+"attn_out_norm_scale", "ffn_out_norm_scale" (qkv.core.trace.OUT_NORMS): the scales of a box's output norm
+(Gemma 2, OLMo 2), hooked alike; a layer without such a norm never calls them.
 A parallel residual (GPT-NeoX, Phi) has no stream between attention and the FFN: its residual_mid is recorded
 for reading, and a hook on it is refused.
 
@@ -58,7 +60,7 @@ from .attention import AttentionMask, attend, attention_scores
 from .config import ModelConfig
 from ..runtime.errors import QkvError, check_index
 from .ops import softmax_
-from .trace import FINAL, INTERMEDIATES, ROUTER, Recorder
+from .trace import FINAL, INTERMEDIATES, OUT_NORMS, ROUTER, Recorder
 
 HookFn = Callable[[np.ndarray, int], "np.ndarray | None"]
 
@@ -66,7 +68,7 @@ ALIASES = {"z": "heads"}                                        # the guide's na
 PER_HEAD = {"q", "k", "v", "scores", "attentions", "heads",    # arrays (B, H or Hkv, ...): a head can be picked
             "q_pre_rope", "k_pre_rope"}
 KV_HEAD = {"k", "v", "k_pre_rope"}                              # those whose heads are the Hkv K/V heads
-NAMES = list(INTERMEDIATES) + list(FINAL) + list(ALIASES)
+NAMES = list(INTERMEDIATES) + list(FINAL) + list(OUT_NORMS) + list(ALIASES)
 
 
 class Hooks:
@@ -267,7 +269,7 @@ def parse_key(key, what: str = "hook name") -> Key:
     if name in ROUTER:                                      # a MoE layer's choice: recorded, not hooked
         raise QkvError(f"{what} {key!r}: the router's {name} is recorded in the trace, not hooked; read it "
                        "from model.run(text), or hook 'ffn_out' to change the FFN's output")
-    if name not in INTERMEDIATES and name not in FINAL:
+    if name not in INTERMEDIATES and name not in FINAL and name not in OUT_NORMS:
         raise QkvError(f"{what} {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
     if len(parts) == 2 and name not in PER_HEAD:
         raise QkvError(f"{what} {key!r}: {name} is one array for all heads; hook it without a head")

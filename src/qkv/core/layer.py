@@ -25,20 +25,27 @@ from .context import Context
 from .blocks_backward import Tape
 from .hooks import Hooks
 from .positions import apply_rope
+from .trace import Recorder
 from .weights import BlockWeights, NormWeights
 
 
 def normalise(x: np.ndarray, w: NormWeights, ctx: Context, layer: int, name: str) -> np.ndarray:
     """Norm(x) inside a pass, its scale s recorded as NAME (attn_norm_scale, ffn_norm_scale, final_norm_scale)
     and hooked there: a hook's s (B, n) is what the norm divides by. Neither: `norm` itself (the fast path)."""
-    hooks, rec, cfg = ctx.hooks, ctx.rec, ctx.cfg
+    return norm_hooked(x, w, ctx.cfg, ctx.hooks, ctx.rec, layer, name)
+
+
+def norm_hooked(x: np.ndarray, w: NormWeights, cfg: ModelConfig, hooks: Hooks | None, rec: Recorder | None,
+                layer: int, name: str) -> np.ndarray:
+    """`normalise` given the hooks and the recorder (None: none) instead of a pass's Context."""
     hooked = hooks is not None and hooks.wants(layer, name)
-    if not hooked and not rec.wants(layer, name):
+    if not hooked and (rec is None or not rec.wants(layer, name)):
         return norm(x, w, cfg)
     s = norm_scale(x, cfg)                                    # (B, n)
     if hooked:
         s = hooks(layer, name, s)
-    rec.put(layer, name, s)
+    if rec is not None:
+        rec.put(layer, name, s)
     return norm_by(x, s, w, cfg) if hooked else norm(x, w, cfg)
 
 
@@ -176,19 +183,21 @@ def seen(ctx: Context, layer: int, name: str, value: np.ndarray) -> np.ndarray:
 
 
 def after_box(out_norm: NormWeights | None, hooks: Hooks | None, layer: int, name: str, cfg: ModelConfig,
-              tape: Tape | None = None):
+              tape: Tape | None = None, rec: Recorder | None = None):
     """The output norm (OLMo 2), the residual multiplier (Granite: × m) and then the hooks on NAME, as one
     function of a box's output; None when there are none of them (the fast path). What it returns is what
     joins the stream and what the trace records as NAME. tape: keeps the output norm's input as
-    (layer, NAME + "_norm") for its backward."""
+    (layer, NAME + "_norm") for its backward. The output norm's scale is recorded (REC) and hooked as
+    NAME + "_norm_scale" (qkv.core.trace.OUT_NORMS), as `normalise` does the other norms'."""
     hooked = hooks is not None and hooks.wants(layer, name)
     if out_norm is None and not hooked and cfg.residual_multiplier == 1:
         return None
+    scale = name + "_norm_scale"
 
     def after(out: np.ndarray) -> np.ndarray:
         if tape is not None and out_norm is not None:
             tape.put(layer, name + "_norm", out)
-        out = joined(out if out_norm is None else norm(out, out_norm, cfg), cfg)
+        out = joined(out if out_norm is None else norm_hooked(out, out_norm, cfg, hooks, rec, layer, scale), cfg)
         return hooks(layer, name, out) if hooked else out
     return after
 
@@ -203,8 +212,8 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
         return step_block(x, w, ctx, layer)
     x = seen(ctx, layer, "residual", x)
     tape = ctx.tape
-    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, tape)
-    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, tape)
+    after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, tape, ctx.rec)
+    after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, tape, ctx.rec)
     if cfg.parallel_residual:
         return parallel_block(x, w, ctx, layer, after_attn, after_ffn)
     x, a = residual(x, w.attn_norm, ctx, layer, attention, w.attn, ctx, layer, after=after_attn,

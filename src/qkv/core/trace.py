@@ -69,6 +69,14 @@ FINAL = {
     "final_norm_scale": ("(B, n)  s, what the final norm divided each position of the last block's output "
                          "(residual_out) by, as attn_norm_scale"),
 }
+# The scales of the norms some families put on a box's output before it joins the stream (Gemma 2, OLMo 2:
+# attn_out_norm, ffn_out_norm), recorded and hooked like the other norms' (a frozen norm: attribution graphs);
+# kept only when asked for (OPT_IN), None where the block has no such norm.
+OUT_NORMS = {
+    "attn_out_norm_scale": ("(B, n)  s, what attention's output norm divided each position of Concat(Z)·W_O by, "
+                            "as attn_norm_scale (Gemma 2, OLMo 2); a hook's s is what the norm divides by"),
+    "ffn_out_norm_scale": "(B, n)  s of the FFN's output norm, as attn_out_norm_scale",
+}
 # What a view of a long input keeps instead of A: each query row's K largest weights (Recorder(top=K)).
 SPARSE = {
     "attention_top": ("(B, H, n, K)  each query row's K largest attention weights, exactly, largest first, with "
@@ -78,7 +86,7 @@ SPARSE = {
 # Kept only when asked for (keep=("neurons",)): d_ff numbers a token (2.7–4 × d_model) that no default view reads,
 # so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP); and attention_top.
 # q, k before RoPE and the FFN's pre-activations are kept only when asked for too (a copy of q, k; d_ff a token).
-OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top")
+OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top", *OUT_NORMS)
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.core.hooks takes INTERMEDIATES).
 ROUTER = {
@@ -86,7 +94,7 @@ ROUTER = {
     "experts": "(B, n, k)  the k experts each token went to, most probable first",
     "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
 }
-RECORDED = {**INTERMEDIATES, **FINAL, **ROUTER, **SPARSE}                  # every name a Recorder can keep
+RECORDED = {**INTERMEDIATES, **FINAL, **OUT_NORMS, **ROUTER, **SPARSE}     # every name a Recorder can keep
 PER_LAYER = [*INTERMEDIATES, *FINAL]                                        # what a LayerTrace's repr lists
 DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
@@ -144,6 +152,8 @@ class LayerTrace:
     ffn_out: np.ndarray | None = None       # (n, d_model)
     residual_out: np.ndarray | None = None  # (n, d_model) the stream leaving the block
     final_norm_scale: np.ndarray | None = None  # (n,) the last layer only: what the final norm divided by
+    attn_out_norm_scale: np.ndarray | None = None   # (n,) attention's output norm's s (kept only when asked for)
+    ffn_out_norm_scale: np.ndarray | None = None    # (n,) the FFN's output norm's s (kept only when asked for)
     neurons: np.ndarray | None = None       # (n, d_ff) the FFN's hidden activations (kept only when asked for)
     router: np.ndarray | None = None        # (n, E) MoE layers: the router's probabilities
     experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
