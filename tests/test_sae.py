@@ -315,8 +315,8 @@ def test_bad_saelens_directories_say_what_is_wrong(tmp_path):
     sae = random_sae(d=4, n=8, k=2)
     save_saelens(sae, tmp_path / "s")
     cfg = json.loads((tmp_path / "s" / "cfg.json").read_text())
-    (tmp_path / "s" / "cfg.json").write_text(json.dumps({**cfg, "architecture": "standard", "activation_fn_str": "relu"}))
-    with pytest.raises(QkvError, match="qkv reads TopK SAEs"):
+    (tmp_path / "s" / "cfg.json").write_text(json.dumps({**cfg, "architecture": "gated", "activation_fn_str": "relu"}))
+    with pytest.raises(QkvError, match="'gated' dictionary, which qkv does not read"):
         load_saelens(tmp_path / "s")
     (tmp_path / "s" / "cfg.json").write_text(json.dumps({**cfg, "d_sae": 9}))
     with pytest.raises(QkvError, match="shape"):

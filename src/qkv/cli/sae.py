@@ -170,7 +170,8 @@ def _train(run) -> None:
 
 @sae_cmd.command(name="eval")
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
-              help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
+              help="An SAE or transcoder: qkv's (`qkv sae train --out`), SAELens's, sparsify's, Gemma Scope's "
+                   "params.npz or one circuit-tracer layer_L.safetensors (`features.dictionaries`).")
 @click.option("--acts", "acts_dir", default=None, metavar="DIR", help="FVU, L0 and dead latents on these stored activations.")
 @model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
@@ -184,8 +185,8 @@ def _train(run) -> None:
 @click.option("--context", type=click.IntRange(min=3), default=128, show_default=True,
               help="Tokens per sequence of --file (at most the model's positions).")
 @click.option("--layer", type=int, default=None, help="The layer the SAE reads, if its cfg.json does not say.")
-@click.option("--site", type=click.Choice(["resid", "attn_out", "ffn_out"]), default=None,
-              help="The site the SAE reads, if its cfg.json does not say.")
+@click.option("--site", type=click.Choice(["resid", "attn_out", "ffn_out", "ffn_in"]), default=None,
+              help="The site the SAE reads, if its cfg.json does not say (ffn_in: a transcoder's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def eval_cmd(sae_dir: str, acts_dir: str | None, source: str | None, corpus_path: str | None,
              corpus_name: str | None, from_text: int, tokens: int | None, context: int, layer: int | None,
@@ -194,13 +195,14 @@ def eval_cmd(sae_dir: str, acts_dir: str | None, source: str | None, corpus_path
     and the model's next-token loss with the SAE's reconstruction spliced in, against zero- and
     mean-ablating the site (CE loss recovered)."""
     from ..features.evaluate import check_text_model, reconstruction, spliced_loss, token_sequences
-    from ..features.saelens import load_saelens
+    from ..features.dictionaries import load_dictionary
 
-    sae = load_saelens(sae_dir)
+    sae = load_dictionary(sae_dir)
     cfg = sae.config
     if acts_dir is None and corpus_path is None and corpus_name is None:
         raise QkvError("give --acts DIR (FVU, L0, dead latents) and/or --file CORPUS (the CE loss recovered)")
     report: dict = {"sae": str(sae_dir), "d_in": cfg.d_in, "latents": cfg.d_sae, "k": cfg.k,
+                    "architecture": cfg.architecture, "transcoder": cfg.transcoder,
                     "model": cfg.model, "layer": cfg.layer, "site": cfg.site}
     if acts_dir is not None:
         acts = _store(acts_dir)
@@ -255,7 +257,10 @@ def _print(report: dict) -> None:
     from rich.table import Table
 
     console = new_console()
-    console.print(f"SAE {report['sae']}: {report['latents']} latents, k {report['k']}, d_in {report['d_in']}"
+    kind = f"k {report['k']}" if report["k"] is not None else {"jumprelu": "JumpReLU", "relu": "ReLU"}.get(
+        report["architecture"], report["architecture"])
+    what = "transcoder" if report["transcoder"] else "SAE"
+    console.print(f"{what} {report['sae']}: {report['latents']} latents, {kind}, d_in {report['d_in']}"
                   + (f", {report['model']} layer {report['layer']} {report['site']}" if report.get("site") else ""))
     table = Table(show_header=True, header_style="bold")
     table.add_column("measure")

@@ -25,11 +25,11 @@ from ..core.labels import shorten
 def sae_and_model(sae_dir: str, source: str | None):
     """The SAE in SAE_DIR and the model it reads: --model, else the one its cfg.json names if qkv can load
     it; checked to be as wide as the SAE and to have its layer."""
-    from ..features.saelens import load_saelens
+    from ..features.dictionaries import load_dictionary
     from ..features.steer import check_model
     from .common import load_model
 
-    sae = load_saelens(sae_dir)
+    sae = load_dictionary(sae_dir)
     name = source or sae.config.model
     if not name:
         raise QkvError(f"{sae_dir}/cfg.json names no model; give --model (e.g. --model smollm2)")
@@ -52,7 +52,7 @@ def steer_options(command):
                            help="Add α × the feature's decoder direction to the stream at the SAE's layer, at every "
                                 "position, while writing (e.g. 12:8 or 12:8,40:-4). Needs --sae.")(command)
     return click.option("--sae", "sae_dir", default=None, metavar="SAE_DIR",
-                        help="The SAE whose features --steer adds (cfg.json + sae_weights.safetensors).")(command)
+                        help="The SAE whose features --steer adds (any layout `qkv sae eval --sae` reads).")(command)
 
 
 def check_steer_flags(sae_dir: str | None, steer: str | None) -> dict[int, float] | None:
@@ -73,10 +73,10 @@ def steered(model, sae_dir: str | None, features: dict[int, float] | None):
     """MODEL, or a view of it that steers with FEATURES of the SAE in SAE_DIR (`features.steer`)."""
     if features is None:
         return model
-    from ..features.saelens import load_saelens
+    from ..features.dictionaries import load_dictionary
     from ..features.steer import check_features, check_model, steering_hooks
 
-    sae = load_saelens(sae_dir)
+    sae = load_dictionary(sae_dir)
     check_model(model, sae)
     check_features(sae, features)
     return model.with_hooks(steering_hooks(sae, features))
@@ -93,7 +93,8 @@ def feature_list(value: str | None) -> list[int] | None:
 
 @click.command(name="features")
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
-              help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
+              help="An SAE or transcoder: qkv's (`qkv sae train --out`), SAELens's, sparsify's, Gemma Scope's "
+                   "params.npz or one circuit-tracer layer_L.safetensors (`features.dictionaries`).")
 @model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--file", "corpus_path", default=None, metavar="CORPUS",
               help="A UTF-8 text file, one text per line, whose contexts activate the features.")
@@ -148,8 +149,9 @@ def features_cmd(sae_dir: str, source: str | None, corpus_path: str | None, corp
 def _print_features(report) -> None:
     """Per feature: its statistics, its top contexts (the activating token in brackets), its tokens."""
     console = new_console()
-    console.print(Text(f"{report.model} layer {report.layer} {report.site}: an SAE of {report.d_sae} latents (k "
-                       f"{report.k}); {report.chosen}; contexts from {report.corpus} ({report.texts:,} texts, "
+    k = "" if report.k is None else f" (k {report.k})"
+    console.print(Text(f"{report.model} layer {report.layer} {report.site}: an SAE of {report.d_sae} latents{k}; "
+                       f"{report.chosen}; contexts from {report.corpus} ({report.texts:,} texts, "
                        f"{report.tokens:,} tokens; {report.dead:,} latents never fired)"))
     if report.vocab:
         console.print(Text(report.vocab, style="grey50"))
@@ -178,7 +180,8 @@ def _print_features(report) -> None:
 @click.command(name="show")
 @text_argument()
 @click.option("--sae", "sae_dir", required=True, metavar="SAE_DIR",
-              help="An SAE directory: qkv's (`qkv sae train --out`) or SAELens's (cfg.json + sae_weights.safetensors).")
+              help="An SAE or transcoder: qkv's (`qkv sae train --out`), SAELens's, sparsify's, Gemma Scope's "
+                   "params.npz or one circuit-tracer layer_L.safetensors (`features.dictionaries`).")
 @model_option(None, f"{MODEL_HELP} [the SAE's own model].")
 @click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Features listed per token (the largest activations).")
@@ -206,8 +209,9 @@ def show_cmd(text: str, sae_dir: str, source: str | None, top: int, as_json: boo
 
 def _print_show(data: dict) -> None:
     console = new_console()
-    console.print(Text(f"{data['model']} layer {data['layer']} {data['site']}: an SAE of {data['d_sae']} latents "
-                       f"(k {data['k']}); each token's top {data['top']} features (index z)"))
+    k = "" if data["k"] is None else f" (k {data['k']})"
+    console.print(Text(f"{data['model']} layer {data['layer']} {data['site']}: an SAE of {data['d_sae']} latents{k}"
+                       f"; each token's top {data['top']} features (index z)"))
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("#", justify="right", style="grey50")
     table.add_column("token")

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from ..models.model import Model
 
 SITES = ("resid", "attn_out", "ffn_out")
-RECORDED = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}     # qkv's intermediate names
+RECORDED = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out",     # qkv's intermediate names
+            "ffn_in": "ffn_in", "resid_mid": "residual_mid"}                        # (a transcoder's inputs)
 DTYPES = ("float16", "float32")
 SHARD_TOKENS = 65536
 CONTEXT = 128             # tokens a window (SAELens's usual context for small models)

@@ -25,7 +25,8 @@ import numpy as np
 from ..runtime.errors import QkvError
 from .sae import SAE
 
-HOOK_POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}
+HOOK_POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out",
+               "ffn_in": "ffn_in", "resid_mid": "residual_mid"}      # the last two: a transcoder's inputs
 
 
 @dataclass
@@ -44,18 +45,20 @@ class Tally:
 
     def __init__(self, sae: SAE):
         self.sae = sae
-        d, n = sae.config.d_in, sae.config.d_sae
+        d, n = sae.config.width_out, sae.config.d_sae
         self.n, self.err, self.sq = 0, 0.0, 0.0
         self.sum = np.zeros(d, np.float64)
         self.nonzero = 0
         self.fired = np.zeros(n, bool)
 
-    def add(self, x: np.ndarray) -> np.ndarray:
-        """Count a batch x (B, d_in); returns its reconstruction x̂ (B, d_in)."""
+    def add(self, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+        """Count a batch x (B, d_in) whose target is Y (B, d_out; a transcoder's) or x itself (an SAE's); returns
+        the prediction x̂ (B, d_out). FVU is then of the target."""
         x_hat, z = self.sae.forward(x)
-        r = (x - x_hat).astype(np.float64)                                 # (B, d_in)
+        y = x if y is None else y
+        r = (y - x_hat).astype(np.float64)                                 # (B, d_out)
         self.err += float((r * r).sum())
-        x64 = x.astype(np.float64)
+        x64 = y.astype(np.float64)
         self.sq += float((x64 * x64).sum())
         self.sum += x64.sum(axis=0)
         nz = z > 0                                                          # (B, d_sae)
@@ -75,6 +78,9 @@ class Tally:
 
 def reconstruction(sae: SAE, batches: Iterable[np.ndarray]) -> Reconstruction:
     """FVU, L0 and dead latents of SAE over the activation batches (each (B, d_in))."""
+    if sae.config.transcoder:
+        raise QkvError("stored activations hold one site, and a transcoder's FVU needs its input and the FFN's output; "
+                       "give --file or --corpus instead (the spliced loss reports its FVU)")
     tally = Tally(sae)
     for x in batches:
         if x.ndim != 2 or x.shape[1] != sae.config.d_in:
@@ -132,23 +138,26 @@ def spliced_loss(model, sae: SAE, sequences: Sequence[np.ndarray], *, layer: int
     """CE clean / with the SAE / zero- / mean-ablated at (LAYER, SITE), over SEQUENCES (each (n,) ids, n ≥ 2).
 
     Four passes a sequence: clean (which also records x for the mean and the reconstruction numbers),
-    then x̂ = SAE(x), 0 and mean(x) in x's place through the hook `"{layer}.{point}"`."""
+    then x̂ = SAE(x), 0 and mean(x) in x's place through the hook `"{layer}.{point}"`. A transcoder reads x at
+    SITE and replaces what it writes (site_out, the FFN's output y) with x̂; the mean and zero ablations replace y."""
     if site not in HOOK_POINTS:
         raise QkvError(f"unknown site {site!r}; give one of {', '.join(HOOK_POINTS)}")
     L = model.config.n_layers
     if not 0 <= layer < L:
         raise QkvError(f"the SAE reads layer {layer}, but {model.name} has layers 0..{L - 1}; give the model it "
                        "was trained on")
-    if model.config.d_model != sae.config.d_in:
-        raise QkvError(f"the SAE reads {sae.config.d_in}-wide activations, {model.name}'s are {model.config.d_model}; "
-                       "give the model it was trained on")
+    for width in (sae.config.d_in, sae.config.width_out):
+        if model.config.d_model != width:
+            raise QkvError(f"the SAE reads {width}-wide activations, {model.name}'s are {model.config.d_model}; "
+                           "give the model it was trained on")
     key = f"{layer}.{HOOK_POINTS[site]}"
+    out_key = f"{layer}.{HOOK_POINTS[sae.config.site_out or 'ffn_out']}" if sae.config.transcoder else key
     tally = Tally(sae)
-    seen = {"sum": np.zeros(sae.config.d_in, np.float64), "n": 0}
+    seen = {"sum": np.zeros(sae.config.width_out, np.float64), "n": 0, "x": None}
 
     first = 1 if skip_first else 0                                        # positions first.. are replaced
 
-    def record(x, layer):                                                 # x (1, n, d)
+    def record(x, layer):                                                 # x (1, n, d): what is replaced
         seen["sum"] += x[0, first:].astype(np.float64).sum(axis=0)
         seen["n"] += x.shape[1] - first
 
@@ -157,8 +166,16 @@ def spliced_loss(model, sae: SAE, sequences: Sequence[np.ndarray], *, layer: int
         out[0, first:] = new
         return out
 
+    def grab(x, layer):                                                   # a transcoder's input, read first
+        seen["x"] = np.asarray(x[0, first:], dtype=np.float32)
+
     def reconstruct(x, layer):
-        return replaced(x, tally.add(np.asarray(x[0, first:], dtype=np.float32)))
+        if out_key == key:
+            return replaced(x, tally.add(np.asarray(x[0, first:], dtype=np.float32)))
+        return replaced(x, tally.add(seen["x"], np.asarray(x[0, first:], dtype=np.float32)))
+
+    def hooks(fn) -> dict:
+        return {out_key: fn} if out_key == key else {key: grab, out_key: fn}
 
     sums = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
     count, total = 0, 2 * len(sequences)
@@ -166,7 +183,7 @@ def spliced_loss(model, sae: SAE, sequences: Sequence[np.ndarray], *, layer: int
         ids = np.asarray(ids, dtype=np.int64)[None]                        # (1, n)
         if ids.shape[1] < 2 + first:
             raise QkvError(f"a sequence needs at least {2 + first} tokens to have a replaced token to predict from")
-        out = model.forward(ids, attentions=False, hooks={key: record})
+        out = model.forward(ids, attentions=False, hooks={out_key: record})
         loss, n = next_token_loss(out.logits, ids)
         sums["clean"] += loss
         count += n
@@ -176,7 +193,7 @@ def spliced_loss(model, sae: SAE, sequences: Sequence[np.ndarray], *, layer: int
         ids = np.asarray(ids, dtype=np.int64)[None]
         for name, fn in (("sae", reconstruct), ("zero", lambda x, layer: replaced(x, 0)),
                          ("mean", lambda x, layer: replaced(x, mean))):
-            out = model.forward(ids, attentions=False, hooks={key: fn})
+            out = model.forward(ids, attentions=False, hooks=hooks(fn))
             sums[name] += next_token_loss(out.logits, ids)[0]
         progress(len(sequences) + i + 1, total)
     ce = {k: v / count for k, v in sums.items()}

@@ -10,6 +10,10 @@ SAE's site (`features.saelens` for how SAELens's hook names map to them):
     attn_out at layer L   "L.attn_out"   what attention adds to it (so the stream after it moves the same)
     ffn_out at layer L    "L.ffn_out"    what the FFN adds
 
+A transcoder's decoder writes where it writes (its site_out: the FFN's output), not where it reads (the FFN's
+input), so its features steer at "L.ffn_out"; its input point ("L.ffn_in", or "L.residual_mid") is where pages
+and eval read it.
+
 Hooks run on the positions a pass adds (core.hooks): the prompt's positions in the first pass, then
 each new token's with a KV cache; the keys and values the cache keeps were made from the steered stream,
 so generating with the cache gives what generating without it gives.
@@ -31,7 +35,8 @@ if TYPE_CHECKING:
     from ..models.model import Model
     from .sae import SAE
 
-POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out"}   # SAE site → qkv's hook point
+POINTS = {"resid": "residual", "attn_out": "attn_out", "ffn_out": "ffn_out",   # SAE site → qkv's hook point
+          "ffn_in": "ffn_in", "resid_mid": "residual_mid"}                    # (a transcoder's inputs)
 
 
 def hook_point(sae: "SAE", layer: int | None = None, site: str | None = None) -> tuple[int, str, str]:
@@ -48,13 +53,14 @@ def hook_point(sae: "SAE", layer: int | None = None, site: str | None = None) ->
 
 
 def check_model(model: "Model", sae: "SAE", layer: int | None = None, site: str | None = None) -> tuple[int, str, str]:
-    """hook_point, checked against MODEL: its width is the SAE's d_in and it has the layer."""
+    """hook_point, checked against MODEL: its width is the SAE's d_in (and d_out) and it has the layer."""
     layer, site, name = hook_point(sae, layer, site)
     d = model.config.d_model
-    if d != sae.config.d_in:
-        trained = f" ({sae.config.model})" if sae.config.model else ""
-        raise QkvError(f"the SAE reads {sae.config.d_in}-wide activations and {model.name}'s stream is {d} wide; "
-                       f"give the model the SAE was trained on{trained}")
+    for verb, width in (("reads", sae.config.d_in), ("writes", sae.config.width_out)):
+        if d != width:
+            trained = f" ({sae.config.model})" if sae.config.model else ""
+            raise QkvError(f"the SAE {verb} {width}-wide activations and {model.name}'s stream is {d} wide; "
+                           f"give the model the SAE was trained on{trained}")
     if not 0 <= layer < model.config.n_layers:
         raise QkvError(f"the SAE reads layer {layer} ({site}) and {model.name} has layers "
                        f"0..{model.config.n_layers - 1}; give the model the SAE was trained on")
@@ -77,7 +83,7 @@ def check_features(sae: "SAE", features: Mapping[int, float]) -> dict[int, float
 
 
 def steering_vector(sae: "SAE", features: Mapping[int, float]) -> np.ndarray:
-    """Σ_f α_f · W_dec[f] (d_in,) float32: what steering adds to each position."""
+    """Σ_f α_f · W_dec[f] (d_out,) float32: what steering adds to each position."""
     features = check_features(sae, features)
     idx = np.array(list(features), dtype=np.int64)                              # (m,)
     alpha = np.array(list(features.values()), dtype=np.float64)                 # (m,)
@@ -92,8 +98,11 @@ def steering_vector(sae: "SAE", features: Mapping[int, float]) -> np.ndarray:
 def steering_hooks(sae: "SAE", features: Mapping[int, float], *, layer: int | None = None,
                    site: str | None = None) -> dict:
     """{"L.point": fn}: a hook that adds Σ_f α_f · W_dec[f] to every position at the SAE's layer and site
-    (module doc), for model.generate(hooks=...), model.run(hooks=...) or model.with_hooks(...)."""
-    _, _, name = hook_point(sae, layer, site)
+    (module doc; a transcoder's at the point it writes, site_out), for model.generate(hooks=...),
+    model.run(hooks=...) or model.with_hooks(...)."""
+    layer, _, name = hook_point(sae, layer, site)
+    if sae.config.transcoder:
+        name = f"{layer}.{POINTS[sae.config.site_out or 'ffn_out']}"
     v = steering_vector(sae, features)                                          # (d_in,)
 
     def steer(value: np.ndarray, layer: int) -> np.ndarray:

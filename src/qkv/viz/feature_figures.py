@@ -75,7 +75,8 @@ SITE_WORDS = {"resid": "the residual stream entering block", "attn_out": "the at
 
 
 def _title(r: FeatureReportLike) -> str:
-    return f"SAE features: {r.d_sae} latents (k {r.k}) of {SITE_WORDS.get(r.site, r.site)} {r.layer}"
+    k = "" if r.k is None else f" (k {r.k})"                         # TopK only: JumpReLU and ReLU keep no k
+    return f"SAE features: {r.d_sae} latents{k} of {SITE_WORDS.get(r.site, r.site)} {r.layer}"
 
 
 def _stats(f: FeatureLike) -> str:

@@ -196,7 +196,7 @@ def features_section(data: Mapping) -> dict:
     if any(not 0 <= int(j) < d_sae for row in feats for j in row) or not np.isfinite(flat).all():
         raise QkvError(f"the features section holds latents outside 0..{d_sae - 1} or activations that are not finite")
     return {"sae": str(data.get("sae", "")), "layer": int(data["layer"]), "site": str(data["site"]), "d_sae": d_sae,
-            "k": int(data["k"]), "top": int(data.get("top", 5)), "tokens": tokens, "ids": ids,
+            "k": None if data.get("k") is None else int(data["k"]), "top": int(data.get("top", 5)), "tokens": tokens, "ids": ids,
             "features": [[int(j) for j in row] for row in feats],
             "acts": [[float(f"{a:.{FEATURE_DIGITS}g}") for a in row] for row in acts],
             "skipped": [int(t) for t in data.get("skipped", [])], "max": max(flat, default=0.0),

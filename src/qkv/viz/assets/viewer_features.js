@@ -29,7 +29,7 @@
     const act = F.features.map((row, t) => new Map(row.map((j, r) => [j, F.acts[t][r]])));
     const fmtZ = (z) => String(z);                                      // as the payload holds it (5 digits)
     let picked = null, token = null;
-    panel.append(about([["SAE ", `${F.sae || "—"}: ${F.d_sae} latents, k ${F.k}`],
+    panel.append(about([["SAE ", `${F.sae || "—"}: ${F.d_sae} latents${F.k == null ? "" : ", k " + F.k}`],
                         ["reads ", `the ${SITES[F.site] || F.site} ${F.layer}`]]));
     const text = el("div", "qkv-attr-words qkv-feat-text"), toks = [];
     F.tokens.forEach((t, i) => {
