@@ -1,0 +1,372 @@
+"""Transcoders (qkv.features.transcoder, transcoder_train, transcoder_eval): the hand-written TopK and JumpReLU
+backwards against torch autograd (float64) and finite differences, the numba kernels against their plain forms, training
+on a tiny model lowering the loss, bit-for-bit resume after a kill, JumpReLU's threshold learning, the layer
+directories read back, and CE recovered against a hand computation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import MODELS
+from qkv.features.sae import SAE, SAEConfig, topk
+from qkv.features.transcoder import jumprelu_loss_and_grads, topk_loss_and_grads
+from qkv.features.transcoder_eval import evaluate_transcoders, load_transcoders
+from qkv.features.transcoder_kernels import rows_dot, top_k_rows
+from qkv.features.transcoder_settings import TranscoderSettings
+from qkv.features.transcoder_train import LOG_FILE, Source, cut_windows, layer_dir, open_transcoder_run
+from qkv.runtime.errors import QkvError
+
+NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
+
+
+def transcoder(architecture="topk", d=8, n=32, k=4, skip=False, seed=0) -> SAE:
+    rng = np.random.default_rng(seed)
+    cfg = SAEConfig(d_in=d, d_sae=n, k=k if architecture == "topk" else None, apply_b_dec_to_input=False,
+                    architecture=architecture, d_out=d, site_out="ffn_out", layer=0, site="ffn_in")
+    params = {"W_enc": rng.standard_normal((d, n)), "b_enc": 0.1 * rng.standard_normal(n),
+              "W_dec": rng.standard_normal((n, d)) / np.sqrt(d), "b_dec": 0.1 * rng.standard_normal(d)}
+    if architecture == "jumprelu":
+        params["threshold"] = rng.uniform(0.2, 1.0, n)
+    if skip:
+        params["W_skip"] = 0.1 * rng.standard_normal((d, d))
+    return SAE(cfg, params)
+
+
+def pair(B=16, d=8, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((B, d)), rng.standard_normal((B, d))
+
+
+# ── the kernels, against their plain forms ──────────────────────────────────────
+
+@pytest.mark.parametrize("B, n, k", [(64, 576, 4), (50, 1000, 7), (9, 40, 40), (30, 64, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_top_k_rows_keeps_what_the_plain_topk_keeps(B, n, k, dtype):
+    """z from the kernel's (idx, values) is exactly sae.topk's (argpartition), k from 1 to n."""
+    pre = np.random.default_rng(B + n).standard_normal((B, n)).astype(dtype)
+    idx, vals = top_k_rows(pre, k)
+    z = np.zeros_like(pre)
+    np.put_along_axis(z, idx, np.maximum(vals, 0), axis=1)
+    assert idx.shape == (B, k) and np.array_equal(z, topk(pre, k)[0])
+    assert np.array_equal(np.take_along_axis(pre, idx, axis=1), vals)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-13)])
+def test_rows_dot_equals_the_dense_product_at_the_kept_latents(dtype, tol):
+    rng = np.random.default_rng(0)
+    W, v = rng.standard_normal((50, 33)).astype(dtype), rng.standard_normal((20, 33)).astype(dtype)
+    idx = rng.integers(0, 50, (20, 6))
+    want = np.take_along_axis(v.astype(np.float64) @ W.T.astype(np.float64), idx, axis=1)
+    assert np.abs(rows_dot(W, idx, v) - want).max() <= tol * np.abs(want).max()
+
+
+# ── the backwards ───────────────────────────────────────────────────────────────
+
+def torch_topk_loss(torch, params, x, y, k, variance, dead, k_aux, aux_coef):
+    """The TopK transcoder's loss written plainly in torch (float64)."""
+    p = {n: torch.tensor(v, requires_grad=True) for n, v in params.items()}
+    X, Y = torch.tensor(x), torch.tensor(y)
+    c = 1.0 / (len(x) * variance)
+    pre = X @ p["W_enc"] + p["b_enc"]
+    idx = torch.topk(pre, k, dim=1).indices
+    z = torch.zeros_like(pre).scatter(1, idx, torch.relu(pre.gather(1, idx)))
+    y_hat = z @ p["W_dec"] + p["b_dec"] + (X @ p["W_skip"] if "W_skip" in p else 0)
+    loss = c * ((Y - y_hat) ** 2).sum()
+    if dead is not None and dead.any():
+        ka = min(k_aux, int(dead.sum()))
+        masked = torch.where(torch.tensor(dead), pre, torch.tensor(-np.inf, dtype=pre.dtype))
+        ia = torch.topk(masked, ka, dim=1).indices
+        z_aux = torch.zeros_like(pre).scatter(1, ia, torch.relu(pre.gather(1, ia)))
+        e = (Y - y_hat).detach()
+        loss = loss + c * aux_coef * ((e - z_aux @ p["W_dec"]) ** 2).sum()
+    loss.backward()
+    return float(loss.detach()), {n: t.grad.numpy() for n, t in p.items()}
+
+
+@pytest.mark.parametrize("dead_count, skip", [(0, False), (10, False), (3, True), (32, False)])
+def test_the_topk_backward_equals_torch_autograd(dead_count, skip):
+    """Loss (FVU + AuxK on the FFN's output) and every gradient equal torch autograd's in float64 (≤ 1e-10
+    relative): no dead latent, some, fewer than k_aux (with W_skip), all."""
+    torch = pytest.importorskip("torch")
+    sae = transcoder(skip=skip)
+    x, y = pair()
+    dead = np.zeros(32, bool)
+    dead[np.random.default_rng(2).permutation(32)[:dead_count]] = True
+    st = topk_loss_and_grads(sae.params, sae.config, x, y, variance=1.7, dead=dead, k_aux=5, aux_coef=0.25)
+    loss, ref = torch_topk_loss(torch, sae.params, x, y, 4, 1.7, dead, 5, 0.25)
+    assert abs(st.loss - loss) <= 1e-10 * loss and (st.aux > 0) == (dead_count > 0)
+    assert set(st.grads) == set(ref)
+    for name, g in ref.items():
+        assert np.abs(st.grads[name] - g).max() <= 1e-10 * np.abs(g).max(), name
+
+
+def test_the_topk_backward_equals_finite_differences():
+    """Without torch: central differences of the loss (no AuxK; the kept set does not change for a step of 1e-6)."""
+    sae = transcoder()
+    x, y = pair()
+    st = topk_loss_and_grads(sae.params, sae.config, x, y, variance=2.0)
+    rng = np.random.default_rng(3)
+    for name in NAMES:
+        p = sae.params[name]
+        for flat in rng.choice(p.size, 5, replace=False):
+            at = np.unravel_index(flat, p.shape)
+            old = p[at]
+            p[at] = old + 1e-6
+            up = topk_loss_and_grads(sae.params, sae.config, x, y, variance=2.0).loss
+            p[at] = old - 1e-6
+            down = topk_loss_and_grads(sae.params, sae.config, x, y, variance=2.0).loss
+            p[at] = old
+            assert abs((up - down) / 2e-6 - st.grads[name][at]) <= 1e-6 * max(1.0, abs(st.grads[name][at])), name
+
+
+def torch_jumprelu_loss(torch, params, x, y, variance, l0_coef, eps):
+    """The paper's pseudo-code in torch: JumpReLU and the step as autograd Functions with the rectangle-kernel
+    straight-through gradients for θ (and none to pre through the jump)."""
+
+    def kernel(pre, theta):
+        u = (pre - theta) / eps
+        return ((u > -0.5) & (u < 0.5)).to(pre.dtype)
+
+    class JumpReLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, pre, theta):
+            ctx.save_for_backward(pre, theta)
+            return pre * (pre > theta).to(pre.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            pre, theta = ctx.saved_tensors
+            return (pre > theta).to(pre.dtype) * g, (-(theta / eps) * kernel(pre, theta) * g).sum(0)
+
+    class Step(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, pre, theta):
+            ctx.save_for_backward(pre, theta)
+            return (pre > theta).to(pre.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            pre, theta = ctx.saved_tensors
+            return torch.zeros_like(pre), (-(1.0 / eps) * kernel(pre, theta) * g).sum(0)
+
+    p = {n: torch.tensor(v, requires_grad=True) for n, v in params.items()}
+    X, Y = torch.tensor(x), torch.tensor(y)
+    pre = X @ p["W_enc"] + p["b_enc"]
+    y_hat = JumpReLU.apply(pre, p["threshold"]) @ p["W_dec"] + p["b_dec"] + (X @ p["W_skip"] if "W_skip" in p else 0)
+    loss = ((Y - y_hat) ** 2).sum() / (len(x) * variance) + l0_coef * Step.apply(pre, p["threshold"]).sum(1).mean()
+    loss.backward()
+    return float(loss.detach()), {n: t.grad.numpy() for n, t in p.items()}
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_jumprelu_backward_equals_torch_autograd(skip):
+    """FVU + λ·L0 and its gradients, θ's by the straight-through estimators, equal the paper's pseudo-code run by
+    torch autograd (float64, ≤ 1e-10); ε wide enough that many pre-activations fall in the kernel, so θ's
+    gradient is far from 0 and a missing term would show."""
+    torch = pytest.importorskip("torch")
+    sae = transcoder("jumprelu", skip=skip)
+    x, y = pair(B=32)
+    st = jumprelu_loss_and_grads(sae.params, sae.config, x, y, variance=1.3, l0_coef=0.05, bandwidth=0.4)
+    loss, ref = torch_jumprelu_loss(torch, sae.params, x, y, 1.3, 0.05, 0.4)
+    assert abs(st.loss - loss) <= 1e-10 * loss
+    assert np.count_nonzero(ref["threshold"]) > 10
+    for name, g in ref.items():
+        assert np.abs(st.grads[name] - g).max() <= 1e-10 * np.abs(g).max(), name
+    without = jumprelu_loss_and_grads(sae.params, sae.config, x, y, variance=1.3, l0_coef=0.0, bandwidth=0.4)
+    assert np.abs(without.grads["threshold"] - ref["threshold"]).max() > 1e-3 * np.abs(ref["threshold"]).max()
+
+
+def test_the_losses_refuse_the_wrong_box():
+    x, y = pair()
+    with pytest.raises(QkvError, match="TopK"):
+        topk_loss_and_grads(transcoder("jumprelu").params, transcoder("jumprelu").config, x, y)
+    with pytest.raises(QkvError, match="takes x"):
+        topk_loss_and_grads(transcoder().params, transcoder().config, x, y[:, :3])
+
+
+# ── training on a tiny model ────────────────────────────────────────────────────
+
+TEXTS = [" ".join(f"w{(i * 7 + j * 3) % 41} the{j % 5}" for j in range(40 + i % 17)) for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    import qkv
+
+    return qkv.load(MODELS / "llama_gqa")
+
+
+def start(llama, out, sha="0" * 64, **kw):
+    """A run on the fixture model over TEXTS (windows of 32, the first token skipped)."""
+    settings = TranscoderSettings(**{"latents": 64, "k": 4, "steps": 12, "batch": 96, "lr": 3e-3,
+                                     "checkpoint_every": 4, "context": 32, **kw})
+    win = cut_windows(llama.tokenizer, TEXTS, settings.context, 1, settings.steps * settings.batch)
+    layers = settings.layers or tuple(range(llama.config.n_layers))
+    source = Source(model=str(MODELS / "llama_gqa"), corpus="texts", sha256=sha, layers=layers,
+                    d=llama.config.d_model)
+    return open_transcoder_run(out, settings, llama, source, win)
+
+
+def params_of(run):
+    return {(layer, k): v.copy() for layer in run.source.layers for k, v in run.trainers[layer].params.items()}
+
+
+def test_training_lowers_the_loss_of_every_layer(llama, tmp_path):
+    run = start(llama, tmp_path / "run", steps=40, checkpoint_every=40)
+    run.train()
+    fvu = np.array([e["layers"]["fvu"] for e in run.log])                 # (steps, layers)
+    assert fvu.shape == (40, 2)
+    assert (fvu[-10:].mean(axis=0) < 0.8 * fvu[:5].mean(axis=0)).all(), fvu[[0, -1]]
+    assert all(3 <= e["l0"] <= 4 for e in run.log)          # k kept, ReLU may zero a few
+    meta = json.loads((tmp_path / "run" / "qkv.json").read_text())
+    assert meta["state"]["step"] == 40 and meta["layers"]["1"]["fvu"] == fvu[-1, 1]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_bit_for_bit(llama, tmp_path):
+    """Killed after step 6 (its newest checkpoint: step 4): started again, it ends with every array and every log
+    line of a run never stopped."""
+    whole = start(llama, tmp_path / "whole")
+    whole.train()
+
+    def kill(e):
+        if e["step"] == 6:
+            raise Killed
+
+    cut = start(llama, tmp_path / "cut")
+    with pytest.raises(Killed):
+        cut.train(kill)
+    again = start(llama, tmp_path / "cut")
+    assert again.resumed_from.name == "step-00000004.npz" and again.step == 4
+    again.train()
+    a, b = params_of(whole), params_of(again)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    timing = ("seconds", "step_seconds", "pass_seconds", "cpu_seconds")
+    strip = [{k: v for k, v in e.items() if k not in timing} for e in whole.log]
+    assert strip == [{k: v for k, v in e.items() if k not in timing} for e in again.log]
+    lines = (tmp_path / "cut" / LOG_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))
+    assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == \
+        ["step-00000008.npz", "step-00000012.npz"]
+
+
+def test_ctrl_c_finishes_the_step_then_saves_and_stops(llama, tmp_path):
+    import os
+    import signal
+
+    from qkv.train.loop import Interrupted
+
+    def press(e):
+        if e["step"] == 5:
+            os.kill(os.getpid(), signal.SIGINT)                          # noted; step 5 ends, is saved, the run stops
+
+    with pytest.raises(Interrupted) as stopped:
+        start(llama, tmp_path / "r").train(press)
+    assert stopped.value.step == 5 and stopped.value.checkpoint.name == "step-00000005.npz"
+    assert start(llama, tmp_path / "r").step == 5
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(llama, tmp_path):
+    def kill(e):
+        raise Killed
+
+    with pytest.raises(Killed):
+        start(llama, tmp_path / "r").train(kill)
+    run = start(llama, tmp_path / "r")
+    assert run.step == 0 and run.resumed_from is None and run.log == []
+
+
+def test_other_settings_are_refused_on_resume(llama, tmp_path):
+    start(llama, tmp_path / "r", steps=4).train()
+    with pytest.raises(QkvError, match="--latents 64, not 32"):
+        start(llama, tmp_path / "r", steps=4, latents=32)
+    with pytest.raises(QkvError, match="another corpus"):
+        start(llama, tmp_path / "r", sha="1" * 64, steps=4)
+
+
+def test_jumprelu_learns_its_thresholds(llama, tmp_path):
+    """With a strong L0 penalty θ rises (AdamW on log θ) and L0 falls; the transcoder's threshold is exp(log θ)."""
+    run = start(llama, tmp_path / "j", architecture="jumprelu", k=None, steps=30, l0_coef=0.02, bandwidth=0.05,
+                threshold=0.01, checkpoint_every=30, layers=(1,))
+    before = run.sae(1).params["threshold"].copy()
+    run.train()
+    after = run.sae(1).params["threshold"]
+    assert np.log(after).mean() > np.log(before).mean() + 0.05
+    assert run.log[-1]["l0"] < 0.5 * run.log[0]["l0"]
+    assert np.array_equal(after, np.exp(run.trainers[1].params["log_threshold"]))
+
+
+@pytest.mark.parametrize("kw", [{}, {"architecture": "jumprelu", "k": None, "skip": True}])
+def test_the_layer_directories_read_back_equal(llama, tmp_path, kw):
+    run = start(llama, tmp_path / "r", steps=4, **kw)
+    run.train()
+    got = load_transcoders(tmp_path / "r")
+    assert list(got) == [0, 1] and (tmp_path / "r" / layer_dir(1) / "cfg.json").is_file()
+    for layer, sae in got.items():
+        mine = run.sae(layer)
+        assert sae.config.architecture == mine.config.architecture and sae.config.k == mine.config.k
+        assert (sae.config.layer, sae.config.site, sae.config.site_out) == (layer, "ffn_in", "ffn_out")
+        assert set(sae.params) == set(mine.params)
+        assert all(np.array_equal(sae.params[k], mine.params[k]) for k in mine.params)
+
+
+# ── eval ────────────────────────────────────────────────────────────────────────
+
+def test_ce_recovered_equals_a_hand_computation(llama, tmp_path):
+    """Every number of evaluate_transcoders from plain full passes with hooks (model.forward), float32 ≤ 1e-5."""
+    from qkv.features.evaluate import next_token_loss
+
+    run = start(llama, tmp_path / "r", steps=8)
+    run.train()
+    tcs = {layer: run.sae(layer) for layer in (0, 1)}
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, llama.config.vocab_size, 10) for _ in range(5)] + [rng.integers(3, 100, 7)]
+    ev = evaluate_transcoders(llama, tcs, seqs, batch_tokens=20)
+
+    def ce(hooks_of):
+        total = count = 0
+        for s in seqs:
+            ids = np.asarray(s)[None]
+            seen = {}
+
+            def keep(x, layer):
+                seen[layer] = np.array(x)
+
+            def swap(x, layer):
+                out = np.array(x)
+                out[:, 1:] = tcs[layer].forward(seen[layer][0, 1:].astype(np.float32))[0]
+                return out
+
+            def zero(x, layer):
+                out = np.array(x)
+                out[:, 1:] = 0
+                return out
+
+            spec = {}
+            for layer, how in hooks_of.items():
+                if how == "swap":
+                    spec[f"{layer}.ffn_in"] = keep
+                spec[f"{layer}.ffn_out"] = swap if how == "swap" else zero
+            loss, n = next_token_loss(llama.forward(ids, attentions=False, hooks=spec).logits, ids)
+            total, count = total + loss, count + n
+        return total / count
+
+    clean, rep0, zero0 = ce({}), ce({0: "swap"}), ce({0: "zero"})
+    rep_all, zero_all = ce({0: "swap", 1: "swap"}), ce({0: "zero", 1: "zero"})
+    assert ev.tokens == 5 * 9 + 6
+    for got, want in ((ev.clean, clean), (ev.layers[0].replaced, rep0), (ev.layers[0].zero, zero0),
+                      (ev.replaced_all, rep_all), (ev.zero_all, zero_all)):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    assert abs(ev.recovered_all - (zero_all - rep_all) / (zero_all - clean)) <= 1e-4
+    assert abs(ev.layers[0].recovered - (zero0 - rep0) / (zero0 - clean)) <= 1e-4
+    x = np.concatenate([llama.run(list(s), layers=[1], keep=("ffn_in",)).layer(1).ffn_in[1:] for s in seqs])
+    y = np.concatenate([llama.run(list(s), layers=[1], keep=("ffn_out",)).layer(1).ffn_out[1:] for s in seqs])
+    r = y - tcs[1].forward(x.astype(np.float32))[0]
+    fvu = (r.astype(np.float64) ** 2).sum() / ((y - y.mean(axis=0)).astype(np.float64) ** 2).sum()
+    assert abs(ev.layers[1].fvu - fvu) <= 1e-4 * fvu
