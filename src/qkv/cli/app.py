@@ -23,6 +23,9 @@ from .neurons import neurons_cmd
 from .options import READER, model_option, prefix_option, text_argument
 from .sae import sae_cmd
 from .sae_views import features_cmd, show_cmd
+from .transcoders import transcoders_cmd
+from .graph_page import graph_page_cmd
+from .graph import graph_cmd
 from .activations import activations_cmd
 from .write import chat_cmd, generate, translate_cmd
 from ..runtime.errors import QkvError
@@ -349,12 +352,15 @@ def models() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 127.0.0.1 keeps the page on this machine.")
-def serve(source: str, port: int, host: str) -> None:
+@click.option("--transcoders", "transcoders_dir", default=None, metavar="DIR",
+              help="The model's per-layer transcoders: the Graph tab then also computes the attribution graph of a "
+                   "typed prompt (without: it draws graph JSON files only).")
+def serve(source: str, port: int, host: str, transcoders_dir: str | None = None) -> None:
     """A local web page: type text, pick model, layer and head, and see the attention."""
     from ..web.app import make_server
     from ..web.server import exposure_warning
 
-    server = make_server(source, host, port)
+    server = make_server(source, host, port, transcoders=transcoders_dir)
     click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")
     warning = exposure_warning(host)
     if warning:
@@ -382,6 +388,9 @@ cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored 
 cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)
 for command in (features_cmd, show_cmd):
     sae_cmd.add_command(command)  # qkv sae features|show: feature pages, features on a text (cli/sae_views.py)
+cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train|eval (cli/transcoders.py)
+cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
+cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
 
 
 def main() -> None:

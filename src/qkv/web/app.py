@@ -3,13 +3,19 @@
 What each path does, served by the hardened server of web/server.py (limits, lanes, request parsing, safe
 answers, other sites refused):
 
-    GET  /                the page: a text box, a model picker and the viewer (viz/html.py)
+    GET  /                the page: a text box, a model picker and the viewer (viz/html.py); its Graph tab draws a
+                          graph's JSON the reader opens (viz/assets/graph.js), in the page: nothing is sent here
     GET  /api/models      {"models": [...], "default": ...}: what this server may load
     POST /api/attention   {"text": ..., "model": ...} → the viewer's payload (viz/payload.py)
     GET  /api/attention?text=...&model=...   the same, for curl
     POST /api/pipeline    {"text": ..., "model": ..., "lang": "en" | "ko", "layer"?: int} → the pipeline page's
                           payload (viz/pipeline.py: every box of one forward pass; the whole q, k, v of LAYER and
                           its neighbours for the attention diagram), fetched when the page's Pipeline mode asks
+    POST /api/graph       {"text": ...} → the attribution graph of TEXT's next token on the server's own model
+                          (qkv.graphs: build_graph, prune_graph at the default thresholds, graph_json, each feature
+                          annotated with the tokens it promotes), the JSON the Graph tab draws; only on a server
+                          started with transcoders (`qkv serve --transcoders DIR`), up to MAX_GRAPH_TOKENS tokens,
+                          in the long lane
     POST /api/pipeline/next  {"text", "model", "lang", "temperature", "top_k", "top_p", "seed"} → one new
                           token drawn by the engine (qkv.writing.sampling) and the pipeline of the longer text:
                           {"id", "token", "text", "payload"}
@@ -58,6 +64,7 @@ from ..viz import hangul
 from ..viz.html import asset, page as html_page, pipeline_js, viewer_js
 from ..viz.payload import script_json, trace_payload
 from ..viz.pipeline import pipeline_payload, pipeline_trace
+from ..viz.words import texts
 from ..writing.sampling import Sampling
 from ..writing.seq2seq_generate import translation_trace
 from .server import Answer, Asset, Busy, HttpError, Lane, Server, Stream
@@ -65,6 +72,9 @@ from .server import Answer, Asset, Busy, HttpError, Lane, Server, Stream
 MAX_CHARS = 10_000                  # characters of text per request (in UTF-8 they fit the server's MAX_BODY)
 MAX_ATTENTION = 60_000_000          # L·H·n² weights per answer (about 60 MB before compression)
 MAX_PIPELINE_TOKENS = 256           # tokens of one pipeline page (its S and A are L·H·n² bytes each)
+MAX_GRAPH_BYTES = 64 << 20          # a graph's JSON the Graph tab opens (read in the page, never sent here)
+MAX_GRAPH_TOKENS = 32               # tokens of a prompt whose graph the server computes (a backward sweep per
+                                    # batch of targets: features × positions grow with n)
 LANGS = ("en", "ko")
 EXAMPLE = "The cat sat on the mat"
 MAX_MESSAGE = 2_000                 # characters of one chat message
@@ -110,8 +120,9 @@ class App:
 
     csp = _CSP_APP                             # the page's Content-Security-Policy (the server adds: no framing)
 
-    def __init__(self, source: str = "minilm"):
+    def __init__(self, source: str = "minilm", transcoders: dict | None = None):
         self.default = source
+        self.transcoders = transcoders         # {layer: SAE} of the default model (POST /api/graph), or None
         self.sources = list(dict.fromkeys([source, *(s for s, _ in available() if s != DIGITS)]))   # text models
         self._models: dict[str, Model] = {}
         self._loading = threading.Lock()
@@ -139,9 +150,11 @@ class App:
             return 200, self.pipeline(body())
         if path == "/api/pipeline/next":
             return 200, self.next_token(body())
+        if path == "/api/graph":
+            return 200, self.graph(body())
         if path != "/api/attention":
-            raise HttpError(404, f"no endpoint {path}; POST to /api/attention, /api/pipeline, /api/pipeline/next "
-                                 "or /api/chat")
+            raise HttpError(404, f"no endpoint {path}; POST to /api/attention, /api/pipeline, /api/pipeline/next, "
+                                 "/api/graph or /api/chat")
         request = body()
         return 200, self.attention(request.get("text"), request.get("model"))
 
@@ -243,6 +256,30 @@ class App:
                     "payload": pipeline_payload(model, longer, lang=lang, layer=layer)}
         finally:
             lane.leave()
+
+    def graph(self, request: dict) -> dict:
+        """The attribution graph of request {"text"} on the server's own model over its transcoders, as the Graph
+        tab draws it (module doc)."""
+        from ..graphs.files import graph_json
+        from ..graphs.graph import build_graph
+        from ..graphs.page import annotate
+        from ..graphs.prune import EDGE_THRESHOLD, NODE_THRESHOLD, prune_graph
+
+        if self.transcoders is None:
+            raise HttpError(400, "this server has no transcoders, so it computes no graphs; start it with "
+                                 "qkv serve --transcoders DIR, or open a graph's JSON")
+        if request.get("model", self.default) != self.default:
+            raise HttpError(400, f"the transcoders are {self.default!r}'s: graphs are computed on that model only")
+        model, _ = self._checked(request.get("text"), self.default, MAX_GRAPH_TOKENS)
+        self.long.enter()
+        try:
+            graph = build_graph(model, request["text"], self.transcoders)
+            pruned, scores = prune_graph(graph, NODE_THRESHOLD, EDGE_THRESHOLD)
+            data = graph_json(graph, pruned, scores, node_threshold=NODE_THRESHOLD, edge_threshold=EDGE_THRESHOLD,
+                              prompt=request["text"], transcoders=f"{len(self.transcoders)} per-layer transcoders")
+            return annotate(data, model, self.transcoders)
+        finally:
+            self.long.leave()
 
     @staticmethod
     def _layer(request: dict, model) -> int:
@@ -353,15 +390,17 @@ class App:
         """The app's HTML: the viewer's JS and CSS, the form's and the chat's JS and CSS, and the config."""
         config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": EXAMPLE,
                   "pipeline_tokens": MAX_PIPELINE_TOKENS, "chat_model": self.chat_default,
-                  "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS}
-        body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}</style>\n"
+                  "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS,
+                  "graph_words": texts("graph"), "graph_bytes": MAX_GRAPH_BYTES,
+                  "graph_compute": self.transcoders is not None, "graph_tokens": MAX_GRAPH_TOKENS}
+        body = (f"<style>\n{asset('app.css')}\n{asset('pipeline.css')}\n{asset('graph.css')}</style>\n"
                 "<div class=\"qkv qkv-app\">\n<h1>qkv · see attention</h1>\n<div data-qkv-root></div>\n</div>\n"
                 f"<script type=\"application/json\" class=\"qkv-app-config\">{script_json(config)}</script>")
         face = (f'@font-face {{ font-family: "{hangul.FAMILY}"; src: url("hangul.woff") format("woff"); '
                 'font-weight: 100 900; }\n'
                 if hangul.font_path() is not None else "")   # every syllable: chat replies may hold any
         return html_page("qkv · see attention", body,
-                         [viewer_js(), pipeline_js(), asset("app.js")],
+                         [viewer_js(), pipeline_js(), asset("graph.js"), asset("app.js")],
                          csp=_CSP_APP, face=face)
 
 
@@ -415,10 +454,19 @@ class ChatReply(Stream):
             self._writer.leave()
 
 
-def make_server(source: str = "minilm", host: str = "127.0.0.1", port: int = 8000) -> Server:
-    """A server for model SOURCE (loaded now, so a bad --model fails before serving)."""
+def make_server(source: str = "minilm", host: str = "127.0.0.1", port: int = 8000,
+                transcoders: str | None = None) -> Server:
+    """A server for model SOURCE (loaded now, so a bad --model fails before serving); TRANSCODERS: a folder of
+    SOURCE's per-layer transcoders (`features.dictionaries.load_transcoders`), read and checked now too, with
+    which the Graph tab computes graphs."""
     app = App(source)
-    app.model(source)
+    model = app.model(source)
+    if transcoders is not None:
+        from ..features.dictionaries import load_transcoders
+        from ..graphs.replacement import check_model, check_transcoders
+
+        check_model(model)
+        app.transcoders = check_transcoders(model, load_transcoders(transcoders))
     try:
         return Server((host, port), app)
     except OSError as e:

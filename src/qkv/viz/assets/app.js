@@ -6,9 +6,13 @@
  *              (and, when it comes, the logit lens: computed after the reply, which it never delays).
  *   Pipeline   the whole model as its data flow (pipeline.js): fetched only when asked for;
  *              "next token" asks the engine for one more token and redraws the longer text.
+ *   Graph      an attribution graph's JSON (`qkv graph … --json`), opened from a file or dropped on the
+ *              page, drawn by graph.js in English or Korean; read in the page, never sent to the server.
+ *              A server started with transcoders (graph_compute) also computes the graph of a typed prompt.
  *
  * Config: the JSON script element of class qkv-app-config ({models, model, max_chars, text,
- * pipeline_tokens, chat_model, chat_ready, max_message, max_new_tokens}).
+ * pipeline_tokens, chat_model, chat_ready, max_message, max_new_tokens, graph_words: {en, ko}, graph_bytes,
+ * graph_compute, graph_tokens}).
  * POST api/attention answers the viewer's payload, or {"error": ...} with a 4xx/5xx status.
  * POST api/chat {messages, model, max_new_tokens} answers one JSON object per line:
  * {prompt, dropped}, then {piece} as the reply is written, then {done, reply, stopped, payload} as it ends
@@ -16,7 +20,8 @@
  * or {"error": ...} (a 4xx/5xx status before the reply, or a last line if it breaks mid-way).
  * The server keeps no conversation: the page sends every turn so far with each message.
  * POST api/pipeline {text, model, lang, layer?} answers the pipeline payload; POST api/pipeline/next
- * {text, model, lang, temperature, top_k, top_p} answers {id, token, text, payload}.
+ * {text, model, lang, temperature, top_k, top_p} answers {id, token, text, payload}. POST api/graph {text}
+ * answers a graph's JSON (only when cfg.graph_compute).
  * Every text from the user or the model is shown with textContent, never as HTML.
  */
 (function () {
@@ -43,7 +48,7 @@
   // ── the modes ──────────────────────────────────────────────────────────────────
   const modes = el("div", "qkv-modes");
   const modeButtons = {};
-  for (const [name, label] of [["attention", "Attention"], ["chat", "Chat"], ["pipeline", "Pipeline"]]) {
+  for (const [name, label] of [["attention", "Attention"], ["chat", "Chat"], ["pipeline", "Pipeline"], ["graph", "Graph"]]) {
     const b = el("button", "qkv-mode", label);
     b.type = "button";
     b.dataset.mode = name;
@@ -111,12 +116,40 @@
   pipeRoot.setAttribute("data-qkv-pipeline", "");
   pipe.append(pipeForm, pipeRoot);
 
+  // ── graph: a graph's JSON from a file or a drop, drawn by graph.js (its own root) ─
+  const graphTab = el("div", "qkv-graph-tab");
+  const graphForm = el("div", "qkv-form qkv-graph-open");
+  const graphLang = el("select", "qkv-graph-lang");
+  graphLang.setAttribute("aria-label", "language");
+  for (const [v, l] of [["en", "English"], ["ko", "한국어"]]) { const o = el("option", null, l); o.value = v; graphLang.append(o); }
+  const graphFile = el("input", "qkv-graph-file");
+  graphFile.type = "file";
+  graphFile.accept = ".json,application/json";
+  const graphHint = el("span", "qkv-graph-hint");
+  graphForm.append(graphHint, graphFile, graphLang);
+  const graphAsk = el("form", "qkv-form qkv-graph-ask");                // a prompt's graph, computed by the server
+  const graphText = el("textarea");
+  graphText.name = "graph-text";
+  graphText.value = cfg.text;
+  graphText.setAttribute("aria-label", "prompt whose attribution graph to compute");
+  const graphGo = el("button");
+  graphGo.type = "submit";
+  graphAsk.append(graphText, graphGo);
+  graphAsk.hidden = !cfg.graph_compute;
+  const graphRoot = el("div", "qkv");
+  graphRoot.setAttribute("data-qkv-graph", "");
+  graphTab.append(graphAsk, graphForm, graphRoot);
+  const graphWords = () => cfg.graph_words[graphLang.value] || cfg.graph_words.en;
+  const paintGraphHint = () => { graphHint.textContent = graphWords().open; graphGo.textContent = graphWords().compute; };
+  graphLang.addEventListener("change", paintGraphHint);
+  paintGraphHint();
+
   const status = el("p", "qkv-status");
   status.setAttribute("role", "status");
   const error = el("div", "qkv-error");
   error.setAttribute("role", "alert");
   error.hidden = true;
-  for (const part of [modes, form, chat, pipe, status, error]) app.insertBefore(part, root);
+  for (const part of [modes, form, chat, pipe, graphTab, status, error]) app.insertBefore(part, root);
 
   let viewer = null, viewOf = null;                   // the view below, and the mode that made it
   function fail(messageText) {
@@ -138,12 +171,14 @@
     form.hidden = name !== "attention";
     chat.hidden = name !== "chat";
     pipe.hidden = name !== "pipeline";
-    root.hidden = name === "pipeline" || viewOf !== name;   // a view shows under the mode that made it
+    graphTab.hidden = name !== "graph";
+    root.hidden = name === "pipeline" || name === "graph" || viewOf !== name;   // a view shows under its mode
     for (const [m, b] of Object.entries(modeButtons)) b.setAttribute("aria-pressed", String(m === name));
     if (name === "attention") count();
     else if (name === "chat") status.textContent = chatCount();
-    else { status.textContent = `up to ${cfg.pipeline_tokens} tokens · Ctrl+Enter to show`; if (!pipeShown) pipeForm.requestSubmit(); }
-    ({attention: text, chat: message, pipeline: pipeText})[name].focus();
+    else if (name === "pipeline") { status.textContent = `up to ${cfg.pipeline_tokens} tokens · Ctrl+Enter to show`; if (!pipeShown) pipeForm.requestSubmit(); }
+    else status.textContent = "";
+    ({attention: text, chat: message, pipeline: pipeText, graph: graphFile})[name].focus();
   }
 
   // ── attention ──────────────────────────────────────────────────────────────────
@@ -368,6 +403,51 @@
   }
   pipeForm.addEventListener("submit", (e) => { e.preventDefault(); runPipeline(null); });
   pipeText.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) pipeForm.requestSubmit(); });
+
+  // ── graph ──────────────────────────────────────────────────────────────────────
+  async function drawGraph(graph, name) {
+    await QKV_GRAPH.fontsReady();
+    try {
+      QKV_GRAPH.mount(graphRoot, graph, {words: cfg.graph_words, lang: graphLang.value});
+    } catch (e) {
+      graphRoot.textContent = "";
+      return fail(graphWords().bad_file.replace("{why}", e.message));
+    }
+    status.textContent = `${name}: ${graph.nodes.length.toLocaleString("en")} nodes, ${graph.links.length.toLocaleString("en")} links`;
+    app.dataset.state = "shown";
+  }
+  async function openGraph(file) {
+    error.hidden = true;
+    const bad = (why) => fail(graphWords().bad_file.replace("{why}", why));
+    if (!file) return;
+    if (file.size > cfg.graph_bytes) return bad(`${file.size.toLocaleString("en")} bytes, more than ${cfg.graph_bytes.toLocaleString("en")}`);
+    let graph;
+    try { graph = JSON.parse(await file.text()); } catch (e) { return bad(e.message); }
+    await drawGraph(graph, file.name);
+  }
+  async function computeGraph() {
+    error.hidden = true;
+    graphGo.disabled = true;
+    status.textContent = graphWords().computing;
+    const t0 = performance.now();
+    try {
+      const graph = await postJSON("api/graph", {text: graphText.value});
+      await drawGraph(graph, `${graph.model}, in ${Math.round(performance.now() - t0)} ms`);
+    } catch (e) {
+      fail(e.message);
+    } finally {
+      graphGo.disabled = false;
+    }
+  }
+  graphAsk.addEventListener("submit", (e) => { e.preventDefault(); computeGraph(); });
+  graphFile.addEventListener("change", () => openGraph(graphFile.files[0]));
+  graphTab.addEventListener("dragover", (e) => { e.preventDefault(); graphTab.classList.add("qkv-drop"); });
+  graphTab.addEventListener("dragleave", () => graphTab.classList.remove("qkv-drop"));
+  graphTab.addEventListener("drop", (e) => {
+    e.preventDefault();
+    graphTab.classList.remove("qkv-drop");
+    if (e.dataTransfer && e.dataTransfer.files.length) openGraph(e.dataTransfer.files[0]);
+  });
 
   if (cfg.chat_ready) {
     setMode("chat");                                  // the server's model can chat: start there

@@ -716,5 +716,48 @@ VIEWER = {
     "panel_router": "Experts",
 }
 
+# the attribution graph page (`graphs.page`, assets/graph.js) and `qkv serve`'s Graph tab
+GRAPH = {
+    "title": "Attribution graph · {model}",
+    "prompt": "Prompt", "target": "Target", "none": "none",
+    "lang": "한국어",
+    "mode_subgraph": "Keep sub-graph", "mode_select": "Select", "mode_path": "Pin path",
+    "hint_subgraph": "Hover a node for its card. Click a node to keep its ancestors and descendants; click the "
+                     "background to see every node again.",
+    "hint_select": "Click nodes to select them (Shift+click works in every mode), name the group and press Group: "
+                   "its nodes become one supernode, their edges summed.",
+    "hint_path": "Click a node to pin the strongest path through it: from it, each step down takes its strongest "
+                 "incoming edge and each step up its strongest outgoing edge (by |weight|).",
+    "show_all": "Show all", "kept": "{count} of {total} nodes kept",
+    "group": "Group", "group_name": "supernode name", "ungroup": "Ungroup", "supernodes": "Supernodes",
+    "selected": "{count} selected", "need_two": "Select two or more nodes first.",
+    "default_group": "group {n}",
+    "path": "Pinned path", "clear_path": "Clear path", "no_path": "Click a node in “Pin path” mode to pin a path.",
+    "scores": "Scores", "unpruned": "graph", "pruned": "pruned",
+    "replacement": "replacement", "completeness": "completeness", "not_computed": "—",
+    "thresholds": "pruned at node threshold {node} and edge threshold {edge}",
+    "counts": "{nodes} nodes ({features} features, {errors} error nodes, {logits} logits) and {links} edges drawn",
+    "dropped": "{shown} of the graph's {total} edges are drawn (the strongest).",
+    "kind_embedding": "embedding", "kind_feature": "feature", "kind_error": "error", "kind_logit": "logit",
+    "kind_super": "supernode",
+    "layer": "layer", "row_embedding": "emb", "row_logit": "logits",
+    "card_empty": "Hover a node to see what it is.",
+    "card_feature": "feature {feature} · layer {layer} · position {position} (“{token}”)",
+    "card_embedding": "the embedding of “{token}” · position {position}",
+    "card_error": "error node · layer {layer} · position {position} (“{token}”): what the transcoder missed",
+    "card_logit": "logit of “{token}” (id {id}) · p = {p}",
+    "card_super": "supernode “{name}” · {count} nodes",
+    "activation": "activation", "influence": "influence", "norm": "norm", "logit": "logit",
+    "promotes": "promotes", "suppresses": "suppresses", "contexts": "top contexts",
+    "no_annotation": "No annotation for this feature: annotate the graph with a corpus to see its contexts.",
+    "inputs": "strongest inputs", "outputs": "strongest outputs",
+    "legend": "Edge width ∝ |weight|: red adds to its target, blue takes away. Rows: layers (embeddings at the "
+              "bottom, logits at the top); columns: positions.",
+    "export": "Export", "saved": "saved {name}",
+    "open": "Open a graph JSON (qkv graph … --json FILE), or drop one here",
+    "compute": "Graph of this prompt", "computing": "computing the graph (a backward pass per batch of nodes) …",
+    "bad_file": "This file is not a graph qkv can draw: {why}",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "viewer": VIEWER}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "viewer": VIEWER}

@@ -677,5 +677,48 @@ VIT = {
     "fig_title": "{model}: [CLS] 뒤에 패치 토큰 {P}개로 놓인 이미지",
 }
 
+# 어트리뷰션 그래프 페이지 (`graphs.page`, assets/graph.js)와 `qkv serve`의 그래프 탭
+GRAPH = {
+    "title": "어트리뷰션 그래프 · {model}",
+    "prompt": "프롬프트", "target": "목표", "none": "없음",
+    "lang": "English",
+    "mode_subgraph": "부분 그래프 남기기", "mode_select": "선택", "mode_path": "경로 고정",
+    "hint_subgraph": "노드 위에 마우스를 올리면 카드가 보입니다. 노드를 누르면 그 조상과 자손만 남고, 빈 곳을 누르면 "
+                     "모든 노드가 다시 보입니다.",
+    "hint_select": "노드를 눌러 선택하고(Shift+클릭은 어느 모드에서나 됩니다) 이름을 붙인 뒤 묶기를 누르세요. 그 노드들이 "
+                   "슈퍼노드 하나가 되고 엣지는 합쳐집니다.",
+    "hint_path": "노드를 누르면 그 노드를 지나는 가장 강한 경로가 고정됩니다. 아래로는 가장 강한 들어오는 엣지를, "
+                 "위로는 가장 강한 나가는 엣지를 한 단계씩 따라갑니다(|가중치| 기준).",
+    "show_all": "모두 보기", "kept": "노드 {total}개 중 {count}개 남김",
+    "group": "묶기", "group_name": "슈퍼노드 이름", "ungroup": "풀기", "supernodes": "슈퍼노드",
+    "selected": "{count}개 선택됨", "need_two": "먼저 노드를 두 개 이상 선택하세요.",
+    "default_group": "묶음 {n}",
+    "path": "고정된 경로", "clear_path": "경로 지우기", "no_path": "“경로 고정” 모드에서 노드를 누르면 경로가 고정됩니다.",
+    "scores": "점수", "unpruned": "그래프", "pruned": "가지치기 후",
+    "replacement": "대체 점수", "completeness": "완전성 점수", "not_computed": "—",
+    "thresholds": "노드 임계값 {node}, 엣지 임계값 {edge}로 가지치기함",
+    "counts": "노드 {nodes}개(피처 {features}개, 오차 노드 {errors}개, 로짓 {logits}개), 엣지 {links}개를 그림",
+    "dropped": "그래프의 엣지 {total}개 중 가장 강한 {shown}개를 그립니다.",
+    "kind_embedding": "임베딩", "kind_feature": "피처", "kind_error": "오차", "kind_logit": "로짓",
+    "kind_super": "슈퍼노드",
+    "layer": "층", "row_embedding": "임베딩", "row_logit": "로짓",
+    "card_empty": "노드 위에 마우스를 올리면 무엇인지 보입니다.",
+    "card_feature": "피처 {feature} · {layer}번 층 · 위치 {position} (“{token}”)",
+    "card_embedding": "“{token}”의 임베딩 · 위치 {position}",
+    "card_error": "오차 노드 · {layer}번 층 · 위치 {position} (“{token}”): 트랜스코더가 놓친 부분",
+    "card_logit": "“{token}”의 로짓 (id {id}) · p = {p}",
+    "card_super": "슈퍼노드 “{name}” · 노드 {count}개",
+    "activation": "활성값", "influence": "영향력", "norm": "노름", "logit": "로짓",
+    "promotes": "올리는 토큰", "suppresses": "내리는 토큰", "contexts": "가장 강하게 활성화된 문맥",
+    "no_annotation": "이 피처에는 주석이 없습니다. 코퍼스로 그래프에 주석을 달면 문맥이 보입니다.",
+    "inputs": "가장 강한 입력", "outputs": "가장 강한 출력",
+    "legend": "엣지 굵기 ∝ |가중치|: 빨강은 목표를 키우고 파랑은 줄입니다. 행은 층(아래가 임베딩, 위가 로짓), "
+              "열은 위치입니다.",
+    "export": "내보내기", "saved": "{name} 저장함",
+    "open": "그래프 JSON(qkv graph … --json FILE)을 열거나 여기에 끌어다 놓으세요",
+    "compute": "이 프롬프트의 그래프", "computing": "그래프를 계산하는 중입니다(노드 묶음마다 역전파 한 번) …",
+    "bad_file": "이 파일은 qkv가 그릴 수 있는 그래프가 아닙니다: {why}",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH}
