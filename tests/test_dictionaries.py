@@ -197,6 +197,14 @@ def gemma_scope_arrays(d=D, n=N, o=D):
     return {"W_enc": f32(d, n), "W_dec": f32(n, o), "b_enc": f32(n), "b_dec": f32(o), "threshold": np.abs(f32(n))}
 
 
+def gemma_scope_file(folder):
+    """gemma_scope_arrays() saved as FOLDER/params.npz (the release's folders say what it reads): (arrays, path)."""
+    p, path = gemma_scope_arrays(), folder / "params.npz"
+    path.parent.mkdir(parents=True)
+    np.savez(path, **p)
+    return p, path
+
+
 def gemma_scope_ref(p, x):
     """Gemma Scope's JumpReLUSAE.forward: no b_dec on the input, ReLU(pre)·[pre > θ]."""
     pre = x @ p["W_enc"] + p["b_enc"]
@@ -204,10 +212,7 @@ def gemma_scope_ref(p, x):
 
 
 def test_gemma_scope_npz_of_an_sae_and_where_the_path_says_it_reads(tmp_path):
-    p = gemma_scope_arrays()
-    path = tmp_path / "gemma-scope-2b-pt-res" / "layer_3" / "width_16k" / "average_l0_5" / "params.npz"
-    path.parent.mkdir(parents=True)
-    np.savez(path, **p)
+    p, path = gemma_scope_file(tmp_path / "gemma-scope-2b-pt-res" / "layer_3" / "width_16k" / "average_l0_5")
     sae = load_dictionary(path)
     assert (sae.config.layer, sae.config.site, sae.config.apply_b_dec_to_input) == (4, "resid", False)  # resid_post
     x = f32(30, D)
@@ -217,10 +222,7 @@ def test_gemma_scope_npz_of_an_sae_and_where_the_path_says_it_reads(tmp_path):
 
 
 def test_gemma_scope_transcoders_npz_and_gemma_scope_2_safetensors(tmp_path):
-    p = gemma_scope_arrays()
-    path = tmp_path / "gemma-scope-2b-pt-transcoders" / "layer_7" / "width_16k" / "average_l0_9" / "params.npz"
-    path.parent.mkdir(parents=True)
-    np.savez(path, **p)
+    p, path = gemma_scope_file(tmp_path / "gemma-scope-2b-pt-transcoders" / "layer_7" / "width_16k" / "average_l0_9")
     tc = load_dictionary(path)
     assert (tc.config.layer, tc.config.site, tc.config.site_out, tc.config.transcoder) == (7, "ffn_in", "ffn_out", True)
     x = f32(30, D)

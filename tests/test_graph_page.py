@@ -123,12 +123,14 @@ def test_past_the_bound_the_strongest_links_are_kept(monkeypatch):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda g: g.pop("qkv_graph"), "not a graph of qkv"),
-    (lambda g: g["nodes"][0].update(kind="neuron"), r"nodes\[0\]: kind must be"),
-    (lambda g: g["links"][0].update(target="F:99:0:0"), r"links\[0\] joins"),
-    (lambda g: g["links"][0].update(weight=float("nan")), r"links\[0\]: weight must be a finite number"),
+    (lambda g: g.pop("qkv_graph"), "has no qkv_graph"),
+    (lambda g: g["nodes"][0].update(kind="neuron"), r"nodes\[0\]: kind must be one of"),
+    (lambda g: g["links"][0].update(target="F:99:0:0"), r"links\[0\]\.target 'F:99:0:0' is not a node"),
+    (lambda g: g["links"][0].update(weight=float("nan")), r"links\[0\]: weight must be a number"),
     (lambda g: g["nodes"].append(dict(g["nodes"][0])), "the same id"),
     (lambda g: g["nodes"][0].update(position=99), r"nodes\[0\]: position must be"),
+    (lambda g: g["tokens"].__setitem__(0, "x" * 201), "at most 4,096 tokens of at most 200 characters"),
+    (lambda g: g["features"][next(iter(g["features"]))].update(promotes=[["a"]]), r"promotes must be a list of"),
 ])
 def test_a_broken_graph_is_one_error_naming_what_is_wrong(change, message):
     graph = fake_graph(n=6, nodes=30, links=40)
@@ -270,7 +272,7 @@ def test_qkv_graph_page_writes_the_page_of_a_json_file(tmp_path, monkeypatch, ca
     (tmp_path / "bad.json").write_text(json.dumps({"qkv_graph": 2}), encoding="utf-8")
     code, _, err = run_main(monkeypatch, capsys, "graph-page", str(tmp_path / "bad.json"), "--out",
                             str(tmp_path / "b.html"))
-    assert code == 2 and "not a graph of qkv" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "is version 2 of qkv's graph JSON" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b.html").exists()
 
 

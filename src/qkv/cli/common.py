@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import click
 from rich.console import Console
@@ -217,6 +217,35 @@ def progress_bar(verb: str, things: str) -> Iterator:
             if not err.is_terminal:
                 lines(done, total)
         yield progress
+
+
+def train_under_bar(run, start: int, more: Callable[[dict], str]) -> None:
+    """run.train (an SAE's or transcoders' run, from step START) under a bar of step, FVU, L0 and dead latents,
+    with a line of them and MORE(entry) printed every tenth of the run (at most every checkpoint) and at the last
+    step: on a terminal above the bar, else plain lines on stdout and the bar on stderr; `qkv --quiet`: no bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("step"), BarColumn(), MofNCompleteColumn(), TextColumn("FVU {task.fields[fvu]}"),
+               TextColumn("L0 {task.fields[l0]}"), TextColumn("dead {task.fields[dead]}"), TimeRemainingColumn())
+    shared = sys.stdout.isatty()
+    s = run.settings
+    every = min(s.checkpoint_every, max(1, s.steps // 10))
+
+    def line(e: dict) -> str:
+        return f"step {e['step']:>7}  FVU {e['fvu']:.4f}  L0 {e['l0']:.1f}  dead {e['dead']:.1%}  {more(e)}"
+
+    with Progress(*columns, console=Console(stderr=not shared), transient=True, disable=_quiet["on"]) as bar:
+        job = bar.add_task("train", total=s.steps, completed=start, fvu="…", l0="…", dead="…")
+
+        def on_step(e: dict) -> None:
+            bar.update(job, completed=e["step"], fvu=f"{e['fvu']:.3f}", l0=f"{e['l0']:.1f}", dead=f"{e['dead']:.1%}")
+            if e["step"] % every == 0 or e["step"] == s.steps:
+                if shared:
+                    bar.console.print(line(e), markup=False, highlight=False)
+                else:
+                    click.echo(line(e))
+
+        run.train(on_step)
 
 
 class ProgressLines:

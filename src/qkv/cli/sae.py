@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .common import MODEL_HELP, SEED, new_console, progress_bar
+from .common import MODEL_HELP, SEED, new_console, progress_bar, train_under_bar
 from .options import model_option
 from ..runtime.errors import QkvError
 
@@ -58,20 +58,13 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     bar, checkpoints and bit-for-bit resume. Prints FVU, L0 and dead latents as it goes."""
     from ..runtime.threads import blas_threads, check_count, cores
     from ..features.train import SAMPLE, Interrupted, open_run, store_batches
-    from ..features.train_settings import MAX_BATCH, MAX_STEPS, Settings, check_memory, read_run
+    from ..features.train_settings import Settings, check_memory, read_run
 
     check_count("--threads", threads)
     acts = _store(acts_dir)
     given = {k: v for k, v in given.items() if v is not None}
     batch = given.get("batch", 4096)
-    if not 1 <= batch <= MAX_BATCH:
-        raise QkvError(f"--batch must be a whole number from 1 to {MAX_BATCH:,}, got {batch}")
-    if tokens is not None:
-        if "steps" in given:
-            raise QkvError("give --steps or --tokens, not both")
-        if not 1 <= tokens <= MAX_STEPS * batch:
-            raise QkvError(f"--tokens must be from 1 to {MAX_STEPS * batch:,} (--steps at most {MAX_STEPS:,}), "
-                           f"got {tokens}")
+    check_batch_and_tokens(batch, tokens, given)
     saved = read_run(out) if Path(out).is_dir() else None
     if saved is not None:
         settings = saved.settings                                           # a run to continue
@@ -114,14 +107,14 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     # thread made the steps of a 32 × 128 SAE ~10× slower, measured); a larger one uses every core.
     with blas_threads(threads or (1 if acts.d * s.latents <= SMALL else cores())):
         try:
-            _train(run)
+            train_under_bar(run, run.trainer.step_count, lambda e: f"aux {e['aux']:.4f}")
         except Interrupted as e:
             click.echo(f"qkv: interrupted at step {e.step}; saved {e.checkpoint}; run the same command again to "
                        "continue", err=True)
             sys.exit(130)
     last = run.log[-min(len(run.log), 20):]
     final = {"steps": run.trainer.step_count, "tokens": run.trainer.tokens,
-             "fvu": _mean(last, "fvu"), "l0": _mean(last, "l0"), "dead": float(run.trainer.dead().mean()),
+             "fvu": mean_of(last, "fvu"), "l0": mean_of(last, "l0"), "dead": float(run.trainer.dead().mean()),
              "seconds": round(run.seconds, 1)}
     corpus = (acts.meta.get("corpus") or {}).get("name", "") if isinstance(acts.meta, dict) else ""
     written = run.finish(final, context_size=int(made.get("context") or 0), dataset_path=str(corpus or ""))
@@ -134,38 +127,24 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     click.echo(f"try: qkv sae eval --sae {out} --acts {acts_dir}")
 
 
-def _mean(entries: list[dict], key: str) -> float:
+def check_batch_and_tokens(batch: int, tokens: int | None, given: dict) -> None:
+    """--batch in range, and --tokens (given instead of --steps: GIVEN holds the flags given) at most MAX_STEPS
+    batches; one line each (`qkv sae train`'s and `qkv transcoders train`'s)."""
+    from ..features.train_settings import MAX_BATCH, MAX_STEPS
+
+    if not 1 <= batch <= MAX_BATCH:
+        raise QkvError(f"--batch must be a whole number from 1 to {MAX_BATCH:,}, got {batch}")
+    if tokens is not None:
+        if "steps" in given:
+            raise QkvError("give --steps or --tokens, not both")
+        if not 1 <= tokens <= MAX_STEPS * batch:
+            raise QkvError(f"--tokens must be from 1 to {MAX_STEPS * batch:,} (--steps at most {MAX_STEPS:,}), "
+                           f"got {tokens}")
+
+
+def mean_of(entries: list[dict], key: str) -> float:
+    """The mean of KEY over the log ENTRIES (the last steps' numbers a run ends with); none: NaN."""
     return sum(e[key] for e in entries) / len(entries) if entries else float("nan")
-
-
-def record_line(e: dict) -> str:
-    return (f"step {e['step']:>7}  FVU {e['fvu']:.4f}  L0 {e['l0']:.1f}  dead {e['dead']:.1%}  "
-            f"aux {e['aux']:.4f}")
-
-
-def _train(run) -> None:
-    """Run.train under a progress bar, a record line every checkpoint (on a terminal above the bar, else
-    plain lines on stdout and the bar on stderr)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("step"), BarColumn(), MofNCompleteColumn(), TextColumn("FVU {task.fields[fvu]}"),
-               TextColumn("L0 {task.fields[l0]}"), TextColumn("dead {task.fields[dead]}"), TimeRemainingColumn())
-    shared = sys.stdout.isatty()
-    s = run.settings
-    every = min(s.checkpoint_every, max(1, s.steps // 10))
-    with Progress(*columns, console=Console(stderr=not shared), transient=True) as bar:
-        job = bar.add_task("train", total=s.steps, completed=run.trainer.step_count, fvu="…", l0="…", dead="…")
-
-        def on_step(e: dict) -> None:
-            bar.update(job, completed=e["step"], fvu=f"{e['fvu']:.3f}", l0=f"{e['l0']:.1f}", dead=f"{e['dead']:.1%}")
-            if e["step"] % every == 0 or e["step"] == s.steps:
-                if shared:
-                    bar.console.print(record_line(e), markup=False, highlight=False)
-                else:
-                    click.echo(record_line(e))
-
-        run.train(on_step)
 
 
 @sae_cmd.command(name="eval")

@@ -14,9 +14,9 @@ import time
 
 import click
 
-from .common import MODEL_HELP, SEED, new_console, progress_bar
+from .common import MODEL_HELP, SEED, new_console, progress_bar, train_under_bar
 from .options import WRITER, model_option
-from .sae import SMALL
+from .sae import SMALL, check_batch_and_tokens, mean_of
 from ..runtime.errors import QkvError
 
 MAX_EVAL_TOKENS = 10**8
@@ -100,21 +100,16 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, out
     from ..features.collect import check_model
     from ..features.corpora import open_texts
     from ..features.transcoder_settings import TranscoderSettings, check_memory, read_run
-    from ..features.transcoder_train import Interrupted, Source, cut_windows, open_transcoder_run
-    from ..features.train_settings import MAX_BATCH, MAX_STEPS
+    from ..features.transcoder_train import Source, cut_windows, open_transcoder_run
     from ..runtime.threads import blas_threads, check_count, cores
+    from ..train.loop import Interrupted
 
     check_count("--threads", threads)
     given = {k: v for k, v in given.items() if v is not None}
     saved = read_run(Path(out))
     batch = given.get("batch", saved["settings"].batch if saved else 4096)
-    if not 1 <= batch <= MAX_BATCH:
-        raise QkvError(f"--batch must be a whole number from 1 to {MAX_BATCH:,}, got {batch}")
+    check_batch_and_tokens(batch, tokens, given)
     if tokens is not None:
-        if "steps" in given:
-            raise QkvError("give --steps or --tokens, not both")
-        if not 1 <= tokens <= MAX_STEPS * batch:
-            raise QkvError(f"--tokens must be from 1 to {MAX_STEPS * batch:,}, got {tokens}")
         given["steps"] = -(-tokens // batch)
     if corpus_path is None and corpus_name is None:
         corpus_name = "english"
@@ -171,14 +166,14 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, out
             click.echo(f"resuming from step {run.step} of {s.steps}: {run.resumed_from}")
         t0 = time.perf_counter()
         try:
-            _train(run)
+            train_under_bar(run, run.step, worst_fvu)
         except Interrupted as e:
             click.echo(f"qkv: interrupted at step {e.step}; saved {e.checkpoint}; run the same command again to "
                        "continue", err=True)
             sys.exit(130)
     last = run.log[-min(len(run.log), 20):]
     final = {"steps": run.step, "tokens": run.step * s.batch, "seconds": round(run.seconds, 1),
-             "fvu": _mean(last, "fvu"), "l0": _mean(last, "l0"), "dead": _mean(last, "dead")}
+             "fvu": mean_of(last, "fvu"), "l0": mean_of(last, "l0"), "dead": mean_of(last, "dead")}
     written = run.write_layers(final)
     session = time.perf_counter() - t0
     click.echo(f"{run.step} steps, {final['tokens']:,} tokens: FVU {final['fvu']:.4f} (mean over layers and the "
@@ -191,39 +186,9 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, out
                                            f"--file {corpus_path}")
 
 
-def _mean(entries: list[dict], key: str) -> float:
-    return sum(e[key] for e in entries) / len(entries) if entries else float("nan")
-
-
-def _train(run) -> None:
-    """run.train under a progress bar, a record line every tenth of the run."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from .common import _quiet
-
-    columns = (TextColumn("step"), BarColumn(), MofNCompleteColumn(), TextColumn("FVU {task.fields[fvu]}"),
-               TextColumn("L0 {task.fields[l0]}"), TextColumn("dead {task.fields[dead]}"), TimeRemainingColumn())
-    shared = sys.stdout.isatty()
-    s = run.settings
-    every = min(s.checkpoint_every, max(1, s.steps // 10))
-
-    def line(e: dict) -> str:
-        return (f"step {e['step']:>7}  FVU {e['fvu']:.4f}  L0 {e['l0']:.1f}  dead {e['dead']:.1%}  "
-                f"(means over the layers; worst FVU {max(e['layers']['fvu']):.4f})")
-
-    with Progress(*columns, console=Console(stderr=not shared), transient=True, disable=_quiet["on"]) as bar:
-        job = bar.add_task("train", total=s.steps, completed=run.step, fvu="…", l0="…", dead="…")
-
-        def on_step(e: dict) -> None:
-            bar.update(job, completed=e["step"], fvu=f"{e['fvu']:.3f}", l0=f"{e['l0']:.1f}", dead=f"{e['dead']:.1%}")
-            if e["step"] % every == 0 or e["step"] == s.steps:
-                if shared:
-                    bar.console.print(line(e), markup=False, highlight=False)
-                else:
-                    click.echo(line(e))
-
-        run.train(on_step)
+def worst_fvu(e: dict) -> str:
+    """What a record line of the run adds to `train_under_bar`'s: its numbers are means over the layers."""
+    return f"(means over the layers; worst FVU {max(e['layers']['fvu']):.4f})"
 
 
 @transcoders_cmd.command(name="eval")

@@ -34,20 +34,20 @@ import shutil
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
 
 import numpy as np
 
 from ..runtime.errors import QkvError
-from ..runtime.io import FileBatch, open_regular, real_directory, refuse_link, write_atomic, write_text
+from ..runtime.io import FileBatch, open_regular, real_directory, refuse_link, write_text
 from ..runtime.io_json import Fields, parse_json
-from ..train.loop import KEEP, Interrupted, _deferred_interrupt
+from ..train.loop import (CHECKPOINTS, LOG_FILE, Interrupted, _deferred_interrupt, checkpoint_files,
+                          remove_unfinished, write_checkpoint)
 from ..train.optim import AdamW
 from .sae import SAE, SAEConfig, init_sae, loss_and_grads, normalize_decoder, project_decoder_grad, variance
 from .saelens import write_saelens
 from .train_settings import ANOTHER_OUT, RUN_FILE, SAMPLE, SavedRun, Settings, read_run
 
-LOG_FILE, CHECKPOINTS = "log.jsonl", "checkpoints"
 FORMAT = 1
 BETAS, EPS = (0.9, 0.999), 6.25e-10
 
@@ -229,26 +229,15 @@ class Run:
     # checkpoints ------------------------------------------------------------
 
     def checkpoints(self) -> list[Path]:
-        folder = self.out / CHECKPOINTS
-        found = folder.glob("step-*.npz") if folder.is_dir() else []
-        return sorted((p for p in found if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+        return checkpoint_files(self.out)
 
     def save_checkpoint(self) -> Path:
-        """Every array of the trainer + the settings, atomically (fsynced); then only the newest KEEP stay."""
-        arrays = self.trainer.arrays()
+        """Every array of the trainer + the settings (`train.loop.write_checkpoint`: atomic, the newest KEEP stay)."""
         meta = {"qkv": "sae", "format": FORMAT, "settings": self.settings.to_json(), "seconds": self.seconds}
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        folder = real_directory(self.out / CHECKPOINTS)
-        path = folder / f"step-{self.trainer.step_count:08d}.npz"
-        write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
-        for old in self.checkpoints()[:-KEEP]:
-            old.unlink(missing_ok=True)
-        return path
+        return write_checkpoint(self.out, self.trainer.step_count, self.trainer.arrays(), meta)
 
     def _resume(self) -> None:
-        for folder in (self.out, self.out / CHECKPOINTS):
-            for leftover in folder.glob(".*.tmp"):                      # a write a kill interrupted
-                leftover.unlink(missing_ok=True)
+        remove_unfinished(self.out)                                      # writes a kill interrupted
         for path in reversed(self.checkpoints()):
             try:
                 with open_regular(path) as f, np.load(f, allow_pickle=False) as z:      # a FIFO: refused
@@ -294,15 +283,7 @@ class Run:
                 entry = t.step(np.asarray(x, dtype=np.float32))
                 self.seconds += time.perf_counter() - t0
                 entry["seconds"] = round(self.seconds, 3)
-                self.log.append(entry)
-                log.write(json.dumps(entry) + "\n")
-                on_step(entry)
-                if t.step_count % s.checkpoint_every == 0 or t.step_count == s.steps:
-                    log.flush()
-                    self.save_checkpoint()
-                if interrupted() and t.step_count < s.steps:
-                    log.flush()
-                    raise Interrupted(t.step_count, self.save_checkpoint())
+                end_step(self, entry, log, on_step, interrupted)
 
     def finish(self, final: dict | None = None, **cfg_fields) -> list[Path]:
         """The SAE in SAELens's layout and qkv.json with the last numbers, in one batch of files."""
@@ -310,6 +291,23 @@ class Run:
             write_saelens(batch, self.sae, **cfg_fields)
             batch.write_text(RUN_FILE, json.dumps(self._meta(final), indent=1))
         return batch.paths
+
+
+def end_step(run, entry: dict, log: TextIO, on_step: Callable[[dict], None],
+             interrupted: Callable[[], bool]) -> None:
+    """The tail of a training step of RUN (an SAE's `Run`, a `TranscoderRun`): ENTRY (its "step": the steps done)
+    into run.log and a line of LOG, on_step(ENTRY); a checkpoint every checkpoint_every steps and at the last; after
+    a Ctrl-C (`interrupted()`), a checkpoint, then `Interrupted`."""
+    step, s = entry["step"], run.settings
+    run.log.append(entry)
+    log.write(json.dumps(entry) + "\n")
+    on_step(entry)
+    if step % s.checkpoint_every == 0 or step == s.steps:
+        log.flush()
+        run.save_checkpoint()
+    if interrupted() and step < s.steps:
+        log.flush()
+        raise Interrupted(step, run.save_checkpoint())
 
 
 class _Restart(Exception):

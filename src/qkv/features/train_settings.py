@@ -4,6 +4,7 @@ qkv.json read back: what qkv.features.train checks before it allocates or resume
     Settings(latents=, k=, steps=, batch=, ...).check()     every knob typed and in range (MAX_* below)
     Settings.memory(d_in)                                    the run's peak bytes (measured, see there)
     check_memory(settings, d_in)                             refused in one line when that exceeds the memory free
+    check_whole_numbers(settings, ranges), check_lr_and_seed(settings)   the knobs an SAE's and transcoders' runs share
     read_run(SAE_DIR)                                        SAE_DIR/qkv.json, every key typed (runtime.io_json)
 """
 
@@ -49,24 +50,12 @@ class Settings:
         """Every knob typed and in range (the upper bounds: MAX_* above), or one QkvError naming the flag."""
         ranges = {"latents": MAX_LATENTS, "k": self.latents, "steps": MAX_STEPS, "batch": MAX_BATCH,
                   "checkpoint_every": MAX_STEPS, "aux_k": self.latents, "dead_tokens": MAX_DEAD_TOKENS}
-        for name, most in ranges.items():
-            v = getattr(self, name)
-            if v is None and name in ("aux_k", "dead_tokens"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= most:
-                if name == "k" and isinstance(v, (int, np.integer)) and v > self.latents >= 1:
-                    raise QkvError(f"--k {v} is more than --latents {self.latents}; give k ≤ latents, e.g. --k 32")
-                raise QkvError(f"--{name.replace('_', '-')} must be a whole number from 1 to {most:,}, got {v!r}")
-        check_lr(self.lr, "--lr")
-        if self.lr > MAX_LR:
-            raise QkvError(f"--lr {self.lr:g} is more than {MAX_LR:g}, where AdamW only diverges; give e.g. 4e-4")
+        check_whole_numbers(self, {name: (1, most) for name, most in ranges.items()}, optional=("aux_k", "dead_tokens"))
+        check_lr_and_seed(self)
         a = self.aux_coef
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= MAX_AUX_COEF:
             raise QkvError(f"--aux-coef must be a number from 0 to {MAX_AUX_COEF:g}, got {a!r}; give e.g. 0.03125 "
                            "(1/32, the paper's), or 0 for no AuxK")
-        seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
-            raise QkvError(f"--seed must be a whole number from 0 to 2^63 - 1, got {self.seed!r}")
         return self
 
     def memory(self, d_in: int) -> int:
@@ -104,6 +93,29 @@ class Settings:
 
 
 ANOTHER_OUT = "give another --out (or delete the damaged run)"
+
+
+def check_whole_numbers(settings, ranges: dict[str, tuple[int, int]], optional: tuple[str, ...] = ()) -> None:
+    """Each knob NAME of SETTINGS (an SAE's or transcoders' run) a whole number in RANGES[NAME] = (low, most), an
+    OPTIONAL one None too; else one QkvError naming its flag (--k past --latents says so)."""
+    for name, (low, most) in ranges.items():
+        v = getattr(settings, name)
+        if v is None and name in optional:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= v <= most:
+            if name == "k" and isinstance(v, (int, np.integer)) and v > settings.latents >= 1:
+                raise QkvError(f"--k {v} is more than --latents {settings.latents}; give k ≤ latents, e.g. --k 32")
+            raise QkvError(f"--{name.replace('_', '-')} must be a whole number from {low} to {most:,}, got {v!r}")
+
+
+def check_lr_and_seed(settings) -> None:
+    """SETTINGS.lr a learning rate AdamW does not diverge at (at most MAX_LR) and .seed one numpy takes."""
+    check_lr(settings.lr, "--lr")
+    if settings.lr > MAX_LR:
+        raise QkvError(f"--lr {settings.lr:g} is more than {MAX_LR:g}, where AdamW only diverges; give e.g. 4e-4")
+    seed = settings.seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise QkvError(f"--seed must be a whole number from 0 to 2^63 - 1, got {seed!r}")
 
 
 def check_memory(settings: Settings, d_in: int) -> None:

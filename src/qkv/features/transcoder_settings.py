@@ -13,15 +13,13 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..runtime import tuning
 from ..runtime.errors import QkvError
 from ..runtime.io import refuse_link
 from ..runtime.io_json import Fields, read_json
-from ..train.optim import check_lr
 from .sae import AUX_COEF, MAX_LATENTS
-from .train_settings import DEAD_TOKENS, MAX_AUX_COEF, MAX_BATCH, MAX_DEAD_TOKENS, MAX_LR, MAX_SEED, MAX_STEPS
+from .train_settings import (DEAD_TOKENS, MAX_AUX_COEF, MAX_BATCH, MAX_DEAD_TOKENS, MAX_LR, MAX_SEED, MAX_STEPS,
+                             check_lr_and_seed, check_whole_numbers)
 
 RUN_FILE, CHECKPOINTS = "qkv.json", "checkpoints"
 FORMAT = 1
@@ -64,18 +62,9 @@ class TranscoderSettings:
         ranges = {"latents": MAX_LATENTS, "k": self.latents, "steps": MAX_STEPS, "batch": MAX_BATCH,
                   "checkpoint_every": MAX_STEPS, "aux_k": self.latents, "dead_tokens": MAX_DEAD_TOKENS,
                   "context": MAX_CONTEXT}
-        for name, most in ranges.items():
-            v = getattr(self, name)
-            if v is None and name in ("k", "aux_k", "dead_tokens"):
-                continue
-            low = 2 if name == "context" else 1
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= v <= most:
-                if name == "k" and isinstance(v, (int, np.integer)) and v > self.latents >= 1:
-                    raise QkvError(f"--k {v} is more than --latents {self.latents}; give k ≤ latents, e.g. --k 32")
-                raise QkvError(f"--{name.replace('_', '-')} must be a whole number from {low} to {most:,}, got {v!r}")
-        check_lr(self.lr, "--lr")
-        if self.lr > MAX_LR:
-            raise QkvError(f"--lr {self.lr:g} is more than {MAX_LR:g}, where AdamW only diverges; give e.g. 4e-4")
+        check_whole_numbers(self, {name: (2 if name == "context" else 1, most) for name, most in ranges.items()},
+                            optional=("k", "aux_k", "dead_tokens"))
+        check_lr_and_seed(self)
         for name, most, low_ok in (("aux_coef", MAX_AUX_COEF, True), ("l0_coef", MAX_KNOB, True),
                                    ("bandwidth", MAX_KNOB, False), ("threshold", MAX_KNOB, False)):
             v = getattr(self, name)
@@ -83,9 +72,6 @@ class TranscoderSettings:
                     not (0 <= v if low_ok else 0 < v) or v > most:
                 raise QkvError(f"--{name.replace('_', '-')} must be a number {'from 0' if low_ok else 'above 0'} "
                                f"up to {most:g}, got {v!r}")
-        seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
-            raise QkvError(f"--seed must be a whole number from 0 to 2^63 - 1, got {self.seed!r}")
         if self.layers is not None and (not self.layers or len(set(self.layers)) != len(self.layers)
                                         or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
                                                for v in self.layers)):

@@ -44,17 +44,17 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.errors import QkvError
-from ..runtime.io import open_regular, real_directory, write_atomic, write_text
+from ..runtime.io import open_regular, real_directory, write_text
 from ..runtime.io_json import Fields, parse_json
-from ..train.loop import KEEP, Interrupted, _deferred_interrupt
+from ..train.loop import (CHECKPOINTS, LOG_FILE, _deferred_interrupt, checkpoint_files, remove_unfinished,
+                          write_checkpoint)
 from ..train.optim import AdamW
 from .sae import SAE, SAEConfig, init_sae, normalize_decoder, project_decoder_grad, variance
 from .saelens import save_saelens
-from .train import BETAS, EPS, read_entries
+from .train import BETAS, EPS, end_step, read_entries
 from .transcoder import jumprelu_loss_and_grads, topk_loss_and_grads
 from .transcoder_settings import ANOTHER_OUT, FORMAT, RUN_FILE, TranscoderSettings, read_run
 
-LOG_FILE, CHECKPOINTS = "log.jsonl", "checkpoints"
 
 
 def layer_dir(layer: int) -> str:
@@ -226,7 +226,7 @@ def fresh_layer(settings: TranscoderSettings, x: np.ndarray, y: np.ndarray, laye
         raise QkvError(f"an FFN reads {x.shape[1]} and writes {y.shape[1]} numbers; W_enc = W_decᵀ needs them equal")
     plain = SAEConfig(d_in=x.shape[1], d_sae=settings.latents, architecture="relu", apply_b_dec_to_input=False,
                       d_out=y.shape[1], site_out="ffn_out")
-    params = init_sae(plain, y, np.random.SeedSequence([settings.seed, layer])).params    # b_dec: y's median
+    params = init_sae(plain, y, [settings.seed, layer]).params    # b_dec: y's median
     if settings.architecture == "jumprelu":
         params["threshold"] = np.full(settings.latents, settings.threshold * input_scale(x), np.float32)
     if settings.skip:
@@ -339,23 +339,16 @@ class TranscoderRun:
     # checkpoints ------------------------------------------------------------
 
     def checkpoints(self) -> list[Path]:
-        folder = self.out / CHECKPOINTS
-        found = folder.glob("step-*.npz") if folder.is_dir() else []
-        return sorted((p for p in found if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+        return checkpoint_files(self.out)
 
     def save_checkpoint(self) -> Path:
-        """Every layer's arrays + the step, atomically (fsynced); the newest KEEP stay; then the layers' SAELens
-        directories and qkv.json."""
+        """Every layer's arrays + the step (`train.loop.write_checkpoint`: atomic, the newest KEEP stay); then the
+        layers' SAELens directories and qkv.json."""
         arrays = {"step": np.array([self.step], np.int64)}
         for layer, t in self.trainers.items():
             arrays.update(t.arrays(f"L{layer}/"))
         meta = {"qkv": "transcoders", "format": FORMAT, "settings": self.settings.to_json(), "seconds": self.seconds}
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        folder = real_directory(self.out / CHECKPOINTS)
-        path = folder / f"step-{self.step:08d}.npz"
-        write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
-        for old in self.checkpoints()[:-KEEP]:
-            old.unlink(missing_ok=True)
+        path = write_checkpoint(self.out, self.step, arrays, meta)
         self.write_layers()
         return path
 
@@ -372,9 +365,7 @@ class TranscoderRun:
         return written
 
     def _resume(self) -> None:
-        for folder in (self.out, self.out / CHECKPOINTS):
-            for leftover in folder.glob(".*.tmp"):                       # a write a kill interrupted
-                leftover.unlink(missing_ok=True)
+        remove_unfinished(self.out)                                      # writes a kill interrupted
         for path in reversed(self.checkpoints()):
             try:
                 with open_regular(path) as f, np.load(f, allow_pickle=False) as z:
@@ -424,15 +415,7 @@ class TranscoderRun:
                          "seconds": round(self.seconds, 3), "step_seconds": round(took, 3),
                          "pass_seconds": round(t_pass, 3), "cpu_seconds": round(time.process_time() - cpu, 3),
                          "layers": {k: [p[k] for p in per] for k in ("fvu", "l0", "dead")}}
-                self.log.append(entry)
-                log.write(json.dumps(entry) + "\n")
-                on_step(entry)
-                if self.step % s.checkpoint_every == 0 or self.step == s.steps:
-                    log.flush()
-                    self.save_checkpoint()
-                if interrupted() and self.step < s.steps:
-                    log.flush()
-                    raise Interrupted(self.step, self.save_checkpoint())
+                end_step(self, entry, log, on_step, interrupted)
 
     def sae(self, layer: int) -> SAE:
         return self.trainers[layer].sae

@@ -3,7 +3,7 @@ read back with every key checked.
 
     graph_json(graph, pruned, scores, …)  → dict    the pruned graph in the schema below
     write_graph(path, data)               → Path    written atomically (a link at PATH is replaced, not followed)
-    read_graph_file(path)                 → dict    read bounded, every key checked (one QkvError naming it)
+    read_graph_file(path, limit=LIMIT)    → dict    read bounded, every key checked (one QkvError naming it)
 
 The schema, version 1:
 
@@ -124,9 +124,9 @@ def write_graph(path: str | os.PathLike, data: dict) -> Path:
     return write_text(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
-def read_graph_file(path: str | os.PathLike) -> dict:
-    """The graph in the JSON file PATH, read bounded and with every key of the schema checked."""
-    data = read_json(path, what=f"the graph {path}", fix=FIX, limit=LIMIT)
+def read_graph_file(path: str | os.PathLike, limit: int = LIMIT) -> dict:
+    """The graph in the JSON file PATH, read bounded (LIMIT bytes) and with every key of the schema checked."""
+    data = read_json(path, what=f"the graph {path}", fix=FIX, limit=limit)
     check_graph_json(data, f"the graph {path}")
     return data
 

@@ -1,9 +1,10 @@
 """The attribution graph page: one graph of `qkv graph … --json` as one self-contained HTML file (inline script,
 style and data, no network), in English and Korean, and the annotations its feature cards show.
 
-    graph_page(graph, lang="en")               → str    the page (viz.html.page; viz/assets/graph.js draws it)
+    graph_page(graph, lang="en")               → str    the page (viz.html.page; viz/assets/graph.js draws it,
+                                                        export.js's rasterise makes its PNG)
     write_graph_page(graph, path, lang="en")   → Path   written atomically
-    read_graph(path)                           → dict   a graph's JSON file, read bounded and checked
+    read_graph(path)                           → dict   a graph's JSON file, read bounded and checked (graphs/files.py)
     annotate(graph, model, transcoders, texts) → dict   the graph with "features" filled (below)
 
 The graph's JSON (version 1, `qkv_graph`: 1) is the one `qkv graph --json` writes: "model", "prompt", "tokens" (n),
@@ -15,8 +16,9 @@ The graph's JSON (version 1, `qkv_graph`: 1) is the one `qkv graph --json` write
 {"promotes": [[token, logit]], "suppresses": [...], "contexts": [{"tokens": [str], "values": [z]}]}}). A page's JSON
 export adds the reader's view: "supernodes" ([{"name", "members": [node id]}]) and "pinned" ([node id], a path).
 
-What the page holds is bounded (`check_graph`, the page's copy of the graph): numbers rounded to DIGITS significant
-digits, at most MAX_NODES nodes (more: one error, prune the graph), the MAX_LINKS strongest links (by |weight|; the
+What the page holds is bounded (`check_graph`, the page's copy of the graph, made after the schema's one check,
+`files.check_graph_json`): numbers rounded to DIGITS significant digits, at most MAX_TOKENS tokens and MAX_NODES nodes
+(more: one error, prune the graph), the MAX_LINKS strongest links (by |weight|; the
 page says how many the graph had: "links_total"), per feature at most TOKENS promoted and suppressed tokens and
 CONTEXTS contexts of at most CONTEXT_TOKENS tokens. A pruned 30-token graph of 300 nodes and 3000 links is a page of
 0.3 MB, most of it the links (tests/test_graph_page.py measures it; bound 10 MB).
@@ -46,22 +48,23 @@ import numpy as np
 
 from ..analysis.neurons import corpus_triples, no_vocab, value_logits
 from ..runtime.errors import QkvError
-from ..runtime.io_json import read_json
+from ..runtime.io_json import Fields
 from ..viz.html import asset, page, write_html
 from ..viz.payload import script_json
 from ..viz.words import texts as words_of
+from .files import FIX, SCORES, check_graph_json, read_graph_file
 
 if TYPE_CHECKING:
     from ..features.sae import SAE
     from ..models.model import Model
 
 LANGS = ("en", "ko")
-KINDS = ("embedding", "feature", "error", "logit")
 DIGITS = 4                     # significant digits of every number on the page
 MAX_NODES = 20_000             # nodes a page draws (an SVG of more is slow to open): prune the graph first
 MAX_LINKS = 20_000             # the strongest links kept (≈ 1 MB of page)
 MAX_TOKENS = 4096              # the prompt's tokens
-MAX_TEXT = 20_000              # characters of the prompt or a name
+MAX_LAYERS = 100_000           # rows of the page's SVG
+MAX_TEXT = 20_000              # characters of the prompt
 TOKENS = 5                     # promoted / suppressed tokens per feature
 CONTEXTS = 4                   # top contexts per feature
 WINDOW = 6                     # tokens either side of a context's peak
@@ -69,8 +72,6 @@ CONTEXT_TOKENS = 2 * WINDOW + 1
 CONTEXT_LENGTH = 64            # tokens of each corpus text read (annotate)
 LIMIT = 50_000                 # corpus tokens read at most (annotate)
 FILE_LIMIT = 256 << 20         # bytes of a graph's JSON file (read_graph)
-FIX = "make it again with qkv graph … --json FILE"
-_MISSING = object()
 
 
 # ── the page ─────────────────────────────────────────────────────────────────────
@@ -87,7 +88,7 @@ def graph_page(graph: dict, *, lang: str = "en") -> str:
     body = (f"<style>\n{asset('graph.css')}</style>\n"
             "<div class=\"qkv\" data-qkv-graph></div>\n"
             f"<script type=\"application/json\" class=\"qkv-graph-data\">{script_json(payload)}</script>")
-    return page(title, body, [asset("graph.js"), "QKV_GRAPH.boot();"])
+    return page(title, body, [asset("export.js") + "\n" + asset("graph.js"), "QKV_GRAPH.boot();"])
 
 
 def write_graph_page(graph: dict, path: str | os.PathLike, lang: str = "en") -> Path:
@@ -96,93 +97,44 @@ def write_graph_page(graph: dict, path: str | os.PathLike, lang: str = "en") -> 
 
 
 def read_graph(path: str | os.PathLike) -> dict:
-    """The graph in the JSON file PATH (`qkv graph --json`), read bounded (FILE_LIMIT bytes) and checked."""
-    graph = read_json(path, what=f"the graph {path}", fix=FIX, limit=FILE_LIMIT)
-    check_graph(graph, str(path))
-    return graph
+    """The graph in the JSON file PATH (`qkv graph --json`), read bounded (FILE_LIMIT bytes) with every key of the
+    schema checked (`files.read_graph_file`); the page's own bounds are checked where its page is made."""
+    return read_graph_file(path, limit=FILE_LIMIT)
 
 
-# ── the checked, bounded copy the page holds ─────────────────────────────────────
+# ── the bounded copy the page holds ──────────────────────────────────────────────
+
+# the keys a node keeps on the page, by kind (beside id, kind, layer, position), as the schema has them
+_NODE_KEYS = {"embedding": ("token", "influence"), "feature": ("feature", "activation", "influence"),
+              "error": ("norm", "influence"), "logit": ("token", "token_id", "probability", "logit", "influence")}
+_NUMBERS = ("activation", "norm", "probability", "logit", "influence")
+
 
 def _round(x: float) -> float:
     """X to DIGITS significant digits (the page's numbers)."""
     return float(f"{x:.{DIGITS}g}")
 
 
-class _Reader:
-    """The values of one JSON object of the graph, checked; every fault one QkvError naming WHERE and the fix."""
-
-    def __init__(self, data: Any, where: str):
-        if not isinstance(data, dict):
-            raise QkvError(f"{where} is not a JSON object; {FIX}")
-        self.data, self.where = data, where
-
-    def wrong(self, key: str, wanted: str) -> QkvError:
-        return QkvError(f"{self.where}: {key} must be {wanted}, not {str(self.data.get(key))[:40]!r}; {FIX}")
-
-    def integer(self, key: str, lo: int, hi: int, default: Any = _MISSING) -> int | None:
-        v = self.data.get(key)
-        if v is None:
-            if default is _MISSING:
-                raise QkvError(f"{self.where} has no {key}; {FIX}")
-            return default
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise self.wrong(key, f"a whole number from {lo} to {hi}")
-        return v
-
-    def number(self, key: str) -> float | None:
-        v = self.data.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise self.wrong(key, "a finite number")
-        return _round(v)
-
-    def text(self, key: str, default: Any = None) -> str | None:
-        v = self.data.get(key, default)
-        if v is None:
-            return default
-        if not isinstance(v, str) or len(v) > MAX_TEXT:
-            raise self.wrong(key, f"text of at most {MAX_TEXT:,} characters")
-        return v
-
-    def array(self, key: str, most: int) -> list:
-        v = self.data.get(key)
-        if not isinstance(v, list):
-            raise self.wrong(key, "a list")
-        if len(v) > most:
-            raise QkvError(f"{self.where}: {key} has {len(v):,} entries, more than the page draws ({most:,}); "
-                           "prune the graph harder (raise qkv graph's node threshold)")
-        return v
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def check_graph(graph: dict, source: str = "the graph") -> dict:
-    """The copy of GRAPH a page holds (module doc: numbers rounded, sizes bounded), or one QkvError saying what is
-    wrong with it. The graph itself is not changed."""
-    top = _Reader(graph, source)
-    if graph.get("qkv_graph") != 1:
-        raise QkvError(f"{source} is not a graph of qkv (no \"qkv_graph\": 1); {FIX}")
-    tokens = top.array("tokens", MAX_TOKENS)
-    if not all(isinstance(t, str) and len(t) <= 200 for t in tokens):
-        raise top.wrong("tokens", "a list of short texts")
-    L = top.integer("layers", 0, 100_000)
-    n = len(tokens)
-    out: dict[str, Any] = {"qkv_graph": 1, "model": top.text("model", ""), "prompt": top.text("prompt", ""),
-                           "tokens": list(tokens), "layers": L, "d_model": top.integer("d_model", 1, 1 << 20, None),
-                           "transcoders": top.text("transcoders", "")}
-    ids = graph.get("ids")
-    out["ids"] = [int(i) for i in ids] if isinstance(ids, list) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in ids) else []
-    out["target"] = _target(graph.get("target"), source)
-    for key, names in (("scores", ("replacement", "completeness", "replacement_pruned", "completeness_pruned")),
-                       ("thresholds", ("node", "edge"))):
-        part = graph.get(key)
-        out[key] = None if part is None else {k: _Reader(part, f"{source}: {key}").number(k) for k in names}
-    nodes = [_node(raw, f"{source}: nodes[{i}]", L, n) for i, raw in enumerate(top.array("nodes", MAX_NODES))]
+    """The copy of GRAPH a page holds (module doc: numbers rounded, sizes bounded), after the schema's check
+    (`files.check_graph_json`: every key) and the page's own bounds; any fault one QkvError saying what is wrong.
+    The graph itself is not changed."""
+    check_graph_json(graph, source)
+    _check_bounds(graph, source)
+    out: dict[str, Any] = {key: graph[key] for key in ("qkv_graph", "model", "prompt", "transcoders")}
+    out |= {"tokens": list(graph["tokens"]), "ids": [int(i) for i in graph["ids"]], "layers": int(graph["layers"]),
+            "d_model": int(graph["d_model"])}
+    target = graph["target"]
+    out["target"] = None if target is None else {"token": target["token"], "id": int(target["id"])}
+    out["scores"] = {k: _round(graph["scores"][k]) for k in SCORES}
+    out["thresholds"] = {k: _round(graph["thresholds"][k]) for k in ("node", "edge")}
+    nodes = [_node(d) for d in graph["nodes"]]
     known = {d["id"] for d in nodes}
-    if len(known) != len(nodes):
-        raise QkvError(f"{source}: two nodes have the same id; {FIX}")
-    links = [_link(raw, f"{source}: links[{i}]", known) for i, raw in enumerate(top.array("links", 1 << 24))]
+    links = [{"source": l["source"], "target": l["target"], "weight": _round(l["weight"])} for l in graph["links"]]
     out["nodes"] = nodes
     if len(links) > MAX_LINKS:                                                   # the strongest, in their order
         keep = set(np.argsort([-abs(l["weight"]) for l in links], kind="stable")[:MAX_LINKS].tolist())
@@ -191,8 +143,6 @@ def check_graph(graph: dict, source: str = "the graph") -> dict:
     out["links"] = links
     features = {f"{d['layer']}:{d['feature']}" for d in nodes if d["kind"] == "feature"}
     notes = graph.get("features") or {}
-    if not isinstance(notes, dict):
-        raise top.wrong("features", "an object")
     out["features"] = {k: _annotation(v, f"{source}: features[{k}]") for k, v in notes.items() if k in features}
     for key in ("supernodes", "pinned"):                                         # a page's own export: its view
         if isinstance(graph.get(key), list):
@@ -200,67 +150,51 @@ def check_graph(graph: dict, source: str = "the graph") -> dict:
     return out
 
 
-def _target(raw: Any, source: str) -> dict | None:
-    if raw is None:
-        return None
-    r = _Reader(raw, f"{source}: target")
-    return {"token": r.text("token", ""), "id": r.integer("id", 0, 1 << 31, None)}
+def _check_bounds(graph: dict, source: str) -> None:
+    """What a page draws beyond the schema's ranges: MAX_TOKENS tokens of at most 200 characters, a prompt of
+    MAX_TEXT characters, MAX_LAYERS layers, MAX_NODES nodes (an SVG of more is slow to open)."""
+    if graph["layers"] > MAX_LAYERS:
+        raise QkvError(f"{source}: the page draws at most {MAX_LAYERS:,} layers, not {graph['layers']:,}")
+    tokens = graph["tokens"]
+    if len(tokens) > MAX_TOKENS or any(len(t) > 200 for t in tokens):
+        raise QkvError(f"{source}: the page draws at most {MAX_TOKENS:,} tokens of at most 200 characters; "
+                       "give a shorter prompt")
+    if len(graph["prompt"]) > MAX_TEXT:
+        raise QkvError(f"{source}: the page shows a prompt of at most {MAX_TEXT:,} characters; give a shorter one")
+    if len(graph["nodes"]) > MAX_NODES:
+        raise QkvError(f"{source}: nodes has {len(graph['nodes']):,} entries, more than the page draws "
+                       f"({MAX_NODES:,}); prune the graph harder (raise qkv graph's node threshold)")
 
 
-def _node(raw: Any, where: str, L: int, n: int) -> dict:
-    """One node of the schema, its fields checked and rounded (unknown fields left out)."""
-    r = _Reader(raw, where)
-    node_id = r.text("id")
-    if not node_id or len(node_id) > 200:
-        raise r.wrong("id", "a short text such as \"F:12:5:881\"")
-    kind = r.data.get("kind")
-    if kind not in KINDS:
-        raise r.wrong("kind", " | ".join(KINDS))
-    layer = r.integer("layer", -1, L)
-    node = {"id": node_id, "kind": kind, "layer": layer, "position": r.integer("position", 0, max(n - 1, 0))}
-    if kind == "feature":
-        node["feature"] = r.integer("feature", 0, 1 << 31)
-    if kind in ("embedding", "logit"):
-        node["token"] = r.text("token", "")
-    if kind == "logit":
-        node["token_id"] = r.integer("token_id", 0, 1 << 31, None)
-    for key in ("activation", "norm", "probability", "logit", "influence"):
-        value = r.number(key)
-        if value is not None:
-            node[key] = value
+def _node(d: dict) -> dict:
+    """One node of the (checked) graph as the page holds it: its kind's keys, numbers rounded."""
+    node = {"id": d["id"], "kind": d["kind"], "layer": int(d["layer"]), "position": int(d["position"])}
+    for key in _NODE_KEYS[d["kind"]]:
+        if key in _NUMBERS:
+            node[key] = _round(d[key])
+        elif key == "token":
+            node[key] = d[key]
+        else:                                                                    # feature, token_id (64.0 → 64)
+            node[key] = int(d[key])
     return node
 
 
-def _link(raw: Any, where: str, known: set[str]) -> dict:
-    r = _Reader(raw, where)
-    source, target = r.text("source"), r.text("target")
-    if source not in known or target not in known:
-        raise QkvError(f"{where} joins {str(source)[:40]!r} → {str(target)[:40]!r}, which are not both nodes; {FIX}")
-    weight = r.number("weight")
-    if weight is None:
-        raise r.wrong("weight", "a finite number")
-    return {"source": source, "target": target, "weight": weight}
-
-
 def _annotation(raw: Any, where: str) -> dict:
-    """A feature's annotation, bounded: TOKENS tokens each way, CONTEXTS contexts of CONTEXT_TOKENS tokens."""
-    r = _Reader(raw, where)
+    """A feature's annotation, checked (the schema leaves it open) and bounded: TOKENS tokens each way, CONTEXTS
+    contexts of CONTEXT_TOKENS tokens."""
+    note = Fields(raw, where, FIX)
     out = {}
     for key in ("promotes", "suppresses"):
-        pairs = r.data.get(key) or []
-        if not isinstance(pairs, list) or not all(
-                isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], (int, float))
-                and not isinstance(p[1], bool) and math.isfinite(p[1]) for p in pairs):
-            raise r.wrong(key, "a list of [token, logit] pairs")
+        pairs = note.array(key, [])
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _finite(p[1]) for p in pairs):
+            raise QkvError(f"{where}: {key} must be a list of [token, logit] pairs; {FIX}")
         out[key] = [[p[0][:200], _round(p[1])] for p in pairs[:TOKENS]]
     contexts = []
-    for i, c in enumerate((r.data.get("contexts") or [])[:CONTEXTS]):
-        cr = _Reader(c, f"{where}.contexts[{i}]")
-        toks, values = cr.data.get("tokens"), cr.data.get("values")
-        if not (isinstance(toks, list) and isinstance(values, list) and len(toks) == len(values)
-                and all(isinstance(t, str) for t in toks)
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
-            raise cr.wrong("tokens", "a list of texts as long as its values (numbers)")
+    for i, raw_context in enumerate(note.array("contexts", [])[:CONTEXTS]):
+        context = note.sub(f"contexts[{i}]", raw_context)
+        toks, values = context.array("tokens", []), context.array("values", [])
+        if len(toks) != len(values) or not all(isinstance(t, str) for t in toks) or not all(map(_finite, values)):
+            raise QkvError(f"{context.source}: tokens must be a list of texts as long as its values (numbers); {FIX}")
         peak = int(np.argmax(values)) if values else 0
         lo = max(0, min(peak - WINDOW, len(toks) - CONTEXT_TOKENS))
         contexts.append({"tokens": [t[:200] for t in toks[lo:lo + CONTEXT_TOKENS]],

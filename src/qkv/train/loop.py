@@ -14,6 +14,11 @@ params and optimiser state exactly (float32 bits, npz without pickle), so a run 
 moment (kill -9) and started again ends with the same weights, bit for bit, as one never
 stopped. Every file is written atomically; Ctrl-C finishes the step, saves a checkpoint and
 stops (`Interrupted`); the model is written only at the end.
+
+The checkpoints' files are shared with features/ (an SAE's and transcoders' runs):
+    write_checkpoint(out, step, arrays, meta) → Path   OUT/checkpoints/step-N.npz atomically, the newest KEEP kept
+    checkpoint_files(out)                     → [Path] oldest first
+    remove_unfinished(out)                    the .tmp files of writes a kill interrupted
 """
 
 from __future__ import annotations
@@ -176,9 +181,7 @@ class Run:
 
     def checkpoints(self) -> list[Path]:
         """The checkpoints in DIR, oldest first."""
-        folder = self.out / CHECKPOINTS
-        found = folder.glob("step-*.npz") if folder.is_dir() else []
-        return sorted((p for p in found if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+        return checkpoint_files(self.out)
 
     def save_checkpoint(self) -> Path:
         """params + optimiser state + step + settings, atomically; then only the newest KEEP are kept."""
@@ -186,20 +189,12 @@ class Run:
         meta = {"qkv": "train", "format": FORMAT, "step": self.step, "settings": self.settings.to_json(),
                 "optim": scalars, "seconds": self.seconds}
         arrays.update({f"param/{k}": v for k, v in self.params.items()})
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        folder = real_directory(self.out / CHECKPOINTS)
-        path = folder / f"step-{self.step:08d}.npz"
-        write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
-        for old in self.checkpoints()[:-KEEP]:
-            old.unlink(missing_ok=True)
-        return path
+        return write_checkpoint(self.out, self.step, arrays, meta)
 
     def _resume(self) -> None:
         """Load the newest readable checkpoint (none: start again from step 0), after removing the
         temporary files of a write a kill interrupted (qkv.runtime.io names them .NAME.*.tmp)."""
-        for folder in (self.out, self.out / CHECKPOINTS):
-            for leftover in folder.glob(".*.tmp"):
-                leftover.unlink(missing_ok=True)
+        remove_unfinished(self.out)
         for path in reversed(self.checkpoints()):
             try:
                 with np.load(path, allow_pickle=False) as z:
@@ -342,6 +337,33 @@ def read_log(path: Path, upto: int | None = None) -> list[dict]:
         if isinstance(e, dict) and isinstance(e.get("step"), int) and (upto is None or e["step"] <= upto):
             entries.append(e)
     return entries
+
+
+def checkpoint_files(out: Path) -> list[Path]:
+    """OUT/checkpoints/step-NNNNNNNN.npz, oldest first (the training loops' checkpoints: this one's, an SAE's,
+    transcoders')."""
+    folder = out / CHECKPOINTS
+    found = folder.glob("step-*.npz") if folder.is_dir() else []
+    return sorted((p for p in found if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+
+
+def remove_unfinished(out: Path) -> None:
+    """Remove the temporary files of writes a kill interrupted (qkv.runtime.io names them .NAME.*.tmp) from OUT
+    and OUT/checkpoints."""
+    for folder in (out, out / CHECKPOINTS):
+        for leftover in folder.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
+
+
+def write_checkpoint(out: Path, step: int, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    """ARRAYS and META (JSON, as the bytes of the array "meta") to OUT/checkpoints/step-NNNNNNNN.npz, atomically
+    and fsynced (a kill leaves the one before whole); then only the newest KEEP stay."""
+    arrays = {**arrays, "meta": np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)}
+    path = real_directory(out / CHECKPOINTS) / f"step-{step:08d}.npz"
+    write_atomic(path, lambda f: np.savez(f, **arrays), fsync=True)
+    for old in checkpoint_files(out)[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
 
 
 @contextmanager

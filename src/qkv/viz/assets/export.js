@@ -5,6 +5,8 @@
  *                                             subset), every canvas as an image of its pixels; clipped where
  *                                             the page clips (scrolled lists show what is scrolled into view)
  *   QKV_EXPORT.png(node, scale?)   → Promise<Blob>   that SVG drawn at `scale` (2: sharp on paper)
+ *   QKV_EXPORT.rasterise(text, w, h, k, what)  → Promise<Blob>   any SVG text of w × h drawn at k× as PNG (the
+ *                                             graph page's); WHAT names it in the errors ("panel", "graph")
  *   QKV_EXPORT.dataOf(node)        → object   what a DOM panel shows: its headings, formulas, tables, rows with
  *                                             a data-value, and the numbers behind its heatmaps (canvas.qkvData)
  *   QKV_EXPORT.bar(target, name, data)  → element   the buttons "PNG", "SVG", "Copy JSON": target() the node
@@ -186,6 +188,11 @@
     const [, w, h] = /width="(\d+)" height="(\d+)"/.exec(text);
     // at most 32000 pixels a side and 100 M in all (a browser's canvas limits): a long head view comes out finer
     const k = Math.min(scale || 2, 32000 / Math.max(w, h), Math.sqrt(1e8 / Math.max(1, w * h)));
+    return rasterise(text, w, h, k, "panel");
+  }
+
+  // an SVG text of w × h CSS pixels drawn on a canvas at k× (the caller keeps k within the canvas's limits)
+  function rasterise(text, w, h, k, what) {
     return new Promise((resolve, reject) => {
       const img = new Image();
       img.onload = () => {
@@ -195,9 +202,9 @@
         const ctx = c.getContext("2d");
         ctx.scale(k, k);
         ctx.drawImage(img, 0, 0);
-        c.toBlob((b) => (b ? resolve(b) : reject(new Error("the panel could not be drawn as PNG"))), "image/png");
+        c.toBlob((b) => (b ? resolve(b) : reject(new Error(`the ${what} could not be drawn as PNG`))), "image/png");
       };
-      img.onerror = () => reject(new Error("the panel's SVG could not be drawn"));
+      img.onerror = () => reject(new Error(`the ${what}'s SVG could not be drawn`));
       img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(text);
     });
   }
@@ -284,5 +291,5 @@
     return b;
   }
 
-  global.QKV_EXPORT = {svg, png, dataOf, bar, json};
+  global.QKV_EXPORT = {svg, png, rasterise, dataOf, bar, json};
 })(typeof window !== "undefined" ? window : this);

@@ -21,7 +21,8 @@
  * in any mode) select nodes, name them and Group them into a supernode (drawn at their mean place, the edges to and
  * from its members summed, the edges among them left out); in "Pin path" mode click a node to pin the strongest
  * path through it (each step down its strongest incoming edge, each step up its strongest outgoing one). Export:
- * the SVG as drawn (computed styles inlined, the page's Hangul face inside), a PNG of it, and the graph as JSON
+ * the SVG as drawn (computed styles inlined, the page's Hangul face inside), a PNG of it (export.js, which every
+ * page holding this script inlines first), and the graph as JSON
  * with the reader's "supernodes" and "pinned" path (a page opening it restores them).
  *
  * Every word comes from the words' GRAPH table (viz/words: en, ko). Every text from the graph (tokens, the prompt,
@@ -614,20 +615,7 @@
     png() {
       const text = this.svgText(), w = this.base.width, h = this.base.height;
       const k = Math.min(2, 16000 / Math.max(w, h), Math.sqrt(1e8 / (w * h)));
-      return new Promise((resolve, reject) => {
-        const img = new Image();
-        img.onload = () => {
-          const c = document.createElement("canvas");
-          c.width = Math.round(w * k);
-          c.height = Math.round(h * k);
-          const ctx = c.getContext("2d");
-          ctx.scale(k, k);
-          ctx.drawImage(img, 0, 0);
-          c.toBlob((b) => (b ? resolve(b) : reject(new Error("the graph could not be drawn as PNG"))), "image/png");
-        };
-        img.onerror = () => reject(new Error("the graph's SVG could not be drawn"));
-        img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(text);
-      });
+      return global.QKV_EXPORT.rasterise(text, w, h, k, "graph");       // export.js, inlined before this script
     }
 
     json() {                                                  // the graph and the reader's view of it
