@@ -275,7 +275,6 @@ def circuit_tracer_ref(t, x, k=None):
 
 
 def test_circuit_tracer_transcoder_set_from_config_yaml(tmp_path):
-    pytest.importorskip("yaml")
     layers = [circuit_tracer_layer(jump=True, skip=True), circuit_tracer_layer(jump=True, skip=True)]
     for i, t in enumerate(layers):
         safetensors(tmp_path / "ct" / f"layer_{i}.safetensors", t)
@@ -461,11 +460,10 @@ def test_circuit_tracer_configs_refuse_what_they_cannot_hold(tmp_path):
         (tmp_path / "ct" / "config.json").write_text(json.dumps({**base, **change}))
         with pytest.raises(QkvError, match=words):
             load_transcoders(tmp_path / "ct")
-    if pytest.importorskip("yaml"):
-        (tmp_path / "y").mkdir()
-        (tmp_path / "y" / "config.yaml").write_text("a: &x [feature_input_hook]\nb: *x\n")
-        with pytest.raises(QkvError, match="aliases"):
-            load_transcoders(tmp_path / "y")
+    (tmp_path / "y").mkdir()                                   # pyyaml is a dependency: read, never skipped
+    (tmp_path / "y" / "config.yaml").write_text("a: &x [feature_input_hook]\nb: *x\n")
+    with pytest.raises(QkvError, match="aliases"):
+        load_transcoders(tmp_path / "y")
 
 
 @pytest.fixture(scope="module")
@@ -620,7 +618,7 @@ def test_a_transcoder_trained_by_qkv_gives_the_same_numbers_in_every_layout(tmp_
     """`qkv transcoders train`'s run (4 steps on the Llama fixture) → its layer folders → each external layout →
     read back: the same arrays, the same outputs on the model's own FFN inputs (bit for bit), and
     `load_transcoders` of each layout's folder gives every layer."""
-    train = pytest.importorskip("qkv.features.transcoder_train")
+    from qkv.features import transcoder_train as train
     from qkv.features.transcoder_settings import TranscoderSettings
 
     llama = qkv.load(MODELS / "llama_gqa")
