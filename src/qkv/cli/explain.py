@@ -12,8 +12,11 @@ from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
 from ..runtime.errors import QkvError
-from ..lessons import explain_help
+from ..lessons import Topic, explain_help, register
 from .options import READER, WRITER, model_option, prefix_option, text_argument
+
+register("circuits", Topic("qkv.graphs.lesson", "one small attribution graph: a transcoder (the FFN box rewritten), "
+                                                "an edge, error nodes, the scores (--transcoders DIR)"))
 
 
 @click.command(name="explain", help=explain_help())
@@ -30,8 +33,10 @@ from .options import READER, WRITER, model_option, prefix_option, text_argument
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="attention: also write the walkthrough as the pipeline page, one offline HTML file (every box "
                    "of the model, opened at --layer and --head, in --lang with an English/Korean toggle).")
+@click.option("--transcoders", "transcoders_dir", default=None, metavar="DIR",
+              help="circuits: one transcoder per layer of the model (any layout qkv graph reads).")
 def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
-                out_dir: str | None, html_file: str | None) -> None:
+                out_dir: str | None, html_file: str | None, transcoders_dir: str | None) -> None:
     """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
     from .common import load_model as load, status
     from ..lessons import attention_figures, check_lang, lesson_module, parse
@@ -44,7 +49,11 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
     if topic == "vit" and head is not None:
         raise QkvError("--head chooses the head of the attention walkthrough (or of flash); vit shows every head of "
                        "its layer: drop --head (--layer chooses the layer)")
-    if topic not in ("attention", "flash", "ffn", "vit") and (layer is not None or head is not None):
+    if topic == "circuits":
+        _circuits_options(transcoders_dir, head, out_dir, html_file)
+    elif transcoders_dir is not None:
+        raise QkvError(f"--transcoders is read by qkv explain circuits; {topic} does not take it")
+    if topic not in ("attention", "flash", "ffn", "vit", "circuits") and (layer is not None or head is not None):
         raise QkvError(f"--layer and --head choose the head of the attention walkthrough (or of flash), --layer the "
                        f"layer of ffn and vit; {topic} does not take them")
     if html_file is not None and topic != "attention":
@@ -74,6 +83,10 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
             name = source or lesson.DEFAULT_MODEL
             options = ({"layer": layer, "head": head} if topic == "flash" else
                        {"layer": layer} if topic in ("ffn", "vit") else {})
+            if topic == "circuits":
+                from ..features.dictionaries import load_transcoders
+
+                options = {"layer": layer, "transcoders": load_transcoders(transcoders_dir)}
             model = None if name is None else _follows(load(name), topic)
             with status(f"computing the {topic} lesson{'' if model is None else f' on {model.name}'} …"):
                 built = lesson.build(model, text, **options)
@@ -83,6 +96,20 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
                 written = [] if out_dir is None else lesson.figures(built, Path(out_dir), lang)
     for path in written:
         click.echo(f"wrote {path}")
+
+
+def _circuits_options(transcoders_dir: str | None, head: int | None, out_dir: str | None,
+                      html_file: str | None) -> None:
+    """One line for what qkv explain circuits cannot take (before any model is loaded)."""
+    if transcoders_dir is None:
+        from ..graphs.lesson import MISSING
+
+        raise QkvError(MISSING)
+    if head is not None:
+        raise QkvError("qkv explain circuits follows one layer's FFN, which has no heads: drop --head")
+    if out_dir is not None or html_file is not None:
+        raise QkvError("qkv explain circuits draws no figures; for the graph's page run: qkv graph TEXT "
+                       "--transcoders DIR --page graph.html")
 
 
 def _follows(model, topic: str):

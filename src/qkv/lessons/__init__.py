@@ -8,6 +8,8 @@
     flash       the online softmax, tile by tile
     ffn         one token's vector through the FFN: W_in, activation, W_out, what the top neurons write
     vit         an image through a Vision Transformer: pixels, patches, [CLS], attention over patches, the answer
+    circuits    one small attribution graph: a transcoder, an edge, error nodes, the scores (qkv.graphs.lesson:
+                graphs/ comes after lessons/, so cli/explain.py adds it with `register`)
 
 Every topic module `qkv.lessons.<topic>` exposes the same four things:
 
@@ -56,6 +58,12 @@ TOPICS: dict[str, Topic] = {
     "vit": Topic("qkv.lessons.vit", "an image as patch tokens: pixels, patches · W_patch, [CLS], attention over "
                                     "patches, rollout, the classifier (TEXT: an image file, or a digit 0–9)"),
 }
+
+
+def register(name: str, topic: Topic) -> None:
+    """Add a topic whose module lives in a later folder (graphs/: `circuits`): its folder's command line registers it,
+    so that nothing here imports past lessons/ (tests/test_imports.py)."""
+    TOPICS.setdefault(name, topic)
 
 
 def lesson_module(topic: str) -> ModuleType:
@@ -179,5 +187,6 @@ def explain_help() -> str:
             "3).\n\n"
             "\b\nTopics:\n" + topics_help() + "\n\n"
             "--out DIR writes the topic's figures (PNG and SVG). Each topic loads its own model unless --model "
-            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn: smollm2; vit: digits-vit). --layer "
-            "chooses the layer of attention, flash, ffn and vit (ffn's default: the middle one).")
+            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn, circuits: smollm2; vit: digits-vit). "
+            "--layer chooses the layer of attention, flash, ffn, vit and circuits (ffn's and circuits' default: the "
+            "middle one). circuits also needs --transcoders DIR, one transcoder per layer of the model.")

@@ -759,5 +759,59 @@ GRAPH = {
     "bad_file": "This file is not a graph qkv can draw: {why}",
 }
 
+# qkv explain circuits (graphs.lesson)
+CIRCUITS = {
+    "title": "qkv explain circuits · {model} · layer {layer} of {L} · “{token}”",
+    "intro": "An attribution graph explains one prediction as a circuit: each FFN is rewritten as a transcoder "
+             "(sparse features you can read), attention patterns and norm scales are held at the real pass's, and "
+             "what is left is linear, so every edge, one node's direct effect on another, is exact. One small graph, "
+             "step by step.",
+    "s_box": "① The FFN box at layer {layer}, “{token}”, and its transcoder",
+    "box": "The FFN reads h (after its norm, d_model = {d_model}) and writes y, what joins the stream. A transcoder "
+           "is the same box rewritten: it reads h, keeps a few of {d_sae} features ({arch}), z = act(h·W_enc + "
+           "b_enc), and writes ŷ = z·W_dec + b_dec.",
+    "box_plain": "Each feature f that fires adds z_f·W_dec[f]: a readable part of what the FFN writes.",
+    "box_skip": "This transcoder also has a linear skip: ŷ = z·W_dec + b_dec + h·W_skip.",
+    "box_error": "What it misses is the error e = y − ŷ: ‖e‖/‖y‖ = {rel:.3f} (a fraction {fvu:.3f} of ‖y‖²). The "
+                 "graph keeps e as an error node, so that nothing the FFN wrote is lost.",
+    "box_check": "Checked: y redone from the FFN's weights in float64 (difference {ffn:.1e}); z and ŷ redone in "
+                 "float64 ({recon:.1e}); ŷ + e = y ({sum:.1e}).",
+    "s_features": "② The features active here",
+    "features": "{n} of {d_sae} features fire at this token; the top {top}, each with the tokens its decoder row "
+                "W_dec[f] promotes (through the final norm's γ and W_vocab, as the logit lens reads the stream):",
+    "col_feature": "feature", "col_z": "activation z", "col_promoted": "promotes",
+    "features_end": "Checked: every logit of those rows redone in float64 from W_vocab.",
+    "s_replacement": "③ The local replacement model",
+    "replacement_model": "Hold every attention pattern and every norm's scale at the real pass's, and replace each "
+                         "FFN by its transcoder plus its error: on this prompt it is the model, and every path from "
+                         "a node to a logit is a product of linear maps.",
+    "replacement_check": "Its logits against the model's: the largest difference is {diff:.1e}. The top next token is "
+                         "{token} (p = {prob:.3f}).",
+    "s_edge": "④ One edge into the logit of {token}",
+    "edge_target": "The logit node's input is logit − mean logit = {value:+.4f}; {n} nodes have a direct edge into it.",
+    "edge_strongest": "The strongest: {source}, {share:.1%} of the incoming |edges|.",
+    "edge_feature": "The strongest from a feature: {source}, {share:.1%} of the incoming |edges|.",
+    "src_feature": "feature {f} of layer {layer} at position {pos} (“{token}”)",
+    "src_error": "the error node of layer {layer} at position {pos} (“{token}”)",
+    "src_embedding": "the embedding at position {pos} (“{token}”)",
+    "edge_means": "An edge is the source's value times the gradient of the target's input at where the source "
+                  "writes, through the frozen system only (no other feature may respond): a direct effect.",
+    "edge_held": "Checked another way: hold every FFN output, take this source's vector out, run the frozen pass: "
+                 "the input moves by {moved:+.4f}, so the edge is {held:+.4f} (difference {diff:.1e}).",
+    "edge_sum": "All incoming edges sum to {edges:+.4f}; with the constant {const:+.4f} (the biases, which no edge "
+                "carries) that is {total:+.4f}, the input {value:+.4f} (difference {diff:.1e}).",
+    "error_nodes": "Error nodes exist because the transcoders are not exact: each is a constant vector the features "
+                   "do not explain. Without them the replacement would not give the model's logits, and the edges "
+                   "would not add up.",
+    "s_scores": "⑤ How much of the graph the features explain",
+    "nodes": "The graph: {features} feature nodes, {errors} error nodes, {embeddings} embeddings, {logits} logits.",
+    "score_replacement": "replacement = {v:.3f}: of the influence that reaches the logits, the share that starts at "
+                         "the tokens rather than at the error nodes.",
+    "score_completeness": "completeness = {v:.3f}: of every node's inputs, weighted by its influence, the share that "
+                          "comes from nodes rather than from errors.",
+    "scores_check": "Checked: both redone layer by layer in float64 (difference {diff:.1e}).",
+    "next": "The whole graph, pruned, with its page: qkv graph TEXT --transcoders DIR --page graph.html",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "viewer": VIEWER}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS, "viewer": VIEWER}

@@ -720,5 +720,53 @@ GRAPH = {
     "bad_file": "이 파일은 qkv가 그릴 수 있는 그래프가 아닙니다: {why}",
 }
 
+# qkv explain circuits (graphs.lesson)
+CIRCUITS = {
+    "title": "qkv explain circuits · {model} · 레이어 {layer} / {L} · “{token}”",
+    "intro": "어트리뷰션 그래프는 예측 하나를 회로로 설명합니다. 각 FFN을 트랜스코더(읽을 수 있는 희소 특징)로 바꿔 쓰고, "
+             "어텐션 패턴과 정규화 배율은 실제 패스의 값으로 고정합니다. 그러면 남는 것은 선형이어서, 모든 엣지(한 노드가 "
+             "다른 노드에 주는 직접 효과)가 정확합니다. 작은 그래프 하나를 한 단계씩 따라갑니다.",
+    "s_box": "① 레이어 {layer}, “{token}”의 FFN 상자와 트랜스코더",
+    "box": "FFN은 h(정규화 뒤, d_model = {d_model})를 읽고 y(스트림에 더해지는 값)를 씁니다. 트랜스코더는 같은 상자를 "
+           "바꿔 쓴 것입니다. h를 읽어 {d_sae}개 특징 중 몇 개만 남기고({arch}), z = act(h·W_enc + b_enc), "
+           "ŷ = z·W_dec + b_dec를 씁니다.",
+    "box_plain": "켜진 특징 f는 각각 z_f·W_dec[f]를 더합니다. FFN이 쓰는 것의 읽을 수 있는 한 조각입니다.",
+    "box_skip": "이 트랜스코더에는 선형 스킵도 있습니다: ŷ = z·W_dec + b_dec + h·W_skip.",
+    "box_error": "놓친 부분이 오차 e = y − ŷ입니다: ‖e‖/‖y‖ = {rel:.3f} (‖y‖²의 {fvu:.3f}). 그래프는 e를 오차 노드로 "
+                 "남겨 FFN이 쓴 것을 하나도 잃지 않습니다.",
+    "box_check": "검증: y를 FFN 가중치로 float64에서 다시 계산(차이 {ffn:.1e}), z와 ŷ를 float64로 다시 계산"
+                 "({recon:.1e}), ŷ + e = y ({sum:.1e}).",
+    "s_features": "② 여기서 켜진 특징",
+    "features": "이 토큰에서 {d_sae}개 중 {n}개 특징이 켜집니다. 상위 {top}개와, 각 디코더 행 W_dec[f]가 올리는 토큰"
+                "(로짓 렌즈처럼 마지막 정규화의 γ와 W_vocab을 거쳐 읽음):",
+    "col_feature": "특징", "col_z": "활성값 z", "col_promoted": "올리는 토큰",
+    "features_end": "검증: 그 행들의 로짓을 W_vocab으로 float64에서 모두 다시 계산했습니다.",
+    "s_replacement": "③ 국소 대체 모델",
+    "replacement_model": "모든 어텐션 패턴과 정규화 배율을 실제 패스의 값으로 고정하고, 각 FFN을 트랜스코더와 그 오차로 "
+                         "바꿉니다. 이 프롬프트에서는 모델과 같고, 노드에서 로짓까지의 모든 경로가 선형 사상의 곱입니다.",
+    "replacement_check": "그 로짓과 모델의 로짓: 가장 큰 차이는 {diff:.1e}. 다음 토큰 1위는 {token} (p = {prob:.3f}).",
+    "s_edge": "④ {token}의 로짓으로 들어가는 엣지 하나",
+    "edge_target": "로짓 노드의 입력은 로짓 − 평균 로짓 = {value:+.4f}이고, {n}개 노드가 직접 엣지로 이어집니다.",
+    "edge_strongest": "가장 강한 것: {source}, 들어오는 |엣지|의 {share:.1%}.",
+    "edge_feature": "특징에서 오는 것 중 가장 강한 것: {source}, 들어오는 |엣지|의 {share:.1%}.",
+    "src_feature": "레이어 {layer}, 위치 {pos}(“{token}”)의 특징 {f}",
+    "src_error": "레이어 {layer}, 위치 {pos}(“{token}”)의 오차 노드",
+    "src_embedding": "위치 {pos}(“{token}”)의 임베딩",
+    "edge_means": "엣지는 소스의 값 × 소스가 쓰는 자리에서 본 타깃 입력의 기울기입니다. 고정된 시스템만 거치므로(다른 "
+                  "특징은 반응하지 않음) 직접 효과입니다.",
+    "edge_held": "다른 방법으로 검증: 모든 FFN 출력을 고정하고 이 소스의 벡터만 빼서 고정 패스를 돌리면 입력이 "
+                 "{moved:+.4f}만큼 움직이므로 엣지는 {held:+.4f}입니다(차이 {diff:.1e}).",
+    "edge_sum": "들어오는 엣지의 합은 {edges:+.4f}, 상수 {const:+.4f}(어느 엣지도 나르지 않는 편향)를 더하면 {total:+.4f}, "
+                "곧 입력 {value:+.4f}입니다(차이 {diff:.1e}).",
+    "error_nodes": "오차 노드가 있는 것은 트랜스코더가 정확하지 않기 때문입니다. 각각은 특징이 설명하지 못하는 상수 "
+                   "벡터입니다. 이것이 없으면 대체 모델이 모델의 로짓을 내지 못하고, 엣지의 합도 맞지 않습니다.",
+    "s_scores": "⑤ 특징이 그래프를 얼마나 설명하나",
+    "nodes": "그래프: 특징 노드 {features}개, 오차 노드 {errors}개, 임베딩 {embeddings}개, 로짓 {logits}개.",
+    "score_replacement": "replacement = {v:.3f}: 로짓에 닿는 영향 중 오차 노드가 아니라 토큰에서 시작하는 몫.",
+    "score_completeness": "completeness = {v:.3f}: 각 노드의 입력을 영향으로 가중했을 때, 오차가 아니라 노드에서 오는 몫.",
+    "scores_check": "검증: 둘 다 레이어별로 float64에서 다시 계산했습니다(차이 {diff:.1e}).",
+    "next": "가지치기한 전체 그래프와 그 페이지: qkv graph TEXT --transcoders DIR --page graph.html",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS}
