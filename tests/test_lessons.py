@@ -54,7 +54,9 @@ def test_every_topic_has_the_interface():
     for name in ("positions", "kv-cache", "gqa"):
         m = lesson_module(name)
         assert m.DEFAULT_MODEL == "smollm2" and callable(m.build) and callable(m.render) and callable(m.figures)
-    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn", "vit"]
+    import qkv.cli.explain  # noqa: F401 — registers the topics that live after lessons/ (circuits: graphs/lesson.py)
+
+    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn", "vit", "circuits"]
     with pytest.raises(QkvError, match="unknown topic 'rope'"):
         lesson_module("rope")
 
