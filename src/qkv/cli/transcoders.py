@@ -212,7 +212,8 @@ def eval_cmd(directory: str, source: str | None, corpus_path: str | None, corpus
     FFN replaced by its transcoder, against the FFN(s) zero-ablated (CE loss recovered)."""
     from ..features.corpora import open_texts
     from ..features.evaluate import check_text_model, token_sequences
-    from ..features.transcoder_eval import check_fit, evaluate_transcoders, load_transcoders
+    from ..features.dictionaries import check_fits
+    from ..features.transcoder_eval import evaluate_transcoders, load_transcoders
 
     transcoders = load_transcoders(directory)
     first = next(iter(transcoders.values())).config
@@ -227,7 +228,7 @@ def eval_cmd(directory: str, source: str | None, corpus_path: str | None, corpus
     model = _load(name)
     for sae in transcoders.values():
         check_text_model(model, sae, sae.config.layer, sae.config.site)
-    check_fit(model, transcoders)
+    check_fits(model, transcoders)
     each = list(transcoders) if layers_text is None else list(_layers(layers_text, model.config.n_layers))
     if context > model.config.max_positions:
         raise QkvError(f"--context {context} is more than the {model.config.max_positions} positions {model.name} "

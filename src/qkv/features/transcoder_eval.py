@@ -77,14 +77,6 @@ def load_transcoders(directory: str | Path) -> dict[int, SAE]:
     return dict(sorted(found.items()))
 
 
-def check_fit(model, transcoders: dict[int, SAE]) -> None:
-    """features.dictionaries.check_fits: each transcoder's layer and hook points exist in MODEL, its widths are
-    d_model; else one QkvError."""
-    from .dictionaries import check_fits
-
-    check_fits(model, transcoders)
-
-
 def _batches(sequences: Sequence[np.ndarray], tokens: int) -> list[np.ndarray]:
     """Consecutive sequences of one length stacked into (b, n) batches of about TOKENS tokens."""
     out, group = [], []
@@ -105,8 +97,9 @@ def evaluate_transcoders(model, transcoders: dict[int, SAE], sequences: Sequence
     CE is measured (default every transcoder's layer; FVU, L0 and dead are measured for all)."""
     from ..core.hooks import Hooks
     from ..core.stack import transformer
+    from .dictionaries import check_fits
 
-    check_fit(model, transcoders)
+    check_fits(model, transcoders)
     each = list(transcoders) if each is None else list(each)
     for layer in each:
         if layer not in transcoders:
