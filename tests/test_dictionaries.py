@@ -602,6 +602,13 @@ def test_load_transcoders_refuses_what_is_not_a_set_of_transcoders(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(QkvError, match="holds no dictionary"):
         load_transcoders(tmp_path / "empty")
+    attn = random_box("topk", transcoder=True, layer=0)
+    attn.config.site, attn.config.site_out = "resid", "attn_out"        # a transcoder, but not of an FFN
+    save_saelens(attn, tmp_path / "attn" / "layer_00")
+    with pytest.raises(QkvError, match="reads 'resid' and writes 'attn_out'"):
+        load_transcoders(tmp_path / "attn")
+    with pytest.raises(QkvError, match="is not a directory"):
+        load_transcoders(tmp_path / "missing")
 
 
 # ── the check: a transcoder trained by qkv, through every layout ─────────

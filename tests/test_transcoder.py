@@ -13,7 +13,8 @@ import pytest
 from conftest import MODELS
 from qkv.features.sae import SAE, SAEConfig, topk
 from qkv.features.transcoder import topk_loss_and_grads
-from qkv.features.transcoder_eval import evaluate_transcoders, load_transcoders
+from qkv.features.dictionaries import load_transcoders
+from qkv.features.transcoder_eval import evaluate_transcoders
 from qkv.features.transcoder_kernels import rows_dot, top_k_rows
 from qkv.features.transcoder_settings import TranscoderSettings
 from qkv.features.transcoder_train import LOG_FILE, Source, cut_windows, layer_dir, open_transcoder_run

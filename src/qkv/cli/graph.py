@@ -20,16 +20,6 @@ from .options import WRITER, model_option, text_argument, token_option
 TOP = 12                 # rows of each table
 
 
-def load_transcoders(directory: str) -> dict:
-    """The transcoders in DIRECTORY as {layer: SAE} (qkv.features.dictionaries.load_transcoders: qkv's, SAELens's,
-    sparsify's, Gemma Scope's or circuit-tracer's per-layer layouts)."""
-    from ..features.dictionaries import load_transcoders as load
-
-    if not Path(directory).is_dir():
-        raise QkvError(f"--transcoders {directory} is not a directory; give the folder the transcoders were saved in")
-    return load(directory)
-
-
 def describe(graph, node: int) -> str:
     """A node of GRAPH (its adjacency index) in words: 'F L12 @5 #881', 'error L3 @2', 'emb @0 " cat"', 'logit'."""
     at, rep = graph.slices(), graph.rep
@@ -84,6 +74,8 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
     if json_path is not None and Path(json_path).is_dir():
         raise QkvError(f"--json {json_path} is a directory; give a file name such as graph.json")
     page_texts = graph_page.check_page(page_path, page_corpus)      # --page, --page-corpus: before the work
+    from ..features.dictionaries import load_transcoders
+
     transcoders = load_transcoders(transcoders_dir)
     model = load_model(source)
     extras = graph_tools.prepare(model, text, transcoders, intervene_spec, qk_specs)   # checked before the graph

@@ -212,8 +212,8 @@ def eval_cmd(directory: str, source: str | None, corpus_path: str | None, corpus
     FFN replaced by its transcoder, against the FFN(s) zero-ablated (CE loss recovered)."""
     from ..features.corpora import open_texts
     from ..features.evaluate import check_text_model, token_sequences
-    from ..features.dictionaries import check_fits
-    from ..features.transcoder_eval import evaluate_transcoders, load_transcoders
+    from ..features.dictionaries import check_fits, load_transcoders
+    from ..features.transcoder_eval import evaluate_transcoders
 
     transcoders = load_transcoders(directory)
     first = next(iter(transcoders.values())).config

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 FIX = ("give a dictionary folder in SAELens's layout (cfg.json + sae_weights.safetensors), sparsify's (cfg.json + "
        "sae.safetensors), Gemma Scope's params.npz, or circuit-tracer's (config.yaml + layer_L.safetensors)")
 SITES = ("resid", "attn_out", "ffn_out", "ffn_in", "resid_mid")     # the points qkv's dictionaries may read
+FFN_INPUTS = ("ffn_in", "resid_mid")          # what a transcoder of an FFN may read
 Dictionary = Union[SAE, Mapping[int, SAE], CrossLayerTranscoder]
 _LAYER_DIR = re.compile(r"(?:^|[._-])(?:layer|layers|h|blocks)[._-]?(\d{1,6})(?:$|[._-])")
 
@@ -120,9 +121,20 @@ def _one_file(sub: Path) -> Path:
 def load_transcoders(path: str | Path) -> dict[int, SAE]:
     """Every layer's transcoder at PATH, layer → SAE: circuit-tracer's folder, or one sub-folder per layer in any
     one-dictionary layout (qkv's DIR/layer_NN/, sparsify's layers.L.mlp/, Gemma Scope's layer_L/…), or PATH itself
-    when it is one transcoder that names its layer. Each must be a transcoder, and one whose file names its layer
-    must name the folder's."""
-    path = Path(path)
+    when it is one transcoder that names its layer. Each must be a transcoder of an FFN (reading what the FFN reads,
+    ffn_in or resid_mid, and writing its output), and one whose file names its layer must name the folder's. The
+    one place transcoders are read: every command and the server call this."""
+    found = dict(sorted(_transcoders(Path(path)).items()))
+    for layer, sae in found.items():
+        c = sae.config
+        if c.site not in FFN_INPUTS or (c.site_out or "ffn_out") != "ffn_out":
+            raise QkvError(f"layer {layer}'s transcoder reads {c.site!r} and writes {c.site_out!r}; give transcoders "
+                           "that write a layer's FFN output (ffn_out) from its input (ffn_in or resid_mid)")
+    return found
+
+
+def _transcoders(path: Path) -> dict[int, SAE]:
+    """load_transcoders before the FFN check: layer → transcoder, by layout."""
     kind = layout(path)
     if kind == "circuit_tracer" and path.is_dir():
         return load_circuit_tracer(path)

@@ -17,7 +17,6 @@ Cost: a clean pass records the stream entering each layer, so a one-layer pass r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -25,9 +24,6 @@ import numpy as np
 from ..runtime.errors import QkvError
 from .evaluate import HOOK_POINTS, Tally, _fraction, next_token_loss
 from .sae import SAE
-
-INPUTS = ("ffn_in", "resid_mid")            # what a transcoder of an FFN may read (hooked as HOOK_POINTS says)
-
 
 @dataclass
 class LayerEval:
@@ -56,25 +52,6 @@ class TranscodersEval:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def load_transcoders(directory: str | Path) -> dict[int, SAE]:
-    """{layer: transcoder} at DIRECTORY in any layout features.dictionaries reads (qkv's layer_NN/ folders, circuit-
-    tracer's, sparsify's, Gemma Scope's, one transcoder's folder), each one writing its layer's FFN output from what
-    that FFN reads (ffn_in) or the stream before its norm (resid_mid)."""
-    from .dictionaries import load_transcoders as load
-
-    if not Path(directory).exists():
-        raise QkvError(f"--transcoders {directory} does not exist; give the --out of qkv transcoders train")
-    found = load(directory)
-    if not found:
-        raise QkvError(f"{directory} holds no transcoder; give the --out of qkv transcoders train")
-    for layer, sae in found.items():
-        c = sae.config
-        if c.site not in INPUTS or (c.site_out or "ffn_out") != "ffn_out":
-            raise QkvError(f"layer {layer}'s transcoder reads {c.site!r} and writes {c.site_out!r}; give transcoders "
-                           "that write a layer's FFN output (ffn_out) from its input (ffn_in or resid_mid)")
-    return dict(sorted(found.items()))
 
 
 def _batches(sequences: Sequence[np.ndarray], tokens: int) -> list[np.ndarray]:
