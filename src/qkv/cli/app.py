@@ -22,7 +22,8 @@ from .interpret import circuits_cmd, lens_cmd, rollout_cmd
 from .neurons import neurons_cmd
 from .options import READER, model_option, prefix_option, text_argument
 from .sae import sae_cmd
-from .sae_views import features_cmd, show_cmd
+from .sae_views import check_steer_flags, features_cmd, show_cmd, steer_options, steered
+from .steering import probe_cmd, steer_cmd
 from .transcoders import transcoders_cmd
 from .graph_page import graph_page_cmd
 from .graph import graph_cmd
@@ -67,9 +68,14 @@ def cli(weights: str | None, quiet: bool) -> None:
               help="Refuse texts longer than this (past 1024 tokens --out keeps each query row's largest weights).")
 @click.option("--budget-mb", type=float, default=None,
               help="Attention bytes the viewer holds before it keeps each row's largest weights only  [default: 80].")
+@steer_options
 def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
-         ablate: tuple[str, ...], prefix: str | None, max_tokens: int, budget_mb: float | None) -> None:
+         ablate: tuple[str, ...], prefix: str | None, max_tokens: int, budget_mb: float | None,
+         sae_dir: str | None = None, steer: tuple[str, ...] = (), ablate_direction: tuple[str, ...] = ()) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
+
+    With --steer FILE@LAYER:SCALE (a control vector; --sae DIR --steer FEATURE:ALPHA, an SAE's features) or
+    --ablate-direction FILE, the model reads TEXT steered (cli/steering.py).
 
     With --out DIR, also write into DIR: the heatmap of one head (--head, or the layer's
     most focused head), the layer's heads side by side, every layer × head, and
@@ -98,7 +104,12 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     from ..models.image_model import ImageModel
     from ..models.seq2seq import Seq2SeqModel
 
+    steering = check_steer_flags(sae_dir, steer, ablate_direction)              # --steer: files read before loading
     model = load(source)
+    if steering is not None and isinstance(model, (ImageModel, AudioModel, Seq2SeqModel)):
+        raise QkvError(f"--steer and --ablate-direction act on a single stack's stream of text; {model.name} is "
+                       f"{model.config.family}: drop them")
+    model = steered(model, sae_dir, steering)
     if isinstance(model, ImageModel):
         from .show_image import show_image
 
@@ -355,12 +366,22 @@ def models() -> None:
 @click.option("--transcoders", "transcoders_dir", default=None, metavar="DIR",
               help="The model's per-layer transcoders: the Graph tab then also computes the attribution graph of a "
                    "typed prompt (without: it draws graph JSON files only).")
-def serve(source: str, port: int, host: str, transcoders_dir: str | None = None) -> None:
-    """A local web page: type text, pick model, layer and head, and see the attention."""
+@steer_options
+def serve(source: str, port: int, host: str, transcoders_dir: str | None = None, sae_dir: str | None = None,
+          steer: tuple[str, ...] = (), ablate_direction: tuple[str, ...] = ()) -> None:
+    """A local web page: type text, pick model, layer and head, and see the attention.
+
+    With --steer FILE@LAYER:SCALE (or --sae DIR --steer FEATURE:ALPHA) or --ablate-direction FILE, the --model's
+    every pass (attention, pipeline, chat) runs steered; the other models of the page do not."""
     from ..web.app import make_server
     from ..web.server import exposure_warning
 
-    server = make_server(source, host, port, transcoders=transcoders_dir)
+    steering = check_steer_flags(sae_dir, steer, ablate_direction)
+    if steering is not None and transcoders_dir is not None:
+        raise QkvError("--transcoders computes attribution graphs of the model as it is; drop --steer and "
+                       "--ablate-direction, or --transcoders")
+    server = make_server(source, host, port, transcoders=transcoders_dir,
+                         steer=None if steering is None else lambda model: steered(model, sae_dir, steering))
     click.echo(f"qkv: serving {server.app.default} at {server.url}  (Ctrl+C to stop)")
     warning = exposure_warning(host)
     if warning:
@@ -391,6 +412,8 @@ for command in (features_cmd, show_cmd):
 cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train|eval (cli/transcoders.py)
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
+for command in (steer_cmd, probe_cmd):
+    cli.add_command(command)      # steering vectors (llama.cpp control vectors) and linear probes (cli/steering.py)
 
 
 def main() -> None:

@@ -44,35 +44,49 @@ def sae_and_model(sae_dir: str, source: str | None):
     return sae, model
 
 
-# ── steering: qkv generate|chat --sae DIR --steer FEATURE:ALPHA ─────────────────
+# ── steering: qkv generate|chat --sae DIR --steer FEATURE:ALPHA (or --steer FILE@LAYER:SCALE) ─────────
 
 def steer_options(command):
-    """--sae and --steer on a writing command (generate, chat)."""
-    command = click.option("--steer", "steer", default=None, metavar="FEATURE:ALPHA[,…]",
-                           help="Add α × the feature's decoder direction to the stream at the SAE's layer, at every "
-                                "position, while writing (e.g. 12:8 or 12:8,40:-4). Needs --sae.")(command)
+    """--sae, --steer and --ablate-direction on a writing command (generate, chat; show): one grammar for --steer,
+    an SAE's FEATURE:ALPHA with --sae, a control-vector file FILE[@LAYER][:SCALE] without (cli/steering.py)."""
+    from .steering import STEER_HELP, ablate_direction_option
+
+    command = ablate_direction_option(command)
+    command = click.option("--steer", "steer", multiple=True, metavar="FILE@LAYER:SCALE | FEATURE:ALPHA[,…]",
+                           help=STEER_HELP)(command)
     return click.option("--sae", "sae_dir", default=None, metavar="SAE_DIR",
                         help="The SAE whose features --steer adds (any layout `qkv sae eval --sae` reads).")(command)
 
 
-def check_steer_flags(sae_dir: str | None, steer: str | None) -> dict[int, float] | None:
-    """--steer parsed ({feature: α}), None without it; one error for either flag without the other."""
+def check_steer_flags(sae_dir: str | None, steer: "str | tuple[str, ...] | None", ablate: tuple[str, ...] = ()):
+    """What the steering flags ask for, checked before the model loads: None without them; {feature: α} with --sae
+    (the --steer values joined as one FEATURE:ALPHA list); else the control vectors (cli/steering.VectorSteering).
+    One error for --sae without --steer, or --sae with --ablate-direction."""
     from ..features.steer import parse_steer
+    from .steering import vector_request
 
-    if steer is None and sae_dir is None:
+    steer = (steer,) if isinstance(steer, str) else tuple(steer or ())
+    if not steer and sae_dir is None and not ablate:
         return None
-    if steer is None:
-        raise QkvError("--sae is for steering; give --steer FEATURE:ALPHA too (e.g. --steer 12:8)")
-    features = parse_steer(steer)
     if sae_dir is None:
-        raise QkvError("--steer adds an SAE feature's direction; give --sae SAE_DIR too")
-    return features
+        return vector_request(steer, tuple(ablate))
+    if not steer:
+        raise QkvError("--sae is for steering; give --steer FEATURE:ALPHA too (e.g. --steer 12:8)")
+    if ablate:
+        raise QkvError("--ablate-direction removes a control vector's direction, and --sae makes --steer an SAE's "
+                       "features; give one of them")
+    return parse_steer(",".join(steer))
 
 
-def steered(model, sae_dir: str | None, features: dict[int, float] | None):
-    """MODEL, or a view of it that steers with FEATURES of the SAE in SAE_DIR (`features.steer`)."""
+def steered(model, sae_dir: str | None, features):
+    """MODEL, or a view of it that steers with FEATURES of the SAE in SAE_DIR (`features.steer`), or with the
+    control vectors FEATURES names (a cli/steering.VectorSteering)."""
     if features is None:
         return model
+    from .steering import VectorSteering
+
+    if isinstance(features, VectorSteering):
+        return model.with_hooks(features.hooks(model))
     from ..features.dictionaries import load_dictionary
     from ..features.steer import check_features, check_model, steering_hooks
 

@@ -1,7 +1,8 @@
 """The commands that write text: `qkv generate` (continue a prompt), `qkv translate` (an
 encoder–decoder's target) and `qkv chat` (one question or a conversation with an LLM), each with
 --trace DIR for what the written tokens attended to; generate and chat steer with SAE features
-(--sae DIR --steer FEATURE:ALPHA, cli/sae_views.py). Registered by cli/app.py."""
+(--sae DIR --steer FEATURE:ALPHA, cli/sae_views.py) or control vectors (--steer FILE@LAYER:SCALE,
+--ablate-direction FILE, cli/steering.py). Registered by cli/app.py."""
 
 from __future__ import annotations
 
@@ -41,11 +42,12 @@ lens_option = click.option(
 @steer_options
 def generate(text: str, source: str, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, stop: tuple[str, ...], trace_dir: str | None, lens: bool,
-             sae_dir: str | None, steer: str | None) -> None:
+             sae_dir: str | None, steer: tuple[str, ...], ablate_direction: tuple[str, ...] = ()) -> None:
     """Continue TEXT with a decoder model, streaming the text as it is written.
 
-    With --sae and --steer, add SAE features' directions to the stream while writing (qkv.features.steer).
-    With an encoder–decoder, translate TEXT instead (qkv translate)."""
+    With --sae and --steer, add SAE features' directions to the stream while writing (qkv.features.steer); with
+    --steer FILE@LAYER:SCALE a control vector's (qkv steer make, llama.cpp's), with --ablate-direction FILE its
+    direction removed at every layer (qkv.analysis.steering). With an encoder–decoder, translate TEXT instead (qkv translate)."""
     from dataclasses import replace
 
     from .common import load_model as load
@@ -56,7 +58,7 @@ def generate(text: str, source: str, max_new_tokens: int | None, temperature: fl
     sampling = Sampling(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                         seed=seed)                                                # checked before loading
     check_lens_flag(lens, trace_dir)
-    features = check_steer_flags(sae_dir, steer)
+    features = check_steer_flags(sae_dir, steer, ablate_direction)
     model = load(source)
     if isinstance(model, Seq2SeqModel):
         if features is not None:
@@ -172,7 +174,7 @@ CHAT_HELP = "/reset clears the conversation, /help shows this, /quit or Ctrl-D q
 @steer_options
 def chat_cmd(text: str | None, source: str, system: str | None, max_new_tokens: int, temperature: float,
              top_k: int | None, top_p: float | None, seed: int | None, trace_dir: str | None, lens: bool,
-             sae_dir: str | None, steer: str | None) -> None:
+             sae_dir: str | None, steer: tuple[str, ...], ablate_direction: tuple[str, ...] = ()) -> None:
     """Ask a chat model TEXT (a question) and stream its answer.
 
     Without TEXT, talk with it: the conversation is kept from turn to turn (when it
@@ -187,7 +189,7 @@ def chat_cmd(text: str | None, source: str, system: str | None, max_new_tokens: 
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)   # checked before loading
     check_lens_flag(lens, trace_dir)
-    features = check_steer_flags(sae_dir, steer)
+    features = check_steer_flags(sae_dir, steer, ablate_direction)
     conversation = Conversation(steered(load(source), sae_dir, features), system, max_new_tokens, sampling,
                                 record=trace_dir is not None)
     if text is not None:

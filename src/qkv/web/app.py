@@ -455,12 +455,15 @@ class ChatReply(Stream):
 
 
 def make_server(source: str = "minilm", host: str = "127.0.0.1", port: int = 8000,
-                transcoders: str | None = None) -> Server:
+                transcoders: str | None = None, steer: Callable[[Model], Model] | None = None) -> Server:
     """A server for model SOURCE (loaded now, so a bad --model fails before serving); TRANSCODERS: a folder of
     SOURCE's per-layer transcoders (`features.dictionaries.load_transcoders`), read and checked now too, with
-    which the Graph tab computes graphs."""
+    which the Graph tab computes graphs; STEER: SOURCE's model → the view of it the server uses (`qkv serve
+    --steer`: every pass of that model steered)."""
     app = App(source)
     model = app.model(source)
+    if steer is not None:
+        model = app._models[source] = steer(model)
     if transcoders is not None:
         from ..features.dictionaries import load_transcoders
         from ..graphs.replacement import check_model, check_transcoders
