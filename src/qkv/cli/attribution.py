@@ -73,8 +73,20 @@ def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: i
               help="Encoders: explain the cosine of TEXT's sentence embedding to this text's.")
 @prefix_option("Default: the start token alone (the first target token is explained).")
 @other_option("Explain logit(token) − logit(other) (one token).")
-@click.option("--method", type=click.Choice(("saliency", "grad-x-input", "ig")), default="grad-x-input",
-              show_default=True, help="saliency ‖∂z/∂e‖, gradient × input, or integrated gradients.")
+@click.option("--method", type=click.Choice(("saliency", "grad-x-input", "ig", "occlusion", "shapley")),
+              default="grad-x-input", show_default=True,
+              help="saliency ‖∂z/∂e‖, gradient × input, integrated gradients; or forward passes only: occlusion "
+                   "(z − z with the token at the baseline) or Shapley values (exact up to 10 players, else sampled).")
+@click.option("--spans", default="tokens", show_default=True,
+              help="Occlusion, Shapley: the players: 'tokens', 'words', or groups of positions like '1-3,4,6-8' "
+                   "(positions in no group stay themselves).")
+@click.option("--samples", type=click.IntRange(1, 100_000), default=64, show_default=True,
+              help="Sampled Shapley values: permutations (in antithetic pairs, each with its reverse).")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Sampled Shapley values: the random generator's start; the same seed gives the same numbers.")
+@click.option("--exact/--sampled", default=None,
+              help="Shapley values: enumerate all 2^p coalitions, or sample permutations. Default: exact up to "
+                   "10 players.")
 @click.option("--steps", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="Integrated gradients: nodes of the integral (batched).")
 @click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.02, show_default=True,
@@ -82,21 +94,23 @@ def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: i
                    "part of it, integrate again with adaptive nodes (at most 1024 more) and say so; 0: never, the "
                    "STEPS nodes as Captum sums them.")
 @click.option("--baseline", type=click.Choice(("zero", "pad")), default="zero", show_default=True,
-              help="Integrated gradients: start from the zero embedding or from the pad token's at every position.")
+              help="Integrated gradients: start from the zero embedding or from the pad token's at every position; "
+                   "occlusion, Shapley: what an absent token's embedding becomes (positions kept).")
 @click.option("--keep-first/--vary-first", default=True, show_default=True,
-              help="Integrated gradients: keep the first token (the attention sink of every later one) itself along "
+              help="Integrated gradients, occlusion, Shapley: keep the first token (the attention sink of every later one) itself along "
                    "the path, so its score is 0 and the integral converges; or move it from the baseline too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the tokens coloured by score (attribute.png, .svg), attribute.json and the viewer "
                    "with its attribution panel open (attribute.html) here.")
 def attribute_cmd(text: str, source: str, token: str | None, compare: str | None, prefix: str | None,
-                  other: str | None, method: str, steps: int, tolerance: float, baseline: str, keep_first: bool,
-                  as_json: bool, out_dir: str | None) -> None:
+                  other: str | None, method: str, spans: str, samples: int, seed: int, exact: bool | None, steps: int,
+                  tolerance: float, baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
     """Which input tokens made the next token (a masked token; an encoder's similarity to --compare): the
     gradient of its logit z with respect to each token's embedding e_i (before positions are added), as
     saliency ‖∂z/∂e_i‖, gradient × input e_i·∂z/∂e_i, or integrated gradients from a baseline (their sum is
-    z(e) − z(baseline); the gap is reported)."""
+    z(e) − z(baseline); the gap is reported); or by forward passes alone: occlusion z(x) − z(x, token i at the
+    baseline), or Shapley values over tokens or --spans (their sum is z(x) − z(baseline), checked)."""
     import json
 
     from ..analysis.attribution import token_id
@@ -115,8 +129,17 @@ def attribute_cmd(text: str, source: str, token: str | None, compare: str | None
         if out_dir is not None:
             check_writable(out_dir)
         with status(f"computing {method} attributions on {model.name} …"):
-            a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
-                          keep_first=keep_first, compare=compare, prefix=prefix, tolerance=tolerance)
+            if method in ("occlusion", "shapley"):
+                from ..analysis.occlusion import prompt_attribution
+
+                if prefix is not None:
+                    raise QkvError("--prefix is for an encoder–decoder; occlusion and Shapley values read one stack")
+                a = prompt_attribution(model, text, target, other, method=method, baseline=baseline,
+                                       keep_first=keep_first, spans=spans, samples=samples, seed=seed, exact=exact,
+                                       compare=compare)
+            else:
+                a = attribute(model, text, target, other, method=method, steps=steps, baseline=baseline,
+                              keep_first=keep_first, compare=compare, prefix=prefix, tolerance=tolerance)
         what = f"{method} of {a.what}"
         if as_json:
             click.echo(json.dumps(a.to_json(), ensure_ascii=False))
@@ -132,7 +155,9 @@ def attribute_cmd(text: str, source: str, token: str | None, compare: str | None
                 side = "" if a.sides is None else ("src " if a.sides[i] == "source" else "tgt ")
                 table.add_row(str(i), side + label, f"{score:+.4f}", Text(bar, style="red" if score > 0 else "blue"))
             console.print(table)
-            if a.baseline_logit is not None:
+            if getattr(a, "spans", None) is not None:
+                console.print(Text(_forward_summary(a)))
+            elif a.baseline_logit is not None:
                 console.print(Text(f"sum {a.scores.sum():+.4f}; z(e) − z(baseline) = {a.logit - a.baseline_logit:+.4f} "
                                    f"(baseline {a.baseline}, {a.steps} steps: {100 * a.completeness:.2f} % apart)"))
             if a.refinement is not None:
@@ -152,6 +177,17 @@ def attribute_cmd(text: str, source: str, token: str | None, compare: str | None
             if not as_json:
                 for path in paths:
                     click.echo(f"wrote {path}")
+
+
+def _forward_summary(a) -> str:
+    """One line under a forward attribution's table: its players, passes and (Shapley) sum against the gap."""
+    players = f"{len(a.spans)} players ({'tokens' if all(len(s) == 1 for s in a.spans) else 'spans'})"
+    if a.method == "occlusion":
+        return f"occlusion of {players}, baseline {a.baseline}: {a.evaluations} rows"
+    how = "exact (all coalitions)" if a.exact else f"{a.samples} permutations, seed {a.seed}"
+    return (f"Shapley values of {players}, {how}, baseline {a.baseline}: sum {a.span_scores.sum():+.6f}; "
+            f"z(x) − z(baseline) = {a.logit - a.baseline_logit:+.6f} (apart by {a.efficiency_error:.1e}); "
+            f"{a.evaluations} rows")
 
 
 def _token_pair(model, target: str | None, other: str | None, token_id) -> tuple[int | None, int | str | None]:

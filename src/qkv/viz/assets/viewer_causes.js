@@ -20,7 +20,9 @@
 
   // ── input attribution: the input tokens as running text, each coloured by its signed score ──
   const METHODS = {"saliency": "saliency ‖∂z/∂e_i‖", "grad-x-input": "gradient × input e_i · ∂z/∂e_i",
-                   "ig": "integrated gradients (e_i − b_i) · ∫₀¹ ∂z/∂e_i(b + α(e − b)) dα"};
+                   "ig": "integrated gradients (e_i − b_i) · ∫₀¹ ∂z/∂e_i(b + α(e − b)) dα",
+                   "occlusion": "occlusion z(x) − z(x with token i at the baseline), forward passes only",
+                   "shapley": "Shapley values over the tokens (or spans), forward passes only"};
   function buildAttribute(v) {
     const A = v.p.attribute, panel = v.panels.attribute, m = A.max;
     const colour = (s) => ramp(A.colours, m > 0 ? 0.5 + 0.5 * s / m : 0.5);       // 0 → white, ±max → the ends
@@ -31,6 +33,11 @@
       lines.push(["path ", `baseline ${A.baseline}, ${A.steps} steps: Σ scores = ${A.sum.toFixed(4)}` +
                   (gap == null ? "" : `, z(e) − z(b) = ${gap.toFixed(4)}`) +
                   (A.completeness_error == null ? "" : ` (${(100 * A.completeness_error).toFixed(2)} % apart)`)]);
+    } else if (A.method === "shapley" && A.baseline_logit != null) {
+      lines.push(["sum ", `baseline ${A.baseline}: Σ scores = ${A.sum.toFixed(4)}, ` +
+                  `z(x) − z(b) = ${(A.logit - A.baseline_logit).toFixed(4)} (efficiency)`]);
+    } else if (A.method === "occlusion" && A.baseline) {
+      lines.push(["sum ", `baseline ${A.baseline}: Σ scores = ${A.sum.toFixed(4)}`]);
     } else lines.push(["sum ", `Σ scores = ${A.sum.toFixed(4)}`]);
     const readout = el("p", "qkv-readout", "hover or focus a token for its score");
     readout.setAttribute("aria-live", "polite");
