@@ -20,6 +20,7 @@ from .explain import explain_cmd, next_cmd
 from .attribution import attribute_cmd, dla_cmd, patch_cmd
 from .interpret import circuits_cmd, lens_cmd, rollout_cmd
 from .neurons import neurons_cmd
+from .diff import diff_cmd
 from .options import READER, model_option, prefix_option, text_argument
 from .sae import sae_cmd
 from .sae_views import check_steer_flags, features_cmd, show_cmd, steer_options, steered
@@ -412,6 +413,7 @@ for command in (features_cmd, show_cmd):
 cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train|eval (cli/transcoders.py)
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
+cli.add_command(diff_cmd)         # model diffing, quantisation diffing (cli/diff.py)
 for command in (steer_cmd, probe_cmd):
     cli.add_command(command)      # steering vectors (llama.cpp control vectors) and linear probes (cli/steering.py)
 

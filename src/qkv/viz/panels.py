@@ -28,7 +28,9 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
       "rank": int32 (L+1, n) (its rank there, 1 = top),
       "top_ids": int32 (L+1, n, K), "top_prob": uint16 (L+1, n, K) scale 65535 (each cell's K most
       likely tokens, most likely first: LENS_K = 5), "spelling": {"ids": [id], "tokens": [str]}
-      (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows).
+      (every id above, as a reader sees it)}. About 0.8 kB per token for SmolLM2 (31 rows). With a tuned lens
+      (`qkv lens --tuned DIR --out DIR`) also "tuned": the same keys, each row read through its translator
+      (analysis.tuned_lens), what the panel's logit/tuned switch shows.
     "rollout" (`analysis.sections.rollout_payload`, self-attention of every layer):
       {"rollout": uint8 (L, n, n) scale 255 (R_l after layers 1..l; row = position, column =
       input token; ±0.002 as attention), "flow": uint8 (n, n) scale 255 | null (attention flow
@@ -37,7 +39,9 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
       {"metric": str, "normalised": bool, "clean": str, "corrupted": str, "metric_clean": float,
       "metric_corrupted": float, "labels": [str] (n), "tables": {"heads": [[float]] (L × H) | null,
       "residual" | "attn_out" | "ffn_out": [[float]] (L × n) | null}} (effects rounded to 5 decimals:
-      0 = corrupted, 1 = clean when normalised).
+      0 = corrupted, 1 = clean when normalised), "method": str | null (the tables are an estimate:
+      "attribution patching (AtP)", `analysis.atp`), "estimate": {"method", "tables"} | null (an estimate of
+      the same tables, each map drawn beside the exact one: `patch_payload(p, estimate)`, `qkv atp --exact`).
     "attribute" (`analysis.sections.attribute_payload`: `InputAttribution.to_json()` through
       `interpret_payload.attribute_section`): {"tokens": [str] (n), "ids": [int] (n), "scores": [float] (n,
       6 significant digits), "sides": ["source" | "target"] (n) | null (an encoder–decoder's: its source's
@@ -62,6 +66,12 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
       experts each token went to, most probable first), "weights": same shape, floats (their weights in the sum,
       4 decimals), "probs": uint8 (Lm, n, E) scale 255 (the router's probability of every expert, ±0.002)}.
 
+    "diff" (`viz.diff_figures.diff_section` of `analysis.diff.ModelDiff.to_json()`, `qkv diff`): {"model_a",
+      "model_b", "tokens": [str] (n), "js": [[float]] (L × H, bits: each head's attention-pattern JS divergence,
+      the mean over query rows), "js_max", "cosine", "norm_ratio": [[float]] ((L+1) × n: the residual stream
+      after l blocks), "lens_kl": [[float]] ((L+1) × n, nats, KL(A‖B)) | null, "top_heads": [{"layer", "head",
+      "js"}], "colours": [[r, g, b]] (`diff_figures.DIFF_STOPS`)} (6 significant digits).
+
 And the list itself, in the payload: "panels": [{"id", "title" (its words, English), "renderer", "layer"}]
 (every panel, in tab order: a section added later on the page, as the web app's late lens, finds its tab).
 """
@@ -73,6 +83,7 @@ from typing import Callable
 
 from .interpret_payload import (attribute_section, causal_section, features_section, lens_section, patch_section,
                                 rollout_section, router_section)
+from .diff_figures import diff_section
 from .words import texts
 
 
@@ -117,6 +128,8 @@ PANELS = (                                                                      
     Panel("router", title="panel_router", build=router_section, tokens=lambda s: s["positions"],
           renderer="router", script="viewer_panels.js", layer=True,
           from_trace=True),                              # every pass of a mixture of experts records its router
+    Panel("diff", title="panel_diff", build=diff_section, tokens=lambda s: len(s["tokens"]),
+          renderer="diff", script="viewer_diff.js"),     # `qkv diff`: model B against model A on the text
 )
 
 

@@ -714,6 +714,7 @@ VIEWER = {
     "panel_lens": "Logit lens", "panel_rollout": "Rollout", "panel_patch": "Patching",
     "panel_attribute": "Attribution", "panel_causal_trace": "Causal trace", "panel_features": "Features",
     "panel_router": "Experts",
+    "panel_diff": "Model diff",
 }
 
 # the attribution graph page (`graphs.page`, assets/graph.js) and `qkv serve`'s Graph tab
