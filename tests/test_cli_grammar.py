@@ -54,11 +54,13 @@ def test_generate_writes_with_the_bundled_llm_when_no_model_is_named(monkeypatch
 # TEXT first -------------------------------------------------------------------------
 
 NO_TEXT = {("models",), ("serve",), ("train",), ("activations",),   # a server, a list, a file or corpus to learn
-           ("graph-page",)}                                          # a graph's JSON, drawn
+           ("graph-page",),                                          # a graph's JSON, drawn
+           ("probe",), ("steer", "make")}                            # labelled texts, two sets of texts
 
 
-READING = [(p, c) for p, c in commands() if p not in NO_TEXT and p[0] not in ("bench", "sae", "transcoders")
-           or p == ("sae", "show")]                                                   # transcoders: a corpus to learn
+READING = [(p, c) for p, c in commands()
+           if p not in NO_TEXT and p[0] not in ("bench", "sae", "transcoders", "tuned-lens")
+           or p == ("sae", "show")]                                  # transcoders, tuned-lens: a corpus to learn
 
 
 @pytest.mark.parametrize("path, command", READING, ids=[" ".join(p) for p, _ in READING])

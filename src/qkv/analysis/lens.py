@@ -18,7 +18,7 @@ is the model's logits by construction of the same arithmetic, and the tests chec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -110,11 +110,14 @@ class LensTop:
     top_probs: np.ndarray            # (L+1, n, k) their probabilities, float64
 
 
-def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
+def lens_top(model: "Model", trace: "Trace", k: int = 5,
+             translate: Callable[[int, np.ndarray], np.ndarray] | None = None) -> LensTop:
     """The logit lens of TRACE (kept KEEP) summarised per cell, one row of the residual stream at a
     time: memory (n, V) instead of (L+1, n, V), so a long text fits. Row l's logits are exactly
     `lens_of_trace`'s row l (the same norm and W_vocab on the same rows); exp runs in the model's
-    dtype and the sums in float64 (probabilities within ~1e-7 of `final_prediction`'s)."""
+    dtype and the sums in float64 (probabilities within ~1e-7 of `final_prediction`'s).
+    translate(l, rows (n, d_model)): what row l becomes before the read (the tuned lens's translators,
+    `analysis.tuned_lens.translate`); None: the rows themselves."""
     check_lens(model)
     x = residual_stream(model, trace)                                      # (L+1, n, d_model)
     rows, n = x.shape[:2]
@@ -122,7 +125,7 @@ def lens_top(model: "Model", trace: "Trace", k: int = 5) -> LensTop:
     k = max(1, min(int(k), V))
 
     def logits(l: int) -> np.ndarray:
-        return read_out(model, x[l])                                       # (n, V)
+        return read_out(model, x[l] if translate is None else translate(l, x[l]))   # (n, V)
 
     z = logits(rows - 1)
     predicted = np.argmax(z, axis=-1)                                      # (n,)

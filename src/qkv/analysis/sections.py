@@ -33,18 +33,27 @@ if TYPE_CHECKING:
 
     from ..models.model import Model
     from ..core.trace import Trace
+    from .tuned_lens import TunedLens
 
 
-def lens_payload(model: "Model", trace: "Trace", k: int = 5) -> dict:
+def lens_payload(model: "Model", trace: "Trace", k: int = 5, tuned: "TunedLens | None" = None) -> dict:
     """The viewer's "lens" section of TRACE (`viz.interpret_payload.lens_section`): a trace that
-    kept LENS_KEEP; a trace without them is run again on its ids (one forward pass)."""
+    kept LENS_KEEP; a trace without them is run again on its ids (one forward pass). TUNED: a tuned lens
+    (analysis.tuned_lens), whose cells go beside as the section's "tuned" (the panel's logit/tuned switch)."""
     L = model.config.n_layers
     if trace.layer_ids != list(range(L)) or any(getattr(trace.layers[i], w) is None
                                                  for i in range(L) for w in LENS_KEEP):
         trace = model.run(trace.ids, keep=LENS_KEEP)
     t = lens_top(model, trace, k)
     spell = model.tokenizer.label if model.tokenizer is not None else str
-    return lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
+    section = lens_section(t.probs, t.ranks, t.predicted, t.top_ids, t.top_probs, spell, model.weights.W_vocab.shape[1])
+    if tuned is not None:
+        from .tuned_lens import translate
+
+        u = lens_top(model, trace, k, translate=lambda l, x: translate(tuned, l, x))
+        section["tuned"] = lens_section(u.probs, u.ranks, u.predicted, u.top_ids, u.top_probs, spell,
+                                        model.weights.W_vocab.shape[1])
+    return section
 
 
 def rollout_payload(trace: "Trace") -> dict:
@@ -58,9 +67,12 @@ def rollout_payload(trace: "Trace") -> dict:
                                     f"qkv rollout --flow uses ({MAX_FLOW_WORK:,}: n⁴·L); shorten the text to see it")
 
 
-def patch_payload(p: Patching) -> dict:
-    """The viewer's "patch" section of P (`viz.interpret_payload.patch_section`): its tables unrounded."""
-    return patch_section(p.as_json() | {name: getattr(p, name) for name in WHAT})
+def patch_payload(p: Patching, estimate=None) -> dict:
+    """The viewer's "patch" section of P (`viz.interpret_payload.patch_section`): its tables unrounded; with
+    ESTIMATE (`atp.AttributionPatching` of the same runs) its tables beside them, each map by its own."""
+    beside = {} if estimate is None else {"estimate": {"method": estimate.method,
+                                                       "tables": {name: getattr(estimate, name) for name in WHAT}}}
+    return patch_section(p.as_json() | {name: getattr(p, name) for name in WHAT} | beside)
 
 
 def attribute_payload(a: InputAttribution) -> dict:

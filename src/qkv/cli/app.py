@@ -26,6 +26,7 @@ from .sae import sae_cmd
 from .sae_views import check_steer_flags, features_cmd, show_cmd, steer_options, steered
 from .steering import probe_cmd, steer_cmd
 from .transcoders import transcoders_cmd
+from .tuned_lens import tuned_lens_cmd
 from .graph_page import graph_page_cmd
 from .graph import graph_cmd
 from .activations import activations_cmd
@@ -411,6 +412,7 @@ cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli
 for command in (features_cmd, show_cmd):
     sae_cmd.add_command(command)  # qkv sae features|show: feature pages, features on a text (cli/sae_views.py)
 cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train|eval (cli/transcoders.py)
+cli.add_command(tuned_lens_cmd)   # the tuned lens: qkv tuned-lens train|eval (cli/tuned_lens.py)
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
 cli.add_command(diff_cmd)         # model diffing, quantisation diffing (cli/diff.py)

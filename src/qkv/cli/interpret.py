@@ -27,7 +27,11 @@ from .options import READER, WRITER, model_option, prefix_option, renamed, text_
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the layers × positions map (lens.png, .svg) and the viewer with its logit-lens "
                    "panel open (lens.html) into this directory.")
-def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str | None) -> None:
+@click.option("--tuned", "tuned_dir", default=None, metavar="DIR",
+              help="A tuned lens (qkv tuned-lens train --out DIR): read each layer through its translator; the "
+                   "viewer's lens panel then switches between the logit and the tuned lens.")
+def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str | None,
+             tuned_dir: str | None = None) -> None:
     """The logit lens: what each layer would predict after TEXT, reading the residual stream
     after l blocks through the final norm and W_vocab (layer 0: the embeddings). An encoder–decoder
     translates TEXT (or reads --prefix) and shows its decoder's layers."""
@@ -36,29 +40,42 @@ def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str 
 
     model = as_decoder(load(source), prefix, default=None)
     check_lens(model)
+    tuned = None
+    if tuned_dir is not None:
+        from ..analysis.tuned_lens import check_fits, check_model, load_tuned_lens
+
+        check_model(model)
+        tuned = load_tuned_lens(tuned_dir)
+        check_fits(model, tuned)
     model.encode(text)                                                        # a bad text fails before DIR is touched
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)
-        _lens(model, text, top, out_dir)
+        _lens(model, text, top, out_dir, tuned)
 
 
-def _lens(model, text: str, top: int, out_dir: str | None) -> None:
+def _lens(model, text: str, top: int, out_dir: str | None, tuned=None) -> None:
     """`qkv lens`'s work: the table of the last position (a masked-LM encoder's: its mask token), and with
-    OUT_DIR the map."""
+    OUT_DIR the map; TUNED: a tuned lens (analysis.tuned_lens) read instead of the logit lens."""
     from ..analysis.lens import KEEP, final_prediction, lens_of_trace
     from ..writing.nexttoken import distribution, mask_position, top_tokens
 
-    with status(f"computing the logit lens on {model.name} …"):
+    kind = "logit lens" if tuned is None else "tuned lens"
+    with status(f"computing the {kind} on {model.name} …"):
         trace = model.run(text, keep=KEEP + (("attentions",) if out_dir is not None else ()))
-        lens = lens_of_trace(model, trace)                                    # (L+1, n, V)
+        if tuned is None:
+            lens = lens_of_trace(model, trace)                                # (L+1, n, V)
+        else:
+            from ..analysis.tuned_lens import tuned_lens_of_trace
+
+            lens = tuned_lens_of_trace(model, tuned, trace)                   # (L+1, n, V)
     ids, probs = final_prediction(lens)                                       # (n,), (L+1, n)
     label = model.tokenizer.label
     at = mask_position(model, trace.ids) if not getattr(model.config, "causal", True) else None
     where = "the last position" if at is None else "the mask token"           # a masked-LM encoder: its mask
     at = -1 if at is None else at
     console = new_console()
-    console.print(Text(f"{model.name}: the logit lens at {where} ({trace.labels[at]}), "
+    console.print(Text(f"{model.name}: the {kind} at {where} ({trace.labels[at]}), "
                        f"final prediction {label(int(ids[at]))}"))
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("layer", justify="right", style="grey50")
@@ -86,9 +103,10 @@ def _lens(model, text: str, top: int, out_dir: str | None) -> None:
         from ..viz.interpret_figures import lens_figure
 
         with status(f"writing the figure and the viewer to {out_dir} …"):
-            write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name),
+            write_figure(lens_figure(probs, trace.labels, [label(int(i)) for i in ids], model_name=model.name,
+                                     kind=kind),
                          out_dir, "lens")
-            _write_viewer(trace, out_dir, "lens", lens_payload(model, trace))
+            _write_viewer(trace, out_dir, "lens", lens_payload(model, trace, tuned=tuned))
 
 
 def _write_viewer(trace, out_dir: str, view: str, section: dict) -> None:

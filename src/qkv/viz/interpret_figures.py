@@ -83,12 +83,12 @@ def _signed(ax, values: np.ndarray, **imshow):
 
 @styled
 def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[str], *,
-                model_name: str = "") -> "Figure":
+                model_name: str = "", kind: str = "logit lens") -> "Figure":
     """Layers (rows, embeddings at the bottom) × positions (columns): the probability that
     the lens at layer l gives the token the model finally predicts at that position.
 
     probs: (L+1, n) (`analysis.lens.final_prediction`); labels: the n input tokens (bottom axis);
-    predicted: the n final predictions (top axis).
+    predicted: the n final predictions (top axis); kind: the lens's name in the title ("tuned lens").
     """
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
@@ -108,7 +108,7 @@ def lens_figure(probs: np.ndarray, labels: Sequence[str], predicted: Sequence[st
     top.set_xticks(*ticks(list(predicted)), rotation=60, ha="left", rotation_mode="anchor", fontsize=8,
                    family=family)
     top.set_xlabel("final prediction")
-    ax.set_title(figure_title(model_name, "logit lens") + "\nP(final prediction) after each layer", fontsize=11)
+    ax.set_title(figure_title(model_name, kind) + "\nP(final prediction) after each layer", fontsize=11)
     fig.colorbar(im, ax=ax, shrink=0.8, pad=0.02).set_label("probability")
     return fig
 
@@ -231,7 +231,8 @@ def patch_figure(p: PatchTables) -> "Figure":
         fig.colorbar(im, ax=ax, shrink=0.7, pad=0.02, location="top")
     axes[0].set_ylabel("layer")
     effect = "effect (0 = corrupted, 1 = clean)" if p.normalised else "m(patched) − m(corrupted)"
-    fig.suptitle(figure_title(p.model, "activation patching") + f"\n{p.metric}: {effect}", fontsize=11)
+    method = getattr(p, "method", "activation patching")                   # an estimate's: attribution patching
+    fig.suptitle(figure_title(p.model, method) + f"\n{p.metric}: {effect}", fontsize=11)
     return fig
 
 

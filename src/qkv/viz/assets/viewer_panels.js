@@ -196,6 +196,20 @@
       modes.append(b);
       buttons[m] = b;
     }
+    // a tuned lens beside (lz.tuned: the same arrays, each row read through its translator): a logit/tuned switch
+    let kind = "logit";
+    const kinds = el("div", "qkv-modes"), kindButtons = {};
+    kinds.setAttribute("role", "group");
+    kinds.setAttribute("aria-label", "lens");
+    for (const [m, label] of lz.tuned ? [["logit", "logit lens"], ["tuned", "tuned lens"]] : []) {
+      const b = el("button", "qkv-mode", label);
+      b.type = "button";
+      b.dataset.lens = m;
+      b.addEventListener("click", () => { kind = m; mode = null; v.set({}); });
+      kinds.append(b);
+      kindButtons[m] = b;
+    }
+    const cur = () => kind === "tuned" ? v.extra.lens.tuned : v.extra.lens;   // the shown lens's decoded arrays
     const rowLabels = [...Array(lz.rows).keys()].map(l => l === 0 ? "emb" : String(l));
     const heat = new Heat({name: "lens", rows: lz.rows, cols: n, width: 900, height: 420, flip: true,
                            rowLabels, colLabels: v.tokens, topLabels: lz.predicted.map(word),
@@ -212,16 +226,18 @@
     thead.append(head);
     table.append(thead, body);
     const scale = el("div", "qkv-lens-scale");
-    panel.append(modes, heat.box, scale, readout, table,
+    panel.append(modes, ...(lz.tuned ? [kinds] : []), heat.box, scale, readout, table,
                  el("p", "qkv-note", "Row l reads the residual stream after l blocks through the final norm and W_vocab " +
                     `(emb: the embeddings; the top row is the model's own logits). Colour: the probability that row gives ` +
                     `the token the model finally predicts at that position, or its rank among all ${lz.vocab} tokens ` +
-                    `(log scale, brightest = 1). Hover a cell for its top ${lz.k} tokens; click to keep it.`));
+                    `(log scale, brightest = 1). Hover a cell for its top ${lz.k} tokens; click to keep it.` +
+                    (lz.tuned ? " The tuned lens reads h + h·A_l + b_l instead of h (a translator per layer, trained " +
+                                "to match the final distribution)." : "")));
     let mode = null;
 
     // the cell (row l, position j): its numbers, as the readout and the tooltip say them
     function text(c, short) {
-      const X = v.extra.lens, k = c.r * v.n + c.c;
+      const X = cur(), k = c.r * v.n + c.c;
       const row = c.r === 0 ? "emb" : `layer ${c.r}`, pred = word(lz.predicted[c.c]);
       const p = fmtP(X.prob[k] / lz.prob.scale), rank = X.rank[k];
       if (short) return `${row} · “${shown(v.tokens[c.c], 16)}” → “${shown(pred, 16)}”: P ${p}, rank ${rank}`;
@@ -230,8 +246,10 @@
     }
 
     function draw() {
-      const X = v.extra.lens, s = v.state, n = v.n;
+      const X = cur(), s = v.state, n = v.n;
       if (mode !== s.lensMode) {
+        panel.dataset.lens = kind;
+        for (const m in kindButtons) kindButtons[m].setAttribute("aria-pressed", String(m === kind));
         mode = s.lensMode;
         const logV = Math.log(lz.vocab);
         heat.paint(s.lensMode === "prob" ? (r, c) => viridis(X.prob[r * n + c] / lz.prob.scale)
@@ -335,22 +353,31 @@
     const about = el("div", "qkv-patch-about");
     const line = (label, text) => { const p = el("p", "qkv-patch-line"); p.append(el("b", null, label), el("span", null, text)); about.append(p); };
     line("metric ", `${P.metric} · ${what}`);
+    if (P.method) line("estimate ", `${P.method}: (a_clean − a_corrupted) · ∂m/∂a, from two forwards and one backward`);
+    if (P.estimate) line("beside ", `each map's estimate by ${P.estimate.method}`);
     line("clean ", `“${P.clean}” → ${P.metric_clean.toFixed(3)}`);
     line("corrupted ", `“${P.corrupted}” → ${P.metric_corrupted.toFixed(3)}`);
     const figs = el("div", "qkv-figs");
     const titles = {heads: "heads (Z at every position)", residual: "residual stream", attn_out: "attention output",
                     ffn_out: "FFN output", cross: "cross-attention heads (Z)"};
     const maps = {}, readout = el("p", "qkv-readout", "hover a cell");
-    const names = ["heads", "cross", "residual", "attn_out", "ffn_out"].filter(name => P.tables[name]);
+    // each table, and an estimate's beside it: its own map, named "heads-est", ...
+    const tables = Object.assign({}, P.tables);
+    const names = ["heads", "cross", "residual", "attn_out", "ffn_out"].filter(name => P.tables[name]).flatMap(name => {
+      if (!P.estimate || !P.estimate.tables[name]) return [name];
+      tables[name + "-est"] = P.estimate.tables[name];
+      titles[name + "-est"] = `${titles[name]} · ${P.estimate.method}`;
+      return [name, name + "-est"];
+    });
     // one cell width for all maps, so that they fit side by side (each map also needs ~90px of labels)
-    const columns = names.reduce((a, name) => a + P.tables[name][0].length, 0);
+    const columns = names.reduce((a, name) => a + tables[name][0].length, 0);
     const unit = clamp(Math.floor(((v.root.clientWidth || 1100) - 24 - 90 * names.length) / columns), 3, 24);
     for (const name of names) {
-      const t = P.tables[name];
+      const t = tables[name], base = name.replace("-est", "");
       const rows = t.length, cols = t[0].length, m = Math.max(0, ...t.map(r => Math.max(...r.map(Math.abs))));
       const h = new Heat({name, rows, cols, width: unit * cols, height: 300, flip: true,
                           rowLabels: [...Array(rows).keys()].map(String),
-                          colLabels: name === "heads" || name === "cross" ? [...Array(cols).keys()].map(String) : P.labels,
+                          colLabels: base === "heads" || base === "cross" ? [...Array(cols).keys()].map(String) : P.labels,
                           title: `${titles[name]} · ±${m.toFixed(3)}`,
                           onCell: (c, e) => {
                             if (c) h.showTip(e, fmtE(t[c.r][c.c]));
@@ -365,7 +392,8 @@
     panel.append(about, figs, readout,
                  colourBar(t => diverging(2 * t - 1, 1), "−max", "+max", "blue lowers the metric, red restores it; " +
                            "each map has its own symmetric scale"),
-                 el("p", "qkv-note", "Each cell: the corrupted run with that one activation copied from the clean run " +
+                 el("p", "qkv-note", (P.method ? "Each cell estimates, to first order, " : "Each cell: ") +
+                    "the corrupted run with that one activation copied from the clean run " +
                     "(a head's Z at every position; a position of the residual stream entering the layer, of its " +
                     "attention output or of its FFN output), and how much of the metric comes back."));
 
@@ -373,9 +401,10 @@
       const s = v.state;
       for (const name in maps) maps[name].draw(s.cell && s.cell.t === name ? {r: s.cell.i, c: s.cell.j} : null);
       if (!s.cell || !s.cell.t) { readout.textContent = "hover a cell"; return; }
-      const {i, j, t} = s.cell, value = P.tables[t][i][j];
-      const where = t === "heads" || t === "cross" ? `head ${j}` : `position ${j} “${shown(P.labels[j], 24)}”`;
-      readout.textContent = `${titles[t]} · layer ${i} · ${where}: ${fmtE(value)}`;
+      const {i, j, t} = s.cell, value = tables[t][i][j], base = t.replace("-est", "");
+      const where = base === "heads" || base === "cross" ? `head ${j}` : `position ${j} “${shown(P.labels[j], 24)}”`;
+      const other = t !== base ? ` (exact ${fmtE(tables[base][i][j])})` : tables[t + "-est"] ? ` (estimate ${fmtE(tables[t + "-est"][i][j])})` : "";
+      readout.textContent = `${titles[t]} · layer ${i} · ${where}: ${fmtE(value)}${other}`;
     }
     return {draw};
   }
@@ -469,8 +498,12 @@
   // ── registration: one renderer per panel (qkv/viz/panels.py names them) ──
   QKV.panels.lens = {
     build: buildLens,
-    decode: async (lz) => ({prob: await decode(lz.prob), rank: await decode(lz.rank),
-                            topIds: await decode(lz.top_ids), topProb: await decode(lz.top_prob)}),
+    decode: async function decodeLens(lz) {
+      const X = {prob: await decode(lz.prob), rank: await decode(lz.rank),
+                 topIds: await decode(lz.top_ids), topProb: await decode(lz.top_prob)};
+      if (lz.tuned) X.tuned = await decodeLens(lz.tuned);                       // the tuned lens's cells
+      return X;
+    },
     meta: (v) => [`logit lens: ${v.p.lens.rows} rows × ${v.n} positions`],
   };
   QKV.panels.rollout = {
