@@ -18,6 +18,7 @@ from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_w
                      removed_if_failed, run, status, warn_unknown)
 from .explain import explain_cmd, next_cmd
 from .attribution import attribute_cmd, dla_cmd, patch_cmd
+from .atp import atp_cmd
 from .interpret import circuits_cmd, lens_cmd, rollout_cmd
 from .neurons import neurons_cmd
 from .diff import diff_cmd
@@ -415,6 +416,7 @@ cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train
 cli.add_command(tuned_lens_cmd)   # the tuned lens: qkv tuned-lens train|eval (cli/tuned_lens.py)
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
+cli.add_command(atp_cmd)          # attribution patching, AtP and AtP* (cli/atp.py)
 cli.add_command(diff_cmd)         # model diffing, quantisation diffing (cli/diff.py)
 for command in (steer_cmd, probe_cmd):
     cli.add_command(command)      # steering vectors (llama.cpp control vectors) and linear probes (cli/steering.py)

@@ -71,16 +71,21 @@ def rollout_section(rollout: np.ndarray, flow: np.ndarray | None = None, flow_no
 def patch_section(tables: Mapping) -> dict:
     """The "patch" section from `Patching.as_json()` (or any mapping with its keys): the metric,
     the two texts, m(clean), m(corrupted), labels (n) and the tables heads (L, H), residual,
-    attn_out, ffn_out (L, n), each rounded to PATCH_DECIMALS (null: not computed)."""
-    out = {}
-    for name in PATCH_TABLES:
-        t = tables.get(name)
-        out[name] = None if t is None else np.round(np.asarray(t, dtype=np.float64), PATCH_DECIMALS).tolist()
+    attn_out, ffn_out (L, n), each rounded to PATCH_DECIMALS (null: not computed). An estimate's
+    (`analysis.atp.AttributionPatching.as_json()`) has a "method" ("attribution patching (AtP)"); exact tables
+    may carry one beside them: "estimate" {"method", "tables"} (the panel draws each estimate map by its own)."""
+    def rounded(source: Mapping) -> dict:
+        return {name: None if source.get(name) is None else
+                np.round(np.asarray(source[name], dtype=np.float64), PATCH_DECIMALS).tolist() for name in PATCH_TABLES}
     labels: Sequence[str] = tables["labels"]
+    estimate = tables.get("estimate")
     return {"metric": str(tables["metric"]), "normalised": bool(tables.get("normalised", True)),
             "clean": str(tables.get("clean", "")), "corrupted": str(tables.get("corrupted", "")),
             "metric_clean": float(tables["metric_clean"]), "metric_corrupted": float(tables["metric_corrupted"]),
-            "labels": [str(x) for x in labels], "tables": out}
+            "labels": [str(x) for x in labels], "tables": rounded(tables),
+            "method": None if tables.get("method") is None else str(tables["method"]),
+            "estimate": None if estimate is None else {"method": str(estimate["method"]),
+                                                       "tables": rounded(estimate["tables"])}}
 
 
 def _optional(data: Mapping) -> Callable[[str, Callable], object]:
