@@ -21,6 +21,7 @@ from .attribution import attribute_cmd, dla_cmd, patch_cmd
 from .atp import atp_cmd
 from .interpret import circuits_cmd, lens_cmd, rollout_cmd
 from .neurons import neurons_cmd
+from .path_patch import path_patch_cmd
 from .diff import diff_cmd
 from .options import READER, model_option, prefix_option, text_argument
 from .sae import sae_cmd
@@ -417,6 +418,7 @@ cli.add_command(tuned_lens_cmd)   # the tuned lens: qkv tuned-lens train|eval (c
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
 cli.add_command(atp_cmd)          # attribution patching, AtP and AtP* (cli/atp.py)
+cli.add_command(path_patch_cmd)   # path patching: senders → receivers' q, k, v (cli/path_patch.py)
 cli.add_command(diff_cmd)         # model diffing, quantisation diffing (cli/diff.py)
 for command in (steer_cmd, probe_cmd):
     cli.add_command(command)      # steering vectors (llama.cpp control vectors) and linear probes (cli/steering.py)
