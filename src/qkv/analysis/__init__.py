@@ -10,8 +10,15 @@ and cuts windows; text.py analyses one text; backends.py runs many (here, local 
 Ray); totals.py adds them up in order and checkpoints; run.py ties it together.
 Beyond attention weights: lens.py (the logit lens), rollout.py (attention rollout and flow),
 attribution.py (direct logit attribution), input_attribution.py (gradients
-with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), causal_trace.py (causal tracing: where a fact is recalled), circuits.py (a head's
-QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens); hooks that read or replace intermediates live in the core (qkv.core.hooks).
+with respect to the input tokens: saliency, gradient × input, integrated gradients), patch.py (activation patching), atp.py (attribution patching, AtP and AtP*: patch's tables
+estimated from two forwards and one backward), edges.py and eap.py (edge attribution patching, EAP and EAP-IG:
+scores of the edges between heads, FFNs, embedding and logits, the top edges as a circuit, its faithfulness by
+edge patching), causal_trace.py (causal tracing: where a fact is recalled), circuits.py (a head's
+QK and OV circuits), neurons.py (FFN neurons as key–value memories: top contexts over a corpus, promoted tokens),
+steering.py (contrastive steering vectors and directional ablation, kept as llama.cpp control vectors),
+probes.py (linear probes per layer with a control task),
+occlusion.py (forward-only prompt attribution: occlusion and Shapley values over tokens or spans),
+diff.py (model diffing: two checkpoints' heads, stream and lens on one text; quantisation diffing); hooks that read or replace intermediates live in the core (qkv.core.hooks).
 Everything here computes: the figures are drawn in qkv.viz (interpret_figures, head_maps) from the
 results, and sections.py hands them to the viewer's panels (viz.interpret_payload).
 """

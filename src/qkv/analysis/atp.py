@@ -38,7 +38,7 @@ is qkv.core.seq2seq_backward's).
 Cost: two forwards and one backward, whatever the number of components. SmolLM2 (30 × 9 heads), a 20-token IOI pair,
 2 cores shared with other work, one BLAS thread: 0.9 s (load ≈ 6) to 3.2–4.0 s (load ≈ 12), 0.6 s of CPU, against
 exact patching's 270 heads in 16 s to 44 s (10–11 s of CPU); a GGUF model is first dequantised to float32 (the
-backward multiplies by Wᵀ: `input_attribution._float_model`), 10–25 s more on that machine.
+backward multiplies by Wᵀ: `input_attribution.float_model`), 10–25 s more on that machine.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from ..core.stack import transformer
 from ..core.trace import Recorder
 from ..runtime.errors import QkvError
 from .attribution import token_id
-from .input_attribution import Output, _float_model
+from .input_attribution import Output, float_model
 from .patch import EMBEDDING, metric_of, sentence_embedding, tail
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def atp(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[in
     queries, keys and values, by AtP and AtP* (module doc). METRIC and NORMALISE as `patch.patch`'s."""
     _refuse_seq2seq(model, "attribution patching")
     metric_of(model, metric)                                                   # the grammar's errors first
-    model = _float_model(model)                                                # a GGUF's weights, dequantised
+    model = float_model(model)                                                # a GGUF's weights, dequantised
     started = time.perf_counter()
     a, b = _ids(model, clean), _ids(model, corrupted)
     if len(a) != len(b):

@@ -221,7 +221,7 @@ def attribute(model: "Model", text_or_ids: str | Sequence[int], target: str | in
         longest = int((TAPE_BYTES / (cfg.n_layers * cfg.n_heads * 4)) ** 0.5)
         raise QkvError(f"{n} tokens need {per_row / 2**30:.1f} GiB of attention weights for the backward pass; "
                        f"attribute at most {longest} tokens of {model.name} (shorten the text)")
-    model = _float_model(model)
+    model = float_model(model)
     out, what = output_of(model, np.asarray(ids, np.int64), target, other, compare)
     weights = model.weights
     ids = np.asarray(ids, np.int64)[None]                                    # (1, n)
@@ -368,7 +368,7 @@ def baseline_rows(model: "Model", rows: np.ndarray, baseline: str) -> tuple[np.n
     return np.broadcast_to(row[None], rows.shape).copy(), f"pad (token {int(pad)})"
 
 
-def _float_model(model: "Model") -> "Model":
+def float_model(model: "Model") -> "Model":
     """The model with float32 arrays where it keeps weights stored (a GGUF's blocks): the backward
     multiplies by Wᵀ, which a stored matrix answers only by dequantising it whole, every time."""
     from ..runtime.stored import StoredMatrix, StoredTable

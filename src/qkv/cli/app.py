@@ -14,6 +14,7 @@ from rich.text import Text
 from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
 from .causal import trace_fact_cmd
+from .eap import eap_cmd
 from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_weights, head_pairs, new_console,
                      removed_if_failed, run, status, warn_unknown)
 from .explain import explain_cmd, next_cmd
@@ -417,6 +418,7 @@ cli.add_command(transcoders_cmd)  # per-layer transcoders: qkv transcoders train
 cli.add_command(tuned_lens_cmd)   # the tuned lens: qkv tuned-lens train|eval (cli/tuned_lens.py)
 cli.add_command(graph_page_cmd)   # an attribution graph's JSON as a page (cli/graph_page.py)
 cli.add_command(graph_cmd)        # attribution graphs over transcoders (cli/graph.py)
+cli.add_command(eap_cmd)          # edge attribution patching → a circuit (cli/eap.py)
 cli.add_command(atp_cmd)          # attribution patching, AtP and AtP* (cli/atp.py)
 cli.add_command(path_patch_cmd)   # path patching: senders → receivers' q, k, v (cli/path_patch.py)
 cli.add_command(diff_cmd)         # model diffing, quantisation diffing (cli/diff.py)
