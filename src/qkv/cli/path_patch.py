@@ -37,7 +37,8 @@ NO_PATH = "#d9d9d9"          # a cell with no path (or no sender): grey, apart f
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the effects as JSON.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write the senders' heatmap (path_patch.png, .svg) and path_patch.json into this directory.")
+              help="Also write the senders' heatmap (path_patch.png, .svg), path_patch.json and the viewer of TEXT's "
+                   "attention with the path patching panel open (path_patch.html) into this directory.")
 def path_patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other: str | None, receivers: str,
                    channel: str, senders: str | None, positions: tuple[int, ...], top: int, json_path: str | None,
                    out_dir: str | None) -> None:
@@ -89,10 +90,15 @@ def path_patch_cmd(clean: str, corrupted: str, source: str, token: str | None, o
         if out_dir is not None:
             from ..runtime.io import FileBatch
             from ..viz.drawing import save_all
+            from ..viz.html import viewer_html
+            from ..viz.path_patch_panel import path_patch_section
 
+            page = viewer_html(model.run(clean, keep=("attentions",)), view="path_patch",
+                               sections={"path_patch": path_patch_section(data, table.shape)})
             with FileBatch(out_dir) as batch:
                 paths = save_all(batch, [("path_patch", lambda: senders_figure(table))], ("png", "svg"))
                 paths.append(batch.write_text("path_patch.json", text))
+                paths.append(batch.write_text("path_patch.html", page))
             for path in paths:
                 click.echo(f"wrote {path}")
 

@@ -206,7 +206,8 @@ def _print_make(data: dict) -> None:
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the per-layer results as JSON.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write probes.json, the figure (probes.png, .svg) and, for two labels (and --point residual_out), "
+              help="Write probes.json, the figure (probes.png, .svg), the viewer of the first text's attention with "
+                   "the probe panel open (probe.html) and, for two labels (and --point residual_out), "
                    "directions.gguf: each layer's probe direction (unit, towards the second label) as a llama.cpp "
                    "control vector.")
 def probe_cmd(source: str, data_path: str, layer: str, position: str, point: str, test_share: float,
@@ -234,7 +235,7 @@ def probe_cmd(source: str, data_path: str, layer: str, position: str, point: str
             write_text(json_path, json.dumps(data, indent=1))
         _print_probe(data)
         if out_dir is not None:
-            _write_probe(report, data, out_dir, model)
+            _write_probe(report, data, out_dir, model, texts[0])
 
 
 def _print_probe(data: dict) -> None:
@@ -251,19 +252,26 @@ def _print_probe(data: dict) -> None:
     console.print(table)
 
 
-def _write_probe(report, data: dict, out_dir: str, model) -> None:
-    """OUT_DIR/probes.json, probes.png/.svg, and directions.gguf for a two-label probe, all or none."""
+def _write_probe(report, data: dict, out_dir: str, model, text: str) -> None:
+    """OUT_DIR/probes.json, probes.png/.svg, probe.html (the viewer of TEXT's attention, the probe panel open) and
+    directions.gguf for a two-label probe, all or none."""
     from ..analysis.probes import probe_directions
     from ..checkpoints.control_vector import write_control_vector
     from ..runtime.io import FileBatch
     from ..viz.drawing import save_all
+    from ..viz.html import viewer_html
     from ..viz.probe_figures import probe_figure
+    from ..viz.probe_panel import probe_section
 
     directions = probe_directions(report) if len(report.labels) == 2 and report.point == "residual_out" else {}
+    trace = model.run(text, keep=("attentions",))
+    page = viewer_html(trace, view="probe", sections={"probe": probe_section(data, text=text,
+                                                                             positions=len(trace.labels))})
     try:
         with FileBatch(out_dir) as files:
             files.write_text("probes.json", json.dumps(data, indent=1))
             save_all(files, [("probes", lambda: probe_figure(data))], ["png", "svg"])
+            files.write_text("probe.html", page)
         if directions:
             write_control_vector(Path(out_dir) / "directions.gguf", directions, model_hint=model.config.family)
     except OSError as e:

@@ -71,6 +71,17 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
       the mean over query rows), "js_max", "cosine", "norm_ratio": [[float]] ((L+1) × n: the residual stream
       after l blocks), "lens_kl": [[float]] ((L+1) × n, nats, KL(A‖B)) | null, "top_heads": [{"layer", "head",
       "js"}], "colours": [[r, g, b]] (`diff_figures.DIFF_STOPS`)} (6 significant digits).
+    "path_patch" (`viz.path_patch_panel.path_patch_section` of `analysis.path_patch.PathTable.as_json()`, `qkv
+      path-patch`): {"model", "metric", "normalised", "clean", "corrupted", "metric_clean", "metric_corrupted",
+      "channel": "q" | "k" | "v" | "all", "positions": [int] | null, "receivers": str ("L.H,L.H"), "labels": [str]
+      (n), "heads": [[float | null]] (L × H: each sender head's effect on the receivers), "ffn": [float | null] (L),
+      "embed": float | null (null: no path, or not a sender), "max" (max |effect|: one scale for the three),
+      "top": [{"sender", "effect"}], "set": {"senders", "effect"} | null (--senders together), "colours": [[r, g,
+      b]] (`palette.DIVERGING_STOPS`)} (effects to 6 decimals).
+    "probe" (`viz.probe_panel.probe_section` of `analysis.probes.ProbeReport.as_json()`, `qkv probe`): {"model",
+      "labels": [str], "n_train", "n_test", "position", "point", "majority", "control" (the control task in
+      words), "layers": [int], "accuracy", "control_accuracy", "selectivity", "train_accuracy": [float] (one per
+      layer, 6 decimals), "text" (the text whose attention the other tabs show), "positions": n (its tokens)}.
 
 And the list itself, in the payload: "panels": [{"id", "title" (its words, English), "renderer", "layer"}]
 (every panel, in tab order: a section added later on the page, as the web app's late lens, finds its tab).
@@ -84,6 +95,8 @@ from typing import Callable
 from .interpret_payload import (attribute_section, causal_section, features_section, lens_section, patch_section,
                                 rollout_section, router_section)
 from .diff_figures import diff_section
+from .path_patch_panel import path_patch_section
+from .probe_panel import probe_section
 from .words import texts
 
 
@@ -130,6 +143,10 @@ PANELS = (                                                                      
           from_trace=True),                              # every pass of a mixture of experts records its router
     Panel("diff", title="panel_diff", build=diff_section, tokens=lambda s: len(s["tokens"]),
           renderer="diff", script="viewer_diff.js"),     # `qkv diff`: model B against model A on the text
+    Panel("path_patch", title="panel_path_patch", build=path_patch_section, tokens=lambda s: len(s["labels"]),
+          renderer="path_patch", script="viewer_path_patch.js"),       # `qkv path-patch`: senders → receivers
+    Panel("probe", title="panel_probe", build=probe_section, tokens=lambda s: s["positions"],
+          renderer="probe", script="viewer_probe.js"),   # `qkv probe`: per layer; the attention of one text beside
 )
 
 

@@ -715,6 +715,7 @@ VIEWER = {
     "panel_attribute": "Attribution", "panel_causal_trace": "Causal trace", "panel_features": "Features",
     "panel_router": "Experts",
     "panel_diff": "Model diff",
+    "panel_path_patch": "Path patching", "panel_probe": "Probes",
 }
 
 # the attribution graph page (`graphs.page`, assets/graph.js) and `qkv serve`'s Graph tab
