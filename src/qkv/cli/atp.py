@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_writable, new_console, progress_bar, removed_if_failed, status
-from .options import WRITER, model_option, other_option, token_option
+from .options import WRITER, model_option, other_option, patching_metric, token_option
 from ..runtime.errors import QkvError
 
 
@@ -42,21 +42,11 @@ def atp_cmd(clean: str, corrupted: str, source: str, token: str | None, other: s
     outputs (and each FFN neuron) would bring back if patched from TEXT into the corrupted run (0 = corrupted,
     1 = clean), as qkv patch measures it: (a_clean − a_corrupt) · ∂m/∂a."""
     from ..analysis.atp import atp, compare, patch_qkv
-    from ..analysis.patch import EMBEDDING, metric_of, patch
+    from ..analysis.patch import patch
     from .common import load_model as load
 
     model = load(source)
-    if model.weights.W_vocab is None or not getattr(model.config, "causal", True):
-        if token is not None or other is not None:
-            raise QkvError(f"{model.name} is an encoder: its patching metric is the cosine similarity of sentence "
-                           "embeddings, so --token/--other (the last position's logits) do not apply; drop them")
-        metric = EMBEDDING
-    elif token is None or other is None:
-        raise QkvError(f"{model.name} is a decoder: give --token and --other, TEXT's and the corrupted input's next "
-                       "tokens (e.g. --token ' Mary' --other ' John')")
-    else:
-        metric = (token, other)
-    metric_of(model, metric)                                                  # bad input fails before DIR is touched
+    metric = patching_metric(model, token, other)                            # bad input fails before DIR is touched
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)

@@ -14,7 +14,7 @@ from rich.text import Text
 from .common import (as_decoder, check_writable, new_console, progress_bar, removed_if_failed, status,
                      write_figure)
 from .interpret import _decoder_stack
-from .options import WRITER, model_option, other_option, prefix_option, text_argument, token_option
+from .options import WRITER, model_option, other_option, patching_metric, prefix_option, text_argument, token_option
 from ..runtime.errors import QkvError
 
 
@@ -229,23 +229,13 @@ def patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other:
     attention and FFN outputs, from TEXT (the clean run) into CORRUPTED, and measure how much of the metric
     comes back (0 = corrupted, 1 = clean): logit(token) − logit(other) for a decoder, the cosine
     similarity to TEXT's sentence embedding (mean-pooled, L2-normalised) for an encoder."""
-    from ..analysis.patch import EMBEDDING, metric_of, patch
+    from ..analysis.patch import patch
     from ..analysis.sections import patch_payload
     from .common import load_model as load
     from ..viz.interpret_figures import save_patching
 
     model = as_decoder(load(source), prefix)
-    if model.weights.W_vocab is None or not getattr(model.config, "causal", True):
-        if token is not None or other is not None:            # a masked-LM head's logits are at a mask, not the end
-            raise QkvError(f"{model.name} is an encoder: its patching metric is the cosine similarity of sentence "
-                           "embeddings, so --token/--other (the last position's logits) do not apply; drop them")
-        metric = EMBEDDING
-    elif token is None or other is None:
-        raise QkvError(f"{model.name} is a decoder: give --token and --other, TEXT's and CORRUPTED's next tokens "
-                       "(e.g. --token ' Mary' --other ' John')")
-    else:
-        metric = (token, other)
-    metric_of(model, metric)                                                  # bad input fails before DIR is touched
+    metric = patching_metric(model, token, other)                            # bad input fails before DIR is touched
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)

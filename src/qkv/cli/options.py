@@ -109,3 +109,24 @@ def renamed(old: str, new: str, dest: str, values: dict | None = None):
         return option(command)
 
     return decorate
+
+
+def patching_metric(model, token: str | None, other: str | None):
+    """The metric `qkv patch` and `qkv atp` compare runs by, from --token/--other: a decoder's (token, other), the
+    logit difference at the last position (both required); an encoder's analysis.patch.EMBEDDING, the cosine of
+    sentence embeddings (neither allowed: a masked-LM head's logits are at a mask, not the end). Checked here, so
+    bad input fails before any output directory is touched."""
+    from ..analysis.patch import EMBEDDING, metric_of
+
+    if model.weights.W_vocab is None or not getattr(model.config, "causal", True):
+        if token is not None or other is not None:
+            raise QkvError(f"{model.name} is an encoder: its patching metric is the cosine similarity of sentence "
+                           "embeddings, so --token/--other (the last position's logits) do not apply; drop them")
+        metric = EMBEDDING
+    elif token is None or other is None:
+        raise QkvError(f"{model.name} is a decoder: give --token and --other, TEXT's and CORRUPTED's next tokens "
+                       "(e.g. --token ' Mary' --other ' John')")
+    else:
+        metric = (token, other)
+    metric_of(model, metric)
+    return metric
