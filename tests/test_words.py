@@ -32,11 +32,11 @@ def test_every_page_speaks_english_and_the_lessons_korean_too():
 
 
 def test_the_pages_read_their_words_from_here():
-    from qkv.lessons import attention_render, ffn, flash, gqa, kvcache, positions, sparse, vit
+    from qkv.lessons import attention_render, ffn, flash, gqa, kvcache, patching, positions, sparse, vit
     from qkv.viz.pipeline_text import SHARED_KEYS, TEXTS as PIPELINE
 
     lessons = {"explain": attention_render, "ffn": ffn, "flash": flash, "gqa": gqa, "kvcache": kvcache,
-               "positions": positions, "sparse": sparse, "vit": vit}
+               "positions": positions, "sparse": sparse, "vit": vit, "patching": patching}
     for page, module in lessons.items():
         assert module.TEXTS == texts(page), page
     for lang in words.LANGUAGES:

@@ -53,7 +53,8 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
         _circuits_options(transcoders_dir, head, out_dir, html_file)
     elif transcoders_dir is not None:
         raise QkvError(f"--transcoders is read by qkv explain circuits; {topic} does not take it")
-    if topic not in ("attention", "flash", "ffn", "vit", "circuits") and (layer is not None or head is not None):
+    if topic not in ("attention", "flash", "ffn", "vit", "circuits", "patching") and (layer is not None or
+                                                                                     head is not None):
         raise QkvError(f"--layer and --head choose the head of the attention walkthrough (or of flash), --layer the "
                        f"layer of ffn and vit; {topic} does not take them")
     if html_file is not None and topic != "attention":
@@ -81,7 +82,7 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
         else:
             lesson = lesson_module(topic)
             name = source or lesson.DEFAULT_MODEL
-            options = ({"layer": layer, "head": head} if topic == "flash" else
+            options = ({"layer": layer, "head": head} if topic in ("flash", "patching") else
                        {"layer": layer} if topic in ("ffn", "vit") else {})
             if topic == "circuits":
                 from ..features.dictionaries import load_transcoders

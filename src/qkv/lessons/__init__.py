@@ -8,6 +8,7 @@
     flash       the online softmax, tile by tile
     ffn         one token's vector through the FFN: W_in, activation, W_out, what the top neurons write
     vit         an image through a Vision Transformer: pixels, patches, [CLS], attention over patches, the answer
+    patching    one head of an IOI prompt pair by exact activation patching, AtP and path patching, side by side
     circuits    one small attribution graph: a transcoder, an edge, error nodes, the scores (qkv.graphs.lesson:
                 graphs/ comes after lessons/, so cli/explain.py adds it with `register`)
 
@@ -57,6 +58,8 @@ TOPICS: dict[str, Topic] = {
     "ffn": Topic("qkv.lessons.ffn", "one token through the FFN: W_in, activation, W_out, what its top neurons write"),
     "vit": Topic("qkv.lessons.vit", "an image as patch tokens: pixels, patches · W_patch, [CLS], attention over "
                                     "patches, rollout, the classifier (TEXT: an image file, or a digit 0–9)"),
+    "patching": Topic("qkv.lessons.patching", "one head by exact patching, attribution patching (AtP) and path "
+                                              "patching, side by side (TEXT: 'CLEAN | CORRUPTED')"),
 }
 
 
@@ -187,6 +190,8 @@ def explain_help() -> str:
             "3).\n\n"
             "\b\nTopics:\n" + topics_help() + "\n\n"
             "--out DIR writes the topic's figures (PNG and SVG). Each topic loads its own model unless --model "
-            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn, circuits: smollm2; vit: digits-vit). "
-            "--layer chooses the layer of attention, flash, ffn, vit and circuits (ffn's and circuits' default: the "
-            "middle one). circuits also needs --transcoders DIR, one transcoder per layer of the model.")
+            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn, patching, circuits: smollm2; "
+            "vit: digits-vit). --layer chooses the layer of attention, flash, ffn, vit and circuits (ffn's and "
+            "circuits' default: the middle one). circuits also needs --transcoders DIR, one transcoder per layer of the model. "
+            "patching follows head --layer.--head (default: the one exact patching moves most); its TEXT is two "
+            "prompts of the same token count, 'CLEAN | CORRUPTED' (default the IOI pair).")

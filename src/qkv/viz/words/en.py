@@ -815,5 +815,80 @@ CIRCUITS = {
     "next": "The whole graph, pruned, with its page: qkv graph TEXT --transcoders DIR --page graph.html",
 }
 
+# qkv explain patching (lessons.patching)
+PATCHING = {
+    "title": "qkv explain patching · {model}",
+    "intro": "Which heads carry the answer? Three ways to ask, on one prompt pair: exact activation patching (rerun "
+             "the model with one head's output swapped), attribution patching (AtP: the same swap estimated from "
+             "gradients, every head at once) and path patching (the swap sent along one path only). One head, "
+             "followed through all three.",
+    "clean": "clean", "corrupted": "corrupted",
+    "s_metric": "① The metric",
+    "pair": "Clean: {clean!r}. Corrupted: {corrupted!r}. Both are {n} tokens, so position p of one lines up with "
+            "position p of the other.",
+    "metric": "m = logit({answer}) − logit({wrong}) at the last position: how much more the model expects the clean "
+              "answer than the corrupted one.",
+    "col_prompt": "prompt",
+    "metric_check": "Checked: m from the whole forward pass's logits equals patching's own (difference {diff:.1e}).",
+    "s_exact": "② Exact patching of head {layer}.{head}",
+    "exact": "Run the corrupted prompt again, but with head {layer}.{head}'s output Z = A·V (every position) copied "
+             "from the clean run; everything after it is recomputed.",
+    "exact_auto": "Of all {L} × {H} heads (the last layer's left out: they send to no later head), this "
+                  "one's patch moves m most.",
+    "exact_means": "0 would mean the head carries nothing of the difference; 1, that it alone brings the clean "
+                   "answer back. This head brings back {exact:.1%} of it.",
+    "exact_check": "Checked: a whole forward pass with a hook on this head's Z gives the same number as patch's table "
+                   "(difference {diff:.1e}).",
+    "s_atp": "③ Attribution patching (AtP) of head {layer}.{head}",
+    "atp": "Exact patching needs one rerun per head. AtP needs two forward passes and one backward for all of them: "
+           "m(patched) − m(corrupted) ≈ (a_clean − a_corrupted)·∂m/∂a, the gradient taken at the corrupted run. "
+           "Here a is the head's Z ({n} positions × d_k = {d_k}); it moves at {moved} positions (‖Δa‖ = {norm:.4f}). "
+           "The dot product is a sum over positions; the largest terms:",
+    "col_position": "position", "col_token": "token",
+    "others": "the other {k}",
+    "atp_check": "Checked: each term measured without a backward pass (a small step ±ε along Δa_p, a central "
+                 "difference); their sum, divided, equals atp's cell (difference {diff:.1e}).",
+    "line": "Why {estimate:+.4f} and not {exact:+.4f}: AtP draws a straight line from the corrupted run with the "
+            "slope it has there. The real m along the way from Z_corrupted to Z_clean (Z_corrupted + t·ΔZ) bends: "
+            "later attention and the final norm are not linear.",
+    "col_m_real": "m (real)", "col_m_line": "m (AtP's line)",
+    "line_check": "Checked: t = 0 is the corrupted run and t = 1 is ②'s patched run (difference {diff:.1e}).",
+    "table": "Over all {cells} heads, AtP against exact: Pearson r = {r:.3f}, the same sign for {sign:.0%} of them, "
+             "off by more than half of the exact number for {off}. AtP ranks heads cheaply; the heads it ranks "
+             "high are then patched exactly.",
+    "table_check": "Checked: r and the sign share redone from their formulas (difference {diff:.1e}).",
+    "s_path": "④ Path patching: head {layer}.{head} → the queries of head {rl}.{rh}",
+    "path": "Patching a head changes everything after it. Path patching asks about one route: what head "
+            "{layer}.{head} sends straight through the residual stream into the queries of head {rl}.{rh} (of "
+            "every later head's queries, the ones this path moves m most through). As Wang et al. do, it goes the "
+            "other way: the corrupted output into the clean run.",
+    "path_frozen": "Frozen at the clean run: every other head and FFN, and {rl}.{rh}'s keys and values. Changed: "
+                   "{rl}.{rh}'s query input, x_clean + Δ, where Δ is what {layer}.{head}'s corrupted Z changes its "
+                   "layer's output by. Recomputed: {rl}.{rh}'s pattern and output, and everything after it.",
+    "path_whole": "Head {layer}.{head}'s whole effect in this direction (its corrupted Z in the clean run, every path) "
+                  "is {noising:+.4f}; through this one path alone it is {path:+.4f}. A head's paths need not add up to "
+                  "its whole effect, and one path may even push the other way.",
+    "path_check": "Checked: done by hand (Δ from a hooked pass, {rl}.{rh}'s queries from a pass on x_clean + Δ, "
+                  "hooked into a clean pass) it equals path_patch's and its cell of the table over every later head; "
+                  "the whole effect equals patch_one's (difference {diff:.1e}).",
+    "s_side": "⑤ Side by side",
+    "col_method": "method", "col_number": "effect", "col_answers": "the question it answers",
+    "m_exact": "exact patching", "m_atp": "AtP", "m_path": "path patching",
+    "m_noise": "the head corrupted",
+    "a_exact": "how much of the clean answer head {layer}.{head} alone brings back to the corrupted run",
+    "a_atp": "the same, to first order: cheap for every head at once, wrong where m bends",
+    "a_path": "how much of the answer flows through this head into head {rl}.{rh}'s queries",
+    "a_noise": "how much the answer drops when this head alone is corrupted (every path)",
+    "side": "Every effect is a fraction of m(clean) − m(corrupted): + towards the clean answer, − towards the "
+            "corrupted one. Exact patching and AtP put the clean head into the corrupted run; path patching and the "
+            "corrupted head put the corrupted head into the clean run, so there a head that carries the answer "
+            "shows as −.",
+    "next": "The whole tables: qkv patch, qkv atp, qkv path-patch (each with --json and --out).",
+    "fig_exact": "exact patching", "fig_atp": "AtP", "fig_scatter": "{model}: {cells} heads, r = {r:.3f}",
+    "fig_real": "m (real)", "fig_linear": "AtP's line", "fig_t": "t (Z_corrupted + t·ΔZ)",
+    "fig_line": "head {layer}.{head}: from corrupted (t = 0) to clean (t = 1)",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS, "viewer": VIEWER}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS,
+         "patching": PATCHING, "viewer": VIEWER}

@@ -768,5 +768,76 @@ CIRCUITS = {
     "next": "가지치기한 전체 그래프와 그 페이지: qkv graph TEXT --transcoders DIR --page graph.html",
 }
 
+# qkv explain patching (lessons.patching)
+PATCHING = {
+    "title": "qkv explain patching · {model}",
+    "intro": "답을 실어 나르는 헤드는 어느 것일까요? 프롬프트 한 쌍으로 세 가지 방법을 써 봅니다. 정확한 활성값 패칭(헤드 "
+             "하나의 출력을 바꿔 넣고 모델을 다시 실행), 어트리뷰션 패칭(AtP: 같은 교체를 기울기로 어림해 모든 헤드를 한 "
+             "번에), 경로 패칭(그 교체를 한 경로로만 보냄). 헤드 하나를 세 방법으로 따라갑니다.",
+    "clean": "깨끗한", "corrupted": "오염된",
+    "s_metric": "① 지표",
+    "pair": "깨끗한 프롬프트: {clean!r}. 오염된 프롬프트: {corrupted!r}. 둘 다 토큰 {n}개이므로 한쪽의 위치 p가 "
+            "다른 쪽의 위치 p와 맞습니다.",
+    "metric": "m = logit({answer}) − logit({wrong}), 마지막 위치에서: 모델이 오염된 쪽 답보다 깨끗한 쪽 답을 얼마나 더 "
+              "기대하는지입니다.",
+    "col_prompt": "프롬프트",
+    "metric_check": "검증: 전체 순전파의 로짓으로 계산한 m이 패칭이 계산한 값과 같습니다(차이 {diff:.1e}).",
+    "s_exact": "② 헤드 {layer}.{head}의 정확한 패칭",
+    "exact": "오염된 프롬프트를 다시 실행하되, 헤드 {layer}.{head}의 출력 Z = A·V(모든 위치)를 깨끗한 실행에서 복사해 "
+             "넣습니다. 그 뒤는 모두 다시 계산합니다.",
+    "exact_auto": "{L} × {H}개 헤드 중(뒤쪽 헤드로 보낼 곳이 없는 마지막 레이어는 빼고) 패치했을 때 m을 가장 많이 "
+                  "움직이는 헤드를 골랐습니다.",
+    "exact_means": "0이면 이 헤드가 차이를 전혀 나르지 않는다는 뜻이고, 1이면 이 헤드 하나로 깨끗한 답이 완전히 "
+                   "돌아온다는 뜻입니다. 이 헤드는 {exact:.1%}를 되돌립니다.",
+    "exact_check": "검증: 이 헤드의 Z에 훅을 건 전체 순전파가 patch 표의 값과 같은 수를 줍니다(차이 {diff:.1e}).",
+    "s_atp": "③ 헤드 {layer}.{head}의 어트리뷰션 패칭(AtP)",
+    "atp": "정확한 패칭은 헤드마다 한 번씩 다시 실행해야 합니다. AtP는 순전파 두 번과 역전파 한 번으로 모든 헤드를 "
+           "어림합니다: m(패치) − m(오염) ≈ (a_clean − a_corrupted)·∂m/∂a, 기울기는 오염된 실행에서 구합니다. 여기서 "
+           "a는 헤드의 Z(위치 {n}개 × d_k = {d_k})이고, 위치 {moved}곳에서 바뀝니다(‖Δa‖ = {norm:.4f}). 내적은 위치에 "
+           "대한 합이고, 가장 큰 항들은:",
+    "col_position": "위치", "col_token": "토큰",
+    "others": "나머지 {k}개",
+    "atp_check": "검증: 각 항을 역전파 없이 측정했습니다(Δa_p 방향으로 ±ε만큼 움직인 중앙 차분). 그 합을 나눈 값이 "
+                 "atp 표의 값과 같습니다(차이 {diff:.1e}).",
+    "line": "왜 정확한 값 {exact:+.4f} 대신 {estimate:+.4f}일까요? AtP는 오염된 실행에서의 기울기로 직선을 긋습니다. "
+            "Z_corrupted에서 Z_clean까지 가는 길(Z_corrupted + t·ΔZ)에서 실제 m은 휘어집니다. 뒤따르는 어텐션과 "
+            "마지막 정규화가 선형이 아니기 때문입니다.",
+    "col_m_real": "m (실제)", "col_m_line": "m (AtP의 직선)",
+    "line_check": "검증: t = 0은 오염된 실행, t = 1은 ②의 패치된 실행입니다(차이 {diff:.1e}).",
+    "table": "헤드 {cells}개 전체에서 AtP와 정확한 값: 피어슨 r = {r:.3f}, 부호가 같은 비율 {sign:.0%}, 정확한 값의 "
+             "절반보다 더 틀린 헤드 {off}개. AtP로 헤드 순위를 싸게 매기고, 높은 순위의 헤드는 정확하게 다시 패치합니다.",
+    "table_check": "검증: r과 부호 비율을 공식대로 다시 계산했습니다(차이 {diff:.1e}).",
+    "s_path": "④ 경로 패칭: 헤드 {layer}.{head} → 헤드 {rl}.{rh}의 쿼리",
+    "path": "헤드를 패치하면 그 뒤의 모든 것이 바뀝니다. 경로 패칭은 한 경로만 묻습니다: 잔차 스트림을 거쳐 헤드 "
+            "{layer}.{head}에서 헤드 {rl}.{rh}의 쿼리로 곧장 가는 것(뒤쪽 헤드들의 쿼리 가운데 이 경로가 m을 가장 많이 "
+            "움직이는 곳). "
+            "Wang 외(2022)처럼 방향은 반대입니다: 오염된 출력을 깨끗한 실행에 넣습니다.",
+    "path_frozen": "깨끗한 실행 값으로 고정: 다른 모든 헤드와 FFN, 그리고 {rl}.{rh}의 키와 값. 바뀌는 것: {rl}.{rh}의 "
+                   "쿼리 입력 x_clean + Δ, 여기서 Δ는 {layer}.{head}의 오염된 Z가 그 레이어의 출력을 바꾸는 양. 다시 "
+                   "계산: {rl}.{rh}의 패턴과 출력, 그리고 그 뒤의 모든 것.",
+    "path_whole": "이 방향으로 본 헤드 {layer}.{head}의 전체 효과(깨끗한 실행에 오염된 Z, 모든 경로)는 {noising:+.4f}이고, "
+                  "이 경로 하나만으로는 {path:+.4f}입니다. 한 헤드의 경로들을 더한다고 전체 효과가 되지는 않으며, 어떤 경로는 "
+                  "오히려 반대쪽으로 밀기도 합니다.",
+    "path_check": "검증: 손으로 한 경로 패칭(훅을 건 패스로 Δ, x_clean + Δ 위의 패스로 {rl}.{rh}의 쿼리, 그 쿼리를 훅으로 "
+                  "깨끗한 패스에 넣음)이 path_patch의 값, 그리고 뒤쪽 헤드 전체에 대한 표의 해당 칸과 같고, 전체 효과는 "
+                  "patch_one의 값과 같습니다(차이 {diff:.1e}).",
+    "s_side": "⑤ 나란히 보기",
+    "col_method": "방법", "col_number": "효과", "col_answers": "답하는 질문",
+    "m_exact": "정확한 패칭", "m_atp": "AtP", "m_path": "경로 패칭",
+    "m_noise": "헤드 오염",
+    "a_exact": "헤드 {layer}.{head} 하나가 오염된 실행에 깨끗한 답을 얼마나 되돌리나",
+    "a_atp": "같은 질문의 1차 어림: 모든 헤드를 한 번에 싸게, m이 휘는 곳에서는 틀림",
+    "a_path": "답 가운데 이 헤드에서 헤드 {rl}.{rh}의 쿼리로 흐르는 몫",
+    "a_noise": "이 헤드 하나만 오염시키면 답이 얼마나 떨어지나(모든 경로)",
+    "side": "모든 효과는 m(깨끗) − m(오염)에 대한 비율입니다. +는 깨끗한 쪽 답으로, −는 오염된 쪽 답으로 움직인 "
+            "것입니다. 정확한 패칭과 AtP는 깨끗한 헤드를 오염된 실행에 넣고, 경로 패칭과 헤드 오염은 오염된 헤드를 "
+            "깨끗한 실행에 넣습니다. 그래서 뒤쪽 둘에서는 답을 나르는 헤드가 −로 나타납니다.",
+    "next": "표 전체: qkv patch, qkv atp, qkv path-patch (각각 --json과 --out).",
+    "fig_exact": "정확한 패칭", "fig_atp": "AtP", "fig_scatter": "{model}: 헤드 {cells}개, r = {r:.3f}",
+    "fig_real": "m (실제)", "fig_linear": "AtP의 직선", "fig_t": "t (Z_corrupted + t·ΔZ)",
+    "fig_line": "헤드 {layer}.{head}: 오염(t = 0)에서 깨끗(t = 1)까지",
+}
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
-         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS}
+         "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS,
+         "patching": PATCHING}
