@@ -11,7 +11,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import (as_decoder, check_writable, new_console, progress_bar, removed_if_failed, status,
+from .common import (SEED, as_decoder, check_writable, new_console, progress_bar, removed_if_failed, status,
                      write_figure)
 from .interpret import _decoder_stack
 from .options import WRITER, model_option, other_option, patching_metric, prefix_option, text_argument, token_option
@@ -82,7 +82,7 @@ def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: i
                    "(positions in no group stay themselves).")
 @click.option("--samples", type=click.IntRange(1, 100_000), default=64, show_default=True,
               help="Sampled Shapley values: permutations (in antithetic pairs, each with its reverse).")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Sampled Shapley values: the random generator's start; the same seed gives the same numbers.")
 @click.option("--exact/--sampled", default=None,
               help="Shapley values: enumerate all 2^p coalitions, or sample permutations. Default: exact up to "

@@ -15,7 +15,7 @@ import time
 
 import click
 
-from .common import progress_bar, removed_if_failed, status, write_figure
+from .common import SEED, progress_bar, removed_if_failed, status, write_figure
 from .options import WRITER, model_option
 from ..runtime.errors import QkvError
 
@@ -52,7 +52,7 @@ def _load(source: str):
                                                                          "of the run, then cosine).")
 @click.option("--weight-decay", "weight_decay", type=float, default=1e-3, show_default=True,
               help="Decoupled weight decay on A (towards the identity map).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Of the windows' order.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Of the windows' order.")
 @click.option("--checkpoint-every", "checkpoint_every", type=int, default=25, show_default=True,
               help="Steps between checkpoints.")
 def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, tokens: int, out: str, **given) -> None:
