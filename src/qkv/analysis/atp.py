@@ -69,6 +69,7 @@ TABLES = ("heads", "residual", "attn_out", "ffn_out")            # patch's table
 QKV = ("queries", "keys", "values")                              # star=True: the heads' inputs
 KEEP = ("residual", "heads", "attn_out", "ffn_out", "neurons")   # what both passes record
 KEEP_QKV = ("q", "k", "v", "scores", "attentions")               # and for queries, keys, values
+NOISE = 1e-9                # agreement: |effect| below this share of the largest is rounding, counted as 0
 
 
 @dataclass
@@ -352,16 +353,20 @@ class Agreement:
 
 def agreement(estimate: np.ndarray, exact: np.ndarray, table: str = "") -> Agreement:
     """ESTIMATE beside EXACT (the same shape, (L, …)): Pearson's r, the sign agreement over cells whose exact
-    effect is not 0, and the cells where the estimate is wrong by more than half (|est − exact| > ½·|exact|)."""
+    effect is not 0, and the cells where the estimate is wrong by more than half (|est − exact| > ½·|exact|).
+    A cell whose exact effect and estimate are both within NOISE of the table's largest effect counts as 0 on both
+    sides: exact patching's batched passes leave ~1e-17 where a patch cannot reach the metric, AtP exactly 0."""
     e, x = np.asarray(estimate, np.float64), np.asarray(exact, np.float64)
     if e.shape != x.shape or e.ndim != 2:
         raise QkvError(f"compare tables of one shape (L, …): estimate {e.shape}, exact {x.shape}")
     r = math.nan
     if e.size > 1 and e.std() > 0 and x.std() > 0:
         r = float(np.corrcoef(e.ravel(), x.ravel())[0, 1])
-    moved = x != 0
+    eps = NOISE * float(np.abs(x).max(initial=0.0))
+    moved = np.abs(x) > eps
     sign = float(np.mean(np.sign(e[moved]) == np.sign(x[moved]))) if moved.any() else 1.0
-    off = np.argwhere(np.abs(e - x) > 0.5 * np.abs(x))                      # (k, 2)
+    still = ~moved & (np.abs(e) <= eps)                                      # 0 on both sides
+    off = np.argwhere((np.abs(e - x) > 0.5 * np.abs(x)) & ~still)            # (k, 2)
     off = sorted(off.tolist(), key=lambda li: -abs(x[li[0], li[1]]))
     return Agreement(table, r, sign, int(e.size), [(l, i, float(e[l, i]), float(x[l, i])) for l, i in off])
 

@@ -1,6 +1,6 @@
 """`qkv bench ...`: the benchmark commands (registered in qkv.cli.app with `cli.add_command(bench)`).
 
-Each command measures with its module (forward, attention, generate, llm, heads, train, patching), writes the
+Each command measures with its module (forward, attention, generate, llm, heads, train, patching, atp), writes the
 report with it (attention_report for attention) and (re)writes its section of the docs;
 those modules hold no command line, so they never import this one.
 
@@ -266,6 +266,43 @@ def patch_command(repeats: int, threads: int | None, out: str | None, as_json: b
     result = pb.measure(repeats=repeats, threads=threads, log=lambda msg: click.echo(msg, err=True))
     text = pb.markdown(result, patch_command_line(repeats, threads, out))
     publish(result, text, as_json, out, "patch", took=f" ({time.perf_counter() - start:.0f} s)")
+
+
+def atp_command_line(fixtures: str, pairs: int, qkv_pairs: int, threads: int | None, out: str | None) -> str:
+    """The command line that reproduces an attribution-patching run with these options."""
+    from ..bench import atp as apb
+
+    return command_line("qkv bench atp", [("--fixtures", fixtures, apb.FIXTURES), ("--pairs", pairs, apb.PAIRS),
+                                          ("--qkv-pairs", qkv_pairs, apb.QKV_PAIRS), ("--threads", threads, None),
+                                          ("--out", out, None)])
+
+
+@bench.command("atp")
+@click.option("--fixtures", default="tests/fixtures/models", show_default=True,
+              help="The folder of family fixtures (one model folder each).")
+@click.option("--pairs", type=click.IntRange(min=0), default=8, show_default=True,
+              help="IOI pairs to run on SmolLM2 (0: the fixtures only).")
+@click.option("--qkv-pairs", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Of those, how many also patch queries, keys and values exactly (AtP* beside AtP; 10–45 s each).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="NumPy's BLAS threads for the SmolLM2 timing [default: every core; 1 is steadier on a busy machine].")
+@out_option("'bench:atp' section")
+@json_option
+def atp_command(fixtures: str, pairs: int, qkv_pairs: int, threads: int | None, out: str | None,
+                as_json: bool) -> None:
+    """Attribution patching beside exact patching: r, sign agreement and the cells wrong by more than half, on every
+    family fixture and on SmolLM2's IOI pairs (with AtP's time against exact patching's; no torch needed)."""
+    from ..bench import atp as apb
+    from ..runtime.threads import check_count
+
+    check_count("--threads", threads)
+    start = time.perf_counter()
+    log = lambda msg: click.echo(msg, err=True)   # noqa: E731
+    families = apb.fixtures(fixtures, log=log)
+    smollm2 = apb.ioi(pairs, qkv_pairs, threads, log=log) if pairs else None
+    text = apb.markdown(families, smollm2, atp_command_line(fixtures, pairs, qkv_pairs, threads, out))
+    publish({"fixtures": families, "smollm2": smollm2}, text, as_json, out, "atp",
+            took=f" ({time.perf_counter() - start:.0f} s)")
 
 
 def sparse_command_line(sizes, repeats: int, window: int, block: int, out: str | None) -> str:
