@@ -1,7 +1,7 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite, bloom}; starcoder2
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite, bloom, arcee}; starcoder2
 and phi3 without their sliding window, phi3 without LongRoPE, mixtral without its window; cohere refused:
 llama.cpp's command-r holds no attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head,
 which llama.cpp's file cannot say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays
@@ -35,7 +35,7 @@ import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
 
 NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite",
-         "bloom"]
+         "bloom", "arcee"]
 
 
 @pytest.fixture(autouse=True)
@@ -206,8 +206,8 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
-    with pytest.raises(QkvError, match="qkv runs bloom, command-r, falcon, gemma, gemma2, gpt2, gptneox, granite, "
-                                       "llama, mpt, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, "
+    with pytest.raises(QkvError, match="qkv runs arcee, bloom, command-r, falcon, gemma, gemma2, gpt2, gptneox, "
+                                       "granite, llama, mpt, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, "
                                        "stablelm, starcoder2"):
         qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("mamba", V.STRING)}))
 

@@ -18,8 +18,8 @@ from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu": "relu"}
+               "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2"}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu": "relu", "relu2": "relu2"}
 
 
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).

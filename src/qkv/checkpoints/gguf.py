@@ -15,7 +15,7 @@ gguf_cache.py's (`described`, `with_tensors`).
 Architectures (each one's table of metadata keys and tensor names is in its family's module, GGUF = {…};
 gguf_archs.py reads them and undoes what llama.cpp's converter changed): `llama` (Llama, SmolLM2, and Mistral, which
 llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`, `phi2`,
-`gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `phi3` (without
+`gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `arcee`, `phi3` (without
 LongRoPE), `command-r` (Cohere), `falcon`, `bloom` and `mpt` (ALiBi), and the mixtures `qwen2moe`,
 `qwen3moe`, `olmoe` and Mixtral (`llama` with experts). Anything the engine would silently compute
 differently from llama.cpp is refused with one line: other architectures, metadata keys

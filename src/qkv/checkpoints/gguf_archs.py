@@ -19,6 +19,7 @@ here is the machinery they share.
                            put back by head
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
     granite      granite   as llama (Q, K rows interleaved per head); its four multipliers in the metadata
+    arcee        arcee     as llama (Q, K rows interleaved per head); no ffn_gate (ReLU² FFN), no biases
     phi3         phi3      nothing (qkv_proj, gate_up_proj stay fused: attn_qkv [Q; K; V], ffn_up [gate; up]);
                            attention.sliding_window read and dropped, as llama.cpp does (its Phi-3 SWA is
                            disabled: every earlier token is attended to); LongRoPE (rope_factors_long/short,

@@ -44,7 +44,7 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
     params = hf.get("rope_parameters") or {}
     theta = hf.get("rope_theta", params.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+    if hf.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)) != 1.0:   # either place
         raise QkvError("partial rotary embeddings are not supported; use a checkpoint with full RoPE")
     return float(theta), scaling
 

@@ -55,7 +55,7 @@ SIZE_BOUNDS = {**dict.fromkeys(("n_layers", "n_decoder_layers", "n_heads", "n_kv
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
 Position = Literal["learned", "sinusoidal", "rope", "relative", "alibi"]
-Activation = Literal["gelu", "gelu_tanh", "silu", "relu"]
+Activation = Literal["gelu", "gelu_tanh", "silu", "relu", "relu2"]
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,17 @@ def relu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, dy, 0).astype(dy.dtype, copy=False)
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu": relu}
+def relu2(x: np.ndarray) -> np.ndarray:
+    """ReLU²(x) = max(x, 0)²  — Arcee's FFN (So et al. 2021, Primer's squared ReLU)."""
+    r = np.maximum(x, 0)
+    return r * r
+
+
+def relu2_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of max(x, 0)²: dx = dy · 2·max(x, 0)."""
+    return (dy * (2 * np.maximum(x, 0))).astype(dy.dtype, copy=False)
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu": relu, "relu2": relu2}
 ACTIVATION_BACKWARDS = {"gelu": gelu_backward, "gelu_tanh": gelu_tanh_backward, "silu": silu_backward,
-                        "relu": relu_backward}
+                        "relu": relu_backward, "relu2": relu2_backward}

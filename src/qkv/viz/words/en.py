@@ -308,6 +308,7 @@ FFN = {
                      "below −0.17",
     "act_silu": "SiLU(g) = g·σ(g) (also called swish); near 0 for g < 0, never below −0.28",
     "act_relu": "ReLU(u) = max(0, u); exactly 0 for u < 0",
+    "act_relu2": "ReLU²(u) = max(0, u)²; exactly 0 for u < 0, growing as u² above",
     "act_gated": "Gated ({glu}): a = act(g) ⊙ u. The gate act(g) is near 0 or positive, and u has either sign, so "
                  "a neuron's a_i is positive or negative.",
     "act_counts": "The hidden vector a has d_ff = {d_ff} numbers: {pos} positive, {neg} negative{zero}; the largest "
