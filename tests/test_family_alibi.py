@@ -106,7 +106,7 @@ def _edited(tmp_path, name: str, change: dict):
     ("falcon", {"num_ln_in_parallel_attn": 3}, "not 1 or 2"),
     ("falcon_rw", {"num_ln_in_parallel_attn": 2}, "needs new_decoder_architecture"),
     ("falcon_rw", {"num_kv_heads": 1}, "needs new_decoder_architecture"),
-    ("falcon", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "dynamic"),
+    ("falcon", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 2.0}}, "proportional"),
     ("mpt", {"attn_config": {"clip_qkv": 6.0}}, "clip_qkv"),
     ("mpt", {"attn_config": {"softmax_scale": -1}}, "softmax_scale"),
     ("mpt", {"attn_config": [1]}, "an object"),

@@ -81,7 +81,7 @@ def _edited(tmp_path, name: str, change: dict):
     ("cohere", {"logit_scale": 0}, "positive number"),
     ("cohere", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
-    ("cohere", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "yarn"),
+    ("cohere", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 2.0}}, "proportional"),
     ("granite", {"mlp_bias": True}, "mlp_bias"),
     ("granite", {"residual_multiplier": -1}, "positive number"),
     ("granite", {"logits_scaling": "8"}, "positive number"),

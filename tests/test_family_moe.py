@@ -197,7 +197,7 @@ def _edited(tmp_path, name: str, change: dict):
     ("mixtral", {"num_local_experts": 0}, "positive integer"),
     ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
     ("olmoe", {"head_dim": 8}, "head_dim"),
-    ("mixtral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0}}, "yarn"),
+    ("mixtral", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e6, "factor": 2.0}}, "proportional"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message):

@@ -69,4 +69,4 @@ def test_rope_scaling_kinds():
                          dtype=np.float64)
     assert l3[0] == base[0] and l3[-1] == pytest.approx(base[-1] / 8)   # fast kept, slow slowed
     with pytest.raises(QkvError, match="not supported"):
-        P.rope_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+        P.rope_inv_freq(64, 10000.0, {"rope_type": "proportional", "factor": 2.0})

@@ -259,6 +259,8 @@ def rope_parameters(cfg: ModelConfig, **more) -> dict:
     """transformers 5's rope_parameters of CFG: its scaling (or the "default" kind), θ, and MORE (a partial
     rotary factor)."""
     rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    if rope.get("rope_type") == "dynamic":               # config.json's own max_position_embeddings holds it
+        rope.pop("max_position_embeddings", None)
     return {**rope, "rope_theta": cfg.rope_theta, **more}
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..runtime.errors import QkvError
-from .positions import check_rope
+from .positions import check_rope, resolve_rope, rope_kind
 
 # Upper bounds of the sizes (generous: the largest checkpoints have ~10² layers and heads): a config past them is
 # refused before an array is shaped by it. qkv.checkpoints.common bounds config.json's keys the same way.
@@ -223,10 +223,12 @@ class ModelConfig:
                            "fix the model's config")
         if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
             raise QkvError(f"norm_eps={self.norm_eps} must be a finite number ≥ 0; fix the model's config")
-        if self.position == "rope":
-            check_rope(self.rope_theta, self.rope_scaling)
+        if self.position == "rope":            # YaRN's and dynamic NTK's numbers filled in as transformers does
+            object.__setattr__(self, "rope_scaling", resolve_rope(self.rope_scaling, self.max_positions))
+            object.__setattr__(self, "local_rope_scaling", resolve_rope(self.local_rope_scaling, self.max_positions))
+            check_rope(self.rope_theta, self.rope_scaling, resolved=True)
             if self.local_rope_theta is not None:
-                check_rope(self.local_rope_theta, self.local_rope_scaling, "local_rope")
+                check_rope(self.local_rope_theta, self.local_rope_scaling, "local_rope", resolved=True)
         for knob in ("attn_softcap", "final_softcap", "local_rope_theta"):
             v = getattr(self, knob)
             if v is not None and not (0 < v < float("inf")):
@@ -309,6 +311,14 @@ class ModelConfig:
         if self.position != "rope" or layer in self.no_rope_layers:
             return None
         return "local" if self.local_rope_theta is not None and self.window(layer) is not None else "global"
+
+    @property
+    def context(self) -> int:
+        """The longest input qkv runs or writes: max_positions, or factor × max_positions with dynamic NTK RoPE
+        (its base grows past max_position_embeddings so that the model reads factor times as far)."""
+        if self.position == "rope" and rope_kind(self.rope_scaling) == "dynamic":
+            return int(self.max_positions * max(1.0, float(self.rope_scaling["factor"])))
+        return self.max_positions
 
     @property
     def uniform_layers(self) -> bool:

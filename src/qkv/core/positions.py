@@ -93,24 +93,71 @@ def relative_bias(table: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, bidir
 
 
 ROPE_FACTOR = (1e-3, 1e6)        # a rope_scaling factor outside this makes float32 angles of 0 or ∞
+SUPPORTED = "default, linear, dynamic, yarn, llama3, longrope"      # the rope_scaling kinds qkv computes
 
 
-def check_rope(theta: float, scaling: dict | None, what: str = "rope") -> None:
+def rope_kind(scaling: dict | None) -> str:
+    """The kind of a Hugging Face `rope_scaling` (its rope_type, or the older key type): "default" when none."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def resolve_rope(scaling: dict | None, max_positions: int) -> dict | None:
+    """SCALING with every number `rope_inv_freq` reads written in, as transformers fills them in (the one place
+    they are read): YaRN's original_max_position_embeddings (else MAX_POSITIONS), factor (else MAX_POSITIONS /
+    original), beta_fast 32 and beta_slow 1 (a 0 or none too, as transformers' `or`), truncate (true) and its
+    attention factor (else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are given and
+    non-zero, else 0.1·ln(factor) + 1, 1 when factor ≤ 1); dynamic NTK's max_position_embeddings (MAX_POSITIONS:
+    the length past which its base grows). Every other kind is returned as it is. Idempotent."""
+    kind = rope_kind(scaling)
+    if kind == "dynamic" and "max_position_embeddings" not in scaling:
+        return {**scaling, "max_position_embeddings": max_positions}
+    if kind != "yarn":
+        return scaling
+    out = dict(scaling)
+    original = out.get("original_max_position_embeddings") or max_positions
+    factor = out.get("factor") or (max_positions / original if _is_num(original) and original > 0 else None)
+    out.update(original_max_position_embeddings=original, factor=factor, beta_fast=out.get("beta_fast") or 32,
+               beta_slow=out.get("beta_slow") or 1, truncate=out.get("truncate", True))
+    if out.get("attention_factor") is None and _is_num(factor) and factor > 0:
+        mscale, mscale_all = out.get("mscale"), out.get("mscale_all_dim")
+        if _is_num(mscale) and _is_num(mscale_all) and mscale and mscale_all:
+            out["attention_factor"] = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+        else:
+            out["attention_factor"] = yarn_mscale(factor)
+    return out
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction (Peng et al. 2023, eq. 21): 0.1·mscale·ln(factor) + 1, and 1 for factor ≤ 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_rope(theta: float, scaling: dict | None, what: str = "rope", resolved: bool = False) -> None:
     """RoPE's numbers as `rope_inv_freq` will use them, checked once at load: θ a finite number above 1 (else
     1/θ^(2i/d) is ∞ or flat), a scaling kind qkv computes with every number it reads present, finite and in
-    range (llama3: high_freq_factor > low_freq_factor). One QkvError naming the knob."""
+    range (llama3: high_freq_factor > low_freq_factor; yarn: beta_fast ≥ beta_slow, mscale and mscale_all_dim
+    finite, truncate true or false) once RESOLVED (`resolve_rope` filled in what the config left out; before,
+    only yarn's and dynamic's kind is checked). One QkvError naming the knob."""
     fix = "fix the model's config"
     if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 1):
         raise QkvError(f"{what}_theta={theta!r} must be a finite number above 1 (the rotation speeds are "
                        f"1/θ^(2i/d)); {fix}")
     if not scaling:
         return
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = rope_kind(scaling)
     need = {"default": (), "linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                                              "original_max_position_embeddings"),
-            "longrope": ("original_max_position_embeddings",)}
+            "longrope": ("original_max_position_embeddings",),
+            "dynamic": ("factor", "max_position_embeddings"),
+            "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
     if kind not in need:
-        raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, longrope")
+        raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: {SUPPORTED}")
+    if kind in ("yarn", "dynamic") and not resolved:      # a reader's early look: checked whole by ModelConfig
+        return
     for key in need[kind]:
         v = scaling.get(key)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
@@ -121,6 +168,8 @@ def check_rope(theta: float, scaling: dict | None, what: str = "rope") -> None:
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise QkvError(f"rope_scaling llama3 needs high_freq_factor > low_freq_factor, not "
                        f"{scaling['high_freq_factor']!r} ≤ {scaling['low_freq_factor']!r}; {fix}")
+    if kind == "yarn":
+        _check_yarn(scaling, fix)
     if kind == "longrope":
         if "attention_factor" not in scaling:            # a reader that left it unresolved: refused, not guessed
             raise QkvError("rope_scaling longrope is read for phi3, stablelm and starcoder2 checkpoints; "
@@ -134,20 +183,41 @@ def check_rope(theta: float, scaling: dict | None, what: str = "rope") -> None:
                                f"{ROPE_FACTOR[1]:g}; {fix}")
 
 
+def _check_yarn(scaling: dict, fix: str) -> None:
+    """YaRN's knobs beyond the positive numbers `check_rope` asks of every kind: the ramp's ends in order (beta_fast
+    rotations ≥ beta_slow), mscale and mscale_all_dim finite numbers when given, truncate a bool."""
+    if scaling["beta_fast"] < scaling["beta_slow"]:
+        raise QkvError(f"rope_scaling yarn needs beta_fast ≥ beta_slow, not {scaling['beta_fast']!r} < "
+                       f"{scaling['beta_slow']!r}; {fix}")
+    for key in ("mscale", "mscale_all_dim"):
+        if scaling.get(key) is not None and not _is_num(scaling[key]):
+            raise QkvError(f"rope_scaling yarn {key} must be a finite number, not {scaling[key]!r}; {fix}")
+    if not isinstance(scaling["truncate"], bool):
+        raise QkvError(f"rope_scaling yarn truncate must be true or false, not {scaling['truncate']!r}; {fix}")
+
+
 def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=np.float32,
                   length: int | None = None) -> np.ndarray:
     """RoPE's rotation speeds: ω_i = 1 / θ^(2i/d) for i < d/2, optionally rescaled.
 
     Computed in `dtype` as the reference does (float32 by default), so that angles
     p·ω_i round the same way at large positions. `scaling` follows Hugging Face's
-    `rope_scaling`: None/"default", "linear" (positions divided by a factor),
-    "llama3" (low frequencies slowed, high ones kept) and "longrope" (Phi-3: ω_i / s_i, s the
-    short_factor table, or long_factor once the pass reaches past original_max_position_embeddings:
-    LENGTH = its last position + 1, as transformers chooses per pass; None: the short table).
+    `rope_scaling` (resolved by `resolve_rope`): None/"default", "linear" (positions divided by a factor),
+    "llama3" (low frequencies slowed, high ones kept), "yarn" (`yarn_inv_freq`), "dynamic" (`dynamic_base`: θ
+    grown with the pass's LENGTH) and "longrope" (Phi-3: ω_i / s_i, s the short_factor table, or long_factor
+    once the pass reaches past original_max_position_embeddings). LENGTH = the pass's last position + 1, as
+    transformers chooses per pass; None: the table at load (dynamic: plain θ; longrope: the short table).
     """
     dtype = np.dtype(dtype).type
     exps = np.arange(0, d_rot, 2).astype(dtype) / dtype(d_rot)                   # (d/2,)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = rope_kind(scaling)
+    if kind in ("yarn", "dynamic") and resolve_rope(scaling, 1) != scaling:   # a dict ModelConfig did not resolve
+        raise QkvError(f"rope_scaling {kind} needs its numbers filled in first: resolve_rope(scaling, "
+                       "max_positions), as ModelConfig does")
+    if kind == "dynamic":
+        theta = dynamic_base(d_rot, theta, scaling, dtype, length)
+    if kind == "yarn":
+        return yarn_inv_freq(d_rot, theta, scaling, dtype)
     if kind == "longrope":
         if "attention_factor" not in scaling:            # a reader that left it unresolved: refused, not guessed
             raise QkvError("rope_scaling longrope is read for phi3, stablelm and starcoder2 checkpoints; "
@@ -156,7 +226,7 @@ def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=n
         s = np.asarray(scaling["long_factor" if long else "short_factor"], dtype=dtype)       # (d/2,)
         return (dtype(1.0) / (s * np.power(dtype(theta), exps))).astype(dtype)             # (d/2,)
     inv = (dtype(1.0) / np.power(dtype(theta), exps)).astype(dtype)             # (d/2,)
-    if kind == "default":
+    if kind in ("default", "dynamic"):
         return inv
     if kind == "linear":
         return (inv / dtype(scaling["factor"])).astype(dtype)
@@ -169,13 +239,64 @@ def rope_inv_freq(d_rot: int, theta: float, scaling: dict | None = None, dtype=n
         scaled = np.where(wavelen > old_len / low, inv / factor, inv)
         mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         return np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).astype(dtype)
-    raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, longrope")
+    raise QkvError(f"rope_scaling type {kind!r} is not supported; supported: {SUPPORTED}")
+
+
+def dynamic_base(d_rot: int, theta: float, scaling: dict, dtype, length: int | None):
+    """Dynamic NTK's base for a pass over LENGTH positions: θ' = θ·(f·n/N − (f − 1))^(d/(d−2)), n = LENGTH,
+    N = max_position_embeddings, f = factor; θ itself up to N (and with no LENGTH), as transformers'
+    _compute_dynamic_ntk_parameters grows it per pass, in float32 there (DTYPE here) since n is a tensor."""
+    n_max = scaling["max_position_embeddings"]
+    if length is None or length <= n_max:
+        return theta
+    f = dtype(scaling["factor"])
+    grown = f * dtype(length) / dtype(n_max) - (f - dtype(1.0))
+    return dtype(theta) * np.power(grown, dtype(d_rot / (d_rot - 2)))
+
+
+def yarn_inv_freq(d_rot: int, theta: float, scaling: dict, dtype) -> np.ndarray:
+    """YaRN's speeds (Peng et al. 2023, "YaRN: Efficient Context Window Extension"): each ω_i between the plain
+    speed (extrapolation, the fast pairs that turn more than beta_fast times over the original length L) and
+    ω_i / factor (interpolation, the slow pairs that turn fewer than beta_slow times), on a linear ramp between:
+
+        ω_i = ω_i/s · r_i + ω_i · (1 − r_i),   r_i = clamp((i − lo) / (hi − lo), 0, 1)
+        lo, hi = d·ln(L / (2π·β)) / (2·ln θ) for β = beta_fast, beta_slow (floored / ceiled with truncate),
+                 clipped to [0, d − 1]
+
+    As transformers' _compute_yarn_parameters, in DTYPE (float32 there); cos and sin are then multiplied by its
+    attention factor (`rope_attention_factor`)."""
+    factor, original = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+
+    def dim_of(rotations: float) -> float:               # the pair index that turns ROTATIONS times over L
+        return d_rot * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim_of(scaling["beta_fast"]), dim_of(scaling["beta_slow"])
+    if scaling["truncate"]:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d_rot - 1)
+    if lo == hi:
+        hi += 0.001                                       # as transformers: no division by zero
+    exps = np.arange(0, d_rot, 2).astype(dtype) / dtype(d_rot)                     # (d/2,)
+    power = np.power(dtype(theta), exps)                                            # (d/2,) θ^(2i/d)
+    extrapolated = dtype(1.0) / power                                               # (d/2,)
+    interpolated = dtype(1.0) / (dtype(factor) * power)                             # (d/2,)
+    ramp = np.clip((np.arange(d_rot // 2, dtype=dtype) - dtype(lo)) / dtype(hi - lo), 0, 1).astype(dtype)
+    keep = dtype(1.0) - ramp                                                        # (d/2,) share extrapolated
+    return (interpolated * (dtype(1.0) - keep) + extrapolated * keep).astype(dtype)
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
-    """What cos and sin are multiplied by (LongRoPE's attention factor, which sharpens the scores by its square;
-    the family's reader resolves it from the config as transformers does); 1 for every other kind."""
-    return float((scaling or {}).get("attention_factor", 1.0)) if (scaling or {}).get("rope_type") == "longrope" else 1.0
+    """What cos and sin are multiplied by (LongRoPE's and YaRN's attention factor, which sharpens the scores by
+    its square; `resolve_rope` or the family's reader resolves it from the config as transformers does); 1 for
+    every other kind."""
+    return float(scaling.get("attention_factor", 1.0)) if rope_kind(scaling) in ("longrope", "yarn") else 1.0
+
+
+def rope_keeps_turned_keys(scaling: dict | None) -> bool:
+    """Whether a KV cache keeps the keys turned with an older table when a longer pass changes it: dynamic NTK
+    (transformers turns only each step's new query and key with the grown base, never the cached keys again);
+    LongRoPE rereads the whole sequence instead (transformers' Phi-3 drops its cache)."""
+    return rope_kind(scaling) == "dynamic"
 
 
 def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0, interleaved: bool = False

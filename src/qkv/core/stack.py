@@ -33,7 +33,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooks
 from .positions import (positions_from_ids, positions_from_mask, relative_bias, relative_buckets, rope_attention_factor,
-                        rope_cos_sin, rope_inv_freq)
+                        rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys)
 from .trace import Recorder
 from .weights import Seq2SeqWeights, Weights
 
@@ -43,8 +43,9 @@ from .weights import Seq2SeqWeights, Weights
 def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
     """RoPE's speeds ω of each kind of layer a pass over LENGTH positions turns: {"global": (d_rot/2,)}, and
     "local" for Gemma 3's windowed layers with a base of their own; {} without RoPE. A table may depend on the
-    length (LongRoPE: short factors up to original_max_position_embeddings, long ones past it), so a KV cache
-    compares them with the speeds its keys were turned with (KVCache.fits)."""
+    length (LongRoPE: short factors up to original_max_position_embeddings, long ones past it; dynamic NTK: a
+    base grown past max_position_embeddings), so a KV cache compares them with the speeds its keys were turned
+    with (KVCache.fits; dynamic NTK keeps its keys as they were turned, as transformers does)."""
     if cfg.position != "rope":
         return {}
     d_rot = cfg.rotary_dim or cfg.d_head
@@ -168,8 +169,9 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         np.arange(n), attention_mask.shape[:1] + (n,))
     if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
         positions = positions_from_ids(ids, cfg.pad_token_id)
-    speeds = rope_speeds(cfg, dtype, int(positions.max()) + 1)   # LongRoPE: its table by the pass's length
-    if cache is not None and not cache.fits(speeds):         # the past's keys were turned by another table:
+    speeds = rope_speeds(cfg, dtype, int(positions.max()) + 1)   # LongRoPE, dynamic NTK: a table by the length
+    if (cache is not None and not cache.fits(speeds)         # the past's keys were turned by another table
+            and not rope_keeps_turned_keys(cfg.rope_scaling)):   # (dynamic NTK keeps them, as transformers):
         if ids is None or tokens is not None:                # read all of it again with this one
             raise QkvError("the KV cache's keys were turned by other RoPE speeds and a pass from embeddings cannot "
                            "read its past again; run it without a cache")

@@ -22,7 +22,7 @@ from ..core.blocks import attention_mask_of, norm
 from ..core.layer import joined as into_stream, norm_in_front
 from ..models.model import Model
 from ..core.ops import entropy as row_entropy, softmax
-from ..core.positions import rope_inv_freq
+from ..core.positions import rope_attention_factor, rope_inv_freq
 
 DEFAULT_TEXT = "The cat sat on the mat"
 DK_SIZES = (4, 16, 64, 256)
@@ -325,22 +325,33 @@ def rope_rotate(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interle
     return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:]], axis=-1)   # (n, d)
 
 
+def scaled_turn(turned: np.ndarray, x: np.ndarray, a: float, cfg) -> np.ndarray:
+    """TURNED (n, d) with its turned part times A (YaRN's and LongRoPE's attention factor multiplies cos and sin,
+    so the turned numbers; a partial rotary's rest passes as it is)."""
+    if a == 1.0:
+        return turned
+    r = 2 * ((cfg.rotary_dim or x.shape[-1]) // 2)
+    return np.concatenate([turned[..., :r] * a, turned[..., r:]], axis=-1)    # (n, d)
+
+
 def _rope_step(Q_p: np.ndarray, K_p: np.ndarray, Q: np.ndarray, K: np.ndarray, row: int, cfg,
                kind: str = "global") -> RopeStep:
     """Rotate this head's q and k ourselves, check against the model's, and move q and k together. kind: the
     layer's rotation, "local" for Gemma 3's sliding layers (their own base)."""
     theta, scaling = ((cfg.local_rope_theta, cfg.local_rope_scaling) if kind == "local"
                       else (cfg.rope_theta, cfg.rope_scaling))
-    omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, theta, scaling, np.float64)   # (d_rot/2,)
+    omega = rope_inv_freq(cfg.rotary_dim or cfg.d_head, theta, scaling, np.float64,
+                          length=len(Q_p))                                              # (d_rot/2,)
     pos = np.arange(len(Q_p))                                                           # (n,) 0..n−1
-    turn = cfg.rope_interleaved
-    diff = max(_same("RoPE(Q)", rope_rotate(Q_p, pos, omega, turn), Q, 1e-4),
-               _same("RoPE(K)", rope_rotate(K_p, pos, omega, turn), K, 1e-4))
+    turn, a = cfg.rope_interleaved, rope_attention_factor(scaling)   # YaRN, LongRoPE: cos and sin × a
+    diff = max(_same("RoPE(Q)", scaled_turn(rope_rotate(Q_p, pos, omega, turn), Q_p, a, cfg), Q, 1e-4),
+               _same("RoPE(K)", scaled_turn(rope_rotate(K_p, pos, omega, turn), K_p, a, cfg), K, 1e-4))
     key = max(row - 2, 0)
     dist = row - key
     places = [(row + s, key + s) for s in ROPE_SHIFTS] + [(row, row), (row + 5, key)]
-    relative = [(m, p, float(rope_rotate(Q_p[row:row + 1], np.array([m]), omega, turn)[0]
-                             @ rope_rotate(K_p[key:key + 1], np.array([p]), omega, turn)[0])) for m, p in places]
+    relative = [(m, p, float(scaled_turn(rope_rotate(Q_p[row:row + 1], np.array([m]), omega, turn), Q_p, a, cfg)[0]
+                             @ scaled_turn(rope_rotate(K_p[key:key + 1], np.array([p]), omega, turn), K_p, a, cfg)[0]))
+                for m, p in places]
     same = [dot for m, p, dot in relative if m - p == dist]
     spread = max(same) - min(same)
     if spread > 1e-6 * max(1.0, abs(same[0])):

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .attention import DEFAULT_TEXT, head_qk, norm_of, rope_rotate
-from ..core.positions import apply_rope, rope_cos_sin, rope_inv_freq, sinusoidal_table
+from ..core.positions import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq, sinusoidal_table
 from rich.text import Text
 
 from . import Page, same, shape
@@ -140,13 +140,14 @@ def _rope(model, text: str) -> Rope:
         Xn = norm_of(Xn, nw.weight, nw.bias, cfg.norm, cfg.norm_eps)
     Q, K = head_qk(Xn, attn, cfg, slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k))   # (n, d_k)
     d_rot = cfg.rotary_dim or d_k                                           # GPT-NeoX turns only the first d_rot
-    omega = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling)         # (d_rot/2,) the engine's, float32
-    omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64)
+    omega = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, length=n)   # (d_rot/2,) the engine's, float32
+    omega64 = rope_inv_freq(d_rot, cfg.rope_theta, cfg.rope_scaling, np.float64, length=n)
     diff_omega = same("ω_i", omega, cfg.rope_theta ** (-np.arange(0, d_rot, 2) / d_rot), 1e-6, rel=True) \
         if not cfg.rope_scaling else same("ω_i", omega, omega64, 1e-6, rel=True)
     pos, turn = np.arange(n), cfg.rope_interleaved                         # GPT-J, Cohere: pairs (2i, 2i+1)
-    diff_trace = max(same("RoPE(q)", _engine_rope(Q, pos, omega, turn), lt.q[head], 1e-4, rel=True),
-                     same("RoPE(k)", _engine_rope(K, pos, omega, turn), lt.k[kv], 1e-4, rel=True))
+    a = rope_attention_factor(cfg.rope_scaling)                            # YaRN, LongRoPE: cos and sin × a
+    diff_trace = max(same("RoPE(q)", _engine_rope(Q, pos, omega, turn, a), lt.q[head], 1e-4, rel=True),
+                     same("RoPE(k)", _engine_rope(K, pos, omega, turn, a), lt.k[kv], 1e-4, rel=True))
     q, k = Q[qi], K[ki]                                                     # (d_k,) each
     turned = _engine_rope(np.tile(q, (4, 1)), np.arange(4), omega, turn)    # (4, d_k) q at positions 0..3
     same("q turned to positions 0..3", turned, rope_rotate(np.tile(q, (4, 1)), np.arange(4), omega64, turn), 1e-4,
@@ -171,9 +172,11 @@ def _rope(model, text: str) -> Rope:
                 spread=float(np.ptp(dots, axis=0).max()), spread64=spread64)
 
 
-def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False) -> np.ndarray:
-    """The engine's RoPE (qkv.core.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k)."""
-    cos, sin = rope_cos_sin(np.asarray(positions)[None], omega, interleaved=interleaved)   # (1, 1, n, d_k) each
+def _engine_rope(x: np.ndarray, positions: np.ndarray, omega: np.ndarray, interleaved: bool = False,
+                 factor: float = 1.0) -> np.ndarray:
+    """The engine's RoPE (qkv.core.positions) of rows x (n, d_k) at `positions`, in float32: (n, d_k); cos and
+    sin × FACTOR (YaRN's and LongRoPE's attention factor)."""
+    cos, sin = rope_cos_sin(np.asarray(positions)[None], omega, factor, interleaved)    # (1, 1, n, d_k) each
     return apply_rope(x.astype(np.float32)[None, None], cos, sin, interleaved)[0, 0]
 
 

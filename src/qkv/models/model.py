@@ -119,7 +119,7 @@ class Model:
         return ids.astype(np.int64, copy=False), mask.astype(np.int64, copy=False)
 
     def check_length(self, n: int) -> None:
-        limit = self.config.max_positions
+        limit = self.config.context
         if n > limit:
             raise QkvError(f"the input has {n} tokens but {self.name} handles at most {limit}; shorten the text")
 

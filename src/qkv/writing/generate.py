@@ -49,9 +49,9 @@ def check_can_generate(model: Writer, prompt_length: int, max_new_tokens: int) -
                        "Llama, Mistral or Qwen2 directory")
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise QkvError(f"max_new_tokens must be a whole number ≥ 1, got {max_new_tokens}")
-    if prompt_length + max_new_tokens > cfg.max_positions:
+    if prompt_length + max_new_tokens > cfg.context:
         raise QkvError(f"the prompt has {prompt_length} tokens and {max_new_tokens} new ones would pass "
-                       f"{model.name}'s context of {cfg.max_positions}; shorten the prompt or lower max_new_tokens")
+                       f"{model.name}'s context of {cfg.context}; shorten the prompt or lower max_new_tokens")
 
 
 def stop_ids(model: Writer, stop_at_eos: bool, stop_tokens: list[int]) -> np.ndarray:
