@@ -117,7 +117,7 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
         raise QkvError(f"{model.name} normalises after each block (post-norm), so its residual stream is no sum "
                        "of heads and FFNs; direct logit attribution needs a pre-norm decoder")
     if any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in weights.blocks):
-        raise QkvError(f"{model.name} normalises each attention and FFN output before it joins the stream (OLMo 2, "
+        raise QkvError(f"{model.name} normalises each attention and FFN output before it joins the stream (OLMo 2/3, "
                        "Gemma 2/3), so a head's part is no linear piece of it; direct logit attribution needs plain "
                        "residual steps")
     if cfg.final_softcap is not None:

@@ -66,7 +66,7 @@ def check_edges(model: "Model") -> None:
         raise QkvError(f"{name} normalises the stream after each box (post-norm), so a head's output is no term of "
                        "the next receiver's input; edge attribution needs a pre-norm decoder (--model smollm2)")
     if any(b.attn_out_norm is not None or b.ffn_out_norm is not None for b in w.blocks):
-        raise QkvError(f"{name} normalises each box's output before it joins the stream (Gemma 2/3, OLMo 2), so a "
+        raise QkvError(f"{name} normalises each box's output before it joins the stream (Gemma 2/3, OLMo 2/3), so a "
                        "head's part of it is not its own term; edge attribution needs a decoder without output norms")
     if w.W_head is not None or getattr(model, "ablated", None) is not None:
         raise QkvError(f"{name} has a masked-LM head or ablated heads; run edge attribution on a plain decoder")
