@@ -81,6 +81,20 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
+def patching_pair(name: str, n: int = 9, at: int = 4):
+    """A patching case on fixture NAME: the model in float64, clean ids (n,) from a fixed generator, corrupted ids
+    (the token at AT changed) and (answer, wrong): the two tokens whose last-position logit the change raises most
+    and lowers most (a large difference, so relative errors stay small)."""
+    import qkv
+
+    model = qkv.load(MODELS / name, dtype=np.float64)
+    clean = np.random.default_rng(3).integers(0, model.config.vocab_size, n)
+    corrupted = clean.copy()
+    corrupted[at] = (clean[at] + 7) % model.config.vocab_size
+    moved = model.run(clean, keep=()).logits[-1] - model.run(corrupted, keep=()).logits[-1]     # (V,)
+    return model, clean.tolist(), corrupted.tolist(), (int(np.argmax(moved)), int(np.argmin(moved)))
+
+
 def reference(name: str) -> dict[str, np.ndarray]:
     with np.load(MODELS / name / "reference.npz") as z:
         return {k: z[k] for k in z.files}

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import FIXTURES, MODELS, run_main
+from conftest import FIXTURES, MODELS, patching_pair, run_main
 from test_browser import browser, open_viewer, tab  # noqa: F401  (fixtures)
 from test_browser_interpret import fmt_e, hover_cell
 from test_viewer import data_of
@@ -41,14 +41,8 @@ EPS = 1e-5
 
 
 def inputs(name: str, n: int = 9, at: int = 4):
-    """A float64 model, clean ids, corrupted ids (one token changed, at AT) and the two tokens whose logit
-    difference the change moves most."""
-    model = qkv.load(MODELS / name, dtype=np.float64)
-    clean = np.random.default_rng(3).integers(0, model.config.vocab_size, n)
-    corrupted = clean.copy()
-    corrupted[at] = (clean[at] + 7) % model.config.vocab_size
-    moved = model.run(clean, keep=()).logits[-1] - model.run(corrupted, keep=()).logits[-1]     # (V,)
-    return model, clean.tolist(), corrupted.tolist(), (int(np.argmax(moved)), int(np.argmin(moved)))
+    """`conftest.patching_pair` with the token at 4 changed."""
+    return patching_pair(name, n, at)
 
 
 def measured(model, ids, metric, hooks) -> float:

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 import qkv
-from conftest import MODELS, run_main
+from conftest import MODELS, patching_pair, run_main
 from qkv.lessons import TOPICS, lesson_module, patching
 from qkv.lessons.patching import TEXTS
 from qkv.runtime.errors import QkvError
@@ -23,14 +23,8 @@ FAMILIES = ["llama_gqa", "gpt2", "qwen2"]
 
 
 def inputs(name: str, n: int = 9, at: int = 2):
-    """A float64 model, clean ids, corrupted ids (the token at AT changed) and (answer, wrong): the tokens whose
-    logit difference the change moves most."""
-    model = qkv.load(MODELS / name, dtype=np.float64)
-    clean = np.random.default_rng(3).integers(0, model.config.vocab_size, n)
-    corrupted = clean.copy()
-    corrupted[at] = (clean[at] + 7) % model.config.vocab_size
-    moved = model.run(clean, keep=()).logits[-1] - model.run(corrupted, keep=()).logits[-1]     # (V,)
-    return model, clean.tolist(), corrupted.tolist(), (int(np.argmax(moved)), int(np.argmin(moved)))
+    """`conftest.patching_pair` with the token at 2 changed."""
+    return patching_pair(name, n, at)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import MODELS, run_main
+from conftest import MODELS, patching_pair, run_main
 from qkv.analysis.patch import patch_one
 from qkv.analysis.path_patch import (EMBED, Node, every_sender, pair_table, parse_nodes, path_patch,
                                      sender_table)
@@ -35,14 +35,8 @@ TOL = 1e-10
 
 
 def inputs(name: str, n: int = 9, at: int = 2):
-    """A float64 model, clean ids, corrupted ids (the token at AT changed) and the two tokens whose logit
-    difference the change moves most (a large difference: relative errors stay small)."""
-    model = qkv.load(MODELS / name, dtype=np.float64)
-    clean = np.random.default_rng(3).integers(0, model.config.vocab_size, n)
-    corrupted = clean.copy()
-    corrupted[at] = (clean[at] + 7) % model.config.vocab_size
-    moved = model.run(clean, keep=()).logits[-1] - model.run(corrupted, keep=()).logits[-1]     # (V,)
-    return model, clean.tolist(), corrupted.tolist(), (int(np.argmax(moved)), int(np.argmin(moved)))
+    """`conftest.patching_pair` with the token at 2 changed."""
+    return patching_pair(name, n, at)
 
 
 def metric_with(model, ids, metric, hooks=None) -> float:
