@@ -77,6 +77,12 @@ def new_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
 
+def check_json_file(json_path: str | None, example: str) -> None:
+    """--json names a file: one line, before any work, when it names a directory (EXAMPLE: a file name to offer)."""
+    if json_path is not None and os.path.isdir(json_path):
+        raise QkvError(f"--json {json_path} is a directory; give a file name such as {example}")
+
+
 def check_writable(directory: str | os.PathLike, subs: tuple[str, ...] = ()) -> None:
     """Fail before the work, not after it, when an output directory cannot be written, or it or a sub-folder
     SUBS the command will write in is a link (`io.real_directory`)."""

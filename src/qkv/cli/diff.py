@@ -6,17 +6,15 @@ attention pattern (JS divergence), the residual stream (cosine, norm ratio) and 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import WEIGHTS, check_writable, new_console, removed_if_failed, status
+from .common import WEIGHTS, check_json_file, check_writable, new_console, removed_if_failed, status
 from .options import WRITER, model_option, text_argument
 from ..analysis.diff import KINDS
-from ..runtime.errors import QkvError
 
 
 @click.command(name="diff")
@@ -48,8 +46,7 @@ def diff_cmd(text: str, source: str, source_b: str | None, weights_a: str | None
     first. A model against itself is 0 everywhere."""
     from ..analysis.diff import diff, requantized
 
-    if json_path is not None and Path(json_path).is_dir():
-        raise QkvError(f"--json {json_path} is a directory; give a file name such as diff.json")
+    check_json_file(json_path, "diff.json")
     if requantize_b is not None and weights_a is None:
         weights_a = "float32"                             # A and B then differ in their weights, not the kernels
     model_a, name_a = _load(source, weights_a)

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .common import check_writable, new_console, progress_bar, removed_if_failed, status
+from .common import check_json_file, check_writable, new_console, progress_bar, removed_if_failed, status
 from .options import WRITER, model_option, other_option, text_argument, token_option
 from ..runtime.errors import QkvError
 
@@ -47,8 +47,6 @@ def eap_cmd(text: str, corrupted: str, source: str, token: str | None, other: st
     out_s(clean)) · ∂m/∂in_r, m = logit(token) − logit(other) after TEXT; then keep the top k edges, patch every
     other edge from the corrupt run, and measure how much of m comes back (the faithfulness curve: 1 = clean,
     0 = corrupt)."""
-    from pathlib import Path
-
     from ..analysis.attribution import token_id
     from ..analysis.eap import circuit_data, curve_points, edge_attribution, faithfulness
     from ..analysis.edges import check_edges
@@ -58,8 +56,7 @@ def eap_cmd(text: str, corrupted: str, source: str, token: str | None, other: st
     if token is None or other is None:
         raise QkvError("give --token and --other, TEXT's and the corrupt input's next tokens "
                        "(e.g. --token ' Mary' --other ' John')")
-    if json_path is not None and Path(json_path).is_dir():
-        raise QkvError(f"--json {json_path} is a directory; give a file name such as eap.json")
+    check_json_file(json_path, "eap.json")
     model = load(source)
     check_edges(model)
     a_ids, b_ids = model.encode(text)[0], model.encode(corrupted)[0]         # bad input fails before DIR is touched

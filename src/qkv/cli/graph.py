@@ -12,9 +12,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..runtime.errors import QkvError
 from . import graph_page, graph_tools
-from .common import load_model, new_console, progress_bar
+from .common import check_json_file, load_model, new_console, progress_bar
 from .options import WRITER, model_option, text_argument, token_option
 
 TOP = 12                 # rows of each table
@@ -71,8 +70,7 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
     from ..graphs.prune import check_threshold, prune_graph
 
     check_threshold("node", node_threshold), check_threshold("edge", edge_threshold)
-    if json_path is not None and Path(json_path).is_dir():
-        raise QkvError(f"--json {json_path} is a directory; give a file name such as graph.json")
+    check_json_file(json_path, "graph.json")
     page_texts = graph_page.check_page(page_path, page_corpus)      # --page, --page-corpus: before the work
     from ..features.dictionaries import load_transcoders
 

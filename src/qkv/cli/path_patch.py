@@ -5,14 +5,13 @@ Built like `qkv patch` (cli/attribution.py); registered in qkv.cli.app."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import check_writable, new_console, progress_bar, removed_if_failed, status
+from .common import check_json_file, check_writable, new_console, progress_bar, removed_if_failed, status
 from .options import WRITER, model_option, other_option, token_option
 from ..runtime.errors import QkvError
 
@@ -54,8 +53,7 @@ def path_patch_cmd(clean: str, corrupted: str, source: str, token: str | None, o
     if token is None or other is None:
         raise QkvError("give --token and --other, TEXT's and CORRUPTED's next tokens (e.g. --token ' Mary' "
                        "--other ' John')")
-    if json_path is not None and Path(json_path).is_dir():
-        raise QkvError(f"--json {json_path} is a directory; give a file name such as path_patch.json")
+    check_json_file(json_path, "path_patch.json")
     model = load(source)
     check_path_model(model)
     heads = parse_nodes(model, receivers, "--receivers", heads_only=True)      # bad input fails before any work

@@ -23,7 +23,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .common import MODEL_HELP, check_writable, load_model, new_console, progress_bar, removed_if_failed, status
+from .common import (MODEL_HELP, check_json_file, check_writable, load_model, new_console, progress_bar,
+                     removed_if_failed, status)
 from .options import WRITER, model_option
 from ..runtime.errors import QkvError
 
@@ -217,8 +218,7 @@ def probe_cmd(source: str, data_path: str, layer: str, position: str, point: str
     control accuracy. A probe's direction is a steering vector (--out: directions.gguf)."""
     from ..analysis.probes import probe_layers, read_probe_data
 
-    if json_path is not None and Path(json_path).is_dir():
-        raise QkvError(f"--json {json_path} is a directory; give a file name such as probes.json")
+    check_json_file(json_path, "probes.json")
     texts, labels = read_probe_data(data_path)
     model = load_model(source)
     layers = layer_list(layer, model.config.n_layers)
