@@ -187,7 +187,8 @@ def open_store_run(out, acts, **kw):
 def test_a_resumed_run_ends_bit_for_bit_equal(store, tmp_path):
     """60 steps at once, against a run stopped at step 45 (its last checkpoint at 40, as after kill -9) and
     started again: the same parameters, AdamW moments and dead-latent counts, bit for bit. The store holds
-    46 batches of 128, so the resumed part crosses into the second pass over it."""
+    46 batches of 128, so the resumed part crosses into the second pass over it. The resume checkpoints every 5
+    steps, not 10: how often changes no number."""
     whole = open_store_run(tmp_path / "whole", store, steps=60)
     whole.train()
 
@@ -201,7 +202,7 @@ def test_a_resumed_run_ends_bit_for_bit_equal(store, tmp_path):
     broken = open_store_run(tmp_path / "broken", store, steps=60)
     with pytest.raises(Killed):
         broken.train(kill_at_45)
-    again = open_store_run(tmp_path / "broken", store, steps=60)
+    again = open_store_run(tmp_path / "broken", store, steps=60, checkpoint_every=5)
     assert again.resumed_from is not None and again.trainer.step_count == 40
     again.train()
     a, b = whole.trainer.arrays(), again.trainer.arrays()

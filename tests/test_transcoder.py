@@ -162,6 +162,26 @@ def test_a_killed_run_resumes_bit_for_bit(llama, tmp_path):
         ["step-00000008.npz", "step-00000012.npz"]
 
 
+def test_a_resume_may_checkpoint_more_often(llama, tmp_path):
+    """How often a run checkpoints changes no number: resumed with --checkpoint-every 3 it ends as a run never
+    stopped, and the new interval is what qkv.json records."""
+    whole = start(llama, tmp_path / "whole")
+    whole.train()
+
+    def kill(e):
+        if e["step"] == 6:
+            raise Killed
+
+    with pytest.raises(Killed):
+        start(llama, tmp_path / "cut").train(kill)
+    again = start(llama, tmp_path / "cut", checkpoint_every=3)
+    assert again.step == 4
+    again.train()
+    a, b = params_of(whole), params_of(again)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "cut" / "qkv.json").read_text())["settings"]["checkpoint_every"] == 3
+
+
 def test_ctrl_c_finishes_the_step_then_saves_and_stops(llama, tmp_path):
     import os
     import signal

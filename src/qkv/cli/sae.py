@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -68,6 +69,8 @@ def train_cmd(acts_dir: str, out: str, threads: int | None, tokens: int | None, 
     saved = read_run(out) if Path(out).is_dir() else None
     if saved is not None:
         settings = saved.settings                                           # a run to continue
+        if "checkpoint_every" in given:                                   # changes no number: a resume may change it
+            settings = replace(settings, checkpoint_every=given.pop("checkpoint_every"))
         batch = given.get("batch", settings.batch)
         if tokens is not None:
             given["steps"] = -(-tokens // batch)

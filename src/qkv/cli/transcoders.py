@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 
 import click
 
@@ -112,6 +113,8 @@ def train_cmd(source: str, corpus_path: str | None, corpus_name: str | None, out
         given["layers"] = layers
     if saved is not None:
         settings = saved["settings"]
+        if "checkpoint_every" in given:                                   # changes no number: a resume may change it
+            settings = replace(settings, checkpoint_every=given.pop("checkpoint_every"))
         for name, value in given.items():
             if getattr(settings, name) != value:
                 raise QkvError(f"{out} holds transcoders trained with --{name.replace('_', '-')} "

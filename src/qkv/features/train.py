@@ -32,7 +32,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
@@ -218,6 +218,8 @@ class Run:
 
     def _agree(self, saved: "SavedRun") -> None:
         for f in fields(Settings):
+            if f.name == "checkpoint_every":                          # changes no number: a resume may change it
+                continue
             if getattr(saved.settings, f.name) != getattr(self.settings, f.name):
                 raise QkvError(f"{self.out} holds an SAE trained with --{f.name.replace('_', '-')} "
                                f"{getattr(saved.settings, f.name)}, not {getattr(self.settings, f.name)}; give the "
@@ -247,7 +249,7 @@ class Run:
                     arrays = {k: z[k] for k in z.files if k != "meta"}
             except (OSError, ValueError, KeyError, EOFError, QkvError):
                 continue                                                 # unreadable (a kill mid-write): the one before
-            if saved != self.settings:
+            if replace(saved, checkpoint_every=self.settings.checkpoint_every) != self.settings:
                 raise QkvError(f"{path} was written with other settings than {self.out / RUN_FILE}; give another --out")
             wrong = self.trainer.check_arrays(arrays)
             if wrong is None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -308,6 +308,8 @@ class TranscoderRun:
 
     def _agree(self, saved: dict) -> None:
         for f in fields(TranscoderSettings):
+            if f.name == "checkpoint_every":                          # changes no number: a resume may change it
+                continue
             have, want = getattr(saved["settings"], f.name), getattr(self.settings, f.name)
             if have != want:
                 raise QkvError(f"{self.out} holds transcoders trained with --{f.name.replace('_', '-')} {have}, not "
@@ -375,7 +377,7 @@ class TranscoderRun:
                     arrays = {k: z[k] for k in z.files if k != "meta"}
             except (OSError, ValueError, KeyError, EOFError, QkvError):
                 continue                                                  # unreadable (a kill mid-write)
-            if saved != self.settings:
+            if replace(saved, checkpoint_every=self.settings.checkpoint_every) != self.settings:
                 raise QkvError(f"{path} was written with other settings than {self.out / RUN_FILE}; {ANOTHER_OUT}")
             step = arrays.get("step")
             wrong = None if step is not None and step.shape == (1,) and 0 <= step[0] <= self.settings.steps \
