@@ -72,6 +72,24 @@ def test_sliding_window_equals_masked_attention(shape, window):
     assert np.max(np.abs(out - reference(q, k, v, A.sliding_window_mask(n, window, m)))) <= TOL
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_softcap_equals_capped_scores(window):
+    """softcap c: softmax(c·tanh(S/c) + M)·V, the cap before the mask (Gemma 2), with and without a window."""
+    q, k, v = qkv_arrays(np.random.default_rng(7), 1, 4, 2, 21, 21, 8)
+    q *= 6                                                      # scores of size ~10: the cap bends them
+    c = 3.0
+    qf, kf, vf = (x.astype(np.float64) for x in (q, k, v))
+    kf, vf = np.repeat(kf, 2, axis=1), np.repeat(vf, 2, axis=1)
+    s = c * np.tanh(qf @ kf.swapaxes(-1, -2) / math.sqrt(8) / c)
+    allowed = A.causal_mask(21) if window is None else A.sliding_window_mask(21, window, 21)
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vf
+    out = tiled_attention(q, k, v, causal=True, block_size=4, window=window, softcap=c)
+    assert np.max(np.abs(out - want)) <= TOL
+    assert np.max(np.abs(tiled_attention(q, k, v, causal=True, block_size=4, window=window) - want)) > 100 * TOL
+
+
 def test_padding_keys_and_fully_masked_rows_give_zeros():
     q, k, v = qkv_arrays(np.random.default_rng(5), 2, 4, 2, 20, 20, 8)
     key_mask = np.ones((2, 20), bool)

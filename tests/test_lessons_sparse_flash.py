@@ -269,6 +269,34 @@ def test_flash_on_an_encoder_with_a_chosen_head(minilm):
         flash.build(minilm, layer=0, head=12)
 
 
+@pytest.mark.parametrize("family", ["phi3", "qwen2_sliding", "gemma2", "gemma3_text", "starcoder2"])
+def test_flash_on_sliding_and_soft_capped_layers(family):
+    """Each layer as the model computes it: its sliding window (keys further back than w are −∞ in S, the
+    kernel told the window) and Gemma 2's soft-cap; the tiled result equals the model's head output."""
+    from conftest import MODELS
+
+    model = qkv.load(MODELS / family)
+    text = list(range(3, 3 + 14))                                     # 14 tokens: longer than every window
+    cfg = model.config
+    assert any(cfg.window(li) and cfg.window(li) < 14 for li in range(cfg.n_layers))
+    for li in range(cfg.n_layers):
+        le = flash.build(model, text, layer=li, head=0, block=4)
+        t = model.run(text).layer(li)
+        np.testing.assert_allclose(le.out, t.heads[0, le.row], rtol=1e-4, atol=1e-5)
+        w = cfg.window(li)
+        if w:
+            assert np.isneginf(le.S[le.row, :le.row - w + 1]).all() and np.isfinite(le.S[le.row, le.row - w + 1:le.row + 1]).all()
+
+
+def test_flash_refuses_an_encoders_local_layer():
+    from conftest import MODELS
+
+    model = qkv.load(MODELS / "modernbert_local")
+    local = next(li for li in range(model.config.n_layers) if model.config.window(li))
+    with pytest.raises(QkvError, match="local layer"):
+        flash.build(model, list(range(3, 12)), layer=local, head=0)
+
+
 # ── the benchmark (the lesson's cost part at larger n) ───────────────────────────
 
 def test_bench_sparse_writes_its_section(monkeypatch, capsys, tmp_path):

@@ -44,9 +44,10 @@ def _grouped(q: np.ndarray, Hkv: int) -> np.ndarray:
 def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
                     block_size: int | None = None, window: int | None = None,
                     key_mask: np.ndarray | None = None, scale: float | None = None,
-                    key_bias: np.ndarray | None = None) -> np.ndarray:
+                    key_bias: np.ndarray | None = None, softcap: float | None = None) -> np.ndarray:
     """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head (scale: Q·Kᵀ·scale
-    instead of /√d, ModelConfig.score_scale; None: 1/√d).
+    instead of /√d, ModelConfig.score_scale; None: 1/√d; softcap c: S = c·tanh(S/c) before the mask, Gemma 2's
+    attn_logit_softcapping, as FlashAttention-2 does it).
 
     causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
     sees only the last `window` positions (itself included); key_mask (B, m): False for
@@ -69,14 +70,14 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     if causal or window:                                          # later blocks see more keys:
         starts = reversed(starts)                                 # start them first (load balance)
     s = 1.0 / math.sqrt(d) if scale is None else scale
-    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s, kb),
-                 starts, workers=tuned.attention)
+    parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s, kb,
+                                         softcap), starts, workers=tuned.attention)
     return out.reshape(B, H, n, d)
 
 
 def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, q0: int, q1: int, bk: int,
                  causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float,
-                 key_bias: np.ndarray | None = None) -> None:
+                 key_bias: np.ndarray | None = None, softcap: float | None = None) -> None:
     """out[..., q0:q1, :] = attention of query rows q0..q1 over their keys, block by block.
 
     The online softmax: for each key block, M_new = max(M, rowmax S), P = exp(S - M_new),
@@ -99,6 +100,8 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         k0, k1 = max(k0, k_start), min(k0 + bk, k_end)
         s = s_buf[:B * Hkv * rows * (k1 - k0)].reshape(B, Hkv, rows, k1 - k0)   # (B, Hkv, G·bq, bk) contiguous
         np.matmul(qb, kt[:, :, :, k0:k1], out=s)                  # S = Q·Kᵀ/√d of this block
+        if softcap is not None:                                   # S = c·tanh(S/c), before the mask
+            np.multiply(np.tanh(s / softcap, out=s), softcap, out=s)
         bias = _block_bias(pos, k0, k1, causal, window, key_mask, qg.dtype)
         if bias is not None:                                      # only blocks that cross the mask's edge:
             s5 = s.reshape(B, Hkv, G, q1 - q0, k1 - k0)           # S + M, in place (grouped layout)

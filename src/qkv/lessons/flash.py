@@ -33,6 +33,7 @@ from ..core import sparse as sp
 from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from ..core.kernels import K_BLOCK, Q_BLOCK, tiled_attention
+from ..core.masks import visible
 from ..core.ops import softmax
 from . import Page, nbytes, same
 from ..viz.words import texts
@@ -142,25 +143,39 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     if block < 1:
         raise QkvError(f"--block must be ≥ 1, got {block}")
     row = n - 1 if cfg.causal else min(3, n - 1)
-    allowed = sp.dense(cfg.causal).mask(n)                           # (n, n)
     scale = cfg.score_scale or 1 / math.sqrt(d_k)                    # 1/√d_k, or the model's own (Granite)
+    cap = cfg.attn_softcap                                            # Gemma 2: S = c·tanh(S/c)
     bias = position_bias(model, n)                                    # (H, 1, n) ALiBi's m_h·p_j, else 0
+    pos = np.arange(n)
 
-    def scores(lt, h):
+    def allowed(li: int) -> np.ndarray:
+        """The keys each query of layer LI sees (n, n): the causal mask and the layer's sliding window."""
+        seen = visible(pos, pos, cfg.causal, cfg.window(li))
+        return np.ones((n, n), bool) if seen is None else seen
+
+    def scores(li: int, h: int) -> np.ndarray:
+        lt = trace.layer(li)
         q, k = lt.q[h].astype(np.float64), lt.k[h // G].astype(np.float64)
-        return np.where(allowed, q @ k.T * scale + bias[h], -np.inf)  # (n, n)
+        s = q @ k.T * scale                                           # (n, n)
+        s = s if cap is None else cap * np.tanh(s / cap)
+        return np.where(allowed(li), s + bias[h], -np.inf)             # (n, n)
 
     if layer is None or head is None:                                 # the head whose max grows most often
-        layers = trace.layer_ids if layer is None else [model.check_layer(layer)]
+        layers = [li for li in trace.layer_ids if cfg.causal or not cfg.window(li)] if layer is None \
+            else [model.check_layer(layer)]
         heads = range(cfg.n_heads) if head is None else [model.check_head(head)]
         layer, head = max(((li, h) for li in layers for h in heads),
-                          key=lambda lh: _growth(scores(trace.layer(lh[0]), lh[1])[row], block))
+                          key=lambda lh: _growth(scores(*lh)[row], block))
     layer, head = model.check_layer(layer), model.check_head(head)
+    if not cfg.causal and cfg.window(layer):
+        raise QkvError(f"layer {layer} of {model.name} is a local layer of an encoder (its window reaches both ways; "
+                       "the tiled kernel's reaches back only): pick a global layer with --layer")
     lt = trace.layer(layer)
-    S = scores(lt, head)                                              # (n, n)
+    S = scores(layer, head)                                              # (n, n)
     V = lt.v[head // G].astype(np.float64)                            # (n, d_k)
-    diffs = {"scores": same("S = Q·Kᵀ/√d_k", np.where(allowed, S, 0), np.where(allowed, lt.scores[head], 0),
-                            1e-4, rel=True)}
+    seen = allowed(layer)                                             # (n, n)
+    diffs = {"scores": same("S = Q·Kᵀ/√d_k", np.where(seen, S, 0), np.where(seen, lt.scores[head], 0), 1e-4,
+                            rel=True)}
     steps = online_softmax(S[row], V, block)
     diffs["prefix"] = max(same(f"acc/ℓ after tile {st.tile}", st.so_far, softmax(S[row, :st.k1]) @ V[:st.k1], 1e-12)
                           for st in steps)
@@ -171,13 +186,14 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     q4, k4, v4 = lt.q[None, head:head + 1], lt.k[None, head // G:head // G + 1], lt.v[None, head // G:head // G + 1]
     key_bias = None if cfg.position != "alibi" else bias[None, head:head + 1, 0].astype(np.float32)   # (1, 1, n)
     kernel = tiled_attention(q4, k4, v4, causal=cfg.causal, block_size=block, scale=cfg.score_scale,
-                             key_bias=key_bias)[0, 0]                                               # (n, d_k)
+                             key_bias=key_bias, window=cfg.window(layer), softcap=cap)[0, 0]        # (n, d_k)
     diffs["kernel"] = same("Z against kernels.tiled_attention", out, kernel[row], 1e-5, rel=True)
     diffs["model"] = same("Z against the model's", out, lt.heads[head, row], 1e-4, rel=True)
 
     a = (n - 1) // block // 2 if cfg.causal else 0                   # a middle block: full, partial and hidden tiles
     q0, q1 = a * block, min(n, (a + 1) * block)
-    grid = sp.dense(cfg.causal).tiles(n, n, block)
+    w = cfg.window(layer)
+    grid = (sp.sliding_window(w, cfg.causal) if w else sp.dense(cfg.causal)).tiles(n, n, block)
     block_tiles, rows = [], [online_softmax(S[i], V, block) for i in range(q0, q1)]
     for t, k0 in enumerate(range(0, n, block)):
         kind = sp.KINDS[grid[a, t]]
