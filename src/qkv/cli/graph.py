@@ -15,6 +15,7 @@ import numpy as np
 from . import graph_page, graph_tools
 from .common import check_json_file, load_model, new_console, progress_bar
 from .options import WRITER, model_option, text_argument, token_option
+from ..runtime.errors import QkvError
 
 TOP = 12                 # rows of each table
 
@@ -50,6 +51,9 @@ def _token(model, i) -> str:
 @click.option("--page", "page_path", default=None, type=click.Path(dir_okay=False), metavar="FILE.html",
               help=graph_page.PAGE_HELP)
 @click.option("--page-corpus", "page_corpus", default=None, metavar="CORPUS", help=graph_page.CORPUS_HELP)
+@click.option("--png", "png_path", default=None, type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Also draw the pruned graph as a still picture (.png, .svg or .pdf): its most influential nodes "
+                   "and strongest edges.")
 @click.option("--node-threshold", "node_threshold", type=float, default=0.8, show_default=True,
               help="Pruning keeps the nodes carrying this share of the influence on the logits.")
 @click.option("--edge-threshold", "edge_threshold", type=float, default=0.98, show_default=True,
@@ -60,7 +64,8 @@ def _token(model, i) -> str:
 @click.option("--qk", "qk_specs", multiple=True, metavar="L:H@I,J", help=graph_tools.QK_HELP)
 def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, json_path: str | None,
               node_threshold: float, edge_threshold: float, max_logits: int, intervene_spec: str | None = None,
-              qk_specs: tuple[str, ...] = (), page_path: str | None = None, page_corpus: str | None = None) -> None:
+              qk_specs: tuple[str, ...] = (), page_path: str | None = None, page_corpus: str | None = None,
+              png_path: str | None = None) -> None:
     """The attribution graph of TEXT's next token: the local replacement model (patterns and norm scales frozen,
     each FFN read as its transcoder plus an error node), the direct effects between features, errors, token
     embeddings and logits (exact, by the engine's own backward), pruned by influence; prints the scores, the
@@ -72,6 +77,8 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
     check_threshold("node", node_threshold), check_threshold("edge", edge_threshold)
     check_json_file(json_path, "graph.json")
     page_texts = graph_page.check_page(page_path, page_corpus)      # --page, --page-corpus: before the work
+    if png_path is not None and not graph_page.is_picture(png_path):
+        raise QkvError(f"--png {png_path} is not a picture's name; end it in .png, .svg or .pdf")
     from ..features.dictionaries import load_transcoders
 
     transcoders = load_transcoders(transcoders_dir)
@@ -92,6 +99,9 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
                                          edge_threshold=edge_threshold, prompt=text,
                                          transcoders=f"transcoders from {Path(transcoders_dir).name}"),
                               model, transcoders, page_path, page_texts)
+    if png_path is not None:
+        graph_page.write_picture(graph_json(graph, pruned, scores, node_threshold=node_threshold,
+                                            edge_threshold=edge_threshold, prompt=text, transcoders=""), png_path)
     show(graph, pruned, scores)
     graph_tools.show(graph, pruned, extras, text)                   # --qk tables, --intervene's logits
 

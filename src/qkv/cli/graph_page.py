@@ -46,18 +46,35 @@ def write_page(graph: dict, model, transcoders: dict, page_path: str, texts=None
     click.echo(f"wrote {path}", err=True)
 
 
+def is_picture(path: str) -> bool:
+    from ..viz.drawing import FORMATS
+
+    return path.lower().endswith(tuple("." + f for f in FORMATS))
+
+
+def write_picture(graph: dict, path: str, lang: str = "en") -> None:
+    """GRAPH (the schema's dict) drawn as a still picture at PATH (viz.graph_figures)."""
+    from ..viz.graph_figures import save_graph_figure
+
+    click.echo(f"wrote {save_graph_figure(graph, path, lang=lang)}", err=True)
+
+
 @click.command(name="graph-page")
 @click.argument("graph_path", metavar="GRAPH.json", type=click.Path(dir_okay=False))
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), metavar="FILE.html",
-              help="The page to write (one self-contained HTML file: no network).")
+              help="The page to write (one self-contained HTML file: no network); FILE.png, .svg or .pdf: a still "
+                   "picture of the graph instead (its most influential nodes and strongest edges).")
 @click.option("--lang", type=click.Choice(["en", "ko"]), default="en", show_default=True,
               help="The language the page opens in (it has both, and a button to switch).")
 def graph_page_cmd(graph_path: str, out_path: str, lang: str) -> None:
     """Draw an attribution graph's JSON as a page: nodes by layer × position, edges by weight and sign; hover a
     feature for its card, click to keep its sub-graph, group nodes into supernodes, pin a path, export PNG, SVG
-    and JSON."""
+    and JSON. With --out FILE.png (.svg, .pdf): the graph as a still picture, for a README or a paper."""
     from ..graphs.page import read_graph, write_graph_page
 
+    if is_picture(out_path):
+        write_picture(read_graph(graph_path), out_path, lang)
+        return
     check_page(out_path, None, "--out")
     graph = read_graph(graph_path)
     path = write_graph_page(graph, out_path, lang=lang)
