@@ -54,6 +54,22 @@ def test_loss_goes_down_on_a_tiny_task(tmp_path):
     assert len(val) == 3 and val[-1] < 0.3 * val[0]                 # held-out text too (steps 0, 40, 80)
 
 
+def test_a_buffer_neither_learns_nor_decays(tmp_path):
+    """Marian's final_logits_bias (1, V) is a buffer, not a parameter (torch's AdamW never sees it): with weight
+    decay on, two steps leave it exactly as it was."""
+    given = dict(steps=2, batch=4, every=2, checkpoint_every=2, layers=1, heads=2, d_model=16, weight_decay=0.5)
+    run = open_run(tmp_path / "run", "translate-ko-en", given)
+    bias = run.params["final_logits_bias"]
+    bias[:] = np.linspace(-1, 1, bias.size).reshape(bias.shape)
+    before = bias.copy()
+    decayed = next(k for k, v in run.params.items() if v.ndim == 2 and k != "final_logits_bias")
+    w = run.params[decayed].copy()
+    with blas_threads(1):
+        run.train()
+    assert np.array_equal(run.params["final_logits_bias"], before)
+    assert not np.array_equal(run.params[decayed], w)
+
+
 def test_checkpoints_rotate_and_hold_the_state(tmp_path):
     out = tmp_path / "run"
     train(out, "--steps", "30", "--every", "10", "--checkpoint-every", "5")

@@ -233,8 +233,9 @@ class Run:
                 if not np.isfinite(loss):
                     raise QkvError(f"the loss became {loss} at step {self.step}; lower --lr (now {s.lr:g})")
                 grads = grads_by_name(tree, cfg)
-                for name in sorted(self.params.keys() - grads.keys()):      # buffers (final_logits_bias): never move
-                    grads[name] = np.zeros_like(self.params[name])
+                for name in sorted(self.params.keys() - grads.keys()):      # buffers (final_logits_bias): never move,
+                    grads[name] = np.zeros_like(self.params[name])          # nor decay (they are (1, V): 2-D)
+                    self.opt.decay[name] = False
                 norm = clip_grad_norm(grads, s.clip)
                 lr = lr_at(self.step, lr=s.lr, warmup=s.warmup, total=s.steps, min_lr=s.min_lr)
                 self.opt.step(grads, lr=lr)
