@@ -40,8 +40,10 @@ def _frozen_read(model, piece: np.ndarray, x: np.ndarray, w: np.ndarray) -> floa
     return float((y * fn.weight) @ w)
 
 
-@pytest.mark.parametrize("name", [n for n in DECODER_FIXTURES if n not in ("olmo2", "olmo3", "opt", "gemma2", "gemma3_text")])
-# OLMo 2/3, OPT-350m (post-LN): refused; Gemma 2/3 (output norms, soft-capped logits): test_family_layers.py
+@pytest.mark.parametrize("name", [n for n in DECODER_FIXTURES
+                                  if n not in ("olmo2", "olmo3", "opt", "gemma2", "gemma3_text", "glm4", "exaone4")])
+# OLMo 2/3, GLM-4, EXAONE 4 (output norms), OPT-350m (post-LN): refused; Gemma 2/3 (output norms, soft-capped logits):
+# test_family_layers.py
 @pytest.mark.parametrize("position", [-1, 4])
 def test_the_parts_sum_to_the_logit_on_fixtures(name, position):
     model = qkv.load(MODELS / name)

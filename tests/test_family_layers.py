@@ -116,7 +116,7 @@ def _edited(tmp_path, name: str, change: dict, drop: tuple = ()):
     ("gpt_neo", {"attention_types": [[["global", "sparse"], 1]]}, "'global' or 'local'"),
     ("gpt_neo", {"attention_types": [[["global"], 3]]}, "each of the 2 layers"),
     ("smollm3", {"no_rope_layers": [1, 2, 1]}, "0 or 1"),
-    ("smollm3", {"mlp_bias": True}, "mlp_bias"),
+    ("smollm3", {"mlp_bias": True}, "gate_proj.bias"),       # honoured: this file lacks the FFN's biases
     ("qwen2_sliding", {"use_sliding_window": False}, "no sliding_window"),
     ("qwen2_sliding", {"max_window_layers": "1"}, "not a whole number"),
     ("qwen2_sliding", {"max_window_layers": 0}, None),           # layer_types given: they decide

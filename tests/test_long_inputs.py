@@ -30,8 +30,10 @@ def test_tiled_path_gives_the_reference_numbers(name, always_tiled):
     ref = reference(name)
     model = qkv.load(MODELS / name)
     out = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"), attentions=False)
-    cfg = model.config                     # a soft-cap (Gemma 2) and an encoder's two-way window stay plain
-    tiled = 0 if cfg.attn_softcap else sum(cfg.causal or cfg.window(i) is None for i in range(cfg.n_layers))
+    cfg = model.config                     # a soft-cap (Gemma 2), a bias per query and key (DeBERTa's position terms,
+                                           # MPNet's relative bias) and an encoder's two-way window stay plain
+    plain = cfg.attn_softcap or cfg.disentangled or model.weights.rel_bias is not None
+    tiled = 0 if plain else sum(cfg.causal or cfg.window(i) is None for i in range(cfg.n_layers))
     assert len(always_tiled) == tiled                                 # no weights asked: tiled everywhere
     valid = ref["attention_mask"].astype(bool)
     assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN

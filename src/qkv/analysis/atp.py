@@ -52,9 +52,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..core import blocks_backward as back
-from ..core.attention import attention_backward, attention_scores, split_heads
+from ..core.attention import attention_backward, attention_scores, softmax_of, split_heads
 from ..core.blocks_backward import Boxes, FFNTape, Tape
-from ..core.ops import softmax_
 from ..core.stack import transformer
 from ..core.trace import Recorder
 from ..runtime.errors import QkvError
@@ -217,25 +216,32 @@ def _dot(delta: np.ndarray, grad: np.ndarray, keep: int) -> np.ndarray:
     return d.reshape(*d.shape[:keep], -1).sum(axis=-1)
 
 
-def _pattern(q: np.ndarray, k: np.ndarray, bias: np.ndarray, cfg) -> np.ndarray:
+def _pattern(q: np.ndarray, k: np.ndarray, bias: np.ndarray, cfg, sink: np.ndarray | None = None) -> np.ndarray:
     """A = softmax(S(q, k) + bias) (B, H, n, m): the pattern of queries q (B, H, n, d_k) and keys k (B, Hkv, m, d_k),
-    with the pass's mask and position bias (bias: its recorded scores minus its own S(q, k))."""
-    return softmax_(attention_scores(q, k, cfg.score_scale, cfg.attn_softcap) + bias)
+    with the pass's mask and position bias (bias: its recorded scores minus its own S(q, k)); sink (H,): each head's
+    sink logit in the softmax (gpt-oss), or None."""
+    return softmax_of(attention_scores(q, k, cfg.score_scale, cfg.attn_softcap) + bias, sink)
 
 
-def _star(c: dict, k: dict, dA: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
+def _star(c: dict, k: dict, dA: np.ndarray, cfg, sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """AtP* of one layer's queries (H,) and keys (Hkv,): (A' − A) · ∂m/∂A, A' the pattern recomputed with head h's
     clean queries (only head h's pattern moves), or K/V head g's clean keys (its G query heads' patterns move)."""
     A = k["attentions"].astype(np.float64)                                    # (1, H, n, m)
     q, kk = k["q"].astype(np.float64), k["k"].astype(np.float64)              # (1, H, n, d_k), (1, Hkv, m, d_k)
     bias = k["scores"].astype(np.float64) - attention_scores(q, kk, cfg.score_scale, cfg.attn_softcap)   # mask: −∞
-    queries = _dot(_pattern(c["q"].astype(np.float64), kk, bias, cfg) - A, dA, 2)[0]      # (H,)
+    queries = _dot(_pattern(c["q"].astype(np.float64), kk, bias, cfg, sink) - A, dA, 2)[0]      # (H,)
     Hkv, H = kk.shape[1], q.shape[1]
     keys = np.repeat(kk, Hkv, axis=0)                                         # (Hkv, Hkv, m, d_k): row g patched at g
     keys[np.arange(Hkv), np.arange(Hkv)] = c["k"][0].astype(np.float64)
-    moved = _dot(_pattern(np.repeat(q, Hkv, axis=0), keys, bias, cfg) - A, dA, 2)   # (Hkv, H)
+    moved = _dot(_pattern(np.repeat(q, Hkv, axis=0), keys, bias, cfg, sink) - A, dA, 2)   # (Hkv, H)
     group = np.arange(H) // (H // Hkv)                                        # query head → its K/V head
     return queries, np.array([moved[g, group == g].sum() for g in range(Hkv)])    # (H,), (Hkv,)
+
+
+def _sink(model: "Model", layer: int) -> np.ndarray | None:
+    """LAYER's sink logits (H,) in float64 when the model has attention sinks (gpt-oss), else None."""
+    s = model.weights.blocks[layer].attn.sinks
+    return None if s is None or not model.config.attn_sinks else np.asarray(s, np.float64)
 
 
 def _refuse_seq2seq(model, what: str) -> None:
@@ -279,7 +285,7 @@ def atp(model: "Model", clean: str | Sequence[int], corrupted: str | Sequence[in
     if star:
         for w, short in zip(QKV, "qkv"):
             tables[w] = np.stack([_dot(c[l][short][0] - k[l][short][0], g[short][l][0], 1) for l in range(L)])
-        both = [_star(c[l], k[l], g["A"][l], model.config) for l in range(L)]
+        both = [_star(c[l], k[l], g["A"][l], model.config, _sink(model, l)) for l in range(L)]
         tables["queries_star"] = np.stack([q for q, _ in both])
         tables["keys_star"] = np.stack([kk for _, kk in both])
     scale = (m_clean - m_corrupt) if normalise else 1.0

@@ -95,6 +95,10 @@ def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]
     """W_Q^h, W_K^h, W_V^h (d_model, d_k), input γ folded in, and W_O^h (d_k, d_model), float64.
     GQA: query head h reads K/V head h // (H / Hkv)."""
     cfg = model.config
+    if cfg.latent:                                  # DeepSeek: K, V from a normalised latent, not X·W_K, X·W_V
+        raise QkvError(f"{model.name}'s attention is multi-head latent attention (DeepSeek): its K and V come from a "
+                       "normalised latent per token, so a head has no fixed W_Q·W_Kᵀ or W_V·W_O circuit; use `qkv "
+                       "show` / `qkv heads` for its weights")
     layer, head = model.check_layer(layer), model.check_head(head)
     a, d_k = model.weights.blocks[layer].attn, cfg.d_head
     g = head // (cfg.n_heads // cfg.n_kv_heads)

@@ -100,7 +100,8 @@ def diff(model_a: "Model", model_b: "Model", text: str) -> ModelDiff:
     ids = check_comparable(model_a, model_b, text)
     ta, tb = model_a.run(ids, keep=KEEP), model_b.run(ids, keep=KEEP)
     L = model_a.config.n_layers
-    js_rows = np.stack([js_divergence(ta.layers[l].attentions, tb.layers[l].attentions) for l in range(L)])
+    js_rows = np.stack([js_divergence(with_sink(ta.layers[l].attentions, ta.sinks),
+                                      with_sink(tb.layers[l].attentions, tb.sinks)) for l in range(L)])
     xa, xb = residual_stream(model_a, ta), residual_stream(model_b, tb)    # (L+1, n, d_model) each
     cos, ratio = cosine(xa, xb), norm_ratio(xa, xb)
     lens = None
@@ -128,6 +129,15 @@ def check_comparable(model_a: "Model", model_b: "Model", text: str) -> np.ndarra
     if model_a.weights.W_vocab is not None:
         check_lens(model_a)
     return np.asarray(model_a.encode(text)[0], np.int64)
+
+
+def with_sink(A: np.ndarray, sinks: bool) -> np.ndarray:
+    """A (H, n_q, n_k) as a distribution over the keys and, with attention sinks (gpt-oss), a last column: each
+    row's sink share 1 − Σ_k A (H, n_q, n_k + 1), so that the row sums to 1 again; A itself without sinks."""
+    if not sinks:
+        return A
+    A = np.asarray(A, np.float64)
+    return np.concatenate([A, np.maximum(1 - A.sum(axis=-1, keepdims=True), 0)], axis=-1)
 
 
 def js_divergence(P: np.ndarray, Q: np.ndarray) -> np.ndarray:

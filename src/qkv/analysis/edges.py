@@ -70,6 +70,9 @@ def check_edges(model: "Model") -> None:
                        "head's part of it is not its own term; edge attribution needs a decoder without output norms")
     if w.W_head is not None or getattr(model, "ablated", None) is not None:
         raise QkvError(f"{name} has a masked-LM head or ablated heads; run edge attribution on a plain decoder")
+    if cfg.latent:
+        raise QkvError(f"{name}'s attention is multi-head latent attention (DeepSeek): a head's q, k, v inputs are "
+                       "not X·W_Q, X·W_K, X·W_V as edge attribution splits them; use `qkv patch` or `qkv atp`")
 
 
 @dataclass(frozen=True)
@@ -322,10 +325,13 @@ def head_input_gradients(dout: np.ndarray, w: AttentionWeights, t: AttentionTape
     rows[np.arange(H), np.arange(H)] = dz[0]
     rep = lambda a: np.repeat(a, H, axis=0)                                       # noqa: E731  (1, …) → (H, …)
     dq, dk_, dv = attention_backward(rows, rep(t.q), rep(t.k), rep(t.v), rep(t.a), cfg.score_scale, cfg.attn_softcap)
+    after = cfg.qk_norm_after_rope                                                # Hunyuan: norms after RoPE
+    if after:
+        dq, dk_ = back.norm(dq, rep(t.pre[0]), w.q_norm, cfg)[0], back.norm(dk_, rep(t.pre[1]), w.k_norm, cfg)[0]
     if t.rope is not None:
         dq = apply_rope_backward(dq, *t.rope, cfg.rope_interleaved)
         dk_ = apply_rope_backward(dk_, *t.rope, cfg.rope_interleaved)
-    if t.pre is not None and t.pre[0].ndim == 4:                                  # each head's q/k norm
+    if t.pre is not None and t.pre[0].ndim == 4 and not after:                    # each head's q/k norm
         dq, dk_ = back.norm(dq, rep(t.pre[0]), w.q_norm, cfg)[0], back.norm(dk_, rep(t.pre[1]), w.k_norm, cfg)[0]
     dq, dk_, dv = merge_heads(dq), merge_heads(dk_), merge_heads(dv)              # (H, n, H·d_k), (H, n, Hkv·d_k) × 2
     if t.pre is not None and t.pre[0].ndim == 3:                                  # the whole projection's (OLMo 2)

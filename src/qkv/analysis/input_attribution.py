@@ -373,7 +373,8 @@ def float_model(model: "Model") -> "Model":
     multiplies by Wᵀ, which a stored matrix answers only by dequantising it whole, every time."""
     from ..runtime.stored import StoredMatrix, StoredTable
 
-    leaves = [model.weights.tok_embed, model.weights.W_vocab] + [b.attn.W_Q for b in model.weights.blocks]
+    leaves = [model.weights.tok_embed, model.weights.W_vocab] + [b.attn.W_Q for b in model.weights.blocks
+                                                                  if b.attn is not None]
     if any(isinstance(w, (StoredMatrix, StoredTable)) for w in leaves):
         return model.astype(np.float32)
     return model

@@ -5,6 +5,8 @@ following attention through every layer and the residual connections around it.
     R_1 = Â_1,   R_l = Â_l · R_{l−1}                     (R_l[i, j]: token j's share in position i after l layers)
 
 Encoders and decoders alike; a decoder's R_l stays lower-triangular (causal Â, causal products).
+With attention sinks (gpt-oss: a row's weights sum to 1 − its sink's share, the sink has no value) Â's rows are
+not renormalised: the sinks' share reaches no token, so R_l's rows sum to less than 1 (what the tokens reach).
 
 Attention flow (below): the same Â as capacities of a layered graph, and the maximum flow from
 each output position down to each input token (`attention_flow`).
@@ -25,14 +27,18 @@ if TYPE_CHECKING:
     from ..core.trace import Trace
 
 
-def rollout_of(attentions: np.ndarray) -> np.ndarray:
-    """(L, H, n, n) attention weights → (L, n, n) rollout R_1..R_L (float64)."""
+def rollout_of(attentions: np.ndarray, sinks: bool = False) -> np.ndarray:
+    """(L, H, n, n) attention weights → (L, n, n) rollout R_1..R_L (float64). sinks: the weights' rows sum to less
+    than 1 by the sinks' share (gpt-oss), which reaches no token: Â = ½·mean_h A + ½·I as it is (a row seeing no
+    key, ½·I, still renormalised to I)."""
     A = np.asarray(attentions)                                        # (L, H, n, n)
     if A.ndim != 4 or A.shape[-1] != A.shape[-2]:
         raise QkvError(f"attention rollout needs self-attention weights (L, H, n, n), not {A.shape}")
     n = A.shape[-1]
     Ahat = 0.5 * A.mean(axis=1, dtype=np.float64) + 0.5 * np.eye(n)   # (L, n, n) summed in float64
-    Ahat /= Ahat.sum(axis=-1, keepdims=True)                          # rows sum to 1 (a padding query too)
+    Ahat /= Ahat.sum(axis=-1, keepdims=True) if not sinks else \
+        np.where(A.sum(axis=(1, -1), dtype=np.float64)[..., None] > 0, 1.0, 0.5)   # rows sum to 1 (a padding query
+                                                                                      # too); sinks: ≤ 1
     R = np.empty_like(Ahat)                                           # (L, n, n)
     R[0] = Ahat[0]
     for l in range(1, len(Ahat)):
@@ -44,7 +50,7 @@ def attention_rollout(trace: "Trace") -> np.ndarray:
     """(L, n, n): row i of R_l is how much each token j reaches position i after layers 1..l.
 
     The trace must keep every head's attention weights of every layer from 0
-    (`model.run(text, keep=("attentions",))`); rows sum to 1.
+    (`model.run(text, keep=("attentions",))`); rows sum to 1 (less with attention sinks: `rollout_of`).
     """
     if trace.source_tokens is not None:
         raise QkvError("attention rollout follows self-attention; this trace holds cross-attention")
@@ -56,7 +62,7 @@ def attention_rollout(trace: "Trace") -> np.ndarray:
     A = trace.attentions
     if A is None:
         raise QkvError('attention rollout needs the attention weights; run with keep=("attentions",)')
-    return rollout_of(A)
+    return rollout_of(A, sinks=trace.sinks)
 
 
 # ── attention flow ───────────────────────────────────────────────────────────────

@@ -92,8 +92,10 @@ def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKEN
 
 def sections_keep(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> tuple[str, ...]:
     """The intermediates a trace of n tokens must keep for `viewer_sections`: the rollout panel's (attention
-    weights), and the lens panel's (the residual stream's parts) when the lens is shown."""
-    return panel("rollout").keep + (panel("lens").keep if shows_lens(model, n, lens_limit) else ())
+    weights), the lens panel's (the residual stream's parts) when the lens is shown, and DeBERTa's three score
+    tables (the Disentangled panel, built from the trace)."""
+    return (panel("rollout").keep + (panel("lens").keep if shows_lens(model, n, lens_limit) else ())
+            + (panel("disentangled").keep if getattr(model.config, "disentangled", None) is not None else ()))
 
 
 def viewer_sections(model: "Model", trace: "Trace", lens_limit: int | None = TRACE_LENS_TOKENS) -> dict:

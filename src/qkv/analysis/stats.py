@@ -68,9 +68,15 @@ def attention_to(attn: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     return A[..., :, cols].sum((-2, -1)) / n_q                           # (...)
 
 
-def entropy(attn: np.ndarray) -> np.ndarray:
-    """(1/n_q)·Σᵢ −Σⱼ A[i,j]·ln A[i,j], in nats; 0·ln 0 = 0 (masked keys count for nothing)."""
-    return row_entropy(_f64(attn)).mean(-1)                              # (...)
+def entropy(attn: np.ndarray, sinks: bool = False) -> np.ndarray:
+    """(1/n_q)·Σᵢ −Σⱼ A[i,j]·ln A[i,j], in nats; 0·ln 0 = 0 (masked keys count for nothing). sinks: each row's
+    sink share p = 1 − Σⱼ A[i,j] is one more outcome of its softmax (gpt-oss): −p·ln p is added."""
+    A = _f64(attn)
+    rows = row_entropy(A)                                                # (..., n_q)
+    if sinks:
+        p = np.clip(1 - A.sum(axis=-1), 0, 1)                            # (..., n_q) the sink's share
+        rows = rows - p * np.log(np.where(p > 0, p, 1.0))
+    return rows.mean(-1)                                                 # (...)
 
 
 def uniform_entropy(n: int, causal: bool) -> float:
@@ -102,7 +108,7 @@ def punctuation_positions(tokens: Sequence[str]) -> list[int]:
 
 
 def head_stats(attn: np.ndarray, tokens: Sequence[str], *, cls: str | None = CLS,
-               sep: str | None = SEP) -> dict[str, np.ndarray | None]:
+               sep: str | None = SEP, sinks: bool = False) -> dict[str, np.ndarray | None]:
     """Every statistic of STATS for one text: name → (...) per head, None when it does not apply.
 
     tokens: the keys' tokens as the tokenizer spells them (n_k; "[CLS]", "Ġ,").
@@ -123,5 +129,5 @@ def head_stats(attn: np.ndarray, tokens: Sequence[str], *, cls: str | None = CLS
         "sep": None if sep_at is None else attention_to(A, sep_at),
         "punct": attention_to(A, punctuation_positions(tokens)),
         "first": attention_to(A, [0]),
-        "entropy": entropy(A),
+        "entropy": entropy(A, sinks),
     }

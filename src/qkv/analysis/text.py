@@ -69,7 +69,7 @@ def analyse_text(setup: Setup, text: str) -> TextResult:
         trace = model.run(piece, keep=("attentions",))
         A = trace.attentions                                    # (L, H, n, n)
         n = len(piece)
-        for name, value in head_stats(A, trace.tokens, cls=setup.cls, sep=setup.sep).items():
+        for name, value in head_stats(A, trace.tokens, cls=setup.cls, sep=setup.sep, sinks=trace.sinks).items():
             if value is not None:
                 sums[name] = sums.get(name, 0.0) + n * value    # (L, H), token-weighted
         dup = duplicate_token_pattern(piece)

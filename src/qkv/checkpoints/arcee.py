@@ -18,8 +18,16 @@ from .common import activation, reads_back
 from .llama import GAMMA
 from .table import (LLAMA_LAYER, LLAMA_TOP, Arch, Row, attention, both_ways, ffn_bias, linear, lm_head, out_bias,
                     qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("arcee",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("arcee",), models="Arcee (AFM)",
+          brings="Llama's boxes with a plain FFN of squared ReLU, ReLU(x·W_in + b)²·W_out + b (`up_proj`, "
+                 "`down_proj`, no gate; `mlp_bias`)",
+          kind="decoder"),
+)
 
 IGNORED = llama.IGNORED
 

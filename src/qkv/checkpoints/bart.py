@@ -6,6 +6,9 @@ both ways (loading and saving).
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
 checkpoint by this table; `hf_config` / `tensors` write one, under BartForConditionalGeneration's
 names ("model." + the names in stack_rows; "lm_head" and "final_logits_bias" at the top).
+With tie_word_embeddings=false (BART, mBART, Pegasus) transformers 5 keeps three tables and a head: each stack
+reads its own {stack}.embed_tokens, the decoder's output is lm_head, and `shared` is read by no forward (qkv
+leaves it unread and does not write it back).
 """
 
 from __future__ import annotations
@@ -16,10 +19,17 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Seq2SeqWeights, Weights
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
-from .table import Row, layer_norm, linear, read_table, write_table
+from .table import About, Row, layer_norm, linear, read_table, write_table
 from .tensors import TensorStore
 
 MODEL_TYPES = ("bart",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("bart",), models="BART",
+          brings="encoder–decoder with cross-attention; learned positions; untied embeddings "
+                 "(`tie_word_embeddings` false: each stack its own table, `lm_head` its own)",
+          kind="encoder–decoder"),
+)
 
 OFFSET = 2                                     # BartLearnedPositionalEmbedding's offset
 
@@ -27,20 +37,22 @@ OFFSET = 2                                     # BartLearnedPositionalEmbedding'
 IGNORED = {
     "encoder.embed_tokens.weight": "a copy of shared (tied; transformers ties it to shared too)",
     "decoder.embed_tokens.weight": "likewise",
+    "shared.weight": "untied (tie_word_embeddings=false): a table no forward reads (each stack reads its own)",
     "encoder.version": "a fairseq leftover, which transformers ignores too",
     "decoder.version": "likewise",
 }
 
 
-def stacks_config(hf: dict, family: str) -> dict:
-    """The knobs BART and Marian read alike: sizes of the two stacks (which must match but in depth)."""
+def stacks_config(hf: dict, family: str, untied: bool = False) -> dict:
+    """The knobs BART and Marian read alike: sizes of the two stacks (which must match but in depth). UNTIED: the
+    family reads tie_word_embeddings=false (each stack's own table, `tables`); else it is refused (Marian)."""
     d = need(hf, "d_model")
     heads, ffn = need(hf, "encoder_attention_heads"), need(hf, "encoder_ffn_dim")
     if hf.get("decoder_attention_heads", heads) != heads or hf.get("decoder_ffn_dim", ffn) != ffn:
         raise QkvError(f"{family}: encoder and decoder with different heads or FFN widths are not supported; "
                        "use a checkpoint whose two stacks have the same width")
     check_shapes({}, d, heads)
-    if hf.get("tie_word_embeddings", True) is False:         # transformers then keeps three tables
+    if hf.get("tie_word_embeddings", True) is False and not untied:   # transformers then keeps three tables
         raise QkvError(f"{family} with tie_word_embeddings=false (separate source, target and output embeddings) "
                        "is not supported; use a checkpoint whose embeddings are shared")
     return dict(
@@ -58,7 +70,8 @@ def stacks_config(hf: dict, family: str) -> dict:
 
 
 def config(hf: dict) -> ModelConfig:
-    return ModelConfig(**stacks_config(hf, "bart"), position="learned", position_offset=OFFSET, embed_norm=True)
+    return ModelConfig(**stacks_config(hf, "bart", untied=True), position="learned", position_offset=OFFSET,
+                       embed_norm=True)
 
 
 def _attention(p: str, ours: str, key_bias: bool) -> list[Row]:
@@ -119,16 +132,29 @@ def shared_table(store: TensorStore, cfg: ModelConfig, dtype) -> np.ndarray:
     return store.get(name, (cfg.vocab_size, cfg.d_model), dtype)
 
 
+def tables(store: TensorStore, cfg: ModelConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(the encoder's token table, the decoder's), each (V, d): one shared table (tied), or each stack's own
+    {stack}.embed_tokens (tie_word_embeddings=false, as transformers 5 reads them)."""
+    if cfg.tied_embeddings:
+        tok = shared_table(store, cfg, dtype)
+        return tok, tok
+    if not (store.has("encoder.embed_tokens.weight") and store.has("decoder.embed_tokens.weight")):
+        raise QkvError("config.json says tie_word_embeddings=false (each stack its own embeddings) but the checkpoint "
+                       "has no encoder.embed_tokens / decoder.embed_tokens; use the config.json that came with it")
+    return tuple(store.get(f"{which}.embed_tokens.weight", (cfg.vocab_size, cfg.d_model), dtype)
+                 for which in ("encoder", "decoder"))
+
+
 def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Seq2SeqWeights:
-    tok = shared_table(store, cfg, dtype)
+    enc_tok, dec_tok = tables(store, cfg, dtype)
     P = cfg.max_positions + OFFSET
 
     def pos(which: str) -> np.ndarray:
         return store.get(f"{which}.embed_positions.weight", (P, cfg.d_model), dtype)
 
-    encoder, decoder = stack(store, cfg, dtype, "encoder", tok, pos("encoder")), stack(
-        store, cfg, dtype, "decoder", tok, pos("decoder"))
-    decoder.W_vocab, decoder.b_vocab = head(store, cfg, dtype, tok)
+    encoder, decoder = stack(store, cfg, dtype, "encoder", enc_tok, pos("encoder")), stack(
+        store, cfg, dtype, "decoder", dec_tok, pos("decoder"))
+    decoder.W_vocab, decoder.b_vocab = head(store, cfg, dtype, dec_tok)
     return Seq2SeqWeights(encoder, decoder)
 
 
@@ -160,10 +186,16 @@ def stack_tensors(w: Weights, cfg: ModelConfig, which: str, positions: bool) -> 
 
 
 def head_tensors(weights: Seq2SeqWeights, cfg: ModelConfig) -> dict:
-    """model.shared, final_logits_bias (1, V) and, untied, lm_head."""
+    """model.shared (untied: each stack's model.{stack}.embed_tokens instead), final_logits_bias (1, V) and,
+    untied, lm_head."""
     dec = weights.decoder
     bias = dec.b_vocab if dec.b_vocab is not None else np.zeros(cfg.vocab_size, dec.W_vocab.dtype)
-    t = {"model.shared.weight": weights.tok_embed, "final_logits_bias": bias[None]}          # (V, d), (1, V)
+    t = {"final_logits_bias": bias[None]}                                                    # (1, V)
+    if cfg.tied_embeddings:
+        t["model.shared.weight"] = weights.tok_embed                                        # (V, d)
+    else:
+        t |= {f"model.{which}.embed_tokens.weight": w.tok_embed for which, w in (("encoder", weights.encoder),
+                                                                                ("decoder", dec))}
     if not (cfg.tied_embeddings and np.shares_memory(dec.W_vocab, weights.tok_embed)):
         t["lm_head.weight"] = dec.W_vocab.T                                                 # (V, d)
     return t

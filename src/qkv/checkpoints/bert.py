@@ -13,9 +13,15 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import How, Row, both_ways, linear
+from .table import About, How, Row, both_ways, linear
 
 MODEL_TYPES = ("bert",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("bert",), models="BERT, all-MiniLM",
+          brings="post-norm, learned positions, token types, erf GELU, pooler",
+          kind="encoder"),
+)
 
 # Tensors a BERT checkpoint may hold that qkv never reads ({i}: a layer, *: anything), relative to BertModel.
 IGNORED = {

@@ -15,9 +15,16 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import check_shapes, need, reads_back
-from .table import BY_GROUP, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
+from .table import BY_GROUP, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("bloom",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("bloom",), models="BLOOM, BLOOMZ",
+          brings="ALiBi: no position embedding, S = Q·Kᵀ/√d_k + m_h·p_j (each head's slope times the key's position "
+                 "over real tokens), a LayerNorm right after the embeddings, per-head fused Q/K/V, tanh GELU",
+          kind="decoder"),
+)
 
 # Tensors a BLOOM checkpoint may hold that qkv never reads, relative to BloomModel.
 IGNORED = {

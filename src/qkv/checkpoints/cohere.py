@@ -15,8 +15,16 @@ from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters, ROTARY_BUFFERS
 from .table import (LLAMA_LAYER, QK_NORMS, Arch, Row, attention, both_ways, gated_ffn, gguf_positive, layer_norm,
                     lm_head, qk_norm, qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("cohere",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("cohere",), models="Command-R (Cohere)",
+          brings="one bias-free LayerNorm for parallel branches, interleaved RoPE, SwiGLU, q/k LayerNorm with weights"
+                 " per head (`use_qk_norm`), logits × `logit_scale`, tied head",
+          kind="decoder"),
+)
 
 # Tensors a Cohere checkpoint may hold that qkv never reads ({i}: a layer), relative to CohereModel.
 IGNORED = ROTARY_BUFFERS

@@ -18,8 +18,10 @@ from .tensors import PREFIXES, TensorStore
 
 # Hugging Face activation names → ours, and ours → the name a config.json we write gives.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2"}
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu": "relu", "relu2": "relu2"}
+               "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2",
+               "quick_gelu": "quick_gelu"}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu": "relu", "relu2": "relu2",
+                  "quick_gelu": "quick_gelu"}
 
 
 # Every config.json knob a family module reads, with the kind of value it must hold (null = absent).
@@ -86,6 +88,10 @@ _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "o
                "attention_factor")
 
 
+# Keys whose null is not "absent": DeepSeek's q_lora_rank null is q without a latent (absent: the default 1536).
+NULL_KEPT = ("q_lora_rank",)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -103,11 +109,15 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
     """The types and ranges of every knob, before any of them shapes an array: one QkvError naming
     the first bad value (a string "768", a float 12.0, a bool, 0 heads, a negative eps, ...).
     Returns the config without its null values: null means "absent" (the family's default)."""
-    hf = {k: v for k, v in hf.items() if v is not None}
+    hf = {k: v for k, v in hf.items() if v is not None or k in NULL_KEPT}
     if hf.get("use_sliding_window") is False and hf.get("sliding_window") == 0:
         del hf["sliding_window"]                          # Qwen2-MoE writes 0 for "no window": unused, as absent
     for key in _POSITIVE_INT:
         v, most = hf.get(key), _BOUNDS.get(key, MAX_SIZE)
+        if key == "sliding_window_pattern" and hf.get("model_type") == "exaone4" and (isinstance(v, str) or v == 0):
+            continue                                      # EXAONE 4's "LLLG", or 0 (no window): read by its module
+        if key == "type_vocab_size" and v == 0 and hf.get("model_type") in ("deberta", "deberta-v2"):
+            continue                                      # DeBERTa: 0 = no token types (its default)
         if v is not None and not (_is_int(v) and 0 < v <= most):
             raise _bad(where, key, v, "a positive integer" + (f" up to {most:,}" if _is_int(v) and v > 0 else ""))
     for key in _COUNT:

@@ -15,9 +15,16 @@ from dataclasses import replace
 from ..core.config import ModelConfig
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm
-from .table import Head, Row, both_ways, layer_norm, linear
+from .table import About, Head, Row, both_ways, layer_norm, linear
 
 MODEL_TYPES = ("distilbert",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("distilbert",), models="DistilBERT",
+          brings="BERT's blocks under its own names (`q_lin` …, `sa_layer_norm`), no token types, LayerNorm eps "
+                 "1e-12, its sinusoidal table read as the learned table it starts, a masked-LM head",
+          kind="masked-LM encoder"),
+)
 
 EPS = 1e-12                                      # every LayerNorm of DistilBERT (not a config knob)
 IGNORED = {

@@ -17,9 +17,17 @@ from ..core.config import ModelConfig
 from . import bert
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm, refuse_decoder
-from .table import Head, Row, both_ways, linear
+from .table import About, Head, Row, both_ways, linear
 
 MODEL_TYPES = ("electra",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("electra",), models="ELECTRA discriminator and generator",
+          brings="embeddings of their own width E projected to d_model after their LayerNorm (`embeddings_project`); "
+                 "the generator's masked-LM head back to E; the discriminator's replaced-token head (one score per "
+                 "token) left unread",
+          kind="masked-LM encoder"),
+)
 
 IGNORED = {
     "embeddings.position_ids": "the positions 0…P−1, a buffer older transformers saved",

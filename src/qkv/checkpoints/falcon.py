@@ -16,9 +16,17 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
-from .table import BY_GROUP, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head, qkv_bias
+from .table import BY_GROUP, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head, qkv_bias
 
 MODEL_TYPES = ("falcon",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("falcon",), models="Falcon-7B/40B, Falcon-RW",
+          brings="one fused Q/K/V in every layout (multi-query, per head, or the new architecture's grouped K/V), "
+                 "attention and FFN in parallel with one or two LayerNorms (or sequential), RoPE or ALiBi scaled with"
+                 " the scores, `bias` on every linear or none",
+          kind="decoder"),
+)
 
 # Tensors a Falcon checkpoint may hold that qkv never reads, relative to FalconModel.
 IGNORED = {

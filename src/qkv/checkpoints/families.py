@@ -11,6 +11,8 @@ A family module holds everything qkv knows of the family, as data where it can b
     tensors(weights, cfg) -> dict           and written back by it: transformers' full names
     IGNORED                              the tensors a checkpoint may hold that `weights` never reads
     GGUF                                 llama.cpp's architectures of the family (table.Arch), if any
+    ABOUT                                its rows of the README's table of families (table.About: the model_types,
+                                         the models, what they bring, what they run as), gathered by `about`
 
 (The encoder–decoders' two stacks are tables too, bart.stack_rows and t5.stack_rows; their shared embedding
 table and head, and Whisper's convolutions, are a few lines of code of their own.)
@@ -28,6 +30,7 @@ import pkgutil
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,7 +38,7 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Weights
 from .common import check_config, unread, unread_error
-from .table import Arch
+from .table import KINDS, About, Arch
 from .tensors import TensorDict, TensorStore
 
 # The modules of this folder that are not families: every other module is one, found here by its name
@@ -131,3 +134,25 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> We
         raise QkvError(f"the tensors have dtypes {sorted(map(str, kinds))}; give them all one float type")
     return read_weights(TensorDict(tensors), cfg, next(iter(kinds)).type, holder="the dict of tensors",
                         fix="leave those out, or give the config of the model they belong to")
+
+
+class FamilyRow(NamedTuple):
+    """One row of the README's table of families: a module's About, and the llama.cpp architectures that load as
+    one of its model_types (read from the module's GGUF table, never typed twice)."""
+    about: About
+    gguf: tuple[str, ...]
+    module: str                          # the family module that declares it ("llama")
+
+
+def about() -> list[FamilyRow]:
+    """Every row of every family module's ABOUT, by kind (KINDS' order: decoders first) then model_type: the
+    README's table of families, and `qkv models --families`."""
+    rows = []
+    for module in dict.fromkeys(FAMILIES.values()):
+        archs = getattr(module, "GGUF", {})
+        for row in getattr(module, "ABOUT", ()):
+            gguf = tuple(sorted((name for name, arch in archs.items() if arch.family in row.types),
+                                key=lambda name: row.types.index(archs[name].family)))    # in the row's order
+            rows.append(FamilyRow(row, gguf, module.__name__.rsplit(".", 1)[1]))
+    kinds = list(KINDS)
+    return sorted(rows, key=lambda r: (kinds.index(r.about.kind), r.about.types[0]))

@@ -33,9 +33,21 @@ from ..runtime.errors import QkvError
 from ..core.positions import check_rope
 from . import llama
 from .common import check_config, reads_back
-from .table import LLAMA_LAYER, LLAMA_TOP, Arch, gguf_positive
+from .table import LLAMA_LAYER, LLAMA_TOP, About, Arch, gguf_positive
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gemma2",), models="Gemma 2",
+          brings="a norm before and after attention and the FFN (sandwich), sliding and full layers alternating "
+                 "(`layer_types`), soft-capped scores and logits (c·tanh(x/c): `attn_logit_softcapping`, "
+                 "`final_logit_softcapping`), scores scaled by `query_pre_attn_scalar`^-½",
+          kind="decoder", refuses=("dla",)),
+    About(types=("gemma3_text",), models="Gemma 3 (text, `Gemma3ForCausalLM`)",
+          brings="Gemma 2's blocks with q/k RMSNorm·(1 + w) per head, five sliding layers of every six, and a RoPE "
+                 "per kind of layer (the sliding ones' own base, the full ones' with scaling)",
+          kind="decoder", refuses=("dla",)),
+)
 
 IGNORED = llama.IGNORED
 weights = llama.weights

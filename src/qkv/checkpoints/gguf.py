@@ -175,7 +175,7 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
                        "which qkv does not support")
     chosen = gguf_archs.choices(a, names)
     cfg["tie_word_embeddings"] = chosen["tied"]
-    if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2"):
+    if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2", "glm4"):
         cfg["attention_bias"] = chosen["attn_bias"]                  # Hugging Face: one switch for them all
     elif cfg["model_type"] == "starcoder2":
         cfg["use_bias"] = chosen["attn_bias"]                        # all six linear maps

@@ -20,6 +20,11 @@ here is the machinery they share.
     gpt2         gpt2      Conv1D weights (in, out) transposed to (out, in): transposed back
     granite      granite   as llama (Q, K rows interleaved per head); its four multipliers in the metadata
     arcee        arcee     as llama (Q, K rows interleaved per head); no ffn_gate (ReLU² FFN), no biases
+    ernie4_5     ernie4_5  nothing (RoPE on interleaved pairs in both); no biases (use_bias false)
+    hunyuan-dense hunyuan_v1_dense  nothing; q/k norms per head after RoPE (attn_q_norm, attn_k_norm: (d_k,)); an
+                           NTK alpha is in rope.freq_base already (the converter's); no biases
+    seed_oss     seed_oss  nothing (rotate-half RoPE in both); post_attention_layernorm is post_attention_norm; q/k/v
+                           biases, never o_proj's or the FFN's (llama.cpp's loader reads none)
     phi3         phi3      nothing (qkv_proj, gate_up_proj stay fused: attn_qkv [Q; K; V], ffn_up [gate; up]);
                            attention.sliding_window read and dropped, as llama.cpp does (its Phi-3 SWA is
                            disabled: every earlier token is attended to); LongRoPE (rope_factors_long/short,
@@ -49,6 +54,10 @@ here is the machinery they share.
                            gate ffn_gate_inp_shexp ((1, d) in Hugging Face, (d,) in the file); every layer
                            routed, top-k not renormalised (llama.cpp's qwen2moe never does)
     olmoe        olmoe     OLMo's q/k norms over the whole projection, experts stacked; top-k not renormalised
+    glm4         glm4      nothing (RoPE on neighbouring pairs in both; gate_up_proj stays fused: ffn_up [gate;
+                           up]); partial RoPE (rope.dimension_count) with a head size of its own (key_length);
+                           q/k/v biases or none, never attn_output's; norms after each box (post_attention_norm,
+                           post_ffw_norm)
 
 Experts: <a>.expert_count (E), expert_used_count (the k chosen), expert_feed_forward_length (Qwen's
 expert width; OLMoE's and Mixtral's is feed_forward_length) and expert_shared_feed_forward_length
@@ -133,7 +142,7 @@ def config(meta: dict, a: str, dims: dict) -> dict:
           "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
     hf[arch.eps_key or ("rms_norm_eps" if arch.norm == "rms" else "layer_norm_eps")] = dims["eps"]
     if arch.partial_rope:                                            # d_model / heads per head, part of it turned
-        if dk * H != d:
+        if dk * H != d and a != "glm4":                              # (GLM-4: a head size of its own, key_length)
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
         rope["partial_rotary_factor"] = dims["rope_dims"] / dk
@@ -185,7 +194,8 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     q, kv = dims["H"] * dk, dims["Hkv"] * dk
     wide = arch.family in ("olmo2", "olmoe")                         # q/k norms over the whole projection
     rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
-            "ffn_gate": f, "ffn_up": 2 * f if arch.family == "phi3" else f, "ffn_down": d}   # phi3: [gate; up]
+            "ffn_gate": f, "ffn_up": 2 * f if arch.family in ("phi3", "glm4") else f,   # phi3, glm4: [gate; up]
+            "ffn_down": d}
     cols = {"attn_output": q, "ffn_down": f}
     if arch.experts:                                                 # (E, out, in) each; the router (E, d)
         E, fe, fs = dims["E"], dims["f_expert"], dims.get("f_shared", 0)
@@ -197,8 +207,9 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     if arch.family in ("stablelm", "cohere"):                        # a LayerNorm of each head's own, no bias
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
-              "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family != "stablelm"
-                                                                      else set()) if chosen["attn_bias"] else set())
+              "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family not in
+                                                                      ("stablelm", "glm4") else set())
+                           if chosen["attn_bias"] else set())
               | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
                                                                        chosen["attn_bias"]) else set())}[arch.biases]
     shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}

@@ -13,9 +13,15 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import CONV1D, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
+from .table import CONV1D, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("gpt2",)                  # the config.json model_type this module reads (families.py finds it)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gpt2",), models="GPT-2",
+          brings="pre-norm LayerNorm, learned positions, fused Q/K/V (`c_attn`), tanh GELU, tied head",
+          kind="decoder"),
+)
 
 # Tensors a GPT-2 checkpoint may hold that qkv never reads ({i}: a layer), relative to GPT2Model.
 IGNORED = {

@@ -14,9 +14,16 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import Row, attention, both_ways, layer_norm, linear, lm_head
+from .table import About, Row, attention, both_ways, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("gpt_neo",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gpt_neo",), models="GPT-Neo",
+          brings="global and local layers (`attention_types` expanded per layer, `window_size`), unscaled scores (no "
+                 "1/√d_k), separate Q/K/V without biases",
+          kind="decoder"),
+)
 
 # Tensors a GPT-Neo checkpoint may hold that qkv never reads ({i}: a layer), relative to GPTNeoModel.
 IGNORED = {

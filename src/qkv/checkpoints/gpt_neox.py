@@ -16,8 +16,16 @@ from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, partial_rope, reads_back, rope_parameters
 from .table import (BY_GROUP, Arch, Row, both_ways, fused_qkv, gguf_parallel, layer_norm, linear, lm_head, out_bias,
                     qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("gpt_neox",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gpt_neox",), models="Pythia, GPT-NeoX",
+          brings="a parallel residual (x + Attn(Norm₁ x) + FFN(Norm₂ x), or sequential), RoPE on part of each head "
+                 "(`partial_rotary_factor` / `rotary_pct`), per-head fused Q/K/V",
+          kind="decoder"),
+)
 
 # Tensors a GPT-NeoX checkpoint may hold that qkv never reads ({i}: a layer), relative to GPTNeoXModel.
 IGNORED = {

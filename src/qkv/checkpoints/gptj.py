@@ -13,9 +13,16 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import Row, attention, both_ways, layer_norm, linear, lm_head
+from .table import About, Row, attention, both_ways, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("gptj",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gptj",), models="GPT-J",
+          brings="one LayerNorm read by a parallel attention and FFN, RoPE by interleaved pairs (0, 1), (2, 3), … on "
+                 "the first `rotary_dim` numbers of each head, an LM head with a bias",
+          kind="decoder"),
+)
 
 # Tensors a GPT-J checkpoint may hold that qkv never reads ({i}: a layer), relative to GPTJModel.
 IGNORED = {

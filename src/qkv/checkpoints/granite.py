@@ -5,6 +5,7 @@
     residual_multiplier     residual_multiplier      x + Box(Norm(x))·m, for attention and the FFN
     attention_multiplier    attn_scale               S = Q·Kᵀ·m (in place of 1/√d_k; the default is 1)
     logits_scaling          logit_scale = 1 / s      logits = H·W_vocab / s
+    mlp_bias                ffn_bias                 biases of gate_proj, up_proj, down_proj (Llama's table)
 
 The tensors are Llama's: embed_tokens, layers.{i}.input_layernorm, self_attn.q_proj/k_proj/v_proj/o_proj,
 post_attention_layernorm, mlp.gate_proj/up_proj/down_proj, norm, lm_head (`llama.weights` / `llama.tensors`).
@@ -19,18 +20,23 @@ from ..runtime.errors import QkvError
 from ..core.weights import Weights
 from . import llama
 from .common import reads_back
-from .table import LLAMA_LAYER, LLAMA_TOP, Arch
+from .table import LLAMA_LAYER, LLAMA_TOP, About, Arch
 from .tensors import TensorStore
 
 MODEL_TYPES = ("granite",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("granite",), models="Granite",
+          brings="Llama's boxes with four multipliers: embeddings × `embedding_multiplier`, each box's output × "
+                 "`residual_multiplier` before it joins the stream, scores × `attention_multiplier`, logits ÷ "
+                 "`logits_scaling`",
+          kind="decoder"),
+)
 
 IGNORED = llama.IGNORED
 
 
 def config(hf: dict) -> ModelConfig:
-    if hf.get("mlp_bias"):
-        raise QkvError("Granite with mlp_bias=true is not supported (qkv's SwiGLU has no gate bias); "
-                       "use a checkpoint without FFN biases")
     base = llama.config({**hf, "model_type": "llama"})
     return base.with_(family="granite", embedding_multiplier=float(hf.get("embedding_multiplier", 1.0)),
                       residual_multiplier=float(hf.get("residual_multiplier", 1.0)),

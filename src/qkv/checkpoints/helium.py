@@ -5,7 +5,7 @@
     attention_bias          qkv_bias (out_bias off)  biases of q/k/v_proj; o_proj never has one
     head_dim (128), num_key_value_heads (20), rms_norm_eps (1e-8), max_position_embeddings (4096), pad/bos/eos ids
     (3, 1, 2): HeliumConfig's defaults when config.json leaves them out
-    mlp_bias                refused                  qkv's SwiGLU has no biases
+    mlp_bias                ffn_bias                 biases of gate_proj, up_proj, down_proj (b_gate, b_in, b_out)
 
 Everything else is Llama's (checkpoints/llama.py reads it and its tensor table: Helium's names are Llama's).
 """
@@ -16,8 +16,16 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from . import llama
 from .common import need, reads_back
+from .table import About
 
 MODEL_TYPES = ("helium",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("helium",), models="Helium (Kyutai)",
+          brings="Llama's boxes with RoPE on interleaved pairs (0, 1), (2, 3), … and biases on q/k/v only "
+                 "(`attention_bias`; `o_proj` never has one)",
+          kind="decoder"),
+)
 
 IGNORED = llama.IGNORED
 weights = llama.weights
@@ -29,9 +37,6 @@ DEFAULTS = {"head_dim": 128, "num_key_value_heads": 20, "rms_norm_eps": 1e-8, "m
 
 def config(hf: dict) -> ModelConfig:
     hf = DEFAULTS | hf
-    if hf.get("mlp_bias"):
-        raise QkvError("Helium with mlp_bias=true is not supported (qkv's SwiGLU has no biases); "
-                       "use a checkpoint without FFN biases")
     d, H, d_k = need(hf, "hidden_size"), need(hf, "num_attention_heads"), hf.get("head_dim")
     if isinstance(d_k, int) and isinstance(H, int) and H * d_k != d:
         raise QkvError(f"Helium's o_proj is hidden_size × hidden_size, so head_dim · num_attention_heads = "
@@ -48,5 +53,5 @@ def hf_config(cfg: ModelConfig) -> dict:
                        "or the family")
     hf = llama.hf_dict(cfg.with_(family="llama", rope_interleaved=False, qkv_bias=False)) | {
         "model_type": "helium", "architectures": ["HeliumForCausalLM"], "attention_bias": cfg.qkv_bias,
-        "mlp_bias": False}
+        "mlp_bias": cfg.ffn_bias}
     return reads_back(cfg, hf, config)

@@ -5,6 +5,8 @@ both ways (loading and saving).
 OLMo 2: no norm before attention or the FFN; post_attention_layernorm and post_feedforward_layernorm
 normalise their outputs before they join the stream (attn_out_norm, ffn_out_norm), and q_norm / k_norm
 the whole projections (qk_norm "all", weights (H·d_k,), (Hkv·d_k,)).
+Llama, SmolLM3 (and Granite, Helium, which read Llama's config): mlp_bias gives gate_proj, up_proj and down_proj
+biases (b_gate, b_in, b_out: ffn_bias); the other families' MLPs have none, and mlp_bias=true is refused there.
 Gemma: its RMSNorm multiplies by (1 + weight), so γ = 1 + the stored weight (written back as γ − 1);
 the embeddings are scaled by √d_model (scale_embedding); GeGLU (gelu_pytorch_tanh); a head_dim of its own.
 torch's Linear stores W (out, in): we read its transpose, a view. `config` / `weights` read a
@@ -19,10 +21,29 @@ from ..runtime.errors import QkvError
 from ..core.positions import check_rope
 from .common import (HF_ACTIVATIONS, activation, check_shapes, layer_types, layer_windows, need, reads_back,
                      rope_parameters, ROTARY_BUFFERS)
-from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, Gamma, Row, attention, both_ways, gated_ffn, lm_head,
-                    out_bias, qkv_bias)
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, Gamma, Row, attention, both_ways, ffn_bias, gated_ffn,
+                    lm_head, out_bias, qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "smollm3")
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("llama", "mistral", "qwen2", "qwen3"), models="Llama, SmolLM2, Mistral, Qwen2, Qwen3",
+          brings="RMSNorm, RoPE (linear / llama3 / YaRN / dynamic-NTK scaling; YaRN and dynamic NTK in every RoPE "
+                 "family), SwiGLU, GQA/MQA, sliding window (Mistral; Qwen2/3's sliding layers from "
+                 "`max_window_layers` on, or as `layer_types` says), q/k/v biases (Qwen2), RMSNorm of each head's q "
+                 "and k before RoPE (Qwen3), biases on the SwiGLU's gate, up and down (Llama's `mlp_bias`)",
+          kind="decoder"),
+    About(types=("gemma",), models="Gemma (v1)",
+          brings="the same boxes with RMSNorm·(1 + w), embeddings scaled by √d_model, GeGLU, a head size of its own",
+          kind="decoder"),
+    About(types=("olmo2",), models="OLMo 2",
+          brings="RMSNorm after attention and after the FFN (none before), q and k RMSNorm over the whole projection",
+          kind="decoder", refuses=("dla",)),
+    About(types=("smollm3",), models="SmolLM3",
+          brings="the Llama boxes with layers that have no RoPE (`no_rope_layers`), sliding layers (`layer_types`)",
+          kind="decoder"),
+)
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "olmo2": "Olmo2ForCausalLM",
@@ -33,6 +54,7 @@ PLUS_ONE = GEMMA                     # RMSNorm(x)·(1 + w): γ is stored less on
 SANDWICH = {"gemma2", "gemma3_text"}  # a norm before and after attention and the FFN
 QK_NORM = {"qwen3": "head", "olmo2": "all", "gemma3_text": "head"}
 LAYER_KINDS = {"qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text"}   # layer_types: full or sliding layers
+MLP_BIAS = {"llama", "smollm3"}      # mlp_bias: biases on gate_proj, up_proj, down_proj (LlamaMLP's)
 
 # Tensors a Llama / Mistral / Qwen2 checkpoint may hold that qkv never reads ({i}: a layer), relative
 # to LlamaModel.
@@ -100,8 +122,9 @@ def config(hf: dict) -> ModelConfig:
                        "restore the checkpoint's config.json")
     if family in GEMMA and hf.get("use_bidirectional_attention"):
         raise QkvError(f"{family} with use_bidirectional_attention=true is not supported; use a causal checkpoint")
-    if hf.get("mlp_bias"):
-        raise QkvError("Llama checkpoints with mlp_bias=true are not supported; use one without FFN biases")
+    if hf.get("mlp_bias") and family not in MLP_BIAS:
+        raise QkvError(f"{family} with mlp_bias=true is not supported ({family}'s MLP has no biases); "
+                       "use a checkpoint without FFN biases")
     attention_bias = bool(hf.get("attention_bias", False))
     return ModelConfig(
         family=family, vocab_size=need(hf, "vocab_size"), d_model=d, n_layers=L,
@@ -112,7 +135,8 @@ def config(hf: dict) -> ModelConfig:
         position="rope", rope_theta=theta, rope_scaling=scaling,
         activation=activation(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"), gated_ffn=True,
         scale_embedding=family in GEMMA,
-        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=False, qk_norm=QK_NORM.get(family),
+        qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias, ffn_bias=bool(hf.get("mlp_bias", False)),
+        qk_norm=QK_NORM.get(family),
         tied_embeddings=bool(hf.get("tie_word_embeddings", family in GEMMA or family == "smollm3")), final_norm=True,
         lm_head=True,
         sliding_window=window, pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"),
@@ -161,6 +185,8 @@ ROWS = [
     Row("block.ffn_norm", "layers.{i}.pre_feedforward_layernorm.weight", "d", GAMMA, _sandwich),
     Row("block.ffn_out_norm", "layers.{i}.post_feedforward_layernorm.weight", "d", GAMMA, _after),
     *gated_ffn("layers.{i}.mlp"),
+    *[Row(f"block.ffn.{b}", f"layers.{{i}}.mlp.{proj}.bias", size, when=ffn_bias)      # mlp_bias
+      for b, proj, size in (("b_gate", "gate_proj", "f"), ("b_in", "up_proj", "f"), ("b_out", "down_proj", "d"))],
     Row("final_norm", "norm.weight", "d", GAMMA),
     lm_head(),
 ]
@@ -197,8 +223,8 @@ def hf_dict(cfg: ModelConfig) -> dict:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
     if family != "qwen2":
         hf |= {"attention_bias": cfg.out_bias}
-    if family in ("llama", "smollm3"):
-        hf["mlp_bias"] = False
+    if family in MLP_BIAS:
+        hf["mlp_bias"] = cfg.ffn_bias
     if family == "mistral":
         hf["sliding_window"] = cfg.sliding_window
     elif family in LAYER_KINDS:

@@ -28,9 +28,16 @@ from ..core.positions import sinusoidal_halves
 from ..core.weights import Seq2SeqWeights
 from . import bart
 from .common import c_arrays, reads_back
+from .table import About
 from .tensors import TensorStore
 
 MODEL_TYPES = ("marian",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("marian",), models="Marian (ko-en-tiny)",
+          brings="encoder–decoder with cross-attention; sinusoidal positions",
+          kind="encoder–decoder"),
+)
 
 # Tensors a Marian checkpoint may hold that qkv never reads, relative to MarianModel.
 IGNORED = {

@@ -16,9 +16,18 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
 from .roberta import masked_lm
-from .table import LINEAR, Head, Row, both_ways
+from .table import LINEAR, About, Head, Row, both_ways
 
 MODEL_TYPES = ("modernbert",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("modernbert",), models="ModernBERT",
+          brings="a pre-norm encoder: RoPE, GeGLU from one fused `Wi`, LayerNorms without bias, the embeddings' own "
+                 "norm, no norm before layer 0's attention, a final norm, a masked-LM head; global and local layers "
+                 "(`layer_types`, `global_attn_every_n_layers`): a local layer's window reaches both ways, |i − j| ≤ "
+                 "`local_attention` / 2, with its own RoPE base (`local_rope_theta`)",
+          kind="masked-LM encoder"),
+)
 
 IGNORED = {
     "classifier.*": "a sequence or token classification head",

@@ -33,8 +33,20 @@ from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, 
 from .llama import IGNORED, _rope
 from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, How, Row, attention, both_ways, gated_ffn, layer_norm,
                     lm_head, out_bias, qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), models="Mixtral, Qwen1.5-MoE / Qwen2-MoE, Qwen3-MoE,"
+                                                                        " OLMoE",
+          brings="a routed FFN: each token's router (softmax over E experts) picks the top k, whose gated FFNs are "
+                 "summed with the router's weights (renormalised: Mixtral, Qwen2-MoE's `norm_topk_prob`); Qwen2-MoE's"
+                 " shared expert with its σ gate and dense layers among the routed ones (`mlp_only_layers`, "
+                 "`decoder_sparse_step`); Qwen3-MoE's and OLMoE's q/k norms (per head, over the projections); the "
+                 "router's choice in the trace and the viewer's Experts tab",
+          kind="MoE decoder"),
+)
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}

@@ -17,9 +17,16 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import need, reads_back
-from .table import LINEAR, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
+from .table import LINEAR, About, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
 
 MODEL_TYPES = ("mpt",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("mpt",), models="MPT-7B",
+          brings="ALiBi (its slopes written another way, the same series), LayerNorms without β, no biases, "
+                 "`softmax_scale`, fused `Wqkv`",
+          kind="decoder"),
+)
 
 # Tensors an MPT checkpoint may hold that qkv never reads, relative to MptModel.
 IGNORED = {

@@ -25,9 +25,17 @@ from ..core.config import ModelConfig
 from ..core.weights import Seq2SeqWeights
 from . import t5
 from .common import reads_back
+from .table import About
 from .tensors import TensorStore
 
 MODEL_TYPES = ("mt5",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("mt5",), models="mT5",
+          brings="T5 v1.1 under its own `model_type`: gated GELU by default, an untied head, no d_model^-0.5 before "
+                 "it",
+          kind="encoder–decoder"),
+)
 
 IGNORED = t5.IGNORED
 

@@ -22,9 +22,16 @@ from ..runtime.errors import QkvError
 from . import llama
 from .llama import GAMMA
 from .common import check_config, layer_types, layer_windows, need, reads_back
-from .table import Row, attention, both_ways, gated_ffn, lm_head
+from .table import About, Row, attention, both_ways, gated_ffn, lm_head
 
 MODEL_TYPES = ("olmo3",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("olmo3",), models="OLMo 3",
+          brings="OLMo 2's blocks with sliding and full layers (`layer_types`, default three sliding then one full; "
+                 "`sliding_window`) and a RoPE per kind of layer (`rope_parameters` by layer type)",
+          kind="decoder", refuses=("dla",)),
+)
 
 IGNORED = llama.IGNORED
 

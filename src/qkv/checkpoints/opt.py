@@ -17,9 +17,17 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import LINEAR, How, Row, attention, both_ways, linear, lm_head, qkv_bias
+from .table import LINEAR, About, How, Row, attention, both_ways, linear, lm_head, qkv_bias
 
 MODEL_TYPES = ("opt",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("opt",), models="OPT-125m … 66b, OPT-350m",
+          brings="learned positions read from row p + 2, ReLU, pre-LN or post-LN without a final norm "
+                 "(`do_layer_norm_before`), an embedding narrower than the stream mapped in and out "
+                 "(`word_embed_proj_dim`: project_in / project_out), `enable_bias`, LayerNorms without γ, β",
+          kind="decoder", refuses=("dla",), when="post-LN (OPT-350m)"),
+)
 
 OFFSET = 2                     # OPTLearnedPositionalEmbedding: position p reads row p + 2
 

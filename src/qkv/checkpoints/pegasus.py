@@ -2,6 +2,7 @@
 
     checkpoint name (relative to PegasusModel)         qkv name
     shared                                             tok_embed (both stacks), read × √d_model if scale_embedding
+                                                       (tie_word_embeddings=false: {stack}.embed_tokens, each its own)
     {stack}.embed_positions   (P, d)                   pos_embed: [sin | cos] sinusoids, position p reads row p
                                                        (computed as positions.sinusoidal_halves when absent)
     {stack}.layers.{i}.self_attn_layer_norm            attn_norm (before attention: pre-norm)
@@ -11,7 +12,7 @@
     {stack}.layers.{i}.final_layer_norm                ffn_norm (before the FFN)
     {stack}.layers.{i}.fc1 / fc2                       W_in / W_out
     {stack}.layer_norm                                 final_norm: the encoder's output M, the decoder's Y
-    lm_head (absent when tied)                         W_vocab
+    lm_head (absent when tied)                         W_vocab (untied: its own, the decoder's table apart)
     final_logits_bias (1, V)                           b_vocab
 No embedding LayerNorm. PegasusSinusoidalPositionalEmbedding is Marian's table (the sines of all
 frequencies in the first ⌈d/2⌉ columns, the cosines after, not interleaved as the first seed's), read
@@ -29,29 +30,38 @@ from ..core.positions import sinusoidal_halves
 from ..core.weights import Seq2SeqWeights
 from . import bart
 from .common import c_arrays, reads_back
+from .table import About
 from .tensors import TensorStore
 
 MODEL_TYPES = ("pegasus",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("pegasus",), models="Pegasus",
+          brings="pre-norm with a final LayerNorm per stack, Marian's sinusoids (sines first, cosines after) from row"
+                 " 0, without BART's offset, scaled embeddings; the decoder starts from the pad token; untied embeddings "
+                 "(`tie_word_embeddings` false: each stack its own table, `lm_head` its own)",
+          kind="encoder–decoder"),
+)
 
 IGNORED = {k: v for k, v in bart.IGNORED.items() if "version" not in k}
 
 
 def config(hf: dict) -> ModelConfig:
-    knobs = bart.stacks_config(hf, "pegasus") | dict(norm_place="pre", final_norm=True)
+    knobs = bart.stacks_config(hf, "pegasus", untied=True) | dict(norm_place="pre", final_norm=True)
     return ModelConfig(**knobs, position="sinusoidal", embed_norm=False)
 
 
 def weights(store: TensorStore, cfg: ModelConfig, dtype) -> Seq2SeqWeights:
-    tok = bart.shared_table(store, cfg, dtype)
+    enc_tok, dec_tok = bart.tables(store, cfg, dtype)
     P, d = cfg.max_positions, cfg.d_model
 
     def pos(which: str) -> np.ndarray:                              # (P, d)
         name = f"{which}.embed_positions.weight"
         return store.get(name, (P, d), dtype) if store.has(name) else sinusoidal_halves(P, d).astype(dtype)
 
-    encoder = bart.stack(store, cfg, dtype, "encoder", tok, pos("encoder"))
-    decoder = bart.stack(store, cfg, dtype, "decoder", tok, pos("decoder"))
-    decoder.W_vocab, decoder.b_vocab = bart.head(store, cfg, dtype, tok)
+    encoder = bart.stack(store, cfg, dtype, "encoder", enc_tok, pos("encoder"))
+    decoder = bart.stack(store, cfg, dtype, "decoder", dec_tok, pos("decoder"))
+    decoder.W_vocab, decoder.b_vocab = bart.head(store, cfg, dtype, dec_tok)
     return Seq2SeqWeights(encoder, decoder)
 
 

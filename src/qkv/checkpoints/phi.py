@@ -12,9 +12,16 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, check_shapes, need, partial_rope, reads_back,
                      rope_parameters)
-from .table import Arch, Row, attention, both_ways, layer_norm, linear, lm_head, qk_norm
+from .table import About, Arch, Row, attention, both_ways, layer_norm, linear, lm_head, qk_norm
 
 MODEL_TYPES = ("phi",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("phi",), models="Phi-1, Phi-1.5, Phi-2",
+          brings="one LayerNorm read by a parallel attention and FFN, partial RoPE, q/k LayerNorm (`qk_layernorm`), "
+                 "an LM head with a bias",
+          kind="decoder"),
+)
 
 # Tensors a Phi checkpoint may hold that qkv never reads ({i}: a layer), relative to PhiModel.
 IGNORED = ROTARY_BUFFERS

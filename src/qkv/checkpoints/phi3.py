@@ -19,9 +19,18 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, activation, check_shapes, longrope_scaling, need, partial_rope, reads_back,
                      rope_parameters, ROTARY_BUFFERS)
-from .table import LINEAR, LLAMA_TOP, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
+from .table import LINEAR, LLAMA_TOP, About, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
 
 MODEL_TYPES = ("phi3",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("phi3",), models="Phi-3, Phi-3.5, Phi-4 mini",
+          brings="Q/K/V and SwiGLU's gate/up each stored as one matrix (`qkv_proj`, `gate_up_proj`, read as views), "
+                 "partial RoPE, LongRoPE (short / long factor tables chosen by the pass's length, cos and sin times "
+                 "the attention factor; the KV cache reads the sequence again when generation crosses the original "
+                 "length), sliding window",
+          kind="decoder"),
+)
 
 # Tensors a Phi-3 checkpoint may hold that qkv never reads ({i}: a layer), relative to Phi3Model.
 IGNORED = ROTARY_BUFFERS

@@ -18,9 +18,16 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from . import bert
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import Head, How, Row, both_ways, linear
+from .table import About, Head, How, Row, both_ways, linear
 
 MODEL_TYPES = ("roberta", "xlm-roberta")
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("roberta", "xlm-roberta"), models="RoBERTa, XLM-RoBERTa",
+          brings="BERT's blocks with positions counted over the ids that are not pads (from row pad + 1, so left "
+                 "padding does not move a text), a masked-LM head (dense, GELU, LayerNorm, W_vocab + b)",
+          kind="masked-LM encoder"),
+)
 
 IGNORED = {
     "embeddings.position_ids": "the positions 0…P−1, a buffer older transformers saved",

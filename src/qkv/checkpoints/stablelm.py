@@ -20,8 +20,16 @@ from .common import (HF_ACTIVATIONS, activation, check_shapes, longrope_scaling,
                      rope_parameters, ROTARY_BUFFERS)
 from .table import (LLAMA_LAYER, LLAMA_TOP, Arch, How, Row, attention, both_ways, gated_ffn, gguf_parallel, layer_norm,
                     lm_head, qk_norm, qkv_bias)
+from .table import About
 
 MODEL_TYPES = ("stablelm",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("stablelm",), models="StableLM-2, StableLM-3B",
+          brings="LayerNorm, partial RoPE, SwiGLU, q/k/v biases, a LayerNorm of its own for each head's q and k "
+                 "(`qk_layernorm`: weights (H, d_k)), parallel residual with one norm",
+          kind="decoder"),
+)
 
 # Tensors a StableLM checkpoint may hold that qkv never reads ({i}: a layer), relative to StableLmModel.
 IGNORED = ROTARY_BUFFERS

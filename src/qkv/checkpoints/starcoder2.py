@@ -14,9 +14,16 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, activation, check_shapes, longrope_scaling, need, partial_rope, reads_back,
                      rope_parameters, ROTARY_BUFFERS)
-from .table import LLAMA_LAYER, LLAMA_TOP, Arch, Row, attention, both_ways, layer_norm, linear, lm_head, qkv_bias
+from .table import LLAMA_LAYER, LLAMA_TOP, About, Arch, Row, attention, both_ways, layer_norm, linear, lm_head, qkv_bias
 
 MODEL_TYPES = ("starcoder2",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("starcoder2",), models="StarCoder2",
+          brings="LayerNorm with biases, a plain gelu-tanh FFN (`c_fc`, `c_proj`), biases on every linear map "
+                 "(`use_bias`), GQA, a sliding window on every layer",
+          kind="decoder"),
+)
 
 # Tensors a StarCoder2 checkpoint may hold that qkv never reads ({i}: a layer), relative to Starcoder2Model.
 IGNORED = ROTARY_BUFFERS

@@ -17,10 +17,16 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Seq2SeqWeights
 from .common import HF_ACTIVATIONS, activation, c_arrays, linear_T, need, reads_back
-from .table import LINEAR, Row, gated_ffn, layer_norm, read_table, write_table
+from .table import LINEAR, About, Row, gated_ffn, layer_norm, read_table, write_table
 from .tensors import TensorStore
 
 MODEL_TYPES = ("t5",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("t5",), models="T5 v1.0 / v1.1 (flan-t5)",
+          brings="encoder–decoder with cross-attention; T5's relative position bias and unscaled scores",
+          kind="encoder–decoder"),
+)
 
 # Tensors a T5 checkpoint may hold that qkv never reads, relative to T5ForConditionalGeneration.
 IGNORED = {

@@ -7,8 +7,8 @@
       hf     its name in the checkpoint, relative to the base model ({i}: the layer)
       shape  our shape, in the config's sizes: d (d_model), q (H·d_k), kv (Hkv·d_k), f (d_ff), V, P (positions),
              T (token types), dk (d_k), H, Hkv (heads), e (d_embed), E (embed_dim), o (the positions'
-             offset), R (relative position buckets); a sum is written a+b; a fused row gives the whole,
-             `parts` each part
+             offset), R (relative position buckets), p (a tower's projection); a sum is written a+b; a fused
+             row gives the whole, `parts` each part
       how    SAME (stored as we multiply), LINEAR (torch's Linear, stored (out, in): ours is its transpose,
              a view), CONV1D (GPT-2's Conv1D, (in, out)), BY_GROUP (fused Q/K/V rows by K/V group), Head
              (W_vocab, or the tied embeddings), Gamma (a norm's γ, Gemma's less one), or a family's own How
@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.config import ModelConfig
-from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, Weights
+from ..core.weights import AttentionWeights, BlockWeights, FFNWeights, NormWeights, PoolWeights, Weights, XIELUWeights
 from ..runtime.errors import QkvError
 from .common import c_arrays, columns, conv1d
 
@@ -170,7 +170,8 @@ def sizes(cfg: ModelConfig) -> dict[str, int]:
     return {"d": cfg.d_model, "q": cfg.n_heads * cfg.d_head, "kv": cfg.n_kv_heads * cfg.d_head, "f": cfg.d_ff,
             "V": cfg.vocab_size, "P": cfg.max_positions, "T": cfg.type_vocab_size or 0, "dk": cfg.d_head,
             "H": cfg.n_heads, "Hkv": cfg.n_kv_heads, "e": cfg.d_embed or cfg.d_model,
-            "E": cfg.embed_dim or cfg.d_model, "o": cfg.position_offset, "R": cfg.relative_buckets or 0}
+            "E": cfg.embed_dim or cfg.d_model, "o": cfg.position_offset, "R": cfg.relative_buckets or 0,
+            "p": cfg.d_proj or 0}
 
 
 def _size(term: str, known: dict[str, int]) -> int:
@@ -183,7 +184,8 @@ def shape_of(spec: str, known: dict[str, int]) -> tuple[int, ...]:
     return tuple(_size(t, known) for t in spec.split())
 
 
-_CLASSES = {"attn": AttentionWeights, "cross_attn": AttentionWeights, "ffn": FFNWeights, "shared": FFNWeights}
+_CLASSES = {"attn": AttentionWeights, "cross_attn": AttentionWeights, "ffn": FFNWeights, "shared": FFNWeights,
+            "xielu": XIELUWeights, "pool": PoolWeights, "probe_attn": AttentionWeights, "probe_ffn": FFNWeights}
 
 
 def _build(cls, parts: dict):
@@ -431,3 +433,44 @@ def gguf_positive(meta: dict, a: str, key: str, default=None) -> float:
         raise QkvError(f"the GGUF value {a}.{key} = {value!r:.30} is missing or not a positive number; "
                        "the file is damaged")
     return float(value)
+
+
+# ── what a family is, in one line of the README's table ─────────────────────────
+
+# What each kind of model runs, by qkv's command (the README's table of families, `qkv models --families`):
+# views, analyses, writing (`qkv <command>`), training (`qkv.train.gradients`) and, for a mixture, the viewer's
+# Experts tab. tests/test_family_table.py runs every one on a fixture of each kind, and checks the rest are
+# refused in one line.
+COMMANDS = {"views": ("show", "heads", "rollout", "experts"), "analyses": ("lens", "patch", "attribute", "dla"),
+            "writing": ("next", "generate"), "training": ("gradients",)}
+_DECODER = ("show", "heads", "rollout", "lens", "patch", "attribute", "dla", "next", "generate", "gradients")
+KINDS: dict[str, tuple[str, ...]] = {
+    "decoder": _DECODER,
+    "MoE decoder": _DECODER + ("experts",),
+    "encoder": ("show", "heads", "rollout", "patch", "attribute"),                 # no LM head: sentence embeddings
+    "masked-LM encoder": ("show", "heads", "rollout", "lens", "patch", "attribute", "next", "gradients"),
+    "encoder–decoder": ("show", "heads", "rollout", "lens", "patch", "attribute", "next", "generate", "gradients"),
+    "image": ("show", "patch", "gradients"),
+    "audio": ("show",),
+}
+
+
+@dataclass(frozen=True)
+class About:
+    """One row of the README's table of families: model_types a family module reads, as people know them, what
+    they bring to the engine, and what they run as (a kind of KINDS: the commands that work). A family module
+    declares its rows as ABOUT = (About(…), …); families.about gathers them, with the module's GGUF archs."""
+    types: tuple[str, ...]              # config.json model_types (of the module's MODEL_TYPES), shown in one row
+    models: str                         # the models people know them by
+    brings: str                         # what the family brings to the engine: its knobs, in words
+    kind: str                           # a key of KINDS
+    refuses: tuple[str, ...] = ()       # commands of its kind that its checkpoints refuse (e.g. "dla": OLMo 2)
+    when: str = ""                      # which of its checkpoints refuse them ("": every one)
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, f"About.kind {self.kind!r} is none of {list(KINDS)}"
+        assert set(self.refuses) <= set(KINDS[self.kind]), f"{self.types} refuses {self.refuses}: not its kind's"
+
+    def supports(self) -> tuple[str, ...]:
+        """The commands that work on the row's checkpoints: its kind's, but those it refuses."""
+        return tuple(c for c in KINDS[self.kind] if c not in self.refuses)

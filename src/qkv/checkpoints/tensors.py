@@ -30,7 +30,8 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 # Where a task model keeps its base model's tensors (BertForMaskedLM: "bert.", Llama: "model.").
-PREFIXES = ("", "model.", "bert.", "transformer.", "gpt_neox.", "roberta.", "distilbert.", "electra.", "vit.")
+PREFIXES = ("", "model.", "bert.", "transformer.", "gpt_neox.", "roberta.", "distilbert.", "electra.", "vit.",
+            "albert.", "mpnet.", "deberta.", "nomic_bert.")
 
 
 _FLOATS = ("F64", "F32", "F16", "BF16")
@@ -285,7 +286,7 @@ def write_safetensors(f: IO[bytes], tensors: dict[str, np.ndarray], metadata: di
         kind = _NAMES.get(arr.dtype.newbyteorder("="))                  # the type, whatever its byte order
         if kind is None:
             raise QkvError(f"tensor {name} has dtype {arr.dtype}, which safetensors cannot hold; use float32")
-        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")   # C order; a 0-d tensor stays 0-d
         header[name] = {"dtype": kind, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
         arrays.append(arr)
         offset += arr.nbytes

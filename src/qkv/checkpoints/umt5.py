@@ -18,9 +18,16 @@ from ..core.config import ModelConfig
 from ..core.weights import Seq2SeqWeights
 from . import t5
 from .common import reads_back
+from .table import About
 from .tensors import TensorStore
 
 MODEL_TYPES = ("umt5",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("umt5",), models="UMT5",
+          brings="mT5's blocks with a relative position bias table in every layer's self-attention (T5: one, shared)",
+          kind="encoder–decoder"),
+)
 
 IGNORED = t5.IGNORED
 

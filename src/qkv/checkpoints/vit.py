@@ -15,10 +15,19 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Weights
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
-from .table import LINEAR, How, Row, layer_norm, linear, qkv_bias, read_table, write_table
+from .table import LINEAR, About, How, Row, layer_norm, linear, qkv_bias, read_table, write_table
 from .tensors import TensorStore
 
 MODEL_TYPES = ("vit",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("vit",), models="ViT (`ViTForImageClassification`, `ViTModel`)",
+          brings="an image's patches as tokens: the patch convolution as one product over flattened patches (square "
+                 "or not, 1 or 3 channels), [CLS] first, learned positions, pre-norm LayerNorm blocks (`qkv_bias`), a"
+                 " final LayerNorm, the classifier on [CLS] (`id2label`); images processed as "
+                 "`preprocessor_config.json` says",
+          kind="image"),
+)
 
 IGNORED = {
     "pooler.*": "the pooler (a dense layer and tanh on [CLS]), not part of the encoder",

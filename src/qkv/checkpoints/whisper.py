@@ -29,9 +29,18 @@ from ..runtime.errors import QkvError
 from ..core.weights import ConvWeights, Seq2SeqWeights
 from . import bart
 from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .table import About
 from .tensors import TensorStore
 
 MODEL_TYPES = ("whisper",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("whisper",), models="Whisper (`WhisperForConditionalGeneration`, `WhisperModel`)",
+          brings="log-mel frames through two GELU convolutions (stride 1, then 2) + a stored sinusoidal table, "
+                 "pre-norm stacks with a final LayerNorm each, `k_proj` without bias, learned decoder positions, tied"
+                 " `proj_out`; run and forward take the transcript (writing and training refused in one line)",
+          kind="audio"),
+)
 
 IGNORED: dict[str, str] = {}
 ARCHITECTURES = ("WhisperForConditionalGeneration", "WhisperModel")

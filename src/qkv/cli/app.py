@@ -73,10 +73,14 @@ def cli(weights: str | None, quiet: bool) -> None:
               help="Refuse texts longer than this (past 1024 tokens --out keeps each query row's largest weights).")
 @click.option("--budget-mb", type=float, default=None,
               help="Attention bytes the viewer holds before it keeps each row's largest weights only  [default: 80].")
+@click.option("--texts", default=None, metavar="TEXT,TEXT,…",
+              help="An image–text pair (CLIP, SigLIP): score the image against these comma-separated texts "
+                   "(the similarity row: logits and probabilities).")
 @steer_options
 def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
          ablate: tuple[str, ...], prefix: str | None, max_tokens: int, budget_mb: float | None,
-         sae_dir: str | None = None, steer: tuple[str, ...] = (), ablate_direction: tuple[str, ...] = ()) -> None:
+         texts: str | None = None, sae_dir: str | None = None, steer: tuple[str, ...] = (),
+         ablate_direction: tuple[str, ...] = ()) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --steer FILE@LAYER:SCALE (a control vector; --sae DIR --steer FEATURE:ALPHA, an SAE's features) or
@@ -103,18 +107,26 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
 
     On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) and --prefix its transcript;
     print where each word looks in time (cross-attention of a decoder layer) and with --out draw it.
+
+    On a CLIP or SigLIP pair: TEXT is an image, shown by its image tower; --texts "a cat,a dog" prints its
+    similarity to each text (CLIP: e^s·cos and the softmax over the texts; SigLIP: e^s·cos + b and each σ).
     """
     from .common import load_model as load
     from ..models.audio_model import AudioModel
+    from ..models.contrastive import PairModel
     from ..models.image_model import ImageModel
     from ..models.seq2seq import Seq2SeqModel
 
     steering = check_steer_flags(sae_dir, steer, ablate_direction)              # --steer: files read before loading
-    model = load(source)
-    if steering is not None and isinstance(model, (ImageModel, AudioModel, Seq2SeqModel)):
+    model = load(source, pairs=True)
+    if steering is not None and isinstance(model, (ImageModel, AudioModel, Seq2SeqModel, PairModel)):
         raise QkvError(f"--steer and --ablate-direction act on a single stack's stream of text; {model.name} is "
                        f"{model.config.family}: drop them")
     model = steered(model, sae_dir, steering)
+    if texts is not None or isinstance(model, PairModel):           # CLIP, SigLIP: the image, then its texts
+        from .show_image import show_pair
+
+        return show_pair(model, text, texts, layer, head, out_dir, ablate, prefix, budget_mb)
     if isinstance(model, ImageModel):
         from .show_image import show_image
 
@@ -154,13 +166,13 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
             return _show_long(model, text, layer, head, out_dir, knocked_out, budget_mb)
     try:
         from ..analysis.sections import sections_keep
-        from ..core.trace import INTERMEDIATES, OPT_IN, ROUTER
+        from ..core.trace import DISENTANGLED, INTERMEDIATES, OPT_IN, ROUTER
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
         if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
             keep = tuple(n for n in INTERMEDIATES if n not in OPT_IN)           # the pipeline page shows them all
-        if out_dir is not None:
-            keep = (*keep, *ROUTER)                                             # a MoE model's Experts panel
+        if out_dir is not None:                                             # a MoE model's Experts panel,
+            keep = (*keep, *ROUTER, *DISENTANGLED)                              # DeBERTa's Disentangled panel
         with status(f"running {model.name} …"):
             trace = model.run(text, layers=None if out_dir else [layer], ablate=knocked_out, keep=keep)
         if knocked_out:
@@ -244,20 +256,21 @@ def check_attention_memory(model, n: int, n_layers: int) -> None:
 def _print_layer(trace, model, layer: int, head: int | None) -> None:
     """The terminal part of `show`: tokens (as a reader sees them), then one head's matrix or every head's argmax."""
     attn = trace.layer(layer).attentions                              # (H, n, n)
+    sinks = np.maximum(1 - attn.sum(axis=-1, dtype=np.float64), 0) if trace.sinks else None   # (H, n) gpt-oss
     labels = trace.labels
     console = new_console()
     console.print(Text(f"{model.name}: {len(labels)} tokens, {model.config.n_layers} layers × "
                        f"{model.config.n_heads} heads"))
     console.print(Text("tokens: ") + Text(" ".join(f"{i}:{t}" for i, t in enumerate(labels))))
     if head is not None:
-        console.print(head_matrix(labels, attn, layer, head))
+        console.print(head_matrix(labels, attn, layer, head, sinks=sinks))
         if len(labels) > 32:
             console.print(Text(f"(first 32 of {len(labels)} tokens shown)"))
         return
     H = model.config.n_heads
     per_table = max(1, (console.width - 16) // 12)
     for start in range(0, H, per_table):
-        console.print(heads_table(labels, attn, layer, list(range(start, min(H, start + per_table)))))
+        console.print(heads_table(labels, attn, layer, list(range(start, min(H, start + per_table))), sinks=sinks))
 
 
 def _show_seq2seq(model, text: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
@@ -338,7 +351,7 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
-            if len(trace.tokens) <= PIPELINE_TOKENS:
+            if len(trace.tokens) <= PIPELINE_TOKENS and model.config.mamba is None:   # (Mamba: no q, k, v to draw)
                 files.write_text("pipeline.html", pipeline_html(model, trace, layer=layer, head=head or 0))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
@@ -347,8 +360,23 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
 
 
 @cli.command()
-def models() -> None:
-    """List the models that can be loaded on this machine."""
+@click.option("--families", is_flag=True, help="Instead, the families qkv runs: every model_type, the models, what it "
+                                               "brings to the engine, what it runs as (the commands that work), its "
+                                               "GGUF architectures.")
+@click.option("--markdown", is_flag=True, help="With --families: the whole table in markdown, as the README holds it.")
+def models(families: bool = False, markdown: bool = False) -> None:
+    """List the models that can be loaded on this machine (--families: the families qkv runs)."""
+    if markdown and not families:
+        raise QkvError("--markdown prints the table of families: give --families --markdown")
+    if families:
+        from .families import families_markdown, families_terminal
+
+        if markdown:
+            click.echo(families_markdown(), nl=False)
+            return
+        for part in families_terminal():
+            new_console().print(part)
+        return
     from ..checkpoints import available
 
     table = Table(show_edge=False, pad_edge=False)

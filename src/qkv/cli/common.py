@@ -35,15 +35,21 @@ def choose_weights(dtype: str | None) -> None:
     _weights["dtype"] = dtype
 
 
-def load_model(source, default: str | None = None):
+def load_model(source, default: str | None = None, pairs: bool = False):
     """qkv.load(SOURCE) with the weights `qkv --weights` chose (else DEFAULT: the trainers' "float32", since a GGUF
     file's quantised blocks read in place made SmolLM2's pass 2.5× slower and one-threaded, 35 s against 14 s for
     4096 tokens, measured, while dequantised once the same weights give the same numbers up to rounding), saying
-    so while it loads (`status`)."""
+    so while it loads (`status`). An image–text pair (CLIP, SigLIP) only where the command reads one (PAIRS)."""
+    from ..models.contrastive import PairModel
     from ..models.loading import load
 
     with status(f"loading {source} …"):
-        return load(source, dtype=_weights["dtype"] or default)
+        model = load(source, dtype=_weights["dtype"] or default)
+    if isinstance(model, PairModel) and not pairs:
+        raise QkvError(f"{source} is an image–text pair ({model.config.family}): qkv show IMAGE --model {source} "
+                       "--texts \"a cat,a dog\" scores it; the other commands read one tower (a CLIPVisionModel, "
+                       "CLIPTextModel, … checkpoint; from Python: model.vision, model.text)")
+    return model
 
 
 _quiet = {"on": False}

@@ -41,6 +41,9 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
         image = str(example_image(shipped_digit(image)))            # "7": the shipped example digit-7.png
         click.echo(f"(the example digit shipped with digits-vit: {image})", err=True)
     model.check_image(image)                                        # text given: one line, before anything
+    if not model.config.class_token and out_dir is not None:
+        raise QkvError(f"{model.name} has no [CLS] (SigLIP) whose attention the image views draw; drop --out "
+                       "(qkv show prints where its pooling head's probe looks among the patches)")
     layer = model.check_layer(-1 if layer is None else layer)
     if head is not None:
         head = model.check_head(head)
@@ -50,6 +53,8 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     trace.text = Path(image).name                                   # the page's title names the file, not its folder
     if out_dir is not None:
         check_writable(out_dir)
+    if not model.config.class_token:
+        return _print_probe(trace, model, head, knocked_out)
     with removed_if_failed(out_dir):
         _print_image(trace, model, layer, head, knocked_out)
         if out_dir is not None:
@@ -62,6 +67,38 @@ def show_image(model, image: str, layer: int | None, head: int | None, out_dir: 
     for f in files:
         click.echo(f"  {f}")
     click.echo(f"open {files[0]} in a browser: click a patch to see where it looks, every layer and head")
+
+
+def show_pair(model, image: str, texts: str | None, layer: int | None, head: int | None, out_dir: str | None,
+              ablate: tuple[str, ...], target: str | None, budget_mb: float | None) -> None:
+    """`qkv show IMAGE --model PAIR --texts "a cat,a dog"`: the image through the pair's image tower (as
+    `show_image`), then its similarity to each text: CLIP's e^s·cos and softmax over the texts, SigLIP's e^s·cos + b
+    and σ of each."""
+    from ..models.contrastive import PairModel
+
+    if not isinstance(model, PairModel):
+        raise QkvError(f"--texts scores an image against texts with a CLIP or SigLIP pair; {model.name} is "
+                       f"{model.config.family}: drop --texts, or give a CLIPModel / SiglipModel checkpoint")
+    phrases = None if texts is None else [t.strip() for t in texts.split(",")]
+    if phrases is not None and not all(phrases):
+        raise QkvError(f"--texts {texts!r} has an empty text; give texts separated by commas, e.g. \"a cat,a dog\"")
+    model.vision.check_image(image)
+    if phrases is not None:
+        scores = model.similarity(image, phrases)              # a bad text or image fails before DIR is touched
+    show_image(model.vision, image, layer, head, out_dir, ablate, target, budget_mb)
+    if phrases is None:
+        click.echo("(--texts \"a cat,a dog\" scores the image against each text)")
+        return
+    what = "softmax over the texts" if scores.kind == "softmax" else "σ of each pair alone"
+    console = new_console()
+    console.print(Text(f"similarity to each text (logit: e^s·cos{' + b' if scores.kind == 'sigmoid' else ''}; "
+                       f"probability: {what})"))
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("text", "logit", "probability"):
+        table.add_column(column, justify="left" if column == "text" else "right")
+    for phrase, logit, p in zip(phrases, scores.logits_per_image[0], scores.probs[0]):
+        table.add_row(phrase, f"{logit:.3f}", f"{p:.3f}")
+    console.print(table)
 
 
 def predictions(trace, k: int = TOP_LABELS) -> list[tuple[str, float]]:
@@ -123,6 +160,40 @@ def _print_image(trace, model, layer: int, head: int | None, knocked_out) -> Non
         top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
         where = "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)
         console.print(Text(f"  head {h}: {where}   [CLS] itself {kept[h]:.2f}"))
+
+
+def _print_probe(trace, model, head: int | None, knocked_out) -> None:
+    """An image tower without [CLS] (SigLIP): where its attention-pooling head's probe looks among the patches, each
+    head (or HEAD's weights laid out as the grid): the attention that makes the image's embedding."""
+    from ..core.pooling import probe_attention
+
+    c, console = model.config, new_console()
+    rows, cols = trace.grid
+    console.print(Text(f"{model.name}: an image of {trace.image.shape[0]} × {trace.image.shape[1]} pixels in {rows} × "
+                       f"{cols} patches (no [CLS]), {c.n_layers} layers × {c.n_heads} heads"))
+    if knocked_out:
+        console.print(Text("heads knocked out: " + ", ".join(f"{l}.{h}" for l, h in knocked_out)))
+    if c.pooling != "probe":
+        console.print(Text("no pooling head (vision_use_head false): nothing pools the patches into one embedding"))
+        return
+    _, A = probe_attention(trace.hidden[None], model.weights.pool, c)           # (1, H, P)
+    cells = A[0].reshape(c.n_heads, rows, cols)                                 # (H, rows, cols)
+    if head is not None:
+        console.print(Text(f"the pooling head's probe, head {head}: its attention to each patch"))
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("row", justify="right", style="grey50")
+        for j in range(cols):
+            table.add_column(f"c{j}", justify="right")
+        for r in range(rows):
+            table.add_row(str(r), *(f"{w:.2f}" for w in cells[head, r]))
+        console.print(table)
+        return
+    console.print(Text("where the pooling head's probe looks most (the attention that makes the image's embedding), "
+                       "each head"))
+    for h in range(len(cells)):
+        flat = cells[h].ravel()
+        top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
+        console.print(Text(f"  head {h}: " + "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)))
 
 
 def save_image_views(trace, out_dir: str, layer: int, patch: tuple[int, int]) -> list[Path]:

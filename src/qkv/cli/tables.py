@@ -18,12 +18,16 @@ def _shade(weight: float) -> str:
 
 
 def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int], *, keys: list[str] | None = None,
-                title: str | None = None, mean: bool = False) -> Table:
+                title: str | None = None, mean: bool = False, sinks: np.ndarray | None = None) -> Table:
     """For each token (row) and head (column): the token it attends to most, and how much.
 
     attn (H, n_q, n_k); keys: the columns' tokens when they are another sequence's (cross-attention:
-    the source), else the rows' own; mean: a last column for the mean of all H heads."""
+    the source), else the rows' own; mean: a last column for the mean of all H heads. sinks (H, n_q): each row's
+    share its head's sink took (attention sinks, gpt-oss), one more place a row may look most ("sink")."""
     keys = tokens if keys is None else keys
+    if sinks is not None:                                             # the sink as one more key, the last
+        attn = np.concatenate([attn, sinks[..., None].astype(attn.dtype)], axis=-1)   # (H, n_q, n_k + 1)
+        keys = list(keys) + ["sink"]
     table = Table(title=title or f"layer {layer}: where each token looks most (argmax of its attention row)",
                   title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("#", justify="right", style="grey50")
@@ -43,8 +47,10 @@ def heads_table(tokens: list[str], attn: np.ndarray, layer: int, heads: list[int
 
 
 def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limit: int = 32, *,
-                keys: list[str] | None = None, title: str | None = None) -> Table:
-    """One head's full attention matrix A (rows: queries, columns: keys, another sequence's if given), as numbers."""
+                keys: list[str] | None = None, title: str | None = None, sinks: np.ndarray | None = None) -> Table:
+    """One head's full attention matrix A (rows: queries, columns: keys, another sequence's if given), as numbers;
+    sinks (H, n_q): a last column "sink", each row's share its head's sink took (attention sinks, gpt-oss: the row's
+    weights sum to 1 − it)."""
     keys = tokens if keys is None else keys
     n, m = min(len(tokens), limit), min(len(keys), limit)
     table = Table(title=title or f"layer {layer}, head {head}: attention weights A (row = query, column = key)",
@@ -52,8 +58,12 @@ def head_matrix(tokens: list[str], attn: np.ndarray, layer: int, head: int, limi
     table.add_column("query", style="bold")
     for j in range(m):
         table.add_column(Text(_label(keys[j], 6)), justify="right", no_wrap=True)
+    if sinks is not None:
+        table.add_column(Text("sink"), justify="right", no_wrap=True, style="magenta")
     for i in range(n):
         cells = [Text(f"{attn[head, i, j]:.2f}", style=_shade(float(attn[head, i, j]))) for j in range(m)]
+        if sinks is not None:
+            cells.append(Text(f"{sinks[head, i]:.2f}", style=_shade(float(sinks[head, i]))))
         table.add_row(Text(_label(tokens[i], 10)), *cells)
     return table
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .kernels import tiled_attention
 from .masks import visible
-from .ops import softmax_, softmax_backward
+from .ops import softmax_, softmax_backward, softmax_sink_
 
 
 def causal_mask(n: int, m: int | None = None) -> np.ndarray:
@@ -100,20 +100,40 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
 def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
     *, keep_scores: bool = False, scale: float | None = None, cap: float | None = None,
+    sink: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V  (guide: scores to weighted-sum).
 
     Returns (Z, A, S): the output (B, H, n, d_k), the weights A (B, H, n, m) whose rows
     sum to 1 (or are 0 where every key is masked), and the scaled, masked scores S
     (only with keep_scores: otherwise softmax overwrites them to save memory). scale: see
-    `attention_scores`, cap: its soft-cap.
+    `attention_scores`, cap: its soft-cap. sink: (H,) each head's sink logit (gpt-oss), one more term of
+    the softmax with no value (ops.softmax_sink_): A's rows then sum to less than 1; None: none.
     """
     s = attention_scores(q, k, scale, cap)               # ①② (B, H, n, m)
     if bias is not None:
         s += bias                                        # M: -∞ on masked keys
-    a = softmax_(s.copy() if keep_scores else s)         # ③ (B, H, n, m)
+    a = softmax_of(s.copy() if keep_scores else s, sink)   # ③ (B, H, n, m)
     z = attend(a, v)                                     # ④ (B, H, n, d_k)
     return z, a, (s if keep_scores else None)
+
+
+def softmax_of(s: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
+    """A = softmax(S) in place over the last axis, S (B, H, n, m); with SINK (H,), each head's sink logit in the
+    sum too (ops.softmax_sink_; rows then sum to less than 1)."""
+    return softmax_(s) if sink is None else softmax_sink_(s, sink)
+
+
+def sink_backward(dZ: np.ndarray, Z: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """d s_h of the sink logits (H,) given dZ, Z (B, H, n, d_k) and A (B, H, n, m): the sink has no value, so
+
+        d s_h = Σ_{b,i} −p_sink · rowsum(dA ⊙ A) = −Σ_{b,i} (1 − Σ_j A_ij)·(dZ_i · Z_i)
+
+    (rowsum(dA ⊙ A) = Σ_j A_ij dZ_i·V_j = dZ_i·Z_i); Q, K, V's gradients are `attention_backward`'s, unchanged:
+    softmax_backward of A without the sink's column is the sink softmax's own on the key columns."""
+    share = 1.0 - A.sum(axis=-1, dtype=np.float64)                       # (B, H, n) the sink's share
+    rows = np.einsum("bhnd,bhnd->bhn", dZ, Z, dtype=np.float64)          # (B, H, n)
+    return (-(share * rows).sum(axis=(0, 2))).astype(dZ.dtype)          # (H,)
 
 
 def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, A: np.ndarray,
@@ -134,7 +154,7 @@ def attention_backward(dZ: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarr
     Hkv, m = k.shape[1], k.shape[2]
     G = H // Hkv
     Ag = A.reshape(B, Hkv, G * n, m)                     # (B, Hkv, G·n, m)
-    dZg = dZ.reshape(B, Hkv, G * n, dk)                  # (B, Hkv, G·n, d_k)
+    dZg = dZ.reshape(B, Hkv, G * n, dZ.shape[-1])        # (B, Hkv, G·n, d_v) (MLA's d_v ≠ d_k)
     dV = np.matmul(Ag.swapaxes(-1, -2), dZg)             # (B, Hkv, m, d_k)
     dA = np.matmul(dZg, v.swapaxes(-1, -2))              # (B, Hkv, G·n, m)
     dS = softmax_backward(dA, Ag)                        # (B, Hkv, G·n, m)
@@ -218,14 +238,16 @@ class AttentionMask:
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                     scale: float | None = None, cap: float | None = None) -> np.ndarray:
-    """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long."""
+                     scale: float | None = None, cap: float | None = None, *,
+                     sink: np.ndarray | None = None) -> np.ndarray:
+    """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long.
+    sink: (H,) each head's sink logit (gpt-oss), or None."""
     if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
         return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale,
-                               key_bias=mask.key_bias)
+                               key_bias=mask.key_bias, sink=sink)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
-        return causal_attention(q, k, v, mask, scale=scale, cap=cap)
-    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap)
+        return causal_attention(q, k, v, mask, scale=scale, cap=cap, sink=sink)
+    z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap, sink=sink)
     return z
 
 
@@ -237,7 +259,8 @@ CAUSAL_BLOCK = 64
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                     block_size: int = CAUSAL_BLOCK, scale: float | None = None, cap: float | None = None) -> np.ndarray:
+                     block_size: int = CAUSAL_BLOCK, scale: float | None = None, cap: float | None = None, *,
+                     sink: np.ndarray | None = None) -> np.ndarray:
     """Causal softmax(Q·Kᵀ/√d_k + M)·V, a block of query rows at a time, each with the keys it can see.
 
     Plain form: scaled_dot_product_attention(q, k, v, mask.bias(q.dtype))[0]. Query i sits at
@@ -246,12 +269,12 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Attentio
     """
     n, m = q.shape[2], k.shape[2]
     bias = mask.bias(q.dtype)                            # (B or 1, 1, n, m)
-    z = np.empty_like(q)                                 # (B, H, n, d_k)
+    z = np.empty(q.shape[:3] + v.shape[3:], q.dtype)    # (B, H, n, d_v): V's width (MLA's differs from d_k)
     for q0 in range(0, n, block_size):
         q1 = min(n, q0 + block_size)
         seen = m - n + q1                                # keys 0..seen-1 are visible to some row
         z[:, :, q0:q1], _, _ = scaled_dot_product_attention(
-            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen], scale=scale, cap=cap)
+            q[:, :, q0:q1], k[:, :, :seen], v[:, :, :seen], bias[:, :, q0:q1, :seen], scale=scale, cap=cap, sink=sink)
     return z
 
 
@@ -272,11 +295,12 @@ def _block_scores(qh: np.ndarray, kh: np.ndarray, mask: AttentionMask, hs: np.nd
 
 
 def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: list[int],
-                      block_size: int = 256, scale: float | None = None, cap: float | None = None
-                      ) -> tuple[np.ndarray, np.ndarray]:
+                      block_size: int = 256, scale: float | None = None, cap: float | None = None, *,
+                      sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(A, S) for some heads only, computed by blocks of query rows: (B, h, n, m) each.
 
-    For looking at a long input: memory grows with the heads asked for, not with all H.
+    For looking at a long input: memory grows with the heads asked for, not with all H. sink: (H,) every
+    head's sink logit (gpt-oss), or None.
     """
     B, H, n, dk = q.shape
     G = H // k.shape[1]
@@ -286,7 +310,7 @@ def attention_weights(q: np.ndarray, k: np.ndarray, mask: AttentionMask, heads: 
     for q0 in range(0, n, block_size):
         q1 = min(n, q0 + block_size)
         s[:, :, q0:q1] = _block_scores(qh, kh, mask, hs, q0, q1, scale, cap)
-    return softmax_(s.copy()), s
+    return softmax_of(s.copy(), None if sink is None else sink[hs]), s
 
 
 @dataclass
@@ -334,7 +358,8 @@ def top_of(a: np.ndarray, top: int) -> TopAttention:
 
 
 def attention_top(q: np.ndarray, k: np.ndarray, mask: AttentionMask, top: int, block_size: int = 256,
-                  scale: float | None = None, cap: float | None = None) -> TopAttention:
+                  scale: float | None = None, cap: float | None = None, *, sink: np.ndarray | None = None
+                  ) -> TopAttention:
     """Every head's TOP largest weights per query row, by blocks of query rows (a block's A of all heads
     at a time, (B, H, block, m)): what a long input's views keep, without L·H·n² numbers in memory."""
     B, H, n, dk = q.shape
@@ -347,6 +372,6 @@ def attention_top(q: np.ndarray, k: np.ndarray, mask: AttentionMask, top: int, b
     rest = np.empty((B, H, n), np.float32)
     for q0 in range(0, n, block_size):
         q1 = min(n, q0 + block_size)
-        t = top_of(softmax_(_block_scores(q, kh, mask, hs, q0, q1, scale, cap)), K)   # (B, H, q1 − q0, K)
+        t = top_of(softmax_of(_block_scores(q, kh, mask, hs, q0, q1, scale, cap), sink), K)   # (B, H, q1 − q0, K)
         index[:, :, q0:q1], weight[:, :, q0:q1], rest[:, :, q0:q1] = t.index, t.weight, t.rest
     return TopAttention(index, weight, rest, k.shape[2])

@@ -13,8 +13,9 @@ the final norm), T5's position bias and unscaled scores, ALiBi's bias (BLOOM, Fa
 multipliers (embeddings, each box's output before the stream, scores, logits; Cohere's logit scale), the
 encoder–decoder's cross-attention, norms before and after each box (Gemma 2/3), layers of different kinds
 (each its own window's mask and its own rotation: Context.mask_of, rope_of), soft-capped scores and logits
-(Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE: `route`, `routed_feed_forward`, read through
-`feed_forward`). Each box
+(Gemma 2), a routed FFN among experts (Mixtral, Qwen2-MoE; DeepSeek-V3's σ router with its choice bias and groups:
+`route`, `routed_feed_forward`, read through `feed_forward`), DeBERTa's disentangled attention (its c2p and p2c
+score tables added to S as the mask's position bias: core/disentangled.py). Each box
 is called as box(x, w, …) with `w` the weights of that box; `Context` (core/context.py) carries the config, the mask,
 the rotation of positions, the recorder, the KV cache, the ablation, the hooks, and for training the
 tape that blocks_backward.py (each box's backward, under the same name) reads. `logits_of` is the last
@@ -30,17 +31,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_top, attention_weights, merge_heads, top_of,
                         scaled_dot_product_attention, soft_cap_, split_heads)
-from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape
+from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape, top_k_denominator
 from .config import ModelConfig
 from .context import Context
+from .disentangled import disentangled_mask
 from ..runtime.errors import QkvError
 from .hooks import Hooks
-from .ops import ACTIVATIONS, layer_norm, rms_norm, sigmoid, softmax
+from .ops import ACTIVATIONS, clamped_glu, layer_norm, rms_norm, sigmoid, softmax, xielu
 from .positions import alibi_bias, alibi_slopes, apply_rope
 from .trace import Recorder
 from .weights import AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights
@@ -111,8 +114,10 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
         return x + weights.pos_embed[positions]          # a fixed sinusoidal table, stored (Whisper's encoder)
     if weights.W_patch is not None:
         tokens = np.asarray(tokens, dtype=weights.tok_embed.dtype)                   # (B, P, C·p·p), as the tape keeps it
-        cls = np.broadcast_to(weights.tok_embed[0], (len(tokens), 1, weights.tok_embed.shape[1]))   # (B, 1, d)
-        x = np.concatenate([cls, linear(tokens, weights.W_patch, weights.b_patch)], axis=1)   # (B, 1 + P, d_model)
+        x = linear(tokens, weights.W_patch, weights.b_patch)                          # (B, P, d_model)
+        if cfg.class_token:                                                           # SigLIP: none
+            cls = np.broadcast_to(weights.tok_embed[0], (len(tokens), 1, weights.tok_embed.shape[1]))   # (B, 1, d)
+            x = np.concatenate([cls, x], axis=1)                                      # (B, 1 + P, d_model)
     elif tokens is None:
         x = weights.tok_embed[ids]                       # (B, n, d_model) a copy; (B, n, d_embed) with embed_in, (B, n, E) with W_embed
         if cfg.embed_scale is not None:
@@ -150,6 +155,30 @@ def convolve(x: np.ndarray, w: ConvWeights) -> np.ndarray:
     return linear(windows, w.W, w.b)                                         # (B, T_out, C_out)
 
 
+def conv_activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """act of DeBERTa-v2's first-layer convolution (cfg.first_conv[1], transformers' conv_act): an FFN activation,
+    or tanh (its default)."""
+    return np.tanh if name == "tanh" else ACTIVATIONS[name]
+
+
+def conv_beside(x: np.ndarray, y: np.ndarray, w: BlockWeights, cfg: ModelConfig, real: np.ndarray | None,
+                tape: Tape | None = None, layer: int = 0) -> np.ndarray:
+    """DeBERTa-v2's convolution beside its first layer: out = Norm(y + act(conv(x ⊙ m) ⊙ m)) ⊙ m, x the block's input
+    and y its output (B, n, d_model), conv a 1-D convolution over the positions (kernel k, padding (k − 1)/2, as one
+    product: `convolve`), m the real tokens (REAL (B, n), None: all), as transformers' ConvLayer zeroes the padding.
+    tape: keeps (x ⊙ m, conv's output, the norm's input, m) as (layer, "conv") for the backward."""
+    m = None if real is None else real[..., None].astype(x.dtype)              # (B, n, 1)
+    xm = x if m is None else x * m                                              # (B, n, d_model)
+    c = convolve(xm, w.conv)                                                    # (B, n, d_model)
+    if m is not None:
+        c *= m
+    z = y + conv_activation(cfg.first_conv[1])(c)                               # (B, n, d_model)
+    if tape is not None:
+        tape.put(layer, "conv", (xm, c, z, m))
+    out = norm(z, w.conv_norm, cfg)
+    return out if m is None else out * m
+
+
 def projections(x: np.ndarray, w: AttentionWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q = X·W_Q + b_Q, K = X·W_K + b_K, V = X·W_V + b_V (guide: qkv).
 
@@ -182,6 +211,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     cfg, rec, scale = ctx.cfg, ctx.rec, ctx.scale
     mask, rope = (ctx.mask, None) if ctx.memory is not None else (ctx.mask_of(layer), ctx.rope_of(layer))
     cap = cfg.attn_softcap if ctx.memory is None else None    # Gemma 2: S = c·tanh(S/c) before the mask
+    sink = w.sinks if cfg.attn_sinks else None                # gpt-oss: (H,) sink logits in the softmax; None: none
     if w.rel_bias is not None:                                # UMT5: this layer's own table, B[h, i, j] = T[bucket, h]
         mask = replace(mask, position_bias=w.rel_bias[ctx.rel_buckets].transpose(2, 0, 1)[None], _bias={})
     pre = None                                                # q, k before their norms, for a tape
@@ -196,7 +226,7 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         q = linear(x, w.W_Q, w.b_Q)                           # (B, n_tgt, H·d_k)
         k, v = ctx.memory[layer]                              # (B, Hkv, n_src, d_k) each
     q = split_heads(q, cfg.n_heads)                           # (B, H, n, d_k)
-    if cfg.qk_norm == "head":                                 # Qwen3, Phi: each head's q and k normalised
+    if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:   # Qwen3, Phi: each head's q and k normalised
         pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # over d_k, before RoPE
     hooks = ctx.hooks                                         # None: no hook anywhere (the fast path)
@@ -206,20 +236,25 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     rec.put(layer, "k_pre_rope", k)
     if rope is not None:
         q, k = apply_rope(q, *rope, cfg.rope_interleaved), apply_rope(k, *rope, cfg.rope_interleaved)   # by position
+    if cfg.qk_norm_after_rope:                                # Hunyuan: each head's q and k normalised once turned
+        pre = (q, k)
+        q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # (B, H, n, d_k), (B, Hkv, n, d_k)
     if hooks is not None:
         q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
     if ctx.cache is not None:
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
+    if cfg.disentangled is not None and ctx.memory is None:   # DeBERTa: S = Q·Kᵀ·s + (c2p + p2c), the terms
+        mask = disentangled_mask(q, k, w, ctx, layer, mask)   # as the mask's position bias
     want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
-        z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap)
+        z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap, sink)
     elif want and rec.heads is None and not rec.beside or ctx.tape is not None:   # every head's weights (a tape
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype),         # keeps A): the plain path
-                                               keep_scores=rec.wants(layer, "scores"), scale=scale, cap=cap)
+                                               keep_scores=rec.wants(layer, "scores"), scale=scale, cap=cap, sink=sink)
     else:
-        z = attention_output(q, k, v, mask, scale, cap)       # (B, H, n, d_k) plain or tiled
+        z = attention_output(q, k, v, mask, scale, cap, sink=sink)   # (B, H, n, d_k) plain or tiled
         heads = rec.heads if rec.heads is not None else range(cfg.n_heads)
-        a, s = attention_weights(q, k, mask, heads, scale=scale, cap=cap) if want else (None, None)
+        a, s = attention_weights(q, k, mask, heads, scale=scale, cap=cap, sink=sink) if want else (None, None)
     if ctx.ablate is not None:                                # (B, H, n, d_k) ablated heads replaced
         z = ctx.ablate.apply(layer, z, ctx.query_mask if ctx.memory is not None
                              else None if mask.key_mask is None else mask.key_mask[:, -z.shape[2]:])
@@ -229,11 +264,12 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         rec.put(layer, name, value)
     if rec.wants(layer, "attention_top"):                     # each row's largest weights: from A if it is there
         rec.put(layer, "attention_top", top_of(a, rec.top) if a is not None and rec.heads is None
-                else attention_top(q, k, mask, rec.top, scale=scale, cap=cap))
+                else attention_top(q, k, mask, rec.top, scale=scale, cap=cap, sink=sink))
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
-    if ctx.tape is not None:
-        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, rope, pre,
-                                                  cfg.position == "relative" and mask.position_bias is not None))
+    if ctx.tape is not None:                                  # a learned bias (T5's, UMT5's, MPNet's), not ALiBi's
+        learned = mask.position_bias is not None and cfg.position != "alibi" and cfg.disentangled is None
+        ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, rope, pre, learned,
+                                                  relative=ctx.relative))   # DeBERTa: its terms' own backward
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
 
 
@@ -244,28 +280,40 @@ def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConf
              split_heads(linear(encoded, b.cross_attn.W_V, b.cross_attn.b_V), cfg.n_kv_heads)) for b in blocks]
 
 
+def activation_of(w: FFNWeights, cfg: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """act of the FFN W: the config's activation (ops.ACTIVATIONS), or xIELU with W's own learned scalars
+    (cfg.activation "xielu": Apertus, ops.xielu), so every reader of a neuron's act(u) calls this one."""
+    if cfg.activation != "xielu":
+        return ACTIVATIONS[cfg.activation]
+    p = w.xielu
+    return lambda u: xielu(u, p.alpha_p, p.alpha_n, p.beta, p.eps)
+
+
 def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, tape: Tape | None = None,
                  layer: int = 0, rec: Recorder | None = None, hooks: Hooks | None = None) -> np.ndarray:
-    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate) ⊙ x·W_in)·W_out; a MoE layer's
+    """FFN(x) = act(x·W_in + b)·W_out + b, or gated (SwiGLU): (act(x·W_gate + b_gate) ⊙ (x·W_in + b_in))·W_out + b_out
+    (the biases where the model has them: Llama's mlp_bias); a MoE layer's
     (w a MoEWeights) is `routed_feed_forward`. The hidden h = act(x·W_in + b) (B, n, d_ff) is "neurons": h_i is
     neuron i's coefficient on its output vector W_out[i] (a key–value memory, Geva et al. 2021), hooked
     (`hooks`; a replacement is what W_out reads: neuron ablation) and then recorded (`rec`); what the activation
-    reads, x·W_in + b (gated: x·W_gate), is "ffn_pre", hooked and recorded before it. A MoE layer has
+    reads, x·W_in + b (gated: x·W_gate + b_gate), is "ffn_pre", hooked and recorded before it. A MoE layer has
     no single d_ff hidden (each token's k experts have their own): it records none, and qkv.core.hooks
     refuses a hook on it. tape: where to keep what the backward reads, as (layer, "ffn"); None: nothing
     kept. rec: where the hidden, or a routed FFN's router choice, is recorded; None: nowhere."""
     if isinstance(w, MoEWeights):
         return routed_feed_forward(x, w, cfg, tape, layer, rec)
-    act = ACTIVATIONS[cfg.activation]
+    act = activation_of(w, cfg)                              # the config's, or xIELU with w's scalars (Apertus)
     if w.W_gate_in is not None:                              # laid out by qkv.core.layout: one product,
         gate_in = linear(x, w.W_gate_in)                     # (B, n, 2·d_ff) = [x·W_gate | x·W_in]
         d_ff = w.W_in.shape[1]
         u, g = gate_in[..., d_ff:], gate_in[..., :d_ff]     # x·W_in, x·W_gate
         if w.b_in is not None:
             u += w.b_in
+        if w.b_gate is not None:                             # Llama's mlp_bias: x·W_gate + b_gate
+            g += w.b_gate
     else:
         u = linear(x, w.W_in, w.b_in)                        # (B, n, d_ff)
-        g = None if w.W_gate is None else linear(x, w.W_gate)
+        g = None if w.W_gate is None else linear(x, w.W_gate, w.b_gate)
     if hooks is not None and hooks.wants(layer, "ffn_pre"):  # what the activation reads, e.g. a neuron's input
         if g is None:
             u = hooks(layer, "ffn_pre", u)
@@ -275,6 +323,8 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
         rec.put(layer, "ffn_pre", u if g is None else g)     # kept only when asked for (trace.OPT_IN)
     if g is None:
         h = act(u)
+    elif cfg.glu_limit is not None:                          # gpt-oss: min(g, c)·σ(α·min(g, c)) ⊙ (clip(u, ±c) + 1)
+        h = clamped_glu(g, u, cfg.glu_alpha, cfg.glu_limit)
     else:
         h = act(g)                                           # act(x·W_gate)
         h *= u                                               # ⊙ (x·W_in + b_in)
@@ -289,26 +339,60 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
 
 
 def route(x: np.ndarray, w: MoEWeights, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The router of a MoE layer: x (N, d_model) → (p (N, E), chosen (N, k), weights (N, k)).
+    """The router of a MoE layer: x (N, d_model) → (s (N, E), chosen (N, k), weights (N, k)).
 
-        p = softmax(x·W_router)         each token's probability of each expert
-        chosen = the k largest of p     most probable first, as torch.topk gives them; among exactly
-                                        equal probabilities the lower expert first (torch.topk's order
-                                        there is its sort's own; only a degenerate router, e.g. all zero, ties)
-        weights = p[chosen] / Σ p[chosen]   where cfg.norm_top_k (Mixtral always), else p[chosen]
+        s = softmax(x·W_router)         each token's probability of each expert (Mixtral, Qwen, Ernie 4.5; gpt-oss:
+                                        x·W_router + b_router, the weights then = softmax of the top-k logits), or
+            σ(x·W_router)               each expert's own score (cfg.router_score "sigmoid": DeepSeek-V3, dots1)
+        r = s + b_choice                what the choice ranks (cfg.expert_choice_bias; else r = s)
+            r of the experts outside the best expert_groups_kept groups = −∞, a group ranked by the sum of
+            its two highest r (cfg.expert_groups > 1: DeepSeek-V3's group-limited choice, `kept_groups`)
+        chosen = the k largest of r     highest first; among exactly equal ranks the lower expert first
+                                        (torch.topk's order there is its sort's own; only a degenerate router,
+                                        e.g. all zero, ties)
+        weights = s[chosen] / D · c     D = max(Σ s[chosen], norm_top_k_min) (+ 1e-20 for sigmoid scores) where
+                                        cfg.norm_top_k (Mixtral always), else D = 1; c = cfg.routed_scaling
+    The bias and the groups steer which experts run, never how much each one's output weighs.
     """
-    p = softmax(x @ w.W_router)                                  # (N, E)
-    chosen = np.argsort(-p, axis=-1, kind="stable")[:, :cfg.experts_per_token]   # (N, k)
-    weights = np.take_along_axis(p, chosen, axis=-1)             # (N, k)
+    logits = x @ w.W_router                                      # (N, E)
+    if w.b_router is not None:                                   # gpt-oss: x·W_router + b_router
+        logits += w.b_router
+    s = sigmoid(logits) if cfg.router_score == "sigmoid" else softmax(logits)   # (N, E)
+    r = s if w.b_choice is None else s + w.b_choice              # (N, E) what the choice ranks
+    if cfg.expert_groups > 1:
+        r = np.where(kept_groups(r, cfg), r, -np.inf)            # (N, E) the experts of the other groups out
+    chosen = np.argsort(-r, axis=-1, kind="stable")[:, :cfg.experts_per_token]   # (N, k)
+    weights = np.take_along_axis(s, chosen, axis=-1)             # (N, k)
     if cfg.norm_top_k:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
-    return p, chosen, weights
+        weights = weights / top_k_denominator(weights, cfg)[0]
+    if cfg.routed_scaling != 1:
+        weights = weights * cfg.routed_scaling
+    return s, chosen, weights
+
+
+def kept_groups(r: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """Which experts (N, E) lie in the expert_groups_kept groups of highest score: the E experts in
+    cfg.expert_groups groups of E/G in order, a group's score the sum of its two highest ranks r (N, E) (its highest:
+    cfg.expert_group_score "max", DeepSeek-V2); among equal group scores the lower group first."""
+    N, E = r.shape
+    G = cfg.expert_groups
+    groups = r.reshape(N, G, E // G)                             # (N, G, E/G)
+    if cfg.expert_group_score == "max":
+        score = groups.max(axis=-1)                              # (N, G)
+    else:
+        top2 = -np.partition(-groups, 1, axis=-1)[..., :2]       # (N, G, 2) each group's two highest
+        score = top2.sum(axis=-1)                                # (N, G)
+    best = np.argsort(-score, axis=-1, kind="stable")[:, :cfg.expert_groups_kept]   # (N, kept)
+    keep = np.zeros((N, G), dtype=bool)
+    np.put_along_axis(keep, best, True, axis=-1)
+    return np.repeat(keep, E // G, axis=-1)                      # (N, E)
 
 
 def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Tape | None = None, layer: int = 0,
                         rec: Recorder | None = None) -> np.ndarray:
     """MoE(x) = Σ_j w_j·FFN_{e_j}(x) over the k experts the router chose for each token (`route`),
-    + σ(x·W_shared_gate)·FFN_shared(x) with a shared expert (Qwen2-MoE). Each expert is the gated FFN
+    + σ(x·W_shared_gate)·FFN_shared(x) with a shared expert (Qwen2-MoE; without its gate, cfg.shared_expert_gate
+    false: + FFN_shared(x), DeepSeek, dots1, Ernie 4.5). Each expert is the gated FFN
     (`feed_forward`) run on the rows sent to it only, so a one-token step reads only its k experts'
     weights; the sum goes expert by expert, as transformers adds them. rec: records "router",
     "experts", "expert_weights"; tape: keeps (layer, "ffn") a MoETape for the backward."""
@@ -328,8 +412,8 @@ def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Ta
     if w.shared is not None:
         t = None if tape is None else Tape()
         s = feed_forward(x2, w.shared, cfg, t, layer)            # (N, d_model)
-        sg = sigmoid(x2 @ w.W_shared_gate)                       # (N, 1) its gate σ(x·w)
-        out += sg * s
+        sg = sigmoid(x2 @ w.W_shared_gate) if cfg.shared_expert_gate else None   # (N, 1) its gate σ(x·w)
+        out += s if sg is None else sg * s
         shared = None if t is None else (t.pop(layer, "ffn"), s, sg)
     if tape is not None:
         tape.put(layer, "ffn", MoETape(x2, p, chosen, gate, kept, shared))

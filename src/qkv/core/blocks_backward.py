@@ -7,6 +7,7 @@ same names, and the `Tape` a forward pass fills for them when asked (`Context.ta
     Q, K, V = N·W_Q, N·W_K, N·W_V                    projections: dW_Q = Nᵀ·dQ …, dN = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ
     Q, K ← RoPE(Q), RoPE(K)                          positions.apply_rope_backward (the opposite turn)
     Z = softmax(Q·Kᵀ/√d_k + M)·V                     attention.attention_backward (dS = A ⊙ (dA − rowsum(dA ⊙ A)))
+    (+ a sink logit s_h in the softmax, gpt-oss)     attention.sink_backward: d s_h = −Σ (1 − Σ_j A)·(dZ·Z)
     S += B (T5's learned position bias)              position_bias: dB = Σ_batch dS
     O = Concat(Z)·W_O + b_O                          linear: dW_O = Zᵀ·dO, dZ = dO·W_Oᵀ, db_O = Σ dO
     F = act(N·W_in + b)·W_out (+ SwiGLU gate)        feed_forward: ops.*_backward of the activation
@@ -39,11 +40,14 @@ from typing import Callable
 
 import numpy as np
 
-from .attention import attention_backward, merge_heads, split_heads
+from .attention import attention_backward, merge_heads, sink_backward, split_heads
 from .config import ModelConfig
-from .ops import ACTIVATION_BACKWARDS, ACTIVATIONS, layer_norm_backward, rms_norm_backward, softmax_backward
+from .disentangled import RelativeTable, terms_backward
+from .ops import (ACTIVATION_BACKWARDS, ACTIVATIONS, clamped_glu_backward, layer_norm_backward, rms_norm,
+                  rms_norm_backward, softmax_backward, xielu_backward)
 from .positions import apply_rope_backward
-from .weights import AttentionWeights, BlockWeights, FFNWeights, MoEWeights, NormWeights, Weights
+from .weights import (AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights,
+                      XIELUWeights)
 
 
 # ── what the forward keeps ───────────────────────────────────────────────────────
@@ -62,6 +66,10 @@ class AttentionTape:
     pre: tuple[np.ndarray, np.ndarray] | None = None   # q, k before their norms (cfg.qk_norm); None: no such norm
     biased: bool = False                           # T5's learned position bias B was added (not a fixed one)
     d_bias: np.ndarray | None = None               # its gradient dS summed over the batch (H, n, m), set by the backward
+    relative: RelativeTable | None = None          # DeBERTa: the relative table the position terms read (cfg.disentangled)
+    d_rel: np.ndarray | None = None                # the table's gradient from this layer (2k, d_model), set by the backward
+    latent: tuple[np.ndarray | None, np.ndarray] | None = None   # MLA: q's latent (B, n, r_q) or None and the K/V
+                                                   # latent (B, 1, n, r_kv), each before its norm; k, v (B, H, n, ·)
 
 
 @dataclass
@@ -70,7 +78,7 @@ class FFNTape:
 
     x: np.ndarray                 # (B, n, d_model)
     u: np.ndarray                 # (B, n, d_ff) x·W_in + b_in
-    g: np.ndarray | None          # (B, n, d_ff) x·W_gate (SwiGLU), else None
+    g: np.ndarray | None          # (B, n, d_ff) x·W_gate + b_gate (SwiGLU), else None
     h: np.ndarray                 # (B, n, d_ff) act(u), or act(g) ⊙ u
 
 
@@ -80,7 +88,7 @@ class MoETape:
     expert that some token went to: (expert, its rows, e's place in their k, its FFNTape, its output)."""
 
     x: np.ndarray                 # (N, d_model), N = B·n
-    p: np.ndarray                 # (N, E) softmax(x·W_router)
+    p: np.ndarray                 # (N, E) the router's scores s: softmax(x·W_router), or σ(x·W_router) each
     chosen: np.ndarray            # (N, k)
     gate: np.ndarray              # (N, k) the weights of the chosen experts' outputs
     experts: list[tuple[int, np.ndarray, np.ndarray, FFNTape, np.ndarray]]   # (e, rows (r,), slot (r,), tape, y (r, d))
@@ -197,24 +205,95 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
     """dX and the gradients of W_Q, W_K, W_V, W_O (and biases) from dL/dMultiHead(X); GQA/MQA, RoPE (full or
     partial) and the mask (causal, window, padding) come in through A and the tape's rotation; q/k norms
     (cfg.qk_norm: each head's, Qwen3, or the whole projection's, OLMo 2) through the tape's q, k before them."""
+    if t.latent is not None:                                           # MLA (DeepSeek): its own box
+        return latent_attention(dout, w, t, cfg)
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_k)
     dz = split_heads(dz, t.q.shape[1])                                 # (B, H, n, d_k)
     dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a, None if cfg is None else cfg.score_scale,
                                     None if cfg is None else cfg.attn_softcap)
+    d_sinks = (sink_backward(dz, split_heads(t.z, t.q.shape[1]), t.a)   # (H,) gpt-oss's sink logits
+               if w.sinks is not None and cfg is not None and cfg.attn_sinks else None)
     if t.biased:
         t.d_bias = position_bias(dz, t)                                # (H, n, m)
+    g_rel = {}
+    if t.relative is not None:                                         # DeBERTa: S's c2p, p2c back to q, k, the table
+        dq_r, dk_r, t.d_rel, g_rel = terms_backward(score_grad(dz, t), t.q, t.k, w, t.relative, cfg.disentangled,
+                                                    cfg.score_scale)
+        dq += dq_r
+        dk += dk_r
+    g_qn = g_kn = None
+    after = cfg is not None and cfg.qk_norm_after_rope   # Hunyuan: the norms came after RoPE: back through them first
+    if after:
+        (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
     if t.rope is not None:
         turn = cfg is not None and cfg.rope_interleaved              # GPT-J, Cohere: pairs (2i, 2i+1)
         dq, dk = apply_rope_backward(dq, *t.rope, turn), apply_rope_backward(dk, *t.rope, turn)
-    g_qn = g_kn = None
-    if t.pre is not None and t.pre[0].ndim == 4:          # each head's: (B, H, n, d_k)
+    if t.pre is not None and t.pre[0].ndim == 4 and not after:    # each head's: (B, H, n, d_k)
         (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
     dq, dk, dv = merge_heads(dq), merge_heads(dk), merge_heads(dv)   # (B, n, H·d_k), (B, n, Hkv·d_k) × 2
     if t.pre is not None and t.pre[0].ndim == 3:          # the whole projection's: (B, n, H·d_k)
         (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
     dx, g = projections(dq, dk, dv, t.x, w)
-    g.W_O, g.b_O, g.q_norm, g.k_norm = dW_O, db_O, g_qn, g_kn
+    g.W_O, g.b_O, g.q_norm, g.k_norm, g.sinks = dW_O, db_O, g_qn, g_kn, d_sinks
+    for name, value in g_rel.items():              # W_Kr, b_Kr, W_Qr, b_Qr; or (share_att_key) more for W_K, b_K, …
+        have = getattr(g, name)
+        if value is not None:
+            setattr(g, name, value if have is None else have + value)
     return dx, g
+
+
+def latent_attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: ModelConfig
+                     ) -> tuple[np.ndarray, AttentionWeights]:
+    """dX and the gradients of multi-head latent attention's weights (latent.latent_attention), the forward backwards:
+
+        dZ, dW_O = back through Concat(Z)·W_O;  dQ, dK, dV = attention_backward (V d_v wide)
+        dk_R = Σ_h dK_h[d_nope:], turned back (one key for every head);  [dK_nope | dV] → c·W_KV_b: dc, dW_KV_b
+        dc through c = Norm(x·W_V + b_V): rms_norm_backward (ε latent_norm_eps) → d(x·W_V), dγ
+        dQ's turned part turned back;  with q's latent: through Norm(x·W_Q + b_Q)·W_Q_b alike
+        dX = d(x·W_Q)·W_Qᵀ + d(x·W_K)·W_Kᵀ + d(x·W_V)·W_Vᵀ (`projections`)
+    """
+    H, d_nope, eps = cfg.n_heads, cfg.d_head - cfg.rotary_dim, cfg.latent_norm_eps
+    q_raw, c_raw = t.latent
+    dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n, H·d_v)
+    dz = split_heads(dz, H)                                            # (B, H, n, d_v)
+    dq, dk, dv = attention_backward(dz, t.q, t.k, t.v, t.a, cfg.score_scale)
+    dk_rot = latent_rope_backward(dk[..., d_nope:].sum(axis=1, keepdims=True), t.rope, cfg)   # (B, 1, n, d_rot)
+    dq = np.concatenate([dq[..., :d_nope], latent_rope_backward(dq[..., d_nope:], t.rope, cfg)], axis=-1)
+    c = rms_norm(c_raw, w.kv_latent_norm.weight, eps)[:, 0]           # (B, n, r_kv)
+    dc, dW_KV_b, _ = linear(merge_heads(np.concatenate([dk[..., :d_nope], dv], axis=-1)), c, w.W_KV_b, False)
+    dc_raw, dg_kv = rms_norm_backward(dc, c_raw[:, 0], w.kv_latent_norm.weight, eps)   # (B, n, r_kv)
+    dq = merge_heads(dq)                                               # (B, n, H·d_k)
+    dW_Q_b = dg_q = None
+    if w.W_Q_b is not None:                                            # q's own latent
+        dqn, dW_Q_b, _ = linear(dq, rms_norm(q_raw, w.q_latent_norm.weight, eps), w.W_Q_b, False)
+        dq, dg_q = rms_norm_backward(dqn, q_raw, w.q_latent_norm.weight, eps)          # (B, n, r_q)
+    dx, g = projections(dq, dk_rot[:, 0], dc_raw, t.x, w)
+    g.W_O, g.b_O, g.W_KV_b, g.W_Q_b = dW_O, db_O, dW_KV_b, dW_Q_b
+    g.kv_latent_norm = NormWeights(dg_kv)
+    g.q_latent_norm = None if dg_q is None else NormWeights(dg_q)
+    return dx, g
+
+
+def latent_rope_backward(dy: np.ndarray, rope: tuple[np.ndarray, np.ndarray] | None, cfg: ModelConfig) -> np.ndarray:
+    """dx of latent.latent_rope: the turn back, then (rope_deinterleave) the halves laid out as pairs again."""
+    if rope is None:
+        return dy
+    dx = apply_rope_backward(dy, *rope, cfg.rope_interleaved)
+    if cfg.rope_deinterleave:                                          # [x_0, x_2, …, x_1, x_3, …] → x
+        half = dx.shape[-1] // 2
+        out = np.empty_like(dx)
+        out[..., 0::2], out[..., 1::2] = dx[..., :half], dx[..., half:]
+        return out
+    return dx
+
+
+def score_grad(dz: np.ndarray, t: AttentionTape) -> np.ndarray:
+    """dS (B, H, n, m) of S = … (+ a bias that varies per row of the batch: DeBERTa's position terms) from dZ:
+    A ⊙ (dA − rowsum(dA ⊙ A)), dA = dZ·Vᵀ (attention_backward's own dS, for the terms' backward)."""
+    B, H, n, dk = dz.shape
+    Hkv = t.v.shape[1]
+    dA = np.matmul(dz.reshape(B, Hkv, -1, dk), t.v.swapaxes(-1, -2))           # (B, Hkv, G·n, m)
+    return softmax_backward(dA, t.a.reshape(dA.shape)).reshape(B, H, n, -1)    # (B, H, n, m)
 
 
 def position_bias(dz: np.ndarray, t: AttentionTape) -> np.ndarray:
@@ -230,19 +309,30 @@ def position_bias(dz: np.ndarray, t: AttentionTape) -> np.ndarray:
 
 def feed_forward(dout: np.ndarray, w: FFNWeights | MoEWeights, t: FFNTape | MoETape, cfg: ModelConfig
                  ) -> tuple[np.ndarray, FFNWeights | MoEWeights]:
-    """dx and the FFN's gradients. Plain: du = act'(u) ⊙ dh. Gated: du = dh ⊙ act(g), dg = act'(g) ⊙ dh ⊙ u,
+    """dx and the FFN's gradients. Plain: du = act'(u) ⊙ dh. Gated: du = dh ⊙ act(g), dg = act'(g) ⊙ dh ⊙ u
+    (db_gate = Σ dg over tokens, as db_in = Σ du),
     through [W_gate | W_in] in one product when the weights are laid out so (W_gate_in). A routed FFN's
     (w a MoEWeights): `routed_feed_forward`."""
     if isinstance(w, MoEWeights):
         return routed_feed_forward(dout, w, t, cfg)
-    act_backward = ACTIVATION_BACKWARDS[cfg.activation]
     dh, dW_out, db_out = linear(dout, t.h, w.W_out, w.b_out is not None)    # (B, n, d_ff)
+    if w.xielu is not None:                               # Apertus: xIELU with this FFN's learned a_p, a_n
+        p = w.xielu
+        du, da_p, da_n = xielu_backward(dh, t.u, p.alpha_p, p.alpha_n, p.beta, p.eps)
+        dx, dW_in, db_in = linear(du, t.x, w.W_in, w.b_in is not None)
+        return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out,
+                              xielu=XIELUWeights(alpha_p=da_p, alpha_n=da_n))
+    act_backward = ACTIVATION_BACKWARDS[cfg.activation]
     if t.g is None:
         dx, dW_in, db_in = linear(act_backward(dh, t.u), t.x, w.W_in, w.b_in is not None)
         return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out)
-    du = dh * ACTIVATIONS[cfg.activation](t.g)
-    dg = act_backward(dh * t.u, t.g)
+    if cfg.glu_limit is not None:                         # gpt-oss's clamped SwiGLU (ops.clamped_glu_backward)
+        dg, du = clamped_glu_backward(dh, t.g, t.u, cfg.glu_alpha, cfg.glu_limit)
+    else:
+        du = dh * ACTIVATIONS[cfg.activation](t.g)
+        dg = act_backward(dh * t.u, t.g)
     db_in = None if w.b_in is None else np.add.reduce(du.reshape(-1, du.shape[-1]), axis=0)
+    db_gate = None if w.b_gate is None else np.add.reduce(dg.reshape(-1, dg.shape[-1]), axis=0)   # (d_ff,)
     if w.W_gate_in is not None:                           # [dg | du]·[W_gate | W_in]ᵀ
         dx, dW, _ = linear(np.concatenate([dg, du], axis=-1), t.x, w.W_gate_in, False)
         d_ff = du.shape[-1]
@@ -251,19 +341,20 @@ def feed_forward(dout: np.ndarray, w: FFNWeights | MoEWeights, t: FFNTape | MoET
         dx, dW_in, _ = linear(du, t.x, w.W_in, False)
         dx_g, dW_gate, _ = linear(dg, t.x, w.W_gate, False)
         dx += dx_g
-    return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate)
+    return dx, FFNWeights(W_in=dW_in, W_out=dW_out, b_in=db_in, b_out=db_out, W_gate=dW_gate, b_gate=db_gate)
 
 
 def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelConfig) -> tuple[np.ndarray, MoEWeights]:
     """dx and the routed FFN's gradients, of out = Σ_j g_j·y_j + σ(x·W_s)·FFN_s(x), y_j = FFN_{e_j}(x):
 
         dy_j = g_j·dout → each chosen expert's FFN backward (an expert no token chose gets zeros)
-        dg_j = dout·y_j;  renormalised (g = q / Σq, q = p[chosen]): dq = (dg − Σ_j g_j·dg_j) / Σq, else dq = dg
-        dp = dq at the chosen experts, 0 elsewhere;  dlogits = softmax_backward(dp, p)
+        dg_j = dout·y_j;  g = c·q / D, q = s[chosen] (`route_backward`): dq = (c·dg − Σ_j g_j·dg_j) / D
+        ds = dq at the chosen experts, 0 elsewhere;  dlogits = softmax_backward(ds, s), or ds·s(1 − s) (sigmoid)
         dW_router = xᵀ·dlogits,  dx += dlogits·W_routerᵀ
-        shared: d FFN_s = σ·dout, dz = (dout·FFN_s(x))·σ(1 − σ), dW_s = xᵀ·dz, dx += dz·W_sᵀ
+        shared: d FFN_s = σ·dout, dz = (dout·FFN_s(x))·σ(1 − σ), dW_s = xᵀ·dz, dx += dz·W_sᵀ (ungated: σ = 1)
     Which k experts a token goes to is a step function of x: it has no gradient (as in torch, where
-    topk's indices are constants); the gradient flows through the chosen experts and the weights p gives them.
+    topk's indices are constants); the gradient flows through the chosen experts and the weights s gives them.
+    The choice bias b_choice, the groups' ranking and the choice itself get none (b_choice's gradient: None).
     """
     shape = dout.shape
     d2 = dout.reshape(-1, shape[-1])                            # (N, d_model)
@@ -278,25 +369,52 @@ def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelC
         if g is None:                                           # no token went to expert e
             f = w.experts[e]
             grads[e] = FFNWeights(W_in=np.zeros_like(f.W_in), W_out=np.zeros_like(f.W_out),
-                                  W_gate=None if f.W_gate is None else np.zeros_like(f.W_gate))
-    dq = dgate
-    if cfg.norm_top_k:                                          # g = q / Σq
-        q = np.take_along_axis(t.p, t.chosen, axis=-1)          # (N, k)
-        dq = (dgate - np.einsum("nk,nk->n", dgate, t.gate)[:, None]) / q.sum(axis=-1, keepdims=True)
+                                  W_gate=None if f.W_gate is None else np.zeros_like(f.W_gate),
+                                  **{b: np.zeros_like(getattr(f, b)) for b in ("b_in", "b_out", "b_gate")
+                                     if getattr(f, b) is not None})   # gpt-oss's experts' biases
+    dq = route_backward(dgate, t, cfg)                          # (N, k)
     dp = np.zeros_like(t.p)                                     # (N, E)
     np.put_along_axis(dp, t.chosen, dq, axis=-1)
-    dlogits = softmax_backward(dp, t.p)                         # (N, E)
-    dx_r, dW_router, _ = linear(dlogits, t.x, w.W_router, False)
+    dlogits = dp * t.p * (1 - t.p) if cfg.router_score == "sigmoid" else softmax_backward(dp, t.p)   # (N, E)
+    dx_r, dW_router, db_router = linear(dlogits, t.x, w.W_router, w.b_router is not None)   # gpt-oss: its bias
     dx += dx_r
     g_shared = dW_gate = None
     if t.shared is not None:
         tape, s, sg = t.shared
-        dx_s, g_shared = feed_forward(d2 * sg, w.shared, tape, cfg)
-        dz = np.einsum("nd,nd->n", d2, s)[:, None] * sg * (1 - sg)   # (N, 1)
-        dx_g, dW_gate, _ = linear(dz, t.x, w.W_shared_gate, False)
+        dx_s, g_shared = feed_forward(d2 if sg is None else d2 * sg, w.shared, tape, cfg)
         dx += dx_s
-        dx += dx_g
-    return dx.reshape(shape), MoEWeights(W_router=dW_router, experts=grads, shared=g_shared, W_shared_gate=dW_gate)
+        if sg is not None:                                      # its gate σ(x·W_s) (Qwen2-MoE)
+            dz = np.einsum("nd,nd->n", d2, s)[:, None] * sg * (1 - sg)   # (N, 1)
+            dx_g, dW_gate, _ = linear(dz, t.x, w.W_shared_gate, False)
+            dx += dx_g
+    return dx.reshape(shape), MoEWeights(W_router=dW_router, experts=grads, shared=g_shared, W_shared_gate=dW_gate,
+                                         b_router=db_router)
+
+
+def top_k_denominator(q: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(D, Σ) (N, 1) each of the chosen scores q (N, k), blocks.route's renormalisation g = q / D (kept here
+    beside its backward): Σ = Σq, + 1e-20 for sigmoid scores (transformers' DeepSeek-V3 and dots1 routers);
+    D = max(Σ, cfg.norm_top_k_min) (Ernie 4.5's moe_norm_min; 0: D = Σ)."""
+    total = q.sum(axis=-1, keepdims=True)                        # (N, 1)
+    if cfg.router_score == "sigmoid":
+        total += 1e-20
+    return (np.maximum(total, cfg.norm_top_k_min) if cfg.norm_top_k_min else total), total
+
+
+def route_backward(dgate: np.ndarray, t: MoETape, cfg: ModelConfig) -> np.ndarray:
+    """dq (N, k) of the chosen scores q = s[chosen] from dL/d(the weights) dg (N, k), blocks.route's
+    g = c·q / D: D = max(Σq (+ 1e-20 sigmoid), norm_top_k_min) renormalised (norm_top_k), else D = 1;
+    c = routed_scaling. ∂g_i/∂q_j = c·δ_ij / D − g_i / D · ∂D/∂Σq, so dq = (c·dg − [∂D/∂Σq]·Σ_i dg_i·g_i) / D,
+    ∂D/∂Σq = 1, but 0 where the floor norm_top_k_min holds D (as torch's clamp)."""
+    c = cfg.routed_scaling
+    if not cfg.norm_top_k:
+        return dgate * c if c != 1 else dgate
+    q = np.take_along_axis(t.p, t.chosen, axis=-1)              # (N, k)
+    D, total = top_k_denominator(q, cfg)                        # (N, 1) each
+    through = np.einsum("nk,nk->n", dgate, t.gate)[:, None]     # (N, 1) Σ_i dg_i·g_i
+    if cfg.norm_top_k_min:
+        through = np.where(total >= cfg.norm_top_k_min, through, 0.0)
+    return (c * dgate - through) / D
 
 
 def residual(dy: np.ndarray, w: NormWeights, cfg: ModelConfig, norm_in: np.ndarray,
@@ -374,6 +492,9 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
             return box_backward(d)
         return back_box
 
+    d_beside = g_conv = g_conv_norm = None
+    if w.conv is not None:                                # DeBERTa-v2: back through the convolution beside layer 0
+        dy, d_beside, g_conv, g_conv_norm = conv_beside(dy, w, tape.pop(layer, "conv"), cfg)
     attn_tape = tape.pop(layer, "attn")
     attn_back = through("attn_out", w.attn_out_norm, lambda d: boxes.attention(d, w.attn, attn_tape, cfg))
     ffn_back = (through("ffn_out", w.ffn_out_norm, lambda d: feed_forward(d, w.ffn, tape.pop(layer, "ffn"), cfg))
@@ -402,9 +523,39 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
     dx, g_attn_norm, g_attn = residual(dx, w.attn_norm, cfg, tape.pop(layer, "attn_norm"), attn_back, norm)
     if attn_tape.d_bias is not None:                      # T5: dB of the stack's shared bias, for its pass to collect
         tape.put(layer, "d_position_bias", attn_tape.d_bias)
+    if attn_tape.d_rel is not None:                       # DeBERTa: dP of the relative table, for the pass to collect
+        tape.put(layer, "d_relative", attn_tape.d_rel)
+    if d_beside is not None:
+        dx += d_beside                                    # the block's input read by the convolution too
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
                             cross_attn=g_cross, cross_norm=g_cross_norm, attn_out_norm=out_norms.get("attn_out"),
-                            ffn_out_norm=out_norms.get("ffn_out")), d_kv
+                            ffn_out_norm=out_norms.get("ffn_out"), conv=g_conv, conv_norm=g_conv_norm), d_kv
+
+
+def conv_beside(dout: np.ndarray, w: BlockWeights, t: tuple, cfg: ModelConfig
+                ) -> tuple[np.ndarray, np.ndarray, ConvWeights, NormWeights]:
+    """The backward of blocks.conv_beside, out = Norm(y + act(c)) ⊙ m with c = conv(x ⊙ m) ⊙ m: (dy of the block's
+    own output, dx of its input through the convolution, the convolution's and the norm's gradients).
+
+        dz = Norm'ᵀ(dout ⊙ m)      dy = dz      dc = act'(c) ⊙ dz ⊙ m
+        c = windows(x ⊙ m)·W + b   →  dW = windowsᵀ·dc, db = Σ dc, d(x ⊙ m) = each window's share of dc·Wᵀ"""
+    xm, c, z, m = t
+    d = dout if m is None else dout * m
+    dz, g_norm = norm(d, z, w.conv_norm, cfg)                            # (B, n, d_model)
+    act = cfg.first_conv[1]
+    dc = dz * (1 - np.tanh(c) ** 2) if act == "tanh" else ACTIVATION_BACKWARDS[act](dz, c)
+    if m is not None:
+        dc = dc * m
+    conv = w.conv
+    B, T, C = xm.shape
+    padded = np.pad(xm, ((0, 0), (conv.padding, conv.padding), (0, 0)))
+    windows = np.concatenate([padded[:, j:j + T] for j in range(conv.kernel)], axis=-1)   # (B, T, k·C), stride 1
+    dwin, dW, db = linear(dc, windows, conv.W, True)                     # (B, T, k·C)
+    dpad = np.zeros_like(padded)
+    for j in range(conv.kernel):                                         # window j read rows j … j + T − 1
+        dpad[:, j:j + T] += dwin[..., j * C:(j + 1) * C]
+    dx = dpad[:, conv.padding:conv.padding + T]
+    return dz, (dx if m is None else dx * m), ConvWeights(dW, db, conv.kernel, conv.stride, conv.padding), g_norm
 
 
 # ── which backwards `block` runs ─────────────────────────────────────────────────
@@ -535,8 +686,10 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
     d_tok = np.zeros_like(weights.tok_embed) if d_tok is None else d_tok      # (V, d_model)
     d_rows = dx
     if weights.W_patch is not None:                                            # ViT: X = [E[0]; patches·W + b] + P
-        d_tok[0] += dx[:, 0].sum(axis=0)                                       # [CLS]
-        d_rows, d_W, d_b = linear(dx[:, 1:], t.tokens, weights.W_patch, True)  # (B, P, C·p·p), (C·p·p, d), (d,)
+        first = 1 if cfg.class_token else 0                                    # SigLIP: no [CLS]
+        if first:
+            d_tok[0] += dx[:, 0].sum(axis=0)                                   # [CLS]
+        d_rows, d_W, d_b = linear(dx[:, first:], t.tokens, weights.W_patch, True)   # (B, P, C·p·p), (C·p·p, d), (d,)
         if grads is not None:
             grads |= {"W_patch": d_W, "b_patch": d_b}
     else:

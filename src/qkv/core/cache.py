@@ -10,6 +10,11 @@ table that changes with the sequence's length (LongRoPE: short factors up to its
 long ones past it) turns the same position another way once the sequence grows. So the cache keeps
 the speeds its keys were turned with, and the ids it read: a pass with other speeds reads the whole
 sequence again (`reread`), as transformers' Phi-3 drops its cache when it crosses that length.
+
+Multi-head latent attention (MLA, DeepSeek V2/V3: cfg.latent) caches what transformers' does, the latent: per
+token and layer its c (kv_lora_rank numbers, after its norm) in `k` and its turned RoPE key (rotary_dim) in `v`,
+one "head" shared by all H (each step expands them to every head's K and V again, c·W_KV_b), instead of
+H·(d_k + d_v) numbers.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ from ..runtime.errors import QkvError
 
 
 class KVCache:
-    """Preallocated K and V for every layer: (L, B, Hkv, max_len, d_k) each."""
+    """Preallocated K and V for every layer: (L, B, Hkv, max_len, d_k) each (MLA: the latent c (L, B, 1, max_len,
+    r_kv) and the RoPE key (L, B, 1, max_len, d_rot))."""
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype=np.float32):
-        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.d_head)
-        self.k = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
+        heads, k_width, v_width = self.widths(cfg)
+        self.k = np.zeros((cfg.n_layers, batch, heads, max_len, k_width), dtype=dtype)
+        self.v = np.zeros((cfg.n_layers, batch, heads, max_len, v_width), dtype=dtype)
         self.ids = np.zeros((batch, max_len), dtype=np.int64)   # (B, max_len) the tokens read, to read again
         self.max_len = max_len
         self.length = 0                                  # positions filled in every layer
         self.speeds: dict[str, np.ndarray] = {}          # the RoPE speeds ω the cached keys were turned with
         self.rereads = 0                                 # how many times a change of speeds emptied the cache
+        self.state = None                                # a Mamba model's conv and scan states (core.mamba.MambaState)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store this step's k, v (B, Hkv, n, d_k) for `layer`; return all keys and values so far.
@@ -71,9 +78,21 @@ class KVCache:
         return everything
 
     @staticmethod
+    def widths(cfg: ModelConfig) -> tuple[int, int, int]:
+        """(heads, k's width, v's width) of one token's entry in one layer: (Hkv, d_k, d_k), or MLA's latent
+        (1, kv_lora_rank, rotary_dim)."""
+        if cfg.latent:
+            return 1, cfg.kv_lora_rank, cfg.rotary_dim
+        if cfg.mamba is not None:                        # no K, V: its state (core.mamba.MambaState) is `state`
+            return 0, 0, 0
+        return cfg.n_kv_heads, cfg.d_head, cfg.d_head
+
+    @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype=np.float32) -> int:
-        """Cache bytes one token costs: K and V, every layer, Hkv heads of d_k numbers."""
-        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * np.dtype(dtype).itemsize
+        """Cache bytes one token costs: K and V, every layer, Hkv heads of d_k numbers (MLA: its latent and RoPE
+        key, kv_lora_rank + rotary_dim numbers a layer)."""
+        heads, k_width, v_width = KVCache.widths(cfg)
+        return cfg.n_layers * heads * (k_width + v_width) * np.dtype(dtype).itemsize
 
     @property
     def nbytes(self) -> int:

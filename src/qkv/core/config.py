@@ -13,6 +13,11 @@ A family is a set of knob values, not a subclass:
 Layers of different kinds: each layer's own sliding window (layer_windows: Gemma 2/3, GPT-Neo's local layers,
 Qwen's and SmolLM3's sliding layers), the windowed layers' own RoPE base (Gemma 3), layers without RoPE
 (SmolLM3); Gemma 2 soft-caps its scores and logits (attn_softcap, final_softcap).
+gpt-oss = Llama's blocks + attention sinks (attn_sinks) + sliding / full layers + YaRN + every FFN routed to
+clamped-SwiGLU experts with biases (glu_limit, glu_alpha), its router with a bias (MoEWeights.b_router).
+EXAONE 4 = OLMo 2's norms after each box + q/k norms per head + sliding layers, the full ones without RoPE
+(no_rope_layers); Hunyuan = Llama + q/k norms per head after RoPE (qk_norm_after_rope); Apertus = Llama + q/k norms
++ a plain FFN of xIELU, whose learned scalars are weights of each FFN (FFNWeights.xielu).
 An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
 the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
 blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
@@ -28,11 +33,28 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
 The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
 (positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
 sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
+DeBERTa = BERT's post-norm blocks + disentangled attention (disentangled: S = c2c + c2p + p2c, each token's content
+against the other's bucketed relative position, scaled by attn_scale = 1/√(d_k·(1 + terms))), absolute positions
+or none (position "relative"), a masked-LM head under one of two names (head_names); DeBERTa-v2-xlarge adds a
+convolution of the first block's input to its output (first_conv).
+  ALBERT = ELECTRA's projected embeddings + blocks that share their weights (shared_groups, group_depth: n_layers
+           blocks run, each reading one of fewer stored layers, `stored_layer`)
+  MPNet  = RoBERTa's positions + T5's bucketed relative bias (relative_buckets, relative_max_distance: one table,
+           Weights.rel_bias, added to every layer's scores, both directions)
   Mixtral, Qwen2-MoE = the Llama knobs + a routed FFN (n_experts > 0): each token goes to the k experts
            its router ranks highest, their outputs summed with the router's weights (+ a shared expert)
+  dots1 (DeepSeek-V3's router) = Qwen3-MoE's knobs + sigmoid scores, a choice bias, group-limited choice,
+           scaled weights, an ungated shared expert; Ernie 4.5 = Llama + interleaved RoPE (+ MoE: softmax
+           with a choice bias, an ungated shared expert)
+  DeepSeek V2/V3 = Llama's norms and SwiGLU + multi-head latent attention (kv_lora_rank: K, V of every head from
+           one latent per token, RoPE on a part of each head) + a routed FFN after its first dense layers
 An image model (image_size set: ViT) reads an image cut into patches: its tokens are [CLS] (the table's one
 row, tok_embed[0]) and each patch's pixels, flattened, times W_patch + b_patch (blocks.embed); learned positions,
 pre-norm LayerNorm blocks, a final LayerNorm, and the classifier on [CLS] as W_vocab (vocab_size = the labels).
+  CLIP, SigLIP = two towers (text_tower: the text's config inside the image's), each pooled to one embedding
+           (pooling, d_proj, Weights.pool; core/pooling.py): CLIP's text a causal encoder numbered 0..n−1
+           (index_positions) with QuickGELU, pooled at its eos; its image ViT's + LayerNorm before the blocks; SigLIP's
+           image without [CLS] (class_token False), pooled by a learned probe's attention
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -44,18 +66,21 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..runtime.errors import QkvError
+from .disentangled import Disentangled
 from .positions import check_rope, resolve_rope, rope_kind
 
 # Upper bounds of the sizes (generous: the largest checkpoints have ~10² layers and heads): a config past them is
 # refused before an array is shaped by it. qkv.checkpoints.common bounds config.json's keys the same way.
 SIZE_BOUNDS = {**dict.fromkeys(("n_layers", "n_decoder_layers", "n_heads", "n_kv_heads"), 1 << 14),
                **dict.fromkeys(("vocab_size", "d_model", "d_head", "d_ff", "max_positions"), 2**31 - 1),
-               "n_experts": 1 << 20}
+               "n_experts": 1 << 20, **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "d_v"), 2**31 - 1)}
 
 Norm = Literal["layer", "rms"]
 NormPlace = Literal["pre", "post"]
 Position = Literal["learned", "sinusoidal", "rope", "relative", "alibi"]
-Activation = Literal["gelu", "gelu_tanh", "silu", "relu", "relu2"]
+Activation = Literal["gelu", "gelu_tanh", "silu", "relu", "relu2", "xielu",   # xielu: learned scalars per FFN (Apertus)
+                     "quick_gelu"]                                        # x·σ(1.702x) (CLIP)
+CONV_ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")   # what first_conv's activation may be (conv_act)
 
 
 @dataclass(frozen=True)
@@ -87,12 +112,15 @@ class ModelConfig:
     shared_norm: bool = False         # a parallel block's branches read one Norm(x) (Phi, Falcon-7B): ffn_norm None
     qk_norm: str | None = None        # Norm (the config's kind) of q and k before RoPE: "head" each head's d_k
                                       # (Qwen3, Phi), "all" the whole projection H·d_k (OLMo 2); None: none
+    qk_norm_after_rope: bool = False  # Hunyuan: each head's q and k normalised after RoPE turns them, not before
     activation: Activation = "gelu"
     d_embed: int | None = None        # the embedding table's width when it is not d_model (OPT-350m's word_embed_proj_dim):
                                       # Weights.embed_in maps it to d_model, unembed_in back before W_vocab
     norm_affine: bool = True          # False: LayerNorms without a stored γ, β (OPT's layer_norm_elementwise_affine):
                                       # γ = 1, β = 0, held as constants and never written or trained
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
+    glu_limit: float | None = None    # gpt-oss's clamped SwiGLU: g = min(g, c), u = clip(u, −c, c), then
+    glu_alpha: float = 1.0            # h = g·σ(α·g) ⊙ (u + 1) (swiglu_limit c, swiglu_alpha α); None: act(g) ⊙ u
     qkv_bias: bool = True
     out_bias: bool = True             # bias of W_O
     ffn_bias: bool = True
@@ -110,6 +138,22 @@ class ModelConfig:
     local_rope_scaling: dict | None = field(default=None, compare=False)   # their rope_scaling (with local_rope_theta)
     no_rope_layers: tuple[int, ...] = ()   # layers whose q, k are not turned by RoPE (SmolLM3)
     attn_softcap: float | None = None   # S = c·tanh(S/c) before the mask (Gemma 2's attn_logit_softcapping)
+    attn_sinks: bool = False          # gpt-oss: each head's learned sink logit s_h (AttentionWeights.sinks) joins
+                                      # the softmax with no value: A = exp(S)/(Σ exp(S) + exp(s_h)), rows sum to < 1
+    disentangled: Disentangled | None = None   # DeBERTa: S = c2c + c2p + p2c, Q·Kᵀ plus each token's content
+                                      # against the other's relative position (core/disentangled.py); None: S = Q·Kᵀ
+    first_conv: tuple[int, str] | None = None   # DeBERTa-v2: (kernel, activation) of a convolution over the first
+                                      # block's input added to its output, Norm(y + act(conv(x))) (blocks.conv_beside)
+    # ── multi-head latent attention (MLA: DeepSeek V2/V3; latent.latent_attention): each token's K and V of every
+    # head come from one latent c = Norm(x·W_V) of kv_lora_rank numbers (K's unturned part and V: c·W_KV_b) and one
+    # RoPE key x·W_K shared by the heads; q = x·W_Q, or Norm(x·W_Q)·W_Q_b through a latent of its own. d_head is
+    # q·k's width (d_nope + rotary_dim, RoPE turning each head's LAST rotary_dim numbers), d_v each head's V and Z.
+    kv_lora_rank: int = 0             # r_kv, the latent's width; 0: plain attention (Q, K, V = X·W)
+    q_lora_rank: int = 0              # r_q, q's latent; 0: q = x·W_Q
+    d_v: int | None = None            # an MLA head's value width (V, Z; W_O reads H·d_v); None: d_head
+    latent_norm_eps: float = 1e-6     # ε of the latents' RMSNorms (transformers' own, not rms_norm_eps)
+    rope_deinterleave: bool = False   # MLA (DeepSeek V3's rope_interleave): the RoPE part read as pairs (2i, 2i+1)
+                                      # and laid out as halves [x_0, x_2, …, x_1, x_3, …] before rotate-half RoPE
     final_softcap: float | None = None  # logits = c·tanh(logits/c) (Gemma 2's final_logit_softcapping)
     pad_token_id: int | None = None
     # Whether the embedding row of pad_token_id is torch's nn.Embedding(padding_idx=pad_token_id): a lookup
@@ -133,6 +177,8 @@ class ModelConfig:
                                       # + b_embed, (B, n, E) → (B, n, d_model); None: the tables are d_model wide
     head_activation: Activation | None = None   # a masked-LM head before W_vocab (RoBERTa, DistilBERT, ELECTRA's
                                       # generator): logits = Norm(act(H·W_head + b_head))·W_vocab + b_vocab; None: H·W_vocab
+    head_names: str | None = None     # the names a checkpoint's masked-LM head goes by where a family has two
+                                      # (DeBERTa's legacy "cls.predictions" or "lm_predictions"); None: its one
     relative_buckets: int = 32        # position "relative" (T5): buckets of the key–query distance
     relative_max_distance: int = 128  # distances from here on share the last bucket
     scale_scores: bool = True         # S = Q·Kᵀ/√d_k; False: S = Q·Kᵀ (T5 folds the scale into W_Q)
@@ -151,14 +197,49 @@ class ModelConfig:
     d_expert: int | None = None       # each expert's inner width; None: d_ff (Mixtral)
     d_shared_expert: int = 0          # a shared expert every token also takes, gated by σ(x·w) (Qwen2-MoE); 0: none
     dense_layers: tuple[int, ...] = ()   # layers whose FFN is dense (width d_ff) among the MoE layers
+    # the router's other forms (DeepSeek-V3, dots1, Ernie 4.5; blocks.route): its scores, how experts are chosen
+    # from them, and the weights the chosen experts' outputs are summed with
+    router_score: Literal["softmax", "sigmoid"] = "softmax"   # s = softmax(x·W_router), or σ(x·W_router) each
+    expert_choice_bias: bool = False  # the choice ranks s + b_choice (MoEWeights.b_choice, DeepSeek-V3's
+                                      # e_score_correction_bias, Ernie's moe_statics); the weights stay s[chosen]
+    expert_groups: int = 1            # G groups of E/G experts: a group's score is the sum of its 2 highest ranks,
+    expert_groups_kept: int = 1       # and only the best expert_groups_kept groups' experts may be chosen
+    expert_group_score: Literal["top2", "max"] = "top2"   # a group ranked by its 2 highest (DeepSeek-V3, dots1) or
+                                      # by its highest (DeepSeek-V2's group_limited_greedy)
+    norm_top_k_min: float = 0.0       # renormalised: w = s / max(Σ s[chosen], this) (Ernie's moe_norm_min);
+                                      # sigmoid scores: s / (Σ s[chosen] + 1e-20), as transformers writes them
+    routed_scaling: float = 1.0       # the chosen experts' weights × this (DeepSeek-V3's routed_scaling_factor)
+    shared_expert_gate: bool = True   # the shared expert gated by σ(x·W_shared_gate) (Qwen2-MoE); False: added as it
+                                      # is (DeepSeek, dots1, Ernie 4.5)
+    # ── layers that share their weights (ALBERT): the n_layers blocks run read fewer stored layers
+    shared_groups: int = 0            # G groups of stored layers (num_hidden_groups); 0: every block has its own
+    group_depth: int = 1              # the layers a group holds, run in turn each time it runs (inner_group_num):
+                                      # n_layers = L·group_depth blocks; pass p < L runs group int(p / (L / G))
     # ── image models (ViT): the input is an image of image_size pixels cut into patch_size squares
     image_size: tuple[int, int] | None = None   # (height, width) in pixels; None: a text model
     patch_size: tuple[int, int] | None = None   # (height, width) of a patch; the grid is image_size // patch_size
     num_channels: int = 3                       # C: 3 for RGB, 1 for a grey image
+    class_token: bool = True                    # [CLS] (tok_embed[0]) before the patches (ViT, CLIP); False: the
+                                                # patches alone (SigLIP)
+    # ── towers of an image–text pair (CLIP, SigLIP: core/pooling.py): one row of the last hidden states (or a probe
+    # attending over them) is the input's embedding, then Weights.pool's norm and projection
+    pooling: Literal["cls", "eos", "last", "probe"] | None = None   # "cls" row 0 (CLIP's image), "eos" the first
+                                                # eos_token_id of the ids (its argmax when that id is 2: CLIP's legacy
+                                                # configs), "last" the last row (SigLIP's text), "probe" a learned
+                                                # query attending over every row, then an MLP (SigLIP's image); None
+    d_proj: int | None = None                   # p, the width of the embedding its projection gives; None: none
+    index_positions: bool = False               # a causal stack whose positions are 0..n−1 whatever the mask (CLIP's
+                                                # text); False: a decoder counts real tokens (left padding)
+    text_tower: "ModelConfig | None" = field(default=None, compare=False)   # an image–text pair (CLIP, SigLIP):
+                                                # this config is the image tower's, this one the text tower's
     # ── speech (Whisper): the encoder reads log-mel frames through two 1-D convolutions (Weights.front)
     audio_mels: int | None = None               # mel bins per input frame; None: the encoder reads tokens
     source_positions: int | None = None         # the encoder's positions (max_source_positions): the input is
                                                 # 2 × this many frames, halved by the second convolution's stride
+    # ── state-space blocks (Mamba): each block x + Mixer(RMSNorm(x)), a selective scan instead of attention and no
+    # FFN (core/mamba.py: the stack, its state, the attention each layer implies); n_heads groups its channels
+    mamba: object | None = None                 # its sizes, a core.mamba.Mamba (not imported here: core.mamba reads
+                                                # this config); None: transformer blocks
 
     @property
     def grid(self) -> tuple[int, int] | None:
@@ -176,6 +257,16 @@ class ModelConfig:
         named = [("eos_token_id", e) for e in eos] + [("bos_token_id", self.bos_token_id),
                                                       ("pad_token_id", self.pad_token_id)]
         return {name: i for name, i in named if i is not None and not 0 <= i < self.vocab_size}
+
+    def stored_layer(self, layer: int) -> int:
+        """The stored layer whose weights block LAYER reads: LAYER itself, or with shared_groups G (ALBERT) the
+        layer k = LAYER mod group_depth of group g = int(p / (L / G)), p = LAYER // group_depth the pass of L, numbered
+        g·group_depth + k (the float division AlbertTransformer picks its group with)."""
+        if not self.shared_groups:
+            return layer
+        passes = self.n_layers // self.group_depth
+        p, k = divmod(layer, self.group_depth)
+        return int(p / (passes / self.shared_groups)) * self.group_depth + k
 
     def moe_layer(self, layer: int) -> bool:
         """Whether LAYER's FFN is routed among experts (else one dense FFN)."""
@@ -205,6 +296,12 @@ class ModelConfig:
                            "(or none: all of each head); fix the model's config")
         if self.qk_norm not in (None, "head", "all"):
             raise QkvError(f"qk_norm={self.qk_norm!r} must be 'head', 'all' or none; fix the model's config")
+        if self.qk_norm_after_rope and self.qk_norm != "head":
+            raise QkvError("qk_norm_after_rope (Hunyuan) normalises each head's q and k: it needs qk_norm='head'; "
+                           "fix the model's config")
+        if self.activation == "xielu" and (self.gated_ffn or self.n_experts):
+            raise QkvError("activation 'xielu' (Apertus) is a plain FFN's, with its scalars in each FFN's weights: "
+                           "it needs gated_ffn false and no experts; fix the model's config")
         if self.shared_norm and not self.parallel_residual:
             raise QkvError("shared_norm (one norm read by both branches) needs parallel_residual; fix the model's config")
         if self.parallel_residual and self.norm_place != "pre":  # (then BlockWeights.ffn_norm None: one norm, Phi)
@@ -241,6 +338,12 @@ class ModelConfig:
         if (self.alibi_scaled or self.alibi_bfloat16) and self.position != "alibi":
             raise QkvError("alibi_scaled / alibi_bfloat16 shape an ALiBi bias: they need position='alibi'; "
                            "fix the model's config")
+        if self.first_conv is not None and not (len(self.first_conv) == 2 and isinstance(self.first_conv[0], int)
+                                                and self.first_conv[0] > 0 and self.first_conv[1] in CONV_ACTIVATIONS):
+            raise QkvError(f"first_conv={self.first_conv} must be (a kernel > 0, one of {CONV_ACTIVATIONS}); fix the "
+                           "model's config")
+        if self.disentangled is not None and self.disentangled.check():
+            raise QkvError(f"{self.disentangled.check()}; fix the model's config")
         if self.attn_scale is not None and not (0 < self.attn_scale < float("inf")):
             raise QkvError(f"attn_scale={self.attn_scale} must be a positive finite number; fix the model's config")
         if self.d_embed is not None and self.d_embed <= 0:
@@ -253,6 +356,20 @@ class ModelConfig:
         if self.n_experts < 0 or (self.n_experts and not 1 <= self.experts_per_token <= self.n_experts):
             raise QkvError(f"experts_per_token={self.experts_per_token} must be from 1 to n_experts={self.n_experts} "
                            "(and n_experts ≥ 0); fix the model's config")
+        if self.n_experts:
+            self._check_router()
+        if self.kv_lora_rank or self.q_lora_rank or self.d_v is not None or self.rope_deinterleave:
+            self._check_latent()
+        if self.glu_limit is not None and not (self.gated_ffn and self.glu_limit > 0
+                                               and math.isfinite(self.glu_alpha)):
+            raise QkvError(f"glu_limit={self.glu_limit} (clamped SwiGLU) needs gated_ffn, a limit > 0 and a finite "
+                           f"glu_alpha (got {self.glu_alpha}); fix the model's config")
+        if (self.shared_groups or self.group_depth != 1) and not (
+                self.group_depth >= 1 and self.n_layers % self.group_depth == 0
+                and 1 <= self.shared_groups <= self.n_layers // self.group_depth):
+            raise QkvError(f"shared_groups={self.shared_groups} groups of group_depth={self.group_depth} layers must give "
+                           f"n_layers={self.n_layers} blocks: group_depth dividing it, 1 to n_layers / group_depth "
+                           "groups; fix the model's config")
         if any(not 0 <= i < self.n_layers for i in self.dense_layers):
             raise QkvError(f"dense_layers={list(self.dense_layers)} must be layers 0..{self.n_layers - 1}; "
                            "fix the model's config")
@@ -270,10 +387,55 @@ class ModelConfig:
             raise QkvError(f"embed_dim={self.embed_dim} must be positive (or none: d_model); fix the model's config")
         if self.image_size is not None:
             self._check_image()
+        if self.pooling not in (None, "cls", "eos", "last", "probe"):
+            raise QkvError(f"pooling={self.pooling!r} must be 'cls', 'eos', 'last', 'probe' or none; fix the model's config")
+        if self.text_tower is not None and (self.image_size is None or self.text_tower.image_size is not None):
+            raise QkvError("an image–text pair is an image tower's config holding a text tower's (text_tower); "
+                           "fix the model's config")
+        if self.mamba is not None and self.mamba.check(self):
+            raise QkvError(f"{self.mamba.check(self)}; fix the model's config")
         if self.audio_mels is not None and not (self.encoder_decoder and self.audio_mels > 0
                                                 and (self.source_positions or 0) > 0):
             raise QkvError(f"an audio model needs an encoder–decoder, audio_mels={self.audio_mels} > 0 and "
                            f"source_positions={self.source_positions} > 0; fix the model's config")
+
+    def _check_router(self) -> None:
+        """The router's knobs: a known score, groups that split the experts evenly into groups of two or more
+        (a group's score is its two highest), enough kept groups for the k chosen, a positive scale."""
+        E, G, kept = self.n_experts, self.expert_groups, self.expert_groups_kept
+        if self.expert_group_score not in ("top2", "max"):
+            raise QkvError(f"expert_group_score={self.expert_group_score!r} must be 'top2' or 'max'; fix the model's config")
+        if self.router_score not in ("softmax", "sigmoid"):
+            raise QkvError(f"router_score={self.router_score!r} must be 'softmax' or 'sigmoid'; fix the model's config")
+        if not (isinstance(G, int) and isinstance(kept, int) and G >= 1 and E % G == 0 and (G == 1 or E // G >= 2)
+                and 1 <= kept <= G and self.experts_per_token <= kept * (E // G)):
+            raise QkvError(f"expert_groups={G} (kept {kept}) must split the {E} experts into equal groups of 2 or more, "
+                           f"with {self.experts_per_token} experts chosen from the groups kept; fix the model's config")
+        if not (0 < self.routed_scaling < float("inf") and 0 <= self.norm_top_k_min < float("inf")):
+            raise QkvError(f"routed_scaling={self.routed_scaling} must be positive and norm_top_k_min="
+                           f"{self.norm_top_k_min} ≥ 0, both finite; fix the model's config")
+
+    def _check_latent(self) -> None:
+        """Multi-head latent attention's knobs: a positive latent, RoPE on part of each head (the last
+        rotary_dim numbers, as a plain pair layout or DeepSeek V3's de-interleaved one), one K/V per query head
+        (the heads differ through W_KV_b), a positive value width and latent ε."""
+        if not (self.kv_lora_rank > 0 and self.q_lora_rank >= 0 and self.position == "rope"
+                and self.rotary_dim is not None and self.n_kv_heads == self.n_heads and (self.d_v or 0) > 0
+                and math.isfinite(self.latent_norm_eps) and self.latent_norm_eps >= 0
+                and not (self.rope_deinterleave and self.rope_interleaved)):
+            raise QkvError(f"multi-head latent attention needs kv_lora_rank > 0 (got {self.kv_lora_rank}), q_lora_rank "
+                           f"≥ 0, RoPE on rotary_dim numbers, n_kv_heads = n_heads, d_v > 0, a finite "
+                           "latent_norm_eps ≥ 0 and one RoPE pair layout; fix the model's config")
+
+    @property
+    def latent(self) -> bool:
+        """Whether attention is multi-head latent attention (MLA: DeepSeek V2/V3; latent.latent_attention)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def d_value(self) -> int:
+        """Each head's value width (V, Z): d_v (MLA), else d_head."""
+        return self.d_v or self.d_head
 
     def _check_image(self) -> None:
         """An image model's sizes: whole positive pixels, patches that fit, one position per patch + [CLS]."""

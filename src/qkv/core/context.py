@@ -15,6 +15,7 @@ from .attention import AttentionMask
 from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
+from .disentangled import RelativeTable
 from .hooks import Hooks
 from .trace import Recorder
 
@@ -86,6 +87,8 @@ class Context:
     rel_buckets: np.ndarray | None = None            # (n, m) T5 buckets of the pass's query–key pairs, for layers
                                                      # with a position bias of their own (UMT5); None: none
     tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
+    relative: RelativeTable | None = None            # DeBERTa: the relative positions' table and the rows each pair
+                                                     # reads, made once a pass (core/disentangled.py); None: none
     # Layers of different kinds (ModelConfig.layer_windows, local_rope_theta, no_rope_layers): one mask per
     # window, one rotation per kind, each made once per pass; None: every layer takes `mask`, `rope`, `step_bias`.
     masks: dict[int | None, AttentionMask] | None = None

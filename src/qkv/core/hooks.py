@@ -33,6 +33,9 @@ A norm's scale s (B, n) is what it divides each position by: a hook's s is used 
 another text's). "final_norm_scale" is the last layer's only ("final_norm_scale" or "-1.final_norm_scale").
 "attn_out_norm_scale", "ffn_out_norm_scale" (qkv.core.trace.OUT_NORMS): the scales of a box's output norm
 (Gemma 2, OLMo 2), hooked alike; a layer without such a norm never calls them.
+"scores_c2c", "scores_c2p", "scores_p2c" (qkv.core.trace.DISENTANGLED): DeBERTa's three score tables, S = c2c +
+(c2p + p2c) (+ M), each (B, H, n, n), hooked before S is summed (a replaced c2p or p2c is what S adds; c2c is read
+only: hook "scores" to change S); a model without disentangled attention refuses them.
 A parallel residual (GPT-NeoX, Phi) has no stream between attention and the FFN: its residual_mid is recorded
 for reading, and a hook on it is refused.
 
@@ -56,19 +59,18 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .attention import AttentionMask, attend, attention_scores
+from .attention import AttentionMask, attend, attention_scores, softmax_of
 from .config import ModelConfig
 from ..runtime.errors import QkvError, check_index
-from .ops import softmax_
-from .trace import FINAL, INTERMEDIATES, OUT_NORMS, ROUTER, Recorder
+from .trace import DISENTANGLED, FINAL, INTERMEDIATES, OUT_NORMS, ROUTER, Recorder
 
 HookFn = Callable[[np.ndarray, int], "np.ndarray | None"]
 
 ALIASES = {"z": "heads"}                                        # the guide's name for a head's output
 PER_HEAD = {"q", "k", "v", "scores", "attentions", "heads",    # arrays (B, H or Hkv, ...): a head can be picked
-            "q_pre_rope", "k_pre_rope"}
+            "q_pre_rope", "k_pre_rope", *DISENTANGLED}
 KV_HEAD = {"k", "v", "k_pre_rope"}                              # those whose heads are the Hkv K/V heads
-NAMES = list(INTERMEDIATES) + list(FINAL) + list(OUT_NORMS) + list(ALIASES)
+NAMES = list(INTERMEDIATES) + list(FINAL) + list(OUT_NORMS) + list(DISENTANGLED) + list(ALIASES)
 
 
 class Hooks:
@@ -111,6 +113,10 @@ class Hooks:
             raise QkvError(f"hook name {str(key)!r}: {owner}'s blocks are parallel (attention and the FFN both read "
                            "the block's input), so no stream lies between them to replace; hook 'attn_out', "
                            "'ffn_in' or 'residual_out'")
+        if key.name in DISENTANGLED and (cfg.disentangled is None or (
+                key.name != "scores_c2c" and key.name[-3:] not in cfg.disentangled.terms)):
+            raise QkvError(f"hook name {str(key)!r}: {owner}'s attention has no {key.name[-3:]} term (only DeBERTa's "
+                           "disentangled attention has c2c, c2p, p2c tables); hook 'scores'")
         routed = [i for i in layers if cfg.moe_layer(i)] if key.name in ("neurons", "ffn_pre") else []
         if routed:
             dense = [i for i in layers if not cfg.moe_layer(i)]
@@ -166,8 +172,10 @@ class Hooks:
         return (layer, "scores") in self.points or (layer, "attentions") in self.points
 
     def attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
-                  rec: Recorder, scale: float | None = None, cap: float | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """softmax(Q·Kᵀ/√d_k + M)·V with hooks on S and A: (Z (B, H, n, d_k), A, S for the recorder).
+                  rec: Recorder, scale: float | None = None, cap: float | None = None,
+                  sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """softmax(Q·Kᵀ/√d_k + M)·V with hooks on S and A: (Z (B, H, n, d_k), A, S for the recorder). sink: (H,)
+        each head's sink logit in the softmax (gpt-oss), or None.
 
         The same steps as attention.scaled_dot_product_attention, so identity hooks change no bit.
         """
@@ -176,7 +184,7 @@ class Hooks:
         if bias is not None:
             s += bias                                                  # -∞ where a key is hidden
         s = self(layer, "scores", s)
-        a = self(layer, "attentions", softmax_(s.copy()))              # (B, H, n, m)
+        a = self(layer, "attentions", softmax_of(s.copy(), sink))      # (B, H, n, m)
         z = attend(a, v)                                               # (B, H, n, d_k)
         if rec.heads is not None:                                      # the recorder keeps some heads only
             a, s = a[:, rec.heads], s[:, rec.heads]
@@ -269,7 +277,7 @@ def parse_key(key, what: str = "hook name") -> Key:
     if name in ROUTER:                                      # a MoE layer's choice: recorded, not hooked
         raise QkvError(f"{what} {key!r}: the router's {name} is recorded in the trace, not hooked; read it "
                        "from model.run(text), or hook 'ffn_out' to change the FFN's output")
-    if name not in INTERMEDIATES and name not in FINAL and name not in OUT_NORMS:
+    if name not in INTERMEDIATES and name not in FINAL and name not in OUT_NORMS and name not in DISENTANGLED:
         raise QkvError(f"{what} {key!r}: unknown intermediate {parts[0]!r}; choose from {NAMES}")
     if len(parts) == 2 and name not in PER_HEAD:
         raise QkvError(f"{what} {key!r}: {name} is one array for all heads; hook it without a head")

@@ -44,14 +44,17 @@ def _grouped(q: np.ndarray, Hkv: int) -> np.ndarray:
 def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
                     block_size: int | None = None, window: int | None = None,
                     key_mask: np.ndarray | None = None, scale: float | None = None,
-                    key_bias: np.ndarray | None = None, softcap: float | None = None) -> np.ndarray:
+                    key_bias: np.ndarray | None = None, softcap: float | None = None,
+                    sink: np.ndarray | None = None) -> np.ndarray:
     """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head (scale: Q·Kᵀ·scale
     instead of /√d, ModelConfig.score_scale; None: 1/√d; softcap c: S = c·tanh(S/c) before the mask, Gemma 2's
     attn_logit_softcapping, as FlashAttention-2 does it).
 
     causal: query i (at position m - n + i) sees keys j ≤ its position; window: it also
     sees only the last `window` positions (itself included); key_mask (B, m): False for
-    padding keys; key_bias (B|1, H, m): added to every query's score of key j (ALiBi's m_h·p_j).
+    padding keys; key_bias (B|1, H, m): added to every query's score of key j (ALiBi's m_h·p_j); sink (H,): each
+    head's sink logit (gpt-oss), one more term of every row's softmax with no value: it starts the online
+    softmax (M = s_h, ℓ = 1, acc = 0), so a row's weights sum to less than 1 (ops.softmax_sink_).
     A query that sees no key gets zeros. block_size: rows of queries and
     of keys per block (default: measured on this machine, qkv.runtime.tuning). Query blocks are
     independent: they run in parallel on the worker threads qkv.runtime.tuning chose (threads.parallel_map).
@@ -63,7 +66,8 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     tuned = choices()
     bq, bk = (block_size, block_size) if block_size else (tuned.q_block, tuned.k_block)
     qg = _grouped(q, Hkv)                                         # (B, Hkv, G, n, d)
-    out = np.empty_like(qg)                                       # (B, Hkv, G, n, d)
+    d_v = v.shape[-1]                                             # V's width (MLA's differs from d)
+    out = np.empty(qg.shape[:4] + (d_v,), qg.dtype)               # (B, Hkv, G, n, d_v)
     kb = None if key_bias is None else key_bias.astype(q.dtype, copy=False).reshape(
         key_bias.shape[0], Hkv, H // Hkv, 1, key_bias.shape[-1])   # (B|1, Hkv, G, 1, m)
     starts = range(0, n, bq)
@@ -71,13 +75,14 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
         starts = reversed(starts)                                 # start them first (load balance)
     s = 1.0 / math.sqrt(d) if scale is None else scale
     parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s, kb,
-                                         softcap), starts, workers=tuned.attention)
-    return out.reshape(B, H, n, d)
+                                         softcap, sink), starts, workers=tuned.attention)
+    return out.reshape(B, H, n, d_v)
 
 
 def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, q0: int, q1: int, bk: int,
                  causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float,
-                 key_bias: np.ndarray | None = None, softcap: float | None = None) -> None:
+                 key_bias: np.ndarray | None = None, softcap: float | None = None,
+                 sink: np.ndarray | None = None) -> None:
     """out[..., q0:q1, :] = attention of query rows q0..q1 over their keys, block by block.
 
     The online softmax: for each key block, M_new = max(M, rowmax S), P = exp(S - M_new),
@@ -93,9 +98,14 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
     k_start = max(0, offset + q0 - window + 1) if window else 0
     row_max = np.full((B, Hkv, rows, 1), -np.inf, dtype=qg.dtype)
     row_sum = np.zeros((B, Hkv, rows, 1), dtype=qg.dtype)
-    acc = np.zeros((B, Hkv, rows, d), dtype=qg.dtype)
+    d_v = v.shape[-1]
+    acc = np.zeros((B, Hkv, rows, d_v), dtype=qg.dtype)
+    if sink is not None:                                          # the sink's term first: M = s_h, ℓ = exp(0) = 1
+        s_h = np.repeat(sink.astype(qg.dtype).reshape(Hkv, G), q1 - q0, axis=1)   # (Hkv, G·bq) row r = g·bq + i
+        row_max = np.ascontiguousarray(np.broadcast_to(s_h[None, :, :, None], row_max.shape))
+        row_sum += 1
     s_buf = np.empty(B * Hkv * rows * bk, dtype=qg.dtype)          # scores, reused by every key block
-    pv = np.empty((B, Hkv, rows, d), dtype=qg.dtype)
+    pv = np.empty((B, Hkv, rows, d_v), dtype=qg.dtype)
     for k0 in range(k_start - k_start % bk, k_end, bk):
         k0, k1 = max(k0, k_start), min(k0 + bk, k_end)
         s = s_buf[:B * Hkv * rows * (k1 - k0)].reshape(B, Hkv, rows, k1 - k0)   # (B, Hkv, G·bq, bk) contiguous
@@ -121,7 +131,7 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         row_max = new_max
     np.divide(acc, row_sum, out=acc, where=row_sum > 0)
     acc[np.broadcast_to(row_sum == 0, acc.shape)] = 0             # saw no key: zeros
-    out[:, :, :, q0:q1] = acc.reshape(B, Hkv, G, q1 - q0, d)
+    out[:, :, :, q0:q1] = acc.reshape(B, Hkv, G, q1 - q0, d_v)
 
 
 def _block_bias(q_pos: np.ndarray, k0: int, k1: int, causal: bool, window: int | None,

@@ -19,11 +19,12 @@ import math
 import numpy as np
 
 from .attention import scaled_dot_product_attention
-from .blocks import attention, feed_forward, linear, norm, norm_by, norm_scale
+from .blocks import attention, conv_beside, feed_forward, linear, norm, norm_by, norm_scale
 from .config import ModelConfig
 from .context import Context
 from .blocks_backward import Tape
 from .hooks import Hooks
+from .latent import latent_attention
 from .positions import apply_rope
 from .trace import Recorder
 from .weights import BlockWeights, NormWeights
@@ -102,6 +103,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     Layers of different kinds take their own window's mask and their own rotation (ctx.step_bias_of, rope_of).
     """
     cfg, cache, a = ctx.cfg, ctx.cache, w.attn
+    if cfg.latent:                                              # MLA (DeepSeek): its box fills the latent cache
+        return latent_step_block(x, w, ctx, layer)
     B = x.shape[0]
     H, Hkv, dk = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     hq, hk = H * dk, Hkv * dk
@@ -115,17 +118,19 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
         qkv[..., :hq], qkv[..., hq:hq + hk] = norm(qkv[..., :hq], a.q_norm, cfg), norm(qkv[..., hq:hq + hk], a.k_norm, cfg)
     heads = qkv.reshape(B, H + 2 * Hkv, 1, dk)                  # (B, H + 2·Hkv, 1, d_k): Q, K, V heads
     qk = heads[:, :H + Hkv]
-    if cfg.qk_norm == "head":                                   # Qwen3, Phi: each head's q and k normalised first
+    if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:   # Qwen3, Phi: each head's q and k normalised first
         qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
     rope = ctx.rope_of(layer)
     if rope is not None:
         qk = apply_rope(qk, *rope, cfg.rope_interleaved)        # (B, H + Hkv, 1, d_k) rotated by position
+    if cfg.qk_norm_after_rope:                                  # Hunyuan: normalised once turned
+        qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
     t = cache.length
     cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
     cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
     k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
     z, att, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
-                                             cap=cfg.attn_softcap)   # (B, H, 1, d_k), A (B, H, 1, t + 1)
+                                             cap=cfg.attn_softcap, sink=a.sinks if cfg.attn_sinks else None)   # (B, H, 1, d_k), A (B, H, 1, t + 1)
     if ctx.rec.keep:                                            # a recorded generation: A is there anyway
         ctx.rec.put(layer, "attentions", att if ctx.rec.heads is None else att[:, ctx.rec.heads])
     out = linear(z.reshape(B, 1, hq), a.W_O, a.b_O)            # Concat(Z)·W_O; n = 1: a reshape
@@ -146,6 +151,15 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     f = feed_forward(x if w.ffn_norm is None else row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)
     f = f if w.ffn_out_norm is None else row_norm(f, w.ffn_out_norm, cfg)
     return x + (f if m == 1 else f * m)                         # (B, 1, d_model)
+
+
+def latent_step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarray:
+    """`step_block` of a pre-norm block with multi-head latent attention (DeepSeek): x + MLA(Norm(x)), then + FFN(Norm(·)),
+    the boxes themselves (latent.latent_attention appends the new latent to the cache), the norms of the one row
+    by `row_norm`: the numbers of `block`."""
+    cfg = ctx.cfg
+    x = x + latent_attention(row_norm(x, w.attn_norm, cfg), w.attn, ctx, layer)     # (B, 1, d_model)
+    return x + feed_forward(row_norm(x, w.ffn_norm, cfg), w.ffn, cfg)               # (B, 1, d_model)
 
 
 def residual(x: np.ndarray, w: NormWeights | None, ctx: Context, layer: int, box, *args, after=None, keep=None,
@@ -206,17 +220,19 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     """One transformer block (guide: block): attention, then (an encoder–decoder's decoder) cross-attention
     reading the encoder's output, then the FFN, each a residual step with its norm. Each point of it is hooked
     and recorded under its name (qkv.core.trace.INTERMEDIATES: residual, attn_in, residual_mid, ffn_in,
-    residual_out, the norms' scales, and inside the boxes q, k, v, …)."""
+    residual_out, the norms' scales, and inside the boxes q, k, v, …). DeBERTa-v2's first block (w.conv) adds a
+    convolution of its input to its output and normalises the sum (blocks.conv_beside): residual_out is after it."""
     cfg, hooks = ctx.cfg, ctx.hooks
     if ctx.one_step:
         return step_block(x, w, ctx, layer)
-    x = seen(ctx, layer, "residual", x)
+    x = x_in = seen(ctx, layer, "residual", x)
     tape = ctx.tape
     after_attn = after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, tape, ctx.rec)
     after_ffn = after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, tape, ctx.rec)
     if cfg.parallel_residual:
         return parallel_block(x, w, ctx, layer, after_attn, after_ffn)
-    x, a = residual(x, w.attn_norm, ctx, layer, attention, w.attn, ctx, layer, after=after_attn,
+    box = latent_attention if cfg.latent else attention      # DeepSeek's MLA: its own box (core/latent.py)
+    x, a = residual(x, w.attn_norm, ctx, layer, box, w.attn, ctx, layer, after=after_attn,
                     keep=None if tape is None else (tape, layer, "attn_norm"))
     if w.cross_attn is not None:                             # the cross-attention's own trace keeps its step:
         cross = ctx.cross                                    # the stream it starts from ("residual"), what it reads
@@ -229,6 +245,9 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
                     keep=None if tape is None else (tape, layer, "ffn_norm"), names=("ffn_norm_scale", "ffn_in"))
     ctx.rec.put(layer, "attn_out", a)
     ctx.rec.put(layer, "ffn_out", f)
+    if w.conv is not None:                                   # DeBERTa-v2: Norm(x + act(conv(block input))), layer 0
+        x = conv_beside(x_in, x, w, cfg, None if ctx.mask.key_mask is None else ctx.mask.key_mask[:, -x.shape[1]:],
+                        tape, layer)
     return seen(ctx, layer, "residual_out", x)               # (B, n, d_model)
 
 
@@ -240,7 +259,7 @@ def parallel_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int, aft
     if tape is not None:
         tape.put(layer, "attn_norm", x)                      # both norms read x (their backward's input)
     h = normalise(x, w.attn_norm, ctx, layer, "attn_norm_scale")   # (B, n, d_model)
-    a = attention(seen(ctx, layer, "attn_in", h), w.attn, ctx, layer)
+    a = (latent_attention if cfg.latent else attention)(seen(ctx, layer, "attn_in", h), w.attn, ctx, layer)
     a = a if after_attn is None else after_attn(a)
     if rec.wants(layer, "residual_mid"):
         rec.put(layer, "residual_mid", x + a)                # (B, n, d_model) read only: no box reads it

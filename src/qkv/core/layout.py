@@ -63,18 +63,21 @@ def _attention(w: AttentionWeights) -> AttentionWeights:
     W_QKV, (W_Q, W_K, W_V) = side_by_side(w.W_Q, w.W_K, w.W_V)
     return AttentionWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=_c(w.W_O), b_Q=_c(w.b_Q), b_K=_c(w.b_K), b_V=_c(w.b_V),
                             q_norm=_norm(w.q_norm), k_norm=_norm(w.k_norm),
-                            b_O=_c(w.b_O), W_QKV=W_QKV)
+                            b_O=_c(w.b_O), sinks=_c(w.sinks), W_Q_b=_c(w.W_Q_b), q_latent_norm=_norm(w.q_latent_norm),
+                            kv_latent_norm=_norm(w.kv_latent_norm), W_KV_b=_c(w.W_KV_b), W_QKV=W_QKV,
+                            W_Kr=_c(w.W_Kr), b_Kr=_c(w.b_Kr), W_Qr=_c(w.W_Qr), b_Qr=_c(w.b_Qr))
 
 
 def _ffn(w: FFNWeights | MoEWeights) -> FFNWeights | MoEWeights:
     if isinstance(w, MoEWeights):                                # each expert laid out as a dense FFN
         return MoEWeights(W_router=_c(w.W_router), experts=[_ffn(e) for e in w.experts],
-                          shared=None if w.shared is None else _ffn(w.shared), W_shared_gate=_c(w.W_shared_gate))
+                          shared=None if w.shared is None else _ffn(w.shared), W_shared_gate=_c(w.W_shared_gate),
+                          b_choice=_c(w.b_choice), b_router=_c(w.b_router))
     if w.W_gate is None:
-        return FFNWeights(W_in=_c(w.W_in), W_out=_c(w.W_out), b_in=_c(w.b_in), b_out=_c(w.b_out))
+        return FFNWeights(W_in=_c(w.W_in), W_out=_c(w.W_out), b_in=_c(w.b_in), b_out=_c(w.b_out), xielu=w.xielu)
     W_gate_in, (W_gate, W_in) = side_by_side(w.W_gate, w.W_in)
     return FFNWeights(W_in=W_in, W_out=_c(w.W_out), b_in=_c(w.b_in), b_out=_c(w.b_out), W_gate=W_gate,
-                      W_gate_in=W_gate_in)
+                      b_gate=_c(w.b_gate), W_gate_in=W_gate_in)
 
 
 def _laid_out(W) -> bool:
@@ -92,6 +95,8 @@ def is_fast(weights: Weights) -> bool:
     """Whether `weights` is already laid out by `fast_layout` (its fused arrays and the named views agree)."""
     for b in weights.blocks:
         a = b.attn
+        if a is None:                                    # a Mamba block (core/mamba.py): nothing to fuse
+            continue
         if a.W_QKV is None or not _laid_out(a.W_QKV) or not _views_of(a.W_Q, a.W_QKV) or not _laid_out(a.W_O):
             return False
         for f in ffns_of(b.ffn):
@@ -121,9 +126,12 @@ def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) 
     done()
     blocks = []
     for b in weights.blocks:
+        if b.attn is None:                                       # a Mamba block: kept as it is
+            blocks.append(b)
+            continue
         blocks.append(BlockWeights(attn_norm=_norm(b.attn_norm), attn=_attention(b.attn),
                                    ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn), attn_out_norm=_norm(b.attn_out_norm),
-                                   ffn_out_norm=_norm(b.ffn_out_norm)))
+                                   ffn_out_norm=_norm(b.ffn_out_norm), conv=b.conv, conv_norm=_norm(b.conv_norm)))
         done()
     return replace(weights, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(weights.pos_embed),
                    type_embed=_c(weights.type_embed), embed_norm=_norm(weights.embed_norm),

@@ -64,6 +64,22 @@ def softmax_(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def softmax_sink_(x: np.ndarray, sink: np.ndarray) -> np.ndarray:
+    """softmax over the last axis with one more logit per head that has no column (an attention sink, gpt-oss),
+    in place: A_j = exp(x_j) / (Σ_k exp(x_k) + exp(s_h)). x (..., H, n, m), sink (H,). Each row sums to 1 − the
+    sink's share exp(s_h)/(…), so to less than 1; a fully masked row gives zeros (all its weight on the sink).
+    Plain form: softmax(concat([x, s_h], -1))[..., :-1], as transformers' eager attention computes it."""
+    s_h = sink.astype(x.dtype, copy=False)[:, None, None]   # (H, 1, 1)
+    m = np.maximum.reduce(x, axis=-1, keepdims=True)     # (..., H, n, 1)
+    np.maximum(m, s_h, out=m)                            # the row max, the sink's logit included
+    np.subtract(x, m, out=x)
+    np.exp(x, out=x)
+    total = np.add.reduce(x, axis=-1, keepdims=True)     # (..., H, n, 1)
+    total += np.exp(s_h - m)                             # + exp(s_h − max) ≥ … > 0
+    np.divide(x, total, out=x)
+    return x
+
+
 def entropy(p: np.ndarray, bits: bool = False) -> np.ndarray:
     """H(p) = −Σ p·ln p over the last axis, 0·ln 0 = 0: (..., m) → (...), in nats (bits: log₂).
 
@@ -242,6 +258,19 @@ def silu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     return dy * (s * (1.0 + x * (1.0 - s)))
 
 
+def quick_gelu(x: np.ndarray) -> np.ndarray:
+    """QuickGELU(x) = x · σ(1.702·x)  — CLIP's FFN (its original code's fast form of GELU)."""
+    with np.errstate(over="ignore"):                     # e^(-1.702x) = inf for x ≪ 0: → -0
+        return x / (1.0 + np.exp(-1.702 * x))
+
+
+def quick_gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dx of x·σ(1.702x): dx = dy · s·(1 + 1.702·x·(1 − s)), s = σ(1.702x)."""
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-1.702 * x))
+    return dy * (s * (1.0 + 1.702 * x * (1.0 - s)))
+
+
 def relu(x: np.ndarray) -> np.ndarray:
     """ReLU(x) = max(x, 0)."""
     return np.maximum(x, 0)
@@ -263,6 +292,73 @@ def relu2_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (dy * (2 * np.maximum(x, 0))).astype(dy.dtype, copy=False)
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu": relu, "relu2": relu2}
+def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: h = g'·σ(α·g') ⊙ (u' + 1) with g' = min(g, c), u' = clip(u, −c, c), c = LIMIT;
+    g = x·W_gate + b_gate, u = x·W_in + b_in (B, n, d_ff) → h (B, n, d_ff), as transformers' GptOssExperts."""
+    gc = np.minimum(g, limit)                            # (…, d_ff) the gate clamped above
+    with np.errstate(over="ignore"):                     # e^(−α·g) = inf for g ≪ 0: the gate → −0
+        h = gc / (1.0 + np.exp(-alpha * gc))             # g'·σ(α·g')
+    h *= np.clip(u, -limit, limit) + 1.0                 # ⊙ (u' + 1)
+    return h
+
+
+def clamped_glu_backward(dh: np.ndarray, g: np.ndarray, u: np.ndarray, alpha: float, limit: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(dg, du) of `clamped_glu`: with s = σ(α·g'),
+        dg = dh ⊙ (u' + 1) ⊙ s·(1 + α·g'·(1 − s)) where g ≤ c, else 0
+        du = dh ⊙ g'·s                               where −c ≤ u ≤ c, else 0   (torch's clamp: ends included)"""
+    gc = np.minimum(g, limit)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-alpha * gc))            # σ(α·g')
+    dg = dh * (np.clip(u, -limit, limit) + 1.0) * (s * (1.0 + alpha * gc * (1.0 - s)))
+    dg *= g <= limit
+    du = dh * (gc * s)
+    du *= (u >= -limit) & (u <= limit)
+    return dg, du
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """softplus(x) = ln(1 + eˣ), computed as max(x, 0) + ln(1 + e^(−|x|)) (no overflow for large x)."""
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def xielu(x: np.ndarray, alpha_p: np.ndarray, alpha_n: np.ndarray, beta: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """xIELU (Huang & Schlag 2024; Apertus's FFN), with an FFN's own learned scalars (stored as transformers
+    keeps them: a_p, a_n before their softplus):
+
+        xIELU(x) = α_p·x² + β·x                          x > 0      α_p = softplus(a_p)
+                   (e^min(x, ε) − 1 − x)·α_n + β·x       x ≤ 0      α_n = β + softplus(a_n)
+
+    x (…) any shape; the scalars (1,) or () in x's dtype. Plain form: torch.where over both branches, as
+    transformers' XIELUActivation._xielu_python."""
+    a_p = softplus(alpha_p).astype(x.dtype, copy=False)                 # (1,)
+    a_n = (beta + softplus(alpha_n)).astype(x.dtype, copy=False)         # (1,)
+    pos = a_p * x * x + beta * x                                         # (…)
+    neg = (np.expm1(np.minimum(x, eps)) - x) * a_n + beta * x            # (…)
+    return np.where(x > 0, pos, neg).astype(x.dtype, copy=False)
+
+
+def xielu_backward(dy: np.ndarray, x: np.ndarray, alpha_p: np.ndarray, alpha_n: np.ndarray, beta: np.ndarray,
+                   eps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx (…), da_p (1,), da_n (1,)) of `xielu` (β and ε are constants, as transformers' buffers):
+
+        x > 0:  dx = dy·(2·α_p·x + β)                       da_p = Σ dy·x²·σ(a_p)
+        x ≤ 0:  dx = dy·((e^x·[x < ε] − 1)·α_n + β)         da_n = Σ dy·(e^min(x, ε) − 1 − x)·σ(a_n)
+
+    (σ = softplus'; at x = ε, min's gradient is shared half and half, as torch.minimum's.)"""
+    a_p = softplus(alpha_p).astype(x.dtype, copy=False)
+    a_n = (beta + softplus(alpha_n)).astype(x.dtype, copy=False)
+    pos = x > 0                                                          # (…)
+    low = np.where(x < eps, 1.0, np.where(x == eps, 0.5, 0.0)).astype(x.dtype)   # d min(x, ε)/dx
+    e = np.expm1(np.minimum(x, eps))                                     # (…)
+    slope = np.where(pos, 2 * a_p * x + beta, ((e + 1) * low - 1) * a_n + beta)
+    dx = (dy * slope).astype(dy.dtype, copy=False)
+    da_p = np.sum(np.where(pos, dy * x * x, 0), dtype=np.float64) * sigmoid(alpha_p.astype(np.float64))
+    da_n = np.sum(np.where(pos, 0, dy * (e - x)), dtype=np.float64) * sigmoid(alpha_n.astype(np.float64))
+    return dx, da_p.astype(alpha_p.dtype), da_n.astype(alpha_n.dtype)
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu": relu, "relu2": relu2,
+               "quick_gelu": quick_gelu}
 ACTIVATION_BACKWARDS = {"gelu": gelu_backward, "gelu_tanh": gelu_tanh_backward, "silu": silu_backward,
-                        "relu": relu_backward, "relu2": relu2_backward}
+                        "relu": relu_backward, "relu2": relu2_backward, "quick_gelu": quick_gelu_backward}

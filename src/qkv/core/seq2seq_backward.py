@@ -84,7 +84,7 @@ def backward(dlogits: np.ndarray, m: np.ndarray, h: np.ndarray, weights: Seq2Seq
     for i in reversed(range(len(dec.blocks))):
         dy, g_dec[i], d_kv[i] = back.block(dy, dec.blocks[i], dec_tape, i, cfg, tapes["cross"])
     g_dec_bias = bias_grads(dec_tape, dec, g_dec, cfg, False)
-    d_tok = np.zeros_like(weights.tok_embed)              # (V, d_model), the shared table
+    d_tok = np.zeros_like(dec.tok_embed)                  # (V, d_model), the decoder's table (the shared one)
     _, d_pos_dec, _, g_dec_embed = back.embed(dy, dec, cfg, dec_tape.pop(None, "embed"), d_tok, grads=target)
     dm = back.memory(d_kv, m, dec.blocks, g_dec)          # (B, n_src, d_model)
     enc_tape, g_enc_final = tapes["encoder"], None
@@ -95,14 +95,16 @@ def backward(dlogits: np.ndarray, m: np.ndarray, h: np.ndarray, weights: Seq2Seq
     for i in reversed(range(len(enc.blocks))):
         dx, g_enc[i], _ = back.block(dx, enc.blocks[i], enc_tape, i, cfg)
     g_enc_bias = bias_grads(enc_tape, enc, g_enc, cfg, True)
-    _, d_pos_enc, _, g_enc_embed = back.embed(dx, enc, cfg, enc_tape.pop(None, "embed"), d_tok, grads=source)
+    shared = np.shares_memory(enc.tok_embed, dec.tok_embed)   # one table, or each stack's own (untied)
+    d_src = d_tok if shared else np.zeros_like(enc.tok_embed)
+    _, d_pos_enc, _, g_enc_embed = back.embed(dx, enc, cfg, enc_tape.pop(None, "embed"), d_src, grads=source)
     if inputs is not None:
         inputs["source_tokens"], inputs["target_tokens"] = source["tokens"], target["tokens"]
-    if np.shares_memory(dec.W_vocab, weights.tok_embed):
+    if np.shares_memory(dec.W_vocab, dec.tok_embed):
         d_tok += dW_vocab.T                               # tied: W_vocab = Eᵀ
         dW_vocab = d_tok.T
     return Seq2SeqWeights(
-        Weights(tok_embed=d_tok, blocks=g_enc, pos_embed=d_pos_enc, embed_norm=g_enc_embed, final_norm=g_enc_final,
+        Weights(tok_embed=d_src, blocks=g_enc, pos_embed=d_pos_enc, embed_norm=g_enc_embed, final_norm=g_enc_final,
                 rel_bias=g_enc_bias),
         Weights(tok_embed=d_tok, blocks=g_dec, pos_embed=d_pos_dec, embed_norm=g_dec_embed, final_norm=g_dec_final,
                 W_vocab=dW_vocab, rel_bias=g_dec_bias))

@@ -18,7 +18,7 @@ Everything works on a batch: B rows of n tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ from ..runtime.errors import QkvError
 from .attention import AttentionMask
 from .blocks import attention_mask_of, cross_memory, embed, logits_of, unembed_in
 from .layer import block, final_norm
+from .mamba import mamba_pass
+from .disentangled import relative_table
 from .context import QUIET, Ablation, Context, check_finite, check_given
 from .blocks_backward import Tape
 from .cache import KVCache
@@ -159,13 +161,18 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     (input attribution: the embeddings scaled towards a baseline).
 
     What is a single stack's own is set up here (positions, RoPE, masks per window, the one-token step);
-    `run_stack` runs it.
+    `run_stack` runs it. A Mamba model (cfg.mamba) runs its own stack, core/mamba.py's, with the same arguments.
     """
+    if cfg.mamba is not None:
+        return mamba_pass(weights, cfg, ids, attention_mask, token_type_ids=token_type_ids, rec=rec, cache=cache,
+                          logits=logits, ablate=ablate, hooks=hooks, start=start, stream=stream, tape=tape,
+                          tokens=tokens, stop=stop)
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
     # BERT numbers positions 0..n-1 whatever the mask, as transformers does.
-    positions = positions_from_mask(attention_mask)[:, -n:] if cfg.causal else np.broadcast_to(
+    counted = cfg.causal and not cfg.index_positions           # (CLIP's text: causal, numbered 0..n-1 as BERT)
+    positions = positions_from_mask(attention_mask)[:, -n:] if counted else np.broadcast_to(
         np.arange(n), attention_mask.shape[:1] + (n,))
     if cfg.positions_from_ids and ids is not None:           # RoBERTa: counted over the ids that are not pads
         positions = positions_from_ids(ids, cfg.pad_token_id)
@@ -182,7 +189,12 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     if "global" in speeds:
         rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
                             interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
-    ctx = Context(cfg, attention_mask_of(cfg, attention_mask, n), rope, rec or Recorder(keep=()), cache, ablate, hooks,
+    mask = attention_mask_of(cfg, attention_mask, n)
+    if weights.rel_bias is not None:                         # MPNet: T5's bias of j − i both ways, every layer's
+        m = attention_mask.shape[1]
+        mask = replace(mask, position_bias=relative_bias(weights.rel_bias, np.arange(m - n, m), np.arange(m), True,
+                                                         cfg.relative_max_distance))       # (1, H, n, m)
+    ctx = Context(cfg, mask, rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
         first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
@@ -191,6 +203,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         if "local" in speeds:
             ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
                                              interleaved=cfg.rope_interleaved)
+    if cfg.disentangled is not None:                         # DeBERTa: the relative positions' table, once a pass
+        ctx.relative = relative_table(weights.rel_embed, weights.rel_norm, cfg.norm_eps, n, cfg.disentangled)
     if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
             and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:

@@ -31,14 +31,15 @@ INTERMEDIATES = {
     "k": "(B, Hkv, n, d_k)  keys, after RoPE",
     "v": "(B, Hkv, n, d_k)  values",
     "scores": "(B, H, n, n)  S + M: the scores S = Q·Kᵀ/√d_k with the mask M applied (-inf), before softmax",
-    "attentions": "(B, H, n, n)  A = softmax(S + M), rows sum to 1",
+    "attentions": ("(B, H, n, n)  A = softmax(S + M), rows sum to 1; a Mamba layer's: the attention its scan "
+                   "implies, each group of channels' Σ|α| with rows divided by their sum (core/mamba.py)"),
     "heads": ("(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O (its part of attn_out is "
               "Z_h·W_O[h·d_k:(h+1)·d_k], before the output norm and multiplier)"),
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",
     "ffn_out": "(B, n, d_model)  the FFN's output, added to the residual stream",
-    "neurons": ("(B, n, d_ff)  the FFN's hidden activations act(x·W_in + b) (gated: act(x·W_gate) ⊙ (x·W_in + b)), "
-                "the input to W_out: each neuron's coefficient on its output vector (Geva et al. 2021's memory "
-                "coefficients); a MoE layer (a routed FFN) has no single d_ff hidden and records none"),
+    "neurons": ("(B, n, d_ff)  the FFN's hidden activations act(x·W_in + b) (gated: act(x·W_gate + b_g) ⊙ "
+                "(x·W_in + b)), the input to W_out: each neuron's coefficient on its output vector (Geva et al. 2021's "
+                "memory coefficients); a MoE layer (a routed FFN) has no single d_ff hidden and records none"),
     # recorded so that analyses and views read them (pass order):
     "attn_norm_scale": ("(B, n)  s, what the block's first norm divided each position by: √(mean(x²) + eps) "
                         "(RMSNorm) or √(var(x) + eps) (LayerNorm), of the block's input (pre-norm) or of input + "
@@ -46,7 +47,8 @@ INTERMEDIATES = {
                         "no such norm (OLMo 2)"),
     "attn_in": ("(B, n, d_model)  what attention reads: Norm(residual) (pre-norm, parallel), the residual itself "
                 "(post-norm, or no norm before it: OLMo 2)"),
-    "q_pre_rope": "(B, H, n, d_k)  queries before RoPE turns them (after the q norm where there is one); q without RoPE",
+    "q_pre_rope": "(B, H, n, d_k)  queries before RoPE turns them (after the q norm where there is one, but Hunyuan's, "
+                  "which follows RoPE); q without RoPE",
     "k_pre_rope": "(B, Hkv, n, d_k)  keys before RoPE turns them (after the k norm where there is one); k without RoPE",
     "residual_mid": ("(B, n, d_model)  the stream after attention, the one the FFN's step starts from: residual + "
                      "attn_out (pre-norm; an encoder–decoder's decoder: after its cross-attention too), "
@@ -58,8 +60,8 @@ INTERMEDIATES = {
                        "its own (OLMo 2; Phi, whose FFN reads the attention's)"),
     "ffn_in": ("(B, n, d_model)  what the FFN reads: Norm(residual_mid) (pre-norm), residual_mid (post-norm, or no "
                "norm before it), Norm(residual) (parallel; Phi: attention's Norm(residual), as attn_in before hooks)"),
-    "ffn_pre": ("(B, n, d_ff)  what the FFN's activation reads: x·W_in + b, or gated x·W_gate (whose neurons are "
-                "act(x·W_gate) ⊙ (x·W_in + b)); a MoE layer has none"),
+    "ffn_pre": ("(B, n, d_ff)  what the FFN's activation reads: x·W_in + b, or gated x·W_gate + b_g (whose neurons "
+                "are act(x·W_gate + b_g) ⊙ (x·W_in + b); b_g: Llama's mlp_bias, else 0); a MoE layer has none"),
     "residual_out": ("(B, n, d_model)  the stream leaving the block: the next block's residual; the last block's "
                      "is what the final norm reads"),
 }
@@ -77,6 +79,14 @@ OUT_NORMS = {
                             "as attn_norm_scale (Gemma 2, OLMo 2); a hook's s is what the norm divides by"),
     "ffn_out_norm_scale": "(B, n)  s of the FFN's output norm, as attn_out_norm_scale",
 }
+# DeBERTa's disentangled attention (core/disentangled.py): S's three terms, each its own n × n table, recorded and
+# hooked like the others (a hook's c2p or p2c is what S adds; c2c is read only: hook "scores" to change S). Every
+# other model has none: a hook on them is refused. S + M = c2c + (c2p + p2c) + M, to the bit.
+DISENTANGLED = {
+    "scores_c2c": "(B, H, n, n)  content → content: Q·Kᵀ·s, s = 1/√(d_k·(1 + the position terms)), S's first term",
+    "scores_c2p": "(B, H, n, n)  content → position: query i's Q against K^r of its distance to key j, ·s",
+    "scores_p2c": "(B, H, n, n)  position → content: key j's K against Q^r of its distance to query i, ·s",
+}
 # What a view of a long input keeps instead of A: each query row's K largest weights (Recorder(top=K)).
 SPARSE = {
     "attention_top": ("(B, H, n, K)  each query row's K largest attention weights, exactly, largest first, with "
@@ -90,12 +100,14 @@ OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top", *OU
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.core.hooks takes INTERMEDIATES).
 ROUTER = {
-    "router": "(B, n, E)  the router's probabilities p = softmax(x·W_router) over the E experts",
-    "experts": "(B, n, k)  the k experts each token went to, most probable first",
-    "expert_weights": "(B, n, k)  the weights their outputs were summed with (p, renormalised where the config says)",
+    "router": ("(B, n, E)  the router's probabilities p = softmax(x·W_router) over the E experts (σ(x·W_router) "
+               "each, with DeepSeek-V3's router: cfg.router_score)"),
+    "experts": "(B, n, k)  the k experts each token went to, highest ranked first (p, + a choice bias where there is one)",
+    "expert_weights": ("(B, n, k)  the weights their outputs were summed with (p, renormalised and scaled where the "
+                       "config says)"),
 }
-RECORDED = {**INTERMEDIATES, **FINAL, **OUT_NORMS, **ROUTER, **SPARSE}     # every name a Recorder can keep
-PER_LAYER = [*INTERMEDIATES, *FINAL]                                        # what a LayerTrace's repr lists
+RECORDED = {**INTERMEDIATES, **FINAL, **OUT_NORMS, **ROUTER, **SPARSE, **DISENTANGLED}   # every name a Recorder keeps
+PER_LAYER = [*INTERMEDIATES, *FINAL, *DISENTANGLED]                         # what a LayerTrace's repr lists
 DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
 
@@ -159,6 +171,9 @@ class LayerTrace:
     experts: np.ndarray | None = None       # (n, k) the chosen experts, most probable first
     expert_weights: np.ndarray | None = None   # (n, k) their weights in the sum
     attention_top: "TopAttention | None" = None   # (H, n, K) each row's K largest weights (kept only when asked for)
+    scores_c2c: np.ndarray | None = None    # (H, n, n) DeBERTa: S's content → content term
+    scores_c2p: np.ndarray | None = None    # (H, n, n) content → position
+    scores_p2c: np.ndarray | None = None    # (H, n, n) position → content
 
     def __repr__(self) -> str:
         """The layer and the names of what it kept, never the arrays themselves."""
@@ -182,6 +197,9 @@ class KeptLayer:
         if value is None and name in FINAL:
             raise QkvError(f"{name} is kept with the last layer only, for a model with a final norm; run the model "
                            f"with keep=(..., {name!r}) and the last layer (layers=None or [-1])")
+        if value is None and name in DISENTANGLED:
+            raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace: only disentangled attention "
+                           f"(DeBERTa) has it; run such a model with keep=(..., {name!r}) or without keep=")
         if value is None and name in INTERMEDIATES:
             raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace; run the model with "
                            f"keep=(..., {name!r}) or without keep= (a trace read by Trace.load holds attentions only)")
@@ -239,6 +257,8 @@ class Trace:
     image: np.ndarray | None = None          # image models (ViT): the image the model read, (H, W, C) uint8
     grid: tuple[int, int] | None = None      # and its patches' (rows, columns): token 1 + r·cols + c is patch (r, c)
     label_names: list[str] | None = None     # an image classifier's labels: the names of the logits' columns
+    sinks: bool = False                      # each head's softmax had a sink logit (gpt-oss, cfg.attn_sinks): a row
+                                             # of A sums to less than 1, the rest its sink's (`sink_shares`)
     # The model's tokenizer, so that views can spell tokens the trace did not read (the Next token tab's
     # candidates); set by Model.run and generation, not saved (a trace read by Trace.load has none).
     tokenizer: object | None = field(default=None, repr=False, compare=False)
@@ -283,6 +303,13 @@ class Trace:
         return whole if whole is not None else np.stack(arrays)
 
     @property
+    def sink_shares(self) -> np.ndarray | None:
+        """(L, H, n_q) the share of each attention row its head's sink took, 1 − Σ_j A_ij (a model with attention
+        sinks, gpt-oss: the sink is one more term of the softmax with no value); None without sinks or weights."""
+        A = self.attentions
+        return None if not self.sinks or A is None else np.maximum(1 - A.sum(axis=-1, dtype=np.float64), 0)
+
+    @property
     def labels(self) -> list[str]:
         """(n,) the tokens as a reader sees them: "Ġcapital" → "␣capital", "Ċ" → "↵" (byte-level BPE)."""
         return labels_of(self.tokens, self.spelling)
@@ -313,7 +340,8 @@ class Trace:
         meta = {"model": self.model if model_name is None else model_name, "family": self.family,
                 "causal": self.causal, "spelling": self.spelling, "text": self.text, "tokens": self.tokens,
                 "source_tokens": self.source_tokens, "layers": self.layer_ids, "prompt_length": self.prompt_length,
-                "rows": weight_rows(A),                                  # hooks may edit the weights
+                "rows": "sinks" if self.sinks and A is not None else weight_rows(A),   # hooks may edit the weights;
+                                                                         # sinks: rows sum to less than 1
                 "grid": None if self.grid is None else list(self.grid), "label_names": self.label_names}
         return write_trace(Path(directory), arrays, meta)
 
@@ -331,7 +359,7 @@ class Trace:
                     spelling=meta.get("spelling") or "plain", source_tokens=meta.get("source_tokens"),
                     layers={i: LayerTrace(layer=i, attentions=saved.attentions[k]) for k, i in enumerate(saved.layers)},
                     image=image, grid=None if image is None else tuple(meta["grid"]),
-                    label_names=meta.get("label_names"))
+                    label_names=meta.get("label_names"), sinks=meta.get("rows") == "sinks")
         for i, values in saved.routed.items():
             for name, value in zip(ROUTER, values):
                 setattr(trace.layers[i], name, value)
@@ -372,7 +400,7 @@ def made_by(handle) -> dict:
     """The fields of a Trace that say what made it (a model's name, family, spelling and tokenizer)."""
     tok = handle.tokenizer
     return dict(model=handle.name, family=handle.config.family, spelling=tok.spelling if tok else "plain",
-                tokenizer=tok)
+                tokenizer=tok, sinks=handle.config.attn_sinks)
 
 
 def layer_traces(store: dict[int, dict[str, np.ndarray]], row: int = 0) -> dict[int, LayerTrace]:

@@ -192,8 +192,8 @@ def _check_meta(d: Path, meta) -> dict:
             raise bad(f"{key!r} must be a string")
     if meta.get("causal") is not None and not isinstance(meta["causal"], bool):
         raise bad("'causal' must be true, false or null")
-    if meta.get("rows") not in (None, "softmax", "edited"):
-        raise bad("'rows' must be \"softmax\" or \"edited\"")
+    if meta.get("rows") not in (None, "softmax", "edited", "sinks"):
+        raise bad("'rows' must be \"softmax\", \"edited\" or \"sinks\"")
     p = meta.get("prompt_length")
     if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= len(meta["tokens"])):
         raise bad("'prompt_length' must be a token count")
@@ -249,7 +249,7 @@ def _check_arrays(d: Path, meta: dict, ids, layers, att, lower) -> tuple[np.ndar
         att[..., rows, cols] = lower
     if att.ndim != 4 or att.shape[0] != len(layers) or att.shape[2:] != (n, n_k) or att.dtype.kind != "f":
         raise bad(f"attentions have shape {att.shape} of {att.dtype}, expected ({len(layers)}, H, {n}, {n_k}) floats")
-    check_weights(att, lambda what: bad(f"attentions {what}"), rows=meta.get("rows") != "edited")
+    check_weights(att, lambda what: bad(f"attentions {what}"), rows=meta.get("rows") not in ("edited", "sinks"))
     return ids, att, layers.tolist()
 
 

@@ -59,23 +59,52 @@ class AttentionWeights:
     k_norm: NormWeights | None = None    # and of k: (d_k,), (Hkv, d_k) or (Hkv·d_k,)
     rel_bias: np.ndarray | None = None   # (buckets, H) this layer's own relative position bias (UMT5); None: the
                                          # stack's shared one (Weights.rel_bias, T5) or none
+    sinks: np.ndarray | None = None      # (H,) each head's sink logit s_h (gpt-oss): it joins the softmax, A =
+                                         # exp(S)/(Σ exp(S) + exp(s_h)), with no value; None: none (cfg.attn_sinks)
+    # Multi-head latent attention (MLA, DeepSeek; cfg.kv_lora_rank, latent.latent_attention) reads X through the
+    # same three: W_Q (d_model, H·d_k), or q's latent (d_model, r_q) with W_Q_b; W_K the RoPE key every head shares
+    # (d_model, d_rot); W_V the K/V latent (d_model, r_kv), expanded per head by W_KV_b (b_K, b_V: their parts of
+    # kv_a_proj's bias, b_Q q_a_proj's). None elsewhere.
+    W_Q_b: np.ndarray | None = None            # (r_q, H·d_k) q = Norm(x·W_Q + b_Q)·W_Q_b
+    q_latent_norm: NormWeights | None = None   # (r_q,) that Norm (RMSNorm, ε cfg.latent_norm_eps)
+    kv_latent_norm: NormWeights | None = None  # (r_kv,) c = Norm(x·W_V + b_V)
+    W_KV_b: np.ndarray | None = None           # (r_kv, H·(d_nope + d_v)) c·W_KV_b: each head's [K_nope | V]
+    # DeBERTa's disentangled attention (cfg.disentangled, core/disentangled.py): the relative positions' keys K^r =
+    # P·W_Kr + b_Kr (c2p) and queries Q^r = P·W_Qr + b_Qr (p2c); None: none, or W_K, W_Q serve (share_att_key)
+    W_Kr: np.ndarray | None = None             # (d_model, H·d_k)
+    b_Kr: np.ndarray | None = None             # (H·d_k,)
+    W_Qr: np.ndarray | None = None             # (d_model, H·d_k)
+    b_Qr: np.ndarray | None = None             # (H·d_k,)
     # Set by qkv.core.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
 
 
 @dataclass
+class XIELUWeights:
+    """An FFN's own xIELU scalars (Apertus; qkv.core.ops.xielu): a_p, a_n learned (α_p = softplus(a_p), α_n = β +
+    softplus(a_n)); β, ε constants (transformers' buffers: never trained, no gradient)."""
+
+    alpha_p: np.ndarray              # (1,)
+    alpha_n: np.ndarray              # (1,)
+    beta: np.ndarray | None = None   # () the slope β·x of both branches (None in a gradient tree)
+    eps: np.ndarray | None = None    # () ε < 0: the negative branch's e^min(x, ε) (None in a gradient tree)
+
+
+@dataclass
 class FFNWeights:
-    """FFN(x) = act(x·W_in + b_in)·W_out + b_out; gated: (act(x·W_gate) ⊙ x·W_in)·W_out."""
+    """FFN(x) = act(x·W_in + b_in)·W_out + b_out; gated: (act(x·W_gate + b_gate) ⊙ (x·W_in + b_in))·W_out + b_out."""
 
     W_in: np.ndarray                 # (d_model, d_ff)
     W_out: np.ndarray                # (d_ff, d_model)
     b_in: np.ndarray | None = None   # (d_ff,)
     b_out: np.ndarray | None = None  # (d_model,)
     W_gate: np.ndarray | None = None  # (d_model, d_ff), SwiGLU only
+    b_gate: np.ndarray | None = None  # (d_ff,), its bias (Llama's mlp_bias); None: none
     # Set by qkv.core.layout.fast_layout (SwiGLU only): [W_gate | W_in], (d_model, 2·d_ff), one product
     # for both; W_gate and W_in are then views of its columns.
     W_gate_in: np.ndarray | None = None
+    xielu: XIELUWeights | None = None   # the activation's own scalars (cfg.activation "xielu": Apertus); None: none
 
 
 @dataclass
@@ -87,7 +116,11 @@ class MoEWeights:
     W_router: np.ndarray                       # (d_model, E)
     experts: list[FFNWeights]                  # E gated FFNs, each (d_model, d_expert) in, (d_expert, d_model) out
     shared: FFNWeights | None = None           # the shared expert (d_shared_expert wide); None: none
-    W_shared_gate: np.ndarray | None = None    # (d_model, 1) its gate
+    W_shared_gate: np.ndarray | None = None    # (d_model, 1) its gate; None: the shared expert is added ungated
+    b_choice: np.ndarray | None = None         # (E,) added to the scores for the choice of experts only (a constant:
+                                               # never trained); None: none (cfg.expert_choice_bias)
+    b_router: np.ndarray | None = None         # (E,) the router's bias, logits = x·W_router + b_router (gpt-oss);
+                                               # None: none
 
     def ffns(self) -> list[FFNWeights]:
         """Every FFN inside: the experts, then the shared expert."""
@@ -117,6 +150,8 @@ class BlockWeights:
     cross_norm: NormWeights | None = None        # its norm (before or after, as the others)
     attn_out_norm: NormWeights | None = None     # Norm of attention's output before it joins the stream (OLMo 2)
     ffn_out_norm: NormWeights | None = None      # and of the FFN's
+    conv: "ConvWeights | None" = None            # DeBERTa-v2's convolution beside its first layer (cfg.first_conv):
+    conv_norm: NormWeights | None = None         # out = Norm(block(x) + act(conv(x))), this its norm; None: none
 
 
 @dataclass
@@ -130,6 +165,20 @@ class ConvWeights:
     kernel: int = 3
     stride: int = 1
     padding: int = 1
+
+
+@dataclass
+class PoolWeights:
+    """A tower's pooling head (CLIP, SigLIP; cfg.pooling, core/pooling.py): the pooled row h → its embedding
+    Norm?(h)·W_proj + b_proj; SigLIP's image: h = the probe's attention over every row, + MLP(LayerNorm(·))."""
+
+    norm: NormWeights | None = None            # (d_model,) on the pooled row only (CLIP's image post_layernorm)
+    W_proj: np.ndarray | None = None           # (d_model, p) the projection (text_projection, visual_projection,
+    b_proj: np.ndarray | None = None           # (p,)          SigLIP's text head); None: the pooled row itself
+    probe: np.ndarray | None = None            # (d_model,) the learned query of SigLIP's attention-pooling head
+    probe_attn: AttentionWeights | None = None   # its attention (W_Q reads the probe, W_K, W_V the rows)
+    probe_norm: NormWeights | None = None      # LayerNorm before its MLP
+    probe_ffn: FFNWeights | None = None        # the MLP, added to the attention's output
 
 
 @dataclass
@@ -152,11 +201,14 @@ class Weights:
     unembed_in: np.ndarray | None = None       # (d_model, d_embed) Z·unembed_in after the final norm, before W_vocab
     b_vocab: np.ndarray | None = None          # (V,) Marian's and BART's final_logits_bias
     rel_bias: np.ndarray | None = None         # (buckets, H) T5: relative position bias, shared by the layers
+    rel_embed: np.ndarray | None = None        # (2k, d_model) DeBERTa: the relative positions' table P, every layer's
+    rel_norm: NormWeights | None = None        # its LayerNorm (norm_rel_ebd), applied before the layers read it
     front: list[ConvWeights] | None = None     # an audio encoder (Whisper): the convolutions from log-mel frames
                                                # (B, T, mels) to the stream, each followed by GELU
     W_patch: np.ndarray | None = None          # (C·p_h·p_w, d_model) an image model (ViT): each patch's pixels → its
     b_patch: np.ndarray | None = None          # (d_model,) token (the patch convolution as one product); tok_embed (1, d)
                                                # is then the [CLS] token
+    pool: PoolWeights | None = None            # a tower's pooling head (CLIP, SigLIP: cfg.pooling); None: none
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""
@@ -166,10 +218,13 @@ class Weights:
     def nbytes(self) -> int:
         """Bytes of all parameters, each counted once (a tied W_vocab, the views into W_QKV)."""
         total = 0
+        seen: set[int] = set()
 
         def add(a: np.ndarray) -> np.ndarray:
             nonlocal total
-            total += a.nbytes
+            if id(a) not in seen:                        # an array several blocks read (ALBERT's layers): once
+                seen.add(id(a))
+                total += a.nbytes
             return a
 
         _map_arrays(self, add)
@@ -178,7 +233,7 @@ class Weights:
         total += sum(m.nbytes for m in stored.values())
         if isinstance(self.W_vocab, np.ndarray) and np.shares_memory(self.W_vocab, self.tok_embed):
             total -= self.W_vocab.nbytes
-        for b in self.blocks:
+        for b in (b for b in self.blocks if b.attn is not None):     # (a Mamba block has no attention)
             parts = [(b.attn.W_QKV, (b.attn.W_Q, b.attn.W_K, b.attn.W_V))]
             parts += [(f.W_gate_in, (f.W_gate, f.W_in)) for f in ffns_of(b.ffn)]
             for fused, named in parts:
@@ -192,7 +247,8 @@ class Weights:
 @dataclass
 class Seq2SeqWeights:
     """An encoder–decoder's two stacks. They share one embedding table (encoder.tok_embed is
-    decoder.tok_embed); only the decoder has W_vocab, and cross-attention in its blocks."""
+    decoder.tok_embed), or each has its own (BART, mBART, Pegasus with tie_word_embeddings false); only the
+    decoder has W_vocab, and cross-attention in its blocks."""
 
     encoder: Weights
     decoder: Weights
@@ -202,10 +258,12 @@ class Seq2SeqWeights:
         return self.encoder.tok_embed                # (V, d_model), both stacks'
 
     def astype(self, dtype) -> "Seq2SeqWeights":
-        """A copy with every array in `dtype` (float64 for checks); the table stays shared."""
+        """A copy with every array in `dtype` (float64 for checks); a shared table stays shared."""
         dtype = check_dtype(dtype)
-        table = self.tok_embed.astype(dtype)
         enc, dec = self.encoder.astype(dtype), self.decoder.astype(dtype)
+        if not np.shares_memory(self.encoder.tok_embed, self.decoder.tok_embed):
+            return Seq2SeqWeights(enc, dec)                  # each stack's own table (and an untied W_vocab)
+        table = self.tok_embed.astype(dtype)
         enc.tok_embed = dec.tok_embed = table
         if self.decoder.W_vocab is not None and np.shares_memory(self.decoder.W_vocab, self.tok_embed):
             dec.W_vocab = table.T
@@ -216,6 +274,29 @@ class Seq2SeqWeights:
         enc, dec = self.encoder.tok_embed, self.decoder.tok_embed
         shared = enc.nbytes if np.shares_memory(enc, dec) else 0
         return self.encoder.nbytes() + self.decoder.nbytes() - shared
+
+
+@dataclass
+class PairWeights:
+    """An image–text pair (CLIP, SigLIP): the two towers and the similarity's scalars, logits = e^s·cos (+ b)."""
+
+    vision: Weights
+    text: Weights
+    logit_scale: np.ndarray                    # () s, the log of the cosine's scale
+    logit_bias: np.ndarray | None = None       # () b (SigLIP); None: none (CLIP)
+
+    @property
+    def tok_embed(self) -> np.ndarray:
+        return self.text.tok_embed
+
+    def astype(self, dtype) -> "PairWeights":
+        dtype = check_dtype(dtype)
+        return PairWeights(self.vision.astype(dtype), self.text.astype(dtype), self.logit_scale.astype(dtype),
+                           None if self.logit_bias is None else self.logit_bias.astype(dtype))
+
+    def nbytes(self) -> int:
+        return self.vision.nbytes() + self.text.nbytes() + self.logit_scale.nbytes + (
+            0 if self.logit_bias is None else self.logit_bias.nbytes)
 
 
 def _map_arrays(obj, fn, on_other=None):

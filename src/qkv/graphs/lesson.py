@@ -35,10 +35,9 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..core.blocks import linear, unembed_in
+from ..core.blocks import activation_of, linear, unembed_in
 from ..core.hooks import Hooks
 from ..core.layer import joined as into_stream
-from ..core.ops import ACTIVATIONS
 from ..core.stack import transformer
 from ..core.weights import MoEWeights
 from ..lessons import Page, same
@@ -200,8 +199,9 @@ def _ffn(model, layer: int, h: np.ndarray) -> np.ndarray:
 
     W_in, W_gate, W_out = dense(f.W_in), dense(f.W_gate), dense(f.W_out)
     u = h @ W_in + (0 if f.b_in is None else np.asarray(f.b_in, np.float64))          # (d_ff,)
-    act = ACTIVATIONS[cfg.activation]
-    a = act(u) if W_gate is None else act(h @ W_gate) * u                              # (d_ff,)
+    act = activation_of(f, cfg)                                                        # xIELU: its own scalars
+    g = None if W_gate is None else h @ W_gate + (0 if f.b_gate is None else np.asarray(f.b_gate, np.float64))
+    a = act(u) if g is None else act(g) * u                                            # (d_ff,)
     y = a @ W_out + (0 if f.b_out is None else np.asarray(f.b_out, np.float64))         # (d_model,)
     if w.ffn_out_norm is not None:
         nw = w.ffn_out_norm

@@ -244,14 +244,20 @@ def projected(rep: Replacement, layer: int, head: int, side: str, x: np.ndarray,
     y = x @ W[:, cut]                                                    # (R, d_k), or (R, H·d_k) when full
     if b is not None and biased:
         y = y + b[cut]
-    if cfg.qk_norm is not None:
+    after = cfg.qk_norm_after_rope                                       # Hunyuan: the norm follows RoPE
+    if cfg.qk_norm is not None and not after:
         r = real @ W[:, cut] + (0 if b is None else b[cut])              # the real pass's, before its norm
         g = _keep(qk_norm if full else _head_norm(qk_norm, head), biased)
         y = norm_by(y, np.full(len(y), norm_scale(r, cfg)), g, cfg)
     if full:
         y = y[:, head * dk:(head + 1) * dk]                              # (R, d_k)
     rope = _rotation(rep, layer, position)
-    return y if rope is None else apply_rope(y, *rope, cfg.rope_interleaved)   # (R, d_k)
+    y = y if rope is None else apply_rope(y, *rope, cfg.rope_interleaved)   # (R, d_k)
+    if after:                                                            # frozen at the real pass's turned q or k
+        r = real @ W[:, cut] + (0 if b is None else b[cut])              # (d_k,)
+        r = r if rope is None else apply_rope(r[None], *rope, cfg.rope_interleaved)[0]
+        y = norm_by(y, np.full(len(y), norm_scale(r, cfg)), _keep(_head_norm(qk_norm, head), biased), cfg)
+    return y
 
 
 def _keep(w: NormWeights, biased: bool) -> NormWeights:
@@ -278,7 +284,7 @@ def check_model(rep: Replacement) -> None:
     """One QkvError where the head's score is not q·k through the frozen maps above (T5's relative bias; a MoE
     layer's routing belongs to the graph's own refusals)."""
     cfg = rep.model.config
-    if cfg.position == "relative":
+    if cfg.position == "relative" or cfg.disentangled is not None:        # T5's bias, DeBERTa's c2p + p2c
         raise QkvError(f"{rep.model.name}'s scores add a learned relative position bias per query and key, which "
                        "QK attribution does not split; use a model with RoPE, learned positions or ALiBi")
 

@@ -161,6 +161,10 @@ def check_model(model) -> None:
     if w.W_patch is not None or w.front is not None or cfg.encoder_decoder or cfg.position == "relative":
         raise QkvError(f"{model.name} is not a single-stack text model; attribution graphs read a decoder "
                        "(or a text encoder with an LM head)")
+    if cfg.latent:
+        raise QkvError(f"{model.name}'s attention is multi-head latent attention (DeepSeek): its values come from a "
+                       "normalised latent, not X·W_V, which the graph's frozen attention does not model yet; use "
+                       "another model")
     if w.W_embed is not None or w.unembed_in is not None or cfg.scale_decoder_output:
         raise QkvError(f"{model.name}'s stream is projected between the blocks and the tables (ELECTRA, OPT-350m), "
                        "which the graph does not model yet; use another model")

@@ -48,6 +48,9 @@ class ImageProcessing:
     do_normalize: bool = True
     image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    shortest_edge: int | None = None            # CLIP's: the shorter side resized to this, the aspect kept (size
+                                                # is then what the center crop leaves); None: resize to `size`
+    center_crop: bool = False                   # CLIP's: then the middle `size` pixels cut out (do_center_crop)
 
     @classmethod
     def of(cls, found: dict | None, cfg: ModelConfig, where: str = "preprocessor_config.json") -> "ImageProcessing":
@@ -59,6 +62,12 @@ class ImageProcessing:
             return QkvError(f"{where} {key} = {found.get(key)!r:.60} is not {want}; restore the checkpoint's {where}")
 
         size = found.get("size", {"height": cfg.image_size[0], "width": cfg.image_size[1]})
+        shortest, crop = None, bool(found.get("do_center_crop")) and "crop_size" in found
+        if crop and isinstance(size, dict) and set(size) == {"shortest_edge"}:    # CLIPImageProcessor's
+            shortest, size = size["shortest_edge"], found["crop_size"]
+            if not (isinstance(shortest, int) and not isinstance(shortest, bool) and 0 < shortest <= 8192):
+                raise bad("size", "{\"shortest_edge\": S} of 1 to 8192 pixels")
+            size = {"height": size, "width": size} if isinstance(size, int) and not isinstance(size, bool) else size
         if isinstance(size, dict) and set(size) >= {"height", "width"}:
             size = (size["height"], size["width"])
         elif isinstance(size, int) and not isinstance(size, bool):
@@ -70,8 +79,9 @@ class ImageProcessing:
         for key in ("do_resize", "do_rescale", "do_normalize"):
             if not isinstance(found.get(key, True), bool):
                 raise bad(key, "true or false")
-        if found.get("do_center_crop"):
-            raise QkvError(f"{where} asks for a center crop, which qkv does not do; resize instead (do_center_crop false)")
+        if found.get("do_center_crop") and shortest is None:
+            raise QkvError(f"{where} asks for a center crop, which qkv does only after resizing the shorter side "
+                           "(CLIP's size {\"shortest_edge\": S} with a crop_size); resize instead (do_center_crop false)")
         resample = found.get("resample", 2)
         if resample not in RESAMPLE or isinstance(resample, bool):
             raise bad("resample", f"one of PIL's filters {sorted(RESAMPLE)}")
@@ -92,14 +102,17 @@ class ImageProcessing:
             size = cfg.image_size
         return cls(size=tuple(size), resample=int(resample), do_resize=found.get("do_resize", True),
                    do_rescale=found.get("do_rescale", True), rescale_factor=float(factor),
-                   do_normalize=found.get("do_normalize", True), **stats)
+                   do_normalize=found.get("do_normalize", True), shortest_edge=shortest, center_crop=crop, **stats)
 
     def to_dict(self) -> dict:
         """preprocessor_config.json's dict (what `of` reads back), as ViTImageProcessor writes it."""
-        return {"image_processor_type": "ViTImageProcessor", "size": {"height": self.size[0], "width": self.size[1]},
+        size = {"height": self.size[0], "width": self.size[1]}
+        cropped = {"size": {"shortest_edge": self.shortest_edge}, "do_center_crop": True, "crop_size": size,
+                   "image_processor_type": "CLIPImageProcessor"} if self.shortest_edge else {}
+        return {"image_processor_type": "ViTImageProcessor", "size": size,
                 "resample": self.resample, "do_resize": self.do_resize, "do_rescale": self.do_rescale,
                 "rescale_factor": self.rescale_factor, "do_normalize": self.do_normalize,
-                "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+                "image_mean": list(self.image_mean), "image_std": list(self.image_std)} | cropped
 
 
 def read_image(source) -> "object":
@@ -196,7 +209,9 @@ def preprocess(image, processing: ImageProcessing, cfg: ModelConfig) -> tuple[np
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
         image = image.convert("RGB").convert(mode) if image.mode == "LAB" else image.convert(mode)   # LAB → L: via RGB
-        if processing.do_resize and image.size != (processing.size[1], processing.size[0]):
+        if processing.shortest_edge is not None:
+            image = _resize_and_crop(image, processing)
+        elif processing.do_resize and image.size != (processing.size[1], processing.size[0]):
             image = image.resize((processing.size[1], processing.size[0]), resample=processing.resample)
     except (ValueError, OSError) as e:                    # a mode PIL cannot convert, pixels it cannot decode
         raise QkvError(f"the image (mode {image.mode}) cannot be read as {'grey' if mode == 'L' else 'RGB'} "
@@ -206,6 +221,24 @@ def preprocess(image, processing: ImageProcessing, cfg: ModelConfig) -> tuple[np
         raise QkvError(f"the image is {shown.shape[0]} × {shown.shape[1]} pixels after processing but the model reads "
                        f"{cfg.image_size[0]} × {cfg.image_size[1]}; fix preprocessor_config.json's size")
     return shown, normalise(shown[None], processing)[0]
+
+
+def _resize_and_crop(image, processing: ImageProcessing):
+    """CLIPImageProcessor's: the shorter side resized to shortest_edge (the longer to int(S·long/short)), then the
+    middle size[0] × size[1] pixels, from row (H − h) // 2 and column (W − w) // 2."""
+    w, h = image.size
+    if processing.do_resize:
+        s = processing.shortest_edge
+        short, long = min(w, h), max(w, h)
+        new = (s, int(s * long / short)) if w <= h else (int(s * long / short), s)      # (width, height)
+        image = image.resize(new, resample=processing.resample) if new != (w, h) else image
+        w, h = image.size
+    ch, cw = processing.size
+    if ch > h or cw > w:
+        raise QkvError(f"the image is {h} × {w} pixels after resizing, smaller than the {ch} × {cw} center crop "
+                       "(qkv does not pad it); give a larger image")
+    top, left = (h - ch) // 2, (w - cw) // 2
+    return image.crop((left, top, left + cw, top + ch))
 
 
 def normalise(shown: np.ndarray, processing: ImageProcessing) -> np.ndarray:
@@ -233,6 +266,7 @@ def patches_of(pixel_values: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 
 
 def patch_labels(cfg: ModelConfig) -> list[str]:
-    """The token labels of an image model's sequence: "[CLS]", then "patch (row, col)" row by row."""
+    """The token labels of an image model's sequence: "[CLS]" (unless it has none: SigLIP), then "patch (row, col)"
+    row by row."""
     rows, cols = cfg.grid
-    return ["[CLS]"] + [f"patch ({r}, {c})" for r in range(rows) for c in range(cols)]
+    return ["[CLS]"] * cfg.class_token + [f"patch ({r}, {c})" for r in range(rows) for c in range(cols)]

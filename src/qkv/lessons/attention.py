@@ -23,6 +23,7 @@ from ..core.layer import joined as into_stream, norm_in_front
 from ..models.model import Model
 from ..core.ops import entropy as row_entropy, softmax
 from ..core.positions import rope_attention_factor, rope_inv_freq
+from ..runtime.errors import QkvError
 
 DEFAULT_TEXT = "The cat sat on the mat"
 DK_SIZES = (4, 16, 64, 256)
@@ -143,6 +144,14 @@ def _proj(x: np.ndarray, W: np.ndarray, b: np.ndarray | None, cols: slice) -> np
 def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: int | None = None) -> Walkthrough:
     """Recompute one head's attention step by step and check every step against the model."""
     cfg = model.config
+    if cfg.attn_sinks:                                              # gpt-oss: A = exp(S) / (Σ exp(S) + exp(s_h))
+        raise QkvError("this model's heads have attention sinks (gpt-oss: a learned logit in each softmax, with no "
+                       "value), so its rows of A sum to less than 1 and this lesson's A = softmax(S) is not theirs; "
+                       "`qkv show --head H` prints a head's weights with its sink column")
+    if cfg.latent:                                                  # DeepSeek: K, V from a normalised latent
+        raise QkvError("this model's attention is multi-head latent attention (DeepSeek): its K and V come from a "
+                       "normalised latent per token, not X·W_K and X·W_V as this lesson recomputes them; `qkv explain "
+                       "kv-cache` and `qkv explain gqa` show its latent, `qkv show` its weights")
     layer = model.check_layer(layer)
     head = model.check_head(2 if cfg.n_heads > 2 else 0) if head is None else model.check_head(head)
     trace = model.run(text, layers=[layer])                          # everything kept
@@ -277,7 +286,11 @@ def scaling_entropy(q: np.ndarray, k: np.ndarray, scores: np.ndarray, head: int,
 
 def head_qk(Xn: np.ndarray, attn, cfg, q_cols: slice, kv_cols: slice) -> tuple[np.ndarray, np.ndarray]:
     """One head's q and k before RoPE, in float64, as the model makes them: Norm(X)·W + b, then the q/k
-    norms — each head's (Qwen3, Phi) or the whole projection's, before it is cut into heads (OLMo 2)."""
+    norms — each head's (Qwen3, Phi) or the whole projection's, before it is cut into heads (OLMo 2). A model whose
+    q/k norms come after RoPE (Hunyuan) has no such q, k: refused."""
+    if cfg.qk_norm_after_rope:
+        raise QkvError("this model normalises q and k after RoPE (Hunyuan), so they have no normalised form before "
+                       "RoPE for this lesson to rebuild; use a model whose q/k norms come first, or none")
     if cfg.qk_norm == "all":
         q = norm_of(_proj(Xn, attn.W_Q, attn.b_Q, slice(None)), attn.q_norm.weight, None, cfg.norm, cfg.norm_eps)
         k = norm_of(_proj(Xn, attn.W_K, attn.b_K, slice(None)), attn.k_norm.weight, None, cfg.norm, cfg.norm_eps)

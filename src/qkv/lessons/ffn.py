@@ -1,7 +1,7 @@
 """`qkv explain ffn`: the FFN box of a block (guide: block), one token's vector through it, on a real model.
 
     h = Norm(x)                          what the FFN reads (pre-norm; each layout below)
-    u = h·W_in + b_in                    (d_ff,) pre-activations; gated: also g = h·W_gate
+    u = h·W_in + b_in                    (d_ff,) pre-activations; gated: also g = h·W_gate (+ b_gate, Llama's mlp_bias)
     a = act(u)      gated: act(g) ⊙ u    (d_ff,) the hidden vector, the engine's "neurons"
     FFN(h) = a·W_out + b_out = Σ_i a_i·W_out[i] + b_out          (d_model,) added to the stream
 
@@ -32,10 +32,9 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
-from ..core.blocks import linear, unembed_in
+from ..core.blocks import activation_of, linear, unembed_in
 from ..core.layer import joined as into_stream
 from ..runtime.errors import QkvError, check_index
-from ..core.ops import ACTIVATIONS
 from ..runtime.stored import StoredMatrix
 from ..core.trace import INTERMEDIATES
 from ..core.weights import MoEWeights
@@ -107,7 +106,7 @@ class Lesson:
     x: np.ndarray                  # (d_model,) the stream entering the block, at the token
     h: np.ndarray                  # (d_model,) what the FFN reads
     u: np.ndarray                  # (d_ff,) h·W_in + b_in
-    g: np.ndarray | None           # (d_ff,) h·W_gate (gated)
+    g: np.ndarray | None           # (d_ff,) h·W_gate + b_gate (gated)
     a: np.ndarray                  # (d_ff,) the hidden vector
     y: np.ndarray                  # (d_model,) FFN(h) = a·W_out + b_out
     joined: np.ndarray             # (d_model,) what joined the stream: the engine's ffn_out row
@@ -162,9 +161,10 @@ def build(model, text: str | None = None, *, layer: int | None = None, token: in
     b_in = None if w.ffn.b_in is None else np.asarray(w.ffn.b_in, np.float64)
     b_out = np.zeros(cfg.d_model) if w.ffn.b_out is None else np.asarray(w.ffn.b_out, np.float64)
 
-    act = ACTIVATIONS[cfg.activation]
+    act = activation_of(w.ffn, cfg)                                         # xIELU: its own scalars (Apertus)
     u = h @ W_in + (0 if b_in is None else b_in)                            # (d_ff,)
-    g = None if W_gate is None else h @ W_gate                              # (d_ff,)
+    b_gate = 0 if w.ffn.b_gate is None else np.asarray(w.ffn.b_gate, np.float64)   # (d_ff,) Llama's mlp_bias
+    g = None if W_gate is None else h @ W_gate + b_gate                     # (d_ff,)
     a = act(u) if g is None else act(g) * u                                 # (d_ff,)
     y = a @ W_out + b_out                                                   # (d_model,)
     joined = y if w.ffn_out_norm is None else norm_of(y, w.ffn_out_norm.weight, w.ffn_out_norm.bias, cfg.norm,
@@ -197,7 +197,7 @@ def build(model, text: str | None = None, *, layer: int | None = None, token: in
     out_up, out_down = _tokens(model, z[-1]) if z is not None else ([], [])
     params = [(name, tuple(int(d) for d in m.shape)) for name, m in
               (("W_in", w.ffn.W_in), ("W_gate", w.ffn.W_gate), ("W_out", w.ffn.W_out), ("b_in", w.ffn.b_in),
-               ("b_out", w.ffn.b_out)) if m is not None]
+               ("b_gate", w.ffn.b_gate), ("b_out", w.ffn.b_out)) if m is not None]
     at = w.attn
     attn_params = sum(int(np.prod(m.shape)) for m in (at.W_Q, at.W_K, at.W_V, at.W_O, at.b_Q, at.b_K, at.b_V, at.b_O)
                       if m is not None)

@@ -135,6 +135,10 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     if getattr(cfg, "encoder_decoder", False):
         raise QkvError(f"{model.name} is an encoder–decoder; the flash lesson needs one self-attention stack: "
                        "use --model smollm2 or --model minilm")
+    if cfg.attn_sinks:                                                # gpt-oss: a sink logit in every softmax
+        raise QkvError(f"{model.name}'s heads have attention sinks (gpt-oss: a learned logit in each softmax, with no "
+                       "value), which this lesson's online softmax over the keys leaves out; use a model without "
+                       "them, e.g. --model smollm2")
     trace = model.run(text or DEFAULT_TEXT, keep=("q", "k", "v", "scores", "heads"))
     n, d_k, G = len(trace.tokens), cfg.d_head, cfg.n_heads // cfg.n_kv_heads
     if n < 2:

@@ -13,6 +13,9 @@ of the mean-pooled sentence embedding to the original's. Checked: G = H gives th
 unchanged, exactly; each pooled model equals the dense multi-head model whose K/V heads are
 the pooled ones repeated. (The paper then uptrains for 5 % of the pre-training steps to win
 the quality back; that is not done here.)
+Multi-head latent attention (DeepSeek: cfg.latent) shares otherwise: every query head reads a K and V of its own,
+expanded from one latent per token, and their RoPE part is one key all heads share (checked on the expanded K);
+its cache is that latent, set beside MHA's and MQA's (kvcache.latent_layouts). Its pooling is MiniLM's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from . import Page, same
 from ..viz.words import texts
-from .kvcache import Layout, cache_layouts, layout_name, own_layout, per_token
+from .kvcache import Layout, cache_layouts, latent_sizes, layout_name, own_layout, per_token
 
 TEXTS = texts("gqa")               # {language: its words} (viz/words: one module per language)
 DEFAULT_MODEL = "smollm2"
@@ -49,6 +52,8 @@ class Sharing:
     layer: int                    # the layer whose scores were checked
     diff_scores: float            # Q_h·K_{h//G}ᵀ/√d_k − the model's scores, every head
     layouts: list[Layout]         # MHA, this model, MQA: cache bytes per token
+    latent: dict | None = None    # MLA's sizes (kvcache.latent_sizes); None: K and V heads as they are cached
+    diff_shared: float = 0.0      # MLA: how far the heads' RoPE parts of K differ (0: one key for all)
 
     @property
     def group(self) -> int:
@@ -85,7 +90,8 @@ def build(model, text: str | None = None, *, pool_model=None) -> Lesson:
                        "smollm2 (the default), minilm, or a GPT-2 or Llama directory")
     sharing = _sharing(model, text)
     if pool_model is None:
-        if model.config.n_kv_heads == model.config.n_heads and hasattr(model.weights, "blocks"):
+        if (model.config.n_kv_heads == model.config.n_heads and hasattr(model.weights, "blocks")
+                and not model.config.latent):           # MLA's K/V heads come from a latent: pool MiniLM's
             pool_model = model
         else:
             from ..models.loading import load
@@ -110,8 +116,13 @@ def _sharing(model, text: str) -> Sharing:
     model_s = lt.scores.astype(np.float64)                                  # (H, n, n), −∞ where masked
     kept = np.isfinite(model_s)
     diff = same("S_h = Q_h·K_{h//G}ᵀ/√d_k", mine[kept], model_s[kept], 1e-4, rel=True)
+    shared = 0.0
+    if cfg.latent:                                                          # one RoPE key for every head
+        rot = k[:, :, d_k - cfg.rotary_dim:]                                 # (H, n, d_rot)
+        shared = same("the RoPE part of every head's K", rot, np.broadcast_to(rot[:1], rot.shape), 0)
     return Sharing(model=model.name, H=H, H_kv=H_kv, d_k=d_k, L=cfg.n_layers, kv_of=kv_of, layer=layer,
-                   diff_scores=diff, layouts=cache_layouts(cfg, 1, np.float32))
+                   diff_scores=diff, layouts=cache_layouts(cfg, 1, np.float32), latent=latent_sizes(cfg),
+                   diff_shared=shared)
 
 
 def pool_heads(W: np.ndarray, H: int, G: int, d_k: int) -> np.ndarray:
@@ -175,7 +186,9 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     p, s = Page(TEXTS, lang), lesson.sharing
     out = [p.rule("title", bold=True, model=s.model), p.say("intro"), Text(""),
            p.rule("s_share", H=s.H, H_kv=s.H_kv)]
-    if s.H_kv == s.H:
+    if s.latent is not None:
+        out.append(p.say("mla", model=s.model, H=s.H, d_k=s.d_k, **s.latent))
+    elif s.H_kv == s.H:
         out.append(p.say("mha", model=s.model, H=s.H))
     else:
         tab = p.table("col_kv", "col_queries")
@@ -189,7 +202,9 @@ def render(lesson: Lesson, lang: str = "en") -> list:
         ratio = l.bytes_per_token / s.layouts[0].bytes_per_token
         p.row(lay, layout_name(l, s.H_kv), l.H_kv, per_token(l), f"{ratio:.2f}", bold_first=True)
     own = own_layout(s.layouts, s.H_kv)
-    out += [Text(""), p.rule("s_cache"), p.say("cache", L=s.L, d_k=s.d_k), lay,
+    cache = p.say("cache", L=s.L, d_k=s.d_k) if s.latent is None else p.say("cache_latent", L=s.L, d_k=s.d_k,
+                                                                             **s.latent)
+    out += [Text(""), p.rule("s_cache"), cache, lay,
             p.say("cache_end", model=s.model, saved=s.layouts[0].bytes_per_token - own.bytes_per_token,
                   ratio=s.layouts[0].bytes_per_token / own.bytes_per_token)]
     r0 = lesson.rows[0]

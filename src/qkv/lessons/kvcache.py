@@ -9,6 +9,9 @@ cache's contents (per layer K and V of shape (Hkv, m, d_k), after RoPE) checked 
 full pass, each step's time (best of REPEATS) and FLOPs counted from the weights' shapes,
 and the check that both ways choose the same token with logits equal within 1e-4. The cache
 of the same model with H K/V heads (MHA) and one (MQA) is computed beside the model's (GQA).
+Multi-head latent attention (DeepSeek: cfg.latent) caches a latent per token and layer instead (r_kv numbers and
+a shared RoPE key of d_rot, qkv.core.cache): its page says what that latent is, checks it by expanding it into
+every head's K and V (latent.latent_keys) against a full pass, and sets its bytes beside MHA's and MQA's.
 No torch: qkv.core.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.writing.generate.decode
 uses them.
 """
@@ -65,6 +68,7 @@ class Layout:
     bytes_per_token: int
     bytes_now: int              # for the tokens of this run
     bytes_context: int          # for the model's whole context
+    own: bool = False           # the model's own cache (← on the page)
 
 
 @dataclass
@@ -84,6 +88,7 @@ class Lesson:
     layouts: list[Layout]
     text: str                   # the prompt and the continuation
     diff_cache: float           # cached K, V − a full pass's k, v (every layer)
+    latent: dict | None = None  # MLA's sizes (r_kv, d_rot, d_nope, d_v, r_q: `latent_sizes`); None: K, V cached
 
     @property
     def n(self) -> int:
@@ -92,7 +97,7 @@ class Lesson:
 
 
 def flops(fed: int, m: int, d_model: int, H: int, H_kv: int, d_k: int, d_ff: int, L: int, V: int,
-          gated: bool) -> int:
+          gated: bool, latent: dict | None = None) -> int:
     """FLOPs (2 per multiply-add) of one pass feeding `fed` tokens whose queries read m keys, every score
     counted (masked ones too), logits of the last position only:
 
@@ -102,9 +107,35 @@ def flops(fed: int, m: int, d_model: int, H: int, H_kv: int, d_k: int, d_ff: int
             + 2·fed·d_model·d_ff·(3 gated | 2) ]     the FFN
         + 2·d_model·V                                logits = H·W_vocab
     """
+    if latent is not None:
+        return L * latent_flops(fed, m, d_model, H, d_k, **latent) + L * 2 * fed * d_model * d_ff * (3 if gated else 2) \
+            + 2 * d_model * V
     per_layer = (2 * fed * d_model * (H + 2 * H_kv) * d_k + 4 * H * fed * m * d_k + 2 * fed * H * d_k * d_model
                  + 2 * fed * d_model * d_ff * (3 if gated else 2))
     return L * per_layer + 2 * d_model * V
+
+
+def latent_flops(fed: int, m: int, d_model: int, H: int, d_k: int, r_kv: int, d_rot: int, d_nope: int, d_v: int,
+                 r_q: int) -> int:
+    """FLOPs of one MLA layer's attention feeding `fed` tokens whose queries read m keys:
+
+        2·f·d_model·(r_q + r_kv + d_rot) + 2·f·r_q·H·d_k   q's latent and q, the K/V latent and the RoPE key
+          (no q latent: 2·f·d_model·(H·d_k + r_kv + d_rot))
+        + 2·m·r_kv·H·(d_nope + d_v)                         every cached latent expanded to K_nope, V (each step)
+        + 2·H·f·m·(d_k + d_v)                              S = Q·Kᵀ and Z = A·V
+        + 2·f·H·d_v·d_model                                Concat(Z)·W_O
+    """
+    q = 2 * fed * (d_model * r_q + r_q * H * d_k) if r_q else 2 * fed * d_model * H * d_k
+    return (q + 2 * fed * d_model * (r_kv + d_rot) + 2 * m * r_kv * H * (d_nope + d_v) + 2 * H * fed * m * (d_k + d_v)
+            + 2 * fed * H * d_v * d_model)
+
+
+def latent_sizes(cfg) -> dict | None:
+    """MLA's sizes as `latent_flops` and the page read them; None for a model that caches K and V."""
+    if not cfg.latent:
+        return None
+    return dict(r_kv=cfg.kv_lora_rank, d_rot=cfg.rotary_dim, d_nope=cfg.d_head - cfg.rotary_dim, d_v=cfg.d_value,
+                r_q=cfg.q_lora_rank)
 
 
 def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats: int = REPEATS) -> Lesson:
@@ -154,13 +185,22 @@ def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats:
     cached = seq[0, :-1]                                                   # the last token was never fed
     trace = model.run(cached.tolist(), keep=("k", "v"))
     n = len(cached)
-    diff_cache = max(same(f"cached {name} of layer {i}", getattr(cache, name)[i, 0, :, :n],
-                          getattr(trace.layer(i), name), 1e-4, rel=True)
-                     for i in range(cfg.n_layers) for name in ("k", "v"))
+    diff_cache = max(same(f"cached {name} of layer {i}", held[0], getattr(trace.layer(i), name), 1e-4, rel=True)
+                     for i in range(cfg.n_layers) for name, held in zip(("k", "v"), held_kv(model, cache, i, n)))
     return Lesson(model=model.name, L=cfg.n_layers, H=cfg.n_heads, H_kv=cfg.n_kv_heads, d_k=cfg.d_head,
                   d_model=cfg.d_model, d_ff=dims["d_ff"], V=dims["V"], gated=dims["gated"], context=cfg.max_positions,
                   prompt=model.tokenizer.labels(ids[0]), steps=steps, layouts=cache_layouts(cfg, n, model.dtype),
-                  text=model.tokenizer.decode(seq[0].tolist()), diff_cache=diff_cache)
+                  text=model.tokenizer.decode(seq[0].tolist()), diff_cache=diff_cache, latent=latent_sizes(cfg))
+
+
+def held_kv(model, cache: KVCache, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """LAYER's K and V of the first n cached tokens, (B, Hkv, n, d_k) each: the cache's own arrays, or MLA's latent
+    and RoPE key expanded into every head's K and V, as its attention does (latent.latent_keys)."""
+    k, v = cache.k[layer, :, :, :n], cache.v[layer, :, :, :n]
+    if not model.config.latent:
+        return k, v
+    from ..core.latent import latent_keys
+    return latent_keys(k, v, model.weights.blocks[layer].attn, model.config)
 
 
 def _best(repeats: int, fn):
@@ -178,11 +218,8 @@ def _dims(model) -> dict:
     cfg, w = model.config, model.weights
     b = w.blocks[0]
     H, H_kv, d_k, d_model = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-    for name, got, want in (("W_Q", b.attn.W_Q.shape, (d_model, H * d_k)),
-                            ("W_K", b.attn.W_K.shape, (d_model, H_kv * d_k)),
-                            ("W_V", b.attn.W_V.shape, (d_model, H_kv * d_k)),
-                            ("W_O", b.attn.W_O.shape, (H * d_k, d_model)),
-                            ("W_vocab", w.W_vocab.shape, (d_model, cfg.vocab_size))):
+    latent = latent_sizes(cfg)
+    for name, got, want in _shapes(b.attn, cfg, latent) + [("W_vocab", w.W_vocab.shape, (d_model, cfg.vocab_size))]:
         if tuple(got) != want:
             raise RuntimeError(f"lesson: {name} is {tuple(got)}, the config says {want}")
     ffn = b.ffn
@@ -192,11 +229,29 @@ def _dims(model) -> dict:
     else:
         d_ff = ffn.W_in.shape[1]
     return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=d_ff, L=cfg.n_layers,
-                V=w.W_vocab.shape[1], gated=ffn.W_gate is not None)
+                V=w.W_vocab.shape[1], gated=ffn.W_gate is not None, latent=latent)
+
+
+def _shapes(a, cfg, latent: dict | None) -> list[tuple[str, tuple, tuple]]:
+    """(name, shape, the shape the config says) of an attention's matrices, plain or MLA's."""
+    H, H_kv, d_k, d = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    if latent is None:
+        return [("W_Q", a.W_Q.shape, (d, H * d_k)), ("W_K", a.W_K.shape, (d, H_kv * d_k)),
+                ("W_V", a.W_V.shape, (d, H_kv * d_k)), ("W_O", a.W_O.shape, (H * d_k, d))]
+    r_q, d_v = latent["r_q"], latent["d_v"]
+    q = [("W_Q", a.W_Q.shape, (d, r_q)), ("W_Q_b", a.W_Q_b.shape, (r_q, H * d_k))] if r_q else \
+        [("W_Q", a.W_Q.shape, (d, H * d_k))]
+    return q + [("W_K", a.W_K.shape, (d, latent["d_rot"])), ("W_V", a.W_V.shape, (d, latent["r_kv"])),
+                ("W_KV_b", a.W_KV_b.shape, (latent["r_kv"], H * (latent["d_nope"] + d_v))),
+                ("W_O", a.W_O.shape, (H * d_v, d))]
 
 
 def cache_layouts(cfg, n: int, dtype) -> list[Layout]:
-    """MHA (H K/V heads), the model's own, MQA (1): bytes per token = 2·L·Hkv·d_k·itemsize."""
+    """MHA (H K/V heads), the model's own, MQA (1): bytes per token = 2·L·Hkv·d_k·itemsize. MLA (DeepSeek): MHA and
+    MQA caching the expanded K (d_k) and V (d_v), L·Hkv·(d_k + d_v)·itemsize, and its own latent between them,
+    L·(r_kv + d_rot)·itemsize (`latent_layouts`)."""
+    if cfg.latent:
+        return latent_layouts(cfg, n, dtype)
     item = np.dtype(dtype).itemsize
     kinds = {cfg.n_heads: "MHA", 1: "MQA"}
     rows = []
@@ -204,17 +259,30 @@ def cache_layouts(cfg, n: int, dtype) -> list[Layout]:
         per = KVCache.bytes_per_token(cfg.with_(n_kv_heads=h), dtype)
         same(f"KV-cache bytes per token with {h} K/V heads", per, 2 * cfg.n_layers * h * cfg.d_head * item, 0)
         rows.append(Layout(name=kinds.get(h, "GQA"), H_kv=h, bytes_per_token=per, bytes_now=per * n,
-                           bytes_context=per * cfg.max_positions))
+                           bytes_context=per * cfg.max_positions, own=h == cfg.n_kv_heads))
     return rows
 
 
+def latent_layouts(cfg, n: int, dtype) -> list[Layout]:
+    """MLA's cache beside what caching its expanded heads would hold: MHA (H heads of K and V), MLA (the latent and
+    the shared RoPE key, what qkv's KVCache and transformers' hold: checked against a KVCache's own bytes), MQA."""
+    item = np.dtype(dtype).itemsize
+    L, H, d_k, d_v = cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_value
+    per = KVCache.bytes_per_token(cfg, dtype)
+    same("MLA's cache bytes per token", per, KVCache(cfg, 1, 1, dtype).nbytes, 0)
+    same("MLA's cache bytes per token (closed form)", per, L * (cfg.kv_lora_rank + cfg.rotary_dim) * item, 0)
+    sizes = [("MHA", H, L * H * (d_k + d_v) * item, False), ("MLA", 1, per, True), ("MQA", 1, L * (d_k + d_v) * item, False)]
+    return [Layout(name=name, H_kv=h, bytes_per_token=b, bytes_now=b * n, bytes_context=b * cfg.max_positions, own=own)
+            for name, h, b, own in sizes]
+
+
 def own_layout(layouts: list[Layout], H_kv: int) -> Layout:
-    """The row of `cache_layouts` with the model's own K/V heads."""
-    return next(l for l in layouts if l.H_kv == H_kv)
+    """The row of `cache_layouts` that is the model's own (the one with its K/V heads; MLA's latent)."""
+    return next(l for l in layouts if l.own)
 
 
 def layout_name(layout: Layout, H_kv: int) -> str:
-    return layout.name + (" ←" if layout.H_kv == H_kv else "")
+    return layout.name + (" ←" if layout.own else "")
 
 
 def per_token(layout: Layout) -> str:
@@ -229,14 +297,18 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     out = [p.rule("title", bold=True, model=s.model), p.say("intro"),
            Text(""), p.rule("s_holds"),
            p.say("holds", L=s.L, H=s.H, H_kv=s.H_kv, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
-                 shape=shape(s.H_kv, len(s.prompt), s.d_k), per=own_layout(s.layouts, s.H_kv).bytes_per_token),
-           p.say("holds_check", n=s.n, diff=s.diff_cache),
+                 shape=shape(s.H_kv, len(s.prompt), s.d_k), per=own_layout(s.layouts, s.H_kv).bytes_per_token)
+           if s.latent is None else
+           p.say("holds_latent", L=s.L, H=s.H, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
+                 c=shape(1, len(s.prompt), s.latent["r_kv"]), k=shape(1, len(s.prompt), s.latent["d_rot"]),
+                 per=own_layout(s.layouts, s.H_kv).bytes_per_token, full=s.layouts[0].bytes_per_token, **s.latent),
+           p.say("holds_check" if s.latent is None else "holds_check_latent", n=s.n, diff=s.diff_cache),
            Text(""), p.rule("s_steps", k=len(s.steps))]
     tab = p.table("#", "col_token", "col_fed", "m", "col_shape", "col_bytes", "col_ms_cache", "col_ms_full",
                   "col_flops_cache", "col_flops_full", "col_same")
     per = own_layout(s.layouts, s.H_kv).bytes_per_token
     for i, st in enumerate(s.steps, 1):
-        p.row(tab, i, st.token, st.fed, st.m, shape(s.H_kv, st.m, s.d_k), nbytes(per * st.m),
+        p.row(tab, i, st.token, st.fed, st.m, entry_shape(s, st.m), nbytes(per * st.m),
               f"{1e3 * st.seconds_cache:.1f}", f"{1e3 * st.seconds_full:.1f}", f"{st.flops_cache / 1e6:,.0f}M",
               f"{st.flops_full / 1e6:,.0f}M", f"✓ {st.diff:.0e}" if st.same else f"✗ {st.diff:.0e}", bold_first=True)
     steps = s.steps[1:] or s.steps
@@ -244,8 +316,8 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     out += [p.say("steps", prompt=len(s.prompt)), tab, p.say("text", text=s.text),
             p.say("same", k=len(s.steps), diff=max(x.diff for x in s.steps), tol=TOL_LOGITS),
             Text(""), p.rule("s_cost"),
-            p.say("flops", ffn="3" if s.gated else "2", d_model=s.d_model, H=s.H, H_kv=s.H_kv, d_k=s.d_k, d_ff=s.d_ff,
-                  L=s.L, V=s.V),
+            p.say("flops" if s.latent is None else "flops_latent", ffn="3" if s.gated else "2", d_model=s.d_model,
+                  H=s.H, H_kv=s.H_kv, d_k=s.d_k, d_ff=s.d_ff, L=s.L, V=s.V, **(s.latent or {})),
             p.say("cost", m=last.m, fc=last.flops_cache / 1e6, ff=last.flops_full / 1e6,
                   fr=last.flops_full / last.flops_cache, k=len(steps), tc=1e3 * t_cache, tf=1e3 * t_full,
                   tr=t_full / t_cache),
@@ -256,10 +328,21 @@ def render(lesson: Lesson, lang: str = "en") -> list:
         p.row(lay, layout_name(l, s.H_kv), l.H_kv, per_token(l), nbytes(l.bytes_now), nbytes(l.bytes_context),
               bold_first=True)
     mha, own, mqa = s.layouts[0], own_layout(s.layouts, s.H_kv), s.layouts[-1]
+    if s.latent is not None:
+        return out + [p.say("layouts_latent", L=s.L, d_k=s.d_k, n=s.n, context=s.context, **s.latent), lay,
+                      p.say("layouts_end_latent", H=s.H, saving=mha.bytes_per_token / own.bytes_per_token,
+                            mqa=mqa.bytes_per_token / own.bytes_per_token, **s.latent)]
     out += [p.say("layouts", L=s.L, d_k=s.d_k, n=s.n, context=s.context), lay,
             p.say("layouts_end", H=s.H, H_kv=s.H_kv, saving=mha.bytes_per_token / own.bytes_per_token,
                   mqa=mha.bytes_per_token / mqa.bytes_per_token)]
     return out
+
+
+def entry_shape(s: Lesson, m: int) -> str:
+    """What one layer's cache holds after m tokens: K's shape (V's is the same), or MLA's latent + RoPE key."""
+    if s.latent is None:
+        return shape(s.H_kv, m, s.d_k)
+    return f"{shape(1, m, s.latent['r_kv'])} + {shape(1, m, s.latent['d_rot'])}"
 
 
 # ── the figure ───────────────────────────────────────────────────────────────────
@@ -283,7 +366,7 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
         b.set(xlabel=t["fig_m"], ylabel="GFLOPs", title=t["fig_flops"], ylim=(0, None))
         tokens = np.linspace(0, s.context, 50)
         for l in s.layouts:
-            c.plot(tokens, tokens * l.bytes_per_token / 2 ** 20, lw=2.5 if l.H_kv == s.H_kv else 1.2,
+            c.plot(tokens, tokens * l.bytes_per_token / 2 ** 20, lw=2.5 if l.own else 1.2,
                    label=f"{l.name} (Hkv = {l.H_kv})")
         c.set(xlabel=t["fig_tokens"], ylabel="MiB", title=t["fig_memory"].format(model=s.model))
         for ax in (a, b, c):

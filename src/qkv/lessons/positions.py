@@ -22,6 +22,7 @@ import numpy as np
 
 from .attention import DEFAULT_TEXT, head_qk, norm_of, rope_rotate
 from ..core.positions import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq, sinusoidal_table
+from ..runtime.errors import QkvError
 from rich.text import Text
 
 from . import Page, same, shape
@@ -99,6 +100,10 @@ def build(model, text: str | None = None, *, learned_model=None) -> Lesson:
     has none (default: MiniLM, loaded here)."""
     text = text or DEFAULT_TEXT
     cfg = model.config
+    if cfg.latent:                                  # DeepSeek: RoPE turns a part of each head, K's from a latent
+        raise QkvError("this model's attention is multi-head latent attention (DeepSeek): RoPE turns only the last "
+                       "rotary_dim numbers of each head and K is made from a normalised latent, not X·W_K as this "
+                       "lesson recomputes it; use a RoPE model with plain attention (--model smollm2)")
     rope = _rope(model, text) if cfg.position == "rope" else None
     if cfg.position == "learned" and getattr(model.weights, "pos_embed", None) is not None:
         learned_model = model
@@ -135,8 +140,8 @@ def _rope(model, text: str) -> Rope:
     qi, ki = n - 1, max(n - 3, 0)
     # the query and key before RoPE: Norm(X)·W_Q, Norm(X)·W_K of this head, in float64
     attn, nw = model.weights.blocks[layer].attn, model.weights.blocks[layer].attn_norm
-    Xn = lt.residual.astype(np.float64)                                     # (n, d_model); OLMo 2 reads it as is
-    if nw is not None:
+    Xn = lt.residual.astype(np.float64)                                     # (n, d_model); OLMo 2 reads it as is,
+    if nw is not None and cfg.norm_place == "pre":                          # and so does post-norm (nomic-bert)
         Xn = norm_of(Xn, nw.weight, nw.bias, cfg.norm, cfg.norm_eps)
     Q, K = head_qk(Xn, attn, cfg, slice(head * d_k, (head + 1) * d_k), slice(kv * d_k, (kv + 1) * d_k))   # (n, d_k)
     d_rot = cfg.rotary_dim or d_k                                           # GPT-NeoX turns only the first d_rot

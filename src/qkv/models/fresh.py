@@ -3,7 +3,9 @@
     every matrix and embedding table   N(0, σ²), σ = initializer_range (0.02)
     GPT-2's c_proj and mlp.c_proj      N(0, (σ/√(2L))²): the residual stream's writes, scaled by depth
     biases, LayerNorm β                0
+    gpt-oss's sink logits, router bias N(0, σ²) (its experts' biases: 0)
     norm weights γ                     1
+    xIELU's scalars (Apertus)          a_p = ln(e^0.8 − 1), a_n = ln(e^0.3 − 1), β = 0.5, ε = −1e-6 (XIELUActivation's)
     the padding token's embedding row  0 where cfg.pad_embedding_frozen (nn.Embedding's padding_idx)
 
 How: the family's own loader (`weights(store, cfg, dtype)`) asks a store for each tensor by its
@@ -32,6 +34,10 @@ INITIALIZER_RANGE = 0.02                    # σ of transformers' PreTrainedConf
 # The token tables of single-stack models. An encoder–decoder's shared table is drawn whole (torch would
 # zero its pad row too), so that a fresh Marian, and the ko-en-tiny run that starts from one, stay as they were.
 _TOKEN_TABLES = ("wte.weight", "embed_tokens.weight", "embeddings.word_embeddings.weight")
+# xIELU's starting scalars (transformers' XIELUActivation: α_p = 0.8, α_n = 0.8 once β = 0.5 is added), by the
+# tensor's last name under an mlp.act_fn.
+_XIELU_START = {"alpha_p": math.log(math.expm1(0.8)), "alpha_n": math.log(math.expm1(0.8 - 0.5)), "beta": 0.5,
+                "eps": -1e-6}
 
 
 class _Initialiser:
@@ -46,7 +52,13 @@ class _Initialiser:
 
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         _check_room(name, shape, self.cfg)
-        if len(shape) == 1 or name == "final_logits_bias":             # a bias / β (Marian's, BART's (1, V)), or γ
+        last = name.rsplit(".", 1)[-1]
+        if ".act_fn." in name and last in _XIELU_START:                 # xIELU's scalars (Apertus)
+            return np.full(shape, _XIELU_START[last], dtype=dtype)
+        drawn = name.endswith((".sinks", ".router.bias"))               # gpt-oss's sink logits, router bias: N(0, σ²)
+        if not drawn and (len(shape) == 1 or name == "final_logits_bias"   # a bias / β (Marian's, BART's (1, V)), γ,
+                          or name.endswith(("_proj_bias",                  # or gpt-oss's experts' biases (E, …),
+                                            "e_score_correction_bias"))):  # Ernie 4.5's choice bias (1, E)
             is_gain = len(shape) == 1 and (name.endswith(".weight") or name.endswith(".gamma"))
             t = (np.ones if is_gain else np.zeros)(shape, dtype=dtype)
         else:                                                            # a matrix or a table
@@ -88,6 +100,9 @@ def init(config: ModelConfig | dict, seed: int = 0, dtype=np.float32, tokenizer:
         config = config_of(config, where="the config")
     if not isinstance(config, ModelConfig):
         raise QkvError(f"init takes a ModelConfig or a config.json dict, not {type(config).__name__}")
+    if config.mamba is not None:                   # (its A_log, D, Δ's bias have inits of their own, time_step_*)
+        raise QkvError("a fresh Mamba model is not in qkv (it does not train here, and its S4D and Δ inits are "
+                       "transformers' own); load a checkpoint, or make one with transformers' MambaForCausalLM")
     std = INITIALIZER_RANGE if std is None else std
     if isinstance(std, bool) or not isinstance(std, (int, float)) or not (math.isfinite(std) and std > 0):
         raise QkvError(f"initializer_range {std!r} must be a positive number; e.g. 0.02")

@@ -83,8 +83,10 @@ class ImageModel(Model):
                            "path of a PNG or JPEG file (or a text model)")
 
     def _ids(self, batch: int) -> np.ndarray:
-        """The ids of BATCH images (B, 1 + P): [CLS] is row 0 of the table; the patches read none (their tokens)."""
-        return np.zeros((batch, 1 + self.config.grid[0] * self.config.grid[1]), np.int64)
+        """The ids of BATCH images (B, 1 + P): [CLS] is row 0 of the table; the patches read none (their tokens).
+        (B, P) without a class token (SigLIP)."""
+        c = self.config
+        return np.zeros((batch, int(c.class_token) + c.grid[0] * c.grid[1]), np.int64)
 
     # the passes --------------------------------------------------------------
 

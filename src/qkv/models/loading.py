@@ -15,6 +15,7 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.layout import fast_layout
 from .audio_model import AudioModel
+from .contrastive import PairModel, contrastive_model
 from .image_model import ImageModel
 from ..inputs.images import ImageProcessing
 from .model import Model
@@ -23,7 +24,7 @@ from ..inputs.tokenizer import Tokenizer
 from ..core.weights import check_dtype
 from ..checkpoints import DEFAULT, DEFAULT_ALIASES, LLM_ALIASES, config_json, gguf, json_object, resolve, vit
 from ..checkpoints import gguf_cache
-from ..checkpoints.families import config_of, read_weights
+from ..checkpoints.families import config_of, family_of, read_weights
 from ..checkpoints.families import weights_from_tensors  # noqa: F401 (qkv.checkpoints.weights_from_tensors)
 from ..checkpoints.tensors import TensorStore
 
@@ -31,10 +32,11 @@ from ..checkpoints.tensors import TensorStore
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel | AudioModel:
+def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel | AudioModel | PairModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
     Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel,
-    an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel.
+    an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel; a CLIP or SigLIP pair a PairModel
+    (a tower alone: a TextTower or ImageTower, models.contrastive).
 
     dtype: what the weights are held as. A GGUF file's default is "stored": its quantised matrices kept
     as the file's blocks (runtime.stored), read in place. Anything else defaults to float32, memory-mapped
@@ -69,12 +71,16 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
         weights = fast_layout(weights, after_copy=store.release)
     tok_path = directory / "tokenizer.json"
     tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
-    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:     # ids are never checked again
+    text_cfg = cfg.text_tower or cfg                 # an image–text pair (CLIP, SigLIP): its text tower's vocabulary
+    if tokenizer is not None and tokenizer.vocab_size > text_cfg.vocab_size:     # ids are never checked again
         raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} "
                        "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
     if gguf_cache.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     _give_back_heap()
+    if getattr(family_of(cfg.family), "TOWERS", False):          # CLIP, SigLIP: a tower, or both
+        processing = image_processing(directory, cfg) if cfg.image_size is not None else None
+        return contrastive_model(cfg, weights, tokenizer, _display_name(source), processing)
     if cfg.image_size is not None:
         return image_model(directory, hf, cfg, weights, _display_name(source))
     if cfg.audio_mels is not None:
@@ -86,9 +92,13 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
 def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:
     """An image model (ViT) of DIRECTORY: its preprocessor_config.json (ViTImageProcessor's defaults without
     one) and the names of its labels (id2label of HF, its config.json)."""
+    return ImageModel(cfg, weights, None, name, image_processing(directory, cfg), vit.labels_of(hf))
+
+
+def image_processing(directory: Path, cfg: ModelConfig) -> ImageProcessing:
+    """DIRECTORY's preprocessor_config.json (ViTImageProcessor's defaults without one), checked."""
     path = directory / "preprocessor_config.json"
-    found = json_object(path) if path.is_file() else None
-    return ImageModel(cfg, weights, None, name, ImageProcessing.of(found, cfg), vit.labels_of(hf))
+    return ImageProcessing.of(json_object(path) if path.is_file() else None, cfg)
 
 
 def _give_back_heap() -> None:

@@ -112,7 +112,8 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
     """One head's attention weights A (n_q × n_k): tokens on both axes, rows = queries.
 
     Up to 16 tokens each cell shows its weight; past 40 tokens the tick labels thin out
-    to every k-th token (with its index). Decoders: the masked triangle is hatched grey.
+    to every k-th token (with its index). Decoders: the masked triangle is hatched grey. A model with attention
+    sinks (gpt-oss): a last column "sink", each row's share its sink took (1 − Σ_j A_ij).
     what: the title's name of the head (default "head {head}"); axes: the (x, y) axis labels
     (default key j / query i; cross-attention says target and source).
     """
@@ -120,8 +121,13 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
     att = _attentions(trace, layer)                               # (H, n_q, n_k)
     head = _check_head(head, att.shape[0])
     a = att[head]                                                 # (n_q, n_k)
-    n = max(a.shape)
     mask = masked_cells(trace, layer, causal)
+    keys = trace.key_labels
+    if trace.sinks:                                               # gpt-oss: each row's sink share, a last column
+        a = np.concatenate([a, np.maximum(1 - a.sum(axis=-1, keepdims=True), 0)], axis=1)   # (n_q, n_k + 1)
+        keys = list(keys) + ["sink"]
+        mask = None if mask is None else np.concatenate([mask, np.zeros((len(mask), 1), bool)], axis=1)
+    n = max(a.shape)
     side = float(np.clip(1.6 + 0.42 * n, 4.2, 10.0))
     fig = new_figure(side + 1.3, side + 0.5)
     ax = fig.add_subplot()
@@ -132,7 +138,7 @@ def head_heatmap(trace: "Trace", layer: int, head: int, *, model_name: str | Non
         cell_numbers(ax, a, mask)
     fontsize = 10 if n <= MAX_NUMBERS else 8 if n <= MAX_LABELS else 7
     family = fonts()
-    ax.set_xticks(*ticks(trace.key_labels), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
+    ax.set_xticks(*ticks(keys), rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize,
                   family=family)
     ax.set_yticks(*ticks(trace.labels), fontsize=fontsize, family=family)
     xlabel, ylabel = axes or ("key j (attended to)", "query i (looking)")

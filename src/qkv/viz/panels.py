@@ -83,6 +83,10 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
       words), "layers": [int], "accuracy", "control_accuracy", "selectivity", "train_accuracy": [float] (one per
       layer, 6 decimals), "text" (the text whose attention the other tabs show), "positions": n (its tokens)}.
 
+    "disentangled" (DeBERTa's disentangled attention, `viz.disentangled_panel.disentangled_section`, from the trace
+      itself): {"layers": [int] (the kept layers), "positions": n, "heads": H, "terms": ["c2c", "c2p", "p2c"] (those
+      the model has), "tables": {term: f16 (Lt, H, n, n)} (each term's scores: S = their sum)}.
+
 And the list itself, in the payload: "panels": [{"id", "title" (its words, English), "renderer", "layer"}]
 (every panel, in tab order: a section added later on the page, as the web app's late lens, finds its tab).
 """
@@ -97,6 +101,8 @@ from .interpret_payload import (attribute_section, causal_section, features_sect
 from .diff_figures import diff_section
 from .path_patch_panel import path_patch_section
 from .probe_panel import probe_section
+from .disentangled_panel import disentangled_section
+from ..core.trace import DISENTANGLED
 from .words import texts
 
 
@@ -147,6 +153,9 @@ PANELS = (                                                                      
           renderer="path_patch", script="viewer_path_patch.js"),       # `qkv path-patch`: senders → receivers
     Panel("probe", title="panel_probe", build=probe_section, tokens=lambda s: s["positions"],
           renderer="probe", script="viewer_probe.js"),   # `qkv probe`: per layer; the attention of one text beside
+    Panel("disentangled", title="panel_disentangled", build=disentangled_section, tokens=lambda s: s["positions"],
+          renderer="disentangled", script="viewer_disentangled.js", layer=True, keep=tuple(DISENTANGLED),
+          from_trace=True),                              # DeBERTa: S's three tables (c2c, c2p, p2c) and their sum
 )
 
 

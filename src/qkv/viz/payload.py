@@ -24,6 +24,9 @@ an array of `viz.wire`, the one format every page's arrays take (assets/wire.js 
                   one array per layer, so that the page inflates the layer it shows first and the others
                   after its first paint (a 4,096-token page: 1/30 of the work before it is seen)
                   (`attention_payload`: each query row's K largest weights, past the budget),
+     "sinks": {"dtype": "u8", "shape": [L, H, n_q], "scale": 255, "data": str} | null  (`wire`: the share of each
+                  attention row its head's sink took, 1 − Σ_j A_ij, a model with attention sinks (gpt-oss); the
+                  matrix view draws it as a last column, "sink"; null: no sinks, every row sums to 1)
      "next": null | {"k": K, "vocab": V, "temperatures": [T] (t),
                      "steps": [{"position": i, "chosen": id, "rank": int,
                                 "ids": [id], "tokens": [str], "logits": [float],
@@ -176,6 +179,21 @@ def attention_payload(trace: Trace, budget_mb: float | None = None) -> dict:
                      "sets it; fewer layers or heads, model.run(layers=, heads=), keep every weight)")}
 
 
+def sinks_payload(trace: Trace) -> dict | None:
+    """The page's "sinks" (module doc): each attention row's sink share (L, H, n_q) as a `wire` u8 array, from the
+    weights (Trace.sink_shares) or, for a long input's trace, from each row's kept weights and rest (Σ_j A_ij =
+    their sum); None for a model without attention sinks."""
+    if not trace.sinks:
+        return None
+    shares = trace.sink_shares                                              # (L, H, n_q) or None
+    if shares is None:
+        tops = [trace.layers[i].attention_top for i in trace.layer_ids]
+        if any(t is None for t in tops):
+            return None
+        shares = np.stack([1 - t.weight.sum(axis=-1, dtype=np.float64) - t.rest for t in tops])
+    return encode(np.clip(shares, 0, 1), "u8", SCALE)
+
+
 def _fewer(t, K: int):
     """The first K of a TopAttention's kept weights (largest first), the rest of the row grown by the others."""
     from ..core.attention import TopAttention
@@ -296,6 +314,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "roles": roles,
         "role_colours": role_colours(roles),
         "attention": attention,
+        "sinks": sinks_payload(trace),
         "next": next_token_payload(trace, tokenizer),
         "image": image_payload(trace),
         **check_sections(sections, view, n_q),

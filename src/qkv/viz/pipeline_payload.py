@@ -41,7 +41,9 @@ bytes))} (A with its "scale": 255, as the viewer's).
      "pooled": {"norm", "first" (DIMS,), "unit_first" (DIMS,)} | null   (encoders: mean pooling)
      "arithmetic": {"layers": [int], "q" (l, H, n, d_k), "k", "v" (l, H_kv, m, d_k), "z" (l, H, n, d_k),
                     "scores" (l, H, n, m) with −∞ where masked, "weights" (l, H, n, m), all f32 as the engine's,
-                    "bias" (l, H, n, m) f32 | null}   the attention diagram's cells, whole, for the LAYERS it holds
+                    "bias" (l, H, n, m) f32 | null, "sinks" (l, H) f32 | null (each head's sink logit, gpt-oss: one
+                    more term of A's softmax, with no value)}   the attention diagram's cells, whole, for the LAYERS
+                    it holds
      "text_en", "text_ko": {key: template}   the page's words (`pipeline_text`: `qkv explain`'s where they fit)}
 
 The diagram (Q × Kᵀ = S → softmax → A, A × V = Z) recomputes any hovered cell from "arithmetic": S[i, j] as
@@ -158,10 +160,12 @@ def arithmetic_layers(per_layer: int, L: int, center: int, budget: int) -> list[
     return sorted(order[:max(1, min(L, budget // max(1, per_layer)))])
 
 
-def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap: float | None = None) -> dict:
+def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap: float | None = None,
+                      sinks: np.ndarray | None = None) -> dict:
     """What the attention diagram recomputes its hovered cells from (module doc: "arithmetic"), for the layers
     around CENTER that fit in ARITHMETIC_MB. BIAS: the scores carry a position bias (ALiBi, T5), kept as
-    S − cap(scale·q·kᵀ) where S is finite (0 where masked); CAP: the scores' soft-cap (Gemma 2)."""
+    S − cap(scale·q·kᵀ) where S is finite (0 where masked); CAP: the scores' soft-cap (Gemma 2); SINKS: (L, H)
+    each layer's sink logits (gpt-oss), or None."""
     t0 = layers[0]
     H, n, dk = t0.q.shape
     Hkv, m, _ = t0.k.shape
@@ -170,7 +174,8 @@ def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap
     pick = lambda field: np.stack([getattr(layers[i], field) for i in keep]).astype(np.float32)   # noqa: E731
     out = {"layers": keep, **{name: encode(pick(field), "f32") for name, field in
                               (("q", "q"), ("k", "k"), ("v", "v"), ("z", "heads"), ("scores", "scores"),
-                               ("weights", "attentions"))}, "bias": None}
+                               ("weights", "attentions"))}, "bias": None,
+           "sinks": None if sinks is None else encode(np.asarray(sinks, np.float32)[keep], "f32")}   # (l, H)
     if bias:
         scale = cfg.score_scale or 1 / math.sqrt(dk)
         G = H // Hkv
@@ -200,7 +205,8 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: 
         "heads": head_arrays(layers),
         "attention": encode_attention(np.stack([t.attentions for t in layers])),    # (L, H, n, n)
         "scores": encode_scores(np.stack([t.scores for t in layers])),             # (L, H, n, n)
-        "arithmetic": arithmetic_arrays(cfg, layers, center, bias=bias, cap=cfg.attn_softcap),
+        "arithmetic": arithmetic_arrays(cfg, layers, center, bias=bias, cap=cfg.attn_softcap,
+                                        sinks=np.stack([b.attn.sinks for b in blocks]) if cfg.attn_sinks else None),
     }
     if any(t.experts is not None for t in layers):                              # a mixture of experts' router
         out["router"] = [None if t.experts is None else
@@ -281,6 +287,8 @@ def arch_of(model) -> dict:
             "out_norms": any(b.attn_out_norm is not None for b in getattr(last, "blocks", ())),
             "layer_windows": [c.window(i) for i in range(c.n_layers)] if c.causal and not is_seq2seq(model) else None,
             "rope_kinds": [c.rope_kind(i) for i in range(c.n_layers)], "rotary_dim": c.rotary_dim,
+            # multi-head latent attention (DeepSeek): K, V from a latent per token (core/latent.py); None: plain
+            "latent": {"r_kv": c.kv_lora_rank, "r_q": c.q_lora_rank, "d_v": c.d_value} if c.latent else None,
             "rope_theta": c.rope_theta,
             "alibi": _alibi_slopes(c),
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
@@ -304,7 +312,10 @@ def arch_of(model) -> dict:
             "moe": None if not c.n_experts else {
                 "experts": c.n_experts, "k": c.experts_per_token, "renormalised": c.norm_top_k,
                 "d_expert": c.d_expert or c.d_ff, "shared": c.d_shared_expert or None,
-                "dense_layers": list(c.dense_layers)}}
+                "dense_layers": list(c.dense_layers),
+                # DeepSeek-V3's router (dots1), Ernie 4.5's: σ scores, a choice bias, groups, a scale, no shared gate
+                "score": c.router_score, "choice_bias": c.expert_choice_bias, "groups": c.expert_groups,
+                "groups_kept": c.expert_groups_kept, "scale": c.routed_scaling, "shared_gated": c.shared_expert_gate}}
 
 
 def position_bias_of(weights) -> str | None:
@@ -360,7 +371,8 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
     top = {"version": 1, "kind": "pipeline", "title": title or "pipeline", "model": model.name, "family": cfg.family,
            "lang": lang, "arch": arch_of(model), "dims": DIMS, "head_dims": HEAD_DIMS,
            "start": {"layer": layer, "head": head, "box": box}, "output": output_payload(model, trace), **words()}
-    bias = cfg.position == "alibi" or position_bias_of(model.weights) is not None     # what S adds to q·k·scale
+    bias = (cfg.position == "alibi" or position_bias_of(model.weights) is not None   # what S adds to q·k·scale
+            or cfg.disentangled is not None)                                          # (DeBERTa: c2p + p2c)
     if is_seq2seq(model):                      # two stacks: the source through the encoder, the target through the decoder
         w = model.weights
         return {**top, "seq2seq": True, "text": trace.encoder.text, "target": model.tokenizer.decode(

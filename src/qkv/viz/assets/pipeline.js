@@ -310,7 +310,8 @@
           formula(t("p_rope_f"));
           if (kind === "local") out.append(el("p", "qkv-p-note", t("p_rope_local", {layer: L, theta: a.local_rope_theta, base: a.rope_theta})));
           out.append(el("p", null, t("p_rope_what")));
-          if (a.rotary_dim && a.rotary_dim < a.d_k) out.append(el("p", "qkv-p-note", t("p_rope_partial", {r: a.rotary_dim, d_k: a.d_k})));
+          if (a.latent) out.append(el("p", "qkv-p-note", t("p_rope_latent", {r: a.rotary_dim, d_k: a.d_k, ...a.latent})));
+          else if (a.rotary_dim && a.rotary_dim < a.d_k) out.append(el("p", "qkv-p-note", t("p_rope_partial", {r: a.rotary_dim, d_k: a.d_k})));
           if (a.rope_interleaved) out.append(el("p", "qkv-p-note", t("p_rope_pairs")));
           const rows = [];
           for (const [name, sum, count, hh] of [["q", d.heads.q, a.H, h], ["k", d.heads.k, a.H_kv, kv]]) {
@@ -349,8 +350,11 @@
         }
         case "router": {
           const r = this.d.router[L], m = a.moe;
-          formula(t("p_router_f", {E: m.experts, k: m.k}));
-          if (m.shared) out.append(el("p", "qkv-p-note", t("p_router_shared")));
+          formula(t(m.score === "sigmoid" ? "p_router_f_sigmoid" : "p_router_f", {E: m.experts, k: m.k}));
+          if (m.shared) out.append(el("p", "qkv-p-note", t(m.shared_gated === false ? "p_router_shared_plain" : "p_router_shared")));
+          if (m.choice_bias) out.append(el("p", "qkv-p-note", t("p_router_bias")));
+          if (m.groups > 1) out.append(el("p", "qkv-p-note", t("p_router_groups", {G: m.groups, kept: m.groups_kept})));
+          if (m.scale !== undefined && m.scale !== 1) out.append(el("p", "qkv-p-note", t("p_router_scale", {c: m.scale})));
           if (!r) { out.append(el("p", "qkv-p-router-dense", t("p_router_dense", {layer: L}))); break; }
           out.append(el("p", null, t("p_router_token", {token: this.label(i)})));
           out.append(table([t("p_expert"), t("p_weight")], r.experts[i].map((e, k) => [String(e), num(r.weights[i][k], 4)])));

@@ -29,7 +29,7 @@
   async function decode(enc) {
     if (!enc) return null;
     const out = {layers: enc.layers};
-    for (const k of ["q", "k", "v", "z", "scores", "weights", "bias"]) {
+    for (const k of ["q", "k", "v", "z", "scores", "weights", "bias", "sinks"]) {
       out[k] = enc[k] ? {shape: enc[k].shape, data: await QKV_WIRE.decode(enc[k])} : null;
     }
     return out;
@@ -251,6 +251,8 @@
       } else if (cell.m === "A") {
         let max = -Infinity;
         for (let jj = 0; jj < m; jj++) max = Math.max(max, S(i, jj));
+        const sink = ar.sinks ? ar.sinks.data[li * H + h] : null;      // gpt-oss: the sink's logit, in the sum only
+        if (sink !== null) max = Math.max(max, sink);
         panel.append(el("p", "qkv-p-ar-head", t("p_ar_A", {i, j, q: qi, k: kj})));
         const list = [];
         let sum = 0;
@@ -260,6 +262,11 @@
           e[jj] = x === -Infinity ? 0 : Math.exp(x - max);
           sum += e[jj];
           list.push({text: `${jj}: exp(${fix(x, 3)} − ${fix(max, 3)}) = ${sci(e[jj])}`, value: e[jj], off: x === -Infinity});
+        }
+        if (sink !== null) {                                            // one more term of the sum, with no value
+          const x = Math.exp(sink - max);
+          sum += x;
+          list.push({text: `sink: exp(${fix(sink, 3)} − ${fix(max, 3)}) = ${sci(x)}`, value: x});
         }
         const {wrap, chips, values} = terms(list);
         panel.append(wrap, running);

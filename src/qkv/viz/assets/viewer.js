@@ -150,6 +150,7 @@
       this.keys = this.self ? this.tokens : payload.key_labels || payload.key_tokens;
       this.keysSpelled = this.self ? this.spelled : payload.key_tokens;
       this.read = payload.read_labels || null;                          // cross: the token each row read
+      this.sinkBytes = payload.sinkBytes || null;                       // attention sinks: each row's share (L·H·n)
       this.causal = payload.causal === true;
       this.gen = payload.prompt_length == null ? this.n : payload.prompt_length;  // first generated token
       this.next = payload.next && payload.next.steps.length ? payload.next : null;
@@ -223,6 +224,16 @@
       if (this.top) for (let h = 0; h < this.H; h++) this.each(l, h, (i, j, q) => { sum[i * nk + j] += q; });
       else for (let h = 0; h < this.H; h++) { const a = this.A(l, h); for (let p = 0; p < nn; p++) sum[p] += a[p]; }
       for (let p = 0; p < nn; p++) out[p] = Math.round(sum[p] / this.H);
+      return out;
+    }
+
+    // the sink's share of each row of the selected head (bytes, n), or the heads' mean; null without sinks
+    sinkRow() {
+      if (!this.sinkBytes) return null;
+      const l = this.state.layer, n = this.n, H = this.H;
+      if (this.state.head >= 0) return this.sinkBytes.subarray((l * H + this.state.head) * n, (l * H + this.state.head + 1) * n);
+      const out = new Uint8Array(n);
+      for (let i = 0; i < n; i++) { let sum = 0; for (let h = 0; h < H; h++) sum += this.sinkBytes[(l * H + h) * n + i]; out[i] = Math.round(sum / H); }
       return out;
     }
 
@@ -557,7 +568,9 @@
       bctx.imageSmoothingEnabled = true;
       bctx.drawImage(heatmapImage(ramp, 256, 1), 0, 0, 160, 10);
       scale.append(el("span", null, "0"), bar, el("span", null, "1   attention weight (±0.002), brighter = more" +
-                                                  (this.causal ? " · grey: masked (key after query)" : "")));
+                                                  (this.causal ? " · grey: masked (key after query)" : "") +
+                                                  (this.sinkBytes ? " · last column: the share of each row its head's " +
+                                                   "sink took (attention sinks)" : "")));
       this.mx.zoom = el("p", "qkv-note qkv-zoom");
       panel.append(wrap, this.mx.readout, this.mx.zoom, scale,
                    el("p", "qkv-note", "wheel or + / − zooms, drag or the arrow keys pan, double-click or 0 fits the whole matrix"));
@@ -633,11 +646,14 @@
         for (let j = j0; j < j0 + cols; j++) lw = Math.max(lw, c.measureText(shown(this.keys[j], 14)).width);
       }
       const padL = labels ? Math.ceil(lw) + 12 : 40, padT = labels ? Math.ceil(lw * 0.71) + 14 : 22;
-      const padR = labels ? Math.ceil(lw * 0.71) : 8;
+      // attention sinks: one more column after a gap, each row's share its sink took (drawn at least 8 px wide)
+      const sink = this.sinkRow(), sinkGap = sink ? Math.max(4, Math.round(cell / 2)) : 0, sinkW = sink ? Math.max(8, cell) : 0;
+      const padR = (labels ? Math.ceil(lw * 0.71) : 8) + (sink ? sinkGap + sinkW + 24 : 0);
       if (!mx.geo || mx.geo.vw !== vw || mx.geo.vh !== vh || mx.geo.padL !== padL || mx.geo.padT !== padT) {
         mx.ctx = sizeCanvas(mx.canvas, padL + vw + padR, padT + vh + 6);
       }
-      mx.geo = {cell, vw, vh, padL, padT, padR, size: cols * cell, height: rows * cell};
+      mx.geo = {cell, vw, vh, padL, padT, padR, size: cols * cell, height: rows * cell,
+                sinkX: padL + Math.min(vw, cols * cell) + sinkGap, sinkW};
       Object.assign(mx.canvas.dataset, {cell, padL, padT, i0, j0, rows, cols, rowStep, colStep});   // for tests
       const drawn = mx.canvas.qkvLabels = {font, rows: [], cols: []};   // each label's text and anchor (CSS px), for tests
       const ctx = mx.ctx;
@@ -645,6 +661,7 @@
       ctx.imageSmoothingEnabled = false;
       const img = this.matrixImage(i0, j0, rows, cols, scale);
       ctx.drawImage(img, padL, padT, Math.min(vw, cols * cell), Math.min(vh, rows * cell));
+      if (sink) this.drawSink(ctx, sink, i0, rows, scale, font);
       ctx.fillStyle = "#333";
       ctx.font = font;
       if (labels) {
@@ -692,6 +709,24 @@
           : ` · ${scale.toFixed(1)} px a cell`);
     }
 
+    // the sink column: the window's rows' sink shares (past a pixel a row, the largest under each pixel), "sink" above
+    drawSink(ctx, sink, i0, rows, scale, font) {
+      const g = this.mx.geo, f = scale < 1 ? 1 / scale : 1, bh = Math.max(1, Math.ceil(rows / f));
+      const col = new Uint16Array(bh);
+      for (let i = 0; i < rows; i++) { const p = Math.min(bh - 1, Math.floor(i / f)); col[p] = Math.max(col[p], sink[i0 + i]); }
+      ctx.drawImage(heatmapImage(col, 1, bh), g.sinkX, g.padT, g.sinkW, Math.min(g.vh, rows * g.cell));
+      ctx.save();
+      ctx.fillStyle = "#7a0177";
+      ctx.font = font;
+      ctx.textBaseline = "alphabetic";
+      ctx.textAlign = "left";
+      ctx.translate(g.sinkX + g.sinkW / 2, g.padT - 5);
+      ctx.rotate(-Math.PI / 4);
+      ctx.fillText("sink", 0, 0);
+      ctx.restore();
+      this.mx.canvas.qkvLabels.sink = {text: "sink", x: g.sinkX, width: g.sinkW};   // for tests
+    }
+
     // the window's cells as an image: a pixel a cell, or past a pixel a cell each pixel the largest weight under it
     matrixImage(i0, j0, rows, cols, scale) {
       const mx = this.mx, key = [i0, j0, rows, cols, scale < 1 ? scale : 1].join(":");
@@ -715,6 +750,15 @@
       const g = this.mx.geo, n = this.n, nk = this.nk, win = this.mx.win;
       const x = e.offsetX - g.padL, y = e.offsetY - g.padT;
       const j = win.j0 + Math.floor(x / g.cell), i = win.i0 + Math.floor(y / g.cell);
+      const sink = this.sinkRow(), sx = e.offsetX - g.sinkX;
+      if (sink && sx >= 0 && sx < g.sinkW && y >= 0 && y < Math.min(g.vh, g.height) && i < n) {
+        const w = `${fmt(sink[i])} (the share of the row its sink took: no value, so the weights sum to 1 − it)`;
+        this.mx.readout.textContent = `“${shown(this.tokens[i], 24)}” (query ${i}) → sink: ${w}`;
+        Object.assign(this.mx.tip, {textContent: fmt(sink[i]) + "  " + shown(this.tokens[i], 16) + " → sink", hidden: false});
+        this.mx.tip.style.left = (e.offsetX + 14) + "px";
+        this.mx.tip.style.top = (e.offsetY + 12) + "px";
+        return;
+      }
       if (x < 0 || y < 0 || x >= Math.min(g.vw, g.size) || y >= Math.min(g.vh, g.height) || i >= n || j >= nk) {
         this.mx.tip.hidden = true;
         if (this.state.cell) this.set({cell: null});
@@ -905,6 +949,7 @@
       const decoded = [];
       for (const p of parts) {                             // bytes q = round(a·255); a long page: the layer shown
         decoded.push(await decodeAttention(p.attention, Math.max(0, p.layers.indexOf((state || {}).layer))));
+        if (p.sinks) p.sinkBytes = await QKV_WIRE.decode(p.sinks);    // attention sinks: each row's share
       }
       const bytes = payload.kinds ? decoded : decoded[0];
       const extra = {};                                    // each section's arrays, decoded by its panel's renderer

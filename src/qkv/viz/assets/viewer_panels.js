@@ -299,7 +299,9 @@
     panel.append(figs, readout, colourBar(viridis, "0", "1", "share (±0.002), brighter = more" +
                                           (v.causal ? " · grey: masked (key after query)" : "")),
                  el("p", "qkv-note", "Rows: positions, columns: input tokens. raw: the layer's attention, mean of its heads. " +
-                    "rollout (Abnar & Zuidema 2020): Â = ½·mean_h A + ½·I, rows renormalised, multiplied through " +
+                    "rollout (Abnar & Zuidema 2020): Â = ½·mean_h A + ½·I, " + (v.sinkBytes
+                      ? "not renormalised (attention sinks: the sinks' share of each row reaches no token), "
+                      : "rows renormalised, ") + "multiplied through " +
                     "layers 0..l — how much each input token reaches each position. flow: the maximum flow " +
                     "through every layer's Â as capacities (after all layers). Choose the layer above."));
     if (!flow) panel.append(el("p", "qkv-note", ro.flow_note || "no attention flow in this payload"));

@@ -158,6 +158,11 @@ PIPELINE = {
     "p_router": "Router: which experts", "p_router_f": "p = softmax(x·W_router) over {E} experts; the top {k} run: "
                                                      "FFN(x) = Σ_e w_e·FFN_e(x)",
     "p_router_shared": "+ σ(x·w_gate)·FFN_shared(x): a shared expert every token runs.",
+    "p_router_f_sigmoid": "s = σ(x·W_router) for each of {E} experts; the top {k} run: FFN(x) = Σ_e w_e·FFN_e(x)",
+    "p_router_shared_plain": "+ FFN_shared(x): a shared expert every token runs, ungated.",
+    "p_router_bias": "The choice ranks s + b: b, one number per expert, picks experts but never weighs them.",
+    "p_router_groups": "Only experts of the best {kept} of {G} groups may be chosen (a group ranks by its two best).",
+    "p_router_scale": "The weights w are multiplied by {c}.",
     "p_router_dense": "Layer {layer} is dense: one FFN for every token, no router.",
     "p_router_token": "“{token}” went to:", "p_expert": "expert", "p_weight": "weight",
     "p_final_softcap": "logits = c·tanh(logits / c),   c = {c}",
@@ -206,6 +211,10 @@ PIPELINE = {
     "p_rope_what": "Turning does not change a vector's length: |q'| = |q|. What changes is the angle between a query "
                    "and a key, so their score depends on how far apart they are. The numbers shown are after "
                    "the turn, as attention reads them.",
+    "p_rope_latent": "Multi-head latent attention (DeepSeek): only the last {r} of each head's {d_k} numbers are "
+                     "turned, and k's {r} are one key every head shares; each head's K and V (V {d_v} wide) come "
+                     "from a latent of {r_kv} numbers per token, which is all the KV cache keeps "
+                     "(`qkv explain kv-cache`).",
     "p_rope_partial": "Only the first {r} of each head's {d_k} numbers are turned; the rest pass unchanged.",
     "p_rope_pairs": "Pairs are neighbours (x_0, x_1), (x_2, x_3), … (GPT-J's interleaved layout).",
     "p_gqa_what": "Each K/V head is computed once and read by G = {G} query heads: the KV cache holds {H_kv} "
@@ -293,7 +302,7 @@ FFN = {
     "params_most": "Most of what this block stores is in its FFN.",
 
     "s_in": "② Up to d_ff: u = h·W_in (+ b_in)",
-    "s_in_gated": "② Up to d_ff: u = h·W_in and the gate g = h·W_gate",
+    "s_in_gated": "② Up to d_ff: u = h·W_in (+ b_in) and the gate g = h·W_gate (+ b_gate)",
     "in": "Each column of W_in is a key (Geva et al. 2021): u_i = h·W_in[:, i]{b} is large when this token's h "
           "matches the pattern neuron i detects. h {hs} · W_in {ws} = u {us}:",
     "in_gated": "A gated FFN has a second matrix of the same shape: g = h·W_gate, {d_ff} numbers that decide how much "
@@ -309,6 +318,8 @@ FFN = {
     "act_silu": "SiLU(g) = g·σ(g) (also called swish); near 0 for g < 0, never below −0.28",
     "act_relu": "ReLU(u) = max(0, u); exactly 0 for u < 0",
     "act_relu2": "ReLU²(u) = max(0, u)²; exactly 0 for u < 0, growing as u² above",
+    "act_xielu": "xIELU(u) = α_p·u² + β·u for u > 0, (e^min(u, ε) − 1 − u)·α_n + β·u below, with α_p, α_n, β "
+                 "and ε learned or stored in each layer (Apertus); near β·u − α_n·u for u ≪ 0",
     "act_gated": "Gated ({glu}): a = act(g) ⊙ u. The gate act(g) is near 0 or positive, and u has either sign, so "
                  "a neuron's a_i is positive or negative.",
     "act_counts": "The hidden vector a has d_ff = {d_ff} numbers: {pos} positive, {neg} negative{zero}; the largest "
@@ -420,6 +431,10 @@ GQA = {
     "s_share": "① Who reads what: {H} query heads, {H_kv} K/V heads",
     "mha": "{model} is plain multi-head attention (MHA): each of its {H} query heads reads its own K/V head "
            "(h → h). Nothing is shared; ③ shows what sharing would do to it.",
+    "mla": "{model} is multi-head latent attention (MLA): each of its {H} query heads reads a K and a V of its own "
+           "(h → h), but all of them are expanded from one latent per token (r_kv = {r_kv} numbers: [K_nope | V] = "
+           "c·W_KV_b), and the RoPE part of every head's K (the last d_rot = {d_rot} of its d_k = {d_k}) is one key "
+           "all heads share, as MQA's: checked below on the model's own K. ③ pools a plain multi-head model instead.",
     "share": "W_Q makes H = {H} queries per token, W_K and W_V only Hkv = {H_kv} keys and values: Q {kq}, "
              "K and V {kk}. Query head h reads K/V head h // (H/Hkv) = h // {G}: groups of {G} neighbours.",
     "col_kv": "K/V head", "col_queries": "query heads that read it",
@@ -429,6 +444,10 @@ GQA = {
     "s_cache": "② The cache it saves",
     "cache": "Per token the KV cache keeps K and V in every layer: 2·L·Hkv·d_k·4 bytes (L = {L}, d_k = {d_k}, "
              "float32). The same model with one K/V head per query head (MHA), its own (←), one for all (MQA):",
+    "cache_latent": "Per token MLA's cache keeps one latent and one RoPE key in every layer, L·(r_kv + d_rot)·4 bytes "
+                    "(L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, float32), not K and V: caching the heads it expands to "
+                    "would take L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}), with H K/V heads (MHA) or one (MQA). "
+                    "Its own (←):",
     "col_attention": "attention", "col_kv_heads": "K/V heads", "col_per_token": "bytes per token",
     "col_ratio": "× MHA",
     "cache_end": "{model} saves {saved:,} bytes per token against MHA: its cache is {ratio:.0f}× smaller "
@@ -472,6 +491,17 @@ KVCACHE = {
     "holds_check": "The cache after generating equals the K and V a full pass over the same {n} tokens computes, "
                    "in every layer (largest difference {diff:.1e}).",
 
+    "holds_latent": "Multi-head latent attention (MLA): per layer the cache keeps, for each token, its latent c = "
+                    "RMSNorm(x·W_V) of r_kv = {r_kv} numbers and its RoPE key k_R of d_rot = {d_rot} numbers, turned and "
+                    "shared by all H = {H} heads: not each head's K and V. After the prompt ({n} tokens: {prompt}) each "
+                    "layer holds c {c} and k_R {k}: L·(r_kv + d_rot)·4 = {per:,} bytes per token in float32 (L = {L}). "
+                    "Every step expands them into each head's K = [K_nope | k_R] (d_nope = {d_nope} numbers of "
+                    "c·W_KV_b, d_k = {d_k} in all) and V (d_v = {d_v}, the rest of c·W_KV_b) again. That is what qkv's "
+                    "cache and transformers' hold; neither folds W_KV_b into W_Q and W_O (DeepSeek's own inference "
+                    "trick), so the expansion is work every step does (③). A cache of the expanded K and V would take "
+                    "L·H·(d_k + d_v)·4 = {full:,} bytes per token.",
+    "holds_check_latent": "The latents cached while generating, expanded into K and V, equal the K and V a full pass "
+                          "over the same {n} tokens computes, in every layer (largest difference {diff:.1e}).",
     "s_steps": "② Token by token: {k} new tokens, greedy",
     "steps": "Step 1 feeds the prompt ({prompt} tokens, the prefill); each later step feeds only the token just "
              "chosen, whose query reads the m cached keys. \"Without\" runs all m tokens again. Times: the fastest "
@@ -489,6 +519,13 @@ KVCACHE = {
              "2·f·H·d_k·d_model (W_O) + {ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (logits of the last token), "
              "with d_model = {d_model}, H = {H}, Hkv = {H_kv}, d_k = {d_k}, d_ff = {d_ff}, L = {L}, V = {V:,}. "
              "With the cache f = 1; without it f = m.",
+    "flops_latent": "FLOPs counted from the weights' shapes, 2 per multiply-add, for a pass feeding f tokens whose "
+                    "queries read m keys: L·[2·f·d_model·(r_q + r_kv + d_rot) + 2·f·r_q·H·d_k (q through its latent, "
+                    "2·f·d_model·H·d_k without one; the K/V latent and the RoPE key) + 2·m·r_kv·H·(d_nope + d_v) (every "
+                    "cached latent expanded into K and V, at every step) + 2·H·f·m·(d_k + d_v) (Q·Kᵀ and A·V) + "
+                    "2·f·H·d_v·d_model (W_O) + {ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (logits of the last token), "
+                    "with d_model = {d_model}, H = {H}, r_q = {r_q}, r_kv = {r_kv}, d_rot = {d_rot}, d_nope = {d_nope}, "
+                    "d_k = {d_k}, d_v = {d_v}, d_ff = {d_ff}, L = {L}, V = {V:,}. With the cache f = 1; without it f = m.",
     "cost": "At m = {m}: {fc:,.0f}M FLOPs with the cache, {ff:,.0f}M without ({fr:.1f}×). Measured over the {k} "
             "one-token steps: {tc:.0f} ms with the cache, {tf:.0f} ms without ({tr:.1f}×). A step with the cache "
             "costs about the same at any m, one without grows with m (its attention part with m²).",
@@ -507,6 +544,13 @@ KVCACHE = {
     "layouts_end": "With one K/V head per query head (MHA, H = {H}) the cache would be {saving:.0f}× larger; "
                    "GQA's {H_kv} shared K/V heads are the model's choice, and MQA (one K/V head) would shrink it "
                    "{mqa:.0f}× from MHA (`qkv explain gqa`).",
+    "layouts_latent": "Bytes per token: MLA's own L·(r_kv + d_rot)·4 (L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, "
+                      "float32); caching the expanded heads instead, L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}) "
+                      "with H K/V heads (MHA) or one (MQA). For the tokens of this run and for the model's whole context "
+                      "of {context:,} tokens (← this model):",
+    "layouts_end_latent": "The latent takes {saving:.1f}× less than the K and V of the H = {H} heads it stands for "
+                          "(MHA); one K/V head for all (MQA) would take {mqa:.2f}× the latent's bytes: MLA keeps a K "
+                          "and a V of each head's own (through W_KV_b) at about an MQA cache's size.",
 
     "fig_full": "without the cache", "fig_cache": "with the cache", "fig_m": "tokens so far m",
     "fig_time": "time of a step (measured)", "fig_flops": "FLOPs of a step (counted)", "fig_tokens": "tokens",
@@ -717,6 +761,7 @@ VIEWER = {
     "panel_router": "Experts",
     "panel_diff": "Model diff",
     "panel_path_patch": "Path patching", "panel_probe": "Probes",
+    "panel_disentangled": "Disentangled",
 }
 
 # the attribution graph page (`graphs.page`, assets/graph.js) and `qkv serve`'s Graph tab

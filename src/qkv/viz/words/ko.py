@@ -151,6 +151,11 @@ PIPELINE = {
     "p_router": "라우터: 어느 전문가로", "p_router_f": "p = softmax(x·W_router), 전문가 {E}개 중 상위 {k}개 실행: "
                                                  "FFN(x) = Σ_e w_e·FFN_e(x)",
     "p_router_shared": "+ σ(x·w_gate)·FFN_shared(x): 모든 토큰이 거치는 공유 전문가.",
+    "p_router_f_sigmoid": "s = σ(x·W_router), 전문가 {E}개 각각의 점수; 상위 {k}개 실행: FFN(x) = Σ_e w_e·FFN_e(x)",
+    "p_router_shared_plain": "+ FFN_shared(x): 모든 토큰이 게이트 없이 거치는 공유 전문가.",
+    "p_router_bias": "선택은 s + b로 순위를 매깁니다: 전문가마다 하나인 b는 전문가를 고르기만 하고 가중치에는 들어가지 않습니다.",
+    "p_router_groups": "전문가 그룹 {G}개 중 상위 {kept}개 그룹의 전문가만 고를 수 있습니다 (그룹의 순위: 가장 높은 두 점수의 합).",
+    "p_router_scale": "가중치 w에 {c}를 곱합니다.",
     "p_router_dense": "{layer}번 층은 밀집 층입니다: 모든 토큰이 FFN 하나를 거치고, 라우터가 없습니다.",
     "p_router_token": "“{token}”이(가) 간 곳:", "p_expert": "전문가", "p_weight": "가중치",
     "p_final_softcap": "logits = c·tanh(logits / c),   c = {c}",
@@ -198,6 +203,9 @@ PIPELINE = {
     "p_rope_f": "q' = R(p)·q,  k' = R(p)·k:  숫자 쌍 (x_2i, x_2i+1)마다 각도 p·θ_i만큼 회전,  θ_i = base^(−2i/d)",
     "p_rope_what": "회전은 벡터의 길이를 바꾸지 않습니다: |q'| = |q|. 바뀌는 것은 쿼리와 키 사이의 각도라서, 점수가 "
                    "두 토큰의 거리에 따라 달라집니다. 보이는 숫자는 회전 뒤, 어텐션이 읽는 값입니다.",
+    "p_rope_latent": "멀티헤드 잠재 어텐션(DeepSeek): 헤드마다 숫자 {d_k}개 중 마지막 {r}개만 회전하고, k의 {r}개는 모든 "
+                     "헤드가 함께 쓰는 키 하나입니다. 헤드마다의 K와 V(V는 {d_v}개)는 토큰마다 숫자 {r_kv}개의 잠재 "
+                     "벡터에서 나오며, KV 캐시는 그것만 담습니다(`qkv explain kv-cache`).",
     "p_rope_partial": "헤드마다 숫자 {d_k}개 중 앞 {r}개만 회전합니다; 나머지는 그대로 지나갑니다.",
     "p_rope_pairs": "쌍은 이웃한 숫자입니다: (x_0, x_1), (x_2, x_3), … (GPT-J의 교차 배치).",
     "p_gqa_what": "K/V 헤드는 한 번 계산되어 쿼리 헤드 G = {G}개가 읽습니다: KV 캐시에는 헤드 {H}개가 아니라 "
@@ -281,7 +289,7 @@ FFN = {
     "params_most": "이 블록이 저장하는 것의 대부분이 FFN에 있습니다.",
 
     "s_in": "② d_ff로 넓히기: u = h·W_in (+ b_in)",
-    "s_in_gated": "② d_ff로 넓히기: u = h·W_in, 게이트 g = h·W_gate",
+    "s_in_gated": "② d_ff로 넓히기: u = h·W_in (+ b_in), 게이트 g = h·W_gate (+ b_gate)",
     "in": "W_in의 열 하나하나가 키입니다(Geva 등, 2021): 이 토큰의 h가 뉴런 i가 감지하는 패턴과 잘 맞을수록 "
           "u_i = h·W_in[:, i]{b} 값이 커집니다. h {hs} · W_in {ws} = u {us}:",
     "in_gated": "게이트가 있는 FFN에는 같은 모양의 행렬이 하나 더 있습니다: g = h·W_gate, 각 u_i를 얼마나 통과시킬지 "
@@ -297,6 +305,8 @@ FFN = {
     "act_silu": "SiLU(g) = g·σ(g)입니다(swish라고도 합니다). g < 0에서는 0에 가까우며 −0.28보다 작아지지 않습니다",
     "act_relu": "ReLU(u) = max(0, u)입니다. u < 0이면 정확히 0입니다",
     "act_relu2": "ReLU²(u) = max(0, u)²입니다. u < 0이면 정확히 0이고, 그 위에서는 u²로 커집니다",
+    "act_xielu": "xIELU(u)는 u > 0이면 α_p·u² + β·u, 그 아래에서는 (e^min(u, ε) − 1 − u)·α_n + β·u입니다. α_p, α_n, "
+                 "β, ε는 층마다 학습되거나 저장된 값입니다(Apertus). u ≪ 0이면 β·u − α_n·u에 가깝습니다",
     "act_gated": "게이트 방식({glu}): a = act(g) ⊙ u. 게이트 act(g)는 0에 가깝거나 양수이고 u는 부호가 어느 쪽이든 "
                  "될 수 있으므로, 뉴런의 a_i는 양수도 음수도 됩니다.",
     "act_counts": "은닉 벡터 a는 d_ff = {d_ff}개의 숫자입니다: 양수 {pos}개, 음수 {neg}개{zero}. 가장 큰 |a_i|는 "
@@ -405,6 +415,10 @@ GQA = {
     "s_share": "① 누가 무엇을 읽나: 쿼리 헤드 {H}개, K/V 헤드 {H_kv}개",
     "mha": "{model}은(는) 평범한 멀티헤드 어텐션(MHA)입니다: 쿼리 헤드 {H}개가 각자 자기 K/V 헤드를 읽습니다(h → h). "
            "공유하는 것이 없습니다. 공유하면 어떻게 되는지는 ③에서 봅니다.",
+    "mla": "{model}은 멀티헤드 잠재 어텐션(MLA)입니다: 쿼리 헤드 {H}개가 저마다 자기 K와 V를 읽지만(h → h), 모두 토큰마다 "
+           "잠재 벡터 하나(r_kv = {r_kv}개 숫자: [K_nope | V] = c·W_KV_b)에서 펼쳐지고, 각 헤드 K의 RoPE 부분(d_k = {d_k} "
+           "중 마지막 d_rot = {d_rot})은 MQA처럼 모든 헤드가 함께 쓰는 키 하나입니다. 아래에서 모델 자신의 K로 확인합니다. "
+           "③은 대신 보통의 멀티헤드 모델을 풀링합니다.",
     "share": "W_Q는 토큰마다 쿼리 H = {H}개를 만들고, W_K와 W_V는 키와 밸류를 Hkv = {H_kv}개만 만듭니다: Q {kq}, "
              "K와 V {kk}. 쿼리 헤드 h는 K/V 헤드 h // (H/Hkv) = h // {G}를 읽습니다: 이웃한 {G}개씩 한 그룹.",
     "col_kv": "K/V 헤드", "col_queries": "이를 읽는 쿼리 헤드",
@@ -414,6 +428,9 @@ GQA = {
     "s_cache": "② 줄어드는 캐시",
     "cache": "KV 캐시는 토큰마다 모든 층의 K와 V를 저장합니다: 2·L·Hkv·d_k·4 바이트(L = {L}, d_k = {d_k}, float32). "
              "같은 모델에서 쿼리 헤드마다 K/V 헤드를 하나씩 두는 경우(MHA), 이 모델(←), 모두가 하나를 쓰는 경우(MQA):",
+    "cache_latent": "MLA의 캐시는 토큰마다 층마다 K와 V가 아니라 잠재 벡터 하나와 RoPE 키 하나를 담습니다: "
+                    "L·(r_kv + d_rot)·4 바이트(L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, float32). 펼친 헤드를 캐시한다면 "
+                    "L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}), K/V 헤드 H개(MHA) 또는 1개(MQA). 이 모델(←):",
     "col_attention": "어텐션", "col_kv_heads": "K/V 헤드", "col_per_token": "토큰당 바이트",
     "col_ratio": "MHA 대비",
     "cache_end": "{model}은(는) MHA보다 토큰당 {saved:,} 바이트를 아낍니다: 캐시가 {ratio:.0f}분의 1입니다"
@@ -454,6 +471,16 @@ KVCACHE = {
     "holds_check": "생성 후의 캐시는 같은 {n}개 토큰으로 전체 계산을 한 번 돌린 K, V와 모든 층에서 같습니다"
                    "(최대 차이 {diff:.1e}).",
 
+    "holds_latent": "멀티헤드 잠재 어텐션(MLA): 층마다 캐시는 토큰마다 잠재 벡터 c = RMSNorm(x·W_V)(r_kv = {r_kv}개 "
+                    "숫자)와 RoPE를 적용한 키 k_R(d_rot = {d_rot}개 숫자, H = {H}개 헤드가 함께 씀)을 담습니다. 헤드마다의 "
+                    "K와 V가 아닙니다. 프롬프트({n}개 토큰: {prompt}) 뒤에 각 층은 c {c}와 k_R {k}를 담습니다: float32로 "
+                    "토큰당 L·(r_kv + d_rot)·4 = {per:,} 바이트(L = {L}). 매 단계 이를 다시 헤드마다의 K = [K_nope | k_R]"
+                    "(c·W_KV_b의 d_nope = {d_nope}개, 모두 d_k = {d_k})와 V(d_v = {d_v}, c·W_KV_b의 나머지)로 펼칩니다. "
+                    "qkv의 캐시도 transformers의 캐시도 이것을 담습니다. 둘 다 W_KV_b를 W_Q와 W_O에 미리 곱해 두지 않으므로"
+                    "(DeepSeek 자체 추론의 기법) 펼치는 계산은 매 단계 일어납니다(③). 펼친 K와 V를 캐시한다면 토큰당 "
+                    "L·H·(d_k + d_v)·4 = {full:,} 바이트입니다.",
+    "holds_check_latent": "생성하며 캐시한 잠재 벡터를 K와 V로 펼치면, 같은 {n}개 토큰으로 전체 계산을 한 번 돌린 K, V와 "
+                          "모든 층에서 같습니다(최대 차이 {diff:.1e}).",
     "s_steps": "② 한 토큰씩: 새 토큰 {k}개, greedy",
     "steps": "1단계는 프롬프트({prompt}개 토큰)를 넣습니다(prefill). 이후 단계는 방금 고른 토큰 하나만 넣고, 그 "
              "쿼리가 캐시된 키 m개를 읽습니다. \"캐시 없음\"은 m개 토큰 전체를 다시 계산합니다. 시간: 3번 실행 중 "
@@ -470,6 +497,13 @@ KVCACHE = {
              "L·[2·f·d_model·(H + 2·Hkv)·d_k (Q, K, V) + 4·H·f·m·d_k (Q·Kᵀ와 A·V) + 2·f·H·d_k·d_model (W_O) + "
              "{ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (마지막 토큰의 logits). d_model = {d_model}, H = {H}, "
              "Hkv = {H_kv}, d_k = {d_k}, d_ff = {d_ff}, L = {L}, V = {V:,}. 캐시가 있으면 f = 1, 없으면 f = m.",
+    "flops_latent": "FLOPs는 가중치의 shape에서 셉니다(곱셈-덧셈 하나에 2). 토큰 f개를 넣고 그 쿼리가 키 m개를 읽는 "
+                    "계산: L·[2·f·d_model·(r_q + r_kv + d_rot) + 2·f·r_q·H·d_k (잠재 벡터를 거친 q, 없으면 "
+                    "2·f·d_model·H·d_k; K/V 잠재 벡터와 RoPE 키) + 2·m·r_kv·H·(d_nope + d_v) (캐시된 잠재 벡터를 매 단계 "
+                    "K와 V로 펼침) + 2·H·f·m·(d_k + d_v) (Q·Kᵀ와 A·V) + 2·f·H·d_v·d_model (W_O) + "
+                    "{ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (마지막 토큰의 logits). d_model = {d_model}, H = {H}, "
+                    "r_q = {r_q}, r_kv = {r_kv}, d_rot = {d_rot}, d_nope = {d_nope}, d_k = {d_k}, d_v = {d_v}, "
+                    "d_ff = {d_ff}, L = {L}, V = {V:,}. 캐시가 있으면 f = 1, 없으면 f = m.",
     "cost": "m = {m}에서: 캐시 있음 {fc:,.0f}M FLOPs, 캐시 없음 {ff:,.0f}M({fr:.1f}배). 한 토큰 단계 {k}개의 측정 "
             "시간 합: 캐시 있음 {tc:.0f} ms, 캐시 없음 {tf:.0f} ms({tr:.1f}배). 캐시가 있으면 한 단계의 비용은 m과 "
             "거의 무관하고, 캐시가 없으면 m에 따라 커집니다(어텐션 부분은 m²으로).",
@@ -487,6 +521,12 @@ KVCACHE = {
     "layouts_end": "쿼리 헤드마다 K/V 헤드를 하나씩 두면(MHA, H = {H}) 캐시가 {saving:.0f}배 커집니다. 공유 K/V 헤드 "
                    "{H_kv}개(GQA)는 이 모델의 선택이고, MQA(K/V 헤드 1개)는 MHA보다 {mqa:.0f}배 작습니다"
                    "(`qkv explain gqa`).",
+    "layouts_latent": "토큰당 바이트: MLA 자신의 L·(r_kv + d_rot)·4 (L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, "
+                      "float32). 펼친 헤드를 캐시한다면 L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}): K/V 헤드 H개(MHA) "
+                      "또는 1개(MQA). 이번 실행의 토큰과 모델 전체 컨텍스트 {context:,} 토큰 기준(← 이 모델):",
+    "layouts_end_latent": "잠재 벡터는 그것이 대신하는 H = {H}개 헤드의 K와 V(MHA)보다 {saving:.1f}배 작습니다. 모두가 "
+                          "K/V 헤드 하나를 함께 쓰면(MQA) 잠재 벡터의 {mqa:.2f}배입니다: MLA는 헤드마다 자기 K와 V를"
+                          "(W_KV_b를 거쳐) MQA 캐시 정도의 크기로 유지합니다.",
 
     "fig_full": "캐시 없음", "fig_cache": "캐시 있음", "fig_m": "지금까지의 토큰 수 m",
     "fig_time": "한 단계의 시간(측정)", "fig_flops": "한 단계의 FLOPs(계산)", "fig_tokens": "토큰 수",

@@ -1,0 +1,191 @@
+"""gpt-oss (OpenAI's open-weight MoE decoders, GptOssForCausalLM): Llama's pre-norm RMSNorm blocks with
+
+  - attention sinks: each head's learned logit s_h joins the softmax with no value (cfg.attn_sinks,
+    AttentionWeights.sinks), A = exp(S) / (Σ exp(S) + exp(s_h)): a head may attend to nothing;
+  - q/k/v/o biases (attention_bias), GQA, layers sliding (sliding_window) and full in turn (layer_types), YaRN RoPE;
+  - every FFN routed: logits = x·W_router + b_router, the num_experts_per_tok highest, their weights the softmax of
+    those logits only (= the full softmax renormalised over them: cfg.norm_top_k), each expert a clamped SwiGLU
+    with biases: g = min(x·W_gate + b_gate, c), u = clip(x·W_in + b_in, −c, c), h = g·σ(α·g) ⊙ (u + 1),
+    out = h·W_out + b_out (cfg.glu_limit c = swiglu_limit, cfg.glu_alpha α = swiglu_alpha).
+
+Its tensors: `ROWS` below, each checkpoint name (relative to the base model) beside ours and how it is stored, read
+both ways (loading and saving):
+    layers.{i}.self_attn.sinks                          attn.sinks (H,)
+    layers.{i}.mlp.router.weight / .bias                ffn.W_router (E, d) → (d, E), ffn.b_router (E,)
+    layers.{i}.mlp.experts.gate_up_proj (E, d, 2·f)     ffn.experts[e].W_gate = [e][:, 0::2], W_in = [e][:, 1::2]
+    layers.{i}.mlp.experts.gate_up_proj_bias (E, 2·f)   b_gate = [e, 0::2], b_in = [e, 1::2] (gate, up interleaved)
+    layers.{i}.mlp.experts.down_proj (E, f, d), _bias   W_out = [e] (as we multiply), b_out
+OpenAI's released checkpoints hold their experts as MXFP4 blocks (…_blocks, …_scales, quantization_config mxfp4):
+refused in one line; a dequantised checkpoint (transformers' Mxfp4Config(dequantize=True), then save_pretrained) runs.
+
+Knobs transformers reads that change no number qkv computes: hidden_act (GptOssExperts never reads it: the gate is
+always g·σ(α·g)), attention_dropout (training mode only), router_aux_loss_coef and output_router_logits (the
+load-balancing loss of transformers' training; qkv trains on the cross-entropy alone, as mixtral's, moe.py),
+initializer_range, use_cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.config import ModelConfig
+from ..core.positions import check_rope
+from ..core.weights import FFNWeights, MoEWeights
+from ..runtime.errors import QkvError
+from .common import ROTARY_BUFFERS, check_shapes, layer_types, layer_windows, reads_back, rope_parameters
+from .table import About, How, Row, attention, both_ways, layer_norm, lm_head, out_bias, qkv_bias
+
+MODEL_TYPES = ("gpt_oss",)
+
+ABOUT = (                              # its rows of the README's table of families (families.about)
+    About(types=("gpt_oss",), models="gpt-oss (OpenAI)",
+          brings="attention sinks (each head's learned logit in the softmax, with no value: rows of A sum to less "
+                 "than 1, the sink's share drawn as the views' last column), sliding and full layers in turn "
+                 "(`layer_types`), YaRN, q/k/v/o biases, and every FFN routed: a router with a bias, the softmax of "
+                 "the top-k logits, clamped SwiGLU experts with biases (`swiglu_limit`, `swiglu_alpha`)",
+          kind="MoE decoder"),
+)
+
+IGNORED = ROTARY_BUFFERS
+
+# GptOssConfig's defaults, which a config.json without the key gets (transformers 5.25).
+DEFAULTS = {"num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
+            "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "sliding_window": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "num_experts_per_tok": 4, "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "attention_bias": True,
+            "tie_word_embeddings": False}
+DEFAULT_THETA = 150000.0
+DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
+def _get(hf: dict, key: str):
+    """config.json's KEY, or GptOssConfig's default."""
+    return hf.get(key, DEFAULTS[key])
+
+
+def _rope(hf: dict) -> tuple[float, dict | None]:
+    """rope_theta and the scaling: transformers 5's rope_parameters (or the older rope_theta / rope_scaling), and
+    GptOssConfig's YaRN (factor 32 over 4096 positions) when config.json has neither."""
+    params = hf.get("rope_parameters")
+    if params is None and hf.get("rope_scaling") is None:
+        params = DEFAULT_ROPE
+    params = params or {}
+    theta = hf.get("rope_theta", params.get("rope_theta", DEFAULT_THETA))
+    scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    if scaling is not None:
+        scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    if hf.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise QkvError("gpt_oss with partial rotary embeddings is not supported; use a checkpoint with full RoPE")
+    return float(theta), scaling
+
+
+def _number(hf: dict, key: str, positive: bool) -> float:
+    """A float knob of config.json (GptOssConfig's default when absent): finite, and > 0 where POSITIVE."""
+    v = _get(hf, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        raise QkvError(f"config.json {key} = {v!r:.30} is not a {'positive ' if positive else ''}finite number; "
+                       "restore the checkpoint's config.json")
+    return float(v)
+
+
+def config(hf: dict) -> ModelConfig:
+    if hf.get("quantization_config") is not None or hf.get("quantization") is not None:
+        method = (hf.get("quantization_config") or {}).get("quant_method", "quantised") \
+            if isinstance(hf.get("quantization_config"), dict) else "quantised"
+        raise QkvError(f"gpt_oss with {method} experts (quantization_config) is not supported; load it in transformers "
+                       "with Mxfp4Config(dequantize=True), save_pretrained it, and open that copy")
+    d, H, L = _get(hf, "hidden_size"), _get(hf, "num_attention_heads"), _get(hf, "num_hidden_layers")
+    check_shapes(hf, d, H)
+    theta, scaling = _rope(hf)
+    check_rope(theta, scaling)
+    window, windows = layer_windows(hf, _get(hf, "sliding_window"), L,
+                                    ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)])
+    E = hf.get("num_local_experts", hf.get("num_experts", DEFAULTS["num_local_experts"]))
+    k = _get(hf, "num_experts_per_tok")
+    if not E or k > E:
+        raise QkvError(f"config.json num_experts_per_tok {k} must be from 1 to the {E} experts (num_local_experts); "
+                       "restore the checkpoint's config.json")
+    bias = _get(hf, "attention_bias")
+    return ModelConfig(
+        family="gpt_oss", vocab_size=_get(hf, "vocab_size"), d_model=d, n_layers=L, n_heads=H,
+        n_kv_heads=_get(hf, "num_key_value_heads"), d_head=hf.get("head_dim") or DEFAULTS["head_dim"],
+        d_ff=_get(hf, "intermediate_size"), max_positions=_get(hf, "max_position_embeddings"),
+        causal=True, norm="rms", norm_place="pre", norm_eps=_number(hf, "rms_norm_eps", True),
+        position="rope", rope_theta=theta, rope_scaling=scaling, sliding_window=window, layer_windows=windows,
+        activation="silu", gated_ffn=True, glu_limit=_number(hf, "swiglu_limit", True),
+        glu_alpha=_number(hf, "swiglu_alpha", False), attn_sinks=True,
+        qkv_bias=bool(bias), out_bias=bool(bias), ffn_bias=True,
+        tied_embeddings=bool(_get(hf, "tie_word_embeddings")), final_norm=True, lm_head=True,
+        pad_token_id=hf.get("pad_token_id"), bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+        pad_embedding_frozen=True,                                      # nn.Embedding's padding_idx
+        n_experts=E, experts_per_token=k, norm_top_k=True,
+    )
+
+
+class Experts(How):
+    """A layer's routed FFN under layers.{i}.mlp: the router (weight (E, d), bias (E,)) and the E experts stored
+    fused, gate and up interleaved along the last axis (gate_up_proj (E, d, 2·f), column 2j gate j, 2j + 1 up j),
+    down_proj (E, f, d) as we multiply, each with its bias: one MoEWeights whose experts are views."""
+
+    def read(self, store, name, shape, dtype, cfg):
+        d, E, f = cfg.d_model, cfg.n_experts, cfg.d_ff
+        p = f"{name}.mlp"
+        gate_up = store.get(f"{p}.experts.gate_up_proj", (E, d, 2 * f), dtype)          # (E, d, 2·f)
+        gate_up_b = store.get(f"{p}.experts.gate_up_proj_bias", (E, 2 * f), dtype)      # (E, 2·f)
+        down = store.get(f"{p}.experts.down_proj", (E, f, d), dtype)                    # (E, f, d)
+        down_b = store.get(f"{p}.experts.down_proj_bias", (E, d), dtype)                # (E, d)
+        experts = [FFNWeights(W_gate=gate_up[e][:, 0::2], W_in=gate_up[e][:, 1::2], W_out=down[e],
+                              b_gate=gate_up_b[e, 0::2], b_in=gate_up_b[e, 1::2], b_out=down_b[e]) for e in range(E)]
+        return MoEWeights(W_router=store.get(f"{p}.router.weight", (E, d), dtype).T,     # (d, E)
+                          b_router=store.get(f"{p}.router.bias", (E,), dtype), experts=experts)
+
+    def write_all(self, name, value, cfg):
+        p = f"{name}.mlp"
+        gate_up = np.stack([np.stack([x.W_gate, x.W_in], axis=-1).reshape(x.W_in.shape[0], -1)
+                            for x in value.experts])                                    # (E, d, 2·f) interleaved
+        gate_up_b = np.stack([np.stack([x.b_gate, x.b_in], axis=-1).reshape(-1) for x in value.experts])   # (E, 2·f)
+        return {f"{p}.router.weight": value.W_router.T, f"{p}.router.bias": value.b_router,
+                f"{p}.experts.gate_up_proj": gate_up, f"{p}.experts.gate_up_proj_bias": gate_up_b,
+                f"{p}.experts.down_proj": np.stack([x.W_out for x in value.experts]),
+                f"{p}.experts.down_proj_bias": np.stack([x.b_out for x in value.experts])}
+
+
+# The table, read both ways: `weights` reads a checkpoint by it, `tensors` writes one.
+ROWS = [
+    Row("tok_embed", "embed_tokens.weight", "V d"),
+    *layer_norm("block.attn_norm", "layers.{i}.input_layernorm", bias=False),
+    *attention("layers.{i}.self_attn", qkv_bias, out_bias),
+    Row("block.attn.sinks", "layers.{i}.self_attn.sinks", "H"),
+    *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
+    Row("block.ffn", "layers.{i}", "d", Experts()),
+    *layer_norm("final_norm", "norm", bias=False),
+    lm_head(),
+]
+weights, tensors = both_ways(ROWS, "model.")
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of a GptOssForCausalLM with these knobs, once it reads back as CFG."""
+    if cfg.family != "gpt_oss":
+        raise QkvError(f"family {cfg.family!r} is not gpt_oss; use its own module")
+    windowed = any(cfg.window(i) is not None for i in range(cfg.n_layers))
+    if windowed and cfg.sliding_window is None:
+        raise QkvError("a gpt_oss config.json has one sliding_window for its sliding layers; give sliding_window")
+    hf = {
+        "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
+        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        "hidden_act": "silu", "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_bias": cfg.qkv_bias, "attention_dropout": 0.0, "layer_types": layer_types(cfg),
+        "sliding_window": cfg.sliding_window if windowed else DEFAULTS["sliding_window"],   # unread when no layer
+                                                   # slides, but transformers builds the sliding mask whatever
+        "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
+        "swiglu_alpha": cfg.glu_alpha, "swiglu_limit": cfg.glu_limit, "output_router_logits": False,
+        "router_aux_loss_coef": 0.0,
+        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    }
+    return reads_back(cfg, hf, config)
