@@ -28,7 +28,7 @@ from ..core.config import ModelConfig
 from ..core.weights import BlockWeights, Weights
 from ..runtime.errors import QkvError
 from . import bert
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, need, reads_back, special_ids
 from .table import About, Head, How, Row, layer_norm, linear, read_table, write_table
 
 MODEL_TYPES = ("albert",)
@@ -177,5 +177,5 @@ def hf_config(cfg: ModelConfig) -> dict:
         "max_position_embeddings": cfg.max_positions, "type_vocab_size": cfg.type_vocab_size,
         "layer_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
         "tie_word_embeddings": cfg.tied_embeddings, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)

@@ -18,7 +18,7 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import Seq2SeqWeights, Weights
-from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, check_shapes, linear_T, need, reads_back, special_ids
 from .table import About, Row, layer_norm, linear, read_table, write_table
 from .tensors import TensorStore
 
@@ -167,7 +167,7 @@ def stacks_hf_config(cfg: ModelConfig) -> dict:
         "max_position_embeddings": cfg.max_positions, "activation_function": HF_ACTIVATIONS[cfg.activation],
         "scale_embedding": cfg.scale_embedding, "tie_word_embeddings": cfg.tied_embeddings,
         "is_encoder_decoder": True, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
         "decoder_start_token_id": cfg.decoder_start_token_id, "forced_eos_token_id": cfg.eos_token_id,
         **({} if cfg.forced_bos_token_id is None else {"forced_bos_token_id": cfg.forced_bos_token_id}),
     }

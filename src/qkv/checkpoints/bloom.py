@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import check_shapes, need, reads_back
+from .common import check_shapes, need, reads_back, special_ids
 from .table import BY_GROUP, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("bloom",)
@@ -77,7 +77,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "layer_norm_epsilon": cfg.norm_eps, "apply_residual_connection_post_layernorm": False,
         "tie_word_embeddings": cfg.tied_embeddings, "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "pretraining_tp": 1, "slow_but_exact": False, "max_position_embeddings": cfg.max_positions,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters, ROTARY_BUFFERS
+from .common import (HF_ACTIVATIONS, activation, check_shapes, decoder_sizes, need, reads_back, rope_parameters,
+                     special_ids, ROTARY_BUFFERS)
 from .table import (LLAMA_LAYER, QK_NORMS, Arch, Row, attention, both_ways, gated_ffn, gguf_positive, layer_norm,
                     lm_head, qk_norm, qkv_bias)
 from .table import About
@@ -80,13 +81,11 @@ def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a CohereForCausalLM with these knobs."""
     return reads_back(cfg, {
         "model_type": "cohere", "architectures": ["CohereForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "layer_norm_eps": cfg.norm_eps,
+        **decoder_sizes(cfg), "layer_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "use_qk_norm": cfg.qk_norm == "head",
         "rope_parameters": rope_parameters(cfg), "attention_bias": cfg.qkv_bias,
         "logit_scale": cfg.logit_scale, "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

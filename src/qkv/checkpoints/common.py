@@ -274,6 +274,39 @@ def rope_parameters(cfg: ModelConfig, **more) -> dict:
     return {**rope, "rope_theta": cfg.rope_theta, **more}
 
 
+def rope_by_layer_type(cfg: ModelConfig, local_theta: float) -> dict:
+    """transformers 5's rope_parameters by layer type (Gemma 3, OLMo 3): the full layers' scaling and θ, and the
+    sliding layers' own scaling with LOCAL_THETA."""
+    full = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    local = {"rope_type": "default"} if cfg.local_rope_scaling is None else dict(cfg.local_rope_scaling)
+    return {"full_attention": {**full, "rope_theta": cfg.rope_theta},
+            "sliding_attention": {**local, "rope_theta": local_theta}}
+
+
+def model_type_keys(cfg: ModelConfig, architectures: dict[str, str]) -> dict:
+    """config.json's model_type and architectures for CFG's family, one of ARCHITECTURES (model_type → the
+    transformers class a module writes); another family is refused in one line."""
+    if cfg.family not in architectures:
+        raise QkvError(f"family {cfg.family!r} is not one of {sorted(architectures)}; use its own module")
+    return {"model_type": cfg.family, "architectures": [architectures[cfg.family]]}
+
+
+def decoder_sizes(cfg: ModelConfig, head_dim: bool = True) -> dict:
+    """The sizes a Llama-style decoder's config.json holds, in transformers' names and order: V, d_model, L, H,
+    the K/V heads, d_k (HEAD_DIM false: a family that writes head_dim only where it is not d_model / H, or never),
+    the FFN's width and the longest context."""
+    sizes = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+             "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads}
+    if head_dim:
+        sizes["head_dim"] = cfg.d_head
+    return sizes | {"intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions}
+
+
+def special_ids(cfg: ModelConfig) -> dict:
+    """The special tokens' ids a config.json holds (pad, bos, eos; eos may be a list)."""
+    return {"pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
+
+
 def c_arrays(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
     """Each tensor as a new C-ordered array (never a view of the weights); None (absent) left out."""
     return {name: np.array(t, order="C", copy=True) for name, t in tensors.items() if t is not None}

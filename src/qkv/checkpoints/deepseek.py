@@ -46,10 +46,12 @@ from ..core.config import ModelConfig
 from ..core.positions import check_rope, resolve_rope, rope_kind, yarn_mscale
 from ..core.weights import MoEWeights
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, need, reads_back, rope_parameters
+from .common import (HF_ACTIVATIONS, activation, decoder_sizes, model_type_keys, need, reads_back, rope_parameters,
+                     special_ids)
 from .dots1 import Routed, _gated
 from .llama import IGNORED as LLAMA_IGNORED, _rope
-from .table import LINEAR, About, Row, gated_ffn, layer_norm, lm_head, read_table, write_table
+from .table import (LINEAR, About, Row, dense_layer, gated_ffn, layer_norm, lm_head, read_table, routed_layer,
+                    write_table)
 
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 
@@ -199,14 +201,6 @@ class _Routed(Routed):
                           shared=_gated(store, f"{p}.shared_experts", cfg.d_shared_expert, cfg, dtype))
 
 
-def _routed(cfg: ModelConfig, i: int) -> bool:
-    return cfg.moe_layer(i)
-
-
-def _dense(cfg: ModelConfig, i: int) -> bool:
-    return not cfg.moe_layer(i)
-
-
 def _bias(cfg: ModelConfig) -> bool:
     return cfg.qkv_bias
 
@@ -236,8 +230,8 @@ def rows(cfg: ModelConfig) -> list[Row]:
         Row(f"{ours}.W_O", f"{a}.o_proj.weight", f"{H * d_v} d", LINEAR),
         Row(f"{ours}.b_O", f"{a}.o_proj.bias", "d", when=_bias),
         *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
-        Row("block.ffn", "layers.{i}", "d", _Routed(), layers=_routed),
-        *gated_ffn("layers.{i}.mlp", layers=_dense),
+        Row("block.ffn", "layers.{i}", "d", _Routed(), layers=routed_layer),
+        *gated_ffn("layers.{i}.mlp", layers=dense_layer),
         *layer_norm("final_norm", "norm", bias=False),
         lm_head(),
     ]
@@ -256,14 +250,10 @@ def tensors(weights, cfg: ModelConfig) -> dict:
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a DeepseekV2/V3ForCausalLM with these knobs, once it reads back as CFG."""
     family = cfg.family
-    if family not in ARCHITECTURES:
-        raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
     routed = cfg.n_experts > 0
     hf = {
-        "model_type": family, "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
-        "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **model_type_keys(cfg, ARCHITECTURES),
+        **decoder_sizes(cfg, head_dim=False), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_bias": cfg.out_bias, "attention_dropout": 0.0,
         "kv_lora_rank": cfg.kv_lora_rank, "q_lora_rank": cfg.q_lora_rank or None,
@@ -273,7 +263,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "moe_intermediate_size": cfg.d_expert or cfg.d_ff,
         "n_shared_experts": max(1, cfg.d_shared_expert // (cfg.d_expert or cfg.d_ff)),
         "routed_scaling_factor": cfg.routed_scaling, "norm_topk_prob": cfg.norm_top_k,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if family == "deepseek_v2":
         grouped = cfg.expert_groups > 1 and cfg.expert_group_score == "max"

@@ -35,9 +35,10 @@ from ..core.config import ModelConfig
 from ..core.weights import FFNWeights, MoEWeights
 from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, activation, check_shapes, layer_types, layer_windows, need, reads_back,
-                     rope_parameters)
+                     rope_parameters, special_ids)
 from .llama import IGNORED, _rope
-from .table import About, How, Row, attention, both_ways, gated_ffn, layer_norm, lm_head, out_bias, qkv_bias
+from .table import (About, How, Row, attention, both_ways, dense_layer, gated_ffn, layer_norm, lm_head, out_bias,
+                    qkv_bias, routed_layer)
 
 MODEL_TYPES = ("dots1",)
 
@@ -156,14 +157,6 @@ def _written(p: str, f: FFNWeights) -> dict:
     return t
 
 
-def _routed(cfg: ModelConfig, i: int) -> bool:
-    return cfg.moe_layer(i)
-
-
-def _dense(cfg: ModelConfig, i: int) -> bool:               # the first first_k_dense_replace layers
-    return not cfg.moe_layer(i)
-
-
 ROWS = [
     Row("tok_embed", "embed_tokens.weight", "V d"),
     *layer_norm("block.attn_norm", "layers.{i}.input_layernorm", bias=False),
@@ -171,8 +164,8 @@ ROWS = [
     *layer_norm("block.attn.q_norm", "layers.{i}.self_attn.q_norm", "dk", bias=False),
     *layer_norm("block.attn.k_norm", "layers.{i}.self_attn.k_norm", "dk", bias=False),
     *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
-    Row("block.ffn", "layers.{i}", "d", Routed(), layers=_routed),
-    *gated_ffn("layers.{i}.mlp", layers=_dense),
+    Row("block.ffn", "layers.{i}", "d", Routed(), layers=routed_layer),
+    *gated_ffn("layers.{i}.mlp", layers=dense_layer),
     *layer_norm("final_norm", "norm", bias=False),
     lm_head(),
 ]
@@ -203,6 +196,6 @@ def hf_config(cfg: ModelConfig) -> dict:
         "first_k_dense_replace": len(cfg.dense_layers), "output_router_logits": False,
         "layer_types": layer_types(cfg), "sliding_window": cfg.sliding_window if windowed else None,
         "max_window_layers": cfg.n_layers,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     return reads_back(cfg, hf, config)

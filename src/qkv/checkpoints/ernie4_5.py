@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
+from .common import (HF_ACTIVATIONS, activation, check_shapes, decoder_sizes, model_type_keys, need, reads_back,
+                     rope_parameters, special_ids)
 from .dots1 import Routed
 from .llama import IGNORED as LLAMA_IGNORED
 from .llama import _rope
 from .table import (LLAMA_LAYER, LLAMA_TOP, About, Arch, Row, attention, both_ways, ffn_bias, gated_ffn, layer_norm,
-                    lm_head, out_bias, qkv_bias)
+                    lm_head, out_bias, qkv_bias, dense_layer, routed_layer)
 
 MODEL_TYPES = ("ernie4_5", "ernie4_5_moe")
 
@@ -137,14 +138,6 @@ def config(hf: dict) -> ModelConfig:
         pad_embedding_frozen=True, **knobs)
 
 
-def _routed(cfg: ModelConfig, i: int) -> bool:
-    return cfg.moe_layer(i)
-
-
-def _dense(cfg: ModelConfig, i: int) -> bool:
-    return not cfg.moe_layer(i)
-
-
 def _head_bias(cfg: ModelConfig) -> bool:                   # Ernie4_5_MoeForCausalLM's lm_head has use_bias's bias
     return cfg.family == "ernie4_5_moe" and cfg.ffn_bias
 
@@ -154,9 +147,10 @@ ROWS = [
     *layer_norm("block.attn_norm", "layers.{i}.input_layernorm", bias=False),
     *attention("layers.{i}.self_attn", qkv_bias, out_bias),
     *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
-    Row("block.ffn", "layers.{i}", "d", Routed("moe_statics.e_score_correction_bias", bias_rows=True), layers=_routed),
-    *gated_ffn("layers.{i}.mlp", layers=_dense),
-    *[Row(f"block.ffn.{b}", f"layers.{{i}}.mlp.{proj}.bias", size, when=ffn_bias, layers=_dense)      # use_bias
+    Row("block.ffn", "layers.{i}", "d", Routed("moe_statics.e_score_correction_bias", bias_rows=True),
+        layers=routed_layer),
+    *gated_ffn("layers.{i}.mlp", layers=dense_layer),
+    *[Row(f"block.ffn.{b}", f"layers.{{i}}.mlp.{proj}.bias", size, when=ffn_bias, layers=dense_layer)  # use_bias
       for b, proj, size in (("b_gate", "gate_proj", "f"), ("b_in", "up_proj", "f"), ("b_out", "down_proj", "d"))],
     *layer_norm("final_norm", "norm", bias=False),
     lm_head(),
@@ -168,16 +162,12 @@ weights, tensors = both_ways(ROWS, "model.")
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of an Ernie4_5ForCausalLM / Ernie4_5_MoeForCausalLM with these knobs."""
     family = cfg.family
-    if family not in ARCHITECTURES:
-        raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
     hf = {
-        "model_type": family, "architectures": [ARCHITECTURES[family]],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **model_type_keys(cfg, ARCHITECTURES),
+        **decoder_sizes(cfg), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "use_bias": cfg.ffn_bias,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if family == "ernie4_5_moe":
         f = cfg.d_expert or cfg.d_ff

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters, special_ids
 from .table import BY_GROUP, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head, qkv_bias
 
 MODEL_TYPES = ("falcon",)
@@ -134,7 +134,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "new_decoder_architecture": cfg.parallel_residual, "parallel_attn": cfg.parallel_residual,
         "multi_query": cfg.n_kv_heads == 1, "tie_word_embeddings": cfg.tied_embeddings,
         "hidden_dropout": 0.0, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if cfg.parallel_residual:
         hf["num_ln_in_parallel_attn"] = 1 if cfg.shared_norm else 2

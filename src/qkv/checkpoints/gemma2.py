@@ -32,7 +32,7 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.positions import check_rope
 from . import llama
-from .common import check_config, reads_back
+from .common import check_config, reads_back, rope_by_layer_type
 from .table import LLAMA_LAYER, LLAMA_TOP, About, Arch, gguf_positive
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
@@ -97,12 +97,9 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
     hf.pop("hidden_act")
     if cfg.family == "gemma3_text":
-        full = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
-        local = {"rope_type": "default"} if cfg.local_rope_scaling is None else dict(cfg.local_rope_scaling)
         for key in ("rope_theta", "rope_scaling"):
             hf.pop(key, None)
-        hf["rope_parameters"] = {"full_attention": {**full, "rope_theta": cfg.rope_theta},
-                                 "sliding_attention": {**local, "rope_theta": cfg.local_rope_theta or cfg.rope_theta}}
+        hf["rope_parameters"] = rope_by_layer_type(cfg, cfg.local_rope_theta or cfg.rope_theta)
     return reads_back(cfg, hf, config)
 
 

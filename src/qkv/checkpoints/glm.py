@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..core.positions import check_rope
-from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, check_shapes, longrope_scaling, need, partial_rope,
-                     reads_back, rope_parameters)
+                     decoder_sizes, model_type_keys, reads_back, rope_parameters, special_ids)
 from .table import LINEAR, LLAMA_TOP, About, Arch, Row, attention, both_ways, layer_norm, lm_head, qkv_bias
 
 MODEL_TYPES = ("glm", "glm4")
@@ -78,18 +77,14 @@ def config(hf: dict) -> ModelConfig:
 
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a GlmForCausalLM / Glm4ForCausalLM with these knobs (transformers 5's rope_parameters)."""
-    if cfg.family not in ARCHITECTURES:
-        raise QkvError(f"family {cfg.family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
     factor = (cfg.rotary_dim or cfg.d_head) / cfg.d_head
     return reads_back(cfg, {
-        "model_type": cfg.family, "architectures": [ARCHITECTURES[cfg.family]],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **model_type_keys(cfg, ARCHITECTURES),
+        **decoder_sizes(cfg), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "attention_bias": cfg.qkv_bias,
         "rope_parameters": rope_parameters(cfg, partial_rotary_factor=factor),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, special_ids
 from .table import CONV1D, About, Arch, Row, both_ways, fused_qkv, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("gpt2",)                  # the config.json model_type this module reads (families.py finds it)
@@ -93,7 +93,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "activation_function": HF_ACTIVATIONS[cfg.activation], "tie_word_embeddings": cfg.tied_embeddings,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "summary_first_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

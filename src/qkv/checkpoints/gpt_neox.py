@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, partial_rope, reads_back, rope_parameters
+from .common import (HF_ACTIVATIONS, activation, check_shapes, need, partial_rope, reads_back,
+                     rope_parameters, special_ids)
 from .table import (BY_GROUP, Arch, Row, both_ways, fused_qkv, gguf_parallel, layer_norm, linear, lm_head, out_bias,
                     qkv_bias)
 from .table import About
@@ -84,7 +85,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "rope_parameters": rope_parameters(cfg, partial_rotary_factor=factor),
         "rotary_pct": factor, "rotary_emb_base": cfg.rope_theta, "attention_bias": cfg.qkv_bias,
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0, "hidden_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

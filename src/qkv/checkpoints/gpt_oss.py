@@ -34,7 +34,8 @@ from ..core.config import ModelConfig
 from ..core.positions import check_rope
 from ..core.weights import FFNWeights, MoEWeights
 from ..runtime.errors import QkvError
-from .common import ROTARY_BUFFERS, check_shapes, layer_types, layer_windows, reads_back, rope_parameters
+from .common import (ROTARY_BUFFERS, check_shapes, decoder_sizes, layer_types, layer_windows, reads_back,
+                     rope_parameters, special_ids)
 from .table import About, How, Row, attention, both_ways, layer_norm, lm_head, out_bias, qkv_bias
 
 MODEL_TYPES = ("gpt_oss",)
@@ -176,9 +177,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         raise QkvError("a gpt_oss config.json has one sliding_window for its sliding layers; give sliding_window")
     hf = {
         "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **decoder_sizes(cfg), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": "silu", "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tied_embeddings,
         "attention_bias": cfg.qkv_bias, "attention_dropout": 0.0, "layer_types": layer_types(cfg),
         "sliding_window": cfg.sliding_window if windowed else DEFAULTS["sliding_window"],   # unread when no layer
@@ -186,6 +185,6 @@ def hf_config(cfg: ModelConfig) -> dict:
         "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
         "swiglu_alpha": cfg.glu_alpha, "swiglu_limit": cfg.glu_limit, "output_router_logits": False,
         "router_aux_loss_coef": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     return reads_back(cfg, hf, config)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, special_ids
 from .table import About, Row, attention, both_ways, layer_norm, linear, lm_head
 
 MODEL_TYPES = ("gptj",)
@@ -77,5 +77,5 @@ def hf_config(cfg: ModelConfig) -> dict:
         "n_inner": cfg.d_ff, "n_positions": cfg.max_positions, "rotary_dim": cfg.rotary_dim or cfg.d_head,
         "layer_norm_epsilon": cfg.norm_eps, "activation_function": HF_ACTIVATIONS[cfg.activation],
         "tie_word_embeddings": cfg.tied_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)

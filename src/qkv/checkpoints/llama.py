@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.positions import check_rope
-from .common import (HF_ACTIVATIONS, activation, check_shapes, layer_types, layer_windows, need, reads_back,
-                     rope_parameters, ROTARY_BUFFERS)
+from .common import (HF_ACTIVATIONS, activation, check_shapes, decoder_sizes, layer_types, layer_windows,
+                     model_type_keys, need, reads_back, rope_parameters, special_ids, ROTARY_BUFFERS)
 from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, Gamma, Row, attention, both_ways, ffn_bias, gated_ffn,
                     lm_head, out_bias, qkv_bias)
 from .table import About
@@ -207,17 +207,13 @@ def hf_dict(cfg: ModelConfig) -> dict:
     and rope_parameters as transformers 5 does.
     """
     family = cfg.family
-    if family not in ARCHITECTURES:
-        raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
     hf = {
-        "model_type": family, "architectures": [ARCHITECTURES[family]],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
+        **model_type_keys(cfg, ARCHITECTURES),
+        **decoder_sizes(cfg),
         "rms_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
         "rope_theta": cfg.rope_theta, "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)

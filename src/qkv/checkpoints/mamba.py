@@ -34,7 +34,7 @@ from ..core.config import ModelConfig
 from ..core.mamba import Mamba, MambaBlockWeights, MixerWeights
 from ..core.weights import NormWeights, Weights
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, c_arrays, need, reads_back
+from .common import HF_ACTIVATIONS, activation, c_arrays, need, reads_back, special_ids
 from .table import About
 
 MODEL_TYPES = ("mamba",)
@@ -97,7 +97,7 @@ def hf_config(cfg: ModelConfig) -> dict:
           "expand": m.d_inner // cfg.d_model, "conv_kernel": m.conv_kernel, "time_step_rank": m.dt_rank,
           "use_bias": m.bias, "use_conv_bias": m.conv_bias, "hidden_act": HF_ACTIVATIONS[cfg.activation],
           "layer_norm_epsilon": cfg.norm_eps, "residual_in_fp32": True, "tie_word_embeddings": cfg.tied_embeddings,
-          "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
+          **special_ids(cfg)}
     return reads_back(cfg, hf, config)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, special_ids
 from .roberta import masked_lm
 from .table import LINEAR, About, Head, Row, both_ways
 
@@ -152,6 +152,6 @@ def hf_config(cfg: ModelConfig) -> dict:
                             "sliding_attention": {"rope_type": "default",
                                                   "rope_theta": cfg.local_rope_theta or 10000.0}},
         "attention_bias": cfg.qkv_bias, "mlp_bias": False, "tie_word_embeddings": cfg.tied_embeddings,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
         "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_dropout": 0.0,
     }, config)

@@ -29,10 +29,11 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.weights import FFNWeights, MoEWeights
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
+from .common import (HF_ACTIVATIONS, activation, check_shapes, decoder_sizes, model_type_keys, need, reads_back,
+                     rope_parameters, special_ids)
 from .llama import IGNORED, _rope
 from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, Arch, How, Row, attention, both_ways, gated_ffn, layer_norm,
-                    lm_head, out_bias, qkv_bias)
+                    lm_head, out_bias, qkv_bias, dense_layer, routed_layer)
 from .table import About
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -180,14 +181,6 @@ class Routed(How):
         return t
 
 
-def _routed(cfg: ModelConfig, i: int) -> bool:
-    return cfg.moe_layer(i)
-
-
-def _dense(cfg: ModelConfig, i: int) -> bool:               # Qwen2-MoE's dense layers: a Llama FFN
-    return not cfg.moe_layer(i)
-
-
 def _per_head(cfg: ModelConfig) -> bool:                    # q/k norms over each head's d_k (Qwen3-MoE)
     return cfg.qk_norm == "head"
 
@@ -207,8 +200,8 @@ ROWS = [
     *layer_norm("block.attn.q_norm", "layers.{i}.self_attn.q_norm", "q", bias=False, when=_whole),
     *layer_norm("block.attn.k_norm", "layers.{i}.self_attn.k_norm", "kv", bias=False, when=_whole),
     *layer_norm("block.ffn_norm", "layers.{i}.post_attention_layernorm", bias=False),
-    Row("block.ffn", "layers.{i}", "d", Routed(), layers=_routed),
-    *gated_ffn("layers.{i}.mlp", layers=_dense),
+    Row("block.ffn", "layers.{i}", "d", Routed(), layers=routed_layer),
+    *gated_ffn("layers.{i}.mlp", layers=dense_layer),
     *layer_norm("final_norm", "norm", bias=False),
     lm_head(),
 ]
@@ -218,17 +211,13 @@ weights, tensors = both_ways(ROWS, "model.")
 def hf_config(cfg: ModelConfig) -> dict:
     """The config.json of a Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE ForCausalLM with these knobs."""
     family = cfg.family
-    if family not in ARCHITECTURES:
-        raise QkvError(f"family {family!r} is not one of {sorted(ARCHITECTURES)}; use its own module")
     hf = {
-        "model_type": family, "architectures": [ARCHITECTURES[family]],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **model_type_keys(cfg, ARCHITECTURES),
+        **decoder_sizes(cfg), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "rope_parameters": rope_parameters(cfg),
         "tie_word_embeddings": cfg.tied_embeddings, "attention_dropout": 0.0,
         "num_experts_per_tok": cfg.experts_per_token or 1, "output_router_logits": False,   # (no experts: unread)
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = dict(cfg.rope_scaling)

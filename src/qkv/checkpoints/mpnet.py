@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from . import roberta
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, special_ids
 from .roberta import masked_lm
 from .table import About, Row, both_ways, layer_norm, linear
 
@@ -104,5 +104,5 @@ def hf_config(cfg: ModelConfig) -> dict:
         "max_position_embeddings": cfg.max_positions + cfg.position_offset, "layer_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "relative_attention_num_buckets": cfg.relative_buckets,
         "tie_word_embeddings": cfg.tied_embeddings, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import need, reads_back
+from .common import need, reads_back, special_ids
 from .table import LINEAR, About, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
 
 MODEL_TYPES = ("mpt",)
@@ -82,7 +82,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "attn_config": {"softmax_scale": cfg.attn_scale, "clip_qkv": None, "alibi": True,
                         "alibi_bias_max": 8, "attn_pdrop": 0},
         "no_bias": True, "tie_word_embeddings": cfg.tied_embeddings, "resid_pdrop": 0.0, "emb_pdrop": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

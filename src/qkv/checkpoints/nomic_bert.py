@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters, special_ids
 from .roberta import masked_lm
 from .table import About, Head, How, Row, both_ways, fused_qkv, gated_ffn, layer_norm, linear
 
@@ -129,5 +129,5 @@ def hf_config(cfg: ModelConfig) -> dict:
         "layer_norm_eps": cfg.norm_eps, "hidden_act": HF_ACTIVATIONS[cfg.activation],
         "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tied_embeddings,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)

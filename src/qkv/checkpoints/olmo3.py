@@ -21,7 +21,7 @@ from ..core.positions import check_rope
 from ..runtime.errors import QkvError
 from . import llama
 from .llama import GAMMA
-from .common import check_config, layer_types, layer_windows, need, reads_back
+from .common import check_config, layer_types, layer_windows, need, reads_back, rope_by_layer_type
 from .table import About, Row, attention, both_ways, gated_ffn, lm_head
 
 MODEL_TYPES = ("olmo3",)
@@ -82,13 +82,10 @@ def hf_config(cfg: ModelConfig) -> dict:
                                  local_rope_scaling=None))
     for key in ("rope_theta", "rope_scaling"):
         hf.pop(key, None)
-    full = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
-    local = {"rope_type": "default"} if cfg.local_rope_scaling is None else dict(cfg.local_rope_scaling)
     windowed = any(cfg.window(i) is not None for i in range(cfg.n_layers))
     hf |= {"model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "layer_types": layer_types(cfg),
            "sliding_window": cfg.sliding_window if windowed else 4096,
-           "rope_parameters": {"full_attention": {**full, "rope_theta": cfg.rope_theta},
-                               "sliding_attention": {**local, "rope_theta": cfg.local_rope_theta or THETA}}}
+           "rope_parameters": rope_by_layer_type(cfg, cfg.local_rope_theta or THETA)}
     return reads_back(cfg, hf, config)
 
 

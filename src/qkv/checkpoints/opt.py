@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.config import ModelConfig
-from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back
+from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, special_ids
 from .table import LINEAR, About, How, Row, attention, both_ways, linear, lm_head, qkv_bias
 
 MODEL_TYPES = ("opt",)
@@ -113,5 +113,5 @@ def hf_config(cfg: ModelConfig) -> dict:
         "word_embed_proj_dim": cfg.d_embed or cfg.d_model, "enable_bias": cfg.qkv_bias,
         "layer_norm_elementwise_affine": cfg.norm_affine, "activation_function": HF_ACTIVATIONS[cfg.activation],
         "tie_word_embeddings": cfg.tied_embeddings, "dropout": 0.0, "attention_dropout": 0.0, "layerdrop": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)

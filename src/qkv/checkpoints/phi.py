@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..core.config import ModelConfig
 from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, check_shapes, need, partial_rope, reads_back,
-                     rope_parameters)
+                     rope_parameters, decoder_sizes, special_ids)
 from .table import About, Arch, Row, attention, both_ways, layer_norm, linear, lm_head, qk_norm
 
 MODEL_TYPES = ("phi",)
@@ -66,13 +66,11 @@ def hf_config(cfg: ModelConfig) -> dict:
     factor = (cfg.rotary_dim or cfg.d_head) / cfg.d_head
     return reads_back(cfg, {
         "model_type": "phi", "architectures": ["PhiForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
-        "max_position_embeddings": cfg.max_positions, "layer_norm_eps": cfg.norm_eps,
+        **decoder_sizes(cfg, head_dim=False), "layer_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "qk_layernorm": cfg.qk_norm == "head",
         "rope_parameters": rope_parameters(cfg, partial_rotary_factor=factor),
         "tie_word_embeddings": cfg.tied_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, activation, check_shapes, longrope_scaling, need, partial_rope, reads_back,
-                     rope_parameters, ROTARY_BUFFERS)
+                     rope_parameters, decoder_sizes, special_ids, ROTARY_BUFFERS)
 from .table import LINEAR, LLAMA_TOP, About, Arch, Row, both_ways, fused_qkv, layer_norm, lm_head
 
 MODEL_TYPES = ("phi3",)
@@ -87,13 +87,11 @@ def hf_config(cfg: ModelConfig) -> dict:
     factor = (cfg.rotary_dim or cfg.d_head) / cfg.d_head
     hf = {
         "model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
-        "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
+        **decoder_sizes(cfg, head_dim=False), "rms_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "sliding_window": cfg.sliding_window,
         "rope_parameters": rope_parameters(cfg, partial_rotary_factor=factor),
         "tie_word_embeddings": cfg.tied_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }
     if cfg.d_head != cfg.d_model // cfg.n_heads:
         hf["head_dim"] = cfg.d_head

@@ -17,7 +17,7 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..core.weights import NormWeights
 from .common import (HF_ACTIVATIONS, activation, check_shapes, longrope_scaling, need, partial_rope, reads_back,
-                     rope_parameters, ROTARY_BUFFERS)
+                     rope_parameters, decoder_sizes, special_ids, ROTARY_BUFFERS)
 from .table import (LLAMA_LAYER, LLAMA_TOP, Arch, How, Row, attention, both_ways, gated_ffn, gguf_parallel, layer_norm,
                     lm_head, qk_norm, qkv_bias)
 from .table import About
@@ -91,15 +91,13 @@ def hf_config(cfg: ModelConfig) -> dict:
     factor = (cfg.rotary_dim or cfg.d_head) / cfg.d_head
     return reads_back(cfg, {
         "model_type": "stablelm", "architectures": ["StableLmForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
-        "max_position_embeddings": cfg.max_positions, "layer_norm_eps": cfg.norm_eps,
+        **decoder_sizes(cfg, head_dim=False), "layer_norm_eps": cfg.norm_eps,
         "hidden_act": HF_ACTIVATIONS[cfg.activation], "use_qkv_bias": cfg.qkv_bias, "qk_layernorm": cfg.qk_norm == "head",
         "use_parallel_residual": cfg.parallel_residual,
         "rope_parameters": rope_parameters(cfg, partial_rotary_factor=factor),
         "partial_rotary_factor": factor, "tie_word_embeddings": cfg.tied_embeddings,
         "hidden_dropout": 0.0, "attention_dropout": 0.0,
-        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        **special_ids(cfg),
     }, config)
 
 

@@ -380,6 +380,14 @@ def tied(cfg: ModelConfig) -> bool:
     return cfg.tied_embeddings
 
 
+def routed_layer(cfg: ModelConfig, i: int) -> bool:        # layer i's FFN: experts behind a router
+    return cfg.moe_layer(i)
+
+
+def dense_layer(cfg: ModelConfig, i: int) -> bool:         # layer i's FFN: one dense FFN (an MoE model's dense layers)
+    return not cfg.moe_layer(i)
+
+
 # ── llama.cpp's architectures ────────────────────────────────────────────────────
 
 @dataclass(frozen=True)
