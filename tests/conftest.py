@@ -107,3 +107,135 @@ def minilm():
     import qkv
 
     return qkv.load("minilm")
+
+
+# ── checks that the family tests (tests/test_family_*.py) share ───────────────────────────────────────────────────
+
+
+def edited(tmp_path: Path, name: str, change: dict, drop: tuple = ()) -> Path:
+    """Fixture NAME copied to TMP_PATH/NAME with its config.json changed (DROP's keys removed, CHANGE's set); its path."""
+    import json
+    import shutil
+
+    path = tmp_path / name
+    shutil.copytree(MODELS / name, path)
+    hf = json.loads((path / "config.json").read_text())
+    hf = {k: v for k, v in hf.items() if k not in drop} | change
+    (path / "config.json").write_text(json.dumps(hf))
+    return path
+
+
+def check_gradients(model, name: str, *, labels: bool = False, atol: float | None = None,
+                    vanishing: float | None = None, zero_norm: bool = False) -> dict[str, np.ndarray]:
+    """MODEL's loss and gradients on grads/<NAME>.npz (make_grad_fixtures.py) against transformers' loss (within
+    1e-5) and torch autograd's gradient of every parameter (the same names and shapes, each within 1e-4 relative
+    error); returns ours. labels: the masked-LM loss over the file's labels. atol: a gradient within ATOL absolute
+    passes too (one that is 0 but for rounding). vanishing: where autograd's norm is below it, ours must be too
+    (both round-off). zero_norm: where autograd's is exactly 0, the relative error is our largest |value|."""
+    from qkv.train import gradients
+
+    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
+    extra = {"labels": ref["labels"]} if labels else {}
+    loss, grads = gradients(model, ref["input_ids"], ref["attention_mask"], **extra)
+    assert abs(loss - float(ref["loss"])) < 1e-5
+    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
+    assert set(grads) == set(expected)
+    for key, g_ref in expected.items():
+        assert grads[key].shape == g_ref.shape, key
+        scale = np.linalg.norm(g_ref)
+        if vanishing is not None and scale < vanishing:
+            assert np.linalg.norm(grads[key]) < vanishing, key
+            continue
+        err = np.linalg.norm(grads[key] - g_ref) / scale if scale or not zero_norm else np.abs(grads[key]).max()
+        assert err < 1e-4 or (atol is not None and max_abs(grads[key], g_ref) < atol), \
+            f"{key}: relative error {err:.2e}"
+    return grads
+
+
+def check_knob_matters(name: str, change) -> None:
+    """Fixture NAME's logits on its single sequence are met (TOL_HIDDEN), and missed by more than 100 × TOL_HIDDEN
+    with CHANGE: a dict of config knobs (model.with_config) or a function of the model giving another."""
+    import qkv
+
+    ref = reference(name)
+    model = qkv.load(MODELS / name)
+    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
+    other = change(model) if callable(change) else model.with_config(**change)
+    assert max_abs(other.forward(ref["single_input_ids"]).logits, ref["single_logits"]) > 100 * TOL_HIDDEN
+
+
+def check_saved_reads_back(tmp_path: Path, name: str, folder: str = "m") -> dict:
+    """Fixture NAME saved to TMP_PATH/FOLDER and loaded back: the same config and, on its single sequence, the same
+    logits to the bit. Returns the config.json written."""
+    import json
+
+    import qkv
+
+    model = qkv.load(MODELS / name)
+    model.save(tmp_path / folder)
+    back = qkv.load(tmp_path / folder)
+    assert back.config == model.config
+    ids = reference(name)["single_input_ids"]
+    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    return json.loads((tmp_path / folder / "config.json").read_text())
+
+
+def check_encoder_saved_reads_back(tmp_path: Path, name: str, *, hidden: bool = True, logits: bool = True) -> None:
+    """Encoder fixture NAME saved and loaded back: the same config, and on its padded batch (with its token types)
+    the same HIDDEN states and/or LOGITS to the bit."""
+    import qkv
+
+    ref = reference(name)
+    model = qkv.load(MODELS / name)
+    model.save(tmp_path / "saved")
+    again = qkv.load(tmp_path / "saved")
+    assert again.config == model.config
+    a = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
+    b = again.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
+    if hidden:
+        np.testing.assert_array_equal(a.hidden, b.hidden)
+    if logits:
+        np.testing.assert_array_equal(a.logits, b.logits)
+
+
+def check_left_padding(name: str, *, logits: bool) -> None:
+    """Encoder fixture NAME on its left-padded batch: the hidden states (and the masked-LM LOGITS) at the real
+    tokens equal transformers' within TOL_HIDDEN."""
+    import qkv
+
+    ref = reference(name)
+    out = qkv.load(MODELS / name).forward(ref["left_input_ids"], ref["left_attention_mask"])
+    real = ref["left_attention_mask"].astype(bool)                     # (B, n)
+    assert max_abs(out.hidden[real], ref["left_hidden"][real]) <= TOL_HIDDEN
+    if logits:
+        assert max_abs(out.logits[real], ref["left_logits"][real]) <= TOL_HIDDEN
+
+
+def check_single_sequence(name: str, *, logits: bool) -> None:
+    """Encoder fixture NAME on its one longer sequence: hidden states (TOL_HIDDEN), attentions (TOL_ATTENTION) and
+    the masked-LM LOGITS (TOL_HIDDEN) equal transformers'; logits=False: the model gives none."""
+    import qkv
+
+    ref = reference(name)
+    out = qkv.load(MODELS / name).forward(ref["single_input_ids"])
+    assert max_abs(out.hidden, ref["single_hidden"]) <= TOL_HIDDEN
+    assert max_abs(out.attentions, ref["single_attentions"]) <= TOL_ATTENTION
+    if logits:
+        assert max_abs(out.logits, ref["single_logits"]) <= TOL_HIDDEN
+    else:
+        assert out.logits is None
+
+
+def check_router_trace_round_trip(tmp_path: Path, name: str) -> None:
+    """Fixture NAME's trace of its single sequence saved and loaded: each layer's router, experts and expert_weights
+    read back equal (None where a layer has none)."""
+    import qkv
+    from qkv.core.trace import Trace
+
+    model = qkv.load(MODELS / name)
+    trace = model.run(reference(name)["single_input_ids"][0])
+    back = Trace.load(trace.save(tmp_path / "t"))
+    for i in trace.layer_ids:
+        for what in ("router", "experts", "expert_weights"):
+            a, b = getattr(trace.layer(i), what), getattr(back.layer(i), what)
+            assert (a is None and b is None) or np.array_equal(a, b), (i, what)

@@ -16,23 +16,16 @@ import pytest
 import qkv
 from qkv import QkvError
 from qkv.checkpoints.families import family_of, weights_from_tensors
-from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import (MODELS, TOL_ATTENTION, TOL_HIDDEN, check_encoder_saved_reads_back, check_gradients,
+                      check_left_padding, check_single_sequence, edited, max_abs, reference, run_main)
 
 NAMES = ("albert", "mpnet", "nomic_bert")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_left_padding_and_a_longer_sequence_equal_the_reference(name):
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    left = model.forward(ref["left_input_ids"], ref["left_attention_mask"])
-    real = ref["left_attention_mask"].astype(bool)
-    assert max_abs(left.hidden[real], ref["left_hidden"][real]) <= TOL_HIDDEN
-    assert max_abs(left.logits[real], ref["left_logits"][real]) <= TOL_HIDDEN
-    one = model.forward(ref["single_input_ids"])
-    assert max_abs(one.hidden, ref["single_hidden"]) <= TOL_HIDDEN
-    assert max_abs(one.attentions, ref["single_attentions"]) <= TOL_ATTENTION
-    assert max_abs(one.logits, ref["single_logits"]) <= TOL_HIDDEN
+    check_left_padding(name, logits=True)
+    check_single_sequence(name, logits=True)
 
 
 def test_albert_runs_each_stored_layer_where_transformers_does():
@@ -116,16 +109,7 @@ def test_gradients_equal_autograd(name):
     1e-4 relative error (or 1e-6 absolute for a gradient that is 0 but for rounding: K's bias). ALBERT's stored
     layers get the sum over the blocks that read them (stored layer 0: blocks 0 and 2), MPNet's table every
     layer's dB by bucket."""
-    from qkv.train import gradients
-
-    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4 or max_abs(grads[key], g_ref) < 1e-6, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name, labels=True, atol=1e-6)
 
 
 def test_albert_shared_gradient_is_the_sum_not_one_use():
@@ -162,13 +146,6 @@ def test_albert_trains_its_shared_tensor_in_place():
     assert w.blocks[2].attn.W_Q[0, 0] == params[name][0, 0]
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("albert", {"num_hidden_groups": 4}, "num_hidden_groups 4 is more than num_hidden_layers 3"),
     ("albert", {"inner_group_num": 0}, "inner_group_num = 0 is not a positive integer"),
@@ -185,28 +162,21 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as e:
-        qkv.load(_edited(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(e.value)
 
 
 def test_albert_file_holding_another_layer_layout_is_refused(tmp_path):
     """A config.json with one group fewer than the file: the second group's tensors unread, refused."""
     with pytest.raises(QkvError, match="albert_layer_groups.1"):
-        qkv.load(_edited(tmp_path, "albert", {"num_hidden_groups": 1}))
+        qkv.load(edited(tmp_path, "albert", {"num_hidden_groups": 1}))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_save_reads_back_equal(tmp_path, name):
     from safetensors.numpy import load_file
 
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "saved")
-    again = qkv.load(tmp_path / "saved")
-    assert again.config == model.config
-    a = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    b = again.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    np.testing.assert_array_equal(a.logits, b.logits)
+    check_encoder_saved_reads_back(tmp_path, name, hidden=False)
     saved = set(load_file(str(tmp_path / "saved" / "model.safetensors")))
     assert saved == set(load_file(str(MODELS / name / "model.safetensors")))     # each stored layer once
 
@@ -290,16 +260,8 @@ def test_untied_greedy_and_the_cache_step_equal_transformers(name):
 @pytest.mark.parametrize("name", UNTIED)
 def test_untied_gradients_equal_autograd(name):
     """Each stack's table its own gradient, lm_head its own; `shared` (read by no forward) none, as torch's."""
-    from qkv.train import gradients
-
-    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(SEQ2SEQ / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected) and "model.shared.weight" not in grads
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4 or max_abs(grads[key], g_ref) < 1e-6, f"{key}: relative error {err:.2e}"
+    grads = check_gradients(qkv.load(SEQ2SEQ / name), name, labels=True, atol=1e-6)
+    assert "model.shared.weight" not in grads
 
 
 @pytest.mark.parametrize("name", UNTIED)

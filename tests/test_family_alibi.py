@@ -8,9 +8,6 @@ padding, and test_decode_fast.py their one-token steps; here: the slopes, the re
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
@@ -19,7 +16,7 @@ from qkv import QkvError
 from qkv.core.config import ModelConfig
 from qkv.core.positions import alibi_bias, alibi_slopes, to_bfloat16
 from qkv.train import gradients
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import FIXTURES, MODELS, TOL_HIDDEN, edited, max_abs, reference, run_main
 
 ALIBI = ("bloom", "falcon", "falcon_rw", "mpt")
 
@@ -91,13 +88,6 @@ def test_saved_model_reads_back_equal(name, tmp_path):
     np.testing.assert_array_equal(back.forward(ref["input_ids"], ref["attention_mask"]).logits, a)
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("bloom", {"slow_but_exact": "yes"}, "true or false"),
@@ -113,7 +103,7 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message):
-        model = qkv.load(_edited(tmp_path, name, change))
+        model = qkv.load(edited(tmp_path, name, change))
         model.forward(np.arange(3, 8))
 
 
@@ -121,7 +111,7 @@ def test_bloom_irrelevant_knobs_change_nothing(tmp_path):
     """pretraining_tp / slow_but_exact split W_O and W_out's products into summed slices: the same numbers."""
     ref = reference("bloom")
     a = qkv.load(MODELS / "bloom").forward(ref["input_ids"], ref["attention_mask"]).logits
-    b = qkv.load(_edited(tmp_path, "bloom", {"pretraining_tp": 2, "slow_but_exact": True}))
+    b = qkv.load(edited(tmp_path, "bloom", {"pretraining_tp": 2, "slow_but_exact": True}))
     np.testing.assert_array_equal(b.forward(ref["input_ids"], ref["attention_mask"]).logits, a)
 
 

@@ -6,16 +6,13 @@ the lessons and the CLI on the fixtures.
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
 import qkv
 from qkv import QkvError
 from qkv.core.positions import apply_rope, apply_rope_backward, rope_cos_sin, rope_inv_freq
-from conftest import MODELS, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import MODELS, TOL_HIDDEN, edited, max_abs, reference, run_main
 from test_grads import test_gradients_equal_autograd as gradients_equal_autograd
 
 C1 = ("gptj", "cohere", "granite")
@@ -65,13 +62,6 @@ def test_the_fixtures_hold_their_non_default_knobs():
     assert granite.logit_scale == 1 / 1.7
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("gptj", {"rotary_dim": None}, "rotary_dim null"),
     ("gptj", {"rotary_dim": 24}, "wider than a head"),
@@ -88,7 +78,7 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_refusals_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as e:
-        qkv.load(_edited(tmp_path, name, change)).forward([[3, 4, 5]])
+        qkv.load(edited(tmp_path, name, change)).forward([[3, 4, 5]])
     assert "\n" not in str(e.value)
 
 

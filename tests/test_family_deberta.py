@@ -7,7 +7,6 @@ autograd's (and the terms' backward to finite differences), the viewer's Disenta
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +15,8 @@ import pytest
 import qkv
 from qkv import QkvError
 from qkv.core.disentangled import Disentangled, log_buckets, relative_rows
-from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import (MODELS, TOL_ATTENTION, check_encoder_saved_reads_back, check_gradients, check_left_padding,
+                      check_single_sequence, edited, max_abs, reference, run_main)
 
 DEBERTAS = ("deberta_v3", "deberta_v2", "deberta")
 MASKED_LM = DEBERTAS
@@ -25,26 +25,14 @@ TERMS = ("scores_c2c", "scores_c2p", "scores_p2c")
 
 @pytest.mark.parametrize("name", DEBERTAS)
 def test_left_padding_equals_reference(name):
-    ref = reference(name)
-    out = qkv.load(MODELS / name).forward(ref["left_input_ids"], ref["left_attention_mask"])
-    real = ref["left_attention_mask"].astype(bool)
-    assert max_abs(out.hidden[real], ref["left_hidden"][real]) <= TOL_HIDDEN
-    if name in MASKED_LM:
-        assert max_abs(out.logits[real], ref["left_logits"][real]) <= TOL_HIDDEN
+    check_left_padding(name, logits=name in MASKED_LM)
 
 
 @pytest.mark.parametrize("name", DEBERTAS)
 def test_single_sequence_equals_reference(name):
     """17 tokens: distances past the buckets' linear part (deberta_v3: ±4) and past the clamp (deberta_v2: ±6,
     deberta: ±8) are read."""
-    ref = reference(name)
-    out = qkv.load(MODELS / name).forward(ref["single_input_ids"])
-    assert max_abs(out.hidden, ref["single_hidden"]) <= TOL_HIDDEN
-    assert max_abs(out.attentions, ref["single_attentions"]) <= TOL_ATTENTION
-    if name in MASKED_LM:
-        assert max_abs(out.logits, ref["single_logits"]) <= TOL_HIDDEN
-    else:
-        assert out.logits is None
+    check_single_sequence(name, logits=name in MASKED_LM)
 
 
 def test_the_fixtures_cover_the_knobs():
@@ -159,13 +147,6 @@ def test_relative_rows_bucket_far_distances_and_clamp():
     assert c2p[16, 0] == 11 and c2p[0, 16] == 0                               # clamped at ±6: rows 0 … 11
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("deberta_v3", {"conv_kernel_size": 4}, "conv_kernel_size=4"),
     ("deberta_v2", {"conv_groups": 2}, "conv_groups=2"),
@@ -181,7 +162,7 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as e:
-        qkv.load(_edited(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(e.value)
 
 
@@ -209,16 +190,7 @@ def test_a_model_without_terms_reads_no_table(tmp_path):
 
 @pytest.mark.parametrize("name", DEBERTAS)
 def test_save_reads_back_equal(tmp_path, name):
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "saved")
-    again = qkv.load(tmp_path / "saved")
-    assert again.config == model.config
-    a = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    b = again.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    np.testing.assert_array_equal(a.hidden, b.hidden)
-    if name in MASKED_LM:
-        np.testing.assert_array_equal(a.logits, b.logits)
+    check_encoder_saved_reads_back(tmp_path, name, logits=name in MASKED_LM)
 
 
 @pytest.mark.parametrize("name", DEBERTAS)
@@ -227,17 +199,8 @@ def test_masked_lm_gradients_equal_autograd(name):
     every parameter it reaches (the position projections, the relative table and its norm among them), within 1e-4
     relative error — or, for a gradient that is 0 but for rounding (K's bias, and c2p's projection bias b_Kr: the
     same for every key a query sees), within 1e-6."""
-    from qkv.train import gradients
-
-    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    assert any("rel_embeddings" in k for k in expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4 or max_abs(grads[key], g_ref) < 1e-6, f"{key}: relative error {err:.2e}"
+    grads = check_gradients(qkv.load(MODELS / name), name, labels=True, atol=1e-6)
+    assert any("rel_embeddings" in k for k in grads)                     # the same names as autograd's
 
 
 def test_the_terms_backward_equals_finite_differences():

@@ -7,7 +7,6 @@ model reading back equal, the hooks and training it refuses, the lessons' cache 
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -15,7 +14,8 @@ import pytest
 from rich.console import Console
 
 import qkv
-from conftest import MODELS, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import (MODELS, TOL_HIDDEN, check_gradients, check_knob_matters, check_saved_reads_back, edited, max_abs,
+                      reference, run_main)
 from qkv import QkvError
 from qkv.core.cache import KVCache
 from qkv.core.stack import transformer
@@ -24,16 +24,6 @@ from qkv.lessons import gqa, kvcache
 from test_browser import browser, tab  # noqa: F401 (fixtures)
 
 DEEPSEEK = ("deepseek_v3", "deepseek_v2", "deepseek_v3_dense")
-
-
-def _config(tmp_path, name: str, change: dict, drop: tuple = ()):
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / name
-    shutil.copytree(MODELS / name, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
 
 
 def test_the_knobs_as_read():
@@ -148,11 +138,7 @@ def test_a_cached_generation_equals_the_reference_and_the_uncached():
 ])
 def test_each_knob_matters(name, knobs):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    without = model.with_config(**knobs).forward(ref["single_input_ids"]).logits
-    assert max_abs(without, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(name, knobs)
 
 
 def test_the_router_chooses_within_the_kept_groups():
@@ -172,7 +158,7 @@ def test_v2_group_limited_greedy_ranks_a_group_by_its_best_expert(tmp_path):
     """topk_method group_limited_greedy: the k highest softmax scores among the topk_group groups whose best expert
     is highest (not their two best, V3's way), × routed_scaling_factor, not renormalised; read from config.json."""
     from qkv.core.blocks import route
-    path = _config(tmp_path, "deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1})
+    path = edited(tmp_path, "deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1})
     model = qkv.load(path)
     cfg, moe = model.config, model.weights.blocks[1].ffn
     assert (cfg.expert_groups, cfg.expert_groups_kept, cfg.expert_group_score) == (2, 1, "max")
@@ -189,13 +175,7 @@ def test_v2_group_limited_greedy_ranks_a_group_by_its_best_expert(tmp_path):
 
 @pytest.mark.parametrize("name", DEEPSEEK)
 def test_a_saved_model_reads_back_equal(tmp_path, name):
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == name.removesuffix("_dense")
-    ids = reference(name)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    assert check_saved_reads_back(tmp_path, name)["model_type"] == name.removesuffix("_dense")
 
 
 def test_hooks_on_q_heads_and_attentions_work_and_on_latent_keys_are_refused():
@@ -223,17 +203,7 @@ def test_gradients_equal_autograd(name):
     """Through the latents and their norms, the shared RoPE key, V's own width, V3's de-interleaved RoPE, the
     experts and the router (sigmoid or softmax; the choice bias, a buffer, gets none): the loss within 1e-5 and
     each tensor's gradient within 1e-4 relative error of torch autograd's (tests/fixtures/grads/)."""
-    from qkv.train import gradients
-    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        assert grads[key].shape == g_ref.shape, key
-        scale = np.linalg.norm(g_ref)
-        err = np.linalg.norm(grads[key] - g_ref) / scale if scale else np.abs(grads[key]).max()
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name, zero_norm=True)
 
 
 def test_the_rope_layouts_backward_is_the_forwards_transpose():
@@ -301,7 +271,7 @@ def test_the_gqa_lesson_checks_the_shared_rope_key(minilm):
 ])
 def test_refused_in_one_line(tmp_path, name, change, drop, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, name, change, drop))
+        qkv.load(edited(tmp_path, name, change, drop))
     assert "\n" not in str(err.value)
 
 
@@ -325,7 +295,7 @@ def test_a_published_v3s_prediction_layer_is_left_unread(tmp_path):
 
 def test_a_dense_config_runs_with_any_router_knobs(tmp_path):
     """Every layer dense (first_k_dense_replace ≥ layers): the MoE knobs are never read, as transformers builds it."""
-    path = _config(tmp_path, "deepseek_v3_dense", {"n_group": 3, "num_experts_per_tok": None, "scoring_func": "sigmoid"})
+    path = edited(tmp_path, "deepseek_v3_dense", {"n_group": 3, "num_experts_per_tok": None, "scoring_func": "sigmoid"})
     ref = reference("deepseek_v3_dense")
     assert max_abs(qkv.load(path).forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
 

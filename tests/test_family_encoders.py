@@ -6,16 +6,14 @@ ModernBERT (its every-layer-global form: RoPE, GeGLU, LayerNorms without bias)."
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
 import qkv
 from qkv import QkvError
 from qkv.core.positions import positions_from_ids
-from conftest import MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import (MODELS, TOL_HIDDEN, check_encoder_saved_reads_back, check_gradients, check_left_padding,
+                      check_single_sequence, edited, max_abs, reference, run_main)
 
 ENCODERS = ("roberta", "xlm_roberta", "distilbert", "electra", "electra_discriminator", "modernbert")
 MASKED_LM = ("roberta", "xlm_roberta", "distilbert", "electra", "modernbert")
@@ -23,24 +21,12 @@ MASKED_LM = ("roberta", "xlm_roberta", "distilbert", "electra", "modernbert")
 
 @pytest.mark.parametrize("name", ENCODERS)
 def test_left_padding_equals_reference(name):
-    ref = reference(name)
-    out = qkv.load(MODELS / name).forward(ref["left_input_ids"], ref["left_attention_mask"])
-    real = ref["left_attention_mask"].astype(bool)
-    assert max_abs(out.hidden[real], ref["left_hidden"][real]) <= TOL_HIDDEN
-    if name in MASKED_LM:
-        assert max_abs(out.logits[real], ref["left_logits"][real]) <= TOL_HIDDEN
+    check_left_padding(name, logits=name in MASKED_LM)
 
 
 @pytest.mark.parametrize("name", ENCODERS)
 def test_single_sequence_equals_reference(name):
-    ref = reference(name)
-    out = qkv.load(MODELS / name).forward(ref["single_input_ids"])
-    assert max_abs(out.hidden, ref["single_hidden"]) <= TOL_HIDDEN
-    assert max_abs(out.attentions, ref["single_attentions"]) <= TOL_ATTENTION
-    if name in MASKED_LM:
-        assert max_abs(out.logits, ref["single_logits"]) <= TOL_HIDDEN
-    else:
-        assert out.logits is None                      # the discriminator's head scores tokens, not a vocabulary
+    check_single_sequence(name, logits=name in MASKED_LM)   # the discriminator's head scores tokens, not a vocabulary
 
 
 @pytest.mark.parametrize("name", ["roberta", "xlm_roberta"])
@@ -70,13 +56,6 @@ def test_electra_projects_narrower_embeddings():
     assert model.weights.W_head.shape == (model.config.d_model, 32) and model.weights.W_vocab.shape[0] == 32
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("roberta", {"is_decoder": True}, "is_decoder=true"),
     ("roberta", {"add_cross_attention": True}, "add_cross_attention=true"),
@@ -94,7 +73,7 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as e:
-        qkv.load(_edited(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(e.value)
 
 
@@ -102,7 +81,7 @@ def test_a_masked_lm_config_without_its_head_is_refused(tmp_path):
     """architectures says RobertaForMaskedLM: the head's tensors must be there (not run headless)."""
     from safetensors.numpy import load_file, save_file
 
-    d = _edited(tmp_path, "roberta", {})
+    d = edited(tmp_path, "roberta", {})
     tensors = {k: v for k, v in load_file(d / "model.safetensors").items() if not k.startswith("lm_head.")}
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(QkvError, match="lm_head"):
@@ -111,16 +90,7 @@ def test_a_masked_lm_config_without_its_head_is_refused(tmp_path):
 
 @pytest.mark.parametrize("name", ENCODERS)
 def test_save_reads_back_equal(tmp_path, name):
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "saved")
-    again = qkv.load(tmp_path / "saved")
-    assert again.config == model.config
-    a = model.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    b = again.forward(ref["input_ids"], ref["attention_mask"], ref.get("token_type_ids"))
-    np.testing.assert_array_equal(a.hidden, b.hidden)
-    if name in MASKED_LM:
-        np.testing.assert_array_equal(a.logits, b.logits)
+    check_encoder_saved_reads_back(tmp_path, name, logits=name in MASKED_LM)
 
 
 @pytest.mark.parametrize("name", MASKED_LM)
@@ -128,16 +98,7 @@ def test_masked_lm_gradients_equal_autograd(name):
     """grads/<name>.npz (make_grad_fixtures.py): transformers' *ForMaskedLM loss and torch autograd's
     gradient of every parameter it reaches, within 1e-4 relative error — or, for a gradient that is 0
     but for rounding (K's bias: q·b_K is the same for every key of a query), within 1e-6."""
-    from qkv.train import gradients
-
-    ref = np.load(MODELS.parent / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"], labels=ref["labels"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4 or max_abs(grads[key], g_ref) < 1e-6, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name, labels=True, atol=1e-6)
 
 
 def test_encoder_training_needs_labels_and_a_head():

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import (FIXTURES, MODELS, check_gradients, check_knob_matters, check_router_trace_round_trip,
+                     check_saved_reads_back, edited, max_abs, reference, run_main)
 from test_browser import browser, tab  # noqa: F401 (fixtures: Chromium, the network blocked)
 from qkv import QkvError
 from qkv.core.blocks import feed_forward, norm, route, routed_feed_forward
@@ -27,7 +28,6 @@ from qkv.core.blocks_backward import Tape
 from qkv.core.blocks_backward import routed_feed_forward as routed_backward
 from qkv.core.weights import FFNWeights, MoEWeights
 from qkv.models.model import Model
-from qkv.train import gradients
 
 NEW = ("ernie4_5", "ernie4_5_moe", "dots1")
 ROUTED = ("ernie4_5_moe", "dots1")
@@ -37,15 +37,8 @@ ROUTED = ("ernie4_5_moe", "dots1")
 def test_gradients_equal_autograd(name):
     """The loss within 1e-5 and each tensor's gradient within 1e-4 relative error of torch autograd's (the choice
     bias has none: it only picks experts); an expert no token chose gets zeros, as in torch."""
-    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected) and not any("correction_bias" in k for k in grads)
-    for key, g_ref in expected.items():
-        scale = np.linalg.norm(g_ref)
-        err = np.linalg.norm(grads[key] - g_ref) / scale if scale else np.abs(grads[key]).max()
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    grads = check_gradients(qkv.load(MODELS / name), name, zero_norm=True)
+    assert not any("correction_bias" in k for k in grads)
 
 
 def _without_choice_bias(model) -> Model:
@@ -66,11 +59,7 @@ def _without_choice_bias(model) -> Model:
 ])
 def test_each_knob_matters(name, change):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    other = _without_choice_bias(model) if change == "no choice bias" else model.with_config(**change)
-    assert max_abs(other.forward(ref["single_input_ids"]).logits, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(name, _without_choice_bias if change == "no choice bias" else change)
 
 
 def test_the_knobs_as_read():
@@ -192,13 +181,7 @@ def test_the_routers_backward_is_the_finite_difference(knobs):
 
 @pytest.mark.parametrize("name", NEW)
 def test_a_saved_model_reads_back_equal(tmp_path, name):
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == name
-    ids = reference(name)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    assert check_saved_reads_back(tmp_path, name)["model_type"] == name
 
 
 def test_ernie_moe_layer_patterns_write_back():
@@ -239,16 +222,6 @@ def test_the_fused_expert_layout_reads_the_same(name, tmp_path):
     assert max_abs(qkv.load(src).forward(ids).logits, qkv.load(tmp_path / "m").forward(ids).logits) == 0
 
 
-def _config(tmp_path, name: str, change: dict, drop: tuple = ()):
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / name
-    shutil.copytree(MODELS / name, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
-
-
 def test_defaults_as_transformers_fills_them():
     """What config.json leaves out: Ernie's θ 500000, head_dim 128, moe_* defaults and the attribute_map's aliases;
     dots1's sliding layers from max_window_layers on."""
@@ -284,7 +257,7 @@ def test_defaults_as_transformers_fills_them():
 ])
 def test_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(err.value)
 
 
@@ -418,12 +391,4 @@ def test_a_fresh_model_starts_with_no_choice_bias(name):
 @pytest.mark.parametrize("name", ROUTED)
 def test_trace_saves_and_loads_the_router(name, tmp_path):
     """σ scores, scaled weights (> 1 with dots1's ×2.5) and all: a saved trace reads back the router's record."""
-    from qkv.core.trace import Trace
-
-    model = qkv.load(MODELS / name)
-    trace = model.run(reference(name)["single_input_ids"][0])
-    back = Trace.load(trace.save(tmp_path / "t"))
-    for i in trace.layer_ids:
-        for what in ("router", "experts", "expert_weights"):
-            a, b = getattr(trace.layer(i), what), getattr(back.layer(i), what)
-            assert (a is None and b is None) or np.array_equal(a, b), (i, what)
+    check_router_trace_round_trip(tmp_path, name)

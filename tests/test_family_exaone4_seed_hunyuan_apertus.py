@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import numpy as np
 import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.train import gradients
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
+from conftest import (FIXTURES, MODELS, TOL_HIDDEN, check_gradients, check_knob_matters, check_saved_reads_back,
+                      edited, max_abs, reference)
 
 NEW = ("exaone4", "seed_oss", "hunyuan_v1_dense", "apertus")
 
@@ -28,14 +27,7 @@ NEW = ("exaone4", "seed_oss", "hunyuan_v1_dense", "apertus")
 def test_gradients_equal_autograd(name):
     """The loss within 1e-5 and each tensor's gradient within 1e-4 relative error of torch autograd's (Apertus: xIELU's
     learned a_p, a_n too; its β, ε are buffers, with no gradient on either side)."""
-    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name)
 
 
 @pytest.mark.parametrize("name, knobs", [
@@ -48,11 +40,7 @@ def test_gradients_equal_autograd(name):
 ])
 def test_each_knob_matters(name, knobs):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    without = model.with_config(**knobs).forward(ref["single_input_ids"]).logits
-    assert max_abs(without, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(name, knobs)
 
 
 def test_apertus_reads_each_layers_own_xielu_scalars():
@@ -97,22 +85,12 @@ def test_apertus_knobs_read():
     assert float(f.xielu.beta) == 0.5 and float(f.xielu.eps) == np.float32(-1e-6)
 
 
-def _config(tmp_path, name: str, change: dict, drop: tuple = ()) -> dict:
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / name
-    shutil.copytree(MODELS / name, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
-
-
 def test_exaone4_layer_types_from_the_pattern_and_letters_ignored(tmp_path):
     """Without layer_types, Exaone4Config's pattern (every 2nd layer full here); with them, a pattern of letters
     ("LLLG", EXAONE 4.0's own config.json) is not read, as Exaone4Config does not."""
     ref = reference("exaone4")
     for change, drop in (({}, ("layer_types",)), ({"sliding_window_pattern": "LLLG"}, ())):
-        model = qkv.load(_config(tmp_path / str(len(drop)), "exaone4", change, drop))
+        model = qkv.load(edited(tmp_path / str(len(drop)), "exaone4", change, drop))
         assert model.config.layer_windows == (5, None, 5) and model.config.no_rope_layers == (1,)
         assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
 
@@ -121,9 +99,9 @@ def test_exaone4_without_a_window_turns_every_layer(tmp_path):
     """sliding_window null and every layer full: RoPE in every layer (Exaone4Attention turns q, k when there is no
     window); the same layers with a window and no sliding layer: none turned."""
     types = ["full_attention"] * 3
-    cfg = qkv.load(_config(tmp_path, "exaone4", {"layer_types": types, "sliding_window": None})).config
+    cfg = qkv.load(edited(tmp_path, "exaone4", {"layer_types": types, "sliding_window": None})).config
     assert cfg.layer_windows is None and cfg.sliding_window is None and cfg.no_rope_layers == ()
-    cfg = qkv.load(_config(tmp_path / "w", "exaone4", {"layer_types": types})).config
+    cfg = qkv.load(edited(tmp_path / "w", "exaone4", {"layer_types": types})).config
     assert cfg.no_rope_layers == (0, 1, 2)
     assert qkv.checkpoints.FAMILIES["exaone4"].hf_config(cfg)["sliding_window"] is not None   # written back as such
 
@@ -134,7 +112,7 @@ def test_keys_the_model_does_not_read_are_not_read(tmp_path, name):
     config.json says, so the fixture's numbers stand (and no bias tensor is looked for)."""
     ref = reference(name)
     change = {"mlp_bias": True} | ({"attention_bias": True} if name == "exaone4" else {})
-    model = qkv.load(_config(tmp_path, name, change))
+    model = qkv.load(edited(tmp_path, name, change))
     assert not model.config.ffn_bias
     assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
 
@@ -147,7 +125,7 @@ def test_defaults_as_transformers_fills_them(tmp_path):
                                                         "intermediate_size": 8})
     assert seed.d_head == 128 and seed.n_kv_heads == 8 and seed.qkv_bias and not seed.out_bias
     assert seed.pad_token_id == 1
-    path = _config(tmp_path, "apertus", {"max_position_embeddings": 65536}, drop=("rope_parameters", "pad_token_id"))
+    path = edited(tmp_path, "apertus", {"max_position_embeddings": 65536}, drop=("rope_parameters", "pad_token_id"))
     cfg = qkv.load(path).config
     assert cfg.rope_theta == 1.2e7 and cfg.rope_scaling["factor"] == 8.0 and cfg.pad_token_id == 3
     assert cfg.rope_scaling["original_max_position_embeddings"] == 8192
@@ -183,13 +161,7 @@ def test_a_fresh_apertus_starts_xielu_as_transformers():
 
 @pytest.mark.parametrize("name", NEW)
 def test_a_saved_model_reads_back_equal(tmp_path, name):
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == name
-    ids = reference(name)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    assert check_saved_reads_back(tmp_path, name)["model_type"] == name
 
 
 @pytest.mark.parametrize("name, change, drop, message", [
@@ -209,7 +181,7 @@ def test_a_saved_model_reads_back_equal(tmp_path, name):
 ])
 def test_refused_in_one_line(tmp_path, name, change, drop, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, name, change, drop))
+        qkv.load(edited(tmp_path, name, change, drop))
     assert "\n" not in str(err.value)
 
 

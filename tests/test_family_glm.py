@@ -8,9 +8,6 @@ Fixtures: tests/fixtures/models/{glm, glm4, llama_mlp_bias}, made by tests/fixtu
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
@@ -18,8 +15,8 @@ import qkv
 from qkv import QkvError
 from qkv.checkpoints.families import config_of, weights_from_tensors
 from qkv.checkpoints import llama
-from qkv.train import gradients
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
+from conftest import (FIXTURES, MODELS, TOL_HIDDEN, check_gradients, check_knob_matters, check_saved_reads_back,
+                      edited, max_abs, reference)
 
 NEW = ("glm", "glm4", "llama_mlp_bias")
 
@@ -28,14 +25,7 @@ NEW = ("glm", "glm4", "llama_mlp_bias")
 def test_gradients_equal_autograd(name):
     """The loss within 1e-5 and each tensor's gradient within 1e-4 relative error of torch autograd's (b_gate's
     among them for llama_mlp_bias; GLM's fused gate_up_proj as one tensor)."""
-    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    grads = check_gradients(qkv.load(MODELS / name), name)
     if name == "llama_mlp_bias":
         assert "model.layers.0.mlp.gate_proj.bias" in grads
 
@@ -47,11 +37,7 @@ def test_gradients_equal_autograd(name):
 ])
 def test_each_knob_matters(name, knobs):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    without = model.with_config(**knobs).forward(ref["single_input_ids"]).logits
-    assert max_abs(without, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(name, knobs)
 
 
 @pytest.mark.parametrize("name, path", [("glm4", "attn_out_norm"), ("glm4", "ffn_out_norm"),
@@ -100,16 +86,6 @@ def test_glm_defaults_as_glm_config_fills_them():
         assert cfg.max_positions == 131072 and cfg.activation == "silu"
 
 
-def _config(tmp_path, name: str, change: dict, drop: tuple = ()) -> dict:
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / name
-    shutil.copytree(MODELS / name, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
-
-
 @pytest.mark.parametrize("name, change, drop", [
     ("glm", {"rope_theta": 3e4, "partial_rotary_factor": 0.5}, ("rope_parameters",)),      # the older keys
     ("glm", {"rope_theta": 3e4}, ("rope_parameters",)),                                    # the default factor
@@ -122,21 +98,15 @@ def test_older_rope_keys_give_the_same_numbers(tmp_path, name, change, drop):
     """A config.json before transformers 5's rope_parameters (or with the factor beside it), read as GlmConfig reads
     it, gives the fixture's logits exactly."""
     ref = reference(name)
-    logits = qkv.load(_config(tmp_path, name, change, drop)).forward(ref["single_input_ids"]).logits
+    logits = qkv.load(edited(tmp_path, name, change, drop)).forward(ref["single_input_ids"]).logits
     np.testing.assert_array_equal(logits, qkv.load(MODELS / name).forward(ref["single_input_ids"]).logits)
 
 
 @pytest.mark.parametrize("name", NEW)
 def test_a_saved_model_reads_back_equal(tmp_path, name):
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    hf = json.loads((tmp_path / "m" / "config.json").read_text())
+    hf = check_saved_reads_back(tmp_path, name)
     assert hf["model_type"] == name.removesuffix("_mlp_bias")
     assert hf.get("mlp_bias", False) == (name == "llama_mlp_bias")
-    ids = reference(name)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
 
 
 def test_mlp_bias_through_the_unfused_ffn():
@@ -192,7 +162,7 @@ def test_ffn_lesson_and_the_graphs_lesson_redo_the_gate_bias():
 ])
 def test_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(err.value)
 
 
@@ -205,7 +175,7 @@ def test_glm4_gguf_file_runs_as_its_directory(tmp_path):
     sys.path.insert(0, str(FIXTURES))
     import gguf_convert
 
-    path = _config(tmp_path, "glm4", {"rope_parameters": {"rope_type": "default", "rope_theta": 2e4,
+    path = edited(tmp_path, "glm4", {"rope_parameters": {"rope_type": "default", "rope_theta": 2e4,
                                                           "partial_rotary_factor": 0.75}})
     directory = qkv.load(path)
     model = qkv.load(gguf_convert.convert(path, tmp_path / "glm4.gguf"))

@@ -10,7 +10,6 @@ Fixture: tests/fixtures/models/gpt_oss, made by tests/fixtures/make_fixtures.py.
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -21,8 +20,8 @@ from qkv.core.attention import (AttentionMask, attention_backward, attention_out
                                 causal_attention, scaled_dot_product_attention, sink_backward, top_of)
 from qkv.core.kernels import tiled_attention
 from qkv.core.ops import clamped_glu, clamped_glu_backward, softmax, softmax_sink_
-from qkv.train import gradients
-from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference
+from conftest import (MODELS, TOL_ATTENTION, TOL_HIDDEN, check_gradients, check_knob_matters, check_saved_reads_back,
+                      edited, max_abs, reference)
 from test_browser import browser, tab  # noqa: F401  (fixtures: the browser test at the end)
 
 NAME = "gpt_oss"
@@ -31,15 +30,8 @@ NAME = "gpt_oss"
 def test_gradients_equal_autograd():
     """The loss within 1e-5 and each tensor's gradient (the sinks', the router bias', the fused experts' and their
     biases' included) within 1e-4 relative error of torch autograd's."""
-    ref = np.load(FIXTURES / "grads" / f"{NAME}.npz")
-    loss, grads = gradients(qkv.load(MODELS / NAME), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    assert any(k.endswith("self_attn.sinks") for k in expected) and any(k.endswith("router.bias") for k in expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    grads = check_gradients(qkv.load(MODELS / NAME), NAME)                # the same names as autograd's
+    assert any(k.endswith("self_attn.sinks") for k in grads) and any(k.endswith("router.bias") for k in grads)
 
 
 def test_knobs_read():
@@ -60,11 +52,7 @@ def test_knobs_read():
 ])
 def test_each_knob_matters(knobs):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(NAME)
-    model = qkv.load(MODELS / NAME)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    without = model.with_config(**knobs).forward(ref["single_input_ids"]).logits
-    assert max_abs(without, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(NAME, knobs)
 
 
 def test_rows_sum_below_one_as_transformers_reports_them():
@@ -164,20 +152,10 @@ def test_hooked_attention_and_the_cached_step_keep_the_sinks():
     np.testing.assert_array_equal(model.generate(ids, max_new_tokens=8, use_cache=False), ref["greedy_ids"])
 
 
-def _config(tmp_path, change: dict, drop: tuple = ()) -> object:
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / NAME
-    shutil.copytree(MODELS / NAME, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
-
-
 def test_defaults_as_transformers_fills_them(tmp_path):
     """No layer_types: sliding, full, sliding (every other layer); no rope_parameters: θ 150000 with YaRN ×32 over
     4096 positions, truncate false; no swiglu_* or attention_bias: 1.702, 7.0, biases (GptOssConfig's)."""
-    path = _config(tmp_path, {}, drop=("layer_types", "rope_parameters", "swiglu_alpha", "swiglu_limit"))
+    path = edited(tmp_path, NAME, {}, drop=("layer_types", "rope_parameters", "swiglu_alpha", "swiglu_limit"))
     cfg = qkv.load(path).config
     assert cfg.layer_windows == (5, None, 5) and cfg.rope_theta == 150000.0
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["factor"] == 32.0
@@ -186,14 +164,8 @@ def test_defaults_as_transformers_fills_them(tmp_path):
 
 
 def test_a_saved_model_reads_back_equal(tmp_path):
-    model = qkv.load(MODELS / NAME)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    hf = json.loads((tmp_path / "m" / "config.json").read_text())
+    hf = check_saved_reads_back(tmp_path, NAME)
     assert hf["model_type"] == NAME and hf["layer_types"][1] == "full_attention" and hf["swiglu_limit"] == 0.6
-    ids = reference(NAME)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
 
 
 def test_a_fresh_model_draws_sinks_and_router_bias():
@@ -221,7 +193,7 @@ def test_a_fresh_model_draws_sinks_and_router_bias():
 ])
 def test_refused_in_one_line(tmp_path, change, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, change))
+        qkv.load(edited(tmp_path, NAME, change))
     assert "\n" not in str(err.value)
 
 

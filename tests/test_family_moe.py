@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import MODELS, check_gradients, check_router_trace_round_trip, edited, max_abs, reference, run_main
 from qkv import QkvError
 from qkv.core.blocks import route
 from qkv.core.trace import Trace
 from qkv.core.weights import FFNWeights, MoEWeights
-from qkv.train import gradients
 
 MOE = ("mixtral", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe")
 
@@ -114,17 +113,7 @@ def test_a_one_token_step_reads_only_its_k_experts(monkeypatch):
 def test_gradients_equal_autograd(name):
     """Through the chosen experts, the router's softmax (the weights w_j) and the shared expert's gate;
     an expert no token chose gets zeros, as in torch."""
-    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
-    model = qkv.load(MODELS / name)
-    loss, grads = gradients(model, ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        assert grads[key].shape == g_ref.shape, key
-        scale = np.linalg.norm(g_ref)
-        err = np.linalg.norm(grads[key] - g_ref) / scale if scale else np.abs(grads[key]).max()
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name, zero_norm=True)
 
 
 def test_gradient_steps_lower_the_loss():
@@ -149,13 +138,7 @@ def test_gradient_steps_lower_the_loss():
 
 @pytest.mark.parametrize("name", MOE)
 def test_trace_saves_and_loads_the_router(name, tmp_path):
-    model = qkv.load(MODELS / name)
-    trace = model.run(reference(name)["single_input_ids"][0])
-    back = Trace.load(trace.save(tmp_path / "t"))
-    for i in trace.layer_ids:
-        for what in ("router", "experts", "expert_weights"):
-            a, b = getattr(trace.layer(i), what), getattr(back.layer(i), what)
-            assert (a is None and b is None) or np.array_equal(a, b), (i, what)
+    check_router_trace_round_trip(tmp_path, name)
 
 
 def test_a_damaged_router_record_is_refused(tmp_path):
@@ -180,13 +163,6 @@ def test_router_names_are_not_hooks():
             model.run([5, 6, 7], hooks={name: lambda v, layer: v})
 
 
-def _edited(tmp_path, name: str, change: dict):
-    shutil.copytree(MODELS / name, tmp_path / "m")
-    path = tmp_path / "m" / "config.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | change))
-    return tmp_path / "m"
-
-
 @pytest.mark.parametrize("name, change, message", [
     ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=true is not supported"),
     ("qwen2_moe", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "not every layer"),
@@ -201,14 +177,14 @@ def _edited(tmp_path, name: str, change: dict):
 ])
 def test_what_cannot_run_is_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message):
-        qkv.load(_edited(tmp_path, name, change)).forward([5, 6, 7])      # RoPE types: at the first pass
+        qkv.load(edited(tmp_path, name, change)).forward([5, 6, 7])      # RoPE types: at the first pass
 
 
 def test_mismatched_experts_are_refused(tmp_path):
     """A config.json with another number of experts than the file holds: one line, not a traceback."""
     for E in (3, 5):
         with pytest.raises(QkvError, match="its config disagree"):
-            qkv.load(_edited(tmp_path / str(E), "mixtral", {"num_local_experts": E}))
+            qkv.load(edited(tmp_path / str(E), "mixtral", {"num_local_experts": E}))
 
 
 def test_decoder_sparse_step_places_the_routed_layers(tmp_path):

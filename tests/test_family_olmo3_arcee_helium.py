@@ -7,16 +7,12 @@ Fixtures: tests/fixtures/models/{olmo3, arcee, helium}, made by tests/fixtures/m
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
 import qkv
 from qkv import QkvError
-from qkv.train import gradients
-from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
+from conftest import MODELS, check_gradients, check_knob_matters, check_saved_reads_back, edited
 
 NEW = ("olmo3", "arcee", "helium")
 
@@ -24,14 +20,7 @@ NEW = ("olmo3", "arcee", "helium")
 @pytest.mark.parametrize("name", NEW)
 def test_gradients_equal_autograd(name):
     """The loss within 1e-5 and each tensor's gradient within 1e-4 relative error of torch autograd's."""
-    ref = np.load(FIXTURES / "grads" / f"{name}.npz")
-    loss, grads = gradients(qkv.load(MODELS / name), ref["input_ids"], ref["attention_mask"])
-    assert abs(loss - float(ref["loss"])) < 1e-5
-    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
-    assert set(grads) == set(expected)
-    for key, g_ref in expected.items():
-        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
-        assert err < 1e-4, f"{key}: relative error {err:.2e}"
+    check_gradients(qkv.load(MODELS / name), name)
 
 
 @pytest.mark.parametrize("name, knobs", [
@@ -42,11 +31,7 @@ def test_gradients_equal_autograd(name):
 ])
 def test_each_knob_matters(name, knobs):
     """The fixture's logits are met with the knob and missed without it (by far more than the tolerance)."""
-    ref = reference(name)
-    model = qkv.load(MODELS / name)
-    assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
-    without = model.with_config(**knobs).forward(ref["single_input_ids"]).logits
-    assert max_abs(without, ref["single_logits"]) > 100 * TOL_HIDDEN
+    check_knob_matters(name, knobs)
 
 
 def test_olmo3_knobs_read():
@@ -67,7 +52,7 @@ def test_helium_knobs_read(tmp_path):
     cfg = qkv.load(MODELS / "helium").config
     assert cfg.family == "helium" and cfg.rope_interleaved and cfg.qkv_bias and not cfg.out_bias
     assert cfg.norm_eps == 1e-8 and cfg.d_head == 8 and cfg.tied_embeddings and cfg.rope_theta == 3e4
-    bare = qkv.load(_config(tmp_path, "helium", {}, drop=("rms_norm_eps", "pad_token_id"))).config
+    bare = qkv.load(edited(tmp_path, "helium", {}, drop=("rms_norm_eps", "pad_token_id"))).config
     assert bare.norm_eps == 1e-8 and bare.pad_token_id == 3                # HeliumConfig's defaults
 
 
@@ -83,20 +68,10 @@ def test_relu2_and_its_backward():
     assert np.abs(ACTIVATION_BACKWARDS["relu2"](dy, x) - numeric).max() <= 1e-5
 
 
-def _config(tmp_path, name: str, change: dict, drop: tuple = ()) -> dict:
-    """The fixture copied to TMP_PATH with its config.json changed (CHANGE set, DROP removed); its path."""
-    path = tmp_path / name
-    shutil.copytree(MODELS / name, path)
-    hf = json.loads((path / "config.json").read_text())
-    hf = {k: v for k, v in hf.items() if k not in drop} | change
-    (path / "config.json").write_text(json.dumps(hf))
-    return path
-
-
 def test_olmo3_defaults_as_transformers_fills_them(tmp_path):
     """No layer_types: three sliding layers then a full one; an older config.json's rope_theta turns the full
     layers only, the sliding ones keep Olmo3Config's 500000 (as Olmo3Config(rope_theta=…) builds them)."""
-    path = _config(tmp_path, "olmo3", {"num_hidden_layers": 3, "rope_theta": 1e4},
+    path = edited(tmp_path, "olmo3", {"num_hidden_layers": 3, "rope_theta": 1e4},
                    drop=("layer_types", "rope_parameters", "sliding_window"))
     cfg = qkv.load(path).config
     assert cfg.layer_windows is None and cfg.sliding_window == 4096          # 3 layers: all sliding
@@ -105,13 +80,7 @@ def test_olmo3_defaults_as_transformers_fills_them(tmp_path):
 
 @pytest.mark.parametrize("name", NEW)
 def test_a_saved_model_reads_back_equal(tmp_path, name):
-    model = qkv.load(MODELS / name)
-    model.save(tmp_path / "m")
-    back = qkv.load(tmp_path / "m")
-    assert back.config == model.config
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == name
-    ids = reference(name)["single_input_ids"]
-    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    assert check_saved_reads_back(tmp_path, name)["model_type"] == name
 
 
 @pytest.mark.parametrize("name, change, message", [
@@ -129,11 +98,11 @@ def test_a_saved_model_reads_back_equal(tmp_path, name):
 ])
 def test_refused_in_one_line(tmp_path, name, change, message):
     with pytest.raises(QkvError, match=message) as err:
-        qkv.load(_config(tmp_path, name, change))
+        qkv.load(edited(tmp_path, name, change))
     assert "\n" not in str(err.value)
 
 
 def test_helium_without_head_dim_takes_128_and_is_refused_here(tmp_path):
     """No head_dim in config.json: HeliumConfig's 128 (not hidden_size / heads), which o_proj's 32 × 32 cannot hold."""
     with pytest.raises(QkvError, match=r"head_dim · num_attention_heads = 128 · 4 must equal hidden_size = 32"):
-        qkv.load(_config(tmp_path, "helium", {}, drop=("head_dim",)))
+        qkv.load(edited(tmp_path, "helium", {}, drop=("head_dim",)))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,3 +237,154 @@ def check_decoder_live(model, ours, vocab: int, label: str, new: int, *, prompt_
     np.testing.assert_array_equal(ours.generate(prompt, new, temperature=0, stop_at_eos=False), expected)
     np.testing.assert_array_equal(ours.generate(prompt, new, temperature=0, use_cache=False, stop_at_eos=False),
                                   expected)
+
+
+# ── what the family files (test_live_<family>.py) share ───────────────────────────
+
+
+def case_seed(request) -> int:
+    """The test case's own seed: the CRC-32 of its id, below 10 000."""
+    return zlib.crc32(request.node.callspec.id.encode()) % 10_000
+
+
+def saved_and_loaded(cls, config, directory: Path, seed: int, setup=None) -> tuple[torch.nn.Module, qkv.Model]:
+    """transformers' seeded, perturbed model (`build`; then SETUP(model) if given), saved to DIRECTORY, and qkv's
+    reading of it."""
+    model = build(cls, config, seed=seed)
+    if setup is not None:
+        setup(model)
+    save(model, directory)
+    return model, qkv.load(directory)
+
+
+def gguf_and_loaded(cls, config, tmp_path: Path, seed: int) -> tuple[torch.nn.Module, qkv.Model]:
+    """transformers' seeded model saved to TMP_PATH/hf, and qkv's reading of llama.cpp's file of it
+    (tests/fixtures/gguf_convert.py, written to TMP_PATH/model.gguf)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+    import gguf_convert
+
+    model = build(cls, config, seed=seed)
+    save(model, tmp_path / "hf")
+    return model, qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+
+
+def check_decoder_saved_by_qkv(cls, config, tmp_path: Path, setup=None, **from_pretrained) -> None:
+    """A decoder qkv saves (of transformers' model with seed 5, SETUP(model) if given) read back by transformers
+    (cls.from_pretrained(…, **FROM_PRETRAINED), eager): its logits on ids 3…13 equal qkv's within 1e-4."""
+    model = build(cls, config, seed=5)
+    if setup is not None:
+        setup(model)
+    save(model, tmp_path / "hf")
+    ours = qkv.load(tmp_path / "hf")
+    ours.save(tmp_path / "qkv")
+    back = cls.from_pretrained(tmp_path / "qkv", **from_pretrained).eval()
+    back.set_attn_implementation("eager")
+    ids = np.arange(3, 14)[None]                                                   # (1, 11)
+    with torch.no_grad():
+        logits = back(torch.tensor(ids)).logits.numpy()
+    assert np.abs(logits - ours.forward(ids).logits).max() <= 1e-4
+
+
+def check_encoder_live(model, ours, config, batches, label: str, *, pad_id: int, logits=None) -> tuple:
+    """An encoder against transformers on BATCHES ((side, lengths) each: ids in [5, V) padded on that side with
+    PAD_ID), with token types (row 0's from position 5 on of type 1) when the config has two or more: hidden states,
+    logits and attention weights within tolerance (`compare`). LOGITS(ref, ids, mask, tt): what `compare` gets as
+    logits (default "ref": the reference's own). Returns the last batch's (ids, mask)."""
+    types = getattr(config, "type_vocab_size", 0)
+    for side, lengths in batches:
+        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=5, side=side, pad_id=pad_id)
+        tt = None
+        if types > 1:
+            tt = np.zeros_like(ids)
+            tt[0, 5:] = 1
+        ref = run_reference(model, ids, mask, token_type_ids=tt)
+        expected = "ref" if logits is None else logits(ref, ids, mask, tt)
+        compare(ours.forward(ids, mask, tt), ref, mask, logits=expected, label=f"{label}-{side}")
+    return ids, mask
+
+
+def check_encoder_saved_by_qkv(cls, config, tmp_path: Path, lengths: list[int], *, allowed_missing=None) -> None:
+    """An encoder qkv saves (of transformers' model with seed 5) read back by transformers: on a right-padded batch
+    (LENGTHS, the config's pad id) its logits equal the original's within 1e-5 and qkv's within 1e-4.
+    allowed_missing: the names transformers may find missing (then none unexpected or mismatched)."""
+    model = build(cls, config, seed=5)
+    save(model, tmp_path / "hf")
+    ours = qkv.load(tmp_path / "hf")
+    ours.save(tmp_path / "qkv")
+    if allowed_missing is None:
+        back = cls.from_pretrained(tmp_path / "qkv")
+    else:
+        back, info = cls.from_pretrained(tmp_path / "qkv", output_loading_info=True)
+        assert set(info["missing_keys"]) <= allowed_missing and not info["unexpected_keys"] and \
+            not info["mismatched_keys"], info
+    back = back.eval()
+    back.set_attn_implementation("eager")
+    ids, mask = padded_batch(config.vocab_size, lengths, seed=3, low=5, pad_id=config.pad_token_id)
+    with torch.no_grad():
+        a = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+        b = back(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    valid = mask.astype(bool)
+    assert max_abs(a[valid], b[valid]) < 1e-5
+    assert max_abs(ours.forward(ids, mask).logits[valid], b[valid]) < 1e-4
+
+
+def assert_gradients_equal(grads: dict[str, np.ndarray], ref: dict[str, np.ndarray], *, atol: float = 1e-6) -> None:
+    """The same names, and each gradient within 1e-4 relative error of autograd's (or ATOL absolute where it is 0 but
+    for rounding)."""
+    assert set(grads) == set(ref)
+    for key, g in ref.items():
+        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
+        assert err < 1e-4 or max_abs(grads[key], g) < atol, f"{key}: relative error {err:.2e}"
+
+
+def check_masked_lm_gradients(cls, config, tmp_path: Path, seed: int, lengths: list[int], names=None) -> None:
+    """qkv.train.gradients with labels against torch autograd of transformers' *ForMaskedLM loss (the model of SEED,
+    saved to TMP_PATH) on a batch of LENGTHS padded left for an odd seed, right for an even one, 30 % of its real
+    tokens labelled: loss within 1e-5, gradients as `assert_gradients_equal`. NAMES(grads, model_type): torch's
+    gradients under the file's names."""
+    from qkv.train import gradients
+
+    model = build(cls, config, seed=seed)
+    save(model, tmp_path)
+    side = "left" if seed % 2 else "right"
+    ids, mask = padded_batch(config.vocab_size, lengths, seed=21, low=5, side=side, pad_id=config.pad_token_id)
+    gen = np.random.default_rng(seed)
+    labels = np.where((gen.random(ids.shape) < 0.3) & (mask == 1), gen.integers(5, config.vocab_size, ids.shape), -100)
+    model.zero_grad()
+    out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=torch.from_numpy(labels))
+    out.loss.backward()
+    ref = {k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}
+    if names is not None:
+        ref = names(ref, config.model_type)
+    loss, grads = gradients(qkv.load(tmp_path), ids, mask, labels=labels)
+    assert abs(loss - out.loss.item()) < 1e-5
+    assert_gradients_equal(grads, ref)
+
+
+def check_saved_by_qkv_on(cls, model, ours, prompt: np.ndarray, directory: Path) -> None:
+    """OURS saved by qkv to DIRECTORY and read back by transformers (cls, eager): its logits on PROMPT (1, n) equal
+    MODEL's within 1e-5."""
+    ours.save(directory)
+    back = cls.from_pretrained(directory).eval()
+    back.set_attn_implementation("eager")
+    with torch.no_grad():
+        a, b = model(torch.from_numpy(prompt)).logits.numpy(), back(torch.from_numpy(prompt)).logits.numpy()
+    assert max_abs(a, b) < 1e-5
+
+
+def check_decoder_gradients(model, ours, autograd, names=None) -> None:
+    """qkv.train.gradients of OURS against torch autograd of MODEL (AUTOGRAD(model, ids, mask) → (loss, gradients))
+    on a right-padded batch of lengths 12, 9, 5: loss within 1e-5, the same names (NAMES(torch's) → the file's), each
+    gradient within 1e-4 of its norm + 1e-7 (top-1 routing: each weight is 1 whatever the logits, so the router's
+    gradient is 0 up to rounding)."""
+    from qkv.train import gradients
+
+    ids, mask = padded_batch(model.config.vocab_size, [12, 9, 5], seed=13, low=3)
+    loss_ref, ref = autograd(model, ids, mask)
+    if names is not None:
+        ref = names(ref)
+    loss, grads = gradients(ours, ids, mask)
+    assert abs(loss - loss_ref) < 1e-5, (loss, loss_ref)
+    assert set(grads) == set(ref)
+    for key, g in ref.items():
+        assert np.linalg.norm(grads[key] - g) <= 1e-4 * np.linalg.norm(g) + 1e-7, key

@@ -17,13 +17,12 @@ missing).
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
-from live_helpers import (INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, build, compare, max_abs, padded_batch,
-                          run_reference, save)
+from live_helpers import (INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, assert_gradients_equal, case_seed,
+                          check_encoder_live, check_encoder_saved_by_qkv, check_masked_lm_gradients, max_abs,
+                          padded_batch, saved_and_loaded)
 from test_live_seq2seq import NEW, bart, build as build_seq2seq, reference
 from test_live_seq2seq_families import hf_greedy, mbart, pegasus
 from transformers import (AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertModel,
@@ -80,30 +79,21 @@ CASES = [
 ]
 
 
-def _types(config, ids):
-    if getattr(config, "type_vocab_size", 0) < 2:
-        return None
-    tt = np.zeros_like(ids)
-    tt[0, 5:] = 1
-    return tt
-
-
 @pytest.mark.parametrize(("cls", "config"), CASES)
 def test_encoder(cls, config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(cls, config, tmp_path, case_seed(request))
     lengths = [40, 25, 33] if config.model_type == "mpnet" else [11, 7, 9]      # MPNet: the far buckets too
-    for side in ("right", "left"):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=5, side=side, pad_id=config.pad_token_id)
-        tt = _types(config, ids)
-        ref = run_reference(model, ids, mask, token_type_ids=tt)
-        if cls is AlbertForPreTraining:                  # its prediction_logits, not the sentence-order scores
-            with torch.no_grad():
-                ref.logits = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                                   token_type_ids=torch.from_numpy(tt)).prediction_logits.numpy()
-        compare(ours.forward(ids, mask, tt), ref, mask, label=f"{request.node.callspec.id}-{side}")
+
+    def prediction_logits(ref, ids, mask, tt):
+        """ALBERT's pre-training model: its prediction_logits, not the sentence-order scores."""
+        if cls is not AlbertForPreTraining:
+            return "ref"
+        with torch.no_grad():
+            return model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                         token_type_ids=torch.from_numpy(tt)).prediction_logits.numpy()
+
+    check_encoder_live(model, ours, config, (("right", lengths), ("left", lengths)), request.node.callspec.id,
+                       pad_id=config.pad_token_id, logits=prediction_logits)
 
 
 NOMIC = (("layers.", "encoder.layers."), ("embeddings.LayerNorm", "emb_ln"), ("self_attn.o_proj", "attn.out_proj"),
@@ -133,23 +123,7 @@ def file_names(grads: dict[str, np.ndarray], model_type: str) -> dict[str, np.nd
 def test_masked_lm_gradients_equal_autograd(cls, config, tmp_path, request):
     """Loss within 1e-5, each gradient within 1e-4 relative error (or 1e-6 absolute where it is 0 but for rounding);
     ALBERT's stored layers read by several blocks: one gradient, their sum."""
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    side = "left" if seed % 2 else "right"
-    ids, mask = padded_batch(config.vocab_size, [12, 8, 10], seed=21, low=5, side=side, pad_id=config.pad_token_id)
-    gen = np.random.default_rng(seed)
-    labels = np.where((gen.random(ids.shape) < 0.3) & (mask == 1), gen.integers(5, config.vocab_size, ids.shape), -100)
-    model.zero_grad()
-    out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=torch.from_numpy(labels))
-    out.loss.backward()
-    ref = file_names({k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}, config.model_type)
-    loss, grads = gradients(qkv.load(tmp_path), ids, mask, labels=labels)
-    assert abs(loss - out.loss.item()) < 1e-5
-    assert set(grads) == set(ref)
-    for key, g in ref.items():
-        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
-        assert err < 1e-4 or max_abs(grads[key], g) < 1e-6, f"{key}: relative error {err:.2e}"
+    check_masked_lm_gradients(cls, config, tmp_path, case_seed(request), [12, 8, 10], names=file_names)
 
 
 @pytest.mark.parametrize(("cls", "config"), [
@@ -158,22 +132,8 @@ def test_masked_lm_gradients_equal_autograd(cls, config, tmp_path, request):
     pytest.param(NomicBertForMaskedLM, nomic(head_dim=16, tied=False), id="nomic_bert"),
 ])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back, info = cls.from_pretrained(tmp_path / "qkv", output_loading_info=True)
     unused = {"predictions.bias", "lm_head.bias", "cls.predictions.bias"}    # untied: the head's bias no forward reads
-    assert set(info["missing_keys"]) <= unused and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    back = back.eval()
-    back.set_attn_implementation("eager")
-    ids, mask = padded_batch(config.vocab_size, [10, 7], seed=3, low=5, pad_id=config.pad_token_id)
-    with torch.no_grad():
-        a = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-        b = back(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-    valid = mask.astype(bool)
-    assert max_abs(a[valid], b[valid]) < 1e-5
-    assert max_abs(ours.forward(ids, mask).logits[valid], b[valid]) < 1e-4
+    check_encoder_saved_by_qkv(cls, config, tmp_path, [10, 7], allowed_missing=unused)
 
 
 # ── mBART and Pegasus with untied embeddings ──────────────────────────────────────
@@ -236,10 +196,8 @@ def test_untied_gradients_equal_autograd(cls, config, tmp_path):
            if p.grad is not None and not (sinusoids and "embed_positions" in k)}
     loss, grads = gradients(qkv.load(tmp_path), ids, mask, labels=labels)
     assert abs(loss - out.loss.item()) < 1e-5
-    assert set(grads) == set(ref) and "model.shared.weight" not in ref
-    for key, g in ref.items():
-        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
-        assert err < 1e-4 or max_abs(grads[key], g) < 1e-6, f"{key}: relative error {err:.2e}"
+    assert "model.shared.weight" not in ref
+    assert_gradients_equal(grads, ref)
 
 
 @pytest.mark.parametrize(("cls", "make"), [(MBartForConditionalGeneration, mbart),

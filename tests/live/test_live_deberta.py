@@ -12,17 +12,15 @@ three terms sum to the scores exactly on each case, and the masked-LM cases' gra
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, compare, max_abs, padded_batch, run_reference, save
+from live_helpers import (INIT_RANGE, case_seed, check_encoder_live, check_encoder_saved_by_qkv,
+                          check_masked_lm_gradients, saved_and_loaded)
 from transformers import DebertaConfig, DebertaForMaskedLM, DebertaModel, DebertaV2Config, DebertaV2ForMaskedLM, \
     DebertaV2Model
 from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
-import qkv
 from qkv.core.disentangled import log_buckets
 
 pytestmark = pytest.mark.live
@@ -72,19 +70,9 @@ CASES = [
 
 @pytest.mark.parametrize(("cls", "config"), CASES)
 def test_deberta(cls, config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
-    types = getattr(config, "type_vocab_size", 0)
-    for side, lengths in (("right", [19, 7, 13]), ("left", [19, 6, 13])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=5, side=side, pad_id=0)
-        tt = None
-        if types > 1:
-            tt = np.zeros_like(ids)
-            tt[0, 5:] = 1
-        ref = run_reference(model, ids, mask, token_type_ids=tt)
-        compare(ours.forward(ids, mask, tt), ref, mask, label=f"{request.node.callspec.id}-{side}")
+    model, ours = saved_and_loaded(cls, config, tmp_path, case_seed(request))
+    ids, _ = check_encoder_live(model, ours, config, (("right", [19, 7, 13]), ("left", [19, 6, 13])),
+                                request.node.callspec.id, pad_id=0)
     t = ours.run(ids[0], keep=("scores", "scores_c2c", "scores_c2p", "scores_p2c"))
     for layer in t.layers.values():
         terms = [x for x in (layer.scores_c2p, layer.scores_p2c) if x is not None]
@@ -98,19 +86,8 @@ def test_deberta(cls, config, tmp_path, request):
     "v3-buckets16-share-norm-lmpredictions", "v2-c2p-buckets6-far20-abs-types", "v2-xlarge-layout-conv3-gelu",
     "v1-far6-types")])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    ids, mask = padded_batch(config.vocab_size, [18, 7], seed=3, low=5, pad_id=0)
-    with torch.no_grad():
-        a = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-        b = back(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-    valid = mask.astype(bool)
-    assert max_abs(a[valid], b[valid]) < 1e-5
-    assert max_abs(ours.forward(ids, mask).logits[valid], b[valid]) < 1e-4
+    assert config.pad_token_id == 0                        # the helper pads with the config's pad id
+    check_encoder_saved_by_qkv(cls, config, tmp_path, [18, 7])
 
 
 @pytest.mark.parametrize("buckets, far", [(8, 64), (16, 512), (256, 512), (6, 20), (4, 8), (32, 33), (10, 4)])
@@ -129,22 +106,5 @@ def test_masked_lm_gradients_equal_autograd(cls, config, tmp_path, request):
     """qkv.train.gradients with labels against torch autograd of transformers' *ForMaskedLM loss on a right- or
     left-padded batch: loss within 1e-5, each gradient within 1e-4 relative error (or 1e-6 absolute where it is 0
     but for rounding: K's bias and c2p's b_Kr, the same for every key a query sees)."""
-    from qkv.train import gradients
-
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    side = "left" if seed % 2 else "right"
-    ids, mask = padded_batch(config.vocab_size, [15, 8, 11], seed=21, low=5, side=side, pad_id=0)
-    gen = np.random.default_rng(seed)
-    labels = np.where((gen.random(ids.shape) < 0.3) & (mask == 1), gen.integers(5, config.vocab_size, ids.shape), -100)
-    model.zero_grad()
-    out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=torch.from_numpy(labels))
-    out.loss.backward()
-    ref = {k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}
-    loss, grads = gradients(qkv.load(tmp_path), ids, mask, labels=labels)
-    assert abs(loss - out.loss.item()) < 1e-5
-    assert set(grads) == set(ref)
-    for key, g in ref.items():
-        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
-        assert err < 1e-4 or max_abs(grads[key], g) < 1e-6, f"{key}: relative error {err:.2e}"
+    assert config.pad_token_id == 0                        # the helper pads with the config's pad id
+    check_masked_lm_gradients(cls, config, tmp_path, case_seed(request), [15, 8, 11])

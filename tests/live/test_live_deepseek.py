@@ -13,15 +13,10 @@ KV cache token for token; and a model qkv saves is read back by transformers wit
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, save
+from live_helpers import INIT_RANGE, case_seed, check_decoder_live, check_decoder_saved_by_qkv, saved_and_loaded
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
-
-import qkv
 
 pytestmark = pytest.mark.live
 
@@ -94,10 +89,7 @@ def choice_biases_(model: torch.nn.Module, std: float = 0.3) -> None:
 
 @pytest.mark.parametrize("config", V3_CASES)
 def test_v3(config, tmp_path, request):
-    model = build(DeepseekV3ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    choice_biases_(model)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(DeepseekV3ForCausalLM, config, tmp_path, case_seed(request), choice_biases_)
     cfg = ours.config
     assert (cfg.kv_lora_rank, cfg.q_lora_rank or None, cfg.rotary_dim, cfg.d_value) == (
         config.kv_lora_rank, config.q_lora_rank, config.qk_rope_head_dim, config.v_head_dim)
@@ -108,9 +100,7 @@ def test_v3(config, tmp_path, request):
 
 @pytest.mark.parametrize("config", V2_CASES)
 def test_v2(config, tmp_path, request):
-    model = build(DeepseekV2ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(DeepseekV2ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.rope_interleaved and ours.config.q_lora_rank == (config.q_lora_rank or 0)
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
@@ -118,14 +108,4 @@ def test_v2(config, tmp_path, request):
 @pytest.mark.parametrize("cls, config", [pytest.param(DeepseekV3ForCausalLM, V3_CASES[0].values[0], id="v3"),
                                          pytest.param(DeepseekV2ForCausalLM, V2_CASES[1].values[0], id="v2")])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    choice_biases_(model)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    ids = np.arange(3, 14)[None]
-    with torch.no_grad():
-        logits = back(torch.tensor(ids)).logits.numpy()
-    assert np.abs(logits - ours.forward(ids).logits).max() <= 1e-4
+    check_decoder_saved_by_qkv(cls, config, tmp_path, choice_biases_)

@@ -14,18 +14,13 @@ write: there is no greedy generation to compare, and `generate` refuses them (te
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import pytest
-import torch
-from live_helpers import INIT_RANGE, build, compare, max_abs, padded_batch, run_reference, save
+from live_helpers import (INIT_RANGE, case_seed, check_encoder_live, check_encoder_saved_by_qkv,
+                          check_masked_lm_gradients, saved_and_loaded)
 from transformers import (DistilBertConfig, DistilBertForMaskedLM, DistilBertModel, ElectraConfig, ElectraForMaskedLM,
                           ElectraForPreTraining, ElectraModel, ModernBertConfig, ModernBertForMaskedLM,
                           ModernBertModel, RobertaConfig, RobertaForMaskedLM, RobertaModel,
                           XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaModel)
-
-import qkv
 
 pytestmark = pytest.mark.live
 
@@ -101,21 +96,9 @@ def _vocab_logits(model, ref, vocab: int):
 
 @pytest.mark.parametrize(("cls", "config"), CASES)
 def test_encoder(cls, config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
-    pad = config.pad_token_id
-    types = getattr(config, "type_vocab_size", 0)
-    for side, lengths in (("right", [11, 7, 9]), ("left", [11, 6, 9])):
-        ids, mask = padded_batch(config.vocab_size, lengths, seed=11, low=5, side=side, pad_id=pad)
-        tt = None
-        if types > 1:
-            tt = np.zeros_like(ids)
-            tt[0, 5:] = 1
-        ref = run_reference(model, ids, mask, token_type_ids=tt)
-        expected = _vocab_logits(model, ref, config.vocab_size)
-        compare(ours.forward(ids, mask, tt), ref, mask, logits=expected, label=f"{request.node.callspec.id}-{side}")
+    model, ours = saved_and_loaded(cls, config, tmp_path, case_seed(request))
+    check_encoder_live(model, ours, config, (("right", [11, 7, 9]), ("left", [11, 6, 9])), request.node.callspec.id,
+                       pad_id=config.pad_token_id, logits=lambda ref, *_: _vocab_logits(model, ref, config.vocab_size))
 
 
 @pytest.mark.parametrize(("cls", "config"), [
@@ -126,19 +109,7 @@ def test_encoder(cls, config, tmp_path, request):
     pytest.param(ModernBertForMaskedLM, modernbert(bias=True, tied=False), id="modernbert"),
 ])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    ids, mask = padded_batch(config.vocab_size, [10, 7], seed=3, low=5, pad_id=config.pad_token_id)
-    with torch.no_grad():
-        a = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-        b = back(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-    valid = mask.astype(bool)
-    assert max_abs(a[valid], b[valid]) < 1e-5
-    assert max_abs(ours.forward(ids, mask).logits[valid], b[valid]) < 1e-4
+    check_encoder_saved_by_qkv(cls, config, tmp_path, [10, 7])
 
 
 MASKED_LM_CASES = [c for c in CASES if c.values[0].__name__.endswith("ForMaskedLM")]
@@ -149,22 +120,4 @@ def test_masked_lm_gradients_equal_autograd(cls, config, tmp_path, request):
     """qkv.train.gradients with labels against torch autograd of transformers' *ForMaskedLM loss, on a
     right- or left-padded batch: loss within 1e-5, each gradient within 1e-4 relative error (or 1e-6
     absolute where it is 0 but for rounding: K's bias, the same for every key a query sees)."""
-    from qkv.train import gradients
-
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(cls, config, seed=seed)
-    save(model, tmp_path)
-    side = "left" if seed % 2 else "right"
-    ids, mask = padded_batch(config.vocab_size, [12, 8, 10], seed=21, low=5, side=side, pad_id=config.pad_token_id)
-    gen = np.random.default_rng(seed)
-    labels = np.where((gen.random(ids.shape) < 0.3) & (mask == 1), gen.integers(5, config.vocab_size, ids.shape), -100)
-    model.zero_grad()
-    out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), labels=torch.from_numpy(labels))
-    out.loss.backward()
-    ref = {k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}
-    loss, grads = gradients(qkv.load(tmp_path), ids, mask, labels=labels)
-    assert abs(loss - out.loss.item()) < 1e-5
-    assert set(grads) == set(ref)
-    for key, g in ref.items():
-        err = np.linalg.norm(grads[key] - g) / np.linalg.norm(g)
-        assert err < 1e-4 or max_abs(grads[key], g) < 1e-6, f"{key}: relative error {err:.2e}"
+    check_masked_lm_gradients(cls, config, tmp_path, case_seed(request), [12, 8, 10])

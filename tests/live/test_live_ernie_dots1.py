@@ -20,12 +20,12 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, max_abs, padded_batch, save
+from live_helpers import (INIT_RANGE, build, case_seed, check_decoder_gradients, check_decoder_live,
+                          check_saved_by_qkv_on, gguf_and_loaded, padded_batch, save, saved_and_loaded)
 from transformers import (Dots1Config, Dots1ForCausalLM, Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5_MoeConfig,
                           Ernie4_5_MoeForCausalLM)
 
 import qkv
-from qkv.train import gradients
 
 pytestmark = pytest.mark.live
 
@@ -142,24 +142,15 @@ def by_file_name(ref: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("config", ERNIE_CASES)
 def test_ernie(config, tmp_path, request):
-    model = build(Ernie4_5ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(Ernie4_5ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.rope_interleaved and ours.config.ffn_bias == config.use_bias
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
     check_gradients(model, ours)
 
 
 def check_gradients(model, ours) -> None:
-    ids, mask = padded_batch(model.config.vocab_size, [12, 9, 5], seed=13, low=3)
-    loss_ref, ref = autograd(model, ids, mask)
-    ref = by_file_name(ref)
-    loss, grads = gradients(ours, ids, mask)
-    assert abs(loss - loss_ref) < 1e-5, (loss, loss_ref)
-    assert set(grads) == set(ref)
-    for key, g in ref.items():
-        # (top-1 renormalised: the weight is 1 whatever p, so the router's gradient is 0; torch's is rounding)
-        assert np.linalg.norm(grads[key] - g) <= 1e-4 * np.linalg.norm(g) + 1e-7, key
+    # (top-1 renormalised: the weight is 1 whatever p, so the router's gradient is 0; torch's is rounding)
+    check_decoder_gradients(model, ours, autograd, by_file_name)
 
 
 @pytest.mark.parametrize(("cls", "config"), MOE_CASES)
@@ -181,12 +172,7 @@ def test_moe(cls, config, tmp_path, request):
         t = trace.layer(routed[0])
         total = np.take_along_axis(t.router, t.experts, -1).sum(-1)
         assert (total < ours.config.norm_top_k_min).any() and (total > ours.config.norm_top_k_min).any()
-    ours.save(tmp_path / "qkv")                                      # a model qkv saves, read back by transformers
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    with torch.no_grad():
-        a, b = model(torch.from_numpy(prompt)).logits.numpy(), back(torch.from_numpy(prompt)).logits.numpy()
-    assert max_abs(a, b) < 1e-5
+    check_saved_by_qkv_on(cls, model, ours, prompt, tmp_path / "qkv")   # a model qkv saves, read back by transformers
     check_gradients(model, ours)
 
 
@@ -213,13 +199,6 @@ GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 
 def test_ernie_gguf_equals_transformers(config, tmp_path, request):
     """llama.cpp's `ernie4_5` file (tests/fixtures/gguf_convert.py: tensors as stored) gives transformers' numbers on
     the directory, and its greedy ids with and without the KV cache."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-    import gguf_convert
-
-    model = build(Ernie4_5ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+    model, ours = gguf_and_loaded(Ernie4_5ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "ernie4_5" and ours.config.rope_interleaved
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)

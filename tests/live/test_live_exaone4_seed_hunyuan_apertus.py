@@ -14,18 +14,13 @@ Seed-OSS's and Hunyuan's GGUF files (llama.cpp's `seed_oss`, `hunyuan-dense`) ag
 from __future__ import annotations
 
 import copy
-import sys
-import zlib
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, save
+from live_helpers import (INIT_RANGE, case_seed, check_decoder_live, check_decoder_saved_by_qkv, gguf_and_loaded,
+                          saved_and_loaded)
 from transformers import (ApertusConfig, ApertusForCausalLM, Exaone4Config, Exaone4ForCausalLM, HunYuanDenseV1Config,
                           HunYuanDenseV1ForCausalLM, SeedOssConfig, SeedOssForCausalLM)
-
-import qkv
 
 pytestmark = pytest.mark.live
 
@@ -93,11 +88,7 @@ def _fresh(config):
 
 
 def _check(cls, config, tmp_path, request, setup=None):
-    model = build(cls, _fresh(config), seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    if setup is not None:
-        setup(model)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(cls, _fresh(config), tmp_path, case_seed(request), setup)
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
     return ours
 
@@ -148,18 +139,9 @@ def test_apertus(config, tmp_path, request):
     pytest.param(HunYuanDenseV1ForCausalLM, HUNYUAN_CASES[1].values[0], id="hunyuan"),
     pytest.param(ApertusForCausalLM, APERTUS_CASES[1].values[0], id="apertus")])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, _fresh(config), seed=5)
-    if cls is ApertusForCausalLM:
-        _other_xielu_constants(model)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv", dtype=torch.float32).eval()   # (Apertus's xIELU needs a torch dtype)
-    back.set_attn_implementation("eager")
-    ids = np.arange(3, 14)[None]
-    with torch.no_grad():
-        logits = back(torch.tensor(ids)).logits.numpy()
-    assert np.abs(logits - ours.forward(ids).logits).max() <= 1e-4
+    setup = _other_xielu_constants if cls is ApertusForCausalLM else None
+    check_decoder_saved_by_qkv(cls, _fresh(config), tmp_path, setup,
+                               dtype=torch.float32)                      # (Apertus's xIELU needs a torch dtype)
 
 
 GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 260 ids: the vocabulary holds them
@@ -173,12 +155,7 @@ GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 
 def test_seed_oss_gguf_equals_transformers(config, tmp_path, request):
     """llama.cpp's `seed_oss` file (tests/fixtures/gguf_convert.py: tensors as stored) gives transformers' numbers
     on the directory, and its greedy ids with and without the KV cache."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-    import gguf_convert
-
-    model = build(SeedOssForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+    model, ours = gguf_and_loaded(SeedOssForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "seed_oss" and ours.config.qkv_bias and not ours.config.out_bias
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
@@ -191,11 +168,6 @@ def test_seed_oss_gguf_equals_transformers(config, tmp_path, request):
 def test_hunyuan_gguf_equals_transformers(config, tmp_path, request):
     """llama.cpp's `hunyuan-dense` file (tests/fixtures/gguf_convert.py: tensors as stored, the NTK alpha folded
     into rope.freq_base) gives transformers' numbers on the directory, and its greedy ids with and without the cache."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-    import gguf_convert
-
-    model = build(HunYuanDenseV1ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+    model, ours = gguf_and_loaded(HunYuanDenseV1ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "hunyuan_v1_dense" and ours.config.qk_norm_after_rope
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)

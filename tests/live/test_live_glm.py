@@ -12,19 +12,12 @@ file (llama.cpp's `glm4`) against transformers on the directory.
 
 from __future__ import annotations
 
-import sys
-import zlib
-from pathlib import Path
-
-import numpy as np
 import pytest
-import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, save
+from live_helpers import (INIT_RANGE, case_seed, check_decoder_live, check_decoder_saved_by_qkv, gguf_and_loaded,
+                          saved_and_loaded)
 from transformers import (Glm4Config, Glm4ForCausalLM, GlmConfig, GlmForCausalLM, GraniteConfig, GraniteForCausalLM,
                           HeliumConfig, HeliumForCausalLM, LlamaConfig, LlamaForCausalLM, SmolLM3Config,
                           SmolLM3ForCausalLM)
-
-import qkv
 
 pytestmark = pytest.mark.live
 
@@ -66,9 +59,7 @@ GLM_CASES = [
 
 @pytest.mark.parametrize("cls, config", GLM_CASES)
 def test_glm(cls, config, tmp_path, request):
-    model = build(cls, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(cls, config, tmp_path, case_seed(request))
     factor = config.rope_parameters.get("partial_rotary_factor", 0.5)
     turned = ours.config.rotary_dim or ours.config.d_head
     assert ours.config.rope_interleaved and turned == int(factor * config.head_dim)
@@ -98,9 +89,7 @@ MLP_BIAS_CASES = [
 
 @pytest.mark.parametrize("cls, config", MLP_BIAS_CASES)
 def test_mlp_bias(cls, config, tmp_path, request):
-    model = build(cls, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(cls, config, tmp_path, case_seed(request))
     assert ours.config.ffn_bias and all(b.ffn.b_gate is not None for b in ours.weights.blocks)
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
@@ -110,16 +99,7 @@ def test_mlp_bias(cls, config, tmp_path, request):
                                          pytest.param(*MLP_BIAS_CASES[1].values, id="llama-mlp_bias"),
                                          pytest.param(*MLP_BIAS_CASES[3].values, id="granite-mlp_bias")])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    ids = np.arange(3, 14)[None]
-    with torch.no_grad():
-        logits = back(torch.tensor(ids)).logits.numpy()
-    assert np.abs(logits - ours.forward(ids).logits).max() <= 1e-4
+    check_decoder_saved_by_qkv(cls, config, tmp_path)
 
 
 GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 260 ids: the vocabulary holds them
@@ -134,12 +114,7 @@ GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 
 def test_glm4_gguf_equals_transformers(config, tmp_path, request):
     """llama.cpp's `glm4` file (tests/fixtures/gguf_convert.py: tensors as stored, gate_up_proj as ffn_up) gives
     transformers' numbers on the directory, and its greedy ids with and without the KV cache."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-    import gguf_convert
-
-    model = build(Glm4ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+    model, ours = gguf_and_loaded(Glm4ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "glm4" and ours.config.d_head == config.head_dim
     assert ours.config.qkv_bias == config.attention_bias and ours.config.tied_embeddings == config.tie_word_embeddings
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)

@@ -18,12 +18,12 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, max_abs, padded_batch, save
+from live_helpers import (INIT_RANGE, build, check_decoder_gradients, check_decoder_live, check_saved_by_qkv_on,
+                          max_abs, padded_batch, save)
 from test_live_grads import autograd
 from transformers import GptOssConfig, GptOssForCausalLM
 
 import qkv
-from qkv.train import gradients
 
 pytestmark = pytest.mark.live
 
@@ -83,16 +83,5 @@ def test_gpt_oss(config, tmp_path, request):
         assert np.array_equal(np.sort(trace.layer(layer).experts, -1), np.sort(top, -1)), layer
         e = np.exp(np.take_along_axis(logits, top, -1) - logits.max(-1, keepdims=True))
         assert max_abs(np.sort(trace.layer(layer).expert_weights, -1), np.sort(e / e.sum(-1, keepdims=True), -1)) < 1e-5
-    ours.save(tmp_path / "qkv")                                     # a model qkv saves, read back by transformers
-    back = GptOssForCausalLM.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    with torch.no_grad():
-        a, b = model(torch.from_numpy(prompt)).logits.numpy(), back(torch.from_numpy(prompt)).logits.numpy()
-    assert max_abs(a, b) < 1e-5
-    ids, mask = padded_batch(config.vocab_size, [12, 9, 5], seed=13, low=3)
-    loss_ref, ref = autograd(model, ids, mask)
-    loss, grads = gradients(ours, ids, mask)
-    assert abs(loss - loss_ref) < 1e-5, (loss, loss_ref)
-    assert set(grads) == set(ref)
-    for key, g in ref.items():                    # (top-1: each weight is 1 whatever the logits, the router's
-        assert np.linalg.norm(grads[key] - g) <= 1e-4 * np.linalg.norm(g) + 1e-7, key   # gradient 0 up to rounding)
+    check_saved_by_qkv_on(GptOssForCausalLM, model, ours, prompt, tmp_path / "qkv")   # a model qkv saves, read back
+    check_decoder_gradients(model, ours, autograd)

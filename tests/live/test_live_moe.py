@@ -18,7 +18,8 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from live_helpers import (build, compare, decoder_positions, hf_greedy, max_abs, padded_batch, run_reference, save)
+from live_helpers import (build, check_saved_by_qkv_on, compare, decoder_positions, hf_greedy, max_abs, padded_batch,
+                          run_reference, save)
 from test_live_grads import autograd
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -116,12 +117,7 @@ def test_moe(cls, config, tmp_path, request):
     np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0), greedy)
     np.testing.assert_array_equal(ours.generate(prompt, NEW, temperature=0, use_cache=False), greedy)
     # a model qkv saves, read back by transformers
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    with torch.no_grad():
-        a, b = model(torch.from_numpy(prompt)).logits.numpy(), back(torch.from_numpy(prompt)).logits.numpy()
-    assert max_abs(a, b) < 1e-5
+    check_saved_by_qkv_on(cls, model, ours, prompt, tmp_path / "qkv")
     # gradients: through the chosen experts and the router's weights
     ids, mask = padded_batch(config.vocab_size, [12, 9, 5], seed=13, low=3)
     loss_ref, ref = autograd(model, ids, mask)
@@ -133,7 +129,6 @@ def test_moe(cls, config, tmp_path, request):
         names = ("w1", "w3", "w2") if cls is MixtralForCausalLM else ("gate_proj", "up_proj", "down_proj")
         g = fused[key]
         if key.endswith("gate_up_proj"):
-            f = g.shape[1] // 2
             ours_g = np.stack([np.concatenate([grads[f"{base}.{e}.{names[0]}.weight"], grads[f"{base}.{e}.{names[1]}.weight"]])
                                for e in range(g.shape[0])])
         else:

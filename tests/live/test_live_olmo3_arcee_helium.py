@@ -13,17 +13,10 @@ Arcee's GGUF file (llama.cpp's `arcee`) against transformers on the directory.
 
 from __future__ import annotations
 
-import sys
-import zlib
-from pathlib import Path
-
-import numpy as np
 import pytest
-import torch
-from live_helpers import INIT_RANGE, build, check_decoder_live, save
+from live_helpers import (INIT_RANGE, case_seed, check_decoder_live, check_decoder_saved_by_qkv, gguf_and_loaded,
+                          saved_and_loaded)
 from transformers import ArceeConfig, ArceeForCausalLM, HeliumConfig, HeliumForCausalLM, Olmo3Config, Olmo3ForCausalLM
-
-import qkv
 
 pytestmark = pytest.mark.live
 
@@ -76,9 +69,7 @@ ARCEE_CASES = [
 
 @pytest.mark.parametrize("config", ARCEE_CASES)
 def test_arcee(config, tmp_path, request):
-    model = build(ArceeForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(ArceeForCausalLM, config, tmp_path, case_seed(request))
     assert not ours.config.gated_ffn and ours.config.ffn_bias == config.mlp_bias
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
@@ -103,18 +94,14 @@ HELIUM_CASES = [
 
 @pytest.mark.parametrize("config", HELIUM_CASES)
 def test_helium(config, tmp_path, request):
-    model = build(HeliumForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(HeliumForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.rope_interleaved and ours.config.qkv_bias == config.attention_bias and not ours.config.out_bias
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
 
 
 @pytest.mark.parametrize("config", OLMO3_CASES)
 def test_olmo3(config, tmp_path, request):
-    model = build(Olmo3ForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path)
-    ours = qkv.load(tmp_path)
+    model, ours = saved_and_loaded(Olmo3ForCausalLM, config, tmp_path, case_seed(request))
     assert [ours.config.window(i) for i in range(config.num_hidden_layers)] == [
         config.sliding_window if t == "sliding_attention" else None for t in config.layer_types]
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
@@ -124,16 +111,7 @@ def test_olmo3(config, tmp_path, request):
                                          pytest.param(ArceeForCausalLM, ARCEE_CASES[1].values[0], id="arcee"),
                                          pytest.param(HeliumForCausalLM, HELIUM_CASES[1].values[0], id="helium")])
 def test_a_model_qkv_saves_reads_back_in_transformers(cls, config, tmp_path):
-    model = build(cls, config, seed=5)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(tmp_path / "hf")
-    ours.save(tmp_path / "qkv")
-    back = cls.from_pretrained(tmp_path / "qkv").eval()
-    back.set_attn_implementation("eager")
-    ids = np.arange(3, 14)[None]
-    with torch.no_grad():
-        logits = back(torch.tensor(ids)).logits.numpy()
-    assert np.abs(logits - ours.forward(ids).logits).max() <= 1e-4
+    check_decoder_saved_by_qkv(cls, config, tmp_path)
 
 
 GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 260 ids: the vocabulary holds them
@@ -146,11 +124,6 @@ GGUF_VOCAB = 300                           # gguf_convert writes a tokenizer of 
 def test_arcee_gguf_equals_transformers(config, tmp_path, request):
     """llama.cpp's `arcee` file (tests/fixtures/gguf_convert.py: Q/K permuted as LlamaModel does) gives transformers'
     numbers on the directory, and its greedy ids with and without the KV cache."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-    import gguf_convert
-
-    model = build(ArceeForCausalLM, config, seed=zlib.crc32(request.node.callspec.id.encode()) % 10_000)
-    save(model, tmp_path / "hf")
-    ours = qkv.load(gguf_convert.convert(tmp_path / "hf", tmp_path / "model.gguf"))
+    model, ours = gguf_and_loaded(ArceeForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "arcee" and ours.config.activation == "relu2"
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
