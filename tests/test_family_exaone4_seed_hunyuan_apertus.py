@@ -106,6 +106,12 @@ def test_exaone4_without_a_window_turns_every_layer(tmp_path):
     assert qkv.checkpoints.FAMILIES["exaone4"].hf_config(cfg)["sliding_window"] is not None   # written back as such
 
 
+def test_exaone4_without_the_window_key_has_exaone4configs_4096(tmp_path):
+    """No sliding_window key is Exaone4Config's default 4096 (sliding layers, full layers without RoPE), not null."""
+    cfg = qkv.load(edited(tmp_path, "exaone4", {}, ("sliding_window",))).config
+    assert cfg.sliding_window == 4096 and cfg.layer_windows == (4096, None, 4096) and cfg.no_rope_layers == (1,)
+
+
 @pytest.mark.parametrize("name", ["exaone4", "hunyuan_v1_dense", "apertus"])
 def test_keys_the_model_does_not_read_are_not_read(tmp_path, name):
     """attention_bias (EXAONE 4) and mlp_bias (all three): their transformers classes build no such biases whatever

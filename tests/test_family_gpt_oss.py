@@ -386,3 +386,14 @@ def test_the_clamped_glu_knobs_are_checked(knobs):
     with pytest.raises(QkvError, match="glu_limit") as err:
         qkv.load(MODELS / NAME).config.with_(**knobs)
     assert "\n" not in str(err.value)
+
+
+def test_a_null_sliding_window_is_refused_not_read_as_the_default(tmp_path):
+    """config.json's "sliding_window": null with sliding layers: transformers cannot build it; qkv says so in one
+    line rather than reading GptOssConfig's 128 (an absent key is that default)."""
+    from conftest import edited
+
+    with pytest.raises(QkvError, match="no sliding_window") as err:
+        qkv.load(edited(tmp_path, "gpt_oss", {"sliding_window": None}))
+    assert "\n" not in str(err.value)
+    assert qkv.load(edited(tmp_path / "absent", "gpt_oss", {}, ("sliding_window",))).config.sliding_window == 128

@@ -88,8 +88,10 @@ _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "o
                "attention_factor")
 
 
-# Keys whose null is not "absent": DeepSeek's q_lora_rank null is q without a latent (absent: the default 1536).
+# Keys whose null is not "absent": DeepSeek's q_lora_rank null is q without a latent (absent: the default 1536);
+# by model type, EXAONE 4's and gpt-oss's sliding_window null is no window (absent: their configs' 4096, 128).
 NULL_KEPT = ("q_lora_rank",)
+NULL_KEPT_BY_TYPE = {"exaone4": ("sliding_window",), "gpt_oss": ("sliding_window",)}
 
 
 def _is_int(v) -> bool:
@@ -109,7 +111,8 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
     """The types and ranges of every knob, before any of them shapes an array: one QkvError naming
     the first bad value (a string "768", a float 12.0, a bool, 0 heads, a negative eps, ...).
     Returns the config without its null values: null means "absent" (the family's default)."""
-    hf = {k: v for k, v in hf.items() if v is not None or k in NULL_KEPT}
+    kept = NULL_KEPT + NULL_KEPT_BY_TYPE.get(hf.get("model_type"), ())
+    hf = {k: v for k, v in hf.items() if v is not None or k in kept}
     if hf.get("use_sliding_window") is False and hf.get("sliding_window") == 0:
         del hf["sliding_window"]                          # Qwen2-MoE writes 0 for "no window": unused, as absent
     for key in _POSITIVE_INT:

@@ -12,7 +12,7 @@ in the full layers while the model has sliding ones (Exaone4Attention's "global 
     num_key_value_heads (32), rms_norm_eps (1e-5), max_position_embeddings (2048), bos / eos ids (0, 2), untied:
     Exaone4Config's defaults when config.json leaves them out
 
-A config.json without sliding_window reads as null (transformers' saved files always hold the key); a pattern
+A config.json without sliding_window has Exaone4Config's 4096 (null, written: every layer full); a pattern
 given as letters ("LLLG"), or 0 (what Exaone4Config writes without a window), is read only through layer_types,
 as Exaone4Config reads it (without layer_types it cannot build the model, nor can qkv: refused). attention_bias
 and mlp_bias are not read (Exaone4's projections have no biases). Its tensors, relative to Exaone4Model ("model.";
@@ -41,7 +41,7 @@ ABOUT = (                              # its row of the README's table of famili
 IGNORED = llama.IGNORED
 
 DEFAULTS = {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "bos_token_id": 0,
-            "eos_token_id": 2, "tie_word_embeddings": False}          # Exaone4Config's own
+            "eos_token_id": 2, "tie_word_embeddings": False, "sliding_window": 4096}   # Exaone4Config's own
 UNREAD = ("layer_types", "sliding_window", "sliding_window_pattern", "attention_bias", "mlp_bias")
 
 
