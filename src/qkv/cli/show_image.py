@@ -146,20 +146,11 @@ def _print_image(trace, model, layer: int, head: int | None, knocked_out) -> Non
     if head is not None:
         console.print(Text(f"layer {layer}{last}, head {head}: attention from [CLS] to each patch (row r, column "
                            f"c of the image; [CLS] → itself {kept[head]:.2f})"))
-        table = Table(show_edge=False, pad_edge=False)
-        table.add_column("row", justify="right", style="grey50")
-        for j in range(cols):
-            table.add_column(f"c{j}", justify="right")
-        for r in range(rows):
-            table.add_row(str(r), *(f"{w:.2f}" for w in cells[head, r]))
-        console.print(table)
+        console.print(_grid_table(cells[head]))
         return
     console.print(Text(f"layer {layer}{last}: where [CLS] looks most, each head"))
     for h in range(len(cells)):
-        flat = cells[h].ravel()                                     # (rows·cols,)
-        top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
-        where = "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)
-        console.print(Text(f"  head {h}: {where}   [CLS] itself {kept[h]:.2f}"))
+        console.print(Text(f"  head {h}: {_top_patches(cells[h])}   [CLS] itself {kept[h]:.2f}"))
 
 
 def _print_probe(trace, model, head: int | None, knocked_out) -> None:
@@ -180,20 +171,30 @@ def _print_probe(trace, model, head: int | None, knocked_out) -> None:
     cells = A[0].reshape(c.n_heads, rows, cols)                                 # (H, rows, cols)
     if head is not None:
         console.print(Text(f"the pooling head's probe, head {head}: its attention to each patch"))
-        table = Table(show_edge=False, pad_edge=False)
-        table.add_column("row", justify="right", style="grey50")
-        for j in range(cols):
-            table.add_column(f"c{j}", justify="right")
-        for r in range(rows):
-            table.add_row(str(r), *(f"{w:.2f}" for w in cells[head, r]))
-        console.print(table)
+        console.print(_grid_table(cells[head]))
         return
     console.print(Text("where the pooling head's probe looks most (the attention that makes the image's embedding), "
                        "each head"))
     for h in range(len(cells)):
-        flat = cells[h].ravel()
-        top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
-        console.print(Text(f"  head {h}: " + "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)))
+        console.print(Text(f"  head {h}: {_top_patches(cells[h])}"))
+
+
+def _grid_table(cells: np.ndarray) -> Table:
+    """One head's weights on the patches (rows, cols) as a table laid out like the image."""
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("row", justify="right", style="grey50")
+    for j in range(cells.shape[1]):
+        table.add_column(f"c{j}", justify="right")
+    for r, row in enumerate(cells):
+        table.add_row(str(r), *(f"{w:.2f}" for w in row))
+    return table
+
+
+def _top_patches(cells: np.ndarray) -> str:
+    """The TOP_PATCHES patches of most weight in one head's (rows, cols) grid: "patch (r, c) w  …"."""
+    flat, cols = cells.ravel(), cells.shape[1]                      # (rows·cols,)
+    top = np.argsort(-flat, kind="stable")[:TOP_PATCHES]
+    return "  ".join(f"patch ({i // cols}, {i % cols}) {flat[i]:.2f}" for i in top)
 
 
 def save_image_views(trace, out_dir: str, layer: int, patch: tuple[int, int]) -> list[Path]:
