@@ -131,7 +131,7 @@ def _figure_class():
     class ShownFigure(Figure):
         def _repr_png_(self) -> bytes:
             out = io.BytesIO()
-            _render(self, out, "png")
+            render_figure(self, out, "png")
             return out.getvalue()
 
     return ShownFigure
@@ -200,7 +200,9 @@ def cell_numbers(ax, a: np.ndarray, mask: np.ndarray | None) -> None:
 # ── files ────────────────────────────────────────────────────────────────────────
 
 @styled
-def _render(fig: "Figure", path: Path | IO[bytes], fmt: str) -> None:
+def render_figure(fig: "Figure", path: Path | IO[bytes], fmt: str) -> None:
+    """FIG as FMT into PATH (a file or an open binary stream), the house style applied; missing-glyph warnings
+    silenced (tokens in scripts the font lacks)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing")   # tokens in scripts the font lacks
         fig.savefig(path, format=fmt, dpi=DPI)
@@ -231,7 +233,7 @@ def save_all(out: str | os.PathLike | FileBatch, makers: Sequence[tuple[str, Cal
         for name, make in makers:
             fig = make()
             for fmt in formats:
-                paths.append(out.write(f"{name}.{fmt}", lambda f: _render(fig, f, fmt)))
+                paths.append(out.write(f"{name}.{fmt}", lambda f: render_figure(fig, f, fmt)))
                 fig.set_layout_engine("none")                     # laid out once: the next format reuses it
         return paths
     try:

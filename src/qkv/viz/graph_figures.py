@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..runtime.errors import QkvError
 from ..runtime.io import write_atomic
-from .drawing import FORMATS, _render, drawable, figure_title, new_figure, styled
+from .drawing import FORMATS, drawable, figure_title, new_figure, render_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -148,6 +148,6 @@ def save_graph_figure(data: dict, path: str | os.PathLike, *, lang: str = "en", 
         raise QkvError(f"no words for --lang {lang}; choose one of {sorted(WORDS)}")
     fig = graph_figure(data, lang=lang, **kw)
     try:
-        return write_atomic(path, lambda f: _render(fig, f, fmt))
+        return write_atomic(path, lambda f: render_figure(fig, f, fmt))
     except OSError as e:
         raise QkvError(f"cannot write {path}: {e.strerror or e}; choose a writable place") from None
