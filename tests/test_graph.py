@@ -17,7 +17,7 @@ from qkv.core.trace import Recorder
 from qkv.features.sae import SAE, SAEConfig, pre_acts
 from qkv.graphs.graph import build_graph, direct_effects, logit_inputs, top_logits
 from qkv.graphs.prune import influence, normalized, prune, prune_graph, pruned_scores, scores
-from qkv.graphs.replacement import head_gate, replacement, unembed
+from qkv.graphs.replacement import head_gate, replacement, sink_positions, unembed
 from qkv.runtime.errors import QkvError
 
 IDS = np.array([3, 17, 5, 9, 12, 4, 8])
@@ -48,10 +48,13 @@ def transcoders(model, d_sae: int = 48, k: int = 6, skip: bool = False, seed: in
 
 # ── the replacement model ────────────────────────────────────────────────────────
 
+@pytest.mark.parametrize("held", [(), (0, 2)])
 @pytest.mark.parametrize("name", DECODERS)
-def test_the_replacement_model_gives_the_models_logits(name):
+def test_the_replacement_model_gives_the_models_logits(name, held):
     model = load(name)
-    rep = replacement(model, IDS, transcoders(model))
+    rep = replacement(model, IDS, transcoders(model), held)
+    for z, e in zip(rep.acts, rep.errors):                              # a held position: no node at all
+        assert not z[list(held)].any() and not e[list(held)].any()
     out = model.forward(IDS[None], hooks=rep.hooks())
     assert np.abs(out.logits[0] - rep.logits).max() <= EXACT
     assert np.abs(out.logits[0] - model.forward(IDS[None]).logits[0]).max() <= EXACT
@@ -101,15 +104,15 @@ def test_out_norm_scales_are_recorded_and_hooked():
 def frozen_inputs(rep, graph_features, logit_ids, held, stream):
     """Each target's input (features' pre-activations (B, F), logits' logit − mean (B, K)) in B forward passes of
     the frozen system: patterns and scales held, ffn_out = HELD (B, L, n, d) (its features, error and b_dec) +
-    ffn_in·W_skip (a skip is a path, not a node), the stream entering block 0 STREAM (B, n, d). The engine's
-    forward with hooks; no backward."""
+    ffn_in·W_skip (a skip is a path, not a node; none at the positions the graph holds, whose ffn_out is a
+    constant), the stream entering block 0 STREAM (B, n, d). The engine's forward with hooks; no backward."""
     model = rep.model
     B, n = len(stream), len(rep.ids)
     seen = {}
 
     def ffn_out(x, layer):
         skip = rep.transcoders[layer].params.get("W_skip")
-        return held[:, layer] + (0 if skip is None else seen[layer] @ skip)
+        return held[:, layer] + (0 if skip is None else rep.release(seen[layer] @ skip))   # none at rep.held
 
     spec = rep.frozen_hooks() | {"0.residual": lambda x, layer: stream, "ffn_out": ffn_out,
                                  "ffn_in": lambda x, layer: seen.__setitem__(layer, x)}
@@ -132,6 +135,7 @@ def check_edges(rep, features, acts, A, logit_ids):
     real_out = np.stack([o - (0 if rep.transcoders[l].params.get("W_skip") is None
                               else rep.ffn_in[l] @ rep.transcoders[l].params["W_skip"])
                          for l, o in enumerate(rep.ffn_out)])             # (L, n, d) all but the skip
+    real_out[:, list(rep.held)] = np.stack(rep.ffn_out)[:, list(rep.held)]   # held: the whole ffn_out, a constant
     cols, outs, streams = [], [], []
     for j, (layer, p, f) in enumerate(features):                          # a feature's a·W_dec[f] taken out
         o = real_out.copy()
@@ -163,6 +167,31 @@ def test_edges_plus_constant_give_each_input(name):
     assert np.abs(A[rows].sum(axis=1) + graph.constants[rows] - graph.inputs[rows]).max() <= EXACT
     assert np.abs(graph.inputs[rows]).max() > 0.5
     assert not A[F:len(A) - K].any()                                    # errors and embeddings have no inputs
+
+
+def test_a_graph_holds_a_causal_models_first_token_unless_told():
+    """By default the attention sink (a causal model's position 0) is a constant: no feature or error node there,
+    its FFN outputs in the constants; held=() gives it nodes; an encoder holds nothing."""
+    model = load("llama_gqa")
+    tcs = transcoders(model, skip=True)
+    held, kept = build_graph(model, IDS, tcs, target=5), build_graph(model, IDS, tcs, target=5, held=())
+    assert held.rep.held == (0,) and kept.rep.held == ()
+    assert (held.features[:, 1] > 0).all() and (kept.features[:, 1] == 0).any()
+    at = held.slices()
+    first_errors = at["error"].start + np.arange(model.config.n_layers) * held.n_pos      # (L,) position 0's
+    assert not held.adjacency[:, first_errors].any() and kept.adjacency[:, first_errors - at["error"].start
+                                                                        + kept.slices()["error"].start].any()
+    for g in (held, kept):                                              # both are exact
+        A, F, K = g.adjacency, g.n_features, len(g.logit_ids)
+        rows = np.r_[0:F, len(A) - K:len(A)]
+        assert np.abs(A[rows].sum(axis=1) + g.constants[rows] - g.inputs[rows]).max() <= EXACT
+    worst, scale = check_edges(kept.rep, kept.features, kept.activations, kept.adjacency, kept.logit_ids)
+    assert worst <= EXACT and scale > 0.1
+    assert sink_positions(load("bert"), len(IDS)) == () and sink_positions(model, 1) == ()
+    with pytest.raises(QkvError, match="cannot hold positions"):
+        replacement(model, IDS, tcs, (len(IDS),))
+    with pytest.raises(QkvError, match="every position"):
+        replacement(model, IDS[:2], tcs, (0, 1))
 
 
 @pytest.mark.parametrize("name", EDGES)

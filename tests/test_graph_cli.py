@@ -88,6 +88,7 @@ def test_a_target_token_gets_its_logit_node(folders, monkeypatch, capsys, tmp_pa
     (0, ("--node-threshold", "2"), "node threshold must be a number from 0 to 1"),
     (0, ("--token", "no such single token at all"), "is not one token"),
     (0, ("--max-logits", "0"), "max_logits must be a whole number"),
+    (0, ("--intervene", "L0:F1@0=0"), "position 0 is held in the graph"),
 ])
 def test_mistakes_are_one_line_and_exit_2(folders, monkeypatch, capsys, tmp_path, which, extra, message):
     where = str(tmp_path / "nothing") if which is None else str(folders[which])
@@ -95,6 +96,24 @@ def test_mistakes_are_one_line_and_exit_2(folders, monkeypatch, capsys, tmp_path
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_the_first_token_is_held_unless_keep_first(folders, monkeypatch, capsys, tmp_path):
+    """The attention sink's FFN outputs are constants by default (no feature node at position 0, "held": [0]);
+    --keep-first gives it nodes, and an edit there is then allowed."""
+    graphs = {}
+    for flag in ((), ("--keep-first", "--intervene", "L0:F1@0=0")):
+        out = tmp_path / f"g{len(flag)}.json"
+        code, stdout, err = run_main(monkeypatch, capsys, "--quiet", "graph", TEXT, "--model", MODEL,
+                                     "--transcoders", str(folders[0]), "--json", str(out), "--node-threshold", "1",
+                                     "--edge-threshold", "1", *flag)
+        assert code == 0, err
+        graphs[flag] = read_graph_file(out)
+    held, kept = graphs[()], graphs[flag]
+    assert held["held"] == [0] and kept["held"] == []
+    first = [n for n in held["nodes"] if n["kind"] in ("feature", "error") and n["position"] == 0]
+    assert all(n["kind"] == "error" and n["norm"] == 0 for n in first)
+    assert any(n["kind"] == "feature" and n["position"] == 0 for n in kept["nodes"])
 
 
 def test_the_json_is_checked_key_by_key(folders, monkeypatch, capsys, tmp_path):

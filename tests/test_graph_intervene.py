@@ -125,6 +125,23 @@ def test_the_prediction_is_the_replacement_models_change_to_first_order(family, 
     np.testing.assert_allclose(r.before, rep.logits[-1], atol=1e-10)          # the replacement reproduces the model
 
 
+def test_with_the_first_token_held_edits_skip_it_and_the_prediction_stays_first_order():
+    """A graph holding position 0 (the attention sink) has no feature there: an edit without a position touches
+    every other position (in the real pass and the prediction alike), an edit at position 0 is refused; the
+    frozen pass's change is still the prediction to first order."""
+    model, tcs = setup()[:2]
+    rep = replacement(model, TEXT, tcs, (0,))
+    f = int(np.argmax(rep.acts[0][3]))
+    r = intervene(model, TEXT, tcs, f"L0:F{f}*1.001", rep=rep, frozen=True)
+    assert {p for _, p, _, _ in r.applied} == set(range(1, len(rep.ids)))
+    top = r.top(10)
+    scale = np.abs(r.predicted[top]).max()
+    assert scale > 1e-7 and np.abs(r.change[top] - r.predicted[top]).max() <= 1e-8 * scale
+    np.testing.assert_allclose(r.before, rep.logits[-1], atol=1e-10)
+    with pytest.raises(QkvError, match="position 0, which this graph holds"):
+        intervene(model, TEXT, tcs, f"L0:F{f}@0=0", rep=rep)
+
+
 def test_the_graphs_edges_predict_what_the_frozen_pass_predicts():
     """The prediction through every edge of the graph (built by the engine's backward) equals the frozen forward
     pass's, as the change of logit − mean logit; a pruned graph keeps only some of the paths."""

@@ -51,15 +51,29 @@ def transcoders(model, seed: int = 0, skip: bool = True, d_sae: int = 40) -> dic
     return out
 
 
-def rep_of(family: str, skip: bool = True):
+def rep_of(family: str, skip: bool = True, held: tuple[int, ...] = ()):
     model = qkv.load(MODELS / family, dtype=np.float64)
-    return replacement(model, TEXT, transcoders(model, skip=skip))
+    return replacement(model, TEXT, transcoders(model, skip=skip), held)
 
 
 @pytest.mark.parametrize("family", ["llama_gqa", "gpt2", "qwen3", "olmo2", "bloom", "gemma2", "gemma3_text",
                                     "stablelm", "phi", "bert"])
 def test_the_table_sums_to_the_heads_score(family):
-    rep = rep_of(family)
+    _sums_to_the_score(rep_of(family))
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "gpt2", "gemma2", "phi"])
+def test_the_table_sums_to_the_heads_score_with_the_first_token_held(family):
+    """Position 0 held (its FFN outputs constants, as a graph holds the attention sink): they join the bias row
+    and column, no node of position 0 but its embedding appears, and the table still sums to the score."""
+    rep = rep_of(family, held=(0,))
+    _sums_to_the_score(rep)
+    t = qk_table(rep, rep.model.config.n_layers - 1, 0, 3, 0)          # a key at the sink itself
+    assert not any(s.startswith(("F:", "R:")) and s.split(":")[2] == "0" for s in t.queries + t.keys)
+    assert t.error <= 1e-9 * max(1.0, abs(t.score))
+
+
+def _sums_to_the_score(rep):
     cfg, n = rep.model.config, len(rep.ids)
     layer = cfg.n_layers - 1
     for head, (i, j) in [(0, (7, 3)), (cfg.n_heads - 1, (5, 5))]:

@@ -60,12 +60,16 @@ def _token(model, i) -> str:
               help="…and the edges carrying this share of the edge scores.")
 @click.option("--max-logits", "max_logits", type=int, default=10, show_default=True,
               help="Logit nodes: the most probable tokens covering 95 % of the probability, at most this many.")
+@click.option("--keep-first", "keep_first", is_flag=True,
+              help="Give the first token its feature and error nodes too. By default a causal model's first token "
+                   "(the attention sink, which the transcoders were not trained on) keeps its FFN outputs as "
+                   "constants, as circuit-tracer holds a BOS token.")
 @click.option("--intervene", "intervene_spec", default=None, metavar="EDITS", help=graph_tools.INTERVENE_HELP)
 @click.option("--qk", "qk_specs", multiple=True, metavar="L:H@I,J", help=graph_tools.QK_HELP)
 def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, json_path: str | None,
               node_threshold: float, edge_threshold: float, max_logits: int, intervene_spec: str | None = None,
               qk_specs: tuple[str, ...] = (), page_path: str | None = None, page_corpus: str | None = None,
-              png_path: str | None = None) -> None:
+              png_path: str | None = None, keep_first: bool = False) -> None:
     """The attribution graph of TEXT's next token: the local replacement model (patterns and norm scales frozen,
     each FFN read as its transcoder plus an error node), the direct effects between features, errors, token
     embeddings and logits (exact, by the engine's own backward), pruned by influence; prints the scores, the
@@ -73,6 +77,7 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
     from ..graphs.files import graph_json, write_graph
     from ..graphs.graph import build_graph
     from ..graphs.prune import check_threshold, prune_graph
+    from ..graphs.replacement import prompt_ids, sink_positions
 
     check_threshold("node", node_threshold), check_threshold("edge", edge_threshold)
     check_json_file(json_path, "graph.json")
@@ -83,9 +88,10 @@ def graph_cmd(text: str, source: str, transcoders_dir: str, token: str | None, j
 
     transcoders = load_transcoders(transcoders_dir)
     model = load_model(source)
-    extras = graph_tools.prepare(model, text, transcoders, intervene_spec, qk_specs)   # checked before the graph
+    held = () if keep_first else sink_positions(model, len(prompt_ids(model, text)[0]))
+    extras = graph_tools.prepare(model, text, transcoders, intervene_spec, qk_specs, held)   # before the graph
     with progress_bar("attributing", "batches of targets") as progress:
-        graph = build_graph(model, text, transcoders, token, max_logits=max_logits, progress=progress)
+        graph = build_graph(model, text, transcoders, token, max_logits=max_logits, progress=progress, held=held)
     pruned, scores = prune_graph(graph, node_threshold, edge_threshold)
     if json_path is not None:
         about = (f"{len(transcoders)} per-layer transcoders, {transcoders[0].config.d_sae} latents each "

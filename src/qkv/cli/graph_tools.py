@@ -32,8 +32,10 @@ class Extras:
     pairs: list[tuple[int, int, int, int]] = field(default_factory=list)   # (layer, head, query, key)
 
 
-def prepare(model, text: str, transcoders: dict, intervene: str | None, qk: tuple[str, ...]) -> Extras:
-    """--intervene and --qk read and checked against MODEL, TEXT's tokens and TRANSCODERS, or one QkvError."""
+def prepare(model, text: str, transcoders: dict, intervene: str | None, qk: tuple[str, ...],
+            held: tuple[int, ...] = ()) -> Extras:
+    """--intervene and --qk read and checked against MODEL, TEXT's tokens and TRANSCODERS (and the positions the
+    graph will HOLD: no feature to edit there), or one QkvError."""
     from ..graphs.intervene import check_edits, parse_edits
     from ..graphs.qk import parse_pair
     from ..graphs.replacement import prompt_ids
@@ -45,6 +47,11 @@ def prepare(model, text: str, transcoders: dict, intervene: str | None, qk: tupl
     cfg = model.config
     if intervene is not None:
         extras.edits = check_edits(parse_edits(intervene), transcoders, cfg.n_layers, n)
+        for e in extras.edits:
+            if e.position in held:
+                raise QkvError(f"--intervene {e}: position {e.position} is held in the graph (its FFN output a "
+                               "constant, the attention sink: no feature there); edit another position, or add "
+                               "--keep-first")
     for spec in qk:
         layer, head, i, j = parse_pair(spec)
         layer = check_index("layer", layer, cfg.n_layers, model.name)

@@ -14,6 +14,7 @@ The schema, version 1:
      "target": {"token": " Austin", "id": 1234} or null,
      "scores": {"replacement": 0.7, "completeness": 0.9, "replacement_pruned": 0.55, "completeness_pruned": 0.86},
      "thresholds": {"node": 0.8, "edge": 0.98},
+     "held": [0],        (positions whose FFN outputs the graph holds as constants: no feature or error node there)
      "nodes": [
        {"id": "E:5",        "kind": "embedding", "layer": -1, "position": 5, "token": " cat", "influence": 0.1},
        {"id": "F:12:5:881", "kind": "feature",   "layer": 12, "position": 5, "feature": 881,
@@ -115,7 +116,7 @@ def graph_json(graph, pruned: Pruned, scores: dict[str, float], *, node_threshol
             "layers": L, "d_model": int(model.config.d_model), "transcoders": transcoders, "target": target,
             "scores": {k: _finite(scores[k]) for k in SCORES},
             "thresholds": {"node": float(node_threshold), "edge": float(edge_threshold)},
-            "nodes": nodes, "links": links}
+            "held": list(rep.held), "nodes": nodes, "links": links}
 
 
 def write_graph(path: str | os.PathLike, data: dict) -> Path:
@@ -159,6 +160,10 @@ def check_graph_json(data: dict, source: str = "the graph") -> None:
         scores.number(k, 0.0, 1.0)
     thresholds = top.object("thresholds")
     thresholds.number("node", 0.0, 1.0), thresholds.number("edge", 0.0, 1.0)
+    if "held" in data:                                              # optional: files before it hold nothing
+        held = top.array("held", max_len=MAX)
+        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < n for p in held):
+            raise QkvError(f"{source}: held must list positions of the prompt (0 to {n - 1}); {FIX}")
     known = set()
     for i, raw in enumerate(top.array("nodes", max_len=MAX)):
         known.add(_check_node(top.sub(f"nodes[{i}]", raw), L, n))

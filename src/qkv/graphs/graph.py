@@ -18,6 +18,10 @@ its layer's FFN input, and a transcoder's skip W_skip carries gradient back like
 edge carries (biases b_V, b_O, β, b_dec, b_enc, b_vocab) is each target's constant: its input in the frozen
 pass with every node set to 0 (`constants`), so that Σ_s A[t, s] + constant_t = input_t, exactly.
 
+Held positions (`Replacement.held`; by default a causal model's first token, the attention sink): their FFN
+outputs are the real pass's, constants like the biases, so no feature or error node there has an edge (the error
+nodes keep their places, zero), and no gradient crosses a transcoder's skip at them.
+
 Adjacency rows are targets, columns sources, nodes in the order [features, errors (layer-major), embeddings,
 logits] (circuit-tracer's).
 """
@@ -25,7 +29,7 @@ logits] (circuit-tracer's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +39,7 @@ from ..core.stack import transformer
 from ..core.trace import Recorder
 from ..features.sae import SAE, pre_acts
 from ..runtime.errors import QkvError
-from .replacement import Replacement, head_gate, replacement, unembed
+from .replacement import Replacement, head_gate, prompt_ids, replacement, sink_positions, unembed
 
 CHUNK = 256            # targets per backward sweep: B·n·d_model numbers per layer's gradient
 COVER = 0.95           # the logits kept cover this much of the probability
@@ -127,7 +131,7 @@ class Cut:
     def __call__(self, layer: int, d: np.ndarray) -> tuple[np.ndarray, None]:
         self.sources.write(layer, d, self.rows, self.adjacency)                # (B, n, d): ∂targets/∂ffn_out
         skip = self.sources.rep.transcoders[layer].params.get("W_skip")
-        d_in = np.zeros_like(d) if skip is None else d @ skip.T                # (B, n, d_model)
+        d_in = np.zeros_like(d) if skip is None else self.sources.rep.release(d) @ skip.T   # (B, n, d_model)
         if layer in self.inject:
             d_in += self.inject[layer]
         return d_in, None
@@ -216,7 +220,8 @@ def constants(rep: Replacement, features: np.ndarray, logit_ids: np.ndarray) -> 
         return np.zeros_like(x)
 
     def biases_only(out, layer):
-        return decoded_bias(rep, layer, seen.pop(layer))                        # (1, n, d) no feature, no error
+        bias = np.broadcast_to(decoded_bias(rep, layer, seen.pop(layer)), out.shape)
+        return rep.hold(layer, bias)                                            # (1, n, d) no feature, no error
 
     seen: dict[int, np.ndarray] = {}
 
@@ -291,14 +296,18 @@ def target_id(model, target) -> int | None:
 
 
 def build_graph(model, text, transcoders: Mapping[int, SAE], target=None, *, max_logits: int = MAX_LOGITS,
-                cover: float = COVER, chunk: int = CHUNK, progress=None) -> Graph:
+                cover: float = COVER, chunk: int = CHUNK, progress=None, held: Sequence[int] | None = None) -> Graph:
     """The attribution graph of TEXT (or a row of ids) on MODEL read through TRANSCODERS ({layer: SAE}, one per
     layer): nodes, the dense adjacency of direct effects (rows targets, columns sources), each node's input and
     constant. target: a token (text or id) whose logit node is kept whatever its probability. chunk: targets
-    per backward sweep (memory: chunk·n·d_model numbers per gradient). progress(done, total): called per sweep."""
+    per backward sweep (memory: chunk·n·d_model numbers per gradient). progress(done, total): called per sweep.
+    held: positions whose FFN outputs are constants (qkv.graphs.replacement.replacement); None: the attention
+    sink of a causal model (`sink_positions`), () for none."""
     if isinstance(max_logits, bool) or not isinstance(max_logits, (int, np.integer)) or not 1 <= max_logits <= 1000:
         raise QkvError(f"max_logits must be a whole number from 1 to 1000, got {max_logits!r}")
-    rep = replacement(model, text, transcoders)
+    if held is None:
+        held = sink_positions(model, len(prompt_ids(model, text)[0]))
+    rep = replacement(model, text, transcoders, held)
     if rep.logits is None:
         raise QkvError(f"{model.name} has no LM head, so there are no logits to explain; use a model with one "
                        "(qkv.graphs.graph.direct_effects gives an encoder's graph of its features)")

@@ -104,15 +104,17 @@ def check_edits(edits: Sequence[Edit], transcoders: Mapping[int, SAE], n_layers:
     return out
 
 
-def _positions(e: Edit, n: int) -> np.ndarray:
-    return np.arange(n) if e.position is None else np.array([e.position])
+def _positions(e: Edit, n: int, held: Sequence[int] = ()) -> np.ndarray:
+    """The positions E edits: its own, or every position but the HELD ones (a graph's constants)."""
+    return np.setdiff1d(np.arange(n), held) if e.position is None else np.array([e.position])
 
 
 def edit_hooks(transcoders: Mapping[int, SAE], edits: Sequence[Edit], n: int,
-               applied: list | None = None) -> dict[str, Callable]:
+               applied: list | None = None, held: Sequence[int] = ()) -> dict[str, Callable]:
     """The hooks that make EDITS in a pass of n positions: at each edited layer, "L.ffn_in" read (what its
-    transcoder encodes) and "L.ffn_out" += (new − old)·W_dec[f] at the edited positions. applied: a list that
-    receives (edit, positions (k,), old (B, k), new (B, k)) as the pass makes each edit."""
+    transcoder encodes) and "L.ffn_out" += (new − old)·W_dec[f] at the edited positions (an edit without a
+    position: every position but the HELD ones). applied: a list that receives (edit, positions (k,),
+    old (B, k), new (B, k)) as the pass makes each edit."""
     by_layer: dict[int, list[Edit]] = {}
     for e in edits:
         by_layer.setdefault(e.layer, []).append(e)
@@ -128,7 +130,7 @@ def edit_hooks(transcoders: Mapping[int, SAE], edits: Sequence[Edit], n: int,
         z = sae.encode(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)   # (B, n, d_sae) this pass's
         out = out.copy()                                                    # (B, n, d_model)
         for e in by_layer[layer]:
-            at = _positions(e, n)                                           # (k,)
+            at = _positions(e, n, held)                                     # (k,)
             old = z[:, at, e.feature]                                       # (B, k)
             new = e.new(old)
             out[:, at] += (new - old)[..., None] * sae.params["W_dec"][e.feature]
@@ -245,8 +247,14 @@ def intervene(model, text_or_ids, transcoders: Mapping[int, SAE], edits: Sequenc
     if frozen and rep is None:
         raise QkvError("the replacement model needs a transcoder for every layer; give them all, or run the "
                        "edits on the real model")
+    held = rep.held if rep is not None else ()
+    for e in edits:
+        if e.position in held:
+            raise QkvError(f"the edit {e} is at position {e.position}, which this graph holds (its FFN output a "
+                           "constant, the attention sink: no feature there); edit another position, or build the "
+                           "graph with --keep-first")
     applied: list = []
-    hooks = edit_hooks(transcoders, edits, n, applied)
+    hooks = edit_hooks(transcoders, edits, n, applied, held)
     if frozen:
         before = model.forward(ids[None], attentions=False, hooks=rep.hooks()).logits[0, -1]
         after = model.forward(ids[None], attentions=False, hooks=rep.hooks(extra=hooks)).logits[0, -1]
@@ -285,9 +293,10 @@ def predicted_change(rep: Replacement, edits: Sequence[Edit]) -> np.ndarray:
         z = pre_acts(sae.params, sae.config, rows).reshape(2, n, -1) * active   # (2, n, d_sae)
         for e in edits:
             if e.layer == layer:
-                at = _positions(e, n)
+                at = _positions(e, n, rep.held)
                 z[1, at, e.feature] = e.new(rep.acts[layer][at, e.feature])
-        return decoded(sae, z.reshape(2 * n, -1), rows).reshape(2, n, -1) + rep.errors[layer]   # (2, n, d_model)
+        out = decoded(sae, z.reshape(2 * n, -1), rows).reshape(2, n, -1) + rep.errors[layer]   # (2, n, d_model)
+        return rep.hold(layer, out)
 
     hooks = rep.frozen_hooks() | {"ffn_in": read, "ffn_out": linear_ffn}
     ids = np.repeat(rep.ids[None], 2, axis=0)                               # (2, n)

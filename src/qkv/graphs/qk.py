@@ -156,7 +156,7 @@ def _injections(rep: Replacement, names: list[str], layer: int, m: int, rest: bo
                 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Each row's input: (embedding entering block 0 (R, m, d), per layer < LAYER what joins its ffn_out (R, m, d)),
     for the rows NAMES, then "rest" (everything not named, if REST), then "bias" (b_dec at every layer and
-    position) and a row of nothing (the shared constant)."""
+    position; at a held position its real ffn_out) and a row of nothing (the shared constant)."""
     d = rep.embeddings.shape[1]
     R = len(names) + rest + 2
     x0 = np.zeros((R, m, d))                                                # (R, m, d)
@@ -177,8 +177,8 @@ def _injections(rep: Replacement, names: list[str], layer: int, m: int, rest: bo
         for l in range(layer):
             inj[l][-3] = rep.acts[l][:m] @ W[l] + rep.errors[l][:m] - inj[l][:-3].sum(axis=0)
     for l in range(layer):
-        inj[l][-2] = rep.transcoders[l].params["b_dec"]
-    return x0, inj
+        inj[l][-2] = rep.hold(l, np.broadcast_to(rep.transcoders[l].params["b_dec"], (m, d)))[:m]   # held: the real
+    return x0, inj                                                          # ffn_out there, a constant
 
 
 def stream_parts(rep: Replacement, layer: int, m: int, names: list[str], rest: bool) -> np.ndarray:
@@ -202,7 +202,7 @@ def stream_parts(rep: Replacement, layer: int, m: int, names: list[str], rest: b
         def write(_, l, rows=rows):
             skip = rep.transcoders[l].params.get("W_skip")
             x = seen.pop(l)
-            return inj[l][rows] if skip is None else inj[l][rows] + x @ skip    # (B, m, d)
+            return inj[l][rows] if skip is None else inj[l][rows] + rep.release(x @ skip)   # (B, m, d)
 
         spec = hooks | {"ffn_in": read, "ffn_out": write}
         x, _ = transformer(model.weights, model.config, None, np.ones(x0[rows].shape[:2], np.int64),
@@ -384,7 +384,7 @@ def backward_parts(rep: Replacement, layer: int, heads: tuple[int, int], positio
     def ffn(l: int, dy: np.ndarray) -> tuple[np.ndarray, None]:
         caught[l] = dy                                                       # (2·d_k, n, d) ∂(q, k)/∂ffn_out of l
         skip = rep.transcoders[l].params.get("W_skip")
-        return (np.zeros_like(dy) if skip is None else dy @ skip.T), None    # back into ffn_in: the skip only
+        return (np.zeros_like(dy) if skip is None else rep.release(dy) @ skip.T), None   # into ffn_in: the skip only
 
     boxes = back.Boxes(norm=back.frozen_norm, attention=back.value_path, ffn=ffn)
     for l in reversed(range(layer)):

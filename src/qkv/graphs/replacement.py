@@ -62,10 +62,30 @@ class Replacement:
     embeddings: np.ndarray                   # (n, d_model) the stream entering block 0
     hidden: np.ndarray                       # (n, d_model) after the final norm (what W_vocab reads)
     tape: KeptTape = field(repr=False)       # the real pass's records, for the frozen backward
+    held: tuple[int, ...] = ()               # positions whose ffn_out is held at the real pass's (`hold`)
 
     @property
     def n_layers(self) -> int:
         return len(self.ffn_in)
+
+    def hold(self, layer: int, out: np.ndarray) -> np.ndarray:
+        """OUT (…, n, d) with LAYER's ffn_out at the held positions set to the real pass's: there the FFN is a
+        constant, as a bias is (no feature, no error node, no skip path)."""
+        at = [p for p in self.held if p < out.shape[-2]]                      # a pass over the first m < n too
+        if not at:
+            return out
+        out = out.astype(np.result_type(out, self.ffn_out[layer]))           # a copy; float32 b_dec: widened
+        out[..., at, :] = self.ffn_out[layer][at]
+        return out
+
+    def release(self, d: np.ndarray) -> np.ndarray:
+        """D (…, n, d) with the held positions zeroed: a gradient that must not pass through a held FFN."""
+        at = [p for p in self.held if p < d.shape[-2]]
+        if not at:
+            return d
+        d = d.copy()
+        d[..., at, :] = 0
+        return d
 
     def transcode(self, layer: int, x: np.ndarray, edit: Callable | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(z (…, d_sae), out (…, d_out)) of LAYER's transcoder on x (…, d_in): out = z·W_dec + b_dec (+ x·W_skip).
@@ -100,7 +120,7 @@ class Replacement:
         def replaced(out, layer):
             if ffn_out is not None:
                 return ffn_out[layer]
-            return self.transcode(layer, seen.pop(layer), edit)[1] + self.errors[layer]   # (B, n, d)
+            return self.hold(layer, self.transcode(layer, seen.pop(layer), edit)[1] + self.errors[layer])  # (B, n, d)
 
         hooks = self.frozen_hooks() | {"ffn_in": read, "ffn_out": replaced}
         for key, fn in (extra or {}).items():
@@ -181,12 +201,22 @@ def prompt_ids(model, text_or_ids) -> tuple[np.ndarray, list[str]]:
     return ids[0], spelled(model.tokenizer, ids[0])
 
 
-def replacement(model, text_or_ids, transcoders: Mapping[int, SAE]) -> Replacement:
+def replacement(model, text_or_ids, transcoders: Mapping[int, SAE], held: Sequence[int] = ()) -> Replacement:
     """The local replacement model of one prompt: the real pass (recorded and taped), each layer's transcoder
-    read on what its FFN read, and the errors that make the replacement reproduce the real ffn_out."""
+    read on what its FFN read, and the errors that make the replacement reproduce the real ffn_out.
+    held: positions whose FFN outputs are held at the real pass's, a constant like a bias, with no feature or
+    error node there (`sink_positions`: a causal model's first token, the attention sink the transcoders were
+    not trained on; circuit-tracer holds a BOS token so)."""
     check_model(model)
     transcoders = check_transcoders(model, transcoders)
     ids, tokens = prompt_ids(model, text_or_ids)
+    held = tuple(sorted({int(p) for p in held}))
+    if any(not 0 <= p < len(ids) for p in held):
+        raise QkvError(f"cannot hold positions {list(held)} of a prompt of {len(ids)} tokens; give positions "
+                       f"from 0 to {len(ids) - 1}")
+    if len(held) == len(ids):
+        raise QkvError("every position of the prompt is held, so the graph would have no feature; hold fewer "
+                       "(a prompt of more than one token)")
     cfg = model.config
     keep = ("attentions", "ffn_in", "ffn_out", "residual", *SCALES, "final_norm_scale")
     rec, tape = Recorder(keep=keep), KeptTape()
@@ -200,12 +230,21 @@ def replacement(model, text_or_ids, transcoders: Mapping[int, SAE]) -> Replaceme
                       attentions=[s["attentions"][0] for s in layers], scales=scales,
                       ffn_in=[s["ffn_in"][0] for s in layers], ffn_out=[s["ffn_out"][0] for s in layers],
                       errors=[], acts=[], logits=None if logits is None else logits[0],
-                      embeddings=layers[0]["residual"][0], hidden=hidden[0], tape=tape)
+                      embeddings=layers[0]["residual"][0], hidden=hidden[0], tape=tape, held=held)
     for i in range(L):
         z, out = rep.transcode(i, rep.ffn_in[i])                               # (n, d_sae), (n, d)
+        error = rep.ffn_out[i] - out                                           # (n, d)
+        z[list(held)], error[list(held)] = 0, 0                                # held: no node there
         rep.acts.append(z)
-        rep.errors.append(rep.ffn_out[i] - out)                                # (n, d)
+        rep.errors.append(error)
     return rep
+
+
+def sink_positions(model, n: int) -> tuple[int, ...]:
+    """The positions a graph holds by default: a causal model's first token when the prompt has more (the
+    attention sink: its stream is unlike any other position's, and qkv's transcoders and feature pages leave
+    it out); none for an encoder."""
+    return (0,) if model.config.causal and n > 1 else ()
 
 
 # ── the logits, linear in the final hidden states ────────────────────────────────
