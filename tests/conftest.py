@@ -15,11 +15,16 @@ FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = FIXTURES / "models"
 IMAGE_FIXTURES = ("vit", "vit_base")       # image models (ViT): pixel_values in, tests/test_vit.py
 AUDIO_FIXTURES = ("whisper", "whisper_base")   # speech (Whisper): log-mel features in, tests/test_whisper.py
-SSM_FIXTURES = ("mamba",)                  # state-space stacks, no attention weights to compare: test_family_mamba.py
+SSM_FIXTURES = ("mamba", "mamba2", "jamba", "minimax", "qwen3_next",   # state-space and linear-attention stacks,
+                "granitemoehybrid", "falcon_h1")     # no attention weights to compare (Jamba, MiniMax, Qwen3-Next,
+                                                     # Granite 4: in some layers only; Falcon-H1: a mixer beside
+                                                     # each): test_family_mamba.py, test_family_jamba.py,
+                                                     # test_family_minimax.py, test_family_qwen3_next.py,
+                                                     # test_family_granitemoehybrid.py, test_family_falcon_h1.py
 FAMILY_FIXTURES = sorted(p.name for p in MODELS.iterdir()
                          if (p / "config.json").is_file() and p.name not in IMAGE_FIXTURES + AUDIO_FIXTURES + SSM_FIXTURES)
 ENCODER_PREFIXES = ("bert", "roberta", "xlm_roberta", "distilbert", "electra", "modernbert", "albert", "nomic_bert",
-                    "mpnet", "deberta")    # encoders: no KV cache, no greedy ids
+                    "mpnet", "deberta", "longformer", "big_bird", "esm")   # encoders: no KV cache, no greedy ids
 DECODER_FIXTURES = [n for n in FAMILY_FIXTURES if not n.startswith(ENCODER_PREFIXES)]
 
 # Tolerances against transformers (float32), as the project promises.

@@ -159,7 +159,7 @@ def test_unwritable_directory_leaves_nothing(traces, tmp_path):
 
 
 def test_a_failure_midway_leaves_no_file(traces, tmp_path, monkeypatch):
-    render = drawing._render
+    render = drawing.render_figure
     calls = []
 
     def fail_third(fig, path, fmt):
@@ -168,7 +168,7 @@ def test_a_failure_midway_leaves_no_file(traces, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         render(fig, path, fmt)
 
-    monkeypatch.setattr(drawing, "_render", fail_third)
+    monkeypatch.setattr(drawing, "render_figure", fail_third)
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(qkv.QkvError, match="No space left"):
         figures.save_figures(traces["bert"][1], tmp_path)

@@ -342,7 +342,7 @@ BAD = {
     "empty": (_bytes(b""), "is empty"),
     "truncated-header": (_cut(0.01), "damaged or truncated"),
     "truncated-tensors": (_cut(0.6), "damaged or truncated"),
-    "mamba": (lambda p: _model(p, _edit(general__architecture=("mamba", V.STRING))), "architecture 'mamba'"),
+    "bitnet": (lambda p: _model(p, _edit(general__architecture=("bitnet", V.STRING))), "architecture 'bitnet'"),
     "rwkv6": (lambda p: _model(p, _edit(general__architecture=("rwkv6", V.STRING))), "architecture 'rwkv6'"),
     "mistral-arch": (lambda p: _model(p, _edit(general__architecture=("mistral", V.STRING))), "'llama'"),
     "q2_k": (lambda p: F.make(p, "llama", types={"ffn": "Q2_K"}), "type Q2_K"),

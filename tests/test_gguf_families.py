@@ -1,7 +1,8 @@
 """GGUF files of every architecture qkv runs, against transformers (make test: no torch).
 
 Each committed Hugging Face fixture whose knobs llama.cpp's converter can write (tests/fixtures/
-models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite, bloom, arcee}; starcoder2
+models/{qwen3, gemma, olmo2, phi2, gpt_neox, gpt2, stablelm, qwen2, llama_gqa, granite, bloom, arcee,
+ernie4_5_moe, deepseek_v2}; starcoder2
 and phi3 without their sliding window, phi3 without LongRoPE, mixtral without its window; cohere refused:
 llama.cpp's command-r holds no attention biases; gemma2 refused: its query_pre_attn_scalar is not d_head,
 which llama.cpp's file cannot say) is written as a GGUF file on the fly, the way convert_hf_to_gguf.py lays
@@ -35,7 +36,7 @@ import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
 
 NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite",
-         "bloom", "arcee"]
+         "bloom", "arcee", "ernie4_5_moe", "deepseek_v2"]
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +191,7 @@ REFUSED = {
     "qwen3-no-q-norm": ("qwen3", None, "blk.0.attn_q_norm.weight", "lacks the tensor blk.0.attn_q_norm"),
     "gpt2-no-positions": ("gpt2", None, "position_embd.weight", "lacks the tensor position_embd.weight"),
     "gptneox-half-biases": ("gpt_neox", None, "blk.0.attn_output.bias", "lacks the tensor blk.0.attn_output.bias"),
-    "unknown-arch": ("gpt2", {"general.architecture": ("mamba", V.STRING)}, None, "architecture 'mamba'"),
+    "unknown-arch": ("gpt2", {"general.architecture": ("bitnet", V.STRING)}, None, "architecture 'bitnet'"),
 }
 
 
@@ -207,14 +208,16 @@ def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):
     with pytest.raises(QkvError, match="qkv runs ") as e:
-        qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("mamba", V.STRING)}))
+        qkv.load(_edited(tmp_path, "gpt2", {"general.architecture": ("bitnet", V.STRING)}))
     named = str(e.value).split("qkv runs ")[1].split(" (")[0].split(", ")     # in name order, every one qkv reads
     assert named == sorted(named) and {"arcee", "bloom", "command-r", "falcon", "gemma", "gemma2", "glm4", "gpt2",
                                        "gptneox", "granite", "llama", "mpt", "olmo2", "olmoe", "phi2", "phi3", "qwen2",
-                                       "qwen2moe", "qwen3", "qwen3moe", "stablelm", "starcoder2"} <= set(named)
+                                       "qwen2moe", "qwen3", "qwen3moe", "stablelm", "starcoder2", "ernie4_5-moe",
+                                       "dots1", "exaone4", "deepseek2", "gpt-oss", "mamba"} <= set(named)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "ernie4_5_moe",
+                                  "deepseek_v2"])
 def test_gradients_through_a_gguf_file_equal_autograd(files, name):
     """Training a model read from GGUF: qkv.train.gradients equals torch autograd on the directory
     (tests/fixtures/grads/NAME.npz, make_grad_fixtures.py): loss 1e-5, each gradient 1e-4 relative."""

@@ -56,8 +56,8 @@ def test_every_topic_has_the_interface():
         assert m.DEFAULT_MODEL == "smollm2" and callable(m.build) and callable(m.render) and callable(m.figures)
     import qkv.cli.explain  # noqa: F401 — registers the topics that live after lessons/ (circuits: graphs/lesson.py)
 
-    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "sparse", "flash", "ffn", "vit", "patching",
-                            "circuits"]
+    assert list(TOPICS) == ["attention", "positions", "kv-cache", "gqa", "linear", "sparse", "flash", "ffn", "vit", "patching",
+                            "proteins", "circuits"]
     with pytest.raises(QkvError, match="unknown topic 'rope'"):
         lesson_module("rope")
 

@@ -20,7 +20,7 @@ from qkv import QkvError
 
 from conftest import FIXTURES
 
-SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]
+SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5", "t5gemma"]
 
 
 def load(name):

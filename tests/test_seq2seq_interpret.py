@@ -25,7 +25,7 @@ from qkv.models.seq2seq import DecoderView
 
 from conftest import FIXTURES, run_main
 
-SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5"]
+SEQ2SEQ = ["marian", "bart", "t5", "t5_gated", "mbart", "pegasus", "mt5", "umt5", "t5gemma"]
 TOL = 1e-4
 
 

@@ -55,8 +55,8 @@ def refusal(source) -> str:
 # ── model_type first ─────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("fixture, changes", [
-    ("qwen2", dict(model_type="jamba", sliding_window=0)),                # a value qkv's ranges refuse
-    ("bert", dict(model_type="big_bird", type_vocab_size=0)),            # a value qkv's ranges refuse
+    ("qwen2", dict(model_type="rwkv", sliding_window=0)),                 # a value qkv's ranges refuse
+    ("bert", dict(model_type="funnel", type_vocab_size=0)),            # a value qkv's ranges refuse
 ])
 def test_an_unsupported_family_is_named_before_its_values(tmp_path, fixture, changes):
     d = copy(MODELS / fixture, tmp_path)

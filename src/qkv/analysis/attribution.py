@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..runtime.errors import QkvError
+from ..core.capabilities import require
 from ..core.layer import joined
 
 if TYPE_CHECKING:
@@ -113,9 +114,8 @@ def attribution_of_trace(model: "Model", trace: "Trace", target: int, other: int
     """The direct logit attribution of a trace that kept KEEP (see `direct_logit_attribution`)."""
     check_attribution(model)
     cfg, weights = model.config, model.weights
-    if cfg.mamba is not None:
-        raise QkvError(f"direct logit attribution of {model.name}'s Mamba blocks is not in qkv yet; patch its heads "
-                       "(qkv patch) or read the logit lens (qkv lens)")
+    require(cfg, model.name, "direct logit attribution", {"sum_of_boxes"},   # Mamba, delta, lightning: refused
+            instead="patch its heads (qkv patch) or read the logit lens (qkv lens)")
     if cfg.norm_place == "post":
         raise QkvError(f"{model.name} normalises after each block (post-norm), so its residual stream is no sum "
                        "of heads and FFNs; direct logit attribution needs a pre-norm decoder")

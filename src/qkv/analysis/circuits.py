@@ -35,6 +35,7 @@ import numpy as np
 
 from ..core.layer import norm_in_front
 from ..core.context import QUIET, check_finite
+from ..core.capabilities import INSTEAD, require, supports
 from ..runtime.errors import QkvError
 
 if TYPE_CHECKING:
@@ -95,11 +96,11 @@ def head_weights(model: "Model", layer: int, head: int) -> dict[str, np.ndarray]
     """W_Q^h, W_K^h, W_V^h (d_model, d_k), input γ folded in, and W_O^h (d_k, d_model), float64.
     GQA: query head h reads K/V head h // (H / Hkv)."""
     cfg = model.config
-    if cfg.latent:                                  # DeepSeek: K, V from a normalised latent, not X·W_K, X·W_V
-        raise QkvError(f"{model.name}'s attention is multi-head latent attention (DeepSeek): its K and V come from a "
-                       "normalised latent per token, so a head has no fixed W_Q·W_Kᵀ or W_V·W_O circuit; use `qkv "
-                       "show` / `qkv heads` for its weights")
     layer, head = model.check_layer(layer), model.check_head(head)
+    require(cfg, model.name, "a head's QK and OV circuits (W_Q·W_Kᵀ, W_V·W_O)", {"qkv_heads"}, layer,
+            instead="a multi-head latent attention head has no fixed W_Q·W_Kᵀ or W_V·W_O circuit (its K and V come "
+                    "from a normalised latent per token); use `qkv show` / `qkv heads` for its weights"
+            if cfg.latent else INSTEAD)
     a, d_k = model.weights.blocks[layer].attn, cfg.d_head
     g = head // (cfg.n_heads // cfg.n_kv_heads)
     gamma = _gamma(model, layer, "attn")[:, None]                           # (d_model, 1)
@@ -158,10 +159,12 @@ def copying_score(model: "Model", layer: int, head: int, *, UE: np.ndarray | Non
 
 
 def copying_scores(model: "Model") -> np.ndarray:
-    """(L, H) every head's copying score (W_U·W_E computed once)."""
+    """(L, H) every head's copying score (W_U·W_E computed once); NaN in a layer with no W_V·W_O heads (a Mamba or
+    linear-attention layer: core/capabilities.py)."""
     UE = unembedding(model) @ embedding(model)                                    # (d_model, d_model)
-    return np.array([[copying_score(model, l, h, UE=UE) for h in range(model.config.n_heads)]
-                     for l in range(model.config.n_layers)])
+    cfg = model.config
+    return np.array([[copying_score(model, l, h, UE=UE) if supports(cfg, l, "qkv_heads") else np.nan
+                      for h in range(cfg.n_heads)] for l in range(cfg.n_layers)])
 
 
 def token_set(model: "Model", tokens: str | Sequence[int]) -> np.ndarray:

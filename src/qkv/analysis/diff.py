@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.capabilities import require
 from ..runtime.errors import QkvError
 from .lens import check_lens, read_out, residual_stream
 
@@ -190,6 +191,8 @@ def requantized(model: "Model", kind: str) -> "Model":
 
     if kind not in KINDS:
         raise QkvError(f"unknown quantisation {kind!r}; choose one of {', '.join(KINDS)}")
+    require(model.config, model.name, "re-quantising a model's attention and FFN matrices", {"qkv_heads"},
+            instead="compare two checkpoints instead (--model-b DIR)")
     qtype = GGMLQuantizationType[kind]
     weights = model.weights.astype(np.float32)                # a stored model's blocks dequantised, copies
     for block in weights.blocks:

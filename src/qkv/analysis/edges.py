@@ -41,11 +41,13 @@ from ..core.attention import attention_backward, merge_heads, split_heads
 from ..core.backward import taped
 from ..core.blocks import attention, attention_mask_of, embed, feed_forward, logits_of, norm, unembed_in
 from ..core.blocks_backward import AttentionTape, Tape
+from ..core.capabilities import require
 from ..core.config import ModelConfig
 from ..core.context import Context
 from ..core.hooks import Hooks
 from ..core.layer import joined, norm_in_front
-from ..core.positions import apply_rope_backward, positions_from_mask, rope_attention_factor, rope_cos_sin
+from ..core.positions import (apply_rope_backward, positions_from_mask, rope_attention_factor, rope_cos_sin,
+                              temperature_scales)
 from ..core.stack import rope_speeds
 from ..core.trace import Recorder
 from ..core.weights import AttentionWeights, Weights
@@ -70,9 +72,9 @@ def check_edges(model: "Model") -> None:
                        "head's part of it is not its own term; edge attribution needs a decoder without output norms")
     if w.W_head is not None or getattr(model, "ablated", None) is not None:
         raise QkvError(f"{name} has a masked-LM head or ablated heads; run edge attribution on a plain decoder")
-    if cfg.latent:
-        raise QkvError(f"{name}'s attention is multi-head latent attention (DeepSeek): a head's q, k, v inputs are "
-                       "not X·W_Q, X·W_K, X·W_V as edge attribution splits them; use `qkv patch` or `qkv atp`")
+    require(cfg, name, "edge attribution", {"qkv_heads", "backward", "sum_of_boxes"},
+            instead="a head's q, k, v inputs are not X·W_Q, X·W_K, X·W_V as edge attribution splits them; use `qkv "
+                    "patch` or `qkv atp`" if cfg.latent else "use `qkv patch` (exact, on every layer kind)")
 
 
 @dataclass(frozen=True)
@@ -162,12 +164,15 @@ def pass_context(weights: Weights, cfg: ModelConfig, n: int) -> Context:
                             interleaved=cfg.rope_interleaved)                     # 2 × (1, 1, n, d_k)
     ctx = Context(cfg, attention_mask_of(cfg, mask, n), rope, Recorder(keep=()), scale=cfg.score_scale)
     if not cfg.uniform_layers:                                        # a mask per window, a rotation per kind
-        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}
-        ctx.masks = {window: attention_mask_of(cfg, mask, n, i) for window, i in first.items()}
+        first = {cfg.mask_kind(i): i for i in reversed(range(cfg.n_layers))}   # each window, chunk (Llama 4)
+        ctx.masks = {kind: attention_mask_of(cfg, mask, n, i) for kind, i in first.items()}
         ctx.ropes = {None: None, "global": rope}
         if "local" in speeds:
             ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
                                              interleaved=cfg.rope_interleaved)
+    if cfg.temperature_floor is not None:                            # Llama 4's NoPE layers' queries by position
+        ctx.temperature = temperature_scales(positions, cfg.temperature_floor, cfg.temperature_scale,
+                                             weights.tok_embed.dtype)
     return ctx
 
 
@@ -325,8 +330,14 @@ def head_input_gradients(dout: np.ndarray, w: AttentionWeights, t: AttentionTape
     rows[np.arange(H), np.arange(H)] = dz[0]
     rep = lambda a: np.repeat(a, H, axis=0)                                       # noqa: E731  (1, …) → (H, …)
     dq, dk_, dv = attention_backward(rows, rep(t.q), rep(t.k), rep(t.v), rep(t.a), cfg.score_scale, cfg.attn_softcap)
-    after = cfg.qk_norm_after_rope                                                # Hunyuan: norms after RoPE
-    if after:
+    if t.q_scale is not None:                                                     # Llama 4's temperature (NoPE)
+        dq = dq * t.q_scale
+    l2 = cfg.qk_l2_norm and t.rope is not None                                    # Llama 4: RMS, no γ, after RoPE
+    if l2:
+        dq = back.rms_norm_backward(dq, rep(t.pre[0]), 1.0, cfg.norm_eps)[0]
+        dk_ = back.rms_norm_backward(dk_, rep(t.pre[1]), 1.0, cfg.norm_eps)[0]
+    after = cfg.qk_norm_after_rope or l2                                          # Hunyuan: norms after RoPE
+    if after and not l2:
         dq, dk_ = back.norm(dq, rep(t.pre[0]), w.q_norm, cfg)[0], back.norm(dk_, rep(t.pre[1]), w.k_norm, cfg)[0]
     if t.rope is not None:
         dq = apply_rope_backward(dq, *t.rope, cfg.rope_interleaved)

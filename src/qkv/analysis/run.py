@@ -174,11 +174,22 @@ def run_key(setup: Setup, corpus: Corpus) -> str:
         "model": model_fingerprint(setup.model)}, sort_keys=True).encode()).hexdigest()
 
 
+def _box_matrix(block, first: bool) -> np.ndarray:
+    """The first (W_Q) or last (W_O) matrix of BLOCK's box in attention's place; a layer without attention (Mamba,
+    Qwen3-Next's delta, MiniMax's lightning: core/capabilities.py) its own box's first or last array."""
+    if block.attn is not None:
+        return block.attn.W_Q if first else block.attn.W_O
+    box = next(getattr(block, name) for name in ("mixer", "delta", "lightning")
+               if getattr(block, name, None) is not None)
+    arrays = [v for v in vars(box).values() if len(getattr(v, "shape", ())) == 2]    # arrays or a GGUF's stored
+    return arrays[0] if first else arrays[-1]
+
+
 def model_fingerprint(model) -> str:
     """A hash of the config, float type and a sample of the weights: a changed checkpoint shows."""
     h = hashlib.sha256(repr(model.config).encode() + str(model.dtype).encode())
     w = model.weights
-    for array in (w.tok_embed, w.blocks[0].attn.W_Q, w.blocks[-1].attn.W_O):
+    for array in (w.tok_embed, _box_matrix(w.blocks[0], first=True), _box_matrix(w.blocks[-1], first=False)):
         a = np.asarray(array)
         h.update(a.flat[:4096].tobytes() + a.flat[max(0, a.size - 4096):].tobytes())
     return h.hexdigest()

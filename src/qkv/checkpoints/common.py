@@ -91,7 +91,10 @@ _ROPE_FLOAT = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "o
 # Keys whose null is not "absent": DeepSeek's q_lora_rank null is q without a latent (absent: the default 1536);
 # by model type, EXAONE 4's and gpt-oss's sliding_window null is no window (absent: their configs' 4096, 128).
 NULL_KEPT = ("q_lora_rank",)
-NULL_KEPT_BY_TYPE = {"exaone4": ("sliding_window",), "gpt_oss": ("sliding_window",)}
+NULL_KEPT_BY_TYPE = {"exaone4": ("sliding_window",), "gpt_oss": ("sliding_window",),
+                     "llama4_text": ("attention_chunk_size", "bos_token_id", "eos_token_id",    # null: none;
+                                     "num_key_value_heads", "head_dim"),    # null: H, d_model / H (llama4.config)
+                     "falcon_h1": ("mamba_d_ssm",)}          # null: mamba_expand · hidden_size channels
 
 
 def _is_int(v) -> bool:
@@ -121,6 +124,8 @@ def check_config(hf: dict, where: str = "config.json") -> dict:
             continue                                      # EXAONE 4's "LLLG", or 0 (no window): read by its module
         if key == "type_vocab_size" and v == 0 and hf.get("model_type") in ("deberta", "deberta-v2"):
             continue                                      # DeBERTa: 0 = no token types (its default)
+        if key == "num_local_experts" and v == 0 and hf.get("model_type") == "granitemoehybrid":
+            continue                                      # Granite 4's dense hybrids (h-micro): the shared FFN alone
         if v is not None and not (_is_int(v) and 0 < v <= most):
             raise _bad(where, key, v, "a positive integer" + (f" up to {most:,}" if _is_int(v) and v > 0 else ""))
     for key in _COUNT:

@@ -36,6 +36,11 @@ Its tensors (relative to the base model, "model."; the head "lm_head"), built fo
                                                                           RoPE key's); its bias: b_V, b_K
     layers.{i}.self_attn.kv_a_layernorm, kv_b_proj, o_proj               attn.kv_latent_norm, W_KV_b, W_O (+ b_O)
     layers.{i}.mlp.*                                                     Llama's gated FFN, or dots1.Routed's MoE
+llama.cpp's `deepseek2` files (GGUF, both versions): MLA written as one K/V head over the latent (head_count_kv 1,
+key_length r_kv + d_rot, value_length r_kv; each head's sizes in key_length_mla, value_length_mla), kv_b_proj split per
+head into attn_k_b (H, r_kv, d_nope) and attn_v_b (H, d_v, r_kv) (joined back by gguf_archs; older files: H heads of
+the full sizes, attn_kv_b whole), no biases, plain RoPE only (YaRN's keys refused); V3 by its σ gating
+(expert_gating_func 2) and choice bias exp_probs_b.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ from .common import (HF_ACTIVATIONS, activation, decoder_sizes, model_type_keys,
                      special_ids)
 from .dots1 import Routed, _gated
 from .llama import IGNORED as LLAMA_IGNORED, _rope
-from .table import (LINEAR, About, Row, dense_layer, gated_ffn, layer_norm, lm_head, read_table, routed_layer,
-                    write_table)
+from .table import (LINEAR, LLAMA_TOP, About, Arch, Row, dense_layer, gated_ffn, gguf_positive, layer_norm, lm_head,
+                    read_table, routed_layer, write_table)
 
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 
@@ -273,3 +278,82 @@ def hf_config(cfg: ModelConfig) -> dict:
         hf |= {"rope_interleave": cfg.rope_deinterleave, "n_group": cfg.expert_groups,
                "topk_group": cfg.expert_groups_kept}
     return reads_back(cfg, hf, config)
+
+
+def _whole(meta: dict, key: str, least: int, default=None) -> int:
+    """The GGUF whole number KEY (DEFAULT when absent), at least LEAST, else one error."""
+    v = meta.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise QkvError(f"the GGUF value {key} = {v!r:.30} is missing or not a whole number ≥ {least}; the file is "
+                       "damaged")
+    return v
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """DeepSeek's config.json of a llama.cpp file, and the shapes of its latent attention's tensors (dims' part_shapes,
+    which gguf_archs.expected reads). V3 when the experts are scored by σ (expert_gating_func 2, with the choice bias
+    exp_probs_b), else V2 (softmax, llama.cpp's default). Files written before llama.cpp split kv_b_proj (no *_mla
+    keys: H K/V heads of the full sizes, attn_kv_b whole) are read too. Refused: a V2 file that renormalises or limits
+    the choice to groups (llama.cpp ranks a group by its two best, V2's group_limited_greedy by its best)."""
+    H, d, d_qk, d_v, d_rot = dims["H"], dims["d"], dims["d_head"], dims["d_v"], dims["rope_dims"]
+    r_kv = _whole(meta, f"{a}.attention.kv_lora_rank", 1)
+    r_q = _whole(meta, f"{a}.attention.q_lora_rank", 0, default=0)
+    split = f"{a}.attention.key_length_mla" in meta                  # kv_b_proj as attn_k_b, attn_v_b (else whole)
+    stored = (meta.get(f"{a}.attention.head_count_kv"), meta.get(f"{a}.attention.key_length"),
+              meta.get(f"{a}.attention.value_length"))
+    if stored != ((1, r_kv + d_rot, r_kv) if split else (H, d_qk, d_v)):
+        raise QkvError(f"the GGUF deepseek2 file stores its attention as {stored[0]!r:.10} K/V heads of key size "
+                       f"{stored[1]!r:.10}, value size {stored[2]!r:.10}, which is neither llama.cpp's latent layout "
+                       f"(1, {r_kv + d_rot}, {r_kv}) nor its older one ({H}, {d_qk}, {d_v}); the file is damaged")
+    gating = meta.get(f"{a}.expert_gating_func", 1)                  # llama.cpp: softmax when the file says none
+    groups = _whole(meta, f"{a}.expert_group_count", 1, default=1)
+    kept = _whole(meta, f"{a}.expert_group_used_count", 1, default=groups)
+    norm = meta.get(f"{a}.expert_weights_norm", False)
+    v3 = gating == 2
+    if gating not in (1, 2) or not isinstance(norm, bool) or (not v3 and (norm or groups > 1)):
+        raise QkvError(f"the GGUF deepseek2 model has expert_gating_func {gating!r:.10}, expert_weights_norm "
+                       f"{norm!r:.10} and {groups} expert groups; qkv runs DeepSeek-V3's σ router (2) and V2's softmax "
+                       "(1) without renormalising or groups, as llama.cpp runs them")
+    q = H * d_qk
+    dims["part_shapes"] = {
+        "attn_q": None if r_q else (q, d), "attn_q_a": (r_q, d) if r_q else None, "attn_q_a_norm": (r_q,) if r_q
+        else None, "attn_q_b": (q, r_q) if r_q else None, "attn_kv_a_mqa": (r_kv + d_rot, d),
+        "attn_kv_a_norm": (r_kv,), "attn_output": (d, H * d_v)} | ({} if v3 else {"exp_probs_b": None}) | (
+        {"attn_kv_b": None, "attn_k_b": (H, r_kv, d_qk - d_rot), "attn_v_b": (H, d_v, r_kv)} if split else
+        {"attn_kv_b": (H * (d_qk - d_rot + d_v), r_kv), "attn_k_b": None, "attn_v_b": None})
+    family = "deepseek_v3" if v3 else "deepseek_v2"
+    hf = {k: v for k, v in hf.items() if k != "rope_parameters"} | {
+        "model_type": family, "architectures": [ARCHITECTURES[family]], "num_key_value_heads": H,
+        "rope_parameters": {"rope_type": "default", "rope_theta": dims["theta"]}, "kv_lora_rank": r_kv,
+        "q_lora_rank": r_q or None, "qk_nope_head_dim": d_qk - d_rot, "qk_rope_head_dim": d_rot, "v_head_dim": d_v,
+        "first_k_dense_replace": dims["dense_lead"], "n_routed_experts": dims["E"], "num_experts_per_tok": dims["k"],
+        "moe_intermediate_size": dims["f_expert"], "n_shared_experts": dims["f_shared"] // dims["f_expert"],
+        "routed_scaling_factor": gguf_positive(meta, a, "expert_weights_scale", 1.0), "attention_bias": False}
+    if v3:
+        return hf | {"n_group": groups, "topk_group": kept, "norm_topk_prob": norm, "rope_interleave": True}
+    return hf | {"topk_method": "greedy", "mlp_bias": False}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): MLA's tensors (attn_q or q's latent, the latent's
+# projection attn_kv_a_mqa, its norm, attn_k_b and attn_v_b: kv_b_proj per head), Llama's norms and FFN, DeepSeek-V3's
+# experts stacked (E, out, in), its choice bias exp_probs_b; RoPE on interleaved pairs in both (no permutation).
+GGUF = {
+    "deepseek2": Arch("deepseek_v2", "DeepseekV2ForCausalLM",
+                      {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_q_a": "self_attn.q_a_proj",
+                       "attn_q_a_norm": "self_attn.q_a_layernorm", "attn_q_b": "self_attn.q_b_proj",
+                       "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                       "attn_kv_b": "self_attn.kv_b_proj", "attn_k_b": "self_attn.kv_b_proj",
+                       "attn_v_b": "self_attn.kv_b_proj", "attn_output": "self_attn.o_proj",
+                       "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                       "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
+                       "exp_probs_b": "mlp.gate.e_score_correction_bias",
+                       "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                       "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+                      LLAMA_TOP, partial_rope=True,
+                      keys=("attention.kv_lora_rank", "attention.q_lora_rank", "attention.key_length_mla",
+                            "attention.value_length_mla", "leading_dense_block_count", "expert_feed_forward_length",
+                            "expert_shared_count", "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
+                            "expert_group_count", "expert_group_used_count"),
+                      experts={"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                               "ffn_down_exps": "mlp.experts.{e}.down_proj"}, config=_gguf_config),
+}

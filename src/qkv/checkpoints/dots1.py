@@ -37,8 +37,8 @@ from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, activation, check_shapes, layer_types, layer_windows, need, reads_back,
                      rope_parameters, special_ids)
 from .llama import IGNORED, _rope
-from .table import (About, How, Row, attention, both_ways, dense_layer, gated_ffn, layer_norm, lm_head, out_bias,
-                    qkv_bias, routed_layer)
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, How, Row, attention, both_ways, dense_layer,
+                    gated_ffn, gguf_positive, layer_norm, lm_head, out_bias, qkv_bias, routed_layer)
 
 MODEL_TYPES = ("dots1",)
 
@@ -199,3 +199,44 @@ def hf_config(cfg: ModelConfig) -> dict:
         **special_ids(cfg),
     }
     return reads_back(cfg, hf, config)
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """dots1's config.json of a llama.cpp file: its experts (expert_shared_count of the experts' width shared), its
+    first leading_dense_block_count layers dense, σ scores (expert_gating_func 2; older files say none: dots1 has
+    no other), expert_weights_norm and _scale; no groups, no sliding window, no biases (llama.cpp's dots1 runs
+    none of them)."""
+    gating = meta.get(f"{a}.expert_gating_func", 2)
+    if gating != 2 or dims["moe_step"] != 1:
+        raise QkvError(f"the GGUF dots1 model has expert_gating_func {gating!r:.20} and every {dims['moe_step']!r:.10} "
+                       "layer routed; dots1 scores experts by σ (2) and routes every layer after its dense ones: the "
+                       "file is damaged")
+    norm = meta.get(f"{a}.expert_weights_norm", False)
+    if not isinstance(norm, bool):
+        raise QkvError(f"the GGUF value {a}.expert_weights_norm = {norm!r:.20} is not true or false; the file is "
+                       "damaged")
+    f, shared = dims["f_expert"], dims["f_shared"]
+    if not shared or shared % f:
+        raise QkvError(f"the GGUF dots1 shared experts are {shared} wide, not a whole number (≥ 1) of the experts' "
+                       f"{f}; the file is damaged")
+    return hf | {"n_routed_experts": dims["E"], "num_experts_per_tok": dims["k"], "moe_intermediate_size": f,
+                 "n_shared_experts": shared // f, "n_group": 1, "topk_group": 1, "norm_topk_prob": norm,
+                 "routed_scaling_factor": gguf_positive(meta, a, "expert_weights_scale", 1.0),
+                 "first_k_dense_replace": min(dims["dense_lead"], dims["L"]), "sliding_window": None,
+                 "attention_bias": False}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): Qwen3's attention names, DeepSeek-V3's experts
+# stacked (E, out, in) per layer, the choice bias exp_probs_b, the shared experts one FFN.
+GGUF = {
+    "dots1": Arch("dots1", "Dots1ForCausalLM",
+                  LLAMA_LAYER | QK_NORMS | {"ffn_gate_inp": "mlp.gate",
+                                            "exp_probs_b": "mlp.gate.e_score_correction_bias",
+                                            "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                                            "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                                            "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+                  LLAMA_TOP, keys=("expert_feed_forward_length", "expert_shared_count", "leading_dense_block_count",
+                                   "expert_weights_scale", "expert_weights_norm", "expert_gating_func"),
+                  experts={"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                           "ffn_down_exps": "mlp.experts.{e}.down_proj"}, config=_gguf_config),
+}

@@ -186,6 +186,30 @@ def hf_config(cfg: ModelConfig) -> dict:
     return reads_back(cfg, hf, config)
 
 
-# llama.cpp's architecture (gguf_archs reads it by this table): Llama's names, RoPE by interleaved pairs in both
-# (no Q/K permutation), no biases.
-GGUF = {"ernie4_5": Arch("ernie4_5", "Ernie4_5ForCausalLM", LLAMA_LAYER, LLAMA_TOP)}
+def _gguf_moe(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Ernie 4.5 MoE's config.json of a llama.cpp file: its experts, the shared ones as a multiple of their width
+    (expert_shared_feed_forward_length, which the converter writes as intermediate_size / num_key_value_heads:
+    the shared experts' width in the published models), and its routed layers as llama.cpp runs them — layer i
+    when i ≥ leading_dense_block_count and (i + 1) is a multiple of interleave_moe_layer_step, up to the last."""
+    f, shared = dims["f_expert"], dims["f_shared"]
+    if shared % f:
+        raise QkvError(f"the GGUF ernie4_5-moe shared experts are {shared} wide, not a multiple of the experts' {f}; "
+                       "the file is damaged")
+    return hf | {"moe_num_experts": dims["E"], "moe_k": dims["k"], "moe_intermediate_size": f,
+                 "moe_num_shared_experts": shared // f, "moe_layer_start_index": dims["dense_lead"],
+                 "moe_layer_end_index": -1, "moe_layer_interval": dims["moe_step"], "use_bias": False}
+
+
+# llama.cpp's architectures (gguf_archs reads them by these tables): Llama's names, RoPE by interleaved pairs in
+# both (no Q/K permutation), no biases; the mixture's experts stacked (E, out, in) per layer, its choice bias
+# exp_probs_b (E,) (Hugging Face's moe_statics (1, E)), its shared experts one FFN.
+_MOE_LAYER = {"ffn_gate_inp": "mlp.gate", "exp_probs_b": "mlp.moe_statics.e_score_correction_bias",
+              "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+              "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+            "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+GGUF = {"ernie4_5": Arch("ernie4_5", "Ernie4_5ForCausalLM", LLAMA_LAYER, LLAMA_TOP),
+        "ernie4_5-moe": Arch("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", LLAMA_LAYER | _MOE_LAYER, LLAMA_TOP,
+                             keys=("expert_feed_forward_length", "expert_shared_feed_forward_length",
+                                   "expert_shared_count", "interleave_moe_layer_step", "leading_dense_block_count"),
+                             experts=_EXPERTS, config=_gguf_moe)}

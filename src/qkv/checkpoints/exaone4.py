@@ -16,7 +16,9 @@ A config.json without sliding_window has Exaone4Config's 4096 (null, written: ev
 given as letters ("LLLG"), or 0 (what Exaone4Config writes without a window), is read only through layer_types,
 as Exaone4Config reads it (without layer_types it cannot build the model, nor can qkv: refused). attention_bias
 and mlp_bias are not read (Exaone4's projections have no biases). Its tensors, relative to Exaone4Model ("model.";
-the head is "lm_head"): ROWS below.
+the head is "lm_head"): ROWS below. llama.cpp's `exaone4` files (GGUF): the same tensors as stored (rotate-half RoPE in
+both), the window and each layer's kind in the metadata (attention.sliding_window, attention.sliding_window_pattern:
+one true per sliding layer), llama3 RoPE (rope_freqs) refused as for every arch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..runtime.errors import QkvError
 from . import llama
 from .common import LAYER_TYPES, layer_types, layer_windows, need, reads_back
 from .llama import GAMMA
-from .table import About, Row, attention, both_ways, gated_ffn, lm_head
+from .table import LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, Row, attention, both_ways, gated_ffn, lm_head
 
 MODEL_TYPES = ("exaone4",)
 
@@ -94,3 +96,31 @@ ROWS = [
     lm_head(),
 ]
 weights, tensors = both_ways(ROWS, "model.")
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """EXAONE 4's config.json of a llama.cpp file: its window and layer_types from attention.sliding_window and
+    attention.sliding_window_pattern (a true per sliding layer); neither: every layer full, each turned by RoPE (a
+    window null, not Exaone4Config's 4096). One without the other is refused (llama.cpp would guess the other)."""
+    window, pattern = meta.get(f"{a}.attention.sliding_window"), meta.get(f"{a}.attention.sliding_window_pattern")
+    if window is None and pattern is None:
+        return hf | {"sliding_window": None, "layer_types": ["full_attention"] * dims["L"]}
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0 or not isinstance(pattern, list) \
+            or len(pattern) != dims["L"] or not all(isinstance(p, bool) for p in pattern):
+        raise QkvError(f"the GGUF exaone4 model has attention.sliding_window {window!r:.20} and "
+                       f"attention.sliding_window_pattern {pattern!r:.40}; it needs both: a positive window and one "
+                       f"true or false per layer ({dims['L']}); the file is damaged")
+    return hf | {"sliding_window": window,
+                 "layer_types": ["sliding_attention" if p else "full_attention" for p in pattern]}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): OLMo 2's norm names after each box, q/k norms per
+# head, no norm before a box.
+GGUF = {
+    "exaone4": Arch("exaone4", "Exaone4ForCausalLM",
+                    {k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | QK_NORMS
+                    | {"post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm"},
+                    LLAMA_TOP, keys=("attention.sliding_window", "attention.sliding_window_pattern"),
+                    config=_gguf_config),
+}

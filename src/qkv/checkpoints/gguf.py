@@ -17,7 +17,11 @@ gguf_archs.py reads them and undoes what llama.cpp's converter changed): `llama`
 llama.cpp writes as `llama`; Q/K rows un-permuted), `qwen2`, `qwen3`, `gemma`, `olmo2`, `phi2`,
 `gptneox` (Pythia), `gpt2`, `starcoder2`, `stablelm`, `granite` (its multipliers), `arcee`, `phi3` (without
 LongRoPE), `command-r` (Cohere), `falcon`, `bloom` and `mpt` (ALiBi), and the mixtures `qwen2moe`,
-`qwen3moe`, `olmoe` and Mixtral (`llama` with experts). Anything the engine would silently compute
+`qwen3moe`, `olmoe` and Mixtral (`llama` with experts); of 2025–26 `ernie4_5-moe`, `dots1`, `exaone4`,
+`deepseek2` (latent attention: attn_k_b and attn_v_b joined back into kv_b_proj), `gpt-oss` (sinks, MXFP4
+experts, YaRN), `mamba` and `mamba2` (state-space blocks: no heads; `ssm_dimensions`) and the hybrids `jamba` and
+`granitehybrid` (Mamba layers among attention ones, one K/V count a layer: `hybrid_layers`) and `falcon-h1` (both in
+every layer, its µP multipliers folded into the weights). Anything the engine would silently compute
 differently from llama.cpp is refused with one line: other architectures, metadata keys
 the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
 `rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or missing
@@ -43,7 +47,7 @@ from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import metadata, open_reader
 
-QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 CONVERTER_VERSION = 4          # bump when the conversion of a file read before changes: cached directories are rebuilt
 THREADS = 2                    # tensors dequantised at once (NumPy releases the GIL in the products)
 SOURCE_LIMIT = 1 << 16         # bytes of a qkv_source.json (describe writes ~200)
@@ -93,36 +97,93 @@ def _rope_scaling(meta: dict, a: str) -> dict | None:
 
 
 def dimensions(meta: dict, a: str) -> dict:
-    """The sizes every arch has, read and checked: d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims."""
+    """The sizes every arch has, read and checked: d, H, Hkv, d_head, L, f, n_ctx, theta, eps, rope_dims (a
+    state-space arch's: `ssm_dimensions`)."""
     arch = gguf_archs.ARCHS[a]
+    if f"{a}.ssm.inner_size" in meta:
+        if not meta.get(f"{a}.attention.head_count"):              # Mamba: no attention (head_count 0)
+            return ssm_dimensions(meta, a)
+        meta, kinds = hybrid_layers(meta, a)                         # Jamba: scan layers among attention ones
+        scan = {k: v for k, v in ssm_dimensions(meta, a).items() if k in ("d_inner", "d_state", "d_conv", "dt_rank")}
+        return dimensions({k: v for k, v in meta.items() if not k.startswith(f"{a}.ssm.")}, a) | scan | \
+            ({"kinds": kinds} if kinds else {})
     d = _number(meta, f"{a}.embedding_length")
     H = _number(meta, f"{a}.attention.head_count")
     Hkv = _number(meta, f"{a}.attention.head_count_kv", default=H)
     if d <= 0 or H <= 0 or Hkv <= 0 or H % Hkv:
         raise QkvError(f"the GGUF file has d_model {d}, {H} heads and {Hkv} K/V heads, which do not fit "
                        "together (the heads must be a multiple of the K/V heads); the file is damaged")
-    d_head = _number(meta, f"{a}.attention.key_length", default=d // H)
-    d_v = _number(meta, f"{a}.attention.value_length", default=d_head)
-    if d_head <= 0 or d_head % 2 or d_v != d_head:
-        raise QkvError(f"the GGUF heads have key size {d_head} and value size {d_v}; qkv needs them equal and "
-                       "even")
+    if f"{a}.attention.kv_lora_rank" in meta:       # latent attention (DeepSeek): written as one K/V head over the
+        Hkv, mla = H, f"{a}.attention.key_length_mla" in meta     # latent, each head's sizes the *_mla keys (older
+        d_head = _number(meta, f"{a}.attention.key_length{'_mla' if mla else ''}")    # files: H heads of them)
+        d_v = _number(meta, f"{a}.attention.value_length{'_mla' if mla else ''}")
+        if min(d_head, d_v) <= 0:
+            raise QkvError(f"the GGUF heads have key size {d_head} and value size {d_v}; the file is damaged")
+    else:
+        d_head = _number(meta, f"{a}.attention.key_length", default=d // H)
+        d_v = _number(meta, f"{a}.attention.value_length", default=d_head)
+        if d_head <= 0 or d_head % 2 or d_v != d_head:
+            raise QkvError(f"the GGUF heads have key size {d_head} and value size {d_v}; qkv needs them equal and "
+                           "even")
     eps = f"{a}.attention.layer_norm_rms_epsilon" if arch.norm == "rms" else f"{a}.attention.layer_norm_epsilon"
-    dims = {"d": d, "H": H, "Hkv": Hkv, "d_head": d_head, "L": _number(meta, f"{a}.block_count"),
+    dims = {"d": d, "H": H, "Hkv": Hkv, "d_head": d_head, "d_v": d_v, "L": _number(meta, f"{a}.block_count"),
             "f": _number(meta, f"{a}.feed_forward_length"), "n_ctx": _number(meta, f"{a}.context_length"),
             "theta": _number(meta, f"{a}.rope.freq_base", float, 10000.0), "eps": _number(meta, eps, float),
             "rope_dims": _number(meta, f"{a}.rope.dimension_count", default=d_head)}
     if arch.experts:                                                 # E experts, k chosen for each token
+        fe = _number(meta, f"{a}.expert_feed_forward_length", default=dims["f"])
+        shared = _number(meta, f"{a}.expert_shared_count", default=0)   # dots1: shared experts, each fe wide
         dims |= {"E": _number(meta, f"{a}.expert_count"), "k": _number(meta, f"{a}.expert_used_count"),
-                 "f_expert": _number(meta, f"{a}.expert_feed_forward_length", default=dims["f"]),
-                 "f_shared": _number(meta, f"{a}.expert_shared_feed_forward_length", default=0)}
-        if not 0 < dims["k"] <= dims["E"] or not dims["f_expert"] or (a == "qwen2moe" and not dims["f_shared"]):
+                 "f_expert": fe, "f_shared": _number(meta, f"{a}.expert_shared_feed_forward_length",
+                                                     default=fe * shared),
+                 # layer i is routed when i ≥ dense_lead and (i + 1) % moe_step == 0 (llama.cpp's rule)
+                 "dense_lead": _number(meta, f"{a}.leading_dense_block_count", default=0),
+                 "moe_step": _number(meta, f"{a}.interleave_moe_layer_step", default=1)}
+        if not 0 < dims["k"] <= dims["E"] or not dims["f_expert"] or (a == "qwen2moe" and not dims["f_shared"]) \
+                or not dims["moe_step"]:
             raise QkvError(f"the GGUF mixture has {dims['E']} experts, {dims['k']} chosen per token, experts "
-                           f"{dims['f_expert']} wide (shared {dims['f_shared']}); it needs 0 < chosen ≤ experts "
-                           "and widths above 0; the file is damaged")
+                           f"{dims['f_expert']} wide (shared {dims['f_shared']}), every {dims['moe_step']} layer "
+                           "routed; it needs 0 < chosen ≤ experts, widths and a step above 0; the file is damaged")
     if min(dims["L"], dims["f"], dims["theta"], dims["n_ctx"]) <= 0:
         raise QkvError("the GGUF file has no layers, no FFN width, no context or a zero RoPE base; the file is "
                        "damaged")
     return dims
+
+
+def ssm_dimensions(meta: dict, a: str) -> dict:
+    """A state-space arch's sizes (Mamba: no heads, no FFN, no positions): d, L, eps, n_ctx and the scan's E channels
+    (d_inner), N (d_state), conv taps, Δ's rank; the rest as one head of E channels with no RoPE (what the common
+    config expects)."""
+    dims = {"d": _number(meta, f"{a}.embedding_length"), "L": _number(meta, f"{a}.block_count"),
+            "n_ctx": _number(meta, f"{a}.context_length"),
+            "eps": _number(meta, f"{a}.attention.layer_norm_rms_epsilon", float),
+            "d_inner": _number(meta, f"{a}.ssm.inner_size"), "d_state": _number(meta, f"{a}.ssm.state_size"),
+            "d_conv": _number(meta, f"{a}.ssm.conv_kernel"), "dt_rank": _number(meta, f"{a}.ssm.time_step_rank")}
+    if min(dims.values()) <= 0:
+        raise QkvError(f"the GGUF {a} model has a size of 0 ({', '.join(k for k, v in dims.items() if v <= 0)}); the "
+                       "file is damaged")
+    E = dims["d_inner"]
+    return dims | {"H": 1, "Hkv": 1, "d_head": E, "d_v": E, "f": 0, "theta": 10000.0, "rope_dims": E}
+
+
+def hybrid_layers(meta: dict, a: str) -> tuple[dict, tuple[str, ...] | None]:
+    """A hybrid's layers (Jamba): attention.head_count_kv written one per layer, 0 for a scan layer ("mamba"), the
+    K/V heads for an attention one ("attention"). META with head_count_kv the one count of its attention layers, and
+    the layers' kinds (None: one count for all, every layer both, Falcon-H1's); counts that differ between attention
+    layers, or a list of another length, are refused."""
+    L = _number(meta, f"{a}.block_count")
+    per_layer = meta.get(f"{a}.attention.head_count_kv")
+    if not isinstance(per_layer, list):                              # Falcon-H1: both in every layer
+        return meta, None
+    if len(per_layer) != L or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in per_layer):
+        raise QkvError(f"the GGUF value {a}.attention.head_count_kv holds {len(per_layer)} counts for {L} layers (or "
+                       "counts that are no whole numbers); the file is damaged")
+    counts = sorted({h for h in per_layer if h})
+    if len(counts) > 1:
+        raise QkvError(f"the GGUF {a} model's attention layers have {counts} K/V heads; qkv runs hybrids whose "
+                       "attention layers are all alike")
+    kinds = tuple("attention" if h else "mamba" for h in per_layer)
+    return meta | {f"{a}.attention.head_count_kv": counts[0] if counts else 1}, kinds
 
 
 def mixtral_view(meta: dict) -> dict:
@@ -153,7 +214,7 @@ def hf_config(meta: dict) -> tuple[dict, dict]:
     cfg = {"model_type": arch.family, "architectures": [arch.architecture]}
     cfg |= gguf_archs.config(meta, a, dims)
     cfg["torch_dtype"] = "float32"
-    scaling = _rope_scaling(meta, a)
+    scaling = None if dims.get("rope_read") else _rope_scaling(meta, a)     # (gpt-oss's YaRN: its module reads it)
     if scaling:
         if arch.family == "gpt2":
             raise QkvError("the GGUF gpt2 model declares RoPE scaling, but GPT-2 has no RoPE; the file is damaged")
@@ -175,6 +236,8 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
                        "which qkv does not support")
     chosen = gguf_archs.choices(a, names)
     cfg["tie_word_embeddings"] = chosen["tied"]
+    if gguf_archs.ARCHS[a].by_tensors is not None:
+        gguf_archs.ARCHS[a].by_tensors(cfg, dims, chosen)
     if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2", "glm4"):
         cfg["attention_bias"] = chosen["attn_bias"]                  # Hugging Face: one switch for them all
     elif cfg["model_type"] == "starcoder2":
@@ -302,8 +365,10 @@ def parse(path: Path, vocab_size: int | None = None) -> Parsed:
             raise QkvError(f"the GGUF file's tokenizer.ggml.{name}_token_id {value!r:.20} is not a token id of its "
                            f"{vocab_size}-token vocabulary; the file is damaged: use an intact copy")
     used = _used_tensors(reader, a, cfg, dims)
-    # Each GGUF tensor becomes one Hugging Face tensor (or, fused Q/K/V split, several), the converter's
-    # changes undone (gguf_archs.hf_tensors).
+    # Each tensor's float32 values by name, for a plan that joins two tensors (DeepSeek's kv_b, gpt-oss's gate_up).
+    dims["values"] = {name: (lambda t=t, shape=shape: _dequantised(t, shape)) for name, t, shape in used}
+    # Each GGUF tensor becomes one Hugging Face tensor (or, fused Q/K/V split, several; or, joined with another,
+    # none), the converter's changes undone (gguf_archs.hf_tensors).
     plans = [(t, shape, gguf_archs.hf_tensors(a, name, shape, dims)) for name, t, shape in used]
     return Parsed(reader, a, cfg, dims, plans, tokenizer)
 

@@ -58,6 +58,40 @@ here is the machinery they share.
                            up]); partial RoPE (rope.dimension_count) with a head size of its own (key_length);
                            q/k/v biases or none, never attn_output's; norms after each box (post_attention_norm,
                            post_ffw_norm)
+    ernie4_5-moe ernie4_5_moe  as ernie4_5; routed layers from leading_dense_block_count, every
+                           interleave_moe_layer_step-th, experts stacked, the choice bias exp_probs_b (E,) (Hugging
+                           Face's moe_statics (1, E)), the shared experts one FFN (expert_shared_feed_forward_length)
+    dots1        dots1     Qwen3's q/k norms; DeepSeek-V3's router: σ (expert_gating_func 2), exp_probs_b, the shared
+                           experts (expert_shared_count × the experts' width), expert_weights_norm / _scale, dense
+                           first layers; no groups, no sliding window (llama.cpp's dots1 runs neither)
+    exaone4      exaone4   nothing; the window and a bool per layer (attention.sliding_window_pattern): the full
+                           layers without RoPE while the model slides (llama.cpp's use_rope), every layer turned
+                           without a window
+    deepseek2    deepseek_v2 / _v3  latent attention written as one K/V head (key_length r_kv + d_rot) with each
+                           head's sizes in key_length_mla / value_length_mla; kv_b_proj split per head into attn_k_b
+                           (H, r_kv, d_nope), K's rows transposed, and attn_v_b (H, d_v, r_kv): joined back; V3 by
+                           σ gating (with exp_probs_b and groups), V2 by softmax; plain RoPE only
+    gpt-oss      gpt_oss   gate_up_proj (E, d, 2·f, gate and up interleaved) split and transposed into ffn_gate_exps
+                           and ffn_up_exps (E, f, d), down_proj transposed (E, d, f), biases likewise: joined back; the
+                           sinks attn_sinks, the router ffn_gate_inp with its bias; every other layer sliding; the clamp
+                           at llama.cpp's fixed 7 / 1.702; YaRN truncated (llama.cpp's corr_dims); MXFP4 experts
+    mamba        mamba     A_log written as A = −exp(A_log) (ssm_a, no .weight): back to log(−A); the conv's
+                           (E, 1, k) squeezed to (E, k): unsqueezed; D as ssm_d; sizes as ssm.* keys, no attention
+    mamba2       mamba2    as mamba; A and D (H,) written (H, 1), dt_bias as ssm_dt.bias, the gated norm's weight (E,)
+                           by group (G, E / G): back to (H,), dt_bias, (E,) (_ssm2); the heads are ssm.time_step_rank,
+                           the groups ssm.group_count; no clamp of Δ (llama.cpp's scan has none), the chunks 256
+    jamba        jamba     Mamba's mixer (as mamba) with its three norms (ssm_dt_norm, ssm_b_norm, ssm_c_norm) among
+                           attention layers: attention.head_count_kv one count a layer, 0 for a Mamba layer (the
+                           layers' kinds, gguf.hybrid_layers); the routed layers those holding ffn_gate_inp (the file
+                           has no key for them; Arch.by_tensors), experts stacked; no RoPE
+    granitehybrid granitemoehybrid  Mamba-2's mixer (as mamba2) among Granite's attention layers (Q, K rows interleaved
+                           per head; the kinds as jamba's); input_linear's [gate; up] (experts (E, 2·f, d), the shared
+                           FFN (2·s, d)) split into ffn_gate_* and ffn_up_*: joined back (_gate_up); Granite's four
+                           multipliers; every layer routed; no RoPE (rope.scaling.finetuned, Bamba's, refused)
+    falcon-h1    falcon_h1 attention and Mamba-2's mixer (as mamba2) in every layer (one head_count_kv); the µP
+                           multipliers folded into the weights by the converter (each product's matrix × its multiplier,
+                           in_proj's rows × ssm_multipliers): read as they are, every multiplier 1 (the same numbers);
+                           the gated norm after the gate (llama.cpp's), or none when the file has no ssm_norm
 
 Experts: <a>.expert_count (E), expert_used_count (the k chosen), expert_feed_forward_length (Qwen's
 expert width; OLMoE's and Mixtral's is feed_forward_length) and expert_shared_feed_forward_length
@@ -142,7 +176,7 @@ def config(meta: dict, a: str, dims: dict) -> dict:
           "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
     hf[arch.eps_key or ("rms_norm_eps" if arch.norm == "rms" else "layer_norm_eps")] = dims["eps"]
     if arch.partial_rope:                                            # d_model / heads per head, part of it turned
-        if dk * H != d and a != "glm4":                              # (GLM-4: a head size of its own, key_length)
+        if dk * H != d and a not in ("glm4", "deepseek2"):           # (GLM-4, DeepSeek: a head size of their own)
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
         rope["partial_rotary_factor"] = dims["rope_dims"] / dk
@@ -159,6 +193,8 @@ def moe_config(family: str, dims: dict) -> dict:
     """A mixture's config.json keys as llama.cpp runs the arch: every layer routed, its top-k
     renormalisation fixed per arch (Mixtral, Qwen3-MoE: yes; Qwen2-MoE, OLMoE: no), no window."""
     E, k, fe = dims["E"], dims["k"], dims["f_expert"]
+    if family not in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        return {}                                                    # the family's own Arch.config writes its keys
     if family == "mixtral":
         return {"num_local_experts": E, "num_experts_per_tok": k, "intermediate_size": fe, "sliding_window": None}
     hf = {"num_experts": E, "num_experts_per_tok": k, "norm_topk_prob": family == "qwen3_moe"}
@@ -183,7 +219,9 @@ def choices(a: str, names: set[str]) -> dict:
             "qk_norm": any(".attn_q_norm." in n for n in names),         # StableLM: qk_layernorm
             "ffn_norm": any(".ffn_norm." in n for n in names),           # StableLM: none in a parallel block
             "two_norms": any(".attn_norm_2." in n for n in names),       # Falcon-40B's ln_attn, ln_mlp
-            "fused": {n.split(".")[1] for n in names if n.startswith("blk.") and ".attn_qkv." in n}}
+            "fused": {n.split(".")[1] for n in names if n.startswith("blk.") and ".attn_qkv." in n},
+            "routed": {int(n.split(".")[1]) for n in names if n.startswith("blk.") and ".ffn_gate_inp." in n},
+            "ssm_norm": any(".ssm_norm." in n for n in names)}       # Falcon-H1: the mixers' gated norm, or none
 
 
 def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
@@ -202,7 +240,7 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
         rows |= {"ffn_gate_inp": E, "ffn_gate_shexp": fs, "ffn_up_shexp": fs, "ffn_down_shexp": d}
         cols |= {"ffn_down_shexp": fs}
         stacked = {"ffn_gate_exps": (E, fe, d), "ffn_up_exps": (E, fe, d), "ffn_down_exps": (E, d, fe),
-                   "ffn_gate_inp_shexp": (d,)}
+                   "ffn_gate_inp_shexp": (d,), "exp_probs_b": (E,)}
     vector = {"attn_q_norm": q if wide else dk, "attn_k_norm": kv if wide else dk}
     if arch.family in ("stablelm", "cohere"):                        # a LayerNorm of each head's own, no bias
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
@@ -212,21 +250,37 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
                            if chosen["attn_bias"] else set())
               | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
                                                                        chosen["attn_bias"]) else set())}[arch.biases]
-    shapes = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
+    shapes = {"token_embd.weight": (V, d)}
+    if "output_norm" in arch.top:                                    # (an encoder's blocks end in their own norm)
+        shapes["output_norm.weight"] = (d,)
     if not chosen["tied"]:
         shapes["output.weight"] = (V, d)
     if arch.family == "phi":                                         # the head's bias, tied or not
         shapes["output.bias"] = (V,)
-    if arch.norm_biases:
+    if arch.norm_biases and "output_norm" in arch.top:
         shapes["output_norm.bias"] = (d,)
+    if "token_types" in arch.top:                                    # BERT's token types: T rows
+        shapes["token_types.weight"] = (dims["T"], d)
     if "token_embd_norm" in arch.top:                                # BLOOM: a LayerNorm after the embeddings
         shapes |= {"token_embd_norm.weight": (d,), "token_embd_norm.bias": (d,)}
     if "position_embd" in arch.top:
         shapes["position_embd.weight"] = (dims["n_ctx"], d)
+    own = dims.get("part_shapes", {})                                # a family's own (its Arch.config's), None: absent
     for i in range(dims["L"]):
         for part in (*arch.layer, *(arch.experts or ())):
+            if "kinds" in dims and not _of_kind(part, dims["kinds"][i]):
+                continue                                             # a hybrid: attention or scan parts
+            if arch.experts and not _in_layer(arch, part, i, dims):
+                continue                                             # a dense layer's experts, a routed one's FFN
+            if part in own:                                          # a shape (its weight's), or {kind: shape}
+                spec = own[part] if isinstance(own[part], dict) else {
+                    "bias" if part == "exp_probs_b" else "weight": own[part]}
+                shapes |= {f"blk.{i}.{part}{'.' + kind if kind else ''}": shape for kind, shape in spec.items()
+                           if shape is not None}                    # (kind "": a name without one, Mamba's ssm_a)
+                continue
             if arch.experts and part in stacked:
-                shapes[f"blk.{i}.{part}.weight"] = stacked[part]
+                kind = "bias" if part == "exp_probs_b" else "weight"     # the choice bias: blk.{i}.exp_probs_b.bias
+                shapes[f"blk.{i}.{part}.{kind}"] = stacked[part]
                 continue
             if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
@@ -250,13 +304,52 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# A mixture's parts that only its routed layers hold, and those only its dense layers hold (gguf's names).
+ROUTED_PARTS = {"ffn_gate_inp", "exp_probs_b", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                "ffn_gate_inp_shexp"}
+DENSE_PARTS = {"ffn_gate", "ffn_up", "ffn_down"}
+
+
+def _in_layer(arch: Arch, part: str, i: int, dims: dict) -> bool:
+    """Whether layer I of a mixture holds PART: its routed layers (i ≥ leading_dense_block_count and (i + 1) a
+    multiple of interleave_moe_layer_step, as llama.cpp's graphs route) the router and experts (and the shared
+    experts, when they are wider than 0), its dense layers one FFN; every other part, every layer. A family whose
+    file says its routed layers by their tensors alone (Jamba: those holding ffn_gate_inp) has them in dims'
+    `routed`."""
+    routed = i in dims["routed"] if "routed" in dims else i >= dims["dense_lead"] and (i + 1) % dims["moe_step"] == 0
+    if part.endswith("_shexp") and not dims["f_shared"]:
+        return False
+    if part in ROUTED_PARTS or part in arch.experts:
+        return routed
+    return not routed if part in DENSE_PARTS else True
+
+
+ATTENTION_PARTS = {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm", "attn_k_norm"}
+
+
+def _of_kind(part: str, kind: str) -> bool:
+    """Whether a hybrid's layer of KIND ("attention", "mamba") holds PART: attention's parts only the attention
+    layers, the scan's (ssm_*) only the scan layers, every other part (norms, FFNs) both."""
+    if part in ATTENTION_PARTS:
+        return kind == "attention"
+    return kind == "mamba" if part.startswith("ssm_") else True
+
+
 def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tuple[str, tuple, Split]]:
     """The Hugging Face tensors GGUF tensor NAME (of SHAPE) becomes: (name, shape, array → array) each."""
     arch = ARCHS[a]
-    stem, kind = name.rsplit(".", 1)
+    stem, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "")
     if stem.startswith("blk."):
         _, i, part = stem.split(".", 2)
         prefix = f"{arch.layers}.{i}."
+        if part in SSM2_PARTS and arch.family in SSM2_FAMILIES:      # Mamba-2's mixer: one A, D a head
+            return _ssm2(prefix + arch.layer[part], part, kind, shape)
+        if part in SSM_PARTS:                                        # Mamba's mixer
+            return _ssm(prefix + arch.layer[part], part, kind, shape)
+        if arch.family == "granitemoehybrid" and part in GATE_UP_PARTS:   # Granite's FFNs: gate and up one matrix
+            return _gate_up(prefix + (arch.layer | (arch.experts or {}))[part], part, name, shape, dims)
+        if arch.family == "gpt_oss" and part in arch.experts:        # gpt-oss: its experts fused, gate and up
+            return _gpt_oss_experts(prefix, name, shape, dims)       # interleaved
         if arch.experts and part in arch.experts:                    # (E, out, in) → experts.{e}: (out, in) each
             return [(prefix + arch.experts[part].format(e=e) + f".{kind}", shape[1:], lambda w, e=e: w[e])
                     for e in range(shape[0])]
@@ -264,6 +357,14 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
             return [(f"{prefix}ln_mlp.{kind}", shape, lambda w: w)]     # llama.cpp: attn_norm feeds the FFN
         if part == "ffn_gate_inp_shexp":                             # (d,) → Hugging Face's (1, d)
             return [(prefix + arch.layer[part] + f".{kind}", (1, *shape), lambda w: w[None])]
+        if arch.family in ("deepseek_v2", "deepseek_v3") and part in ("attn_k_b", "attn_v_b"):
+            return _latent_kv_b(prefix + arch.layer["attn_kv_b"], name, shape, dims)
+        if part == "attn_sinks":                                     # gpt-oss's sinks (H,): self_attn.sinks, no kind
+            return [(prefix + arch.layer[part], shape, lambda w: w)]
+        if part == "exp_probs_b":                                    # the choice bias (E,): its own full name,
+            rows = arch.family == "ernie4_5_moe"                     # Ernie's moe_statics (1, E)
+            return [(prefix + arch.layer[part], (1, *shape) if rows else shape, (lambda w: w[None]) if rows
+                     else (lambda w: w))]
         hf = prefix + arch.layer[part]
     else:
         part, hf = stem, arch.top[stem]
@@ -295,6 +396,99 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
             return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape(w.shape))
         return [(f"{hf}.{kind}", shape, by_group)]
     return [(f"{hf}.{kind}", shape, same)]
+
+
+SSM_PARTS = {"ssm_conv1d", "ssm_a", "ssm_d"}
+
+
+def _ssm(hf: str, part: str, kind: str, shape: tuple[int, ...]) -> list[tuple[str, tuple, Split]]:
+    """Mamba's mixer tensors llama.cpp's converter changed: A = −exp(A_log), written as ssm_a (no kind), back to
+    A_log = log(−A); the conv's weight (E, 1, k) squeezed to (E, k), back to (E, 1, k); D as ssm_d (no kind)."""
+    if part == "ssm_a":
+        return [(hf, shape, lambda w: np.log(-w))]                   # A_log (E, N)
+    if part == "ssm_d":
+        return [(hf, shape, lambda w: w)]                            # D (E,)
+    if kind == "weight":
+        return [(f"{hf}.weight", (shape[0], 1, shape[1]), lambda w: w[:, None, :])]     # (E, 1, k)
+    return [(f"{hf}.{kind}", shape, lambda w: w)]
+
+
+SSM2_PARTS = {"ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "ssm_norm"}
+SSM2_FAMILIES = ("mamba2", "granitemoehybrid", "falcon_h1")   # families whose mixer is Mamba-2's (its names)
+
+# A gate and its up, which the converter split from one [gate; up] matrix (GraniteMoe's input_linear): gate → up.
+GATE_UP = {"ffn_gate_exps": "ffn_up_exps", "ffn_gate_shexp": "ffn_up_shexp", "ffn_gate": "ffn_up"}
+GATE_UP_PARTS = {*GATE_UP, *GATE_UP.values(), "ffn_down_exps", "ffn_down_shexp", "ffn_down"}
+
+
+def _gate_up(hf: str, part: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tuple[str, tuple, Split]]:
+    """Granite's fused FFN tensors from llama.cpp's split ones: the up part's plan rebuilds [gate; up] along the rows
+    ((E, 2·f, d) from two (E, f, d), or (2·f, d) from two (f, d)), reading the gate too; the gate's plan is none; the
+    down part is itself."""
+    if part in GATE_UP:
+        return []
+    if part not in GATE_UP.values():
+        return [(f"{hf}.weight", shape, lambda w: w)]
+    gate_of = dims["values"][name.replace(f".{part}.", f".{next(g for g, u in GATE_UP.items() if u == part)}.")]
+    rows = len(shape) - 2                                            # the out axis: 1 stacked, 0 plain
+
+    def joined(up: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.concatenate([gate_of(), up], axis=rows))      # [gate; up]
+    return [(f"{hf}.weight", (*shape[:rows], 2 * shape[rows], shape[-1]), joined)]
+
+
+def _ssm2(hf: str, part: str, kind: str, shape: tuple[int, ...]) -> list[tuple[str, tuple, Split]]:
+    """Mamba-2's mixer tensors llama.cpp's converter changed: A = −exp(A_log) and D, each (H,), written (H, 1) as ssm_a
+    and ssm_d (no kind): back to A_log = log(−A) and D, (H,); dt_bias as ssm_dt.bias (no weight: HF's name has no
+    kind); the gated norm's weight (E,) written (G, E / G) by group: back to (E,); the conv as Mamba's."""
+    if part == "ssm_a":
+        return [(hf, shape[:1], lambda w: np.log(-w[:, 0]))]         # A_log (H,)
+    if part == "ssm_d":
+        return [(hf, shape[:1], lambda w: np.ascontiguousarray(w[:, 0]))]     # D (H,)
+    if part == "ssm_dt":
+        return [(hf, shape, lambda w: w)]                            # dt_bias (H,)
+    if part == "ssm_norm":
+        return [(f"{hf}.{kind}", (shape[0] * shape[1],), lambda w: w.reshape(-1))]   # (E,)
+    return _ssm(hf, part, kind, shape)
+
+
+def _latent_kv_b(hf: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tuple[str, tuple, Split]]:
+    """DeepSeek's kv_b_proj (H·(d_nope + d_v), r_kv), which llama.cpp's converter splits per head into attn_k_b
+    (H, r_kv, d_nope), K's rows transposed, and attn_v_b (H, d_v, r_kv): attn_v_b's plan joins them back (reading
+    attn_k_b too); attn_k_b's is none."""
+    if ".attn_k_b." in name:
+        return []
+    H, d_v, r = shape
+    k_b_of = dims["values"][name.replace(".attn_v_b.", ".attn_k_b.")]
+    d_nope = dims["d_head"] - dims["rope_dims"]
+
+    def joined(v_b: np.ndarray) -> np.ndarray:
+        k_b = k_b_of().transpose(0, 2, 1)                              # (H, d_nope, r)
+        return np.ascontiguousarray(np.concatenate([k_b, v_b], axis=1).reshape(-1, r))   # (H·(d_nope + d_v), r)
+    return [(hf + ".weight", (H * (d_nope + d_v), r), joined)]
+
+
+def _gpt_oss_experts(prefix: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tuple[str, tuple, Split]]:
+    """gpt-oss's fused experts from llama.cpp's three stacks: ffn_down_exps (E, d, f) is down_proj (E, f, d)
+    transposed (its bias (E, d) as it is); ffn_up_exps's plan rebuilds gate_up_proj (E, d, 2·f), the columns of gate
+    (ffn_gate_exps, read too) and up interleaved (its bias (E, 2·f) the same way); ffn_gate_exps's is none."""
+    kind = name.rsplit(".", 1)[1]
+    p = f"{prefix}mlp.experts."
+    if ".ffn_down_exps." in name:
+        if kind == "bias":
+            return [(f"{p}down_proj_bias", shape, lambda w: w)]
+        return [(f"{p}down_proj", (shape[0], shape[2], shape[1]), lambda w: np.ascontiguousarray(w.transpose(0, 2, 1)))]
+    if ".ffn_gate_exps." in name:
+        return []
+    gate_of = dims["values"][name.replace(".ffn_up_exps.", ".ffn_gate_exps.")]
+
+    def interleaved(up: np.ndarray) -> np.ndarray:                   # (E, f, d) or (E, f) each
+        gate = gate_of()
+        both = np.stack([gate, up], axis=2).reshape(up.shape[0], 2 * up.shape[1], *up.shape[2:])   # rows g0 u0 g1 u1 …
+        return np.ascontiguousarray(both.transpose(0, 2, 1) if kind == "weight" else both)
+    if kind == "bias":
+        return [(f"{p}gate_up_proj_bias", (shape[0], 2 * shape[1]), interleaved)]
+    return [(f"{p}gate_up_proj", (shape[0], shape[2], 2 * shape[1]), interleaved)]
 
 
 def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -52,11 +52,14 @@ class GGUFTensors(ByName):
     def _rows(matrix: StoredMatrix | None, shape, hf_shape, fn) -> StoredMatrix | None:
         """The plan's tensor as rows of MATRIX (a StoredMatrix of those rows), or None when it is not rows
         of the file (a transposed Conv1D, a vector) or MATRIX is None."""
-        if matrix is None or len(hf_shape) != 2 or hf_shape[1] != shape[1]:
-            return None
-        rows = fn(np.arange(shape[0], dtype=np.float64)[:, None])      # the plan on a column of row numbers
+        if matrix is None or len(hf_shape) != 2 or hf_shape[1] != shape[1] or hf_shape[0] > shape[0]:
+            return None                                              # (more rows than the file's: joined with another)
+        with np.errstate(all="ignore"):                              # (a plan of values, not rows: refused below)
+            rows = fn(np.arange(shape[0], dtype=np.float64)[:, None])  # the plan on a column of row numbers
         if rows.shape != (hf_shape[0], 1):
             return None
+        if not np.isfinite(rows).all() or np.any(rows != np.round(rows)) or np.any((rows < 0) | (rows >= shape[0])):
+            return None                                              # not rows but values changed (Mamba's log(−A))
         order = rows[:, 0].astype(np.int64)
         if np.array_equal(order, np.arange(shape[0])):
             return matrix

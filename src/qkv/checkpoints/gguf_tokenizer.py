@@ -6,7 +6,11 @@ We follow llama.cpp, whose behaviour is the model's own tokenizer: for `smollm` 
 is split off first, then the GPT-2 byte-level regex applies (transformers' GGUF converter
 does not know `smollm` and uses the plain GPT-2 regex, which differs on whitespace before
 digits). Control and user-defined tokens (`<|im_start|>`, …) are special: matched whole,
-never split.
+never split. A BERT file's WordPiece vocabulary (`tokenizer.ggml.model` "bert": nomic-bert) is written by llama.cpp's
+converter in "phantom space" form — a word-initial piece as ▁piece, a continuation as the bare piece, [SPECIAL]s as
+they are — and read back as WordPiece's piece / ##piece, normalised and split as the model's own BERT tokenizer
+(lowercase, accents stripped, punctuation split off: llama.cpp's WPM splits alike; accented text is not checked
+against it), wrapped in [CLS] … [SEP] when the file adds them.
 """
 
 from __future__ import annotations
@@ -60,9 +64,11 @@ def build(reader, meta: dict) -> tuple[str, dict, int]:
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "bert":
+        return _word_piece(reader, meta)
     if kind != "gpt2":
         raise QkvError(f"GGUF tokenizer model {kind!r} is not supported; qkv reads byte-level BPE ('gpt2') "
-                       "tokenizers")
+                       "and BERT's WordPiece ('bert') tokenizers")
     tokens = _array(reader, "tokenizer.ggml.tokens")
     merges = _array(reader, "tokenizer.ggml.merges")
     if not tokens or merges is None:
@@ -102,4 +108,43 @@ def build(reader, meta: dict) -> tuple[str, dict, int]:
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str):
         config["chat_template"] = template
+    return tok.to_str(), {k: v for k, v in config.items() if v is not None}, len(tokens)
+
+
+def _word_piece(reader, meta: dict) -> tuple[str, dict, int]:
+    """A BERT file's tokenizer (see the module's docstring): (tokenizer.json text, tokenizer_config.json, size)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    tokens = _array(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise QkvError("the GGUF file has no tokenizer.ggml.tokens; it is not a complete model")
+    types = _array(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise QkvError("the GGUF tokenizer has token types for a different number of tokens; the file is damaged")
+
+    def piece(t: str) -> str:                                        # phantom space → WordPiece's
+        if t.startswith("[") and t.endswith("]"):
+            return t
+        return t[1:] if t.startswith("\u2581") else "##" + t
+    pieces = [piece(t) for t in tokens]
+    vocab = {t: i for i, t in enumerate(pieces)}
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return pieces[i] if isinstance(i, int) and 0 <= i < len(pieces) else None
+
+    unk = token("unknown") or "[UNK]"
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token=unk, continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(pieces, types)
+                            if k in (_CONTROL, _USER_DEFINED)])
+    cls, sep = token("bos"), token("seperator")                      # (gguf's spelling)
+    if meta.get("tokenizer.ggml.add_bos_token") and cls is not None and sep is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    config = {"cls_token": cls, "sep_token": sep, "pad_token": token("padding"), "unk_token": unk,
+              "mask_token": token("mask"), "tokenizer_class": "PreTrainedTokenizerFast"}
     return tok.to_str(), {k: v for k, v in config.items() if v is not None}, len(tokens)

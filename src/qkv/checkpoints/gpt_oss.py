@@ -22,6 +22,12 @@ Knobs transformers reads that change no number qkv computes: hidden_act (GptOssE
 always g·σ(α·g)), attention_dropout (training mode only), router_aux_loss_coef and output_router_logits (the
 load-balancing loss of transformers' training; qkv trains on the cross-entropy alone, as mixtral's, moe.py),
 initializer_range, use_cache.
+
+llama.cpp's `gpt-oss` files (GGUF): the experts as three stacks, gate and up de-interleaved and each (E, out, in)
+(ffn_gate_exps, ffn_up_exps, ffn_down_exps, with their biases; MXFP4 blocks read as gguf dequantises them), the sinks as
+attn_sinks, the router as ffn_gate_inp; every other layer sliding from layer 0 (llama.cpp's pattern) with the file's
+sliding_window; the clamp fixed at llama.cpp's limit 7 and α 1.702; YaRN as llama.cpp turns it (its ramp's ends
+floored and ceiled: truncate true).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from ..core.weights import FFNWeights, MoEWeights
 from ..runtime.errors import QkvError
 from .common import (ROTARY_BUFFERS, check_shapes, decoder_sizes, layer_types, layer_windows, reads_back,
                      rope_parameters, special_ids)
-from .table import About, How, Row, attention, both_ways, layer_norm, lm_head, out_bias, qkv_bias
+from .table import (LLAMA_TOP, About, Arch, How, Row, attention, both_ways, gguf_positive, layer_norm, lm_head,
+                    out_bias, qkv_bias)
 
 MODEL_TYPES = ("gpt_oss",)
 
@@ -188,3 +195,53 @@ def hf_config(cfg: ModelConfig) -> dict:
         **special_ids(cfg),
     }
     return reads_back(cfg, hf, config)
+
+
+LLAMA_CPP_GLU = {"swiglu_limit": 7.0, "swiglu_alpha": 1.702}        # llama.cpp's gpt-oss graph: fixed, not in the file
+
+
+def _gguf_rope(meta: dict, a: str, theta: float) -> dict:
+    """rope_parameters from a gpt-oss file's RoPE keys: none (plain), or YaRN by its factor and original context, beta
+    fast / slow 32 / 1 unless the file says, truncated as llama.cpp's corr_dims floor and ceil them."""
+    kind = meta.get(f"{a}.rope.scaling.type", "none")
+    if kind == "none":
+        return {"rope_type": "default", "rope_theta": theta}
+    if kind != "yarn":
+        raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported for gpt-oss; qkv runs plain RoPE and YaRN")
+    return {"rope_type": "yarn", "rope_theta": theta, "factor": gguf_positive(meta, a, "rope.scaling.factor"),
+            "original_max_position_embeddings": int(gguf_positive(meta, a, "rope.scaling.original_context_length")),
+            "beta_fast": gguf_positive(meta, a, "rope.scaling.yarn_beta_fast", 32.0),
+            "beta_slow": gguf_positive(meta, a, "rope.scaling.yarn_beta_slow", 1.0), "truncate": True}
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """gpt-oss's config.json of a llama.cpp file (and its tensors' shapes, dims' part_shapes: the sinks, the experts
+    with their biases): its window over every other layer, YaRN (dims' rope_read: read here), llama.cpp's clamp."""
+    window = meta.get(f"{a}.attention.sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise QkvError(f"the GGUF gpt-oss model has attention.sliding_window {window!r:.20}; it needs a positive whole "
+                       "number (llama.cpp slides every other layer by it); the file is damaged")
+    H, d, E, f = dims["H"], dims["d"], dims["E"], dims["f_expert"]
+    dims["rope_read"] = True
+    dims["part_shapes"] = {"attn_sinks": (H,), "ffn_gate_exps": {"weight": (E, f, d), "bias": (E, f)},
+                           "ffn_up_exps": {"weight": (E, f, d), "bias": (E, f)},
+                           "ffn_down_exps": {"weight": (E, d, f), "bias": (E, d)}}
+    L = dims["L"]
+    return hf | LLAMA_CPP_GLU | {
+        "rope_parameters": _gguf_rope(meta, a, dims["theta"]), "sliding_window": window,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)],
+        "intermediate_size": f, "num_local_experts": E, "num_experts_per_tok": dims["k"], "attention_bias": True}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table; its experts' fused tensors: gguf_archs._gpt_oss_experts).
+GGUF = {
+    "gpt-oss": Arch("gpt_oss", "GptOssForCausalLM",
+                    {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_sinks": "self_attn.sinks",
+                     "post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router"},
+                    LLAMA_TOP, biases="all",
+                    keys=("attention.sliding_window", "expert_feed_forward_length", "rope.scaling.yarn_beta_fast",
+                          "rope.scaling.yarn_beta_slow"),
+                    experts={"ffn_gate_exps": "mlp.experts.gate_up_proj", "ffn_up_exps": "mlp.experts.gate_up_proj",
+                             "ffn_down_exps": "mlp.experts.down_proj"}, config=_gguf_config),
+}

@@ -21,7 +21,9 @@ The model's "heads" (n_heads 1 on loading) are groups of the E channels the view
 (model.with_config(n_heads=G, d_head=E // G) shows G groups).
 
 Its tensors, under MambaForCausalLM's names (backbone., an older checkpoint's backbone.embedding.weight too):
-`weights` / `tensors` below.
+`weights` / `tensors` below. llama.cpp's `mamba` files (GGUF): the sizes as ssm.* keys, A stored as −exp(A_log)
+(ssm_a, read back as log(−A)), the conv's weight squeezed to (E, k), the conv's and Δ's biases always, no in_proj /
+out_proj biases, no head when tied.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..core.mamba import Mamba, MambaBlockWeights, MixerWeights
 from ..core.weights import NormWeights, Weights
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, c_arrays, need, reads_back, special_ids
-from .table import About
+from .table import About, Arch
 
 MODEL_TYPES = ("mamba",)
 
@@ -153,3 +155,34 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
     if not cfg.tied_embeddings:
         t["lm_head.weight"] = weights.W_vocab.T
     return c_arrays(t)
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Mamba's config.json of a llama.cpp file (its own: none of the attention keys the common config wrote), and its
+    mixer's shapes (dims' part_shapes). Refused: ssm.dt_b_c_rms (Falcon-Mamba's norms of Δ, B, C: another model)."""
+    if meta.get(f"{a}.ssm.dt_b_c_rms", False) is not False:
+        raise QkvError("the GGUF mamba model normalises Δ, B and C (ssm.dt_b_c_rms: Falcon-Mamba), which a "
+                       "MambaForCausalLM does not; qkv runs plain Mamba files")
+    d, E, N, k, R = dims["d"], dims["d_inner"], dims["d_state"], dims["d_conv"], dims["dt_rank"]
+    if E % d:
+        raise QkvError(f"the GGUF mamba model has {E} channels for d_model {d}; a MambaForCausalLM has a whole "
+                       "multiple (expand); the file is damaged")
+    dims["part_shapes"] = {"ssm_in": (2 * E, d), "ssm_conv1d": {"weight": (E, k), "bias": (E,)},
+                           "ssm_x": (R + 2 * N, E), "ssm_dt": {"weight": (E, R), "bias": (E,)}, "ssm_a": {"": (E, N)},
+                           "ssm_d": {"": (E,)}, "ssm_out": (d, E)}
+    return {"hidden_size": d, "num_hidden_layers": dims["L"], "state_size": N,
+            "expand": E // d, "conv_kernel": k, "time_step_rank": R, "use_bias": False, "use_conv_bias": True,
+            "hidden_act": "silu", "layer_norm_epsilon": dims["eps"], "residual_in_fp32": True}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table; its mixer's changed tensors: gguf_archs._ssm).
+GGUF = {
+    "mamba": Arch("mamba", "MambaForCausalLM",
+                  {"attn_norm": "norm", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d",
+                   "ssm_x": "mixer.x_proj", "ssm_dt": "mixer.dt_proj", "ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
+                   "ssm_out": "mixer.out_proj"},
+                  {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"},
+                  layers="backbone.layers",
+                  keys=("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.dt_b_c_rms"),
+                  config=_gguf_config),
+}

@@ -53,9 +53,10 @@ ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausa
                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 # Where each family keeps a MoE layer's router and experts, and its experts' three matrices (gate, up, down).
-MOE = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp", "olmoe": "mlp"}
+MOE = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp", "olmoe": "mlp",
+       "qwen3_next": "mlp"}                                     # (qwen3_next.py reads its MoE layers by Routed)
 QWEN = ("gate_proj", "up_proj", "down_proj")
-EXPERT = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": QWEN, "qwen3_moe": QWEN, "olmoe": QWEN}
+EXPERT = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": QWEN, "qwen3_moe": QWEN, "olmoe": QWEN, "qwen3_next": QWEN}
 QK_NORM = {"qwen3_moe": "head", "olmoe": "all"}
 
 __all__ = ["IGNORED", "config", "weights", "hf_config", "tensors"]

@@ -16,7 +16,10 @@ writes back (its conversion mapping renames them in memory: q/k/v_proj, up/gate/
 Positions are 0…n−1 whatever the mask, as transformers numbers them; a size config.json leaves out is
 NomicBertConfig's default (as transformers reads nomic-embed-text-v1.5's config.json, whose n_embd … it ignores). rope_parameters' scalings are read as for
 Llama; a partial_rotary_factor is refused (NomicBertRotaryEmbedding turns whole heads). `hf_config` / `tensors`
-write a NomicBertModel or NomicBertForMaskedLM.
+write a NomicBertModel or NomicBertForMaskedLM. llama.cpp's `nomic-bert` files (GGUF): the encoder as stored (Wqkv's
+rows [Q; K; V] in both, RoPE on halves), no masked-LM head (an embedding model: its hidden states), the token types
+(tokenizer.ggml.token_type_count), attention.causal false, the WordPiece vocabulary in phantom-space form
+(gguf_tokenizer).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from .common import HF_ACTIVATIONS, activation, check_shapes, need, reads_back, rope_parameters, special_ids
 from .roberta import masked_lm
-from .table import About, Head, How, Row, both_ways, fused_qkv, gated_ffn, layer_norm, linear
+from .table import About, Arch, Head, How, Row, both_ways, fused_qkv, gated_ffn, layer_norm, linear
 
 MODEL_TYPES = ("nomic_bert",)
 
@@ -131,3 +134,33 @@ def hf_config(cfg: ModelConfig) -> dict:
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
         **special_ids(cfg),
     }, config)
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """nomic-bert's config.json of a llama.cpp file: a NomicBertModel (no head), its token types, SwiGLU (SiLU).
+    pooling_type is read and dropped (how llama.cpp pools the hidden states into one embedding, after the model: qkv
+    gives the hidden states); causal attention is refused."""
+    if meta.get(f"{a}.attention.causal", False) is not False:
+        raise QkvError(f"the GGUF nomic-bert model has attention.causal {meta[f'{a}.attention.causal']!r:.10}; "
+                       "nomic-bert attends both ways (false); the file is damaged")
+    T = meta.get("tokenizer.ggml.token_type_count", 2)
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise QkvError(f"the GGUF value tokenizer.ggml.token_type_count = {T!r:.20} is not a whole number ≥ 1; the "
+                       "file is damaged")
+    dims["T"] = T
+    return {k: v for k, v in hf.items() if k not in ("num_key_value_heads", "rope_theta", "intermediate_size")} | {
+        "architectures": ["NomicBertModel"], "intermediate_size": dims["f"], "type_vocab_size": T,
+        "head_dim": dims["d_head"], "rope_parameters": {"rope_type": "default", "rope_theta": dims["theta"]}}
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): BERT's names for nomic's blocks.
+GGUF = {
+    "nomic-bert": Arch("nomic_bert", "NomicBertModel",
+                       {"attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "attn_output_norm": "norm1",
+                        "ffn_up": "mlp.fc11", "ffn_gate": "mlp.fc12", "ffn_down": "mlp.fc2",
+                        "layer_output_norm": "norm2"},
+                       {"token_embd": "embeddings.word_embeddings", "token_types": "embeddings.token_type_embeddings",
+                        "token_embd_norm": "emb_ln"},
+                       norm="layer", norm_biases=True, layers="encoder.layers",
+                       keys=("attention.causal", "pooling_type"), config=_gguf_config),
+}

@@ -412,6 +412,9 @@ class Arch:
     eps_key: str | None = None          # config.json's name of the norms' ε (None: rms_norm_eps / layer_norm_eps)
     config: Callable[[dict, str, dict, dict], dict] | None = None
     # (metadata, arch, sizes, the config.json gguf_archs built) → the family's config.json: its own keys
+    by_tensors: Callable[[dict, dict, dict], None] | None = None
+    # (config.json, sizes, gguf_archs.choices): what the file says only by the tensors it holds (Jamba's routed
+    # layers), written into the config and the sizes
 
 
 # The GGUF tensor names of a Llama-style block, which many architectures share (each family module takes

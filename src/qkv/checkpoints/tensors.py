@@ -31,7 +31,7 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
 
 # Where a task model keeps its base model's tensors (BertForMaskedLM: "bert.", Llama: "model.").
 PREFIXES = ("", "model.", "bert.", "transformer.", "gpt_neox.", "roberta.", "distilbert.", "electra.", "vit.",
-            "albert.", "mpnet.", "deberta.", "nomic_bert.")
+            "albert.", "mpnet.", "deberta.", "nomic_bert.", "longformer.", "esm.")
 
 
 _FLOATS = ("F64", "F32", "F16", "BF16")

@@ -37,6 +37,7 @@ from .write import chat_cmd, generate, translate_cmd
 from ..runtime.errors import QkvError
 from .tables import head_matrix, heads_table, print_cross
 from .train import train as train_cmd
+from .transcribe import transcribe_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,11 +77,14 @@ def cli(weights: str | None, quiet: bool) -> None:
 @click.option("--texts", default=None, metavar="TEXT,TEXT,…",
               help="An image–text pair (CLIP, SigLIP): score the image against these comma-separated texts "
                    "(the similarity row: logits and probabilities).")
+@click.option("--global-tokens", "global_tokens", default=None, metavar="I,J,…",
+              help="Longformer: the positions (from 0) that attend globally, reading every key with their own Q, K, V "
+                   "(transformers' global_attention_mask)  [default: none, as LongformerForMaskedLM].")
 @steer_options
 def show(text: str, source: str, layer: int | None, head: int | None, out_dir: str | None,
          ablate: tuple[str, ...], prefix: str | None, max_tokens: int, budget_mb: float | None,
          texts: str | None = None, sae_dir: str | None = None, steer: tuple[str, ...] = (),
-         ablate_direction: tuple[str, ...] = ()) -> None:
+         ablate_direction: tuple[str, ...] = (), global_tokens: str | None = None) -> None:
     """Print the tokens of TEXT and where each head of a layer looks.
 
     With --steer FILE@LAYER:SCALE (a control vector; --sae DIR --steer FEATURE:ALPHA, an SAE's features) or
@@ -105,13 +109,16 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
     classifier reads), and with --out draw that over the image (each head, every layer, attention rollout)
     and write the viewer in its image mode (click a patch to see where it looks).
 
-    On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) and --prefix its transcript;
-    print where each word looks in time (cross-attention of a decoder layer) and with --out draw it.
+    On Whisper: TEXT is an .npy file of one sound's log-mel features (mels × frames) or a sound file (WAV, FLAC,
+    OGG) and --prefix its transcript; print where each word looks in time (cross-attention of a decoder layer) and
+    with --out draw it. Without --prefix Whisper writes the transcript itself: each word is printed with its span
+    (word timestamps by DTW over the alignment heads), and --out draws the spectrogram with each word's attention
+    over time under it (words.png) and writes words.html, where clicking a word plays it.
 
     On a CLIP or SigLIP pair: TEXT is an image, shown by its image tower; --texts "a cat,a dog" prints its
     similarity to each text (CLIP: e^s·cos and the softmax over the texts; SigLIP: e^s·cos + b and each σ).
     """
-    from .common import load_model as load
+    from .common import load_model as load, with_global_tokens
     from ..models.audio_model import AudioModel
     from ..models.contrastive import PairModel
     from ..models.image_model import ImageModel
@@ -123,6 +130,8 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
         raise QkvError(f"--steer and --ablate-direction act on a single stack's stream of text; {model.name} is "
                        f"{model.config.family}: drop them")
     model = steered(model, sae_dir, steering)
+    if global_tokens is not None:
+        model = with_global_tokens(model, global_tokens)
     if texts is not None or isinstance(model, PairModel):           # CLIP, SigLIP: the image, then its texts
         from .show_image import show_pair
 
@@ -179,6 +188,10 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
             click.echo(f"heads knocked out (their output A·V set to 0 in every pass): "
                        f"{', '.join(f'L{l}.H{h}' for l, h in knocked_out)}")
         _print_layer(trace, model, layer, head)
+        if getattr(model.weights, "W_contact", None) is not None:     # ESM: its contact map and the heads that draw it
+            from .show_protein import print_contacts
+
+            print_contacts(model, text)
         if out_dir is not None:
             from ..viz.figures import focused_head
 
@@ -341,6 +354,7 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     tokens, from a trace that kept every intermediate) and the figures into OUT_DIR, all or nothing
     (`io.FileBatch`)."""
     from ..analysis.sections import viewer_sections
+    from ..core.capabilities import lacking
     from ..runtime.io import FileBatch
     from ..viz.figures import save_figures
     from ..viz.html import viewer_html
@@ -351,7 +365,8 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
-            if len(trace.tokens) <= PIPELINE_TOKENS and model.config.mamba is None:   # (Mamba: no q, k, v to draw)
+            if (len(trace.tokens) <= PIPELINE_TOKENS                  # every layer a plain block (Mamba: no q, k, v
+                    and lacking(model.config, {"plain_block"}) is None):  # to draw; MiniMax, Qwen3-Next: no softmax)
                 files.write_text("pipeline.html", pipeline_html(model, trace, layer=layer, head=head or 0))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:
@@ -437,6 +452,7 @@ for command in (explain_cmd, next_cmd):
     cli.add_command(command)      # the walkthrough, its lessons, the next token (cli/explain.py)
 for command in (lens_cmd, rollout_cmd, dla_cmd, attribute_cmd, patch_cmd, circuits_cmd, trace_fact_cmd):
     cli.add_command(command)      # beyond attention weights (cli/interpret.py, cli/attribution.py, cli/causal.py)
+cli.add_command(transcribe_cmd)   # Whisper writes what it hears (cli/transcribe.py)
 cli.add_command(neurons_cmd)      # FFN neurons as key–value memories (cli/neurons.py)
 cli.add_command(activations_cmd)  # a layer's activations over a corpus, stored in shards (cli/activations.py)
 cli.add_command(sae_cmd)          # sparse autoencoders: qkv sae train|eval (cli/sae.py)

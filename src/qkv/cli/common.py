@@ -52,6 +52,22 @@ def load_model(source, default: str | None = None, pairs: bool = False):
     return model
 
 
+def with_global_tokens(model, given: str):
+    """MODEL attending globally from the positions GIVEN ("0,5"; Longformer's global_attention_mask): one QkvError
+    for a list that is not of whole numbers ≥ 0, or a model without global projections."""
+    try:
+        tokens = tuple(int(t) for t in given.split(",") if t.strip())
+    except ValueError:
+        tokens = ()
+    if not tokens or min(tokens) < 0:
+        raise QkvError(f"--global-tokens {given!r:.40} must be positions ≥ 0 separated by commas, e.g. 0,5")
+    blocks = getattr(getattr(model, "weights", None), "blocks", None) or [None]
+    if getattr(getattr(blocks[0], "attn", None), "W_Qg", None) is None:
+        raise QkvError(f"--global-tokens needs a model with global attention (Longformer); {model.name} has none: "
+                       "drop the flag")
+    return model.with_config(global_tokens=tokens)
+
+
 _quiet = {"on": False}
 
 

@@ -92,7 +92,10 @@ def _held(model) -> str:
     """How a model loaded with its file's default holds its weights: "stored" (a GGUF's blocks) or "float32"."""
     from ..runtime.stored import StoredMatrix
 
-    return "stored" if isinstance(model.weights.blocks[0].attn.W_O, StoredMatrix) else str(np.dtype(model.dtype))
+    box = next((b.attn for b in model.weights.blocks if b.attn is not None), None)   # a Mamba stack: its mixer
+    box = box if box is not None else getattr(model.weights.blocks[0], "mixer", None)
+    stored = any(isinstance(v, StoredMatrix) for v in vars(box).values()) if box is not None else False
+    return "stored" if stored else str(np.dtype(model.dtype))
 
 
 def _print(d, top: int) -> None:

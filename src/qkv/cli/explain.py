@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed_if_failed, write_figure
+from ..core.capabilities import require
 from ..runtime.errors import QkvError
 from ..lessons import Topic, explain_help, register
 from .options import READER, WRITER, model_option, prefix_option, text_argument
@@ -89,6 +90,9 @@ def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, he
 
                 options = {"layer": layer, "transcoders": load_transcoders(transcoders_dir)}
             model = None if name is None else _follows(load(name), topic)
+            if topic == "sparse" and model is not None:      # every layer's q, k, v and heads through the kernels
+                require(model.config, model.name, "the sparse lesson (every layer's softmax(q·kᵀ)·V in the sparse "
+                        "kernels)", {"plain_softmax", "plain_heads"}, instead="use --model smollm2 or --model minilm")
             with status(f"computing the {topic} lesson{'' if model is None else f' on {model.name}'} …"):
                 built = lesson.build(model, text, **options)
             for part in lesson.render(built, lang):

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .kernels import tiled_attention
-from .masks import visible
+from .masks import same_chunk, visible
 from .ops import softmax_, softmax_backward, softmax_sink_
+from .sparse import sliding_window, sparse_attention
 
 
 def causal_mask(n: int, m: int | None = None) -> np.ndarray:
@@ -194,6 +195,7 @@ class AttentionMask:
     window: int | None = None                   # sliding window: i − j < w (causal), |i − j| < w (an encoder's)
     key_mask: np.ndarray | None = None          # (B, m) False on padding keys; None = no padding
     position_bias: np.ndarray | None = None     # (B|1, H|1, n|1, m) added to S (T5; ALiBi: one row); None = none
+    chunk: int | None = None                    # Llama 4's chunked layers: ⌊i / C⌋ = ⌊j / C⌋ too (masks.same_chunk)
     _bias: dict = field(default_factory=dict, repr=False, compare=False)
 
     def allowed(self, q0: int = 0, q1: int | None = None) -> np.ndarray | None:
@@ -203,6 +205,12 @@ class AttentionMask:
         if self.causal or self.window:
             offset = self.m - self.n                                    # absolute position of query 0
             ok = visible(np.arange(q0, q1) + offset, np.arange(self.m), self.causal, self.window)[None, None]
+        if self.chunk is not None:                                      # counted from each row's first real token
+            lead = np.zeros(1, int) if self.key_mask is None else np.argmax(self.key_mask, axis=1)   # (B,) or (1,)
+            keys = np.arange(self.m) - lead[:, None]                    # (B, m)
+            rows = keys[:, self.m - self.n + q0:self.m - self.n + q1]   # (B, q1 − q0) the queries' positions
+            chunked = same_chunk(rows, keys, self.chunk)[:, None]       # (B, 1, q1 − q0, m)
+            ok = chunked if ok is None else ok & chunked
         if self.key_mask is not None:
             pad = self.key_mask[:, None, None, :]                       # (B, 1, 1, m)
             ok = pad if ok is None else ok & pad
@@ -232,19 +240,26 @@ class AttentionMask:
         """Whether attention must be computed the plain way: a position bias that varies with the query (T5)
         or a soft-cap (Gemma 2), which the tiled kernels do not take (they take any scale: Granite's, Gemma's,
         T5's 1, and ALiBi's one row per key through key_bias), or an encoder's window reaching both ways
-        (ModernBERT's local layers; the kernels' windows reach back)."""
+        (ModernBERT's local layers; the kernels' windows reach back), or an encoder's chunks (a causal layer's,
+        Llama 4's, the kernels take)."""
         return ((self.position_bias is not None and self.key_bias is None) or cap is not None
-                or (self.window is not None and not self.causal))
+                or (self.window is not None and not self.causal) or (self.chunk is not None and not self.causal))
 
 
 def attention_output(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: AttentionMask,
                      scale: float | None = None, cap: float | None = None, *,
                      sink: np.ndarray | None = None) -> np.ndarray:
     """Z = softmax(Q·Kᵀ/√d_k + M)·V by the cheapest exact route: plain for short inputs, tiled for long.
-    sink: (H,) each head's sink logit (gpt-oss), or None."""
+    sink: (H,) each head's sink logit (gpt-oss), or None. An encoder's window reaching both ways (Longformer's,
+    ModernBERT's local layers) on a long unpadded input runs sparse.sparse_attention, which skips the tiles the band
+    hides."""
+    if (q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and mask.window is not None and not mask.causal
+            and mask.key_mask is None and mask.position_bias is None and mask.chunk is None and scale is None
+            and cap is None and sink is None):                # plain form: the last line, with mask.bias's band
+        return sparse_attention(q, k, v, sliding_window(mask.window, causal=False))[0]
     if q.shape[2] * k.shape[2] >= TILED_MIN_SCORES and not mask.plain_only(cap):
         return tiled_attention(q, k, v, causal=mask.causal, window=mask.window, key_mask=mask.key_mask, scale=scale,
-                               key_bias=mask.key_bias, sink=sink)
+                               key_bias=mask.key_bias, sink=sink, chunk=mask.chunk)
     if mask.causal and q.shape[2] > CAUSAL_BLOCK:
         return causal_attention(q, k, v, mask, scale=scale, cap=cap, sink=sink)
     z, _, _ = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype), scale=scale, cap=cap, sink=sink)

@@ -37,7 +37,8 @@ import numpy as np
 
 from .attention import (AttentionMask, attention_output, attention_top, attention_weights, merge_heads, top_of,
                         scaled_dot_product_attention, soft_cap_, split_heads)
-from .blocks_backward import AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape, top_k_denominator
+from .blocks_backward import (AttentionTape, EmbedTape, FFNTape, HeadTape, MoETape, Tape, mask_dropout_scale,
+                              top_k_denominator)
 from .config import ModelConfig
 from .context import Context
 from .disentangled import disentangled_mask
@@ -45,6 +46,7 @@ from ..runtime.errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, clamped_glu, layer_norm, rms_norm, sigmoid, softmax, xielu
 from .positions import alibi_bias, alibi_slopes, apply_rope
+from .sparse_layers import global_rows, sparse_mask
 from .trace import Recorder
 from .weights import AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
@@ -124,6 +126,8 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
             x *= cfg.embed_scale                         # Marian: E·√d, Granite: E·m
     else:
         x = np.array(tokens, dtype=weights.tok_embed.dtype)      # (B, n, d_embed) E[ids]·s given
+    if cfg.mask_dropout_id is not None and ids is not None:
+        x = mask_dropout(x, ids, cfg)                    # ESM: <mask> rows zeroed, rows rescaled
     if weights.embed_in is not None:
         x = linear(x, weights.embed_in)                  # (B, n, d_model) OPT's project_in
     if weights.pos_embed is not None:                    # learned or sinusoidal table
@@ -142,6 +146,17 @@ def embed(weights: Weights, cfg: ModelConfig, ids: np.ndarray, positions: np.nda
             record.proj_in = x                           # what the projection read, for its backward
         x = linear(x, weights.W_embed, weights.b_embed)  # (B, n, E) → (B, n, d_model)
     return x
+
+
+def mask_dropout(x: np.ndarray, ids: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """ESM's token_dropout at inference: X = E[ids]·s with the rows of <mask> (cfg.mask_dropout_id) zeroed, each
+    row ÷ (1 − r), r = its <mask> ids / its real ids (those not pad_token_id: the attention mask transformers
+    counts). With s = 1 − 0.15·0.8 (cfg.embedding_multiplier) the model sees, without masks, the scale training's
+    masking gave it on average (transformers' EsmEmbeddings). x (B, n, d), ids (B, n) → (B, n, d); the factor
+    per row is blocks_backward.mask_dropout_scale, which the backward multiplies by too."""
+    if not (ids == cfg.mask_dropout_id).any():
+        return x
+    return x * mask_dropout_scale(ids, cfg)[..., None].astype(x.dtype)   # (B, n, d)
 
 
 def convolve(x: np.ndarray, w: ConvWeights) -> np.ndarray:
@@ -210,7 +225,8 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     """
     cfg, rec, scale = ctx.cfg, ctx.rec, ctx.scale
     mask, rope = (ctx.mask, None) if ctx.memory is not None else (ctx.mask_of(layer), ctx.rope_of(layer))
-    cap = cfg.attn_softcap if ctx.memory is None else None    # Gemma 2: S = c·tanh(S/c) before the mask
+    cap = cfg.attn_softcap                                    # Gemma 2, T5Gemma (its cross-attention's too):
+                                                              # S = c·tanh(S/c) before the mask
     sink = w.sinks if cfg.attn_sinks else None                # gpt-oss: (H,) sink logits in the softmax; None: none
     if w.rel_bias is not None:                                # UMT5: this layer's own table, B[h, i, j] = T[bucket, h]
         mask = replace(mask, position_bias=w.rel_bias[ctx.rel_buckets].transpose(2, 0, 1)[None], _bias={})
@@ -239,13 +255,15 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     if cfg.qk_norm_after_rope:                                # Hunyuan: each head's q and k normalised once turned
         pre = (q, k)
         q, k = norm(q, w.q_norm, cfg), norm(k, w.k_norm, cfg)   # (B, H, n, d_k), (B, Hkv, n, d_k)
+    q, k, pre = llama4_qk(q, k, pre, rope is not None, ctx)    # Llama 4: L2 norms (RoPE layers), temperature (NoPE)
     if hooks is not None:
         q, k, v = hooks.qkv(layer, q, k, v)                   # the new positions', before the cache
     if ctx.cache is not None:
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     if cfg.disentangled is not None and ctx.memory is None:   # DeBERTa: S = Q·Kᵀ·s + (c2p + p2c), the terms
         mask = disentangled_mask(q, k, w, ctx, layer, mask)   # as the mask's position bias
-    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
+    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores") or (   # Longformer's global rows: from A
+        bool(cfg.global_tokens) and rec.wants(layer, "attention_top"))
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
         z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap, sink)
     elif want and rec.heads is None and not rec.beside or ctx.tape is not None:   # every head's weights (a tape
@@ -255,6 +273,18 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         z = attention_output(q, k, v, mask, scale, cap, sink=sink)   # (B, H, n, d_k) plain or tiled
         heads = rec.heads if rec.heads is not None else range(cfg.n_heads)
         a, s = attention_weights(q, k, mask, heads, scale=scale, cap=cap, sink=sink) if want else (None, None)
+    if cfg.global_tokens and ctx.memory is None:              # Longformer: the global rows, their own Q, K, V
+        if ctx.tape is not None:
+            raise QkvError("training with Longformer's global tokens is not in qkv (the global projections have no "
+                           "backward here); train without global tokens")
+        if hooks is not None and hooks.on_weights(layer):
+            raise QkvError("a hook on Longformer's scores or weights would miss the global tokens' rows (computed "
+                           "apart, from their own Q, K, V): hook the heads' output, or run without global tokens")
+        z, a, s = global_rows(x, w, cfg, mask, z, a, s, rec.heads)
+    if w.W_G is not None:                                     # Qwen3-Next: each head's Z gated, Z_h ⊙ σ(X·W_G + b_G)_h
+        if ctx.tape is not None:
+            raise QkvError("training through an attention output gate (Qwen3-Next) is not in qkv; use transformers")
+        z = z * split_heads(sigmoid(linear(x, w.W_G, w.b_G)), cfg.n_heads)   # (B, H, n, d_k), what W_O reads
     if ctx.ablate is not None:                                # (B, H, n, d_k) ablated heads replaced
         z = ctx.ablate.apply(layer, z, ctx.query_mask if ctx.memory is not None
                              else None if mask.key_mask is None else mask.key_mask[:, -z.shape[2]:])
@@ -263,14 +293,32 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
     if rec.wants(layer, "attention_top"):                     # each row's largest weights: from A if it is there
-        rec.put(layer, "attention_top", top_of(a, rec.top) if a is not None and rec.heads is None
+        rec.put(layer, "attention_top", top_of(a, rec.top) if a is not None and a.shape[1] == cfg.n_heads
                 else attention_top(q, k, mask, rec.top, scale=scale, cap=cap, sink=sink))
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:                                  # a learned bias (T5's, UMT5's, MPNet's), not ALiBi's
-        learned = mask.position_bias is not None and cfg.position != "alibi" and cfg.disentangled is None
+        learned = (mask.position_bias is not None and cfg.position != "alibi" and cfg.disentangled is None
+                   and cfg.block_sparse is None)              # BigBird's blocks: a constant bias (sparse_mask)
         ctx.tape.put(layer, "attn", AttentionTape(x, q, k, v, a, z, rope, pre, learned,
-                                                  relative=ctx.relative))   # DeBERTa: its terms' own backward
+                                                  relative=ctx.relative,    # DeBERTa: its terms' own backward
+                                                  q_scale=None if rope is not None else ctx.temperature))
     return linear(z, w.W_O, w.b_O)                            # (B, n, d_model); its hook: the block's (`after`)
+
+
+def llama4_qk(q: np.ndarray, k: np.ndarray, pre, turned: bool, ctx: Context):
+    """Llama 4's q and k once RoPE turned them (or not): (q, k, pre), pre the tape's q, k before the norms.
+
+        a layer RoPE turns (TURNED), with cfg.qk_l2_norm:   q, k = x / √(mean(x²) + eps) over each head's d_k, no γ
+        a NoPE layer, with cfg.temperature_floor:           q = q · (1 + τ·log(1 + ⌊(p + 1)/F⌋)), ctx.temperature
+                                                            (B, 1, n, 1) the factor of each query's position p
+    Elsewhere q, k and pre come back as they came."""
+    cfg = ctx.cfg
+    if cfg.qk_l2_norm and turned:
+        pre = (q, k)
+        q, k = rms_norm(q, 1.0, cfg.norm_eps), rms_norm(k, 1.0, cfg.norm_eps)   # (B, H, n, d_k), (B, Hkv, n, d_k)
+    elif ctx.temperature is not None and not turned:
+        q = q * ctx.temperature                                  # (B, H, n, d_k)
+    return q, k, pre
 
 
 def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -314,6 +362,8 @@ def feed_forward(x: np.ndarray, w: FFNWeights | MoEWeights, cfg: ModelConfig, ta
     else:
         u = linear(x, w.W_in, w.b_in)                        # (B, n, d_ff)
         g = None if w.W_gate is None else linear(x, w.W_gate, w.b_gate)
+    if g is not None and cfg.ffn_gate_scale != 1:            # Falcon-H1: act((x·W_gate + b_gate)·m)
+        g = g * cfg.ffn_gate_scale
     if hooks is not None and hooks.wants(layer, "ffn_pre"):  # what the activation reads, e.g. a neuron's input
         if g is None:
             u = hooks(layer, "ffn_pre", u)
@@ -390,7 +440,8 @@ def kept_groups(r: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 
 def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Tape | None = None, layer: int = 0,
                         rec: Recorder | None = None) -> np.ndarray:
-    """MoE(x) = Σ_j w_j·FFN_{e_j}(x) over the k experts the router chose for each token (`route`),
+    """MoE(x) = Σ_j w_j·FFN_{e_j}(x) over the k experts the router chose for each token (`route`) (Llama 4:
+    Σ_j FFN_{e_j}(w_j·x), cfg.expert_input_scaled),
     + σ(x·W_shared_gate)·FFN_shared(x) with a shared expert (Qwen2-MoE; without its gate, cfg.shared_expert_gate
     false: + FFN_shared(x), DeepSeek, dots1, Ernie 4.5). Each expert is the gated FFN
     (`feed_forward`) run on the rows sent to it only, so a one-token step reads only its k experts'
@@ -404,8 +455,13 @@ def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Ta
     for e in np.unique(chosen):                                  # the experts some token went to, in order
         rows, slot = np.nonzero(chosen == e)                     # (r,) its tokens, and e's place in their k
         t = None if tape is None else Tape()
-        y = feed_forward(x2[rows], w.experts[e], cfg, t, layer)  # (r, d_model) FFN_e of its tokens
-        out[rows] += y * gate[rows, slot][:, None]
+        g = gate[rows, slot][:, None]                            # (r, 1) its weight for each of its tokens
+        if cfg.expert_input_scaled:                              # Llama 4: FFN_e(w·x), the input weighed
+            y = feed_forward(x2[rows] * g, w.experts[e], cfg, t, layer)   # (r, d_model)
+            out[rows] += y
+        else:
+            y = feed_forward(x2[rows], w.experts[e], cfg, t, layer)  # (r, d_model) FFN_e of its tokens
+            out[rows] += y * g
         if t is not None:
             kept.append((int(e), rows, slot, t.pop(layer, "ffn"), y))
     shared = None
@@ -425,15 +481,18 @@ def routed_feed_forward(x: np.ndarray, w: MoEWeights, cfg: ModelConfig, tape: Ta
 
 def attention_mask_of(cfg: ModelConfig, attention_mask: np.ndarray, n: int, layer: int = 0) -> AttentionMask:
     """Who may see whom (guide: mask): causal for decoders, within LAYER's sliding window if it has one
-    (an encoder's reaches both ways: ModernBERT's local layers), never a padding key; with ALiBi (BLOOM,
+    (an encoder's reaches both ways: ModernBERT's local layers), within its chunk if it has one (Llama 4), never a
+    padding key; with ALiBi (BLOOM,
     Falcon, MPT) each head's slope times the key's position, added to S for every query (the one-token
     step's row too). attention_mask (B, m) covers every key; the n queries are the last n of them."""
     alibi = None
     if cfg.position == "alibi":
         scale = None if not cfg.alibi_scaled else cfg.score_scale or 1.0 / math.sqrt(cfg.d_head)
         alibi = alibi_bias(attention_mask, alibi_slopes(cfg.n_heads), scale, cfg.alibi_bfloat16)   # (B, H, 1, m)
-    return AttentionMask(n=n, m=attention_mask.shape[1], causal=cfg.causal, window=cfg.window(layer),
-                         key_mask=None if attention_mask.all() else attention_mask.astype(bool), position_bias=alibi)
+    return sparse_mask(cfg, layer, AttentionMask(   # Longformer's global tokens, BigBird's blocks (sparse_layers)
+        n=n, m=attention_mask.shape[1], causal=cfg.causal, window=cfg.window(layer),
+                         key_mask=None if attention_mask.all() else attention_mask.astype(bool), position_bias=alibi,
+                         chunk=cfg.chunk(layer)))
 
 
 def unembed_in(x: np.ndarray, weights: Weights, tape: Tape | None = None) -> np.ndarray:

@@ -46,6 +46,7 @@ from .disentangled import RelativeTable, terms_backward
 from .ops import (ACTIVATION_BACKWARDS, ACTIVATIONS, clamped_glu_backward, layer_norm_backward, rms_norm,
                   rms_norm_backward, softmax_backward, xielu_backward)
 from .positions import apply_rope_backward
+from ..runtime.errors import QkvError
 from .weights import (AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights,
                       XIELUWeights)
 
@@ -70,6 +71,7 @@ class AttentionTape:
     d_rel: np.ndarray | None = None                # the table's gradient from this layer (2k, d_model), set by the backward
     latent: tuple[np.ndarray | None, np.ndarray] | None = None   # MLA: q's latent (B, n, r_q) or None and the K/V
                                                    # latent (B, 1, n, r_kv), each before its norm; k, v (B, H, n, ·)
+    q_scale: np.ndarray | None = None              # Llama 4's NoPE layers: q's factor (B, 1, n, 1) by position; None
 
 
 @dataclass
@@ -222,8 +224,13 @@ def attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg: Mode
         dq += dq_r
         dk += dk_r
     g_qn = g_kn = None
-    after = cfg is not None and cfg.qk_norm_after_rope   # Hunyuan: the norms came after RoPE: back through them first
-    if after:
+    if t.q_scale is not None:                            # Llama 4's temperature: q = q₀·s, dq₀ = dq·s
+        dq = dq * t.q_scale
+    l2 = cfg is not None and cfg.qk_l2_norm and t.rope is not None   # Llama 4: RMS without γ after RoPE
+    if l2:
+        dq, dk = rms_norm_backward(dq, t.pre[0], 1.0, cfg.norm_eps)[0], rms_norm_backward(dk, t.pre[1], 1.0, cfg.norm_eps)[0]
+    after = cfg is not None and cfg.qk_norm_after_rope or l2   # Hunyuan: the norms came after RoPE: back through them
+    if after and not l2:
         (dq, g_qn), (dk, g_kn) = norm(dq, t.pre[0], w.q_norm, cfg), norm(dk, t.pre[1], w.k_norm, cfg)
     if t.rope is not None:
         turn = cfg is not None and cfg.rope_interleaved              # GPT-J, Cohere: pairs (2i, 2i+1)
@@ -348,6 +355,8 @@ def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelC
     """dx and the routed FFN's gradients, of out = Σ_j g_j·y_j + σ(x·W_s)·FFN_s(x), y_j = FFN_{e_j}(x):
 
         dy_j = g_j·dout → each chosen expert's FFN backward (an expert no token chose gets zeros)
+        (Llama 4's y_j = FFN_{e_j}(g_j·x), out = Σ_j y_j + …: d(g_j·x) = that backward of dout, dx += g_j·d(g_j·x),
+        dg_j = d(g_j·x)·x)
         dg_j = dout·y_j;  g = c·q / D, q = s[chosen] (`route_backward`): dq = (c·dg − Σ_j g_j·dg_j) / D
         ds = dq at the chosen experts, 0 elsewhere;  dlogits = softmax_backward(ds, s), or ds·s(1 − s) (sigmoid)
         dW_router = xᵀ·dlogits,  dx += dlogits·W_routerᵀ
@@ -362,8 +371,14 @@ def routed_feed_forward(dout: np.ndarray, w: MoEWeights, t: MoETape, cfg: ModelC
     dgate = np.zeros_like(t.gate)                               # (N, k)
     grads: list[FFNWeights | None] = [None] * len(w.experts)
     for e, rows, slot, tape, y in t.experts:
+        g = t.gate[rows, slot][:, None]                         # (r, 1)
+        if cfg.expert_input_scaled:                             # Llama 4: y_j = FFN(g_j·x): d(g·x) = FFN's dx
+            dxg, grads[e] = feed_forward(d2[rows], w.experts[e], tape, cfg)   # (r, d_model)
+            dgate[rows, slot] = np.einsum("rd,rd->r", dxg, t.x[rows])   # d(g·x)·x
+            dx[rows] += dxg * g
+            continue
         dgate[rows, slot] = np.einsum("rd,rd->r", d2[rows], y)  # dout·y_j
-        dx_e, grads[e] = feed_forward(d2[rows] * t.gate[rows, slot][:, None], w.experts[e], tape, cfg)
+        dx_e, grads[e] = feed_forward(d2[rows] * g, w.experts[e], tape, cfg)
         dx[rows] += dx_e
     for e, g in enumerate(grads):
         if g is None:                                           # no token went to expert e
@@ -446,7 +461,8 @@ def cross_attention(dout: np.ndarray, w: AttentionWeights, t: AttentionTape, cfg
     the memory (`memory`), computed once per source as its K and V were."""
     dz, dW_O, db_O = linear(dout, t.z, w.W_O, w.b_O is not None)      # (B, n_tgt, H·d_k)
     dq, dk, dv = attention_backward(split_heads(dz, t.q.shape[1]), t.q, t.k, t.v, t.a,
-                                    None if cfg is None else cfg.score_scale)
+                                    None if cfg is None else cfg.score_scale,
+                                    None if cfg is None else cfg.attn_softcap)   # T5Gemma soft-caps it too
     dy, dW_Q, db_Q = linear(merge_heads(dq), t.x, w.W_Q, w.b_Q is not None)   # (B, n_tgt, d_model)
     return dy, (dk, dv), AttentionWeights(W_Q=dW_Q, W_K=None, W_V=None, W_O=dW_O, b_Q=db_Q, b_O=db_O)
 
@@ -513,10 +529,12 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
         dx += dy
         return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn), None
     dx, g_ffn_norm, g_ffn = residual(dy, w.ffn_norm, cfg, tape.pop(layer, "ffn_norm"), ffn_back, norm)
-    g_cross = g_cross_norm = d_kv = None
+    g_cross = g_cross_norm = g_cross_out = d_kv = None
     if w.cross_attn is not None:
         def cross_back(d):
-            nonlocal d_kv
+            nonlocal d_kv, g_cross_out
+            if w.cross_out_norm is not None:              # T5Gemma: back through its output norm first
+                d, g_cross_out = norm(d, cross_tape.pop(layer, "attn_out_norm"), w.cross_out_norm, cfg)
             d_in, d_kv, g = cross_attention(d, w.cross_attn, cross_tape.pop(layer, "attn"), cfg)
             return d_in, g
         dx, g_cross_norm, g_cross = residual(dx, w.cross_norm, cfg, tape.pop(layer, "cross_norm"), cross_back, norm)
@@ -528,7 +546,8 @@ def block(dy: np.ndarray, w: BlockWeights, tape: Tape, layer: int, cfg: ModelCon
     if d_beside is not None:
         dx += d_beside                                    # the block's input read by the convolution too
     return dx, BlockWeights(attn_norm=g_attn_norm, attn=g_attn, ffn_norm=g_ffn_norm, ffn=g_ffn,
-                            cross_attn=g_cross, cross_norm=g_cross_norm, attn_out_norm=out_norms.get("attn_out"),
+                            cross_attn=g_cross, cross_norm=g_cross_norm, cross_out_norm=g_cross_out,
+                            attn_out_norm=out_norms.get("attn_out"),
                             ffn_out_norm=out_norms.get("ffn_out"), conv=g_conv, conv_norm=g_conv_norm), d_kv
 
 
@@ -667,6 +686,18 @@ def embedding(d_table: np.ndarray, ids: np.ndarray, dx: np.ndarray, cfg: ModelCo
     add_rows(d_table, flat, rows)
 
 
+def mask_dropout_scale(ids: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """ESM's token_dropout as a factor on each row of E[ids]·s (blocks.mask_dropout), ids (B, n) → (B, n): 0 on
+    <mask> (cfg.mask_dropout_id), 1/(1 − r) elsewhere, r the row's share of <mask> among its ids that are not
+    pad_token_id. A constant of the ids: the backward multiplies d(E[ids]·s) by the same factor."""
+    masked = ids == cfg.mask_dropout_id                                  # (B, n)
+    real = (ids != cfg.pad_token_id).sum(-1)                             # (B,)
+    share = masked.sum(-1) / np.maximum(real, 1)                         # (B,) r
+    if (share >= 1).any():
+        raise QkvError("every token of a row is <mask>: ESM's token_dropout would divide by 0; unmask a token")
+    return np.where(masked, 0.0, 1.0 / (1.0 - share)[:, None])          # (B, n)
+
+
 def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_tok: np.ndarray | None = None,
           grads: dict[str, np.ndarray] | None = None
           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, NormWeights | None]:
@@ -693,6 +724,8 @@ def embed(dx: np.ndarray, weights: Weights, cfg: ModelConfig, t: EmbedTape, d_to
         if grads is not None:
             grads |= {"W_patch": d_W, "b_patch": d_b}
     else:
+        if cfg.mask_dropout_id is not None and (t.ids == cfg.mask_dropout_id).any():   # ESM: X = E[ids]·s·c, c per row
+            d_rows = dx * mask_dropout_scale(t.ids, cfg)[..., None].astype(dx.dtype)  # (B, n, d)
         if weights.embed_in is not None:                                       # X = (E[ids]·s)·embed_in + …
             rows = weights.tok_embed[t.ids] * (cfg.embed_scale or 1.0) if t.tokens is None else t.tokens   # (B, n, d_embed)
             d_rows, d_proj, _ = linear(dx, rows, weights.embed_in, False)     # (B, n, d_embed), (d_embed, d_model)

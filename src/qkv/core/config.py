@@ -18,6 +18,10 @@ clamped-SwiGLU experts with biases (glu_limit, glu_alpha), its router with a bia
 EXAONE 4 = OLMo 2's norms after each box + q/k norms per head + sliding layers, the full ones without RoPE
 (no_rope_layers); Hunyuan = Llama + q/k norms per head after RoPE (qk_norm_after_rope); Apertus = Llama + q/k norms
 + a plain FFN of xIELU, whose learned scalars are weights of each FFN (FFNWeights.xielu).
+Llama 4 = Llama + RoPE by interleaved pairs + chunked attention on its RoPE layers (attention_chunk, chunked_layers),
+q and k of those divided by their RMS (qk_l2_norm), NoPE layers whose query grows with its position (temperature_floor,
+temperature_scale) + a σ router whose chosen experts read their input scaled by their weight (expert_input_scaled)
+beside an ungated shared expert.
 An encoder–decoder (encoder_decoder=True) has two stacks under the same knobs: the encoder reads
 the source bidirectionally (n_layers blocks), the decoder writes the target causally (n_decoder_layers
 blocks, each with a cross-attention to the encoder's output); `causal` then describes the decoder.
@@ -28,11 +32,15 @@ blocks, each with a cross-attention to the encoder's output); `causal` then desc
   mBART  = BART pre-norm + a final LayerNorm per stack (+ the language id as the first token written)
   Pegasus = pre-norm + sinusoidal positions (Marian's halves, no offset) + a final LayerNorm per stack
   UMT5   = mT5 with a relative position bias table in every layer (AttentionWeights.rel_bias)
+  T5Gemma = Gemma 2's blocks in both stacks (+ a norm after the cross-attention: BlockWeights.cross_out_norm, its
+           scores soft-capped too), RoPE in each, the encoder's windows reaching both ways (encoder_layer_windows)
   Whisper = pre-norm + a final LayerNorm per stack; the encoder reads log-mel frames through two GELU
            convolutions (audio_mels, Weights.front) + a fixed sinusoidal table, the decoder learned positions
 The encoders beside BERT: RoBERTa / XLM-R = BERT + positions counted over the non-pad ids from pad + 1
 (positions_from_ids) + a masked-LM head (head_activation); DistilBERT = BERT without token types (its
 sinusoidal table, when it has one, starts the learned table); ELECTRA = BERT with E-wide embeddings projected to d_model.
+  Longformer = RoBERTa + a window per layer reaching both ways (layer_windows) + global tokens with their own Q, K, V
+           (global_tokens); BigBird = BERT + block-sparse attention past (5 + 2r)·b tokens (block_sparse)
 DeBERTa = BERT's post-norm blocks + disentangled attention (disentangled: S = c2c + c2p + p2c, each token's content
 against the other's bucketed relative position, scaled by attn_scale = 1/√(d_k·(1 + terms))), absolute positions
 or none (position "relative"), a masked-LM head under one of two names (head_names); DeBERTa-v2-xlarge adds a
@@ -55,6 +63,13 @@ pre-norm LayerNorm blocks, a final LayerNorm, and the classifier on [CLS] as W_v
            (pooling, d_proj, Weights.pool; core/pooling.py): CLIP's text a causal encoder numbered 0..n−1
            (index_positions) with QuickGELU, pooled at its eos; its image ViT's + LayerNorm before the blocks; SigLIP's
            image without [CLS] (class_token False), pooled by a learned probe's attention
+ESM-2 = a pre-norm encoder: RoPE, erf GELU, a final LayerNorm, RoBERTa's masked-LM head, and token_dropout's
+rescaling of the embeddings by their share of <mask> (mask_dropout_id, with embedding_multiplier 1 − 0.15·0.8).
+Jamba = Mamba layers (core/mamba.py's selective scan, RMSNorms on Δ's input, B and C: Mamba.inner_norms) among
+attention layers without positions (layer_kinds), every layer followed by a SwiGLU FFN or a routed one (dense_layers).
+Qwen3-Next = the gated delta rule's linear attention in some layers' place (delta: core/delta.py) among softmax
+layers whose heads are gated (attn_output_gate) + partial RoPE + q/k norms per head + RMSNorm·(1 + w) + Qwen2-MoE's
+experts.
 An attention-only model (d_ff = 0) has no FFN: each block adds only attention (and b_out, if any)
 to the residual stream, as in the induction-head studies.
 """
@@ -80,6 +95,8 @@ NormPlace = Literal["pre", "post"]
 Position = Literal["learned", "sinusoidal", "rope", "relative", "alibi"]
 Activation = Literal["gelu", "gelu_tanh", "silu", "relu", "relu2", "xielu",   # xielu: learned scalars per FFN (Apertus)
                      "quick_gelu"]                                        # x·σ(1.702x) (CLIP)
+LAYER_KINDS = ("attention", "mamba")   # what a layer of a stack of different kinds has in attention's place
+                                       # (layer_kinds)
 CONV_ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")   # what first_conv's activation may be (conv_act)
 
 
@@ -121,6 +138,8 @@ class ModelConfig:
     gated_ffn: bool = False           # SwiGLU: act(x·W_gate) ⊙ (x·W_in), then ·W_out
     glu_limit: float | None = None    # gpt-oss's clamped SwiGLU: g = min(g, c), u = clip(u, −c, c), then
     glu_alpha: float = 1.0            # h = g·σ(α·g) ⊙ (u + 1) (swiglu_limit c, swiglu_alpha α); None: act(g) ⊙ u
+    ffn_gate_scale: float = 1.0       # a gated FFN's act((x·W_gate + b_gate)·m) (Falcon-H1's mlp_multipliers[0]; no
+                                      # backward: only Falcon-H1, which does not train here, sets it)
     qkv_bias: bool = True
     out_bias: bool = True             # bias of W_O
     ffn_bias: bool = True
@@ -137,9 +156,24 @@ class ModelConfig:
                                       # None: they turn as the full ones
     local_rope_scaling: dict | None = field(default=None, compare=False)   # their rope_scaling (with local_rope_theta)
     no_rope_layers: tuple[int, ...] = ()   # layers whose q, k are not turned by RoPE (SmolLM3)
+    # ── Llama 4's layers: chunked attention on its RoPE layers, temperature-tuned queries on its NoPE layers
+    attention_chunk: int | None = None   # C: a chunked layer's query at position p sees keys j ≤ p with j // C = p // C
+    chunked_layers: tuple[int, ...] = ()   # the layers attending within chunks (layer_types "chunked_attention")
+    qk_l2_norm: bool = False          # each head's q and k divided by √(mean(x²) + eps), no weights, on the layers
+                                      # RoPE turns, after RoPE (Llama 4's use_qk_norm)
+    temperature_floor: int | None = None   # F: a NoPE layer's query × 1 + τ·log(1 + ⌊(p + 1)/F⌋) at position p
+    temperature_scale: float = 0.1    # τ (Llama 4's attn_temperature_tuning, floor_scale, attn_scale); None F: none
     attn_softcap: float | None = None   # S = c·tanh(S/c) before the mask (Gemma 2's attn_logit_softcapping)
     attn_sinks: bool = False          # gpt-oss: each head's learned sink logit s_h (AttentionWeights.sinks) joins
                                       # the softmax with no value: A = exp(S)/(Σ exp(S) + exp(s_h)), rows sum to < 1
+    # ── sparse attention in real models (core/sparse_layers.py: the masks, drawn by `qkv explain sparse`)
+    global_tokens: tuple[int, ...] = ()   # Longformer: the positions (in each row as given) that attend globally: their
+                                      # rows read every key through their own Q, K, V (AttentionWeights.W_Qg, …), and
+                                      # every query sees them beside its window (transformers' global_attention_mask)
+    block_sparse: tuple[int, int] | None = None   # BigBird: (block size b, random blocks r) of its block-sparse
+                                      # attention, run on inputs longer than (5 + 2r)·b tokens
+                                      # (sparse_layers.bigbird_copies);
+                                      # None: full attention (attention_type original_full)
     disentangled: Disentangled | None = None   # DeBERTa: S = c2c + c2p + p2c, Q·Kᵀ plus each token's content
                                       # against the other's relative position (core/disentangled.py); None: S = Q·Kᵀ
     first_conv: tuple[int, str] | None = None   # DeBERTa-v2: (kernel, activation) of a convolution over the first
@@ -166,8 +200,13 @@ class ModelConfig:
     # ── encoder–decoder models (Marian, BART, mBART, Pegasus, T5, mT5, UMT5); the defaults leave single-stack models unchanged
     encoder_decoder: bool = False     # two stacks: encoder (n_layers) → cross-attention → decoder
     n_decoder_layers: int | None = None   # L of the decoder stack; defaults to n_layers (encoder_decoder only)
+    encoder_layer_windows: tuple[int | None, ...] | None = None   # the encoder's own windows (|i − j| < w), when
+                                      # they differ from the decoder's layer_windows (T5Gemma: |i − j| ≤ its
+                                      # sliding_window, the decoder's i − j < it); None: the same (`encoder_config`)
     scale_embedding: bool = False     # X = E[ids]·√d_model, then + positions (Marian; BART's option)
     embedding_multiplier: float = 1.0    # X = E[ids]·m (Granite's embedding_multiplier); see embed_scale
+    mask_dropout_id: int | None = None   # ESM's token_dropout: rows of this id (<mask>) zeroed, each row's E[ids]
+                                         # ÷ (1 − r), r its share of them among its real ids (blocks.mask_dropout)
     residual_multiplier: float = 1.0     # each box's output × m before it joins the stream (Granite)
     logit_scale: float = 1.0             # logits = H·W_vocab·s (Cohere's logit_scale, Granite's 1 / logits_scaling)
     position_offset: int = 0          # position p reads row p + offset of the table (BART: 2)
@@ -211,6 +250,8 @@ class ModelConfig:
     routed_scaling: float = 1.0       # the chosen experts' weights × this (DeepSeek-V3's routed_scaling_factor)
     shared_expert_gate: bool = True   # the shared expert gated by σ(x·W_shared_gate) (Qwen2-MoE); False: added as it
                                       # is (DeepSeek, dots1, Ernie 4.5)
+    expert_input_scaled: bool = False   # Llama 4: each chosen expert reads its input × its weight, FFN_e(w_e·x), instead
+                                      # of its output weighed, w_e·FFN_e(x)
     # ── layers that share their weights (ALBERT): the n_layers blocks run read fewer stored layers
     shared_groups: int = 0            # G groups of stored layers (num_hidden_groups); 0: every block has its own
     group_depth: int = 1              # the layers a group holds, run in turn each time it runs (inner_group_num):
@@ -239,7 +280,24 @@ class ModelConfig:
     # ── state-space blocks (Mamba): each block x + Mixer(RMSNorm(x)), a selective scan instead of attention and no
     # FFN (core/mamba.py: the stack, its state, the attention each layer implies); n_heads groups its channels
     mamba: object | None = None                 # its sizes, a core.mamba.Mamba (not imported here: core.mamba reads
-                                                # this config); None: transformer blocks
+                                                # this config), or Mamba-2's, a core.mamba2.Mamba2 (SSD: a scalar
+                                                # decay per head, core/mamba2.py); None: transformer blocks
+    # ── stacks of layers of different kinds (Jamba): each layer's box in attention's place, the block around it the
+    # same (its norms, its FFN or experts); the kinds: LAYER_KINDS (core/stack.py runs each kind's block)
+    layer_kinds: tuple[str, ...] | None = None  # each layer's kind ("attention", "mamba": the selective scan of
+                                                # core/mamba.py with cfg.mamba's sizes); None: every layer attention
+                                                # (a Mamba model without layer_kinds: every layer a Mamba block, no FFN)
+    # ── lightning attention (MiniMax): some layers a causal linear attention with a per-head decay instead of
+    # softmax attention, every block's residual steps scaled (core/lightning.py: the box, its state, its implied
+    # attention, the block)
+    lightning: object | None = None             # its knobs, a core.lightning.Lightning (not imported here, as mamba);
+                                                # None: none
+    # ── the gated delta rule (Qwen3-Next): some layers' box in attention's place a linear attention keeping a state
+    # matrix per head (core/delta.py: the box, its state, its implied attention); the block around it the same
+    delta: object | None = None                 # its knobs, a core.delta.GatedDelta (not imported here, as mamba);
+                                                # None: none
+    attn_output_gate: bool = False              # Z_h ⊙ σ(X·W_G + b_G)_h before W_O (Qwen3-Next's full-attention
+                                                # layers: q_proj twice as wide, AttentionWeights.W_G); False: none
 
     @property
     def grid(self) -> tuple[int, int] | None:
@@ -318,6 +376,7 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.no_rope_layers):
             raise QkvError(f"no_rope_layers={self.no_rope_layers} must be layers 0..{self.n_layers - 1}; "
                            "fix the model's config")
+        self._check_llama4()
         if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
             raise QkvError(f"norm_eps={self.norm_eps} must be a finite number ≥ 0; fix the model's config")
         if self.position == "rope":            # YaRN's and dynamic NTK's numbers filled in as transformers does
@@ -332,6 +391,9 @@ class ModelConfig:
                 raise QkvError(f"{knob}={v} must be a positive finite number (or none); fix the model's config")
         if self.encoder_decoder and self.n_decoder_layers <= 0:
             raise QkvError(f"n_decoder_layers={self.n_decoder_layers} must be positive; fix the model's config")
+        if self.encoder_layer_windows is not None:
+            object.__setattr__(self, "encoder_layer_windows", tuple(self.encoder_layer_windows))
+            self.encoder_config()                # its windows checked as layer_windows are
         if self.position == "relative" and not (2 <= self.relative_buckets // 2 < self.relative_max_distance):
             raise QkvError(f"relative_buckets={self.relative_buckets} must be ≥ 4 and relative_max_distance="
                            f"{self.relative_max_distance} more than half of it; fix the model's config")
@@ -373,11 +435,15 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.dense_layers):
             raise QkvError(f"dense_layers={list(self.dense_layers)} must be layers 0..{self.n_layers - 1}; "
                            "fix the model's config")
-        for knob in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+        for knob in ("embedding_multiplier", "residual_multiplier", "logit_scale", "ffn_gate_scale"):
             if not (0 < getattr(self, knob) < float("inf")):
                 raise QkvError(f"{knob}={getattr(self, knob)} must be a positive finite number; fix the model's config")
         if self.scale_embedding and self.embedding_multiplier != 1:
             raise QkvError("scale_embedding (×√d_model) and embedding_multiplier are one factor: give one of them")
+        if self.mask_dropout_id is not None and (self.pad_token_id is None
+                                                 or not 0 <= self.mask_dropout_id < self.vocab_size):
+            raise QkvError(f"mask_dropout_id={self.mask_dropout_id} must be a token id of the {self.vocab_size}-token "
+                           "vocabulary, with a pad_token_id (ESM's mask_token_id); fix the model's config")
         if self.position_offset < 0:
             raise QkvError(f"position_offset={self.position_offset} must be ≥ 0; fix the model's config")
         if self.positions_from_ids and (self.pad_token_id is None or self.position_offset != self.pad_token_id + 1):
@@ -392,12 +458,73 @@ class ModelConfig:
         if self.text_tower is not None and (self.image_size is None or self.text_tower.image_size is not None):
             raise QkvError("an image–text pair is an image tower's config holding a text tower's (text_tower); "
                            "fix the model's config")
+        if self.layer_kinds is not None:
+            self._check_layer_kinds()
+        self._check_sparse()
         if self.mamba is not None and self.mamba.check(self):
             raise QkvError(f"{self.mamba.check(self)}; fix the model's config")
+        if self.lightning is not None and self.lightning.check(self):
+            raise QkvError(f"{self.lightning.check(self)}; fix the model's config")
+        if self.delta is not None and self.delta.check(self):
+            raise QkvError(f"{self.delta.check(self)}; fix the model's config")
         if self.audio_mels is not None and not (self.encoder_decoder and self.audio_mels > 0
                                                 and (self.source_positions or 0) > 0):
             raise QkvError(f"an audio model needs an encoder–decoder, audio_mels={self.audio_mels} > 0 and "
                            f"source_positions={self.source_positions} > 0; fix the model's config")
+
+    def _check_llama4(self) -> None:
+        """Llama 4's knobs: chunked layers among the model's with a positive chunk, a positive temperature floor and
+        a finite τ ≥ 0."""
+        object.__setattr__(self, "chunked_layers", tuple(self.chunked_layers))
+        if any(not 0 <= i < self.n_layers for i in self.chunked_layers) or (
+                self.chunked_layers and not (isinstance(self.attention_chunk, int) and self.attention_chunk > 0)):
+            raise QkvError(f"chunked_layers={self.chunked_layers} must be layers 0..{self.n_layers - 1}, with a "
+                           f"positive attention_chunk (got {self.attention_chunk}); fix the model's config")
+        if self.temperature_floor is not None and not (
+                isinstance(self.temperature_floor, int) and self.temperature_floor > 0
+                and math.isfinite(self.temperature_scale) and self.temperature_scale >= 0):
+            raise QkvError(f"temperature_floor={self.temperature_floor} must be a positive whole number and "
+                           f"temperature_scale={self.temperature_scale} a finite number ≥ 0; fix the model's config")
+
+    def _check_layer_kinds(self) -> None:
+        """Layers of different kinds: one known kind per layer, Mamba layers with cfg.mamba's sizes."""
+        object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
+        if len(self.layer_kinds) != self.n_layers or not set(self.layer_kinds) <= set(LAYER_KINDS):
+            raise QkvError(f"layer_kinds must give each of the {self.n_layers} layers one of {', '.join(LAYER_KINDS)}; "
+                           "fix the model's config")
+        if "mamba" in self.layer_kinds and self.mamba is None:
+            raise QkvError("a stack with Mamba layers needs their sizes (mamba); fix the model's config")
+
+    def layer_kind(self, layer: int) -> str:
+        """LAYER's kind (LAYER_KINDS, "delta": a layer of cfg.delta, "lightning": one of cfg.lightning's): what its
+        block has in attention's place."""
+        if self.delta is not None and layer in self.delta.layers:
+            return "delta"                               # Qwen3-Next's linear layers (core/delta.py)
+        if self.lightning is not None and layer in self.lightning.linear_layers:
+            return "lightning"                           # MiniMax's lightning layers (core/lightning.py)
+        if self.layer_kinds is not None:
+            return self.layer_kinds[layer]
+        return "attention" if self.mamba is None else "mamba"
+
+    @property
+    def attention_layers(self) -> int:
+        """How many layers attend (and keep K, V in a cache): every one, none in a Mamba stack, Jamba's "attention"."""
+        return sum(self.layer_kind(i) == "attention" for i in range(self.n_layers))
+
+    def _check_sparse(self) -> None:
+        """Sparse attention's knobs: global tokens are distinct positions ≥ 0 of an encoder; BigBird's blocks are
+        ≥ 1 token with r ≥ 0 random blocks, in an encoder."""
+        object.__setattr__(self, "global_tokens", tuple(sorted({int(t) for t in self.global_tokens})))
+        if self.global_tokens and (self.global_tokens[0] < 0 or self.causal):
+            raise QkvError(f"global_tokens={list(self.global_tokens)} must be positions ≥ 0 of an encoder's input "
+                           "(Longformer); fix the model's config")
+        if self.block_sparse is not None:
+            object.__setattr__(self, "block_sparse", tuple(self.block_sparse))
+            b, r = (self.block_sparse + (0, 0))[:2]
+            if len(self.block_sparse) != 2 or not (isinstance(b, int) and isinstance(r, int) and b >= 1 and r >= 0) \
+                    or self.causal:
+                raise QkvError(f"block_sparse={self.block_sparse} must be (a block size ≥ 1, random blocks ≥ 0) of an "
+                               "encoder (BigBird); fix the model's config")
 
     def _check_router(self) -> None:
         """The router's knobs: a known score, groups that split the experts evenly into groups of two or more
@@ -467,6 +594,24 @@ class ModelConfig:
         """The sliding window of LAYER's attention (query i sees keys i − w + 1 … i); None: full attention."""
         return self.sliding_window if self.layer_windows is None else self.layer_windows[layer]
 
+    def encoder_config(self) -> "ModelConfig":
+        """The knobs an encoder–decoder's encoder runs by: these, with its own windows (encoder_layer_windows) where
+        it has them (T5Gemma's reach one further than the decoder's); without them, these."""
+        if self.encoder_layer_windows is None:
+            return self
+        if not self.encoder_decoder:
+            raise QkvError("encoder_layer_windows are an encoder–decoder's encoder's windows: they need "
+                           "encoder_decoder; fix the model's config")
+        return self.with_(layer_windows=self.encoder_layer_windows, encoder_layer_windows=None)
+
+    def chunk(self, layer: int) -> int | None:
+        """The chunk LAYER attends within (Llama 4's chunked layers: attention_chunk); None: none."""
+        return self.attention_chunk if layer in self.chunked_layers else None
+
+    def mask_kind(self, layer: int) -> tuple[int | None, int | None]:
+        """What LAYER's mask depends on beside the input: (its sliding window, its chunk); one mask per kind a pass."""
+        return self.window(layer), self.chunk(layer)
+
     def rope_kind(self, layer: int) -> str | None:
         """Which rotation LAYER's q, k get: "global", "local" (a windowed layer with its own RoPE base, Gemma 3)
         or None (no RoPE: SmolLM3's no_rope_layers, or a model without RoPE)."""
@@ -485,7 +630,8 @@ class ModelConfig:
     @property
     def uniform_layers(self) -> bool:
         """Whether every layer attends with the same mask and rotation (one of each per pass)."""
-        return self.layer_windows is None and self.local_rope_theta is None and not self.no_rope_layers
+        return (self.layer_windows is None and self.local_rope_theta is None and not self.no_rope_layers
+                and not self.chunked_layers)
 
     @property
     def embed_scale(self) -> float | None:

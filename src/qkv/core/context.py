@@ -89,15 +89,18 @@ class Context:
     tape: Tape | None = None                         # what each box's backward reads (blocks_backward); None: nothing
     relative: RelativeTable | None = None            # DeBERTa: the relative positions' table and the rows each pair
                                                      # reads, made once a pass (core/disentangled.py); None: none
-    # Layers of different kinds (ModelConfig.layer_windows, local_rope_theta, no_rope_layers): one mask per
-    # window, one rotation per kind, each made once per pass; None: every layer takes `mask`, `rope`, `step_bias`.
-    masks: dict[int | None, AttentionMask] | None = None
+    # Layers of different kinds (ModelConfig.layer_windows, local_rope_theta, no_rope_layers, chunked_layers): one
+    # mask per kind of mask (window, chunk: ModelConfig.mask_kind), one rotation per kind, each made once per pass;
+    # None: every layer takes `mask`, `rope`, `step_bias`.
+    masks: dict[tuple[int | None, int | None], AttentionMask] | None = None
     ropes: dict[str | None, tuple[np.ndarray, np.ndarray] | None] | None = None
-    step_biases: dict[int | None, np.ndarray | None] | None = None
+    step_biases: dict[tuple[int | None, int | None], np.ndarray | None] | None = None
+    temperature: np.ndarray | None = None            # Llama 4's NoPE layers: each query's factor (B, 1, n, 1) by its
+                                                     # position (positions.temperature_scales); None: none
 
     def mask_of(self, layer: int) -> AttentionMask:
-        """LAYER's mask: its window's (a full layer's: no window)."""
-        return self.mask if self.masks is None else self.masks[self.cfg.window(layer)]
+        """LAYER's mask: its window's and chunk's (a full layer's: neither)."""
+        return self.mask if self.masks is None else self.masks[self.cfg.mask_kind(layer)]
 
     def rope_of(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
         """LAYER's cos, sin: global, local (its own base, Gemma 3) or None (no RoPE, SmolLM3's no_rope_layers)."""
@@ -105,7 +108,7 @@ class Context:
 
     def step_bias_of(self, layer: int) -> np.ndarray | None:
         """LAYER's mask M of a one-token step (None if it hides nothing)."""
-        return self.step_bias if self.step_biases is None else self.step_biases[self.cfg.window(layer)]
+        return self.step_bias if self.step_biases is None else self.step_biases[self.cfg.mask_kind(layer)]
 
 
 # What a pass does where float32 overflows (weights near 3e38, a q·k of 1e40): NumPy's warnings are silenced

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .masks import visible
+from .masks import same_chunk, visible
 from ..runtime.threads import parallel_map
 from ..runtime.tuning import choices
 
@@ -45,7 +45,7 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
                     block_size: int | None = None, window: int | None = None,
                     key_mask: np.ndarray | None = None, scale: float | None = None,
                     key_bias: np.ndarray | None = None, softcap: float | None = None,
-                    sink: np.ndarray | None = None) -> np.ndarray:
+                    sink: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
     """Exact softmax(Q·Kᵀ/√d + M)·V by blocks, holding O(block²) scores per head (scale: Q·Kᵀ·scale
     instead of /√d, ModelConfig.score_scale; None: 1/√d; softcap c: S = c·tanh(S/c) before the mask, Gemma 2's
     attn_logit_softcapping, as FlashAttention-2 does it).
@@ -54,7 +54,9 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     sees only the last `window` positions (itself included); key_mask (B, m): False for
     padding keys; key_bias (B|1, H, m): added to every query's score of key j (ALiBi's m_h·p_j); sink (H,): each
     head's sink logit (gpt-oss), one more term of every row's softmax with no value: it starts the online
-    softmax (M = s_h, ℓ = 1, acc = 0), so a row's weights sum to less than 1 (ops.softmax_sink_).
+    softmax (M = s_h, ℓ = 1, acc = 0), so a row's weights sum to less than 1 (ops.softmax_sink_); chunk C (Llama 4's
+    chunked layers, causal): a query sees only the keys of its own chunk of C positions, counted from its row's first
+    real key (masks.same_chunk), and only the key blocks its chunks reach are visited.
     A query that sees no key gets zeros. block_size: rows of queries and
     of keys per block (default: measured on this machine, qkv.runtime.tuning). Query blocks are
     independent: they run in parallel on the worker threads qkv.runtime.tuning chose (threads.parallel_map).
@@ -71,18 +73,19 @@ def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool
     kb = None if key_bias is None else key_bias.astype(q.dtype, copy=False).reshape(
         key_bias.shape[0], Hkv, H // Hkv, 1, key_bias.shape[-1])   # (B|1, Hkv, G, 1, m)
     starts = range(0, n, bq)
+    lead = None if chunk is None else (np.zeros(1, int) if key_mask is None else np.argmax(key_mask, axis=1))   # (B,)
     if causal or window:                                          # later blocks see more keys:
         starts = reversed(starts)                                 # start them first (load balance)
     s = 1.0 / math.sqrt(d) if scale is None else scale
     parallel_map(lambda q0: _query_block(qg, k, v, out, q0, min(n, q0 + bq), bk, causal, window, key_mask, s, kb,
-                                         softcap, sink), starts, workers=tuned.attention)
+                                         softcap, sink, chunk, lead), starts, workers=tuned.attention)
     return out.reshape(B, H, n, d_v)
 
 
 def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, q0: int, q1: int, bk: int,
                  causal: bool, window: int | None, key_mask: np.ndarray | None, scale: float,
                  key_bias: np.ndarray | None = None, softcap: float | None = None,
-                 sink: np.ndarray | None = None) -> None:
+                 sink: np.ndarray | None = None, chunk: int | None = None, lead: np.ndarray | None = None) -> None:
     """out[..., q0:q1, :] = attention of query rows q0..q1 over their keys, block by block.
 
     The online softmax: for each key block, M_new = max(M, rowmax S), P = exp(S - M_new),
@@ -96,6 +99,8 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
     pos = offset + np.arange(q0, q1)                              # (bq,) absolute query positions
     k_end = min(m, offset + q1) if causal or window else m        # the keys this block can see at all
     k_start = max(0, offset + q0 - window + 1) if window else 0
+    if chunk is not None:                                         # the first key of the earliest chunk a row is in
+        k_start = max(k_start, int(np.min((offset + q0 - lead) // chunk * chunk + lead)))
     row_max = np.full((B, Hkv, rows, 1), -np.inf, dtype=qg.dtype)
     row_sum = np.zeros((B, Hkv, rows, 1), dtype=qg.dtype)
     d_v = v.shape[-1]
@@ -112,7 +117,7 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         np.matmul(qb, kt[:, :, :, k0:k1], out=s)                  # S = Q·Kᵀ/√d of this block
         if softcap is not None:                                   # S = c·tanh(S/c), before the mask
             np.multiply(np.tanh(s / softcap, out=s), softcap, out=s)
-        bias = _block_bias(pos, k0, k1, causal, window, key_mask, qg.dtype)
+        bias = _block_bias(pos, k0, k1, causal, window, key_mask, qg.dtype, chunk, lead)
         if bias is not None:                                      # only blocks that cross the mask's edge:
             s5 = s.reshape(B, Hkv, G, q1 - q0, k1 - k0)           # S + M, in place (grouped layout)
             s5 += bias
@@ -135,10 +140,17 @@ def _query_block(qg: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
 
 
 def _block_bias(q_pos: np.ndarray, k0: int, k1: int, causal: bool, window: int | None,
-                key_mask: np.ndarray | None, dtype) -> np.ndarray | None:
+                key_mask: np.ndarray | None, dtype, chunk: int | None = None,
+                lead: np.ndarray | None = None) -> np.ndarray | None:
     """The additive mask M of one block (0 or -∞), broadcastable to (B, Hkv, G, bq, bk);
-    None when the block is entirely visible (most blocks: nothing to do)."""
+    None when the block is entirely visible (most blocks: nothing to do). chunk, lead (B,): Llama 4's chunks, each
+    row's counted from its first real key."""
     allowed = _block_mask(q_pos, np.arange(k0, k1), causal, window)         # (bq, bk) or None
+    if chunk is not None:
+        k_pos = np.arange(k0, k1)
+        same = same_chunk(q_pos - lead[:, None], k_pos - lead[:, None], chunk)[:, None, None]   # (B, 1, 1, bq, bk)
+        if not same.all():
+            allowed = same if allowed is None else allowed & same
     if key_mask is not None and not key_mask[:, k0:k1].all():
         km = key_mask[:, None, None, None, k0:k1]                 # (B, 1, 1, 1, bk)
         allowed = km if allowed is None else (allowed & km)

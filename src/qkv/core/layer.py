@@ -25,6 +25,7 @@ from .context import Context
 from .blocks_backward import Tape
 from .hooks import Hooks
 from .latent import latent_attention
+from .ops import rms_norm
 from .positions import apply_rope
 from .trace import Recorder
 from .weights import BlockWeights, NormWeights
@@ -125,10 +126,14 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
         qk = apply_rope(qk, *rope, cfg.rope_interleaved)        # (B, H + Hkv, 1, d_k) rotated by position
     if cfg.qk_norm_after_rope:                                  # Hunyuan: normalised once turned
         qk = np.concatenate([norm(qk[:, :H], a.q_norm, cfg), norm(qk[:, H:], a.k_norm, cfg)], axis=1)
-    t = cache.length
-    cache.k[layer, :, :, t] = qk[:, H:, 0]                      # the new position's K and V, in place
-    cache.v[layer, :, :, t] = heads[:, H + Hkv:, 0]
-    k, v = cache.k[layer, :, :, :t + 1], cache.v[layer, :, :, :t + 1]    # (B, Hkv, t + 1, d_k) views
+    if cfg.qk_l2_norm and rope is not None:                     # Llama 4: RMS without γ (blocks.llama4_qk)
+        qk = rms_norm(qk, 1.0, cfg.norm_eps)
+    elif ctx.temperature is not None and rope is None:          # Llama 4's NoPE layers: q × its position's factor
+        qk = np.concatenate([qk[:, :H] * ctx.temperature, qk[:, H:]], axis=1)
+    t, r = cache.length, cache.row(layer)                       # r: the layer's row among the attention layers'
+    cache.k[r, :, :, t] = qk[:, H:, 0]                          # the new position's K and V, in place
+    cache.v[r, :, :, t] = heads[:, H + Hkv:, 0]
+    k, v = cache.k[r, :, :, :t + 1], cache.v[r, :, :, :t + 1]   # (B, Hkv, t + 1, d_k) views
     z, att, _ = scaled_dot_product_attention(qk[:, :H], k, v, ctx.step_bias_of(layer), scale=ctx.scale,
                                              cap=cfg.attn_softcap, sink=a.sinks if cfg.attn_sinks else None)   # (B, H, 1, d_k), A (B, H, 1, t + 1)
     if ctx.rec.keep:                                            # a recorded generation: A is there anyway
@@ -237,7 +242,8 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     if w.cross_attn is not None:                             # the cross-attention's own trace keeps its step:
         cross = ctx.cross                                    # the stream it starts from ("residual"), what it reads
         x, c = residual(seen(cross, layer, "residual", x), w.cross_norm, cross, layer, attention, w.cross_attn,
-                        cross, layer, after=after_box(None, cross.hooks, layer, "attn_out", cfg),
+                        cross, layer, after=after_box(w.cross_out_norm, cross.hooks, layer, "attn_out", cfg,
+                                                      cross.tape, cross.rec),   # T5Gemma: its output norm
                         keep=None if tape is None else (tape, layer, "cross_norm"))
         cross.rec.put(layer, "attn_out", c)
     x = seen(ctx, layer, "residual_mid", x)

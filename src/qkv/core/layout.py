@@ -65,7 +65,8 @@ def _attention(w: AttentionWeights) -> AttentionWeights:
                             q_norm=_norm(w.q_norm), k_norm=_norm(w.k_norm),
                             b_O=_c(w.b_O), sinks=_c(w.sinks), W_Q_b=_c(w.W_Q_b), q_latent_norm=_norm(w.q_latent_norm),
                             kv_latent_norm=_norm(w.kv_latent_norm), W_KV_b=_c(w.W_KV_b), W_QKV=W_QKV,
-                            W_Kr=_c(w.W_Kr), b_Kr=_c(w.b_Kr), W_Qr=_c(w.W_Qr), b_Qr=_c(w.b_Qr))
+                            W_Kr=_c(w.W_Kr), b_Kr=_c(w.b_Kr), W_Qr=_c(w.W_Qr), b_Qr=_c(w.b_Qr),
+                            W_G=_c(w.W_G), b_G=_c(w.b_G))
 
 
 def _ffn(w: FFNWeights | MoEWeights) -> FFNWeights | MoEWeights:
@@ -129,9 +130,10 @@ def fast_layout(weights: Weights, after_copy: Callable[[], None] | None = None) 
         if b.attn is None:                                       # a Mamba block: kept as it is
             blocks.append(b)
             continue
-        blocks.append(BlockWeights(attn_norm=_norm(b.attn_norm), attn=_attention(b.attn),
-                                   ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn), attn_out_norm=_norm(b.attn_out_norm),
-                                   ffn_out_norm=_norm(b.ffn_out_norm), conv=b.conv, conv_norm=_norm(b.conv_norm)))
+        blocks.append(replace(b, attn_norm=_norm(b.attn_norm), attn=_attention(b.attn),   # (a subclass's own
+                              ffn_norm=_norm(b.ffn_norm), ffn=_ffn(b.ffn),               # fields kept: Falcon-H1's
+                              attn_out_norm=_norm(b.attn_out_norm),                      # mixer beside attention)
+                              ffn_out_norm=_norm(b.ffn_out_norm), conv=b.conv, conv_norm=_norm(b.conv_norm)))
         done()
     return replace(weights, tok_embed=tok_embed, blocks=blocks, pos_embed=_c(weights.pos_embed),
                    type_embed=_c(weights.type_embed), embed_norm=_norm(weights.embed_norm),

@@ -7,6 +7,7 @@ One block, as transformers' MambaBlock / MambaMixer compute it (E = d_inner = ex
     [u | z] = h·W_in + b_in                                         (B, n, E) each
     x̃ = act(conv_k(u) + b_conv)      causal depthwise conv, k taps  (B, n, E)   act: hidden_act (SiLU)
     [δ | B | C] = x̃·W_x                                             (B, n, R), (B, n, N), (B, n, N)
+                  (Jamba: each then RMSNormed, Mamba.inner_norms)
     Δ = softplus(δ·W_dt + b_dt)                                     (B, n, E)
     hₜ = exp(Δₜ·A) ⊙ hₜ₋₁ + (Δₜ·x̃ₜ) ⊗ Bₜ,   A = −exp(A_log)         (B, E, N) the state, per channel
     yₜ = hₜ·Cₜ + D ⊙ x̃ₜ                                             (B, n, E)
@@ -34,10 +35,18 @@ columns zeroed, each row divided by its sum so that a row reads as attention's s
 ablating a head zeroes (or means) those channels, as attention's Z_h.
 
 The cache of writing (`MambaState`) is transformers': per layer the conv's last k − 1 inputs and the scan's state
-h, so a step's scan costs O(1) in the length; it also keeps each past token's Δ, S and B (a row a token), the keys of
-the attention rows a recorded generation shows. A second pass of several tokens over a filled cache starts its scan
+h, so a step's scan costs O(1) in the length; from a pass that records the attention on, it also keeps each past
+token's Δ, S and B (a row a token), the keys of the attention rows a recorded generation shows (`keep_keys`;
+recording over a past kept without them is refused in one line). A second pass of several tokens over a filled cache starts its scan
 from the state (transformers' scan there restarts from zeros, a known TODO of its own; generation never does it).
 Training (a tape) is refused in one line: the scan's backward is not in qkv.
+
+**Among attention layers (Jamba).** A stack whose ModelConfig.layer_kinds names some layers "mamba" runs the
+transformer stack (core/stack.py), each Mamba layer `mamba_layer`: the transformer block's two residual steps with
+the mixer in attention's place, x + Mixer(RMSNorm(x)), then + FFN(RMSNorm(·)), dense or routed. Its "heads" are
+n_heads groups of E / n_heads channels, so one trace holds the attention layers' softmax weights and the Mamba
+layers' implied ones, (B, H, n, n) each; the KV cache holds K, V for the attention layers and this `MambaState`
+beside them.
 """
 
 from __future__ import annotations
@@ -48,16 +57,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..runtime.errors import QkvError
-from .blocks import embed, linear, logits_of, unembed_in
+from .attention import top_of
+from .blocks import embed, feed_forward, linear, logits_of, norm, unembed_in
 from .context import Ablation, check_finite, check_given
-from .layer import norm_hooked
+from .layer import after_box, norm_hooked, residual
 from .ops import ACTIVATIONS, silu, softplus
 from .trace import Recorder
-from .weights import BlockWeights
+from .weights import BlockWeights, NormWeights
 
 if TYPE_CHECKING:
     from .cache import KVCache
     from .config import ModelConfig
+    from .context import Context
     from .hooks import Hooks
     from .weights import Weights
 
@@ -65,6 +76,11 @@ if TYPE_CHECKING:
 # FFN's, which a Mamba block has not ("attentions" is recorded, computed beside the scan: a hook would change nothing).
 HOOKED = ("residual", "attn_norm_scale", "attn_in", "heads", "attn_out", "residual_mid", "ffn_out", "residual_out",
           "final_norm_scale")
+# A Mamba layer of a stack of different kinds (Jamba) has its FFN's points too (a dense FFN's neurons; hooks.py refuses
+# those of a routed one).
+LAYER_HOOKED = (*HOOKED, "ffn_norm_scale", "ffn_in", "neurons", "ffn_pre")
+NO_BACKWARD = ("gradients through a Mamba layer (training, input attribution) are not in qkv: the selective scan has "
+               "no backward here; use a transformer, or transformers for Mamba")
 CHUNK = 1 << 22                     # numbers of α (B·channels·n·m) computed at a time by `attention_summary`
 
 
@@ -78,12 +94,21 @@ class Mamba:
     dt_rank: int                    # R, time_step_rank ("auto": ⌈hidden_size / 16⌉)
     conv_bias: bool = True          # use_conv_bias
     bias: bool = False              # use_bias: in_proj's and out_proj's
+    inner_norms: bool = False       # Jamba: δ, B and C each RMSNormed (norm_eps) before Δ's projection and the scan
+                                    # (dt_layernorm, b_layernorm, c_layernorm: MixerWeights.dt_norm, b_norm, c_norm)
 
     def check(self, cfg: "ModelConfig") -> str | None:
         """What is wrong with these knobs under CFG (None: nothing)."""
         sizes = (self.d_state, self.d_inner, self.conv_kernel, self.dt_rank)
         if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
             return f"Mamba's d_state, d_inner, conv_kernel, dt_rank must be positive whole numbers, got {sizes}"
+        if cfg.layer_kinds is not None:            # Mamba layers among attention layers (Jamba): FFNs follow them
+            if self.d_inner % cfg.n_heads:
+                return (f"a Mamba layer's heads are n_heads groups of its {self.d_inner} channels: n_heads = "
+                        f"{cfg.n_heads} must divide d_inner")
+            if cfg.norm != "rms" or cfg.norm_place != "pre" or cfg.activation not in ACTIVATIONS:
+                return ("a Mamba layer is pre-RMSNorm, its conv's activation one of " + ", ".join(ACTIVATIONS))
+            return None
         if cfg.n_heads * cfg.d_head != self.d_inner:
             return (f"a Mamba model's heads are groups of its {self.d_inner} channels: n_heads · d_head = "
                     f"{cfg.n_heads} · {cfg.d_head} must equal d_inner")
@@ -108,6 +133,9 @@ class MixerWeights:
     b_in: np.ndarray | None = None   # (2E,) use_bias
     b_conv: np.ndarray | None = None  # (E,) use_conv_bias
     b_out: np.ndarray | None = None  # (d_model,) use_bias
+    dt_norm: NormWeights | None = None   # (R,) δ's RMSNorm (inner_norms: Jamba)
+    b_norm: NormWeights | None = None    # (N,) B's
+    c_norm: NormWeights | None = None    # (N,) C's
 
 
 @dataclass
@@ -139,6 +167,27 @@ class MambaState:
         none = [np.zeros((batch, 0, E), dtype)] * L
         return cls(np.zeros((L, batch, m.conv_kernel - 1, E), dtype), np.zeros((L, batch, E, m.d_state), dtype),
                    list(none), list(none), [np.zeros((batch, 0, m.d_state), dtype)] * L)
+
+
+def keep_keys(s, layer: int, dt: np.ndarray, S: np.ndarray, Bm: np.ndarray, past: int, wants: bool) -> tuple | None:
+    """Keep this pass's Δ, S, B (B, n, ·) in state S (a MambaState or Mamba2State) and give every kept token's
+    (Δ, S, B), the keys of a recorded row; or keep only S's last row (the scan's clock) and give None. The rows are
+    kept from a pass that records the attention on (its later rows need them: O(length) memory, as a KV cache);
+    an unrecorded generation keeps O(1). Recording over a past kept without them is refused in one line."""
+    got = s.dt.get(layer) if isinstance(s.dt, dict) else s.dt[layer]   # Mamba-2's state: dicts by layer
+    kept = past > 0 and got is not None and got.shape[1] == past
+    if not (wants or kept):
+        s.S[layer] = S[:, -1:]                                # (B, 1, ·) the clock, for the next pass
+        return None
+    if past and not kept:
+        raise QkvError(f"layer {layer}'s attention over the cached past needs each past token's Δ, S and B, which only "
+                       "a recorded pass keeps (the scan's state holds no rows); record the generation from its first "
+                       "pass (generate(..., trace=True)), or run the whole text again")
+    if past:
+        dt, S, Bm = (np.concatenate([s.dt[layer], dt], 1), np.concatenate([s.S[layer], S], 1),
+                     np.concatenate([s.Bs[layer], Bm], 1))
+    s.dt[layer], s.S[layer], s.Bs[layer] = dt, S, Bm
+    return dt, S, Bm
 
 
 def state_of(cache: "KVCache", cfg: "ModelConfig", batch: int, dtype) -> MambaState:
@@ -274,8 +323,8 @@ class Pass:
     past: int = 0
 
 
-def seen(p: Pass, layer: int, name: str, value: np.ndarray) -> np.ndarray:
-    """VALUE at point NAME after its hooks, recorded."""
+def seen(p: "Pass | Context", layer: int, name: str, value: np.ndarray) -> np.ndarray:
+    """VALUE at point NAME after its hooks, recorded (P's: a Mamba pass's, or a stack's Context: the same two)."""
     if p.hooks is not None:
         value = p.hooks(layer, name, value)
     p.rec.put(layer, name, value)
@@ -320,8 +369,10 @@ def mixer_parts(h: np.ndarray, w: MixerWeights, cfg: "ModelConfig", new: np.ndar
     if new is not None:
         x = x * new
     proj = linear(x, w.W_x)                                   # (B, n, R + 2N)
-    Bm, Cm = proj[..., R:R + N], proj[..., R + N:]            # (B, n, N) each
-    dt = softplus(linear(proj[..., :R], w.W_dt) + w.b_dt)     # (B, n, E) Δ
+    delta, Bm, Cm = proj[..., :R], proj[..., R:R + N], proj[..., R + N:]   # (B, n, R), (B, n, N) each
+    if m.inner_norms:                                         # Jamba: each RMSNormed
+        delta, Bm, Cm = norm(delta, w.dt_norm, cfg), norm(Bm, w.b_norm, cfg), norm(Cm, w.c_norm, cfg)
+    dt = softplus(linear(delta, w.W_dt) + w.b_dt)             # (B, n, E) Δ
     A = -np.exp(w.A_log)                                      # (E, N)
     h0 = np.zeros((Bsz, E, N), h.dtype) if h0 is None else h0
     y, last = selective_scan(x, dt, A, Bm, Cm, h0)            # (B, n, E), (B, E, N)
@@ -337,18 +388,19 @@ def mixer(h: np.ndarray, w: MixerWeights, p: Pass, layer: int) -> np.ndarray:
     new = None if p.real is None else p.real[:, -n:, None].astype(h.dtype)   # (B, n, 1) this pass's padding
     f = mixer_parts(h, w, cfg, new, None if s is None else s.conv[layer], None if s is None else s.ssm[layer])
     keys, S = None, np.cumsum(f.dt, axis=1)                   # (B, n, E) Σ Δ
+    wants = p.rec.wants(layer, "attentions") or p.rec.wants(layer, "attention_top")
     if s is not None:
         S = S + (s.S[layer][:, -1:] if p.past else 0)         # counted from the text's first token
         if m.conv_kernel > 1:
             s.conv[layer] = np.concatenate([s.conv[layer], f.u], axis=1)[:, -(m.conv_kernel - 1):]   # (B, k − 1, E)
         s.ssm[layer] = f.last
-        s.dt[layer] = np.concatenate([s.dt[layer], f.dt], axis=1)
-        s.S[layer] = np.concatenate([s.S[layer], S], axis=1)
-        s.Bs[layer] = np.concatenate([s.Bs[layer], f.Bm], axis=1)
-        keys = (s.dt[layer], s.S[layer], s.Bs[layer])
-    if p.rec.wants(layer, "attentions"):
+        keys = keep_keys(s, layer, f.dt, S, f.Bm, p.past, wants)
+    if wants:
         att = attention_summary(f.dt, f.A, f.Bm, f.Cm, S, H, p.real, p.past, keys)   # (B, H, n, m)
-        p.rec.put(layer, "attentions", att if p.rec.heads is None else att[:, p.rec.heads])
+        att = att if p.rec.heads is None else att[:, p.rec.heads]
+        p.rec.put(layer, "attentions", att)
+        if p.rec.wants(layer, "attention_top"):             # a long input's views: each row's largest, from it
+            p.rec.put(layer, "attention_top", top_of(att, p.rec.top))
     heads = f.gated(w.D).reshape(Bsz, n, H, E // H).transpose(0, 2, 1, 3)   # (B, H, n, E/H) each group's channels
     if p.ablate is not None:
         heads = p.ablate.apply(layer, heads, None if p.real is None else p.real[:, -n:].astype(bool))
@@ -368,6 +420,53 @@ def mamba_block(x: np.ndarray, w: MambaBlockWeights, p: Pass, layer: int) -> np.
     if p.rec.wants(layer, "ffn_out") or (p.hooks is not None and p.hooks.wants(layer, "ffn_out")):
         x = x + seen(p, layer, "ffn_out", np.zeros_like(x))   # (B, n, d_model) no FFN: 0
     return seen(p, layer, "residual_out", x)                  # (B, n, d_model)
+
+
+# ── a Mamba layer among attention layers (Jamba) ────────────────────────────────
+
+def pass_of(ctx: "Context", x: np.ndarray, layer: int) -> Pass:
+    """The `Pass` a Mamba layer of a stack of different kinds reads from the stack's Context CTX: its padding (LAYER's
+    mask's key_mask (B, m), None: none), recorder, hooks, ablation, and the Mamba state the KV cache carries beside
+    the attention layers' K, V (None without a cache), its past the positions the cache holds."""
+    cache = ctx.cache
+    state = None if cache is None else state_of(cache, ctx.cfg, x.shape[0], x.dtype)
+    return Pass(ctx.cfg, ctx.mask_of(layer).key_mask, ctx.rec, ctx.hooks, ctx.ablate, state,
+                0 if cache is None else cache.length)
+
+
+def mamba_layer(x: np.ndarray, w: MambaBlockWeights, ctx: "Context", layer: int) -> np.ndarray:
+    """A Mamba layer of a stack of layers of different kinds (cfg.layer_kinds: Jamba): the transformer block's two
+    residual steps (core/layer.py's `residual`) with the mixer in attention's place,
+
+        x + Mixer(RMSNorm(x)),  then  + FFN(RMSNorm(·))        (B, n, d_model), the FFN dense or routed
+
+    each point hooked and recorded under its name as `layer.block` records an attention layer's (the mixer's
+    "attentions" and "heads" as `mixer` records them). Training refused in one line (NO_BACKWARD)."""
+    cfg, hooks = ctx.cfg, ctx.hooks
+    if ctx.tape is not None:
+        raise QkvError(NO_BACKWARD)
+    x = seen(ctx, layer, "residual", x)
+    p = pass_of(ctx, x, layer)
+    x, a = residual(x, w.attn_norm, ctx, layer, mixer, w.mixer, p, layer,
+                    after=after_box(w.attn_out_norm, hooks, layer, "attn_out", cfg, None, ctx.rec))
+    x = seen(ctx, layer, "residual_mid", x)
+    x, f = residual(x, w.ffn_norm, ctx, layer, feed_forward, w.ffn, cfg, None, layer, ctx.rec, hooks,
+                    after=after_box(w.ffn_out_norm, hooks, layer, "ffn_out", cfg, None, ctx.rec),
+                    names=("ffn_norm_scale", "ffn_in"))
+    ctx.rec.put(layer, "attn_out", a)
+    ctx.rec.put(layer, "ffn_out", f)
+    return seen(ctx, layer, "residual_out", x)                # (B, n, d_model)
+
+
+def check_layer_hooks(hooks: "Hooks | None", cfg: "ModelConfig") -> None:
+    """One error for a hook on a point a Mamba layer of a stack of different kinds has not (q, k, v, scores; its
+    "attentions" are implied by the scan): the attention layers have them."""
+    for layer, name in (hooks.points if hooks is not None else ()):
+        if cfg.layer_kind(layer) == "mamba" and name not in LAYER_HOOKED:
+            others = [i for i in range(cfg.n_layers) if cfg.layer_kind(i) == "attention"]
+            raise QkvError(f"hook name {name!r} on layer {layer}: a Mamba layer has no attention q, k, v or scores "
+                           "(its attention is implied by its scan: read it from the trace); hook it on an attention "
+                           f"layer ({', '.join(map(str, others)) or 'none'}), or one of {', '.join(LAYER_HOOKED)}")
 
 
 # ── the pass ─────────────────────────────────────────────────────────────────────
@@ -393,8 +492,7 @@ def mamba_pass(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, a
     new tokens after its past and attention_mask (B, past + n); its Mamba state (`MambaState`) carries the conv's
     inputs and the scan's state across passes."""
     if tape is not None:
-        raise QkvError("gradients through a Mamba model (training, input attribution) are not in qkv: the selective "
-                       "scan has no backward here; use a transformer, or transformers for Mamba")
+        raise QkvError(NO_BACKWARD)
     if stop is not None and cache is not None:
         raise QkvError("a pass that stops early would leave the later layers' state unfilled; run it without a cache")
     if ablate is not None and ablate.how == "mean" and cache is not None:

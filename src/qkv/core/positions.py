@@ -25,6 +25,18 @@ def positions_from_mask(attention_mask: np.ndarray) -> np.ndarray:
     return np.maximum(pos, 0)
 
 
+def temperature_scales(positions: np.ndarray, floor: int, scale: float, dtype=np.float32) -> np.ndarray:
+    """Llama 4's attention temperature of a NoPE layer's queries: s_p = 1 + τ·log(1 + ⌊(p + 1)/F⌋) (F floor_scale,
+    τ attn_scale; Nakanishi 2025, "Scalable-Softmax"), 1 up to position F − 2, then growing with log p so that a
+    query far into a long input still picks out its keys. positions (B, n) or (n,) → (B, 1, n, 1), a factor of q.
+
+    transformers counts p over the row's cache index, padding included; here p is the token's position among the
+    row's real tokens, as RoPE's: the same numbers but for a left-padded row (whose padding moves no position)."""
+    p = np.asarray(positions, dtype=np.float64)
+    s = 1.0 + scale * np.log1p(np.floor((p + 1.0) / floor))            # (B, n)
+    return s.reshape(-1, 1, s.shape[-1], 1).astype(dtype)              # (B, 1, n, 1)
+
+
 def positions_from_ids(ids: np.ndarray, pad_token_id: int) -> np.ndarray:
     """Position of each token counting the ids that are not PAD_TOKEN_ID: cumsum(ids ≠ pad) − 1, and −1 for a
     pad (RoBERTa; transformers' create_position_ids_from_input_ids gives these + pad + 1, the rows it reads).

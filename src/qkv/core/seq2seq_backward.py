@@ -60,6 +60,8 @@ def taped(weights: Seq2SeqWeights, cfg: ModelConfig, src: np.ndarray, src_mask: 
     m = encoder_pass(weights, cfg, src, src_mask, stacks, tokens=source_tokens)      # M (B, n_src, d_model)
     h, logits = decoder_pass(weights, cfg, tgt_in, None, memory_of(weights, cfg, m), src_mask, stacks=stacks,
                              tokens=target_tokens)
+    if cfg.final_softcap is not None:                    # T5Gemma: the capped logits, which their backward reads
+        tapes["decoder"].put(None, "logits", logits)
     return m, h, logits, tapes
 
 
@@ -72,6 +74,8 @@ def backward(dlogits: np.ndarray, m: np.ndarray, h: np.ndarray, weights: Seq2Seq
     source: dict[str, np.ndarray] = {}
     target: dict[str, np.ndarray] = {}
     # backward: the decoder (collecting each layer's dK, dV of the memory), then the memory, then the encoder
+    if cfg.final_softcap is not None:                    # T5Gemma: y = c·tanh(ℓ/c), dℓ = dy ⊙ (1 − (y/c)²)
+        dlogits = dlogits * (1 - np.square(tapes["decoder"].pop(None, "logits") / cfg.final_softcap))
     s = cfg.d_model ** -0.5 if cfg.scale_decoder_output else None  # T5 v1.0: logits = (h·s)·W_vocab
     dh, dW_vocab, _ = back.linear(dlogits, h if s is None else h * s, dec.W_vocab, False)   # final_logits_bias: fixed
     if s is not None:

@@ -8,7 +8,8 @@ position bias, cross-attention's memory), and hand the rest to `run_stack`:
     transformer    decoder, encoder, image (ViT: its patches as `tokens`): positions from the mask, RoPE,
                    sliding windows, ALiBi, the one-token step of writing, LongRoPE's re-read of a cache
     encoder_pass   an encoder–decoder's encoder (Whisper's: its log-mel frames as `tokens`): every source token
-                   sees every real one, T5's relative bias both ways; source ─▶ M
+                   sees every real one, T5's relative bias both ways (T5Gemma: RoPE and sliding layers,
+                   `rope_and_windows`); source ─▶ M
     decoder_pass   its decoder: causal self-attention (+ T5's bias backwards), cross-attention reading M ─▶ logits
 
 The boxes are core/blocks.py's, the block they make core/layer.py's, and the `Context` every box of one pass
@@ -27,7 +28,11 @@ from ..runtime.errors import QkvError
 from .attention import AttentionMask
 from .blocks import attention_mask_of, cross_memory, embed, logits_of, unembed_in
 from .layer import block, final_norm
-from .mamba import mamba_pass
+from .delta import delta_layer
+from .mamba import check_layer_hooks, mamba_layer, mamba_pass
+from .lightning import minimax_block
+from .mamba2 import Mamba2, mamba2_pass
+from .mamba2_layers import mamba2_layer, parallel_layer
 from .disentangled import relative_table
 from .context import QUIET, Ablation, Context, check_finite, check_given
 from .blocks_backward import Tape
@@ -35,7 +40,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooks
 from .positions import (positions_from_ids, positions_from_mask, relative_bias, relative_buckets, rope_attention_factor,
-                        rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys)
+                        rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys, temperature_scales)
 from .trace import Recorder
 from .weights import Seq2SeqWeights, Weights
 
@@ -67,6 +72,22 @@ class Output:
 
 
 # ── the one runner ───────────────────────────────────────────────────────────────
+
+# The block each kind of layer runs (ModelConfig.layer_kinds; config.LAYER_KINDS): a transformer block, or the same
+# block with another box in attention's place (Jamba's Mamba layers: core/mamba.py's mixer).
+LAYER_BLOCKS = {"attention": block, "mamba": mamba_layer, "delta": delta_layer}   # (delta: Qwen3-Next, core/delta.py)
+
+
+def block_of(cfg: ModelConfig, layer: int):
+    """The function that runs block LAYER of a stack under CFG: its kind's (LAYER_BLOCKS), MiniMax's own block."""
+    if cfg.lightning is not None:
+        return minimax_block                                 # MiniMax: its own block (core/lightning.py)
+    if isinstance(cfg.mamba, Mamba2) and cfg.mamba.beside is not None:
+        return parallel_layer                                # Falcon-H1: attention and Mamba-2 side by side
+    if isinstance(cfg.mamba, Mamba2) and cfg.layer_kind(layer) == "mamba":
+        return mamba2_layer                                  # Granite 4's Mamba-2 layers (core/mamba2.py)
+    return LAYER_BLOCKS[cfg.layer_kind(layer)]
+
 
 @np.errstate(**QUIET)
 def run_stack(weights: Weights, ctx: Context, *, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
@@ -110,7 +131,7 @@ def run_stack(weights: Weights, ctx: Context, *, ids: np.ndarray | None = None, 
         x = stream                                           # (B, n, d_model) entering block START
     depth = len(weights.blocks)
     for layer in range(start, depth if stop is None else stop):
-        x = block(x, weights.blocks[layer], ctx, layer)      # (B, n, d_model)
+        x = block_of(ctx.cfg, layer)(x, weights.blocks[layer], ctx, layer)   # (B, n, d_model)
         if checked:
             check_finite(x, f"{where}layer {layer}'s output", blame)
     if stop is not None and stop < depth:
@@ -161,12 +182,17 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     (input attribution: the embeddings scaled towards a baseline).
 
     What is a single stack's own is set up here (positions, RoPE, masks per window, the one-token step);
-    `run_stack` runs it. A Mamba model (cfg.mamba) runs its own stack, core/mamba.py's, with the same arguments.
+    `run_stack` runs it. A Mamba model (cfg.mamba) runs its own stack, core/mamba.py's (Mamba-2's: core/mamba2.py's),
+    with the same arguments; a stack of layers of different kinds (cfg.layer_kinds: Jamba) runs here, each layer
+    its kind's block (`block_of`).
     """
-    if cfg.mamba is not None:
-        return mamba_pass(weights, cfg, ids, attention_mask, token_type_ids=token_type_ids, rec=rec, cache=cache,
-                          logits=logits, ablate=ablate, hooks=hooks, start=start, stream=stream, tape=tape,
-                          tokens=tokens, stop=stop)
+    if cfg.mamba is not None and cfg.layer_kinds is None:    # a state-space stack: Mamba's, or Mamba-2's
+        run = mamba2_pass if isinstance(cfg.mamba, Mamba2) else mamba_pass
+        return run(weights, cfg, ids, attention_mask, token_type_ids=token_type_ids, rec=rec, cache=cache,
+                   logits=logits, ablate=ablate, hooks=hooks, start=start, stream=stream, tape=tape,
+                   tokens=tokens, stop=stop)
+    if cfg.layer_kinds is not None:                          # Jamba: no hook on a point its Mamba layers have not
+        check_layer_hooks(hooks, cfg)
     dtype = weights.tok_embed.dtype
     n = (ids if stream is None else stream).shape[1]
     # Decoders count positions over real tokens (left padding does not shift them);
@@ -197,22 +223,25 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
     ctx = Context(cfg, mask, rope, rec or Recorder(keep=()), cache, ablate, hooks,
                   scale=cfg.score_scale, tape=tape)
     if not cfg.uniform_layers:                               # layers of different kinds: a mask per window,
-        first = {cfg.window(i): i for i in reversed(range(cfg.n_layers))}     # each window → its first layer
-        ctx.masks = {window: attention_mask_of(cfg, attention_mask, n, i) for window, i in first.items()}
+        first = {cfg.mask_kind(i): i for i in reversed(range(cfg.n_layers))}  # each window, chunk → its first layer
+        ctx.masks = {kind: attention_mask_of(cfg, attention_mask, n, i) for kind, i in first.items()}
         ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
         if "local" in speeds:
             ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
                                              interleaved=cfg.rope_interleaved)
+    if cfg.temperature_floor is not None:                    # Llama 4's NoPE layers: q × a factor by position
+        ctx.temperature = temperature_scales(positions, cfg.temperature_floor, cfg.temperature_scale, dtype)
     if cfg.disentangled is not None:                         # DeBERTa: the relative positions' table, once a pass
         ctx.relative = relative_table(weights.rel_embed, weights.rel_norm, cfg.norm_eps, n, cfg.disentangled)
     if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
-            and all(b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
+            and not cfg.attn_output_gate                     # (Qwen3-Next's gate: `block`'s box, not the step's)
+            and all(b.attn is not None and b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:
             bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
             return None if bias is None or not bias.any() else bias
         ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
         if ctx.masks is not None:                            # one per window
-            ctx.step_biases = {window: hiding(mask) for window, mask in ctx.masks.items()}
+            ctx.step_biases = {kind: hiding(mask) for kind, mask in ctx.masks.items()}
     return run_stack(weights, ctx, ids=ids, positions=positions, token_type_ids=token_type_ids, tokens=tokens,
                      stream=stream, start=start, stop=stop, logits=logits, speeds=speeds)
 
@@ -244,11 +273,35 @@ def encoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     instead of looking them up (input attribution).
     """
     w, n, stacks = weights.encoder, ids.shape[1], stacks or Stacks()
+    cfg = cfg.encoder_config()                                     # T5Gemma: the encoder's own windows
     pos = np.arange(n)                                             # (n_src,)
     bias = None if w.rel_bias is None else relative_bias(w.rel_bias, pos, pos, True, cfg.relative_max_distance)
     attend = AttentionMask(n, n, causal=False, key_mask=None if mask.all() else mask.astype(bool), position_bias=bias)
     ctx = stacks.context("encoder", cfg, attend, rel_buckets=layer_buckets(w, cfg, pos, pos, True))
+    rope_and_windows(ctx, pos, len(w.blocks), w.tok_embed.dtype)
     return run_stack(w, ctx, ids=ids, positions=pos, tokens=tokens, logits=None, stack="encoder")[0]   # (B, n_src, d)
+
+
+def rope_and_windows(ctx: Context, pos: np.ndarray, depth: int, dtype) -> dict[str, np.ndarray]:
+    """An encoder–decoder stack's RoPE and windows, put in its Context CTX (T5Gemma: Gemma 2's layers, RoPE at
+    positions POS (n,), sliding and full layers alternating): the rotation, and with layers of different kinds a
+    mask per window (each ctx.mask's own, a window added: the encoder's reaching both ways) and a rotation per
+    kind. Returns the RoPE speeds ({} without RoPE: every other family, whose ctx it leaves as it was)."""
+    cfg = ctx.cfg
+    speeds = rope_speeds(cfg, dtype, int(pos[-1]) + 1 if len(pos) else 1)
+    if "global" in speeds:
+        ctx.rope = rope_cos_sin(pos[None], speeds["global"], rope_attention_factor(cfg.rope_scaling),
+                                interleaved=cfg.rope_interleaved)          # 2 × (1, 1, n, d_k)
+    if cfg.uniform_layers:
+        if cfg.sliding_window is not None:
+            ctx.mask = replace(ctx.mask, window=cfg.sliding_window, _bias={})
+        return speeds
+    ctx.masks = {cfg.mask_kind(i): replace(ctx.mask, window=cfg.window(i), _bias={}) for i in range(depth)}
+    ctx.ropes = {None: None, "global": ctx.rope}
+    if "local" in speeds:
+        ctx.ropes["local"] = rope_cos_sin(pos[None], speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
+                                          interleaved=cfg.rope_interleaved)
+    return speeds
 
 
 def layer_buckets(w, cfg: ModelConfig, q_pos: np.ndarray, k_pos: np.ndarray, bidirectional: bool) -> np.ndarray | None:
@@ -290,5 +343,6 @@ def decoder_pass(weights: Seq2SeqWeights, cfg: ModelConfig, ids: np.ndarray, mas
     cross = stacks.context("cross", cfg, src, memory=memory, query_mask=None if key_mask is None else key_mask[:, -n:])
     ctx = stacks.context("decoder", cfg, own, cache=cache, cross=cross,
                          rel_buckets=layer_buckets(w, cfg, pos, np.arange(past + n), False))
+    speeds = rope_and_windows(ctx, pos, len(w.blocks), w.tok_embed.dtype)   # T5Gemma: RoPE, its sliding layers
     return run_stack(w, ctx, ids=ids, positions=pos, tokens=tokens, stream=stream, start=start, logits=logits,
-                     stack="decoder")                              # (B, n, d_model), (B, n | 1, V)
+                     speeds=speeds or None, stack="decoder")       # (B, n, d_model), (B, n | 1, V)

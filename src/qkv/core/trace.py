@@ -30,9 +30,11 @@ INTERMEDIATES = {
     "q": "(B, H, n, d_k)  queries, after RoPE where the model uses it",
     "k": "(B, Hkv, n, d_k)  keys, after RoPE",
     "v": "(B, Hkv, n, d_k)  values",
-    "scores": "(B, H, n, n)  S + M: the scores S = Q·Kᵀ/√d_k with the mask M applied (-inf), before softmax",
+    "scores": ("(B, H, n, n)  S + M: the scores S = Q·Kᵀ/√d_k with the mask M applied (-inf), before softmax; a "
+               "MiniMax lightning layer's: the matrix it mixes V with, A = (qₜ·kₛ)·λ^(t−s) (core/lightning.py)"),
     "attentions": ("(B, H, n, n)  A = softmax(S + M), rows sum to 1; a Mamba layer's: the attention its scan "
-                   "implies, each group of channels' Σ|α| with rows divided by their sum (core/mamba.py)"),
+                   "implies, each group of channels' Σ|α| with rows divided by their sum (core/mamba.py); a "
+                   "lightning layer's: each head's |scores| with rows divided by their sum (core/lightning.py)"),
     "heads": ("(B, H, n, d_k)  each head's output Z_h = A_h·V_h, before Concat·W_O (its part of attn_out is "
               "Z_h·W_O[h·d_k:(h+1)·d_k], before the output norm and multiplier)"),
     "attn_out": "(B, n, d_model)  Concat(heads)·W_O, added to the residual stream",

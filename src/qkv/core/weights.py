@@ -75,6 +75,16 @@ class AttentionWeights:
     b_Kr: np.ndarray | None = None             # (H·d_k,)
     W_Qr: np.ndarray | None = None             # (d_model, H·d_k)
     b_Qr: np.ndarray | None = None             # (H·d_k,)
+    # Longformer's global attention (cfg.global_tokens): the global tokens' rows read Q_g = X·W_Qg + b_Qg against
+    # K_g, V_g of every token (their own projections); None: none
+    W_Qg: np.ndarray | None = None             # (d_model, H·d_k)
+    b_Qg: np.ndarray | None = None             # (H·d_k,)
+    W_Kg: np.ndarray | None = None             # (d_model, H·d_k)
+    b_Kg: np.ndarray | None = None             # (H·d_k,)
+    W_Vg: np.ndarray | None = None             # (d_model, H·d_k)
+    b_Vg: np.ndarray | None = None             # (H·d_k,)
+    W_G: np.ndarray | None = None              # (d_model, H·d_k) the output gate, Z_h ⊙ σ(X·W_G + b_G)_h before W_O
+    b_G: np.ndarray | None = None              # (H·d_k,) (Qwen3-Next: cfg.attn_output_gate); None: none
     # Set by qkv.core.layout.fast_layout: [W_Q | W_K | W_V] side by side, (d_model, (H + 2·Hkv)·d_k),
     # so that one product gives Q, K and V; W_Q, W_K, W_V are then views of its columns.
     W_QKV: np.ndarray | None = None
@@ -148,6 +158,7 @@ class BlockWeights:
                                                  # MoEWeights: a routed FFN (a MoE layer)
     cross_attn: AttentionWeights | None = None   # encoder–decoder decoders: Q from here, K, V from the encoder
     cross_norm: NormWeights | None = None        # its norm (before or after, as the others)
+    cross_out_norm: NormWeights | None = None    # Norm of its output before it joins the stream (T5Gemma)
     attn_out_norm: NormWeights | None = None     # Norm of attention's output before it joins the stream (OLMo 2)
     ffn_out_norm: NormWeights | None = None      # and of the FFN's
     conv: "ConvWeights | None" = None            # DeBERTa-v2's convolution beside its first layer (cfg.first_conv):
@@ -209,6 +220,8 @@ class Weights:
     b_patch: np.ndarray | None = None          # (d_model,) token (the patch convolution as one product); tok_embed (1, d)
                                                # is then the [CLS] token
     pool: PoolWeights | None = None            # a tower's pooling head (CLIP, SigLIP: cfg.pooling); None: none
+    W_contact: np.ndarray | None = None        # (L·H,) ESM's contact head: a logistic regression over every layer's
+    b_contact: np.ndarray | None = None        # (1,)  heads' maps (analysis/contacts.py); None: none
 
     def astype(self, dtype) -> "Weights":
         """A copy with every array in `dtype` (float64 for checks)."""

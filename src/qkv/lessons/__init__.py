@@ -4,11 +4,13 @@
     positions   sinusoidal table, RoPE on SmolLM2, MiniLM's learned table
     kv-cache    what the cache holds, step by step, and what it saves
     gqa         query heads sharing K/V heads, and mean-pooling a multi-head model's K/V heads
+    linear      linear attention: φ(Q)(φ(K)ᵀV), the state it carries, on MiniMax, Mamba or a softmax model's heads
     sparse      masks the tiled kernel runs (local, global, random, block)
     flash       the online softmax, tile by tile
     ffn         one token's vector through the FFN: W_in, activation, W_out, what the top neurons write
     vit         an image through a Vision Transformer: pixels, patches, [CLS], attention over patches, the answer
     patching    one head of an IOI prompt pair by exact activation patching, AtP and path patching, side by side
+    proteins    a protein's contact map from every head's attention (ESM-2's contact head), beside the best heads
     circuits    one small attribution graph: a transcoder, an edge, error nodes, the scores (qkv.graphs.lesson:
                 graphs/ comes after lessons/, so cli/explain.py adds it with `register`)
 
@@ -53,6 +55,8 @@ TOPICS: dict[str, Topic] = {
     "positions": Topic("qkv.lessons.positions", "sinusoidal table, RoPE on SmolLM2, MiniLM's learned positions"),
     "kv-cache": Topic("qkv.lessons.kvcache", "what the KV cache holds, token by token, and the time it saves"),
     "gqa": Topic("qkv.lessons.gqa", "query heads sharing K/V heads; a multi-head model's K/V mean-pooled"),
+    "linear": Topic("qkv.lessons.linear", "linear attention: the n × n matrix never built, a d × d state carried "
+                                          "(MiniMax's lightning layers, Mamba's scans, or a softmax model's q, k, v)"),
     "sparse": Topic("qkv.lessons.sparse", "sparse masks (window, global, random, block) in the tiled kernel"),
     "flash": Topic("qkv.lessons.flash", "FlashAttention's online softmax, tile by tile"),
     "ffn": Topic("qkv.lessons.ffn", "one token through the FFN: W_in, activation, W_out, what its top neurons write"),
@@ -60,6 +64,8 @@ TOPICS: dict[str, Topic] = {
                                     "patches, rollout, the classifier (TEXT: an image file, or a digit 0–9)"),
     "patching": Topic("qkv.lessons.patching", "one head by exact patching, attribution patching (AtP) and path "
                                               "patching, side by side (TEXT: 'CLEAN | CORRUPTED')"),
+    "proteins": Topic("qkv.lessons.proteins", "a protein's 3-D contacts from attention: ESM-2's contact map beside "
+                                              "the heads that draw it (TEXT: a sequence; --model an ESM-2 checkpoint)"),
 }
 
 
@@ -190,8 +196,9 @@ def explain_help() -> str:
             "3).\n\n"
             "\b\nTopics:\n" + topics_help() + "\n\n"
             "--out DIR writes the topic's figures (PNG and SVG). Each topic loads its own model unless --model "
-            "is given (attention: minilm; positions, kv-cache, gqa, sparse, flash, ffn, patching, circuits: smollm2; "
-            "vit: digits-vit). --layer chooses the layer of attention, flash, ffn, vit and circuits (ffn's and "
+            "is given (attention: minilm; positions, kv-cache, gqa, linear, sparse, flash, ffn, patching, circuits: smollm2; "
+            "vit: digits-vit; proteins: none ships, give an ESM-2 checkpoint). --layer chooses the layer of attention, flash, ffn, vit and circuits (ffn's and "
             "circuits' default: the middle one). circuits also needs --transcoders DIR, one transcoder per layer of the model. "
             "patching follows head --layer.--head (default: the one exact patching moves most); its TEXT is two "
-            "prompts of the same token count, 'CLEAN | CORRUPTED' (default the IOI pair).")
+            "prompts of the same token count, 'CLEAN | CORRUPTED' (default the IOI pair). proteins' TEXT is a protein's "
+            "sequence in one-letter codes (default Trp-cage, NLYIQWLKDGGPSSGRPPPS).")

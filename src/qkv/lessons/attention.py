@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.blocks import attention_mask_of, norm
+from ..core.capabilities import choose_layer, require
 from ..core.layer import joined as into_stream, norm_in_front
 from ..models.model import Model
 from ..core.ops import entropy as row_entropy, softmax
@@ -141,18 +142,17 @@ def _proj(x: np.ndarray, W: np.ndarray, b: np.ndarray | None, cols: slice) -> np
     return y if b is None else y + b[cols]
 
 
+WAY_OUT = ("`qkv show --head H` prints a head's weights (with its sink column), `qkv explain kv-cache` and "
+           "`qkv explain gqa` a latent cache, `qkv explain linear` a linear layer's state")   # no layer to choose
+
+
 def walkthrough(model: Model, text: str = DEFAULT_TEXT, layer: int = 0, head: int | None = None) -> Walkthrough:
     """Recompute one head's attention step by step and check every step against the model."""
     cfg = model.config
-    if cfg.attn_sinks:                                              # gpt-oss: A = exp(S) / (Σ exp(S) + exp(s_h))
-        raise QkvError("this model's heads have attention sinks (gpt-oss: a learned logit in each softmax, with no "
-                       "value), so its rows of A sum to less than 1 and this lesson's A = softmax(S) is not theirs; "
-                       "`qkv show --head H` prints a head's weights with its sink column")
-    if cfg.latent:                                                  # DeepSeek: K, V from a normalised latent
-        raise QkvError("this model's attention is multi-head latent attention (DeepSeek): its K and V come from a "
-                       "normalised latent per token, not X·W_K and X·W_V as this lesson recomputes them; `qkv explain "
-                       "kv-cache` and `qkv explain gqa` show its latent, `qkv show` its weights")
     layer = model.check_layer(layer)
+    require(cfg, model.name, "this lesson (one head's A = softmax(X·W_Q·(X·W_K)ᵀ/√d_k) rebuilt, x + Attn(Norm(x)))",
+            {"qkv_heads", "plain_softmax", "plain_block"}, layer,
+            instead=choose_layer(cfg, {"qkv_heads", "plain_softmax", "plain_block"}, WAY_OUT))
     head = model.check_head(2 if cfg.n_heads > 2 else 0) if head is None else model.check_head(head)
     trace = model.run(text, layers=[layer])                          # everything kept
     lt = trace.layer(layer)
@@ -291,6 +291,10 @@ def head_qk(Xn: np.ndarray, attn, cfg, q_cols: slice, kv_cols: slice) -> tuple[n
     if cfg.qk_norm_after_rope:
         raise QkvError("this model normalises q and k after RoPE (Hunyuan), so they have no normalised form before "
                        "RoPE for this lesson to rebuild; use a model whose q/k norms come first, or none")
+    if cfg.qk_l2_norm or cfg.temperature_floor is not None:
+        raise QkvError("this model changes q and k after RoPE (Llama 4: divided by their RMS on its RoPE layers, the "
+                       "queries scaled by position on its NoPE layers), so they have no form before RoPE for this "
+                       "lesson to rebuild; `qkv show` prints its weights, `qkv explain kv-cache` its cache")
     if cfg.qk_norm == "all":
         q = norm_of(_proj(Xn, attn.W_Q, attn.b_Q, slice(None)), attn.q_norm.weight, None, cfg.norm, cfg.norm_eps)
         k = norm_of(_proj(Xn, attn.W_K, attn.b_K, slice(None)), attn.k_norm.weight, None, cfg.norm, cfg.norm_eps)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
+from ..core.capabilities import choose_layer, require
 from ..core.blocks import activation_of, linear, unembed_in
 from ..core.layer import joined as into_stream
 from ..runtime.errors import QkvError, check_index
@@ -142,6 +143,9 @@ def build(model, text: str | None = None, *, layer: int | None = None, token: in
                        f"takes {cfg.experts_per_token}), with no single d_ff hidden to follow; "
                        + (f"choose a dense layer with --layer ({', '.join(map(str, dense))})" if dense
                           else "use a model with dense FFNs, e.g. --model smollm2"))
+    require(cfg, model.name, "this lesson (the FFN after x + Attn(Norm(x)), its parameters beside attention's)",
+            {"plain_block"}, layer, instead=choose_layer(cfg, {"plain_block", "dense_ffn"},
+                                                         "use a transformer, e.g. --model smollm2"))
     keep = ("residual", "attn_out", "ffn_out") + (("neurons",) if "neurons" in INTERMEDIATES else ())
     trace = model.run(text, layers=[layer], keep=keep)
     lt, n = trace.layer(layer), len(trace.tokens)

@@ -30,6 +30,7 @@ import numpy as np
 from rich.text import Text
 
 from ..core import sparse as sp
+from ..core.capabilities import choose_layer, layers_with, require
 from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from ..core.kernels import K_BLOCK, Q_BLOCK, tiled_attention
@@ -128,6 +129,9 @@ def _growth(s: np.ndarray, block: int) -> tuple[int, float]:
     return sum(grew), -smallest
 
 
+NEEDS = {"plain_softmax", "plain_heads"}    # what the lesson's scores and online softmax read of a layer
+
+
 def build(model, text: str | None = None, *, layer: int | None = None, head: int | None = None,
           block: int | None = None) -> Lesson:
     """The online softmax of one head's row on `model` reading `text` (default the guide's sentence)."""
@@ -135,10 +139,12 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
     if getattr(cfg, "encoder_decoder", False):
         raise QkvError(f"{model.name} is an encoder–decoder; the flash lesson needs one self-attention stack: "
                        "use --model smollm2 or --model minilm")
-    if cfg.attn_sinks:                                                # gpt-oss: a sink logit in every softmax
-        raise QkvError(f"{model.name}'s heads have attention sinks (gpt-oss: a learned logit in each softmax, with no "
-                       "value), which this lesson's online softmax over the keys leaves out; use a model without "
-                       "them, e.g. --model smollm2")
+    # softmax(q·kᵀ) over the keys alone: no sink (gpt-oss), no linear or Mamba layer (core/capabilities.py)
+    good = layers_with(cfg, NEEDS)
+    if not good or layer is not None:
+        require(cfg, model.name, "this lesson (the online softmax of a head's q·kᵀ)", NEEDS,
+                None if layer is None else model.check_layer(layer),
+                instead=choose_layer(cfg, NEEDS, "use a softmax model, e.g. --model smollm2"))
     trace = model.run(text or DEFAULT_TEXT, keep=("q", "k", "v", "scores", "heads"))
     n, d_k, G = len(trace.tokens), cfg.d_head, cfg.n_heads // cfg.n_kv_heads
     if n < 2:
@@ -165,7 +171,7 @@ def build(model, text: str | None = None, *, layer: int | None = None, head: int
         return np.where(allowed(li), s + bias[h], -np.inf)             # (n, n)
 
     if layer is None or head is None:                                 # the head whose max grows most often
-        layers = [li for li in trace.layer_ids if cfg.causal or not cfg.window(li)] if layer is None \
+        layers = [li for li in trace.layer_ids if (cfg.causal or not cfg.window(li)) and li in good] if layer is None \
             else [model.check_layer(layer)]
         heads = range(cfg.n_heads) if head is None else [model.check_head(head)]
         layer, head = max(((li, h) for li in layers for h in heads),

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from rich.text import Text
 
+from ..core.capabilities import layers_with, require
 from ..runtime.errors import QkvError
 from .attention import DEFAULT_TEXT, position_bias
 from . import Page, same
@@ -47,7 +48,7 @@ class Sharing:
     H: int
     H_kv: int
     d_k: int
-    L: int
+    L: int                        # the layers that keep K, V (Jamba: its attention layers)
     kv_of: list[int]              # (H,) the K/V head each query head reads: h // (H/Hkv)
     layer: int                    # the layer whose scores were checked
     diff_scores: float            # Q_h·K_{h//G}ᵀ/√d_k − the model's scores, every head
@@ -105,7 +106,11 @@ def _sharing(model, text: str) -> Sharing:
     cfg = model.config
     H, H_kv, d_k = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     kv_of = [h // (H // H_kv) for h in range(H)]
-    layer = 0
+    layers = layers_with(cfg, {"kv_heads"})                     # Jamba, Qwen3-Next: their attention layers
+    if not layers:                                              # Mamba, MiniMax (core/capabilities.py: kv_heads)
+        require(cfg, model.name, "this lesson (query heads sharing K/V heads)", {"kv_heads"},
+                instead="so no K/V heads to share; use a transformer: qkv explain gqa --model smollm2")
+    layer = layers[0]
     lt = model.run(text, layers=[layer], keep=("q", "k", "scores")).layer(layer)
     q, k = lt.q.astype(np.float64), lt.k.astype(np.float64)                # (H, n, d_k), (Hkv, n, d_k)
     if q.shape[0] != H or k.shape[0] != H_kv:
@@ -120,7 +125,7 @@ def _sharing(model, text: str) -> Sharing:
     if cfg.latent:                                                          # one RoPE key for every head
         rot = k[:, :, d_k - cfg.rotary_dim:]                                 # (H, n, d_rot)
         shared = same("the RoPE part of every head's K", rot, np.broadcast_to(rot[:1], rot.shape), 0)
-    return Sharing(model=model.name, H=H, H_kv=H_kv, d_k=d_k, L=cfg.n_layers, kv_of=kv_of, layer=layer,
+    return Sharing(model=model.name, H=H, H_kv=H_kv, d_k=d_k, L=cfg.attention_layers, kv_of=kv_of, layer=layer,
                    diff_scores=diff, layouts=cache_layouts(cfg, 1, np.float32), latent=latent_sizes(cfg),
                    diff_shared=shared)
 

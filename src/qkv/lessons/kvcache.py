@@ -12,12 +12,18 @@ of the same model with H K/V heads (MHA) and one (MQA) is computed beside the mo
 Multi-head latent attention (DeepSeek: cfg.latent) caches a latent per token and layer instead (r_kv numbers and
 a shared RoPE key of d_rot, qkv.core.cache): its page says what that latent is, checks it by expanding it into
 every head's K and V (latent.latent_keys) against a full pass, and sets its bytes beside MHA's and MQA's.
+A stack of layers of different kinds (Jamba, Granite 4's hybrid, Qwen3-Next, MiniMax, Falcon-H1) caches K and V in
+its attention layers alone, and a state of a fixed size in its Mamba, delta or lightning layers (qkv.core.cache): the
+page checks the attention layers' K, V, counts the state's bytes beside them (K, V growing by the token, the state
+not), and its FLOPs count the attention layers (the other boxes cost a step the same at any m). A Mamba stack keeps no
+K, V at all: refused in one line.
 No torch: qkv.core.cache.KVCache, Model.last_logits and threads.StepThreads, as qkv.writing.generate.decode
 uses them.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +93,12 @@ class Lesson:
     steps: list[Step]
     layouts: list[Layout]
     text: str                   # the prompt and the continuation
-    diff_cache: float           # cached K, V − a full pass's k, v (every layer)
+    diff_cache: float           # cached K, V − a full pass's k, v (every attention layer)
     latent: dict | None = None  # MLA's sizes (r_kv, d_rot, d_nope, d_v, r_q: `latent_sizes`); None: K, V cached
+    L_attn: int = 0             # the layers that keep K, V (KVCache.layers): L, or a hybrid's attention layers
+    state_bytes: int = 0        # the other layers' fixed state, bytes a sequence (KVCache.state_bytes); 0: none
+    state_layers: int = 0       # how many layers keep such a state
+    state_kind: str = ""        # what state: "Mamba", "Mamba-2", "gated delta", "lightning"
 
     @property
     def n(self) -> int:
@@ -145,6 +155,10 @@ def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats:
     if not cfg.causal or getattr(model.weights, "W_vocab", None) is None or cfg.encoder_decoder:
         raise QkvError(f"{model.name} does not write text one token at a time ({cfg.family}), so it keeps no KV "
                        "cache; use a decoder: qkv explain kv-cache --model smollm2 (the default)")
+    if not KVCache.kv_layers(cfg):              # a Mamba stack: a state in every layer, no K, V
+        raise QkvError(f"{model.name} keeps no K and V: each of its {cfg.n_layers} layers keeps a {state_kind(cfg)} "
+                       f"state of a fixed size instead ({KVCache.state_bytes(cfg, model.dtype):,} bytes in all); use a "
+                       "model with attention layers: qkv explain kv-cache --model smollm2")
     ids, _ = model.encode(text)
     ids = np.asarray(ids, np.int64)[None]                                  # (1, n)
     if ids.shape[1] > MAX_TEXT_TOKENS:
@@ -152,20 +166,23 @@ def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats:
                        f"(timed {repeats} times), so give at most {MAX_TEXT_TOKENS}")
     check_can_generate(model, ids.shape[1], new_tokens)
     dims = _dims(model)
-    cache = KVCache(cfg, 1, ids.shape[1] + new_tokens, dtype=model.dtype)  # (L, 1, Hkv, max_len, d_k) × 2
+    cache = KVCache(cfg, 1, ids.shape[1] + new_tokens, dtype=model.dtype)  # (L_attn, 1, Hkv, max_len, d_k) × 2
     seq, new, steps = ids, ids, []
     threads = StepThreads(decode_threads())
     for _ in range(new_tokens):
         ones = np.ones_like(seq)
-        start = cache.length
+        start, state = cache.length, copy.deepcopy(cache.state)   # a hybrid's states: a repeat starts from them
 
-        def step(new=new, ones=ones, start=start):
+        def again(start=start, state=state):
             cache.length = start                       # a repeat writes over what the last one appended
+            cache.state = copy.deepcopy(state)         # and reads the states as they were (None: none)
+
+        def step(new=new, ones=ones):
             if new.shape[1] == 1:                      # one token: 1 or 2 BLAS threads, as decode runs it
                 return threads.run(lambda: model.last_logits(new, ones, cache=cache))
             return model.last_logits(new, ones, cache=cache)
 
-        t_cache, with_cache = _best(repeats, step)
+        t_cache, with_cache = _best(repeats, step, before=again)
         t_full, full = _best(repeats, lambda: model.last_logits(seq, ones))
         with_cache, full = with_cache[0, -1], full[0, -1]                  # (V,) each
         diff = same(f"the logits of new token {len(steps) + 1} with the KV cache", with_cache, full, TOL_LOGITS,
@@ -186,27 +203,42 @@ def build(model, text: str | None = None, new_tokens: int = NEW_TOKENS, repeats:
     trace = model.run(cached.tolist(), keep=("k", "v"))
     n = len(cached)
     diff_cache = max(same(f"cached {name} of layer {i}", held[0], getattr(trace.layer(i), name), 1e-4, rel=True)
-                     for i in range(cfg.n_layers) for name, held in zip(("k", "v"), held_kv(model, cache, i, n)))
+                     for i in cache.layers for name, held in zip(("k", "v"), held_kv(model, cache, i, n)))
     return Lesson(model=model.name, L=cfg.n_layers, H=cfg.n_heads, H_kv=cfg.n_kv_heads, d_k=cfg.d_head,
                   d_model=cfg.d_model, d_ff=dims["d_ff"], V=dims["V"], gated=dims["gated"], context=cfg.max_positions,
                   prompt=model.tokenizer.labels(ids[0]), steps=steps, layouts=cache_layouts(cfg, n, model.dtype),
-                  text=model.tokenizer.decode(seq[0].tolist()), diff_cache=diff_cache, latent=latent_sizes(cfg))
+                  text=model.tokenizer.decode(seq[0].tolist()), diff_cache=diff_cache, latent=latent_sizes(cfg),
+                  L_attn=len(cache.layers), state_bytes=KVCache.state_bytes(cfg, model.dtype),
+                  state_layers=sum(KVCache.state_numbers(cfg, i) > 0 for i in range(cfg.n_layers)),
+                  state_kind=state_kind(cfg))
+
+
+def state_kind(cfg) -> str:
+    """What fixed state the layers without K, V (or beside it: Falcon-H1) keep; "" for a transformer."""
+    if cfg.mamba is not None:
+        return "Mamba-2" if hasattr(cfg.mamba, "conv_dim") else "Mamba"   # core.mamba2.Mamba2 has conv_dim
+    if cfg.delta is not None:
+        return "gated delta"
+    return "lightning" if cfg.lightning is not None else ""
 
 
 def held_kv(model, cache: KVCache, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """LAYER's K and V of the first n cached tokens, (B, Hkv, n, d_k) each: the cache's own arrays, or MLA's latent
     and RoPE key expanded into every head's K and V, as its attention does (latent.latent_keys)."""
-    k, v = cache.k[layer, :, :, :n], cache.v[layer, :, :, :n]
+    r = cache.row(layer)                                       # the layer's row among the attention layers'
+    k, v = cache.k[r, :, :, :n], cache.v[r, :, :, :n]
     if not model.config.latent:
         return k, v
     from ..core.latent import latent_keys
     return latent_keys(k, v, model.weights.blocks[layer].attn, model.config)
 
 
-def _best(repeats: int, fn):
-    """(fastest of `repeats` calls in seconds, the last call's result)."""
+def _best(repeats: int, fn, before=None):
+    """(fastest of `repeats` calls in seconds, the last call's result); BEFORE (untimed) runs before each call."""
     best, out = float("inf"), None
     for _ in range(max(1, repeats)):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         out = fn()
         best = min(best, time.perf_counter() - t0)
@@ -214,9 +246,11 @@ def _best(repeats: int, fn):
 
 
 def _dims(model) -> dict:
-    """The sizes `flops` needs, read from the weights (a config that disagreed with them is a bug)."""
+    """The sizes `flops` needs, read from the weights (a config that disagreed with them is a bug): the first
+    attention layer's (a hybrid's other layers have another box), L the layers that attend."""
     cfg, w = model.config, model.weights
-    b = w.blocks[0]
+    attending = KVCache.kv_layers(cfg)
+    b = w.blocks[attending[0]]
     H, H_kv, d_k, d_model = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
     latent = latent_sizes(cfg)
     for name, got, want in _shapes(b.attn, cfg, latent) + [("W_vocab", w.W_vocab.shape, (d_model, cfg.vocab_size))]:
@@ -228,7 +262,7 @@ def _dims(model) -> dict:
         ffn = ffn.experts[0]
     else:
         d_ff = ffn.W_in.shape[1]
-    return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=d_ff, L=cfg.n_layers,
+    return dict(d_model=d_model, H=H, H_kv=H_kv, d_k=d_k, d_ff=d_ff, L=len(attending),
                 V=w.W_vocab.shape[1], gated=ffn.W_gate is not None, latent=latent)
 
 
@@ -257,7 +291,7 @@ def cache_layouts(cfg, n: int, dtype) -> list[Layout]:
     rows = []
     for h in sorted({cfg.n_heads, cfg.n_kv_heads, 1}, reverse=True):
         per = KVCache.bytes_per_token(cfg.with_(n_kv_heads=h), dtype)
-        same(f"KV-cache bytes per token with {h} K/V heads", per, 2 * cfg.n_layers * h * cfg.d_head * item, 0)
+        same(f"KV-cache bytes per token with {h} K/V heads", per, 2 * cfg.attention_layers * h * cfg.d_head * item, 0)
         rows.append(Layout(name=kinds.get(h, "GQA"), H_kv=h, bytes_per_token=per, bytes_now=per * n,
                            bytes_context=per * cfg.max_positions, own=h == cfg.n_kv_heads))
     return rows
@@ -296,12 +330,13 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     last = s.steps[-1]
     out = [p.rule("title", bold=True, model=s.model), p.say("intro"),
            Text(""), p.rule("s_holds"),
-           p.say("holds", L=s.L, H=s.H, H_kv=s.H_kv, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
+           p.say("holds", L=s.L_attn, H=s.H, H_kv=s.H_kv, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
                  shape=shape(s.H_kv, len(s.prompt), s.d_k), per=own_layout(s.layouts, s.H_kv).bytes_per_token)
            if s.latent is None else
            p.say("holds_latent", L=s.L, H=s.H, d_k=s.d_k, n=len(s.prompt), prompt=" ".join(s.prompt),
                  c=shape(1, len(s.prompt), s.latent["r_kv"]), k=shape(1, len(s.prompt), s.latent["d_rot"]),
                  per=own_layout(s.layouts, s.H_kv).bytes_per_token, full=s.layouts[0].bytes_per_token, **s.latent),
+           *state_lines(p, s, "holds_state_beside" if s.L_attn == s.L else "holds_state"),
            p.say("holds_check" if s.latent is None else "holds_check_latent", n=s.n, diff=s.diff_cache),
            Text(""), p.rule("s_steps", k=len(s.steps))]
     tab = p.table("#", "col_token", "col_fed", "m", "col_shape", "col_bytes", "col_ms_cache", "col_ms_full",
@@ -317,7 +352,8 @@ def render(lesson: Lesson, lang: str = "en") -> list:
             p.say("same", k=len(s.steps), diff=max(x.diff for x in s.steps), tol=TOL_LOGITS),
             Text(""), p.rule("s_cost"),
             p.say("flops" if s.latent is None else "flops_latent", ffn="3" if s.gated else "2", d_model=s.d_model,
-                  H=s.H, H_kv=s.H_kv, d_k=s.d_k, d_ff=s.d_ff, L=s.L, V=s.V, **(s.latent or {})),
+                  H=s.H, H_kv=s.H_kv, d_k=s.d_k, d_ff=s.d_ff, L=s.L_attn, V=s.V, **(s.latent or {})),
+            *state_lines(p, s, "flops_state"),
             p.say("cost", m=last.m, fc=last.flops_cache / 1e6, ff=last.flops_full / 1e6,
                   fr=last.flops_full / last.flops_cache, k=len(steps), tc=1e3 * t_cache, tf=1e3 * t_full,
                   tr=t_full / t_cache),
@@ -332,10 +368,20 @@ def render(lesson: Lesson, lang: str = "en") -> list:
         return out + [p.say("layouts_latent", L=s.L, d_k=s.d_k, n=s.n, context=s.context, **s.latent), lay,
                       p.say("layouts_end_latent", H=s.H, saving=mha.bytes_per_token / own.bytes_per_token,
                             mqa=mqa.bytes_per_token / own.bytes_per_token, **s.latent)]
-    out += [p.say("layouts", L=s.L, d_k=s.d_k, n=s.n, context=s.context), lay,
+    out += [p.say("layouts", L=s.L_attn, d_k=s.d_k, n=s.n, context=s.context), lay,
             p.say("layouts_end", H=s.H, H_kv=s.H_kv, saving=mha.bytes_per_token / own.bytes_per_token,
-                  mqa=mha.bytes_per_token / mqa.bytes_per_token)]
+                  mqa=mha.bytes_per_token / mqa.bytes_per_token),
+            *state_lines(p, s, "layouts_state", kv=nbytes(own.bytes_context))]
     return out
+
+
+def state_lines(p: Page, s: Lesson, key: str, **more) -> list:
+    """KEY's paragraph about a hybrid's fixed states ([] for a transformer: no state)."""
+    if not s.state_layers:
+        return []
+    return [p.say(key, k=s.state_layers, L_all=s.L, L=s.L_attn, kind=s.state_kind, state=s.state_bytes,
+                  state_h=nbytes(s.state_bytes), per=own_layout(s.layouts, s.H_kv).bytes_per_token,
+                  context=s.context, **more)]
 
 
 def entry_shape(s: Lesson, m: int) -> str:
@@ -368,6 +414,8 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
         for l in s.layouts:
             c.plot(tokens, tokens * l.bytes_per_token / 2 ** 20, lw=2.5 if l.own else 1.2,
                    label=f"{l.name} (Hkv = {l.H_kv})")
+        if s.state_bytes:                                  # a hybrid's states: the same at every length
+            c.axhline(s.state_bytes / 2 ** 20, ls="--", color="0.4", label=t["fig_state"].format(kind=s.state_kind))
         c.set(xlabel=t["fig_tokens"], ylabel="MiB", title=t["fig_memory"].format(model=s.model))
         for ax in (a, b, c):
             ax.legend(fontsize=8)

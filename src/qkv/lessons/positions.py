@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from .attention import DEFAULT_TEXT, head_qk, norm_of, rope_rotate
+from ..core.capabilities import layers_with, require
 from ..core.positions import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq, sinusoidal_table
-from ..runtime.errors import QkvError
 from rich.text import Text
 
 from . import Page, same, shape
@@ -37,6 +37,7 @@ STARTS = (0, 7, 100, 1000)        # p: where the fixed q·k pair (and PE(p)·PE(
 MAX_DIST = 64                     # k = 0..MAX_DIST
 SHOWN_DIST = (0, 1, 2, 4, 8, 16, 32, 64)
 ROPE_LAYER, ROPE_HEAD = 3, 0      # a layer whose q·k moves a lot with the distance
+ROPE_NEEDS = {"qkv_heads", "plain_block"}   # what _rope rebuilds (core/capabilities.py)
 PAIRS = (0, 1, 8, 16)             # frequency pairs whose angles are shown (and the last one)
 ANGLE_POSITIONS = (1, 2, 10, 100, 1000)
 
@@ -100,10 +101,9 @@ def build(model, text: str | None = None, *, learned_model=None) -> Lesson:
     has none (default: MiniLM, loaded here)."""
     text = text or DEFAULT_TEXT
     cfg = model.config
-    if cfg.latent:                                  # DeepSeek: RoPE turns a part of each head, K's from a latent
-        raise QkvError("this model's attention is multi-head latent attention (DeepSeek): RoPE turns only the last "
-                       "rotary_dim numbers of each head and K is made from a normalised latent, not X·W_K as this "
-                       "lesson recomputes it; use a RoPE model with plain attention (--model smollm2)")
+    if cfg.position == "rope":                      # a layer whose q, k are X·W_Q, X·W_K in a plain block
+        require(cfg, model.name, "this lesson's RoPE step (q and k rebuilt from Norm(X)·W_Q, Norm(X)·W_K)", ROPE_NEEDS,
+                _rope_layer(cfg), instead="use a RoPE model with plain attention (--model smollm2)")
     rope = _rope(model, text) if cfg.position == "rope" else None
     if cfg.position == "learned" and getattr(model.weights, "pos_embed", None) is not None:
         learned_model = model
@@ -130,10 +130,18 @@ def _sinusoidal(d: int) -> Sinusoidal:
                       spread=float(np.ptp(dots, axis=0).max()))
 
 
+def _rope_layer(cfg) -> int:
+    """ROPE_LAYER (the last layer in a shallower model), or the first layer of plain softmax attention when that one is
+    not (Qwen3-Next, Jamba: a linear or Mamba layer there); ROPE_LAYER's own when none is, for `require` to name."""
+    layer = min(ROPE_LAYER, cfg.n_layers - 1)
+    good = layers_with(cfg, ROPE_NEEDS)
+    return layer if layer in good or not good else good[0]
+
+
 def _rope(model, text: str) -> Rope:
     """One real query and key of layer ROPE_LAYER, head ROPE_HEAD, moved together along the positions."""
     cfg = model.config
-    layer, head = min(ROPE_LAYER, cfg.n_layers - 1), ROPE_HEAD
+    layer, head = _rope_layer(cfg), ROPE_HEAD
     d_k, kv = cfg.d_head, ROPE_HEAD // cfg.group_size
     trace = model.run(text, layers=[layer], keep=("residual", "q", "k"))
     lt, n = trace.layer(layer), len(trace.tokens)

@@ -3,6 +3,10 @@
     gallery   causal, sliding window, dilated window, global + window (Longformer), + random
               blocks (BigBird), block-sparse: each a mask `qkv.core.sparse.sparse_attention` runs,
               skipping the tiles it hides (the tile map and the count of tiles it computed)
+    own       a model whose own layers attend sparsely (Longformer's window and global tokens, BigBird's
+              blocks, an encoder's local layers): the mask each layer used (core/sparse_layers.py: real_mask, with
+              BigBird's copies of block 0), drawn, and Z recomputed from its q, k, v (and Longformer's global
+              rows from their own projections) against the model's Z: error 0
     error     on every layer and head of the model reading a long text (a paragraph repeated to
               ≥ 256 tokens): ‖Z_sparse − Z‖ / ‖Z‖ against the model's own output Z, and the mass
               of the model's weights A the pattern keeps (as `kernels.compare_to_softmax` does
@@ -10,7 +14,8 @@
     cost      time and peak memory (tracemalloc) of one call on random q, k, v of the model's
               shape at a few n: the dense matrix with the mask added, the tiled kernel, each pattern
 
-Checked before anything prints: the dense pattern's output equals the model's Z on every layer;
+Checked before anything prints: the dense pattern's output equals the model's Z on every layer (a model that
+attends sparsely itself: the dense attention of its q, k, v, which the gallery is then measured against);
 every pattern's output equals the model's A cut to the pattern, renormalised row by row, times V
 (softmax over the kept keys is exactly that); each timed call's output equals the dense masked
 one. `qkv bench sparse` (bench/sparse.py) runs the cost part at larger n with `measure_cost`.
@@ -21,14 +26,15 @@ from __future__ import annotations
 import math
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.text import Text
 
 from ..core import sparse as sp
-from ..core.attention import mask_bias, scaled_dot_product_attention
+from ..core import sparse_layers as real
+from ..core.attention import AttentionMask, mask_bias, scaled_dot_product_attention
 from ..runtime.errors import QkvError
 from ..core.kernels import tiled_attention
 from . import Page, same
@@ -63,6 +69,20 @@ class PatternResult:
 
 
 @dataclass
+class OwnMask:
+    """The mask one layer of the model used (its copies: 0 hidden, 1 seen, more: BigBird's block 0) and how well
+    softmax(S + log c)·V on its q, k, v gives the model's own Z."""
+
+    layer: int
+    label: str
+    window: int | None            # Longformer's attention_window W of the layer (|i − j| ≤ W/2); None: no window
+    copies: int                   # the most times a key is counted (BigBird: 1 + r)
+    density: float                # share of the n × n pairs seen
+    error: float                  # ‖Z_mask − Z‖ / ‖Z‖ against the model's own Z, all heads
+    mask: np.ndarray              # (n, n) int the copies of each key in each query's softmax
+
+
+@dataclass
 class Lesson:
     model: str
     causal: bool
@@ -79,6 +99,7 @@ class Lesson:
     dense_check: float            # the dense pattern's Z − the model's Z, every layer
     first_mass: float             # mean weight of the first token (rows past the window): the attention sink
     cost: dict                    # measure_cost's result
+    own: list[OwnMask] = field(default_factory=list)   # the model's own sparse masks per layer; []: it attends densely
 
 
 def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int = REPEATS) -> Lesson:
@@ -91,7 +112,8 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
         raise QkvError(f"{model.name} adds ALiBi's bias to its scores, which the sparse kernels do not take: "
                        "use --model smollm2 or --model minilm")
     text, copies, one = _long_enough(model, text or PARAGRAPH, default=text is None)
-    trace = model.run(" ".join([text] * copies), keep=("q", "k", "v", "heads", "attentions"))
+    keep = ("q", "k", "v", "heads", "attentions") + (("attn_in",) if cfg.global_tokens else ())
+    trace = model.run(" ".join([text] * copies), keep=keep)
     n = len(trace.tokens)
     if cfg.causal and cfg.sliding_window is not None and cfg.sliding_window < n:
         raise QkvError(f"{model.name} attends within its own sliding window of {cfg.sliding_window} tokens; the sparse "
@@ -103,6 +125,10 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
     if cfg.score_scale is not None:                                    # the kernel divides by √d_k: a model's own
         q = q * (cfg.score_scale * math.sqrt(cfg.d_head))              # scale s (Granite) enters as q·s·√d_k
     L, G = len(layers), cfg.n_heads // cfg.n_kv_heads
+    own = own_masks(model, layers, q, k, v, Z) if _attends_sparsely(cfg, n) else []
+    if own:                                                            # the gallery against dense attention
+        Z, A, _ = scaled_dot_product_attention(q, k, v, AttentionMask(n, n, cfg.causal).bias(q.dtype))   # causal: Llama
+                                                                       # 4's chunks; (L, H, n, d_k), (L, H, n, n)
     results, dense_check = [], 0.0
     kept = np.empty_like(A)                                            # (L, H, n, n) reused by every pattern
     for p in gallery:
@@ -125,10 +151,52 @@ def build(model, text: str | None = None, *, cost_sizes=COST_SIZES, repeats: int
         results.append(PatternResult(p.name, p.label, p.density(n), tiles, kinds, error, mass, check))
     del kept, want
     far = slice(WINDOW, None)                                          # rows the window no longer reaches back to 0
-    first = float(A[:, :, far, 0].astype(np.float64).mean())
+    first = float(A[:, :, far, 0].astype(np.float64).mean()) if n > WINDOW else 0.0   # (no such rows: 0)
     cost = measure_cost(gallery, cost_sizes, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, repeats=repeats)
     return Lesson(model.name, cfg.causal, n, copies, one, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_head,
-                  WINDOW, BLOCK, results, dense_check, first, cost)
+                  WINDOW, BLOCK, results, dense_check, first, cost, own)
+
+
+def _attends_sparsely(cfg, n: int) -> bool:
+    """Whether some layer of the model hides keys a dense (or causal) pattern shows, on n tokens."""
+    dense = np.tril(np.ones((n, n), np.int64)) if cfg.causal else np.ones((n, n), np.int64)
+    return any((real.real_mask(cfg, n, i) != dense).any() for i in range(cfg.n_layers))
+
+
+def own_masks(model, layers, q: np.ndarray, k: np.ndarray, v: np.ndarray, Z: np.ndarray) -> list[OwnMask]:
+    """Each layer's own mask c (sparse_layers.real_mask) and softmax(Q·Kᵀ/√d_k + log c)·V against the model's Z
+    (L, H, n, d_k); Longformer's global rows recomputed from their own projections (sparse_layers.global_rows).
+    q (L, H, n, d_k) as the kernels take it (a model's own score scale folded in)."""
+    cfg, n = model.config, q.shape[2]
+    out = []
+    for i, lt in enumerate(layers):
+        c = real.real_mask(cfg, n, lt.layer)                           # (n, n)
+        z, _, _ = scaled_dot_product_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], real.copies_bias(c, q.dtype))
+        if cfg.global_tokens:                                          # (1, H, n, d_k) the global rows replaced
+            w = model.weights.blocks[lt.layer].attn
+            z, _, _ = real.global_rows(lt.attn_in[None], w, cfg, AttentionMask(n, n, False), z, None, None, None)
+        error = float(np.linalg.norm((z[0] - Z[i]).astype(np.float64)) / np.linalg.norm(Z[i].astype(np.float64)))
+        out.append(OwnMask(lt.layer, _own_label(cfg, n, lt.layer), _longformer_window(cfg, lt.layer), int(c.max()),
+                           float((c > 0).mean()), error, c))
+    return out
+
+
+def _longformer_window(cfg, layer: int) -> int | None:
+    w = cfg.window(layer)
+    return None if w is None or cfg.causal else 2 * (w - 1)
+
+
+def _own_label(cfg, n: int, layer: int) -> str:
+    """What LAYER's mask is, in a few words."""
+    if cfg.block_sparse is not None and real.bigbird_sparse(n, *cfg.block_sparse):
+        b, r = cfg.block_sparse
+        return f"BigBird: blocks of {b}, window 3 blocks, first/last global, {r} random (block 0: ×{1 + r})"
+    if cfg.chunk(layer) is not None:                                   # Llama 4's chunked layers
+        return f"causal, chunks of {cfg.chunk(layer)}"
+    w = _longformer_window(cfg, layer)
+    if w is None:
+        return "full" if not cfg.causal else "causal"
+    return f"window |i − j| ≤ {w // 2}" + (f" + global {list(cfg.global_tokens)}" if cfg.global_tokens else "")
 
 
 def _long_enough(model, text: str, default: bool = False) -> tuple[str, int, int]:
@@ -248,6 +316,11 @@ def _mb(b: float) -> str:
 def render(lesson: Lesson, lang: str = "en") -> list:
     p, le = Page(TEXTS, lang), lesson
     out = [p.rule("title", bold=True, model=le.model, n=le.n), p.say("intro"), Text("")]
+    if le.own:                                                         # the model attends sparsely itself
+        own = p.table("col_layer", "col_mask", "col_density", "col_copies", "col_own_error")
+        for o in le.own:
+            p.row(own, o.layer, o.label, f"{o.density:.1%}", o.copies, f"{o.error:.1e}")
+        out += [p.rule("s_own"), p.say("own", model=le.model, n=le.n), own, p.say("own_end"), Text("")]
     gal = p.table("col_pattern", "col_defined", "col_density", "col_tiles", "col_skipped")
     for r in le.patterns:
         p.row(gal, p.t[f"m_{r.name}"], r.label, f"{r.density:.1%}", f"{r.tiles.visited} / {r.tiles.total}",
@@ -264,7 +337,7 @@ def render(lesson: Lesson, lang: str = "en") -> list:
     out += [p.rule("s_error"),
             p.say("error", model=le.model, n=le.n, copies=le.copies, one=le.copy_tokens, L=le.L, H=le.H), err,
             p.say("error_check", dense=le.dense_check, worst=max(r.check for r in le.patterns))]
-    if "window" in by and "longformer" in by:
+    if "window" in by and "longformer" in by and le.n > le.window:
         out.append(p.say("sink", w=le.window, first=le.first_mass, win=by["window"].mass.mean(),
                          lf=by["longformer"].mass.mean(), e_win=by["window"].error.mean(),
                          e_lf=by["longformer"].error.mean()))
@@ -291,6 +364,8 @@ def figures(lesson: Lesson, out_dir: Path, lang: str = "en") -> list[Path]:
 
     t = Page(TEXTS, lang).t
     makers = [("sparse_gallery", lambda: _fig_gallery(lesson, t)), ("sparse_error", lambda: _fig_error(lesson, t))]
+    if lesson.own:
+        makers.insert(0, ("sparse_own", lambda: _fig_own(lesson, t)))
     if lesson.cost["rows"]:
         makers.append(("sparse_cost", lambda: _fig_cost(lesson, t)))
     return save_all(out_dir, makers, ["png", "svg"])
@@ -330,6 +405,33 @@ def _fig_gallery(le: Lesson, t: dict):
         for ax in list(axes.flat)[len(le.patterns):]:
             ax.set_visible(False)
         fig.suptitle(t["fig_gallery"].format(n=le.n, block=le.block), fontsize=11)
+        return fig
+    return draw()
+
+
+def _fig_own(le: Lesson, t: dict):
+    """Each layer's own mask: white hidden, blue seen, darker blue a key counted more than once (BigBird)."""
+    @styled
+    def draw():
+        from matplotlib.colors import ListedColormap
+
+        from ..viz.drawing import new_figure
+
+        cols = min(4, len(le.own))
+        rows = math.ceil(len(le.own) / cols)
+        fig = new_figure(max(4.2 * cols, 9.0), 4.0 * rows)
+        axes = fig.subplots(rows, cols, squeeze=False)
+        top = max(o.copies for o in le.own)
+        colours = ListedColormap(["white", "#1f4e99", "#0b2350"][:min(top, 2) + 1])
+        for ax, o in zip(axes.flat, le.own):
+            ax.imshow(np.minimum(o.mask, 2), cmap=colours, interpolation="nearest", vmin=0, vmax=min(top, 2))
+            ax.set_title(f"L{o.layer}: {o.label}\n{t['fig_own_kept'].format(d=o.density, e=o.error)}", fontsize=7)
+            ax.set(xticks=[], yticks=[])
+            ax.set_xlabel(t["fig_key"], fontsize=8)
+            ax.set_ylabel(t["fig_query"], fontsize=8)
+        for ax in list(axes.flat)[len(le.own):]:
+            ax.set_visible(False)
+        fig.suptitle(t["fig_own"].format(model=Path(le.model).name or le.model, n=le.n), fontsize=10)
         return fig
     return draw()
 

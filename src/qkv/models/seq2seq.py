@@ -1,5 +1,5 @@
 """Encoder–decoder transformers (guide: self-cross): Marian, BART, mBART, Pegasus, T5, mT5,
-UMT5.
+UMT5, T5Gemma.
 
     source ids ─embed─▶ L_enc × block: self-attention (bidirectional), FFN   ─▶ M (n_src × d_model)
     target ids ─embed─▶ L_dec × block: self-attention (causal),
@@ -14,8 +14,10 @@ There is no second engine here: both stacks run blocks.py's `block` (the decoder
 cross-attention box), so hooks, ablation, the tiled path and the KV cache are the decoders' own.
 What differs is said by the config's knobs (post- or pre-norm, scaled scores or not, T5's relative
 position bias, carried by the AttentionMask; UMT5's, one table per layer, made in the attention box
-from the pass's buckets, Context.rel_buckets). `Seq2SeqModel` ties the passes to a config, a
-Seq2SeqWeights and a tokenizer; writing is in writing/seq2seq_generate.py.
+from the pass's buckets, Context.rel_buckets; T5Gemma's RoPE and sliding layers,
+core.stack.rope_and_windows).
+`Seq2SeqModel` ties the passes to a config, a Seq2SeqWeights and a tokenizer; writing is in
+writing/seq2seq_generate.py.
 """
 
 from __future__ import annotations

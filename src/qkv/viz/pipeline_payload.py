@@ -65,6 +65,7 @@ import math
 
 import numpy as np
 
+from ..core.capabilities import require
 from ..core.positions import alibi_slopes
 from ..runtime.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
@@ -240,6 +241,10 @@ def check_trace(model, trace: Trace) -> None:
         return
     if trace.cross is not None:
         raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
+    # Mamba, Jamba, Granite 4, Falcon-H1 (a mixer beside attention), Qwen3-Next, MiniMax: no q, k, v and softmax to
+    # draw in some layer, or no x + box steps (core/capabilities.py)
+    require(cfg, model.name, "the pipeline page (every layer's q, k, v, softmax and x + box steps)", {"plain_block"},
+            instead="read their implied attention in the viewer (qkv show --out DIR)")
     missing = [i for i in range(cfg.n_layers) if i not in trace.layers
                or any(getattr(trace.layers[i], name) is None for name in SHOWN)]
     if missing or trace.head_ids is not None:
@@ -286,6 +291,7 @@ def arch_of(model) -> dict:
             "parallel": bool(c.parallel_residual), "qk_norm": c.qk_norm,
             "out_norms": any(b.attn_out_norm is not None for b in getattr(last, "blocks", ())),
             "layer_windows": [c.window(i) for i in range(c.n_layers)] if c.causal and not is_seq2seq(model) else None,
+            "layer_chunks": [c.chunk(i) for i in range(c.n_layers)] if c.chunked_layers else None,   # Llama 4
             "rope_kinds": [c.rope_kind(i) for i in range(c.n_layers)], "rotary_dim": c.rotary_dim,
             # multi-head latent attention (DeepSeek): K, V from a latent per token (core/latent.py); None: plain
             "latent": {"r_kv": c.kv_lora_rank, "r_q": c.q_lora_rank, "d_v": c.d_value} if c.latent else None,

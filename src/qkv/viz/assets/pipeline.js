@@ -209,7 +209,8 @@
       };
       const square = (at) => this.mini(n, n, at);
       const w = a.layer_windows ? a.layer_windows[L] : null;
-      const masked = (i, j) => a.causal && (j > i || (w && j <= i - w));
+      const c = a.layer_chunks ? a.layer_chunks[L] : null;            // Llama 4's chunked layers: own chunk only
+      const masked = (i, j) => a.causal && (j > i || (w && j <= i - w) || (c && Math.floor(i / c) !== Math.floor(j / c)));
       const vec = {embed: [d.stream, 0], norm1: [d.blocks.attn_in, L * n], out: [d.blocks.attn_out, L * n],
                    res1: [d.blocks.mid, L * n], norm2: [d.blocks.ffn_in, L * n], ffn: [d.blocks.ffn_out, L * n],
                    res2: [d.stream, (L + 1) * n], final: [d.final, 0], hidden: [d.final, 0], stream: [d.stream, L * n],
@@ -380,9 +381,11 @@
         case "mask": {
           if (!a.causal) { out.append(el("p", null, t(a.seq2seq ? "p_mask_enc" : "p_mask_none", {model: p.model}))); break; }
           const w = a.layer_windows ? a.layer_windows[L] : null;          // this layer's sliding window, if any
-          formula(w ? t("p_mask_window_f", {w, layer: L}) : t("p_mask_f"));
+          const c = a.layer_chunks ? a.layer_chunks[L] : null;            // its chunk (Llama 4), if any
+          formula(c ? t("p_mask_chunk_f", {c, layer: L}) : w ? t("p_mask_window_f", {w, layer: L}) : t("p_mask_f"));
           const m = new Float64Array(n * n);
-          for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) m[q * n + k] = k > q || (w && k <= q - w) ? NaN : 0.15;
+          const hidden = (q, k) => k > q || (w && k <= q - w) || (c && Math.floor(q / c) !== Math.floor(k / c));
+          for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) m[q * n + k] = hidden(q, k) ? NaN : 0.15;
           out.append(el("p", null, t("mask", {masked: n * (n - 1) / 2, total: n * n})));
           out.append(heatmap(m, n, n, i, "mask", p.labels, p.labels));
           break;
@@ -395,7 +398,10 @@
           const vals = new Float64Array(n * n);
           for (let k = 0; k < n * n; k++) vals[k] = A[k] / 255;
           const w = a.layer_windows ? a.layer_windows[L] : null;
-          if (a.causal) for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) if (k > q || (w && k <= q - w)) vals[q * n + k] = NaN;
+          const c = a.layer_chunks ? a.layer_chunks[L] : null;
+          if (a.causal) for (let q = 0; q < n; q++) for (let k = 0; k < n; k++) {
+            if (k > q || (w && k <= q - w) || (c && Math.floor(q / c) !== Math.floor(k / c))) vals[q * n + k] = NaN;
+          }
           out.append(el("p", "qkv-p-shape", `${t("p_shape")} (H, n, n) = (${a.H}, ${n}, ${n})`));
           out.append(heatmap(vals, n, n, i, "A", p.labels, p.labels));
           const row = Array.from(A.subarray(i * n, i * n + n), (x) => x / 255);

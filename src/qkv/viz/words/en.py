@@ -152,6 +152,7 @@ PIPELINE = {
     "p_softcap": "Soft-cap", "p_softcap_f": "S = c·tanh(S / c),   c = {c}",
     "p_softcap_what": "Scores stay within ±c: large ones are squashed, small ones pass almost unchanged.",
     "p_s_scaled_f": "S = Q·Kᵀ · {scale}   (this model's own scale instead of 1/√d_k)",
+    "p_mask_chunk_f": "S' = S + M,  M[i, j] = −∞ unless j ≤ i and ⌊j / {c}⌋ = ⌊i / {c}⌋   (layer {layer} sees its own chunk of {c} positions)",
     "p_mask_window_f": "S' = S + M,  M[i, j] = −∞ unless i − {w} < j ≤ i   (layer {layer} sees the last {w} keys)",
     "p_out_norm": "Then normalised before it joins the stream: out = Norm(Concat(Z)·W_O).",
     "p_res_parallel_f": "X'' = X + Attention(Norm(X)) + FFN(Norm(X))   (parallel: the FFN reads X, not X')",
@@ -490,6 +491,12 @@ KVCACHE = {
              "bytes per token in float32.",
     "holds_check": "The cache after generating equals the K and V a full pass over the same {n} tokens computes, "
                    "in every layer (largest difference {diff:.1e}).",
+    "holds_state": "{k} of its {L_all} layers keep a {kind} state instead, of a fixed size: {state:,} bytes in all "
+                   "in float32, the same after one token as after 100,000 (KVCache.state_bytes). K and V are kept by "
+                   "its {L} attention layers alone, and grow by {per:,} bytes a token.",
+    "holds_state_beside": "Each of its {L_all} layers also keeps a {kind} state beside attention's K and V, of a fixed "
+                          "size: {state:,} bytes in all in float32, the same after one token as after 100,000 "
+                          "(KVCache.state_bytes), while K and V grow by {per:,} bytes a token.",
 
     "holds_latent": "Multi-head latent attention (MLA): per layer the cache keeps, for each token, its latent c = "
                     "RMSNorm(x·W_V) of r_kv = {r_kv} numbers and its RoPE key k_R of d_rot = {d_rot} numbers, turned and "
@@ -519,6 +526,9 @@ KVCACHE = {
              "2·f·H·d_k·d_model (W_O) + {ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (logits of the last token), "
              "with d_model = {d_model}, H = {H}, Hkv = {H_kv}, d_k = {d_k}, d_ff = {d_ff}, L = {L}, V = {V:,}. "
              "With the cache f = 1; without it f = m.",
+    "flops_state": "L = {L} counts the layers that attend, of {L_all}: the {kind} boxes of {k} layers (and the FFNs "
+                   "of the layers that do not attend) are left out, since with their state a step costs them the "
+                   "same at any m.",
     "flops_latent": "FLOPs counted from the weights' shapes, 2 per multiply-add, for a pass feeding f tokens whose "
                     "queries read m keys: L·[2·f·d_model·(r_q + r_kv + d_rot) + 2·f·r_q·H·d_k (q through its latent, "
                     "2·f·d_model·H·d_k without one; the K/V latent and the RoPE key) + 2·m·r_kv·H·(d_nope + d_v) (every "
@@ -544,6 +554,8 @@ KVCACHE = {
     "layouts_end": "With one K/V head per query head (MHA, H = {H}) the cache would be {saving:.0f}× larger; "
                    "GQA's {H_kv} shared K/V heads are the model's choice, and MQA (one K/V head) would shrink it "
                    "{mqa:.0f}× from MHA (`qkv explain gqa`).",
+    "layouts_state": "Add to each row the {k} {kind} states' {state_h}, whatever the length: over the whole context "
+                     "of {context:,} tokens this model's K and V take {kv}, its states still {state_h}.",
     "layouts_latent": "Bytes per token: MLA's own L·(r_kv + d_rot)·4 (L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, "
                       "float32); caching the expanded heads instead, L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}) "
                       "with H K/V heads (MHA) or one (MQA). For the tokens of this run and for the model's whole context "
@@ -554,7 +566,7 @@ KVCACHE = {
 
     "fig_full": "without the cache", "fig_cache": "with the cache", "fig_m": "tokens so far m",
     "fig_time": "time of a step (measured)", "fig_flops": "FLOPs of a step (counted)", "fig_tokens": "tokens",
-    "fig_memory": "{model}: KV cache, float32",
+    "fig_memory": "{model}: KV cache, float32", "fig_state": "{kind} states (fixed)",
 }
 
 # qkv explain positions (lessons.positions)
@@ -630,6 +642,17 @@ SPARSE = {
              "matrix saves nothing; the tiled kernel (FlashAttention's online softmax, see `qkv explain flash`) "
              "asks the pattern, tile by tile, whether a tile of (query block, key block) is hidden entirely, "
              "and skips it: no Q·Kᵀ, no exp, no P·V.",
+    "s_own": "⓪ The model's own masks: what each layer used",
+    "own": "{model} attends sparsely itself. Each layer's mask on these n = {n} tokens (0: hidden; 1: seen; 2 or more: "
+           "a key its kernel counts that many times — BigBird's eval mode reads block 0 as each of its random "
+           "blocks), and the error of softmax(Q·Kᵀ/√d_k + log c)·V on the layer's own q, k, v (Longformer's global rows "
+           "from their own Q, K, V) against the model's output Z:",
+    "col_layer": "layer", "col_mask": "mask", "col_copies": "most copies", "col_own_error": "error of Z",
+    "own_end": "An error of 0 (float rounding) is the check that the mask drawn is the one the model ran. The "
+               "gallery below is measured against the dense attention of the same q, k, v, which this model does not "
+               "run.",
+    "fig_own": "{model}, n = {n}: the mask each layer used (dark: a key counted twice or more)",
+    "fig_own_kept": "{d:.1%} of pairs · error of Z {e:.0e}",
     "s_gallery": "① The gallery: which keys each query sees",
     "gallery": "Tiles of {block} × {block} over n = {n} ({causal}). A tile is computed without a mask when the "
                "pattern keeps all of it, with the mask when it keeps part, and skipped when it keeps none:",
@@ -935,6 +958,135 @@ PATCHING = {
     "fig_line": "head {layer}.{head}: from corrupted (t = 0) to clean (t = 1)",
 }
 
+LINEAR = {
+    "title": "qkv explain linear · {model}",
+    "intro": "Softmax attention builds the n × n matrix A = softmax(Q·Kᵀ/√d_k + M) and then reads A·V: its cost "
+             "and memory grow with n². Linear attention drops the softmax for a product of features, A[t, s] ∝ "
+             "φ(qₜ)·φ(kₛ), so (φ(Q)·φ(K)ᵀ)·V can be regrouped as φ(Q)·(φ(K)ᵀ·V): the n × n matrix is never built, "
+             "and a d_k × d_v state S = Σₛ φ(kₛ)·vₛᵀ, carried along the text, gives each token's output as "
+             "φ(qₜ)·S.",
+    "s_matrix": "① The matrix it never builds: layer {layer}, head {head}",
+    "matrix_kernel": "{model} is a softmax model. Its own q, k, v of head {head} in layer {layer}, reading "
+                     "{text!r} ({n} tokens), through φ(x) = elu(x) + 1 (Katharopoulos et al. 2020): A[t, s] = "
+                     "φ(qₜ)·φ(kₛ) for s ≤ t, each row divided by its sum (the first rows and columns):",
+    "matrix_lightning": "{model}'s layer {layer} is lightning attention (MiniMax): no softmax, no RoPE, no 1/√d_k; "
+                        "head {head}'s output is oₜ = Σ_(s ≤ t) (qₜ·kₛ)·λ^(t−s)·vₛ, a fixed decay λ per head. On "
+                        "{text!r} ({n} tokens) the matrix it implies, A[t, s] = (qₜ·kₛ)·λ^(t−s) (the first rows "
+                        "and columns; signed, its rows do not sum to 1):",
+    "matrix_mamba": "{model}'s layer {layer} is a selective scan (Mamba): channel {head}'s output is yₜ = Σ_(s ≤ "
+                    "t) α[t, s]·x̃ₛ, α[t, s] = Cₜ·(Π exp(Δᵣ·A))·Bₛ·Δₛ (Ali et al. 2024), a matrix of that channel. "
+                    "On {text!r} ({n} tokens), the first rows and columns:",
+    "matrix_delta": "{model}'s layer {layer} is a gated delta layer (Qwen3-Next): value head {head}'s state is "
+                    "rewritten at each token, Sₜ = exp(gₜ)·(I − βₜ·k̂ₜk̂ₜᵀ)·Sₜ₋₁ + βₜ·k̂ₜ·vₜᵀ, and read as oₜ = "
+                    "Sₜᵀ·q̂ₜ. Unrolled, oₜ = Σ_(s ≤ t) A[t, s]·vₛ with A[t, s] = q̂ₜᵀ·Uₜ[:, s], the keys Uₜ = "
+                    "[exp(gₜ)·(I − βₜ·k̂ₜk̂ₜᵀ)·Uₜ₋₁ | βₜ·k̂ₜ]. On {text!r} ({n} tokens), the first rows and "
+                    "columns:",
+    "softmax_beside": "Beside it, the model's own softmax weights of the same head:",
+    "check_kernel": "Checked: A·V equals qkv.core.kernels.linear_attention, which never builds A (largest "
+                    "difference {diff_matrix:.1e}); the model's softmax weights times V are its head's output "
+                    "({diff_output:.1e}).",
+    "check_lightning": "Checked: the matrix is the one the model records as the layer's scores ({diff_matrix:.1e}; "
+                       "its attentions, what the views draw, are |A| as shares of each row), and A·V is the "
+                       "layer's output of the head, which the model sums in blocks with a state, never building A "
+                       "({diff_output:.1e}).",
+    "check_mamba": "Checked: α equals the engine's blocked form ({diff_matrix:.1e}), and α·x̃ is the scan's "
+                   "output, which the model computes step by step with a state ({diff_output:.1e}).",
+    "check_delta": "Checked: the matrix recomputed here from the keys Uₜ is the engine's implied attention "
+                   "({diff_matrix:.1e}), and A·V is the delta rule's output, which the model computes step by step "
+                   "with a state ({diff_output:.1e}).",
+    "s_state": "② The state it carries instead",
+    "state_kernel": "After the {n} tokens the state is S = Σₛ φ(kₛ)·vₛᵀ, a {d_k} × {d_v} matrix, and z = Σₛ φ(kₛ) "
+                    "the rows' sums: {dd} numbers per head whatever n, against the {nn} of the n × n matrix (the "
+                    "smaller from n = {cross} tokens on; at 8,192 tokens A would hold 67,108,864). The last "
+                    "token's output φ(q)·S / φ(q)·z equals the last row of A·V (largest difference "
+                    "{diff_row:.1e}).",
+    "state_lightning": "After the {n} tokens the state is S = Σₛ λ^(n−1−s)·kₛᵀ·vₛ, a {d_k} × {d_v} matrix: {dd} "
+                       "numbers per head whatever n, against the {nn} of the n × n matrix (the smaller from n = "
+                       "{cross} on). Each new token costs S ← λ·S + kᵀ·v and o = q·S. The last token's q·S equals "
+                       "the last row of A·V (largest difference {diff_row:.1e}).",
+    "state_mamba": "After the {n} tokens the channel's state is h, {d_k} numbers (Mamba's d_state) whatever n, "
+                   "against the {nn} of the n × n matrix: each new token costs h ← exp(Δ·A)⊙h + Δ·x̃·B and y = "
+                   "h·C. The last token's h·C equals the last row of α·x̃ (largest difference {diff_row:.1e}).",
+    "state_delta": "After the {n} tokens the state is S, a {d_k} × {d_v} matrix: {dd} numbers per value head "
+                   "whatever n, against the {nn} of the n × n matrix (the smaller from n = {cross} on). The last "
+                   "token's Sᵀ·q̂ equals the last row of A·V (largest difference {diff_row:.1e}).",
+    "state_cache": "It is the state the model's own cache holds for this layer after reading the text (largest "
+                   "difference {diff:.1e}): writing keeps S, not every past K and V.",
+    "s_decay": "③ How far each head remembers",
+    "decay": "Each head's λ (MiniMax's slopes, ALiBi's, fading with depth): a key's weight is multiplied by λ per "
+             "token between it and the query, so it has halved after the number of tokens in the last column.",
+    "col_head": "head",
+    "col_decay": "λ",
+    "col_half": "tokens to halve",
+    "s_compare": "③ How far linear is from softmax, every layer",
+    "compare": "Every head of every layer of {model}, its own q, k, v through φ instead of the softmax, as qkv "
+               "bench --linear measures it: the relative error ‖linear − softmax‖ / ‖softmax‖ of the heads' "
+               "outputs and their cosine, the mean over heads:",
+    "col_layer": "layer",
+    "col_rel": "rel. error",
+    "col_cos": "cosine",
+    "compare_end": "The worst is layer {layer} ({rel:.2f}): a model trained with the softmax does not read its "
+                   "keys as a linear kernel would. Models built on linear attention learn their q, k, v for it: "
+                   "try --model with a MiniMax or Mamba checkpoint.",
+    "end_kernel": "Linear attention trades the softmax's sharp choices for a state whose size does not grow with "
+                  "the text.",
+    "end_lightning": "MiniMax keeps a few softmax layers among its lightning ones: they read the past exactly, the "
+                     "lightning ones cheaply.",
+    "end_delta": "The delta rule writes each value over what the state already held at its key (I − β·k̂k̂ᵀ): a "
+                 "linear attention that can overwrite, not only add.",
+    "end_mamba": "A Mamba layer is a linear attention whose decay is chosen by each token (Δ), channel by channel.",
+    "fig_linear": "linear: layer {layer}, head {head}",
+    "fig_softmax": "softmax: layer {layer}, head {head}",
+    "fig_state": "state ({d_k} × {d_v})",
+    "fig_title": "{model}: the matrix never built, and the state carried ({n} tokens)",
+}
+
+
+PROTEINS = {
+    "title": "qkv explain proteins · {model}",
+    "intro": "A protein is a chain of amino acids that folds in 3-D; residues far apart in the chain can touch. A "
+             "protein language model (ESM-2) is trained only on sequences, to guess masked residues. Residues "
+             "that touch change together over evolution (a mutation on one side is compensated on the other), so "
+             "to guess a masked residue a head does well to look at its contact partners: such a head's attention "
+             "map is a contact map. Rao et al. (2020) showed it: a logistic regression over every head's "
+             "symmetrised, APC-corrected map, fit on a handful of known structures, predicts contacts as well as "
+             "methods built on alignments of many related sequences.",
+    "s_sequence": "① The sequence",
+    "trp_cage": "Trp-cage (TC5b, PDB 1L2Y), a {m}-residue miniprotein that folds on its own, the default example:",
+    "sequence": "The sequence given ({m} residues):",
+    "s_steps": "② From attention to contacts",
+    "steps": "The model reads <cls>, the residues, <eos>: n = {n} tokens. Every layer's attention is kept: {L} layers "
+             "× {H} heads = {LH} maps of {n} × {n}. <cls> and <eos> are dropped ({m} × {m}); each map is "
+             "symmetrised (A + Aᵀ: a contact has no direction) and average-product corrected, F = X − "
+             "(row sums)(column sums)/total, which removes what a residue's overall pull explains (APC, from "
+             "coevolution methods). Then P[i, j] = σ(Σ_c w_c·F_c[i, j] + b) over the {LH} heads; the largest "
+             "weights: {named}; b = {b:+.3f}.",
+    "checked": "Recomputed here head by head: every F equals the engine's within {diff_features:.1e}, the map P "
+               "within {diff_map:.1e} (the same steps as transformers' EsmModel.predict_contacts); every F sums to "
+               "0 ({diff_total:.1e}), as APC makes it.",
+    "s_map": "③ The contact map, beside the best head",
+    "map": "P, shaded from its lowest ({lo:.3f}) to its highest ({hi:.3f}) off the diagonal ({shades}); right: the "
+           "map of the single head that matches it best.",
+    "map_title": "P (the contact head)",
+    "best_title": "head {layer}.{head} (r = {r:+.3f})",
+    "top": "The pairs the model is surest of, at least {separation} apart in the chain:",
+    "col_pair": "pair",
+    "col_residues": "residues",
+    "col_p": "P",
+    "s_heads": "④ The heads that draw contacts",
+    "heads": "Each head's F against P, by Pearson's r over the pairs at least {separation} apart (the best one's r "
+             "checked with np.corrcoef: {diff_r:.1e}):",
+    "col_head": "head",
+    "col_r": "r",
+    "col_w": "weight w",
+    "noise": "On a random or untrained model the map is noise; the computation is exactly the one ESM-2 runs.",
+    "end": "No structure was given: the contacts come from attention alone, learnt from sequences.",
+    "fig_map": "predicted contacts P",
+    "fig_head": "head {layer}.{head}: APC(A + Aᵀ), r = {r:+.2f}",
+    "fig_title": "{model}: contacts from attention ({m} residues)",
+}
+
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
          "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS,
-         "patching": PATCHING, "viewer": VIEWER}
+         "patching": PATCHING, "viewer": VIEWER, "linear": LINEAR, "proteins": PROTEINS}

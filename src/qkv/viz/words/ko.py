@@ -145,6 +145,7 @@ PIPELINE = {
     "p_softcap": "소프트캡", "p_softcap_f": "S = c·tanh(S / c),   c = {c}",
     "p_softcap_what": "점수가 ±c 안에 머뭅니다: 큰 점수는 눌리고, 작은 점수는 거의 그대로 지나갑니다.",
     "p_s_scaled_f": "S = Q·Kᵀ · {scale}   (1/√d_k 대신 이 모델의 배율)",
+    "p_mask_chunk_f": "S' = S + M,  j ≤ i이고 ⌊j / {c}⌋ = ⌊i / {c}⌋가 아니면 M[i, j] = −∞   ({layer}번 층은 위치 {c}개짜리 자기 청크만 봅니다)",
     "p_mask_window_f": "S' = S + M,  i − {w} < j ≤ i가 아니면 M[i, j] = −∞   ({layer}번 층은 마지막 키 {w}개를 봅니다)",
     "p_out_norm": "그다음 스트림에 더하기 전에 정규화합니다: out = Norm(Concat(Z)·W_O).",
     "p_res_parallel_f": "X'' = X + Attention(Norm(X)) + FFN(Norm(X))   (병렬: FFN은 X'가 아니라 X를 읽습니다)",
@@ -471,6 +472,12 @@ KVCACHE = {
     "holds_check": "생성 후의 캐시는 같은 {n}개 토큰으로 전체 계산을 한 번 돌린 K, V와 모든 층에서 같습니다"
                    "(최대 차이 {diff:.1e}).",
 
+    "holds_state": "{L_all}개 층 중 {k}개는 K와 V 대신 {kind} 상태를 둡니다. 그 크기는 고정되어 float32로 모두 "
+                   "{state:,}바이트이고, 토큰 하나 뒤에도 100,000개 뒤에도 같습니다(KVCache.state_bytes). K와 V는 "
+                   "어텐션 층 {L}개만 두며, 토큰마다 {per:,}바이트씩 늘어납니다.",
+    "holds_state_beside": "{L_all}개 층 모두 어텐션의 K와 V 옆에 {kind} 상태도 둡니다. 그 크기는 고정되어 float32로 "
+                          "모두 {state:,}바이트이고, 토큰 하나 뒤에도 100,000개 뒤에도 같습니다(KVCache.state_bytes). "
+                          "K와 V는 토큰마다 {per:,}바이트씩 늘어납니다.",
     "holds_latent": "멀티헤드 잠재 어텐션(MLA): 층마다 캐시는 토큰마다 잠재 벡터 c = RMSNorm(x·W_V)(r_kv = {r_kv}개 "
                     "숫자)와 RoPE를 적용한 키 k_R(d_rot = {d_rot}개 숫자, H = {H}개 헤드가 함께 씀)을 담습니다. 헤드마다의 "
                     "K와 V가 아닙니다. 프롬프트({n}개 토큰: {prompt}) 뒤에 각 층은 c {c}와 k_R {k}를 담습니다: float32로 "
@@ -497,6 +504,8 @@ KVCACHE = {
              "L·[2·f·d_model·(H + 2·Hkv)·d_k (Q, K, V) + 4·H·f·m·d_k (Q·Kᵀ와 A·V) + 2·f·H·d_k·d_model (W_O) + "
              "{ffn}·2·f·d_model·d_ff (FFN)] + 2·d_model·V (마지막 토큰의 logits). d_model = {d_model}, H = {H}, "
              "Hkv = {H_kv}, d_k = {d_k}, d_ff = {d_ff}, L = {L}, V = {V:,}. 캐시가 있으면 f = 1, 없으면 f = m.",
+    "flops_state": "L = {L}은 {L_all}개 층 중 어텐션을 하는 층만 셉니다. {k}개 층의 {kind} 상자(와 어텐션을 하지 "
+                   "않는 층의 FFN)는 빠집니다: 상태가 있으면 그 비용은 m과 상관없이 한 단계마다 같습니다.",
     "flops_latent": "FLOPs는 가중치의 shape에서 셉니다(곱셈-덧셈 하나에 2). 토큰 f개를 넣고 그 쿼리가 키 m개를 읽는 "
                     "계산: L·[2·f·d_model·(r_q + r_kv + d_rot) + 2·f·r_q·H·d_k (잠재 벡터를 거친 q, 없으면 "
                     "2·f·d_model·H·d_k; K/V 잠재 벡터와 RoPE 키) + 2·m·r_kv·H·(d_nope + d_v) (캐시된 잠재 벡터를 매 단계 "
@@ -521,6 +530,8 @@ KVCACHE = {
     "layouts_end": "쿼리 헤드마다 K/V 헤드를 하나씩 두면(MHA, H = {H}) 캐시가 {saving:.0f}배 커집니다. 공유 K/V 헤드 "
                    "{H_kv}개(GQA)는 이 모델의 선택이고, MQA(K/V 헤드 1개)는 MHA보다 {mqa:.0f}배 작습니다"
                    "(`qkv explain gqa`).",
+    "layouts_state": "각 행에 {kind} 상태 {k}개의 {state_h}를 길이와 상관없이 더하세요: 전체 컨텍스트 {context:,}토큰에서 "
+                     "이 모델의 K와 V는 {kv}, 상태는 여전히 {state_h}입니다.",
     "layouts_latent": "토큰당 바이트: MLA 자신의 L·(r_kv + d_rot)·4 (L = {L}, r_kv = {r_kv}, d_rot = {d_rot}, "
                       "float32). 펼친 헤드를 캐시한다면 L·Hkv·(d_k + d_v)·4 (d_k = {d_k}, d_v = {d_v}): K/V 헤드 H개(MHA) "
                       "또는 1개(MQA). 이번 실행의 토큰과 모델 전체 컨텍스트 {context:,} 토큰 기준(← 이 모델):",
@@ -530,7 +541,7 @@ KVCACHE = {
 
     "fig_full": "캐시 없음", "fig_cache": "캐시 있음", "fig_m": "지금까지의 토큰 수 m",
     "fig_time": "한 단계의 시간(측정)", "fig_flops": "한 단계의 FLOPs(계산)", "fig_tokens": "토큰 수",
-    "fig_memory": "{model}: KV 캐시, float32",
+    "fig_memory": "{model}: KV 캐시, float32", "fig_state": "{kind} 상태 (고정)",
 }
 
 # qkv explain positions (lessons.positions)
@@ -602,6 +613,15 @@ SPARSE = {
              "일부 키만 남기고 나머지에는 M = −∞를 더합니다. n × n 행렬 전체에 M을 더하면 아무것도 절약되지 "
              "않습니다. 타일 커널(FlashAttention의 온라인 softmax, `qkv explain flash` 참고)은 (쿼리 블록, 키 블록) "
              "타일마다 패턴에 그 타일이 완전히 가려지는지 묻고, 그렇다면 건너뜁니다: Q·Kᵀ도, exp도, P·V도 없습니다.",
+    "s_own": "⓪ 모델 자신의 마스크: 각 층이 실제로 쓴 것",
+    "own": "{model}은 스스로 희소하게 어텐션합니다. 이 n = {n} 토큰에서 각 층의 마스크(0: 가림, 1: 보임, 2 이상: 커널이 "
+           "그 횟수만큼 세는 키 — BigBird의 평가 모드는 무작위 블록마다 블록 0을 읽습니다)와, 그 층의 q, k, v로 계산한 "
+           "softmax(Q·Kᵀ/√d_k + log c)·V(Longformer의 전역 행은 자신의 Q, K, V로)의 모델 출력 Z 대비 오차:",
+    "col_layer": "층", "col_mask": "마스크", "col_copies": "최대 중복", "col_own_error": "Z의 오차",
+    "own_end": "오차 0(부동소수점 반올림)은 그린 마스크가 모델이 실제로 쓴 마스크라는 확인입니다. 아래 패턴 모음은 이 "
+               "모델이 쓰지 않는, 같은 q, k, v의 밀집 어텐션에 대해 잽니다.",
+    "fig_own": "{model}, n = {n}: 각 층이 쓴 마스크 (진한 색: 두 번 이상 센 키)",
+    "fig_own_kept": "쌍의 {d:.1%} · Z의 오차 {e:.0e}",
     "s_gallery": "① 패턴 모음: 각 쿼리가 보는 키",
     "gallery": "n = {n}을 {block} × {block} 타일로 나눕니다({causal}). 패턴이 타일 전체를 남기면 마스크 없이, "
                "일부만 남기면 마스크와 함께 계산하고, 하나도 남기지 않으면 건너뜁니다:",
@@ -879,6 +899,112 @@ PATCHING = {
     "fig_line": "헤드 {layer}.{head}: 오염(t = 0)에서 깨끗(t = 1)까지",
 }
 
+LINEAR = {
+    "title": "qkv explain linear · {model}",
+    "intro": "소프트맥스 어텐션은 n × n 행렬 A = softmax(Q·Kᵀ/√d_k + M)를 만든 뒤 A·V를 읽습니다: 비용과 메모리가 n²로 늘어납니다. 선형 어텐션은 소프트맥스 대신 "
+             "특징의 곱 A[t, s] ∝ φ(qₜ)·φ(kₛ)를 쓰므로 (φ(Q)·φ(K)ᵀ)·V를 φ(Q)·(φ(K)ᵀ·V)로 묶을 수 있습니다: n × n 행렬은 만들지 않고, 글을 따라 "
+             "d_k × d_v 상태 S = Σₛ φ(kₛ)·vₛᵀ를 들고 가며 각 토큰의 출력을 φ(qₜ)·S로 읽습니다.",
+    "s_matrix": "① 만들지 않는 행렬: 레이어 {layer}, 헤드 {head}",
+    "matrix_kernel": "{model}은(는) 소프트맥스 모델입니다. {text!r}({n}개 토큰)을 읽는 레이어 {layer} 헤드 {head}의 q, k, v를 φ(x) = elu(x) "
+                     "+ 1(Katharopoulos 외 2020)에 통과시켜: s ≤ t에서 A[t, s] = φ(qₜ)·φ(kₛ), 각 행은 그 합으로 나눕니다(앞쪽 행과 열):",
+    "matrix_lightning": "{model}의 레이어 {layer}는 라이트닝 어텐션(MiniMax)입니다: 소프트맥스도, RoPE도, 1/√d_k도 없고 헤드 {head}의 출력은 oₜ = "
+                        "Σ_(s ≤ t) (qₜ·kₛ)·λ^(t−s)·vₛ, 헤드마다 고정된 감쇠 λ입니다. {text!r}({n}개 토큰)에서 이것이 뜻하는 행렬 A[t, s] = "
+                        "(qₜ·kₛ)·λ^(t−s)(앞쪽 행과 열; 부호가 있고 행의 합은 1이 아닙니다):",
+    "matrix_mamba": "{model}의 레이어 {layer}는 선택적 스캔(Mamba)입니다: 채널 {head}의 출력은 yₜ = Σ_(s ≤ t) α[t, s]·x̃ₛ, α[t, s] = "
+                    "Cₜ·(Π exp(Δᵣ·A))·Bₛ·Δₛ(Ali 외 2024), 그 채널의 행렬입니다. {text!r}({n}개 토큰)에서 앞쪽 행과 열:",
+    "matrix_delta": "{model}의 레이어 {layer}는 게이트 델타 레이어(Qwen3-Next)입니다: 값 헤드 {head}의 상태는 토큰마다 다시 쓰여, Sₜ = exp(gₜ)·(I "
+                    "− βₜ·k̂ₜk̂ₜᵀ)·Sₜ₋₁ + βₜ·k̂ₜ·vₜᵀ, oₜ = Sₜᵀ·q̂ₜ로 읽힙니다. 펼치면 oₜ = Σ_(s ≤ t) A[t, s]·vₛ, A[t, s] = "
+                    "q̂ₜᵀ·Uₜ[:, s], 키 Uₜ = [exp(gₜ)·(I − βₜ·k̂ₜk̂ₜᵀ)·Uₜ₋₁ | βₜ·k̂ₜ]입니다. {text!r}({n}개 토큰)에서 앞쪽 행과 "
+                    "열:",
+    "softmax_beside": "옆에, 같은 헤드의 모델 자신의 소프트맥스 가중치:",
+    "check_kernel": "확인: A·V는 A를 만들지 않는 qkv.core.kernels.linear_attention과 같습니다(최대 차이 {diff_matrix:.1e}); 모델의 "
+                    "소프트맥스 가중치 곱하기 V는 그 헤드의 출력입니다({diff_output:.1e}).",
+    "check_lightning": "확인: 이 행렬은 모델이 레이어의 점수(scores)로 기록하는 것과 같고({diff_matrix:.1e}; 보기가 그리는 어텐션은 그 |A|를 행마다 몫으로 "
+                       "나눈 것), A·V는 모델이 A를 만들지 않고 상태로 블록마다 더하는 그 헤드의 출력입니다({diff_output:.1e}).",
+    "check_mamba": "확인: α는 엔진의 블록 형태와 같고({diff_matrix:.1e}), α·x̃는 모델이 상태로 한 걸음씩 계산하는 스캔의 "
+                   "출력입니다({diff_output:.1e}).",
+    "check_delta": "확인: 여기서 키 Uₜ로 다시 계산한 행렬은 엔진의 암묵적 어텐션과 같고({diff_matrix:.1e}), A·V는 모델이 상태로 한 걸음씩 계산하는 델타 규칙의 "
+                   "출력입니다({diff_output:.1e}).",
+    "s_state": "② 대신 들고 가는 상태",
+    "state_kernel": "{n}개 토큰 뒤의 상태는 S = Σₛ φ(kₛ)·vₛᵀ, {d_k} × {d_v} 행렬이고 z = Σₛ φ(kₛ)는 행의 합입니다: n과 상관없이 헤드마다 "
+                    "{dd}개의 수, n × n 행렬의 {nn}개와 비교해(n = {cross}부터 더 작음; 8,192 토큰이면 A는 67,108,864개). 마지막 토큰의 출력 "
+                    "φ(q)·S / φ(q)·z는 A·V의 마지막 행과 같습니다(최대 차이 {diff_row:.1e}).",
+    "state_lightning": "{n}개 토큰 뒤의 상태는 S = Σₛ λ^(n−1−s)·kₛᵀ·vₛ, {d_k} × {d_v} 행렬입니다: n과 상관없이 헤드마다 {dd}개의 수, n × n "
+                       "행렬의 {nn}개와 비교해(n = {cross}부터 더 작음). 새 토큰 하나는 S ← λ·S + kᵀ·v와 o = q·S로 끝납니다. 마지막 토큰의 q·S는 "
+                       "A·V의 마지막 행과 같습니다(최대 차이 {diff_row:.1e}).",
+    "state_mamba": "{n}개 토큰 뒤 채널의 상태는 h, n과 상관없이 {d_k}개의 수(Mamba의 d_state)로, n × n 행렬의 {nn}개와 비교됩니다: 새 토큰 하나는 h ← "
+                   "exp(Δ·A)⊙h + Δ·x̃·B와 y = h·C로 끝납니다. 마지막 토큰의 h·C는 α·x̃의 마지막 행과 같습니다(최대 차이 {diff_row:.1e}).",
+    "state_delta": "{n}개 토큰 뒤의 상태는 S, {d_k} × {d_v} 행렬입니다: n과 상관없이 값 헤드마다 {dd}개의 수, n × n 행렬의 {nn}개와 비교해(n = "
+                   "{cross}부터 더 작음). 마지막 토큰의 Sᵀ·q̂는 A·V의 마지막 행과 같습니다(최대 차이 {diff_row:.1e}).",
+    "state_cache": "이것은 글을 읽은 뒤 모델 자신의 캐시가 이 레이어에 대해 들고 있는 상태입니다(최대 차이 {diff:.1e}): 생성할 때 지나간 모든 K와 V가 아니라 S를 "
+                   "저장합니다.",
+    "s_decay": "③ 헤드마다 얼마나 멀리 기억하나",
+    "decay": "헤드마다의 λ(MiniMax의 기울기, ALiBi의 것, 깊이에 따라 약해짐): 키의 가중치는 쿼리와의 사이 토큰 하나마다 λ가 곱해지므로, 마지막 열의 토큰 수만큼 지나면 절반이 "
+             "됩니다.",
+    "col_head": "헤드",
+    "col_decay": "λ",
+    "col_half": "절반이 되는 토큰 수",
+    "s_compare": "③ 선형은 소프트맥스와 얼마나 다른가, 모든 레이어",
+    "compare": "{model}의 모든 레이어 모든 헤드에서, 소프트맥스 대신 자기 q, k, v를 φ에 통과시켜, qkv bench --linear가 재는 대로: 헤드 출력의 상대 오차 "
+               "‖linear − softmax‖ / ‖softmax‖와 코사인, 헤드 평균:",
+    "col_layer": "레이어",
+    "col_rel": "상대 오차",
+    "col_cos": "코사인",
+    "compare_end": "가장 나쁜 것은 레이어 {layer}({rel:.2f})입니다: 소프트맥스로 학습한 모델은 키를 선형 커널처럼 읽지 않습니다. 선형 어텐션으로 만든 모델은 q, k, "
+                   "v를 그에 맞게 학습합니다: --model에 MiniMax나 Mamba 체크포인트를 주어 보세요.",
+    "end_kernel": "선형 어텐션은 소프트맥스의 날카로운 선택을, 글이 길어져도 커지지 않는 상태와 맞바꿉니다.",
+    "end_lightning": "MiniMax는 라이트닝 레이어 사이에 소프트맥스 레이어를 몇 개 둡니다: 그것들은 과거를 정확히, 라이트닝 레이어는 싸게 읽습니다.",
+    "end_delta": "델타 규칙은 각 값을 상태가 그 키에서 이미 들고 있던 것 위에 덮어씁니다(I − β·k̂k̂ᵀ): 더하기만 하지 않고 고쳐 쓸 수 있는 선형 어텐션입니다.",
+    "end_mamba": "Mamba 레이어는 감쇠를 토큰마다(Δ), 채널마다 고르는 선형 어텐션입니다.",
+    "fig_linear": "선형: 레이어 {layer}, 헤드 {head}",
+    "fig_softmax": "소프트맥스: 레이어 {layer}, 헤드 {head}",
+    "fig_state": "상태 ({d_k} × {d_v})",
+    "fig_title": "{model}: 만들지 않는 행렬과 들고 가는 상태({n}개 토큰)",
+}
+
+
+PROTEINS = {
+    "title": "qkv explain proteins · {model}",
+    "intro": "단백질은 아미노산 사슬이 3차원으로 접힌 것이라, 사슬에서 멀리 떨어진 잔기끼리도 맞닿을 수 있습니다. 단백질 언어 "
+             "모델(ESM-2)은 서열만 보고 가려진 잔기를 맞히도록 학습합니다. 맞닿은 잔기들은 진화 과정에서 함께 바뀌므로(한쪽의 "
+             "변이를 다른 쪽이 보완), 가려진 잔기를 맞히려면 접촉 상대를 보는 헤드가 유리합니다. 그런 헤드의 어텐션 지도가 곧 "
+             "접촉 지도입니다. Rao 등(2020)이 이를 보였습니다: 모든 헤드의 대칭화·APC 보정 지도에 로지스틱 회귀를 얹어, 구조를 "
+             "아는 단백질 몇 개로 맞추면 많은 유사 서열 정렬에 기반한 방법만큼 접촉을 예측합니다.",
+    "s_sequence": "① 서열",
+    "trp_cage": "기본 예시는 스스로 접히는 {m}잔기 미니단백질 Trp-cage(TC5b, PDB 1L2Y)입니다:",
+    "sequence": "주어진 서열({m}잔기):",
+    "s_steps": "② 어텐션에서 접촉으로",
+    "steps": "모델은 <cls>, 잔기들, <eos>를 읽습니다: n = {n}개 토큰. 모든 층의 어텐션을 모읍니다: {L}개 층 × {H}개 헤드 = "
+             "{n} × {n} 지도 {LH}장. <cls>와 <eos>를 빼고({m} × {m}), 각 지도를 대칭화하고(A + Aᵀ: 접촉에는 방향이 "
+             "없음) 평균곱 보정합니다. F = X − (행 합)(열 합)/전체 합으로, 잔기 하나의 전반적인 끌림이 설명하는 몫을 "
+             "덜어 냅니다(APC, 공진화 방법에서 온 보정). 그다음 {LH}개 헤드에 걸쳐 P[i, j] = σ(Σ_c w_c·F_c[i, j] + b). "
+             "가장 큰 가중치: {named}; b = {b:+.3f}.",
+    "checked": "여기서 헤드마다 다시 계산했습니다: 모든 F가 엔진 값과 {diff_features:.1e} 안에서, 지도 P가 {diff_map:.1e} "
+               "안에서 같습니다(transformers의 EsmModel.predict_contacts와 같은 단계). APC대로 모든 F의 합은 "
+               "0입니다({diff_total:.1e}).",
+    "s_map": "③ 접촉 지도와 가장 잘 맞는 헤드",
+    "map": "P를 대각선 밖의 최솟값({lo:.3f})부터 최댓값({hi:.3f})까지 음영으로({shades}); 오른쪽은 P와 가장 잘 맞는 "
+           "헤드 하나의 지도입니다.",
+    "map_title": "P (접촉 헤드)",
+    "best_title": "헤드 {layer}.{head} (r = {r:+.3f})",
+    "top": "사슬에서 {separation}칸 이상 떨어진 쌍 가운데 모델이 가장 확신하는 쌍:",
+    "col_pair": "쌍",
+    "col_residues": "잔기",
+    "col_p": "P",
+    "s_heads": "④ 접촉을 그리는 헤드",
+    "heads": "{separation}칸 이상 떨어진 쌍에서 각 헤드의 F와 P의 피어슨 r(가장 좋은 헤드의 r은 np.corrcoef로 확인: "
+             "{diff_r:.1e}):",
+    "col_head": "헤드",
+    "col_r": "r",
+    "col_w": "가중치 w",
+    "noise": "무작위이거나 학습되지 않은 모델이면 지도는 잡음입니다. 계산 자체는 ESM-2가 하는 그대로입니다.",
+    "end": "구조는 주지 않았습니다: 접촉은 서열에서 배운 어텐션만으로 나옵니다.",
+    "fig_map": "예측한 접촉 P",
+    "fig_head": "헤드 {layer}.{head}: APC(A + Aᵀ), r = {r:+.2f}",
+    "fig_title": "{model}: 어텐션에서 나온 접촉({m}잔기)",
+}
+
+
 PAGES = {"explain": EXPLAIN, "pipeline": PIPELINE, "ffn": FFN, "flash": FLASH, "gqa": GQA, "kvcache": KVCACHE,
          "positions": POSITIONS, "sparse": SPARSE, "vit": VIT, "graph": GRAPH, "circuits": CIRCUITS,
-         "patching": PATCHING}
+         "patching": PATCHING, "linear": LINEAR, "proteins": PROTEINS}
