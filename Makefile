@@ -58,6 +58,7 @@ fixtures: $(VENV)/.reference
 	$(PY) tests/fixtures/make_grad_fixtures.py
 	$(PY) tests/fixtures/make_vit_fixtures.py
 	$(PY) tests/fixtures/make_whisper_fixtures.py
+	$(PY) tests/fixtures/make_transcribe_fixtures.py
 	$(PY) tests/fixtures/make_seq2seq_fixtures.py
 	$(PY) tests/fixtures/make_attribution_fixtures.py
 	$(PY) tests/fixtures/make_causal_trace_fixtures.py

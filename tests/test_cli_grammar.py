@@ -55,7 +55,8 @@ def test_generate_writes_with_the_bundled_llm_when_no_model_is_named(monkeypatch
 
 NO_TEXT = {("models",), ("serve",), ("train",), ("activations",),   # a server, a list, a file or corpus to learn
            ("graph-page",),                                          # a graph's JSON, drawn
-           ("probe",), ("steer", "make")}                            # labelled texts, two sets of texts
+           ("probe",), ("steer", "make"),                            # labelled texts, two sets of texts
+           ("transcribe",)}                                          # a sound file
 
 
 READING = [(p, c) for p, c in commands()

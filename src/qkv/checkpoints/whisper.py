@@ -13,8 +13,8 @@
     proj_out (WhisperForConditionalGeneration)        W_vocab: the token table's transpose (tied), else its own
 The input is S·2 frames of log-mel features (what WhisperFeatureExtractor makes: 80 or 128 mels, 3,000 frames for
 30 s); the second convolution halves them to S positions, so encoder position i covers 20 ms of sound (i · 0.02 s).
-What qkv leaves out, in one line each where it matters: writing text (Whisper's `generate` prompts with language and
-task tokens, suppresses tokens and predicts timestamps: run and forward take the target instead), training through
+Writing (the language and task prompt, suppressed tokens, timestamps) is qkv.writing.transcribe's, reading the
+checkpoint's generation_config.json. What qkv leaves out, in one line each where it matters: training through
 the convolutions, WhisperForAudioClassification (use_weighted_layer_sum). SpecAugment, dropout and LayerDrop act
 only in training. scale_embedding is read as transformers reads it: its encoder and decoder compute √d_model and
 never multiply by it, so neither does qkv.
@@ -38,7 +38,8 @@ ABOUT = (                              # its rows of the README's table of famil
     About(types=("whisper",), models="Whisper (`WhisperForConditionalGeneration`, `WhisperModel`)",
           brings="log-mel frames through two GELU convolutions (stride 1, then 2) + a stored sinusoidal table, "
                  "pre-norm stacks with a final LayerNorm each, `k_proj` without bias, learned decoder positions, tied"
-                 " `proj_out`; run and forward take the transcript (writing and training refused in one line)",
+                 " `proj_out`; run and forward take a transcript, `transcribe` writes one (a sound file in, greedy under "
+                 "its generation_config.json, timestamps, long-form); training refused in one line",
           kind="audio"),
 )
 

@@ -122,9 +122,9 @@ def _translate(model, text: str, max_new_tokens: int | None, sampling, stop: tup
     from ..writing.seq2seq_generate import TargetStream
 
     if isinstance(model, AudioModel):                   # before warn_unknown: its source is sound, not TEXT
-        raise QkvError(f"{model.name} is Whisper: it reads sound, and its writing (language and task prompt, "
-                       f"timestamps) is not in qkv; see where a transcript looks in time with `qkv show FEATURES.npy "
-                       f"--model {model.name} --prefix TEXT`")
+        raise QkvError(f"{model.name} is Whisper: it reads sound, not text; write what a sound file says with "
+                       f"`qkv transcribe FILE --model {model.name}`, or see where a transcript looks in time with "
+                       f"`qkv show FEATURES.npy --model {model.name} --prefix TEXT`")
     if max_new_tokens is None:
         max_new_tokens = min(40, model.config.max_positions - 1)
     stream = TargetStream(model, text, max_new_tokens, sampling, stop=list(stop) or None)   # bad input fails here

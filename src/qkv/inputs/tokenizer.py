@@ -44,7 +44,7 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            self._tok = HFTokenizer.from_file(str(path))
+            self._tok = path if isinstance(path, HFTokenizer) else HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises plain Exceptions for bad JSON
             raise QkvError(f"cannot read tokenizer {path}: {e}; replace it with a valid tokenizer.json") from None
         # A batch pads as transformers' tokenizer(texts, padding=True) does: tokenizer_config.json's pad_token and
@@ -68,6 +68,17 @@ class Tokenizer:
         template, specials = read_tokenizer_config(directory)
         return cls(directory / "tokenizer.json", chat_template=template, special_tokens=specials,
                    padding_side=read_padding_side(directory))
+
+    @classmethod
+    def from_json(cls, text: str, special_tokens: dict[str, str] | None = None) -> "Tokenizer":
+        """A tokenizer from tokenizer.json TEXT (one a family builds from its own files: ESM's vocab.txt)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            tok = HFTokenizer.from_str(text)
+        except Exception as e:  # the library raises plain Exceptions for bad JSON
+            raise QkvError(f"cannot build the tokenizer: {e}; replace the checkpoint's tokenizer files") from None
+        return cls(tok, special_tokens=special_tokens)
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what `Model.save` writes)."""

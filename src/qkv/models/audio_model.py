@@ -7,12 +7,14 @@
 
 The passes are the encoder–decoder's (qkv.models.seq2seq): the features go in as the encoder's `tokens`
 (blocks.embed runs the convolutions), so hooks, ablation, recording and the cross-attention of every text token
-over the frames are the translation models' own. The target is given (its ids, or text with a tokenizer): Whisper's
-writing (its prompt of language and task tokens, suppressed tokens, timestamps) is not in qkv.
+over the frames are the translation models' own. Writing is Whisper's own (qkv.writing.transcribe: its prompt of
+language and task tokens, language detection, suppressed tokens, timestamps, window by window): `transcribe` and
+`generate`, equal to transformers' generate(num_beams=1); `run` without a target reads the model's own transcript.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +24,7 @@ from ..core.hooks import HookFn
 from .seq2seq import SEQ2SEQ_KEEP, Seq2SeqModel, Seq2SeqOutput
 from ..core.stack import encoder_pass
 from ..core.trace import Trace
+from ..writing.transcribe import Transcription, WhisperRules, read_rules, transcribe
 
 FRAME_SECONDS = 0.02          # one encoder position: two 10 ms frames (WhisperFeatureExtractor's hop, 160 at 16 kHz)
 
@@ -32,7 +35,38 @@ def frame_labels(n: int) -> list[str]:
 
 
 class AudioModel(Seq2SeqModel):
-    """A loaded Whisper: reads log-mel features (B, mels, 2·S) and a target, as transformers' forward does."""
+    """A loaded Whisper: reads log-mel features (B, mels, 2·S) and a target, as transformers' forward does, and
+    writes a transcript (`transcribe`) under the rules of its generation_config.json."""
+
+    directory: Path | None = None        # the checkpoint's folder (qkv.load sets it): its generation_config.json
+    _rules: WhisperRules | None = None
+
+    @property
+    def rules(self) -> WhisperRules:
+        """How this checkpoint writes (read once from its generation_config.json, else its config.json)."""
+        if self._rules is None:
+            if self.directory is None:
+                raise QkvError(f"{self.name} was not read from a folder, so it has no generation_config.json; load "
+                               "it with qkv.load(FOLDER)")
+            from ..runtime.io_json import read_json
+
+            hf = read_json(self.directory / "config.json", what="config.json")
+            self._rules = read_rules(self.directory, self.config, hf)
+        return self._rules
+
+    @property
+    def median_filter_width(self) -> int:
+        """config.json's median_filter_width (default 7): the median filter word timestamps smooth the alignment
+        heads' attention with (qkv.writing.timestamps). Odd and ≥ 1, else one QkvError."""
+        if self.directory is None:
+            return 7
+        from ..runtime.io_json import read_json
+
+        width = read_json(self.directory / "config.json", what="config.json").get("median_filter_width", 7)
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1 or width % 2 != 1:
+            raise QkvError(f"config.json: median_filter_width must be an odd whole number ≥ 1, got {width!r}; set "
+                           "it to 7 (Whisper's)")
+        return width
 
     def __repr__(self) -> str:
         c = self.config
@@ -40,7 +74,9 @@ class AudioModel(Seq2SeqModel):
                 f"L_enc={c.n_layers}, L_dec={c.n_decoder_layers}, H={c.n_heads}, d_model={c.d_model}, V={c.vocab_size})")
 
     def astype(self, dtype) -> "AudioModel":
-        return AudioModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        other = AudioModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        other.directory, other._rules = self.directory, self._rules
+        return other
 
     def check_features(self, input_features) -> np.ndarray:
         """Log-mel features (B, mels, frames) or (mels, frames): finite floats, exactly 2·S frames (Whisper pads or
@@ -82,9 +118,14 @@ class AudioModel(Seq2SeqModel):
         """One sound (its log-mel features (mels, 2·S)) and its transcript through the model, as
         Seq2SeqModel.run: the decoder's Trace with `.encoder` (the frames, labelled by time: "0.00s", "0.02s",
         …) and `.cross` (each text token over the frames). target: the decoder's ids (starting with
-        decoder_start_token_id) or, with a tokenizer, the text after it."""
+        decoder_start_token_id) or, with a tokenizer, the text after it; None: the model's own transcript (its
+        prompt and what it writes, less the end token: the last row writes it); max_new_tokens: its bound."""
         if target is None:
-            raise QkvError("give the transcript (target ids, or text): Whisper's own writing is not in qkv")
+            frames = self.check_features(input_features)
+            if len(frames) != 1:
+                raise QkvError(f"run reads one sound; got a batch of {len(frames)}: use forward for batches")
+            written = self.transcribe(frames[0].T, max_new_tokens=max_new_tokens)
+            return written.trace(0, keep=tuple(keep))
         frames = self.check_features(input_features)
         if len(frames) != 1:
             raise QkvError(f"run reads one sound; got a batch of {len(frames)}: use forward for batches")
@@ -97,8 +138,48 @@ class AudioModel(Seq2SeqModel):
     def encoder_output(self, ids, mask):
         raise QkvError(f"{self.name} reads sound: give its log-mel features to run or forward")
 
-    def generate(self, *args, **kwargs):
-        raise QkvError(f"Whisper's writing (its language and task prompt, suppressed tokens, timestamps) is not in "
-                       f"qkv; give the transcript to {self.name}'s run or forward")
+    def transcribe(self, source, *, language: str | None = None, task: str | None = None,
+                   timestamps: bool | None = None, max_new_tokens: int | None = None) -> Transcription:
+        """A sound file's path, or its log-mel features (mels, frames), → Transcription (ids, text, language and
+        its probabilities when detected, segments with times, each window's tokens; `.trace(w)`: the cross-
+        attention of every written token over the frames). language: a code ("ko") or token ("<|ko|>"), None:
+        detected; task: "transcribe" or "translate"; timestamps: write timestamp tokens (None: the generation
+        config's; always on past 30 s). Equal to transformers' generate(features, num_beams=1, language=, task=,
+        return_timestamps=, max_new_tokens=) (qkv.writing.transcribe). `.words`: each word's span of sound
+        (qkv.writing.timestamps); from a sound file, the alignment is cut where the sound ends, as transformers'
+        pipeline (its attention_mask) cuts it."""
+        frames = None
+        if isinstance(source, (str, Path)):
+            from ..inputs.audio import HOP, sound_features
 
-    stream = bound = generate
+            source, sound = sound_features(source, self.config.audio_mels)
+            frames = -(-len(sound.samples) // HOP)            # WhisperFeatureExtractor's attention_mask.sum()
+        result = transcribe(self, source, language=language, task=task, timestamps=timestamps,
+                            max_new_tokens=max_new_tokens)
+        result.frames = frames
+        return result
+
+    def generate(self, input_features, *more, language: str | None = None, task: str | None = None,
+                 timestamps: bool | None = None, max_new_tokens: int | None = None, **settings) -> np.ndarray:
+        """Log-mel features (B, mels, frames) or (mels, frames) → the written ids (B, n), each row as transformers'
+        WhisperForConditionalGeneration.generate(num_beams=1) writes it (prompt and end token left out), rows
+        padded on the right with pad_token_id. Whisper writes greedily under its own rules: the text models'
+        arguments (a count of new tokens given by position, sampling settings) are refused in one line."""
+        if more or settings:
+            raise QkvError(f"{self.name} is Whisper: it writes greedily from sound; call generate(features, "
+                           "language=, task=, timestamps=, max_new_tokens=) or transcribe(FILE)")
+        x = np.asarray(input_features)
+        if x.ndim not in (2, 3) or len(x) == 0:
+            raise QkvError(f"input_features must be log-mel features (B, mels, frames) or (mels, frames), got {x.shape}")
+        rows = [self.transcribe(f, language=language, task=task, timestamps=timestamps,
+                                max_new_tokens=max_new_tokens).ids for f in (x[None] if x.ndim == 2 else x)]
+        pad = self.rules.pad if self.rules.pad is not None else 0
+        out = np.full((len(rows), max(len(r) for r in rows)), pad, np.int64)              # (B, n)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out
+
+    def stream(self, *args, **kwargs):
+        raise QkvError(f"{self.name} writes a transcript window by window: use transcribe (or qkv transcribe FILE)")
+
+    bound = stream

@@ -70,7 +70,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
         weights = fast_layout(weights, after_copy=store.release)
     tok_path = directory / "tokenizer.json"
-    tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else None
+    own = getattr(family_of(cfg.family), "tokenizer", None)          # a family's own files (ESM's vocab.txt)
+    tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else own and own(directory)
     text_cfg = cfg.text_tower or cfg                 # an image–text pair (CLIP, SigLIP): its text tower's vocabulary
     if tokenizer is not None and tokenizer.vocab_size > text_cfg.vocab_size:     # ids are never checked again
         raise QkvError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} "
@@ -84,7 +85,9 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     if cfg.image_size is not None:
         return image_model(directory, hf, cfg, weights, _display_name(source))
     if cfg.audio_mels is not None:
-        return AudioModel(cfg, weights, tokenizer, name=_display_name(source))
+        audio = AudioModel(cfg, weights, tokenizer, name=_display_name(source))
+        audio.directory = directory                  # its generation_config.json: how it writes (transcribe)
+        return audio
     model = Seq2SeqModel if cfg.encoder_decoder else Model
     return model(cfg, weights, tokenizer, name=_display_name(source))
 
