@@ -483,16 +483,25 @@ def check_hooks(hooks: "Hooks | None") -> None:
 
 
 def mamba_pass(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, attention_mask: np.ndarray, *,
-               rec: Recorder | None = None, cache: "KVCache | None" = None, logits: str = "all",
-               ablate: Ablation | None = None, hooks: "Hooks | None" = None, start: int = 0,
-               stream: np.ndarray | None = None, tape=None, tokens: np.ndarray | None = None,
-               stop: int | None = None, token_type_ids=None) -> tuple[np.ndarray, np.ndarray | None]:
+               cache: "KVCache | None" = None, tape=None, token_type_ids=None, **kw) -> tuple[np.ndarray, np.ndarray | None]:
     """`qkv.core.stack.transformer` for a Mamba model: ids (B, n) → (final hidden states (B, n, d_model), logits
     (B, n, V) | (B, 1, V) with logits="last" | None with STOP), the same arguments. With a KV cache, ids are the
     new tokens after its past and attention_mask (B, past + n); its Mamba state (`MambaState`) carries the conv's
     inputs and the scan's state across passes."""
     if tape is not None:
         raise QkvError(NO_BACKWARD)
+    state = None if cache is None else state_of(cache, cfg, attention_mask.shape[0], weights.tok_embed.dtype)
+    return scan_stack(weights, cfg, ids, attention_mask, mamba_block, state, cache=cache, **kw)
+
+
+def scan_stack(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, attention_mask: np.ndarray,
+               block, state, *, rec: Recorder | None = None, cache: "KVCache | None" = None, logits: str = "all",
+               ablate: Ablation | None = None, hooks: "Hooks | None" = None, start: int = 0,
+               stream: np.ndarray | None = None, tokens: np.ndarray | None = None,
+               stop: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The pass of a stack of scan blocks (Mamba's `mamba_block`, Mamba-2's): embeddings, BLOCK(x, w, p, layer) for
+    each layer from START (to STOP), the final norm and the logits, STATE the cache's (None without one), as
+    `qkv.core.stack.transformer` runs a transformer's."""
     if stop is not None and cache is not None:
         raise QkvError("a pass that stops early would leave the later layers' state unfilled; run it without a cache")
     if ablate is not None and ablate.how == "mean" and cache is not None:
@@ -502,13 +511,8 @@ def mamba_pass(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, a
     check_given(tokens, "the token embeddings given to the pass")
     rec = rec or Recorder(keep=())
     n = (ids if stream is None else stream).shape[1]
-    past = 0 if cache is None else cache.length
     real = None if attention_mask.all() else attention_mask
-    state = None
-    if cache is not None:
-        dtype = weights.tok_embed.dtype
-        state = state_of(cache, cfg, attention_mask.shape[0], dtype)
-    p = Pass(cfg, real, rec, hooks, ablate, state, past)
+    p = Pass(cfg, real, rec, hooks, ablate, state, 0 if cache is None else cache.length)
     if stream is None:
         x = embed(weights, cfg, ids, np.zeros_like(ids) if ids is not None else None, None, None, tokens)
         check_finite(x, "the embeddings")
@@ -516,7 +520,7 @@ def mamba_pass(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, a
         x = stream                                            # (B, n, d_model) entering block START
     depth = len(weights.blocks)
     for layer in range(start, depth if stop is None else stop):
-        x = mamba_block(x, weights.blocks[layer], p, layer)   # (B, n, d_model)
+        x = block(x, weights.blocks[layer], p, layer)         # (B, n, d_model)
         check_finite(x, f"layer {layer}'s output", hooks)
     if stop is not None and stop < depth:
         return x, None

@@ -51,18 +51,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..runtime.errors import QkvError
-from .blocks import embed, linear, logits_of, unembed_in
-from .context import Ablation, check_finite, check_given
+from .blocks import linear
 from .layer import norm_hooked
-from .mamba import Pass, causal_conv, check_hooks, keep_keys, seen
+from .mamba import Pass, causal_conv, keep_keys, scan_stack, seen
 from .ops import ACTIVATIONS, silu, softplus
-from .trace import Recorder
 from .weights import BlockWeights
 
 if TYPE_CHECKING:
     from .cache import KVCache
     from .config import ModelConfig
-    from .hooks import Hooks
     from .weights import Weights
 
 CHUNK = 1 << 22                     # numbers of α (B·heads·n·m) computed at a time by `attention_summary`
@@ -384,46 +381,14 @@ def mamba2_block(x: np.ndarray, w: Mamba2BlockWeights, p: Pass, layer: int) -> n
 # ── the pass ─────────────────────────────────────────────────────────────────────
 
 def mamba2_pass(weights: "Weights", cfg: "ModelConfig", ids: np.ndarray | None, attention_mask: np.ndarray, *,
-                rec: Recorder | None = None, cache: "KVCache | None" = None, logits: str = "all",
-                ablate: Ablation | None = None, hooks: "Hooks | None" = None, start: int = 0,
-                stream: np.ndarray | None = None, tape=None, tokens: np.ndarray | None = None,
-                stop: int | None = None, token_type_ids=None) -> tuple[np.ndarray, np.ndarray | None]:
+                cache: "KVCache | None" = None, tape=None, token_type_ids=None, **kw
+                ) -> tuple[np.ndarray, np.ndarray | None]:
     """`qkv.core.stack.transformer` for a Mamba-2 model (cfg.mamba a Mamba2): ids (B, n) → (final hidden states
     (B, n, d_model), logits (B, n, V) | (B, 1, V) with logits="last" | None with STOP), the same arguments. With a KV
     cache, ids are the new tokens after its past and attention_mask (B, past + n); its state (`Mamba2State`) carries
-    the conv's inputs and the scan's state across passes."""
+    the conv's inputs and the scan's state across passes (core.mamba.scan_stack runs it)."""
     if tape is not None:
         raise QkvError("gradients through a Mamba-2 model (training, input attribution) are not in qkv: the SSD scan "
                        "has no backward here; use a transformer, or transformers for Mamba-2")
-    if stop is not None and cache is not None:
-        raise QkvError("a pass that stops early would leave the later layers' state unfilled; run it without a cache")
-    if ablate is not None and ablate.how == "mean" and cache is not None:
-        raise QkvError("mean-ablation needs the whole input in one pass; run it without a KV cache")
-    check_hooks(hooks)
-    check_given(stream, "the residual stream given to the pass (from_layer's x)")
-    check_given(tokens, "the token embeddings given to the pass")
-    rec = rec or Recorder(keep=())
-    n = (ids if stream is None else stream).shape[1]
-    real = None if attention_mask.all() else attention_mask
-    p = Pass(cfg, real, rec, hooks, ablate, None if cache is None else state_of(cache),
-             0 if cache is None else cache.length)
-    if stream is None:
-        x = embed(weights, cfg, ids, np.zeros_like(ids) if ids is not None else None, None, None, tokens)
-        check_finite(x, "the embeddings")
-    else:
-        x = stream                                            # (B, n, d_model) entering block START
-    depth = len(weights.blocks)
-    for layer in range(start, depth if stop is None else stop):
-        x = mamba2_block(x, weights.blocks[layer], p, layer)  # (B, n, d_model)
-        check_finite(x, f"layer {layer}'s output", hooks)
-    if stop is not None and stop < depth:
-        return x, None
-    if cache is not None:
-        cache.advance(n, ids)
-    x = norm_hooked(x, weights.final_norm, cfg, hooks, rec, depth - 1, "final_norm_scale")
-    x = unembed_in(x, weights, None)
-    if logits is None:
-        return x, None
-    out = logits_of(x[:, -1:] if logits == "last" else x, weights, cfg)   # (B, n | 1, V)
-    check_finite(out, "the logits", hooks)
-    return x, out
+    return scan_stack(weights, cfg, ids, attention_mask, mamba2_block, None if cache is None else state_of(cache),
+                      cache=cache, **kw)
