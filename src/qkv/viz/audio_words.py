@@ -1,5 +1,5 @@
-"""Where each word was heard, drawn (guide: beyond text): the log-mel spectrogram of a sound and, under it on the
-same time axis, one row per word of Whisper's transcript — the cross-attention of its alignment heads over time —
+"""Where each word was heard, drawn (guide: vit, attention beyond text): the log-mel spectrogram of a sound and,
+under it on the same time axis, one row per word of Whisper's transcript — the cross-attention of its alignment heads over time —
 with the span its word timestamp gives (qkv.writing.timestamps) outlined.
 
     words_figure(features, words, attention)     features (mels, T) at 10 ms a frame; words: Word(word, start,

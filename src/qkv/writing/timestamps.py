@@ -1,5 +1,5 @@
-"""Where each word was heard (guide: beyond text): token and word timestamps from the cross-attention of Whisper's
-alignment heads by dynamic time warping, as transformers' generate(return_token_timestamps=True) computes them
+"""Where each word was heard (guide: vit, attention beyond text): token and word timestamps from the
+cross-attention of Whisper's alignment heads by dynamic time warping, as transformers' generate(return_token_timestamps=True) computes them
 (WhisperGenerationMixin._extract_token_timestamps, transformers 5.25).
 
     one window of a Transcription: prompt (n_p tokens) + written w_0 … w_{m-1}
