@@ -91,11 +91,11 @@ INSTEAD = ("read its attention with qkv show, heads or rollout, patch its heads 
 def kind_of(cfg: "ModelConfig", layer: int) -> str:
     """LAYER's kind (KIND_NAMES): what its block has in attention's place, from the config's knobs alone."""
     mamba2 = isinstance(cfg.mamba, Mamba2)                 # else a Mamba's sizes (core/mamba.py), or None
-    if cfg.lightning is not None:
-        return "lightning" if cfg.lightning.linear(layer) else "minimax"
+    kind = cfg.layer_kind(layer)                           # "attention", "mamba", "delta" or "lightning"
+    if kind == "attention" and cfg.lightning is not None:
+        return "minimax"                                   # MiniMax's softmax layers, among its lightning ones
     if mamba2 and cfg.mamba.beside is not None:
         return "parallel"                                  # Falcon-H1: attention and the mixer in every layer
-    kind = cfg.layer_kind(layer)                           # "attention", "mamba" or "delta"
     if kind == "mamba":
         return "mamba2" if mamba2 else "mamba"
     if kind == "attention" and cfg.latent:
