@@ -8,8 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE, GUIDE_KO = ROOT / "docs" / "guide.md", ROOT / "docs" / "guide.ko.md"
 SECTIONS = ["tokens", "embeddings", "positions", "qkv", "scores", "scaling", "mask", "softmax", "weighted-sum",
-            "heads", "block", "logits", "temperature", "kv-cache", "flash", "gqa", "sparse", "self-cross",
-            "families", "head-roles", "limits", "vit"]
+            "heads", "block", "logits", "temperature", "kv-cache", "flash", "gqa", "sparse", "linear", "self-cross",
+            "families", "head-roles", "limits", "vit", "audio", "proteins"]
 ANCHOR = re.compile(r'<a id="([a-z-]+)"></a>')
 
 

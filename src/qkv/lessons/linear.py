@@ -1,4 +1,4 @@
-"""`qkv explain linear`: linear attention on a real model (guide: sparse, beside which the guide treats it).
+"""`qkv explain linear`: linear attention on a real model (guide: linear, 선형 어텐션).
 
     softmax attention   Z = softmax(Q·Kᵀ/√d_k + M)·V        the n × n matrix A built, then A·V
     linear attention    Z = φ(Q)·(φ(K)ᵀ·V)                  (φ(Q)·φ(K)ᵀ)·V regrouped: a d_k × d_v state S = Σₛ φ(kₛ)·vₛᵀ

@@ -1,4 +1,4 @@
-"""Where each word was heard, drawn (guide: vit, attention beyond text): the log-mel spectrogram of a sound and,
+"""Where each word was heard, drawn (guide: audio, attention beyond text): the log-mel spectrogram of a sound and,
 under it on the same time axis, one row per word of Whisper's transcript — the cross-attention of its alignment heads over time —
 with the span its word timestamp gives (qkv.writing.timestamps) outlined.
 

@@ -1,4 +1,4 @@
-"""Where each word was heard (guide: vit, attention beyond text): token and word timestamps from the
+"""Where each word was heard (guide: audio, attention beyond text): token and word timestamps from the
 cross-attention of Whisper's alignment heads by dynamic time warping, as transformers' generate(return_token_timestamps=True) computes them
 (WhisperGenerationMixin._extract_token_timestamps, transformers 5.25).
 

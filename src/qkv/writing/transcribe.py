@@ -1,4 +1,4 @@
-"""Whisper writes (guide: vit, attention beyond text): greedy decoding under Whisper's rules, as transformers'
+"""Whisper writes (guide: audio, attention beyond text): greedy decoding under Whisper's rules, as transformers'
 generate(num_beams=1).
 
     log-mel (mels, T) ─window of 2·S frames at `seek`─▶ encoder once ─▶ each decoder layer's cross K, V
