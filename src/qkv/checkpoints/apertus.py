@@ -14,16 +14,25 @@ down_proj, no gate) whose activation is xIELU, with learned scalars of its own i
     defaults; mlp_bias: not read (ApertusMLP has no biases)
 
 Its tensors, relative to ApertusModel ("model."; the head is "lm_head"): ROWS below. xIELU's β and ε are buffers of
-the checkpoint (read, written back, never trained: their gradient is none, as torch's).
+the checkpoint (read, written back, never trained: their gradient is none, as torch's). llama.cpp's `apertus` files
+(GGUF, `GGUF` below): the tensors as stored (rotate-half RoPE in both), xIELU's four numbers of every layer as metadata
+arrays (xielu.alpha_p, xielu.alpha_n, xielu.beta, xielu.eps: the checkpoint's raw values, softplus taken by both), a
+llama3 RoPE as rope_freqs (read as its table of factors: gguf.rope_freqs); no biases (llama.cpp's apertus has none).
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..core.config import ModelConfig
+from ..runtime.errors import QkvError
 from . import llama
 from .common import activation, reads_back
 from .llama import GAMMA
-from .table import About, Row, attention, both_ways, linear, lm_head, out_bias, qkv_bias
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, Row, attention, both_ways, linear, lm_head,
+                    out_bias, qkv_bias)
 
 MODEL_TYPES = ("apertus",)
 
@@ -84,3 +93,49 @@ ROWS = [
     lm_head(),
 ]
 weights, tensors = both_ways(ROWS, "model.")
+
+
+# ── llama.cpp's `apertus` (GGUF) ──────────────────────────────────────────────────────────────────────────────────
+
+XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}      # act_fn's numbers and their checkpoint shapes
+
+
+def _xielu_numbers(meta: dict, name: str, L: int) -> list[float]:
+    """The metadata array xielu.NAME: one finite number per layer (a single number: every layer's, as llama.cpp's
+    get_key_or_arr reads it), else one error."""
+    value = meta.get(f"xielu.{name}")
+    values = [value] * L if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(values, list) or len(values) != L or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise QkvError(f"the GGUF apertus model's xielu.{name} = {value!r:.40} is not one finite number for each of "
+                       f"its {L} layers (xIELU's {name}, which its converter writes); the file is damaged")
+    return [float(v) for v in values]
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Apertus's config.json of a llama.cpp file (Llama's, xIELU, no biases), and xIELU's numbers of every layer
+    (the metadata arrays) kept in the sizes for the plans (`_gguf_plan`)."""
+    dims["xielu"] = {name: _xielu_numbers(meta, name, dims["L"]) for name in XIELU}
+    return hf | {"attention_bias": False}
+
+
+def _gguf_plan(part: str, name: str, prefix: str, shape: tuple, dims: dict) -> list | None:
+    """ffn_norm's plan with xIELU's four numbers of its layer beside it (mlp.act_fn.*, made from the metadata: llama.cpp
+    keeps them there, the checkpoint as tensors); every other tensor the common plan."""
+    if part != "ffn_norm":
+        return None
+    i = int(name.split(".")[1])
+    numbers = [(f"{prefix}mlp.act_fn.{key}", size, lambda w, v=dims["xielu"][key][i], size=size:
+                np.full(size, v, dtype=np.float32)) for key, size in XIELU.items()]
+    return [(f"{prefix}{GGUF['apertus'].layer[part]}.weight", shape, lambda w: w), *numbers]
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): Llama's names, the norms Apertus's, q/k norms per
+# head, an FFN of up and down only; rope_freqs its llama3 RoPE.
+GGUF = {
+    "apertus": Arch("apertus", "ApertusForCausalLM",
+                    {k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"} | QK_NORMS
+                    | {"attn_norm": "attention_layernorm", "ffn_norm": "feedforward_layernorm"},
+                    LLAMA_TOP | {"rope_freqs": "rope_parameters"}, activation="xielu", config=_gguf_config,
+                    plan=_gguf_plan),
+}

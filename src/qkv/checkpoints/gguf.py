@@ -21,10 +21,12 @@ LongRoPE), `command-r` (Cohere), `falcon`, `bloom` and `mpt` (ALiBi), and the mi
 `deepseek2` (latent attention: attn_k_b and attn_v_b joined back into kv_b_proj), `gpt-oss` (sinks, MXFP4
 experts, YaRN), `mamba` and `mamba2` (state-space blocks: no heads; `ssm_dimensions`) and the hybrids `jamba` and
 `granitehybrid` (Mamba layers among attention ones, one K/V count a layer: `hybrid_layers`) and `falcon-h1` (both in
-every layer, its µP multipliers folded into the weights). Anything the engine would silently compute
-differently from llama.cpp is refused with one line: other architectures, metadata keys
-the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE other than linear,
-`rope_freqs` (Llama 3.1's frequency factors), tensors nothing reads (but the few in IGNORED) or missing
+every layer, its µP multipliers folded into the weights); `apertus` (xIELU's numbers as metadata arrays), `llama4`
+(experts and a shared one, chunks and NoPE layers as llama.cpp fixes them) and `qwen3next` (gated delta layers among
+gated attention ones). Anything the engine would silently compute differently from llama.cpp is refused with one line:
+other architectures, metadata keys the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE
+other than linear, `rope_freqs` (Llama 3's frequency factors: read as a longrope table where the arch's table has
+it, apertus and llama4: `rope_freqs`; refused elsewhere), tensors nothing reads (but the few in IGNORED) or missing
 ones, shapes that disagree with the metadata.
 """
 
@@ -231,9 +233,8 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
         raise QkvError(f"the GGUF file declares {dims['L']} layers but holds only "
                        f"{len(reader.tensors)} tensors; it is incomplete or damaged")
     names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise QkvError("the GGUF model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), "
-                       "which qkv does not support")
+    if ROPE_FREQS in names:
+        rope_freqs(next(t for t in reader.tensors if t.name == ROPE_FREQS), a, cfg, dims)
     chosen = gguf_archs.choices(a, names)
     cfg["tie_word_embeddings"] = chosen["tied"]
     if gguf_archs.ARCHS[a].by_tensors is not None:
@@ -252,7 +253,8 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
     elif cfg["model_type"] == "cohere":
         cfg["use_qk_norm"] = chosen["qk_norm"]
     shapes = gguf_archs.expected(a, dims, chosen)
-    left = unread([t.name[:80] for t in reader.tensors if t.name not in shapes], set(), IGNORED)
+    left = unread([t.name[:80] for t in reader.tensors if t.name not in shapes and t.name != ROPE_FREQS], set(),
+                  IGNORED)
     if left:
         raise unread_error(left, "the GGUF file", f"{a} model of this config",
                            "qkv cannot run it (another variant of the architecture, or layers the metadata "
@@ -260,7 +262,7 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
     used = []
     for t in reader.tensors:
         if t.name not in shapes:
-            continue                                     # IGNORED
+            continue                                     # IGNORED, or rope_freqs (read into the config)
         kind = t.tensor_type.name
         if kind not in QUANT_TYPES:
             raise QkvError(f"tensor {t.name} has GGUF type {kind}, which qkv does not read; use a file "
@@ -275,6 +277,40 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
         raise QkvError(f"the GGUF file lacks the tensor {missing[0]} ({len(missing)} missing); it is "
                        "incomplete or damaged")
     return used
+
+
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def rope_freqs(t, a: str, cfg: dict, dims: dict) -> None:
+    """llama.cpp's rope_freqs (its converter's form of a llama3 RoPE: pair i turns at ω_i / s_i, s the tensor, the
+    same at every length) into CFG's rope_parameters, for an arch whose table reads it ("rope_freqs" in its top): a
+    longrope table, short and long factors both s and attention factor 1, which transformers and qkv compute as
+    ω_i / s_i at every length. All ones: plain RoPE. Refused in one line: another arch (Llama 3.1's `llama`), a
+    shape other than (rotated dims / 2,), factors that are no positive finite numbers, a RoPE scaling beside it."""
+    if "rope_freqs" not in gguf_archs.ARCHS[a].top:
+        readers = ", ".join(sorted(n for n, arch in gguf_archs.ARCHS.items() if "rope_freqs" in arch.top))
+        raise QkvError(f"the GGUF {a} model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), which qkv "
+                       f"reads for {readers} files only; use a {a} file without rope_freqs")
+    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    if shape != (dims["rope_dims"] // 2,):
+        raise QkvError(f"tensor {ROPE_FREQS} has shape {shape}, but the metadata implies ({dims['rope_dims'] // 2},) "
+                       "(one factor per pair of turned dimensions); the file is damaged")
+    if t.tensor_type.name not in QUANT_TYPES:
+        raise QkvError(f"tensor {ROPE_FREQS} has GGUF type {t.tensor_type.name}, which qkv does not read; the file "
+                       "is damaged")
+    factors = _dequantised(t, shape)
+    if not (factors > 0).all():
+        raise QkvError(f"the GGUF file's {ROPE_FREQS} holds factors that are not positive; the file is damaged")
+    if "rope_scaling" in cfg:
+        raise QkvError(f"the GGUF {a} model scales RoPE by rope_freqs and by {a}.rope.scaling ({cfg['rope_scaling']}"
+                       ") at once; qkv runs one of them: use a file with one")
+    if (factors == 1).all():
+        return
+    table = [float(v) for v in factors]
+    cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": dims["theta"], "short_factor": table,
+                              "long_factor": table, "original_max_position_embeddings": dims["n_ctx"],
+                              "factor": 1.0, "attention_factor": 1.0}
 
 
 # ── tensors → model.safetensors ─────────────────────────────────────────────────

@@ -88,6 +88,22 @@ here is the machinery they share.
                            per head; the kinds as jamba's); input_linear's [gate; up] (experts (E, 2·f, d), the shared
                            FFN (2·s, d)) split into ffn_gate_* and ffn_up_*: joined back (_gate_up); Granite's four
                            multipliers; every layer routed; no RoPE (rope.scaling.finetuned, Bamba's, refused)
+    apertus      apertus   nothing (rotate-half RoPE in both); no ffn_gate (a plain xIELU FFN); xIELU's four numbers of
+                           each layer as the metadata arrays xielu.* (not tensors: made into mlp.act_fn.* beside
+                           ffn_norm's plan, Arch.plan); the llama3 RoPE as rope_freqs (gguf.rope_freqs: a longrope
+                           table); no biases
+    llama4       llama4_text  nothing (RoPE on interleaved pairs in both); the fused experts split and transposed
+                           (ffn_gate_exps, ffn_up_exps (E, f, d), ffn_down_exps (E, d, f)): joined back (Arch.plan); a
+                           dense layer's FFN feed_forward_length wide, the experts' and the shared one's
+                           expert_feed_forward_length; routed layers every interleave_moe_layer_step-th; llama.cpp's
+                           fixed chunk 8192, NoPE every 4th layer, temperature floor 8192 and scale 0.1, q/k norms
+                           unless 128 experts written into the config; rope_freqs as apertus's
+    qwen3next    qwen3_next  the full layers' q_proj (each head's query, then its gate) as stored; every norm but the
+                           gated one written 1 + w; the delta layers' A = −exp(A_log), dt_bias as ssm_dt.bias, the conv
+                           squeezed (as mamba2's), in_proj_qkvz as stored (ssm_in) or split into attn_qkv [Q; K; V] and
+                           attn_gate Z (joined back by key head, Arch.plan); the layers' kinds every
+                           full_attention_interval-th full ("delta" the others, `_of_kind`); every FFN routed, top-k
+                           renormalised, the σ-gated shared expert (expert_shared_feed_forward_length)
     falcon-h1    falcon_h1 attention and Mamba-2's mixer (as mamba2) in every layer (one head_count_kv); the µP
                            multipliers folded into the weights by the converter (each product's matrix × its multiplier,
                            in_proj's rows × ssm_multipliers): read as they are, every multiplier 1 (the same numbers);
@@ -104,10 +120,10 @@ Metadata read (<a>: the arch): context_length, embedding_length, block_count, fe
 attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base (10000 when
 absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm; the whole head
 elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual (gptneox, stablelm),
-rope.scaling.* (linear only); granite's attention.scale (Q·Kᵀ's factor, 1/√d_k when absent or 0, as
-llama.cpp), embedding_scale, residual_scale (1 when absent) and logit_scale (logits / s). Any other <a>.* key
-changes the maths somewhere (soft-capping, sliding windows, clamped Q/K/V, experts …): refused in one line,
-never dropped.
+rope.scaling.* (linear only; apertus' and llama4's llama3 RoPE as the tensor rope_freqs); granite's attention.scale
+(Q·Kᵀ's factor, 1/√d_k when absent or 0, as llama.cpp), embedding_scale, residual_scale (1 when absent) and
+logit_scale (logits / s). Any other <a>.* key changes the maths somewhere (soft-capping, sliding windows, clamped
+Q/K/V, experts …): refused in one line, never dropped.
 What the file does not say, the family's Hugging Face default gives: the activation (SiLU; Gemma
 and GPT-2 the tanh GELU, Phi-2 gelu_new; GPT-NeoX's and Falcon's erf GELU, where llama.cpp computes
 the tanh form).
@@ -136,6 +152,9 @@ COMMON_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
                "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "rope.freq_base",
                "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
                "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count", "expert_used_count")
+
+
+OWN_HEAD_SIZE = ("glm4", "deepseek2", "qwen3next")    # partial-RoPE archs whose head size is not d_model / heads
 
 
 def arch_of(name) -> Arch:
@@ -176,7 +195,7 @@ def config(meta: dict, a: str, dims: dict) -> dict:
           "intermediate_size": dims["f"], "rope_theta": dims["theta"]}
     hf[arch.eps_key or ("rms_norm_eps" if arch.norm == "rms" else "layer_norm_eps")] = dims["eps"]
     if arch.partial_rope:                                            # d_model / heads per head, part of it turned
-        if dk * H != d and a not in ("glm4", "deepseek2"):           # (GLM-4, DeepSeek: a head size of their own)
+        if dk * H != d and a not in OWN_HEAD_SIZE:
             raise QkvError(f"the GGUF {a} model has {H} heads of {dk} in d_model {d}; {a} has d_model / heads per "
                            "head; the file is damaged")
         rope["partial_rotary_factor"] = dims["rope_dims"] / dk
@@ -325,11 +344,17 @@ def _in_layer(arch: Arch, part: str, i: int, dims: dict) -> bool:
 
 
 ATTENTION_PARTS = {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm", "attn_k_norm"}
+DELTA_PARTS = {"attn_qkv", "attn_gate"}        # Qwen3-Next's gated delta layers: [q; k; v] and z (its newer files)
 
 
 def _of_kind(part: str, kind: str) -> bool:
-    """Whether a hybrid's layer of KIND ("attention", "mamba") holds PART: attention's parts only the attention
-    layers, the scan's (ssm_*) only the scan layers, every other part (norms, FFNs) both."""
+    """Whether a hybrid's layer of KIND ("attention", "mamba", "delta": Qwen3-Next's gated delta rule) holds PART:
+    attention's parts only the attention layers, the scan's (ssm_*; the delta rule's attn_qkv and attn_gate too) only
+    the scan layers, every other part (norms, FFNs) both."""
+    if kind == "delta":
+        return part in DELTA_PARTS or part not in ATTENTION_PARTS
+    if part in DELTA_PARTS:
+        return False
     if part in ATTENTION_PARTS:
         return kind == "attention"
     return kind == "mamba" if part.startswith("ssm_") else True
@@ -342,6 +367,8 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
     if stem.startswith("blk."):
         _, i, part = stem.split(".", 2)
         prefix = f"{arch.layers}.{i}."
+        if arch.plan is not None and (own := arch.plan(part, name, prefix, shape, dims)) is not None:
+            return own                                               # the family's own (its module's Arch.plan)
         if part in SSM2_PARTS and arch.family in SSM2_FAMILIES:      # Mamba-2's mixer: one A, D a head
             return _ssm2(prefix + arch.layer[part], part, kind, shape)
         if part in SSM_PARTS:                                        # Mamba's mixer

@@ -81,7 +81,8 @@ class GGUFTensors(ByName):
             return StoredTable(self._stored[full])
         if self._last is None or self._last[0] is not t:
             self._last = (t, _dequantised(t, t_shape))
-        arr = np.ascontiguousarray(fn(self._last[1]), dtype=dtype)
+        value = fn(self._last[1])
+        arr = np.ascontiguousarray(value, dtype=dtype).reshape(np.shape(value))     # (a 0-d value stays 0-d)
         check_finite(full, arr)
         return arr
 

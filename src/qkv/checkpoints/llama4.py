@@ -31,8 +31,13 @@ Knobs transformers reads that change no number qkv computes: output_router_logit
 in Llama4ForCausalLM's forward uses them), router_jitter_noise and attention_dropout (training mode only),
 initializer_range, use_cache. transformers counts the temperature's position p over the row's cache index, padding
 included, and qkv over the real tokens (positions.temperature_scales): the same numbers but for a left-padded row.
-llama.cpp's llama4 architecture (GGUF) is not read: its experts, shared expert and layer pattern need a table of
-their own (no GGUF row here yet).
+llama.cpp's `llama4` files (GGUF, `GGUF` below): the tensors as stored (RoPE on interleaved pairs in both), the fused
+experts split and transposed by the converter (ffn_gate_exps, ffn_up_exps (E, f, d), ffn_down_exps (E, d, f): joined
+back, `_gguf_plan`), a llama3 RoPE as rope_freqs (read as its table: gguf.rope_freqs). What llama.cpp's loader fixes
+rather than reads is written into the config as it runs it: chunks of 8192 on the RoPE layers, no RoPE in every 4th
+layer, the temperature's floor 8192 and scale 0.1, q/k norms unless the model has 128 experts (Maverick), the shared
+expert as wide as each routed one, no biases; the routed layers every interleave_moe_layer_step-th. A file with
+attention.sliding_window 0 (MobileLLM's: llama.cpp then turns every layer but the last) is refused.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from ..core.weights import FFNWeights, MoEWeights
 from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, check_config, check_shapes, decoder_sizes,
                      reads_back, rope_parameters, special_ids)
-from .table import (About, How, Row, attention, both_ways, dense_layer, gated_ffn, layer_norm, lm_head, out_bias,
-                    qkv_bias, routed_layer)
+from .table import (LLAMA_LAYER, LLAMA_TOP, About, Arch, How, Row, attention, both_ways, dense_layer, gated_ffn,
+                    layer_norm, lm_head, out_bias, qkv_bias, routed_layer)
 
 MODEL_TYPES = ("llama4_text", "llama4")           # llama4: Llama4ForConditionalGeneration, its text model run
 
@@ -306,3 +311,74 @@ def hf_config(cfg: ModelConfig) -> dict:
         **special_ids(cfg),
     }
     return reads_back(cfg, hf, config)
+
+
+# ── llama.cpp's `llama4` (GGUF) ───────────────────────────────────────────────────────────────────────────────────
+
+# What llama.cpp's llama4 loader fixes (no key says them): the chunk, every NO_ROPE_STEP-th layer without RoPE, the
+# temperature's floor and scale; its q/k norms off for the 128-expert model (Maverick).
+GGUF_CHUNK, NO_ROPE_STEP, GGUF_TEMPERATURE = 8192, 4, (8192, 0.1)
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Llama 4's config.json of a llama.cpp file, as llama.cpp's loader runs it (see the module's docstring); the
+    shared expert as wide as a routed one (in the sizes, for the tensors' shapes). attention.sliding_window 0 refused,
+    any other window read as llama.cpp does (chunks of 8192); expert_feed_forward_length and interleave_moe_layer_step
+    required, as llama.cpp's loader requires them."""
+    window = meta.get(f"{a}.attention.sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+        raise QkvError(f"the GGUF value {a}.attention.sliding_window = {window!r:.20} is not a whole number; the file "
+                       "is damaged")
+    for key in ("expert_feed_forward_length", "interleave_moe_layer_step"):     # (llama.cpp's loader requires them)
+        if f"{a}.{key}" not in meta:
+            raise QkvError(f"the GGUF file lacks '{a}.{key}'; it is not a complete llama.cpp model")
+    if window == 0:
+        raise QkvError("the GGUF llama4 model has attention.sliding_window 0 (MobileLLM's: llama.cpp attends to every "
+                       "earlier token and turns every layer but the last), which qkv does not run; use a Llama 4 "
+                       "file (Scout, Maverick) with chunked attention")
+    L, E, step = dims["L"], dims["E"], dims["moe_step"]
+    dims["f_shared"] = dims["f_expert"]
+    rope = [int((i + 1) % NO_ROPE_STEP != 0) for i in range(L)]
+    floor, scale = GGUF_TEMPERATURE
+    return hf | {"intermediate_size": dims["f_expert"], "intermediate_size_mlp": dims["f"], "num_local_experts": E,
+                 "num_experts_per_tok": dims["k"], "interleave_moe_layer_step": step,
+                 "moe_layers": [i for i in range(L) if (i + 1) % step == 0], "no_rope_layers": rope,
+                 "attention_chunk_size": GGUF_CHUNK, "attention_bias": False,
+                 "layer_types": ["chunked_attention" if r else "full_attention" for r in rope],
+                 "attn_temperature_tuning": True, "floor_scale": floor, "attn_scale": scale, "use_qk_norm": E != 128}
+
+
+def _gguf_plan(part: str, name: str, prefix: str, shape: tuple, dims: dict) -> list | None:
+    """The experts as Llama4ForCausalLM stores them, from llama.cpp's three stacks: gate_up_proj (E, d, 2·f) is
+    ffn_up_exps's plan, [gate | up] along the last axis from ffn_gate_exps and ffn_up_exps (E, f, d) transposed (the
+    gate read too); down_proj (E, f, d) is ffn_down_exps (E, d, f) transposed; ffn_gate_exps's plan is none. Every
+    other tensor the common plan."""
+    p = f"{prefix}feed_forward.experts."
+    if part == "ffn_gate_exps":
+        return []
+    if part == "ffn_down_exps":
+        return [(p + "down_proj", (shape[0], shape[2], shape[1]), lambda w: np.ascontiguousarray(w.transpose(0, 2, 1)))]
+    if part != "ffn_up_exps":
+        return None
+    gate_of = dims["values"][name.replace(".ffn_up_exps.", ".ffn_gate_exps.")]
+
+    def joined(up: np.ndarray) -> np.ndarray:                      # (E, f, d) each → (E, d, 2·f)
+        return np.ascontiguousarray(np.concatenate([gate_of(), up], axis=1).transpose(0, 2, 1))
+    return [(p + "gate_up_proj", (shape[0], shape[2], 2 * shape[1]), joined)]
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): Llama's attention, the FFN under feed_forward (a dense
+# layer's, or the router, the stacked experts and the shared expert); rope_freqs its llama3 RoPE.
+GGUF = {
+    "llama4": Arch("llama4_text", "Llama4ForCausalLM",
+                   {k: v.replace("mlp.", "feed_forward.") for k, v in LLAMA_LAYER.items()}
+                   | {"ffn_gate_inp": "feed_forward.router", "ffn_gate_shexp": "feed_forward.shared_expert.gate_proj",
+                      "ffn_up_shexp": "feed_forward.shared_expert.up_proj",
+                      "ffn_down_shexp": "feed_forward.shared_expert.down_proj"},
+                   LLAMA_TOP | {"rope_freqs": "rope_parameters"},
+                   keys=("interleave_moe_layer_step", "expert_feed_forward_length", "attention.sliding_window"),
+                   experts={"ffn_gate_exps": "feed_forward.experts.gate_up_proj",
+                            "ffn_up_exps": "feed_forward.experts.gate_up_proj",
+                            "ffn_down_exps": "feed_forward.experts.down_proj"},
+                   config=_gguf_config, plan=_gguf_plan),
+}

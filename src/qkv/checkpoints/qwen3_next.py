@@ -29,6 +29,13 @@ Its tensors, relative to Qwen3NextModel ("model."; the head "lm_head"): ROWS bel
 the full-attention layers and the FFNs; each linear layer's under layers.{i}.linear_attn (`read_delta`):
 in_proj_qkvz (rows by key head: its q, k, then its value heads' v, then their z), in_proj_ba (by key head: its
 value heads' b, then their a), conv1d (C, 1, k), A_log, dt_bias, norm (the gated RMSNorm's γ), out_proj.
+
+llama.cpp's `qwen3next` files (GGUF, `GGUF` below): every RMSNorm but the gated one written as 1 + w (read back as w),
+A_log as A = −exp(A_log) (ssm_a), dt_bias as ssm_dt.bias, the conv squeezed to (C, k); in_proj_qkvz either as stored
+(ssm_in: gguf 0.19's name) or, as the converter now writes it, split into attn_qkv [Q; K; V] and attn_gate Z, each whole
+(joined back by key head, `_gguf_plan`); the delta rule's sizes as ssm.* keys (group_count the key heads,
+time_step_rank the value heads, state_size d_k, inner_size the value heads' width), every full_attention_interval-th
+layer full. What llama.cpp runs is written into the config: every FFN routed, top-k renormalised, no biases.
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ from ..runtime.errors import QkvError
 from .common import (HF_ACTIVATIONS, ROTARY_BUFFERS, activation, c_arrays, check_shapes, decoder_sizes,
                      longrope_scaling, model_type_keys, need, partial_rope, reads_back, rope_parameters, special_ids)
 from .moe import Routed, _dense_layers
-from .table import (LINEAR, About, Gamma, How, Row, dense_layer, gated_ffn, lm_head, read_table, routed_layer,
-                    write_table)
+from .table import (LINEAR, LLAMA_TOP, QK_NORMS, About, Arch, Gamma, How, Row, dense_layer, gated_ffn, lm_head,
+                    read_table, routed_layer, write_table)
 
 MODEL_TYPES = ("qwen3_next",)
 
@@ -278,3 +285,100 @@ def tensors(weights: Weights, cfg: ModelConfig) -> dict[str, np.ndarray]:
         if isinstance(b, DeltaBlockWeights):
             t |= c_arrays(delta_tensors(b.delta, cfg, i))
     return t
+
+
+# ── llama.cpp's `qwen3next` (GGUF) ────────────────────────────────────────────────────────────────────────────────
+
+def _gguf_whole(meta: dict, key: str) -> int:
+    """The GGUF number KEY, a positive whole number, else one error."""
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise QkvError(f"the GGUF value {key} = {value!r:.30} is missing or not a positive whole number; the file is "
+                       "damaged")
+    return value
+
+
+def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Qwen3-Next's config.json of a llama.cpp file, as llama.cpp runs it (every FFN routed with the σ-gated shared
+    expert, the shared expert feed_forward_length wide when the file gives no width of its own, top-k renormalised),
+    the layers' kinds (every full_attention_interval-th full, llama.cpp's rule) and the delta rule's shapes (dims'
+    kinds, part_shapes). Refused: the experts' width or the key heads missing, value heads that are no whole multiple
+    of the key heads, an inner size that is no whole number of value heads."""
+    d, H, dk, L = dims["d"], dims["H"], dims["d_head"], dims["L"]
+    _gguf_whole(meta, f"{a}.expert_feed_forward_length")       # required: llama.cpp's default when absent (its FFN
+    #                                                             width / k) is no Qwen3-Next's
+    Hk, Hv, dqk = _gguf_whole(meta, f"{a}.ssm.group_count"), dims["dt_rank"], dims["d_state"]
+    interval = _gguf_whole(meta, f"{a}.full_attention_interval") if f"{a}.full_attention_interval" in meta else 4
+    if Hv % Hk or dims["d_inner"] % Hv:
+        raise QkvError(f"the GGUF qwen3next model has {Hv} value heads (ssm.time_step_rank) for {Hk} key heads "
+                       f"(ssm.group_count) and {dims['d_inner']} value channels (ssm.inner_size); it needs a whole "
+                       "number of value heads per key head and of channels per value head; the file is damaged")
+    dv, k = dims["d_inner"] // Hv, dims["d_conv"]
+    if not dims["f_shared"]:
+        dims["f_shared"] = dims["f"]                                 # llama.cpp: n_ff_shexp, else n_ff
+    C, V = 2 * Hk * dqk + Hv * dv, Hv * dv                           # the conv's channels, the values' width
+    types = [LINEAR_LAYER if (i + 1) % interval else FULL_LAYER for i in range(L)]
+    dims["kinds"] = tuple("delta" if t == LINEAR_LAYER else "attention" for t in types)
+    dims["key_heads"] = Hk
+    dims["part_shapes"] = {"attn_q": (2 * H * dk, d), "ssm_in": (C + V, d), "attn_qkv": (C, d), "attn_gate": (V, d),
+                           "ssm_ba": (2 * Hv, d), "ssm_conv1d": (C, k), "ssm_dt": {"bias": (Hv,)}, "ssm_a": {"": (Hv,)},
+                           "ssm_norm": (dv,), "ssm_out": (d, V)}
+    return hf | {"head_dim": dk, "layer_types": types, "linear_num_key_heads": Hk, "linear_num_value_heads": Hv,
+                 "linear_key_head_dim": dqk, "linear_value_head_dim": dv, "linear_conv_kernel_dim": k,
+                 "num_experts": dims["E"], "num_experts_per_tok": dims["k"], "moe_intermediate_size": dims["f_expert"],
+                 "shared_expert_intermediate_size": dims["f_shared"], "norm_topk_prob": True, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "attention_bias": False}
+
+
+def _gguf_layout(hf: dict, dims: dict, chosen: dict) -> None:
+    """Which of the two layouts of in_proj_qkvz the file holds (by its tensors): attn_qkv and attn_gate (the current
+    converter's) or ssm_in (gguf 0.19's); the other's parts are absent from every layer."""
+    newer = bool(chosen["fused"])
+    dims["part_shapes"] |= {"ssm_in": None} if newer else {"attn_qkv": None, "attn_gate": None}
+
+
+def _gguf_plan(part: str, name: str, prefix: str, shape: tuple, dims: dict) -> list | None:
+    """The delta rule's tensors llama.cpp's converter changed beyond Mamba's (gguf_archs' common plans: A = −exp(A_log),
+    the conv squeezed): dt_bias as ssm_dt.bias; the gated norm's γ as it is (every other norm 1 + w); in_proj_qkvz
+    (rows by key head: q, k, its value heads' v, their z) from attn_qkv [Q; K; V] and attn_gate Z, each whole — the
+    plan of attn_qkv, reading attn_gate too; attn_gate's is none."""
+    p = f"{prefix}linear_attn."
+    if part == "ssm_dt":
+        return [(p + "dt_bias", shape, lambda w: w)]
+    if part == "ssm_norm":
+        return [(p + "norm.weight", shape, lambda w: w)]
+    if part == "attn_gate":
+        return []
+    if part != "attn_qkv":
+        return None
+    z_of = dims["values"][name.replace(".attn_qkv.", ".attn_gate.")]
+    Hk, dk = dims["key_heads"], dims["d_state"]
+
+    def by_key_head(qkv: np.ndarray) -> np.ndarray:                 # (C, d), (Hv·dv, d) → (C + Hv·dv, d)
+        q, k, v = np.split(qkv, [Hk * dk, 2 * Hk * dk])
+        parts = [x.reshape(Hk, -1, x.shape[-1]) for x in (q, k, v, z_of())]     # (Hk, rows of each, d)
+        return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape(-1, qkv.shape[-1]))
+    return [(p + "in_proj_qkvz.weight", (shape[0] + dims["d_inner"], shape[1]), by_key_head)]
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): the full layers' attention (q_proj twice as wide: each
+# head's query, then its gate), the delta layers' mixer as ssm_* (or attn_qkv and attn_gate), Qwen2-MoE's experts.
+GGUF = {
+    "qwen3next": Arch("qwen3_next", "Qwen3NextForCausalLM",
+                      {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                       "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", **QK_NORMS,
+                       "ssm_in": "linear_attn.in_proj_qkvz", "attn_qkv": "linear_attn.in_proj_qkvz",
+                       "attn_gate": "linear_attn.in_proj_qkvz", "ssm_ba": "linear_attn.in_proj_ba",
+                       "ssm_conv1d": "linear_attn.conv1d", "ssm_dt": "linear_attn.dt_bias",
+                       "ssm_a": "linear_attn.A_log", "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj",
+                       "post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate",
+                       "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                       "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate"},
+                      LLAMA_TOP, plus_one=True, partial_rope=True,
+                      keys=("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
+                            "ssm.group_count", "full_attention_interval", "expert_feed_forward_length",
+                            "expert_shared_feed_forward_length"),
+                      experts={"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                               "ffn_down_exps": "mlp.experts.{e}.down_proj"},
+                      config=_gguf_config, by_tensors=_gguf_layout, plan=_gguf_plan),
+}

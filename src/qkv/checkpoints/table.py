@@ -415,6 +415,9 @@ class Arch:
     by_tensors: Callable[[dict, dict, dict], None] | None = None
     # (config.json, sizes, gguf_archs.choices): what the file says only by the tensors it holds (Jamba's routed
     # layers), written into the config and the sizes
+    plan: Callable[[str, str, str, tuple, dict], list | None] | None = None
+    # (GGUF part, GGUF name, Hugging Face prefix of its layer, shape, sizes) → the Hugging Face tensors a layer's
+    # tensor becomes, as gguf_archs.hf_tensors' plans (None: the common plan); what only this family's converter does
 
 
 # The GGUF tensor names of a Llama-style block, which many architectures share (each family module takes
