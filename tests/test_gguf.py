@@ -306,6 +306,14 @@ def _tensor(name: str, value=None):
     return edit
 
 
+def _both(*edits):
+    """One edit made of several, in order."""
+    def edit(meta, tensors):
+        for e in edits:
+            e(meta, tensors)
+    return edit
+
+
 def _tensor_offset(name: str, value: int):
     """A file whose tensor NAME's data offset (its info: name, n_dims u32, dims u64 × n, type u32, offset u64)
     is VALUE: near 2⁶⁴ the reader's uint64 sums overflow."""
@@ -364,7 +372,12 @@ BAD = {
                           "lacks the tensor"),
     "softcapping": (lambda p: _model(p, _edit(llama__attn_logit_softcapping=(50.0, V.FLOAT32))),
                     "'llama.attn_logit_softcapping'"),
-    "rope-freqs": (lambda p: _model(p, _tensor("rope_freqs.weight", (np.ones(8, np.float32), None))), "rope_freqs"),
+    "rope-freqs-qwen2": (lambda p: _model(p, _tensor("rope_freqs.weight", (np.full(8, 2.0, np.float32), None)),
+                                          kind="tiny-qwen2"), "reads for apertus, llama, llama4 files only"),
+    "rope-freqs-and-scaling": (lambda p: _model(p, _both(_tensor("rope_freqs.weight", (np.full(8, 2.0, np.float32), None)),
+                                                         _edit(llama__rope__scaling__type=("linear", V.STRING),
+                                                               llama__rope__scaling__factor=(2.0, V.FLOAT32)))),
+                               "by rope_freqs and by llama.rope.scaling"),
     "yarn": (lambda p: _model(p, _edit(llama__rope__scaling__type=("yarn", V.STRING))), "scaling 'yarn'"),
     "experts": (lambda p: _model(p, _edit(llama__expert_count=(8, V.UINT32), llama__expert_used_count=(2, V.UINT32))),
                 "mixtral model"),                            # read as Mixtral: its dense FFN is not one

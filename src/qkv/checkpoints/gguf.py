@@ -26,7 +26,7 @@ every layer, its µP multipliers folded into the weights); `apertus` (xIELU's nu
 gated attention ones). Anything the engine would silently compute differently from llama.cpp is refused with one line:
 other architectures, metadata keys the arch's table does not read (soft-capping, sliding windows, …), scaled RoPE
 other than linear, `rope_freqs` (Llama 3's frequency factors: read as a longrope table where the arch's table has
-it, apertus and llama4: `rope_freqs`; refused elsewhere), tensors nothing reads (but the few in IGNORED) or missing
+it, llama (Llama 3.x), apertus and llama4: `rope_freqs`; refused elsewhere), tensors nothing reads (but the few in IGNORED) or missing
 ones, shapes that disagree with the metadata.
 """
 
@@ -56,8 +56,8 @@ SOURCE_LIMIT = 1 << 16         # bytes of a qkv_source.json (describe writes ~20
 MAX_VOCAB = 1 << 31            # a config.json's vocab_size, as the cache's reader accepts it
 
 # Tensors a llama.cpp file may hold that qkv never reads ({i}: a layer, *: anything). Every other
-# tensor outside the arch's table is refused; `rope_freqs` (Llama 3.1's per-frequency factors) too,
-# with its own reason: it changes RoPE, so it cannot be left unread.
+# tensor outside the arch's table is refused; `rope_freqs` (a llama3 RoPE's per-frequency factors) is read where
+# the arch's table has it and refused elsewhere with its own reason: it changes RoPE, so it cannot be left unread.
 IGNORED = {
     "blk.{i}.attn_rot_embd.*": "RoPE's inverse frequencies, which old files stored (llama.cpp computes "
                                "them from rope.freq_base, as qkv does)",
@@ -286,11 +286,11 @@ def rope_freqs(t, a: str, cfg: dict, dims: dict) -> None:
     """llama.cpp's rope_freqs (its converter's form of a llama3 RoPE: pair i turns at ω_i / s_i, s the tensor, the
     same at every length) into CFG's rope_parameters, for an arch whose table reads it ("rope_freqs" in its top): a
     longrope table, short and long factors both s and attention factor 1, which transformers and qkv compute as
-    ω_i / s_i at every length. All ones: plain RoPE. Refused in one line: another arch (Llama 3.1's `llama`), a
+    ω_i / s_i at every length. All ones: plain RoPE. Refused in one line: an arch whose table lacks it, a
     shape other than (rotated dims / 2,), factors that are no positive finite numbers, a RoPE scaling beside it."""
     if "rope_freqs" not in gguf_archs.ARCHS[a].top:
         readers = ", ".join(sorted(n for n, arch in gguf_archs.ARCHS.items() if "rope_freqs" in arch.top))
-        raise QkvError(f"the GGUF {a} model scales RoPE per frequency (rope_freqs, as Llama 3.1 does), which qkv "
+        raise QkvError(f"the GGUF {a} model scales RoPE per frequency (rope_freqs, as Llama 3.x does), which qkv "
                        f"reads for {readers} files only; use a {a} file without rope_freqs")
     shape = tuple(int(x) for x in reversed(t.shape.tolist()))
     if shape != (dims["rope_dims"] // 2,):

@@ -120,7 +120,7 @@ Metadata read (<a>: the arch): context_length, embedding_length, block_count, fe
 attention.head_count(_kv), attention.key_length / value_length (the head size), rope.freq_base (10000 when
 absent, as llama.cpp assumes), rope.dimension_count (partial RoPE for phi2, gptneox, stablelm; the whole head
 elsewhere), attention.layer_norm_epsilon or layer_norm_rms_epsilon, use_parallel_residual (gptneox, stablelm),
-rope.scaling.* (linear only; apertus' and llama4's llama3 RoPE as the tensor rope_freqs); granite's attention.scale
+rope.scaling.* (linear only; the llama3 RoPE of llama, apertus and llama4 as the tensor rope_freqs); granite's attention.scale
 (Q·Kᵀ's factor, 1/√d_k when absent or 0, as llama.cpp), embedding_scale, residual_scale (1 when absent) and
 logit_scale (logits / s). Any other <a>.* key changes the maths somewhere (soft-capping, sliding windows, clamped
 Q/K/V, experts …): refused in one line, never dropped.

@@ -240,7 +240,8 @@ def _no_window(meta: dict, a: str, dims: dict, hf: dict) -> dict:
 
 # llama.cpp's architectures (gguf_archs reads them by this table).
 GGUF = {
-    "llama": Arch("llama", "LlamaForCausalLM", LLAMA_LAYER, LLAMA_TOP, biases="optional", permuted=True,
+    "llama": Arch("llama", "LlamaForCausalLM", LLAMA_LAYER, LLAMA_TOP | {"rope_freqs": "rope_parameters"},
+                  biases="optional", permuted=True,
                   keys=("tensor_data_layout",)),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", LLAMA_LAYER, LLAMA_TOP, biases="qkv", config=_no_window),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", LLAMA_LAYER | QK_NORMS, LLAMA_TOP, biases="optional",
