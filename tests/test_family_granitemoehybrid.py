@@ -198,9 +198,12 @@ def test_the_views_run_and_the_rest_refuse(model, monkeypatch, capsys, tmp_path)
         assert code == 2 and "Mamba" in err and err.count("\n") == 1, (command, err)
 
 
-def test_the_pipeline_page_refuses_in_one_line(model):
+def test_the_pipeline_page_draws_its_mamba2_layers_steps(model):
+    """The pipeline page draws a Mamba-2 layer's own steps, ending in its implied matrix (tests/test_pipeline_scan.py
+    checks the numbers); a trace without them (Model.run keeps none) is refused in one line naming pipeline_trace."""
     from qkv.viz.pipeline import pipeline_html, pipeline_trace
 
-    with pytest.raises(QkvError, match="Mamba") as e:
-        pipeline_html(model, pipeline_trace(model, "The quick brown fox"))
+    assert '"mixers"' in pipeline_html(model, pipeline_trace(model, "The quick brown fox"))
+    with pytest.raises(QkvError, match="pipeline_trace") as e:
+        pipeline_html(model, model.run("The quick brown fox"))
     assert "\n" not in str(e.value)

@@ -214,16 +214,17 @@ def test_bad_knobs_are_refused_in_one_line(change, words):
 
 
 def test_the_views_run_and_the_rest_refuse(model, monkeypatch, capsys, tmp_path):
-    """show (the viewer and figures; the pipeline page, which draws softmax and x + box steps, refused in one line),
-    heads, rollout, lens, next, generate run; direct logit attribution and input attribution refuse in one line."""
+    """show (the viewer, figures and the pipeline page, lightning's own steps drawn: a trace without them refused in
+    one line), heads, rollout, lens, next, generate run; direct logit attribution and input attribution refuse in
+    one line."""
     from qkv.viz.pipeline import pipeline_html
 
     out = tmp_path / "views"
     code, text, err = run_main(monkeypatch, capsys, "show", "The quick brown fox", "--model", str(PATH),
                                "--out", str(out))
     assert code == 0, err
-    assert (out / "attention.html").is_file() and not (out / "pipeline.html").exists()
-    with pytest.raises(QkvError, match="lightning") as e:
+    assert (out / "attention.html").is_file() and '"mixers"' in (out / "pipeline.html").read_text()
+    with pytest.raises(QkvError, match="pipeline_trace") as e:
         pipeline_html(model, model.run("The quick brown fox"))
     assert "\n" not in str(e.value)
     for command in ("heads", "rollout", "lens", "next", "generate"):

@@ -55,8 +55,8 @@ def test_the_table_of_what_each_kind_supports():
     assert SUPPORTS["attention"] - SUPPORTS["sinks"] == {"plain_softmax"}
     assert SUPPORTS["attention"] - SUPPORTS["latent"] == {"qkv_heads"}
     assert SUPPORTS["attention"] - SUPPORTS["gated"] == {"plain_heads", "plain_block"}
-    for kind in ("mamba", "mamba2", "delta", "lightning"):
-        assert SUPPORTS[kind] == set()
+    for kind in ("mamba", "mamba2", "delta", "lightning"):              # only the pipeline page, which draws their
+        assert SUPPORTS[kind] == {"pipeline"}                           # own steps (viz/pipeline_mixer.py)
     assert "backward" not in SUPPORTS["parallel"] and "qkv_heads" in SUPPORTS["parallel"]
 
 
@@ -103,14 +103,15 @@ def test_copying_scores_leave_the_layers_without_heads_out():
         copying_score(model, 2, 0)
 
 
-def test_the_pipeline_page_names_falcon_h1s_layers_as_they_are(monkeypatch, capsys):
-    """Falcon-H1's layers have q, k, v (attention beside a Mamba-2 mixer): the refusal says so, not "no q, k, v"."""
-    from qkv.viz.pipeline import pipeline_html
+def test_the_pipeline_page_draws_falcon_h1s_attention_and_its_mixer():
+    """Falcon-H1's layers have q, k, v (attention beside a Mamba-2 mixer) and the mixer's own steps: the page carries
+    both (tests/test_pipeline_scan.py checks the mixer's numbers)."""
+    from qkv.viz.pipeline import pipeline_payload, pipeline_trace
 
     model = qkv.load(MODELS / "falcon_h1")
-    with pytest.raises(QkvError, match="attention and a Mamba-2 mixer side by side") as e:
-        pipeline_html(model, model.run("the cat sat"))
-    assert "\n" not in str(e.value) and "have none" not in str(e.value)
+    p = pipeline_payload(model, pipeline_trace(model, "the cat sat"))
+    assert p["arch"]["layer_kinds"] == ["parallel", "parallel"] and sorted(p["mixers"]) == ["0", "1"]
+    assert p["heads"]["q"]["norm"]["shape"][:2] == [2, model.config.n_heads]
 
 
 # ── every command on every layer kind ─────────────────────────────────────────────────────────────────────────

@@ -56,10 +56,11 @@ def test_the_payload_ships_every_panel_in_the_registrys_order():
     data = trace_payload(random_trace(["a", "b", "c"]))
     assert [p["id"] for p in data["panels"]] == [p.id for p in panels.PANELS]
     assert [p["id"] for p in data["panels"]] == ["lens", "rollout", "patch", "attribute", "causal_trace", "features",
-                                                 "router", "diff", "path_patch", "probe", "disentangled"]
+                                                 "router", "diff", "path_patch", "probe", "disentangled",
+                                                 "contacts"]
     assert [p["title"] for p in data["panels"]] == ["Logit lens", "Rollout", "Patching", "Attribution",
                                                     "Causal trace", "Features", "Experts", "Model diff",
-                                                    "Path patching", "Probes", "Disentangled"]
+                                                    "Path patching", "Probes", "Disentangled", "Contacts"]
     assert all(data[p.id] is None for p in panels.PANELS)                # no section given: every one null
     assert {p["id"]: p["layer"] for p in data["panels"]} == {p.id: p.layer for p in panels.PANELS}
 

@@ -108,17 +108,32 @@ class ContactMap:
 
 def contacts(model, sequence: str, separation: int = SEPARATION) -> ContactMap:
     """SEQUENCE (one-letter amino acids) through MODEL (an ESM checkpoint: its contact head) → its ContactMap."""
-    w = model.weights
-    if getattr(w, "W_contact", None) is None:
-        raise QkvError(f"{model.name} has no contact head (contact_head.regression); contacts need an ESM "
-                       "checkpoint (model_type esm)")
+    _check_head(model)
     ids, tokens = model.encode(sequence)
     if len(ids) < 3:
         raise QkvError("the sequence gives no residue between <cls> and <eos>; give a protein's sequence")
-    out = model.forward(ids[None])
-    features = contact_features(out.attentions, ids[None])           # (1, L·H, m, m)
+    return contact_map(model, ids, tokens, model.forward(ids[None]).attentions[:, 0], separation)
+
+
+def _check_head(model) -> None:
+    """One error for a model without a contact head."""
+    if getattr(model.weights, "W_contact", None) is None:
+        raise QkvError(f"{model.name} has no contact head (contact_head.regression); contacts need an ESM "
+                       "checkpoint (model_type esm)")
+
+
+def contact_map(model, ids, tokens: list[str], attentions: np.ndarray, separation: int = SEPARATION) -> ContactMap:
+    """The ContactMap of one sequence's IDS (n,) (TOKENS: their spelling, <cls> … <eos>) from every layer's
+    attention weights ATTENTIONS (L, H, n, n) through MODEL (its contact head): what `contacts` computes after its
+    pass, and the viewer's Contacts panel from a trace that kept every layer (`analysis.sections`)."""
+    _check_head(model)
+    w, ids, A = model.weights, np.asarray(ids), np.asarray(attentions)                # A: (L, H, n, n)
+    if A.shape[0] * A.shape[1] != len(np.asarray(w.W_contact).reshape(-1)):
+        raise QkvError(f"the contact head reads every layer's heads ({len(np.asarray(w.W_contact).reshape(-1))}); "
+                       f"got attention of {A.shape[0]} layers × {A.shape[1]} heads: keep every layer")
+    features = contact_features(A[:, None], ids[None])              # (1, L·H, m, m)
     predicted = predict(features, w.W_contact, w.b_contact)[0]       # (m, m)
-    L, H = model.config.n_layers, model.config.n_heads
+    L, H = A.shape[:2]
     scores = head_scores(features[0], predicted, separation)         # (L·H,)
     m = len(ids) - 2
     return ContactMap(residues=list(tokens[1:-1]), predicted=predicted,

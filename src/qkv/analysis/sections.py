@@ -7,9 +7,10 @@ comes before analysis in the folders' order.
     rollout_payload(trace)         the "rollout" section (rollout, and flow when `rollout.flow_fits`)
     patch_payload(patching)        the "patch" section (`patch.Patching`'s tables)
     attribute_payload(attribution) the "attribute" section (`input_attribution.InputAttribution`)
+    contact_payload(model, trace)  the "contacts" section (a protein's contact map, `contacts.contact_map`)
 
 and which of them `qkv show --out`, `qkv generate/chat --trace` and `qkv serve` put beside raw
-attention (Rollout for every model, Logit lens for a decoder):
+attention (Rollout for every model, Logit lens for a decoder, Contacts for ESM):
 
     keep = sections_keep(model, n)          what the pass must keep so that no second pass is needed (each
                                             panel's `keep`, `viz.panels`)
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..viz.contact_panel import contact_section
 from ..viz.interpret_payload import attribute_section, lens_section, patch_section, rollout_section
 from ..viz.panels import panel
+from .contacts import contact_map
 from .input_attribution import InputAttribution
 from .lens import KEEP as LENS_KEEP, TRACE_LENS_TOKENS, lens_top
 from .patch import WHAT, Patching
@@ -82,6 +85,18 @@ def attribute_payload(a: InputAttribution) -> dict:
     return attribute_section(a.to_json())
 
 
+def contact_payload(model: "Model", trace: "Trace") -> dict | None:
+    """The viewer's "contacts" section of TRACE (`viz.contact_panel.contact_section`): the contact map MODEL's
+    contact head (ESM) predicts from the trace's attention, and each head's map; None for a model without one,
+    or a trace that did not keep every layer's attention or holds no residue."""
+    A = trace.attentions                                                 # (L, H, n, n) or None
+    if (getattr(model.weights, "W_contact", None) is None or A is None or len(trace.ids) < 3
+            or trace.layer_ids != list(range(model.config.n_layers)) or trace.head_ids is not None):
+        return None
+    cm = contact_map(model, trace.ids, trace.tokens, A)
+    return contact_section(cm, positions=len(trace.ids))
+
+
 def shows_lens(model: "Model", n: int, lens_limit: int | None = TRACE_LENS_TOKENS) -> bool:
     """A Logit lens tab: a single-stack model with an LM head, and the text at most `lens_limit` tokens
     (None: any; 0: none). An encoder–decoder's viewer shows its three kinds of attention, no lens."""
@@ -104,7 +119,8 @@ def viewer_sections(model: "Model", trace: "Trace", lens_limit: int | None = TRA
     if getattr(model.config, "encoder_decoder", False):
         return {}                                        # one stack's panels: none for an encoder–decoder
     lens = shows_lens(model, len(trace.ids), lens_limit)
-    return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None}
+    return {"rollout": rollout_payload(trace), "lens": lens_payload(model, trace) if lens else None,
+            "contacts": contact_payload(model, trace)}
 
 
 def save_generation(stream, directory, lens: bool = False) -> tuple["Trace", "Path", "Path"]:

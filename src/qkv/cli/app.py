@@ -175,11 +175,11 @@ def show(text: str, source: str, layer: int | None, head: int | None, out_dir: s
             return _show_long(model, text, layer, head, out_dir, knocked_out, budget_mb)
     try:
         from ..analysis.sections import sections_keep
-        from ..core.trace import DISENTANGLED, INTERMEDIATES, OPT_IN, ROUTER
+        from ..core.trace import DISENTANGLED, INTERMEDIATES, MIXER, OPT_IN, ROUTER
 
         keep = sections_keep(model, len(ids), lens_limit=None) if out_dir is not None else ("attentions",)
-        if out_dir is not None and len(ids) <= PIPELINE_TOKENS:
-            keep = tuple(n for n in INTERMEDIATES if n not in OPT_IN)           # the pipeline page shows them all
+        if out_dir is not None and len(ids) <= PIPELINE_TOKENS:                # the pipeline page shows them all,
+            keep = (*(n for n in INTERMEDIATES if n not in OPT_IN), *MIXER)     # a scan's own steps too
         if out_dir is not None:                                             # a MoE model's Experts panel,
             keep = (*keep, *ROUTER, *DISENTANGLED)                              # DeBERTa's Disentangled panel
         with status(f"running {model.name} …"):
@@ -365,8 +365,8 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     try:
         with FileBatch(out) as files:
             files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
-            if (len(trace.tokens) <= PIPELINE_TOKENS                  # every layer a plain block (Mamba: no q, k, v
-                    and lacking(model.config, {"plain_block"}) is None):  # to draw; MiniMax, Qwen3-Next: no softmax)
+            if (len(trace.tokens) <= PIPELINE_TOKENS                  # every layer's steps drawn (a scan's, a
+                    and lacking(model.config, {"pipeline"}) is None):     # linear attention's too)
                 files.write_text("pipeline.html", pipeline_html(model, trace, layer=layer, head=head or 0))
             save_figures(trace, files, layer=layer, head=head)
     except OSError as e:

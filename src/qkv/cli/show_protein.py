@@ -1,5 +1,7 @@
 """`qkv show SEQUENCE --model ESM`: beside each residue's attention, the contact map ESM's contact head predicts from
-every head (qkv.analysis.contacts): the pairs it is surest of, and the single heads whose map best matches it."""
+every head (qkv.analysis.contacts): the pairs it is surest of, and the single heads whose map best matches it. With
+--out, the viewer's Contacts tab draws them (`analysis.sections.contact_payload`, `viz.contact_panel`): the map
+beside the chosen head's own map and attention, the best heads listed."""
 
 from __future__ import annotations
 
@@ -18,4 +20,5 @@ def print_contacts(model, text: str) -> None:
     heads = ", ".join(f"L{layer}.H{head} r {r:+.2f}" for layer, head, r in cm.best_heads(SHOWN))
     click.echo(f"contacts (ESM's contact head over every head's attention; pairs |i − j| ≥ {cm.separation}, "
                f"all pairs when none is that far): {pairs or '—'}")
-    click.echo(f"heads whose symmetrised, APC-corrected map best matches it: {heads}  (qkv explain proteins)")
+    click.echo(f"heads whose symmetrised, APC-corrected map best matches it: {heads}  (qkv explain proteins; with "
+               "--out, the viewer's Contacts tab)")

@@ -24,6 +24,8 @@ and what a caller needs (NEEDS), each kind supporting some (SUPPORTS):
     plain_block     the transformer block x + Attn(Norm(x)), then + FFN(Norm(·)), as a lesson rebuilds it
     dense_ffn       an FFN of d_ff neurons (not routed experts, not absent)
     kv_heads        K and V heads (or MLA's latent) that a KV cache keeps for every token
+    pipeline        its box's steps, as the pass recorded them, drawn on the pipeline page (softmax: Q, K, V, S, A, Z;
+                    a scan or linear attention: its inputs, gate, decay, the implied matrix and its output, trace.MIXER)
 
 `require` raises one QkvError naming the model, the first layer that lacks a need, its kind, and what to use
 instead. Every kind's attention (implied, for the layers without softmax) is recorded in the trace, so `qkv show`,
@@ -66,22 +68,24 @@ NEEDS = {                                        # need → what a message says 
     "plain_block": "the transformer block x + Attn(Norm(x)), + FFN(Norm(·))",
     "dense_ffn": "a dense FFN of d_ff neurons",
     "kv_heads": "K and V heads kept in a KV cache",
+    "pipeline": "its steps drawn on the pipeline page",
 }
 
 WHOLE_MODEL = {"backward", "sum_of_boxes"}       # needs every layer meets, whichever layer the caller reads
 
-_SOFTMAX = {"qkv_heads", "backward", "sum_of_boxes", "plain_softmax", "plain_heads", "plain_block", "kv_heads"}
+_SOFTMAX = {"qkv_heads", "backward", "sum_of_boxes", "plain_softmax", "plain_heads", "plain_block", "kv_heads",
+            "pipeline"}
 SUPPORTS = {                                     # kind → the needs it meets (dense_ffn: the FFN's own, not the kind's)
     "attention": _SOFTMAX,
     "sinks": _SOFTMAX - {"plain_softmax"},
     "gated": _SOFTMAX - {"plain_heads", "plain_block"},
     "latent": _SOFTMAX - {"qkv_heads"},
-    "mamba": set(),
-    "mamba2": set(),
-    "parallel": {"qkv_heads", "plain_softmax", "plain_heads", "kv_heads"},   # DLA: the mixer's share not split out
-    "delta": set(),
-    "lightning": set(),
-    "minimax": {"qkv_heads", "plain_softmax", "plain_heads", "kv_heads"},
+    "mamba": {"pipeline"},                       # the pipeline page: the scan's steps and its implied matrix
+    "mamba2": {"pipeline"},
+    "parallel": {"qkv_heads", "plain_softmax", "plain_heads", "kv_heads", "pipeline"},   # DLA: the mixer's share not
+    "delta": {"pipeline"},                                                               # split out
+    "lightning": {"pipeline"},
+    "minimax": {"qkv_heads", "plain_softmax", "plain_heads", "kv_heads", "pipeline"},
 }
 
 INSTEAD = ("read its attention with qkv show, heads or rollout, patch its heads (qkv patch) or read the logit lens "

@@ -52,6 +52,7 @@ from .blocks import feed_forward, linear
 from .layer import after_box, residual, seen
 from .mamba import causal_conv
 from .ops import ACTIVATIONS, sigmoid, silu, softplus
+from .trace import MIXER
 from .weights import BlockWeights, NormWeights
 
 if TYPE_CHECKING:
@@ -307,13 +308,14 @@ def delta_attention(h: np.ndarray, w: DeltaWeights, ctx: "Context", layer: int) 
         state.conv[layer] = np.concatenate([past, f.mixed], axis=1)[:, past.shape[1] + n - k1:]   # (B, k − 1, C)
         state.S[layer] = f.S
     top = rec.wants(layer, "attention_top")                   # a long input's views: each row's largest weights
+    mix = rec.wants_any(layer, MIXER)                         # the layer's own steps (the pipeline page)
     wants = rec.wants(layer, "attentions") or top
-    if wants and state is not None and ctx.cache.length and U is None:
+    if (wants or mix) and state is not None and ctx.cache.length and U is None:
         raise QkvError(f"layer {layer}'s attention over the cached past needs the keys a recorded pass keeps (the "
                        "gated delta rule's state holds no rows); record the generation from its first pass "
                        "(generate(..., trace=True)), or run the whole text again")
-    if wants or U is not None:
-        A, last = implied_attention(f.q if wants else None, f.k, f.beta, f.g, U)   # (B, Hv, n, m)
+    if wants or mix or U is not None:
+        A, last = implied_attention(f.q if wants or mix else None, f.k, f.beta, f.g, U)   # (B, Hv, n, m)
         if state is not None:                                 # kept once a pass has recorded: a recorded
             state.U[layer] = last                             # generation's later rows need them
         if wants:
@@ -322,6 +324,10 @@ def delta_attention(h: np.ndarray, w: DeltaWeights, ctx: "Context", layer: int) 
             rec.put(layer, "attentions", att)
             if top:
                 rec.put(layer, "attention_top", top_of(att, rec.top))
+    if mix:                                                   # trace.MIXER, one per value head: o = A·v
+        for name, value in (("mix_q", f.q), ("mix_k", f.k), ("mix_v", f.v), ("mix_gate", f.beta), ("mix_decay", f.g),
+                            ("mix_matrix", A), ("mix_out", f.o)):
+            rec.put(layer, name, value)
     y = gated_norm(f.o, f.z, w.norm, cfg.norm_eps)            # (B, n, Hv·d_v)
     H = cfg.n_heads
     heads = y.reshape(B, n, H, -1).transpose(0, 2, 1, 3)      # (B, H, n, Hv·d_v / H) each group's channels

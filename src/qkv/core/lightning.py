@@ -49,6 +49,7 @@ from .attention import top_of
 from .blocks import attention, feed_forward, linear
 from .layer import normalise, seen
 from .ops import ACTIVATIONS, rms_norm, sigmoid
+from .trace import MIXER
 from .weights import BlockWeights, NormWeights
 
 if TYPE_CHECKING:
@@ -220,7 +221,8 @@ def lightning_attention(h: np.ndarray, w: LightningWeights, ctx: "Context", laye
     if hooked and past:
         raise QkvError("a hook on a lightning layer's scores needs the whole text in one pass (its past is a "
                        "state, not a matrix); run it without a KV cache")
-    shown = hooked or any(rec.wants(layer, name) for name in ("scores", "attentions", "attention_top"))
+    mix = rec.wants_any(layer, MIXER)                                     # its own steps (the pipeline page)
+    shown = hooked or mix or any(rec.wants(layer, name) for name in ("scores", "attentions", "attention_top"))
     keys = k                                                              # (B, H, m, d_k) every key A's rows read
     if past and (shown or layer in state.keys):
         if layer not in state.keys:
@@ -241,6 +243,11 @@ def lightning_attention(h: np.ndarray, w: LightningWeights, ctx: "Context", laye
     o, S = lightning_core(q, k, v, w.slopes, cfg.lightning.block_size, S0)   # (B, H, n, d_k), (B, H, d_k, d_k)
     if hooked:                                                            # the hooked matrix is what mixes
         o = A @ v                                                         # (B, H, n, d_k)
+    if mix:                                                               # trace.MIXER, one per head: o = A·v
+        decay = np.broadcast_to(-w.slopes.astype(q.dtype)[:, None], q.shape[:3])   # (B, H, n) log λ = −r
+        for name, value in (("mix_q", q), ("mix_k", k), ("mix_v", v), ("mix_decay", decay.copy()), ("mix_matrix", A),
+                            ("mix_out", o)):
+            rec.put(layer, name, value)
     if state is not None:
         state.S[layer] = S
         if shown and not past or layer in state.keys:                     # (a recorded generation: every key)

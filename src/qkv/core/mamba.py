@@ -32,7 +32,9 @@ the layer's "attentions" (B, H, n, n), the views' key, summarises α as the pape
 groups of channels ("heads", one by default: every channel), each group's |α| summed over its channels, the padding's
 columns zeroed, each row divided by its sum so that a row reads as attention's shares (the paper scales |α| to
 0..1 for its figures). "heads" (B, H, n, E/H) are each group's channels of (y + D ⊙ x̃) ⊙ SiLU(z), what W_out reads:
-ablating a head zeroes (or means) those channels, as attention's Z_h.
+ablating a head zeroes (or means) those channels, as attention's Z_h. Asked for (trace.MIXER: the pipeline page), a
+layer also records its own steps, C, B, x̃, Δ, Δ·A, α and y of the first MIX_CHANNELS channels of each group
+(`mix_steps`), y = α·x̃ channel by channel.
 
 The cache of writing (`MambaState`) is transformers': per layer the conv's last k − 1 inputs and the scan's state
 h, so a step's scan costs O(1) in the length; from a pass that records the attention on, it also keeps each past
@@ -62,7 +64,7 @@ from .blocks import embed, feed_forward, linear, logits_of, norm, unembed_in
 from .context import Ablation, check_finite, check_given
 from .layer import after_box, norm_hooked, residual
 from .ops import ACTIVATIONS, silu, softplus
-from .trace import Recorder
+from .trace import MIX_CHANNELS, MIXER, Recorder
 from .weights import BlockWeights, NormWeights
 
 if TYPE_CHECKING:
@@ -309,6 +311,32 @@ def attention_summary(dt: np.ndarray, A: np.ndarray, Bm: np.ndarray, Cm: np.ndar
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
 
 
+def mix_channels(E: int, H: int) -> np.ndarray:
+    """(M,) the channels whose steps trace.MIXER keeps: the first MIX_CHANNELS of each of the H groups of E/H."""
+    size = E // H
+    return (np.arange(H)[:, None] * size + np.arange(min(size, MIX_CHANNELS))).ravel()
+
+
+def mix_steps(f: "MixerParts", S: np.ndarray, H: int, past: int = 0, keys: tuple | None = None) -> dict:
+    """The layer's own steps as trace.MIXER names them, (B, M, ·) each, for the first MIX_CHANNELS channels c of each
+    of its H groups (M of E channels: each channel has its own matrix): C and B (the same for every channel), x̃[c],
+    Δ[c], Δ[c]·A[c, :] (B, M, n, N), α[c] (`blocked_attention`, B, M, n, m) and y[c] without the D skip, so that
+    y[c] = α[c]·x̃[c] (a pass from the text's start)."""
+    E = f.x.shape[2]
+    size, c = E // H, min(E // H, MIX_CHANNELS)
+    chans = mix_channels(E, H)                                             # (M,) the channels kept
+    M = len(chans)
+    alpha = np.concatenate([blocked_attention(f.dt, f.A, f.Bm, f.Cm, S, slice(g * size, g * size + c), past, keys)
+                            for g in range(H)], axis=1)                     # (B, M, n, m)
+
+    def channels(a: np.ndarray) -> np.ndarray:                             # (B, n, E) → (B, M, n)
+        return a[:, :, chans].transpose(0, 2, 1)
+    return {"mix_q": np.repeat(f.Cm[:, None], M, axis=1), "mix_k": np.repeat(f.Bm[:, None], M, axis=1),   # (B, M, n, N)
+            "mix_v": channels(f.x)[..., None], "mix_gate": channels(f.dt),                 # (B, M, n, 1), (B, M, n)
+            "mix_decay": (f.dt[:, :, chans, None] * f.A[chans]).transpose(0, 2, 1, 3),       # (B, M, n, N)
+            "mix_matrix": alpha, "mix_out": channels(f.y)[..., None]}                      # (B, M, n, m), (B, M, n, 1)
+
+
 @dataclass
 class Pass:
     """What one pass's blocks share: the config, the padding (real (B, m): 1 = token; None: all real), recorder,
@@ -388,14 +416,18 @@ def mixer(h: np.ndarray, w: MixerWeights, p: Pass, layer: int) -> np.ndarray:
     new = None if p.real is None else p.real[:, -n:, None].astype(h.dtype)   # (B, n, 1) this pass's padding
     f = mixer_parts(h, w, cfg, new, None if s is None else s.conv[layer], None if s is None else s.ssm[layer])
     keys, S = None, np.cumsum(f.dt, axis=1)                   # (B, n, E) Σ Δ
-    wants = p.rec.wants(layer, "attentions") or p.rec.wants(layer, "attention_top")
+    mix = p.rec.wants_any(layer, MIXER)                       # the layer's own steps (the pipeline page)
+    wants = p.rec.wants(layer, "attentions") or p.rec.wants(layer, "attention_top") or mix
     if s is not None:
         S = S + (s.S[layer][:, -1:] if p.past else 0)         # counted from the text's first token
         if m.conv_kernel > 1:
             s.conv[layer] = np.concatenate([s.conv[layer], f.u], axis=1)[:, -(m.conv_kernel - 1):]   # (B, k − 1, E)
         s.ssm[layer] = f.last
         keys = keep_keys(s, layer, f.dt, S, f.Bm, p.past, wants)
-    if wants:
+    if mix:
+        for name, value in mix_steps(f, S, H, p.past, keys).items():
+            p.rec.put(layer, name, value)
+    if p.rec.wants(layer, "attentions") or p.rec.wants(layer, "attention_top"):
         att = attention_summary(f.dt, f.A, f.Bm, f.Cm, S, H, p.real, p.past, keys)   # (B, H, n, m)
         att = att if p.rec.heads is None else att[:, p.rec.heads]
         p.rec.put(layer, "attentions", att)

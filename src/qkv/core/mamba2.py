@@ -29,7 +29,8 @@ records as each layer's "attentions" (B, H, n, n) is |α| with the padding's col
 sum, as core/mamba.py's (a row then reads as attention's shares; α itself may be negative, C·B having any sign).
 "heads" (B, H, n, P) are each head's channels of GroupRMSNorm(y ⊙ SiLU(z)), what W_out reads: ablating a head zeroes
 (or means) those channels, as attention's Z_h. (The gated norm mixes the heads of one group through its scale, so a
-head's part of out is read after it, where W_out's rows split by head.)
+head's part of out is read after it, where W_out's rows split by head.) Asked for (trace.MIXER: the pipeline page), a
+mixer also records its own steps, one per head: C, B, x̃, Δ, Δ·A_h, α and y (`mix_steps`), y = α·x̃.
 
 The cache of writing (`Mamba2State`) is transformers': per layer the conv's last k − 1 inputs and the state h, and, for
 the attention rows a recorded generation shows, each past token's Δ, S and B (from a pass that records on:
@@ -55,6 +56,7 @@ from .blocks import linear
 from .layer import norm_hooked
 from .mamba import Pass, causal_conv, keep_keys, scan_stack, seen
 from .ops import ACTIVATIONS, silu, softplus
+from .trace import MIXER
 from .weights import BlockWeights
 
 if TYPE_CHECKING:
@@ -330,6 +332,19 @@ def mixer_parts(h: np.ndarray, w: Mixer2Weights, m: Mamba2, activation: str, new
     return Mixer2Parts(z, u, x, Bm, Cm, dt, A, y, last)
 
 
+def mix_steps(f: Mixer2Parts, S: np.ndarray, past: int = 0, keys: tuple | None = None) -> dict:
+    """The mixer's own steps as trace.MIXER names them, (B, H, ·) each, one per head: C and B of the head's group
+    (B, H, n, N), x̃ (B, H, n, P), Δ and Δ·A_h (B, H, n), α (`implied_attention`, B, H, n, m) and y without the D skip
+    (B, H, n, P), so that y = α·x̃ head by head (a pass from the text's start)."""
+    H = f.dt.shape[2]
+
+    def heads(a: np.ndarray) -> np.ndarray:                   # (B, n, H, ·) → (B, H, n, ·)
+        return a.transpose(0, 2, 1, 3)
+    return {"mix_q": heads(per_head(f.Cm, H)), "mix_k": heads(per_head(f.Bm, H)), "mix_v": heads(f.x),
+            "mix_gate": f.dt.transpose(0, 2, 1), "mix_decay": (f.dt * f.A).transpose(0, 2, 1),
+            "mix_matrix": implied_attention(f.dt, f.A, f.Bm, f.Cm, S, slice(None), past, keys), "mix_out": heads(f.y)}
+
+
 def keep_state(s: Mamba2State, layer: int, f: Mixer2Parts, m: Mamba2, past: int, wants: bool = False) -> tuple:
     """Update layer LAYER's state with this pass's parts (the conv's last inputs, the scan's state, and each token's
     Δ, S, B when WANTS, this pass recording, or an earlier one did: core.mamba.keep_keys); give (S (B, n, H) of this
@@ -351,10 +366,14 @@ def mixer(h: np.ndarray, w: Mixer2Weights, p: Pass, layer: int, m: Mamba2) -> np
     first = s is None or layer not in s.ssm
     f = mixer_parts(h, w, m, p.cfg.activation, new, None if first else s.conv[layer], None if first else s.ssm[layer])
     keys, S = None, np.cumsum(f.dt, axis=1)                   # (B, n, H) Σ Δ
+    mix = p.rec.wants_any(layer, MIXER)                       # the mixer's own steps (the pipeline page)
     wants = p.rec.wants(layer, "attentions")
     if s is not None:
-        S, keys = keep_state(s, layer, f, m, p.past, wants)
+        S, keys = keep_state(s, layer, f, m, p.past, wants or mix)
     V = m.n_heads if m.beside is not None else p.cfg.n_heads   # the heads shown: H, or groups of H/V heads
+    if mix:
+        for name, value in mix_steps(f, S, p.past, keys).items():
+            p.rec.put(layer, name, value)
     if wants:
         att = attention_summary(f.dt, f.A, f.Bm, f.Cm, S, p.real, p.past, keys, V)   # (B, V, n, m)
         p.rec.put(layer, "attentions", att if p.rec.heads is None else att[:, p.rec.heads])

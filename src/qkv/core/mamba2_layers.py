@@ -15,7 +15,7 @@ from .blocks import attention, feed_forward
 from .layer import after_box, residual
 from .mamba import NO_BACKWARD, Pass, seen
 from .mamba2 import Mamba2BlockWeights, mixer, state_of
-from .trace import Recorder
+from .trace import MIXER, Recorder
 
 if TYPE_CHECKING:
     from .context import Context
@@ -54,6 +54,14 @@ def mamba2_layer(x: np.ndarray, w: Mamba2BlockWeights, ctx: "Context", layer: in
     return seen(ctx, layer, "residual_out", x)                # (B, n, d_model)
 
 
+def steps_only(rec: Recorder) -> Recorder:
+    """A recorder that keeps, into REC's store, only the mixer's own steps REC asks for (trace.MIXER): Falcon-H1's
+    mixer beside attention, whose "attentions" and "heads" are the attention box's."""
+    quiet = Recorder(layers=rec.layers, keep=rec.keep & set(MIXER))
+    quiet.store = rec.store
+    return quiet
+
+
 def parallel_layer(x: np.ndarray, w: Mamba2BlockWeights, ctx: "Context", layer: int) -> np.ndarray:
     """A Falcon-H1 layer (Mamba2.beside: its multipliers m): attention and the Mamba-2 mixer side by side on one
     norm's output, then the FFN, as transformers' FalconH1DecoderLayer,
@@ -62,13 +70,14 @@ def parallel_layer(x: np.ndarray, w: Mamba2BlockWeights, ctx: "Context", layer: 
 
     (B, n, d_model). The attention box is any attention layer's: q, k, v, scores, "attentions" and "heads" are its
     (hooked, recorded, ablated), attn_out the sum of both boxes, what joins the stream. The mixer beside it starts from
-    and updates the KV cache's state; its implied attention (`implied_attention`) is not in the trace, which has one
-    "attentions" per layer: the softmax's. Training refused in one line."""
+    and updates the KV cache's state; its implied attention (`implied_attention`) is not the trace's "attentions",
+    which are the softmax's, but its own steps are kept when asked for (trace.MIXER: mix_matrix, one per Mamba head).
+    Training refused in one line."""
     cfg, hooks, b = ctx.cfg, ctx.hooks, ctx.cfg.mamba.beside
     if ctx.tape is not None:
         raise QkvError(NO_BACKWARD)
     cache = ctx.cache
-    quiet = Pass(cfg, ctx.mask_of(layer).key_mask, Recorder(keep=()), None, None,     # the mixer: not recorded
+    quiet = Pass(cfg, ctx.mask_of(layer).key_mask, steps_only(ctx.rec), None, None,   # the mixer: its steps only
                  None if cache is None else state_of(cache), 0 if cache is None else cache.length)
 
     def both(h: np.ndarray) -> np.ndarray:                    # (B, n, d_model) what the norm gave

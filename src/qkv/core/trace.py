@@ -95,10 +95,33 @@ SPARSE = {
                       "their keys and the rest of the row (core.attention.TopAttention): L·H·n·K numbers, not "
                       "L·H·n², computed a block of query rows at a time"),
 }
+# What a layer without softmax records of its own steps (a selective scan: Mamba, Mamba-2, Falcon-H1's mixer beside
+# attention; a linear attention: the gated delta rule, lightning), so that the pipeline page shows the numbers the
+# pass computed: M token-to-token matrices, each mixing its own values, mix_out = mix_matrix·mix_v exactly (Ali et
+# al. 2024; the D·x̃ skip of a scan kept apart). M: a Mamba layer's MIX_CHANNELS first channels of each of its H
+# groups (core/mamba.py: each channel has its own matrix, E of them), a Mamba-2 mixer's heads, the delta rule's value
+# heads, lightning's heads. Read from the trace, not hooked; kept only when asked for (OPT_IN: M·n² numbers a layer,
+# as many as its attentions and more); a softmax layer has none. The past of a cache: mix_matrix's m columns are
+# every token's, the others this pass's n.
+MIXER = {
+    "mix_q": ("(B, M, n, d_s)  what reads the state at each token: C (Mamba, Mamba-2: the head's group's), q̂ (the "
+              "delta rule: q/‖q‖·d_k^−½), q (lightning)"),
+    "mix_k": "(B, M, n, d_s)  what writes it: B (Mamba, Mamba-2), k̂ = k/‖k‖ (the delta rule), k (lightning)",
+    "mix_v": ("(B, M, n, d_v)  what is written, the values each matrix mixes: x̃ after the conv (Mamba: the matrix's "
+              "channel, d_v = 1; Mamba-2: the head's P channels), v (the delta rule, lightning)"),
+    "mix_gate": "(B, M, n)  each write's step: Δ (Mamba, Mamba-2), β (the delta rule); lightning none (None)",
+    "mix_decay": ("(B, M, n)  the log of each token's decay of the state: Δₜ·A_h (Mamba-2), g (the delta rule), −r_h "
+                  "(lightning, the same at every token); Mamba's, per state: Δₜ[c]·A[c, :] (B, M, n, N)"),
+    "mix_matrix": ("(B, M, n, m)  the implied token-to-token matrix, signed, lower-triangular: α (Mamba, Mamba-2), A "
+                   "(the delta rule, lightning: its 'scores')"),
+    "mix_out": ("(B, M, n, d_v)  what the matrix gives, mix_matrix·mix_v: the scan's y without the D skip, the delta "
+                "rule's or lightning's o"),
+}
+MIX_CHANNELS = 4            # a Mamba layer's channels of each group whose matrices MIXER keeps (E of them in all)
 # Kept only when asked for (keep=("neurons",)): d_ff numbers a token (2.7–4 × d_model) that no default view reads,
 # so Model.run, the pipeline page and saved traces leave them out (DEFAULT_KEEP); and attention_top.
 # q, k before RoPE and the FFN's pre-activations are kept only when asked for too (a copy of q, k; d_ff a token).
-OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top", *OUT_NORMS)
+OPT_IN = ("neurons", "ffn_pre", "q_pre_rope", "k_pre_rope", "attention_top", *OUT_NORMS, *MIXER)
 # What a MoE layer (a routed FFN: Mixtral, Qwen2-MoE) records besides: the router's choice. A dense layer
 # has none of them; they are read from the trace, not hooked (qkv.core.hooks takes INTERMEDIATES).
 ROUTER = {
@@ -108,8 +131,8 @@ ROUTER = {
     "expert_weights": ("(B, n, k)  the weights their outputs were summed with (p, renormalised and scaled where the "
                        "config says)"),
 }
-RECORDED = {**INTERMEDIATES, **FINAL, **OUT_NORMS, **ROUTER, **SPARSE, **DISENTANGLED}   # every name a Recorder keeps
-PER_LAYER = [*INTERMEDIATES, *FINAL, *DISENTANGLED]                         # what a LayerTrace's repr lists
+RECORDED = {**INTERMEDIATES, **FINAL, **OUT_NORMS, **ROUTER, **SPARSE, **DISENTANGLED, **MIXER}   # every name kept
+PER_LAYER = [*INTERMEDIATES, *FINAL, *DISENTANGLED, *MIXER]                # what a LayerTrace's repr lists
 DEFAULT_KEEP = tuple(name for name in RECORDED if name not in OPT_IN)     # what Model.run keeps without keep=
 
 
@@ -136,6 +159,10 @@ class Recorder:
 
     def wants(self, layer: int, name: str) -> bool:
         return name in self.keep and (self.layers is None or layer in self.layers)
+
+    def wants_any(self, layer: int, names: Iterable[str]) -> bool:
+        """Whether any of NAMES is kept for LAYER (e.g. MIXER: whether a scan records its own steps)."""
+        return any(self.wants(layer, name) for name in names)
 
     def put(self, layer: int, name: str, value: np.ndarray | None) -> None:
         if value is not None and self.wants(layer, name):
@@ -176,6 +203,13 @@ class LayerTrace:
     scores_c2c: np.ndarray | None = None    # (H, n, n) DeBERTa: S's content → content term
     scores_c2p: np.ndarray | None = None    # (H, n, n) content → position
     scores_p2c: np.ndarray | None = None    # (H, n, n) position → content
+    mix_q: np.ndarray | None = None         # (M, n, d_s) a scan's or linear attention's own steps (MIXER)
+    mix_k: np.ndarray | None = None         # (M, n, d_s)
+    mix_v: np.ndarray | None = None         # (M, n, d_v)
+    mix_gate: np.ndarray | None = None      # (M, n)
+    mix_decay: np.ndarray | None = None     # (M, n), Mamba's (M, n, N)
+    mix_matrix: np.ndarray | None = None    # (M, n, m) the implied matrix, signed
+    mix_out: np.ndarray | None = None       # (M, n, d_v) mix_matrix·mix_v
 
     def __repr__(self) -> str:
         """The layer and the names of what it kept, never the arrays themselves."""
@@ -193,6 +227,10 @@ class KeptLayer:
 
     def __getattr__(self, name: str):
         value = getattr(self._t, name)
+        if value is None and name in MIXER:
+            raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace: only a layer without softmax "
+                           f"(a scan, a linear attention) records it, when asked for; run such a model with "
+                           f"keep=(..., {name!r})")
         if value is None and name in OPT_IN:
             raise QkvError(f"{name} of layer {self._t.layer} was not kept in this trace (it is kept only when asked "
                            f"for); run the model with keep=(..., {name!r}) (a MoE layer has none)")

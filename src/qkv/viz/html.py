@@ -64,8 +64,9 @@ def viewer_js() -> str:
 
 def pipeline_js() -> str:
     """The pipeline page's JavaScript after wire.js and export.js: its toolkit (templates, the sampling distribution,
-    heatmaps, bars, tables), its attention diagram, then the page."""
-    return "\n".join(asset(name) for name in ("pipeline_kit.js", "pipeline_diagram.js", "pipeline.js"))
+    heatmaps, bars, tables), its attention diagram, a scan's or linear attention's steps, then the page."""
+    return "\n".join(asset(name) for name in ("pipeline_kit.js", "pipeline_diagram.js", "pipeline_mixer.js",
+                                               "pipeline.js"))
 
 
 def page(title: str, body: str, scripts: Sequence[str], csp: str = _CSP_VIEWER, face: str | None = None) -> str:

@@ -86,6 +86,11 @@ attention is: {"dtype": "u8" | "u16" | "i32", "shape", "scale" (quantised ones o
     "disentangled" (DeBERTa's disentangled attention, `viz.disentangled_panel.disentangled_section`, from the trace
       itself): {"layers": [int] (the kept layers), "positions": n, "heads": H, "terms": ["c2c", "c2p", "p2c"] (those
       the model has), "tables": {term: f16 (Lt, H, n, n)} (each term's scores: S = their sum)}.
+    "contacts" (a protein's contact map, ESM-2's contact head: `viz.contact_panel.contact_section` of
+      `analysis.contacts.ContactMap`, through `analysis.sections.contact_payload`): {"positions": n, "first": 1,
+      "residues": [str] (m = n − 2), "layers": L, "heads": H, "separation", "predicted": f32 (m, m) (P),
+      "scores": [[float]] (L × H, each head's r with P), "best": [{"layer", "head", "r"}], "top": [{"i", "j", "p"}],
+      "maps": {"heads": [[layer, head]] (k), "values": f16 (k, m, m)} (each head's symmetrised, APC-corrected map)}.
 
 And the list itself, in the payload: "panels": [{"id", "title" (its words, English), "renderer", "layer"}]
 (every panel, in tab order: a section added later on the page, as the web app's late lens, finds its tab).
@@ -102,6 +107,7 @@ from .diff_figures import diff_section
 from .path_patch_panel import path_patch_section
 from .probe_panel import probe_section
 from .disentangled_panel import disentangled_section
+from .contact_panel import contact_section
 from ..core.trace import DISENTANGLED
 from .words import texts
 
@@ -156,6 +162,8 @@ PANELS = (                                                                      
     Panel("disentangled", title="panel_disentangled", build=disentangled_section, tokens=lambda s: s["positions"],
           renderer="disentangled", script="viewer_disentangled.js", layer=True, keep=tuple(DISENTANGLED),
           from_trace=True),                              # DeBERTa: S's three tables (c2c, c2p, p2c) and their sum
+    Panel("contacts", title="panel_contacts", build=contact_section, tokens=lambda s: s["positions"],
+          renderer="contacts", script="viewer_contacts.js", layer=True),  # ESM: the contact map beside a head's
 )
 
 

@@ -89,6 +89,7 @@ from ..core.trace import Trace
 from . import panels
 from .image_payload import image_payload
 from .palette import role_colours
+from .pipeline_mixer import beside_trace
 from .seq2seq import CAPTIONS, KINDS, NAMES, kind_traces
 from .wire import BYTE_SCALE, encode
 
@@ -297,7 +298,7 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
             sections[p.id] = p.build(trace)
     if title is None:
         title = page_title(model_name, trace.text)
-    return {
+    payload = {
         "version": 1,
         "title": title or "attention",
         "model": model_name,
@@ -319,6 +320,21 @@ def trace_payload(trace: Trace, *, model_name: str | None = None,
         "image": image_payload(trace),
         **check_sections(sections, view, n_q),
     }
+    beside = beside_trace(trace)                  # Falcon-H1: the Mamba-2 mixer beside each layer's attention
+    return payload if beside is None else beside_payload(payload, trace_payload(beside, title=title,
+                                                                                 model_name=model_name))
+
+
+def beside_payload(payload: dict, mixer: dict) -> dict:
+    """PAYLOAD with two kinds of attention, each a whole payload as an encoder–decoder's three: "attention", its
+    softmax heads (and the panels), and "mixer" (MIXER, no panels): the attention the Mamba-2 mixer beside them
+    implies (Falcon-H1, `pipeline_mixer.beside_trace`), its own heads over the same tokens; attention shown first."""
+    return {**payload, "kind": "attention", "kinds": [
+        {**payload, "kind": "attention", "name": "Attention",
+         "caption": "softmax attention: each head's A = softmax(Q·Kᵀ/√d_k + M)"},
+        {**mixer, **{p["id"]: None for p in payload.get("panels", [])}, "kind": "mixer", "name": "Mamba-2 mixer",
+         "caption": "the Mamba-2 mixer beside it: each Mamba head's implied attention |α|, rows divided by their sums "
+                    "(Ali et al. 2024)"}]}
 
 
 def seq2seq_payload(trace: Trace, *, model_name: str | None = None, title: str | None = None,

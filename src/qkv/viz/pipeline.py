@@ -9,6 +9,9 @@ and the guide's formula. The output end re-normalises in the page: a temperature
 and top-p, computed from the last position's whole-vocabulary logits exactly as qkv.writing.sampling.
 An encoder (MiniLM) ends at its final hidden states and their mean-pooled sentence embedding; an
 encoder–decoder (ko-en-tiny) shows both stacks, its decoder blocks with cross-attention boxes.
+A layer without softmax (Mamba, Mamba-2, Qwen3-Next's gated delta rule, MiniMax's lightning attention; Falcon-H1's
+Mamba-2 mixer beside its attention) opens to its own steps instead, ending in the token-to-token matrix it implies
+and that matrix times the values, the layer's output (`pipeline_mixer`).
 What travels, and how precisely: `pipeline_payload`.
 
     save_pipeline(model, "The cat sat on the mat", "pipeline.html")          # runs the model
@@ -24,18 +27,21 @@ from ..runtime.errors import QkvError
 from ..core.trace import Trace
 from .html import asset, page, pipeline_js, write_html
 from .payload import script_json
-from .pipeline_payload import is_seq2seq, pipeline_payload
+from .pipeline_payload import PIPELINE_KEEP, is_seq2seq, pipeline_payload
 
-__all__ = ["pipeline_payload", "pipeline_html", "save_pipeline", "pipeline_trace"]
+__all__ = ["pipeline_payload", "pipeline_html", "save_pipeline", "pipeline_trace", "PIPELINE_KEEP"]
 
 
 def pipeline_trace(model, text: str) -> Trace:
-    """TEXT through MODEL with every intermediate kept. An encoder–decoder translates TEXT (greedy)
-    and the trace stops before the translation's end-of-sequence token, so that the output end shows
-    the model predicting it."""
+    """TEXT through MODEL with every intermediate kept (PIPELINE_KEEP: a scan's or a linear attention's own steps
+    too). An encoder–decoder translates TEXT (greedy) and the trace stops before the translation's end-of-sequence
+    token, so that the output end shows the model predicting it."""
     if not text.strip():
         raise QkvError("the text is empty; give some words to follow through the model")
-    trace = model.run(text)
+    if is_seq2seq(model):
+        trace = model.run(text)
+    else:
+        trace = model.run(text, keep=PIPELINE_KEEP)
     if is_seq2seq(model):
         eos = model.config.eos_token_id
         eos = {eos} if isinstance(eos, int) else set(eos or ())

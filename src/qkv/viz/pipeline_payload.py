@@ -52,6 +52,13 @@ A[i, j] as exp(S[i, j] − max) / Σ, Z[i, c] as Σ_j A[i, j]·v_j[c], each besi
 arrays of every layer would be L·(2H·n·d_k + 2H_kv·m·d_k + 2H·n·m) floats: the payload keeps the start
 layer's and as many neighbours' as fit in ARITHMETIC_MB (SmolLM2: all 30 layers up to 16 tokens, 2 at 128).
 
+A stack with layers of other kinds (core/capabilities.py: Mamba, Mamba-2, Jamba, Granite 4, Falcon-H1, Qwen3-Next,
+MiniMax) has, besides, "mixers": {str(layer): the layer's own steps} (`pipeline_mixer`: its inputs, gate, decay, the
+token-to-token matrix it implies and its output, as the pass recorded them, trace.MIXER), and "arch" its
+"layer_kinds" and "mixer" sizes; a layer without softmax has zeros for its q, k, v, Z and S (never drawn), its
+"attention" the implied matrix's shares. Such a trace keeps the mixers' steps: `pipeline_trace`, or
+model.run(text, keep=PIPELINE_KEEP).
+
 An encoder–decoder's payload has, instead of the one stack's fields (tokens … scores), "seq2seq": true,
 "target": str and "stacks": {"encoder": {tokens, labels, ids, L, causal, stream, blocks, final, heads,
 attention, scores}, "decoder": {the same, its blocks with cross_in, cross_out, mid2 too, and "cross":
@@ -65,12 +72,14 @@ import math
 
 import numpy as np
 
-from ..core.capabilities import require
+from ..core.capabilities import has_ffn, kind_of, layer_kinds, require
 from ..core.positions import alibi_slopes
 from ..runtime.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
-from ..core.trace import Trace
+from ..core.trace import DEFAULT_KEEP, MIXER, Trace
 from .payload import encode_attention, page_title
+from .pipeline_mixer import MIXING, NO_SOFTMAX, as_attention, mixer_arrays, steps_of
+from .pipeline_mixer import sizes as mixer_sizes
 from .pipeline_text import TEXTS
 from .wire import decode, encode
 
@@ -84,9 +93,11 @@ SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
 SHOWN = ("residual", "attn_in", "q", "k", "v", "scores", "attentions", "heads", "attn_out", "residual_mid", "ffn_in",
          "ffn_out", "residual_out")
 CROSS_SHOWN = ("residual", "attn_in", "q", "k", "v", "scores", "attentions", "heads", "attn_out")
+PIPELINE_KEEP = (*DEFAULT_KEEP, *MIXER)     # what a trace for the page keeps: Model.run's, and a scan's own steps
 BOXES = ("tokens", "embed", "norm1", "qkv", "qknorm", "rope", "gqa", "scores", "alibi", "softcap", "mask", "attn", "z",
          "out", "res1", "router",                                       # a family's own: q/k norm … the MoE router
          "xnorm", "xqkv", "xattn", "xz", "xout", "xres",                # a decoder's cross-attention (encoder–decoders)
+         "mix_x", "mix_qkv", "mix_dt", "mix_bc", "mix_matrix", "mix_out",   # a scan's, a linear attention's steps
          "norm2", "ffn", "res2", "final", "logits", "probs", "hidden", "pooled", "stream")   # the page's boxes (pipeline.js)
 
 
@@ -132,7 +143,8 @@ def block_vectors(trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray,
     A decoder with cross-attention (CROSS, its trace) has one more step after mid: mid is then the stream its
     cross-attention starts from (the cross trace's residual), cross_in what it read, cross_out what it added,
     mid2 the stream after it (residual_mid), which the FFN's step starts from. The stream's rows 0..L-1 are
-    the blocks' residuals, row L the last block's residual_out."""
+    the blocks' residuals, row L the last block's residual_out. A block without an FFN (Mamba's) reads nothing:
+    ffn_in zeros, ffn_out the 0 it records."""
     out: dict[str, list] = {}
     L = len(trace.layers)
     for i in range(L):
@@ -141,7 +153,8 @@ def block_vectors(trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray,
         if cross is not None:
             c = cross.layers[i]
             values.update(mid=c.residual, cross_in=c.attn_in, cross_out=c.attn_out, mid2=t.residual_mid)
-        values.update(ffn_in=t.ffn_in, ffn_out=t.ffn_out)
+        values.update(ffn_in=t.ffn_in if t.ffn_in is not None else np.zeros_like(t.residual),   # a Mamba stack: no
+                      ffn_out=t.ffn_out)                                                          # FFN to read it
         for name, value in values.items():
             out.setdefault(name, []).append(value)
     stream = [trace.layers[i].residual for i in range(L)] + [trace.layers[L - 1].residual_out]
@@ -192,11 +205,14 @@ def arithmetic_arrays(cfg, layers: list, center: int, *, bias: bool = False, cap
     return out
 
 
-def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: int = 0, bias: bool = False) -> dict:
+def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: int = 0, bias: bool = False,
+                 mixers: bool = False) -> dict:
     """One stack's part of the payload: its tokens, stream, block vectors, heads, A and S (and cross), and the
-    whole arrays of the layers around CENTER for the diagram's arithmetic (BIAS: the scores carry a position bias)."""
+    whole arrays of the layers around CENTER for the diagram's arithmetic (BIAS: the scores carry a position bias;
+    MIXERS: the layers of a scan or a linear attention carry their own steps, `pipeline_mixer`)."""
     stream, vectors = block_vectors(trace, cross)                               # (L+1, n, d), {name: (L, n, d)}
-    layers = [trace.layers[i] for i in range(len(blocks))]
+    layers = [trace.layers[i] if not mixers else as_attention(trace.layers[i], cfg, kind_of(cfg, i))
+              for i in range(len(blocks))]
     out = {
         "tokens": [str(t) for t in trace.tokens], "labels": trace.labels, "ids": [int(i) for i in trace.ids],
         "L": len(blocks), "causal": bool(trace.causal),
@@ -209,6 +225,8 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: 
         "arithmetic": arithmetic_arrays(cfg, layers, center, bias=bias, cap=cfg.attn_softcap,
                                         sinks=np.stack([b.attn.sinks for b in blocks]) if cfg.attn_sinks else None),
     }
+    if mixers:                                                                  # Mamba, Qwen3-Next, MiniMax, …
+        out["mixers"] = mixer_arrays(cfg, blocks, trace, center, HEAD_DIMS, encode_scores)
     if any(t.experts is not None for t in layers):                              # a mixture of experts' router
         out["router"] = [None if t.experts is None else
                          {"experts": [[int(e) for e in row] for row in t.experts],               # (n, k)
@@ -241,25 +259,41 @@ def check_trace(model, trace: Trace) -> None:
         return
     if trace.cross is not None:
         raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
-    # Mamba, Jamba, Granite 4, Falcon-H1 (a mixer beside attention), Qwen3-Next, MiniMax: no q, k, v and softmax to
-    # draw in some layer, or no x + box steps (core/capabilities.py)
-    require(cfg, model.name, "the pipeline page (every layer's q, k, v, softmax and x + box steps)", {"plain_block"},
-            instead="read their implied attention in the viewer (qkv show --out DIR)")
+    require(cfg, model.name, "the pipeline page", {"pipeline"}, instead="read its attention in the viewer (qkv show "
+            "--out DIR)")                       # every kind draws its steps (core/capabilities.py)
+    kinds = layer_kinds(cfg)
     missing = [i for i in range(cfg.n_layers) if i not in trace.layers
-               or any(getattr(trace.layers[i], name) is None for name in SHOWN)]
+               or any(getattr(trace.layers[i], name) is None for name in needed(cfg, i))]
+    if (missing or trace.head_ids is not None) and any(kind in MIXING for kind in kinds):
+        raise QkvError(f"the pipeline page needs every intermediate of every layer and head, and the own steps of "
+                       f"{model.name}'s scan or linear-attention layers (kept only when asked for); make the trace "
+                       "with qkv.viz.pipeline.pipeline_trace(model, text), or model.run(text, keep=PIPELINE_KEEP) "
+                       "(qkv.viz.pipeline)")
     if missing or trace.head_ids is not None:
         raise QkvError("the pipeline page needs every intermediate of every layer and head; "
                        "make the trace with model.run(text) (no layers=, keep= or heads=)")
     n = len(trace.tokens)
     first = trace.layers[0]
+    heads = next((trace.layers[i] for i in range(cfg.n_layers) if kinds[i] not in NO_SOFTMAX), None)   # q, k, v
     vocab = None if trace.logits is None else trace.logits.shape[-1]
-    if (first.residual.shape != (n, cfg.d_model) or first.q.shape[0] != cfg.n_heads
-            or first.k.shape[0] != cfg.n_kv_heads or len(trace.layers) != cfg.n_layers
+    if (first.residual.shape != (n, cfg.d_model) or first.attentions.shape[0] != cfg.n_heads
+            or heads is not None and (heads.q.shape[0] != cfg.n_heads or heads.k.shape[0] != cfg.n_kv_heads)
+            or len(trace.layers) != cfg.n_layers
             or vocab != (None if model.weights.W_vocab is None else model.weights.W_vocab.shape[1])):
         raise QkvError(f"this trace does not come from {model.name} (its sizes differ); run the text "
                        "through the same model")
     if n > MAX_TOKENS:
         raise QkvError(f"the text has {n} tokens; the pipeline page holds at most {MAX_TOKENS}: shorten it")
+
+
+def needed(cfg, layer: int) -> tuple[str, ...]:
+    """What the page reads of LAYER: SHOWN, without q, k, v and S where they are not softmax attention's and without
+    ffn_in where there is no FFN (a Mamba stack), with the layer's own steps where it has a mixer (trace.MIXER)."""
+    kind = kind_of(cfg, layer)
+    if kind in NO_SOFTMAX:
+        absent = ("q", "k", "v", "scores") if has_ffn(cfg, layer) else ("q", "k", "v", "scores", "ffn_in")
+        return (*(name for name in SHOWN if name not in absent), *steps_of(kind))
+    return (*SHOWN, *steps_of("mamba2")) if kind == "parallel" else SHOWN
 
 
 def _alibi_slopes(c) -> list[float] | None:
@@ -296,13 +330,19 @@ def arch_of(model) -> dict:
             # multi-head latent attention (DeepSeek): K, V from a latent per token (core/latent.py); None: plain
             "latent": {"r_kv": c.kv_lora_rank, "r_q": c.q_lora_rank, "d_v": c.d_value} if c.latent else None,
             "rope_theta": c.rope_theta,
+            # layers of other kinds (Mamba, Jamba, Granite 4, Falcon-H1, Qwen3-Next, MiniMax): each layer's kind
+            # (core/capabilities.py), the mixer's sizes and its block's knobs (`pipeline_mixer.sizes`); Qwen3-Next's
+            # softmax layers gate each head's Z_h ⊙ σ(X·W_G)_h before W_O
+            "layer_kinds": None if is_seq2seq(model) else list(layer_kinds(c)), "mixer": mixer_sizes(c),
+            "gated_heads": bool(c.attn_output_gate),
             "alibi": _alibi_slopes(c),
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
             "encoder_final_norm": w.encoder.final_norm is not None if is_seq2seq(model) else None,
             # OPT-350m: the table's width, mapped to d_model and back (None: d_model); StableLM: a q/k norm per head
-            "d_embed": c.d_embed, "qk_norm_per_head": any(b.attn.q_norm is not None and b.attn.q_norm.weight.ndim == 2
-                                                          for b in getattr(last, "blocks", ())),
+            "d_embed": c.d_embed,
+            "qk_norm_per_head": any(getattr(b.attn, "q_norm", None) is not None and b.attn.q_norm.weight.ndim == 2
+                                    for b in getattr(last, "blocks", ())),          # (b.attn None: a Mamba block)
             "embed_norm": getattr(w, "encoder", w).embed_norm is not None,            # BERT, BART, mBART
             "position_bias": position_bias_of(w),
             # layers of different kinds (Gemma 2/3, GPT-Neo, SmolLM3, Qwen's sliding layers): each layer's window
@@ -329,7 +369,8 @@ def position_bias_of(weights) -> str | None:
     stack = getattr(weights, "encoder", weights)
     if stack.rel_bias is not None:
         return "shared"
-    return "per_layer" if stack.blocks and stack.blocks[0].attn.rel_bias is not None else None
+    first = stack.blocks[0].attn if stack.blocks else None                 # None: a Mamba block's (no attention)
+    return "per_layer" if first is not None and first.rel_bias is not None else None
 
 
 def output_payload(model, trace: Trace) -> dict | None:
@@ -388,5 +429,6 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
                                             bias=bias),
                     "decoder": stack_arrays(cfg, w.decoder.blocks, trace, trace.cross,
                                             center=min(layer, cfg.n_decoder_layers - 1), bias=bias)}}
-    return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace, center=layer, bias=bias),
+    return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace, center=layer, bias=bias,
+                                                     mixers=any(k in MIXING for k in layer_kinds(cfg))),
             "pooled": pooled_payload(trace) if trace.logits is None else None}

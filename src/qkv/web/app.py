@@ -63,7 +63,7 @@ from ..runtime.errors import QkvError
 from ..viz import hangul
 from ..viz.html import asset, page as html_page, pipeline_js, viewer_js
 from ..viz.payload import script_json, trace_payload
-from ..viz.pipeline import pipeline_payload, pipeline_trace
+from ..viz.pipeline import PIPELINE_KEEP, pipeline_payload, pipeline_trace
 from ..viz.words import texts
 from ..writing.sampling import Sampling
 from ..writing.seq2seq_generate import translation_trace
@@ -250,7 +250,7 @@ class App:
             trace = model.run(text)
             new = int(sampling.pick(trace.logits[-1:].astype(np.float64), sampling.rng())[0])
             ids = [int(i) for i in trace.ids] + [new]                    # the very token drawn, not re-read
-            longer = model.run(ids)
+            longer = model.run(ids, keep=PIPELINE_KEEP)                 # (a scan's own steps too)
             longer.text = text + model.tokenizer.decode([new])
             return {"id": new, "token": model.tokenizer.label(new), "text": longer.text,
                     "payload": pipeline_payload(model, longer, lang=lang, layer=layer)}
@@ -386,9 +386,17 @@ class App:
         """The model the chat starts with: the server's own if it can chat, else the bundled LLM."""
         return self.default if self.can_chat(self.default) or LLM not in self.sources else LLM
 
+    def example(self) -> str:
+        """The text the page runs first: a protein's sequence for a protein model (ESM: its Contacts tab), else
+        EXAMPLE."""
+        from ..lessons.proteins import TRP_CAGE
+
+        model = self._models.get(self.default)
+        return TRP_CAGE if model is not None and getattr(model.weights, "W_contact", None) is not None else EXAMPLE
+
     def page(self) -> str:
         """The app's HTML: the viewer's JS and CSS, the form's and the chat's JS and CSS, and the config."""
-        config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": EXAMPLE,
+        config = {"models": self.sources, "model": self.default, "max_chars": MAX_CHARS, "text": self.example(),
                   "pipeline_tokens": MAX_PIPELINE_TOKENS, "chat_model": self.chat_default,
                   "chat_ready": self.can_chat(self.default), "max_message": MAX_MESSAGE, "max_new_tokens": NEW_TOKENS,
                   "graph_words": texts("graph"), "graph_bytes": MAX_GRAPH_BYTES,

@@ -38,7 +38,8 @@
       this.s = {token: 0, layer: start.layer || 0, head: start.head || 0, stack: "decoder",
                 box: start.box || (p.arch.encoder ? "pooled" : "probs"), lang: p.lang || "en", T: 1, topk: 0, topp: 1};
       const keep = this.options.state;
-      if (keep) for (const k of ["layer", "head", "box", "lang", "T", "topk", "topp", "stack"]) if (k in keep) this.s[k] = keep[k];
+      const kept = ["layer", "head", "box", "lang", "T", "topk", "topp", "stack", "mix"];   // mix: a scan's matrix
+      if (keep) for (const k of kept) if (k in keep) this.s[k] = keep[k];
       this.use(this.s.stack);
       this.s.token = this.n - 1;
     }
@@ -89,6 +90,7 @@
       if (pre) blk.push(["norm2", t("p_norm2")]);
       if (a.moe && this.d.router) blk.push(["router", t("p_router")]);     // a mixture of experts
       blk.push(["ffn", t("p_ffn")], ["res2", t("p_res2")]);
+      this.mixerBoxes(blk);
       const end = [];
       if (a.final_norm) end.push(["final", t("p_final")]);
       if (a.seq2seq && a.encoder) end.push(["hidden", t("p_memory_box")]);
@@ -98,6 +100,24 @@
       let k = 0;
       for (const list of [out, blk, end]) for (const b of list) if (b[0] !== "stream") b[1] = `${++k}. ${b[1]}`;
       return {start: out, block: blk, end};
+    }
+
+    // the kind of the chosen layer (core/capabilities.py): "attention", "mamba", "delta", "parallel", …
+    kind() { const k = this.p.arch.layer_kinds; return (k && k[this.s.layer]) || "attention"; }
+    // a layer without softmax (Mamba, Mamba-2, the delta rule, lightning): its own steps in attention's place,
+    // and no FFN's boxes where the block has none (a Mamba stack); Falcon-H1's mixer: its steps before W_O
+    mixerBoxes(blk) {
+      const M = global.QKV_PIPELINE_MIXER, kind = this.kind();
+      const own = M ? M.boxes(this, this.s.layer) : [];
+      if (!own.length) return;
+      const at = (id) => blk.findIndex((b) => b[0] === id);
+      if (kind === "parallel") { blk.splice(at("out"), 0, ...own); return; }
+      const attention = ["qkv", "qknorm", "rope", "gqa", "scores", "alibi", "softcap", "mask", "attn", "z"];
+      const noFFN = this.p.arch.d_ff === 0 ? ["norm2", "ffn", "res2"] : [];       // a Mamba stack: no FFN
+      const kept = blk.filter((b) => !attention.includes(b[0]) && !noFFN.includes(b[0]));
+      blk.length = 0;
+      blk.push(...kept.map((b) => (b[0] === "out" ? ["out", this.t("p_mix_outproj")] : b)));
+      blk.splice(at("norm1") + 1, 0, ...own);
     }
 
     render() {
@@ -195,6 +215,7 @@
       main.append(flow, detail);
       r.append(main);
       Object.assign(r.dataset, {box: s.box, token: s.token, layer: s.layer, head: s.head, lang: s.lang,
+                                kind: this.kind(),                      // the layer's kind (core/capabilities.py)
                                 T: s.T, topk: s.topk, topp: s.topp, stack: this.top.seq2seq ? s.stack : ""});
     }
 
@@ -202,6 +223,7 @@
     // head's n × n scores or weights, the mask; null for boxes without one array of this token's layer and head
     thumb(id) {
       const p = this.p, a = p.arch, d = this.d, s = this.s, n = this.n, L = s.layer, h = s.head;
+      if (id.startsWith("mix_")) return global.QKV_PIPELINE_MIXER ? global.QKV_PIPELINE_MIXER.thumb(this, id) : null;
       const strip = (sum, base) => {
         const vals = Array.from(sum.norm.data.subarray(base, base + n));
         const hi = Math.max(...vals), lo = Math.min(...vals);
@@ -416,7 +438,8 @@
         case "z": {
           formula(t("p_z_f"));
           out.append(el("p", "qkv-p-note", t("z_seed")));
-          this.diagram(out, "self", "Z");
+          if (this.kind() === "gated") out.append(el("p", "qkv-p-note qkv-p-gated", t("p_z_gated")));   // Qwen3-Next
+          else this.diagram(out, "self", "Z");                 // (a gated Z is not A·V: no cell to work out)
           this.vectorView(out, d.heads.z, headRow("z", a.H, h), `(H, n, d_k) = (${a.H}, ${n}, ${a.d_k})`);
           break;
         }
@@ -424,8 +447,21 @@
           const pre = a.norm_place !== "post";
           const f = {out: t("p_out_f", {last: a.H - 1}), res1: t(pre ? "p_res_pre_f" : "p_res_post_f"),
                      ffn: t(a.gated ? "p_ffn_gated_f" : "p_ffn_f", {d_ff: a.d_ff}),
-                     res2: t(pre ? "p_res2_pre_f" : "p_res2_post_f")}[s.box];
-          formula(a.parallel && s.box === "res2" ? t("p_res_parallel_f") : f);
+                     res2: t(pre ? "p_res2_pre_f" : "p_res2_post_f")};
+          const kind = this.kind(), mx = a.mixer || {};
+          if (kind === "minimax" || kind === "lightning") {          // MiniMax: α·Norm(x) + β·Box(Norm(x))
+            const [alpha, beta] = s.box === "res2" ? mx.ffn_factors : mx.factors[L];
+            f.res1 = t("p_res_minimax_f", {alpha: num(alpha, 3), beta: num(beta, 3)});
+            f.res2 = t("p_res2_minimax_f", {alpha: num(alpha, 3), beta: num(beta, 3)});
+          } else if (["mamba", "mamba2", "delta"].includes(kind)) f.res1 = t("p_res_mixer_f");
+          if (["mamba", "mamba2", "delta", "lightning"].includes(kind)) {
+            f.out = t(kind === "mamba" || kind === "mamba2" ? "p_mix_out_scan_f" : "p_mix_out_linear_f");
+          } else if (kind === "parallel") {                           // Falcon-H1: both boxes' outputs, scaled
+            const b = mx.beside;
+            f.out = t("p_out_beside_f", {a_in: num(b.attn_in, 3), a_out: num(b.attn_out, 3), ssm: num(b.ssm_out, 3)});
+          }
+          if (kind === "gated" && s.box === "out") out.append(el("p", "qkv-p-note qkv-p-gated", t("p_z_gated")));
+          formula(a.parallel && s.box === "res2" ? t("p_res_parallel_f") : f[s.box]);
           if (s.box === "out" && a.out_norms) out.append(el("p", "qkv-p-note", t("p_out_norm")));
           const shape = `(n, d_model) = (${n}, ${a.d_model})`;
           if (s.box === "res2") this.vectorView(out, d.stream, (L + 1) * n, shape);
@@ -515,7 +551,9 @@
           break;
         }
         case "probs": this.probs(out); break;
-        default: break;
+        default:                                          // a scan's or linear attention's own steps
+          if (s.box.startsWith("mix_") && global.QKV_PIPELINE_MIXER) global.QKV_PIPELINE_MIXER.detail(this, out, s.box);
+          break;
       }
     }
     // attention as its diagram with the arithmetic of a cell (pipeline_diagram.js, loaded before this file)
@@ -610,6 +648,7 @@
     d.attention = (await array(part.attention)).data;
     d.scores = (await array(part.scores.data)).data;
     d.router = part.router || null;
+    d.mixers = global.QKV_PIPELINE_MIXER ? await global.QKV_PIPELINE_MIXER.decode(part.mixers) : null;   // by layer
     d.arith = global.QKV_PIPELINE_DIAGRAM ? await global.QKV_PIPELINE_DIAGRAM.decode(part.arithmetic) : null;                      // a mixture of experts: per layer {experts, weights} or null
     if (part.cross) {
       const x = part.cross;

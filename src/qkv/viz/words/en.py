@@ -263,6 +263,49 @@ PIPELINE = {
     "p_ar_rest": "the other {k} terms",
     "p_ar_replay": "replay",
     "p_ar_load": "Run layer {layer}'s arithmetic",
+    # a layer without softmax (a selective scan, a linear attention): its own steps (viz/pipeline_mixer.py)
+    "p_mix_x": "Input projection and conv: x̃", "p_mix_qkv": "q, k, v", "p_mix_bc": "B and C",
+    "p_mix_dt_scan": "Δ, the step", "p_mix_dt_delta": "β and the decay g", "p_mix_dt_lightning": "The decay λ",
+    "p_mix_matrix": "The implied matrix", "p_mix_out": "Matrix × values",
+    "p_mix_mamba": "Layer {layer} is a Mamba layer: a selective scan, no q, k, v and no softmax. Unrolled, each of its "
+                   "channels mixes the tokens with one lower-triangular matrix (Ali et al. 2024).",
+    "p_mix_mamba2": "Layer {layer} is a Mamba-2 layer: a selective scan whose decay is one number per head, so each "
+                    "head mixes the tokens with one lower-triangular matrix (SSD, Dao & Gu 2024).",
+    "p_mix_parallel": "Layer {layer} runs attention and a Mamba-2 mixer side by side on the same Norm(X) (Falcon-H1): "
+                      "the mixer's steps follow the attention's; their outputs are added.",
+    "p_mix_delta": "Layer {layer} is a gated delta layer (Qwen3-Next's linear attention): a d_k × d_v state per "
+                   "value head, no softmax. The state is linear in the values, so it is one matrix over the tokens.",
+    "p_mix_lightning": "Layer {layer} is lightning attention (MiniMax): a linear attention with a decay per head, no "
+                       "softmax, no RoPE, no 1/√d_k.",
+    "p_mix_x_mamba_f": "[u | z] = h·W_in,   x̃ = act(conv_{k}(u))   (B, n, E = {E})",
+    "p_mix_x_mamba2_f": "[z | u | δ] = h·W_in,   [x̃ | B | C] = act(conv_{k}(u))   x̃: (B, n, H = {H}, P = {P})",
+    "p_mix_qkv_delta_f": "[q | k | v] = act(conv_{k}(h·[W_q | W_k | W_v])),   q̂ = q/‖q‖·d_k^−½,   k̂ = k/‖k‖",
+    "p_mix_qkv_lightning_f": "[q | k | v] = act(h·W_QKV)   (no RoPE, no 1/√d_k)",
+    "p_mix_dt_mamba_f": "Δ = softplus(δ·W_dt + b_dt),   the state decays by exp(Δₜ·A[c, n]),  A = −exp(A_log)",
+    "p_mix_dt_mamba2_f": "Δ = softplus(δ + b_dt),   the state decays by exp(Δₜ·A_h),  A_h = −exp(A_log)",
+    "p_mix_dt_delta_f": "β = σ(h·W_b),   g = −exp(A_log)·softplus(h·W_a + b_dt),   the state decays by exp(g)",
+    "p_mix_dt_lightning_f": "λ_h = exp(−r_h): each step back multiplies a key's share by λ (the same at every token)",
+    "p_mix_bc_f": "B: what each token writes into the state;  C: what reads it back  (the scan's k and q, N = {N})",
+    "p_mix_matrix_scan_f": "α[t, s] = Cₜ·(Π_(r = s+1..t) exp(Δᵣ·A))·Bₛ·Δₛ    (0 for s > t)",
+    "p_mix_matrix_delta_f": "A[t, s] = βₛ·q̂ₜᵀ·(Π_(r = s+1..t) exp(g_r)·(I − β_r·k̂_r·k̂_rᵀ))·k̂ₛ    (0 for s > t)",
+    "p_mix_matrix_lightning_f": "A[t, s] = (qₜ·kₛ)·λ^(t − s)    (0 for s > t)",
+    "p_mix_matrix_what": "No softmax: a number may be negative and a row need not sum to 1. Every attention view, "
+                         "rollout and lesson reads |·| with each row divided by its sum. Shown: {what}.",
+    "p_mix_out_scan_f": "y = α·x̃  (+ D ⊙ x̃, a skip kept apart),   then the gate SiLU(z), (a norm) and W_out",
+    "p_mix_out_linear_f": "o = A·v,   then a norm, a gate and the output projection",
+    "p_mix_sum": "Σₛ M[{t}, s]·v_s[{c}] = {sum}   the engine's output: {engine}",
+    "p_mix_skip": "D = {d}: y + D·x̃ is added after the matrix",
+    "p_mix_whole": "The whole matrix of layer {layer} is not in this page (too large): the sums are shown for the "
+                   "layers nearest the one it opened at.",
+    "p_mix_outproj": "The output projection: back to d_model",
+    "p_mix_what_mamba": "channel {i}", "p_mix_what_mamba2": "Mamba head {i}", "p_mix_what_delta": "value head {i}",
+    "p_mix_what_lightning": "head {i}",
+    "p_mix_pick": "matrix", "p_mix_decay": "log decay",
+    "p_out_beside_f": "Attention(h·{a_in})·{a_out} + Mixer(h)·{ssm}   (h = Norm(X): both boxes read it)",
+    "p_res_minimax_f": "X' = {alpha}·Norm(X) + {beta}·Attention(Norm(X))   (the normalised stream goes on)",
+    "p_res2_minimax_f": "X'' = {alpha}·Norm(X') + {beta}·FFN(Norm(X'))",
+    "p_res_mixer_f": "X' = X + Mixer(Norm(X))   (the mixer in attention's place)",
+    "p_z_gated": "This layer gates each head: what W_O reads, and what is shown, is Z_h ⊙ σ(X·W_G)_h.",
 }
 
 # qkv explain ffn (lessons.ffn, lessons.ffn_figures)
@@ -785,6 +828,7 @@ VIEWER = {
     "panel_diff": "Model diff",
     "panel_path_patch": "Path patching", "panel_probe": "Probes",
     "panel_disentangled": "Disentangled",
+    "panel_contacts": "Contacts",
 }
 
 # the attribution graph page (`graphs.page`, assets/graph.js) and `qkv serve`'s Graph tab

@@ -251,6 +251,49 @@ PIPELINE = {
     "p_ar_rest": "나머지 항 {k}개",
     "p_ar_replay": "다시 보기",
     "p_ar_load": "층 {layer}의 계산 불러오기",
+    # softmax가 없는 층(선택적 스캔, 선형 어텐션): 그 층의 단계들 (viz/pipeline_mixer.py)
+    "p_mix_x": "입력 투영과 합성곱: x̃", "p_mix_qkv": "q, k, v", "p_mix_bc": "B와 C",
+    "p_mix_dt_scan": "Δ, 스텝", "p_mix_dt_delta": "β와 감쇠 g", "p_mix_dt_lightning": "감쇠 λ",
+    "p_mix_matrix": "숨은 행렬", "p_mix_out": "행렬 × 값",
+    "p_mix_mamba": "층 {layer}은 Mamba 층입니다: 선택적 스캔이며 q, k, v도 softmax도 없습니다. 펼쳐 보면 채널마다 "
+                   "하삼각 행렬 하나로 토큰들을 섞습니다(Ali 외 2024).",
+    "p_mix_mamba2": "층 {layer}은 Mamba-2 층입니다: 감쇠가 헤드마다 숫자 하나인 선택적 스캔이라, 헤드마다 하삼각 "
+                    "행렬 하나로 토큰들을 섞습니다(SSD, Dao & Gu 2024).",
+    "p_mix_parallel": "층 {layer}은 같은 Norm(X)에서 어텐션과 Mamba-2 믹서를 나란히 돌립니다(Falcon-H1): 믹서의 "
+                      "단계가 어텐션의 단계 뒤에 오고, 두 출력을 더합니다.",
+    "p_mix_delta": "층 {layer}은 게이트 델타 층입니다(Qwen3-Next의 선형 어텐션): 값 헤드마다 d_k × d_v 상태가 있고 "
+                   "softmax는 없습니다. 상태가 값에 선형이므로 토큰들 위의 행렬 하나가 됩니다.",
+    "p_mix_lightning": "층 {layer}은 라이트닝 어텐션입니다(MiniMax): 헤드마다 감쇠가 있는 선형 어텐션으로, softmax도 "
+                       "RoPE도 1/√d_k도 없습니다.",
+    "p_mix_x_mamba_f": "[u | z] = h·W_in,   x̃ = act(conv_{k}(u))   (B, n, E = {E})",
+    "p_mix_x_mamba2_f": "[z | u | δ] = h·W_in,   [x̃ | B | C] = act(conv_{k}(u))   x̃: (B, n, H = {H}, P = {P})",
+    "p_mix_qkv_delta_f": "[q | k | v] = act(conv_{k}(h·[W_q | W_k | W_v])),   q̂ = q/‖q‖·d_k^−½,   k̂ = k/‖k‖",
+    "p_mix_qkv_lightning_f": "[q | k | v] = act(h·W_QKV)   (RoPE도 1/√d_k도 없음)",
+    "p_mix_dt_mamba_f": "Δ = softplus(δ·W_dt + b_dt),   상태는 exp(Δₜ·A[c, n])만큼 줄어듭니다,  A = −exp(A_log)",
+    "p_mix_dt_mamba2_f": "Δ = softplus(δ + b_dt),   상태는 exp(Δₜ·A_h)만큼 줄어듭니다,  A_h = −exp(A_log)",
+    "p_mix_dt_delta_f": "β = σ(h·W_b),   g = −exp(A_log)·softplus(h·W_a + b_dt),   상태는 exp(g)만큼 줄어듭니다",
+    "p_mix_dt_lightning_f": "λ_h = exp(−r_h): 한 걸음 뒤로 갈 때마다 키의 몫에 λ를 곱합니다(모든 토큰에서 같음)",
+    "p_mix_bc_f": "B: 각 토큰이 상태에 쓰는 것;  C: 그것을 다시 읽는 것  (스캔의 k와 q, N = {N})",
+    "p_mix_matrix_scan_f": "α[t, s] = Cₜ·(Π_(r = s+1..t) exp(Δᵣ·A))·Bₛ·Δₛ    (s > t이면 0)",
+    "p_mix_matrix_delta_f": "A[t, s] = βₛ·q̂ₜᵀ·(Π_(r = s+1..t) exp(g_r)·(I − β_r·k̂_r·k̂_rᵀ))·k̂ₛ    (s > t이면 0)",
+    "p_mix_matrix_lightning_f": "A[t, s] = (qₜ·kₛ)·λ^(t − s)    (s > t이면 0)",
+    "p_mix_matrix_what": "softmax가 없습니다: 값이 음수일 수 있고 행의 합이 1일 필요도 없습니다. 모든 어텐션 보기, "
+                         "rollout, 수업은 |·|를 읽고 각 행을 그 합으로 나눕니다. 보이는 것: {what}.",
+    "p_mix_out_scan_f": "y = α·x̃  (+ D ⊙ x̃, 따로 둔 건너뛰기),   그다음 게이트 SiLU(z), (정규화)와 W_out",
+    "p_mix_out_linear_f": "o = A·v,   그다음 정규화, 게이트, 출력 투영",
+    "p_mix_sum": "Σₛ M[{t}, s]·v_s[{c}] = {sum}   엔진의 출력: {engine}",
+    "p_mix_skip": "D = {d}: 행렬 다음에 y + D·x̃를 더합니다",
+    "p_mix_whole": "층 {layer}의 행렬 전체는 이 페이지에 없습니다(너무 큼): 합은 페이지를 연 층에 가까운 층들에서 "
+                   "보입니다.",
+    "p_mix_outproj": "출력 투영: d_model로 돌아가기",
+    "p_mix_what_mamba": "채널 {i}", "p_mix_what_mamba2": "Mamba 헤드 {i}", "p_mix_what_delta": "값 헤드 {i}",
+    "p_mix_what_lightning": "헤드 {i}",
+    "p_mix_pick": "행렬", "p_mix_decay": "로그 감쇠",
+    "p_out_beside_f": "Attention(h·{a_in})·{a_out} + Mixer(h)·{ssm}   (h = Norm(X): 두 상자가 함께 읽음)",
+    "p_res_minimax_f": "X' = {alpha}·Norm(X) + {beta}·Attention(Norm(X))   (정규화된 흐름이 이어짐)",
+    "p_res2_minimax_f": "X'' = {alpha}·Norm(X') + {beta}·FFN(Norm(X'))",
+    "p_res_mixer_f": "X' = X + Mixer(Norm(X))   (어텐션 자리에 믹서)",
+    "p_z_gated": "이 층은 헤드마다 게이트를 둡니다: W_O가 읽고 여기 보이는 것은 Z_h ⊙ σ(X·W_G)_h입니다.",
 }
 
 # qkv explain ffn (lessons.ffn, lessons.ffn_figures)
