@@ -2,11 +2,12 @@
 fixture: more value heads than shown heads and fewer (a shown head holding two value heads, or half of one), key
 heads equal to value heads, the conv's taps, partial rotary factors with YaRN or a linear RoPE scaling, attention biases, tied
 embeddings, dense FFNs only, MoE every other layer (decoder_sparse_step) without renormalised weights, GELU, three
-linear layers in a row, every layer full.
+linear layers in a row (with as many key heads as value heads, and with one for four), every layer full.
 
 Each case builds a seeded, perturbed Qwen3NextForCausalLM, saves it, loads it with qkv and compares a right- and a
 left-padded batch (every block's input, final hidden states and logits within 1e-4 at the real positions, the full
-layers' attention weights within 2e-5: TOL_AFTER_DELTA), greedy writing with and without the cache token for token
+layers' attention weights within 2e-5: TOL_AFTER_DELTA; twice that for the one case whose float32 rounding grows on
+both sides, TOLS_ILL_CONDITIONED), greedy writing with and without the cache token for token
 (and a left-padded batch of prompts), the implied attention's identity in float64 (A·V = the delta rule's output
 ≤ 1e-9); a model qkv saves is read back by transformers with the same logits.
 """
@@ -32,6 +33,14 @@ NEW = 8
 # from the exact numbers by ~1e-5 after three of them, where qkv's float32 stays within 2e-6 of its float64 (measured
 # on the three-linear case: 1.15e-5 torch float32 vs qkv float64, 1.8e-6 qkv float32 vs float64).
 TOL_AFTER_DELTA = 2 * TOL_ATTENTION
+TOLS = (TOL_HIDDEN, TOL_AFTER_DELTA)           # (logits, hidden states, block inputs), the full layers' weights
+# One case's rounding outgrows them, on both sides alike: its first tokens' core outputs o are tiny (rms 4e-5 against
+# √ε = 1e-3), so the gated RMSNorm after the delta rule works in its ε regime, y ≈ o·γ/√ε, and multiplies the rounding
+# o carries from the layers before a thousandfold. Measured on it (the right-padded batch; left: 4.8e-5): logits
+# 1.0e-4 apart, qkv's float32 5.3e-5 from the float64 answer and transformers' 4.7e-5; block inputs 6.9e-5; the full
+# layer's weights 2.3e-5 (1.2e-5, 1.1e-5). In float64 the two agree to 8e-14 (transformers' float32 casts made
+# float64): rounding, not a difference.
+TOLS_ILL_CONDITIONED = (2e-4, 4e-5)
 LIN, FULL = "linear_attention", "full_attention"
 
 
@@ -50,47 +59,49 @@ CASES = [
                             tie_word_embeddings=True,
                             rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                              "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5}),
-                 id="two-value-heads-a-head-conv2-biases-tied-dense-yarn"),
+                 TOLS, id="two-value-heads-a-head-conv2-biases-tied-dense-yarn"),
     pytest.param(qwen3_next([LIN, FULL, LIN], H=8, kv=2, head_dim=8, hk=2, hv=2, dk=16, conv=3, top=3,
                             norm_topk_prob=False, decoder_sparse_step=2, hidden_act="gelu", rms_norm_eps=1e-5,
                             rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0,
-                                             "partial_rotary_factor": 1.0}),
+                                             "partial_rotary_factor": 1.0}), TOLS,
                  id="half-a-value-head-a-head-conv3-sparse-step2-gelu-linear-rope"),
-    pytest.param(qwen3_next([LIN, LIN, LIN, FULL], hk=4, hv=4, conv=5, mlp_only_layers=[0]),   # (transformers'
+    pytest.param(qwen3_next([LIN, LIN, LIN, FULL], hk=4, hv=4, conv=5, mlp_only_layers=[0]), TOLS,  # (transformers'
                  id="key-heads-equal-value-heads-conv5-three-linear"),   # cache needs one full layer to write with)
-    pytest.param(qwen3_next([FULL, FULL], experts=0), id="every-layer-full"),
+    pytest.param(qwen3_next([FULL, FULL], experts=0), TOLS, id="every-layer-full"),
+    pytest.param(qwen3_next([LIN, LIN, LIN, FULL], hk=1, hv=4, conv=2), TOLS_ILL_CONDITIONED,
+                 id="a-key-head-for-four-value-heads-conv2-three-linear"),
 ]
 
 
-def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
-    """A padded batch: each block's input, the final hidden states, the logits and the full layers' weights at the
-    real positions."""
+def check_batch(model, ours, vocab: int, side: str, seed: int, tols: tuple[float, float]) -> None:
+    """A padded batch: each block's input, the final hidden states and the logits (within TOLS[0]), and the full
+    layers' weights (TOLS[1]), at the real positions."""
     ids, mask = padded_batch(vocab, [11, 7, 9], seed, side=side)
     with torch.no_grad():
         ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True,
                     output_attentions=True, position_ids=torch.from_numpy(decoder_positions(mask)), use_cache=False)
     rec = Recorder(keep=("residual", "attentions"))
     hidden, logits = transformer(ours.weights, ours.config, ids, mask, rec=rec)
-    real = mask.astype(bool)
-    assert np.abs(logits - ref.logits.numpy())[real].max() < TOL_HIDDEN, side
-    assert np.abs(hidden - ref.hidden_states[-1].numpy())[real].max() < TOL_HIDDEN, side
+    real, tol = mask.astype(bool), tols[0]
+    assert np.abs(logits - ref.logits.numpy())[real].max() < tol, side
+    assert np.abs(hidden - ref.hidden_states[-1].numpy())[real].max() < tol, side
     for layer in range(ours.config.n_layers):
         got = rec.store[layer]["residual"]
-        assert np.abs(got - ref.hidden_states[layer].numpy())[real].max() < TOL_HIDDEN, (side, layer)
+        assert np.abs(got - ref.hidden_states[layer].numpy())[real].max() < tol, (side, layer)
     full = [i for i, t in enumerate(model.config.layer_types) if t == FULL]
     for i, want in zip(full, ref.attentions):
         diff = np.abs(rec.store[i]["attentions"] - want.numpy()).transpose(0, 2, 1, 3)[real]
-        assert diff.max() < TOL_AFTER_DELTA, (side, i)
+        assert diff.max() < tols[1], (side, i)
 
 
-@pytest.mark.parametrize("config", CASES)
-def test_qwen3_next(config, tmp_path, request):
+@pytest.mark.parametrize("config, tols", CASES)
+def test_qwen3_next(config, tols, tmp_path, request):
     seed = case_seed(request)
     model = build(Qwen3NextForCausalLM, config, seed)
     save(model, tmp_path / "hf")
     ours = qkv.load(tmp_path / "hf")
     for side in ("right", "left"):
-        check_batch(model, ours, config.vocab_size, side, seed + 2)
+        check_batch(model, ours, config.vocab_size, side, seed + 2, tols)
     prompt = padded_batch(config.vocab_size, [9], seed + 3)[0]
     want = hf_greedy(model, prompt, NEW)
     assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False), want)
