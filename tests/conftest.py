@@ -18,7 +18,8 @@ AUDIO_FIXTURES = ("whisper", "whisper_base")   # speech (Whisper): log-mel featu
 SSM_FIXTURES = ("mamba", "mamba2", "jamba", "minimax", "qwen3_next",   # state-space and linear-attention stacks,
                 "granitemoehybrid", "falcon_h1")     # no attention weights to compare (Jamba, MiniMax, Qwen3-Next,
                                                      # Granite 4: in some layers only; Falcon-H1: a mixer beside
-                                                     # each): test_family_mamba.py, test_family_jamba.py,
+                                                     # each): test_scan_families.py (what they share),
+                                                     # test_family_mamba.py, test_family_jamba.py,
                                                      # test_family_minimax.py, test_family_qwen3_next.py,
                                                      # test_family_granitemoehybrid.py, test_family_falcon_h1.py
 FAMILY_FIXTURES = sorted(p.name for p in MODELS.iterdir()
@@ -112,6 +113,23 @@ def minilm():
     import qkv
 
     return qkv.load("minilm")
+
+
+@pytest.fixture(scope="module")
+def model(request):
+    """The fixture at the test module's PATH (a family's, tests/test_family_*.py), float32, loaded once a module; a
+    module's own `model` fixture, where it has one, comes first."""
+    import qkv
+
+    return qkv.load(request.module.PATH)
+
+
+@pytest.fixture(scope="module")
+def model64(request):
+    """As `model`, computing in float64 (the implied-attention identities, to 1e-9)."""
+    import qkv
+
+    return qkv.load(request.module.PATH, dtype=np.float64)
 
 
 # ── checks that the family tests (tests/test_family_*.py) share ───────────────────────────────────────────────────

@@ -6,6 +6,7 @@ their colours; a hostile residue stays text; `qkv serve` of an ESM model shows t
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -65,6 +66,8 @@ def test_show_page_draws_the_contact_map_beside_a_clicked_head(tab, esm, tmp_pat
     assert r.exit_code == 0, r.output
     open_viewer(tab, out / "attention.html")
     page = tab.page
+    assert tab.state()["view"] == "contacts"                           # a protein's page opens on its Contacts tab
+    page.wait_for_selector(".qkv-panel.qkv-contacts canvas.qkv-heat-contacts-predicted", state="visible")
     page.click(".qkv-tab >> text=Contacts")
     assert tab.state()["view"] == "contacts"
     panel = ".qkv-panel.qkv-contacts"
@@ -104,6 +107,18 @@ def test_show_page_draws_the_contact_map_beside_a_clicked_head(tab, esm, tmp_pat
     assert tab.state()["head"] == str(best[2][1])
     assert tab.errors == [] and tab.dialogs == []
     assert_offline(tab)
+
+
+def test_show_opens_a_proteins_viewer_on_contacts_and_a_text_models_on_its_first_view(tmp_path):
+    """`qkv show --out`: ESM's page says "contacts" as the view shown first; a model without a contact head (GPT-2)
+    says none (the viewer's Head view), its payload without a contacts section."""
+    for model, text, view in ((ESM, SEQUENCE, "contacts"), (MODELS / "gpt2", "The quick brown fox", None)):
+        out = tmp_path / model.name
+        r = CliRunner().invoke(cli, ["show", text, "--model", str(model), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        data = json.loads(re.search(r'class="qkv-data">(.*?)</script>', (out / "attention.html").read_text(),
+                                    re.S).group(1))
+        assert data["view"] == view and (data["contacts"] is not None) == (view == "contacts")
 
 
 def test_no_head_chosen_shows_the_layers_best_and_a_grid_cell_picks_one(tab, esm, tmp_path):

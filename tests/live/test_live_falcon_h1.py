@@ -13,22 +13,17 @@ transformers with the same logits.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, decoder_positions, padded_batch, perturb_, save
+from live_helpers import INIT_RANGE, TOL_ATTENTION, case_seed, padded_batch, save
+from live_scan import NEW, build_scan, check_mamba2_identity, check_read_back, check_streams
 from transformers import FalconH1Config, FalconH1ForCausalLM
 
 import qkv
-from qkv.core.mamba2 import implied_attention, mixer_parts
-from qkv.core.stack import transformer
-from qkv.core.trace import Recorder
 
 pytestmark = pytest.mark.live
 
-NEW = 8
 MULTIPLIERS = dict(embedding_multiplier=1.3, lm_head_multiplier=0.7, mlp_multipliers=[0.8, 1.2], key_multiplier=0.6,
                    attention_in_multiplier=1.1, attention_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
                    ssm_in_multiplier=0.95, ssm_out_multiplier=1.05)
@@ -55,46 +50,19 @@ CASES = [
 ]
 
 
-def build(config, seed: int) -> FalconH1ForCausalLM:
-    torch.manual_seed(seed)
-    model = FalconH1ForCausalLM(config)
-    perturb_(model, seed + 1)
-    return model.float().eval()
-
-
 def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
     """A padded batch: every layer's input, the logits and the attention weights at the real positions."""
-    ids, mask = padded_batch(vocab, [11, 7, 9], seed, side=side)
-    with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True,
-                    output_attentions=True, position_ids=torch.from_numpy(decoder_positions(mask)), use_cache=False)
-    rec = Recorder(keep=("residual", "attentions"))
-    _, logits = transformer(ours.weights, ours.config, ids, mask, rec=rec)
-    real = mask.astype(bool)
-    assert np.abs(logits - ref.logits.numpy())[real].max() < TOL_HIDDEN
+    ref, rec, real = check_streams(model, ours, vocab, side, seed, positions=True, attentions=True)
     for layer in range(ours.config.n_layers):
-        assert np.abs(rec.store[layer]["residual"] - ref.hidden_states[layer].numpy())[real].max() < TOL_HIDDEN
-        for b in range(len(ids)):
+        for b in range(len(real)):
             got, want = rec.store[layer]["attentions"][b][:, real[b]], ref.attentions[layer][b].numpy()[:, real[b]]
             assert np.abs(got - want).max() < TOL_ATTENTION, (side, layer, b)
 
 
-def check_identity(path) -> None:
-    """Each layer's mixer: its implied attention applied to the scan's input is the scan's output, float64."""
-    ours64 = qkv.load(path, dtype=np.float64)
-    ids = padded_batch(ours64.config.vocab_size, [13], 5)[0]
-    trace = ours64.run(ids[0].tolist(), keep=("attn_in",))
-    for layer in range(ours64.config.n_layers):
-        f = mixer_parts(trace.layer(layer).attn_in[None], ours64.weights.blocks[layer].mixer, ours64.config.mamba,
-                        ours64.config.activation)
-        y = np.einsum("bhts,bshp->bthp", implied_attention(f.dt, f.A, f.Bm, f.Cm), f.x)
-        assert np.abs(y - f.y).max() < 1e-9
-
-
 @pytest.mark.parametrize("config", CASES)
 def test_falcon_h1(config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(config, seed)
+    seed = case_seed(request)
+    model = build_scan(FalconH1ForCausalLM, config, seed)
     save(model, tmp_path / "hf")
     ours = qkv.load(tmp_path / "hf")
     for side in ("right", "left"):
@@ -107,19 +75,15 @@ def test_falcon_h1(config, tmp_path, request):
         for cached in (True, False):
             got = ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, stop_at_eos=False, use_cache=cached)
             assert np.array_equal(got, want), (lengths, cached)
-    check_identity(tmp_path / "hf")
+    check_mamba2_identity(tmp_path / "hf")
     prompt = padded_batch(config.vocab_size, [9], seed + 5)[0]
-    back = FalconH1ForCausalLM.from_pretrained(ours.save(tmp_path / "ours")).eval()
-    with torch.no_grad():
-        a = back(input_ids=torch.from_numpy(prompt)).logits.numpy()
-        b = model(input_ids=torch.from_numpy(prompt)).logits.numpy()
-    assert np.abs(a - b).max() < 1e-5
+    check_read_back(FalconH1ForCausalLM, model, ours, prompt, tmp_path / "ours")   # what qkv saves, transformers reads
 
 
 def test_a_time_step_limit_clamps_delta(tmp_path):
     """time_step_limit (0.02, 0.3): the full passes equal transformers' (its one-token step does not clamp, so cached
     writing is not compared)."""
-    model = build(falcon_h1(time_step_limit=(0.02, 0.3), **MULTIPLIERS), 51)
+    model = build_scan(FalconH1ForCausalLM, falcon_h1(time_step_limit=(0.02, 0.3), **MULTIPLIERS), 51)
     save(model, tmp_path)
     ours = qkv.load(tmp_path)
     assert (ours.config.mamba.dt_min, ours.config.mamba.dt_max) == (0.02, 0.3)

@@ -13,23 +13,14 @@ the same logits.
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import pytest
-import torch
-from live_helpers import INIT_RANGE, TOL_HIDDEN, decoder_positions, padded_batch, perturb_, save
+from live_helpers import INIT_RANGE, case_seed, save
+from live_scan import build_scan, check_mamba2_identity, check_read_back, check_streams, check_writing
 from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
 
 import qkv
-from qkv.core.mamba2 import implied_attention, mixer_parts
-from qkv.core.stack import transformer
-from qkv.core.trace import Recorder
 
 pytestmark = pytest.mark.live
-
-NEW = 8
-
 
 def granite(d=32, kinds=("mamba", "attention", "mamba"), heads=4, kv=2, experts=3, k=2, f=16, shared=24, m_heads=8,
             m_head=8, state=8, groups=2, conv=4, chunk=4, vocab=211, **kw):
@@ -58,76 +49,32 @@ CASES = [
 ]
 
 
-def build(config, seed: int) -> GraniteMoeHybridForCausalLM:
-    torch.manual_seed(seed)
-    model = GraniteMoeHybridForCausalLM(config)
-    perturb_(model, seed + 1)
-    return model.float().eval()
-
-
 def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
-    """A padded batch: every layer's input (GraniteMoeHybrid's hidden_states) and the logits at the real positions."""
-    ids, mask = padded_batch(vocab, [11, 7, 9], seed, side=side)
-    with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True,
-                    position_ids=torch.from_numpy(decoder_positions(mask)), use_cache=False)
-    rec = Recorder(keep=("residual",))
-    _, logits = transformer(ours.weights, ours.config, ids, mask, rec=rec)
-    real = mask.astype(bool)
-    assert np.abs(logits - ref.logits.numpy())[real].max() < TOL_HIDDEN
-    for layer in range(ours.config.n_layers):
-        got = rec.store[layer]["residual"]
-        assert np.abs(got - ref.hidden_states[layer].numpy())[real].max() < TOL_HIDDEN, (side, layer)
-
-
-def greedy(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """transformers' greedy ids for IDS (B, n) + NEW tokens; without its cache when every layer is Mamba-2 (its hybrid
-    cache then cannot size the attention mask it makes anyway: a ValueError in transformers 5.25)."""
-    cached = "full_attention" in model.config.layer_types
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=NEW,
-                              do_sample=False, eos_token_id=None, pad_token_id=0, use_cache=cached).numpy()
-
-
-def check_identity(path) -> None:
-    """Each Mamba-2 layer's implied attention applied to the scan's input is the scan's output, float64."""
-    ours64 = qkv.load(path, dtype=np.float64)
-    ids = padded_batch(ours64.config.vocab_size, [13], 5)[0]
-    trace = ours64.run(ids[0].tolist(), keep=("attn_in",))
-    for layer in (i for i in range(ours64.config.n_layers) if ours64.config.layer_kind(i) == "mamba"):
-        f = mixer_parts(trace.layer(layer).attn_in[None], ours64.weights.blocks[layer].mixer, ours64.config.mamba,
-                        ours64.config.activation)
-        y = np.einsum("bhts,bshp->bthp", implied_attention(f.dt, f.A, f.Bm, f.Cm), f.x)
-        assert np.abs(y - f.y).max() < 1e-9
+    """A padded batch: every layer's input (GraniteMoeHybrid's hidden_states) and the logits at the real positions
+    (positions counted over the real tokens)."""
+    check_streams(model, ours, vocab, side, seed, positions=True)
 
 
 @pytest.mark.parametrize("config", CASES)
 def test_granitemoehybrid(config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(config, seed)
+    seed = case_seed(request)
+    model = build_scan(GraniteMoeHybridForCausalLM, config, seed)
     save(model, tmp_path / "hf")
     ours = qkv.load(tmp_path / "hf")
     for side in ("right", "left"):
         check_batch(model, ours, config.vocab_size, side, seed + 2)
-    prompt = padded_batch(config.vocab_size, [9], seed + 3)[0]
-    want = greedy(model, prompt, np.ones_like(prompt))
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False), want)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False, use_cache=False), want)
-    ids, mask = padded_batch(config.vocab_size, [9, 6], seed + 4, side="left")
-    want = greedy(model, ids, mask)
-    assert np.array_equal(ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, stop_at_eos=False), want)
-    check_identity(tmp_path / "hf")
-    back = GraniteMoeHybridForCausalLM.from_pretrained(ours.save(tmp_path / "ours")).eval()
-    with torch.no_grad():
-        a = back(input_ids=torch.from_numpy(prompt), use_cache=False).logits.numpy()
-        b = model(input_ids=torch.from_numpy(prompt), use_cache=False).logits.numpy()
-    assert np.abs(a - b).max() < 1e-5
+    # one prompt and a left-padded batch of them, transformers writing without its cache when every layer is Mamba-2
+    # (its hybrid cache then cannot size the attention mask it makes anyway: a ValueError in transformers 5.25)
+    prompt = check_writing(model, ours, config.vocab_size, seed + 3,
+                           cached="full_attention" in model.config.layer_types)
+    check_mamba2_identity(tmp_path / "hf")
+    check_read_back(GraniteMoeHybridForCausalLM, model, ours, prompt, tmp_path / "ours", use_cache=False)
 
 
 def test_a_time_step_limit_clamps_delta(tmp_path):
     """time_step_limit (0.02, 0.3): the full passes equal transformers' (its one-token step does not clamp, so cached
     writing is not compared)."""
-    model = build(granite(time_step_limit=(0.02, 0.3)), 41)
+    model = build_scan(GraniteMoeHybridForCausalLM, granite(time_step_limit=(0.02, 0.3)), 41)
     save(model, tmp_path)
     ours = qkv.load(tmp_path)
     assert (ours.config.mamba.dt_min, ours.config.mamba.dt_max) == (0.02, 0.3)

@@ -12,12 +12,11 @@ read back by transformers with the same logits.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, padded_batch, perturb_, save
+from live_helpers import INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, case_seed, padded_batch, save
+from live_scan import build_scan, check_read_back, check_writing
 from transformers import JambaConfig, JambaForCausalLM
 
 import qkv
@@ -26,9 +25,6 @@ from qkv.core.stack import transformer
 from qkv.core.trace import Recorder
 
 pytestmark = pytest.mark.live
-
-NEW = 8
-
 
 def jamba(d=32, layers=4, heads=4, kv=2, ff=40, experts=4, k=2, attn=(2, 1), expert=(2, 1), state=8, expand=2, conv=4,
           rank="auto", proj_bias=False, conv_bias=True, act="silu", tied=False, vocab=211, **kw):
@@ -50,22 +46,6 @@ CASES = [
     pytest.param(jamba(d=24, layers=5, heads=6, kv=3, attn=(3, 0), expert=(3, 2), experts=3, k=3, state=16, conv=5,
                        rank=1), id="attention-every-third-top-all-state16"),
 ]
-
-
-def build(config, seed: int) -> JambaForCausalLM:
-    torch.manual_seed(seed)
-    model = JambaForCausalLM(config)
-    perturb_(model, seed + 1)
-    return model.float().eval()
-
-
-def greedy(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """transformers' greedy ids for IDS (B, n) under MASK + NEW tokens, with its cache (without it when the model has
-    no attention layer: transformers' hybrid cache then cannot measure its masks, `get_mask_sizes`)."""
-    cached = "attention" in model.config.layers_block_type
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=NEW,
-                              do_sample=False, eos_token_id=None, pad_token_id=0, use_cache=cached).numpy()
 
 
 def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
@@ -93,8 +73,8 @@ def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
 
 @pytest.mark.parametrize("config", CASES)
 def test_jamba(config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(config, seed)
+    seed = case_seed(request)
+    model = build_scan(JambaForCausalLM, config, seed)
     save(model, tmp_path / "hf")
     ours = qkv.load(tmp_path / "hf")
     assert list(ours.config.layer_kinds) == config.layers_block_type
@@ -102,14 +82,9 @@ def test_jamba(config, tmp_path, request):
         n > 1 for n in config.layers_num_experts]
     for side in ("right", "left"):
         check_batch(model, ours, config.vocab_size, side, seed + 2)
-    prompt = padded_batch(config.vocab_size, [9], seed + 3)[0]
-    want = greedy(model, prompt, np.ones_like(prompt))
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False), want)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False, use_cache=False), want)
-    # a left-padded batch of prompts, written together
-    ids, mask = padded_batch(config.vocab_size, [9, 6], seed + 4, side="left")
-    want = greedy(model, ids, mask)
-    assert np.array_equal(ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, stop_at_eos=False), want)
+    # one prompt and a left-padded batch of them, transformers writing with its cache (without it when the model has
+    # no attention layer: transformers' hybrid cache then cannot measure its masks, `get_mask_sizes`)
+    prompt = check_writing(model, ours, config.vocab_size, seed + 3, cached="attention" in config.layers_block_type)
     # each Mamba layer's implied attention reproduces every channel's scan, float64
     ours64 = qkv.load(tmp_path / "hf", dtype=np.float64)
     trace = ours64.run(prompt[0].tolist(), keep=("attn_in",))
@@ -118,9 +93,4 @@ def test_jamba(config, tmp_path, request):
             f = mixer_parts(trace.layer(layer).attn_in[None], ours64.weights.blocks[layer].mixer, ours64.config)
             y = np.einsum("bcts,bsc->btc", hidden_attention(f.dt, f.A, f.Bm, f.Cm), f.x)
             assert np.abs(y - f.y).max() < 1e-9
-    # what qkv saves, transformers reads with the same logits
-    back = JambaForCausalLM.from_pretrained(ours.save(tmp_path / "ours")).eval()
-    with torch.no_grad():
-        a = back(input_ids=torch.from_numpy(prompt), use_cache=False).logits.numpy()
-        b = model(input_ids=torch.from_numpy(prompt), use_cache=False).logits.numpy()
-    assert np.abs(a - b).max() < 1e-5
+    check_read_back(JambaForCausalLM, model, ours, prompt, tmp_path / "ours", use_cache=False)   # qkv's save, read

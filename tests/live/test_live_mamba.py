@@ -10,24 +10,17 @@ attention's identity in float64; a model qkv saves is read back by transformers 
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
-from live_helpers import INIT_RANGE, TOL_HIDDEN, hf_greedy, padded_batch, perturb_, save
-from safetensors.torch import load_file, save_file
+from live_helpers import INIT_RANGE, case_seed, save
+from live_scan import build_scan, check_original_embedding_name, check_read_back, check_streams, check_writing
 from transformers import MambaConfig, MambaForCausalLM
 
 import qkv
 from qkv.core.mamba import hidden_attention, mixer_parts
-from qkv.core.stack import transformer
-from qkv.core.trace import Recorder
 
 pytestmark = pytest.mark.live
-
-NEW = 8
-
 
 def mamba(d=32, layers=2, state=8, expand=2, conv=4, rank="auto", bias=False, conv_bias=True, act="silu", tied=True,
           vocab=211, **kw):
@@ -47,47 +40,22 @@ CASES = [
 ]
 
 
-def build(config, seed: int) -> MambaForCausalLM:
-    torch.manual_seed(seed)
-    model = MambaForCausalLM(config)
-    perturb_(model, seed + 1)
-    return model.float().eval()
-
-
-def check_batch(model, ours, vocab: int, side: str, seed: int) -> None:
-    """A padded batch: every layer's output, the final hidden states and the logits at the real positions."""
-    ids, mask = padded_batch(vocab, [11, 7, 9], seed, side=side)
+def last_hidden(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """transformers' final hidden states (B, n, d): Mamba's last hidden_states, after norm_f."""
     with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True,
-                    use_cache=False)
-    rec = Recorder(keep=("residual_out",))
-    hidden, logits = transformer(ours.weights, ours.config, ids, mask, rec=rec)
-    real = mask.astype(bool)
-    assert np.abs(logits - ref.logits.numpy())[real].max() < TOL_HIDDEN
-    assert np.abs(hidden - ref.hidden_states[-1].numpy())[real].max() < TOL_HIDDEN
-    for layer in range(ours.config.n_layers):
-        got = rec.store[layer]["residual_out"]
-        assert np.abs(got - ref.hidden_states[layer].numpy())[real].max() < TOL_HIDDEN, (side, layer)
+        return model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_hidden_states=True,
+                     use_cache=False).hidden_states[-1].numpy()
 
 
 @pytest.mark.parametrize("config", CASES)
 def test_mamba(config, tmp_path, request):
-    seed = zlib.crc32(request.node.callspec.id.encode()) % 10_000
-    model = build(config, seed)
+    seed = case_seed(request)
+    model = build_scan(MambaForCausalLM, config, seed)
     save(model, tmp_path / "hf")
     ours = qkv.load(tmp_path / "hf")
-    for side in ("right", "left"):
-        check_batch(model, ours, config.vocab_size, side, seed + 2)
-    prompt = padded_batch(config.vocab_size, [9], seed + 3)[0]
-    want = hf_greedy(model, prompt, NEW)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False), want)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False, use_cache=False), want)
-    # a left-padded batch of prompts, written together: transformers' ids (its padding masked in the first pass only)
-    ids, mask = padded_batch(config.vocab_size, [9, 6], seed + 4, side="left")
-    with torch.no_grad():
-        want = model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=NEW,
-                              do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-    assert np.array_equal(ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, stop_at_eos=False), want)
+    for side in ("right", "left"):             # every layer's output, the final hidden states, the logits
+        check_streams(model, ours, config.vocab_size, side, seed + 2, key="residual_out", hidden=last_hidden)
+    prompt = check_writing(model, ours, config.vocab_size, seed + 3)   # one prompt; a left-padded batch of them
     # the implied attention reproduces every channel's scan, float64
     ours64 = qkv.load(tmp_path / "hf", dtype=np.float64)
     trace = ours64.run(prompt[0].tolist(), keep=("attn_in",))
@@ -96,22 +64,9 @@ def test_mamba(config, tmp_path, request):
         f = mixer_parts(trace.layer(layer).attn_in[None], w, ours64.config)
         y = np.einsum("bcts,bsc->btc", hidden_attention(f.dt, f.A, f.Bm, f.Cm), f.x)
         assert np.abs(y - f.y).max() < 1e-9
-    # what qkv saves, transformers reads with the same logits
-    back = MambaForCausalLM.from_pretrained(ours.save(tmp_path / "ours")).eval()
-    with torch.no_grad():
-        a = back(input_ids=torch.from_numpy(prompt)).logits.numpy()
-        b = model(input_ids=torch.from_numpy(prompt)).logits.numpy()
-    assert np.abs(a - b).max() < 1e-5
+    check_read_back(MambaForCausalLM, model, ours, prompt, tmp_path / "ours")   # what qkv saves, transformers reads
 
 
 def test_an_original_checkpoint_names_its_table_embedding(tmp_path):
     """state-spaces' checkpoints say backbone.embedding.weight (transformers renames it when loading)."""
-    model = build(mamba(), 77)
-    save(model, tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    tensors["backbone.embedding.weight"] = tensors.pop("backbone.embeddings.weight")
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    ids = padded_batch(211, [9], 5)[0]
-    with torch.no_grad():
-        want = model(input_ids=torch.from_numpy(ids)).logits.numpy()
-    assert np.abs(qkv.load(tmp_path).forward(ids).logits - want).max() < TOL_HIDDEN
+    check_original_embedding_name(MambaForCausalLM, mamba(), tmp_path)

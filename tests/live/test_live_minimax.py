@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from live_helpers import (INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, build, case_seed, decoder_positions, hf_greedy,
-                          padded_batch, save)
+from live_helpers import INIT_RANGE, TOL_ATTENTION, TOL_HIDDEN, build, case_seed, decoder_positions, padded_batch, save
+from live_scan import check_read_back, check_writing
 from transformers import MiniMaxConfig, MiniMaxForCausalLM
 
 import qkv
@@ -25,9 +25,6 @@ from qkv.core.stack import transformer
 from qkv.core.trace import Recorder
 
 pytestmark = pytest.mark.live
-
-NEW = 8
-
 
 def minimax(d=32, layers=4, heads=4, kv=2, experts=4, k=2, block=3, vocab=211, **kw):
     return MiniMaxConfig(vocab_size=vocab, hidden_size=d, intermediate_size=24, num_hidden_layers=layers,
@@ -87,14 +84,6 @@ def cache_is_its_pass(config) -> bool:
     return not (config.layer_types[0] == LIN and config.sliding_window is not None)
 
 
-def hf_full_greedy(model, ids: np.ndarray) -> np.ndarray:
-    """transformers' greedy ids for IDS (1, n) + NEW tokens, each from a full pass (no cache)."""
-    with torch.no_grad():
-        return model.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
-                              max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
-                              use_cache=False).numpy()
-
-
 def test_transformers_cached_writing_is_not_its_pass_there(tmp_path):
     """The case `cache_is_its_pass` sets apart, seen: transformers' cache reports no past after a prefill."""
     from transformers.models.minimax.modeling_minimax import MiniMaxCache
@@ -114,16 +103,8 @@ def test_minimax(config, tmp_path, request):
     ours = qkv.load(tmp_path / "hf")
     for side in ("right", "left"):
         check_batch(model, ours, config.vocab_size, side, seed + 2)
-    prompt = padded_batch(config.vocab_size, [9], seed + 3)[0]
-    want = hf_greedy(model, prompt, NEW) if cache_is_its_pass(config) else hf_full_greedy(model, prompt)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False), want)
-    assert np.array_equal(ours.generate(prompt, max_new_tokens=NEW, stop_at_eos=False, use_cache=False), want)
-    ids, mask = padded_batch(config.vocab_size, [9, 6], seed + 4, side="left")   # prompts written together
-    with torch.no_grad():
-        want = model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=NEW,
-                              do_sample=False, eos_token_id=None, pad_token_id=0,
-                              use_cache=cache_is_its_pass(config)).numpy()
-    assert np.array_equal(ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, stop_at_eos=False), want)
+    # one prompt and a left-padded batch of them: transformers' ids, from full passes where its cache is not its pass
+    prompt = check_writing(model, ours, config.vocab_size, seed + 3, cached=cache_is_its_pass(config))
     # each lightning layer's implied attention times V is its blocked sum, float64
     ours64 = qkv.load(tmp_path / "hf", dtype=np.float64)
     trace = ours64.run(prompt[0].tolist(), keep=("v", "scores", "heads", "q", "k"))
@@ -132,9 +113,4 @@ def test_minimax(config, tmp_path, request):
         assert np.abs(t.scores @ t.v - t.heads).max() < 1e-9
         o, _ = lightning_core(t.q[None], t.k[None], t.v[None], ours64.weights.blocks[layer].lightning.slopes, 1)
         assert np.abs(o[0] - t.heads).max() < 1e-9
-    # what qkv saves (without the decay buffers), transformers reads with the same logits
-    back = MiniMaxForCausalLM.from_pretrained(ours.save(tmp_path / "ours")).eval()
-    with torch.no_grad():
-        a = back(input_ids=torch.from_numpy(prompt)).logits.numpy()
-        b = model(input_ids=torch.from_numpy(prompt)).logits.numpy()
-    assert np.abs(a - b).max() < 1e-5
+    check_read_back(MiniMaxForCausalLM, model, ours, prompt, tmp_path / "ours")   # saved without the decay buffers

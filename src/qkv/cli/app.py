@@ -359,12 +359,14 @@ def _save_views(trace, out_dir: str, model, layer: int, head: int) -> list[Path]
     from ..viz.figures import save_figures
     from ..viz.html import viewer_html
     from ..viz.pipeline import pipeline_html
+    from .show_protein import first_view
 
     out = Path(out_dir)
     sections = viewer_sections(model, trace, lens_limit=None)
     try:
         with FileBatch(out) as files:
-            files.write_text("attention.html", viewer_html(trace, sections=sections))     # the trace knows its model
+            files.write_text("attention.html", viewer_html(trace, sections=sections,        # the trace knows its
+                                                           view=first_view(sections)))      # model; ESM: Contacts
             if (len(trace.tokens) <= PIPELINE_TOKENS                  # every layer's steps drawn (a scan's, a
                     and lacking(model.config, {"pipeline"}) is None):     # linear attention's too)
                 files.write_text("pipeline.html", pipeline_html(model, trace, layer=layer, head=head or 0))

@@ -25,6 +25,12 @@ What travels, per such layer (the key: the layer's number as a string):
 
 `mixer_arrays` builds it (float64 `layer_arrays` first, which tests/test_pipeline_scan.py checks: matrix·v = out to
 1e-9 in float64); `as_attention` gives the stack's attention arrays a layer without q, k, v: zeros, never drawn.
+
+The payload (`pipeline_payload`) of a stack with such layers (core/capabilities.py: Mamba, Mamba-2, Jamba, Granite 4,
+Falcon-H1, Qwen3-Next, MiniMax) has, besides, "mixers": {str(layer): the above}, and its "arch" the "layer_kinds"
+and "mixer" sizes (`arch_entries`); a layer without softmax has zeros for its q, k, v, Z and S (never drawn), its
+"attention" the implied matrix's shares. Such a trace keeps the mixers' steps: `pipeline_trace`, or
+model.run(text, keep=PIPELINE_KEEP); `page_reads` and `check_kept` say what the page needs of each layer.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ import dataclasses
 
 import numpy as np
 
-from ..core.capabilities import kind_of
+from ..core.capabilities import has_ffn, kind_of, layer_kinds
 from ..core.lightning import shares
 from ..core.mamba import mix_channels
 from ..core.mamba2 import Mamba2
 from ..core.trace import MIXER, LayerTrace, Trace
+from ..runtime.errors import QkvError
+from .pipeline_scores import encode_scores
 from .wire import encode
 
 MIXER_MB = 4                     # float32 matrix, v and out kept whole for the page's sums: as many layers as fit
@@ -49,6 +57,50 @@ STEPS = ("mix_q", "mix_k", "mix_v", "mix_decay", "mix_matrix", "mix_out")   # wh
 def steps_of(kind: str) -> tuple[str, ...]:
     """The MIXER names a layer of KIND must have kept for the page (lightning has no gate)."""
     return STEPS if kind == "lightning" else (*STEPS, "mix_gate")
+
+
+def has_mixers(cfg) -> bool:
+    """Whether any layer of the stack has a mixer's steps (a scan, a linear attention, Falcon-H1's mixer beside)."""
+    return any(kind in MIXING for kind in layer_kinds(cfg))
+
+
+def page_reads(cfg, layer: int, shown: tuple[str, ...]) -> tuple[str, ...]:
+    """What the page reads of LAYER: SHOWN (softmax attention's layer, `pipeline_payload.SHOWN`), without q, k, v and
+    S where they are not softmax attention's and without ffn_in where there is no FFN (a Mamba stack), with the
+    layer's own steps where it has a mixer (trace.MIXER)."""
+    kind = kind_of(cfg, layer)
+    if kind in NO_SOFTMAX:
+        absent = ("q", "k", "v", "scores") if has_ffn(cfg, layer) else ("q", "k", "v", "scores", "ffn_in")
+        return (*(name for name in shown if name not in absent), *steps_of(kind))
+    return (*shown, *steps_of("mamba2")) if kind == "parallel" else shown
+
+
+def check_kept(model, trace: Trace, missing: list[int]) -> None:
+    """A trace of a stack with mixers that lacks a layer's steps (MISSING: those layers) or keeps some heads only:
+    one error saying how to keep them (they are kept only when asked for)."""
+    if (missing or trace.head_ids is not None) and has_mixers(model.config):
+        raise QkvError(f"the pipeline page needs every intermediate of every layer and head, and the own steps of "
+                       f"{model.name}'s scan or linear-attention layers (kept only when asked for); make the trace "
+                       "with qkv.viz.pipeline.pipeline_trace(model, text), or model.run(text, keep=PIPELINE_KEEP) "
+                       "(qkv.viz.pipeline)")
+
+
+def softmax_layer(cfg, trace: Trace) -> LayerTrace | None:
+    """The first layer of TRACE with softmax attention's q, k, v (None: a stack of scans alone)."""
+    return next((trace.layers[i] for i in range(cfg.n_layers) if kind_of(cfg, i) not in NO_SOFTMAX), None)
+
+
+def arch_entries(cfg, seq2seq: bool) -> dict:
+    """The page's "arch" knobs of layers of other kinds: each layer's kind (core/capabilities.py; None for an
+    encoder–decoder), the mixer's sizes and its block's knobs (`sizes`); Qwen3-Next's softmax layers gate each head's
+    Z_h ⊙ σ(X·W_G)_h before W_O (gated_heads)."""
+    return {"layer_kinds": None if seq2seq else list(layer_kinds(cfg)), "mixer": sizes(cfg),
+            "gated_heads": bool(cfg.attn_output_gate)}
+
+
+def attention_layers(cfg, trace: Trace, L: int, mixers: bool) -> list[LayerTrace]:
+    """TRACE's L layers as the stack's attention arrays read them (`as_attention` where MIXERS: the stack has any)."""
+    return [trace.layers[i] if not mixers else as_attention(trace.layers[i], cfg, kind_of(cfg, i)) for i in range(L)]
 
 
 def index(cfg, kind: str, M: int) -> list[int]:
@@ -103,9 +155,9 @@ def whole_layers(layers: list[int], trace: Trace, center: int) -> list[int]:
     return kept
 
 
-def mixer_arrays(cfg, blocks, trace: Trace, center: int, head_dims: int, encode_matrix) -> dict | None:
-    """{str(layer): the layer's payload (module doc)} for every layer with a mixer's steps, None if none.
-    ENCODE_MATRIX: (L, H, n, n) with −inf where masked → one byte a number (pipeline_payload.encode_scores)."""
+def mixer_arrays(cfg, blocks, trace: Trace, center: int, head_dims: int) -> dict | None:
+    """{str(layer): the layer's payload (module doc)} for every layer with a mixer's steps, None if none; each
+    matrix one byte a number as S travels (`pipeline_scores.encode_scores`, −∞ above the diagonal)."""
     layers = mixer_layers(cfg, len(blocks))
     if not layers:
         return None
@@ -124,7 +176,7 @@ def mixer_arrays(cfg, blocks, trace: Trace, center: int, head_dims: int, encode_
             **{name: summary(a[name], head_dims) for name in ("q", "k", "v", "out")},
             "gate": None if a["gate"] is None else encode(a["gate"], "f32"),          # (M, n)
             "decay": encode(a["decay"], "f32"),                                      # (M, n) | (M, n, N)
-            "matrix": encode_matrix(np.where(above, -np.inf, a["matrix"])[None]),    # (1, M, n, n)
+            "matrix": encode_scores(np.where(above, -np.inf, a["matrix"])[None]),    # (1, M, n, n)
             "whole": {name: encode(a[name], "f32") for name in ("matrix", "v", "out")} if i in whole else None}
     return out
 

@@ -15,7 +15,7 @@ To stay small on SmolLM2 (30 layers × 9 heads) at 128 tokens, the page keeps on
     vector of d_model numbers   its length |x| (float32) and its first DIMS values (float32)
     per-head vector (q, k, v, z)  its length (float32) and its first HEAD_DIMS values (float16)
     A (L, H, n, n)              one byte per weight, as the attention viewer (±0.002, `payload`)
-    S (L, H, n, n)              one byte per score: code 0 = masked (−∞), else
+    S (L, H, n, n)              one byte per score (`pipeline_scores`): code 0 = masked (−∞), else
                                 S = lo + (code − 1)·step with step = (hi − lo)/254 per (layer, head),
                                 so within step/2 of the engine's float32 score (lo and step to float32's
                                 precision, as short decimals, and the codes made with exactly those)
@@ -52,12 +52,8 @@ A[i, j] as exp(S[i, j] − max) / Σ, Z[i, c] as Σ_j A[i, j]·v_j[c], each besi
 arrays of every layer would be L·(2H·n·d_k + 2H_kv·m·d_k + 2H·n·m) floats: the payload keeps the start
 layer's and as many neighbours' as fit in ARITHMETIC_MB (SmolLM2: all 30 layers up to 16 tokens, 2 at 128).
 
-A stack with layers of other kinds (core/capabilities.py: Mamba, Mamba-2, Jamba, Granite 4, Falcon-H1, Qwen3-Next,
-MiniMax) has, besides, "mixers": {str(layer): the layer's own steps} (`pipeline_mixer`: its inputs, gate, decay, the
-token-to-token matrix it implies and its output, as the pass recorded them, trace.MIXER), and "arch" its
-"layer_kinds" and "mixer" sizes; a layer without softmax has zeros for its q, k, v, Z and S (never drawn), its
-"attention" the implied matrix's shares. Such a trace keeps the mixers' steps: `pipeline_trace`, or
-model.run(text, keep=PIPELINE_KEEP).
+A stack with layers of other kinds (a scan, a linear attention) has, besides, "mixers": each such layer's own steps,
+as the pass recorded them (`pipeline_mixer`'s module doc: the fields, what its trace keeps).
 
 An encoder–decoder's payload has, instead of the one stack's fields (tokens … scores), "seq2seq": true,
 "target": str and "stacks": {"encoder": {tokens, labels, ids, L, causal, stream, blocks, final, heads,
@@ -72,23 +68,23 @@ import math
 
 import numpy as np
 
-from ..core.capabilities import has_ffn, kind_of, layer_kinds, require
+from ..core.capabilities import require
 from ..core.positions import alibi_slopes
 from ..runtime.errors import QkvError
 from ..writing.nexttoken import mask_position, token_text
 from ..core.trace import DEFAULT_KEEP, MIXER, Trace
 from .payload import encode_attention, page_title
-from .pipeline_mixer import MIXING, NO_SOFTMAX, as_attention, mixer_arrays, steps_of
-from .pipeline_mixer import sizes as mixer_sizes
+from .pipeline_mixer import (arch_entries, attention_layers, check_kept, has_mixers, mixer_arrays, page_reads,
+                             softmax_layer)
+from .pipeline_scores import decode_scores, encode_scores  # noqa: F401  (decode_scores: the page's S, read back)
 from .pipeline_text import TEXTS
-from .wire import decode, encode
+from .wire import encode
 
 DIMS = 4                    # first values shown of each d_model vector
 HEAD_DIMS = 4               # first values shown of each per-head vector (q, k, v, z)
 TOP = 100                   # vocabulary entries spelled for the output list (the most probable first)
 MAX_TOKENS = 512            # longest text one page holds (its S and A are L·H·n² bytes each)
 ARITHMETIC_MB = 4           # float32 q, k, v, z, S, A kept whole for the diagram's arithmetic: as many layers as fit
-SCORE_CODES = 254           # codes 1..255 for finite scores, 0 = masked
 # What the page reads of each layer's trace (Model.run keeps them without keep=), and of a cross-attention's
 SHOWN = ("residual", "attn_in", "q", "k", "v", "scores", "attentions", "heads", "attn_out", "residual_mid", "ffn_in",
          "ffn_out", "residual_out")
@@ -106,32 +102,6 @@ def summary(x: np.ndarray, k: int, dtype: str = "f32") -> dict:
     x = np.asarray(x, dtype=np.float32)
     return {"norm": encode(np.linalg.norm(x.astype(np.float64), axis=-1), "f32"),
             "first": encode(x[..., :k], dtype)}
-
-
-def encode_scores(scores: np.ndarray) -> dict:
-    """(L, H, n, n) masked scores (−inf) → one byte each, affine per (layer, head) (module doc)."""
-    s = np.asarray(scores, dtype=np.float64)                                  # (L, H, n, n)
-    finite = np.isfinite(s)
-    lo = np.where(finite, s, np.inf).min(axis=(-1, -2))                       # (L, H)
-    hi = np.where(finite, s, -np.inf).max(axis=(-1, -2))                      # (L, H)
-    lo = _float32_decimals(np.where(np.isfinite(lo), lo, 0.0))
-    step = _float32_decimals(np.where(hi > lo, (hi - lo) / SCORE_CODES, 1.0))   # (L, H)
-    code = 1 + np.round((np.where(finite, s, lo[..., None, None]) - lo[..., None, None]) / step[..., None, None])
-    code = np.where(finite, np.clip(code, 1, SCORE_CODES + 1), 0)             # (L, H, n, n)
-    return {"shape": list(s.shape), "lo": lo.tolist(), "step": step.tolist(), "data": encode(code, "u8")}
-
-
-def _float32_decimals(a: np.ndarray) -> np.ndarray:
-    """A's numbers to float32's precision, each the shortest decimal that reads back as that float32
-    (so that the JSON holds about 9 digits a number, not float64's 17)."""
-    return np.array([float(str(v)) for v in np.asarray(a, dtype=np.float32).ravel()]).reshape(np.shape(a))
-
-
-def decode_scores(encoded: dict) -> np.ndarray:
-    """The inverse of `encode_scores`: (L, H, n, n) float64, −inf where masked, within step/2."""
-    code = decode(encoded["data"]).astype(np.float64)
-    lo, step = np.asarray(encoded["lo"])[..., None, None], np.asarray(encoded["step"])[..., None, None]
-    return np.where(code == 0, -np.inf, lo + (code - 1) * step)
 
 
 def block_vectors(trace: Trace, cross: Trace | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -211,8 +181,7 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: 
     whole arrays of the layers around CENTER for the diagram's arithmetic (BIAS: the scores carry a position bias;
     MIXERS: the layers of a scan or a linear attention carry their own steps, `pipeline_mixer`)."""
     stream, vectors = block_vectors(trace, cross)                               # (L+1, n, d), {name: (L, n, d)}
-    layers = [trace.layers[i] if not mixers else as_attention(trace.layers[i], cfg, kind_of(cfg, i))
-              for i in range(len(blocks))]
+    layers = attention_layers(cfg, trace, len(blocks), mixers)
     out = {
         "tokens": [str(t) for t in trace.tokens], "labels": trace.labels, "ids": [int(i) for i in trace.ids],
         "L": len(blocks), "causal": bool(trace.causal),
@@ -226,7 +195,7 @@ def stack_arrays(cfg, blocks, trace: Trace, cross: Trace | None = None, center: 
                                         sinks=np.stack([b.attn.sinks for b in blocks]) if cfg.attn_sinks else None),
     }
     if mixers:                                                                  # Mamba, Qwen3-Next, MiniMax, …
-        out["mixers"] = mixer_arrays(cfg, blocks, trace, center, HEAD_DIMS, encode_scores)
+        out["mixers"] = mixer_arrays(cfg, blocks, trace, center, HEAD_DIMS)
     if any(t.experts is not None for t in layers):                              # a mixture of experts' router
         out["router"] = [None if t.experts is None else
                          {"experts": [[int(e) for e in row] for row in t.experts],               # (n, k)
@@ -261,20 +230,15 @@ def check_trace(model, trace: Trace) -> None:
         raise QkvError(f"this is an encoder–decoder's trace but {model.name} has one stack; use the same model")
     require(cfg, model.name, "the pipeline page", {"pipeline"}, instead="read its attention in the viewer (qkv show "
             "--out DIR)")                       # every kind draws its steps (core/capabilities.py)
-    kinds = layer_kinds(cfg)
     missing = [i for i in range(cfg.n_layers) if i not in trace.layers
-               or any(getattr(trace.layers[i], name) is None for name in needed(cfg, i))]
-    if (missing or trace.head_ids is not None) and any(kind in MIXING for kind in kinds):
-        raise QkvError(f"the pipeline page needs every intermediate of every layer and head, and the own steps of "
-                       f"{model.name}'s scan or linear-attention layers (kept only when asked for); make the trace "
-                       "with qkv.viz.pipeline.pipeline_trace(model, text), or model.run(text, keep=PIPELINE_KEEP) "
-                       "(qkv.viz.pipeline)")
+               or any(getattr(trace.layers[i], name) is None for name in page_reads(cfg, i, SHOWN))]
+    check_kept(model, trace, missing)                                      # a scan's or linear attention's steps
     if missing or trace.head_ids is not None:
         raise QkvError("the pipeline page needs every intermediate of every layer and head; "
                        "make the trace with model.run(text) (no layers=, keep= or heads=)")
     n = len(trace.tokens)
     first = trace.layers[0]
-    heads = next((trace.layers[i] for i in range(cfg.n_layers) if kinds[i] not in NO_SOFTMAX), None)   # q, k, v
+    heads = softmax_layer(cfg, trace)                                       # whose q, k, v the page shows
     vocab = None if trace.logits is None else trace.logits.shape[-1]
     if (first.residual.shape != (n, cfg.d_model) or first.attentions.shape[0] != cfg.n_heads
             or heads is not None and (heads.q.shape[0] != cfg.n_heads or heads.k.shape[0] != cfg.n_kv_heads)
@@ -284,16 +248,6 @@ def check_trace(model, trace: Trace) -> None:
                        "through the same model")
     if n > MAX_TOKENS:
         raise QkvError(f"the text has {n} tokens; the pipeline page holds at most {MAX_TOKENS}: shorten it")
-
-
-def needed(cfg, layer: int) -> tuple[str, ...]:
-    """What the page reads of LAYER: SHOWN, without q, k, v and S where they are not softmax attention's and without
-    ffn_in where there is no FFN (a Mamba stack), with the layer's own steps where it has a mixer (trace.MIXER)."""
-    kind = kind_of(cfg, layer)
-    if kind in NO_SOFTMAX:
-        absent = ("q", "k", "v", "scores") if has_ffn(cfg, layer) else ("q", "k", "v", "scores", "ffn_in")
-        return (*(name for name in SHOWN if name not in absent), *steps_of(kind))
-    return (*SHOWN, *steps_of("mamba2")) if kind == "parallel" else SHOWN
 
 
 def _alibi_slopes(c) -> list[float] | None:
@@ -330,11 +284,7 @@ def arch_of(model) -> dict:
             # multi-head latent attention (DeepSeek): K, V from a latent per token (core/latent.py); None: plain
             "latent": {"r_kv": c.kv_lora_rank, "r_q": c.q_lora_rank, "d_v": c.d_value} if c.latent else None,
             "rope_theta": c.rope_theta,
-            # layers of other kinds (Mamba, Jamba, Granite 4, Falcon-H1, Qwen3-Next, MiniMax): each layer's kind
-            # (core/capabilities.py), the mixer's sizes and its block's knobs (`pipeline_mixer.sizes`); Qwen3-Next's
-            # softmax layers gate each head's Z_h ⊙ σ(X·W_G)_h before W_O
-            "layer_kinds": None if is_seq2seq(model) else list(layer_kinds(c)), "mixer": mixer_sizes(c),
-            "gated_heads": bool(c.attn_output_gate),
+            **arch_entries(c, is_seq2seq(model)),                     # layers of other kinds (Mamba, Qwen3-Next, …)
             "alibi": _alibi_slopes(c),
             "final_norm": last.final_norm is not None, "seq2seq": is_seq2seq(model),
             "L_dec": c.n_decoder_layers if is_seq2seq(model) else None,
@@ -430,5 +380,5 @@ def pipeline_payload(model, trace: Trace, *, title: str | None = None, lang: str
                     "decoder": stack_arrays(cfg, w.decoder.blocks, trace, trace.cross,
                                             center=min(layer, cfg.n_decoder_layers - 1), bias=bias)}}
     return {**top, "text": trace.text, **stack_arrays(cfg, model.weights.blocks, trace, center=layer, bias=bias,
-                                                     mixers=any(k in MIXING for k in layer_kinds(cfg))),
+                                                     mixers=has_mixers(cfg)),
             "pooled": pooled_payload(trace) if trace.logits is None else None}
