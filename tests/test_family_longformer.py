@@ -177,3 +177,31 @@ def test_explain_sparse_draws_each_layer_mask(monkeypatch, capsys, tmp_path):
                               "--out", str(tmp_path))
     assert code == 0, err
     assert "the model's own" in out.lower() and (tmp_path / "sparse_own.png").is_file()
+
+
+def test_every_command_that_runs_a_pass_takes_global_tokens(monkeypatch, capsys):
+    """--global-tokens 0,3 is honoured by heads, rollout, lens, patch, attribute (occlusion), neurons, next and
+    explain sparse: each runs and prints other numbers than without it (explain sparse: the layers' own masks say "global
+    [0, 3]"); a model without global attention (BigBird) and a list that is not of positions are refused in one line;
+    gradient attributions through the global rows, which have no backward here, too."""
+    model = str(MODELS / NAME)
+    text = "The cat sat on the mat and looked at the door."
+    commands = [("heads", text), ("rollout", text), ("lens", text),
+                ("patch", text, "The dog sat on the mat and looked at the door."),
+                ("attribute", "The cat sat on the <mask>.", "--method", "occlusion"), ("neurons", text, "--layer", "0"),
+                ("next", "The cat sat on the <mask>.")]
+    for command in commands:
+        code, without, err = run_main(monkeypatch, capsys, *command, "--model", model)
+        assert code == 0, err
+        code, out, err = run_main(monkeypatch, capsys, *command, "--model", model, "--global-tokens", "0,3")
+        assert code == 0, err
+        assert out != without, command
+    code, out, err = run_main(monkeypatch, capsys, "explain", "sparse", "--model", model, "--global-tokens", "0,3")
+    assert code == 0 and "global [0, 3]" in out, err
+    for args, message in ((("rollout", text, "--model", str(MODELS / "big_bird"), "--global-tokens", "0"),
+                           "needs a model with global attention"),
+                          (("heads", text, "--model", model, "--global-tokens", "a,b"), "positions ≥ 0"),
+                          (("attribute", "The cat sat on the <mask>.", "--model", model, "--global-tokens", "0"),
+                           "gradients through Longformer's global tokens")):
+        code, out, err = run_main(monkeypatch, capsys, *args)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

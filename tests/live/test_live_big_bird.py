@@ -95,3 +95,28 @@ def test_a_model_qkv_saves_reads_back_in_transformers(tmp_path):
     config = big_bird(block=2, rand=1, tied=False, bias=False)
     check_encoder_saved_by_qkv(BigBirdForMaskedLM, config, tmp_path, [16, 9],
                                allowed_missing={"bert.pooler.weight", "bert.pooler.bias", "cls.predictions.bias"})
+
+
+def test_a_long_input_equals_transformers_without_n_by_n(tmp_path):
+    """1100 tokens and a padded row of 1000 (blocks of 8, two random blocks): hidden states and logits of the pass
+    that keeps no weight (core/sparse_layers.py's kernel: each block of queries with only its key blocks) within
+    1e-4; each row's 16 largest weights (run(keep=("attention_top",))) divided by their copies are transformers'
+    weights at those keys, within 1e-5."""
+    config = big_bird(block=8, rand=2)
+    config.max_position_embeddings = 1200
+    _, ours = saved_and_loaded(BigBirdForMaskedLM, config, tmp_path, 1100)
+    ids, mask = padded_batch(config.vocab_size, [1100, 1000], seed=12, low=5, side="right", pad_id=0)
+    hidden, logits, att = reference(tmp_path, BigBirdForMaskedLM, config, ids, mask, None)
+    out = ours.forward(ids, mask, attentions=False)
+    valid = mask.astype(bool)
+    assert max_abs(out.hidden[valid], hidden[valid]) <= TOL_HIDDEN
+    assert max_abs(out.logits[valid], logits[valid]) <= TOL_HIDDEN
+    trace = ours.run(ids[0], keep=("attention_top",), top=16)
+    n = ids.shape[1]
+    rows = np.arange(n)[None, :, None]
+    for i in trace.layer_ids:
+        got = trace.layer(i).attention_top
+        index = got.index.astype(np.intp)                                        # (H, n, 16)
+        copies = sparse.SparseMask(n=n, m=n, causal=False, blocks=(8, 2)).copies(np.arange(n), np.arange(n))
+        share = got.weight / np.maximum(copies[rows, index], 1)
+        assert max_abs(share, np.take_along_axis(att[i, 0], index, axis=-1)) <= TOL_ATTENTION

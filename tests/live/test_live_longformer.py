@@ -97,3 +97,29 @@ def test_a_model_qkv_saves_reads_back_in_transformers(tmp_path):
     config = longformer(layers=2, window=[4, 8], tied=False)
     check_encoder_saved_by_qkv(LongformerForMaskedLM, config, tmp_path, [10, 7],
                                allowed_missing={"lm_head.bias", "lm_head.decoder.bias"})
+
+
+def test_a_long_input_equals_transformers_without_n_by_n(tmp_path):
+    """1100 tokens and a padded row of 1000 (windows 32 and 64, global tokens 0 and 517): hidden states and logits of
+    the pass that keeps no weight (core/sparse_layers.py's kernel: only the band and the global columns of each
+    block of queries) within 1e-4; each row's 16 largest weights (run(keep=("attention_top",)), what the views of a
+    long input read) are transformers' 16 largest, within 1e-5, at the same keys."""
+    from qkv.core.attention import top_of
+
+    config = longformer(window=[32, 64])
+    config.max_position_embeddings = 1200
+    model, ours = saved_and_loaded(LongformerForMaskedLM, config, tmp_path, 1100)
+    glob = (0, 517)
+    ours = ours.with_config(global_tokens=glob)
+    ids, mask = padded_batch(config.vocab_size, [1100, 1000], seed=12, low=5, side="right", pad_id=config.pad_token_id)
+    ref = run(model, ids, mask, glob)
+    out = ours.forward(ids, mask, attentions=False)
+    valid = mask.astype(bool)
+    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
+    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
+    trace = ours.run(ids[0], keep=("attention_top",), top=16)
+    for i in trace.layer_ids:
+        got, want = trace.layer(i).attention_top, top_of(ref["attentions"][i, 0], 16)
+        assert max_abs(got.weight, want.weight) <= TOL_ATTENTION
+        theirs = np.take_along_axis(ref["attentions"][i, 0], got.index.astype(np.intp), axis=-1)   # (H, n, 16)
+        assert max_abs(got.weight, theirs) <= TOL_ATTENTION

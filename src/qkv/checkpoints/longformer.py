@@ -7,16 +7,25 @@ key_global, value_global (AttentionWeights.W_Qg, W_Kg, W_Vg and their biases).
 The maths, as transformers' LongformerSelfAttention computes it (its sliding chunks are a band of the n × n scores):
   - layer l's attention_window W_l (one number, or one per layer): query i sees keys with |i − j| ≤ W_l / 2 — the
     engine's encoder window w = W_l / 2 + 1 (|i − j| < w, ModelConfig.layer_windows)
-  - global tokens (transformers' global_attention_mask; ModelConfig.global_tokens, `qkv show --global-tokens`): every
-    query sees them beside its window, through K and V; their own rows read every key through the global
-    projections, Z[G] = softmax(Q_g·K_gᵀ/√d_k + M)·V_g (core/sparse_layers.py: sparse_mask, global_rows).
+  - global tokens (transformers' global_attention_mask; ModelConfig.global_tokens, `--global-tokens` of every command
+    that runs a pass: show, next, heads, rollout, lens, patch, path-patch, attribute --method occlusion, neurons,
+    activations, explain): every query sees them beside its window, through K and V; their own rows read every key
+    through the global projections, Z[G] = softmax(Q_g·K_gᵀ/√d_k + M)·V_g (core/sparse_layers.py: sparse_mask,
+    global_rows). Gradients through them (training, gradient attributions) are refused in one line: the global
+    projections have no backward.
     LongformerForMaskedLM gives none unless asked (its sequence-classification head would give the first token):
     qkv's default is none.
   - transformers pads the input to a multiple of the window with pad tokens it masks and drops: the real tokens'
     numbers are the same without it, so qkv does not pad
   - positions counted over the ids that are not pads, from padding_idx + 1, as RoBERTa
 Each layer's attentions are the full n × n weights it used (zeros outside its window, the global rows and columns
-in place): transformers returns them banded, (n, W + 1 + |G|), and the global rows apart.
+in place): transformers returns them banded, (n, W + 1 + |G|), and the global rows apart. A pass with global tokens
+that keeps no weight, or only each row's largest (keep=("attention_top",): what `qkv show --out` keeps past 1024
+tokens), computes each block of 64 queries from its band and the global keys only (core/sparse_layers.py:
+sparse_layer_attention), O(n·(W + |G|)) numbers per head as transformers' sliding chunks, never n × n: 4096 tokens on
+a tiny model (W = 512, one global token) peak at 10 MiB of NumPy arrays instead of 579 (41 MiB instead of 1355 with
+each row's 64 largest weights; tracemalloc). Without global tokens a long input runs the same kernel when padded,
+core/sparse.py's tiled band when not.
 A decoder (is_decoder, add_cross_attention) is refused. `hf_config` / `tensors` write a LongformerModel or
 LongformerForMaskedLM.
 """

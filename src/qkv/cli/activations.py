@@ -10,7 +10,7 @@ import time
 import click
 
 from .common import progress_bar
-from .options import WRITER, backend_option, model_option
+from .options import WRITER, backend_option, global_tokens_option, model_option
 from ..runtime.errors import QkvError
 
 
@@ -43,6 +43,7 @@ from ..runtime.errors import QkvError
               help="Processes (local) or actors (ray), each making whole shards.")
 @click.option("--address", default=None, help="Ray cluster to join (default: start Ray on this machine).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary line.")
+@global_tokens_option()
 def activations_cmd(source: str, layer: int, site: str, corpus_path: str | None, corpus_name: str | None, split: str,
                     tokens: int, out_dir: str, dtype: str, shard_tokens: int, context: int, skip_first: bool | None,
                     backend: str, workers: int, address: str | None, as_json: bool) -> None:

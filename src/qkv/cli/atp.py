@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_writable, new_console, progress_bar, removed_if_failed, status
-from .options import WRITER, model_option, other_option, patching_metric, token_option
+from .options import WRITER, global_tokens_option, model_option, other_option, patching_metric, token_option
 from ..runtime.errors import QkvError
 
 
@@ -35,6 +35,7 @@ from ..runtime.errors import QkvError
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the estimate's heatmaps (atp.png, .svg; with --exact the exact ones, patch.png, .svg), "
                    "atp.json and the viewer with its patching panel open on the estimate (atp.html) here.")
+@global_tokens_option()
 def atp_cmd(clean: str, corrupted: str, source: str, token: str | None, other: str | None, exact: bool, star: bool,
             top: int, json_file: str | None, out_dir: str | None) -> None:
     """Attribution patching: estimate, from one forward on TEXT (the clean run) and on CORRUPTED and one

@@ -14,7 +14,8 @@ from rich.text import Text
 from .common import (SEED, as_decoder, check_writable, new_console, progress_bar, removed_if_failed, status,
                      write_figure)
 from .interpret import _decoder_stack
-from .options import WRITER, model_option, other_option, patching_metric, prefix_option, text_argument, token_option
+from .options import (WRITER, global_tokens_option, model_option, other_option, patching_metric, prefix_option,
+                      text_argument, token_option)
 from ..runtime.errors import QkvError
 
 
@@ -29,6 +30,7 @@ from ..runtime.errors import QkvError
               help="How many heads to list (largest |contribution| first).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the layers × heads map (dla.png, .svg) into this directory.")
+@global_tokens_option()
 def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: int, prefix: str | None,
             out_dir: str | None) -> None:
     """Direct logit attribution: each head's and FFN's direct part of --token's logit (or of
@@ -103,6 +105,7 @@ def dla_cmd(text: str, source: str, token: str | None, other: str | None, top: i
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the tokens coloured by score (attribute.png, .svg), attribute.json and the viewer "
                    "with its attribution panel open (attribute.html) here.")
+@global_tokens_option()
 def attribute_cmd(text: str, source: str, token: str | None, compare: str | None, prefix: str | None,
                   other: str | None, method: str, spans: str, samples: int, seed: int, exact: bool | None, steps: int,
                   tolerance: float, baseline: str, keep_first: bool, as_json: bool, out_dir: str | None) -> None:
@@ -223,6 +226,7 @@ def _token_pair(model, target: str | None, other: str | None, token_id) -> tuple
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the heatmaps (patch.png, .svg), the tables (patch.json) and the viewer with its "
                    "patching panel open (patch.html) into this directory.")
+@global_tokens_option()
 def patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other: str | None, top: int,
               prefix: str | None, out_dir: str | None) -> None:
     """Activation patching: copy each head's output, and each position of the residual stream,

@@ -49,7 +49,12 @@ def load_model(source, default: str | None = None, pairs: bool = False):
         raise QkvError(f"{source} is an image–text pair ({model.config.family}): qkv show IMAGE --model {source} "
                        "--texts \"a cat,a dog\" scores it; the other commands read one tower (a CLIPVisionModel, "
                        "CLIPTextModel, … checkpoint; from Python: model.vision, model.text)")
-    return model
+    ctx = click.get_current_context(silent=True)              # --global-tokens (options.global_tokens_option)
+    given = None if ctx is None else ctx.meta.get(GLOBAL_TOKENS)
+    return model if given is None else with_global_tokens(model, given)
+
+
+GLOBAL_TOKENS = "qkv.global_tokens"   # where --global-tokens waits in the command's click context for load_model
 
 
 def with_global_tokens(model, given: str):

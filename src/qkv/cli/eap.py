@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_json_file, check_writable, new_console, progress_bar, removed_if_failed, status
-from .options import WRITER, model_option, other_option, text_argument, token_option
+from .options import WRITER, global_tokens_option, model_option, other_option, text_argument, token_option
 from ..runtime.errors import QkvError
 
 CURVE = "10,30,100,300,1000,3000"
@@ -40,6 +40,7 @@ CURVE = "10,30,100,300,1000,3000"
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the faithfulness curve beside the edge scores (eap_curve.png, .svg), eap.json and the "
                    "circuit page (eap.html: components by layer, the top edges by score) into this directory.")
+@global_tokens_option()
 def eap_cmd(text: str, corrupted: str, source: str, token: str | None, other: str | None, ig_steps: int, qkv: bool,
             top: int, curve: str, json_path: str | None, out_dir: str | None) -> None:
     """Edge attribution patching: score every edge sender → receiver (the embedding, each head's output, each FFN's

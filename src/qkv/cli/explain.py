@@ -14,7 +14,7 @@ from .common import MODEL_HELP, check_writable, head_pairs, new_console, removed
 from ..core.capabilities import require
 from ..runtime.errors import QkvError
 from ..lessons import Topic, explain_help, register
-from .options import READER, WRITER, model_option, prefix_option, text_argument
+from .options import READER, WRITER, global_tokens_option, model_option, prefix_option, text_argument
 
 register("circuits", Topic("qkv.graphs.lesson", "one small attribution graph: a transcoder (the FFN box rewritten), "
                                                 "an edge, error nodes, the scores (--transcoders DIR)"))
@@ -36,6 +36,7 @@ register("circuits", Topic("qkv.graphs.lesson", "one small attribution graph: a 
                    "of the model, opened at --layer and --head, in --lang with an English/Korean toggle).")
 @click.option("--transcoders", "transcoders_dir", default=None, metavar="DIR",
               help="circuits: one transcoder per layer of the model (any layout qkv graph reads).")
+@global_tokens_option()
 def explain_cmd(args: tuple[str, ...], source: str | None, layer: int | None, head: int | None, lang: str,
                 out_dir: str | None, html_file: str | None, transcoders_dir: str | None) -> None:
     """`qkv explain [TOPIC] [TEXT]`: the help text is lessons.explain_help (it lists the topics)."""
@@ -164,6 +165,7 @@ def _temperatures(values: tuple[str, ...]) -> list[float]:
               help="Knock out heads (zero-ablation: their Z = A·V set to 0 before W_O): "
                    "repeat or give a comma list, e.g. --ablate 3.2,5.1 (negative numbers count from the end).")
 @prefix_option("Default: none, so the translation's first token.", was="--target")
+@global_tokens_option()
 def next_cmd(text: str, source: str, temperatures: tuple[str, ...], top_k: int, chat: bool,
              out_dir: str | None, ablate: tuple[str, ...], prefix: str | None) -> None:
     """The next token after TEXT: the top k of P = softmax(logits / T) at each temperature T,

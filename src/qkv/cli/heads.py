@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_writable, new_console
-from .options import READER, backend_option, model_option
+from .options import READER, backend_option, global_tokens_option, model_option
 from ..runtime.errors import QkvError
 from ..runtime.io import write_atomic
 from ..runtime.threads import check_count, cores
@@ -130,6 +130,7 @@ def warn_failures(report: HeadReport, limit: int = 10) -> None:
               help="Processes (local) or actors (ray). Default: every core for a corpus, 1 for a few texts; "
                    "ray: every CPU of the cluster.")
 @click.option("--address", default=None, help="Ray cluster to join (default: start Ray on this machine).")
+@global_tokens_option()
 def heads(texts: tuple[str, ...], source: str, corpus_path: str | None, split: str, window: int | None,
           as_json: bool, show: tuple[str, ...], out_dir: str | None, checkpoint: str | None, backend: str,
           workers: int | None, address: str | None) -> None:

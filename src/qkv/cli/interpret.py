@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import as_decoder, check_writable, new_console, removed_if_failed, status, write_figure
-from .options import READER, WRITER, model_option, prefix_option, renamed, text_argument
+from .options import READER, WRITER, global_tokens_option, model_option, prefix_option, renamed, text_argument
 
 
 @click.command(name="lens")
@@ -30,6 +30,7 @@ from .options import READER, WRITER, model_option, prefix_option, renamed, text_
 @click.option("--tuned", "tuned_dir", default=None, metavar="DIR",
               help="A tuned lens (qkv tuned-lens train --out DIR): read each layer through its translator; the "
                    "viewer's lens panel then switches between the logit and the tuned lens.")
+@global_tokens_option()
 def lens_cmd(text: str, source: str, top: int, prefix: str | None, out_dir: str | None,
              tuned_dir: str | None = None) -> None:
     """The logit lens: what each layer would predict after TEXT, reading the residual stream
@@ -136,6 +137,7 @@ def _decoder_stack(trace):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write raw attention, rollout (and flow) side by side (rollout.png, .svg) and the viewer "
                    "with its rollout panel open (rollout.html) into this directory.")
+@global_tokens_option()
 def rollout_cmd(text: str, source: str, flow: bool, out_dir: str | None) -> None:
     """Attention rollout (and with --flow attention flow, Abnar & Zuidema 2020): for each position,
     the input token it draws most from through every layer, beside the last layer's raw attention."""
@@ -199,6 +201,7 @@ CIRCUITS_TEXT = ("When Mary and John went to the store, John gave a drink to Mar
 @click.option("--top", type=click.IntRange(1, 50), default=10, show_default=True, help="How many entries to list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the figure (circuits.png, .svg) into this directory.")
+@global_tokens_option()
 def circuits_cmd(text: str | None, source: str, layer: int, head: int, top: int, out_dir: str | None) -> None:
     """QK and OV circuits of one head: what it copies (W_E·W_V·W_O·W_U on TEXT's tokens, the copying
     score) and where it looks by relative position."""

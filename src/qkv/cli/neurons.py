@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_writable, new_console, progress_bar, removed_if_failed, status
-from .options import WRITER, model_option, renamed, text_argument
+from .options import WRITER, global_tokens_option, model_option, renamed, text_argument
 from ..runtime.errors import QkvError
 from ..core.labels import shorten
 
@@ -62,6 +62,7 @@ def neuron_list(value: str | None) -> list[int] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the tables.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write neurons.json, the figure (neurons.png, .svg) and the neuron page (neurons.html) here.")
+@global_tokens_option()
 def neurons_cmd(text: str | None, layer: int, source: str, corpus_path: str | None, neuron: str | None, top: int,
                 contexts: int, window: int, tokens: int, as_json: bool, out_dir: str | None) -> None:
     """FFN neurons as key–value memories (Geva et al. 2021): for LAYER's neurons (the --top of largest

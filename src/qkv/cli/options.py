@@ -25,7 +25,7 @@ import click
 from ..analysis.backends import BACKENDS       # local | ray: every command's --backend
 from ..checkpoints import DEFAULT, KO_EN, LLM
 from ..runtime.errors import QkvError
-from .common import MODEL_HELP
+from .common import GLOBAL_TOKENS, MODEL_HELP
 
 READER = DEFAULT        # "minilm": the default model, for commands about how a model reads a text
 WRITER = LLM            # "smollm2": for commands that write text or explain the token a model writes
@@ -37,6 +37,24 @@ def model_option(default: str | None, help: str = MODEL_HELP):
     command's own: a topic's, an SAE's)."""
     return click.option("--model", "source", default=default, show_default=default is not None, metavar="MODEL",
                         help=help)
+
+
+GLOBAL_HELP = ("Longformer: the positions (from 0) that attend globally, reading every key with their own Q, K, V "
+               "(transformers' global_attention_mask)  [default: none, as LongformerForMaskedLM]; refused for a model "
+               "without global attention.")
+
+
+def global_tokens_option():
+    """--global-tokens I,J,…: Longformer's global tokens for every model the command loads (common.load_model reads
+    them from the command's click context and applies common.with_global_tokens: a model without global attention
+    is refused in one line). No parameter: the command's code is unchanged."""
+    def keep(ctx: click.Context, param, value: str | None) -> str | None:
+        if value is not None:
+            ctx.meta[GLOBAL_TOKENS] = value
+        return value
+
+    return click.option("--global-tokens", default=None, metavar="I,J,…", expose_value=False, callback=keep,
+                        help=GLOBAL_HELP)
 
 
 def text_argument(required: bool = True):

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import check_json_file, check_writable, new_console, progress_bar, removed_if_failed, status
-from .options import WRITER, model_option, other_option, token_option
+from .options import WRITER, global_tokens_option, model_option, other_option, token_option
 from ..runtime.errors import QkvError
 
 NO_PATH = "#d9d9d9"          # a cell with no path (or no sender): grey, apart from white's 0
@@ -38,6 +38,7 @@ NO_PATH = "#d9d9d9"          # a cell with no path (or no sender): grey, apart f
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the senders' heatmap (path_patch.png, .svg), path_patch.json and the viewer of TEXT's "
                    "attention with the path patching panel open (path_patch.html) into this directory.")
+@global_tokens_option()
 def path_patch_cmd(clean: str, corrupted: str, source: str, token: str | None, other: str | None, receivers: str,
                    channel: str, senders: str | None, positions: tuple[int, ...], top: int, json_path: str | None,
                    out_dir: str | None) -> None:

@@ -46,7 +46,7 @@ from ..runtime.errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, clamped_glu, layer_norm, rms_norm, sigmoid, softmax, xielu
 from .positions import alibi_bias, alibi_slopes, apply_rope
-from .sparse_layers import global_rows, sparse_mask
+from .sparse_layers import SparseMask, global_rows, sparse_layer_attention, sparse_mask
 from .trace import Recorder
 from .weights import AttentionWeights, BlockWeights, ConvWeights, FFNWeights, MoEWeights, NormWeights, Weights
 
@@ -262,25 +262,31 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
         k, v = ctx.cache.append(layer, k, v)                  # (B, Hkv, m, d_k) past + new
     if cfg.disentangled is not None and ctx.memory is None:   # DeBERTa: S = Q·Kᵀ·s + (c2p + p2c), the terms
         mask = disentangled_mask(q, k, w, ctx, layer, mask)   # as the mask's position bias
-    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores") or (   # Longformer's global rows: from A
-        bool(cfg.global_tokens) and rec.wants(layer, "attention_top"))
+    want = rec.wants(layer, "attentions") or rec.wants(layer, "scores")
+    top = None                                                # each row's largest weights, where a kernel gives them
     if hooks is not None and hooks.on_weights(layer):         # S or A hooked: step by step, plain
         z, a, s = hooks.attention(layer, q, k, v, mask, rec, scale, cap, sink)
     elif want and rec.heads is None and not rec.beside or ctx.tape is not None:   # every head's weights (a tape
         z, a, s = scaled_dot_product_attention(q, k, v, mask.bias(q.dtype),         # keeps A): the plain path
                                                keep_scores=rec.wants(layer, "scores"), scale=scale, cap=cap, sink=sink)
+    elif isinstance(mask, SparseMask):                        # Longformer's global tokens, BigBird's blocks: each
+        z, a, s, top = sparse_layer_attention(                # block of queries with only the keys it reads
+            q, k, v, mask, scale=scale, cap=cap, sink=sink, scores=rec.wants(layer, "scores"),
+            heads=(rec.heads if rec.heads is not None else range(cfg.n_heads)) if want else None,
+            top=rec.top if rec.wants(layer, "attention_top") else None)
     else:
         z = attention_output(q, k, v, mask, scale, cap, sink=sink)   # (B, H, n, d_k) plain or tiled
         heads = rec.heads if rec.heads is not None else range(cfg.n_heads)
         a, s = attention_weights(q, k, mask, heads, scale=scale, cap=cap, sink=sink) if want else (None, None)
     if cfg.global_tokens and ctx.memory is None:              # Longformer: the global rows, their own Q, K, V
         if ctx.tape is not None:
-            raise QkvError("training with Longformer's global tokens is not in qkv (the global projections have no "
-                           "backward here); train without global tokens")
+            raise QkvError("gradients through Longformer's global tokens (training, gradient attributions) are not in "
+                           "qkv (the global projections have no backward here): run without global tokens, or "
+                           "attribute by occlusion")
         if hooks is not None and hooks.on_weights(layer):
             raise QkvError("a hook on Longformer's scores or weights would miss the global tokens' rows (computed "
                            "apart, from their own Q, K, V): hook the heads' output, or run without global tokens")
-        z, a, s = global_rows(x, w, cfg, mask, z, a, s, rec.heads)
+        z, a, s = global_rows(x, w, cfg, mask, z, a, s, rec.heads, top)   # (top: G's rows in place)
     if w.W_G is not None:                                     # Qwen3-Next: each head's Z gated, Z_h ⊙ σ(X·W_G + b_G)_h
         if ctx.tape is not None:
             raise QkvError("training through an attention output gate (Qwen3-Next) is not in qkv; use transformers")
@@ -293,8 +299,9 @@ def attention(x: np.ndarray, w: AttentionWeights, ctx: Context, layer: int) -> n
     for name, value in (("q", q), ("k", k), ("v", v), ("scores", s), ("attentions", a), ("heads", z)):
         rec.put(layer, name, value)
     if rec.wants(layer, "attention_top"):                     # each row's largest weights: from A if it is there
-        rec.put(layer, "attention_top", top_of(a, rec.top) if a is not None and a.shape[1] == cfg.n_heads
-                else attention_top(q, k, mask, rec.top, scale=scale, cap=cap, sink=sink))
+        rec.put(layer, "attention_top", top if top is not None else top_of(a, rec.top)
+                if a is not None and a.shape[1] == cfg.n_heads else attention_top(q, k, mask, rec.top, scale=scale,
+                                                                                  cap=cap, sink=sink))
     z = merge_heads(z)                                        # (B, n, H·d_k) Concat(Z)
     if ctx.tape is not None:                                  # a learned bias (T5's, UMT5's, MPNet's), not ALiBi's
         learned = (mask.position_bias is not None and cfg.position != "alibi" and cfg.disentangled is None
