@@ -31,7 +31,7 @@ class GGUFTensors(ByName):
         if path is None:
             raise QkvError('dtype="stored" keeps a GGUF file\'s blocks; give a .gguf file (or "smollm2")')
         p = parse(path, vocab_size=_vocab_size(directory))
-        self.reader = p.reader
+        self.data = p.reader.data                  # the file's memory map (the reader's metadata is let go)
         self._where: dict[str, tuple] = {}         # hf name → (GGUF tensor, its shape, hf shape, fn)
         self._table = self._where
         self._stored: dict[str, StoredMatrix] = {}
@@ -46,6 +46,8 @@ class GGUFTensors(ByName):
                 rows = self._rows(matrix, shape, hf_shape, fn)
                 if rows is not None:
                     self._stored[hf] = rows
+            if matrix is not None:
+                self._drop_pages(t.data)        # its scales are read: the file is never resident whole at once
         self._last: tuple[object, np.ndarray] | None = None    # the last tensor dequantised (a fused one's parts)
 
     @staticmethod
@@ -86,11 +88,25 @@ class GGUFTensors(ByName):
         check_finite(full, arr)
         return arr
 
+    def _drop_pages(self, data: np.ndarray) -> None:
+        """Drop the pages of DATA (a view of the file's memory map) from this process (MADV_DONTNEED: clean
+        pages of a file, read again from it when a product needs them)."""
+        mm = getattr(self.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") or not data.size:
+            return
+        page = mmap.PAGESIZE
+        into = self.data.offset % mmap.ALLOCATIONGRANULARITY            # where np.memmap's array begins in its map
+        start = data.ctypes.data - self.data.ctypes.data + into          # DATA's first byte in the map
+        first = start // page * page                 # (a page it shares with the tensor before is dropped too:
+        end = (start + data.nbytes) // page * page   #  read again if needed; the one it shares with the next stays)
+        if end > first:
+            mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+
     def release(self) -> None:
         """Drop the file's pages from this process (MADV_DONTNEED; clean file pages, mapped again when a
         product reads them): after a load has read every tensor, the blocks count once."""
         self._last = None
-        mm = getattr(self.reader.data, "_mmap", None)
+        mm = getattr(self.data, "_mmap", None)
         if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED)
 
@@ -108,6 +124,8 @@ class HalfTensors:
     def get(self, name: str, shape: tuple[int, ...], dtype=np.float32):
         if len(shape) == 2 and hasattr(self.store, "get_stored"):
             table = self.store.get_stored(name, shape)
+            if table is not None and hasattr(self.store, "release"):
+                self.store.release()                     # its check read every page: they need not stay
             if table is not None and self.kind in (None, table.matrix.kind):
                 return table
         arr = self.store.get(name, shape, dtype)
