@@ -141,7 +141,7 @@ def features_of(file: str, model) -> np.ndarray:
         return x
     from ..inputs.audio import sound_features
 
-    return sound_features(file, model.config.audio_mels)[0]
+    return sound_features(file, model.config.audio_mels, model.window_samples)[0]
 
 
 # ── no transcript given: Whisper writes one, and each word is placed in time ────
@@ -170,7 +170,7 @@ def show_words(model, path: str, layer: int | None, head: int | None, out_dir: s
     else:
         from ..inputs.audio import sound_features
 
-        features, sound = sound_features(path, model.config.audio_mels)
+        features, sound = sound_features(path, model.config.audio_mels, model.window_samples)
     with removed_if_failed(out_dir):
         if out_dir is not None:
             check_writable(out_dir)

@@ -56,7 +56,8 @@ def _options(command):
 @click.command(name="train")
 @click.option("--task", default=None, help="induction: an attention-only model on random tokens repeated twice; "
                                             "translate-ko-en: the guide's Korean→English example; digits: a Vision "
-                                            "Transformer on handwritten digits (or give --text FILE).")
+                                            "Transformer on handwritten digits; speech: a tiny Whisper on digits "
+                                            "spoken by espeak-ng (or give --text FILE).")
 @click.option("--text", "text", default=None, metavar="FILE", help="Learn this UTF-8 text (any language).")
 @click.option("--out", "out", default=None, metavar="DIR",
               help="The run's directory: log, figures, checkpoints, the model. Give it again to continue.")
@@ -160,6 +161,8 @@ def record_line(e: dict) -> str:
         parts.append(f"held-out: exact {e['exact']:.1%}, cross-attention alignment {e['alignment']:.1%}")
     if "accuracy" in e:
         parts.append(f"held-out accuracy {e['accuracy']:.1%}")
+    if "word_accuracy" in e:
+        parts.append(f"words {e['word_accuracy']:.1%}")
     if "val_loss" in e:
         parts.append(f"held-out {e['val_loss']:.3f}")
     line = "  ".join(parts)
@@ -191,6 +194,10 @@ def _summary(run, took: float, written: list[Path]) -> None:
         return
     if s.task == "digits":
         click.echo(f"try: qkv show IMAGE.png --model {model} --out DIR   (a digit, dark ink on white)")
+        return
+    if s.task == "speech":
+        click.echo(f"try: qkv transcribe FILE.wav --model {model} --words   (a few spoken digits; examples in "
+                   f"{run.out / 'examples'})")
         return
     click.echo(f"open {run.out / 'before.html'} and {run.out / 'after.html'} in a browser to see the heads "
                "before and after" if s.task == "induction"

@@ -153,18 +153,20 @@ def mel_energies(samples: np.ndarray, filters: np.ndarray) -> np.ndarray:
     return out
 
 
-def log_mel(samples: np.ndarray, n_mels: int = 80) -> np.ndarray:
+def log_mel(samples: np.ndarray, n_mels: int = 80, window: int = WINDOW_SAMPLES) -> np.ndarray:
     """Mono 16 kHz samples (n,) → log-mel features (n_mels, frames) float32, equal to transformers'
     WhisperFeatureExtractor(feature_size=n_mels): a sound of at most 30 s padded with silence to 30 s (3000
     frames, its padding="max_length"); a longer one keeps all n // 160 frames (padding="longest",
-    truncation=False: what Whisper's long-form generate reads). Formula: see the module docstring."""
+    truncation=False: what Whisper's long-form generate reads). Formula: see the module docstring.
+    window: the samples of one window (WhisperFeatureExtractor's n_samples, chunk_length · 16,000; a model of
+    shorter windows, as `qkv train --task speech` makes, pads to its own)."""
     x = np.asarray(samples, dtype=np.float32).reshape(-1)
     if len(x) == 0 or not np.isfinite(x).all():
         raise QkvError("the samples are empty or not finite; give a sound of finite samples")
     if not 1 <= int(n_mels) <= 512:
         raise QkvError(f"n_mels must be between 1 and 512, got {n_mels}; Whisper uses 80 (large-v3: 128)")
-    if len(x) < WINDOW_SAMPLES:
-        x = np.pad(x, (0, WINDOW_SAMPLES - len(x)))                                     # (480000,) silence after
+    if len(x) < window:
+        x = np.pad(x, (0, window - len(x)))                                             # (480000,) silence after
     mel = mel_energies(x, mel_filters(int(n_mels)))[:-1]                                 # (T, n_mels) last dropped
     logs = np.log10(np.maximum(mel, 1e-10)).T                                            # (n_mels, T)
     logs = np.maximum(logs, logs.max() - 8.0)
@@ -183,7 +185,9 @@ def windows(features: np.ndarray, frames: int = WINDOW_FRAMES) -> np.ndarray:
     return out
 
 
-def sound_features(path: str | os.PathLike, n_mels: int = 80) -> tuple[np.ndarray, Sound]:
-    """A sound file → (its log-mel features (n_mels, frames), the Sound read): read_sound then log_mel."""
+def sound_features(path: str | os.PathLike, n_mels: int = 80, window: int = WINDOW_SAMPLES
+                   ) -> tuple[np.ndarray, Sound]:
+    """A sound file → (its log-mel features (n_mels, frames), the Sound read): read_sound then log_mel (padded to
+    WINDOW samples)."""
     sound = read_sound(path)
-    return log_mel(sound.samples, n_mels), sound
+    return log_mel(sound.samples, n_mels, window), sound

@@ -68,6 +68,24 @@ class AudioModel(Seq2SeqModel):
                            "it to 7 (Whisper's)")
         return width
 
+    @property
+    def window_samples(self) -> int:
+        """The samples a sound is padded to before its log-mel features are made: preprocessor_config.json's
+        n_samples (WhisperFeatureExtractor's chunk_length · 16,000: 3 s for `qkv train --task speech`'s models),
+        30 s without one. Whole and ≥ 1, else one QkvError."""
+        from ..inputs.audio import WINDOW_SAMPLES
+
+        path = None if self.directory is None else Path(self.directory) / "preprocessor_config.json"
+        if path is None or not path.is_file():
+            return WINDOW_SAMPLES
+        from ..runtime.io_json import read_json
+
+        n = read_json(path, what="preprocessor_config.json").get("n_samples", WINDOW_SAMPLES)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise QkvError(f"preprocessor_config.json: n_samples must be a whole number ≥ 1, got {n!r}; set it to "
+                           "chunk_length × 16000 (480000 for Whisper's 30 s)")
+        return n
+
     def __repr__(self) -> str:
         c = self.config
         return (f"AudioModel({self.name!r}: {c.family}, {c.audio_mels} mels × {2 * c.source_positions} frames, "
@@ -152,7 +170,7 @@ class AudioModel(Seq2SeqModel):
         if isinstance(source, (str, Path)):
             from ..inputs.audio import HOP, sound_features
 
-            source, sound = sound_features(source, self.config.audio_mels)
+            source, sound = sound_features(source, self.config.audio_mels, self.window_samples)
             frames = -(-len(sound.samples) // HOP)            # WhisperFeatureExtractor's attention_mask.sum()
         result = transcribe(self, source, language=language, task=task, timestamps=timestamps,
                             max_new_tokens=max_new_tokens)

@@ -143,6 +143,8 @@ class Run:
         self.config = self.task.config
         start = init(self.config, seed=settings.seed)                      # step 0, also for "before"
         tensors = family_of(self.config.family).tensors(start.weights, self.config)
+        if hasattr(self.task, "initial"):                                   # a task's own start (speech: Whisper's
+            tensors = self.task.initial(tensors)                            # sinusoidal encoder positions)
         self.params = {k: np.array(v, dtype=np.float32) for k, v in tensors.items()}   # owned, C order
         self.weights = weights_from_tensors(self.params, self.config)        # views into self.params
         s = settings
@@ -210,7 +212,16 @@ class Run:
             self.opt.load_state_dict(_unflatten(arrays, meta["optim"]))
             self.step, self.resumed_from = int(meta["step"]), path
             self.seconds = float(meta.get("seconds", 0.0))
+            self._reread()
             return
+
+    def _reread(self) -> None:
+        """Read the weights from the params again where the family's table copies a tensor rather than viewing it
+        (Whisper's convolutions, transposed into one product): the copies follow the params' in-place updates."""
+        if self.config.audio_mels is not None:
+            from ..checkpoints.families import weights_from_tensors
+
+            self.weights = weights_from_tensors(self.params, self.config)
 
     # training ---------------------------------------------------------------
 
@@ -239,6 +250,7 @@ class Run:
                 norm = clip_grad_norm(grads, s.clip)
                 lr = lr_at(self.step, lr=s.lr, warmup=s.warmup, total=s.steps, min_lr=s.min_lr)
                 self.opt.step(grads, lr=lr)
+                self._reread()
                 self.step += 1
                 took = time.perf_counter() - t0
                 self.seconds += took

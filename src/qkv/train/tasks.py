@@ -29,7 +29,7 @@ from ..runtime.errors import QkvError
 from ..runtime.io import open_regular
 from ..runtime.tuning import physical_memory
 
-ARCHS = ("gpt2", "llama", "marian", "vit")   # marian: translate-ko-en only; vit: digits only
+ARCHS = ("gpt2", "llama", "marian", "vit", "whisper")   # marian: translate-ko-en only; vit: digits; whisper: speech
 TOKENIZERS = ("char", "bpe")
 EVAL_SEED = 10_007            # added to the run's seed: the held-out batches never equal a training batch
 EVAL_BATCH = 64               # repeated sequences the induction records average over
@@ -74,7 +74,7 @@ class Settings:
     def check(self) -> "Settings":
         """One QkvError naming the first out-of-range setting and the fix."""
         if self.task not in KINDS:
-            raise QkvError(f"unknown task {self.task!r}; give --task induction, translate-ko-en or digits, "
+            raise QkvError(f"unknown task {self.task!r}; give --task induction, translate-ko-en, digits or speech, "
                            "or --text FILE to learn a text")
         positive = ("steps", "batch", "every", "checkpoint_every", "layers", "heads", "d_model")
         for name in positive + (("half", "min_half", "vocab") if self.task == "induction" else ("context",)):
@@ -99,10 +99,10 @@ class Settings:
             raise QkvError(f"--min-half {self.min_half} is more than --half {self.half}; give min-half ≤ half")
         if self.arch not in ARCHS:
             raise QkvError(f"unknown --arch {self.arch!r}; choose gpt2 or llama")
-        own = {"translate-ko-en": "marian", "digits": "vit"}
+        own = {"translate-ko-en": "marian", "digits": "vit", "speech": "whisper"}
         if own.get(self.task, self.arch if self.arch in ("gpt2", "llama") else "gpt2") != self.arch:
             raise QkvError(f"--arch {self.arch} does not fit --task {self.task}: translate-ko-en trains a marian "
-                           "model, digits a vit, the others gpt2 or llama")
+                           "model, digits a vit, speech a whisper, the others gpt2 or llama")
         if self.task == "text":
             if self.tokenizer not in TOKENIZERS:
                 raise QkvError(f"unknown --tokenizer {self.tokenizer!r}; choose {' or '.join(TOKENIZERS)}")
@@ -143,13 +143,15 @@ DEFAULTS = {
                             checkpoint_every=200, layers=2, heads=4, d_model=64, arch="marian"),
     "digits": dict(steps=3000, batch=64, lr=3e-3, min_lr=1e-4, warmup=100, weight_decay=0.05, every=250,
                    checkpoint_every=500, layers=3, heads=4, d_model=64, arch="vit"),
+    "speech": dict(steps=2200, batch=32, lr=3e-3, min_lr=1e-4, warmup=150, weight_decay=0.01, every=300,
+                   checkpoint_every=300, layers=2, heads=4, d_model=64, arch="whisper"),
 }
 
 
 def settings_for(task: str, given: dict) -> Settings:
     """The task's defaults, overridden by the options the user GIVEN (name → value), checked."""
     if task not in KINDS:
-        raise QkvError(f"unknown task {task!r}; give --task induction, translate-ko-en or digits, "
+        raise QkvError(f"unknown task {task!r}; give --task induction, translate-ko-en, digits or speech, "
                        "or --text FILE to learn a text")
     s = replace(Settings(task=task, **DEFAULTS[task]), **given)
     if "warmup" not in given:                                   # a short run warms up for a tenth of it
@@ -346,8 +348,13 @@ def _digits(s: Settings, tokenizer_file: Path):
     return DigitsTask(s)
 
 
+def _speech(s: Settings, tokenizer_file: Path):
+    from .speech import SpeechTask  # a tiny Whisper on digits spoken by espeak-ng (speech-tiny)
+    return SpeechTask(s, tokenizer_file)
+
+
 KINDS = {"induction": InductionTask, "text": TextTask,       # --task NAME → its class
-         "translate-ko-en": _translate, "digits": _digits}
+         "translate-ko-en": _translate, "digits": _digits, "speech": _speech}
 
 
 def make_task(s: Settings, out: Path):

@@ -1,0 +1,215 @@
+"""`qkv train --task speech` (qkv.train.speech, speech_data, speech_backprop): Whisper's backward through its
+convolutions, encoder, cross-attention and decoder against torch autograd (the committed fixture
+grads/whisper_speech.npz, made by make_speech_fixtures.py), the tokenizer in Whisper's format, and the task run,
+resumed bit for bit and saved as a Whisper checkpoint — all on synthetic sound made in NumPy (no espeak-ng here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import qkv
+from qkv.cli.app import cli
+from qkv.core.blocks import convolve
+from qkv.core.weights import ConvWeights
+from qkv.runtime.errors import QkvError
+from qkv.train import speech, speech_data
+from qkv.train.gradients import grads_by_name
+from qkv.train.speech_backprop import conv_backward, loss_and_grads
+from conftest import run_main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_gradients_equal_autograd():
+    """Every parameter's gradient (the convolutions', both stacks', the tied table's, the encoder's positions) as
+    torch's, float64: relative error ≤ 1e-5 (measured ~1e-15), loss within 1e-10."""
+    ref = np.load(FIXTURES / "grads" / "whisper_speech.npz")
+    model = qkv.load(FIXTURES / "models" / "whisper", dtype=np.float64)
+    frames = np.ascontiguousarray(ref["input_features"].transpose(0, 2, 1))          # (B, frames, mels)
+    loss, tree = loss_and_grads(model.weights, model.config, frames, ref["decoder_input_ids"], ref["labels"])
+    assert abs(loss - float(ref["loss"])) < 1e-10
+    grads = grads_by_name(tree, model.config)
+    expected = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
+    assert set(grads) == set(expected)                       # every parameter, the tied head once
+    for key, g_ref in expected.items():
+        err = np.linalg.norm(grads[key] - g_ref) / np.linalg.norm(g_ref)
+        assert err < 1e-5, f"{key}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_backward_is_the_transpose_of_convolve(stride):
+    """⟨conv(x), dy⟩ is linear in x and W: its gradients equal the central differences (float64)."""
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((2, 9, 3))
+    conv = ConvWeights(rng.standard_normal((9, 4)), rng.standard_normal(4), kernel=3, stride=stride, padding=1)
+    dy = rng.standard_normal(convolve(x, conv).shape)
+    dx, g = conv_backward(dy, x, conv)
+    f = lambda x_, W_: float((convolve(x_, ConvWeights(W_, conv.b, 3, stride, 1)) * dy).sum())
+    e = np.zeros_like(x)
+    e[1, 4, 2] = 1e-6
+    assert abs((f(x + e, conv.W) - f(x - e, conv.W)) / 2e-6 - dx[1, 4, 2]) < 1e-6
+    E = np.zeros_like(conv.W)
+    E[5, 1] = 1e-6
+    assert abs((f(x, conv.W + E) - f(x, conv.W - E)) / 2e-6 - g.W[5, 1]) < 1e-6
+    np.testing.assert_allclose(g.b, dy.sum(axis=(0, 1)))
+
+
+def test_tokenizer_is_whispers_format():
+    """One token a word (with its space), the prompt tokens of tiny.en around a text, and transformers'
+    WhisperTokenizer reading the same ids and text."""
+    tok = speech.whisper_tokenizer()
+    ids = tok.encode(" three one four", add_special_tokens=False).ids
+    assert [tok.id_to_token(i) for i in ids] == ["Ġthree", "Ġone", "Ġfour"]
+    full = tok.encode(" three one four").ids
+    assert [tok.id_to_token(i) for i in (full[0], full[1], full[-1])] == \
+        ["<|startoftranscript|>", "<|notimestamps|>", "<|endoftext|>"]
+    notimestamps = tok.token_to_id("<|notimestamps|>")
+    assert tok.token_to_id("<|0.00|>") == notimestamps + 1 and tok.token_to_id("<|3.00|>") == notimestamps + 151
+    transformers = pytest.importorskip("transformers")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+        Path(d, "tokenizer_config.json").write_text(json.dumps(speech.tokenizer_config()), encoding="utf-8")
+        hf = transformers.WhisperTokenizer.from_pretrained(d)
+        assert hf(" three one four").input_ids == full
+        assert hf.decode(full, skip_special_tokens=True) == " three one four"
+
+
+def _tone(u: speech_data.Utterance) -> np.ndarray:
+    """Synthetic speech: each word 0.2 s of a tone of its own pitch (200 + 80·word Hz), 0.05 s apart; louder for a
+    higher pitch of the voice."""
+    t = np.arange(int(0.2 * speech_data.SAMPLE_RATE)) / speech_data.SAMPLE_RATE
+    gap = np.zeros(int(0.05 * speech_data.SAMPLE_RATE), np.float32)
+    parts = [np.concatenate([np.sin(2 * np.pi * (200 + 80 * w) * t) * (0.3 + u.pitch / 200), gap]) for w in u.words]
+    return np.concatenate(parts).astype(np.float32)
+
+
+@pytest.fixture
+def small_banks(monkeypatch):
+    """The task on synthetic sound: the same code, a few utterances, NumPy's tones for espeak-ng."""
+    monkeypatch.setattr(speech_data, "espeak", _tone)
+    monkeypatch.setattr(speech, "TRAIN_UTTERANCES", 24)
+    monkeypatch.setattr(speech, "HELD_OUT_UTTERANCES", 6)
+
+
+ARGS = ["--layers", "1", "--heads", "2", "--d-model", "16", "--batch", "4", "--steps", "4", "--every", "2",
+        "--checkpoint-every", "2"]
+
+
+def test_speech_run_trains_resumes_and_saves_a_whisper(tmp_path, small_banks):
+    out = tmp_path / "run"
+    args = ["train", "--task", "speech", "--out", str(out), *ARGS]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "whisper 1 layers × 2 heads, d_model 16" in r.output and "words" in r.output
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if "word_accuracy" in e] == [0, 2, 4]
+    for name in ("model/config.json", "model/model.safetensors", "model/generation_config.json",
+                 "model/tokenizer.json", "model/tokenizer_config.json", "model/preprocessor_config.json", "loss.png"):
+        assert (out / name).is_file(), name
+    assert len(list((out / "examples").glob("*.wav"))) == speech.EXAMPLES
+    first = (out / "model" / "model.safetensors").read_bytes()
+    # resumed from its checkpoint at step 2 (the later one and the model removed): the same weights, bit for bit
+    shutil.rmtree(out / "model")
+    (out / "checkpoints" / "step-00000004.npz").unlink()
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "resuming from step 2" in r.output
+    assert (out / "model" / "model.safetensors").read_bytes() == first
+    model = qkv.load(out / "model")
+    assert type(model).__name__ == "AudioModel" and model.config.source_positions == 150
+    assert set(model.rules.alignment_heads) <= {(0, 0), (0, 1)} and model.rules.alignment_heads
+    assert model.rules.multilingual is False
+    wav = sorted((out / "examples").glob("*.wav"))[0]
+    written = model.transcribe(wav)                          # the 3 s window: one window, no timestamps
+    assert len(written.windows) == 1 and written.features.shape == (80, 300)
+
+
+def test_batches_depend_on_seed_and_step_alone(tmp_path, small_banks):
+    from qkv.train.tasks import settings_for
+
+    s = settings_for("speech", {"d_model": 16, "heads": 2, "layers": 1, "batch": 3})
+    task = speech.SpeechTask(s, tmp_path / "tokenizer.json")
+    again = speech.SpeechTask(s, tmp_path / "tokenizer.json")           # read back from the run's bank file
+    assert (tmp_path / speech.BANK_FILE).is_file()
+    a, b = task.batch(5), again.batch(5)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert a[0].shape == (3, 300, 80) and a[0].dtype == np.float32
+    assert not np.array_equal(a[0], task.batch(6)[0])
+    tgt_in, labels = a[1], a[2]
+    np.testing.assert_array_equal(tgt_in[:, :2], [task.prompt] * 3)
+    assert ((labels == -100) | (labels == np.roll(tgt_in, -1, axis=1)) | (np.arange(labels.shape[1]) ==
+                                                                         labels.shape[1] - 1)).all()
+
+
+def test_held_out_voices_are_never_learned_from():
+    train = {speech_data.utterance(i).voice for i in range(400)}
+    held = {speech_data.utterance(i, held_out=True).voice for i in range(400)}
+    assert train and held and not train & held
+
+
+def test_missing_espeak_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(speech_data.shutil, "which", lambda name: None)
+    with pytest.raises(QkvError, match="apt-get install espeak-ng"):
+        speech_data.espeak(speech_data.utterance(0))
+    code, _, err = run_main(monkeypatch, capsys, "train", "--task", "speech", "--out", str(tmp_path / "r"))
+    assert code == 2 and "apt-get install espeak-ng" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()                                 # a run that never started leaves nothing
+
+
+def test_speech_refuses_another_arch(tmp_path, monkeypatch, capsys):
+    code, _, err = run_main(monkeypatch, capsys, "train", "--task", "speech", "--arch", "gpt2", "--out",
+                            str(tmp_path / "r"))
+    assert code == 2 and "speech a whisper" in err and len(err.strip().splitlines()) == 1
+
+
+def test_training_starts_from_whispers_sinusoids(tmp_path, small_banks):
+    """The encoder's positions start as transformers' WhisperEncoder's: [sin(p·ω_k) | cos(p·ω_k)],
+    ω_k = 10000^(−k/(C/2 − 1)); row 0 is [0 … 0 | 1 … 1], row p's first channel sin(p)."""
+    from qkv.checkpoints.families import family_of
+    from qkv.models.fresh import init
+    from qkv.train.tasks import settings_for
+
+    table = speech.sinusoids(150, 16)
+    np.testing.assert_array_equal(table[0], [0] * 8 + [1] * 8)
+    np.testing.assert_allclose(table[7, [0, 7, 8]], [np.sin(7), np.sin(7 * 1e-4), np.cos(7)], rtol=1e-12)
+    task = speech.SpeechTask(settings_for("speech", {"d_model": 16, "heads": 2, "layers": 1}),
+                             tmp_path / "tokenizer.json")
+    tensors = family_of("whisper").tensors(init(task.config).weights, task.config)
+    start = task.initial(tensors)
+    np.testing.assert_array_equal(start["model.encoder.embed_positions.weight"], table.astype(np.float32))
+    assert start["model.decoder.embed_positions.weight"] is tensors["model.decoder.embed_positions.weight"]
+
+
+def test_aligned_heads_are_those_that_follow_the_words():
+    """A head whose row writing each word looks at later speech than the row before, inside the speech, is picked;
+    one that looks at one place, or at the silence after the speech, is not."""
+    from types import SimpleNamespace
+
+    B, n, S = 4, 6, 150
+    look = np.zeros((2, B, 3, n), np.int64)                     # (L, B, H, n): where each row looks most
+    look[:, :, 0] = 10                                          # every row at one place: not following
+    look[0, :, 1] = [3, 10, 20, 30, 40, 50]                     # rows 1… writing words 0… at 10, 20, 30: follows
+    look[0, :, 2] = [3, 10, 120, 130, 140, 149]                 # rising, but after the speech
+    look[1, :, 1:] = look[0, :, 1:]
+    look[1, 1:, 1] = look[1, 1:, 1, ::-1]                       # falling in 3 of 4 utterances
+    cross = np.zeros((2, B, 3, n, S))
+    np.put_along_axis(cross, look[..., None], 1.0, axis=-1)
+    model = SimpleNamespace(forward=lambda features, decoder_input_ids: SimpleNamespace(cross_attentions=cross))
+    heads = speech.aligned_heads(model, np.zeros((B, 300, 80)), np.zeros((B, n), np.int64), [3] * B,
+                                 [(5, 60)] * B)
+    assert heads == [[0, 1]]
+
+
+def test_voiced_span_finds_the_speech():
+    sound = np.zeros(48_000, np.float32)
+    sound[3_200:9_600] = 0.5 * np.sin(np.arange(6_400) / 5)   # speech from 0.2 s to 0.6 s: positions 10 … 29
+    assert speech.voiced_span(sound) == (10, 29)
