@@ -8,7 +8,7 @@ width, the llama3 RoPE as rope_freqs), and read by qkv. llama.cpp's loader fixes
 layers every interleave_moe_layer_step-th, no biases — so the committed fixture (chunks of 4, floor 3, scale 0.5,
 biases, routed layers 1 and 2) is refused by the writer, and a random directory of its sizes with llama.cpp's values
 (4 layers: the last without RoPE; every 2nd routed) is written and read back: the same knobs, the same numbers.
-tests/live/test_live_gguf_e47.py compares such files with transformers.
+tests/live/test_live_gguf_apertus_qwen3next_llama4.py compares such files with transformers.
 """
 
 from __future__ import annotations

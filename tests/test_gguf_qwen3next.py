@@ -7,7 +7,7 @@ converter writes it, split into attn_qkv [Q; K; V] and attn_gate Z; the delta ru
 full_attention_interval-th layer full), and read by qkv. llama.cpp runs every FFN routed with its top-k renormalised
 and every interval-th layer full, so the committed fixture (a dense layer 1, full attention in layer 1 of 3 without an
 interval) is refused by the writer, and random directories of its sizes (4 layers) are written and read back: the
-same knobs, the same numbers. tests/live/test_live_gguf_e47.py compares such files with transformers.
+same knobs, the same numbers. tests/live/test_live_gguf_apertus_qwen3next_llama4.py compares such files with transformers.
 """
 
 from __future__ import annotations

@@ -153,6 +153,8 @@ MEMORY_PROBE = r"""
 import json, sys, tracemalloc
 import numpy as np
 from qkv.core.kernels import tiled_attention
+from qkv.runtime.tuning import choices
+choices()                    # the machine's block sizes, measured (or read) before counting: the kernel's memory only
 n, H, d = int(sys.argv[1]), 1, 64
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, H, n, d), dtype=np.float32) for _ in range(3))
