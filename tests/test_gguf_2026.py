@@ -47,6 +47,7 @@ from qkv.runtime.errors import QkvError
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
+from gguf_names import check_table, llama_cpp  # noqa: E402
 
 NEW_ARCHS = ("ernie4_5-moe", "dots1", "exaone4", "deepseek2", "gpt-oss", "mamba", "nomic-bert")
 
@@ -56,25 +57,11 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
 
 
-def _llama_cpp(arch: str) -> tuple[set[str], set[str]]:
-    """gguf.constants' tensor names of ARCH (blk.{bid}.… as blk.{i}.…, no suffix) and every metadata key it declares
-    ({arch} filled in)."""
-    kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
-    tensors = {gguf.TENSOR_NAMES[t].replace("{bid}", "{i}") for t in gguf.MODEL_TENSORS[kind]}
-    keys = {v.replace("{arch}", arch) for cls in vars(gguf.Keys).values() if isinstance(cls, type)
-            for k, v in vars(cls).items() if isinstance(v, str) and not k.startswith("_")}
-    return tensors, keys
-
-
 @pytest.mark.parametrize("arch", NEW_ARCHS)
 def test_tables_name_what_llama_cpp_declares(arch):
     """qkv's table of ARCH: every tensor part (blk.{i}.<part>, the stacked experts, the top tensors) and every metadata
     key it reads is one gguf.constants declares for the arch."""
-    table = ARCHS[arch]
-    tensors, keys = _llama_cpp(arch)
-    parts = {f"blk.{{i}}.{p}" for p in (*table.layer, *(table.experts or ()))} | set(table.top)
-    assert parts <= tensors, sorted(parts - tensors)
-    assert {f"{arch}.{k}" for k in table.keys} <= keys, sorted({f"{arch}.{k}" for k in table.keys} - keys)
+    check_table(arch)
 
 
 def _exaone4_directory(tmp_path, **change):
@@ -98,7 +85,7 @@ def test_files_hold_llama_cpp_names_and_keys(tmp_path):
     """Every tensor of each file (its name without .weight / .bias, the layer as {i}) and every metadata key is
     gguf.constants' for the arch, and qkv reads each file."""
     for arch, path in _files(tmp_path):
-        tensors, keys = _llama_cpp(arch)
+        tensors, keys = llama_cpp(arch)
         reader = gguf.GGUFReader(path)
         names = {t.name.removesuffix(".weight").removesuffix(".bias") for t in reader.tensors}   # (ssm_a: no kind)
         layered = {".".join(["blk", "{i}", *n.split(".")[2:]]) if n.startswith("blk.") else n for n in names}

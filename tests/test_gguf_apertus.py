@@ -24,13 +24,13 @@ from safetensors.numpy import load_file, save_file
 import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
 from qkv.checkpoints import gguf_cache
-from qkv.checkpoints.gguf_archs import ARCHS
 from qkv.core.positions import rope_inv_freq
 from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
+from gguf_names import check_names  # noqa: E402
 
 V_FIXTURE, V_PADDED = 248, 300
 
@@ -38,31 +38,6 @@ V_FIXTURE, V_PADDED = 248, 300
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
-
-
-def llama_cpp(arch: str) -> tuple[set[str], set[str]]:
-    """gguf.constants' tensor names of ARCH (blk.{bid}.… as blk.{i}.…, no suffix) and every metadata key it declares
-    ({arch} filled in)."""
-    kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
-    tensors = {gguf.TENSOR_NAMES[t].replace("{bid}", "{i}") for t in gguf.MODEL_TENSORS[kind]}
-    keys = {v.replace("{arch}", arch) for cls in vars(gguf.Keys).values() if isinstance(cls, type)
-            for k, v in vars(cls).items() if isinstance(v, str) and not k.startswith("_")}
-    return tensors, keys
-
-
-def check_names(arch: str, path) -> None:
-    """qkv's table of ARCH and the file at PATH name only what gguf.constants declares for the arch: every tensor part
-    and top tensor, every metadata key of the table and of the file (its own and xielu.*)."""
-    table, (tensors, keys) = ARCHS[arch], llama_cpp(arch)
-    parts = {f"blk.{{i}}.{p}" for p in (*table.layer, *(table.experts or ()))} | set(table.top)
-    assert parts <= tensors, sorted(parts - tensors)
-    assert {f"{arch}.{k}" for k in table.keys} <= keys, sorted({f"{arch}.{k}" for k in table.keys} - keys)
-    reader = gguf.GGUFReader(path)
-    names = {t.name.removesuffix(".weight").removesuffix(".bias") for t in reader.tensors}
-    layered = {".".join(["blk", "{i}", *n.split(".")[2:]]) if n.startswith("blk.") else n for n in names}
-    assert layered <= tensors, sorted(layered - tensors)
-    meta = {f.name for f in reader.fields.values() if not f.name.startswith(("GGUF.", "general.", "tokenizer."))}
-    assert meta <= keys, sorted(meta - keys)
 
 
 def padded(tmp_path, V: int = V_PADDED):

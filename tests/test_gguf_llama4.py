@@ -26,7 +26,7 @@ import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, max_abs, run_main
 from qkv.checkpoints import gguf_cache
 from qkv.runtime.errors import QkvError
-from test_gguf_apertus import check_names
+from gguf_names import check_names
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402

@@ -1,0 +1,40 @@
+"""What llama.cpp declares for a GGUF architecture (gguf.constants), and the check that qkv's table of it and a file
+written for it name nothing else: shared by the GGUF tests of the newer architectures."""
+
+from __future__ import annotations
+
+import gguf
+
+from qkv.checkpoints.gguf_archs import ARCHS
+
+
+def llama_cpp(arch: str) -> tuple[set[str], set[str]]:
+    """gguf.constants' tensor names of ARCH (blk.{bid}.… as blk.{i}.…, no suffix) and every metadata key it declares
+    ({arch} filled in)."""
+    kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    tensors = {gguf.TENSOR_NAMES[t].replace("{bid}", "{i}") for t in gguf.MODEL_TENSORS[kind]}
+    keys = {v.replace("{arch}", arch) for cls in vars(gguf.Keys).values() if isinstance(cls, type)
+            for k, v in vars(cls).items() if isinstance(v, str) and not k.startswith("_")}
+    return tensors, keys
+
+
+def check_table(arch: str) -> tuple[set[str], set[str]]:
+    """qkv's table of ARCH: every tensor part (blk.{i}.<part>, the stacked experts, the top tensors) and every metadata
+    key it reads is one gguf.constants declares for the arch. Returns llama_cpp(ARCH)."""
+    table, (tensors, keys) = ARCHS[arch], llama_cpp(arch)
+    parts = {f"blk.{{i}}.{p}" for p in (*table.layer, *(table.experts or ()))} | set(table.top)
+    assert parts <= tensors, sorted(parts - tensors)
+    assert {f"{arch}.{k}" for k in table.keys} <= keys, sorted({f"{arch}.{k}" for k in table.keys} - keys)
+    return tensors, keys
+
+
+def check_names(arch: str, path) -> None:
+    """check_table(ARCH), and the file at PATH names only what gguf.constants declares for the arch: every tensor and
+    every metadata key (its own and xielu.*) outside GGUF.*, general.* and tokenizer.*."""
+    tensors, keys = check_table(arch)
+    reader = gguf.GGUFReader(path)
+    names = {t.name.removesuffix(".weight").removesuffix(".bias") for t in reader.tensors}
+    layered = {".".join(["blk", "{i}", *n.split(".")[2:]]) if n.startswith("blk.") else n for n in names}
+    assert layered <= tensors, sorted(layered - tensors)
+    meta = {f.name for f in reader.fields.values() if not f.name.startswith(("GGUF.", "general.", "tokenizer."))}
+    assert meta <= keys, sorted(meta - keys)
