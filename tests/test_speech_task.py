@@ -61,8 +61,7 @@ def test_conv_backward_is_the_transpose_of_convolve(stride):
 
 
 def test_tokenizer_is_whispers_format():
-    """One token a word (with its space), the prompt tokens of tiny.en around a text, and transformers'
-    WhisperTokenizer reading the same ids and text."""
+    """One token a word (with its space), the prompt tokens of tiny.en around a text, the timestamps after them."""
     tok = speech.whisper_tokenizer()
     ids = tok.encode(" three one four", add_special_tokens=False).ids
     assert [tok.id_to_token(i) for i in ids] == ["Ġthree", "Ġone", "Ġfour"]
@@ -71,15 +70,7 @@ def test_tokenizer_is_whispers_format():
         ["<|startoftranscript|>", "<|notimestamps|>", "<|endoftext|>"]
     notimestamps = tok.token_to_id("<|notimestamps|>")
     assert tok.token_to_id("<|0.00|>") == notimestamps + 1 and tok.token_to_id("<|3.00|>") == notimestamps + 151
-    transformers = pytest.importorskip("transformers")
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        Path(d, "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
-        Path(d, "tokenizer_config.json").write_text(json.dumps(speech.tokenizer_config()), encoding="utf-8")
-        hf = transformers.WhisperTokenizer.from_pretrained(d)
-        assert hf(" three one four").input_ids == full
-        assert hf.decode(full, skip_special_tokens=True) == " three one four"
+    # transformers' WhisperTokenizer reading the same ids: tests/live/test_live_speech_tokenizer.py
 
 
 def _tone(u: speech_data.Utterance) -> np.ndarray:
