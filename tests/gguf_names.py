@@ -1,11 +1,24 @@
-"""What llama.cpp declares for a GGUF architecture (gguf.constants), and the check that qkv's table of it and a file
-written for it name nothing else: shared by the GGUF tests of the newer architectures."""
+"""What llama.cpp declares for a GGUF architecture (gguf.constants), the check that qkv's table of it and a file
+written for it name nothing else, and a directory's file with keys or tensors edited: shared by the GGUF tests of the
+newer architectures."""
 
 from __future__ import annotations
 
-import gguf
+import json
+import sys
+from pathlib import Path
+from typing import Callable
 
+import gguf
+from gguf import GGUFValueType as V
+from safetensors.numpy import load_file
+
+from conftest import FIXTURES
 from qkv.checkpoints.gguf_archs import ARCHS
+
+sys.path.insert(0, str(FIXTURES))
+import gguf_convert as C  # noqa: E402
+import make_gguf_fixtures as F  # noqa: E402
 
 
 def llama_cpp(arch: str) -> tuple[set[str], set[str]]:
@@ -38,3 +51,16 @@ def check_names(arch: str, path) -> None:
     assert layered <= tensors, sorted(layered - tensors)
     meta = {f.name for f in reader.fields.values() if not f.name.startswith(("GGUF.", "general.", "tokenizer."))}
     assert meta <= keys, sorted(meta - keys)
+
+
+def edited_file(tmp_path: Path, directory: Path, arch: str, meta: dict, tensors: dict | None = None,
+                more: Callable[[dict, dict], dict] = lambda hf, weights: {}) -> Path:
+    """DIRECTORY's ARCH file as the test writer lays it out (plus MORE(hf, weights)'s metadata), with metadata keys
+    set (None: removed) and tensors set (None: removed); a new name in TMP_PATH each call."""
+    hf = json.loads((directory / "config.json").read_text())
+    weights = load_file(directory / "model.safetensors")
+    m = {"general.architecture": (arch, V.STRING)} | C.metadata(hf, arch) | C.vocabulary(directory, hf) \
+        | more(hf, weights)
+    m = {k: v for k, v in (m | meta).items() if v is not None}
+    t = {k: v for k, v in (C.tensors(hf, weights, arch) | (tensors or {})).items() if v is not None}
+    return F.write(tmp_path / f"x{len(list(tmp_path.glob('x*.gguf')))}.gguf", m, {k: (w, None) for k, w in t.items()})

@@ -29,8 +29,7 @@ from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
-import make_gguf_fixtures as F  # noqa: E402
-from gguf_names import check_names  # noqa: E402
+from gguf_names import check_names, edited_file  # noqa: E402
 
 V_FIXTURE, V_PADDED = 248, 300
 
@@ -138,14 +137,8 @@ def test_rope_freqs_of_ones_is_plain_rope(tmp_path):
 
 
 def _edited(tmp_path, directory, meta: dict, tensors: dict | None = None):
-    """DIRECTORY's GGUF file with metadata keys set (None: removed) and tensors set (None: removed)."""
-    hf = json.loads((directory / "config.json").read_text())
-    weights = load_file(directory / "model.safetensors")
-    m = {"general.architecture": ("apertus", V.STRING)} | C.metadata(hf, "apertus") | C.vocabulary(directory, hf) \
-        | C.xielu(hf, weights)
-    m = {k: v for k, v in (m | meta).items() if v is not None}
-    t = {k: v for k, v in (C.tensors(hf, weights, "apertus") | (tensors or {})).items() if v is not None}
-    return F.write(tmp_path / f"x{len(list(tmp_path.glob('x*.gguf')))}.gguf", m, {k: (w, None) for k, w in t.items()})
+    """DIRECTORY's apertus file with metadata keys set (None: removed) and tensors set (None: removed)."""
+    return edited_file(tmp_path, directory, "apertus", meta, tensors, more=C.xielu)
 
 
 @pytest.mark.parametrize("meta, tensors, fragment", [

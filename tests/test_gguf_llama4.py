@@ -26,11 +26,10 @@ import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, max_abs, run_main
 from qkv.checkpoints import gguf_cache
 from qkv.runtime.errors import QkvError
-from gguf_names import check_names
+from gguf_names import check_names, edited_file
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
-import make_gguf_fixtures as F  # noqa: E402
 
 # What llama.cpp's llama4 runs (the fixture's sizes): Llama4TextConfig's chunk, NoPE interval, temperature.
 LLAMA_CPP = {"attention_bias": False, "interleave_moe_layer_step": 2, "num_hidden_layers": 4, "vocab_size": 400}
@@ -116,13 +115,9 @@ def test_llama4_maverick_has_no_qk_norm(tmp_path):
     assert max_abs(read.forward(ids).logits, ours.forward(ids).logits) <= 1e-5
 
 
-def _edited(tmp_path, d, meta: dict, tensors: dict | None = None):
-    """Directory D's llama4 file with metadata keys set (None: removed) and tensors set (None: removed)."""
-    hf = json.loads((d / "config.json").read_text())
-    m = {"general.architecture": ("llama4", V.STRING)} | C.metadata(hf, "llama4") | C.vocabulary(d, hf)
-    m = {k: v for k, v in (m | meta).items() if v is not None}
-    t = C.tensors(hf, load_file(d / "model.safetensors"), "llama4") | (tensors or {})
-    return F.write(tmp_path / "x.gguf", m, {k: (w, None) for k, w in t.items() if w is not None})
+def _edited(tmp_path, directory, meta: dict, tensors: dict | None = None):
+    """DIRECTORY's llama4 file with metadata keys set (None: removed) and tensors set (None: removed)."""
+    return edited_file(tmp_path, directory, "llama4", meta, tensors)
 
 
 @pytest.mark.parametrize("meta, tensors, fragment", [

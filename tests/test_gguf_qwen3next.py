@@ -25,11 +25,10 @@ import qkv
 from conftest import FIXTURES, MODELS, TOL_ATTENTION, max_abs, run_main
 from qkv.checkpoints import gguf_cache
 from qkv.runtime.errors import QkvError
-from gguf_names import check_names
+from gguf_names import check_names, edited_file
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
-import make_gguf_fixtures as F  # noqa: E402
 
 DROPPED = ("mlp_only_layers", "layer_types")
 
@@ -129,13 +128,9 @@ def test_qwen3next_f16_file_reads_in_place(tmp_path):
     assert max_abs(qkv.load(path).forward(ids).logits, qkv.load(path, dtype=np.float32).forward(ids).logits) <= 1e-5
 
 
-def _edited(tmp_path, d, meta: dict, tensors: dict | None = None):
-    """Directory D's qwen3next file with metadata keys set (None: removed) and tensors set (None: removed)."""
-    hf = json.loads((d / "config.json").read_text())
-    m = {"general.architecture": ("qwen3next", V.STRING)} | C.metadata(hf, "qwen3next") | C.vocabulary(d, hf)
-    m = {k: v for k, v in (m | meta).items() if v is not None}
-    t = C.tensors(hf, load_file(d / "model.safetensors"), "qwen3next") | (tensors or {})
-    return F.write(tmp_path / "x.gguf", m, {k: (w, None) for k, w in t.items() if w is not None})
+def _edited(tmp_path, directory, meta: dict, tensors: dict | None = None):
+    """DIRECTORY's qwen3next file with metadata keys set (None: removed) and tensors set (None: removed)."""
+    return edited_file(tmp_path, directory, "qwen3next", meta, tensors)
 
 
 @pytest.mark.parametrize("meta, tensors, fragment", [
