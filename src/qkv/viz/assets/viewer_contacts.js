@@ -14,14 +14,9 @@
 
   const QKV = global.QKV;
   if (!QKV || !QKV.draw) throw new Error("qkv viewer: load viewer_panels.js before viewer_contacts.js");
-  const {el, clamp, shown, LUT} = QKV.util;
-  const {Heat, ramp, legend, signed, about} = QKV.draw;
+  const {el, shown} = QKV.util;
+  const {Heat, ramp, legend, signed, about, RDBU, diverging, viridis} = QKV.draw;
   const {decode} = QKV_WIRE;
-
-  // matplotlib "RdBu_r", as viewer_panels.js's: blue (negative) → white (0) → red (positive)
-  const RDBU = [[5, 48, 97], [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [247, 247, 247],
-                [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43], [103, 0, 31]];
-  const viridis = (t) => { const q = 3 * Math.round(clamp(t, 0, 1) * 255); return [LUT[q], LUT[q + 1], LUT[q + 2]]; };
 
   function buildContacts(v) {
     const C = v.p.contacts, panel = v.panels.contacts, m = C.residues.length, H = C.heads, X = v.extra.contacts;
@@ -119,7 +114,7 @@
       if (f) for (const x of f) most = Math.max(most, Math.abs(x));
       F.title.textContent = f ? `L${d.l}.H${d.h}'s map F = APC(A + Aᵀ)`
                               : `L${d.l}.H${d.h}'s map is not in this page (only the best-matching heads' are)`;
-      F.paint((r_, c) => f ? ramp(RDBU, most > 0 ? 0.5 + 0.5 * f[r_ * m + c] / most : 0.5) : null);
+      F.paint((r_, c) => f ? diverging(f[r_ * m + c], most) : null);
       F.canvas.dataset.top = String(most);
       A.title.textContent = `L${d.l}.H${d.h}'s attention (row looks at column)`;
       A.paint((r_, c) => viridis(attention(d, r_, c)));

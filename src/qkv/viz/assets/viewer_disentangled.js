@@ -14,12 +14,9 @@
   const QKV = global.QKV;
   if (!QKV || !QKV.draw) throw new Error("qkv viewer: load viewer_panels.js before viewer_disentangled.js");
   const {el, clamp, shown} = QKV.util;
-  const {Heat, ramp, legend, signed} = QKV.draw;
+  const {Heat, ramp, legend, signed, RDBU, diverging} = QKV.draw;
   const {decode} = QKV_WIRE;
 
-  // matplotlib "RdBu_r", as viewer_panels.js's: blue (negative) → white (0) → red (positive)
-  const RDBU = [[5, 48, 97], [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [247, 247, 247],
-                [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43], [103, 0, 31]];
   const NAMES = {c2c: "c2c · content → content", c2p: "c2p · content → position", p2c: "p2c · position → content",
                  S: "S = the sum (what the softmax reads)"};
 
@@ -89,7 +86,7 @@
         `|score| up to ${top.toFixed(3)}`;
       for (const m of maps) {
         const a = values[m];
-        heat[m].paint((r, c) => ramp(RDBU, top > 0 ? 0.5 + 0.5 * a[r * n + c] / top : 0.5));
+        heat[m].paint((r, c) => diverging(a[r * n + c], top));
         heat[m].draw(null);
       }
       scale.replaceChildren(legend((t) => ramp(RDBU, t), ["−" + top.toFixed(2), "0", "+" + top.toFixed(2)],

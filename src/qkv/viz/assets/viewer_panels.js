@@ -22,7 +22,8 @@
  * v.state (view, layer, cell, pin, lensMode), v.set(patch) (update the state and redraw),
  * v.panels[id] (its element), v.root, v.tokens, v.n, v.H, v.A(l, h), v.masked(i, j), v.causal —
  * always through v at call time, as another kind of attention rebuilds the views.
- *   QKV.draw = {Heat, ramp, legend, signed, about, colourBar}   the drawing helpers, for viewer_causes.js
+ *   QKV.draw = {Heat, ramp, legend, signed, about, colourBar, RDBU, diverging, viridis}   the drawing
+ *                                                                        helpers, for the other panels' files
  */
 (function (global) {
   "use strict";
@@ -524,5 +525,5 @@
   };
 
   // the drawing helpers, for the panels of viewer_causes.js (loaded after this file)
-  QKV.draw = {Heat, ramp, legend, signed, about, colourBar};
+  QKV.draw = {Heat, ramp, legend, signed, about, colourBar, RDBU, diverging, viridis};
 })(window);
