@@ -131,6 +131,49 @@ def test_training_lowers_the_loss_of_every_layer(llama, tmp_path):
     assert meta["state"]["step"] == 40 and meta["layers"]["1"]["fvu"] == fvu[-1, 1]
 
 
+def test_each_layer_trains_in_its_inputs_units_and_writes_the_models(llama, tmp_path):
+    """y is trained as y / c, c = √v_y / s_x of step 0's batch (qkv.json's out_scale), the pre-activations start
+    centred, and the transcoder written out predicts y itself: its FVU on (x, y) equals the training units' FVU on
+    (x, y / c), and its decoder rows have norm c."""
+    from qkv.features.sae import variance
+    from qkv.features.transcoder_train import ffn_rows
+
+    run = start(llama, tmp_path / "u", steps=3, checkpoint_every=3)
+    x, y = ffn_rows(llama, [1], run.win, run.win.pieces(0, 96, 0))[1]
+    c = float(np.sqrt(variance(y)) / np.sqrt(np.mean(np.sum(x.astype(np.float64) ** 2, axis=1))))
+    t = run.trainers[1]
+    assert t.out_scale == pytest.approx(c, rel=1e-12) and not 0.9 < c < 1.1            # the fixture's FFN: c ≠ 1
+    pre = x @ t.sae.params["W_enc"] + t.sae.params["b_enc"]                            # (B, n) at step 0
+    assert np.abs(pre.mean(axis=0)).max() < 1e-4 * np.abs(pre).max()
+    run.train()
+    meta = json.loads((tmp_path / "u" / "qkv.json").read_text())
+    assert meta["layers"]["1"]["out_scale"] == t.out_scale
+    mine, written = run.sae(1), load_transcoders(tmp_path / "u")[1]
+    assert all(np.array_equal(written.params[k], mine.params[k]) for k in mine.params)
+    assert np.allclose(np.linalg.norm(mine.params["W_dec"], axis=1), t.out_scale, rtol=1e-5)
+    v = variance(y)
+    model_units = topk_loss_and_grads(mine.params, mine.config, x, y, variance=v).fvu
+    training_units = topk_loss_and_grads(t.sae.params, t.sae.config, x, (y / t.out_scale).astype(np.float32),
+                                         variance=v / t.out_scale ** 2).fvu
+    assert model_units == pytest.approx(training_units, rel=1e-5)
+
+
+def test_a_run_written_before_out_scale_resumes_with_1(llama, tmp_path):
+    """A qkv.json without out_scale (runs trained before it) reads as 1: such a run goes on as it began."""
+    from qkv.features.transcoder_settings import read_run
+
+    start(llama, tmp_path / "old", steps=4, checkpoint_every=2).train()
+    path = tmp_path / "old" / "qkv.json"
+    meta = json.loads(path.read_text())
+    for one in meta["layers"].values():
+        del one["out_scale"]
+    path.write_text(json.dumps(meta))
+    assert {one["out_scale"] for one in read_run(tmp_path / "old")["layers"].values()} == {1.0}
+    again = start(llama, tmp_path / "old", steps=4, checkpoint_every=2)
+    assert again.step == 4 and all(t.out_scale == 1.0 for t in again.trainers.values())
+    assert all(again.sae(layer) is again.trainers[layer].sae for layer in again.source.layers)
+
+
 class Killed(Exception):
     pass
 

@@ -130,7 +130,7 @@ def check_memory(settings: TranscoderSettings, d: int, n_layers: int) -> None:
 
 def read_run(out: Path) -> dict | None:
     """OUT/qkv.json of a transcoder run, each key typed: {"settings", "source", "layers": {layer: {"variance",
-    "scale"}}}; None when OUT holds none. One QkvError for a damaged or foreign one, or OUT not a folder."""
+    "scale", "out_scale"}}}; None when OUT holds none. One QkvError for a damaged or foreign one, or OUT not a folder."""
     try:
         refuse_link(out)
         refuse_link(out / CHECKPOINTS)
@@ -157,4 +157,5 @@ def read_run(out: Path) -> dict | None:
     for layer in layers:
         one = per.object(str(layer))
         numbers[layer] = {k: one.number(k, 1e-300, 1e300) for k in ("variance", "scale")}
+        numbers[layer]["out_scale"] = one.number("out_scale", 1e-300, 1e300, 1.0)   # runs before it: 1
     return {"settings": settings, "source": source, "layers": numbers}
