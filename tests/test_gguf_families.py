@@ -176,8 +176,8 @@ def _edited(tmp_path, name: str, meta: dict | None = None, drop: str | None = No
 REFUSED = {
     "softcapping": ("gemma", {"gemma.attn_logit_softcapping": (50.0, V.FLOAT32)}, None,
                     "'gemma.attn_logit_softcapping'"),
-    "sliding-window": ("olmo2", {"olmo2.attention.sliding_window": (4, V.UINT32)}, None,
-                       "'olmo2.attention.sliding_window'"),
+    "sliding-window-zero": ("olmo2", {"olmo2.attention.sliding_window": (0, V.UINT32)}, None,
+                            "attention.sliding_window 0"),  # with a window it is OLMo 3 (test_gguf_olmo3.py)
     "alibi-max-bias": ("bloom", {"bloom.attention.max_alibi_bias": (4.0, V.FLOAT32)}, None,
                        "'bloom.attention.max_alibi_bias'"),
     "clamp-kqv": ("phi2", {"phi2.attention.clamp_kqv": (8.0, V.FLOAT32)}, None, "'phi2.attention.clamp_kqv'"),

@@ -6,8 +6,8 @@ biases.
 
 Each case builds a seeded, perturbed model, saves it, loads it with qkv and compares a right- and a left-padded batch
 (hidden states and logits within 1e-4, attention weights within 1e-5), then greedy generation with and without the
-KV cache token for token; and a model qkv saves is read back by transformers with the same logits. GLM-4's GGUF
-file (llama.cpp's `glm4`) against transformers on the directory.
+KV cache token for token; and a model qkv saves is read back by transformers with the same logits. GLM's and GLM-4's
+GGUF files (llama.cpp's `chatglm` and `glm4`) against transformers on the directory.
 """
 
 from __future__ import annotations
@@ -116,5 +116,22 @@ def test_glm4_gguf_equals_transformers(config, tmp_path, request):
     transformers' numbers on the directory, and its greedy ids with and without the KV cache."""
     model, ours = gguf_and_loaded(Glm4ForCausalLM, config, tmp_path, case_seed(request))
     assert ours.config.family == "glm4" and ours.config.d_head == config.head_dim
+    assert ours.config.qkv_bias == config.attention_bias and ours.config.tied_embeddings == config.tie_word_embeddings
+    check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(glm(vocab=GGUF_VOCAB, rms_norm_eps=1e-5), id="glm-default-factor-dk12-bias-gqa"),
+    pytest.param(glm(heads=6, kv=1, head_dim=8, layers=3, tied=True, attention_bias=False, vocab=GGUF_VOCAB,
+                     rms_norm_eps=1e-5,
+                     rope={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}),
+                 id="glm-quarter-mqa-dk8-nobias-tied-L3"),
+])
+def test_glm_gguf_equals_transformers(config, tmp_path, request):
+    """llama.cpp's `chatglm` file of a GLM directory (ChatGLMModel: tensors as stored, base 10000, eps 1e-5, d_model /
+    heads per head, which these directories have) gives transformers' numbers on the directory, and its greedy ids
+    with and without the KV cache."""
+    model, ours = gguf_and_loaded(GlmForCausalLM, config, tmp_path, case_seed(request))
+    assert ours.config.family == "glm" and ours.config.d_head == config.head_dim
     assert ours.config.qkv_bias == config.attention_bias and ours.config.tied_embeddings == config.tie_word_embeddings
     check_decoder_live(model, ours, config.vocab_size, request.node.callspec.id, NEW)

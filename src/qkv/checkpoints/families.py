@@ -138,7 +138,7 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> We
 
 class FamilyRow(NamedTuple):
     """One row of the README's table of families: a module's About, and the llama.cpp architectures that load as
-    one of its model_types (read from the module's GGUF table, never typed twice)."""
+    one of its model_types (read from the GGUF tables, never typed twice: an arch's family, or its `also`)."""
     about: About
     gguf: tuple[str, ...]
     module: str                          # the family module that declares it ("llama")
@@ -149,10 +149,11 @@ def about() -> list[FamilyRow]:
     README's table of families, and `qkv models --families`."""
     rows = []
     for module in dict.fromkeys(FAMILIES.values()):
-        archs = getattr(module, "GGUF", {})
         for row in getattr(module, "ABOUT", ()):
-            gguf = tuple(sorted((name for name, arch in archs.items() if arch.family in row.types),
-                                key=lambda name: row.types.index(archs[name].family)))    # in the row's order
+            gguf = tuple(sorted((name for name, arch in GGUF_ARCHS.items() if arch.family in row.types),
+                                key=lambda name: row.types.index(GGUF_ARCHS[name].family)))   # in the row's order
+            gguf += tuple(sorted(name for name, arch in GGUF_ARCHS.items()                  # an arch that may load
+                                 if name not in gguf and set(arch.also) & set(row.types)))  # as it (olmo2: olmo3)
             rows.append(FamilyRow(row, gguf, module.__name__.rsplit(".", 1)[1]))
     kinds = list(KINDS)
     return sorted(rows, key=lambda r: (kinds.index(r.about.kind), r.about.types[0]))

@@ -239,7 +239,7 @@ def _used_tensors(reader, a: str, cfg: dict, dims: dict) -> list[tuple[str, obje
     cfg["tie_word_embeddings"] = chosen["tied"]
     if gguf_archs.ARCHS[a].by_tensors is not None:
         gguf_archs.ARCHS[a].by_tensors(cfg, dims, chosen)
-    if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2", "glm4"):
+    if cfg["model_type"] in ("llama", "qwen3", "gpt_neox", "gemma", "olmo2", "glm", "glm4"):
         cfg["attention_bias"] = chosen["attn_bias"]                  # Hugging Face: one switch for them all
     elif cfg["model_type"] == "starcoder2":
         cfg["use_bias"] = chosen["attn_bias"]                        # all six linear maps

@@ -12,7 +12,10 @@ here is the machinery they share.
     gemma2       gemma2    as gemma (norms 1 + w, tied), four norms a block; soft-caps and the window in the
                            metadata, every other layer sliding (llama.cpp's pattern); Q·Kᵀ scaled by 1/√d_k
                            (1/√(d_model / heads) with 46 layers, llama.cpp's 27B): query_pre_attn_scalar
-    olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box
+    olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box; with
+                 / olmo3   attention.sliding_window, OLMo 3 (llama.cpp writes it as olmo2): the layers' kinds
+                           (sliding_window_pattern), the sliding layers' base (rope.freq_base_swa), the full layers'
+                           scaling (YaRN's attn_factor · (1 + 0.1·ln s): attention_factor), read by olmo3.py
     phi2         phi       nothing (attn_q/k/v); files of the original Phi-2 layout hold one attn_qkv,
                            rows [Q; K; V], split here
     gptneox      gpt_neox  query_key_value's rows by head (q, k, v of head 0, …) regrouped [Q; K; V]:
@@ -54,6 +57,11 @@ here is the machinery they share.
                            gate ffn_gate_inp_shexp ((1, d) in Hugging Face, (d,) in the file); every layer
                            routed, top-k not renormalised (llama.cpp's qwen2moe never does)
     olmoe        olmoe     OLMo's q/k norms over the whole projection, experts stacked; top-k not renormalised
+    chatglm      glm       nothing (RoPE on neighbouring pairs of the first rope.dimension_count in both; gate_up_proj
+                           stays fused: ffn_up [gate; up]); q/k/v biases or none, never attn_output's; THUDM's
+                           query_key_value (ChatGLM2/3, glm-4-9b-chat) one attn_qkv [Q; K; V], split as phi2's;
+                           d_model / heads per head; freq_base, eps and context as the converter wrote them (10000 ·
+                           rope_ratio, layernorm_epsilon or 1e-5, seq_length or d_model: what llama.cpp runs)
     glm4         glm4      nothing (RoPE on neighbouring pairs in both; gate_up_proj stays fused: ffn_up [gate;
                            up]); partial RoPE (rope.dimension_count) with a head size of its own (key_length);
                            q/k/v biases or none, never attn_output's; norms after each box (post_attention_norm,
@@ -229,7 +237,7 @@ def moe_config(family: str, dims: dict) -> dict:
 def choices(a: str, names: set[str]) -> dict:
     """What a file of this arch says by the tensors it holds: tied (no `output`), attention biases
     (llama, qwen3, gptneox, starcoder2 — its use_bias, the FFN's too: all of them or none), Phi-2's
-    fused attn_qkv (the original layout)."""
+    and ChatGLM's fused attn_qkv (the original layouts)."""
     arch = ARCHS[a]
     attn_bias = any(n.startswith("blk.") and n.endswith(".bias") and
                     n.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output") for n in names)
@@ -251,7 +259,7 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
     q, kv = dims["H"] * dk, dims["Hkv"] * dk
     wide = arch.family in ("olmo2", "olmoe")                         # q/k norms over the whole projection
     rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_qkv": q + 2 * kv, "attn_output": d,
-            "ffn_gate": f, "ffn_up": 2 * f if arch.family in ("phi3", "glm4") else f,   # phi3, glm4: [gate; up]
+            "ffn_gate": f, "ffn_up": 2 * f if arch.family in ("phi3", "glm", "glm4") else f,   # [gate; up]
             "ffn_down": d}
     cols = {"attn_output": q, "ffn_down": f}
     if arch.experts:                                                 # (E, out, in) each; the router (E, d)
@@ -265,7 +273,7 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
         vector = {"attn_q_norm": (dims["H"], dk), "attn_k_norm": (dims["Hkv"], dk)}
     biased = {"all": set(rows), "qkv": {"attn_q", "attn_k", "attn_v"}, "none": set(),
               "optional": ({"attn_q", "attn_k", "attn_v", "attn_qkv"} | ({"attn_output"} if arch.family not in
-                                                                      ("stablelm", "glm4") else set())
+                                                                      ("stablelm", "glm", "glm4") else set())
                            if chosen["attn_bias"] else set())
               | ({"ffn_up", "ffn_down"} if arch.family == "gpt_neox" or (arch.family == "starcoder2" and
                                                                        chosen["attn_bias"]) else set())}[arch.biases]
@@ -301,9 +309,9 @@ def expected(a: str, dims: dict, chosen: dict) -> dict[str, tuple[int, ...]]:
                 kind = "bias" if part == "exp_probs_b" else "weight"     # the choice bias: blk.{i}.exp_probs_b.bias
                 shapes[f"blk.{i}.{part}.{kind}"] = stacked[part]
                 continue
-            if arch.family == "phi" and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
+            if arch.family in ("phi", "glm") and (part == "attn_qkv") != (str(i) in chosen["fused"]) \
                     and part in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
-                continue                                             # Phi-2: fused, or three
+                continue                                             # Phi-2, ChatGLM: fused, or three
             if arch.family in ("stablelm", "cohere") and ((part in ("attn_q_norm", "attn_k_norm")
                                                            and not chosen["qk_norm"])
                                                           or (part == "ffn_norm" and dims["parallel"])):
@@ -405,7 +413,7 @@ def hf_tensors(a: str, name: str, shape: tuple[int, ...], dims: dict) -> list[tu
         return [(f"{hf}.{kind}", shape[::-1], lambda w: np.ascontiguousarray(w.T))]  # (in, out): Conv1D
     if arch.family == "stablelm" and part in ("attn_q_norm", "attn_k_norm"):    # (H, d_k) → norms.{h}: (d_k,) each
         return [(f"{hf}.norms.{h}.{kind}", shape[1:], lambda w, h=h: w[h]) for h in range(shape[0])]
-    if part == "attn_qkv" and arch.family == "phi":                  # [Q; K; V] rows → q_proj, k_proj, v_proj
+    if part == "attn_qkv" and arch.family in ("phi", "glm"):         # [Q; K; V] rows → q_proj, k_proj, v_proj
         q, kv = dims["H"] * dims["d_head"], dims["Hkv"] * dims["d_head"]
         edges = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
         return [(f"{prefix}self_attn.{proj}.{kind}", (hi - lo, *shape[1:]), lambda w, lo=lo, hi=hi: w[lo:hi])

@@ -18,6 +18,16 @@ blocks with RoPE on the interleaved pairs of the first part of each head; GLM-4 
 Its tensors, relative to GlmModel / Glm4Model ("model."; the head is "lm_head"): ROWS below. llama.cpp's `glm4`
 files (GGUF): the same tensors (attn_q/k/v with their biases, ffn_up = gate_up_proj, post_attention_norm,
 post_ffw_norm), rows as Hugging Face's (its RoPE turns neighbouring pairs, as GLM's).
+
+llama.cpp's `chatglm` files are GLM's (its converter, ChatGLMModel, writes GlmForCausalLM and THUDM's ChatGLM2/3 and
+glm-4-9b-chat as `chatglm`): GLM's tensors as stored (ffn_up = gate_up_proj; attn_q/k/v with their biases, or
+THUDM's query_key_value as one attn_qkv [Q; K; V], split here), RoPE on neighbouring pairs of the first
+rope.dimension_count numbers of each head (GGML's NORM RoPE, GLM's interleaved partial rotary), d_model / heads per
+head (llama.cpp's chatglm has no head size of its own), no bias on attn_output, the FFN or the norms. What its
+converter writes for a GLM directory is what llama.cpp runs, and what is read here: rope.freq_base 10000 · rope_ratio
+(ChatGLM's key: 10000 for a GLM directory, whatever its rope_theta), layer_norm_rms_epsilon ChatGLM's layernorm_epsilon
+or 1e-5 (not GLM's rms_norm_eps), context_length seq_length or d_model, rope.dimension_count
+(d_model / heads) · partial_rotary_factor.
 """
 
 from __future__ import annotations
@@ -110,14 +120,21 @@ weights, tensors = both_ways(ROWS, "model.")
 
 
 def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
-    """GLM-4's config.json of a llama.cpp file: its head size (key_length, not d_model / heads), and no pad or bos id
-    but the file's (gguf sets those it names; Glm4Config's pad is an id of another vocabulary). An eos the file does
-    not name stays Glm4Config's, as for a config.json with eos_token_id null."""
+    """GLM's and GLM-4's config.json of a llama.cpp file: its head size (glm4's key_length, not d_model / heads; a
+    chatglm file's d_model / heads, which GlmConfig's default 128 must not replace), and no pad or bos id but the
+    file's (gguf sets those it names; GlmConfig's pad is an id of another vocabulary). An eos the file does not name
+    stays GlmConfig's, as for a config.json with eos_token_id null."""
     return hf | {"head_dim": dims["d_head"], "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
-# llama.cpp's architecture (gguf_archs reads it by this table): GLM-4's tensors under llama.cpp's names.
+# llama.cpp's architectures (gguf_archs reads them by this table): GLM's and GLM-4's tensors under llama.cpp's names.
 GGUF = {
+    "chatglm": Arch("glm", "GlmForCausalLM",
+                    {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                     "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv",   # attn_qkv: split (hf_tensors)
+                     "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                     "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
+                    LLAMA_TOP, biases="optional", partial_rope=True, config=_gguf_config),
     "glm4": Arch("glm4", "Glm4ForCausalLM",
                  {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                   "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",

@@ -238,7 +238,7 @@ def _no_window(meta: dict, a: str, dims: dict, hf: dict) -> dict:
     return hf | {"use_sliding_window": False, "sliding_window": None}
 
 
-# llama.cpp's architectures (gguf_archs reads them by this table).
+# llama.cpp's architectures (gguf_archs reads them by this table; its olmo2, OLMo 2 and OLMo 3: olmo3.py's).
 GGUF = {
     "llama": Arch("llama", "LlamaForCausalLM", LLAMA_LAYER, LLAMA_TOP | {"rope_freqs": "rope_parameters"},
                   biases="optional", permuted=True,
@@ -247,8 +247,4 @@ GGUF = {
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", LLAMA_LAYER | QK_NORMS, LLAMA_TOP, biases="optional",
                   config=_no_window),
     "gemma": Arch("gemma", "GemmaForCausalLM", LLAMA_LAYER, LLAMA_TOP, plus_one=True, activation="gelu_pytorch_tanh"),
-    "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
-                  {k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | QK_NORMS
-                  | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-                  LLAMA_TOP),
 }

@@ -11,18 +11,31 @@ the stream, q/k RMSNorm over the whole projections — with sliding-window layer
 RoPE's bases as Olmo3Config fills them in (default 500000): an older config.json's top-level rope_theta and
 rope_scaling go to the full layers only; the sliding layers keep the default base.
 
+llama.cpp writes OLMo 3 as arch olmo2 (its converter registers Olmo3ForCausalLM on Olmo2Model), so llama.cpp's olmo2
+(OLMo 2 and 3) is read by this module's GGUF table: a file without attention.sliding_window is OLMo 2 (llama.py's
+family), one with it is OLMo 3 (`gguf_config`): the window; the layers' kinds from
+attention.sliding_window_pattern (a bool per layer, true: sliding; or a period p: layer i slides unless
+i % p = p − 1; p = 4 without the key, llama.cpp's default); the full layers turned as the file's scaling says (plain,
+linear, or YaRN: its factor s and original context, llama.cpp's fixed β 32 / 1, the ramp's ends floored and ceiled,
+cos and sin × rope.scaling.attn_factor · (1 + 0.1·ln s), transformers' attention_factor); the sliding ones by plain
+RoPE (freq_scale 1, no YaRN, attn_factor 1, as olmo2.cpp turns them) at rope.freq_base_swa, the sliding layers' base
+the converter writes (rope_parameters["sliding_attention"]), else rope.freq_base. (llama.cpp's loader reads
+freq_base_swa, but olmo2.cpp's graph turns the sliding layers at rope.freq_base: the same numbers whenever the two
+bases are equal, as in every released OLMo 3, 500000 both.)
+
 Its tensors, relative to Olmo3Model ("model."; the head is "lm_head"): ROWS below.
 """
 
 from __future__ import annotations
 
 from ..core.config import ModelConfig
-from ..core.positions import check_rope
+from ..core.positions import check_rope, yarn_mscale
 from ..runtime.errors import QkvError
 from . import llama
 from .llama import GAMMA
 from .common import check_config, layer_types, layer_windows, need, reads_back, rope_by_layer_type
-from .table import About, Row, attention, both_ways, gated_ffn, lm_head
+from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, Row, attention, both_ways, gated_ffn, gguf_positive,
+                    lm_head)
 
 MODEL_TYPES = ("olmo3",)
 
@@ -89,6 +102,83 @@ def hf_config(cfg: ModelConfig) -> dict:
     return reads_back(cfg, hf, config)
 
 
+SWA_PERIOD = 4                             # llama.cpp's olmo2 without attention.sliding_window_pattern
+YARN_BETAS = {"yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}     # llama.cpp's olmo2 reads neither: its defaults
+
+
+def gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """The config.json of a llama.cpp olmo2 file: OLMo 2's as gguf_archs built it when the file has no
+    attention.sliding_window, else OLMo 3's (the module docstring). What llama.cpp would compute otherwise is refused
+    in one line: rope.scaling.attn_factor ≠ 1 without YaRN (it scales cos and sin), YaRN's β or yarn_attn_factor other
+    than llama.cpp's (it reads neither)."""
+    window = meta.get(f"{a}.attention.sliding_window")
+    attn_factor = gguf_positive(meta, a, "rope.scaling.attn_factor", 1.0)
+    if window is None:
+        if attn_factor != 1.0:
+            raise QkvError(f"the GGUF {a} model scales RoPE's cos and sin by rope.scaling.attn_factor = "
+                           f"{attn_factor:g}, which no Hugging Face OLMo 2 computes; use a file without it")
+        return hf
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise QkvError(f"the GGUF {a} model has attention.sliding_window {window!r:.20}; OLMo 3 needs a positive whole "
+                       "number; the file is damaged")
+    sliding = _gguf_sliding(meta, a, dims["L"])
+    dims["rope_read"] = True                                         # both kinds' RoPE read here, not by gguf.py
+    local = {"rope_type": "default", "rope_theta": gguf_positive(meta, a, "rope.freq_base_swa", dims["theta"])}
+    hf = {k: v for k, v in hf.items() if k != "rope_theta"}
+    return hf | {"model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
+                 "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+                 "rope_parameters": {"full_attention": _gguf_full_rope(meta, a, dims["theta"], attn_factor),
+                                     "sliding_attention": local}}
+
+
+def _gguf_sliding(meta: dict, a: str, L: int) -> list[bool]:
+    """Whether each layer slides: attention.sliding_window_pattern's bool per layer, or a period p (layer i slides
+    unless i % p = p − 1; 0: every layer, as llama.cpp's set_swa_pattern), SWA_PERIOD without the key."""
+    key = f"{a}.attention.sliding_window_pattern"
+    pattern = meta.get(key, SWA_PERIOD)
+    if isinstance(pattern, list):
+        if len(pattern) != L or not all(isinstance(p, bool) for p in pattern):
+            raise QkvError(f"the GGUF value {key} = {pattern!r:.40} must be one true or false per layer ({L}); the "
+                           "file is damaged")
+        return pattern
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
+        raise QkvError(f"the GGUF value {key} = {pattern!r:.20} is neither a bool per layer nor a whole number; the "
+                       "file is damaged")
+    return [pattern == 0 or i % pattern != pattern - 1 for i in range(L)]
+
+
+def _gguf_full_rope(meta: dict, a: str, theta: float, attn_factor: float) -> dict:
+    """The full layers' rope_parameters as llama.cpp's olmo2 graph turns them: plain, linear (rope.scaling.factor),
+    or YaRN, whose cos and sin it scales by attn_factor · (1 + 0.1·ln s) (its mscale, which ggml multiplies in)."""
+    kind = meta.get(f"{a}.rope.scaling.type")
+    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
+    kind = kind if kind is not None else ("linear" if factor is not None else "none")
+    if kind not in ("none", "linear", "yarn"):
+        raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported for OLMo 3; qkv runs plain, linear and YaRN")
+    if kind != "yarn" and attn_factor != 1.0:
+        raise QkvError(f"the GGUF {a} model scales the full layers' cos and sin by rope.scaling.attn_factor = "
+                       f"{attn_factor:g} without YaRN, which no Hugging Face OLMo 3 computes; use a file without it")
+    if kind == "none" or (kind == "linear" and factor in (None, 1, 1.0)):
+        return {"rope_type": "default", "rope_theta": theta}
+    s = gguf_positive(meta, a, "rope.scaling.factor", factor)
+    if kind == "linear":
+        return {"rope_type": "linear", "rope_theta": theta, "factor": s}
+    for key, value in YARN_BETAS.items():
+        if meta.get(f"{a}.rope.scaling.{key}", value) != value:
+            raise QkvError(f"the GGUF value {a}.rope.scaling.{key} = {meta[f'{a}.rope.scaling.{key}']!r:.20} is not "
+                           f"llama.cpp's olmo2 {value:g}, which it runs whatever the file says; use a file with "
+                           f"{value:g} or without the key")
+    scale = attn_factor * yarn_mscale(s)                             # what cos and sin are multiplied by
+    declared = meta.get(f"{a}.rope.scaling.yarn_attn_factor", scale)
+    if not isinstance(declared, (int, float)) or abs(declared - scale) > 1e-6 * scale:
+        raise QkvError(f"the GGUF value {a}.rope.scaling.yarn_attn_factor = {declared!r:.20} is not the "
+                       f"{scale:.7g} llama.cpp's olmo2 scales cos and sin by (rope.scaling.attn_factor · "
+                       "(1 + 0.1·ln factor)); it reads no other; use a file without it")
+    original = gguf_positive(meta, a, "rope.scaling.original_context_length")
+    return {"rope_type": "yarn", "rope_theta": theta, "factor": s, "original_max_position_embeddings": int(original),
+            "attention_factor": scale, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
 # The table, read both ways (OLMo 2's: no norm before a box, one after each).
 ROWS = [
     Row("tok_embed", "embed_tokens.weight", "V d"),
@@ -102,3 +192,16 @@ ROWS = [
     lm_head(),
 ]
 weights, tensors = both_ways(ROWS, "model.")
+
+
+# llama.cpp's architecture (gguf_archs reads it by this table): OLMo 2's and OLMo 3's blocks (no norm before a box, one
+# after each, q/k norms over the whole projection); with a window, OLMo 3's config (`gguf_config`).
+GGUF = {
+    "olmo2": Arch("olmo2", "Olmo2ForCausalLM",
+                  {k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")} | QK_NORMS
+                  | {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                  LLAMA_TOP, also=("olmo3",), config=gguf_config,
+                  keys=("attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
+                        "rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
+                        "rope.scaling.yarn_beta_slow")),
+}

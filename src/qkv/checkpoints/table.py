@@ -418,6 +418,8 @@ class Arch:
     plan: Callable[[str, str, str, tuple, dict], list | None] | None = None
     # (GGUF part, GGUF name, Hugging Face prefix of its layer, shape, sizes) → the Hugging Face tensors a layer's
     # tensor becomes, as gguf_archs.hf_tensors' plans (None: the common plan); what only this family's converter does
+    also: tuple[str, ...] = ()          # other model_types its `config` may make of a file (olmo2: olmo3, with a
+                                        # window): the README's table of families lists the arch in their rows too
 
 
 # The GGUF tensor names of a Llama-style block, which many architectures share (each family module takes
