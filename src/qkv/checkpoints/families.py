@@ -44,7 +44,7 @@ from .tensors import TensorDict, TensorStore
 # The modules of this folder that are not families: every other module is one, found here by its name
 # (a new family is a new file, listed nowhere).
 MACHINERY = {"common", "control_vector", "families", "gguf", "gguf_archs", "gguf_cache", "gguf_reader", "gguf_stored",
-             "gguf_tokenizer", "save", "table", "tensors"}
+             "gguf_spm", "gguf_tokenizer", "save", "table", "tensors"}
 
 FAMILIES: dict[str, ModuleType] = {}            # config.json model_type → its module
 GGUF_ARCHS: dict[str, Arch] = {}                # llama.cpp's general.architecture → its table
