@@ -24,6 +24,9 @@ rope_local_base_freq in older configs: local_rope_theta) and the full ones by ro
 writes both; Gemma 2's class would default an absent one to 50 / 30). Gemma 3's attention never applies
 its attn_logit_softcapping (transformers keeps the value unused), so neither does qkv; its final one it applies.
 use_bidirectional_attention is refused.
+
+GGUF (`GGUF` below): llama.cpp's gemma2 and gemma3 files, each read as llama.cpp runs it (`_gguf_config`,
+`_gguf3_config`): what its file cannot say (query_pre_attn_scalar, Gemma 2's layer kinds) is llama.cpp's fixed choice.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.positions import check_rope
-from . import llama
+from . import llama, olmo3
 from .common import check_config, reads_back, rope_by_layer_type
-from .table import LLAMA_LAYER, LLAMA_TOP, About, Arch, gguf_positive
+from .table import LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, gguf_positive
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
 
@@ -122,12 +125,62 @@ def _gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
         "attention_bias": False}
 
 
-# llama.cpp's architecture (gguf_archs reads it by this table).
+SWA_PERIOD = 6                  # llama.cpp's gemma3 without attention.sliding_window_pattern: 5 sliding layers of 6
+SWA_BASE = 10_000.0             # its sliding layers' RoPE base without rope.freq_base_swa
+
+
+def _gguf3_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
+    """Gemma 3's config.json of a llama.cpp gemma3 file (the text model; a multimodal checkpoint's main file is its
+    text model), as llama.cpp's loader and graph run it: with a window (attention.sliding_window > 0) each layer's kind
+    from attention.sliding_window_pattern (a bool per layer, or a period p: layer i slides unless i % p = p − 1; p = 6
+    without the key), the sliding layers turned by plain RoPE at rope.freq_base_swa (10000 without it), the full ones
+    at rope.freq_base with the file's scaling (linear only); without a window (or 0) every layer full; Q·Kᵀ scaled by
+    1/√d_k (1/√(d_model / heads) with 62 layers, llama.cpp's 27B): query_pre_attn_scalar; the logits soft-capped by
+    final_logit_softcapping when the file has it (none, or 0: none); attention never soft-capped."""
+    L = dims["L"]
+    window = meta.get(f"{a}.attention.sliding_window", 0)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise QkvError(f"the GGUF value {a}.attention.sliding_window = {window!r:.20} is not a whole number; the file "
+                       "is damaged")
+    key = f"{a}.attention.sliding_window_pattern"                    # llama.cpp's set_swa_pattern
+    sliding = olmo3._gguf_sliding({key: SWA_PERIOD} | meta, a, L) if window else [False] * L   # (OLMo 3's reader)
+    cap = meta.get(f"{a}.final_logit_softcapping")
+    dims["rope_read"] = True                                         # both kinds' RoPE read here, not by gguf.py
+    return {k: v for k, v in hf.items() if k != "rope_theta"} | {
+        "sliding_window": window or None, "attention_bias": False, "attn_logit_softcapping": None,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "query_pre_attn_scalar": dims["d"] // dims["H"] if L == 62 else dims["d_head"],
+        "final_logit_softcapping": None if cap in (None, 0) else gguf_positive(meta, a, "final_logit_softcapping"),
+        "rope_parameters": {"full_attention": _gguf_full_rope(meta, a, dims["theta"]),
+                            "sliding_attention": {"rope_type": "default",
+                                                  "rope_theta": gguf_positive(meta, a, "rope.freq_base_swa",
+                                                                              SWA_BASE)}}}
+
+
+def _gguf_full_rope(meta: dict, a: str, theta: float) -> dict:
+    """The full layers' rope_parameters of a gemma3 file: plain, or linear (rope.scaling.factor s: positions / s,
+    llama.cpp's freq_scale 1/s, which its sliding layers never take); another scaling is refused in one line."""
+    kind = meta.get(f"{a}.rope.scaling.type")
+    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
+    kind = kind if kind is not None else ("linear" if factor is not None else "none")
+    if kind == "none" or (kind == "linear" and factor in (None, 1, 1.0)):
+        return {"rope_type": "default", "rope_theta": theta}
+    if kind != "linear":
+        raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported for Gemma 3; qkv runs plain and 'linear' RoPE "
+                       "on its full layers: use a file without it")
+    return {"rope_type": "linear", "rope_theta": theta, "factor": gguf_positive(meta, a, "rope.scaling.factor", factor)}
+
+
+# llama.cpp's architectures (gguf_archs reads them by this table).
+GEMMA2_LAYER = LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
+                              "post_attention_norm": "post_attention_layernorm",
+                              "post_ffw_norm": "post_feedforward_layernorm"}
 GGUF = {
-    "gemma2": Arch("gemma2", "Gemma2ForCausalLM",
-                   LLAMA_LAYER | {"ffn_norm": "pre_feedforward_layernorm",
-                                   "post_attention_norm": "post_attention_layernorm",
-                                   "post_ffw_norm": "post_feedforward_layernorm"}, LLAMA_TOP, plus_one=True,
+    "gemma2": Arch("gemma2", "Gemma2ForCausalLM", GEMMA2_LAYER, LLAMA_TOP, plus_one=True,
                    keys=("attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"),
                    activation="gelu_pytorch_tanh", config=_gguf_config),
+    "gemma3": Arch("gemma3_text", "Gemma3ForCausalLM", GEMMA2_LAYER | QK_NORMS, LLAMA_TOP, plus_one=True,
+                   keys=("final_logit_softcapping", "attention.sliding_window", "attention.sliding_window_pattern",
+                         "rope.freq_base_swa"),
+                   activation="gelu_pytorch_tanh", config=_gguf3_config),
 }

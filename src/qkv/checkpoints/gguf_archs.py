@@ -12,6 +12,11 @@ here is the machinery they share.
     gemma2       gemma2    as gemma (norms 1 + w, tied), four norms a block; soft-caps and the window in the
                            metadata, every other layer sliding (llama.cpp's pattern); Q·Kᵀ scaled by 1/√d_k
                            (1/√(d_model / heads) with 46 layers, llama.cpp's 27B): query_pre_attn_scalar
+    gemma3       gemma3_text  as gemma2 (norms 1 + w, q/k norms' too), the head written when untied; the layers' kinds
+                           with attention.sliding_window (> 0; none: every layer full) from
+                           attention.sliding_window_pattern (period 6 without it), the sliding layers' base
+                           rope.freq_base_swa (10000 without it), plain, the full ones' rope.freq_base with linear
+                           scaling; Q·Kᵀ by 1/√d_k (62 layers: 1/√(d_model / heads)); final_logit_softcapping if written
     olmo2        olmo2     nothing; q/k norms over the whole projection, norms after each box; with
                  / olmo3   attention.sliding_window, OLMo 3 (llama.cpp writes it as olmo2): the layers' kinds
                            (sliding_window_pattern), the sliding layers' base (rope.freq_base_swa), the full layers'
