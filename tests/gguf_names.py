@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Callable
 
 import gguf
+import pytest
 from gguf import GGUFValueType as V
 from safetensors.numpy import load_file
 
-from conftest import FIXTURES
+from conftest import FIXTURES, TOL_ATTENTION, TOL_HIDDEN, max_abs, run_main
+import qkv
 from qkv.checkpoints.gguf_archs import ARCHS
+from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
@@ -64,3 +67,23 @@ def edited_file(tmp_path: Path, directory: Path, arch: str, meta: dict, tensors:
     m = {k: v for k, v in (m | meta).items() if v is not None}
     t = {k: v for k, v in (C.tensors(hf, weights, arch) | (tensors or {})).items() if v is not None}
     return F.write(tmp_path / f"x{len(list(tmp_path.glob('x*.gguf')))}.gguf", m, {k: (w, None) for k, w in t.items()})
+
+
+def assert_refused_in_one_line(path, fragment: str, monkeypatch, capsys) -> None:
+    """qkv.load(PATH) refuses with one QkvError line holding FRAGMENT, and the CLI prints that one line, exit 2."""
+    with pytest.raises(QkvError) as e:
+        qkv.load(path)
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
+    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1, err
+
+
+def forward_equals_reference(model, ref) -> None:
+    """MODEL's padded batch equals transformers' REF (a fixture's reference): logits and hidden within TOL_HIDDEN,
+    attention weights on every real token within TOL_ATTENTION."""
+    out = model.forward(ref["input_ids"], ref["attention_mask"])
+    valid = ref["attention_mask"].astype(bool)
+    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
+    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
+    for b in range(len(valid)):
+        assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION

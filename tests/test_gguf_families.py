@@ -34,6 +34,7 @@ from qkv.runtime.errors import QkvError
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
+from gguf_names import assert_refused_in_one_line, forward_equals_reference  # noqa: E402
 
 NAMES = ["qwen3", "gemma", "olmo2", "phi2", "gpt_neox", "gpt2", "stablelm", "qwen2", "llama_gqa", "granite",
          "bloom", "arcee", "ernie4_5_moe", "deepseek_v2"]
@@ -55,12 +56,7 @@ def files(tmp_path_factory) -> dict[str, object]:
 def test_padded_batch_equals_transformers(files, name):
     ref = reference(name)
     model = qkv.load(files[name])
-    out = model.forward(ref["input_ids"], ref["attention_mask"])
-    valid = ref["attention_mask"].astype(bool)
-    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
-    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
-    for b in range(len(valid)):
-        assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION
+    forward_equals_reference(model, ref)
     n = int(ref["attention_mask"][1].sum())                          # every layer's residual stream, row 1 alone
     trace = model.run(ref["input_ids"][1, :n], keep=("residual",))
     for i in range(model.config.n_layers):
@@ -199,11 +195,7 @@ REFUSED = {
 def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
     name, meta, drop, fragment = REFUSED[case]
     path = _edited(tmp_path, name, meta, drop)
-    with pytest.raises(QkvError) as e:
-        qkv.load(path)
-    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
-    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
-    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1, err
+    assert_refused_in_one_line(path, fragment, monkeypatch, capsys)
 
 
 def test_unknown_arch_lists_those_qkv_reads(tmp_path):

@@ -31,15 +31,14 @@ from gguf import GGUFValueType as V
 from safetensors.numpy import load_file
 
 import qkv
-from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
 from qkv.checkpoints import gguf_cache
 from qkv.checkpoints.families import about
-from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
-from gguf_names import check_names  # noqa: E402
+from gguf_names import assert_refused_in_one_line, check_names, forward_equals_reference
 
 TOL_ROUND_TRIP = 1e-5     # a directory and its file, logits max abs (norms (1 + w) − 1 in float32)
 FIXTURE = MODELS / "gemma3_text"
@@ -114,12 +113,7 @@ def test_fixture_file_equals_transformers(tmp_path):
                  tensors=scaled)
     ref, model = reference("gemma3_text"), qkv.load(path)
     assert model.config.layer_windows == (6, 6, None)
-    out = model.forward(ref["input_ids"], ref["attention_mask"])
-    valid = ref["attention_mask"].astype(bool)
-    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
-    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
-    for b in range(len(valid)):
-        assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION
+    forward_equals_reference(model, ref)
     assert max_abs(model.forward(ref["single_input_ids"]).logits, ref["single_logits"]) <= TOL_HIDDEN
     for use_cache in (True, False):
         assert model.generate(ref["single_input_ids"], 8, temperature=0, stop_at_eos=False,
@@ -226,11 +220,7 @@ REFUSED = {
 def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
     meta, fragment = REFUSED[case]
     path = _file(tmp_path, meta=meta)
-    with pytest.raises(QkvError) as e:
-        qkv.load(path)
-    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
-    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
-    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1, err
+    assert_refused_in_one_line(path, fragment, monkeypatch, capsys)
 
 
 def test_families_table_lists_gemma3():

@@ -34,7 +34,7 @@ from gguf import GGUFValueType as V
 from safetensors.numpy import load_file, save_file
 
 import qkv
-from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, edited, max_abs, reference, run_main
+from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, edited, max_abs, reference
 from qkv.checkpoints import gguf_cache
 from qkv.checkpoints.gguf_archs import ARCHS
 from qkv.core.stack import transformer
@@ -44,7 +44,7 @@ from qkv.runtime.errors import QkvError
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
 import make_gguf_fixtures as F  # noqa: E402
-from gguf_names import check_table, llama_cpp  # noqa: E402
+from gguf_names import assert_refused_in_one_line, check_table, llama_cpp
 
 HYBRID_ARCHS = {"jamba": "jamba", "mamba2": "mamba2", "granitehybrid": "granitemoehybrid",    # GGUF arch → fixture
                 "falcon-h1": "falcon_h1"}
@@ -183,11 +183,7 @@ def test_jamba_refusals_in_one_line(tmp_path, meta, fragment, monkeypatch, capsy
     kind the counts say, channels no whole multiple of d_model, a key qkv does not read: one line each, and the CLI's
     one line with exit 2."""
     path = _edited(tmp_path, "jamba", meta)
-    with pytest.raises(QkvError) as e:
-        qkv.load(path)
-    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
-    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
-    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1, err
+    assert_refused_in_one_line(path, fragment, monkeypatch, capsys)
 
 
 def test_jamba_routed_layers_no_period_makes_are_refused(tmp_path):

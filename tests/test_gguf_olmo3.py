@@ -28,14 +28,14 @@ from gguf import GGUFValueType as V
 from safetensors.numpy import load_file
 
 import qkv
-from conftest import FIXTURES, MODELS, TOL_ATTENTION, TOL_HIDDEN, max_abs, reference, run_main
+from conftest import FIXTURES, MODELS, TOL_HIDDEN, max_abs, reference
 from qkv.checkpoints import gguf_cache
 from qkv.checkpoints.families import about
 from qkv.runtime.errors import QkvError
 
 sys.path.insert(0, str(FIXTURES))
 import gguf_convert as C  # noqa: E402
-from gguf_names import check_names, edited_file  # noqa: E402
+from gguf_names import assert_refused_in_one_line, check_names, edited_file, forward_equals_reference
 
 TOL_ROUND_TRIP = 1e-5     # a directory and its file, logits max abs (the same float32 numbers: equal in practice)
 
@@ -80,12 +80,7 @@ def test_fixture_file_equals_transformers(fixture_file):
     """The file's model against transformers' numbers on the directory: the padded batch's logits, hidden states and
     attention weights on every real token, the single sequence, greedy ids with and without the KV cache."""
     ref, model = reference("olmo3"), qkv.load(fixture_file)
-    out = model.forward(ref["input_ids"], ref["attention_mask"])
-    valid = ref["attention_mask"].astype(bool)
-    assert max_abs(out.logits[valid], ref["logits"][valid]) <= TOL_HIDDEN
-    assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
-    for b in range(len(valid)):
-        assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION
+    forward_equals_reference(model, ref)
     single = model.forward(ref["single_input_ids"])
     assert max_abs(single.logits, ref["single_logits"]) <= TOL_HIDDEN
     for use_cache in (True, False):
@@ -192,11 +187,7 @@ REFUSED = {
 def test_refused_in_one_line(tmp_path, monkeypatch, capsys, case):
     meta, fragment = REFUSED[case]
     path = edited_file(tmp_path, MODELS / "olmo3", "olmo2", meta)
-    with pytest.raises(QkvError) as e:
-        qkv.load(path)
-    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
-    code, _, err = run_main(monkeypatch, capsys, "show", "the cat", "--model", str(path))
-    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1, err
+    assert_refused_in_one_line(path, fragment, monkeypatch, capsys)
 
 
 def test_olmo2_file_with_attn_factor_is_refused(tmp_path):

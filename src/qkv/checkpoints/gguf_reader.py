@@ -148,3 +148,14 @@ def metadata(reader) -> dict:
         except (ValueError, IndexError, TypeError):
             continue                              # unreadable: a required key then reports itself missing
     return meta
+
+
+def field_list(reader, key: str) -> list | None:
+    """The GGUF array KEY as a list (None when the file has none); one line when it cannot be read."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    try:
+        return list(field.contents())
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        raise QkvError(f"the GGUF field {key} cannot be read; the file is damaged") from None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 
 from ..runtime.errors import QkvError
+from .gguf_reader import field_list
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6     # llama.cpp's token types
 SPACE = "\u2581"                                                           # ▁, SentencePiece's space
@@ -49,16 +50,6 @@ BY_NAME = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|
 PHI3_KEEP_SPACE = {"<unk>", "<s>", "<|endoftext|>"}
 
 
-def _field(reader, key: str) -> list | None:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    try:
-        return list(field.contents())
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
-        raise QkvError(f"the GGUF field {key} cannot be read; the file is damaged") from None
-
-
 def _flag(meta: dict, key: str, default: bool) -> bool:
     value = meta.get(f"tokenizer.ggml.{key}", default)
     if not isinstance(value, bool):
@@ -69,14 +60,14 @@ def _flag(meta: dict, key: str, default: bool) -> bool:
 def vocabulary(reader) -> tuple[list[str], list[float], list[int]]:
     """(tokens, scores, types) of the file, each checked: one entry per token, finite scores, known types, no token
     twice (llama.cpp stops on that), an empty token named [EMPTY_i] as llama.cpp names it."""
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    tokens = field_list(reader, "tokenizer.ggml.tokens")
     if not tokens:
         raise QkvError("the GGUF file has no tokenizer.ggml.tokens; it is not a complete model")
-    scores = _field(reader, "tokenizer.ggml.scores")
+    scores = field_list(reader, "tokenizer.ggml.scores")
     if scores is None:
         raise QkvError("the GGUF SentencePiece tokenizer has no tokenizer.ggml.scores (its merge order); "
                        "the file is damaged: convert the model again")
-    types = _field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    types = field_list(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     if len(scores) != len(tokens) or len(types) != len(tokens):
         raise QkvError(f"the GGUF tokenizer has {len(tokens)} tokens but {len(scores)} scores and {len(types)} "
                        "token types; the file is damaged")

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..runtime.errors import QkvError
+from .gguf_reader import field_list
 
 
 def _chars(*ranges: tuple[int, int] | int) -> str:
@@ -134,16 +135,6 @@ ALIASES = {"gpt2": "gpt-2"}
 _CONTROL, _USER_DEFINED = 3, 4                      # llama.cpp token types that are matched whole
 
 
-def _array(reader, key: str) -> list | None:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    try:
-        return list(field.contents())
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
-        raise QkvError(f"the GGUF field {key} cannot be read; the file is damaged") from None
-
-
 def _pre(name: str) -> Pre:
     """llama.cpp's pre-tokenizer called NAME (tokenizer.ggml.pre), or one line naming those qkv reads."""
     spec = PRE_TOKENIZERS.get(ALIASES.get(name, name))
@@ -174,11 +165,11 @@ def build(reader, meta: dict) -> tuple[str, dict, int]:
     if kind != "gpt2":
         raise QkvError(f"GGUF tokenizer model {kind!r} is not supported; qkv reads byte-level BPE ('gpt2'), "
                        "SentencePiece ('llama') and BERT's WordPiece ('bert') tokenizers")
-    tokens = _array(reader, "tokenizer.ggml.tokens")
-    merges = _array(reader, "tokenizer.ggml.merges")
+    tokens = field_list(reader, "tokenizer.ggml.tokens")
+    merges = field_list(reader, "tokenizer.ggml.merges")
     if not tokens or merges is None:
         raise QkvError("the GGUF file has no tokenizer.ggml.tokens or .merges; it is not a complete model")
-    types = _array(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = field_list(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise QkvError("the GGUF tokenizer has token types for a different number of tokens; the file is damaged")
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -222,10 +213,10 @@ def _word_piece(reader, meta: dict) -> tuple[str, dict, int]:
     """A BERT file's tokenizer (see the module's docstring): (tokenizer.json text, tokenizer_config.json, size)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    tokens = _array(reader, "tokenizer.ggml.tokens")
+    tokens = field_list(reader, "tokenizer.ggml.tokens")
     if not tokens:
         raise QkvError("the GGUF file has no tokenizer.ggml.tokens; it is not a complete model")
-    types = _array(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = field_list(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise QkvError("the GGUF tokenizer has token types for a different number of tokens; the file is damaged")
 
