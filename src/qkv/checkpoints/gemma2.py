@@ -34,9 +34,9 @@ from __future__ import annotations
 from ..core.config import ModelConfig
 from ..runtime.errors import QkvError
 from ..core.positions import check_rope
-from . import llama, olmo3
+from . import llama
 from .common import check_config, reads_back, rope_by_layer_type
-from .table import LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, gguf_positive
+from .table import LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, gguf_positive, gguf_rope_kind, gguf_sliding_layers
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
 
@@ -142,8 +142,7 @@ def _gguf3_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise QkvError(f"the GGUF value {a}.attention.sliding_window = {window!r:.20} is not a whole number; the file "
                        "is damaged")
-    key = f"{a}.attention.sliding_window_pattern"                    # llama.cpp's set_swa_pattern
-    sliding = olmo3._gguf_sliding({key: SWA_PERIOD} | meta, a, L) if window else [False] * L   # (OLMo 3's reader)
+    sliding = gguf_sliding_layers(meta, a, L, SWA_PERIOD) if window else [False] * L
     cap = meta.get(f"{a}.final_logit_softcapping")
     dims["rope_read"] = True                                         # both kinds' RoPE read here, not by gguf.py
     return {k: v for k, v in hf.items() if k != "rope_theta"} | {
@@ -160,10 +159,8 @@ def _gguf3_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
 def _gguf_full_rope(meta: dict, a: str, theta: float) -> dict:
     """The full layers' rope_parameters of a gemma3 file: plain, or linear (rope.scaling.factor s: positions / s,
     llama.cpp's freq_scale 1/s, which its sliding layers never take); another scaling is refused in one line."""
-    kind = meta.get(f"{a}.rope.scaling.type")
-    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
-    kind = kind if kind is not None else ("linear" if factor is not None else "none")
-    if kind == "none" or (kind == "linear" and factor in (None, 1, 1.0)):
+    kind, factor = gguf_rope_kind(meta, a)
+    if kind == "none":
         return {"rope_type": "default", "rope_theta": theta}
     if kind != "linear":
         raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported for Gemma 3; qkv runs plain and 'linear' RoPE "

@@ -48,6 +48,7 @@ from ..runtime.io_json import Fields, read_json
 from . import gguf_archs, gguf_tokenizer
 from .common import unread, unread_error
 from .gguf_reader import metadata, open_reader
+from .table import gguf_rope_kind
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 CONVERTER_VERSION = 4          # bump when the conversion of a file read before changes: cached directories are rebuilt
@@ -84,11 +85,8 @@ def _number(meta: dict, key: str, kind=int, default=None):
 
 def _rope_scaling(meta: dict, a: str) -> dict | None:
     """llama.cpp's RoPE scaling keys → Hugging Face `rope_scaling` (None, or linear)."""
-    kind = meta.get(f"{a}.rope.scaling.type")
-    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
-    if kind is None:
-        kind = "linear" if factor is not None else "none"
-    if kind == "none" or (kind == "linear" and factor in (None, 1, 1.0)):
+    kind, factor = gguf_rope_kind(meta, a)
+    if kind == "none":
         return None
     if kind != "linear":
         raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported; qkv runs plain and 'linear' RoPE")

@@ -35,7 +35,7 @@ from . import llama
 from .llama import GAMMA
 from .common import check_config, layer_types, layer_windows, need, reads_back, rope_by_layer_type
 from .table import (LLAMA_LAYER, LLAMA_TOP, QK_NORMS, About, Arch, Row, attention, both_ways, gated_ffn, gguf_positive,
-                    lm_head)
+                    gguf_rope_kind, gguf_sliding_layers, lm_head)
 
 MODEL_TYPES = ("olmo3",)
 
@@ -121,7 +121,7 @@ def gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise QkvError(f"the GGUF {a} model has attention.sliding_window {window!r:.20}; OLMo 3 needs a positive whole "
                        "number; the file is damaged")
-    sliding = _gguf_sliding(meta, a, dims["L"])
+    sliding = gguf_sliding_layers(meta, a, dims["L"], SWA_PERIOD)
     dims["rope_read"] = True                                         # both kinds' RoPE read here, not by gguf.py
     local = {"rope_type": "default", "rope_theta": gguf_positive(meta, a, "rope.freq_base_swa", dims["theta"])}
     hf = {k: v for k, v in hf.items() if k != "rope_theta"}
@@ -131,34 +131,16 @@ def gguf_config(meta: dict, a: str, dims: dict, hf: dict) -> dict:
                                      "sliding_attention": local}}
 
 
-def _gguf_sliding(meta: dict, a: str, L: int) -> list[bool]:
-    """Whether each layer slides: attention.sliding_window_pattern's bool per layer, or a period p (layer i slides
-    unless i % p = p − 1; 0: every layer, as llama.cpp's set_swa_pattern), SWA_PERIOD without the key."""
-    key = f"{a}.attention.sliding_window_pattern"
-    pattern = meta.get(key, SWA_PERIOD)
-    if isinstance(pattern, list):
-        if len(pattern) != L or not all(isinstance(p, bool) for p in pattern):
-            raise QkvError(f"the GGUF value {key} = {pattern!r:.40} must be one true or false per layer ({L}); the "
-                           "file is damaged")
-        return pattern
-    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
-        raise QkvError(f"the GGUF value {key} = {pattern!r:.20} is neither a bool per layer nor a whole number; the "
-                       "file is damaged")
-    return [pattern == 0 or i % pattern != pattern - 1 for i in range(L)]
-
-
 def _gguf_full_rope(meta: dict, a: str, theta: float, attn_factor: float) -> dict:
     """The full layers' rope_parameters as llama.cpp's olmo2 graph turns them: plain, linear (rope.scaling.factor),
     or YaRN, whose cos and sin it scales by attn_factor · (1 + 0.1·ln s) (its mscale, which ggml multiplies in)."""
-    kind = meta.get(f"{a}.rope.scaling.type")
-    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
-    kind = kind if kind is not None else ("linear" if factor is not None else "none")
+    kind, factor = gguf_rope_kind(meta, a)
     if kind not in ("none", "linear", "yarn"):
         raise QkvError(f"GGUF RoPE scaling {kind!r:.40} is not supported for OLMo 3; qkv runs plain, linear and YaRN")
     if kind != "yarn" and attn_factor != 1.0:
         raise QkvError(f"the GGUF {a} model scales the full layers' cos and sin by rope.scaling.attn_factor = "
                        f"{attn_factor:g} without YaRN, which no Hugging Face OLMo 3 computes; use a file without it")
-    if kind == "none" or (kind == "linear" and factor in (None, 1, 1.0)):
+    if kind == "none":
         return {"rope_type": "default", "rope_theta": theta}
     s = gguf_positive(meta, a, "rope.scaling.factor", factor)
     if kind == "linear":

@@ -451,6 +451,32 @@ def gguf_positive(meta: dict, a: str, key: str, default=None) -> float:
     return float(value)
 
 
+def gguf_rope_kind(meta: dict, a: str) -> tuple[str, object]:
+    """llama.cpp's RoPE scaling keys as (kind, factor): rope.scaling.type ("linear" when the file gives only a factor,
+    "none" when neither; a linear factor of 1 is "none") and rope.scaling.factor (or the older rope.scale_linear),
+    unchecked: each reader says which kinds it runs and checks the factor."""
+    kind = meta.get(f"{a}.rope.scaling.type")
+    factor = meta.get(f"{a}.rope.scaling.factor", meta.get(f"{a}.rope.scale_linear"))
+    kind = kind if kind is not None else ("linear" if factor is not None else "none")
+    return ("none" if kind == "linear" and factor in (None, 1, 1.0) else kind), factor
+
+
+def gguf_sliding_layers(meta: dict, a: str, L: int, period: int) -> list[bool]:
+    """Whether each of the L layers slides, as llama.cpp's set_swa_pattern reads <a>.attention.sliding_window_pattern:
+    a bool per layer, or a period p (layer i slides unless i % p = p − 1; 0: every layer); PERIOD without the key."""
+    key = f"{a}.attention.sliding_window_pattern"
+    pattern = meta.get(key, period)
+    if isinstance(pattern, list):
+        if len(pattern) != L or not all(isinstance(p, bool) for p in pattern):
+            raise QkvError(f"the GGUF value {key} = {pattern!r:.40} must be one true or false per layer ({L}); the "
+                           "file is damaged")
+        return pattern
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
+        raise QkvError(f"the GGUF value {key} = {pattern!r:.20} is neither a bool per layer nor a whole number; the "
+                       "file is damaged")
+    return [pattern == 0 or i % pattern != pattern - 1 for i in range(L)]
+
+
 # ── what a family is, in one line of the README's table ─────────────────────────
 
 # What each kind of model runs, by qkv's command (the README's table of families, `qkv models --families`):
