@@ -244,12 +244,12 @@ class LayerTrainer:
 OUTPUT_SIDE = ("W_dec", "b_dec", "W_skip")           # the params in y's units
 
 
-def output_scale(x: np.ndarray, y: np.ndarray) -> float:
+def output_scale(v_y: float, s_x: float) -> float:
     """c = √v_y / s_x: how much larger the FFN's output varies than its input's size (the module docstring)."""
-    c = math.sqrt(variance(y)) / input_scale(x)
+    c = math.sqrt(v_y) / s_x if s_x > 0 else float("inf")
     if not 0 < c < float("inf"):
-        raise QkvError(f"the FFN's input and output on the first batch have sizes {input_scale(x):g} and "
-                       f"{math.sqrt(variance(y)):g}: nothing to learn")
+        raise QkvError(f"the FFN's input and output on the first batch have sizes {s_x:g} and {math.sqrt(v_y):g}: "
+                       "nothing to learn")
     return c
 
 
@@ -324,9 +324,10 @@ class TranscoderRun:
             v = variance(y)
             if not 0 < v < float("inf"):
                 raise QkvError(f"layer {layer}'s FFN output has variance {v:g} on the first batch: nothing to learn")
-            c = output_scale(x, y)
+            s_x = input_scale(x)
+            c = output_scale(v, s_x)
             sae = fresh_layer(s, x, (y / c).astype(np.float32), layer, src.model)
-            self.trainers[layer] = LayerTrainer(sae, s, v, input_scale(x), c)
+            self.trainers[layer] = LayerTrainer(sae, s, v, s_x, c)
         try:
             real_directory(self.out, (CHECKPOINTS,))
         except OSError as e:
