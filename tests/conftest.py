@@ -262,3 +262,21 @@ def check_router_trace_round_trip(tmp_path: Path, name: str) -> None:
         for what in ("router", "experts", "expert_weights"):
             a, b = getattr(trace.layer(i), what), getattr(back.layer(i), what)
             assert (a is None and b is None) or np.array_equal(a, b), (i, what)
+
+
+def check_training_resumes(args: list[str], out: Path, at: int, later: int) -> None:
+    """A finished `qkv train` run in OUT, its model and its later checkpoint (step LATER) removed: the same command
+    resumes from its checkpoint at step AT and writes the same weights, bit for bit."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from qkv.cli.app import cli
+
+    first = (out / "model" / "model.safetensors").read_bytes()
+    shutil.rmtree(out / "model")
+    (out / "checkpoints" / f"step-{later:08d}.npz").unlink()
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert f"resuming from step {at}" in r.output
+    assert (out / "model" / "model.safetensors").read_bytes() == first

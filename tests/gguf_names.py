@@ -87,3 +87,18 @@ def forward_equals_reference(model, ref) -> None:
     assert max_abs(out.hidden[valid], ref["hidden"][valid]) <= TOL_HIDDEN
     for b in range(len(valid)):
         assert max_abs(out.attentions[:, b][:, :, valid[b]], ref["attentions"][:, b][:, :, valid[b]]) <= TOL_ATTENTION
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class FakeReader:
+    """What the tokenizer builders read of a GGUFReader, from plain arrays: fields[key].contents()."""
+
+    def __init__(self, fields: dict):
+        self.fields = {k: _Field(v) for k, v in fields.items()}

@@ -15,7 +15,7 @@ import qkv
 from qkv.checkpoints import digits_dir
 from qkv.cli.app import cli
 from qkv.train.digits import accuracy, digits, shifted, split
-from conftest import run_main
+from conftest import check_training_resumes, run_main
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +75,7 @@ def test_digits_run_trains_resumes_and_saves(tmp_path):
     for name in ("model/config.json", "model/model.safetensors", "model/preprocessor_config.json",
                  "examples/digit-0.png", "loss.png"):
         assert (out / name).is_file(), name
-    first = (out / "model" / "model.safetensors").read_bytes()
-    # resumed from its checkpoint at step 3 (the later one and the model removed): the same weights, bit for bit
-    import shutil
-
-    shutil.rmtree(out / "model")
-    (out / "checkpoints" / "step-00000006.npz").unlink()
-    r = CliRunner().invoke(cli, args)
-    assert r.exit_code == 0, r.output
-    assert "resuming from step 3" in r.output
-    assert (out / "model" / "model.safetensors").read_bytes() == first
+    check_training_resumes(args, out, at=3, later=6)
     trained = qkv.load(out / "model")
     assert trained.labels == [str(i) for i in range(10)] and trained.config.grid == (4, 4)
 

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from conftest import FIXTURES
+from gguf_names import FakeReader
 from qkv.checkpoints import gguf_tokenizer, smollm2_file
 from qkv.inputs.tokenizer import Tokenizer
 from qkv.runtime.errors import QkvError
@@ -21,21 +22,6 @@ from qkv.runtime.errors import QkvError
 REFERENCE = json.loads((FIXTURES / "gguf" / "pretokenizers_llamacpp.json").read_text(encoding="utf-8"))
 TEXTS = REFERENCE["texts"]
 KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
-
-
-class _Field:
-    def __init__(self, value):
-        self.value = value
-
-    def contents(self):
-        return self.value
-
-
-class _Reader:
-    """SmolLM2's tokenizer arrays, read once (build() reads fields[key].contents())."""
-
-    def __init__(self, fields: dict):
-        self.fields = {k: _Field(v) for k, v in fields.items()}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +32,7 @@ def vocabulary():
     tokens, merges, types = (fields[k].contents() for k in KEYS)
     more = REFERENCE["more_tokens"]                     # the fixture's extra tokens and merges (see its script)
     arrays = [tokens + more, REFERENCE["more_merges"] + merges, types + [1] * len(more)]
-    return _Reader(dict(zip(KEYS, arrays))), {
+    return FakeReader(dict(zip(KEYS, arrays))), {      # SmolLM2's arrays, read once
         "tokenizer.ggml.bos_token_id": fields["tokenizer.ggml.bos_token_id"].contents(),
         "tokenizer.ggml.eos_token_id": fields["tokenizer.ggml.eos_token_id"].contents()}
 

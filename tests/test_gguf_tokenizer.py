@@ -21,6 +21,7 @@ import pytest
 
 import qkv
 from conftest import FIXTURES
+from gguf_names import FakeReader
 from qkv.checkpoints import gguf_tokenizer
 from qkv.runtime.errors import QkvError
 
@@ -109,21 +110,6 @@ def test_an_unknown_pre_tokenizer_is_one_clear_error():
         gguf_tokenizer._pre_tokenizer("nope")
 
 
-class _Field:
-    def __init__(self, value):
-        self.value = value
-
-    def contents(self):
-        return self.value
-
-
-class _Reader:
-    """The two things build() reads of a GGUFReader: fields[key].contents()."""
-
-    def __init__(self, tokens, merges):
-        self.fields = {"tokenizer.ggml.tokens": _Field(tokens), "tokenizer.ggml.merges": _Field(merges)}
-
-
 @pytest.mark.parametrize("pre, expected", [("gpt2", ["ab", "c"]), ("llama3", ["abc"])])
 def test_llama3_takes_a_whole_token_before_merging(pre, expected):
     """llama.cpp's `ignore_merges` for llama3: a piece that is a token is taken whole, even when
@@ -131,6 +117,6 @@ def test_llama3_takes_a_whole_token_before_merging(pre, expected):
     from tokenizers import Tokenizer
 
     tokens = ["a", "b", "c", "ab", "abc"]
-    text, _, _ = gguf_tokenizer.build(_Reader(tokens, ["a b"]), {"tokenizer.ggml.model": "gpt2",
-                                                                 "tokenizer.ggml.pre": pre})
+    reader = FakeReader({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b"]})
+    text, _, _ = gguf_tokenizer.build(reader, {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre})
     assert Tokenizer.from_str(text).encode("abc").tokens == expected

@@ -6,7 +6,6 @@ resumed bit for bit and saved as a Whisper checkpoint — all on synthetic sound
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from qkv.runtime.errors import QkvError
 from qkv.train import speech, speech_data
 from qkv.train.gradients import grads_by_name
 from qkv.train.speech_backprop import conv_backward, loss_and_grads
-from conftest import run_main
+from conftest import check_training_resumes, run_main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -106,14 +105,7 @@ def test_speech_run_trains_resumes_and_saves_a_whisper(tmp_path, small_banks):
                  "model/tokenizer.json", "model/tokenizer_config.json", "model/preprocessor_config.json", "loss.png"):
         assert (out / name).is_file(), name
     assert len(list((out / "examples").glob("*.wav"))) == speech.EXAMPLES
-    first = (out / "model" / "model.safetensors").read_bytes()
-    # resumed from its checkpoint at step 2 (the later one and the model removed): the same weights, bit for bit
-    shutil.rmtree(out / "model")
-    (out / "checkpoints" / "step-00000004.npz").unlink()
-    r = CliRunner().invoke(cli, args)
-    assert r.exit_code == 0, r.output
-    assert "resuming from step 2" in r.output
-    assert (out / "model" / "model.safetensors").read_bytes() == first
+    check_training_resumes(args, out, at=2, later=4)
     model = qkv.load(out / "model")
     assert type(model).__name__ == "AudioModel" and model.config.source_positions == 150
     assert set(model.rules.alignment_heads) <= {(0, 0), (0, 1)} and model.rules.alignment_heads
