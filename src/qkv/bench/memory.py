@@ -19,11 +19,16 @@ are read again. What the first product costs whatever the model (numba's compile
 for the kinds the model holds: tens of MB) is measured apart, in a child of its own that multiplies
 tiny matrices of those kinds: the runtime. Issue 49's target: ≤ 1.5× the GGUF file above the runtime, at
 peak and after the first reply (a 16-bit checkpoint: a peak ≤ 1.2× its files).
+
+The children run with the choices this process measured (`runtime.tuning`, pinned by QKV_THREADS to the same
+numbers): a child that measured them again itself (a cache measured while the machine was busy, and it is idle
+now) would count the measurement's 100 MB of matrices in the model's peak.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +36,7 @@ from pathlib import Path
 from . import markdown as md
 from .common import machine_facts
 from ..runtime.errors import QkvError
+from ..runtime.tuning import ENV, choices
 
 COMMAND = "qkv bench memory --out docs/benchmarks.md"
 
@@ -81,11 +87,17 @@ out.update(peak=peak(), held=rss())
 
 def _child(imports: str, load: str, timeout: float = 1800, after: str = "") -> dict:
     code = _CHILD.format(imports=imports, rss=_RSS, load=load, after=after)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, ENV: _pinned()})
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise QkvError(f"a load in the memory benchmark failed: {last[:200]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _pinned() -> str:
+    """This machine's tuning choices (measured here once if need be) as QKV_THREADS pins them."""
+    return ",".join(f"{name}:{value}" for name, value in choices().numbers().items())
 
 
 def _file_size(source: str) -> tuple[Path, int, bool]:

@@ -23,8 +23,14 @@ float32 (activations are never quantised; within ~1e-6 relative of the dequantis
                                   block summed in SIMD lanes (SmolLM2 Q4_1: ~10 G weights/s here)
     many rows (a prompt)          a tile of T's rows dequantised into a reused float32 buffer, then BLAS
 
-The blocks stay views into the file's memory map (the quantised bytes are never copied); the float16
-scales are unpacked once to float32 (4 bytes a block), a K-quant's packed 6-bit scales to bytes. Without
+That is the `exact` arithmetic (the default). With `arith = "llama.cpp"` (qkv.load(…, arith="llama.cpp")) a
+product quantises x to 8 bits a block and multiplies integers as llama.cpp does (runtime.llama_arith, the
+definition; runtime.llama_kernels, compiled and bit-equal to it), for Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1.
+
+The blocks stay views into the file's memory map (the quantised bytes are never copied), their float16
+scales too: `parts` reads them as float16 numbers, `bits` as their uint16 bits, which the kernels widen to
+float32 exactly as they read a block (float32 copies took 4 bytes a block: +40 % of a Q4_1 file). Copied:
+a K-quant's packed 6-bit scales, as bytes (16 a block of 256), and Q5's fifth bits, as whole uint32s. Without
 numba (a dependency of qkv's; a machine without it still runs) the products dequantise tiles with the
 `gguf` package and are correct, and slower. The kernels are in `stored_kernels` (numba itself takes half
 a second to import: only a stored model does).
@@ -45,11 +51,13 @@ KINDS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
 HALVES = ("F16", "BF16")        # 16-bit floats: a weight's own two bytes (bfloat16: a float32's top half)
 FEW_ROWS = 8                    # up to this many rows of x: the streaming kernel; more: tiles and BLAS
 TILE_VALUES = 1 << 20           # dequantised numbers per tile of the many-row path (4 MiB of float32)
+ARITHS = ("exact", "llama.cpp")  # what `x @ W` computes (StoredMatrix.arith)
 
 numba = importlib.util.find_spec("numba")     # the kernels' compiler (stored_kernels), imported on first use
 
 
 _compiled = None
+_llama = None
 
 
 def _kernels():
@@ -60,6 +68,16 @@ def _kernels():
 
         _compiled = stored_kernels
     return _compiled
+
+
+def _llama_kernels():
+    """runtime.llama_kernels (llama.cpp's arithmetic compiled), imported once."""
+    global _llama
+    if _llama is None:
+        from . import llama_kernels
+
+        _llama = llama_kernels
+    return _llama
 
 
 class _ReadAsArray(np.lib.mixins.NDArrayOperatorsMixin):
@@ -113,7 +131,11 @@ class StoredMatrix(_ReadAsArray):
 
     raw: (d_out, blocks · bytes) uint8, the file's rows (a view into its memory map). `x @ W` multiplies;
     `rows(index)` selects rows of T (output columns of W: a split or a permutation, as the converters make);
-    `dequantized()` is the float32 W, for code that reads weights as numbers (analysis; slow, whole)."""
+    `dequantized()` is the float32 W, for code that reads weights as numbers (analysis; slow, whole).
+    arith: what `x @ W` computes — "exact" (the dequantised float32 product) or "llama.cpp" (x quantised to 8 bits
+    a block and multiplied as llama.cpp does: runtime.llama_arith, compiled in llama_kernels); qkv.load sets it."""
+
+    arith = "exact"
 
     def __init__(self, kind: str, raw: np.ndarray, d_in: int):
         if kind not in KINDS:
@@ -124,7 +146,8 @@ class StoredMatrix(_ReadAsArray):
             raise QkvError(f"a {kind} tensor of {d_in} columns needs {need}, got {raw.shape}; the file is damaged")
         self.kind, self.raw, self.d_in, self.d_out = kind, raw, d_in, raw.shape[0]
         self.parts = _unpack(kind, raw.reshape(self.d_out, d_in // per, size))    # each (d_out, blocks, ...)
-        if not all(np.isfinite(p).all() for p in self.parts if p.dtype == np.float32):
+        self.bits = _bits(self.parts)
+        if not all(np.isfinite(p).all() for p in self.parts if p.dtype.kind == "f"):
             raise QkvError(f"a {kind} tensor holds NaN or infinite scales; the file is damaged")
         if kind in HALVES and _any_not_finite(kind, self.parts[0]):
             raise QkvError(f"a {kind} tensor holds NaN or infinite values; the file is damaged")
@@ -139,7 +162,7 @@ class StoredMatrix(_ReadAsArray):
 
     @property
     def nbytes(self) -> int:
-        """The bytes a product reads: the blocks, and the unpacked float32 scales."""
+        """The bytes a product reads: the blocks' (a K-quant's unpacked 6-bit scales and Q5's fifth bits as copied)."""
         return sum(p.size * p.itemsize for p in self.parts)
 
     def rows(self, index) -> "StoredMatrix":
@@ -147,11 +170,14 @@ class StoredMatrix(_ReadAsArray):
         rows) as a StoredMatrix of their own."""
         if not isinstance(index, slice):                 # the rows' bytes copied once, their parts views of them
             index = np.asarray(index, dtype=np.int64)     # (indexing each part would copy the integers twice)
-            return StoredMatrix(self.kind, self.raw[index], self.d_in)
+            part = StoredMatrix(self.kind, self.raw[index], self.d_in)
+            part.arith = self.arith
+            return part
         part = StoredMatrix.__new__(StoredMatrix)
-        part.kind, part.raw, part.d_in = self.kind, self.raw[index], self.d_in
+        part.kind, part.raw, part.d_in, part.arith = self.kind, self.raw[index], self.d_in, self.arith
         part.d_out = part.raw.shape[0]
         part.parts = tuple(p[index] for p in self.parts)
+        part.bits = _bits(part.parts)
         return part
 
     @staticmethod
@@ -203,8 +229,15 @@ class StoredMatrix(_ReadAsArray):
         x2 = x.reshape(-1, self.d_in)                                             # (R, d_in)
         R = x2.shape[0]
         y = np.empty((R, self.d_out), np.float32)
-        if R <= FEW_ROWS and numba is not None:
-            _kernels().MATVEC[self.kind](x2, *self.parts, y)
+        if self.arith == "llama.cpp":                                              # any R: x quantised once
+            if numba is not None and self.kind in _llama_kernels().MATVEC:
+                _llama_kernels().MATVEC[self.kind](x2, *self.bits, y)
+            else:                                                                  # the definition (refuses
+                from .llama_arith import llama_matvec                              # kinds without a product)
+
+                y[:] = llama_matvec(self, x2)
+        elif R <= FEW_ROWS and numba is not None:
+            _kernels().MATVEC[self.kind](x2, *self.bits, y)
         else:
             step = max(1, TILE_VALUES // self.d_in)
             tile = np.empty((min(step, self.d_out), self.d_in), np.float32)
@@ -214,7 +247,7 @@ class StoredMatrix(_ReadAsArray):
         return y.reshape(*lead, self.d_out)
 
     def _parts(self, o0: int, o1: int) -> tuple:
-        return tuple(p[o0:o1] for p in self.parts)
+        return tuple(p[o0:o1] for p in self.bits)
 
     def __repr__(self) -> str:
         return f"StoredMatrix({self.kind}, W {self.d_in} × {self.d_out})"
@@ -263,8 +296,13 @@ def stored_bytes(kind: str, d_out: int, d_in: int) -> int:
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The float16 at byte AT of every block (d_out, blocks, bytes), as float32 (d_out, blocks)."""
-    return blocks[:, :, at:at + 2].copy().view("<f2")[..., 0].astype(np.float32)
+    """The float16 at byte AT of every block (d_out, blocks, bytes): (d_out, blocks) float16, a view of the blocks."""
+    return blocks[:, :, at:at + 2].view("<f2")[..., 0]
+
+
+def _bits(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """PARTS as the kernels take them: float16 scales as their uint16 bits (views; numba has no float16)."""
+    return tuple(p.view(np.uint16) if p.dtype == np.float16 else p for p in parts)
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -308,7 +346,7 @@ def half_bytes(w: np.ndarray, kind: str) -> np.ndarray:
 
 def _unpack(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     """A kind's blocks (d_out, blocks, bytes) → the arrays its kernels take, in their order: the integer
-    bytes stay views of the file; float16 scales become float32 (4 bytes a block), packed scales bytes.
+    bytes and the float16 scales (d, m, dmin) stay views of the file; packed 6-bit scales become bytes.
 
         Q8_0  q int8 [32], d                    Q4_K  q [128], d, dmin, scales, mins   (8 sub-blocks of 32:
         Q4_0  q [16], d                               w = d·scale·q − dmin·min)

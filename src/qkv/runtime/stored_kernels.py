@@ -3,7 +3,8 @@
 The few-row products (decoding): each row of T against each row of x, a block's products summed in
 sixteen float32 lanes held in registers (`simd.F32x16`: an LLVM vector, lowered to the machine's AVX2,
 AVX-512 or NEON), the lanes summed once at the end of the row. A block's bytes are converted to floats
-exactly (small integers) and multiplied by x in float32: activations are never quantised. One function
+exactly (small integers; its float16 scales, read as bits from the file's blocks, by `f16`) and
+multiplied by x in float32: activations are never quantised. One function
 per kind and task, compiled on first use and kept on disk by `kernel_cache` (only the entries Python calls,
 each whole: numba's own cache could save an entry that crashed the next process). fastmath "reassoc" lets the sums run in SIMD
 lanes (float32 sums in another order: within rounding of the plain order); NaN and infinity keep their
@@ -18,16 +19,61 @@ Four rows of T at a time, sharing the loads of x, was slower for every kind (reg
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
-from numba import njit, prange
+import llvmlite.binding as ll
+from llvmlite import ir
+from numba import config, njit, prange, types
+from numba.core.extending import intrinsic
 
 from . import kernel_cache, simd
 from .simd import as_float32, bits32, field, int8s, vadd, vfma, vload, vmul, vsplat, vsum, vzero
 
 FAST = {"reassoc", "contract"}
 CHUNKS = 2                   # row chunks a product is split into, one per numba thread
+
+
+# A block's float16 scales are read as their bits from the file's blocks and widened where they are used:
+# by the CPU's own conversion (x86's F16C, ARM's FCVT: LLVM's fpext from half), else by moving the bits.
+# Measured (SmolLM2's 121 products of a decoding step, one thread, the best of 60 each): 10.2–10.4 ms, as
+# with float32 copies of the scales (10.2–10.6 ms; they took 4 bytes a block, +40 % of a Q4_1 file); through
+# a 256 KB table, as ggml does without F16C: 11.2–11.9 ms (the weights streaming past evict it).
+
+@intrinsic
+def _cvt_f16(typingctx, h):
+    """The float16 whose bits are the uint16 H as float32, by the machine's conversion (one instruction)."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@njit(inline="always")
+def _move_f16(h):
+    """The same by moving the bits (exact, with integers only): sign, exponent rebiased by 127 − 15 and mantissa
+    moved into a float32's places; a subnormal (exponent 0) is its mantissa · 2⁻²⁴. A matrix with an infinite
+    or NaN scale is refused when it is made, so the exponent 31 never comes here."""
+    v = np.uint32(h)
+    e = (v >> np.uint32(10)) & np.uint32(31)
+    if e == 0:
+        f = np.float32(v & np.uint32(1023)) * np.float32(2.0 ** -24)
+        return -f if v & np.uint32(0x8000) else f
+    return as_float32(((v & np.uint32(0x8000)) << np.uint32(16)) | ((e + np.uint32(112)) << np.uint32(23))
+                      | ((v & np.uint32(1023)) << np.uint32(13)))
+
+
+def _converts_halves() -> bool:
+    """Whether numba's target converts float16 itself: every target but an x86 without F16C (where LLVM would
+    call a runtime function the JIT may not find)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
+    return "+f16c" in features.split(",")
+
+
+f16 = _cvt_f16 if _converts_halves() else _move_f16   # plain form: np.uint16(h).view(np.float16).astype(np.float32)
+
 
 # A block's contribution to one row of y, as sixteen lanes (their sum is the block's part of the dot
 # product); what multiplies Σx of the block (a Q4_1 block's m, a Q4_0 block's −8·d) the row kernels add
@@ -97,9 +143,9 @@ def _rows_q8_0(x, q, d, y, o0, o1):
     for r in range(x.shape[0]):
         xr = x[r]
         for o in range(o0, o1):
-            acc = vzero()
-            for b in range(d.shape[1]):
-                acc = vadd(acc, _q8_0_block(q[o, b], d[o, b], xr, 32 * b))
+            acc, qo, do = vzero(), q[o], d[o]
+            for b in range(do.shape[0]):
+                acc = vadd(acc, _q8_0_block(qo[b], f16(do[b]), xr, 32 * b))
             y[r, o] = vsum(acc)
 
 @njit(fastmath=FAST)
@@ -108,10 +154,14 @@ def _rows_q4(x, sums, q, d, m, mscale, offset, y, o0, o1):
     for r in range(x.shape[0]):
         xr, sr = x[r], sums[r]
         for o in range(o0, o1):
-            acc, tail = vzero(), np.float32(0)
-            for b in range(d.shape[1]):
-                acc = vadd(acc, _q4_block(q[o, b], d[o, b], xr, 32 * b))
-                tail += (mscale * m[o, b] - offset * d[o, b]) * sr[b]
+            acc, tail, qo, do, mo = vzero(), np.float32(0), q[o], d[o], m[o]
+            for b in range(do.shape[0]):
+                db = f16(do[b])
+                acc = vadd(acc, _q4_block(qo[b], db, xr, 32 * b))
+                if mscale:
+                    tail += f16(mo[b]) * sr[b]
+                else:
+                    tail -= offset * db * sr[b]
             y[r, o] = vsum(acc) + tail
 
 @njit(fastmath=FAST)
@@ -122,8 +172,9 @@ def _rows_q5(x, sums, q, d, m, mscale, h, offset, y, o0, o1):
         for o in range(o0, o1):
             acc, tail = vzero(), np.float32(0)
             for b in range(d.shape[1]):
-                acc = vadd(acc, _q5_block(q[o, b], h[o, b], d[o, b], xr, 32 * b))
-                tail += (mscale * m[o, b] - offset * d[o, b]) * sr[b]
+                db = f16(d[o, b])
+                acc = vadd(acc, _q5_block(q[o, b], h[o, b], db, xr, 32 * b))
+                tail += (mscale * f16(m[o, b]) - offset * db) * sr[b]
             y[r, o] = vsum(acc) + tail
 
 @njit(fastmath=FAST, inline="always")
@@ -142,8 +193,8 @@ def _rows_q45_k(x, sums, q, qh, d, dmin, sc, mn, five, y, o0, o1):
         for o in range(o0, o1):
             acc, tail = vzero(), np.float32(0)
             for b in range(d.shape[1]):
-                acc = vadd(acc, _q45_k_block(q[o, b], qh[o, b], sc[o, b], d[o, b], xr, 256 * b, five))
-                tail -= _k_tail(sr, dmin[o, b], mn[o, b], b)
+                acc = vadd(acc, _q45_k_block(q[o, b], qh[o, b], sc[o, b], f16(d[o, b]), xr, 256 * b, five))
+                tail -= _k_tail(sr, f16(dmin[o, b]), mn[o, b], b)
             y[r, o] = vsum(acc) + tail
 
 @njit(fastmath=FAST)
@@ -153,7 +204,7 @@ def _rows_q6_k(x, ql, qh, sc, d, y, o0, o1):
         for o in range(o0, o1):
             acc = vzero()
             for b in range(d.shape[1]):
-                acc = vadd(acc, _q6_k_block(ql[o, b], qh[o, b], sc[o, b], d[o, b], xr, 256 * b))
+                acc = vadd(acc, _q6_k_block(ql[o, b], qh[o, b], sc[o, b], f16(d[o, b]), xr, 256 * b))
             y[r, o] = vsum(acc)
 
 # 16-bit floats: each weight's bits moved into a float32's (bfloat16: the top half; float16: exponent and
@@ -181,8 +232,8 @@ def _rows_half(x, u, bf16, y, o0, o1):
                 s += _half(uo[k], bf16) * xr[k]
             y[r, o] = s
 
-# The products: each an njit entry taking x (R, d_in) float32 C-ordered, the matrix's parts and y (R, d_out),
-# which prepares what its kernel reads (block sums) and runs it over CHUNKS chunks of output rows, one per
+# The products: each an njit entry taking x (R, d_in) float32 C-ordered, the matrix's parts (StoredMatrix.bits)
+# and y (R, d_out), which prepares what its kernel reads (block sums) and runs it over CHUNKS chunks of output rows, one per
 # numba thread: one call from Python a product (a call's cost, ~8 µs in NumPy steps before, was a fifth of
 # a small matrix's product). Each kind's entry holds its own parallel loop and no compiled function calls a
 # parallel one, so that an entry read back from disk starts numba's thread pool itself (see kernel_cache).
@@ -278,7 +329,7 @@ def _dq_rows_q8_0(q, d, out, o0, o1):
     for o in range(o0, o1):
         qo, row = q[o], out[o]
         for b in range(nb):
-            db, qb, ob = d[o, b], qo[b], row[b * 32:b * 32 + 32]
+            db, qb, ob = f16(d[o, b]), qo[b], row[b * 32:b * 32 + 32]
             for j in range(32):
                 ob[j] = db * np.float32(np.int32(qb[j]))
 
@@ -290,7 +341,8 @@ def _dq_rows_q4(q, d, m, offset, out, o0, o1):
     for o in range(o0, o1):
         qo, row = q[o], out[o]
         for b in range(nb):
-            db, mb, qb, ob = d[o, b], m[o, b] - d[o, b] * offset, qo[b], row[b * 32:b * 32 + 32]
+            db = f16(d[o, b])
+            mb, qb, ob = f16(m[o, b]) - db * offset, qo[b], row[b * 32:b * 32 + 32]
             for j in range(16):
                 v = np.int32(qb[j])
                 ob[j] = db * np.float32(v & 15) + mb
@@ -304,7 +356,8 @@ def _dq_rows_q5(q, d, m, h, offset, out, o0, o1):
     for o in range(o0, o1):
         qo, row = q[o], out[o]
         for b in range(nb):
-            db, mb, qb, ob = d[o, b], m[o, b] - d[o, b] * offset, qo[b], row[b * 32:b * 32 + 32]
+            db = f16(d[o, b])
+            mb, qb, ob = f16(m[o, b]) - db * offset, qo[b], row[b * 32:b * 32 + 32]
             bits = np.int64(h[o, b])
             for j in range(16):
                 v = np.int32(qb[j])
@@ -318,10 +371,10 @@ def _dq_rows_q45_k(q, qh, d, dmin, sc, mn, five, out, o0, o1):
     for o in range(o0, o1):
         row = out[o]
         for b in range(nb):
-            qb = q[o, b]
+            qb, db, dm = q[o, b], f16(d[o, b]), f16(dmin[o, b])
             for i in range(4):
-                s0, s1 = d[o, b] * np.float32(sc[o, b, 2 * i]), d[o, b] * np.float32(sc[o, b, 2 * i + 1])
-                m0, m1 = dmin[o, b] * np.float32(mn[o, b, 2 * i]), dmin[o, b] * np.float32(mn[o, b, 2 * i + 1])
+                s0, s1 = db * np.float32(sc[o, b, 2 * i]), db * np.float32(sc[o, b, 2 * i + 1])
+                m0, m1 = dm * np.float32(mn[o, b, 2 * i]), dm * np.float32(mn[o, b, 2 * i + 1])
                 at = b * 256 + 64 * i
                 for j in range(32):
                     v = np.int32(qb[32 * i + j])
@@ -339,16 +392,17 @@ def _dq_rows_q6_k(ql, qh, sc, d, out, o0, o1):
     for o in range(o0, o1):
         row = out[o]
         for b in range(nb):
+            db = f16(d[o, b])
             for n in range(2):
                 for l in range(32):
                     k = 8 * n + l // 16
                     a, c = np.int32(ql[o, b, 64 * n + l]), np.int32(ql[o, b, 64 * n + l + 32])
                     h = np.int32(qh[o, b, 32 * n + l])
                     at = b * 256 + 128 * n + l
-                    row[at] = d[o, b] * np.float32(sc[o, b, k]) * np.float32(((a & 15) | ((h & 3) << 4)) - 32)
-                    row[at + 32] = d[o, b] * np.float32(sc[o, b, k + 2]) * np.float32(((c & 15) | ((h & 12) << 2)) - 32)
-                    row[at + 64] = d[o, b] * np.float32(sc[o, b, k + 4]) * np.float32(((a >> 4) | (h & 48)) - 32)
-                    row[at + 96] = d[o, b] * np.float32(sc[o, b, k + 6]) * np.float32(((c >> 4) | ((h & 192) >> 2)) - 32)
+                    row[at] = db * np.float32(sc[o, b, k]) * np.float32(((a & 15) | ((h & 3) << 4)) - 32)
+                    row[at + 32] = db * np.float32(sc[o, b, k + 2]) * np.float32(((c & 15) | ((h & 12) << 2)) - 32)
+                    row[at + 64] = db * np.float32(sc[o, b, k + 4]) * np.float32(((a >> 4) | (h & 48)) - 32)
+                    row[at + 96] = db * np.float32(sc[o, b, k + 6]) * np.float32(((c >> 4) | ((h & 192) >> 2)) - 32)
 
 
 # Dequantising feeds BLAS (the many-row path): one thread, so that numba's workers never wait on
