@@ -23,6 +23,7 @@ Measured (max |qkv − llama.cpp| over the stored logits):
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import gguf
@@ -34,7 +35,9 @@ from qkv.runtime import llama_arith
 from qkv.runtime.errors import QkvError
 from qkv.runtime.llama_arith import llama_matvec, quantize_activations, weight_integers
 from qkv.runtime.stored import StoredMatrix
-from conftest import FIXTURES
+from conftest import FIXTURES, run_main
+
+sys.path.insert(0, str(FIXTURES))
 
 GGUF = FIXTURES / "gguf"
 TINY = ("tiny-llama", "tiny-llama-q4_0", "tiny-llama-q8_0")
@@ -162,6 +165,8 @@ def test_ggml_rms_norm_and_rope_angles_are_qkvs_up_to_float32_rounding():
     assert cos.shape == ref_cos.shape == (1, 1, 40, 64) and cos.dtype == np.float32
     assert np.abs(cos - ref_cos).max() < 2e-5 and np.abs(sin - ref_sin).max() < 2e-5   # angles ≤ 39: ulps of 39
     assert np.array_equal(cos[..., 0, :], np.ones((1, 1, 64), np.float32))        # position 0: no turn
+    cos_i, sin_i = llama_arith.rope_cos_sin(pos, 64, 100000.0, interleaved=True)  # pairs (2i, 2i + 1)
+    assert np.array_equal(cos_i[..., 0::2], cos[..., :32]) and np.array_equal(sin_i[..., 1::2], sin[..., :32])
 
 
 def test_kinds_without_a_product_are_refused():
@@ -180,14 +185,11 @@ def to_half(value, layer):
 F16_CACHE = {"q": to_half, "k": to_half, "v": to_half, "attentions": to_half}   # llama.cpp's default KV cache
 
 
-def logits(model, ids, arith: str, cache: str, monkeypatch) -> np.ndarray:
-    """qkv's logits (n, V) with exact or llama.cpp products; CACHE f16kv: q, k, v and A rounded to float16
-    (llama.cpp keeps K and V in float16 and multiplies q and A with them as float16)."""
-    with monkeypatch.context() as m:
-        if arith == "llama.cpp":
-            m.setattr(StoredMatrix, "__rmatmul__", lambda self, x: llama_matvec(self, x))
-        hooks = F16_CACHE if cache == "f16kv" else None
-        return model.forward(np.asarray(ids)[None], attentions=False, hooks=hooks).logits[0]
+def logits(model, ids, cache: str) -> np.ndarray:
+    """qkv's logits (n, V); CACHE f16kv: q, k, v and A rounded to float16 (llama.cpp keeps K and V in float16 and
+    multiplies q and A with them as float16)."""
+    hooks = F16_CACHE if cache == "f16kv" else None
+    return model.forward(np.asarray(ids)[None], attentions=False, hooks=hooks).logits[0]
 
 
 def same_file(fixture, name: str, path: Path) -> None:
@@ -199,42 +201,109 @@ def same_file(fixture, name: str, path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_tiny_models_equal_llama_cpp_with_its_arithmetic(fixture, name, monkeypatch):
+def test_tiny_models_equal_llama_cpp_with_its_arithmetic(fixture, name):
     path = GGUF / f"{name}.gguf"
     same_file(fixture, name, path)
-    model = qkv.load(path)
+    model, exact = qkv.load(path, arith="llama.cpp"), qkv.load(path)
+    assert (model.arith, exact.arith) == ("llama.cpp", "exact") and "llama.cpp arithmetic" in model.name
     for prompt in PROMPTS:
         key = f"{name}/{prompt}"
         assert float(fixture[f"{key}/threads_max_diff"]) == 0                      # one thread or two: the same
         for cache in ("f32kv", "f16kv"):
             ref = fixture[f"{key}/{cache}"]                                         # (last 8, V)
-            ours = logits(model, fixture[f"{key}/ids"], "llama.cpp", cache, monkeypatch)[-len(ref):]
-            exact = logits(model, fixture[f"{key}/ids"], "exact", cache, monkeypatch)[-len(ref):]
+            ours = logits(model, fixture[f"{key}/ids"], cache)[-len(ref):]
+            away = logits(exact, fixture[f"{key}/ids"], cache)[-len(ref):]
             assert np.abs(ours - ref).max() <= SAME, (key, cache)
-            assert np.abs(exact - ref).max() > APART, (key, cache)
+            assert np.abs(away - ref).max() > APART, (key, cache)
 
 
-def test_smollm2_leading_positions_equal_llama_cpp_with_its_arithmetic_norm_and_rope(fixture, monkeypatch):
+def test_smollm2_leading_positions_equal_llama_cpp_with_its_arithmetic_norm_and_rope(fixture):
     """Products, RMSNorm and RoPE's angles as ggml computes them: the first positions to the bit (float32 KV cache:
     measured 7 / 3 / 6 positions of fox / chat / code, asserted 3, where llama.cpp agrees with itself for 3 / 6 / 5;
     its float16 cache: the first position, its dot products of float16 K with q in their own order)."""
-    import qkv.core.blocks
-    import qkv.core.stack
     from qkv.checkpoints import smollm2_file
 
     same_file(fixture, "smollm2", smollm2_file())
-    model = qkv.load(smollm2_file())
-    theta = model.config.rope_theta
-    monkeypatch.setattr(qkv.core.blocks, "rms_norm", llama_arith.rms_norm)
-    monkeypatch.setattr(qkv.core.stack, "rope_cos_sin",
-                        lambda positions, inv_freq, factor=1.0, interleaved=False:
-                        llama_arith.rope_cos_sin(positions, 2 * len(inv_freq), theta))
+    model, exact = qkv.load(smollm2_file(), arith="llama.cpp"), qkv.load(smollm2_file())
     lead, step = 3, 32                                                             # every 32nd logit is stored
     for prompt in PROMPTS:
         key = f"smollm2/{prompt}"
         for cache, n in (("f32kv", lead), ("f16kv", 1)):
             ids, ref = fixture[f"{key}/ids"][:n], fixture[f"{key}/{cache}"][:n]   # (n,), (n, V / 32)
-            ours = logits(model, ids, "llama.cpp", cache, monkeypatch)[:, ::step]
-            exact = logits(model, ids, "exact", cache, monkeypatch)[:, ::step]
+            ours = logits(model, ids, cache)[:, ::step]
+            away = logits(exact, ids, cache)[:, ::step]
             assert np.abs(ours - ref).max() <= SAME, (key, cache)
-            assert np.abs(exact - ref).max() > 0.1, (key, cache)                   # measured 0.40 – 1.12
+            assert np.abs(away - ref).max() > 0.1, (key, cache)                    # measured 0.40 – 1.12
+
+
+# ── choosing it: qkv.load, qkv --arith, qkv diff ─────────────────────────────────────────
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_llama_cpp_arithmetic_needs_a_gguf_files_stored_blocks_of_a_kind_it_multiplies(tmp_path, monkeypatch):
+    import make_gguf_fixtures as F
+
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    path = GGUF / "tiny-llama-q4_0.gguf"
+    for dtype in (np.float32, np.float64, "bfloat16"):
+        with pytest.raises(QkvError, match="stored blocks, not weights held as") as e:
+            qkv.load(path, dtype=dtype, arith="llama.cpp")
+        one_line(e)
+    directory = tmp_path / "tiny"                                                  # a safetensors checkpoint
+    qkv.load(path, dtype=np.float32).save(directory)
+    with pytest.raises(QkvError, match="not a checkpoint that is not a GGUF file"):
+        qkv.load(directory, arith="llama.cpp")
+    with pytest.raises(QkvError, match="arith 'llama' is not"):
+        qkv.load(path, arith="llama")
+    with pytest.raises(QkvError, match="weights.W_vocab is BF16") as e:             # F16 table, BF16 W_vocab
+        qkv.load(GGUF / "tiny-qwen2.gguf", arith="llama.cpp")
+    assert "exact" in one_line(e)
+    k_quant = F.make(tmp_path / "k.gguf", "llama", types=dict(embed="Q8_0", attn="Q8_0", ffn="Q4_K"))
+    with pytest.raises(QkvError, match=r"weights.blocks\[0\].ffn.W_\w+ is Q4_K"):
+        qkv.load(k_quant, arith="llama.cpp")
+    assert qkv.load(k_quant).arith == "exact"                                      # exact multiplies every kind
+
+
+@pytest.fixture
+def qkv_cli(monkeypatch, capsys):
+    """`qkv ARGS` → (exit code, stdout, stderr), the global --weights and --arith put back after the test."""
+    from qkv.cli import common
+
+    for key in ("dtype", "arith"):
+        monkeypatch.setitem(common._weights, key, None)
+    return lambda *args: run_main(monkeypatch, capsys, *args)
+
+
+def test_qkv_arith_generates_what_the_python_api_does(tmp_path, qkv_cli):
+    """Sampled (a seed), so that the few hundredths llama.cpp's arithmetic moves the logits by show in the ids."""
+    path = str(GGUF / "tiny-llama-q4_0.gguf")
+    settings = dict(max_new_tokens=16, temperature=1.0, seed=0, trace=True)
+    want = qkv.load(path, arith="llama.cpp").generate("the cat", **settings).ids
+    exact = qkv.load(path).generate("the cat", **settings).ids
+    code, out, err = qkv_cli("--arith", "llama.cpp", "generate", "the cat", "--model", path, "-n", "16", "-t", "1",
+                             "--seed", "0", "--trace", str(tmp_path / "t"))
+    assert code == 0, err
+    saved = qkv.Trace.load(tmp_path / "t")
+    assert np.array_equal(saved.ids, want) and not np.array_equal(want, exact)
+    assert saved.model.endswith("(llama.cpp arithmetic)")                           # the trace and its page say so
+    assert "llama.cpp arithmetic" in (tmp_path / "t" / "attention.html").read_text(encoding="utf-8")
+    code, out, err = qkv_cli("--arith", "llama", "generate", "x", "--model", path)
+    assert code == 2 and "--arith" in err and len(err.strip().splitlines()) == 1
+    code, out, err = qkv_cli("--weights", "float32", "--arith", "llama.cpp", "generate", "x", "--model", path)
+    assert code == 2 and "stored blocks" in err and len(err.strip().splitlines()) == 1
+
+
+def test_qkv_diff_shows_what_llama_cpps_arithmetic_changes(qkv_cli):
+    path = str(GGUF / "tiny-llama-q4_0.gguf")
+    code, out, err = qkv_cli("diff", "the quick brown fox jumps over the lazy dog", "--model", path,
+                             "--arith-b", "llama.cpp")
+    assert code == 0, err
+    assert f"A = {path} [stored], B = {path} [stored, llama.cpp]" in out
+    kl = float(out.split("final logits KL(A‖B) mean ")[1].split(" ")[0].rstrip(","))
+    assert kl > 0
+    code, out, err = qkv_cli("diff", "x", "--model", path, "--arith-b", "llama.cpp", "--requantize-b", "Q8_0")
+    assert code == 2 and "--requantize-b" in err and len(err.strip().splitlines()) == 1

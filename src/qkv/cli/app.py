@@ -15,8 +15,8 @@ from .heads import heads as heads_cmd
 from .bench import bench as bench_cmd
 from .causal import trace_fact_cmd
 from .eap import eap_cmd
-from .common import (MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_weights, head_pairs, new_console,
-                     removed_if_failed, run, status, warn_unknown)
+from .common import (ARITHS, MODEL_HELP, WEIGHTS, check_writable, choose_quiet, choose_weights, head_pairs,
+                     new_console, removed_if_failed, run, status, warn_unknown)
 from .explain import explain_cmd, next_cmd
 from .attribution import attribute_cmd, dla_cmd, patch_cmd
 from .atp import atp_cmd
@@ -46,10 +46,16 @@ from .transcribe import transcribe_cmd
               help="How the model holds its weights: 'stored' (as the file has them: a GGUF file's 4/8-bit blocks, "
                    "a checkpoint's 16-bit floats), float32, bfloat16 or float16. Default: stored for a GGUF file, "
                    "float32 for the rest. Activations are float32 whatever the choice.")
+@click.option("--arith", type=click.Choice(ARITHS), default=None,
+              help="How the model computes. 'exact' (the default, and what analyses are checked against): float32 "
+                   "activations, each product the one with the exactly dequantised weights. 'llama.cpp': a GGUF "
+                   "file's stored Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 blocks multiplied as llama.cpp does, its activations "
+                   "quantised to 8 bits per block of 32, and RMSNorm and RoPE as ggml computes them: equal to "
+                   "llama.cpp's logits on the tested files. Other weights are refused.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or status lines on stderr (they show only on a terminal).")
-def cli(weights: str | None, quiet: bool) -> None:
+def cli(weights: str | None, arith: str | None, quiet: bool) -> None:
     """qkv: see inside transformer language models."""
-    choose_weights(weights)
+    choose_weights(weights, arith)
     choose_quiet(quiet)
 
 

@@ -26,25 +26,27 @@ MODEL_HELP = "Model: 'minilm', 'smollm2', 'ko-en-tiny', a .gguf file, a local Hu
 SEED = click.IntRange(0, 2**32 - 1)     # every --seed: what numpy's generators take, a bad one one line (exit 2)
 
 WEIGHTS = ("stored", "float32", "bfloat16", "float16")     # `qkv --weights`: how a command's model holds its weights
-_weights: dict[str, str | None] = {"dtype": None}
+ARITHS = ("exact", "llama.cpp")                            # `qkv --arith`: how its passes compute (runtime.stored)
+_weights: dict[str, str | None] = {"dtype": None, "arith": None}
 
 
-def choose_weights(dtype: str | None) -> None:
-    """`qkv --weights DTYPE`: what every model this command loads holds its weights as (None: each file's own
-    default: a GGUF file's blocks as stored, anything else float32)."""
-    _weights["dtype"] = dtype
+def choose_weights(dtype: str | None, arith: str | None = None) -> None:
+    """`qkv --weights DTYPE --arith ARITH`: what every model this command loads holds its weights as (None: each file's
+    own default: a GGUF file's blocks as stored, anything else float32) and computes with (None: exact)."""
+    _weights["dtype"], _weights["arith"] = dtype, arith
 
 
-def load_model(source, default: str | None = None, pairs: bool = False):
+def load_model(source, default: str | None = None, pairs: bool = False, arith: str | None = None):
     """qkv.load(SOURCE) with the weights `qkv --weights` chose (else DEFAULT: the trainers' "float32", since a GGUF
     file's quantised blocks read in place made SmolLM2's pass 2.5× slower and one-threaded, 35 s against 14 s for
-    4096 tokens, measured, while dequantised once the same weights give the same numbers up to rounding), saying
-    so while it loads (`status`). An image–text pair (CLIP, SigLIP) only where the command reads one (PAIRS)."""
+    4096 tokens, measured, while dequantised once the same weights give the same numbers up to rounding) and the
+    arithmetic ARITH, else `qkv --arith`'s, else exact, saying so while it loads (`status`). An image–text pair
+    (CLIP, SigLIP) only where the command reads one (PAIRS)."""
     from ..models.contrastive import PairModel
     from ..models.loading import load
 
     with status(f"loading {source} …"):
-        model = load(source, dtype=_weights["dtype"] or default)
+        model = load(source, dtype=_weights["dtype"] or default, arith=arith or _weights["arith"] or "exact")
     if isinstance(model, PairModel) and not pairs:
         raise QkvError(f"{source} is an image–text pair ({model.config.family}): qkv show IMAGE --model {source} "
                        "--texts \"a cat,a dog\" scores it; the other commands read one tower (a CLIPVisionModel, "

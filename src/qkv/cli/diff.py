@@ -1,7 +1,8 @@
 """`qkv diff`: model diffing (qkv.analysis.diff), two checkpoints of one architecture on one text — each head's
 attention pattern (JS divergence), the residual stream (cosine, norm ratio) and each layer's logit lens
 (KL) — and quantisation diffing: one model as its file stores it, as float32, or re-quantised (--weights-a,
---weights-b, --requantize-b). Built like `qkv patch` (cli/attribution.py); registered in qkv.cli.app."""
+--weights-b, --requantize-b), or computing in llama.cpp's arithmetic (--arith-a, --arith-b: what its 8-bit
+activations change). Built like `qkv patch` (cli/attribution.py); registered in qkv.cli.app."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
-from .common import WEIGHTS, check_json_file, check_writable, new_console, removed_if_failed, status
+from .common import ARITHS, WEIGHTS, check_json_file, check_writable, new_console, removed_if_failed, status
 from .options import WRITER, model_option, text_argument
 from ..analysis.diff import KINDS
+from ..runtime.errors import QkvError
 
 
 @click.command(name="diff")
@@ -28,6 +30,12 @@ from ..analysis.diff import KINDS
                    "once), … Default: qkv --weights, else the file's own (float32 with --requantize-b, so that A and "
                    "B differ in their weights only).")
 @click.option("--weights-b", type=click.Choice(WEIGHTS), default=None, help="How B holds its weights (as --weights-a).")
+@click.option("--arith-a", type=click.Choice(ARITHS), default=None,
+              help="How A computes: 'exact' (float32 activations) or 'llama.cpp' (a GGUF's stored blocks multiplied "
+                   "as llama.cpp does, activations quantised to 8 bits per block). Default: qkv --arith, else exact.")
+@click.option("--arith-b", type=click.Choice(ARITHS), default=None,
+              help="How B computes (as --arith-a): --arith-b llama.cpp shows, head by head, what llama.cpp's 8-bit "
+                   "activations change against exact arithmetic.")
 @click.option("--requantize-b", type=click.Choice(KINDS), default=None,
               help="B's attention and FFN matrices quantised to this GGUF type by the gguf package and dequantised "
                    "(float32); its embeddings, W_vocab and norms kept.")
@@ -39,19 +47,25 @@ from ..analysis.diff import KINDS
               help="Also write the figure (diff.png, .svg), diff.json and the viewer of A's attention with the diff "
                    "panel open (diff.html) into this directory.")
 def diff_cmd(text: str, source: str, source_b: str | None, weights_a: str | None, weights_b: str | None,
-             requantize_b: str | None, top: int, json_path: str | None, out_dir: str | None) -> None:
+             arith_a: str | None, arith_b: str | None, requantize_b: str | None, top: int, json_path: str | None,
+             out_dir: str | None) -> None:
     """How far model B reads TEXT differently from model A: per layer and head the attention pattern's
     Jensen–Shannon divergence (per query row, averaged; bits), per layer the residual stream's cosine and norm
     ratio, and the logit lens's KL(A‖B) (nats; the last row is the final logits'). The heads that moved most
     first. A model against itself is 0 everywhere."""
     from ..analysis.diff import diff, requantized
+    from .common import _weights
 
     check_json_file(json_path, "diff.json")
+    arith_a, arith_b = arith_a or _weights["arith"] or "exact", arith_b or _weights["arith"] or "exact"
+    if requantize_b is not None and arith_b != "exact":
+        raise QkvError("--requantize-b makes B's matrices float32, which llama.cpp's arithmetic does not multiply; "
+                       "drop --arith-b llama.cpp (or --requantize-b)")
     if requantize_b is not None and weights_a is None:
         weights_a = "float32"                             # A and B then differ in their weights, not the kernels
-    model_a, name_a = _load(source, weights_a)
-    same = source_b is None and weights_b in (None, weights_a)
-    model_b, name_b = (model_a, name_a) if same else _load(source_b or source, weights_b)
+    model_a, name_a = _load(source, weights_a, arith_a)
+    same = source_b is None and weights_b in (None, weights_a) and arith_b == arith_a
+    model_b, name_b = (model_a, name_a) if same else _load(source_b or source, weights_b, arith_b)
     if requantize_b is not None:
         with status(f"quantising {model_b.name}'s block matrices to {requantize_b} …"):
             model_b = requantized(model_b, requantize_b)
@@ -72,20 +86,21 @@ def diff_cmd(text: str, source: str, source_b: str | None, weights_a: str | None
             _write(out_dir, d, data, model_a, text)
 
 
-def _load(source: str, weights: str | None):
-    """(the model, its name with how it holds its weights: "smollm2 [float32]")."""
+def _load(source: str, weights: str | None, arith: str):
+    """(the model, its name with how it holds its weights and, when not exact, computes: "smollm2 [float32]",
+    "smollm2 [stored, llama.cpp]")."""
     from .common import _weights, load_model
 
     if weights is None:
-        model = load_model(source)
+        model = load_model(source, arith=arith)
         held = _weights["dtype"] or _held(model)
     else:
         from ..models.loading import load
 
         with status(f"loading {source} ({weights}) …"):
-            model = load(source, dtype=weights)
+            model = load(source, dtype=weights, arith=arith)
         held = weights
-    return model, f"{source} [{held}]"
+    return model, f"{source} [{held}{'' if arith == 'exact' else ', ' + arith}]"
 
 
 def _held(model) -> str:

@@ -42,6 +42,7 @@ from .blocks_backward import (AttentionTape, EmbedTape, FFNTape, HeadTape, MoETa
 from .config import ModelConfig
 from .context import Context
 from .disentangled import disentangled_mask
+from ..runtime import llama_arith
 from ..runtime.errors import QkvError
 from .hooks import Hooks
 from .ops import ACTIVATIONS, clamped_glu, layer_norm, rms_norm, sigmoid, softmax, xielu
@@ -63,11 +64,14 @@ def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 def norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
     """LayerNorm or RMSNorm, as the config says. γ, β of shape (H, d_k) (StableLM's q/k norms, one LayerNorm
-    per head) normalise x (B, H, n, d_k) head by head: head h's d_k numbers by γ[h], β[h]."""
+    per head) normalise x (B, H, n, d_k) head by head: head h's d_k numbers by γ[h], β[h]. With llama.cpp's
+    arithmetic (cfg.arith) RMSNorm is ggml's: x·(1/√(mean + eps))·γ, Σx² in float64 (llama_arith.rms_norm)."""
     g, b = w.weight, w.bias
     if g.ndim == 2:
         g, b = g[:, None], None if b is None else b[:, None]     # (H, 1, d_k): broadcast over the n positions
     if cfg.norm == "rms":
+        if cfg.arith == "llama.cpp":
+            return llama_arith.rms_norm(x, g, cfg.norm_eps)
         return rms_norm(x, g, cfg.norm_eps)
     return layer_norm(x, g, b, cfg.norm_eps)
 

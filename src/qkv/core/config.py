@@ -298,6 +298,10 @@ class ModelConfig:
                                                 # None: none
     attn_output_gate: bool = False              # Z_h ⊙ σ(X·W_G + b_G)_h before W_O (Qwen3-Next's full-attention
                                                 # layers: q_proj twice as wide, AttentionWeights.W_G); False: none
+    # ── the arithmetic of the pass: "exact" (float32 activations; what analyses are checked against) or "llama.cpp"
+    # (a GGUF's stored blocks multiplied as llama.cpp does, StoredMatrix.arith; RMSNorm and plain RoPE's angles as
+    # ggml computes them, runtime.llama_arith, read by blocks.norm and stack.rotation); qkv.load(…, arith=) sets it
+    arith: Literal["exact", "llama.cpp"] = "exact"
 
     @property
     def grid(self) -> tuple[int, int] | None:
@@ -337,6 +341,9 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_head is None:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.arith not in ("exact", "llama.cpp"):
+            raise QkvError(f"arith {self.arith!r:.40} is not an arithmetic qkv computes; use \"exact\" or "
+                           "\"llama.cpp\"")
         for knob in ("vocab_size", "d_model", "n_layers", "n_heads", "max_positions", "n_kv_heads", "d_head"):
             if getattr(self, knob) <= 0:
                 raise QkvError(f"{knob}={getattr(self, knob)} must be positive; fix the model's config")

@@ -81,8 +81,8 @@ def row_norm(x: np.ndarray, w: NormWeights, cfg: ModelConfig) -> np.ndarray:
     scalars instead of (1, 1, 1) arrays (each NumPy call on an array costs ~2–4 µs; a SmolLM2 step
     makes 61 norms). The same float32 numbers: each scalar step is computed in float64 and rounded
     to float32, which for ÷, + and √ equals the float32 operation (float64 has more than 2·24 + 2 bits).
-    Plain form: rms_norm(x, w.weight, cfg.norm_eps)."""
-    if cfg.norm != "rms" or x.size != x.shape[-1]:
+    Plain form: rms_norm(x, w.weight, cfg.norm_eps). llama.cpp's arithmetic: `norm` (ggml's RMSNorm)."""
+    if cfg.norm != "rms" or x.size != x.shape[-1] or cfg.arith != "exact":
         return norm(x, w, cfg)
     ms = np.float32(float(np.add.reduce(x * x, axis=-1)[0, 0]) / x.shape[-1])     # mean(x²), float32
     r = np.float32(math.sqrt(np.float32(ms + np.float32(cfg.norm_eps))))           # √(mean(x²) + eps)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime import llama_arith
 from ..runtime.errors import QkvError
 from .attention import AttentionMask
 from .blocks import attention_mask_of, cross_memory, embed, logits_of, unembed_in
@@ -40,7 +41,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooks
 from .positions import (positions_from_ids, positions_from_mask, relative_bias, relative_buckets, rope_attention_factor,
-                        rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys, temperature_scales)
+                        rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys, rope_kind, temperature_scales)
 from .trace import Recorder
 from .weights import Seq2SeqWeights, Weights
 
@@ -60,6 +61,18 @@ def rope_speeds(cfg: ModelConfig, dtype, length: int) -> dict[str, np.ndarray]:
     if cfg.local_rope_theta is not None:
         speeds["local"] = rope_inv_freq(d_rot, cfg.local_rope_theta, cfg.local_rope_scaling, dtype, length=length)
     return speeds
+
+
+def rotation(cfg: ModelConfig, positions: np.ndarray, speeds: dict[str, np.ndarray], kind: str = "global"
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, 2 × (B, 1, n, d_rot), of RoPE at POSITIONS (B, n) for the layers of KIND ("global", "local")
+    turning at SPEEDS[kind] (`rope_speeds`): the angles p·ω_i (positions.rope_cos_sin), or with llama.cpp's
+    arithmetic (cfg.arith) and plain RoPE ggml's own angles (llama_arith.rope_cos_sin; a scaled RoPE keeps qkv's)."""
+    scaling = cfg.rope_scaling if kind == "global" else cfg.local_rope_scaling
+    if cfg.arith == "llama.cpp" and rope_kind(scaling) == "default":
+        theta = cfg.rope_theta if kind == "global" else cfg.local_rope_theta
+        return llama_arith.rope_cos_sin(positions, 2 * len(speeds[kind]), theta, cfg.rope_interleaved)
+    return rope_cos_sin(positions, speeds[kind], rope_attention_factor(scaling), interleaved=cfg.rope_interleaved)
 
 
 @dataclass
@@ -213,8 +226,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         positions = positions_from_mask(attention_mask)[:, -n:]                 # (B, past + n)
     rope = None
     if "global" in speeds:
-        rope = rope_cos_sin(positions, speeds["global"], rope_attention_factor(cfg.rope_scaling),
-                            interleaved=cfg.rope_interleaved)        # 2 × (B, 1, n, d_k)
+        rope = rotation(cfg, positions, speeds)                      # 2 × (B, 1, n, d_k)
     mask = attention_mask_of(cfg, attention_mask, n)
     if weights.rel_bias is not None:                         # MPNet: T5's bias of j − i both ways, every layer's
         m = attention_mask.shape[1]
@@ -227,8 +239,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.masks = {kind: attention_mask_of(cfg, attention_mask, n, i) for kind, i in first.items()}
         ctx.ropes = {None: None, "global": rope}             # a rotation per kind, each made once
         if "local" in speeds:
-            ctx.ropes["local"] = rope_cos_sin(positions, speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
-                                             interleaved=cfg.rope_interleaved)
+            ctx.ropes["local"] = rotation(cfg, positions, speeds, "local")
     if cfg.temperature_floor is not None:                    # Llama 4's NoPE layers: q × a factor by position
         ctx.temperature = temperature_scales(positions, cfg.temperature_floor, cfg.temperature_scale, dtype)
     if cfg.disentangled is not None:                         # DeBERTa: the relative positions' table, once a pass
@@ -290,8 +301,7 @@ def rope_and_windows(ctx: Context, pos: np.ndarray, depth: int, dtype) -> dict[s
     cfg = ctx.cfg
     speeds = rope_speeds(cfg, dtype, int(pos[-1]) + 1 if len(pos) else 1)
     if "global" in speeds:
-        ctx.rope = rope_cos_sin(pos[None], speeds["global"], rope_attention_factor(cfg.rope_scaling),
-                                interleaved=cfg.rope_interleaved)          # 2 × (1, 1, n, d_k)
+        ctx.rope = rotation(cfg, pos[None], speeds)                      # 2 × (1, 1, n, d_k)
     if cfg.uniform_layers:
         if cfg.sliding_window is not None:
             ctx.mask = replace(ctx.mask, window=cfg.sliding_window, _bias={})
@@ -299,8 +309,7 @@ def rope_and_windows(ctx: Context, pos: np.ndarray, depth: int, dtype) -> dict[s
     ctx.masks = {cfg.mask_kind(i): replace(ctx.mask, window=cfg.window(i), _bias={}) for i in range(depth)}
     ctx.ropes = {None: None, "global": ctx.rope}
     if "local" in speeds:
-        ctx.ropes["local"] = rope_cos_sin(pos[None], speeds["local"], rope_attention_factor(cfg.local_rope_scaling),
-                                          interleaved=cfg.rope_interleaved)
+        ctx.ropes["local"] = rotation(cfg, pos[None], speeds, "local")
     return speeds
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from .model import Model
 from .seq2seq import Seq2SeqModel
 from ..inputs.tokenizer import Tokenizer
 from ..core.weights import check_dtype
+from ..runtime.llama_arith import PRODUCTS
+from ..runtime.stored import ARITHS, StoredMatrix
 from ..checkpoints import DEFAULT, DEFAULT_ALIASES, LLM_ALIASES, config_json, gguf, json_object, resolve, vit
 from ..checkpoints import gguf_cache
 from ..checkpoints.families import config_of, family_of, read_weights
@@ -32,7 +35,8 @@ from ..checkpoints.tensors import TensorStore
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
 
 
-def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqModel | ImageModel | AudioModel | PairModel:
+def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
+         ) -> Model | Seq2SeqModel | ImageModel | AudioModel | PairModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
     Hugging Face repo id. An encoder–decoder (Marian, BART, mBART, Pegasus, T5, mT5, UMT5) is a Seq2SeqModel,
     an image model (ViT, and "digits-vit") an ImageModel, Whisper an AudioModel; a CLIP or SigLIP pair a PairModel
@@ -44,15 +48,33 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     is dequantised once into qkv's cache). "bfloat16" and "float16" hold every matrix in 16 bits (a
     checkpoint's own 16-bit matrices mapped as they are, others rounded once); "stored" on a safetensors
     checkpoint keeps each matrix as the file has it. Activations are float32 whatever the storage.
+
+    arith: how the pass computes. "exact" (the default, and what analyses are checked against): float32
+    activations, each product equal to the one with the exactly dequantised weights. "llama.cpp": a GGUF file's
+    stored blocks (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) multiplied as llama.cpp does — each row of activations quantised
+    to 8 bits a block of 32, integer dot products, its scales and order of sums (runtime.llama_arith; compiled:
+    runtime.llama_kernels) — and RMSNorm and RoPE's angles as ggml computes them, so that the logits equal
+    llama.cpp's on the tested files (tests/test_llama_arith.py). Other weights are refused in one line.
+    `model.config.arith` (a Model: `model.arith`) says which; the model's name says "llama.cpp arithmetic".
     """
+    if arith not in ARITHS:
+        raise QkvError(f"arith {arith!r:.40} is not an arithmetic qkv computes; use \"exact\" (float32 activations) "
+                       "or \"llama.cpp\" (a GGUF file's blocks multiplied as llama.cpp does)")
     directory = resolve(source)
     source_gguf = gguf.source_of(directory)
     if dtype is None:
         dtype = "stored" if source_gguf is not None else np.float32
     storage = dtype if isinstance(dtype, str) and dtype in STORAGES else None
     dtype = np.dtype(np.float32) if storage else check_dtype(dtype)   # what the engine computes in
+    if arith == "llama.cpp" and (source_gguf is None or storage != "stored"):
+        held = ("a checkpoint that is not a GGUF file" if source_gguf is None
+                else f"weights held as {storage or dtype.name}")
+        raise QkvError(f"llama.cpp's arithmetic multiplies a GGUF file's stored blocks, not {held}; load a .gguf file "
+                       "with its weights stored (its default: no dtype, no --weights), or use arith \"exact\"")
     hf = config_json(directory)
     cfg = config_of(hf)                               # model_type, types and ranges of every knob, the family's reader
+    if arith != "exact":
+        cfg = cfg.with_(arith=arith)                  # the norms and RoPE angles the engine computes
     if source_gguf is not None and storage is not None:
         from ..checkpoints.gguf_stored import GGUFTensors
 
@@ -69,6 +91,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
     store.release()                   # reading every tensor once (the NaN check) mapped all its pages
     if cfg.causal and not cfg.encoder_decoder:     # decoders: copied into the decoding layout (layout.py)
         weights = fast_layout(weights, after_copy=store.release)
+    if arith == "llama.cpp":
+        multiply_as_llama_cpp(weights)
     tok_path = directory / "tokenizer.json"
     own = getattr(family_of(cfg.family), "tokenizer", None)          # a family's own files (ESM's vocab.txt)
     tokenizer = Tokenizer.from_directory(directory) if tok_path.is_file() else own and own(directory)
@@ -78,18 +102,46 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None) -> Model | Seq2SeqMode
                        "(config.json vocab_size); use the tokenizer.json that came with the checkpoint")
     if gguf_cache.is_temporary(directory):
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
-    _give_back_heap()
+    del store                 # its own matrices (rows fast_layout has since joined: Q, K re-ordered) go first,
+    _give_back_heap()         # then the heap they took goes back to the system
+    name = _display_name(source) + (" (llama.cpp arithmetic)" if arith == "llama.cpp" else "")   # traces, pages
     if getattr(family_of(cfg.family), "TOWERS", False):          # CLIP, SigLIP: a tower, or both
         processing = image_processing(directory, cfg) if cfg.image_size is not None else None
-        return contrastive_model(cfg, weights, tokenizer, _display_name(source), processing)
+        return contrastive_model(cfg, weights, tokenizer, name, processing)
     if cfg.image_size is not None:
-        return image_model(directory, hf, cfg, weights, _display_name(source))
+        return image_model(directory, hf, cfg, weights, name)
     if cfg.audio_mels is not None:
-        audio = AudioModel(cfg, weights, tokenizer, name=_display_name(source))
+        audio = AudioModel(cfg, weights, tokenizer, name=name)
         audio.directory = directory                  # its generation_config.json: how it writes (transcribe)
         return audio
     model = Seq2SeqModel if cfg.encoder_decoder else Model
-    return model(cfg, weights, tokenizer, name=_display_name(source))
+    return model(cfg, weights, tokenizer, name=name)
+
+
+def multiply_as_llama_cpp(weights) -> None:
+    """Every stored matrix of WEIGHTS (a Weights tree) set to multiply with llama.cpp's arithmetic
+    (StoredMatrix.arith); one QkvError, before any is set, naming the first of a kind without a product there
+    (K-quants, F16, BF16). Tables only looked up (an untied embedding) are read exactly as ggml reads them."""
+    matrices = list(_stored_matrices(weights, "weights"))
+    for name, m in matrices:
+        if m.kind not in PRODUCTS:
+            raise QkvError(f"llama.cpp's arithmetic is defined here for {', '.join(PRODUCTS)} weights, and {name} is "
+                           f"{m.kind}; use arith \"exact\", or a GGUF file whose matrices are all of those kinds "
+                           "(llama-quantize --pure)")
+    for _, m in matrices:
+        m.arith = "llama.cpp"
+
+
+def _stored_matrices(obj, name: str):
+    """(where, matrix) for every StoredMatrix in the weight dataclasses OBJ ("weights.blocks[0].attn.W_QKV")."""
+    if isinstance(obj, StoredMatrix):
+        yield name, obj
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            yield from _stored_matrices(item, f"{name}[{i}]")
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            yield from _stored_matrices(getattr(obj, f.name), f"{name}.{f.name}")
 
 
 def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:

@@ -77,13 +77,20 @@ class Model:
     def dtype(self) -> np.dtype:
         return self.weights.tok_embed.dtype
 
+    @property
+    def arith(self) -> str:
+        """How its passes compute: "exact" (float32 activations) or "llama.cpp" (qkv.load(…, arith="llama.cpp"))."""
+        return self.config.arith
+
     def with_config(self, **changes) -> "Model":
         """The same weights under changed knobs, e.g. `model.with_config(sliding_window=512)`."""
         return Model(self.config.with_(**changes), self.weights, self.tokenizer, self.name)
 
     def astype(self, dtype) -> "Model":
-        """The same model computing in another float type (float64 for checks)."""
-        return Model(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        """The same model computing in another float type (float64 for checks), in the exact arithmetic (its
+        stored matrices dequantised)."""
+        cfg = self.config if self.arith == "exact" else self.config.with_(arith="exact")
+        return Model(cfg, self.weights.astype(dtype), self.tokenizer, self.name)
 
     def save(self, directory: str | Path) -> Path:
         """Write the model into DIRECTORY in Hugging Face layout (config.json, model.safetensors,

@@ -32,6 +32,10 @@ Two of the steps between the products, as ggml computes them (`rms_norm`, `rope_
 one-ulp difference before a product can move a rounding by a whole block step, so following llama.cpp past
 the first position needs its norms and RoPE angles to the bit too (and, further on, its attention's order of
 summation, not defined here).
+
+`qkv.load(path, arith="llama.cpp")` runs a model this way: each StoredMatrix multiplies by `llama_matvec`'s
+arithmetic (compiled: runtime.llama_kernels, bit-equal to it; without numba `llama_matvec` itself), and the
+engine's RMSNorm and plain RoPE read ModelConfig.arith (core.blocks.norm, core.stack.rotation).
 """
 
 from __future__ import annotations
@@ -127,14 +131,14 @@ def _quantize_q8_k(xb: np.ndarray, ties: str) -> QuantizedActivations:
 def weight_integers(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A StoredMatrix's blocks as integers and scales, T = d·q (+ m) per block of 32:
     q (d_out, nb, 32) int8 (Q4_0: nibble − 8, Q5_0: 5 bits − 16, Q4_1/Q5_1: 0..15 / 0..31), d (d_out, nb) float32,
-    m (d_out, nb) float32 for Q4_1 / Q5_1, else None."""
+    m (d_out, nb) float32 for Q4_1 / Q5_1, else None (the file's float16 scales, widened exactly)."""
     kind = w.kind
     if kind not in PRODUCTS:
         raise QkvError(f"llama.cpp's arithmetic is defined here for {', '.join(PRODUCTS)} weights, not {kind}")
     if kind == "Q8_0":
         q, d = w.parts
-        return np.asarray(q, dtype=np.int8), d, None
-    nibbles, d = w.parts[0], w.parts[1]                                 # (d_out, nb, 16) uint8
+        return np.asarray(q, dtype=np.int8), np.asarray(d, np.float32), None
+    nibbles, d = w.parts[0], np.asarray(w.parts[1], np.float32)     # (d_out, nb, 16) uint8, (d_out, nb)
     q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int8)     # (d_out, nb, 32): weights 0–15, 16–31
     if kind in ("Q5_0", "Q5_1"):
         high = w.parts[-1]                                              # (d_out, nb) uint32, bit j: weight j's fifth bit
@@ -144,7 +148,7 @@ def weight_integers(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         q = q - np.int8(8)
     if kind == "Q5_0":
         q = q - np.int8(16)
-    m = w.parts[2] if kind in ("Q4_1", "Q5_1") else None
+    m = np.asarray(w.parts[2], np.float32) if kind in ("Q4_1", "Q5_1") else None
     return q, d, m
 
 
@@ -196,16 +200,19 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x * r) * weight                                                  # (..., d)
 
 
-def rope_cos_sin(positions: np.ndarray, d_rot: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(positions: np.ndarray, d_rot: int, theta: float, interleaved: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of RoPE's angles as ggml makes them (ggml_rope_cache_init, no scaling): s = powf(θ, −2/d) in
     float32, the angles p, p·s, (p·s)·s, … each product rounded to float32 (not p·θ^(−2i/d)), then cosf and sinf
     (correctly rounded: float64's cos of the float32 angle, rounded). Laid out for rotate-half pairs (i, i + d/2),
-    as qkv turns them (the converter's interleaved Q/K rows undone): (B, 1, n, d_rot) each, positions (B, n)."""
+    as qkv turns them (the converter's interleaved Q/K rows undone), or INTERLEAVED pairs (2i, 2i + 1) as
+    core.positions.rope_cos_sin lays them: (B, 1, n, d_rot) each, positions (B, n)."""
     s = np.float32(np.float64(np.float32(theta)) ** np.float64(np.float32(-2.0) / np.float32(d_rot)))
     angles = np.empty((*positions.shape, d_rot // 2), np.float32)                # (B, n, d/2)
     angle = positions.astype(np.float32)                                          # (B, n)
     for i in range(d_rot // 2):
         angles[..., i] = angle
         angle = angle * s                                                         # float32, one rounding a step
-    both = np.concatenate([angles, angles], axis=-1).astype(np.float64)          # (B, n, d)
+    both = (np.repeat(angles, 2, axis=-1) if interleaved
+            else np.concatenate([angles, angles], axis=-1)).astype(np.float64)   # (B, n, d)
     return np.cos(both).astype(np.float32)[:, None], np.sin(both).astype(np.float32)[:, None]
