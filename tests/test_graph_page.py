@@ -309,3 +309,13 @@ def test_a_server_without_transcoders_computes_no_graph():
         app.graph({"text": "the cat"})
     assert e.value.status == 400
     assert '"graph_compute":false' in app.page()
+
+
+def test_page_corpus_takes_every_named_corpus(tmp_path):
+    """--page-corpus english (a mix of two named corpora) is opened by name, as shakespeare and kjv are, not as a file."""
+    from qkv.cli.graph_page import check_page
+    from qkv.features.corpora import NAMES
+
+    for name in NAMES:
+        texts = check_page(str(tmp_path / "g.html"), name)
+        assert texts.name == name and texts.count > 0

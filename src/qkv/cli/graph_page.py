@@ -29,9 +29,9 @@ def check_page(page_path: str | None, corpus: str | None, option: str = "--page"
         raise QkvError(f"{option} {page_path} is not an .html file name; give one such as graph.html")
     if corpus is None:
         return None
-    from ..features.corpora import CORPORA, open_texts
+    from ..features.corpora import NAMES, open_texts
 
-    return open_texts(corpus=corpus) if corpus in CORPORA else open_texts(file=corpus)
+    return open_texts(corpus=corpus) if corpus in NAMES else open_texts(file=corpus)
 
 
 def write_page(graph: dict, model, transcoders: dict, page_path: str, texts=None, lang: str = "en") -> None:
