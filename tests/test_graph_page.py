@@ -221,6 +221,37 @@ def test_annotate_reads_each_features_logit_lens_and_its_top_contexts(llama):
     assert data_of(gp.graph_page(out))["graph"]["features"].keys() == out["features"].keys()
 
 
+def test_annotate_cuts_a_long_text_into_pieces(llama):
+    """A corpus text longer than the model reads at once (a play, a book) is read in pieces of max_tokens, each
+    piece's first token left out as the attention sink: the contexts equal a by-hand pass over each piece."""
+    tcs = random_transcoders(llama)
+    graph = fake_graph(n=4, nodes=14, links=12, layers=llama.config.n_layers, hostile=False)
+    long = " ".join(["the cat sat on the mat and a dog ran to the park while birds fly south"] * 20)
+    ids = [int(i) for i in llama.tokenizer.encode(long)[0]]
+    assert len(ids) > llama.config.max_positions                                # more than one pass can read
+    out = gp.annotate(graph, llama, tcs, [long], contexts=3, window=1, max_tokens=16, limit=10**6)
+    read = 0
+    for d in graph["nodes"]:
+        if d["kind"] != "feature":
+            continue
+        layer, f = d["layer"], d["feature"]
+        best = []
+        for start in range(0, len(ids), 16):
+            piece = ids[start:start + 16]
+            if len(piece) < 2:
+                continue
+            z = tcs[layer].encode(llama.run(piece, keep=("ffn_in",)).layer(layer).ffn_in)[:, f]
+            z[0] = 0
+            if z.max() > 0:
+                p = int(np.argmax(z))
+                best.append((z[p], [llama.tokenizer.label(i) for i in piece[max(0, p - 1):p + 2]]))
+        best.sort(key=lambda b: -b[0])
+        got = out["features"][f"{layer}:{f}"]["contexts"]
+        assert [c["tokens"] for c in got] == [t for _, t in best[:3]]
+        read += len(got)
+    assert read > 0                                                              # some feature fired somewhere
+
+
 def test_annotate_needs_a_transcoder_for_every_layer_of_the_graph(llama):
     tcs = random_transcoders(llama)
     graph = fake_graph(n=4, nodes=14, links=12, layers=llama.config.n_layers, hostile=False)

@@ -69,7 +69,7 @@ TOKENS = 5                     # promoted / suppressed tokens per feature
 CONTEXTS = 4                   # top contexts per feature
 WINDOW = 6                     # tokens either side of a context's peak
 CONTEXT_TOKENS = 2 * WINDOW + 1
-CONTEXT_LENGTH = 64            # tokens of each corpus text read (annotate)
+CONTEXT_LENGTH = 64            # tokens a piece of a corpus text read (annotate): each text cut into such pieces
 LIMIT = 50_000                 # corpus tokens read at most (annotate)
 FILE_LIMIT = 256 << 20         # bytes of a graph's JSON file (read_graph)
 
@@ -270,9 +270,21 @@ def _texts(texts) -> Iterator[str]:
     return (t for _, _, t in triples)
 
 
+def _pieces(model: "Model", texts, max_tokens: int, skip: int) -> Iterator[list[int]]:
+    """The corpus's texts as token ids, each text cut into pieces of MAX_TOKENS (a book or a play is one text of
+    tens of thousands of tokens, more than the model reads at once); pieces of SKIP tokens or fewer left out."""
+    for text in _texts(texts):
+        if not isinstance(text, str) or not text.strip():
+            continue
+        ids = [int(i) for i in model.tokenizer.encode(text)[0]]
+        for start in range(0, len(ids), max_tokens):
+            if len(ids) - start > skip:
+                yield ids[start:start + max_tokens]
+
+
 def _contexts(notes: dict, model: "Model", transcoders: dict, wanted: dict[int, list[int]], texts, contexts: int,
               window: int, max_tokens: int, limit: int) -> None:
-    """Each feature's CONTEXTS texts where it fires most: per text its peak z_f (transcoder of its layer on the
+    """Each feature's CONTEXTS texts where it fires most: per piece of a text (`_pieces`) its peak z_f (transcoder of its layer on the
     FFN's input there), kept in a heap of the largest; their windows written into NOTES."""
     if model.tokenizer is None:
         raise QkvError(f"{model.name} has no tokenizer.json, so the corpus cannot be read; add it")
@@ -280,12 +292,7 @@ def _contexts(notes: dict, model: "Model", transcoders: dict, wanted: dict[int, 
     best: dict[str, list] = {key: [] for key in notes}                           # key → heap of (z, serial, context)
     serial, read = 0, 0
     label = model.tokenizer.label
-    for text in _texts(texts):
-        if not isinstance(text, str) or not text.strip():
-            continue
-        ids = [int(i) for i in model.encode(text)[0][:max_tokens]]
-        if len(ids) <= skip:
-            continue
+    for ids in _pieces(model, texts, max_tokens, skip):
         trace = model.run(ids, layers=list(wanted), keep=("ffn_in",))
         for layer, fs in wanted.items():
             x = np.asarray(trace.layer(layer).ffn_in)                            # (n, d_model)
