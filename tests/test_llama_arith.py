@@ -8,6 +8,11 @@ Measured (max |qkv − llama.cpp| over the stored logits):
         exact products                    0.027 – 0.048
         llama.cpp products                0 (to the bit), with llama.cpp's float32 KV cache; with its default
                                           float16 cache too once q, k, v and A are rounded to float16 (hooks)
+    tiny llama GGUFs of K-quants (Q4_K, Q5_K, Q6_K; d_model 256, one layer; 24 positions, all stored):
+        exact products                    0.14 – 0.23 (0.058 – 0.13 at the first position)
+        llama.cpp products                0 at every position for Q4_K; float32 / float16 cache, first
+                                          positions equal of fox / chat / code: Q5_K 24 / 20 / 9 and 19 / 24 / 12,
+                                          Q6_K 24 / 24 / 24 and 6 / 24 / 24 (then up to 0.11: one 8-bit step)
     SmolLM2 Q4_1 (every 32nd logit; 10 / 16 / 20 positions of the prompts fox / chat / code), float32 KV cache:
         exact products                    1.06 – 1.46 (0.23 – 0.61 at the first position)
         llama.cpp products                0.81 – 0.98; 0 at the first position of fox and code, 0.46 of chat
@@ -33,7 +38,7 @@ import pytest
 import qkv
 from qkv.runtime import llama_arith
 from qkv.runtime.errors import QkvError
-from qkv.runtime.llama_arith import llama_matvec, quantize_activations, weight_integers
+from qkv.runtime.llama_arith import k_weight_integers, llama_matvec, quantize_activations, weight_integers
 from qkv.runtime.stored import StoredMatrix
 from conftest import FIXTURES, run_main
 
@@ -41,6 +46,7 @@ sys.path.insert(0, str(FIXTURES))
 
 GGUF = FIXTURES / "gguf"
 TINY = ("tiny-llama", "tiny-llama-q4_0", "tiny-llama-q8_0")
+TINY_K = ("tiny-llama-q4_k", "tiny-llama-q5_k", "tiny-llama-q6_k")
 PROMPTS = ("fox", "chat", "code")
 SAME = 1e-6            # "equal to llama.cpp": measured 0 (bit for bit)
 APART = 0.01           # exact products differ from llama.cpp by more than this (measured ≥ 0.027)
@@ -116,7 +122,7 @@ def stored_matrix(kind: str, rows: int = 5, cols: int = 96, seed: int = 0) -> St
     return StoredMatrix(kind, np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1), cols)
 
 
-@pytest.mark.parametrize("kind", llama_arith.PRODUCTS)
+@pytest.mark.parametrize("kind", llama_arith.PRODUCTS_32)
 def test_weight_integers_and_scales_give_back_the_dequantised_weights(kind):
     w = stored_matrix(kind)
     q, d, m = weight_integers(w)                                      # (d_out, nb, 32), (d_out, nb)
@@ -124,7 +130,7 @@ def test_weight_integers_and_scales_give_back_the_dequantised_weights(kind):
     assert np.array_equal(t.reshape(w.d_out, w.d_in).astype(np.float32), w.dequantized().T)
 
 
-@pytest.mark.parametrize("kind", llama_arith.PRODUCTS)
+@pytest.mark.parametrize("kind", llama_arith.PRODUCTS_32)
 def test_the_product_is_the_block_formula_and_within_the_rounding_bound_of_the_exact_one(kind):
     w = stored_matrix(kind)
     x = np.random.default_rng(1).standard_normal((3, w.d_in)).astype(np.float32) * 3
@@ -143,6 +149,115 @@ def test_the_product_is_the_block_formula_and_within_the_rounding_bound_of_the_e
     bound = err @ np.abs(w.dequantized()) + 1e-4                                      # (R, d_out)
     assert np.all(np.abs(y - x @ w.dequantized()) <= bound)
     assert np.abs(y - x @ w.dequantized()).max() > 1e-4                                # and it is not the exact one
+
+
+# ── the K-quants' products (super-blocks of 256, Q8_K activations) ──────────────────────────
+
+def k_matrix(kind: str, rows: int = 5, cols: int = 512, seed: int = 0) -> StoredMatrix:
+    """A random K-quant W (gguf.quants cannot quantise K-quants: random super-blocks with sane scales)."""
+    import make_gguf_fixtures as F
+
+    return StoredMatrix(kind, F.random_blocks((rows, cols), kind, seed), cols)
+
+
+@pytest.mark.parametrize("kind", llama_arith.PRODUCTS_K)
+def test_k_weight_integers_scales_and_mins_give_back_the_dequantised_weights(kind):
+    w = k_matrix(kind)
+    kw = k_weight_integers(w)                                         # q (d_out, nb, 256), sc (d_out, nb, S)
+    assert kw.q.shape == (5, 2, 256) and kw.q.max() == {"Q4_K": 15, "Q5_K": 31, "Q6_K": 63}[kind]
+    assert kw.sc.shape == (5, 2, 16 if kind == "Q6_K" else 8) and (kw.m is None) == (kind == "Q6_K")
+    # d·sc·q − dmin·m (Q6_K: d·sc·(q − 32)) in float64, rounded once: the gguf package's float32 weights
+    assert np.array_equal(kw.dequantized().astype(np.float32), w.dequantized().T)
+
+
+def k_plain(w: StoredMatrix, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The K-quant block formula in float64, any order: Σ_b fp32(d_x·d_w)·Σ_sub sc·Σ q_w·q_x − fp32(d_x·dmin)·Σ m·S,
+    and a bound on the magnitudes the float sums see (the integers' products taken with |q_x|, Q6_K's q_w unsigned
+    and its −32 part apart, as ggml's lanes hold them): (R, d_out) each."""
+    kw = k_weight_integers(w)
+    a = quantize_activations(x, "Q8_K")
+    S = kw.sc.shape[-1]
+    qx = a.q.astype(np.int64).reshape(*a.q.shape[:2], S, -1)                          # (R, nb, S, 256/S)
+    qw = kw.q.astype(np.int64).reshape(*kw.q.shape[:2], S, -1)                        # (d_out, nb, S, 256/S)
+    off = 32 if w.kind == "Q6_K" else 0
+    ints = (np.einsum("obsj,rbsj->robs", qw - off, qx) * kw.sc[None]).sum(-1)       # (R, d_out, nb) exact
+    big = (np.einsum("obsj,rbsj->robs", qw + off, np.abs(qx)) * np.abs(kw.sc[None])).sum(-1)
+    scale = (a.d[:, None] * kw.d[None]).astype(np.float64)                            # (R, d_out, nb)
+    terms, size = scale * ints, np.abs(scale) * big
+    if kw.m is not None:
+        S_x = a.bsums.astype(np.int64).reshape(*a.bsums.shape[:2], 8, 2).sum(-1)       # (R, nb, 8)
+        mins = -(a.d[:, None] * kw.dmin[None]).astype(np.float64) * np.einsum("obs,rbs->rob", kw.m, S_x)
+        terms, size = terms + mins, size + np.abs(mins)
+    return terms.sum(-1), size.sum(-1)
+
+
+@pytest.mark.parametrize("kind", llama_arith.PRODUCTS_K)
+def test_a_k_quant_product_is_the_block_formula_and_within_the_rounding_bound_of_the_exact_one(kind):
+    w = k_matrix(kind)
+    x = np.random.default_rng(1).standard_normal((3, w.d_in)).astype(np.float32) * 3
+    y = llama_matvec(w, x)                                            # (3, d_out)
+    assert y.shape == (3, 5) and y.dtype == np.float32
+    plain, size = k_plain(w, x)
+    assert np.all(np.abs(y - plain) <= 3e-7 * size)          # ≤ nb + 3 float32 roundings of it (measured ≤ 1.5e-8)
+    # x differs from d_x·q_x by half a step (d_x is 1/iscale in float32, no float16 rounding); y from x @ W by Σ|W|·that
+    a = quantize_activations(x, "Q8_K")
+    err = np.abs(x.reshape(3, -1, 256) - a.d[..., None] * a.q).reshape(3, -1)        # (R, d_in)
+    assert np.all(err <= np.abs(a.d).repeat(256, axis=1) * (0.5 + 1e-5))
+    bound = err @ np.abs(w.dequantized()) + 1e-5                                      # (R, d_out)
+    assert np.all(np.abs(y - x @ w.dequantized()) <= bound)
+    assert np.abs(y - x @ w.dequantized()).max() > 1e-4                                # and it is not the exact one
+
+
+def q6_k_block(low: int, high: int, scales: list[int], d: float) -> np.ndarray:
+    """One Q6_K super-block's 210 bytes, every weight's integer (high << 4) | low: ql, qh, int8 scales, fp16 d."""
+    ql = np.full(128, low | (low << 4), np.uint8)
+    qh = np.full(64, high * 0b01010101, np.uint8)                                    # the 2 bits of all four
+    sc = np.array(scales, np.int8).view(np.uint8)
+    return np.concatenate([ql, qh, sc, np.frombuffer(np.float16(d).tobytes(), np.uint8)])
+
+
+def test_q6_k_lanes_take_the_minus_32_through_the_activations_sums_as_ggml_does():
+    """Every weight 33 (q − 32 = 1) with scale 1 in sub-blocks 0–7 and 2 in 8–15; x with one value per lane
+    position: ggml's lane k = Σ_chunks sc·Σ_4 33·q_x − 32·(sc·bsum of sub-blocks 2k, 2k+1)."""
+    w = StoredMatrix("Q6_K", q6_k_block(1, 2, [1] * 8 + [2] * 8, 0.5)[None], 256)
+    assert np.array_equal(k_weight_integers(w).q, np.full((1, 1, 256), 33, np.uint8))
+    x = np.zeros(256, np.float32)
+    x[0], x[20], x[100] = 127.0, -1.0, 2.0    # chunk 0 lane 0 (sub-block 0), lane 5 (sub-block 1); chunk 3 lane 1
+    a = quantize_activations(x[None], "Q8_K")
+    assert a.q[0, 0, [0, 20, 100]].tolist() == [-127, 1, -2] and a.d[0, 0] == np.float32(1) / np.float32(-1)
+    lanes = llama_arith.k_lanes(k_weight_integers(w), a.q, a.bsums, 0)[0, 0]          # (8,)
+    # products: lane 0: 1·33·(−127); lane 5: 1·33·1; lane 1: 1·33·(−2) (sub-block 6: chunk 3's first half)
+    # −32·bsums: sub-blocks 0 (Σ −127) and 1 (Σ 1) → lane 0; sub-block 6 (Σ −2) → lane 3
+    want = [33 * -127 - 32 * (-127 + 1), -66, 0, -32 * -2, 0, 33, 0, 0]
+    assert lanes.tolist() == want
+    assert sum(want) == -127 + 1 - 2                                                 # Σ sc·(q − 32)·q_x: the same total
+    y = llama_matvec(w, x[None])
+    d = np.float32(-1) * np.float32(0.5)
+    assert y[0, 0] == llama_arith._hsum8(np.array(want, np.float32) * d)
+
+
+def test_q4_k_adds_its_mins_in_four_lanes_and_q5_k_in_one_fused_sum():
+    """ggml's AVX2: Q4_K's mins term in 4 float lanes (sub-blocks 2k, 2k+1) accumulated by fused multiply-adds, added
+    (a0+a2)+(a1+a3); Q5_K's in one float32 sum, `summs += dmin·Σ m·S`, which gcc contracts to a fused multiply-add
+    (llama-cpp-python 0.3.36's libggml-cpu: vfmadd231ss). Two super-blocks, built here step by step."""
+    fma = llama_arith._fma32
+    for kind in ("Q4_K", "Q5_K"):
+        w = k_matrix(kind, rows=3, cols=512, seed=4)
+        x = np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32)
+        kw, a = k_weight_integers(w), quantize_activations(x, "Q8_K")
+        acc = np.zeros((2, 3, 8), np.float32)
+        acc_m = np.zeros((2, 3, 4), np.float32)
+        summs = np.zeros((2, 3), np.float32)
+        for b in range(2):
+            d = a.d[:, b, None] * kw.d[None, :, b]                                    # (R, d_out) float32
+            acc = fma(d[..., None], llama_arith.k_lanes(kw, a.q, a.bsums, b).astype(np.float32), acc)
+            S = a.bsums[:, b].reshape(2, 8, 2).sum(-1)                                # (R, 8)
+            mins = S[:, None] * kw.m[None, :, b]                                      # (R, d_out, 8)
+            dmin = -(a.d[:, b, None] * kw.dmin[None, :, b])                           # (R, d_out) float32
+            acc_m = fma(dmin[..., None], mins.reshape(2, 3, 4, 2).sum(-1).astype(np.float32), acc_m)
+            summs = fma(dmin, mins.sum(-1).astype(np.float32), summs)
+        tail = (acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]) if kind == "Q4_K" else summs
+        assert np.array_equal(llama_matvec(w, x), llama_arith._hsum8(acc) + tail), kind
 
 
 def test_the_sum_follows_avx2s_lanes():
@@ -171,9 +286,11 @@ def test_ggml_rms_norm_and_rope_angles_are_qkvs_up_to_float32_rounding():
 
 def test_kinds_without_a_product_are_refused():
     w = stored_matrix("Q8_0")
-    w.kind = "Q6_K"
-    with pytest.raises(QkvError, match="Q6_K"):
+    w.kind = "Q2_K"
+    with pytest.raises(QkvError, match="Q2_K"):
         llama_matvec(w, np.ones((1, w.d_in), np.float32))
+    with pytest.raises(QkvError, match="Q2_K"):
+        k_weight_integers(w)
 
 
 # ── qkv against llama.cpp's logits ──────────────────────────────────────────────────────
@@ -215,6 +332,27 @@ def test_tiny_models_equal_llama_cpp_with_its_arithmetic(fixture, name):
             away = logits(exact, fixture[f"{key}/ids"], cache)[-len(ref):]
             assert np.abs(ours - ref).max() <= SAME, (key, cache)
             assert np.abs(away - ref).max() > APART, (key, cache)
+
+
+@pytest.mark.parametrize("name", TINY_K)
+def test_tiny_k_quant_models_equal_llama_cpp_with_its_arithmetic(fixture, name):
+    """Every matrix of the block Q4_K / Q5_K / Q6_K (d_model 256, one layer; 24 positions stored): to the bit for
+    the leading positions of every prompt and cache (measured ≥ 6; Q4_K all 24, and with the float32 cache Q6_K all
+    24 and Q5_K 24 / 20 / 9), where exact products are ≥ 0.05 away from the first position on. Past them one ulp
+    between the products (attention's sums, ggml's expf) moves an 8-bit rounding: every Q5_K product there was
+    checked equal to ggml's own vec_dot to the bit given the same input (ctypes on libggml-cpu)."""
+    path = GGUF / f"{name}.gguf"
+    same_file(fixture, name, path)
+    model, exact = qkv.load(path, arith="llama.cpp"), qkv.load(path)
+    for prompt in PROMPTS:
+        key = f"{name}/{prompt}"
+        assert float(fixture[f"{key}/threads_max_diff"]) == 0
+        for cache in ("f32kv", "f16kv"):
+            ids, ref = fixture[f"{key}/ids"], fixture[f"{key}/{cache}"]                    # (24,), (24, V)
+            ours, away = logits(model, ids, cache), logits(exact, ids, cache)
+            lead = len(ref) if name == "tiny-llama-q4_k" or (name == "tiny-llama-q6_k" and cache == "f32kv") else 6
+            assert np.abs(ours[:lead] - ref[:lead]).max() <= SAME, (key, cache)
+            assert np.abs(away[:1] - ref[:1]).max() > 0.05, (key, cache)
 
 
 def test_smollm2_leading_positions_equal_llama_cpp_with_its_arithmetic_norm_and_rope(fixture):
@@ -262,10 +400,10 @@ def test_llama_cpp_arithmetic_needs_a_gguf_files_stored_blocks_of_a_kind_it_mult
     with pytest.raises(QkvError, match="weights.W_vocab is BF16") as e:             # F16 table, BF16 W_vocab
         qkv.load(GGUF / "tiny-qwen2.gguf", arith="llama.cpp")
     assert "exact" in one_line(e)
-    k_quant = F.make(tmp_path / "k.gguf", "llama", types=dict(embed="Q8_0", attn="Q8_0", ffn="Q4_K"))
-    with pytest.raises(QkvError, match=r"weights.blocks\[0\].ffn.W_\w+ is Q4_K"):
-        qkv.load(k_quant, arith="llama.cpp")
-    assert qkv.load(k_quant).arith == "exact"                                      # exact multiplies every kind
+    halves = F.make(tmp_path / "f16.gguf", "llama", types=dict(embed="Q8_0", attn="Q4_K", ffn="F16"))
+    with pytest.raises(QkvError, match=r"weights.blocks\[0\].ffn.W_\w+ is F16"):
+        qkv.load(halves, arith="llama.cpp")
+    assert qkv.load(halves).arith == "exact"                                       # exact multiplies every kind
 
 
 @pytest.fixture

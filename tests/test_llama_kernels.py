@@ -4,20 +4,37 @@ multiplying with it (its `arith`)."""
 
 from __future__ import annotations
 
+import sys
+
 import gguf
 import numpy as np
 import pytest
 
 from qkv.runtime import llama_kernels, stored
 from qkv.runtime.errors import QkvError
-from qkv.runtime.llama_arith import PRODUCTS, llama_matvec
+from qkv.runtime.llama_arith import PRODUCTS, PRODUCTS_K, llama_matvec
 from qkv.runtime.stored import StoredMatrix
+from conftest import FIXTURES
+
+sys.path.insert(0, str(FIXTURES))
+from make_gguf_fixtures import random_blocks   # noqa: E402  (gguf.quants cannot quantise K-quants)
 
 D_IN, D_OUT = 160, 37                      # 5 blocks of 32; an odd count of output rows (two chunks of threads)
+D_IN_K = 512                               # the K-quants: 2 super-blocks of 256
+
+
+def d_in(kind: str) -> int:
+    return D_IN_K if kind in PRODUCTS_K else D_IN
 
 
 def matrix(kind: str, seed: int = 0) -> StoredMatrix:
-    """A random W of KIND whose row 1 starts with a block of zeros (scale 0)."""
+    """A random W of KIND whose row 1 starts with a block of zeros (scale 0; a K-quant: random super-blocks with sane
+    scales, the first of row 1 with d = 0)."""
+    if kind in PRODUCTS_K:
+        raw = random_blocks((D_OUT, D_IN_K), kind, seed)                           # (d_out, 2 super-blocks' bytes)
+        at = 208 if kind == "Q6_K" else 0                                          # its float16 d
+        raw[1, at:at + 2] = 0
+        return StoredMatrix(kind, raw, D_IN_K)
     rng = np.random.default_rng(seed)
     t = rng.standard_normal((D_OUT, D_IN)).astype(np.float32)
     t[1, :32] = 0
@@ -25,11 +42,13 @@ def matrix(kind: str, seed: int = 0) -> StoredMatrix:
     return StoredMatrix(kind, np.ascontiguousarray(raw).view(np.uint8).reshape(D_OUT, -1), D_IN)
 
 
-def activations(rows: int, seed: int) -> np.ndarray:
-    """Random rows with a block of zeros (row 0) and a block of ties (the last row: amax 127, so x·127/amax = x,
-    and halves round to even)."""
-    x = np.random.default_rng(seed).standard_normal((rows, D_IN)).astype(np.float32) * 3
+def activations(rows: int, seed: int, width: int = D_IN) -> np.ndarray:
+    """Random rows with a block of zeros (row 0; of WIDTH 512, its second super-block too) and a block of ties (the
+    last row: amax 127, so x·127/amax = x — Q8_K: iscale −1 — and halves round to even)."""
+    x = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32) * 3
     x[0, 32:64] = 0
+    if width == D_IN_K:
+        x[0, 256:] = 0
     x[-1, 64:96] = np.arange(32, dtype=np.float32) - 15.5                       # −15.5 … 15.5: every one a tie
     x[-1, 64] = 127
     return x
@@ -44,7 +63,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("rows", [1, 2, 3, 9, 40])
 def test_the_kernel_is_the_definition_bit_for_bit(kind, rows):
     w = matrix(kind, seed=rows)
-    x = activations(rows, seed=rows + 1)
+    x = activations(rows, seed=rows + 1, width=d_in(kind))
     want = llama_matvec(w, x)                                                    # (R, d_out)
     got = np.empty((rows, D_OUT), np.float32)
     llama_kernels.MATVEC[kind](x, *w.bits, got)
@@ -66,7 +85,7 @@ def test_float16_rounding_is_numpys():
 @pytest.mark.parametrize("kind", PRODUCTS)
 def test_a_stored_matrix_multiplies_with_its_arithmetic(kind, monkeypatch):
     w = matrix(kind)
-    x = activations(6, seed=7).reshape(2, 3, D_IN)                               # (B, n, d_in)
+    x = activations(6, seed=7, width=d_in(kind)).reshape(2, 3, d_in(kind))      # (B, n, d_in)
     exact = x @ w
     w.arith = "llama.cpp"
     want = llama_matvec(w, x)                                                    # (2, 3, d_out)

@@ -51,9 +51,10 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
 
     arith: how the pass computes. "exact" (the default, and what analyses are checked against): float32
     activations, each product equal to the one with the exactly dequantised weights. "llama.cpp": a GGUF file's
-    stored blocks (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) multiplied as llama.cpp does — each row of activations quantised
-    to 8 bits a block of 32, integer dot products, its scales and order of sums (runtime.llama_arith; compiled:
-    runtime.llama_kernels) — and RMSNorm and RoPE's angles as ggml computes them, so that the logits equal
+    stored blocks (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K) multiplied as llama.cpp does — each row of
+    activations quantised to 8 bits a block of 32 (the K-quants: of 256), integer dot products, its scales and order
+    of sums (runtime.llama_arith; compiled: runtime.llama_kernels) — and RMSNorm and RoPE's angles as ggml
+    computes them, so that the logits equal
     llama.cpp's on the tested files (tests/test_llama_arith.py). Other weights are refused in one line.
     `model.config.arith` (a Model: `model.arith`) says which; the model's name says "llama.cpp arithmetic".
     """
@@ -121,7 +122,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
 def multiply_as_llama_cpp(weights) -> None:
     """Every stored matrix of WEIGHTS (a Weights tree) set to multiply with llama.cpp's arithmetic
     (StoredMatrix.arith); one QkvError, before any is set, naming the first of a kind without a product there
-    (K-quants, F16, BF16). Tables only looked up (an untied embedding) are read exactly as ggml reads them."""
+    (F16, BF16). Tables only looked up (an untied embedding) are read exactly as ggml reads them."""
     matrices = list(_stored_matrices(weights, "weights"))
     for name, m in matrices:
         if m.kind not in PRODUCTS:

@@ -22,11 +22,26 @@ over the blocks with a fused multiply-add acc ← fma(fp32(d_w·d_x), lane, acc)
 ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the Q8_1 kinds add Σ_b fp32(m_w·s_x), summed in block order, last.
 The fused multiply-add is computed in float64 and rounded to float32 (the product is exact in float64; the
 sum rounds twice, which can differ from one rounding in the last bit in rare halfway cases). llama.cpp may
-take other kernels for some shapes (tinyBLAS, repacked Q4_0 rows): the same integers and scales, summed
-in another order — within float32 rounding of this one.
+take other kernels for some shapes (tinyBLAS, repacked Q4_0 or Q4_K rows): the same integers and scales, summed
+in another order — within float32 rounding of this one (llama-cpp-python's tiny GGUFs of the tests: none taken).
 
-Q8_K (the K-quants' partner, blocks of 256: d_x float32 = −max/127 of the signed largest value, 16 sums of
-16) is given by `quantize_activations(x, "Q8_K")`; the K-quant products are not defined here yet.
+The K-quants multiply Q8_K activations (blocks of 256: d_x float32 = 1/iscale with iscale = −127/(the signed
+largest value), q_x = min(127, rne(iscale·x)), and the 16 sums of each 16 q_x), per super-block of 256 of the
+weight, whose unsigned integers q_w come in sub-blocks with 6-bit scales sc (Q4_K, Q5_K: 8 of 32, and 6-bit mins
+m; Q6_K: 16 of 16, int8 scales, w = d·sc·(q_w − 32)). ggml's AVX2 dot products (`ggml_vec_dot_q4_K_q8_K` and
+its siblings) keep the same 8 lanes — lane k the positions 4k..4k+3 of each 32 — with integer sums:
+
+    Q4_K, Q5_K   lane_k = Σ_chunks sc·Σ_4 q_w·q_x (exact)       acc ← fma(fp32(d_x·d_w), fp32(lane_k), acc)
+                 mins: S_i = Σ of sub-block i's q_x (two bsums); Q4_K: 4 lanes acc_m ← fma(−fp32(d_x·dmin),
+                 m_2k·S_2k + m_2k+1·S_2k+1, acc_m), then (a0+a2)+(a1+a3); Q5_K: one float32 sum,
+                 summs ← fma(−fp32(d_x·dmin), Σ_i m_i·S_i, summs) in super-block order (ggml writes
+                 `summs += dmin·Σ`; gcc contracts it on an FMA machine: vfmadd231ss in llama-cpp-python
+                 0.3.36's libggml-cpu, and its vec_dot equals this one to the bit, through ctypes)
+    Q6_K         lane_k = Σ_chunks sc·Σ_4 q_w·q_x − 32·(sc_2k·bsum_2k + sc_2k+1·bsum_2k+1) (the −32 through the
+                 activations' sums, ggml's lanes: not the per-position lanes' own share), then as above
+    y = hsum8(acc) (+ the mins' sum).
+
+(The integer lanes are converted to float32 with one rounding, as _mm256_cvtepi32_ps: exact below 2²⁴.)
 
 Two of the steps between the products, as ggml computes them (`rms_norm`, `rope_cos_sin`): with int8 blocks a
 one-ulp difference before a product can move a rounding by a whole block step, so following llama.cpp past
@@ -51,7 +66,9 @@ VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1
            "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K"}
 BLOCK = {"Q8_0": 32, "Q8_1": 32, "Q8_K": 256}
 LANES = 8                     # AVX2: 8 float32 lanes, each the integer sum of 4 consecutive products
-PRODUCTS = ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1")     # the weight kinds llama_matvec multiplies
+PRODUCTS_32 = ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1")          # blocks of 32 (weight_integers)
+PRODUCTS_K = ("Q4_K", "Q5_K", "Q6_K")                            # super-blocks of 256 (k_weight_integers)
+PRODUCTS = PRODUCTS_32 + PRODUCTS_K                              # the weight kinds llama_matvec multiplies
 
 
 @dataclass
@@ -133,7 +150,7 @@ def weight_integers(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     q (d_out, nb, 32) int8 (Q4_0: nibble − 8, Q5_0: 5 bits − 16, Q4_1/Q5_1: 0..15 / 0..31), d (d_out, nb) float32,
     m (d_out, nb) float32 for Q4_1 / Q5_1, else None (the file's float16 scales, widened exactly)."""
     kind = w.kind
-    if kind not in PRODUCTS:
+    if kind not in PRODUCTS_32:
         raise QkvError(f"llama.cpp's arithmetic is defined here for {', '.join(PRODUCTS)} weights, not {kind}")
     if kind == "Q8_0":
         q, d = w.parts
@@ -152,6 +169,69 @@ def weight_integers(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     return q, d, m
 
 
+@dataclass
+class KWeights:
+    """A K-quant StoredMatrix's super-blocks as ggml's AVX2 dot products read them (nb super-blocks of 256):
+
+    q  (d_out, nb, 256) uint8     the unsigned integers (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), in weight order
+    sc (d_out, nb, S) int32       the sub-blocks' scales: Q4_K, Q5_K S = 8 of 32 (6 bits); Q6_K S = 16 of 16 (int8)
+    d  (d_out, nb) float32        the super-block's scale (the file's float16, widened exactly)
+    m  (d_out, nb, 8) int32       Q4_K, Q5_K: the sub-blocks' 6-bit mins; else None
+    dmin (d_out, nb) float32      Q4_K, Q5_K: their scale; else None
+
+    The weights: Q4_K, Q5_K  d·sc·q − dmin·m per sub-block;  Q6_K  d·sc·(q − 32)."""
+
+    kind: str
+    q: np.ndarray
+    sc: np.ndarray
+    d: np.ndarray
+    m: np.ndarray | None = None
+    dmin: np.ndarray | None = None
+
+    def dequantized(self) -> np.ndarray:
+        """T (d_out, nb·256) in float64 from the integers: the weights the block formula gives."""
+        per = 256 // self.sc.shape[-1]
+        sc = np.repeat(self.sc, per, axis=-1).astype(np.float64)                       # (d_out, nb, 256)
+        if self.kind == "Q6_K":
+            t = self.d[..., None].astype(np.float64) * sc * (self.q.astype(np.float64) - 32)
+        else:
+            t = (self.d[..., None].astype(np.float64) * sc * self.q
+                 - self.dmin[..., None].astype(np.float64) * np.repeat(self.m, per, axis=-1))
+        return t.reshape(t.shape[0], -1)
+
+
+def _nibbles64(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K's 128 bytes (..., 128) → (..., 256): each 32 bytes give 64 weights, low nibbles then high."""
+    chunks = qs.reshape(*qs.shape[:-1], 4, 32)                                          # (..., 4, 32)
+    return np.concatenate([chunks & 15, chunks >> 4], axis=-1).reshape(*qs.shape[:-1], 256)
+
+
+def k_weight_integers(w) -> KWeights:
+    """A Q4_K / Q5_K / Q6_K StoredMatrix's integers, sub-block scales and mins (runtime.stored._unpack's parts)."""
+    kind = w.kind
+    if kind not in PRODUCTS_K:
+        raise QkvError(f"llama.cpp's arithmetic is defined here for {', '.join(PRODUCTS)} weights, not {kind}")
+    if kind == "Q6_K":
+        ql, qh, sc, d = w.parts                          # (d_out, nb, 128), (d_out, nb, 64), (d_out, nb, 16) int8
+        low = ql.reshape(*ql.shape[:2], 2, 2, 32)         # (d_out, nb, half, 2, 32): bytes 64h + 32i + l
+        high = qh.reshape(*qh.shape[:2], 2, 1, 32)        # (d_out, nb, half, 1, 32): byte 32h + l
+        # weight 128h + 32g + l, g = 0..3: nibble (g // 2) of byte 64h + 32(g % 2) + l, high bits 2g of qh
+        lows = np.concatenate([low & 15, low >> 4], axis=3)                              # (…, half, 4, 32)
+        highs = (high >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3                # (…, half, 4, 32)
+        q = (lows | (highs << 4)).reshape(*ql.shape[:2], 256)                             # (d_out, nb, 256)
+        return KWeights(kind, q, np.asarray(sc, np.int32), np.asarray(d, np.float32))
+    if kind == "Q4_K":
+        qs, d, dmin, sc, m = w.parts
+        q = _nibbles64(qs)                                                              # (d_out, nb, 256)
+    else:
+        qs, qh, d, dmin, sc, m = w.parts
+        # weight 32i + l (i = 0..7, l < 32): its fifth bit is bit i of qh[l]
+        fifth = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1          # (d_out, nb, 8, 32)
+        q = _nibbles64(qs) | (fifth.reshape(*qh.shape[:2], 256) << 4)                   # (d_out, nb, 256)
+    return KWeights(kind, q, np.asarray(sc, np.int32), np.asarray(d, np.float32), np.asarray(m, np.int32),
+                    np.asarray(dmin, np.float32))
+
+
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """float32 a·b + c rounded once (a fused multiply-add), up to float64's rounding first (module docstring)."""
     return (a.astype(np.float64) * b + c).astype(np.float32)
@@ -168,7 +248,10 @@ def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
     """x (..., d_in) @ W with llama.cpp's arithmetic, for W a runtime.stored.StoredMatrix of a PRODUCTS kind.
 
     y[r, o] = hsum8( Σ_b^(fma) fp32(d_w[o,b]·d_x[r,b]) · lane_k(Σ q_w·q_x) ) (+ Σ_b fp32(m_w[o,b]·s_x[r,b]))
-    → (..., d_out) float32. Readable and slow (a loop over blocks): the definition, not the fast path."""
+    (the K-quants: `_k_matvec`) → (..., d_out) float32. Readable and slow (a loop over blocks): the definition,
+    not the fast path."""
+    if w.kind in PRODUCTS_K:
+        return _k_matvec(w, x, ties)
     qw, dw, mw = weight_integers(w)                                     # (d_out, nb, 32), (d_out, nb), (d_out, nb)
     a = quantize_activations(x, VEC_DOT[w.kind], ties)                  # q (R, nb, 32), d (R, nb)
     R, nb = a.d.shape
@@ -184,6 +267,54 @@ def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
             summs = summs + mw[None, :, b] * a.s[:, b, None]            # (R, d_out)
     y = _hsum8(acc)                                                     # (R, d_out)
     if mw is not None:
+        y = y + summs
+    return y.reshape(*np.shape(x)[:-1], w.d_out)
+
+
+def k_lanes(kw: KWeights, qx: np.ndarray, bsums: np.ndarray, b: int) -> np.ndarray:
+    """Super-block B's 8 integer lanes (R, d_out, 8) int64, as ggml's AVX2 K-quant dot products hold them: lane k
+    the positions 4k..4k+3 of each 32, each chunk's four products times its sub-block's scale (Q6_K: the chunk's
+    first 16 positions are one sub-block, its last 16 the next: lanes 0–3 and 4–7), Q6_K less 32·(sc·bsum) of
+    sub-blocks 2k and 2k+1. qx (R, nb, 256) and bsums (R, nb, 16): the Q8_K activations."""
+    d_out, R = kw.q.shape[0], qx.shape[0]
+    w = kw.q[:, b].reshape(d_out, 8, LANES, 4).astype(np.int64)           # (d_out, chunk, lane, 4)
+    a = qx[:, b].reshape(R, 8, LANES, 4).astype(np.int64)                 # (R, chunk, lane, 4)
+    fours = np.einsum("oclj,rclj->rocl", w, a)                            # (R, d_out, chunk, lane)
+    sc = kw.sc[:, b].astype(np.int64)                                     # (d_out, 8 or 16)
+    if kw.kind == "Q6_K":
+        per_lane = sc.reshape(d_out, 8, 2).repeat(4, axis=-1)             # (d_out, chunk, lane): sc[2c + k // 4]
+        sub = 32 * (bsums[:, b].astype(np.int64)[:, None] * sc[None])     # (R, d_out, 16)
+        return np.einsum("rocl,ocl->rol", fours, per_lane) - sub.reshape(R, d_out, 8, 2).sum(-1)
+    return np.einsum("rocl,oc->rol", fours, sc)                           # (R, d_out, 8)
+
+
+def _k_matvec(w, x: np.ndarray, ties: str) -> np.ndarray:
+    """x @ W for a K-quant W (module docstring): ggml_vec_dot_q{4,5,6}_K_q8_K's AVX2 order, super-block by
+    super-block."""
+    kw = k_weight_integers(w)
+    a = quantize_activations(x, "Q8_K", ties)                            # q (R, nb, 256), d (R, nb), bsums (R, nb, 16)
+    R, nb = a.d.shape
+    acc = np.zeros((R, w.d_out, LANES), np.float32)                     # (R, d_out, 8)
+    acc_m = np.zeros((R, w.d_out, 4), np.float32)                       # (R, d_out, 4) Q4_K's mins
+    summs = np.zeros((R, w.d_out), np.float32)                          # (R, d_out) Q5_K's mins
+    for b in range(nb):
+        d = a.d[:, b, None] * kw.d[None, :, b]                           # (R, d_out) float32: y.d · x.d
+        lane = k_lanes(kw, a.q, a.bsums, b)                              # (R, d_out, 8) exact integers
+        acc = _fma32(d[..., None], lane.astype(np.float32), acc)         # (R, d_out, 8)
+        if kw.m is None:
+            continue
+        dmin = -(a.d[:, b, None] * kw.dmin[None, :, b])                  # (R, d_out) float32
+        sums = a.bsums[:, b].astype(np.int64).reshape(R, 8, 2).sum(-1)  # (R, 8) each sub-block's Σ q_x
+        mins = sums[:, None] * kw.m[None, :, b]                          # (R, d_out, 8) exact
+        if w.kind == "Q4_K":
+            pairs = mins.reshape(R, w.d_out, 4, 2).sum(-1)                # (R, d_out, 4) _mm_madd_epi16
+            acc_m = _fma32(dmin[..., None], pairs.astype(np.float32), acc_m)
+        else:
+            summs = _fma32(dmin, mins.sum(-1).astype(np.float32), summs)  # summs += dmin·Σ: contracted (gcc)
+    y = _hsum8(acc)                                                      # (R, d_out)
+    if w.kind == "Q4_K":
+        y = y + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+    elif w.kind == "Q5_K":
         y = y + summs
     return y.reshape(*np.shape(x)[:-1], w.d_out)
 

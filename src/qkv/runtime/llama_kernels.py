@@ -1,6 +1,6 @@
 """The numba kernels of llama.cpp's arithmetic (runtime.llama_arith): y = x @ W for W of a kind with a product
-there (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1), bit for bit the definition `llama_arith.llama_matvec` (tests/
-test_llama_kernels.py), compiled.
+there (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1; the K-quants Q4_K, Q5_K, Q6_K), bit for bit the definition
+`llama_arith.llama_matvec` (tests/test_llama_kernels.py), compiled.
 
 One entry per kind, called as the exact kernels are (`stored_kernels.MATVEC`): `MATVEC[kind](x, *bits, y)`,
 x (R, d_in) float32 C-ordered, any R, BITS a StoredMatrix's parts with its float16 scales as their uint16 bits
@@ -13,6 +13,12 @@ x (R, d_in) float32 C-ordered, any R, BITS a StoredMatrix's parts with its float
        unpacked once to integers, then for each row r of x and block b the 8 lanes of 4 integer products (exact),
        acc_k ← fp32(fp64(fp32(d_w·d_x))·lane_k + acc_k) (the definition's fused multiply-add), and at the end of
        the row ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ Σ_b fp32(m_w·s_x), summed in block order).
+
+The K-quants (`_quantize_k`, `_k_rows_of`): x quantised once to Q8_K (per 256: the first largest |x| m,
+iscale = −127/m, q = min(127, rint(x·iscale)), d = 1/iscale, the 16 sums of 16), each row of T unpacked once to
+its unsigned integers, sub-block scales and mins, then per super-block the 8 integer lanes of llama_arith.k_lanes
+(exact, int64), acc_k ← the fused multiply-add with fp32(d_x·d_w), and the mins as the definition adds them
+(Q4_K: 4 lanes, (a0+a2)+(a1+a3); Q5_K: one float32 sum of fused multiply-adds).
 
 No fastmath: every float operation is the definition's, in its order (a reassociated sum would not be
 bit-equal). Not fast yet: the lanes are scalar code, ~1.2 G weights/s on one thread here against the exact
@@ -180,7 +186,163 @@ def _mv_q5_1(x, q, d, m, h, y):
         _rows_q5(qx, dx, sx, q, d, m, h, np.int32(0), 1, y, o0, o1)
 
 
-MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1}
+# ── the K-quants: super-blocks of 256 with Q8_K activations ──────────────────────────────
+
+K4, K5, K6 = 0, 1, 2              # Q4_K, Q5_K, Q6_K: how a super-block's 256 weights are unpacked (`_unpack_k`)
+
+
+@njit
+def _quantize_k(x):
+    """x (R, d_in) → q (R, nb, 256) int8, d (R, nb) float32, bsums (R, nb, 16) int32, as
+    llama_arith.quantize_activations(x, "Q8_K") (quantize_row_q8_K_ref, ties to even)."""
+    R, nb = x.shape[0], x.shape[1] // 256
+    q = np.empty((R, nb, 256), np.int8)
+    d = np.empty((R, nb), np.float32)
+    bsums = np.zeros((R, nb, 16), np.int32)
+    for r in range(R):
+        for b in range(nb):
+            xb = x[r, b * 256:b * 256 + 256]
+            amax, m = np.float32(0), np.float32(0)
+            for j in range(256):                          # the first largest |x|, its sign kept
+                a = abs(xb[j])
+                if a > amax:
+                    amax, m = a, xb[j]
+            iscale = np.float32(-127) / m if m != 0 else np.float32(0)
+            d[r, b] = np.float32(1) / iscale if m != 0 else np.float32(0)
+            for j in range(256):
+                v = min(np.rint(xb[j] * iscale), np.float32(127))
+                q[r, b, j] = np.int8(v)
+                bsums[r, b, j // 16] += np.int32(np.int8(v))
+    return q, d, bsums
+
+
+@njit(inline="always")
+def _unpack_k(how, qs, qh, o, b, w):
+    """Super-block b of row o of T as its 256 unsigned integers into W (256,) int32, in weight order (as
+    llama_arith.k_weight_integers): Q4_K/Q5_K each 32 bytes of QS give 64 weights, low nibbles then high, Q5_K's
+    weight 32i + l with bit i of qh[l] as its fifth; Q6_K QS the low nibbles, QH the pairs of high bits."""
+    if how == K6:
+        for h in range(2):
+            for l in range(32):
+                b0, b1 = np.int32(qs[o, b, 64 * h + l]), np.int32(qs[o, b, 64 * h + 32 + l])
+                hb = np.int32(qh[o, b, 32 * h + l])
+                w[128 * h + l] = (b0 & 15) | ((hb & 3) << 4)
+                w[128 * h + 32 + l] = (b1 & 15) | (((hb >> 2) & 3) << 4)
+                w[128 * h + 64 + l] = (b0 >> 4) | (((hb >> 4) & 3) << 4)
+                w[128 * h + 96 + l] = (b1 >> 4) | (((hb >> 6) & 3) << 4)
+        return
+    for j in range(4):
+        for l in range(32):
+            v = np.int32(qs[o, b, 32 * j + l])
+            w[64 * j + l] = v & 15
+            w[64 * j + 32 + l] = v >> 4
+    if how == K5:
+        for l in range(32):
+            bits = np.int32(qh[o, b, l])
+            for i in range(8):
+                w[32 * i + l] |= ((bits >> i) & 1) << 4
+
+
+def _k_rows_of(how):
+    """The row kernel of a K-quant (HOW, a constant of the compiled code)."""
+
+    @njit
+    def rows(qx, dx, bsums, qs, qh, d, dmin, sc, mn, y, o0, o1):
+        """y[:, o0:o1] from the Q8_K rows (qx, dx, bsums) and T's super-blocks (qs, qh: integers; d, dmin: float16
+        bits; sc, mn: sub-block scales and mins, Q6_K's 16 int8 scales in sc) — llama_matvec's sums, in its order."""
+        R, nb = dx.shape
+        w = np.empty((nb, 256), np.int32)                 # row o's integers
+        scales = np.empty((nb, 16), np.int64)             # its sub-blocks' scales (8 or 16)
+        mins = np.zeros((nb, 8), np.int64)                # Q4_K, Q5_K: its mins
+        dw = np.empty(nb, np.float32)
+        dm = np.zeros(nb, np.float32)
+        lanes = np.empty(8, np.int64)
+        for o in range(o0, o1):
+            for b in range(nb):
+                _unpack_k(how, qs, qh, o, b, w[b])
+                dw[b] = f16(d[o, b])
+                for s in range(sc.shape[2]):
+                    scales[b, s] = np.int64(sc[o, b, s])
+                if how != K6:
+                    dm[b] = f16(dmin[o, b])
+                    for s in range(8):
+                        mins[b, s] = np.int64(mn[o, b, s])
+            for r in range(R):
+                acc = np.zeros(8, np.float32)
+                acc_m = np.zeros(4, np.float32)
+                summs = np.float32(0)
+                for b in range(nb):
+                    for k in range(8):                    # lane k: positions 4k..4k+3 of each 32
+                        total = np.int64(0)
+                        for c in range(8):
+                            at = 32 * c + 4 * k
+                            four = np.int64(0)
+                            for i in range(4):
+                                four += np.int64(w[b, at + i]) * np.int64(qx[r, b, at + i])
+                            s = scales[b, 2 * c + k // 4] if how == K6 else scales[b, c]
+                            total += s * four
+                        if how == K6:                     # the −32 through the sums of sub-blocks 2k, 2k+1
+                            total -= 32 * (np.int64(bsums[r, b, 2 * k]) * scales[b, 2 * k]
+                                           + np.int64(bsums[r, b, 2 * k + 1]) * scales[b, 2 * k + 1])
+                        lanes[k] = total
+                    scale = np.float64(dx[r, b] * dw[b])  # fp32(d_x·d_w), then exactly in float64
+                    for k in range(8):
+                        acc[k] = np.float32(scale * np.float64(np.float32(lanes[k])) + np.float64(acc[k]))
+                    if how == K6:
+                        continue
+                    dmin_b = -(dx[r, b] * dm[b])          # float32
+                    if how == K4:
+                        for k in range(4):
+                            pair = (mins[b, 2 * k] * (bsums[r, b, 4 * k] + bsums[r, b, 4 * k + 1])
+                                    + mins[b, 2 * k + 1] * (bsums[r, b, 4 * k + 2] + bsums[r, b, 4 * k + 3]))
+                            acc_m[k] = np.float32(np.float64(dmin_b) * np.float64(np.float32(pair))
+                                                  + np.float64(acc_m[k]))
+                    else:
+                        total = np.int64(0)
+                        for s in range(8):
+                            total += mins[b, s] * (bsums[r, b, 2 * s] + bsums[r, b, 2 * s + 1])
+                        summs = np.float32(np.float64(dmin_b) * np.float64(np.float32(total))   # fused, as
+                                           + np.float64(summs))                             # gcc contracts it
+                v = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+                if how == K4:
+                    v = v + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+                elif how == K5:
+                    v = v + summs
+                y[r, o] = v
+    return rows
+
+
+_rows_q4_k, _rows_q5_k, _rows_q6_k = _k_rows_of(K4), _k_rows_of(K5), _k_rows_of(K6)
+
+
+@njit(parallel=True)
+def _mv_q4_k(x, qs, d, dmin, sc, mn, y):
+    qx, dx, bsums = _quantize_k(x)
+    qh = np.zeros((1, 1, 1), np.uint8)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q4_k(qx, dx, bsums, qs, qh, d, dmin, sc, mn, y, o0, o1)
+
+
+@njit(parallel=True)
+def _mv_q5_k(x, qs, qh, d, dmin, sc, mn, y):
+    qx, dx, bsums = _quantize_k(x)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q5_k(qx, dx, bsums, qs, qh, d, dmin, sc, mn, y, o0, o1)
+
+
+@njit(parallel=True)
+def _mv_q6_k(x, ql, qh, sc, d, y):
+    qx, dx, bsums = _quantize_k(x)
+    mn = np.zeros((1, 1, 1), np.uint8)
+    for c in prange(CHUNKS):
+        o0, o1 = _chunk(d.shape[0], c)
+        _rows_q6_k(qx, dx, bsums, ql, qh, d, d, sc, mn, y, o0, o1)
+
+
+MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1,
+          "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k}
 
 # What Python calls, kept on disk whole (their callees, stored_kernels' _chunk too, are compiled into them).
 kernel_cache.keep(list(MATVEC.values()), [Path(__file__), Path(stored_kernels.__file__), Path(simd.__file__)])

@@ -25,7 +25,7 @@ float32 (activations are never quantised; within ~1e-6 relative of the dequantis
 
 That is the `exact` arithmetic (the default). With `arith = "llama.cpp"` (qkv.load(…, arith="llama.cpp")) a
 product quantises x to 8 bits a block and multiplies integers as llama.cpp does (runtime.llama_arith, the
-definition; runtime.llama_kernels, compiled and bit-equal to it), for Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1.
+definition; runtime.llama_kernels, compiled and bit-equal to it), for Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, Q4_K, Q5_K and Q6_K.
 
 The blocks stay views into the file's memory map (the quantised bytes are never copied), their float16
 scales too: `parts` reads them as float16 numbers, `bits` as their uint16 bits, which the kernels widen to
