@@ -40,7 +40,12 @@ CHROMIUM ?= /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
-test: setup $(CHROMIUM)
+# The speech task's voices and word boundaries (libespeak-ng).
+ESPEAK ?= /usr/bin/espeak-ng
+$(ESPEAK):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y espeak-ng
+
+test: setup $(CHROMIUM) $(ESPEAK)
 	$(PY) -m pytest -q
 
 # Cross-checks against live transformers on random checkpoints of many shapes.

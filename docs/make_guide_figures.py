@@ -6,41 +6,35 @@ Run from anywhere: each command runs in the repository's top folder, so a model 
 relative path in the figure (never by a path of the machine that drew it).
 
     linear_smollm2.png   qkv explain linear --out DIR                     (guide: linear)  SmolLM2, shipped
-    sound_tiny.png       qkv show tone.wav --model tests/fixtures/whisper/tiny --out DIR  (words.png; guide: audio)
+    sound_digits.png     qkv show four-nine-four.wav --model digits-whisper --out DIR  (words.png; guide: audio)
     proteins_tiny.png    qkv explain proteins --model tests/fixtures/models/esm --out DIR  (guide: proteins)
 
-tone.wav is the sound the guide writes with its one-line command (a 440 Hz tone for 0.5 s of 1 s). The last two
-run on the repository's tiny random checkpoints: the guide says so, and shows them for their layout. Each PNG is
+four-nine-four.wav is one of digits-whisper's shipped examples (copied first, so the figure names it alone). The
+last one runs on the repository's tiny random ESM-2: the guide says so, and shows it for its layout. Each PNG is
 reduced to at most WIDTH pixels across and 256 colours, so the pictures stay small.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import soundfile as sf
 from PIL import Image
+
+from qkv.checkpoints import speech_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "images" / "guide"
 WIDTH = 1100                    # pixels across, at most
-RATE = 16_000                   # the tone's sample rate (Whisper's)
 
 
 def qkv(*args: str) -> None:
     """Run one qkv command in the repository's top folder; stop if it fails."""
     print("qkv", " ".join(args))
     subprocess.run([sys.executable, "-m", "qkv", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-
-
-def tone(path: Path) -> None:
-    """The guide's tone.wav: 0.3·sin(2π·440·t) for t < 0.5 s, then silence, 1 s at 16 kHz."""
-    t = np.arange(RATE) / RATE                                             # (16000,) seconds
-    sf.write(path, 0.3 * np.sin(2 * np.pi * 440 * t) * (t < 0.5), RATE)
 
 
 def small(src: Path, name: str) -> None:
@@ -60,9 +54,9 @@ def main() -> None:
         qkv("explain", "linear", "--out", str(tmp / "linear"))
         small(tmp / "linear" / "linear.png", "linear_smollm2.png")
 
-        tone(tmp / "tone.wav")
-        qkv("show", str(tmp / "tone.wav"), "--model", "tests/fixtures/whisper/tiny", "--out", str(tmp / "sound"))
-        small(tmp / "sound" / "words.png", "sound_tiny.png")
+        shutil.copy(speech_dir() / "four-nine-four.wav", tmp / "four-nine-four.wav")
+        qkv("show", str(tmp / "four-nine-four.wav"), "--model", "digits-whisper", "--out", str(tmp / "sound"))
+        small(tmp / "sound" / "words.png", "sound_digits.png")
 
         qkv("explain", "proteins", "--model", "tests/fixtures/models/esm", "--out", str(tmp / "proteins"))
         small(tmp / "proteins" / "proteins.png", "proteins_tiny.png")

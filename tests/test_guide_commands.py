@@ -1,5 +1,6 @@
 """docs/guide.md and guide.ko.md name the same commands, checkpoints and pictures; the pictures exist and stay small;
-and every command the guide runs on the repository's tiny checkpoints (tests/fixtures) runs as written."""
+and every command the guide runs on the repository's tiny checkpoints (tests/fixtures) or on a model qkv trained and
+ships (digits-whisper, its examples found by name) runs as written."""
 from __future__ import annotations
 
 import re
@@ -53,22 +54,26 @@ def test_every_picture_and_checkpoint_the_guide_names_exists():
             assert (ROOT / name / "config.json").is_file(), (path.name, name)
 
 
+SHIPPED = ("--model digits-whisper",)                        # small models inside qkv: their commands run here too
+
+
 def tiny_commands() -> list[str]:
-    """The guide's commands on tests/fixtures checkpoints, with the python lines that make their inputs first."""
+    """The guide's commands on tests/fixtures checkpoints or shipped small models, with the python lines that make
+    their inputs first."""
     found = commands(text(GUIDES[0]))
     return [c for c in found if c.startswith("python -c")] + [
-        c for c in found if c.startswith("qkv ") and "tests/fixtures/" in c]
+        c for c in found if c.startswith("qkv ") and ("tests/fixtures/" in c or any(m in c for m in SHIPPED))]
 
 
 def test_the_guide_runs_commands_on_tiny_checkpoints():
     found = tiny_commands()
-    assert any("whisper" in c for c in found) and any("esm" in c for c in found)
-    assert any("explain linear" in c for c in found) and any(c.startswith("python -c") for c in found)
+    assert any("digits-whisper" in c for c in found) and any("esm" in c for c in found)
+    assert any("explain linear" in c for c in found)
 
 
 @pytest.mark.parametrize("command", [c for c in tiny_commands() if c.startswith("qkv ")])
 def test_each_command_on_a_tiny_checkpoint_runs_as_written(command, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)                     # outputs (out/…) and the sound (tone.wav) live here
+    monkeypatch.chdir(tmp_path)                     # outputs (out/…) live here
     for line in tiny_commands():                    # the guide's own lines make its inputs
         if line.startswith("python -c"):
             exec(shlex.split(line)[2], {})          # noqa: S102 (the guide's text, run as the reader runs it)

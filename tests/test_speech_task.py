@@ -1,7 +1,8 @@
 """`qkv train --task speech` (qkv.train.speech, speech_data, speech_backprop): Whisper's backward through its
 convolutions, encoder, cross-attention and decoder against torch autograd (the committed fixture
 grads/whisper_speech.npz, made by make_speech_fixtures.py), the tokenizer in Whisper's format, and the task run,
-resumed bit for bit and saved as a Whisper checkpoint — all on synthetic sound made in NumPy (no espeak-ng here)."""
+resumed bit for bit and saved as a Whisper checkpoint — on synthetic sound made in NumPy; espeak-ng itself (make test
+installs it) for its word boundaries."""
 
 from __future__ import annotations
 
@@ -72,13 +73,14 @@ def test_tokenizer_is_whispers_format():
     # transformers' WhisperTokenizer reading the same ids: tests/live/test_live_speech_tokenizer.py
 
 
-def _tone(u: speech_data.Utterance) -> np.ndarray:
+def _tone(u: speech_data.Utterance) -> speech_data.Spoken:
     """Synthetic speech: each word 0.2 s of a tone of its own pitch (200 + 80·word Hz), 0.05 s apart; louder for a
-    higher pitch of the voice."""
+    higher pitch of the voice. Word k starts at 0.25·k s."""
     t = np.arange(int(0.2 * speech_data.SAMPLE_RATE)) / speech_data.SAMPLE_RATE
     gap = np.zeros(int(0.05 * speech_data.SAMPLE_RATE), np.float32)
     parts = [np.concatenate([np.sin(2 * np.pi * (200 + 80 * w) * t) * (0.3 + u.pitch / 200), gap]) for w in u.words]
-    return np.concatenate(parts).astype(np.float32)
+    bounds = np.arange(len(u.words) + 1) * int(0.25 * speech_data.SAMPLE_RATE)
+    return speech_data.Spoken(np.concatenate(parts).astype(np.float32), bounds)
 
 
 @pytest.fixture
@@ -105,6 +107,11 @@ def test_speech_run_trains_resumes_and_saves_a_whisper(tmp_path, small_banks):
                  "model/tokenizer.json", "model/tokenizer_config.json", "model/preprocessor_config.json", "loss.png"):
         assert (out / name).is_file(), name
     assert len(list((out / "examples").glob("*.wav"))) == speech.EXAMPLES
+    said = json.loads((out / "examples" / speech.EXAMPLES_FILE).read_text())
+    assert [(out / "examples" / e["file"]).is_file() for e in said] == [True] * speech.EXAMPLES
+    assert all(len(e["word_bounds_s"]) == len(e["text"].split()) + 1 for e in said)
+    timing = json.loads((out / speech.TIMING_FILE).read_text())
+    assert timing["alignment_heads"] and timing["word_end_error_ms"] >= 0 and timing["utterances"] == 6
     check_training_resumes(args, out, at=2, later=4)
     model = qkv.load(out / "model")
     assert type(model).__name__ == "AudioModel" and model.config.source_positions == 150
@@ -141,6 +148,7 @@ def test_held_out_voices_are_never_learned_from():
 
 def test_missing_espeak_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(speech_data.shutil, "which", lambda name: None)
+    monkeypatch.setattr(speech_data, "_ENGINE", None)                   # as in a process that has not spoken yet
     with pytest.raises(QkvError, match="apt-get install espeak-ng"):
         speech_data.espeak(speech_data.utterance(0))
     code, _, err = run_main(monkeypatch, capsys, "train", "--task", "speech", "--out", str(tmp_path / "r"))
@@ -172,27 +180,47 @@ def test_training_starts_from_whispers_sinusoids(tmp_path, small_banks):
     assert start["model.decoder.embed_positions.weight"] is tensors["model.decoder.embed_positions.weight"]
 
 
-def test_aligned_heads_are_those_that_follow_the_words():
-    """A head whose row writing each word looks at later speech than the row before, inside the speech, is picked;
-    one that looks at one place, or at the silence after the speech, is not."""
-    from types import SimpleNamespace
+def test_aligned_heads_are_those_whose_word_ends_land_nearest():
+    """Each head's word ends (transformers' DTW over its cross-attention: the row reading word j starts where it
+    first looks) against the words' true ends: a head whose row reading word j looks from where word j ends (at
+    what it is about to write) is chosen; one looking at the word it just read (a word early), or at one place, is
+    not; two equally good heads are chosen together (their mean is as near)."""
+    B, k, S = 4, 3, 150
+    ends = [np.array([0.4, 0.8, 1.2])] * B                       # seconds: positions 20, 40, 60
+    cross = np.random.default_rng(0).uniform(0, 1e-3, (2, B, 3, 2 + k, S))     # (L, B, H, n, S): faint elsewhere
+    for j, at in enumerate((20, 40, 60)):
+        cross[0, :, 1, 2 + j, at:at + 20] = 1.0                  # row j: from word j's end on
+        cross[1, :, 2, 2 + j, at:at + 20] = 1.0                  # … the same in another head
+        cross[0, :, 2, 2 + j, at - 20:at] = 1.0                  # word j itself: a word early
+    cross[:, :, 0, :, 10] = 1.0                                  # every row at one place
+    one = speech.timing_error(cross, [(0, 1)], [k] * B, ends, [S] * B)
+    early = speech.timing_error(cross, [(0, 2)], [k] * B, ends, [S] * B)
+    assert one < 0.03 and early > 0.15
+    heads, error = speech.aligned_heads(cross, [k] * B, ends, [S] * B)
+    assert sorted(heads) == [[0, 1], [1, 2]] and error == pytest.approx(one, abs=0.02)
+    single = speech.timing_error(cross, [(0, 1)], [1] * B, ends, [S] * B)
+    assert np.isnan(single)                                      # one-word utterances are not measured
 
-    B, n, S = 4, 6, 150
-    look = np.zeros((2, B, 3, n), np.int64)                     # (L, B, H, n): where each row looks most
-    look[:, :, 0] = 10                                          # every row at one place: not following
-    look[0, :, 1] = [3, 10, 20, 30, 40, 50]                     # rows 1… writing words 0… at 10, 20, 30: follows
-    look[0, :, 2] = [3, 10, 120, 130, 140, 149]                 # rising, but after the speech
-    look[1, :, 1:] = look[0, :, 1:]
-    look[1, 1:, 1] = look[1, 1:, 1, ::-1]                       # falling in 3 of 4 utterances
-    cross = np.zeros((2, B, 3, n, S))
-    np.put_along_axis(cross, look[..., None], 1.0, axis=-1)
-    model = SimpleNamespace(forward=lambda features, decoder_input_ids: SimpleNamespace(cross_attentions=cross))
-    heads = speech.aligned_heads(model, np.zeros((B, 300, 80)), np.zeros((B, n), np.int64), [3] * B,
-                                 [(5, 60)] * B)
-    assert heads == [[0, 1]]
+
+def test_espeak_word_bounds_are_its_word_events():
+    """libespeak-ng's word events: k starts, rising, inside the sound, then its end; the bank keeps them."""
+    u = speech_data.Utterance((3, 1, 4), "en-us", 160, 50)
+    spoken = speech_data.espeak(u)
+    assert len(spoken.bounds) == 4 and spoken.bounds[0] == 0 and (np.diff(spoken.bounds) > 1600).all()
+    assert spoken.bounds[-1] <= len(spoken.samples) and len(spoken.samples) > 0.5 * speech_data.SAMPLE_RATE
+    bank = speech_data.speak_bank(3, True, 48_000)
+    again = speech_data.speak_bank(3, True, 48_000, arrays=bank.to_arrays())
+    for i in range(3):
+        b = again.word_bounds(i)
+        assert len(b) == len(bank.utterances[i].words) + 1 and np.array_equal(b, bank.word_bounds(i))
 
 
-def test_voiced_span_finds_the_speech():
-    sound = np.zeros(48_000, np.float32)
-    sound[3_200:9_600] = 0.5 * np.sin(np.arange(6_400) / 5)   # speech from 0.2 s to 0.6 s: positions 10 … 29
-    assert speech.voiced_span(sound) == (10, 29)
+def test_masks_hide_bands_and_spans():
+    frames = np.random.default_rng(0).standard_normal((300, 80)).astype(np.float32)
+    out = speech.masked(frames, np.random.default_rng(3))
+    again = speech.masked(frames, np.random.default_rng(3))
+    np.testing.assert_array_equal(out, again)                   # a function of the generator alone
+    hidden = out == frames.mean()
+    assert hidden.any() and (hidden.all(axis=0).sum() + hidden.all(axis=1).sum()) > 0
+    assert hidden.all(axis=0).sum() <= 2 * speech.MEL_MASK and hidden.all(axis=1).sum() <= 2 * speech.TIME_MASK
+    np.testing.assert_array_equal(out[~hidden], frames[~hidden])

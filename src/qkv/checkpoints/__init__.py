@@ -25,6 +25,7 @@ LLM_ALIASES = {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-i
 _LLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KO_EN = "ko-en-tiny"          # the guide's Korean→English translator, trained by qkv and shipped inside it
 DIGITS = "digits-vit"         # a Vision Transformer on handwritten digits, trained by qkv and shipped inside it
+SPEECH = "digits-whisper"     # a tiny Whisper that writes spoken digits, trained by qkv and shipped inside it
 
 
 def bundled_dir(name: str) -> Path:
@@ -45,6 +46,12 @@ def digits_dir() -> Path:
     """The directory of digits-vit inside qkv (`qkv train --task digits` remakes it), with example digits
     (digit-*.png, from the held-out images)."""
     return bundled_dir(DIGITS)
+
+
+def speech_dir() -> Path:
+    """The directory of digits-whisper inside qkv (`qkv train --task speech` remakes it), with example utterances
+    of voices it never learned from (*.wav, their words and word boundaries in examples.json)."""
+    return bundled_dir(SPEECH)
 
 
 def default_model_dir() -> Path:
@@ -148,6 +155,8 @@ def resolve(source: str | os.PathLike) -> Path:
         return ko_en_dir()
     if text.lower() == DIGITS:
         return digits_dir()
+    if text.lower() == SPEECH:
+        return speech_dir()
     path = Path(text).expanduser()
     if path.is_dir() and not (path.suffix.lower() == ".gguf" and not (path / "config.json").is_file()):
         return path
@@ -186,7 +195,9 @@ def available() -> list[tuple[str, str]]:
                                 (LLM, "SmolLM2-135M-Instruct (bundled LLM, GGUF)", smollm2_file),
                                 (KO_EN, "Korean→English Marian trained by qkv (bundled)", ko_en_dir),
                                 (DIGITS, "a Vision Transformer on handwritten digits, trained by qkv (bundled)",
-                                 digits_dir)):
+                                 digits_dir),
+                                (SPEECH, "a tiny Whisper that writes spoken digits, trained by qkv (bundled)",
+                                 speech_dir)):
         try:
             found.append((source, f"{what} at {where()}"))
         except QkvError as e:

@@ -70,9 +70,24 @@ def _check_header(f, path: str, want: tuple[int, int] | None) -> None:
                        f"{max(size - data, 0):,}; save the features again with numpy.save")
 
 
+def shipped_example(model, path: str) -> str:
+    """PATH, or — when MODEL is digits-whisper and PATH is the bare name of one of its shipped example WAVs that is not
+    a file here — that example inside qkv (said on stderr), as `qkv show 7 --model digits-vit` reads its digit."""
+    from ..checkpoints import SPEECH, speech_dir
+
+    if model.name != SPEECH or os.path.exists(path) or Path(path).name != path or not path.lower().endswith(".wav"):
+        return path
+    example = speech_dir() / path
+    if not example.is_file():
+        return path
+    click.echo(f"(the example shipped with {SPEECH}: {example})", err=True)
+    return str(example)
+
+
 def show_audio(model, path: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
                ablate: tuple[str, ...]) -> None:
     """`qkv show` on Whisper: the transcript's cross-attention over the frames (see the module docstring)."""
+    path = shipped_example(model, path)
     from ..viz.figures import focused_head
     from ..viz.seq2seq import cross_written
     from .tables import print_cross

@@ -51,7 +51,9 @@ def transcribe_cmd(file: str, source: str | None, language: str | None, task: st
     if not isinstance(model, AudioModel):
         raise QkvError(f"{model.name} is not Whisper ({model.config.family}): qkv transcribe reads sound with a "
                        "Whisper checkpoint")
-    features = _features(file, model)
+    from .show_audio import shipped_example
+
+    features = _features(shipped_example(model, file), model)
     result = model.transcribe(features, language=language, task=task, timestamps=True if timestamps else None,
                               max_new_tokens=max_new_tokens)
     if result.language_probs is not None:

@@ -1,12 +1,16 @@
-"""The speech `qkv train --task speech` learns from: digits spoken by espeak-ng, as sound at 16 kHz.
+"""The speech `qkv train --task speech` learns from: digits spoken by espeak-ng, as sound at 16 kHz, with the
+sample where each word starts.
 
     utterance i   words: 1–4 of "zero" … "nine"; a voice (an English accent of espeak-ng × a variant: m1, f2, …),
                   a speed (words a minute) and a pitch, each drawn from a generator of (split, i) alone
-    speak         espeak-ng -v ACCENT+VARIANT -s SPEED -p PITCH --stdout "three one four" → WAV → mono 16 kHz
-    a bank        N utterances spoken once (espeak-ng is the slow part) and kept, as samples and word ids
+    speak         libespeak-ng (the library the espeak-ng program runs; its samples equal the program's, which adds
+                  only silence at the end) → samples at 22,050 Hz and a word event at each word's first sample →
+                  mono 16 kHz, the word starts and the end of the speech in 16 kHz samples
+    a bank        N utterances spoken once (espeak-ng is the slow part) and kept, as samples, word boundaries and ids
     a batch       utterances drawn from the bank by (seed, step), each stretched in time by 0.9–1.1 (speed and
                   pitch together), moved later in its window by up to 0.25 s, scaled, and with a little white
-                  noise added (the same generator): a resumed run sees the same batches as one never stopped
+                  noise added; then up to two bands of mel bins and two spans of frames hidden (SpecAugment; the same
+                  generator): a resumed run sees the same batches as one never stopped
 
 The voices a model is tested on are not those it learns from: other accents and other variants (HELD_OUT_*). A
 missing espeak-ng is one QkvError naming the Debian package. Tests give their own `speak` (synthetic sound made
@@ -15,11 +19,11 @@ in NumPy) to the same code.
 
 from __future__ import annotations
 
-import io
+import ctypes
+import ctypes.util
 import shutil
-import subprocess
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -28,9 +32,13 @@ from ..runtime.errors import QkvError
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MAX_WORDS = 4                                  # words an utterance says, at most
-ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029")          # learned from
-VARIANTS = ("", "m1", "m2", "m3", "m6", "m7", "f1", "f2", "f3", "f5", "klatt", "klatt2", "klatt4", "adam",
-            "anika", "benjamin", "david", "edward", "linda", "john", "max", "michel", "paul", "iven")   # "": its own
+ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-029")          # learned from
+VARIANTS = ("", "m1", "m2", "m3", "m6", "m7", "m8", "f1", "f2", "f3", "f5", "klatt", "klatt2", "klatt3", "klatt4",
+            "klatt5", "klatt6", "adam", "Alex", "Andy", "Annie", "anika", "aunty", "belinda", "benjamin", "boris",
+            "caleb", "david", "Denis", "ed", "edward", "edward2", "Gene", "grandma", "grandpa", "gustave", "Hugo",
+            "iven", "iven3", "Jacky", "john", "Lee", "linda", "Marco", "max", "Michael", "michel", "Mike", "norbert",
+            "paul", "quincy", "rob", "robert", "sandro", "shelby", "steph", "steph3", "travis", "victor", "zac",
+            "whisper")                                                        # "": the accent's own voice
 HELD_OUT_ACCENTS = ("en-us-nyc", "en-gb-x-gbclan", "en-gb-x-gbcwmd")          # tested on: never learned from
 HELD_OUT_VARIANTS = ("m4", "f4", "m5")
 SPEEDS = (130, 190)                            # words a minute (espeak-ng's -s), drawn between
@@ -64,32 +72,105 @@ def utterance(i: int, held_out: bool = False) -> Utterance:
                      int(rng.integers(*PITCHES, endpoint=True)))
 
 
-def espeak(u: Utterance) -> np.ndarray:
-    """U spoken by espeak-ng → samples (n,) float32, mono at 16 kHz."""
-    import soundfile
+class Spoken(NamedTuple):
+    """One utterance as sound: SAMPLES (n,) float32 mono at 16 kHz and BOUNDS (k + 1,) int64: the sample where each
+    of its k words starts, then where the speech ends."""
 
-    program = shutil.which("espeak-ng")
-    if program is None:
-        raise QkvError("the speech task speaks its data with espeak-ng, which is not installed; run: "
-                       "apt-get install espeak-ng")
-    done = subprocess.run([program, "-v", u.voice, "-s", str(u.speed), "-p", str(u.pitch), "--stdout", u.text],
-                          capture_output=True, timeout=60)
-    if done.returncode != 0 or not done.stdout:
-        raise QkvError(f"espeak-ng could not speak {u.text!r} with voice {u.voice}: "
-                       f"{done.stderr.decode(errors='replace').strip()[:120]}; check its voices (espeak-ng --voices=en)")
-    data, rate = soundfile.read(io.BytesIO(done.stdout), dtype="float32", always_2d=True)   # (n_in, channels)
-    return to_16k(data, rate, "espeak-ng's sound")
+    samples: np.ndarray
+    bounds: np.ndarray
 
 
-Speaker = Callable[[Utterance], np.ndarray]
+class _Event(ctypes.Structure):
+    """espeak_EVENT (speak_lib.h): what libespeak-ng reports beside the samples."""
+
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
+_SYNCHRONOUS, _RATE, _PITCH, _POS_CHARACTER = 2, 1, 3, 1          # espeak_AUDIO_OUTPUT, espeak_PARAMETER, positions
+_LIST_END, _WORD, _END = 0, 1, 5                                  # espeak_EVENT_TYPE
+
+
+class _Espeak:
+    """libespeak-ng, opened once: speaks text into a list of sample chunks and word events (one at a time)."""
+
+    def __init__(self):
+        name = ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1"
+        if shutil.which("espeak-ng") is None:
+            raise QkvError("the speech task speaks its data with espeak-ng, which is not installed; run: "
+                           "apt-get install espeak-ng")
+        try:
+            self.lib = ctypes.CDLL(name)
+        except OSError:
+            raise QkvError("the speech task speaks its data with libespeak-ng, which is not installed; run: "
+                           "apt-get install espeak-ng") from None
+        self.rate = self.lib.espeak_Initialize(_SYNCHRONOUS, 0, None, 0)      # its sample rate (22,050 Hz)
+        if self.rate <= 0:
+            raise QkvError("libespeak-ng could not start (no voice data?); run: apt-get install espeak-ng-data")
+        self.chunks: list[np.ndarray] = []
+        self.words: list[int] = []                                            # samples (at self.rate)
+        self.end: int | None = None
+        self._callback = _CALLBACK(self._heard)                               # kept: the library holds it
+        self.lib.espeak_SetSynthCallback(self._callback)
+
+    def _heard(self, wav, n: int, events) -> int:
+        if n > 0:
+            self.chunks.append(np.ctypeslib.as_array(wav, (n,)).copy())
+        i = 0
+        while events[i].type != _LIST_END:
+            if events[i].type == _WORD and events[i].length > 0:             # (one of length 0 may close)
+                self.words.append(events[i].sample)
+            elif events[i].type == _END:
+                self.end = events[i].sample
+            i += 1
+        return 0
+
+    def speak(self, u: Utterance) -> tuple[np.ndarray, list[int], int | None]:
+        """U's samples (n,) int16 at self.rate, the sample where each word starts, and where the speech ends."""
+        if self.lib.espeak_SetVoiceByName(u.voice.encode()) != 0:
+            raise QkvError(f"espeak-ng has no voice {u.voice}; check its voices (espeak-ng --voices=en)")
+        self.lib.espeak_SetParameter(_RATE, u.speed, 0)
+        self.lib.espeak_SetParameter(_PITCH, u.pitch, 0)
+        self.chunks, self.words, self.end = [], [], None
+        text = u.text.encode()
+        self.lib.espeak_Synth(text, len(text) + 1, 0, _POS_CHARACTER, 0, 0, None, None)
+        self.lib.espeak_Synchronize()
+        samples = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
+        return samples, list(self.words), self.end
+
+
+_ENGINE: _Espeak | None = None
+
+
+def espeak(u: Utterance) -> Spoken:
+    """U spoken by espeak-ng: samples (n,) float32 mono at 16 kHz and each word's first sample, then the end."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = _Espeak()
+    samples, words, end = _ENGINE.speak(u)
+    if len(words) != len(u.words):                                           # (never seen: one more try)
+        samples, words, end = _ENGINE.speak(u)
+    if len(samples) == 0 or len(words) != len(u.words):
+        raise QkvError(f"espeak-ng spoke {u.text!r} with voice {u.voice} as {len(words)} words and {len(samples)} "
+                       "samples; check its voices (espeak-ng --voices=en)")
+    scale = SAMPLE_RATE / _ENGINE.rate
+    bounds = np.round(np.array([*words, len(samples) if end is None else end]) * scale).astype(np.int64)
+    return Spoken(to_16k(samples.astype(np.float32) / 32768, _ENGINE.rate, "espeak-ng's sound"), bounds)
+
+
+Speaker = Callable[[Utterance], Spoken]
 
 
 @dataclass
 class Bank:
-    """Utterances spoken once: their samples (one array, cut at `starts`, 16-bit as a WAV file holds them)."""
+    """Utterances spoken once: their samples (one array, cut at `starts`, 16-bit as a WAV file holds them) and
+    where their words start and end."""
 
     samples: np.ndarray              # (Σ n_i,) int16, 16 kHz, every utterance one after the other
     starts: np.ndarray               # (N + 1,) int64: utterance i is samples[starts[i]:starts[i + 1]]
+    bounds: np.ndarray               # (N, MAX_WORDS + 1) int64: utterance i's `Spoken.bounds`, then −1s
     utterances: list[Utterance]
 
     def __len__(self) -> int:
@@ -99,9 +180,14 @@ class Bank:
         """Utterance I's samples (n,) float32 in [−1, 1)."""
         return self.samples[self.starts[i]:self.starts[i + 1]].astype(np.float32) / 32768
 
+    def word_bounds(self, i: int) -> np.ndarray:
+        """Utterance I's word boundaries (k + 1,) in samples from its start: each word's start, then the end."""
+        b = self.bounds[i]
+        return b[b >= 0]
+
     def to_arrays(self) -> dict[str, np.ndarray]:
         """What `from_arrays` reads back (the run keeps its bank in a file: a resume never speaks again)."""
-        return {"samples": self.samples, "starts": self.starts}
+        return {"samples": self.samples, "starts": self.starts, "bounds": self.bounds}
 
 
 def speak_bank(count: int, held_out: bool, limit: int, speak: Speaker = espeak,
@@ -110,11 +196,16 @@ def speak_bank(count: int, held_out: bool, limit: int, speak: Speaker = espeak,
     at most LIMIT samples (its window) and rounded to 16 bits (a bank read back equals the one spoken)."""
     utterances = [utterance(i, held_out) for i in range(count)]
     if arrays is not None:
-        return Bank(np.asarray(arrays["samples"], np.int16), np.asarray(arrays["starts"], np.int64), utterances)
-    sounds = [np.round(np.clip(np.asarray(speak(u), np.float32)[:limit], -1, 32767 / 32768) * 32768).astype(np.int16)
-              for u in utterances]
+        return Bank(np.asarray(arrays["samples"], np.int16), np.asarray(arrays["starts"], np.int64),
+                    np.asarray(arrays["bounds"], np.int64), utterances)
+    spoken = [speak(u) for u in utterances]
+    sounds = [np.round(np.clip(np.asarray(s.samples, np.float32)[:limit], -1, 32767 / 32768) * 32768).astype(np.int16)
+              for s in spoken]
     starts = np.concatenate([[0], np.cumsum([len(s) for s in sounds])]).astype(np.int64)   # (N + 1,)
-    return Bank(np.concatenate(sounds), starts, utterances)
+    bounds = np.full((count, MAX_WORDS + 1), -1, np.int64)                                # (N, MAX_WORDS + 1)
+    for i, s in enumerate(spoken):
+        bounds[i, :len(s.bounds)] = np.minimum(s.bounds, limit)
+    return Bank(np.concatenate(sounds), starts, bounds, utterances)
 
 
 def placed(sound: np.ndarray, window: int, rng: np.random.Generator | None) -> np.ndarray:

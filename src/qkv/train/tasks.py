@@ -143,7 +143,7 @@ DEFAULTS = {
                             checkpoint_every=200, layers=2, heads=4, d_model=64, arch="marian"),
     "digits": dict(steps=3000, batch=64, lr=3e-3, min_lr=1e-4, warmup=100, weight_decay=0.05, every=250,
                    checkpoint_every=500, layers=3, heads=4, d_model=64, arch="vit"),
-    "speech": dict(steps=2200, batch=32, lr=3e-3, min_lr=1e-4, warmup=150, weight_decay=0.01, every=300,
+    "speech": dict(steps=3000, batch=32, lr=3e-3, min_lr=1e-4, warmup=150, weight_decay=0.01, every=300,
                    checkpoint_every=300, layers=2, heads=4, d_model=64, arch="whisper"),
 }
 

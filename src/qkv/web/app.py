@@ -54,7 +54,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..analysis.sections import lens_payload, sections_keep, shows_lens, viewer_sections
-from ..checkpoints import DIGITS, LLM, available
+from ..checkpoints import DIGITS, LLM, SPEECH, available
 from ..models.audio_model import AudioModel
 from ..models.image_model import ImageModel
 from ..models.loading import load
@@ -123,7 +123,8 @@ class App:
     def __init__(self, source: str = "minilm", transcoders: dict | None = None):
         self.default = source
         self.transcoders = transcoders         # {layer: SAE} of the default model (POST /api/graph), or None
-        self.sources = list(dict.fromkeys([source, *(s for s, _ in available() if s != DIGITS)]))   # text models
+        text_models = (s for s, _ in available() if s not in (DIGITS, SPEECH))
+        self.sources = list(dict.fromkeys([source, *text_models]))
         self._models: dict[str, Model] = {}
         self._loading = threading.Lock()
         self.short = Lane("light requests")    # one pass at a time per lane: bounded memory
