@@ -165,6 +165,20 @@ def test_two_workers_give_the_same_bits_as_one(corpus, tmp_path):
     np.testing.assert_array_equal(all_rows(two.store), all_rows(one.store))
 
 
+def test_workers_compute_in_the_arithmetic_asked(corpus, tmp_path):
+    """`qkv --arith llama.cpp activations --workers 2`: each worker loads the GGUF in llama.cpp's arithmetic, as the
+    first process does (their rows equal one process's, and differ from exact arithmetic's)."""
+    tiny = str(Path(__file__).parent / "fixtures" / "gguf" / "tiny-llama-q8_0.gguf")
+    settings = dict(source=tiny, site="resid", tokens=120, shard_tokens=40, context=16)
+    one = collect(tmp_path / "one", corpus, arith="llama.cpp", **settings)
+    two = collect(tmp_path / "two", corpus, arith="llama.cpp", workers=2, **settings)
+    exact = collect(tmp_path / "exact", corpus, **settings)
+    np.testing.assert_array_equal(all_rows(two.store), all_rows(one.store))
+    assert not np.array_equal(all_rows(exact.store), all_rows(one.store))
+    with pytest.raises(QkvError, match="other settings"):
+        collect(tmp_path / "one", corpus, tokens=240, **{k: v for k, v in settings.items() if k != "tokens"})
+
+
 def test_ray_gives_the_same_bits(corpus, tmp_path):
     """Ray is installed by `make test` (the ray extra): a missing Ray fails here, it is not skipped."""
     import ray

@@ -46,6 +46,21 @@ def test_ray_gives_the_same_bits_as_one_process(corpus, here):
         ray.shutdown()
 
 
+def test_workers_compute_in_the_arithmetic_of_the_model_given(corpus):
+    """A GGUF loaded in llama.cpp's arithmetic and analysed by 2 workers: each worker loads it so (the same bits as
+    one process; exact arithmetic's differ)."""
+    from pathlib import Path
+
+    import qkv
+
+    path = str(Path(__file__).parent / "fixtures" / "gguf" / "tiny-llama-q8_0.gguf")
+    texts = ["the cat sat", "on the mat today", "a dog ran"]
+    model = qkv.load(path, arith="llama.cpp")
+    one = analyse(model, texts).to_json()
+    assert analyse(model, texts, workers=2).to_json() == one
+    assert analyse(qkv.load(path), texts).to_json() != one
+
+
 def test_ray_missing_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)           # import ray → ImportError
     with pytest.raises(QkvError, match=r"pip install 'qkv\[ray\]'"):

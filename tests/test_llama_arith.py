@@ -406,6 +406,18 @@ def test_llama_cpp_arithmetic_needs_a_gguf_files_stored_blocks_of_a_kind_it_mult
     assert qkv.load(halves).arith == "exact"                                       # exact multiplies every kind
 
 
+def test_a_model_in_llama_cpp_arithmetic_saves_as_its_weights(tmp_path, monkeypatch):
+    """The arithmetic is how qkv multiplies, not a checkpoint's knob: saved, the folder loads in exact arithmetic
+    with the weights the file holds (its logits the GGUF's own in exact arithmetic, to float32's rounding)."""
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    path = GGUF / "tiny-llama-q8_0.gguf"
+    qkv.load(path, arith="llama.cpp").save(tmp_path / "saved")
+    saved, exact = qkv.load(tmp_path / "saved"), qkv.load(path)
+    ids = [[1, 5, 9, 3, 7]]
+    assert saved.arith == "exact"
+    np.testing.assert_allclose(saved.forward(ids).logits, exact.forward(ids).logits, atol=1e-5, rtol=0)
+
+
 @pytest.fixture
 def qkv_cli(monkeypatch, capsys):
     """`qkv ARGS` → (exit code, stdout, stderr), the global --weights and --arith put back after the test."""

@@ -38,16 +38,18 @@ Job = tuple[int, "int | None", str]
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """How a worker makes its own Setup: the model's source, float type and window."""
+    """How a worker makes its own Setup: the model's source, float type, window and arithmetic (as the first
+    process loaded it: `qkv --arith`)."""
 
     source: str
     dtype: str
     window: int
+    arith: str = "exact"
 
     def setup(self) -> Setup:
         from ..models.loading import load
 
-        return prepare(load(self.source, dtype=self.dtype), self.window)
+        return prepare(load(self.source, dtype=self.dtype, arith=self.arith), self.window)
 
 
 def chunks(jobs: Iterable[Job], size: int = CHUNK) -> Iterator[list[Job]]:

@@ -76,7 +76,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     An encoder–decoder gives a Seq2SeqHeadReport: encoder, decoder and cross-attention apart,
     each text translated greedily, in this process (seq2seq_heads.py).
     """
-    from ..models.loading import load
+    from ..models.loading import LLAMA_CPP_NAMED, held_as, load
 
     if backend not in backends.BACKENDS:
         raise QkvError(f"unknown backend {backend!r}; choose one of {', '.join(backends.BACKENDS)}")
@@ -86,7 +86,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     if loaded.config.encoder_decoder:                # three kinds of attention, each with its own statistics
         check_options(window, backend, workers, checkpoint)
         return analyse_seq2seq(loaded, texts, progress=progress)
-    source = model if isinstance(model, str) else loaded.name
+    source = model if isinstance(model, str) else loaded.name.removesuffix(LLAMA_CPP_NAMED)
     if backend == "ray" or (workers or 1) > 1:
         source = worker_source(source, loaded)
     setup = prepare(loaded, window)
@@ -103,7 +103,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     if progress is not None and totals.next_index:
         progress(totals.next_index)
     todo = jobs(totals.next_index)
-    spec = backends.WorkerSpec(source, str(loaded.dtype), setup.window)
+    spec = backends.WorkerSpec(source, str(held_as(loaded)), setup.window, getattr(loaded, "arith", "exact"))
     if backend == "ray":
         results = backends.ray_cluster(spec, todo, workers=workers, address=address)
     elif (workers or 1) > 1:
@@ -153,11 +153,12 @@ def report(setup: Setup, totals: Totals) -> HeadReport:
 
 
 def worker_source(source: str, model) -> str:
-    """The source workers load the model from, checked to give this very model."""
-    from ..models.loading import load
+    """The source workers load the model from, checked to give this very model (in its arithmetic)."""
+    from ..models.loading import held_as, load
 
     try:
-        same = model_fingerprint(load(source, dtype=model.dtype)) == model_fingerprint(model)
+        again = load(source, dtype=held_as(model), arith=getattr(model, "arith", "exact"))
+        same = model_fingerprint(again) == model_fingerprint(model)
     except QkvError:
         same = False
     if not same:

@@ -61,13 +61,16 @@ def tokenizer_config(model: Handle) -> dict:
 
 
 def save(model: Handle, directory: str | os.PathLike) -> Path:
-    """Write MODEL into DIRECTORY in Hugging Face layout (see the module docstring); returns it."""
+    """Write MODEL into DIRECTORY in Hugging Face layout (see the module docstring); returns it. llama.cpp's
+    arithmetic (`arith="llama.cpp"`) is how qkv multiplies, not a knob of the checkpoint: the weights are written as
+    they are, and the folder loads in exact arithmetic (give arith= again to load it so)."""
     directory = Path(directory)
     check_target(directory)
-    family = family_of(model.config.family)
+    cfg = model.config if model.config.arith == "exact" else model.config.with_(arith="exact")
+    family = family_of(cfg.family)
     processing = getattr(model, "processing", None)                   # an image model (ViT): its labels and
-    config = family.hf_config(model.config, model.labels) if processing is not None else family.hf_config(model.config)
-    tensors = family.tensors(model.weights, model.config)
+    config = family.hf_config(cfg, model.labels) if processing is not None else family.hf_config(cfg)
+    tensors = family.tensors(model.weights, cfg)
     config["dtype"] = str(model.dtype)                                  # transformers loads it in this dtype
     try:
         with FileBatch(directory) as batch:

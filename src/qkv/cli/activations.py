@@ -65,7 +65,8 @@ def activations_cmd(source: str, layer: int, site: str, corpus_path: str | None,
     texts = open_texts(file=corpus_path, corpus=corpus_name, split=split)
     run = open_collection(source, out_dir, layer=layer, site=site, texts=texts, tokens=tokens, dtype=dtype,
                           shard_tokens=shard_tokens, context=context, skip_first=skip_first, split=split,
-                          workers=workers, backend=backend, address=address, weights=_weights["dtype"])
+                          workers=workers, backend=backend, address=address, weights=_weights["dtype"],
+                          arith=_weights["arith"] or "exact")
     t0 = time.perf_counter()
     with progress_bar("stored", "tokens") as progress:                 # opened once every check has passed
         done = run.run(progress)

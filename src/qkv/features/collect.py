@@ -131,13 +131,16 @@ def collect_activations(source: "str | Model", out: str | Path, *, layer: int, s
                         tokens: int, dtype: str = "float32", shard_tokens: int = SHARD_TOKENS,
                         context: int = CONTEXT, skip_first: bool | None = None, split: str = "line",
                         workers: int = 1, backend: str = "local", address: str | None = None,
-                        weights: str | None = None, progress: Callable[[int, int], None] | None = None) -> Collected:
+                        weights: str | None = None, arith: str = "exact",
+                        progress: Callable[[int, int], None] | None = None) -> Collected:
     """Stream TEXTS through the model (SOURCE: a name or path, or a loaded Model with workers=1) and store
     SITE of LAYER for TOKENS tokens at OUT (see the module); continue a store of the same settings there.
-    skip_first None: on for decoders. progress(tokens stored, tokens asked) after each shard."""
+    skip_first None: on for decoders. weights, arith: how SOURCE is loaded, here and in every worker.
+    progress(tokens stored, tokens asked) after each shard."""
     return open_collection(source, out, layer=layer, site=site, texts=texts, tokens=tokens, dtype=dtype,
                            shard_tokens=shard_tokens, context=context, skip_first=skip_first, split=split,
-                           workers=workers, backend=backend, address=address, weights=weights).run(progress)
+                           workers=workers, backend=backend, address=address, weights=weights,
+                           arith=arith).run(progress)
 
 
 @dataclass
@@ -194,7 +197,7 @@ class Collection:
 def open_collection(source: "str | Model", out: str | Path, *, layer: int, site: str, texts: "Texts", tokens: int,
                     dtype: str = "float32", shard_tokens: int = SHARD_TOKENS, context: int = CONTEXT,
                     skip_first: bool | None = None, split: str = "line", workers: int = 1, backend: str = "local",
-                    address: str | None = None, weights: str | None = None) -> Collection:
+                    address: str | None = None, weights: str | None = None, arith: str = "exact") -> Collection:
     """Every check of `collect_activations`, the model loaded and the store at OUT made or matched: one error
     before any work (the command opens its progress bar after this)."""
     from ..analysis.backends import BACKENDS
@@ -206,7 +209,7 @@ def open_collection(source: "str | Model", out: str | Path, *, layer: int, site:
     if not isinstance(tokens, (int, np.integer)) or tokens < 1:
         raise QkvError(f"tokens={tokens!r} must be an integer ≥ 1")
     if isinstance(source, str):
-        model = load(source, dtype=weights)
+        model = load(source, dtype=weights, arith=arith)
     elif workers > 1 or backend != "local":
         raise QkvError("workers load the model themselves: give its source ('smollm2', a path), not a loaded Model")
     else:
@@ -249,5 +252,5 @@ def open_collection(source: "str | Model", out: str | Path, *, layer: int, site:
                            "continue it (a larger --tokens grows it), or give another --out")
     for stray in out.glob(".acts-*.tmp"):                      # shards in flight when a run was killed
         stray.unlink(missing_ok=True)
-    spec = Spec(source, weights, str(out.resolve()), layer, site, dtype, skip)
+    spec = Spec(source, weights, str(out.resolve()), layer, site, dtype, skip, getattr(model, "arith", "exact"))
     return Collection(model, out, meta, texts, spec, context, tokens, max(1, int(workers)), backend, address)

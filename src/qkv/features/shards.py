@@ -74,7 +74,7 @@ def make_shard(model: "Model", job: Job, out: Path, layer: int, site: str, dtype
 
 @dataclass(frozen=True)
 class Spec:
-    """What a worker needs to make shards: the model's source and weights, and the store's settings."""
+    """What a worker needs to make shards: the model's source, weights and arithmetic, and the store's settings."""
 
     source: str
     weights: str | None
@@ -83,11 +83,12 @@ class Spec:
     site: str
     dtype: str
     skip: int
+    arith: str = "exact"          # `qkv --arith`: every worker computes as the first process does
 
     def load(self):
         from ..models.loading import load
 
-        return load(self.source, dtype=self.weights)
+        return load(self.source, dtype=self.weights, arith=self.arith)
 
 
 _WORKER: tuple | None = None

@@ -35,6 +35,9 @@ from ..checkpoints.tensors import TensorStore
 STORAGES = ("stored", "bfloat16", "float16")       # dtypes that say how weights are held (computing in float32)
 
 
+LLAMA_CPP_NAMED = " (llama.cpp arithmetic)"      # after the name of a model loaded with arith="llama.cpp"
+
+
 def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
          ) -> Model | Seq2SeqModel | ImageModel | AudioModel | PairModel:
     """Load a model: "minilm" (default), "smollm2", a local directory, a .gguf file, or a cached
@@ -105,7 +108,7 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
         shutil.rmtree(directory, ignore_errors=True)     # QKV_CACHE=off: the maps stay valid
     del store                 # its own matrices (rows fast_layout has since joined: Q, K re-ordered) go first,
     _give_back_heap()         # then the heap they took goes back to the system
-    name = _display_name(source) + (" (llama.cpp arithmetic)" if arith == "llama.cpp" else "")   # traces, pages
+    name = _display_name(source) + (LLAMA_CPP_NAMED if arith == "llama.cpp" else "")   # traces, pages
     if getattr(family_of(cfg.family), "TOWERS", False):          # CLIP, SigLIP: a tower, or both
         processing = image_processing(directory, cfg) if cfg.image_size is not None else None
         return contrastive_model(cfg, weights, tokenizer, name, processing)
@@ -143,6 +146,12 @@ def _stored_matrices(obj, name: str):
     elif is_dataclass(obj) and not isinstance(obj, type):
         for f in fields(obj):
             yield from _stored_matrices(getattr(obj, f.name), f"{name}.{f.name}")
+
+
+def held_as(model):
+    """What MODEL's weights are held as, as `load`'s dtype= says it: "stored" when a GGUF's blocks are kept (any
+    StoredMatrix), else its float type — so another process loads the same model (analysis workers)."""
+    return "stored" if next(_stored_matrices(model.weights, "weights"), None) is not None else model.dtype
 
 
 def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:
