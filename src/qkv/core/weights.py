@@ -8,6 +8,7 @@ matmul passes those to BLAS without copying.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -310,6 +311,19 @@ class PairWeights:
     def nbytes(self) -> int:
         return self.vision.nbytes() + self.text.nbytes() + self.logit_scale.nbytes + (
             0 if self.logit_bias is None else self.logit_bias.nbytes)
+
+
+def leaves(obj, name: str = "weights") -> Iterator[tuple[str, object]]:
+    """(where, leaf) for every array or other holder of numbers (a stored matrix) inside the nested weight dataclasses
+    OBJ, in field order ("weights.blocks[0].attn.W_QKV"): the walk `_map_arrays` makes, without building a tree."""
+    if isinstance(obj, list):
+        for i, item in enumerate(obj):
+            yield from leaves(item, f"{name}[{i}]")
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            yield from leaves(getattr(obj, f.name), f"{name}.{f.name}")
+    elif obj is not None and hasattr(obj, "shape"):
+        yield name, obj
 
 
 def _map_arrays(obj, fn, on_other=None):

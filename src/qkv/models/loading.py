@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..inputs.images import ImageProcessing
 from .model import Model
 from .seq2seq import Seq2SeqModel
 from ..inputs.tokenizer import Tokenizer
-from ..core.weights import check_dtype
+from ..core.weights import check_dtype, leaves
 from ..runtime.llama_arith import PRODUCTS
 from ..runtime.stored import ARITHS, StoredMatrix
 from ..checkpoints import DEFAULT, DEFAULT_ALIASES, LLM_ALIASES, config_json, gguf, json_object, resolve, vit
@@ -138,14 +137,7 @@ def multiply_as_llama_cpp(weights) -> None:
 
 def _stored_matrices(obj, name: str):
     """(where, matrix) for every StoredMatrix in the weight dataclasses OBJ ("weights.blocks[0].attn.W_QKV")."""
-    if isinstance(obj, StoredMatrix):
-        yield name, obj
-    elif isinstance(obj, list):
-        for i, item in enumerate(obj):
-            yield from _stored_matrices(item, f"{name}[{i}]")
-    elif is_dataclass(obj) and not isinstance(obj, type):
-        for f in fields(obj):
-            yield from _stored_matrices(getattr(obj, f.name), f"{name}.{f.name}")
+    return ((where, leaf) for where, leaf in leaves(obj, name) if isinstance(leaf, StoredMatrix))
 
 
 def held_as(model):
