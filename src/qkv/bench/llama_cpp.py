@@ -16,7 +16,8 @@ import numpy as np
 
 from ..runtime.errors import QkvError
 
-# Runs in the child: argv[1] is a JSON job. Greedy = top_k 1; `generate` never stops at EOS.
+# Runs in the child: argv[1] is a JSON job. Greedy = top_k 1; `generate` never stops at EOS. llm.reset()
+# before every call: llama-cpp-python otherwise keeps the last prompt's K/V and skips its evaluation.
 CHILD = r"""
 import json, os, statistics, sys, time
 import llama_cpp
@@ -25,26 +26,29 @@ threads = job["threads"]
 llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_threads=threads, n_threads_batch=threads,
                       n_batch=512, verbose=False)
 
-def decode():
-    out = []
+def decode(n):
+    llm.reset()
+    out, stamps = [], [time.perf_counter()]
     for tok in llm.generate(job["ids"], top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        stamps.append(time.perf_counter())
         out.append(int(tok))
-        if len(out) == job["new_tokens"]:
-            return out
+        if len(out) == n:
+            return out, stamps
 
 def prefill(ids):
     llm.reset()
     llm.eval(ids)
 
-def first():
-    for tok in llm.generate(job["ids"], top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        return
-
-tokens = decode()
-times, firsts = [], []
+tokens, _ = decode(job["new_tokens"])
+times, firsts, steps, step_totals = [], [], [], []
 for _ in range(job["repeats"]):
-    t = time.perf_counter(); decode(); times.append(time.perf_counter() - t)
-    t = time.perf_counter(); first(); firsts.append(time.perf_counter() - t)
+    _, stamps = decode(job["new_tokens"])
+    times.append(stamps[-1] - stamps[0])
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    steps += gaps[1:]
+    step_totals.append(sum(gaps[1:]))
+    _, stamps = decode(1)
+    firsts.append(stamps[-1] - stamps[0])
 pre = {}
 for n, ids in job["prefill"].items():
     prefill(ids)
@@ -55,7 +59,7 @@ for n, ids in job["prefill"].items():
     pre[n] = statistics.median(ts)
 print(json.dumps({"version": getattr(llama_cpp, "__version__", "?"), "tokens": tokens,
                   "decode_s": statistics.median(times), "first_s": statistics.median(firsts), "prefill_s": pre,
-                  "threads": threads}))
+                  "step_s": steps, "steps_total_s": step_totals, "threads": threads}))
 """
 
 def gguf_weights(gguf: Path) -> tuple[str, int]:
@@ -71,7 +75,8 @@ def gguf_weights(gguf: Path) -> tuple[str, int]:
 def run_llama_cpp(python: str, gguf: Path | None, ids: np.ndarray, new_tokens: int,
                   prefill: dict[int, np.ndarray], repeats: int, timeout: float = 900) -> dict:
     """Time llama.cpp on the GGUF with `python` (which must import llama_cpp): decode after `ids`
-    and prefill of each prompt in `prefill` (n → (n,) ids); a plain dict of results."""
+    and prefill of each prompt in `prefill` (n → (n,) ids); a plain dict of results (decode_s, first_s:
+    medians of whole calls; step_s: every timed step after the first token; steps_total_s: each round's sum)."""
     if gguf is None:
         raise QkvError("--llama-python compares llama.cpp on the GGUF file itself; give --model smollm2 or a .gguf")
     if not Path(python).is_file():

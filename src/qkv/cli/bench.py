@@ -23,6 +23,7 @@ from ..bench import attention_report as report
 from ..bench import forward as fwd
 from ..bench import generate as gb
 from ..bench import llm
+from ..bench import llm_stored
 from ..bench import patching as pb
 from ..bench import train as tb
 from ..bench.common import write_section
@@ -176,10 +177,22 @@ def llm_command_line(model: str, new_tokens: int, repeats: int, llama: bool, out
         ("--llama-python", "PATH/TO/python" if llama else None, None), ("--out", out, None)])
 
 
+def stored_command_line(models: tuple[str, ...], new_tokens: int, repeats: int, llama: bool, out: str | None) -> str:
+    """The command line that reproduces a stored-weights run, each file's folder written PATH/TO."""
+    return command_line("qkv bench generate --stored", [
+        ("--model", tuple(f"PATH/TO/{Path(m).name}" for m in models), None),
+        ("--new-tokens", new_tokens, llm_stored.NEW_TOKENS), ("--repeats", repeats, llm_stored.REPEATS),
+        ("--llama-python", "PATH/TO/python" if llama else None, None), ("--out", out, None)])
+
+
 @bench.command("generate")
-@click.option("--model", "model_source", default=None,
+@click.option("--model", "model_sources", multiple=True,
               help="A real decoder instead of the random GPT-2-small: smollm2, a .gguf or a checkpoint directory "
-                   "(compared with transformers on the same float32 weights).")
+                   "(compared with transformers on the same float32 weights); with --stored, one or more .gguf "
+                   "files (repeat the option).")
+@click.option("--stored", is_flag=True,
+              help="With --model FILE.gguf: only the file's stored weights, in qkv's two arithmetics (exact and "
+                   "llama.cpp's) beside llama.cpp, each step timed; no float32 copy, no transformers.")
 @click.option("--new-tokens", type=click.IntRange(min=1), default=None,
               help=f"Tokens to generate with a cache [default: {gb.NEW_TOKENS}; 64 with --model].")
 @click.option("--no-cache-tokens", type=click.IntRange(min=1), default=gb.NO_CACHE_TOKENS, show_default=True,
@@ -190,12 +203,23 @@ def llm_command_line(model: str, new_tokens: int, repeats: int, llama: bool, out
               help="With --model: the python of an environment with llama-cpp-python, to time llama.cpp beside.")
 @out_option("'bench:generate' section (or 'bench:generate-MODEL')")
 @json_option
-def generate_command(model_source: str | None, new_tokens: int | None, no_cache_tokens: int, repeats: int,
-                     llama_python: str | None, out: str | None, as_json: bool) -> None:
-    """Greedy generation: tokens/s of qkv and transformers (random GPT-2-small, or --model smollm2)."""
+def generate_command(model_sources: tuple[str, ...], stored: bool, new_tokens: int | None, no_cache_tokens: int,
+                     repeats: int, llama_python: str | None, out: str | None, as_json: bool) -> None:
+    """Greedy generation: tokens/s of qkv and transformers (random GPT-2-small, or --model smollm2), or of a
+    GGUF's stored weights beside llama.cpp (--stored)."""
     start = time.perf_counter()
     log = lambda msg: click.echo(msg, err=True)   # noqa: E731
-    if model_source is not None:
+    if stored:
+        if not model_sources:
+            raise QkvError("--stored times GGUF files; give them with --model FILE.gguf (repeat for several)")
+        n = new_tokens or llm_stored.NEW_TOKENS
+        result = llm_stored.measure(list(model_sources), n, repeats=repeats, llama_python=llama_python, log=log)
+        text = llm_stored.markdown(result, stored_command_line(model_sources, n, repeats, bool(llama_python), out))
+        section = llm_stored.section_name(result)
+    elif model_sources:
+        if len(model_sources) > 1:
+            raise QkvError("--model is given once, except with --stored (GGUF files timed side by side)")
+        model_source = model_sources[0]
         n = new_tokens or llm.NEW_TOKENS
         result = llm.measure(model_source, n, repeats=repeats, llama_python=llama_python, log=log)
         text = llm.markdown(result, llm_command_line(model_source, n, repeats, bool(llama_python), out))
@@ -439,7 +463,7 @@ def all_commands() -> list[tuple[str, object, dict]]:
             ("forward", forward, {}),
             ("forward --model smollm2", forward, {"model_source": "smollm2", "repeats": 5}),
             ("generate", generate_command, {}),
-            ("generate --model smollm2", generate_command, {"model_source": "smollm2"}),
+            ("generate --model smollm2", generate_command, {"model_sources": ("smollm2",)}),
             ("trace", trace_command, {}),
             ("memory", memory_command, {}),
             ("attention", attention_command, {"sizes": ALL_ATTENTION_SIZES, "max_seconds": ALL_ATTENTION_SECONDS}),
