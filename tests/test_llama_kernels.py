@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from qkv.runtime import llama_kernels, stored
+from qkv.runtime import llama_kernels, llama_simd, stored
 from qkv.runtime.errors import QkvError
 from qkv.runtime.llama_arith import PRODUCTS, PRODUCTS_K, llama_matvec
 from qkv.runtime.stored import StoredMatrix
@@ -82,6 +82,21 @@ def test_float16_rounding_is_numpys():
         assert np.array_equal(np.float32(llama_kernels._fp16(v)).view(np.uint32), half.view(np.uint32)), v
 
 
+def test_both_float16_roundings_are_numpys():
+    """_fp16 by the CPU's conversion (F16C) and by frexp/ldexp: NumPy's astype(float16) on every scale of float32,
+    float16's subnormals, its overflow and ties."""
+    rng = np.random.default_rng(0)
+    scales = [np.float32(2.0 ** e) for e in range(-30, 20, 3)]
+    v = np.concatenate([rng.standard_normal(20000).astype(np.float32) * s for s in scales])
+    ties = (np.arange(1, 2048, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)   # halfway, subnormal
+    v = np.concatenate([v, ties, -ties, np.array([0, -0.0, 65504, 65519.99, 65520, np.inf], np.float32)])
+    with np.errstate(over="ignore"):
+        want = v.astype(np.float16).astype(np.float32).view(np.uint32)
+    for rounding in (llama_kernels._fp16, llama_kernels._fp16_by_frexp):
+        got = np.array([rounding(a) for a in v[::97]] + [rounding(a) for a in v[-4100:]], np.float32)
+        assert np.array_equal(got.view(np.uint32), np.concatenate([want[::97], want[-4100:]]))
+
+
 @pytest.mark.parametrize("kind", PRODUCTS)
 def test_a_stored_matrix_multiplies_with_its_arithmetic(kind, monkeypatch):
     w = matrix(kind)
@@ -106,3 +121,113 @@ def test_a_kind_without_a_product_is_refused():
     w.arith = "llama.cpp"
     with pytest.raises(QkvError, match="F16"):
         np.ones((1, 64), np.float32) @ w
+
+
+def _ways() -> list[str]:
+    """The ways of multiplying bytes (llama_simd.MULTIPLY) this CPU can run: each compiled and run here."""
+    have = set(llama_simd._features().split(","))
+    ways = ["generic"]
+    if "+avx2" in have:
+        ways.append("avx2")
+    if "+avxvnni" in have or {"+avx512vnni", "+avx512vl"} <= have:
+        ways.append("vnni")
+    return ways
+
+
+@pytest.mark.parametrize("how", _ways())
+def test_each_way_of_multiplying_bytes_gives_the_lanes(how):
+    """dot, udot and sdot, as vpdpbusd, vpmaddubsw + vpmaddwd or plain LLVM vectors: lane k the exact Σ of products
+    4k..4k+3, at the extremes of the weights' and activations' ranges too (w = −128, x = ±127, int8 scales ±127)."""
+    from numba import njit
+
+    dot, udot, sdot = llama_simd._dot(how), llama_simd._udot(how), llama_simd._sdot(how)
+
+    @njit
+    def lanes(w, u, x, s, out):
+        for i in range(w.shape[0]):
+            llama_simd.lstore(dot(llama_simd.bytes32(w[i]), llama_simd.bytes32(x[i])), out[i, 0])
+            llama_simd.lstore(udot(llama_simd.bytes32(u[i]), llama_simd.bytes32(x[i])), out[i, 1])
+            lane = sdot(llama_simd.bytes32(u[i]), llama_simd.bytes32(x[i]), np.int32(s[i, 0]), np.int32(s[i, 1]))
+            llama_simd.lstore(lane, out[i, 2])
+
+    rng = np.random.default_rng(0)
+    n = 64
+    w = rng.integers(-128, 128, (n, 32)).astype(np.int8)
+    x = rng.integers(-127, 128, (n, 32)).astype(np.int8)
+    u = rng.integers(0, 64, (n, 32)).astype(np.int8)                           # the K-quants' weights: 0..63
+    s = rng.integers(-127, 128, (n, 2)).astype(np.int8)
+    w[0], x[0], u[0], s[0] = -128, 127, 63, 127                                # the largest sums
+    w[1], x[1], s[1] = -128, -127, -127
+    w[2, ::2] = 0                                                               # the sign trick's zeros
+    out = np.empty((n, 3, 8), np.int32)
+    lanes(w, u, x, s, out)
+    four = lambda a: (a.astype(np.int64) * x).reshape(n, 8, 4).sum(-1)       # noqa: E731  (n, 8)
+    scale = np.repeat(s.astype(np.int64), 4, axis=1)                            # (n, 8): s0 in lanes 0–3, s1 in 4–7
+    assert np.array_equal(out[:, 0], four(w))
+    assert np.array_equal(out[:, 1], four(u))
+    assert np.array_equal(out[:, 2], four(u) * scale)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
+def test_a_prompt_longer_than_a_tile_of_rows(kind):
+    """More rows of x than a tile holds (llama_kernels.X_TILE bytes of them): each tile against every row of T."""
+    w = matrix(kind, seed=3)
+    rows = llama_kernels.X_TILE // d_in(kind) + 11                             # a whole tile and part of one
+    x = activations(rows, seed=4, width=d_in(kind))
+    got = np.empty((rows, D_OUT), np.float32)
+    llama_kernels.MATVEC[kind](x, *w.bits, got)
+    assert same_bits(got, llama_matvec(w, x))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_accumulators_far_from_the_next_block_take_the_float64_step(kind):
+    """llama_simd.fma8_exact rounds once (a float32 fused multiply-add) only where the float64 sum of the definition
+    is exact; a block much larger or much smaller than what the lanes hold (10⁵ against 1, its lanes times the
+    scale past 2¹² or 2²⁸ of the lanes' sums) goes through float64 and rounds twice, as the definition does."""
+    w = matrix(kind, seed=5)
+    width = d_in(kind)
+    per = 256 if kind in PRODUCTS_K else 32
+    x = activations(4, seed=6, width=width)
+    x[0, :per] *= 1e-5                                                           # tiny first block, then normal
+    x[1, per:] *= 1e-5                                                           # normal first block, then tiny
+    x[2].reshape(-1, per)[::2] *= 1e-5                                           # tiny and normal in turn
+    got = np.empty((4, D_OUT), np.float32)
+    llama_kernels.MATVEC[kind](x, *w.bits, got)
+    assert same_bits(got, llama_matvec(w, x))
+
+
+_AVX2_CHECK = r"""
+import sys
+import numpy as np
+sys.path[:0] = sys.argv[1:3]
+from qkv.runtime import llama_kernels, llama_simd
+from qkv.runtime.llama_arith import PRODUCTS, llama_matvec
+import test_llama_kernels as t
+assert llama_simd.MULTIPLY == "avx2", llama_simd.MULTIPLY
+for kind in PRODUCTS:
+    for rows in (1, 9):
+        w, x = t.matrix(kind, seed=rows), t.activations(rows, seed=rows + 1, width=t.d_in(kind))
+        got = np.empty((rows, t.D_OUT), np.float32)
+        llama_kernels.MATVEC[kind](x, *w.bits, got)
+        assert t.same_bits(got, llama_matvec(w, x)), (kind, rows)
+print("ok", len(PRODUCTS))
+"""
+
+
+def test_the_avx2_kernels_are_the_definition_too(tmp_path):
+    """On a CPU with AVX-512 VNNI the kernels multiply bytes with vpdpbusd; an AVX2-only CPU (most x86 machines
+    qkv meets) takes vpmaddubsw + vpmaddwd. A child process told its CPU has AVX2 but no AVX-512 (numba's
+    NUMBA_CPU_FEATURES) compiles that path whole, and every kind is still the definition bit for bit."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    have = llama_simd._features().split(",")
+    if "+avx2" not in have:
+        pytest.fail("this test needs an x86 CPU with AVX2 (every machine qkv's CI runs on has it)")
+    features = ",".join(f for f in have if not f.startswith(("+avx512", "+avxvnni", "+amx")))
+    env = dict(os.environ, NUMBA_CPU_FEATURES=features, QKV_CACHE=str(tmp_path / "cache"))
+    tests = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-c", _AVX2_CHECK, str(tests), str(FIXTURES)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0 and done.stdout.strip() == f"ok {len(PRODUCTS)}", done.stderr[-2000:]

@@ -7,24 +7,48 @@ x (R, d_in) float32 C-ordered, any R, BITS a StoredMatrix's parts with its float
 (`StoredMatrix.bits`, widened exactly by `stored_kernels.f16`). Each entry
 
     1. quantises x once (`_quantize`, all R rows): per block of 32, amax, d_32 = amax/127, q = rint(x·(127/amax))
-       (ties to even), d = fp16(d_32), and for the Q8_1 kinds s = fp16(d_32·Σq) — float16 rounding done by
-       frexp/ldexp in float64 (`_fp16`, ties to even, subnormals and overflow as float16's);
-    2. runs its row kernel (`_rows_of`) over CHUNKS chunks of output rows, one per numba thread: each row o of T
-       unpacked once to integers, then for each row r of x and block b the 8 lanes of 4 integer products (exact),
-       acc_k ← fp32(fp64(fp32(d_w·d_x))·lane_k + acc_k) (the definition's fused multiply-add), and at the end of
-       the row ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ Σ_b fp32(m_w·s_x), summed in block order).
+       (ties to even), d = fp16(d_32), and for the Q8_1 kinds s = fp16(d_32·Σq) — float16 rounding by the CPU's
+       conversion or by frexp/ldexp in float64 (`_fp16`, ties to even, subnormals and overflow as float16's);
+    2. runs its row kernel (`_rows_of`) over CHUNKS chunks of output rows, one per numba thread: for each row r
+       of x, row o of T and block b, the 8 lanes of 4 integer products (exact), acc_k ← fp32(fp64(fp32(d_w·d_x))·
+       lane_k + acc_k) (the definition's fused multiply-add), and at the end of the row ((l0+l4)+(l2+l6)) +
+       ((l1+l5)+(l3+l7)) (+ Σ_b fp32(m_w·s_x), summed in block order).
 
 The K-quants (`_quantize_k`, `_k_rows_of`): x quantised once to Q8_K (per 256: the first largest |x| m,
-iscale = −127/m, q = min(127, rint(x·iscale)), d = 1/iscale, the 16 sums of 16), each row of T unpacked once to
-its unsigned integers, sub-block scales and mins, then per super-block the 8 integer lanes of llama_arith.k_lanes
-(exact, int64), acc_k ← the fused multiply-add with fp32(d_x·d_w), and the mins as the definition adds them
-(Q4_K: 4 lanes, (a0+a2)+(a1+a3); Q5_K: one float32 sum of fused multiply-adds).
+iscale = −127/m, q = min(127, rint(x·iscale)), d = 1/iscale, the 16 sums of 16), then per super-block the 8
+integer lanes of llama_arith.k_lanes (exact, int32), acc_k ← the fused multiply-add with fp32(d_x·d_w), and the
+mins as the definition adds them (Q4_K: 4 lanes, (a0+a2)+(a1+a3); Q5_K: one float32 sum of fused multiply-adds).
 
+How it is fast (integer SIMD, as ggml's own kernels, with numba values from `llama_simd`): a block's weights and
+activations are each one vector of 32 bytes, unpacked in registers (nibbles, fifth bits, K-quants' 6-bit
+fields); its 8 lanes come from vpdpbusd (AVX-512 VNNI) or vpmaddubsw + vpmaddwd (AVX2) — the K-quants' sub-block
+scales applied to the int16 pairs, as ggml does; the float step is one float32 fused multiply-add per block
+where the definition's float64 sum is exact, its float64 step elsewhere (`llama_simd`, "One rounding"); the
+32-block kinds run eight (row of x, row of T) pairs at once so that their chains of multiply-adds overlap, the
+next rows of T prefetched; the K-quants a pair at a time (eight chunks of integer work between two float steps),
+a row of T unpacked once for every row of x.
 No fastmath: every float operation is the definition's, in its order (a reassociated sum would not be
-bit-equal). Not fast yet: the lanes are scalar code, ~1.2 G weights/s on one thread here against the exact
-kernels' ~13 (1536 × 576, Q4_1 or Q8_0, one row of x; 2-core AMD EPYC, AVX2, a busy machine); integer SIMD is
-the next step (issue 49). Kept on disk by `kernel_cache` as the exact kernels are (each entry whole, its
-parallel loop its own, checked when read back; never numba's own cache).
+bit-equal).
+
+Measured (G weights/s, the best of repeated calls, beside the exact kernels `stored_kernels.MATVEC` in the same
+run; AMD EPYC 2-core VM, Zen 4: AVX2, AVX-512 and VNNI; SmolLM2's shapes, random blocks; an idle machine):
+          one row of x (decoding)                                                        128 rows (a prompt)
+          one thread                             two threads                             one / two threads
+          llama.cpp  exact      ÷ exact    before  llama.cpp  exact      ÷ exact    before  llama.cpp      exact
+    Q4_0  12.2–16.1  12.8–15.6  0.95–1.04  1.3     17.4–30.0  20.1–30.9  0.87–1.02  2.5     13–18 / 20–36  47–62
+    Q4_1  11.1–14.7  11.6–15.8  0.93–1.04  1.2     16.1–27.1  18.3–29.1  0.88–1.02  2.4     11–17 / 24–33  49–62
+    Q8_0  12.9–18.7  12.2–17.3  0.99–1.08  1.2     19.5–34.9  21.9–33.3  0.89–1.08  2.4     14–19 / 27–38  58–68
+    Q4_K  21.3–24.4  10.9–11.2  1.96–2.19  1.8     34.9–48.3  20.3–22.3  1.72–2.17  3.5     27–28 / 43–56  36–78
+    Q6_K   9.5–10.0   7.9–8.0   1.21–1.26  1.6     17.5–20.1  15.4–15.9  1.14–1.26  3.2     22 / 33–41     31–52
+(ranges over the shapes: 576 → 1536, 1536 → 576, 576 → 576, 576 → 192 — the smallest the slowest, x's quantising
+and the threads' start a larger share; the K-quants 1536 → 576, 2048 → 2048, 2048 → 8192, 576 being no multiple
+of 256. "before": the scalar kernels this replaced, 6–16× slower. A prompt's exact product dequantises tiles for
+BLAS, which runs its own two threads in both columns.) The tied vocabulary, Q8_0 576 → 49152, read from memory:
+11–17 on one thread against the exact kernel's 16–17 (it varies from run to run), 29–33 on two (exact 33). The
+float step is what bounds the 32-block kinds: with the float64 step on every block they ran at 0.7–0.8× the exact
+kernels.
+Kept on disk by `kernel_cache` as the exact kernels are (each entry whole, its parallel loop its own, checked when
+read back; never numba's own cache).
 """
 
 from __future__ import annotations
@@ -35,14 +59,17 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from . import kernel_cache, simd, stored_kernels
+from . import kernel_cache, llama_simd, simd, stored_kernels
+from .llama_simd import (bor, bstore, bsub, bytes32, dot, field32, fma8_16, fma8_23, fma8_26, fzero, half_round,
+                         hbits32, hsum4, hsum8, ladd, lhalves, lmins, lpairsums, lscale, lsub, lsum, lzero, nibbles32,
+                         prefetch, sdot, udot)
 from .stored_kernels import CHUNKS, _chunk, f16
 
-Q8_0, Q4, Q5 = 0, 1, 2            # how a block's 32 weights are unpacked (`_unpack`)
+Q8_0, Q4, Q5 = 0, 1, 2            # how a block's 32 weights are unpacked (`_weights`)
 
 
 @njit
-def _fp16(v):
+def _fp16_by_frexp(v):
     """float32 V → the nearest float16 (ties to even) → float32, as NumPy's astype(float16) rounds."""
     m, e = math.frexp(np.float64(v))                      # v = m·2^e, 0.5 ≤ |m| < 1
     step = max(e - 11, -24)                               # 11 significant bits; float16's subnormals: steps of 2⁻²⁴
@@ -50,6 +77,16 @@ def _fp16(v):
     if abs(r) > 65504.0:                                  # past float16's largest: infinity
         r = math.copysign(np.inf, r)
     return np.float32(r)
+
+
+HALVES = stored_kernels._converts_halves()
+
+
+@njit
+def _fp16(v):
+    """The same by the CPU's own conversion where it has one (x86's F16C: 0.8 against 11 ns, 0.7 against 1.2 µs to
+    quantise a row of 576), else by frexp/ldexp (LLVM would call a runtime function the JIT may not find)."""
+    return half_round(v) if HALVES else _fp16_by_frexp(v)
 
 
 @njit
@@ -82,113 +119,161 @@ def _quantize(x, sums):
 
 
 @njit(inline="always")
-def _unpack(how, q, h, o, offset, w):
-    """Row o of T as its integers into W (nb, 32) int32: Q8_0's int8; a Q4's nibbles (byte j of a block: weight j
-    low, 16 + j high) − OFFSET; a Q5's with bit j of h[o, b] as weight j's fifth bit, − OFFSET."""
-    for b in range(w.shape[0]):
-        if how == Q8_0:
-            for j in range(32):
-                w[b, j] = np.int32(q[o, b, j])
-            continue
-        bits = np.int64(h[o, b]) if how == Q5 else np.int64(0)
-        for j in range(16):
-            v = np.int32(q[o, b, j])
-            w[b, j] = ((v & 15) | np.int32(((bits >> j) & 1) << 4)) - offset
-            w[b, 16 + j] = ((v >> 4) | np.int32(((bits >> (j + 16)) & 1) << 4)) - offset
+def _weights(how, q, h, o, b, offset):
+    """Block b of row o of T as its 32 integers (llama_simd.I8x32): Q8_0's int8; a Q4's nibbles (byte j of a block:
+    weight j low, 16 + j high) − OFFSET; a Q5's with bit j of h[o, b] as weight j's fifth bit, − OFFSET."""
+    if how == Q8_0:
+        return bytes32(q[o, b])
+    w = nibbles32(q[o, b])
+    if how == Q5:
+        w = bor(w, hbits32(np.uint32(h[o, b])))
+    return bsub(w, offset)
 
 
 @njit(inline="always")
-def _lane(wb, xb, at, scale, acc):
-    """One lane's step: acc ← fp32(scale·Σ_{j<4} w[at + j]·x[at + j] + acc), the four products exact integers and
-    scale·lane exact in float64 (24 + 17 bits): the definition's fused multiply-add (llama_arith._fma32)."""
-    lane = (wb[at] * np.int32(xb[at]) + wb[at + 1] * np.int32(xb[at + 1])
-            + wb[at + 2] * np.int32(xb[at + 2]) + wb[at + 3] * np.int32(xb[at + 3]))
-    return np.float32(scale * np.float64(lane) + np.float64(acc))
+def _lanes(how, tail, w, x):
+    """The 8 integer lanes of a block (exact); the Q8_1 kinds' weights are unsigned (no sign trick)."""
+    return udot(w, x) if tail else dot(w, x)
 
 
-def _rows_of(how):
-    """The row kernel of a way of unpacking (HOW, a constant of the compiled code: its other branches dropped)."""
+@njit(inline="always")
+def _y(acc, summs, tail):
+    """ggml's hsum_float_8 of the lanes (+ Σ_b fp32(m_w·s_x), the Q8_1 kinds)."""
+    return hsum8(acc) + summs if tail else hsum8(acc)
+
+
+# A block of a (row of x, row of T): lanes = its 8 integer lanes (exact), acc_k ← fp32(fp64(fp32(d_w·d_x))·lane_k
+# + acc_k) (the definition's fused multiply-add; |lane| ≤ 4·128·127 < 2¹⁶: fma8_16), and the Q8_1 kinds'
+# summs + fp32(m_w·s_x). The float part is what costs (the integer lanes alone ran ~3× faster), and one chain
+# of these multiply-adds waits on each block's: eight pairs at a time overlap eight chains — eight rows of T
+# against a row of x (decoding), or a row of T against eight rows of x (a prompt: the block's weights unpacked
+# once for the eight). Measured against four at a time: +15 % (576 × 1536, Q8_0, one row of x, float64 steps).
+
+@njit(inline="always")
+def _step(how, tail, q, d, m, h, offset, o, b, w, x, dxb, sxb, acc, summs):
+    """acc, summs after block b of row o of T (its integers W) against x's block (X, its scales DXB, SXB)."""
+    acc = fma8_16(acc, f16(d[o, b]) * dxb, _lanes(how, tail, w, x))
+    if tail:
+        summs = summs + f16(m[o, b]) * sxb
+    return acc, summs
+
+
+@njit(inline="always")
+def _row_step(how, tail, q, d, m, h, offset, o, b, x, dxb, sxb, acc, summs):
+    """`_step` with row o's block b unpacked here."""
+    return _step(how, tail, q, d, m, h, offset, o, b, _weights(how, q, h, o, b, offset), x, dxb, sxb, acc, summs)
+
+
+@njit(inline="always")
+def _eight_rows(how, tail, qx, dx, sx, q, d, m, h, offset, y, r, o, o1):
+    """y[r, o:o + 8] (rows past o1 − 1 repeat it), the next eight rows of T asked for from memory meanwhile (the
+    float chains leave too few loads in flight for the hardware's own prefetching: 3–5 G weights/s without, ~11
+    with, on a 576 × 49152 Q8_0 matrix)."""
+    last = o1 - 1
+    o_1, o_2, o_3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+    o_4, o_5, o_6, o_7 = min(o + 4, last), min(o + 5, last), min(o + 6, last), min(o + 7, last)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = fzero()
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
+    for b in range(dx.shape[1]):
+        for k in range(8):
+            prefetch(q[min(o + 8 + k, q.shape[0] - 1), b])
+        x, dxb, sxb = bytes32(qx[r, b]), dx[r, b], sx[r, b]
+        a0, s0 = _row_step(how, tail, q, d, m, h, offset, o, b, x, dxb, sxb, a0, s0)
+        a1, s1 = _row_step(how, tail, q, d, m, h, offset, o_1, b, x, dxb, sxb, a1, s1)
+        a2, s2 = _row_step(how, tail, q, d, m, h, offset, o_2, b, x, dxb, sxb, a2, s2)
+        a3, s3 = _row_step(how, tail, q, d, m, h, offset, o_3, b, x, dxb, sxb, a3, s3)
+        a4, s4 = _row_step(how, tail, q, d, m, h, offset, o_4, b, x, dxb, sxb, a4, s4)
+        a5, s5 = _row_step(how, tail, q, d, m, h, offset, o_5, b, x, dxb, sxb, a5, s5)
+        a6, s6 = _row_step(how, tail, q, d, m, h, offset, o_6, b, x, dxb, sxb, a6, s6)
+        a7, s7 = _row_step(how, tail, q, d, m, h, offset, o_7, b, x, dxb, sxb, a7, s7)
+    y[r, o], y[r, o_1], y[r, o_2], y[r, o_3] = _y(a0, s0, tail), _y(a1, s1, tail), _y(a2, s2, tail), _y(a3, s3, tail)
+    y[r, o_4], y[r, o_5], y[r, o_6], y[r, o_7] = _y(a4, s4, tail), _y(a5, s5, tail), _y(a6, s6, tail), _y(a7, s7, tail)
+
+
+@njit(inline="always")
+def _eight_xs(how, tail, qx, dx, sx, q, d, m, h, offset, y, o, r, r1):
+    """y[r:r + 8, o] (rows past r1 − 1 repeat it)."""
+    last = r1 - 1
+    r_1, r_2, r_3 = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+    r_4, r_5, r_6, r_7 = min(r + 4, last), min(r + 5, last), min(r + 6, last), min(r + 7, last)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = fzero()
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
+    for b in range(dx.shape[1]):
+        w = _weights(how, q, h, o, b, offset)
+        a0, s0 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r, b]), dx[r, b], sx[r, b], a0, s0)
+        a1, s1 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_1, b]), dx[r_1, b], sx[r_1, b], a1, s1)
+        a2, s2 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_2, b]), dx[r_2, b], sx[r_2, b], a2, s2)
+        a3, s3 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_3, b]), dx[r_3, b], sx[r_3, b], a3, s3)
+        a4, s4 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_4, b]), dx[r_4, b], sx[r_4, b], a4, s4)
+        a5, s5 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_5, b]), dx[r_5, b], sx[r_5, b], a5, s5)
+        a6, s6 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_6, b]), dx[r_6, b], sx[r_6, b], a6, s6)
+        a7, s7 = _step(how, tail, q, d, m, h, offset, o, b, w, bytes32(qx[r_7, b]), dx[r_7, b], sx[r_7, b], a7, s7)
+    y[r, o], y[r_1, o], y[r_2, o], y[r_3, o] = _y(a0, s0, tail), _y(a1, s1, tail), _y(a2, s2, tail), _y(a3, s3, tail)
+    y[r_4, o], y[r_5, o], y[r_6, o], y[r_7, o] = _y(a4, s4, tail), _y(a5, s5, tail), _y(a6, s6, tail), _y(a7, s7, tail)
+
+
+X_TILE = 16384                    # bytes of quantised rows of x a row kernel runs over each row of T with (in L1)
+
+
+@njit(inline="always")
+def _x_tile(d_in):
+    """Rows of x a tile: as many as fill X_TILE bytes, at least 8."""
+    return max(8, X_TILE // d_in)
+
+
+def _rows_of(how, tail, offset):
+    """The row kernel of a kind: HOW its blocks unpack, TAIL 1 for the Q8_1 kinds (weights w = d·q + m), OFFSET
+    what its integers take off (Q4_0: 8, Q5_0: 16) — constants of the compiled code, its other branches dropped."""
 
     @njit
-    def rows(qx, dx, sx, q, d, m, h, offset, tail, y, o0, o1):
+    def rows(qx, dx, sx, q, d, m, h, y, o0, o1):
         """y[:, o0:o1] from the quantised rows (qx, dx, sx) and T's blocks (q; d, m: float16 bits of the scales and
-        the Q8_1 kinds' minimums, m read when TAIL is 1; h: Q5's fifth bits) — llama_matvec's sums, in its order:
-        each row of T unpacked once, then each row of x against it, its 8 lanes held in registers."""
+        the Q8_1 kinds' minimums, m read when TAIL is 1; h: Q5's fifth bits) — llama_matvec's sums, in its order.
+        Fewer than 8 rows of x: eight rows of T at a time; more: a tile of rows of x (held in L1) against each row of
+        T, eight rows of x at a time. A last group of fewer than eight repeats its last row (the same number written
+        again)."""
         R, nb = dx.shape
-        w = np.empty((nb, 32), np.int32)                  # (nb, 32) row o's integers
-        dw = np.empty(nb, np.float32)                     # (nb,) its scales
-        mw = np.zeros(nb, np.float32)                     # (nb,) its minimums (Q8_1 kinds)
-        for o in range(o0, o1):
-            _unpack(how, q, h, o, offset, w)
-            for b in range(nb):
-                dw[b] = f16(d[o, b])
-                if tail:
-                    mw[b] = f16(m[o, b])
+        if R < 8:                                         # decoding: each row of x against eight rows of T
             for r in range(R):
-                a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summs = np.float32(0)
-                for b in range(nb):
-                    wb, xb = w[b], qx[r, b]
-                    scale = np.float64(dw[b] * dx[r, b])  # fp32(d_w·d_x), then exactly in float64
-                    a0, a1 = _lane(wb, xb, 0, scale, a0), _lane(wb, xb, 4, scale, a1)
-                    a2, a3 = _lane(wb, xb, 8, scale, a2), _lane(wb, xb, 12, scale, a3)
-                    a4, a5 = _lane(wb, xb, 16, scale, a4), _lane(wb, xb, 20, scale, a5)
-                    a6, a7 = _lane(wb, xb, 24, scale, a6), _lane(wb, xb, 28, scale, a7)
-                    if tail:
-                        summs = summs + mw[b] * sx[r, b]
-                s = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   # ggml's hsum_float_8
-                y[r, o] = s + summs if tail else s
+                for o in range(o0, o1, 8):
+                    _eight_rows(how, tail, qx, dx, sx, q, d, m, h, offset, y, r, o, o1)
+            return
+        tile = _x_tile(32 * nb)
+        for r0 in range(0, R, tile):                      # a tile of rows of x (in L1) against each row of T
+            r1 = min(R, r0 + tile)
+            for o in range(o0, o1):
+                for r in range(r0, r1, 8):
+                    _eight_xs(how, tail, qx, dx, sx, q, d, m, h, offset, y, o, r, r1)
     return rows
 
 
-_rows_q8_0, _rows_q4, _rows_q5 = _rows_of(Q8_0), _rows_of(Q4), _rows_of(Q5)
+def _matvec_of(kind, how, tail, offset, at_m, at_h):
+    """The entry of a 32-block KIND: `MATVEC[kind](x, *StoredMatrix.bits, y)`, its parts q, d (, m) (, h) — m at
+    AT_M and h at AT_H of them (d's place when the kind has none: never read). It quantises x once (to Q8_1 when
+    TAIL, else Q8_0) and runs its row kernel over CHUNKS chunks of output rows, one per numba thread."""
+    rows = _rows_of(how, tail, offset)
+
+    def entry(x, *parts):
+        q, d, m, h, y = parts[0], parts[1], parts[at_m], parts[at_h], parts[-1]
+        qx, dx, sx = _quantize(x, tail)
+        for c in prange(CHUNKS):
+            o0, o1 = _chunk(d.shape[0], c)
+            rows(qx, dx, sx, q, d, m, h, y, o0, o1)
+
+    entry.__name__ = entry.__qualname__ = f"_mv_{kind.lower()}"        # kernel_cache's file of each entry
+    return njit(parallel=True)(entry)
 
 
-@njit(parallel=True)
-def _mv_q8_0(x, q, d, y):
-    qx, dx, sx = _quantize(x, 0)
-    h = np.zeros((1, 1), np.uint32)
-    for c in prange(CHUNKS):
-        o0, o1 = _chunk(d.shape[0], c)
-        _rows_q8_0(qx, dx, sx, q, d, d, h, np.int32(0), 0, y, o0, o1)
-
-
-@njit(parallel=True)
-def _mv_q4_0(x, q, d, y):
-    qx, dx, sx = _quantize(x, 0)
-    h = np.zeros((1, 1), np.uint32)
-    for c in prange(CHUNKS):
-        o0, o1 = _chunk(d.shape[0], c)
-        _rows_q4(qx, dx, sx, q, d, d, h, np.int32(8), 0, y, o0, o1)
-
-
-@njit(parallel=True)
-def _mv_q4_1(x, q, d, m, y):
-    qx, dx, sx = _quantize(x, 1)
-    h = np.zeros((1, 1), np.uint32)
-    for c in prange(CHUNKS):
-        o0, o1 = _chunk(d.shape[0], c)
-        _rows_q4(qx, dx, sx, q, d, m, h, np.int32(0), 1, y, o0, o1)
-
-
-@njit(parallel=True)
-def _mv_q5_0(x, q, d, h, y):
-    qx, dx, sx = _quantize(x, 0)
-    for c in prange(CHUNKS):
-        o0, o1 = _chunk(d.shape[0], c)
-        _rows_q5(qx, dx, sx, q, d, d, h, np.int32(16), 0, y, o0, o1)
-
-
-@njit(parallel=True)
-def _mv_q5_1(x, q, d, m, h, y):
-    qx, dx, sx = _quantize(x, 1)
-    for c in prange(CHUNKS):
-        o0, o1 = _chunk(d.shape[0], c)
-        _rows_q5(qx, dx, sx, q, d, m, h, np.int32(0), 1, y, o0, o1)
+_mv_q8_0 = _matvec_of("Q8_0", Q8_0, 0, 0, 1, 1)     # (x, q, d, y)
+_mv_q4_0 = _matvec_of("Q4_0", Q4, 0, 8, 1, 1)       # (x, q, d, y)
+_mv_q4_1 = _matvec_of("Q4_1", Q4, 1, 0, 2, 1)       # (x, q, d, m, y)
+_mv_q5_0 = _matvec_of("Q5_0", Q5, 0, 16, 1, 2)      # (x, q, d, h, y)
+_mv_q5_1 = _matvec_of("Q5_1", Q5, 1, 0, 2, 3)       # (x, q, d, m, h, y)
 
 
 # ── the K-quants: super-blocks of 256 with Q8_K activations ──────────────────────────────
 
-K4, K5, K6 = 0, 1, 2              # Q4_K, Q5_K, Q6_K: how a super-block's 256 weights are unpacked (`_unpack_k`)
+K4, K5, K6 = 0, 1, 2              # Q4_K, Q5_K, Q6_K: how a super-block's 256 weights are unpacked (`_k_chunk`)
 
 
 @njit
@@ -217,30 +302,30 @@ def _quantize_k(x):
 
 
 @njit(inline="always")
-def _unpack_k(how, qs, qh, o, b, w):
-    """Super-block b of row o of T as its 256 unsigned integers into W (256,) int32, in weight order (as
-    llama_arith.k_weight_integers): Q4_K/Q5_K each 32 bytes of QS give 64 weights, low nibbles then high, Q5_K's
-    weight 32i + l with bit i of qh[l] as its fifth; Q6_K QS the low nibbles, QH the pairs of high bits."""
+def _k_chunk(how, qs, qh, o, b, c):
+    """Weights 32c..32c + 31 of super-block b of row o of T as their unsigned integers (llama_simd.I8x32), as
+    llama_arith.k_weight_integers orders them: Q4_K/Q5_K each 32 bytes of QS give 64 weights, low nibbles then high,
+    Q5_K's weight 32c + l with bit c of qh[l] as its fifth; Q6_K (c = 4h + g) nibble g // 2 of QS's bytes
+    64h + 32(g % 2) + l, and bits 2g, 2g + 1 of QH's byte 32h + l above them."""
     if how == K6:
-        for h in range(2):
-            for l in range(32):
-                b0, b1 = np.int32(qs[o, b, 64 * h + l]), np.int32(qs[o, b, 64 * h + 32 + l])
-                hb = np.int32(qh[o, b, 32 * h + l])
-                w[128 * h + l] = (b0 & 15) | ((hb & 3) << 4)
-                w[128 * h + 32 + l] = (b1 & 15) | (((hb >> 2) & 3) << 4)
-                w[128 * h + 64 + l] = (b0 >> 4) | (((hb >> 4) & 3) << 4)
-                w[128 * h + 96 + l] = (b1 >> 4) | (((hb >> 6) & 3) << 4)
-        return
-    for j in range(4):
-        for l in range(32):
-            v = np.int32(qs[o, b, 32 * j + l])
-            w[64 * j + l] = v & 15
-            w[64 * j + 32 + l] = v >> 4
+        h, g = c // 4, c % 4
+        low = field32(qs[o, b, 64 * h + 32 * (g % 2):], 4 * (g // 2), 15, 0)
+        return bor(low, field32(qh[o, b, 32 * h:], 2 * g, 3, 4))
+    w = field32(qs[o, b, 32 * (c // 2):], 4 * (c % 2), 15, 0)
     if how == K5:
-        for l in range(32):
-            bits = np.int32(qh[o, b, l])
-            for i in range(8):
-                w[32 * i + l] |= ((bits >> i) & 1) << 4
+        w = bor(w, field32(qh[o, b], c, 1, 4))
+    return w
+
+
+@njit(inline="always")
+def _k_prefetch(how, qs, qh, sc, o, b):
+    """Ask for super-block b of row o of T (its integers' bytes, high bits and scales) ahead of its use."""
+    prefetch(qs[o, b])
+    prefetch(qs[o, b, 64:])
+    prefetch(qs[o, b, qs.shape[2] - 1:])
+    prefetch(sc[o, b])
+    if how != K4:
+        prefetch(qh[o, b])
 
 
 def _k_rows_of(how):
@@ -249,66 +334,49 @@ def _k_rows_of(how):
     @njit
     def rows(qx, dx, bsums, qs, qh, d, dmin, sc, mn, y, o0, o1):
         """y[:, o0:o1] from the Q8_K rows (qx, dx, bsums) and T's super-blocks (qs, qh: integers; d, dmin: float16
-        bits; sc, mn: sub-block scales and mins, Q6_K's 16 int8 scales in sc) — llama_matvec's sums, in its order."""
+        bits; sc, mn: sub-block scales and mins, Q6_K's 16 int8 scales in sc) — llama_matvec's sums, in its order:
+        per super-block the 8 integer lanes of llama_arith.k_lanes, each chunk of 32 times its scales (exact, int32),
+        acc_k ← the fused multiply-add with fp32(d_x·d_w), and the mins as the definition adds them."""
         R, nb = dx.shape
-        w = np.empty((nb, 256), np.int32)                 # row o's integers
-        scales = np.empty((nb, 16), np.int64)             # its sub-blocks' scales (8 or 16)
-        mins = np.zeros((nb, 8), np.int64)                # Q4_K, Q5_K: its mins
-        dw = np.empty(nb, np.float32)
-        dm = np.zeros(nb, np.float32)
-        lanes = np.empty(8, np.int64)
-        for o in range(o0, o1):
-            for b in range(nb):
-                _unpack_k(how, qs, qh, o, b, w[b])
-                dw[b] = f16(d[o, b])
-                for s in range(sc.shape[2]):
-                    scales[b, s] = np.int64(sc[o, b, s])
-                if how != K6:
-                    dm[b] = f16(dmin[o, b])
-                    for s in range(8):
-                        mins[b, s] = np.int64(mn[o, b, s])
-            for r in range(R):
-                acc = np.zeros(8, np.float32)
-                acc_m = np.zeros(4, np.float32)
-                summs = np.float32(0)
-                for b in range(nb):
-                    for k in range(8):                    # lane k: positions 4k..4k+3 of each 32
-                        total = np.int64(0)
-                        for c in range(8):
-                            at = 32 * c + 4 * k
-                            four = np.int64(0)
-                            for i in range(4):
-                                four += np.int64(w[b, at + i]) * np.int64(qx[r, b, at + i])
-                            s = scales[b, 2 * c + k // 4] if how == K6 else scales[b, c]
-                            total += s * four
+        tile = _x_tile(256 * nb)
+        w = np.empty((nb if R > 1 else 0, 256), np.int8)  # several rows of x: row o's integers unpacked once
+        for r0 in range(0, R, tile):                      # a tile of rows of x against every row of T
+            for o in range(o0, o1):
+                for b in range(w.shape[0]):
+                    for c in range(8):
+                        bstore(_k_chunk(how, qs, qh, o, b, c), w[b, 32 * c:])
+                for r in range(r0, min(R, r0 + tile)):
+                    acc, acc_m, summs = fzero(), fzero(), np.float32(0)
+                    for b in range(nb):
+                        if r == r0:                       # the next row of T's super-block asked for meanwhile
+                            _k_prefetch(how, qs, qh, sc, min(o + 1, o1 - 1), b)
+                        lanes = lzero()
+                        for c in range(8):                # lane k: positions 4k..4k+3 of each 32
+                            x = bytes32(qx[r, b, 32 * c:])
+                            if how == K6:
+                                s0, s1 = np.int32(sc[o, b, 2 * c]), np.int32(sc[o, b, 2 * c + 1])
+                            else:
+                                s0 = s1 = np.int32(sc[o, b, c])
+                            wc = _k_chunk(how, qs, qh, o, b, c) if R == 1 else bytes32(w[b, 32 * c:])
+                            lanes = ladd(lanes, sdot(wc, x, s0, s1))
                         if how == K6:                     # the −32 through the sums of sub-blocks 2k, 2k+1
-                            total -= 32 * (np.int64(bsums[r, b, 2 * k]) * scales[b, 2 * k]
-                                           + np.int64(bsums[r, b, 2 * k + 1]) * scales[b, 2 * k + 1])
-                        lanes[k] = total
-                    scale = np.float64(dx[r, b] * dw[b])  # fp32(d_x·d_w), then exactly in float64
-                    for k in range(8):
-                        acc[k] = np.float32(scale * np.float64(np.float32(lanes[k])) + np.float64(acc[k]))
-                    if how == K6:
-                        continue
-                    dmin_b = -(dx[r, b] * dm[b])          # float32
+                            lanes = lsub(lanes, lscale(lpairsums(bsums[r, b], sc[o, b]), 32))
+                            acc = fma8_26(acc, dx[r, b] * f16(d[o, b]), lanes)   # |lane| < 2²⁶
+                            continue
+                        acc = fma8_23(acc, dx[r, b] * f16(d[o, b]), lanes)   # ≤ 31·127·4·63·8 < 2²³
+                        dmin_b = -(dx[r, b] * f16(dmin[o, b]))    # float32
+                        mins = lmins(bsums[r, b], mn[o, b])       # lane i: m_i·S_i
+                        if how == K4:                             # 4 lanes: m_2k·S_2k + m_2k+1·S_2k+1
+                            acc_m = fma8_23(acc_m, dmin_b, lhalves(mins))
+                        else:                                     # fused, as gcc contracts it
+                            total = np.float64(np.float32(lsum(mins)))
+                            summs = np.float32(np.float64(dmin_b) * total + np.float64(summs))
+                    v = hsum8(acc)
                     if how == K4:
-                        for k in range(4):
-                            pair = (mins[b, 2 * k] * (bsums[r, b, 4 * k] + bsums[r, b, 4 * k + 1])
-                                    + mins[b, 2 * k + 1] * (bsums[r, b, 4 * k + 2] + bsums[r, b, 4 * k + 3]))
-                            acc_m[k] = np.float32(np.float64(dmin_b) * np.float64(np.float32(pair))
-                                                  + np.float64(acc_m[k]))
-                    else:
-                        total = np.int64(0)
-                        for s in range(8):
-                            total += mins[b, s] * (bsums[r, b, 2 * s] + bsums[r, b, 2 * s + 1])
-                        summs = np.float32(np.float64(dmin_b) * np.float64(np.float32(total))   # fused, as
-                                           + np.float64(summs))                             # gcc contracts it
-                v = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-                if how == K4:
-                    v = v + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-                elif how == K5:
-                    v = v + summs
-                y[r, o] = v
+                        v = v + hsum4(acc_m)                      # (a0+a2)+(a1+a3)
+                    elif how == K5:
+                        v = v + summs
+                    y[r, o] = v
     return rows
 
 
@@ -345,4 +413,5 @@ MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0
           "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k}
 
 # What Python calls, kept on disk whole (their callees, stored_kernels' _chunk too, are compiled into them).
-kernel_cache.keep(list(MATVEC.values()), [Path(__file__), Path(stored_kernels.__file__), Path(simd.__file__)])
+kernel_cache.keep(list(MATVEC.values()), [Path(__file__), Path(stored_kernels.__file__), Path(simd.__file__),
+                                         Path(llama_simd.__file__)])
