@@ -48,11 +48,14 @@ MADE_BY = {"Llama-3.2-1B-shaped": "python benchmarks/make_llama_1b_gguf.py "
 
 
 def gguf_name(path: Path) -> str:
-    """The file's general.name (its file name when it has none)."""
+    """What the file is called: its general.name when a script here made it (ABOUT), else its file name up to the
+    first dot ("SmolLM2-135M-Instruct"; a converter's general.name can be a training run's, "Smollm2 135M 8k Lc100K
+    Mix1 Ep2")."""
     from ..checkpoints.gguf_reader import open_reader
 
     field = open_reader(path).fields.get("general.name")
-    return str(field.contents()) if field is not None else path.name
+    name = str(field.contents()) if field is not None else None
+    return name if name in ABOUT else path.name.split(".")[0]
 
 
 def prompt_ids(model, seed: int = 0) -> np.ndarray:
