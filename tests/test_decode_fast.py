@@ -92,3 +92,34 @@ def test_row_norm_is_rms_norm_bit_for_bit(scale):
     many = rng.standard_normal((2, 1, 64)).astype(np.float32)             # more than one row: plain norm
     w = NormWeights(np.ones(64, np.float32), None)
     assert np.array_equal(qb.row_norm(many, w, cfg), rms_norm(many, w.weight, cfg.norm_eps))
+
+
+def test_q_k_v_of_different_kinds_take_the_fast_step_too(tmp_path, monkeypatch):
+    """A file whose W_V is of another kind than W_Q, W_K (llama.cpp's Q4_K_M gives half its layers a Q6_K W_V):
+    its Q, K, V stay three products, joined in the step, which every layer still takes — the plain numbers, bit for
+    bit."""
+    import sys
+
+    import gguf
+
+    from conftest import FIXTURES
+
+    sys.path.insert(0, str(FIXTURES))
+    import make_gguf_fixtures as F
+
+    def mixed(meta, tensors):
+        data, raw = tensors["blk.0.attn_v.weight"]
+        tensors["blk.0.attn_v.weight"] = F.encode(gguf.quants.dequantize(data, raw), "Q8_0")
+
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    model = qkv.load(F.make(tmp_path / "mixed.gguf", "llama", "Q4_0", edit=mixed))
+    assert model.weights.blocks[0].attn.W_QKV is None
+    ids, mask = np.array([[1, 5, 9, 14, 3]]), np.ones((1, 5), np.int64)
+    calls = []
+    real = qb.step_block
+    monkeypatch.setattr(qb, "step_block", lambda *a: calls.append(1) or real(*a))
+    fast = step_logits(model, ids, mask, 4)
+    assert len(calls) == 4 * model.config.n_layers
+    monkeypatch.setattr(qb, "step_block", plain_step_block)
+    for a, b in zip(fast, step_logits(model, ids, mask, 4)):
+        assert np.array_equal(a, b)

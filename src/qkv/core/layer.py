@@ -96,7 +96,8 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     ablated: what `generate` runs once per layer per token. The same numbers as `block` (each value
     goes through the same operations; tests/test_decode_fast.py), with less work around them:
 
-      - Q, K, V are one product and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
+      - Q, K, V are one product (three, joined, where a file stores them in different kinds: Q4_K_M's Q6_K W_V)
+        and stay one buffer: its heads are (B, H + 2·Hkv, 1, d_k), and
         RoPE turns the Q and K heads in one call (plain form: apply_rope(q), apply_rope(k));
       - K and V of the new position go straight into the cache (plain form: cache.append);
       - a mask that hides nothing is not added (plain form: S + 0); a recorder may keep only the weights A;
@@ -111,7 +112,10 @@ def step_block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.n
     hq, hk = H * dk, Hkv * dk
     post = cfg.norm_place == "post"                             # OPT-350m: Norm(x + Box(x)) after each box
     h_attn = x if w.attn_norm is None or post else row_norm(x, w.attn_norm, cfg)   # (B, 1, d_model)
-    qkv = linear(h_attn, a.W_QKV)                               # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
+    if a.W_QKV is not None:
+        qkv = linear(h_attn, a.W_QKV)                           # (B, 1, (H + 2·Hkv)·d_k) = X·[W_Q | W_K | W_V]
+    else:                                                       # stored of different kinds (Q4_K_M): three
+        qkv = np.concatenate([linear(h_attn, W) for W in (a.W_Q, a.W_K, a.W_V)], axis=-1)
     for lo, hi, b in ((0, hq, a.b_Q), (hq, hq + hk, a.b_K), (hq + hk, hq + 2 * hk, a.b_V)):
         if b is not None:
             qkv[..., lo:hi] += b

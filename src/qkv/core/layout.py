@@ -36,7 +36,7 @@ def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray | None, list[np.ndar
     """[W_1 | W_2 | …] as one C-contiguous (in, Σ out) array, and each W_i as a view of its columns
     (stored matrices: their blocks joined, each W_i a view of its rows of the joined blocks; stored matrices of
     different kinds, as llama.cpp's Q4_K_M mixes Q4_K and Q6_K: (None, the matrices), multiplied one by one)."""
-    if _unjoinable(matrices):
+    if unjoinable(matrices):
         return None, list(matrices)
     if all(isinstance(W, StoredMatrix) for W in matrices):
         fused = StoredMatrix.joined(list(matrices))
@@ -52,7 +52,7 @@ def side_by_side(*matrices: np.ndarray) -> tuple[np.ndarray | None, list[np.ndar
     return fused, views
 
 
-def _unjoinable(matrices) -> bool:
+def unjoinable(matrices) -> bool:
     """Stored matrices whose blocks cannot stand side by side (different kinds or widths)."""
     return (all(isinstance(W, StoredMatrix) for W in matrices)
             and len({(W.kind, W.d_in) for W in matrices}) > 1)
@@ -107,12 +107,12 @@ def is_fast(weights: Weights) -> bool:
         a = b.attn
         if a is None:                                    # a Mamba block (core/mamba.py): nothing to fuse
             continue
-        if a.W_QKV is None and not _unjoinable((a.W_Q, a.W_K, a.W_V)):
+        if a.W_QKV is None and not unjoinable((a.W_Q, a.W_K, a.W_V)):
             return False
         if (a.W_QKV is not None and (not _laid_out(a.W_QKV) or not _views_of(a.W_Q, a.W_QKV))) or not _laid_out(a.W_O):
             return False
         for f in ffns_of(b.ffn):
-            if (f.W_gate is not None and not _unjoinable((f.W_gate, f.W_in))
+            if (f.W_gate is not None and not unjoinable((f.W_gate, f.W_in))
                     and (f.W_gate_in is None or not _views_of(f.W_in, f.W_gate_in))):
                 return False
             if not _laid_out(f.W_out):

@@ -40,6 +40,7 @@ from .blocks_backward import Tape
 from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooks
+from .layout import unjoinable
 from .positions import (positions_from_ids, positions_from_mask, relative_bias, relative_buckets, rope_attention_factor,
                         rope_cos_sin, rope_inv_freq, rope_keeps_turned_keys, rope_kind, temperature_scales)
 from .trace import Recorder
@@ -246,7 +247,8 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
         ctx.relative = relative_table(weights.rel_embed, weights.rel_norm, cfg.norm_eps, n, cfg.disentangled)
     if (n == 1 and cache is not None and ablate is None and hooks is None and ctx.rec.keep <= {"attentions"}
             and not cfg.attn_output_gate                     # (Qwen3-Next's gate: `block`'s box, not the step's)
-            and all(b.attn is not None and b.attn.W_QKV is not None and b.cross_attn is None for b in weights.blocks)):
+            and all(b.attn is not None and b.cross_attn is None and (b.attn.W_QKV is not None or unjoinable(
+                (b.attn.W_Q, b.attn.W_K, b.attn.W_V))) for b in weights.blocks)):
         def hiding(mask) -> np.ndarray | None:
             bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
             return None if bias is None or not bias.any() else bias
