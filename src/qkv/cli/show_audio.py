@@ -87,11 +87,11 @@ def shipped_example(model, path: str) -> str:
 def show_audio(model, path: str, target: str | None, layer: int | None, head: int | None, out_dir: str | None,
                ablate: tuple[str, ...]) -> None:
     """`qkv show` on Whisper: the transcript's cross-attention over the frames (see the module docstring)."""
-    path = shipped_example(model, path)
     from ..viz.figures import focused_head
     from ..viz.seq2seq import cross_written
     from .tables import print_cross
 
+    path = shipped_example(model, path)
     if ablate:                                                       # its passes run ablated
         model = model.ablate(head_pairs(ablate))
     if target is None and _writes(model):

@@ -50,7 +50,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.core.extending import intrinsic, models, register_model
+from numba.core.extending import intrinsic
+
+from .simd import first, splat, vector_type
 
 _I8, _I16, _I32, _F32, _F64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType(), ir.DoubleType()
 _B32 = ir.VectorType(_I8, 32)                      # <32 x i8>   a block's integers
@@ -58,34 +60,14 @@ _L8 = ir.VectorType(_I32, 8)                       # <8 x i32>   the integer lan
 _F8 = ir.VectorType(_F32, 8)                       # <8 x float> the lanes' accumulators
 
 
-def _vector_type(name: str, llvm: ir.Type):
-    class T(types.Type):
-        def __init__(self):
-            super().__init__(name=name)
-
-    @register_model(T)
-    class _Model(models.PrimitiveModel):
-        def __init__(self, dmm, fe_type):
-            super().__init__(dmm, fe_type, llvm)
-
-    return T()
-
-
-i8x32 = _vector_type("I8x32", _B32)
-i32x8 = _vector_type("I32x8", _L8)
-f32x8 = _vector_type("F32x8", _F8)
+i8x32 = vector_type("I8x32", _B32)
+i32x8 = vector_type("I32x8", _L8)
+f32x8 = vector_type("F32x8", _F8)
 
 
 def _load(context, builder, arytype, ary, n: int) -> ir.Value:
     """The <n x i8> at the array's first element (alignment 1: slices start anywhere)."""
-    data = context.make_array(arytype)(context, builder, ary).data
-    return builder.load(builder.bitcast(data, ir.VectorType(_I8, n).as_pointer()), align=1)
-
-
-def _splat(builder, value: ir.Value, n: int) -> ir.Value:
-    vec = ir.VectorType(value.type, n)
-    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+    return first(context, builder, arytype, ary, _I8, n)
 
 
 def _pick(builder, v: ir.Value, at: list[int]) -> ir.Value:
@@ -118,7 +100,7 @@ def nibbles32(typingctx, a):
 @intrinsic
 def hbits32(typingctx, h):
     def codegen(context, builder, sig, args):
-        word = _splat(builder, builder.trunc(args[0], _I32), 32)
+        word = splat(builder, builder.trunc(args[0], _I32), 32)
         at, one = ir.Constant(word.type, list(range(32))), ir.Constant(word.type, [1] * 32)
         bits = builder.and_(builder.lshr(word, at), one)
         return builder.shl(builder.trunc(bits, _B32), ir.Constant(_B32, [4] * 32))
@@ -129,7 +111,7 @@ def hbits32(typingctx, h):
 def field32(typingctx, a, shift, mask, up):
     def codegen(context, builder, sig, args):
         v = _load(context, builder, sig.args[0], args[0], 32)
-        s, m, u = (_splat(builder, builder.trunc(x, _I8), 32) for x in args[1:])
+        s, m, u = (splat(builder, builder.trunc(x, _I8), 32) for x in args[1:])
         return builder.shl(builder.and_(builder.lshr(v, s), m), u)
     return i8x32(a, types.intp, types.intp, types.intp), codegen
 
@@ -153,7 +135,7 @@ def bor(typingctx, a, b):
 @intrinsic
 def bsub(typingctx, a, k):
     def codegen(context, builder, sig, args):
-        return builder.sub(args[0], _splat(builder, builder.trunc(args[1], _I8), 32))
+        return builder.sub(args[0], splat(builder, builder.trunc(args[1], _I8), 32))
     return i8x32(i8x32, types.intp), codegen
 
 
@@ -248,7 +230,7 @@ def _sdot(how: str):
         """Lane k = (s0 for k < 4, else s1)·Σ_{j<4} w[4k + j]·x[4k + j], w unsigned below 128 (the K-quants' sub-block
         scales, |s| < 2¹⁵, applied to the int16 pairs as ggml does)."""
         def codegen(context, builder, sig, args):
-            a, b = (_splat(builder, builder.trunc(s, _I16), 16) for s in args[2:])
+            a, b = (splat(builder, builder.trunc(s, _I16), 16) for s in args[2:])
             scales = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 16), [*range(8), *range(16, 24)]))
             return _lanes(builder, how, args[0], args[1], scales)
         return i32x8(i8x32, i8x32, types.int32, types.int32), codegen
@@ -282,7 +264,7 @@ def lsub(typingctx, a, b):
 @intrinsic
 def lscale(typingctx, a, s):
     def codegen(context, builder, sig, args):
-        return builder.mul(args[0], _splat(builder, builder.trunc(args[1], _I32), 8))
+        return builder.mul(args[0], splat(builder, builder.trunc(args[1], _I32), 8))
     return i32x8(i32x8, types.int32), codegen
 
 
@@ -384,7 +366,7 @@ def _fma8_exact(bits: int):
         def codegen(context, builder, sig, args):
             acc, s, lanes = args
             lane = builder.sitofp(lanes, _F8)                                       # fp32(lane_k)
-            sv = _splat(builder, s, 8)
+            sv = splat(builder, s, 8)
             abs_a, abs_s = (_call(builder, "llvm.fabs.v8f32", _F8, [v]) for v in (acc, sv))
             below = builder.fcmp_ordered("<", abs_a, builder.fmul(abs_s, ir.Constant(_F8, [2.0 ** 28] * 8)))
             above = builder.fcmp_ordered(">=", builder.fmul(abs_a, ir.Constant(_F8, [near] * 8)), abs_s)

@@ -33,30 +33,33 @@ _VF = ir.VectorType(_F32, LANES)                    # <16 x float>
 _FLAGS = ("reassoc", "contract")                    # reorder and fuse sums; NaN and infinity kept
 
 
-class F32x16(types.Type):
-    """The numba type of sixteen float32 lanes (an LLVM <16 x float>)."""
+def vector_type(name: str, llvm: ir.Type) -> types.Type:
+    """A numba type NAME whose values are the LLVM vector LLVM (kept in registers): F32x16 here, llama_simd's
+    lanes and blocks."""
+    class T(types.Type):
+        def __init__(self):
+            super().__init__(name=name)
 
-    def __init__(self):
-        super().__init__(name="F32x16")
+    @register_model(T)
+    class _Model(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type):
+            super().__init__(dmm, fe_type, llvm)
+
+    return T()
 
 
-f32x16 = F32x16()
+f32x16 = vector_type("F32x16", _VF)                  # sixteen float32 lanes (an LLVM <16 x float>)
 
 
-@register_model(F32x16)
-class _F32x16Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _VF)
-
-
-def _first(context, builder, arytype, ary, elem: ir.Type, n: int) -> ir.Value:
+def first(context, builder, arytype, ary, elem: ir.Type, n: int) -> ir.Value:
     """The <n x elem> at the array's first element (alignment of one element: slices start anywhere)."""
     data = context.make_array(arytype)(context, builder, ary).data
     vec = ir.VectorType(elem, n)
     return builder.load(builder.bitcast(data, vec.as_pointer()), align=1 if isinstance(elem, ir.IntType) and elem.width == 8 else 4)
 
 
-def _splat(builder, value: ir.Value, n: int = LANES) -> ir.Value:
+def splat(builder, value: ir.Value, n: int = LANES) -> ir.Value:
+    """VALUE in each of N lanes."""
     vec = ir.VectorType(value.type, n)
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, n), [0] * n))
@@ -72,7 +75,7 @@ def vzero(typingctx):
 @intrinsic
 def vload(typingctx, a):
     def codegen(context, builder, sig, args):
-        return _first(context, builder, sig.args[0], args[0], _F32, LANES)
+        return first(context, builder, sig.args[0], args[0], _F32, LANES)
     return f32x16(a), codegen
 
 
@@ -88,7 +91,7 @@ def vstore(typingctx, v, a):
 @intrinsic
 def vsplat(typingctx, s):
     def codegen(context, builder, sig, args):
-        return _splat(builder, args[0])
+        return splat(builder, args[0])
     return f32x16(types.float32), codegen
 
 
@@ -131,9 +134,9 @@ def vsum(typingctx, a):
 def field(typingctx, a, shift, mask):
     """float((a[j] >> shift) & mask), j = 0..15, a uint8: low nibbles (0, 15), high (4, 15), a bit (k, 1)."""
     def codegen(context, builder, sig, args):
-        q = _first(context, builder, sig.args[0], args[0], _I8, LANES)
-        s = _splat(builder, builder.trunc(args[1], _I8))
-        m = _splat(builder, builder.trunc(args[2], _I8))
+        q = first(context, builder, sig.args[0], args[0], _I8, LANES)
+        s = splat(builder, builder.trunc(args[1], _I8))
+        m = splat(builder, builder.trunc(args[2], _I8))
         return builder.uitofp(builder.and_(builder.lshr(q, s), m), _VF)
     return f32x16(a, types.intp, types.intp), codegen
 
@@ -141,7 +144,7 @@ def field(typingctx, a, shift, mask):
 @intrinsic
 def int8s(typingctx, a):
     def codegen(context, builder, sig, args):
-        return builder.sitofp(_first(context, builder, sig.args[0], args[0], _I8, LANES), _VF)
+        return builder.sitofp(first(context, builder, sig.args[0], args[0], _I8, LANES), _VF)
     return f32x16(a), codegen
 
 
@@ -149,8 +152,8 @@ def int8s(typingctx, a):
 def bits32(typingctx, h, shift):
     """float((h >> (shift + j)) & 1), j = 0..15: sixteen bits of one uint32, lane j the bit shift + j."""
     def codegen(context, builder, sig, args):
-        word = _splat(builder, builder.trunc(args[0], _I32))
-        at = builder.add(_splat(builder, builder.trunc(args[1], _I32)),
+        word = splat(builder, builder.trunc(args[0], _I32))
+        at = builder.add(splat(builder, builder.trunc(args[1], _I32)),
                          ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
         one = ir.Constant(ir.VectorType(_I32, LANES), [1] * LANES)
         return builder.uitofp(builder.and_(builder.lshr(word, at), one), _VF)

@@ -1,7 +1,7 @@
 """The numba kernels of runtime.stored (imported on first use: numba takes half a second to import).
 
 The few-row products (decoding): each row of T against each row of x, a block's products summed in
-sixteen float32 lanes held in registers (`simd.F32x16`: an LLVM vector, lowered to the machine's AVX2,
+sixteen float32 lanes held in registers (`simd.f32x16`, type F32x16: an LLVM vector, lowered to the machine's AVX2,
 AVX-512 or NEON), the lanes summed once at the end of the row. A block's bytes are converted to floats
 exactly (small integers; its float16 scales, read as bits from the file's blocks, by `f16`) and
 multiplied by x in float32: activations are never quantised. One function

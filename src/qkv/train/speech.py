@@ -341,10 +341,10 @@ def aligned_heads(cross: np.ndarray, counts: list[int], ends: list[np.ndarray], 
     COUNTS their words, ENDS the words' ends, POSITIONS the encoder positions their sound spans."""
     L, _, H = cross.shape[:3]
     ranked = sorted((timing_error(cross, [(l, h)], counts, ends, positions), l, h) for l in range(L) for h in range(H))
-    error, t = min((timing_error(cross, [(l, h) for _, l, h in ranked[:t]], counts, ends, positions), -t)
-                   for t in range(1, len(ranked) + 1))                   # a tie: more heads (their mean is steadier)
-    t = -t
-    return [[int(l), int(h)] for _, l, h in ranked[:t]], error
+    prefixes = [[(l, h) for _, l, h in ranked[:t]] for t in range(1, len(ranked) + 1)]
+    errors = [timing_error(cross, heads, counts, ends, positions) for heads in prefixes]
+    best = min(range(len(prefixes)), key=lambda t: (errors[t], -t))   # a tie: more heads (their mean is steadier)
+    return [[int(l), int(h)] for l, h in prefixes[best]], errors[best]
 
 
 def write_wav(path: Path, samples: np.ndarray) -> Path:
