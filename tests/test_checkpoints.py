@@ -195,3 +195,32 @@ def test_bad_text_and_ids(minilm):
 def test_hostile_text_is_just_text(minilm):
     t = minilm.run("<img src=x onerror=alert(1)> \x00 ﷽ 🙂 [SEP] [CLS]")
     assert np.isfinite(t.hidden).all() and np.isfinite(t.attentions).all()
+
+
+@pytest.mark.parametrize("where, kind", [
+    (MODELS / "gpt2", "Model"), (MODELS.parent / "seq2seq" / "t5", "Seq2SeqModel"), (MODELS / "vit", "ImageModel"),
+    (MODELS / "whisper", "AudioModel"), (MODELS / "clip_siglip" / "clip", "PairModel"),
+    (MODELS / "clip_siglip" / "clip_text", "TextTower"), (MODELS / "clip_siglip" / "siglip_vision", "ImageTower")])
+def test_every_handle_carries_its_source_and_arithmetic(where, kind):
+    """What qkv.load was given, as a string another process loads again (analysis workers), and how it computes;
+    kept by astype. A model qkv.load did not make (fresh, or built from arrays) has no source."""
+    model = qkv.load(where)
+    assert type(model).__name__ == kind
+    assert (model.source, model.arith) == (str(where), "exact")
+    wide = model.astype(np.float64)
+    assert (type(wide), wide.source, wide.arith) == (type(model), str(where), "exact")
+    again = qkv.load(model.source)
+    assert type(again) is type(model) and repr(again.config) == repr(model.config)
+    if kind == "PairModel":
+        assert model.text.source is None and model.vision.source is None     # a tower alone is not what it loads
+
+
+def test_a_model_not_loaded_has_no_source(minilm):
+    from qkv.models.fresh import init
+    from qkv.models.model import Model
+
+    assert minilm.source == "minilm" and minilm.name == "all-MiniLM-L6-v2"      # the name shown is not the source
+    assert minilm.with_config(sliding_window=None).source == "minilm"
+    assert Model(minilm.config, minilm.weights, minilm.tokenizer, name="minilm").source is None
+    fresh = init(qkv.load(MODELS / "gpt2").config)
+    assert (fresh.source, fresh.arith) == (None, "exact")

@@ -406,6 +406,23 @@ def test_llama_cpp_arithmetic_needs_a_gguf_files_stored_blocks_of_a_kind_it_mult
     assert qkv.load(halves).arith == "exact"                                       # exact multiplies every kind
 
 
+def test_a_loaded_model_carries_its_arithmetic_and_source():
+    """qkv.load's arith and source as the model's attributes (not read back from its name): loading `source` again
+    in `arith` gives the same model, as analysis workers do."""
+    from qkv.analysis.run import model_fingerprint
+
+    path = GGUF / "tiny-llama-q8_0.gguf"
+    model, exact = qkv.load(path, arith="llama.cpp"), qkv.load(path)
+    assert (model.arith, model.source) == ("llama.cpp", str(path)) and model.name.endswith("(llama.cpp arithmetic)")
+    assert (exact.arith, exact.source) == ("exact", str(path))
+    again = qkv.load(model.source, arith=model.arith)
+    assert model_fingerprint(again) == model_fingerprint(model) != model_fingerprint(exact)
+    ids = [[1, 5, 9, 3, 7]]
+    np.testing.assert_array_equal(again.forward(ids).logits, model.forward(ids).logits)
+    wide = model.astype(np.float64)                                 # dequantised: exact arithmetic, same source
+    assert (wide.arith, wide.source) == ("exact", str(path))
+
+
 def test_a_model_in_llama_cpp_arithmetic_saves_as_its_weights(tmp_path, monkeypatch):
     """The arithmetic is how qkv multiplies, not a checkpoint's knob: saved, the folder loads in exact arithmetic
     with the weights the file holds (its logits the GGUF's own in exact arithmetic, to float32's rounding)."""

@@ -67,7 +67,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
             progress: Callable[[int], None] | None = None, dtype=np.float32) -> HeadReport | Seq2SeqHeadReport:
     """Analyse every head of `model` over `texts` (a list, or a Corpus streamed from disk).
 
-    model: a source ("minilm", a directory) or a loaded Model (its name is its source).
+    model: a source ("minilm", a directory) or a loaded Model (workers load its `source` again).
     backend "local" runs in this process (workers None or 1) or on `workers` processes;
     "ray" on a Ray cluster (address None = a local one) with `workers` actors (None = one
     per CPU of the cluster); each worker loads the model itself from the source.
@@ -76,7 +76,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     An encoder–decoder gives a Seq2SeqHeadReport: encoder, decoder and cross-attention apart,
     each text translated greedily, in this process (seq2seq_heads.py).
     """
-    from ..models.loading import LLAMA_CPP_NAMED, held_as, load
+    from ..models.loading import held_as, load
 
     if backend not in backends.BACKENDS:
         raise QkvError(f"unknown backend {backend!r}; choose one of {', '.join(backends.BACKENDS)}")
@@ -86,7 +86,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     if loaded.config.encoder_decoder:                # three kinds of attention, each with its own statistics
         check_options(window, backend, workers, checkpoint)
         return analyse_seq2seq(loaded, texts, progress=progress)
-    source = model if isinstance(model, str) else loaded.name.removesuffix(LLAMA_CPP_NAMED)
+    source = loaded.source                           # None: a model qkv.load did not make (fresh, trained)
     if backend == "ray" or (workers or 1) > 1:
         source = worker_source(source, loaded)
     setup = prepare(loaded, window)
@@ -103,7 +103,7 @@ def analyse(model, texts: Iterable[str] | Corpus, *, window: int | None = None, 
     if progress is not None and totals.next_index:
         progress(totals.next_index)
     todo = jobs(totals.next_index)
-    spec = backends.WorkerSpec(source, str(held_as(loaded)), setup.window, getattr(loaded, "arith", "exact"))
+    spec = backends.WorkerSpec(source, str(held_as(loaded)), setup.window, loaded.arith)
     if backend == "ray":
         results = backends.ray_cluster(spec, todo, workers=workers, address=address)
     elif (workers or 1) > 1:
@@ -152,18 +152,18 @@ def report(setup: Setup, totals: Totals) -> HeadReport:
                       failures=list(totals.failures))
 
 
-def worker_source(source: str, model) -> str:
+def worker_source(source: str | None, model) -> str:
     """The source workers load the model from, checked to give this very model (in its arithmetic)."""
     from ..models.loading import held_as, load
 
     try:
-        again = load(source, dtype=held_as(model), arith=getattr(model, "arith", "exact"))
-        same = model_fingerprint(again) == model_fingerprint(model)
+        again = None if source is None else load(source, dtype=held_as(model), arith=model.arith)
+        same = again is not None and model_fingerprint(again) == model_fingerprint(model)
     except QkvError:
         same = False
     if not same:
-        raise QkvError(f"workers load the model themselves, but {source!r} does not load this model; pass the "
-                       "source ('minilm', a directory) instead of a Model built or changed in memory")
+        raise QkvError(f"workers load the model themselves, but {source or model.name!r} does not load this model; "
+                       "pass the source ('minilm', a directory) instead of a Model built or changed in memory")
     path = Path(source).expanduser()
     return str(path.resolve()) if path.is_dir() else source      # workers may start in another directory
 

@@ -252,5 +252,5 @@ def open_collection(source: "str | Model", out: str | Path, *, layer: int, site:
                            "continue it (a larger --tokens grows it), or give another --out")
     for stray in out.glob(".acts-*.tmp"):                      # shards in flight when a run was killed
         stray.unlink(missing_ok=True)
-    spec = Spec(source, weights, str(out.resolve()), layer, site, dtype, skip, getattr(model, "arith", "exact"))
+    spec = Spec(source, weights, str(out.resolve()), layer, site, dtype, skip, model.arith)
     return Collection(model, out, meta, texts, spec, context, tokens, max(1, int(workers)), backend, address)

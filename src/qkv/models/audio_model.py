@@ -92,7 +92,7 @@ class AudioModel(Seq2SeqModel):
                 f"L_enc={c.n_layers}, L_dec={c.n_decoder_layers}, H={c.n_heads}, d_model={c.d_model}, V={c.vocab_size})")
 
     def astype(self, dtype) -> "AudioModel":
-        other = AudioModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        other = AudioModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name, self.source)
         other.directory, other._rules = self.directory, self._rules
         return other
 

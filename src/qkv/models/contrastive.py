@@ -37,10 +37,10 @@ class TextTower(Model):
                 f"{f', projected to {c.d_proj}' if c.d_proj else ''})")
 
     def with_config(self, **changes) -> "TextTower":
-        return TextTower(self.config.with_(**changes), self.weights, self.tokenizer, self.name)
+        return TextTower(self.config.with_(**changes), self.weights, self.tokenizer, self.name, self.source)
 
     def astype(self, dtype) -> "TextTower":
-        return TextTower(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        return TextTower(self.config, self.weights.astype(dtype), self.tokenizer, self.name, self.source)
 
     def batch(self, texts: str | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Texts → (ids (B, n), mask (B, n)) as the pair's processor gives them: CLIP's padded to the longest with a
@@ -75,10 +75,12 @@ class ImageTower(ImageModel):
     per image (SigLIP's through its attention-pooling head)."""
 
     def with_config(self, **changes) -> "ImageTower":
-        return ImageTower(self.config.with_(**changes), self.weights, None, self.name, self.processing, self.labels)
+        return ImageTower(self.config.with_(**changes), self.weights, None, self.name, self.processing, self.labels,
+                          self.source)
 
     def astype(self, dtype) -> "ImageTower":
-        return ImageTower(self.config, self.weights.astype(dtype), None, self.name, self.processing, self.labels)
+        return ImageTower(self.config, self.weights.astype(dtype), None, self.name, self.processing, self.labels,
+                          self.source)
 
     def pixels(self, images) -> np.ndarray:
         """IMAGES (one image or a list: paths, PIL images, uint8 arrays) or pixel_values (floats (B, C, H, W) or
@@ -117,11 +119,12 @@ class Similarity:
 
 class PairModel:
     """A CLIP or SigLIP checkpoint: its text tower (`text`), its image tower (`vision`) and the scalars of their
-    similarity (weights.logit_scale, weights.logit_bias)."""
+    similarity (weights.logit_scale, weights.logit_bias). SOURCE: what qkv.load was given (as Model.source; a tower
+    alone does not load from it: its own is None)."""
 
     def __init__(self, config: ModelConfig, weights: PairWeights, tokenizer: Tokenizer | None = None,
-                 name: str = "model", processing: ImageProcessing | None = None):
-        self.config, self.weights, self.name = config, weights, name
+                 name: str = "model", processing: ImageProcessing | None = None, source: str | None = None):
+        self.config, self.weights, self.name, self.source = config, weights, name, source
         vision = config.with_(text_tower=None, family=f"{config.family}_vision_model")
         self.vision = ImageTower(vision, weights.vision, None, name, processing)
         self.text = TextTower(config.text_tower, weights.text, tokenizer, name)
@@ -139,9 +142,14 @@ class PairModel:
     def tokenizer(self) -> Tokenizer | None:
         return self.text.tokenizer
 
+    @property
+    def arith(self) -> str:
+        """How its passes compute: "exact" or "llama.cpp" (as Model.arith)."""
+        return self.config.arith
+
     def astype(self, dtype) -> "PairModel":
         return PairModel(self.config, self.weights.astype(dtype), self.text.tokenizer, self.name,
-                         self.vision.processing)
+                         self.vision.processing, self.source)
 
     def similarity(self, images, texts, attention_mask=None) -> Similarity:
         """IMAGES (see ImageTower.pixels) against TEXTS (a str, a list of them, or ids (B, n) with ATTENTION_MASK):
@@ -179,10 +187,12 @@ def similarity(image_embeds: np.ndarray, text_embeds: np.ndarray, w: PairWeights
 
 
 def contrastive_model(cfg: ModelConfig, weights: Weights | PairWeights, tokenizer: Tokenizer | None, name: str,
-                      processing: ImageProcessing | None) -> TextTower | ImageTower | PairModel:
-    """The handle of a CLIP / SigLIP checkpoint: its pair, or the one tower it holds."""
+                      processing: ImageProcessing | None, source: str | None = None
+                      ) -> TextTower | ImageTower | PairModel:
+    """The handle of a CLIP / SigLIP checkpoint: its pair, or the one tower it holds (SOURCE: what qkv.load was
+    given)."""
     if cfg.text_tower is not None:
-        return PairModel(cfg, weights, tokenizer, name, processing)
+        return PairModel(cfg, weights, tokenizer, name, processing, source)
     if cfg.image_size is not None:
-        return ImageTower(cfg, weights, None, name, processing)
-    return TextTower(cfg, weights, tokenizer, name)
+        return ImageTower(cfg, weights, None, name, processing, source=source)
+    return TextTower(cfg, weights, tokenizer, name, source)

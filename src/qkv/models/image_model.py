@@ -33,8 +33,9 @@ class ImageModel(Model):
     processed, and the names of its labels (config.json's id2label)."""
 
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer=None, name: str = "model",
-                 processing: ImageProcessing | None = None, labels: list[str] | None = None):
-        super().__init__(config, weights, None, name)
+                 processing: ImageProcessing | None = None, labels: list[str] | None = None,
+                 source: str | None = None):
+        super().__init__(config, weights, None, name, source)
         self.processing = processing or ImageProcessing.of(None, config)
         self.labels = labels if labels is not None else [str(i) for i in range(config.vocab_size)]
 
@@ -45,10 +46,12 @@ class ImageModel(Model):
                 f"{len(self.labels) if self.weights.W_vocab is not None else 'no'} labels)")
 
     def with_config(self, **changes) -> "ImageModel":
-        return ImageModel(self.config.with_(**changes), self.weights, None, self.name, self.processing, self.labels)
+        return ImageModel(self.config.with_(**changes), self.weights, None, self.name, self.processing, self.labels,
+                          self.source)
 
     def astype(self, dtype) -> "ImageModel":
-        return ImageModel(self.config, self.weights.astype(dtype), None, self.name, self.processing, self.labels)
+        return ImageModel(self.config, self.weights.astype(dtype), None, self.name, self.processing, self.labels,
+                          self.source)
 
     # inputs ------------------------------------------------------------------
 

@@ -58,7 +58,8 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
     of sums (runtime.llama_arith; compiled: runtime.llama_kernels) — and RMSNorm and RoPE's angles as ggml
     computes them, so that the logits equal
     llama.cpp's on the tested files (tests/test_llama_arith.py). Other weights are refused in one line.
-    `model.config.arith` (a Model: `model.arith`) says which; the model's name says "llama.cpp arithmetic".
+    `model.arith` (its config's) says which; the model's name says "llama.cpp arithmetic". `model.source` is
+    SOURCE as a string, which another process loads again (analysis workers).
     """
     if arith not in ARITHS:
         raise QkvError(f"arith {arith!r:.40} is not an arithmetic qkv computes; use \"exact\" (float32 activations) "
@@ -108,17 +109,18 @@ def load(source: str | os.PathLike = DEFAULT, dtype=None, arith: str = "exact"
     del store                 # its own matrices (rows fast_layout has since joined: Q, K re-ordered) go first,
     _give_back_heap()         # then the heap they took goes back to the system
     name = _display_name(source) + (LLAMA_CPP_NAMED if arith == "llama.cpp" else "")   # traces, pages
+    given = str(source)                                   # model.source: what another process loads again
     if getattr(family_of(cfg.family), "TOWERS", False):          # CLIP, SigLIP: a tower, or both
         processing = image_processing(directory, cfg) if cfg.image_size is not None else None
-        return contrastive_model(cfg, weights, tokenizer, name, processing)
+        return contrastive_model(cfg, weights, tokenizer, name, processing, given)
     if cfg.image_size is not None:
-        return image_model(directory, hf, cfg, weights, name)
+        return image_model(directory, hf, cfg, weights, name, given)
     if cfg.audio_mels is not None:
-        audio = AudioModel(cfg, weights, tokenizer, name=name)
+        audio = AudioModel(cfg, weights, tokenizer, name=name, source=given)
         audio.directory = directory                  # its generation_config.json: how it writes (transcribe)
         return audio
     model = Seq2SeqModel if cfg.encoder_decoder else Model
-    return model(cfg, weights, tokenizer, name=name)
+    return model(cfg, weights, tokenizer, name=name, source=given)
 
 
 def multiply_as_llama_cpp(weights) -> None:
@@ -146,10 +148,11 @@ def held_as(model):
     return "stored" if next(_stored_matrices(model.weights, "weights"), None) is not None else model.dtype
 
 
-def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str) -> ImageModel:
+def image_model(directory: Path, hf: dict, cfg: ModelConfig, weights, name: str, source: str | None = None
+                ) -> ImageModel:
     """An image model (ViT) of DIRECTORY: its preprocessor_config.json (ViTImageProcessor's defaults without
-    one) and the names of its labels (id2label of HF, its config.json)."""
-    return ImageModel(cfg, weights, None, name, image_processing(directory, cfg), vit.labels_of(hf))
+    one) and the names of its labels (id2label of HF, its config.json); SOURCE: what qkv.load was given."""
+    return ImageModel(cfg, weights, None, name, image_processing(directory, cfg), vit.labels_of(hf), source)
 
 
 def image_processing(directory: Path, cfg: ModelConfig) -> ImageProcessing:

@@ -54,19 +54,22 @@ def encode_batch(model, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Model:
-    """A loaded checkpoint: config, weights under the guide's names, and its tokenizer."""
+    """A loaded checkpoint: config, weights under the guide's names, and its tokenizer. SOURCE: what qkv.load was
+    given (a shipped model's name, a path), which another process loads again (analysis workers); None for a
+    model qkv.load did not make (models.fresh, trained, built from arrays)."""
 
     hooks: Hooks | None = None          # run by every pass of this model (a view made by `with_hooks`)
     ablated: Ablation | None = None     # heads knocked out of every pass (a view made by `ablate`)
 
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer: Tokenizer | None = None,
-                 name: str = "model"):
+                 name: str = "model", source: str | None = None):
         self.config = config
         # Decoders: equal values laid out for one-token steps (core/layout.py), copied out of the
         # memory-mapped file. Encoders never decode: they stay mapped (shared between processes).
         self.weights = fast_layout(weights) if config.causal else weights
         self.tokenizer = tokenizer
         self.name = name
+        self.source = source
 
     def __repr__(self) -> str:
         c = self.config
@@ -84,13 +87,13 @@ class Model:
 
     def with_config(self, **changes) -> "Model":
         """The same weights under changed knobs, e.g. `model.with_config(sliding_window=512)`."""
-        return Model(self.config.with_(**changes), self.weights, self.tokenizer, self.name)
+        return Model(self.config.with_(**changes), self.weights, self.tokenizer, self.name, self.source)
 
     def astype(self, dtype) -> "Model":
         """The same model computing in another float type (float64 for checks), in the exact arithmetic (its
         stored matrices dequantised)."""
         cfg = self.config if self.arith == "exact" else self.config.with_(arith="exact")
-        return Model(cfg, self.weights.astype(dtype), self.tokenizer, self.name)
+        return Model(cfg, self.weights.astype(dtype), self.tokenizer, self.name, self.source)
 
     def save(self, directory: str | Path) -> Path:
         """Write the model into DIRECTORY in Hugging Face layout (config.json, model.safetensors,

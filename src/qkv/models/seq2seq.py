@@ -76,10 +76,11 @@ class Seq2SeqModel:
     ablated: dict[str, Ablation | None] = dict.fromkeys(STACKS)  # heads knocked out of every pass (`ablate`)
 
     def __init__(self, config: ModelConfig, weights: Seq2SeqWeights, tokenizer: Tokenizer | None = None,
-                 name: str = "model"):
+                 name: str = "model", source: str | None = None):
         if not config.encoder_decoder:
             raise QkvError(f"{name} is not an encoder–decoder ({config.family}); load it as a qkv.Model")
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
+        self.source = source           # what qkv.load was given (None: not loaded), as Model.source
 
     def __repr__(self) -> str:
         c = self.config
@@ -90,9 +91,14 @@ class Seq2SeqModel:
     def dtype(self) -> np.dtype:
         return self.weights.tok_embed.dtype
 
+    @property
+    def arith(self) -> str:
+        """How its passes compute: "exact" or "llama.cpp" (as Model.arith)."""
+        return self.config.arith
+
     def astype(self, dtype) -> "Seq2SeqModel":
         """The same model computing in another float type (float64 for checks)."""
-        return Seq2SeqModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name)
+        return Seq2SeqModel(self.config, self.weights.astype(dtype), self.tokenizer, self.name, self.source)
 
     def save(self, directory: str | Path) -> Path:
         """Write the model in Hugging Face layout (see qkv.checkpoints.save)."""
