@@ -474,3 +474,27 @@ def test_qkv_diff_shows_what_llama_cpps_arithmetic_changes(qkv_cli):
     assert kl > 0
     code, out, err = qkv_cli("diff", "x", "--model", path, "--arith-b", "llama.cpp", "--requantize-b", "Q8_0")
     assert code == 2 and "--requantize-b" in err and len(err.strip().splitlines()) == 1
+
+
+def _fma_by_fractions(a, b, c) -> np.float32:
+    """a·b + c rounded once to float32 (to nearest, ties to even), from the exact rational value."""
+    from fractions import Fraction
+    x = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    f = np.float32(float(x))
+    near = (f, np.nextafter(f, np.float32(np.inf)), np.nextafter(f, np.float32(-np.inf)))
+    return min(near, key=lambda v: (abs(Fraction(float(v)) - x), int(np.float32(v).view(np.int32)) & 1))
+
+
+def test_the_fused_multiply_add_rounds_once():
+    """llama_arith._fma32 is a·b + c rounded once, as ggml's vfmadd231ps: on random operands and on a sum that
+    lands halfway between two float32s only once rounded to float64 (1 + 2⁻²⁴ + 2⁻⁶⁰), where rounding twice
+    (float64, then float32) gives 1 instead of 1 + 2⁻²³."""
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal(3000) * 2.0 ** rng.integers(-20, 20, 3000)).astype(np.float32)
+    b = rng.integers(-2 ** 24, 2 ** 24, 3000).astype(np.float32)                  # lanes: integers
+    c = (rng.standard_normal(3000) * 2.0 ** rng.integers(-20, 40, 3000)).astype(np.float32)
+    a[0], b[0], c[0] = np.float32(8390656 * 2.0 ** -71), np.float32(16773121), np.float32(1)   # a·b = 2⁻²⁴ + 2⁻⁶⁰
+    got = llama_arith._fma32(a, b, c)
+    assert got[0] == np.nextafter(np.float32(1), np.float32(2))
+    assert np.float32(np.float64(a[0]) * np.float64(b[0]) + np.float64(c[0])) == 1     # twice rounded: 1
+    assert all(got[i] == _fma_by_fractions(a[i], b[i], c[i]) for i in range(3000))

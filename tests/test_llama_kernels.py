@@ -180,10 +180,10 @@ def test_a_prompt_longer_than_a_tile_of_rows(kind):
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
-def test_accumulators_far_from_the_next_block_take_the_float64_step(kind):
-    """llama_simd.fma8_exact rounds once (a float32 fused multiply-add) only where the float64 sum of the definition
-    is exact; a block much larger or much smaller than what the lanes hold (10⁵ against 1, its lanes times the
-    scale past 2¹² or 2²⁸ of the lanes' sums) goes through float64 and rounds twice, as the definition does."""
+def test_accumulators_far_from_the_next_block_round_as_the_definition(kind):
+    """Blocks much larger or much smaller than what the accumulators hold (10⁵ against 1), where a sum rounded
+    twice (through float64) would differ from the fused multiply-add's one rounding: the machine's vfmadd231ps
+    and the definition's `_fma32` give the same bits."""
     w = matrix(kind, seed=5)
     width = d_in(kind)
     per = 256 if kind in PRODUCTS_K else 32

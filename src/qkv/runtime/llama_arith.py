@@ -20,8 +20,8 @@ The order of the float sums is ggml's AVX2 dot product's (`ggml_vec_dot_q4_0_q8_
 integer products of a block summed in 8 lanes of 4 consecutive weights (exact integers), each lane accumulated
 over the blocks with a fused multiply-add acc ← fma(fp32(d_w·d_x), lane, acc), then the 8 lanes added as
 ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the Q8_1 kinds add Σ_b fp32(m_w·s_x), summed in block order, last.
-The fused multiply-add is computed in float64 and rounded to float32 (the product is exact in float64; the
-sum rounds twice, which can differ from one rounding in the last bit in rare halfway cases). llama.cpp may
+The fused multiply-add rounds once, as the machine's (`_fma32`: the exact product and sum in float64, rounded to
+odd, then to float32). llama.cpp may
 take other kernels for some shapes (tinyBLAS, repacked Q4_0 or Q4_K rows): the same integers and scales, summed
 in another order — within float32 rounding of this one (llama-cpp-python's tiny GGUFs of the tests: none taken).
 
@@ -233,8 +233,18 @@ def k_weight_integers(w) -> KWeights:
 
 
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a·b + c rounded once (a fused multiply-add), up to float64's rounding first (module docstring)."""
-    return (a.astype(np.float64) * b + c).astype(np.float32)
+    """float32 a·b + c rounded once, as a fused multiply-add (vfmadd231ps) rounds it. The product of two float32s
+    is exact in float64; their sum s = fl64(p + c) with its error e = (p + c) − s (TwoSum, exact) is rounded to
+    odd — s, or its neighbour towards e when s's last bit is even and e ≠ 0 — and a number rounded to odd at 53
+    bits rounds to nearest at 24 as the exact one does (53 ≥ 24 + 2): one rounding, not two."""
+    p = a.astype(np.float64) * b                                          # exact
+    c = np.asarray(c, np.float64)
+    s = p + c
+    back = s - p
+    e = (p - (s - back)) + (c - back)                                     # p + c = s + e exactly
+    even = (np.ascontiguousarray(s).view(np.int64) & 1) == 0
+    odd = np.nextafter(s, np.where(e > 0, np.inf, -np.inf))
+    return np.where(even & (e != 0) & np.isfinite(s), odd, s).astype(np.float32)
 
 
 def _hsum8(acc: np.ndarray) -> np.ndarray:

@@ -10,8 +10,8 @@ x (R, d_in) float32 C-ordered, any R, BITS a StoredMatrix's parts with its float
        (ties to even), d = fp16(d_32), and for the Q8_1 kinds s = fp16(d_32·Σq) — float16 rounding by the CPU's
        conversion or by frexp/ldexp in float64 (`_fp16`, ties to even, subnormals and overflow as float16's);
     2. runs its row kernel (`_rows_of`) over CHUNKS chunks of output rows, one per numba thread: for each row r
-       of x, row o of T and block b, the 8 lanes of 4 integer products (exact), acc_k ← fp32(fp64(fp32(d_w·d_x))·
-       lane_k + acc_k) (the definition's fused multiply-add), and at the end of the row ((l0+l4)+(l2+l6)) +
+       of x, row o of T and block b, the 8 lanes of 4 integer products (exact), acc_k ← fma(fp32(d_w·d_x),
+       fp32(lane_k), acc_k) (the definition's fused multiply-add, rounded once), and at the end of the row ((l0+l4)+(l2+l6)) +
        ((l1+l5)+(l3+l7)) (+ Σ_b fp32(m_w·s_x), summed in block order).
 
 The K-quants (`_quantize_k`, `_k_rows_of`): x quantised once to Q8_K (per 256: the first largest |x| m,
@@ -23,7 +23,7 @@ How it is fast (integer SIMD, as ggml's own kernels, with numba values from `lla
 activations are each one vector of 32 bytes, unpacked in registers (nibbles, fifth bits, K-quants' 6-bit
 fields); its 8 lanes come from vpdpbusd (AVX-512 VNNI) or vpmaddubsw + vpmaddwd (AVX2) — the K-quants' sub-block
 scales applied to the int16 pairs, as ggml does; the float step is one float32 fused multiply-add per block
-where the definition's float64 sum is exact, its float64 step elsewhere (`llama_simd`, "One rounding"); the
+(`llama_simd`, "One rounding"); the
 32-block kinds run eight (row of x, row of T) pairs at once so that their chains of multiply-adds overlap, the
 next rows of T prefetched; the K-quants a pair at a time (eight chunks of integer work between two float steps),
 a row of T unpacked once for every row of x.
@@ -60,7 +60,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import kernel_cache, llama_simd, simd, stored_kernels
-from .llama_simd import (bor, bstore, bsub, bytes32, dot, field32, fma8_16, fma8_23, fma8_26, fzero, half_round,
+from .llama_simd import (bor, bstore, bsub, bytes32, dot, field32, fma1, fma8, fzero, half_round,
                          hbits32, hsum4, hsum8, ladd, lhalves, lmins, lpairsums, lscale, lsub, lsum, lzero, nibbles32,
                          prefetch, sdot, udot)
 from .stored_kernels import CHUNKS, _chunk, f16
@@ -142,8 +142,8 @@ def _y(acc, summs, tail):
     return hsum8(acc) + summs if tail else hsum8(acc)
 
 
-# A block of a (row of x, row of T): lanes = its 8 integer lanes (exact), acc_k ← fp32(fp64(fp32(d_w·d_x))·lane_k
-# + acc_k) (the definition's fused multiply-add; |lane| ≤ 4·128·127 < 2¹⁶: fma8_16), and the Q8_1 kinds'
+# A block of a (row of x, row of T): lanes = its 8 integer lanes (exact), acc_k ← fma(fp32(d_w·d_x), fp32(lane_k),
+# acc_k) (the definition's fused multiply-add, rounded once: fma8), and the Q8_1 kinds'
 # summs + fp32(m_w·s_x). The float part is what costs (the integer lanes alone ran ~3× faster), and one chain
 # of these multiply-adds waits on each block's: eight pairs at a time overlap eight chains — eight rows of T
 # against a row of x (decoding), or a row of T against eight rows of x (a prompt: the block's weights unpacked
@@ -152,7 +152,7 @@ def _y(acc, summs, tail):
 @njit(inline="always")
 def _step(how, tail, q, d, m, h, offset, o, b, w, x, dxb, sxb, acc, summs):
     """acc, summs after block b of row o of T (its integers W) against x's block (X, its scales DXB, SXB)."""
-    acc = fma8_16(acc, f16(d[o, b]) * dxb, _lanes(how, tail, w, x))
+    acc = fma8(acc, f16(d[o, b]) * dxb, _lanes(how, tail, w, x))
     if tail:
         summs = summs + f16(m[o, b]) * sxb
     return acc, summs
@@ -261,7 +261,22 @@ def _matvec_of(kind, how, tail, offset, at_m, at_h):
             rows(qx, dx, sx, q, d, m, h, y, o0, o1)
 
     entry.__name__ = entry.__qualname__ = f"_mv_{kind.lower()}"        # kernel_cache's file of each entry
+
+    @njit
+    def prep(x):
+        return _quantize(x, tail)
+
+    @njit
+    def part(x, p, bits, y, o0, o1):
+        rows(p[0], p[1], p[2], bits[0], bits[1], bits[at_m], bits[at_h], y, o0, o1)
+
+    ROWS[kind] = (prep, part)
     return njit(parallel=True)(entry)
+
+
+# MATVEC's products as parts a compiled caller runs in its own parallel loop (core.step_compiled), as
+# stored_kernels.ROWS: ROWS[kind] = (prep, rows), prep(x) → x quantised, rows(x, prep(x), bits, y, o0, o1).
+ROWS: dict = {}
 
 
 _mv_q8_0 = _matvec_of("Q8_0", Q8_0, 0, 0, 1, 1)     # (x, q, d, y)
@@ -361,16 +376,15 @@ def _k_rows_of(how):
                             lanes = ladd(lanes, sdot(wc, x, s0, s1))
                         if how == K6:                     # the −32 through the sums of sub-blocks 2k, 2k+1
                             lanes = lsub(lanes, lscale(lpairsums(bsums[r, b], sc[o, b]), 32))
-                            acc = fma8_26(acc, dx[r, b] * f16(d[o, b]), lanes)   # |lane| < 2²⁶
+                            acc = fma8(acc, dx[r, b] * f16(d[o, b]), lanes)   # |lane| < 2²⁶
                             continue
-                        acc = fma8_23(acc, dx[r, b] * f16(d[o, b]), lanes)   # ≤ 31·127·4·63·8 < 2²³
+                        acc = fma8(acc, dx[r, b] * f16(d[o, b]), lanes)   # ≤ 31·127·4·63·8 < 2²³
                         dmin_b = -(dx[r, b] * f16(dmin[o, b]))    # float32
                         mins = lmins(bsums[r, b], mn[o, b])       # lane i: m_i·S_i
                         if how == K4:                             # 4 lanes: m_2k·S_2k + m_2k+1·S_2k+1
-                            acc_m = fma8_23(acc_m, dmin_b, lhalves(mins))
+                            acc_m = fma8(acc_m, dmin_b, lhalves(mins))
                         else:                                     # fused, as gcc contracts it
-                            total = np.float64(np.float32(lsum(mins)))
-                            summs = np.float32(np.float64(dmin_b) * total + np.float64(summs))
+                            summs = fma1(dmin_b, np.float32(lsum(mins)), summs)
                     v = hsum8(acc)
                     if how == K4:
                         v = v + hsum4(acc_m)                      # (a0+a2)+(a1+a3)
@@ -408,6 +422,26 @@ def _mv_q6_k(x, ql, qh, sc, d, y):
         o0, o1 = _chunk(d.shape[0], c)
         _rows_q6_k(qx, dx, bsums, ql, qh, d, d, sc, mn, y, o0, o1)
 
+
+@njit
+def _part_q4_k(x, p, bits, y, o0, o1):
+    qs, d, dmin, sc, mn = bits
+    _rows_q4_k(p[0], p[1], p[2], qs, np.zeros((1, 1, 1), np.uint8), d, dmin, sc, mn, y, o0, o1)
+
+
+@njit
+def _part_q5_k(x, p, bits, y, o0, o1):
+    qs, qh, d, dmin, sc, mn = bits
+    _rows_q5_k(p[0], p[1], p[2], qs, qh, d, dmin, sc, mn, y, o0, o1)
+
+
+@njit
+def _part_q6_k(x, p, bits, y, o0, o1):
+    ql, qh, sc, d = bits
+    _rows_q6_k(p[0], p[1], p[2], ql, qh, d, d, sc, np.zeros((1, 1, 1), np.uint8), y, o0, o1)
+
+
+ROWS.update({"Q4_K": (_quantize_k, _part_q4_k), "Q5_K": (_quantize_k, _part_q5_k), "Q6_K": (_quantize_k, _part_q6_k)})
 
 MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1,
           "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k}

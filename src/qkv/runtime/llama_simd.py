@@ -5,8 +5,8 @@ A block's 32 weights and its 32 quantised activations are each an LLVM <32 x i8>
 summed 4 consecutive at a time, are the 8 integer lanes of ggml's AVX2 dot products, an <8 x i32> (`I32x8`);
 each lane's float32 accumulator is an <8 x float> (`F32x8`). As in `simd`, a value of these types is a local
 variable LLVM keeps in registers, each operation below a few vector instructions (`dot`: vpsignb ×2 and
-vpdpbusd with AVX-512 VNNI, or vpmaddubsw and vpmaddwd with AVX2, as ggml multiplies; `fma8_16`: vcvtdq2ps, a
-few comparisons and vfmadd231ps), where scalar code per lane ran at a tenth of the speed.
+vpdpbusd with AVX-512 VNNI, or vpmaddubsw and vpmaddwd with AVX2, as ggml multiplies; `fma8`: vcvtdq2ps and
+vfmadd231ps), where scalar code per lane ran at a tenth of the speed.
 
     bytes32(a)              the 32 bytes a[0:32] (int8 or uint8)
     nibbles32(a)            a Q4 block's 16 bytes a[0:16] as its 32 integers: low nibbles (weights 0–15), then high
@@ -22,8 +22,8 @@ few comparisons and vfmadd231ps), where scalar code per lane ran at a tenth of t
     lhalves(a)              lanes 0–3: a[2k] + a[2k + 1]; lanes 4–7: 0       lsum(a)   Σ lanes (int32)
     lstore(a, out)          out[0:8] = a (int32)
     fzero()                 0 in the 8 float32 lanes
-    fma8_16(acc, s, lanes)  acc_k ← fp32(fp64(s)·fp64(fp32(lane_k)) + fp64(acc_k)): the definition's fused
-                            multiply-add (llama_arith._fma32), for lanes below 2¹⁶ (fma8_23, fma8_26: 2²³, 2²⁶)
+    fma8(acc, s, lanes)     acc_k ← fma(s, fp32(lane_k), acc_k), rounded once: the definition's fused multiply-add
+                            (llama_arith._fma32);  fma1(a, b, c): the same of three float32s
     hsum8(acc)              ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) in float32: ggml's hsum_float_8
     hsum4(acc)              (l0 + l2) + (l1 + l3): Q4_K's four lanes of mins
     half_round(v)           float32 → the nearest float16 → float32, by the machine's conversion (F16C)
@@ -31,16 +31,10 @@ few comparisons and vfmadd231ps), where scalar code per lane ran at a tenth of t
 Integer operations are exact (the sums stay far below 2³¹); the float operations are the definition's, in its
 order.
 
-One rounding. The definition's step rounds twice: p = s·fp32(lane) + acc in float64 (p's product is exact), then
-to float32 — four conversions of eight float64s a block, which bounded the kernels at ~14 G weights/s here. Where
-the float64 sum is exact, rounding it to float32 is the one rounding of a float32 fused multiply-add
-fma(s, fp32(lane), acc), which needs none. With q_v the exponent of v's last bit (ulp), |lane| < 2^B and s, acc
-float32 (24 bits), s·lane has fewer than 24 + B bits above q_s, so the sum is a multiple of 2^min(q_s, q_a)
-below 2^(max(q_s + 24 + B, q_a + 24) + 1): it fits float64's 53 bits when −(28 − B) ≤ q_a − q_s ≤ 28. Two
-comparisons per lane are enough for that: |acc| < |s|·2²⁸ (an overflow to infinity only where the bound holds)
-and |acc|·2^(28 − B) ≥ |s| (idem), or acc = 0 (s·lane + 0 is exact). Where all 8 lanes pass, one fused
-multiply-add; else (NaN, infinity, s = 0, or an accumulator far from the block's scale: rare) the definition's
-float64 step. The same bits either way (tests/test_llama_kernels.py forces both), ~35 % faster.
+One rounding. The definition's step is a fused multiply-add (llama_arith._fma32: a·b + c rounded once, as
+vfmadd231ps rounds it), so the kernels take the machine's own: one instruction a block. (An earlier definition
+rounded the float64 sum to float32, twice, and the kernels had to test each lane for where that equals one
+rounding: ~20 % of a block's work, and not what ggml computes.)
 
 Each function reads its array from its first element: the kernels pass contiguous slices. `prefetch(a)` asks
 for a[0]'s cache line ahead of its use.
@@ -356,42 +350,21 @@ def prefetch(typingctx, a):
     return types.void(a), codegen
 
 
-def _fma8_exact(bits: int):
-    """acc ← the definition's step for lanes below 2^BITS: one float32 fused multiply-add where the float64 sum is
-    exact (module docstring, "One rounding"), else through float64."""
-    near = float(2 ** (28 - bits))
-
-    @intrinsic
-    def fma8_exact(typingctx, acc, s, lanes):
-        def codegen(context, builder, sig, args):
-            acc, s, lanes = args
-            lane = builder.sitofp(lanes, _F8)                                       # fp32(lane_k)
-            sv = splat(builder, s, 8)
-            abs_a, abs_s = (_call(builder, "llvm.fabs.v8f32", _F8, [v]) for v in (acc, sv))
-            below = builder.fcmp_ordered("<", abs_a, builder.fmul(abs_s, ir.Constant(_F8, [2.0 ** 28] * 8)))
-            above = builder.fcmp_ordered(">=", builder.fmul(abs_a, ir.Constant(_F8, [near] * 8)), abs_s)
-            zero = builder.fcmp_ordered("==", acc, ir.Constant(_F8, [0.0] * 8))
-            ok = builder.and_(below, builder.or_(above, zero))                      # <8 x i1>
-            every = builder.icmp_unsigned("==", builder.bitcast(ok, ir.IntType(8)), ir.Constant(ir.IntType(8), 255))
-            with builder.if_else(every, likely=True) as (one, two):
-                with one:                                                           # the sum exact in float64:
-                    fast = _call(builder, "llvm.fma.v8f32", _F8, [sv, lane, acc])   # one rounding: the same
-                    fast_bb = builder.block
-                with two:
-                    wide = ir.VectorType(_F64, 8)
-                    total = builder.fadd(builder.fmul(builder.fpext(sv, wide), builder.fpext(lane, wide)),
-                                         builder.fpext(acc, wide))
-                    slow = builder.fptrunc(total, _F8)
-                    slow_bb = builder.block
-            out = builder.phi(_F8)
-            out.add_incoming(fast, fast_bb)
-            out.add_incoming(slow, slow_bb)
-            return out
-        return f32x8(f32x8, types.float32, i32x8), codegen
-    return fma8_exact
+@intrinsic
+def fma8(typingctx, acc, s, lanes):
+    """acc_k ← fma(s, fp32(lane_k), acc_k): one rounding (llvm.fma: vfmadd231ps), the definition's `_fma32`."""
+    def codegen(context, builder, sig, args):
+        acc, s, lanes = args
+        return _call(builder, "llvm.fma.v8f32", _F8, [splat(builder, s, 8), builder.sitofp(lanes, _F8), acc])
+    return f32x8(f32x8, types.float32, i32x8), codegen
 
 
-fma8_16, fma8_23, fma8_26 = _fma8_exact(16), _fma8_exact(23), _fma8_exact(26)
+@intrinsic
+def fma1(typingctx, a, b, c):
+    """a·b + c of three float32s rounded once (llvm.fma.f32: vfmadd231ss)."""
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.f32", _F32, list(args))
+    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 @intrinsic

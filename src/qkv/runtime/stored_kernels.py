@@ -458,6 +458,87 @@ def _dq_q6_k(ql, qh, sc, d, out):
     _dq_rows_q6_k(ql, qh, sc, d, out, 0, d.shape[0])
 
 
+# The same products as parts a compiled caller runs in its own parallel loop (core.step_compiled: a layer's
+# one-token step in one call): ROWS[kind] = (prep, rows), prep(x) → what the rows read besides x (the block sums;
+# nothing for Q8_0, Q6_K and the halves), rows(x, prep(x), bits, y, o0, o1) → y[:, o0:o1], bits StoredMatrix.bits.
+# "F32": a float32 W (d_in, d_out) itself, bits (W,): y = x·W by columns o0..o1 (no BLAS inside numba; the same
+# products summed in another order than NumPy's).
+
+@njit
+def _nothing(x):
+    return x[:0, :0]
+
+
+@njit
+def _r_q8_0(x, p, bits, y, o0, o1):
+    _rows_q8_0(x, bits[0], bits[1], y, o0, o1)
+
+
+@njit
+def _r_q4_0(x, p, bits, y, o0, o1):
+    _rows_q4(x, p, bits[0], bits[1], bits[1], np.float32(0), np.float32(8), y, o0, o1)
+
+
+@njit
+def _r_q4_1(x, p, bits, y, o0, o1):
+    _rows_q4(x, p, bits[0], bits[1], bits[2], np.float32(1), np.float32(0), y, o0, o1)
+
+
+@njit
+def _r_q5_0(x, p, bits, y, o0, o1):
+    _rows_q5(x, p, bits[0], bits[1], bits[1], np.float32(0), bits[2], np.float32(16), y, o0, o1)
+
+
+@njit
+def _r_q5_1(x, p, bits, y, o0, o1):
+    _rows_q5(x, p, bits[0], bits[1], bits[2], np.float32(1), bits[3], np.float32(0), y, o0, o1)
+
+
+@njit
+def _r_q4_k(x, p, bits, y, o0, o1):
+    q, d, dmin, sc, mn = bits
+    _rows_q45_k(x, p, q, q, d, dmin, sc, mn, False, y, o0, o1)
+
+
+@njit
+def _r_q5_k(x, p, bits, y, o0, o1):
+    q, qh, d, dmin, sc, mn = bits
+    _rows_q45_k(x, p, q, qh, d, dmin, sc, mn, True, y, o0, o1)
+
+
+@njit
+def _r_q6_k(x, p, bits, y, o0, o1):
+    _rows_q6_k(x, bits[0], bits[1], bits[2], bits[3], y, o0, o1)
+
+
+@njit
+def _r_f16(x, p, bits, y, o0, o1):
+    _rows_half(x, bits[0], False, y, o0, o1)
+
+
+@njit
+def _r_bf16(x, p, bits, y, o0, o1):
+    _rows_half(x, bits[0], True, y, o0, o1)
+
+
+@njit(fastmath=FAST)
+def _r_f32(x, p, bits, y, o0, o1):
+    """y[:, o0:o1] = x·W[:, o0:o1], W (d_in, d_out) float32: each row of W's columns o0..o1 added in, times x_i."""
+    W = bits[0]
+    acc = np.empty(o1 - o0, np.float32)
+    for r in range(x.shape[0]):
+        acc[:] = 0
+        for i in range(x.shape[1]):
+            xi, row = x[r, i], W[i]
+            for o in range(o0, o1):
+                acc[o - o0] += xi * row[o]
+        y[r, o0:o1] = acc
+
+
+ROWS = {"Q8_0": (_nothing, _r_q8_0), "Q4_0": (_sums, _r_q4_0), "Q4_1": (_sums, _r_q4_1), "Q5_0": (_sums, _r_q5_0),
+        "Q5_1": (_sums, _r_q5_1), "Q4_K": (_sums, _r_q4_k), "Q5_K": (_sums, _r_q5_k), "Q6_K": (_nothing, _r_q6_k),
+        "F16": (_nothing, _r_f16), "BF16": (_nothing, _r_bf16), "F32": (_nothing, _r_f32)}
+
 MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0, "Q5_1": _mv_q5_1,
           "Q4_K": _mv_q4_k, "Q5_K": _mv_q5_k, "Q6_K": _mv_q6_k, "F16": _mv_f16, "BF16": _mv_bf16}
 DEQUANT = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1,
