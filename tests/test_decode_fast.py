@@ -1,5 +1,6 @@
-"""The one-token step's fast path (layer.step_block, layer.row_norm) gives the very numbers of the plain
-blocks, and generation takes it only where nothing is recorded, hooked or ablated."""
+"""The one-token step's readable fast path (layer.step_block, layer.row_norm) gives the very numbers of the plain
+blocks, and generation takes it only where nothing is recorded, hooked or ablated (with QKV_STEP=readable: the
+compiled step beside it is tests/test_step_compiled.py's)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from qkv.core.ops import rms_norm
 from qkv.core.weights import NormWeights
 
 from conftest import DECODER_FIXTURES, MODELS
+
+
+@pytest.fixture(autouse=True)
+def readable_step(monkeypatch):
+    """These tests are about the readable step (step_block): the compiled one (tests/test_step_compiled.py) off."""
+    monkeypatch.setenv("QKV_STEP", "readable")
 
 
 @pytest.fixture(scope="module", params=DECODER_FIXTURES)

@@ -47,7 +47,12 @@ def generate(text: str, source: str, max_new_tokens: int | None, temperature: fl
 
     With --sae and --steer, add SAE features' directions to the stream while writing (qkv.features.steer); with
     --steer FILE@LAYER:SCALE a control vector's (qkv steer make, llama.cpp's), with --ablate-direction FILE its
-    direction removed at every layer (qkv.analysis.steering). With an encoder–decoder, translate TEXT instead (qkv translate)."""
+    direction removed at every layer (qkv.analysis.steering). With an encoder–decoder, translate TEXT instead (qkv translate).
+
+    After the prompt, each new token runs every decoder layer as one compiled call (core/step_compiled.py: Llama,
+    Mistral, Qwen2, Phi-3, Gemma and their GGUF files, in both --arith); --trace, --steer and --ablate-direction
+    record or change the pass, so they take the readable NumPy step, as do the layers the compiled step does not
+    cover. Both give the same tokens (tested). QKV_STEP=readable takes the readable step everywhere."""
     from dataclasses import replace
 
     from .common import load_model as load
@@ -182,6 +187,9 @@ def chat_cmd(text: str | None, source: str, system: str | None, max_new_tokens: 
     it, /help lists the commands, Ctrl-C stops a reply, Ctrl-D quits; what you type while a reply streams is
     neither shown nor kept. With --sae and --steer, every
     reply is written with SAE features' directions added to the stream (qkv.features.steer).
+
+    Each new token runs every decoder layer as one compiled call where it can (as qkv generate); --trace,
+    --steer and --ablate-direction take the readable NumPy step (QKV_STEP=readable: always).
     """
     from ..writing.chat import Conversation
     from .common import load_model as load

@@ -80,6 +80,7 @@ class Context:
     hooks: Hooks | None = None                       # functions reading or replacing values (qkv.core.hooks); None: none
     step_bias: np.ndarray | None = None              # a one-token step's mask M, None if it hides nothing
     one_step: bool = False                           # a plain one-token step: blocks take `step_block`
+    compiled_step: bool = False                      # … or, where they can, step_compiled's (nothing recorded)
     scale: float | None = None                       # what Q·Kᵀ is multiplied by; None: 1/√d_k (ModelConfig.score_scale)
     memory: list[tuple[np.ndarray, np.ndarray]] | None = None   # cross-attention: each layer's K, V (B, H, n_src, d_k)
     cross: "Context | None" = None                   # a decoder's cross-attention (encoder–decoders); None: none

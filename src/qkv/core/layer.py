@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from . import step_compiled
 from .attention import scaled_dot_product_attention
 from .blocks import attention, conv_beside, feed_forward, linear, norm, norm_by, norm_scale
 from .config import ModelConfig
@@ -233,6 +234,8 @@ def block(x: np.ndarray, w: BlockWeights, ctx: Context, layer: int) -> np.ndarra
     convolution of its input to its output and normalises the sum (blocks.conv_beside): residual_out is after it."""
     cfg, hooks = ctx.cfg, ctx.hooks
     if ctx.one_step:
+        if x.dtype == np.float32 and step_compiled.takes(w, ctx):
+            return step_compiled.step(x, w, ctx, layer)
         return step_block(x, w, ctx, layer)
     x = x_in = seen(ctx, layer, "residual", x)
     tape = ctx.tape

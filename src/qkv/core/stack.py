@@ -35,6 +35,7 @@ from .lightning import minimax_block
 from .mamba2 import Mamba2, mamba2_pass
 from .mamba2_layers import mamba2_layer, parallel_layer
 from .disentangled import relative_table
+from . import step_compiled
 from .context import QUIET, Ablation, Context, check_finite, check_given
 from .blocks_backward import Tape
 from .cache import KVCache
@@ -253,6 +254,7 @@ def transformer(weights: Weights, cfg: ModelConfig, ids: np.ndarray, attention_m
             bias = mask.bias(dtype)                              # (B or 1, 1, 1, m) or None
             return None if bias is None or not bias.any() else bias
         ctx.one_step, ctx.step_bias = True, hiding(ctx.mask)
+        ctx.compiled_step = not ctx.rec.keep and step_compiled.wanted()   # recording A: the readable step
         if ctx.masks is not None:                            # one per window
             ctx.step_biases = {kind: hiding(mask) for kind, mask in ctx.masks.items()}
     return run_stack(weights, ctx, ids=ids, positions=positions, token_type_ids=token_type_ids, tokens=tokens,
