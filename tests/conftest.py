@@ -43,6 +43,16 @@ PATIENCE = 900
 collect_ignore = ["live"]
 
 
+@pytest.fixture(autouse=True)
+def readable_steps(request, monkeypatch):
+    """Generation in the suite takes the readable one-token step (QKV_STEP=readable): the definition each family is
+    checked against transformers with. The compiled step (core/step_compiled.py) is checked against it in
+    tests/test_step_compiled.py, the one file that runs it: each of its plans takes 10–30 s to compile in every
+    process with a cache of its own, and taken everywhere they made the suite 12 minutes longer."""
+    if request.module.__name__ != "test_step_compiled":
+        monkeypatch.setenv("QKV_STEP", "readable")
+
+
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """`qkv ARGS` through the real entry point (`qkv.cli.app.main`): (exit code, stdout, stderr)."""
     from qkv.cli.app import main

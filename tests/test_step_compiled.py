@@ -212,6 +212,7 @@ def test_two_hundred_greedy_tokens_are_the_readable_steps(dtype, arith, monkeypa
 
 
 def test_hooks_recording_and_ablation_take_the_readable_step(monkeypatch):
+    monkeypatch.setenv("QKV_STEP", "compiled")
     model = qkv.load(str(MODELS / "llama_gqa"))
     ids = np.arange(3, 9)[None]
     calls = []
