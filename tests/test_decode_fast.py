@@ -16,12 +16,6 @@ from qkv.core.weights import NormWeights
 from conftest import DECODER_FIXTURES, MODELS
 
 
-@pytest.fixture(autouse=True)
-def readable_step(monkeypatch):
-    """These tests are about the readable step (step_block): the compiled one (tests/test_step_compiled.py) off."""
-    monkeypatch.setenv("QKV_STEP", "readable")
-
-
 @pytest.fixture(scope="module", params=DECODER_FIXTURES)
 def decoder(request):
     return qkv.load(str(MODELS / request.param))

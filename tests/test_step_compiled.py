@@ -15,27 +15,15 @@ import pytest
 import qkv
 from qkv.core import step_compiled as sc
 from qkv.core import step_math as sm
-from qkv.core.cache import KVCache
 from qkv.runtime.errors import QkvError
 from qkv.writing.generate import decode
 
 from conftest import DECODER_FIXTURES, FIXTURES, MODELS
+from test_decode_fast import step_logits
 
 REL = 1e-6              # the relative error of each logits vector, ‖compiled − readable‖ ÷ ‖readable‖ (the issue's
                         # bound), worst over rows and steps; most families are bit-equal (REL 0), the rest differ
                         # where BLAS sums the scores in an order the compiled step does not follow
-
-
-def step_logits(model, ids, mask, steps: int) -> np.ndarray:
-    """The prompt's pass, then STEPS one-token steps feeding back the greedy token: (steps + 1, B, 1, V)."""
-    B, n = ids.shape
-    cache = KVCache(model.config, B, n + steps)
-    full = np.concatenate([mask, np.ones((B, steps), mask.dtype)], axis=1)
-    out = [model.last_logits(ids, full[:, :n], cache=cache)]
-    for t in range(steps):
-        new = out[-1][:, -1].argmax(-1)[:, None]                          # (B, 1)
-        out.append(model.last_logits(new, full[:, :n + t + 1], cache=cache))
-    return np.stack(out)
 
 
 def both_ways(model, monkeypatch, steps: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
@@ -48,10 +36,10 @@ def both_ways(model, monkeypatch, steps: int = 6, seed: int = 0) -> tuple[np.nda
     real = sc.step
     monkeypatch.setattr(sc, "step", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setenv("QKV_STEP", "compiled")
-    fast = step_logits(model, ids, mask, steps)
+    fast = np.stack(step_logits(model, ids, mask, steps))             # (steps + 1, B, 1, V)
     monkeypatch.setenv("QKV_STEP", "readable")
     n = len(calls)
-    plain = step_logits(model, ids, mask, steps)
+    plain = np.stack(step_logits(model, ids, mask, steps))
     assert len(calls) == n                                                # readable: never the compiled step
     return fast, plain, n
 
