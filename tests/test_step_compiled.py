@@ -101,7 +101,7 @@ def test_the_compiled_norms_are_the_readable_steps_to_the_bit(kind, arith):
     from qkv.core.layer import row_norm
     from qkv.core.weights import NormWeights
     rng = np.random.default_rng(3)
-    f = sm.norm_of(kind == "layer", arith == "llama.cpp")
+    f = sm.norm_of(arith == "llama.cpp")
     cfg = SimpleNamespace(norm=kind, arith=arith, norm_eps=1e-5)
     for d in (1, 5, 8, 64, 127, 129, 576, 2048, 3001):
         x = (rng.standard_normal((2, 1, d)) * 3 + 0.5).astype(np.float32)       # (B, 1, d)
@@ -109,13 +109,13 @@ def test_the_compiled_norms_are_the_readable_steps_to_the_bit(kind, arith):
                         rng.standard_normal(d).astype(np.float32) if kind == "layer" else None)
         y = np.empty((2, d), np.float32)
         for b in range(2):
-            f(x[:, 0], b, 0, d, w.weight, sc._or_none(w.bias), np.float32(1e-5), y, 0)
+            f(kind == "layer", x[:, 0], b, 0, d, w.weight, sc._or_none(w.bias), np.float32(1e-5), y, 0)
         assert np.array_equal(y, norm(x, w, cfg)[:, 0]), d
         assert np.array_equal(y[:1], row_norm(x[:1], w, cfg)[:, 0]), d
 
 
 def test_the_compiled_activations_are_ops_to_the_bit():
-    """`act_of` is ops.ACTIVATIONS' float32 steps; its exp (`exp32`) NumPy's own kernel's where NumPy has it
+    """`act` is ops.ACTIVATIONS' float32 steps; its exp (`exp32`) NumPy's own kernel's where NumPy has it
     (AVX2 or AVX-512), else within 3 ulp of the C library's expf that NumPy then calls."""
     from numba import njit
     from numpy._core._multiarray_umath import __cpu_features__ as cpu
@@ -124,19 +124,18 @@ def test_the_compiled_activations_are_ops_to_the_bit():
     x = np.concatenate([rng.standard_normal(100_000) * 4, rng.uniform(-110, 90, 100_000),
                         [0, -0.0, np.inf, -np.inf]]).astype(np.float32)
     simd_exp = cpu.get("AVX512F") or cpu.get("AVX2") and cpu.get("FMA3")
-    for name in (*sm.ACTS, "exp"):
-        f = sm.exp32 if name == "exp" else sm.act_of(name)
+    @njit
+    def each(no, x):
+        y = np.empty_like(x)
+        for i in range(x.shape[0]):
+            y[i] = sm.exp32(x[i]) if no < 0 else sm.act(no, x[i])
+        return y
 
-        @njit
-        def each(x):
-            y = np.empty_like(x)
-            for i in range(x.shape[0]):
-                y[i] = f(x[i])
-            return y
+    for name in (*sc.ACTS, "exp"):
 
         with np.errstate(over="ignore", invalid="ignore"):
             want = np.exp(x) if name == "exp" else ACTIVATIONS[name](x)
-            got = each(x)
+            got = each(-1 if name == "exp" else sc.ACTS.index(name), x)
         if simd_exp or name in ("gelu", "relu", "relu2"):
             assert np.array_equal(got, want, equal_nan=True), name
         else:
@@ -225,62 +224,17 @@ def test_hooks_recording_and_ablation_take_the_readable_step(monkeypatch):
         model.generate(ids, 3, temperature=0, stop_at_eos=False)
 
 
-# A child: one GGUF file, three greedy steps compiled; prints the logits and what the compiled layer's
-# dispatcher found in the kernel cache.
-CHILD = r"""
-import json, sys
-import numpy as np
-import qkv
-from qkv.core import step_compiled as sc
-from qkv.core.cache import KVCache
-model = qkv.load(sys.argv[1], dtype="stored", arith=sys.argv[2])
-ids, mask = np.array([[1, 5, 9, 14]]), np.ones((1, 7), np.int64)
-cache = KVCache(model.config, 1, 7)
-out = [model.last_logits(ids, mask[:, :4], cache=cache)]
-for t in range(3):
-    out.append(model.last_logits(out[-1][:, -1].argmax(-1)[:, None], mask[:, :5 + t], cache=cache))
-fn = next(iter(sc._compiled.values()))
-print(json.dumps({"logits": np.stack(out).ravel().tolist(), "loaded": sum(fn.stats.cache_hits.values()),
-                  "compiled": sum(fn.stats.cache_misses.values())}))
-"""
-
-
-def test_a_compiled_layer_kept_on_disk_is_read_back_checked(gguf_maker, tmp_path):
-    """Each plan is one entry of the kernel cache (runtime.kernel_cache): a second process reads it back and
-    computes the same numbers; a damaged file is compiled again, never run."""
-    from test_kernel_cache import environment
-    path = gguf_maker.make(tmp_path / "tiny.gguf", "llama", "Q4_0")
-    env = environment(tmp_path / "cache")
-
-    def child() -> dict:
-        done = subprocess.run([sys.executable, "-c", CHILD, str(path), "llama.cpp"], env=env, capture_output=True,
-                              text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
-
-    first = child()
-    assert (first["loaded"], first["compiled"]) == (0, 1)
-    second = child()
-    assert (second["loaded"], second["compiled"]) == (1, 0) and second["logits"] == first["logits"]
-    kept = [p for p in (tmp_path / "cache" / "kernels").rglob("_layer_*.nbk")]
-    assert len(kept) == 1
-    blob = bytearray(kept[0].read_bytes())
-    blob[len(blob) // 2] ^= 0xFF                                          # one byte damaged
-    kept[0].write_bytes(bytes(blob))
-    third = child()
-    assert (third["loaded"], third["compiled"]) == (0, 1) and third["logits"] == first["logits"]
-
-
-# A child: the fixtures named on its command line, each's logits compiled − readable (its relative difference)
-FAMILIES_CHILD = r"""
+# A child: for each PATH@ARITH on its command line, that model's logits compiled − readable (relative)
+PLANS_CHILD = r"""
 import json, os, sys
 import numpy as np
 import qkv
 from qkv.core import step_compiled as sc
 from qkv.core.cache import KVCache
 out = {}
-for path in sys.argv[1:]:
-    model = qkv.load(path)
+for arg in sys.argv[1:]:
+    path, arith = arg.split("@")
+    model = qkv.load(path, arith=arith)
     ids, mask = np.array([[1, 5, 9, 14]]), np.ones((1, 7), np.int64)
     both = []
     for how in ("compiled", "readable"):
@@ -290,25 +244,38 @@ for path in sys.argv[1:]:
         for t in range(3):
             logits.append(model.last_logits(logits[-1][:, -1].argmax(-1)[:, None], mask[:, :5 + t], cache=cache))
         both.append(np.stack(logits))
-    out[path] = float(np.abs(both[0] - both[1]).max() / np.abs(both[1]).max())
+    out[arg] = float(np.abs(both[0] - both[1]).max() / np.abs(both[1]).max())
 print(json.dumps({"rel": out, "loaded": sum(sum(f.stats.cache_hits.values()) for f in sc._compiled.values())}))
 """
 
 
-def test_plans_kept_by_two_processes_meet_in_a_third(tmp_path):
-    """Two plans compiled in two processes (an RMSNorm block, a LayerNorm one: their norms are other functions)
-    and read back from the kernel cache into a third each keep their own callees: the same numbers as the
-    readable step there (numba's function ids restart in each process; the callees are linked by name)."""
+def test_plans_kept_on_disk_are_read_back_and_meet_in_a_third_process(gguf_maker, tmp_path):
+    """Each plan is one entry of the kernel cache (runtime.kernel_cache, which also checks what it reads back:
+    tests/test_kernel_cache.py). Two plans compiled in two processes (one GGUF file in exact and in llama.cpp
+    arithmetic: their norms are other functions) and read back into a third keep their own callees: the readable
+    step's numbers there (numba's function ids restart in each process; the callees are linked by name)."""
     from test_kernel_cache import environment
     env = environment(tmp_path / "cache")
-    rms, layer = str(MODELS / "arcee"), str(MODELS / "bloom")
+    path = gguf_maker.make(tmp_path / "tiny.gguf", "llama", "F32")       # F32 rows: the quickest plans to compile
+    exact, ggml = f"{path}@exact", f"{path}@llama.cpp"
 
-    def child(*paths) -> dict:
-        done = subprocess.run([sys.executable, "-c", FAMILIES_CHILD, *paths], env=env, capture_output=True,
-                              text=True)
+    def child(*args) -> dict:
+        done = subprocess.run([sys.executable, "-c", PLANS_CHILD, *args], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.splitlines()[-1])
 
-    assert child(rms)["loaded"] == 0 and child(layer)["loaded"] == 0
-    both = child(rms, layer)
+    assert child(exact)["loaded"] == 0 and child(ggml)["loaded"] == 0
+    assert len(list((tmp_path / "cache" / "kernels").rglob("_layer_*.nbk"))) == 2
+    both = child(exact, ggml)
     assert both["loaded"] == 2 and max(both["rel"].values()) <= REL
+
+
+def test_every_float32_checkpoint_takes_one_compiled_layer():
+    """A plan is its arithmetic and its products' kinds: the families' differences are arguments, so every float32
+    fixture the compiled step takes runs the same compiled layer (one compile a process, one file kept)."""
+    plans = set()
+    for name in DECODER_FIXTURES:
+        model = qkv.load(str(MODELS / name))
+        plans |= {sc.plan_of(model.config, b) for b in getattr(model.weights, "blocks", None) or []
+                  if sc.refusal(model.config, b) is None}
+    assert plans == {sc.Plan("exact", ("F32",) * 4)}

@@ -2,9 +2,11 @@
 when nothing is recorded, hooked or ablated.
 
 `layer.step_block` is the readable step (NumPy: a call per product and per small operation between them, ~20 a
-layer); this is the same step as one function, compiled once per *plan* — the kinds of its four products (a
-GGUF kind kept stored, or "F32" for a float32 matrix), the arithmetic ("exact" or "llama.cpp"), RoPE's pairs,
-the FFN's activation, the norms and where they sit — with every number of the layer computed in its body:
+layer); this is the same step as one function, compiled once per *plan* — the arithmetic ("exact" or
+"llama.cpp") and the kinds of its four products (a GGUF kind kept stored, or "F32" for a float32 matrix) — with
+every number of the layer computed in its body. What differs between families (RoPE's pairs, the norms and where
+they sit, the FFN's activation, a parallel block) is read from arguments (`switches`), not compiled in: every
+float32 checkpoint takes one compiled layer, and a GGUF file one an arithmetic and set of kinds.
 
     h = Norm(x)                         RMSNorm (llama.cpp: ggml's x·(1/√(…))·γ) or LayerNorm; none (OLMo 2)
     [q | k | v] = h·W_QKV (+ b)         one product, its rows split over numba's threads
@@ -36,40 +38,37 @@ plan its own file, checked when read back).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from ..runtime import kernel_cache, simd
 from ..runtime.errors import QkvError
 from .config import ModelConfig
-from .step_math import ACTS
 from .weights import BlockWeights, FFNWeights, NormWeights
 
-try:
-    import numba
-    from numba import njit, prange
-except ImportError:                                   # no numba: every layer takes the readable step
-    numba = None
+ACTS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")     # the FFN activations it computes (step_math.act's codes)
+QK_NORMS = ("", "head", "turned", "all")                    # norms on q and k: none, each head's (before RoPE, after
+                                                            # it), all of q and of k (OLMo 2)
+
+
+@cache
+def has_numba() -> bool:
+    """Whether numba is installed: imported only when a plan compiles (`import qkv` stays without it)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a compiled layer is specialised for: its code, not its sizes (those are arguments)."""
+    """What a compiled layer is specialised for: the code of its products and norms (its sizes and switches are
+    arguments)."""
 
     arith: str                          # "exact" or "llama.cpp"
     kinds: tuple[str, str, str, str]    # W_QKV, W_O, W_gate_in (plain FFN: W_in), W_out: a stored kind or "F32"
-    interleaved: bool                   # RoPE's pairs (2i, 2i + 1) instead of (i, i + d/2)
-    gated: bool
-    act: str
-    norm: str = "rms"                   # the block's norms: "rms" or "layer" (LayerNorm, its β where it has one)
-    pre: bool = True                    # norms before the boxes (False: none, OLMo 2)
-    qk_norm: str = ""                   # "head" (each head's q, k), "turned" (the same, after RoPE), "all", "": none
-    out_norms: bool = False             # each box's output normalised before the stream (OLMo 2, Gemma 2/3, GLM-4)
-    parallel: bool = False              # x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (GPT-NeoX, Phi, GPT-J, Falcon, Cohere)
 
     @property
     def name(self) -> str:
@@ -82,7 +81,7 @@ def kind_of(W, arith: str) -> str | None:
     multiply it in ARITH (it then keeps the readable step)."""
     from ..runtime.stored import StoredMatrix
     if isinstance(W, StoredMatrix):
-        if W.arith != arith or numba is None:
+        if W.arith != arith or not has_numba():
             return None
         return W.kind if W.kind in _rows_table(arith) else None
     if isinstance(W, np.ndarray) and W.dtype == np.float32 and W.ndim == 2 and W.flags.c_contiguous:
@@ -92,7 +91,7 @@ def kind_of(W, arith: str) -> str | None:
 
 def refusal(cfg: ModelConfig, w: BlockWeights) -> str | None:
     """Why LAYER's block W cannot take the compiled step (None: it can) — one short reason."""
-    if numba is None:
+    if not has_numba():
         return "numba is not installed"
     a, f = w.attn, w.ffn
     outs = (w.attn_out_norm, w.ffn_out_norm)
@@ -132,13 +131,21 @@ def _plain_norm(n: NormWeights, cfg: ModelConfig, heads: bool = False) -> bool:
 
 
 def plan_of(cfg: ModelConfig, w: BlockWeights) -> Plan:
+    """The compiled layer W (which `refusal` let through) runs on."""
     f = w.ffn
-    gated = f.W_gate is not None
-    kinds = tuple(kind_of(W, cfg.arith) for W in (w.attn.W_QKV, w.attn.W_O, f.W_gate_in if gated else f.W_in,
-                                                 f.W_out))
+    W_in = f.W_gate_in if f.W_gate is not None else f.W_in
+    return Plan(cfg.arith, tuple(kind_of(W, cfg.arith) for W in (w.attn.W_QKV, w.attn.W_O, W_in, f.W_out)))
+
+
+def switches(cfg: ModelConfig, w: BlockWeights) -> tuple[int, ...]:
+    """What the compiled layer does differently for W's family, as its `how` argument (ints): RoPE's pairs
+    interleaved (2i, 2i + 1) or halves (i, i + d/2); a gated FFN; its activation (in ACTS); LayerNorm or RMSNorm;
+    norms before the boxes (OLMo 2: none); the norms on q and k (in QK_NORMS); norms on each box's output (OLMo 2,
+    Gemma 2/3, GLM-4); a parallel block x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (GPT-NeoX, Phi, GPT-J, Falcon)."""
     qk = "" if cfg.qk_norm is None else "turned" if cfg.qk_norm_after_rope else cfg.qk_norm
-    return Plan(cfg.arith, kinds, bool(cfg.rope_interleaved), gated, cfg.activation, cfg.norm,
-                w.attn_norm is not None, qk, w.attn_out_norm is not None, bool(cfg.parallel_residual))
+    return (int(bool(cfg.rope_interleaved)), int(w.ffn.W_gate is not None), ACTS.index(cfg.activation),
+            int(cfg.norm == "layer"), int(w.attn_norm is not None), QK_NORMS.index(qk),
+            int(w.attn_out_norm is not None), int(bool(cfg.parallel_residual)))
 
 
 def bits_of(W) -> tuple:
@@ -158,7 +165,7 @@ def wanted() -> bool:
     how = os.environ.get("QKV_STEP", "compiled")
     if how not in ("compiled", "readable"):
         raise QkvError(f"QKV_STEP={how[:40]!r} is not a way qkv takes a one-token step; use compiled or readable")
-    return how == "compiled" and numba is not None
+    return how == "compiled" and has_numba()
 
 
 def takes(w: BlockWeights, ctx) -> bool:
@@ -182,12 +189,12 @@ def takes(w: BlockWeights, ctx) -> bool:
 
 
 def _held(w: BlockWeights, cfg: ModelConfig) -> tuple[tuple, int]:
-    """What of W's compiled layer does not change from step to step: (its norms, ε, its products' parts and
-    biases; the width of its first FFN product)."""
+    """What of W's compiled layer does not change from step to step: (its switches, norms, ε, its products'
+    parts and biases; the width of its first FFN product)."""
     a, f = w.attn, w.ffn
     W_in = f.W_gate_in if f.W_gate is not None else f.W_in
-    return ((_norms(w), np.float32(cfg.norm_eps), bits_of(a.W_QKV), _qkv_bias(a), bits_of(a.W_O), _or_none(a.b_O),
-             bits_of(W_in), _or_none(f.b_in), _or_none(f.b_gate), bits_of(f.W_out), _or_none(f.b_out)), W_in.shape[1])
+    return ((switches(cfg, w), _norms(w), np.float32(cfg.norm_eps), bits_of(a.W_QKV), _qkv_bias(a),
+             bits_of(a.W_O), _or_none(a.b_O), bits_of(W_in), _or_none(f.b_in), _or_none(f.b_gate), bits_of(f.W_out), _or_none(f.b_out)), W_in.shape[1])
 
 
 def step(x: np.ndarray, w: BlockWeights, ctx, layer: int) -> np.ndarray:
@@ -244,7 +251,7 @@ def _rows_table(arith: str) -> dict:
 
 def _compile(plan: Plan):
     """The compiled layer of PLAN (made once a process, read from the kernel cache when kept)."""
-    from ..runtime import llama_kernels, llama_simd, stored_kernels
+    from ..runtime import kernel_cache, llama_kernels, llama_simd, simd, stored_kernels
     from . import ops, step_math
     rows = _rows_table(plan.arith)
     fn = _layer_of(plan, *(rows[k] for k in plan.kinds))
@@ -256,21 +263,19 @@ def _compile(plan: Plan):
 
 
 def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
-    """The numba entry of PLAN: its products' (prep, rows) pairs and its constants closed over."""
-    from .step_math import act_of, dots, exp32, norm_of, pairwise32, weigh
+    """The numba entry of PLAN: its products' (prep, rows) pairs and its arithmetic's norms closed over."""
+    from numba import njit, prange
+    from .step_math import act, dots, exp32, norm_of, pairwise32, weigh
     from ..runtime.stored_kernels import CHUNKS, _chunk
     qkv_prep, qkv_part = qkv_rows
     o_prep, o_part = o_rows
     in_prep, in_part = in_rows
     out_prep, out_part = out_rows
-    ggml = plan.arith == "llama.cpp"
-    interleaved, gated = plan.interleaved, plan.gated
-    act = act_of(plan.act)
-    pre, qk, out_norms, parallel = plan.pre, plan.qk_norm, plan.out_norms, plan.parallel
-    norm = norm_of(plan.norm == "layer", ggml)
+    norm = norm_of(plan.arith == "llama.cpp")
+    HEAD, TURNED, ALL = (QK_NORMS.index(k) for k in ("head", "turned", "all"))
 
     @njit(inline="always")
-    def turn(qkv, b, at, cos, sin, r):
+    def turn(qkv, b, at, cos, sin, r, interleaved):
         """RoPE on the head at column AT of row b: its first d_rot numbers, by cos, sin row r."""
         d_rot = cos.shape[1]
         half = d_rot // 2
@@ -286,14 +291,14 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                 qkv[b, at + half + i] = x1 * cos[r, half + i] + x0 * sin[r, half + i]
 
     @njit(inline="always")
-    def head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps):
+    def head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps, layer_norm):
         """The norm of query head HEAD (< H) or key head HEAD − H of row b, in place: γ, β (d_k,) shared by the
         heads, or one per head (H·d_k,) / (Hkv·d_k,) (StableLM, Cohere: a LayerNorm each)."""
         g, beta, own = (g_q, b_q, head) if head < H else (g_k, b_k, head - H)
         if g.shape[0] > dk:
             g = g[own * dk:(own + 1) * dk]
             beta = beta[own * dk:(own + 1) * dk] if beta.shape[0] > 0 else beta
-        norm(qkv, b, head * dk, dk, g, beta, eps, qkv, head * dk)
+        norm(layer_norm, qkv, b, head * dk, dk, g, beta, eps, qkv, head * dk)
 
     @njit
     def attend(qkv, b, head, g, kc, vc, m, mask, scale, cap, z, dk):
@@ -320,14 +325,15 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
             s[j] = s[j] / total
         weigh(s, vc, b, g, m, z, at, dk)
 
-    def layer(x, norms, eps, qkv_bits, b_qkv, o_bits, b_o, in_bits, b_in, b_gate, out_bits, b_out,
+    def layer(x, how, norms, eps, qkv_bits, b_qkv, o_bits, b_o, in_bits, b_in, b_gate, out_bits, b_out,
               cos, sin, kc, vc, t, mask, scale, cap, mult, H, Hkv, dk, wide):
+        interleaved, gated, act_no, layer_norm, pre, qk, out_norms, parallel = how      # `switches`
         g_attn, b_attn, g_ffn, b_ffn, g_q, b_q, g_k, b_k, g_ao, b_ao, g_fo, b_fo = norms
         B, d = x.shape
         h = np.empty((B, d), np.float32)
         for b in range(B):                                                # Norm(x) (OLMo 2: x)
             if pre:
-                norm(x, b, 0, d, g_attn, b_attn, eps, h, 0)
+                norm(layer_norm, x, b, 0, d, g_attn, b_attn, eps, h, 0)
             else:
                 h[b] = x[b]                                               # (B, d_model)
         n_qkv = (H + 2 * Hkv) * dk
@@ -342,16 +348,16 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                     qkv[b, i] += b_qkv[i]
         for b in range(B):
             r = b if cos.shape[0] > 1 else 0
-            if qk == "all":                                               # OLMo 2: over the whole q, and k
-                norm(qkv, b, 0, H * dk, g_q, b_q, eps, qkv, 0)
-                norm(qkv, b, H * dk, Hkv * dk, g_k, b_k, eps, qkv, H * dk)
+            if qk == ALL:                                                 # OLMo 2: over the whole q, and k
+                norm(layer_norm, qkv, b, 0, H * dk, g_q, b_q, eps, qkv, 0)
+                norm(layer_norm, qkv, b, H * dk, Hkv * dk, g_k, b_k, eps, qkv, H * dk)
             for head in range(H + Hkv):
-                if qk == "head":                                          # each head's q, k (Qwen3): before RoPE
-                    head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps)
+                if qk == HEAD:                                            # each head's q, k (Qwen3): before RoPE
+                    head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps, layer_norm)
                 if cos.shape[1] > 0:
-                    turn(qkv, b, head * dk, cos, sin, r)
-                if qk == "turned":                                        # … after it (Hunyuan)
-                    head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps)
+                    turn(qkv, b, head * dk, cos, sin, r, interleaved)
+                if qk == TURNED:                                          # … after it (Hunyuan)
+                    head_norm(qkv, b, head, H, dk, g_q, b_q, g_k, b_k, eps, layer_norm)
             for g in range(Hkv):                                          # K, V of position t into the cache
                 for i in range(dk):
                     kc[b, g, t, i] = qkv[b, (H + g) * dk + i]
@@ -372,7 +378,7 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                 for i in range(d):
                     out[b, i] += b_o[i]
             if out_norms:
-                norm(out, b, 0, d, g_ao, b_ao, eps, out, 0)
+                norm(layer_norm, out, b, 0, d, g_ao, b_ao, eps, out, 0)
             if mult != 1:
                 for i in range(d):
                     out[b, i] *= mult
@@ -380,12 +386,12 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
         for b in range(B):
             if parallel:                                                  # the FFN reads Norm₂(x) (Phi: Norm₁(x))
                 if g_ffn.shape[0] > 0:
-                    norm(x, b, 0, d, g_ffn, b_ffn, eps, h, 0)
+                    norm(layer_norm, x, b, 0, d, g_ffn, b_ffn, eps, h, 0)
             else:
                 for i in range(d):
                     x1[b, i] = x[b, i] + out[b, i]
                 if pre:
-                    norm(x1, b, 0, d, g_ffn, b_ffn, eps, h, 0)
+                    norm(layer_norm, x1, b, 0, d, g_ffn, b_ffn, eps, h, 0)
                 else:
                     h[b] = x1[b]
         u = np.empty((B, wide), np.float32)
@@ -402,9 +408,9 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                     if gated:
                         gv = u[b, i] + b_gate[i] if b_gate.shape[0] > 0 else u[b, i]
                         iv = u[b, d_ff + i] + b_in[i] if b_in.shape[0] > 0 else u[b, d_ff + i]
-                        hid[b, i] = act(gv) * iv
+                        hid[b, i] = act(act_no, gv) * iv
                     else:
-                        hid[b, i] = act(u[b, i] + b_in[i] if b_in.shape[0] > 0 else u[b, i])
+                        hid[b, i] = act(act_no, u[b, i] + b_in[i] if b_in.shape[0] > 0 else u[b, i])
         p = out_prep(hid)
         y = np.empty((B, d), np.float32)
         for c in prange(CHUNKS):                                          # hidden·W_out
@@ -415,7 +421,7 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                 for i in range(d):
                     y[b, i] += b_out[i]
             if out_norms:
-                norm(y, b, 0, d, g_fo, b_fo, eps, y, 0)
+                norm(layer_norm, y, b, 0, d, g_fo, b_fo, eps, y, 0)
             for i in range(d):
                 f = y[b, i] * mult if mult != 1 else y[b, i]
                 if parallel:

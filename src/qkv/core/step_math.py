@@ -1,6 +1,6 @@
 """The float32 steps of the compiled one-token step (core/step_compiled.py), each the readable step's to the bit
 where NumPy's own order can be followed: np.add.reduce's pairwise sums (`pairwise32`, `pairwise64`), NumPy's
-float32 exp (`exp32`), the activations of ops.ACTIVATIONS (`act_of`), RMSNorm and LayerNorm (`norm_of`), and the
+float32 exp (`exp32`), the activations of ops.ACTIVATIONS (`act`), RMSNorm and LayerNorm (`norm_of`), and the
 scores' dot products and the weighted sum of V as sgemm sums them (`dots`, `weigh`). numba code: compiled where
 first called, kept on disk with the layers that call it (runtime.kernel_cache)."""
 
@@ -17,7 +17,6 @@ try:
 except ImportError:                                   # no numba: nothing here is used (step_compiled.refusal)
     njit = None
 
-ACTS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")
 ERF_ALPHA = np.array(_ERF_ALPHA, np.float32)          # ops.erf's coefficients, as its float32 arrays hold them
 ERF_BETA = np.array(_ERF_BETA, np.float32)
 TANH_A = np.float32(-2.0 * math.sqrt(2.0 / math.pi) * 0.044715)   # ops.gelu_tanh's two constants
@@ -165,16 +164,14 @@ if njit is not None:
                 z[b, at + i] += a[j] * vc[b, g, j, i]
 
 
-def act_of(name: str):
-    """The compiled activation NAME (one of ACTS) of one float32 number."""
-    act_no = ACTS.index(name)
-
+if njit is not None:
     @njit(inline="always")
-    def act(v):
-        """ops.ACTIVATIONS[plan.act] of one float32 number, in its float32 steps (its exp NumPy's: `exp32`)."""
-        if act_no == 0:                                   # SiLU: v / (1 + e^(−v))
+    def act(no, v):
+        """ops.ACTIVATIONS' activation NO (its place in step_compiled.ACTS) of one float32 number, in its float32
+        steps (its exp NumPy's: `exp32`)."""
+        if no == 0:                                       # SiLU: v / (1 + e^(−v))
             return v / (np.float32(1) + exp32(-v))
-        if act_no == 1:                                   # GELU: ½v(1 + erf(v/√2)), ops.erf's rational form
+        if no == 1:                                       # GELU: ½v(1 + erf(v/√2)), ops.erf's rational form
             c = min(max(v * np.float32(SQRT_HALF), np.float32(-4)), np.float32(4))
             c2 = c * c
             p, q = ERF_ALPHA[0], ERF_BETA[0]
@@ -183,24 +180,22 @@ def act_of(name: str):
             for k in range(1, ERF_BETA.shape[0]):
                 q = q * c2 + ERF_BETA[k]
             return (np.float32(0.5) * v) * (np.float32(1) + (c * p) / q)
-        if act_no == 2:                                   # GELU (tanh): v / (1 + e^(−2u)), ops.gelu_tanh's steps
+        if no == 2:                                       # GELU (tanh): v / (1 + e^(−2u)), ops.gelu_tanh's steps
             e = ((v * v) * TANH_A - TANH_B) * v           # −2u = −2√(2/π)(1 + 0.044715v²)·v
             return v / (exp32(e) + np.float32(1))
-        if act_no == 3:                                   # ReLU
+        if no == 3:                                       # ReLU
             return max(v, np.float32(0))
         r = max(v, np.float32(0))                         # ReLU²
         return r * r
 
-    return act
 
+def norm_of(ggml: bool):
+    """The compiled norms of an arithmetic: norm(layer_norm, src, b, at, n, γ, β, eps, dst, dt)."""
 
-def norm_of(layer_norm: bool, ggml: bool):
-    """The compiled norm of a plan: norm(src, b, at, n, γ, β, eps, dst, dt) (`norm`'s numbers, to the bit)."""
-
-    def norm(src, b, at, n, g, beta, eps, dst, dt):
+    def norm(layer_norm, src, b, at, n, g, beta, eps, dst, dt):
         """The norm of src[b, at:at + n] into dst[b, dt:dt + n] (in place when the same), as the readable step's
         float32 steps: RMSNorm x / √(Σx²/n + eps)·γ (llama.cpp arithmetic: ggml's, Σx² in float64, x·(1/√…)·γ),
-        LayerNorm (x − μ) / √(Σ(x − μ)²/n + eps)·γ + β; each Σ np.add.reduce's (`_pairwise_of`)."""
+        or (LAYER_NORM) LayerNorm (x − μ) / √(Σ(x − μ)²/n + eps)·γ + β; each Σ np.add.reduce's (`_pairwise_of`)."""
         t = np.empty(n, np.float32)
         if layer_norm:
             for i in range(n):
@@ -229,4 +224,4 @@ def norm_of(layer_norm: bool, ggml: bool):
             for i in range(n):
                 dst[b, dt + i] = (src[b, at + i] / root) * g[i]
 
-    return njit(_named(norm, "norm_layer" if layer_norm else "norm_rms_ggml" if ggml else "norm_rms"))
+    return njit(_named(norm, "norm_ggml" if ggml else "norm_exact"))
