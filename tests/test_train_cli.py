@@ -182,5 +182,5 @@ def test_in_a_terminal_the_bar_and_the_records_keep_their_own_lines(tmp_path):
             repr(text[max(0, at - 40):at + 20])
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
     assert re.search(r"\d:\d\d(:\d\d)?step +\d", plain) is None   # the bar's clock never runs into a record
-    listed = plain[plain.index("files to"):]
-    assert "before.html" in listed.split("open")[0] and "after.html" in listed.split("open")[0]
+    listed = re.split(r"^open ", plain[plain.index("files to"):], flags=re.M)[0]     # the list, not the last line
+    assert "before.html" in listed and "after.html" in listed
