@@ -149,9 +149,11 @@ def gguf_maker():
     return F
 
 
-# each file: W_Q/W_K/W_V, W_O, W_gate/W_in and W_out of four kinds (a plan is the kinds of its four products)
-EXACT = [("Q4_0", "Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q4_K", "Q5_K", "Q6_K"), ("F16", "BF16", "Q6_K", "Q8_0")]
-LLAMA = [("Q4_0", "Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q4_K", "Q5_K", "Q6_K")]
+# each file: W_Q/W_K/W_V, W_O, W_gate/W_in and W_out of four kinds (a plan is the kinds of its four products); the
+# last: W_Q, W_K, W_V apart, V in another kind (Q4_K_M's layers), three products side by side
+Q4_K_M = ("Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K")
+EXACT = [("Q4_0", "Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q4_K", "Q5_K", "Q6_K"), ("F16", "BF16", "Q6_K", "Q8_0"), Q4_K_M]
+LLAMA = [("Q4_0", "Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q4_K", "Q5_K", "Q6_K"), Q4_K_M]
 
 
 @pytest.mark.parametrize("arith, kinds", [("exact", k) for k in EXACT] + [("llama.cpp", k) for k in LLAMA])
@@ -160,19 +162,21 @@ def test_stored_weights_in_both_arithmetics(arith, kinds, gguf_maker, tmp_path, 
     the order of the sums around them (norms, scores)."""
     import gguf
 
-    qkv_kind, o_kind, in_kind, out_kind = kinds
+    *qkv_kinds, o_kind, in_kind, out_kind = kinds
+    apart = dict(zip(("attn_q", "attn_k", "attn_v"), qkv_kinds)) if len(qkv_kinds) == 3 else {}
 
     def kinds_of(meta, tensors):
         for name, (data, raw) in list(tensors.items()):
             parts = name.split(".")                                       # blk.N.attn_output.weight
-            kind = {"attn_output": o_kind, "ffn_down": out_kind}.get(parts[2]) if parts[0] == "blk" else None
+            kind = ({"attn_output": o_kind, "ffn_down": out_kind, **apart}.get(parts[2])
+                    if parts[0] == "blk" and parts[-1] == "weight" else None)
             if kind is not None:
                 w = data.astype(np.float32) if raw is None else gguf.quants.dequantize(data, raw)
                 tensors[name] = gguf_maker.encode(w, kind)
 
     for arch in ("llama", "qwen2"):                                       # qwen2: biases on Q, K, V
         path = gguf_maker.make(tmp_path / f"{arch}.gguf", arch, "Q8_0", edit=kinds_of,
-                               types=dict(embed="Q8_0", attn=qkv_kind, ffn=in_kind, output="Q8_0"))
+                               types=dict(embed="Q8_0", attn=qkv_kinds[0], ffn=in_kind, output="Q8_0"))
         model = qkv.load(str(path), dtype="stored", arith=arith)
         assert {sc.plan_of(model.config, b).kinds for b in model.weights.blocks} == {kinds}
         fast, plain, calls = both_ways(model, monkeypatch, steps=4)

@@ -9,7 +9,8 @@ they sit, the FFN's activation, a parallel block) is read from arguments (`switc
 float32 checkpoint takes one compiled layer, and a GGUF file one an arithmetic and set of kinds.
 
     h = Norm(x)                         RMSNorm (llama.cpp: ggml's x·(1/√(…))·γ) or LayerNorm; none (OLMo 2)
-    [q | k | v] = h·W_QKV (+ b)         one product, its rows split over numba's threads
+    [q | k | v] = h·W_QKV (+ b)         one product, its rows split over numba's threads (Q, K, V stored in
+                                        different kinds, as Q4_K_M's layers: three products, side by side)
     q, k normalised, turned by RoPE     norms over each head (before or after RoPE) or all of q, k (OLMo 2)
     K, V → the cache at position t
     z_h = softmax(S)·V_g                S = cap·tanh(q_h·K_gᵀ·scale / cap) + M (cap: Gemma 2; M: a mask, ALiBi's
@@ -68,7 +69,8 @@ class Plan:
     arguments)."""
 
     arith: str                          # "exact" or "llama.cpp"
-    kinds: tuple[str, str, str, str]    # W_QKV, W_O, W_gate_in (plain FFN: W_in), W_out: a stored kind or "F32"
+    kinds: tuple[str, ...]              # W_QKV (or W_Q, W_K, W_V), W_O, W_gate_in (plain FFN: W_in), W_out: each
+                                        # a stored kind or "F32"
 
     @property
     def name(self) -> str:
@@ -109,7 +111,6 @@ def refusal(cfg: ModelConfig, w: BlockWeights) -> str | None:
          and all(n is not None and _plain_norm(n, cfg, cfg.qk_norm == "head") for n in qk), "its norms"),
         (isinstance(f, FFNWeights) and cfg.activation in ACTS and cfg.ffn_gate_scale == 1
          and cfg.glu_limit is None, "its FFN"),
-        (a.W_QKV is not None, "Q, K, V stored in different kinds"),
         (cfg.d_head * cfg.n_heads == a.W_O.shape[0], "heads of another width"),
     )
     for ok, why in checks:
@@ -117,7 +118,7 @@ def refusal(cfg: ModelConfig, w: BlockWeights) -> str | None:
             return why
     if f.W_gate is not None and f.W_gate_in is None:
         return "its FFN"
-    for W in (a.W_QKV, a.W_O, f.W_gate_in if f.W_gate is not None else f.W_in, f.W_out):
+    for W in (*_qkv(a), a.W_O, f.W_gate_in if f.W_gate is not None else f.W_in, f.W_out):
         if kind_of(W, cfg.arith) is None:
             return f"a matrix of a kind without compiled rows in {cfg.arith} arithmetic"
     return None
@@ -130,11 +131,17 @@ def _plain_norm(n: NormWeights, cfg: ModelConfig, heads: bool = False) -> bool:
         n.weight.dtype == np.float32 and (n.bias is None or cfg.norm == "layer")
 
 
+def _qkv(a) -> tuple:
+    """The Q/K/V product's matrices: (W_QKV,), or (W_Q, W_K, W_V) where they are kept apart (stored in different
+    kinds)."""
+    return (a.W_Q, a.W_K, a.W_V) if a.W_QKV is None else (a.W_QKV,)
+
+
 def plan_of(cfg: ModelConfig, w: BlockWeights) -> Plan:
     """The compiled layer W (which `refusal` let through) runs on."""
     f = w.ffn
     W_in = f.W_gate_in if f.W_gate is not None else f.W_in
-    return Plan(cfg.arith, tuple(kind_of(W, cfg.arith) for W in (w.attn.W_QKV, w.attn.W_O, W_in, f.W_out)))
+    return Plan(cfg.arith, tuple(kind_of(W, cfg.arith) for W in (*_qkv(w.attn), w.attn.W_O, W_in, f.W_out)))
 
 
 def switches(cfg: ModelConfig, w: BlockWeights) -> tuple[int, ...]:
@@ -175,7 +182,7 @@ def takes(w: BlockWeights, ctx) -> bool:
     if not ctx.compiled_step:
         return False
     cfg, a, f = ctx.cfg, w.attn, w.ffn
-    parts = (cfg, a.W_QKV, a.W_O, getattr(f, "W_gate_in", None), getattr(f, "W_in", None),
+    parts = (cfg, a.W_QKV, a.W_Q, a.W_K, a.W_V, a.W_O, getattr(f, "W_gate_in", None), getattr(f, "W_in", None),
              getattr(f, "W_out", None), w.attn_norm, w.ffn_norm, a.q_norm, a.k_norm, w.attn_out_norm, w.ffn_out_norm,
              a.b_Q, a.b_K, a.b_V, a.b_O, getattr(f, "b_in", None), getattr(f, "b_gate", None), getattr(f, "b_out", None))
     kept = w.__dict__.get("_step_plan")
@@ -193,7 +200,7 @@ def _held(w: BlockWeights, cfg: ModelConfig) -> tuple[tuple, int]:
     parts and biases; the width of its first FFN product)."""
     a, f = w.attn, w.ffn
     W_in = f.W_gate_in if f.W_gate is not None else f.W_in
-    return ((switches(cfg, w), _norms(w), np.float32(cfg.norm_eps), bits_of(a.W_QKV), _qkv_bias(a),
+    return ((switches(cfg, w), _norms(w), np.float32(cfg.norm_eps), tuple(bits_of(W) for W in _qkv(a)), _qkv_bias(a),
              bits_of(a.W_O), _or_none(a.b_O), bits_of(W_in), _or_none(f.b_in), _or_none(f.b_gate), bits_of(f.W_out), _or_none(f.b_out)), W_in.shape[1])
 
 
@@ -253,8 +260,8 @@ def _compile(plan: Plan):
     """The compiled layer of PLAN (made once a process, read from the kernel cache when kept)."""
     from ..runtime import kernel_cache, llama_kernels, llama_simd, simd, stored_kernels
     from . import ops, step_math
-    rows = _rows_table(plan.arith)
-    fn = _layer_of(plan, *(rows[k] for k in plan.kinds))
+    rows = [_rows_table(plan.arith)[k] for k in plan.kinds]
+    fn = _layer_of(plan, rows[:-3], *rows[-3:])
     kernel_cache.keep([fn], [Path(__file__), Path(stored_kernels.__file__), Path(llama_kernels.__file__),
                              Path(simd.__file__), Path(llama_simd.__file__), Path(ops.__file__),
                              Path(step_math.__file__)])
@@ -262,12 +269,14 @@ def _compile(plan: Plan):
     return fn
 
 
-def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
-    """The numba entry of PLAN: its products' (prep, rows) pairs and its arithmetic's norms closed over."""
+def _layer_of(plan: Plan, qkv_rows: list, o_rows, in_rows, out_rows):
+    """The numba entry of PLAN: its products' (prep, rows) pairs (QKV_ROWS: one, or three for W_Q, W_K, W_V) and
+    its arithmetic's norms closed over."""
     from numba import njit, prange
     from .step_math import act, dots, exp32, norm_of, pairwise32, weigh
     from ..runtime.stored_kernels import CHUNKS, _chunk
-    qkv_prep, qkv_part = qkv_rows
+    split = len(qkv_rows) == 3                            # W_Q, W_K, W_V apart: three products
+    (q_prep, q_part), (k_prep, k_part), (v_prep, v_part) = qkv_rows * (3 // len(qkv_rows))
     o_prep, o_part = o_rows
     in_prep, in_part = in_rows
     out_prep, out_part = out_rows
@@ -338,10 +347,32 @@ def _layer_of(plan: Plan, qkv_rows, o_rows, in_rows, out_rows):
                 h[b] = x[b]                                               # (B, d_model)
         n_qkv = (H + 2 * Hkv) * dk
         qkv = np.empty((B, n_qkv), np.float32)
-        p = qkv_prep(h)
-        for c in prange(CHUNKS):                                          # h·[W_Q | W_K | W_V]
-            o0, o1 = _chunk(n_qkv, c)
-            qkv_part(h, p, qkv_bits, qkv, o0, o1)
+        if split:                                                         # h·W_Q, h·W_K, h·W_V side by side: a
+            n_q, n_kv = H * dk, Hkv * dk                                  # thread takes a chunk of each
+            y_q, y_k, y_v = (np.empty((B, n_q), np.float32), np.empty((B, n_kv), np.float32),
+                             np.empty((B, n_kv), np.float32))
+            p_q, p_k, p_v = q_prep(h), k_prep(h), v_prep(h)
+            bits_q, bits_k, bits_v = qkv_bits
+            for i in prange(3 * CHUNKS):
+                which, c = i % 3, i // 3
+                if which == 0:
+                    o0, o1 = _chunk(n_q, c)
+                    q_part(h, p_q, bits_q, y_q, o0, o1)
+                elif which == 1:
+                    o0, o1 = _chunk(n_kv, c)
+                    k_part(h, p_k, bits_k, y_k, o0, o1)
+                else:
+                    o0, o1 = _chunk(n_kv, c)
+                    v_part(h, p_v, bits_v, y_v, o0, o1)
+            qkv[:, :n_q] = y_q
+            qkv[:, n_q:n_q + n_kv] = y_k
+            qkv[:, n_q + n_kv:] = y_v
+        else:
+            p = q_prep(h)
+            bits_qkv = qkv_bits[0]
+            for c in prange(CHUNKS):                                      # h·[W_Q | W_K | W_V]
+                o0, o1 = _chunk(n_qkv, c)
+                q_part(h, p, bits_qkv, qkv, o0, o1)
         if b_qkv.shape[0] > 0:
             for b in range(B):
                 for i in range(n_qkv):
