@@ -43,15 +43,6 @@ PATIENCE = 900
 collect_ignore = ["live"]
 
 
-# Files that take minutes, run first: `make test` hands whole files to two processes (pytest-xdist, --dist
-# loadfile) in collection order, and a long file collected late ran alone at the end (~3 of the suite's ~21 min).
-LONG_FILES = ("test_step_compiled.py",)
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in LONG_FILES)       # stable: each file's order kept
-
-
 @pytest.fixture(autouse=True)
 def readable_steps(request, monkeypatch):
     """Generation in the suite takes the readable one-token step (QKV_STEP=readable): the definition each family is
