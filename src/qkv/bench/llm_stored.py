@@ -296,9 +296,8 @@ def _unjoined(result: dict) -> str | None:
         return None
     return (" ".join(f"`{f['file']}`: in {f['unjoined_layers']} of its {f['model']['n_layers']} layers W_V is of "
                      "another kind than W_Q and W_K." for f in mixed)
-            + " qkv multiplies those three one by one (their products joined in the one-token step); the compiled "
-              "step (core/step_compiled.py) takes only layers whose [W_Q | W_K | W_V] is one matrix: the others "
-              "take the readable step.")
+            + " qkv multiplies those three apart; the compiled step (core/step_compiled.py) runs their three "
+              "products side by side in the same call a layer.")
 
 
 def _bandwidth(result: dict) -> str:
