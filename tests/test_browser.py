@@ -512,7 +512,10 @@ def test_the_chat_never_shows_another_answers_view_under_its_reply(tab, app_serv
     page.click(".qkv-mode[data-mode='attention']")
     assert page.is_hidden(root)                                                  # until it shows its own again
     page.click("button[type=submit]")
-    page.wait_for_function("() => document.querySelector('[data-qkv-root]').hidden === false")
+    # its own view, MiniLM's (a busy machine drew the reply's view first and read it before the new one came)
+    page.wait_for_function("() => { const r = document.querySelector('[data-qkv-root]'); "
+                           "const t = r && !r.hidden && r.querySelector('.qkv-col-q .qkv-tok'); "
+                           "return !!t && t.textContent === '[CLS]'; }")
     page.wait_for_selector(READY)
     assert tokens_shown(page)[0] == "[CLS]"
     assert tab.errors == [] and tab.dialogs == []
