@@ -45,10 +45,8 @@ ESPEAK ?= /usr/bin/espeak-ng
 $(ESPEAK):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y espeak-ng
 
-# Two processes, a test file each at a time (pytest-xdist): most tests wait on one thread (a child process, a
-# page, numba compiling), so two cores finish the suite in about two thirds of the time of one process.
 test: setup $(CHROMIUM) $(ESPEAK)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 # Cross-checks against live transformers on random checkpoints of many shapes.
 test-live: $(VENV)/.reference
