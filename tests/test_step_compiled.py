@@ -283,3 +283,11 @@ def test_every_float32_checkpoint_takes_one_compiled_layer():
         plans |= {sc.plan_of(model.config, b) for b in getattr(model.weights, "blocks", None) or []
                   if sc.refusal(model.config, b) is None}
     assert plans == {sc.Plan("exact", ("F32",) * 4)}
+
+
+def test_import_qkv_leaves_numba_to_its_first_use():
+    """numba (~0.3 s to import) comes in where a stored model or the first compiled step needs it, not with
+    `import qkv`: every CLI run, worker and child process imports qkv."""
+    done = subprocess.run([sys.executable, "-c", "import sys, qkv, qkv.core.stack; print('numba' in sys.modules)"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
