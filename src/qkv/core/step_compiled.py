@@ -118,7 +118,7 @@ def refusal(cfg: ModelConfig, w: BlockWeights) -> str | None:
             return why
     if f.W_gate is not None and f.W_gate_in is None:
         return "its FFN"
-    for W in (*_qkv(a), a.W_O, f.W_gate_in if f.W_gate is not None else f.W_in, f.W_out):
+    for W in _products(w):
         if kind_of(W, cfg.arith) is None:
             return f"a matrix of a kind without compiled rows in {cfg.arith} arithmetic"
     return None
@@ -137,11 +137,16 @@ def _qkv(a) -> tuple:
     return (a.W_Q, a.W_K, a.W_V) if a.W_QKV is None else (a.W_QKV,)
 
 
+def _products(w: BlockWeights) -> tuple:
+    """The matrices the compiled layer multiplies by, in its plan's order: W_QKV (or W_Q, W_K, W_V), W_O,
+    W_gate_in (a plain FFN: W_in), W_out."""
+    f = w.ffn
+    return (*_qkv(w.attn), w.attn.W_O, f.W_gate_in if f.W_gate is not None else f.W_in, f.W_out)
+
+
 def plan_of(cfg: ModelConfig, w: BlockWeights) -> Plan:
     """The compiled layer W (which `refusal` let through) runs on."""
-    f = w.ffn
-    W_in = f.W_gate_in if f.W_gate is not None else f.W_in
-    return Plan(cfg.arith, tuple(kind_of(W, cfg.arith) for W in (*_qkv(w.attn), w.attn.W_O, W_in, f.W_out)))
+    return Plan(cfg.arith, tuple(kind_of(W, cfg.arith) for W in _products(w)))
 
 
 def switches(cfg: ModelConfig, w: BlockWeights) -> tuple[int, ...]:
@@ -199,9 +204,10 @@ def _held(w: BlockWeights, cfg: ModelConfig) -> tuple[tuple, int]:
     """What of W's compiled layer does not change from step to step: (its switches, norms, ε, its products'
     parts and biases; the width of its first FFN product)."""
     a, f = w.attn, w.ffn
-    W_in = f.W_gate_in if f.W_gate is not None else f.W_in
-    return ((switches(cfg, w), _norms(w), np.float32(cfg.norm_eps), tuple(bits_of(W) for W in _qkv(a)), _qkv_bias(a),
-             bits_of(a.W_O), _or_none(a.b_O), bits_of(W_in), _or_none(f.b_in), _or_none(f.b_gate), bits_of(f.W_out), _or_none(f.b_out)), W_in.shape[1])
+    *qkv, W_O, W_in, W_out = _products(w)
+    return ((switches(cfg, w), _norms(w), np.float32(cfg.norm_eps), tuple(bits_of(W) for W in qkv), _qkv_bias(a),
+             bits_of(W_O), _or_none(a.b_O), bits_of(W_in), _or_none(f.b_in), _or_none(f.b_gate), bits_of(W_out),
+             _or_none(f.b_out)), W_in.shape[1])
 
 
 def step(x: np.ndarray, w: BlockWeights, ctx, layer: int) -> np.ndarray:
