@@ -267,6 +267,34 @@ def test_the_sum_follows_avx2s_lanes():
     assert llama_arith._hsum8(acc) != np.float32(1e8) + 1 - np.float32(1e8) + 5                 # a left-to-right sum
 
 
+def test_a_repacked_q4_0_is_ggmls_gemv_and_gemm_to_the_bit():
+    """A Q4_0 T of 16 rows (a multiple of 8: llama.cpp on x86 repacks it, llama_arith.repacked) against ggml's own
+    products (tests/fixtures/gguf/ggml_repacked.npz, make_ggml_repacked_fixture.py: libggml-cpu through ctypes):
+    equal to its gemv (one row of x) and gemm (four) to the bit, in the definition and the compiled kernel. Its
+    15 rows alone (not repacked) are ggml's one-row dot product instead, whose 8-lane order gives other numbers
+    (measured: 63 of 80 differ from gemv's)."""
+    from qkv.runtime import llama_kernels
+
+    ref = np.load(GGUF / "ggml_repacked.npz")
+    blocks, x = ref["blocks"], ref["x"]                                            # (16, 16·18) uint8, (5, 512)
+    w = StoredMatrix("Q4_0", blocks, x.shape[1])
+    assert llama_arith.repacked("Q4_0", w.d_out) and not llama_arith.repacked("Q4_0", 15)
+    assert not llama_arith.repacked("Q8_0", 16) and not llama_arith.repacked("Q4_1", 16)
+    y = llama_matvec(w, x)                                                         # (5, 16)
+    assert np.array_equal(y, ref["gemv"]) and np.array_equal(y[:4], ref["gemm"])
+    got = np.empty_like(y)
+    llama_kernels.MATVEC["Q4_0"](x, *w.bits, got)
+    assert np.array_equal(got, y)
+    for rows in (1, 4):
+        one = np.empty((rows, 16), np.float32)
+        llama_kernels.MATVEC["Q4_0"](x[:rows], *w.bits, one)
+        assert np.array_equal(one, ref["gemv"][:rows])
+    fifteen = StoredMatrix("Q4_0", np.ascontiguousarray(blocks[:15]), x.shape[1])  # 15 rows: the one-row dot
+    assert np.array_equal(llama_matvec(fifteen, x), ref["vec_dot"][:, :15])
+    assert (ref["vec_dot"] != ref["gemv"]).sum() > 10                              # two orders, two answers
+    assert np.allclose(ref["vec_dot"], ref["gemv"], rtol=1e-5, atol=1e-5)          # of the same integers
+
+
 def test_ggml_rms_norm_and_rope_angles_are_qkvs_up_to_float32_rounding():
     from qkv.core.ops import rms_norm
     from qkv.core.positions import rope_cos_sin, rope_inv_freq

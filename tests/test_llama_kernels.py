@@ -21,25 +21,26 @@ from make_gguf_fixtures import random_blocks   # noqa: E402  (gguf.quants cannot
 
 D_IN, D_OUT = 160, 37                      # 5 blocks of 32; an odd count of output rows (two chunks of threads)
 D_IN_K = 512                               # the K-quants: 2 super-blocks of 256
+PACKED = 40                                # rows of a Q4_0 llama.cpp repacks (a multiple of 8; two chunks of threads)
 
 
 def d_in(kind: str) -> int:
     return D_IN_K if kind in PRODUCTS_K else D_IN
 
 
-def matrix(kind: str, seed: int = 0) -> StoredMatrix:
-    """A random W of KIND whose row 1 starts with a block of zeros (scale 0; a K-quant: random super-blocks with sane
-    scales, the first of row 1 with d = 0)."""
+def matrix(kind: str, seed: int = 0, d_out: int = D_OUT) -> StoredMatrix:
+    """A random W of KIND and D_OUT rows whose row 1 starts with a block of zeros (scale 0; a K-quant: random
+    super-blocks with sane scales, the first of row 1 with d = 0)."""
     if kind in PRODUCTS_K:
-        raw = random_blocks((D_OUT, D_IN_K), kind, seed)                           # (d_out, 2 super-blocks' bytes)
+        raw = random_blocks((d_out, D_IN_K), kind, seed)                           # (d_out, 2 super-blocks' bytes)
         at = 208 if kind == "Q6_K" else 0                                          # its float16 d
         raw[1, at:at + 2] = 0
         return StoredMatrix(kind, raw, D_IN_K)
     rng = np.random.default_rng(seed)
-    t = rng.standard_normal((D_OUT, D_IN)).astype(np.float32)
+    t = rng.standard_normal((d_out, D_IN)).astype(np.float32)
     t[1, :32] = 0
     raw = gguf.quants.quantize(t, getattr(gguf.GGMLQuantizationType, kind))
-    return StoredMatrix(kind, np.ascontiguousarray(raw).view(np.uint8).reshape(D_OUT, -1), D_IN)
+    return StoredMatrix(kind, np.ascontiguousarray(raw).view(np.uint8).reshape(d_out, -1), D_IN)
 
 
 def activations(rows: int, seed: int, width: int = D_IN) -> np.ndarray:
@@ -69,6 +70,21 @@ def test_the_kernel_is_the_definition_bit_for_bit(kind, rows):
     llama_kernels.MATVEC[kind](x, *w.bits, got)
     assert same_bits(got, want)
     assert not np.array_equal(want, x @ w.dequantized())                      # and it is not the exact product
+
+
+@pytest.mark.parametrize("rows", [1, 2, 9, llama_kernels.X_TILE // D_IN + 11])
+def test_a_repacked_q4_0_kernel_is_the_definition_bit_for_bit(rows):
+    """A Q4_0 T whose rows are a multiple of 8 (llama_arith.repacked): eight rows of T (decoding) or of x (a prompt;
+    the last: a tile of rows and part of one) in one multiply-add a block — the definition's numbers, which are
+    not the 8-lane order's (the same T less a row)."""
+    w = matrix("Q4_0", seed=rows, d_out=PACKED)
+    x = activations(rows, seed=rows + 1)
+    want = llama_matvec(w, x)                                                    # (R, 40)
+    got = np.empty((rows, PACKED), np.float32)
+    llama_kernels.MATVEC["Q4_0"](x, *w.bits, got)
+    assert same_bits(got, want)
+    lanes = llama_matvec(StoredMatrix("Q4_0", np.ascontiguousarray(w.raw[:PACKED - 1]), D_IN), x)
+    assert not np.array_equal(lanes, want[:, :PACKED - 1])
 
 
 def test_float16_rounding_is_numpys():
@@ -204,10 +220,10 @@ from qkv.runtime import llama_kernels, llama_simd
 from qkv.runtime.llama_arith import PRODUCTS, llama_matvec
 import test_llama_kernels as t
 assert llama_simd.MULTIPLY == "avx2", llama_simd.MULTIPLY
-for kind in PRODUCTS:
+for kind, d_out in [(kind, t.D_OUT) for kind in PRODUCTS] + [("Q4_0", t.PACKED)]:
     for rows in (1, 9):
-        w, x = t.matrix(kind, seed=rows), t.activations(rows, seed=rows + 1, width=t.d_in(kind))
-        got = np.empty((rows, t.D_OUT), np.float32)
+        w, x = t.matrix(kind, seed=rows, d_out=d_out), t.activations(rows, seed=rows + 1, width=t.d_in(kind))
+        got = np.empty((rows, d_out), np.float32)
         llama_kernels.MATVEC[kind](x, *w.bits, got)
         assert t.same_bits(got, llama_matvec(w, x)), (kind, rows)
 print("ok", len(PRODUCTS))

@@ -21,9 +21,16 @@ integer products of a block summed in 8 lanes of 4 consecutive weights (exact in
 over the blocks with a fused multiply-add acc ← fma(fp32(d_w·d_x), lane, acc), then the 8 lanes added as
 ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); the Q8_1 kinds add Σ_b fp32(m_w·s_x), summed in block order, last.
 The fused multiply-add rounds once, as the machine's (`_fma32`: the exact product and sum in float64, rounded to
-odd, then to float32). llama.cpp may
-take other kernels for some shapes (tinyBLAS, repacked Q4_0 or Q4_K rows): the same integers and scales, summed
-in another order — within float32 rounding of this one (llama-cpp-python's tiny GGUFs of the tests: none taken).
+odd, then to float32).
+
+Repacked Q4_0 (`repacked`). On x86 with AVX2 llama.cpp copies a Q4_0 matrix whose rows are a multiple of 8 into
+blocks of eight rows when it loads it (its CPU_REPACK buffer, `q4_0_8x8`), and its gemv / gemm kernels sum each
+row's block whole: y[r, o] = Σ_b^(fma) fp32(d_w·d_x) · Σ_32 (q_w − 8)·q_x, one fused multiply-add a block, no
+lanes (the same integers and scales). qkv follows it for those matrices: equal to ggml_gemv_q4_0_8x8_q8_0 and
+ggml_gemm_q4_0_8x8_q8_0 to the bit (tests/fixtures/llama/repacked.npz), and the 1B-shaped Q4_0 file's first
+logits equal llama.cpp's (0.045 apart in the 8-lane order). Its Q4_K matrices are repacked too (`q4_K_8x8`: not
+followed yet, ~0.1 apart at the first logits); ARM builds repack in other layouts, and llama.cpp may take
+tinyBLAS for float matrices.
 
 The K-quants multiply Q8_K activations (blocks of 256: d_x float32 = 1/iscale with iscale = −127/(the signed
 largest value), q_x = min(127, rne(iscale·x)), and the 16 sums of each 16 q_x), per super-block of 256 of the
@@ -254,17 +261,29 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
     return two[..., 0] + two[..., 1]
 
 
+def repacked(kind: str, d_out: int) -> bool:
+    """Whether llama.cpp (x86, AVX2) multiplies a KIND matrix of D_OUT rows repacked, each block's sum whole: a
+    Q4_0 matrix whose rows are a multiple of 8 (module docstring)."""
+    return kind == "Q4_0" and d_out % 8 == 0
+
+
 def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
     """x (..., d_in) @ W with llama.cpp's arithmetic, for W a runtime.stored.StoredMatrix of a PRODUCTS kind.
 
     y[r, o] = hsum8( Σ_b^(fma) fp32(d_w[o,b]·d_x[r,b]) · lane_k(Σ q_w·q_x) ) (+ Σ_b fp32(m_w[o,b]·s_x[r,b]))
-    (the K-quants: `_k_matvec`) → (..., d_out) float32. Readable and slow (a loop over blocks): the definition,
+    (a repacked Q4_0: Σ_b^(fma) fp32(d_w·d_x) · Σ q_w·q_x; the K-quants: `_k_matvec`) → (..., d_out) float32. Readable and slow (a loop over blocks): the definition,
     not the fast path."""
     if w.kind in PRODUCTS_K:
         return _k_matvec(w, x, ties)
     qw, dw, mw = weight_integers(w)                                     # (d_out, nb, 32), (d_out, nb), (d_out, nb)
     a = quantize_activations(x, VEC_DOT[w.kind], ties)                  # q (R, nb, 32), d (R, nb)
     R, nb = a.d.shape
+    if repacked(w.kind, w.d_out):
+        y = np.zeros((R, w.d_out), np.float32)                          # (R, d_out)
+        for b in range(nb):
+            whole = np.einsum("oj,rj->ro", qw[:, b].astype(np.int32), a.q[:, b].astype(np.int32))   # exact
+            y = _fma32(dw[None, :, b] * a.d[:, b, None], whole.astype(np.float32), y)
+        return y.reshape(*np.shape(x)[:-1], w.d_out)
     lanes_w = qw.reshape(w.d_out, nb, LANES, 4).astype(np.int32)        # (d_out, nb, 8, 4)
     lanes_x = a.q.reshape(R, nb, LANES, 4).astype(np.int32)             # (R, nb, 8, 4)
     acc = np.zeros((R, w.d_out, LANES), np.float32)                     # (R, d_out, 8)

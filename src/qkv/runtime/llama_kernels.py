@@ -63,9 +63,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import kernel_cache, llama_simd, simd, stored_kernels
-from .llama_simd import (bor, bstore, bsub, bytes32, dot, field32, fma1, fma8, fzero, half_round,
-                         hbits32, hsum4, hsum8, ladd, lhalves, lmins, lpairsums, lscale, lsub, lsum, lzero, nibbles32,
-                         prefetch, sdot, udot)
+from .llama_simd import (bor, bstore, bsub, bytes32, dot, fhalves, field32, flane, fma1, fma8, fmav, fscale, fvec,
+                         fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, lmins, loff, lpairsums, lrows, lscale,
+                         lsub, lsum, lzero, nibbles32, prefetch, sdot, udot)
 from .stored_kernels import CHUNKS, _chunk, f16
 
 Q8_0, Q4, Q5 = 0, 1, 2            # how a block's 32 weights are unpacked (`_weights`)
@@ -92,10 +92,13 @@ def _fp16(v):
     return half_round(v) if HALVES else _fp16_by_frexp(v)
 
 
+SUMS_Q8_1, SUMS_WHOLE = 1, 2      # _quantize's s: Q8_1's fp16(d_32·Σq), or Σq itself (exact, for a repacked Q4_0)
+
+
 @njit
 def _quantize(x, sums):
-    """x (R, d_in) → q (R, nb, 32) int8, d (R, nb) float32, s (R, nb) float32 (SUMS: Q8_1's s; else zeros), as
-    llama_arith.quantize_activations(x, "Q8_0" / "Q8_1")."""
+    """x (R, d_in) → q (R, nb, 32) int8, d (R, nb) float32, s (R, nb) float32 (SUMS_Q8_1: Q8_1's s; SUMS_WHOLE: Σq;
+    else zeros), as llama_arith.quantize_activations(x, "Q8_0" / "Q8_1")."""
     R, nb = x.shape[0], x.shape[1] // 32
     q = np.empty((R, nb, 32), np.int8)
     d = np.empty((R, nb), np.float32)
@@ -116,8 +119,10 @@ def _quantize(x, sums):
                 q[r, b, j] = v
                 total += np.int32(v)
             d[r, b] = _fp16(d32)
-            if sums:
+            if sums == SUMS_Q8_1:
                 s[r, b] = _fp16(d32 * np.float32(total))
+            elif sums == SUMS_WHOLE:
+                s[r, b] = np.float32(total)
     return q, d, s
 
 
@@ -227,6 +232,65 @@ def _eight_xs(how, tail, qx, dx, sx, q, d, m, h, offset, y, o, r, r1):
     y[r_4, o], y[r_5, o], y[r_6, o], y[r_7, o] = _y(a4, s4, tail), _y(a5, s5, tail), _y(a6, s6, tail), _y(a7, s7, tail)
 
 
+# A Q4_0 matrix llama.cpp repacks (llama_arith.repacked: rows a multiple of 8): each row's whole integer sum of a
+# block S, then acc ← fma(fp32(d_w·d_x), fp32(S), acc) — eight rows of T (decoding) or eight rows of x (a prompt) in
+# the lanes of one multiply-add a block, where the 8-lane order above needs eight.
+
+@njit(inline="always")
+def _packed_w(q, o, b):
+    """Block b of row o of a Q4_0 T as its signed integers (nibble − 8)."""
+    return bsub(nibbles32(q[o, b]), 8)
+
+
+@njit(inline="always")
+def _scales(d, o, o_1, o_2, o_3, o_4, o_5, o_6, o_7, b):
+    """The float16 scales d[o_k, b] of eight rows as float32 lanes (one conversion where the CPU has F16C)."""
+    if HALVES:
+        return fhalves(d[o, b], d[o_1, b], d[o_2, b], d[o_3, b], d[o_4, b], d[o_5, b], d[o_6, b], d[o_7, b])
+    return fvec(f16(d[o, b]), f16(d[o_1, b]), f16(d[o_2, b]), f16(d[o_3, b]),
+                f16(d[o_4, b]), f16(d[o_5, b]), f16(d[o_6, b]), f16(d[o_7, b]))
+
+
+@njit(inline="always")
+def _packed_rows(qx, dx, sx, q, d, y, r, o, o1):
+    """y[r, o:o + 8] of a repacked Q4_0 T (rows past o1 − 1 repeat it), the next eight rows asked for meanwhile. The
+    nibbles multiply x unsigned (no sign trick) and the 8s come off the whole sums: Σ(q − 8)·x = Σq·x − 8·Σx, with
+    Σx = SX[r, b] (`_quantize`'s SUMS_WHOLE) — the same integers."""
+    last = o1 - 1
+    o_1, o_2, o_3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+    o_4, o_5, o_6, o_7 = min(o + 4, last), min(o + 5, last), min(o + 6, last), min(o + 7, last)
+    acc = fzero()
+    for b in range(dx.shape[1]):
+        for k in range(8):
+            prefetch(q[min(o + 8 + k, q.shape[0] - 1), b])
+        x = bytes32(qx[r, b])
+        s = lrows(udot(nibbles32(q[o, b]), x), udot(nibbles32(q[o_1, b]), x), udot(nibbles32(q[o_2, b]), x),
+                  udot(nibbles32(q[o_3, b]), x), udot(nibbles32(q[o_4, b]), x), udot(nibbles32(q[o_5, b]), x),
+                  udot(nibbles32(q[o_6, b]), x), udot(nibbles32(q[o_7, b]), x))
+        s = loff(s, 8 * np.intp(sx[r, b]))
+        acc = fmav(acc, fscale(_scales(d, o, o_1, o_2, o_3, o_4, o_5, o_6, o_7, b), dx[r, b]), s)
+    y[r, o], y[r, o_1], y[r, o_2], y[r, o_3] = flane(acc, 0), flane(acc, 1), flane(acc, 2), flane(acc, 3)
+    y[r, o_4], y[r, o_5], y[r, o_6], y[r, o_7] = flane(acc, 4), flane(acc, 5), flane(acc, 6), flane(acc, 7)
+
+
+@njit(inline="always")
+def _packed_xs(qx, dx, q, d, y, o, r, r1):
+    """y[r:r + 8, o] of a repacked Q4_0 T (rows of x past r1 − 1 repeat it): row o's block unpacked once for eight."""
+    last = r1 - 1
+    r_1, r_2, r_3 = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+    r_4, r_5, r_6, r_7 = min(r + 4, last), min(r + 5, last), min(r + 6, last), min(r + 7, last)
+    acc = fzero()
+    for b in range(dx.shape[1]):
+        w = _packed_w(q, o, b)
+        s = lrows(dot(w, bytes32(qx[r, b])), dot(w, bytes32(qx[r_1, b])), dot(w, bytes32(qx[r_2, b])),
+                  dot(w, bytes32(qx[r_3, b])), dot(w, bytes32(qx[r_4, b])), dot(w, bytes32(qx[r_5, b])),
+                  dot(w, bytes32(qx[r_6, b])), dot(w, bytes32(qx[r_7, b])))
+        scales = fvec(dx[r, b], dx[r_1, b], dx[r_2, b], dx[r_3, b], dx[r_4, b], dx[r_5, b], dx[r_6, b], dx[r_7, b])
+        acc = fmav(acc, fscale(scales, f16(d[o, b])), s)
+    y[r, o], y[r_1, o], y[r_2, o], y[r_3, o] = flane(acc, 0), flane(acc, 1), flane(acc, 2), flane(acc, 3)
+    y[r_4, o], y[r_5, o], y[r_6, o], y[r_7, o] = flane(acc, 4), flane(acc, 5), flane(acc, 6), flane(acc, 7)
+
+
 X_TILE = 16384                    # bytes of quantised rows of x a row kernel runs over each row of T with (in L1)
 
 
@@ -238,7 +302,10 @@ def _x_tile(d_in):
 
 def _rows_of(how, tail, offset):
     """The row kernel of a kind: HOW its blocks unpack, TAIL 1 for the Q8_1 kinds (weights w = d·q + m), OFFSET
-    what its integers take off (Q4_0: 8, Q5_0: 16) — constants of the compiled code, its other branches dropped."""
+    what its integers take off (Q4_0: 8, Q5_0: 16) — constants of the compiled code, its other branches dropped.
+    A Q4_0 T whose rows are a multiple of 8 is multiplied in llama.cpp's repacked order (`_packed_rows`,
+    `_packed_xs`)."""
+    q4_0 = how == Q4 and not tail and offset == 8
 
     @njit
     def rows(qx, dx, sx, q, d, m, h, y, o0, o1):
@@ -248,6 +315,19 @@ def _rows_of(how, tail, offset):
         T, eight rows of x at a time. A last group of fewer than eight repeats its last row (the same number written
         again)."""
         R, nb = dx.shape
+        if q4_0 and d.shape[0] % 8 == 0:                  # llama.cpp's repacked Q4_0: eight rows in the lanes
+            if R < 8:
+                for r in range(R):
+                    for o in range(o0, o1, 8):
+                        _packed_rows(qx, dx, sx, q, d, y, r, o, o1)
+                return
+            tile = _x_tile(32 * nb)
+            for r0 in range(0, R, tile):
+                r1 = min(R, r0 + tile)
+                for o in range(o0, o1):
+                    for r in range(r0, r1, 8):
+                        _packed_xs(qx, dx, q, d, y, o, r, r1)
+            return
         if R < 8 and how == Q8_0:                         # decoding Q8_0: a row of T at a time, read as a stream
             for r in range(R):
                 for o in range(o0, o1):
@@ -270,12 +350,14 @@ def _rows_of(how, tail, offset):
 def _matvec_of(kind, how, tail, offset, at_m, at_h):
     """The entry of a 32-block KIND: `MATVEC[kind](x, *StoredMatrix.bits, y)`, its parts q, d (, m) (, h) — m at
     AT_M and h at AT_H of them (d's place when the kind has none: never read). It quantises x once (to Q8_1 when
-    TAIL, else Q8_0) and runs its row kernel over CHUNKS chunks of output rows, one per numba thread."""
+    TAIL, else Q8_0; Q4_0 with the blocks' sums, for its repacked rows) and runs its row kernel over CHUNKS chunks
+    of output rows, one per numba thread."""
     rows = _rows_of(how, tail, offset)
+    sums = SUMS_Q8_1 if tail else SUMS_WHOLE if kind == "Q4_0" else 0
 
     def entry(x, *parts):
         q, d, m, h, y = parts[0], parts[1], parts[at_m], parts[at_h], parts[-1]
-        qx, dx, sx = _quantize(x, tail)
+        qx, dx, sx = _quantize(x, sums)
         for c in prange(CHUNKS):
             o0, o1 = _chunk(d.shape[0], c)
             rows(qx, dx, sx, q, d, m, h, y, o0, o1)
@@ -284,7 +366,7 @@ def _matvec_of(kind, how, tail, offset, at_m, at_h):
 
     @njit
     def prep(x):
-        return _quantize(x, tail)
+        return _quantize(x, sums)
 
     @njit
     def part(x, p, bits, y, o0, o1):

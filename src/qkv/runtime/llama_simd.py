@@ -21,7 +21,12 @@ vfmadd231ps), where scalar code per lane ran at a tenth of the speed.
     lmins(bs, mn)           lane i = mn[i]·(bs[2i] + bs[2i + 1]) (mn uint8 [8]: Q4_K/Q5_K's mins)
     lhalves(a)              lanes 0–3: a[2k] + a[2k + 1]; lanes 4–7: 0       lsum(a)   Σ lanes (int32)
     lstore(a, out)          out[0:8] = a (int32)
+    lrows(a0, …, a7)        lane j = Σ lanes of a_j: eight rows' lanes to one whole sum a row (the repacked Q4_0)
+    loff(a, k)              a − k in each lane (k an int32)
     fzero()                 0 in the 8 float32 lanes
+    fvec(s0, …, s7)         the 8 float32s as lanes          fscale(v, s)   v·s in each lane (one rounding)
+    fhalves(h0, …, h7)      the 8 float16s whose bits are the uint16s h_k, as float32 lanes (exact; F16C: vcvtph2ps)
+    fmav(acc, v, lanes)     acc_k ← fma(v_k, fp32(lane_k), acc_k): a scale a lane     flane(v, k)   lane k
     fma8(acc, s, lanes)     acc_k ← fma(s, fp32(lane_k), acc_k), rounded once: the definition's fused multiply-add
                             (llama_arith._fma32);  fma1(a, b, c): the same of three float32s
     hsum8(acc)              ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) in float32: ggml's hsum_float_8
@@ -307,6 +312,70 @@ def lstore(typingctx, v, a):
         builder.store(args[0], builder.bitcast(data, _L8.as_pointer()), align=4)
         return context.get_dummy_value()
     return types.void(i32x8, a), codegen
+
+
+@intrinsic
+def lrows(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    def codegen(context, builder, sig, args):
+        def pairs(u, v, first_half, second_half):                  # u, v lanes picked twice and added
+            pick = [builder.shuffle_vector(u, v, ir.Constant(_L8, at)) for at in (first_half, second_half)]
+            return builder.add(*pick)
+        one = [pairs(args[i], args[i + 1], [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15])
+               for i in range(0, 8, 2)]                            # [a_i 0+1, a_i+1 0+1, a_i 2+3, …]
+        two = [pairs(one[i], one[i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+               for i in (0, 2)]                                    # [a_i..i+3 lanes 0–3, then lanes 4–7]
+        return pairs(two[0], two[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+    return i32x8(*[i32x8] * 8), codegen
+
+
+@intrinsic
+def loff(typingctx, a, k):
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], splat(builder, builder.trunc(args[1], _I32), 8))
+    return i32x8(i32x8, types.intp), codegen
+
+
+@intrinsic
+def fhalves(typingctx, h0, h1, h2, h3, h4, h5, h6, h7):
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_I16, 8), ir.Undefined)
+        for k, h in enumerate(args):
+            v = builder.insert_element(v, builder.trunc(h, _I16), ir.Constant(_I32, k))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 8)), _F8)
+    return f32x8(*[types.uint16] * 8), codegen
+
+
+@intrinsic
+def fvec(typingctx, s0, s1, s2, s3, s4, s5, s6, s7):
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(_F8, ir.Undefined)
+        for k, s in enumerate(args):
+            v = builder.insert_element(v, s, ir.Constant(_I32, k))
+        return v
+    return f32x8(*[types.float32] * 8), codegen
+
+
+@intrinsic
+def fscale(typingctx, v, s):
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], splat(builder, args[1], 8))
+    return f32x8(f32x8, types.float32), codegen
+
+
+@intrinsic
+def fmav(typingctx, acc, v, lanes):
+    """acc_k ← fma(v_k, fp32(lane_k), acc_k), rounded once (llvm.fma: vfmadd231ps)."""
+    def codegen(context, builder, sig, args):
+        acc, v, lanes = args
+        return _call(builder, "llvm.fma.v8f32", _F8, [v, builder.sitofp(lanes, _F8), acc])
+    return f32x8(f32x8, f32x8, i32x8), codegen
+
+
+@intrinsic
+def flane(typingctx, v, k):
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
+    return types.float32(f32x8, types.intp), codegen
 
 
 @intrinsic
