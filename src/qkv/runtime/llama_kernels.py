@@ -26,7 +26,11 @@ scales applied to the int16 pairs, as ggml does; the float step is one float32 f
 (`llama_simd`, "One rounding"); the
 32-block kinds run eight (row of x, row of T) pairs at once so that their chains of multiply-adds overlap, the
 next rows of T prefetched; the K-quants a pair at a time (eight chunks of integer work between two float steps),
-a row of T unpacked once for every row of x.
+a row of T unpacked once for every row of x. A Q4_0 T that llama.cpp repacks (rows a multiple of 8,
+llama_arith.repacked) sums each row's block whole: eight rows' sums gathered into the lanes of one vector
+(`llama_simd.lrows`) take one multiply-add a block between them, and its nibbles multiply x unsigned, the 8s
+taken off through x's block sums (no sign trick): one thread, one row of x, in cache, 30 against 25 G weights/s
+for the 8-lane order it replaced (the 1B shape's 2048 × 2048 and 8192 × 2048).
 No fastmath: every float operation is the definition's, in its order (a reassociated sum would not be
 bit-equal).
 
@@ -64,7 +68,7 @@ from numba import njit, prange
 
 from . import kernel_cache, llama_simd, simd, stored_kernels
 from .llama_simd import (bor, bstore, bsub, bytes32, dot, fhalves, field32, flane, fma1, fma8, fmav, fscale, fvec,
-                         fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, lmins, loff, lpairsums, lrows, lscale,
+                         fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, lmins, lpairsums, lrows, lscale, lsplat,
                          lsub, lsum, lzero, nibbles32, prefetch, sdot, udot)
 from .stored_kernels import CHUNKS, _chunk, f16
 
@@ -267,7 +271,7 @@ def _packed_rows(qx, dx, sx, q, d, y, r, o, o1):
         s = lrows(udot(nibbles32(q[o, b]), x), udot(nibbles32(q[o_1, b]), x), udot(nibbles32(q[o_2, b]), x),
                   udot(nibbles32(q[o_3, b]), x), udot(nibbles32(q[o_4, b]), x), udot(nibbles32(q[o_5, b]), x),
                   udot(nibbles32(q[o_6, b]), x), udot(nibbles32(q[o_7, b]), x))
-        s = loff(s, 8 * np.intp(sx[r, b]))
+        s = lsub(s, lsplat(8 * np.intp(sx[r, b])))
         acc = fmav(acc, fscale(_scales(d, o, o_1, o_2, o_3, o_4, o_5, o_6, o_7, b), dx[r, b]), s)
     y[r, o], y[r, o_1], y[r, o_2], y[r, o_3] = flane(acc, 0), flane(acc, 1), flane(acc, 2), flane(acc, 3)
     y[r, o_4], y[r, o_5], y[r, o_6], y[r, o_7] = flane(acc, 4), flane(acc, 5), flane(acc, 6), flane(acc, 7)

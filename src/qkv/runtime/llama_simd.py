@@ -22,7 +22,7 @@ vfmadd231ps), where scalar code per lane ran at a tenth of the speed.
     lhalves(a)              lanes 0–3: a[2k] + a[2k + 1]; lanes 4–7: 0       lsum(a)   Σ lanes (int32)
     lstore(a, out)          out[0:8] = a (int32)
     lrows(a0, …, a7)        lane j = Σ lanes of a_j: eight rows' lanes to one whole sum a row (the repacked Q4_0)
-    loff(a, k)              a − k in each lane (k an int32)
+    lsplat(k)               k in each lane (an int32)
     fzero()                 0 in the 8 float32 lanes
     fvec(s0, …, s7)         the 8 float32s as lanes          fscale(v, s)   v·s in each lane (one rounding)
     fhalves(h0, …, h7)      the 8 float16s whose bits are the uint16s h_k, as float32 lanes (exact; F16C: vcvtph2ps)
@@ -329,10 +329,10 @@ def lrows(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @intrinsic
-def loff(typingctx, a, k):
+def lsplat(typingctx, k):
     def codegen(context, builder, sig, args):
-        return builder.sub(args[0], splat(builder, builder.trunc(args[1], _I32), 8))
-    return i32x8(i32x8, types.intp), codegen
+        return splat(builder, builder.trunc(args[0], _I32), 8)
+    return i32x8(types.intp), codegen
 
 
 @intrinsic
