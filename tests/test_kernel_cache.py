@@ -215,3 +215,37 @@ def test_nothing_is_written_into_the_package_and_no_folder_is_no_cache(tmp_path,
     if where == "unwritable":
         assert log.count("Warning: qkv: cannot keep compiled kernels") == 1, log
     assert result["compiled"] >= 1 and result["loaded"] == 0
+
+
+# A child of llama.cpp's arithmetic: for each kind in its arguments, whether the compiled product (kept on disk or
+# compiled here) is its definition's, bit for bit (one JSON line).
+LLAMA_CHILD = r"""
+import json, sys
+import gguf, numpy as np
+from qkv.runtime import llama_kernels
+from qkv.runtime.llama_arith import llama_matvec
+from qkv.runtime.stored import StoredMatrix
+
+same = {}
+for kind in sys.argv[1:]:
+    rng = np.random.default_rng(0)
+    raw = gguf.quants.quantize(rng.standard_normal((40, 256)).astype(np.float32), getattr(gguf.GGMLQuantizationType, kind))
+    W = StoredMatrix(kind, np.ascontiguousarray(raw).view(np.uint8).reshape(40, -1), 256)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    y = np.empty((3, 40), np.float32)
+    llama_kernels.MATVEC[kind](x, *W.bits, y)
+    same[kind] = bool(np.array_equal(y.view(np.uint32), llama_matvec(W, x).view(np.uint32)))
+print(json.dumps(same))
+"""
+
+
+def test_kernels_kept_by_two_processes_run_their_own_code_in_a_third(tmp_path):
+    """llama.cpp arithmetic's Q4_0 and Q4_1 products, each compiled and kept by a process of its own, read back
+    together by a third: each runs its own rows. Their row kernels come from one factory, and numba names a
+    function by its name and an id that restarts in every process; under one name the third process ran Q4_0's
+    rows for Q4_1 (a wrong product, silently) until each kind's were named apart (kernel_cache.named)."""
+    env = environment(tmp_path / "cache")
+    for kinds in (["Q4_0"], ["Q4_1"], ["Q4_0", "Q4_1"]):
+        done = subprocess.run([sys.executable, "-c", LLAMA_CHILD, *kinds], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout) == {kind: True for kind in kinds}, (kinds, done.stdout)

@@ -267,32 +267,34 @@ def test_the_sum_follows_avx2s_lanes():
     assert llama_arith._hsum8(acc) != np.float32(1e8) + 1 - np.float32(1e8) + 5                 # a left-to-right sum
 
 
-def test_a_repacked_q4_0_is_ggmls_gemv_and_gemm_to_the_bit():
-    """A Q4_0 T of 16 rows (a multiple of 8: llama.cpp on x86 repacks it, llama_arith.repacked) against ggml's own
-    products (tests/fixtures/gguf/ggml_repacked.npz, make_ggml_repacked_fixture.py: libggml-cpu through ctypes):
-    equal to its gemv (one row of x) and gemm (four) to the bit, in the definition and the compiled kernel. Its
-    15 rows alone (not repacked) are ggml's one-row dot product instead, whose 8-lane order gives other numbers
-    (measured: 63 of 80 differ from gemv's)."""
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
+def test_a_repacked_matrix_is_ggmls_gemv_and_gemm_to_the_bit(kind):
+    """A Q4_0 or Q4_K T of 16 rows (a multiple of 8: llama.cpp on x86 repacks it, llama_arith.repacked) against ggml's
+    own products (tests/fixtures/gguf/ggml_ops.npz, make_ggml_ops_fixture.py: libggml-cpu through ctypes): equal to
+    its gemv (one row of x) and its gemm (x's first four rows; Q4_K's gemm sums in other steps than its gemv) to the
+    bit, in the definition and the compiled kernel, and five rows of x as ggml takes them (a four by gemm, the
+    fifth by gemv). Its 15 rows alone (not repacked) are ggml's one-row dot product instead, whose 8-lane order gives
+    other numbers (measured: 63 / 54 of 80 differ from gemv's)."""
     from qkv.runtime import llama_kernels
 
-    ref = np.load(GGUF / "ggml_repacked.npz")
-    blocks, x = ref["blocks"], ref["x"]                                            # (16, 16·18) uint8, (5, 512)
-    w = StoredMatrix("Q4_0", blocks, x.shape[1])
-    assert llama_arith.repacked("Q4_0", w.d_out) and not llama_arith.repacked("Q4_0", 15)
-    assert not llama_arith.repacked("Q8_0", 16) and not llama_arith.repacked("Q4_1", 16)
-    y = llama_matvec(w, x)                                                         # (5, 16)
-    assert np.array_equal(y, ref["gemv"]) and np.array_equal(y[:4], ref["gemm"])
-    got = np.empty_like(y)
-    llama_kernels.MATVEC["Q4_0"](x, *w.bits, got)
-    assert np.array_equal(got, y)
-    for rows in (1, 4):
-        one = np.empty((rows, 16), np.float32)
-        llama_kernels.MATVEC["Q4_0"](x[:rows], *w.bits, one)
-        assert np.array_equal(one, ref["gemv"][:rows])
-    fifteen = StoredMatrix("Q4_0", np.ascontiguousarray(blocks[:15]), x.shape[1])  # 15 rows: the one-row dot
-    assert np.array_equal(llama_matvec(fifteen, x), ref["vec_dot"][:, :15])
-    assert (ref["vec_dot"] != ref["gemv"]).sum() > 10                              # two orders, two answers
-    assert np.allclose(ref["vec_dot"], ref["gemv"], rtol=1e-5, atol=1e-5)          # of the same integers
+    ref = np.load(GGUF / "ggml_ops.npz")
+    at = "" if kind == "Q4_0" else "k_"
+    blocks, x = ref[f"{at}blocks"], ref["x" if kind == "Q4_0" else "k_x"]     # (16, bytes), (5, 512)
+    w = StoredMatrix(kind, blocks, x.shape[1])
+    assert llama_arith.repacked(kind, w.d_out) and not llama_arith.repacked(kind, 15)
+    assert not any(llama_arith.repacked(other, 16) for other in ("Q8_0", "Q4_1", "Q5_K", "Q6_K"))
+    gemv, gemm = ref[f"{at}gemv"], ref[f"{at}gemm"]
+    for rows in (1, 4, 5):
+        want = np.concatenate([gemm, gemv[4:5]]) if rows == 5 else gemm if rows == 4 else gemv[:1]
+        assert np.array_equal(llama_matvec(w, x[:rows]), want), rows
+        got = np.empty((rows, 16), np.float32)
+        llama_kernels.MATVEC[kind](x[:rows], *w.bits, got)
+        assert np.array_equal(got, want), rows
+    assert all(np.array_equal(llama_matvec(w, x[r:r + 1])[0], gemv[r]) for r in range(5))
+    fifteen = StoredMatrix(kind, np.ascontiguousarray(blocks[:15]), x.shape[1])    # 15 rows: the one-row dot
+    assert np.array_equal(llama_matvec(fifteen, x), ref[f"{at}vec_dot"][:, :15])
+    assert (ref[f"{at}vec_dot"] != gemv).sum() > 10                                # two orders, two answers
+    assert np.allclose(ref[f"{at}vec_dot"], gemv, rtol=1e-5, atol=1e-5)            # of the same integers
 
 
 def test_ggml_rms_norm_and_rope_angles_are_qkvs_up_to_float32_rounding():

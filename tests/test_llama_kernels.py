@@ -72,18 +72,22 @@ def test_the_kernel_is_the_definition_bit_for_bit(kind, rows):
     assert not np.array_equal(want, x @ w.dequantized())                      # and it is not the exact product
 
 
-@pytest.mark.parametrize("rows", [1, 2, 9, llama_kernels.X_TILE // D_IN + 11])
-def test_a_repacked_q4_0_kernel_is_the_definition_bit_for_bit(rows):
-    """A Q4_0 T whose rows are a multiple of 8 (llama_arith.repacked): eight rows of T (decoding) or of x (a prompt;
-    the last: a tile of rows and part of one) in one multiply-add a block — the definition's numbers, which are
-    not the 8-lane order's (the same T less a row)."""
-    w = matrix("Q4_0", seed=rows, d_out=PACKED)
-    x = activations(rows, seed=rows + 1)
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("rows", [1, 2, 4, 9, "tile"])
+def test_a_repacked_kernel_is_the_definition_bit_for_bit(kind, rows):
+    """A Q4_0 or Q4_K T whose rows are a multiple of 8 (llama_arith.repacked): each row's block summed whole, eight
+    rows of T (decoding) or of x (a prompt) at a time for Q4_0, a Q4_K prompt's whole fours of rows a multiply-add a
+    pair of sub-blocks ("tile": a tile of rows and part of one) — the definition's numbers, which are not the 8-lane
+    order's (the same T less a row)."""
+    width = d_in(kind)
+    rows = llama_kernels.X_TILE // width + 11 if rows == "tile" else rows
+    w = matrix(kind, seed=rows, d_out=PACKED)
+    x = activations(rows, seed=rows + 1, width=width)
     want = llama_matvec(w, x)                                                    # (R, 40)
     got = np.empty((rows, PACKED), np.float32)
-    llama_kernels.MATVEC["Q4_0"](x, *w.bits, got)
+    llama_kernels.MATVEC[kind](x, *w.bits, got)
     assert same_bits(got, want)
-    lanes = llama_matvec(StoredMatrix("Q4_0", np.ascontiguousarray(w.raw[:PACKED - 1]), D_IN), x)
+    lanes = llama_matvec(StoredMatrix(kind, np.ascontiguousarray(w.raw[:PACKED - 1]), width), x)
     assert not np.array_equal(lanes, want[:, :PACKED - 1])
 
 
@@ -220,8 +224,8 @@ from qkv.runtime import llama_kernels, llama_simd
 from qkv.runtime.llama_arith import PRODUCTS, llama_matvec
 import test_llama_kernels as t
 assert llama_simd.MULTIPLY == "avx2", llama_simd.MULTIPLY
-for kind, d_out in [(kind, t.D_OUT) for kind in PRODUCTS] + [("Q4_0", t.PACKED)]:
-    for rows in (1, 9):
+for kind, d_out in [(kind, t.D_OUT) for kind in PRODUCTS] + [("Q4_0", t.PACKED), ("Q4_K", t.PACKED)]:
+    for rows in (1, 9):                                   # 9: a Q4_K's two fours and one more
         w, x = t.matrix(kind, seed=rows, d_out=d_out), t.activations(rows, seed=rows + 1, width=t.d_in(kind))
         got = np.empty((rows, d_out), np.float32)
         llama_kernels.MATVEC[kind](x, *w.bits, got)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..runtime.kernel_cache import named as _named
 from .ops import _ERF_ALPHA, _ERF_BETA
 
 try:
@@ -24,11 +25,6 @@ TANH_B = np.float32(2.0 * math.sqrt(2.0 / math.pi))
 SQRT_HALF = np.float32(1.0 / math.sqrt(2.0))                       # ops.gelu's 1/√2
 
 
-def _named(fn, name: str):
-    """FN named NAME: a closure compiled apart (not inlined) is linked under its name, and entries read back from
-    the kernel cache into one process must not meet two bodies of one name (numba's ids restart each process)."""
-    fn.__name__ = fn.__qualname__ = name
-    return fn
 
 
 def _pairwise_of(kind):

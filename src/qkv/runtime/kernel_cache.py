@@ -53,6 +53,16 @@ LIMIT = 64 << 20                # bytes a kernel's file may have (one has 30-100
 _warned = False
 
 
+def named(fn, name: str):
+    """FN (a Python function numba will compile) named NAME. A function compiled apart (not inlined) is linked into
+    each kept entry under its name and numba's id, and the ids restart in every process: two entries kept by two
+    processes, read back into a third, must not hold two bodies of one name, or one entry runs the other's code
+    (measured: a Q4_1 product computed with Q4_0's rows). So every closure a factory makes for several kinds is
+    named after its kind."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
 def keep(entries: list, sources: list[Path]) -> None:
     """Give each numba dispatcher of ENTRIES a `DiskCache` for what SOURCES (the .py files they are compiled
     from) compile to; nothing when the sources cannot be read (a frozen or zipped install)."""

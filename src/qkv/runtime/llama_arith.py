@@ -23,14 +23,16 @@ over the blocks with a fused multiply-add acc ← fma(fp32(d_w·d_x), lane, acc)
 The fused multiply-add rounds once, as the machine's (`_fma32`: the exact product and sum in float64, rounded to
 odd, then to float32).
 
-Repacked Q4_0 (`repacked`). On x86 with AVX2 llama.cpp copies a Q4_0 matrix whose rows are a multiple of 8 into
-blocks of eight rows when it loads it (its CPU_REPACK buffer, `q4_0_8x8`), and its gemv / gemm kernels sum each
-row's block whole: y[r, o] = Σ_b^(fma) fp32(d_w·d_x) · Σ_32 (q_w − 8)·q_x, one fused multiply-add a block, no
-lanes (the same integers and scales). qkv follows it for those matrices: equal to ggml_gemv_q4_0_8x8_q8_0 and
-ggml_gemm_q4_0_8x8_q8_0 to the bit (tests/fixtures/llama/repacked.npz), and the 1B-shaped Q4_0 file's first
-logits equal llama.cpp's (0.045 apart in the 8-lane order). Its Q4_K matrices are repacked too (`q4_K_8x8`: not
-followed yet, ~0.1 apart at the first logits); ARM builds repack in other layouts, and llama.cpp may take
-tinyBLAS for float matrices.
+Repacked Q4_0 and Q4_K (`repacked`). On x86 with AVX2 llama.cpp copies a Q4_0 or Q4_K matrix whose rows are a
+multiple of 8 into blocks of eight rows when it loads it (its CPU_REPACK buffer, `q4_0_8x8`, `q4_K_8x8`), and its
+gemv / gemm kernels sum each row's block whole, one fused multiply-add a block, no lanes (the same integers and
+scales):
+    Q4_0   y = Σ_b^(fma) fp32(d_w·d_x) · Σ_32 (q_w − 8)·q_x
+    Q4_K   y = Σ_b^(fma) fp32(d_w·d_x) · Σ_8 sc·Σ_32 q_w·q_x  −  Σ_b^(fma) fp32(dmin_w·d_x) · Σ_8 m·S   (two chains;
+           its gemm, the whole fours of a prompt's rows, a multiply-add each pair of sub-blocks instead of each 8)
+qkv follows it for those matrices: equal to ggml's gemv and gemm to the bit (tests/fixtures/gguf/ggml_ops.npz),
+and the 1B-shaped Q4_0 file's first logits equal llama.cpp's (0.045 apart before; Q4_K_M's stay apart through
+SiLU, above). ARM builds repack in other layouts, and llama.cpp may take tinyBLAS for float matrices.
 
 The K-quants multiply Q8_K activations (blocks of 256: d_x float32 = 1/iscale with iscale = −127/(the signed
 largest value), q_x = min(127, rne(iscale·x)), and the 16 sums of each 16 q_x), per super-block of 256 of the
@@ -52,8 +54,8 @@ its siblings) keep the same 8 lanes — lane k the positions 4k..4k+3 of each 32
 
 Two of the steps between the products, as ggml computes them (`rms_norm`, `rope_cos_sin`): with int8 blocks a
 one-ulp difference before a product can move a rounding by a whole block step, so following llama.cpp past
-the first position needs its norms and RoPE angles to the bit too (and, further on, its attention's order of
-summation, not defined here).
+the first position needs its norms and RoPE angles to the bit too (and its SiLU, whose e^x is ggml's own
+polynomial, and further on its attention's order of summation: not defined here).
 
 `qkv.load(path, arith="llama.cpp")` runs a model this way: each StoredMatrix multiplies by `llama_matvec`'s
 arithmetic (compiled: runtime.llama_kernels, bit-equal to it; without numba `llama_matvec` itself), and the
@@ -263,8 +265,8 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
 
 def repacked(kind: str, d_out: int) -> bool:
     """Whether llama.cpp (x86, AVX2) multiplies a KIND matrix of D_OUT rows repacked, each block's sum whole: a
-    Q4_0 matrix whose rows are a multiple of 8 (module docstring)."""
-    return kind == "Q4_0" and d_out % 8 == 0
+    Q4_0 or Q4_K matrix whose rows are a multiple of 8 (module docstring)."""
+    return kind in ("Q4_0", "Q4_K") and d_out % 8 == 0
 
 
 def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
@@ -317,12 +319,40 @@ def k_lanes(kw: KWeights, qx: np.ndarray, bsums: np.ndarray, b: int) -> np.ndarr
     return np.einsum("rocl,oc->rol", fours, sc)                           # (R, d_out, 8)
 
 
+def _q4_k_repacked(kw: KWeights, a: QuantizedActivations, quads: int) -> np.ndarray:
+    """A repacked Q4_K's y (R, d_out): two float chains, the sums Σ sc·Σ q_w·q_x and the mins Σ m·S, y = one − the
+    other. Rows of x below QUADS (the whole fours of them: ggml's gemm) take a multiply-add a pair of sub-blocks;
+    the rest (its gemv) one a super-block."""
+    R, nb = a.d.shape
+    d_out = kw.q.shape[0]
+    w = kw.q.reshape(d_out, nb, 8, 32).astype(np.int64)                      # (d_out, nb, sub-block, 32)
+    q = a.q.reshape(R, nb, 8, 32).astype(np.int64)                           # (R, nb, sub-block, 32)
+    subs = np.einsum("obsj,rbsj->robs", w, q) * kw.sc[None].astype(np.int64)   # (R, d_out, nb, 8) sc·Σ q·q
+    S = a.bsums.astype(np.int64).reshape(R, nb, 8, 2).sum(-1)                # (R, nb, 8) Σ q_x a sub-block
+    mins = S[:, None] * kw.m[None].astype(np.int64)                          # (R, d_out, nb, 8) m·S
+    y = np.empty((R, d_out), np.float32)
+    for rows, step in ((slice(0, quads), 2), (slice(quads, R), 8)):        # sub-blocks a multiply-add
+        one = np.zeros((len(range(R)[rows]), d_out), np.float32)            # (rows, d_out)
+        other = np.zeros_like(one)
+        for b in range(nb):
+            scale = kw.d[None, :, b] * a.d[rows, b, None]                    # (rows, d_out) float32: d_w·d_x
+            low = kw.dmin[None, :, b] * a.d[rows, b, None]
+            for s in range(0, 8, step):
+                sums = subs[rows, :, b, s:s + step].sum(-1).astype(np.float32)     # as vcvtdq2ps rounds
+                one = _fma32(scale, sums, one)
+                other = _fma32(low, mins[rows, :, b, s:s + step].sum(-1).astype(np.float32), other)
+        y[rows] = one - other
+    return y
+
+
 def _k_matvec(w, x: np.ndarray, ties: str) -> np.ndarray:
     """x @ W for a K-quant W (module docstring): ggml_vec_dot_q{4,5,6}_K_q8_K's AVX2 order, super-block by
     super-block."""
     kw = k_weight_integers(w)
     a = quantize_activations(x, "Q8_K", ties)                            # q (R, nb, 256), d (R, nb), bsums (R, nb, 16)
     R, nb = a.d.shape
+    if repacked(w.kind, w.d_out):
+        return _q4_k_repacked(kw, a, R - R % 4).reshape(*np.shape(x)[:-1], w.d_out)
     acc = np.zeros((R, w.d_out, LANES), np.float32)                     # (R, d_out, 8)
     acc_m = np.zeros((R, w.d_out, 4), np.float32)                       # (R, d_out, 4) Q4_K's mins
     summs = np.zeros((R, w.d_out), np.float32)                          # (R, d_out) Q5_K's mins

@@ -67,9 +67,10 @@ import numpy as np
 from numba import njit, prange
 
 from . import kernel_cache, llama_simd, simd, stored_kernels
+from .kernel_cache import named
 from .llama_simd import (bor, bstore, bsub, bytes32, dot, fhalves, field32, flane, fma1, fma8, fmav, fscale, fvec,
-                         fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, lmins, lpairsums, lrows, lscale, lsplat,
-                         lsub, lsum, lzero, nibbles32, prefetch, sdot, udot)
+                         fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, llane, lmins, lpairsums, lrows, lscale,
+                         lsplat, lsub, lsum, lzero, nibbles32, prefetch, sdot, udot)
 from .stored_kernels import CHUNKS, _chunk, f16
 
 Q8_0, Q4, Q5 = 0, 1, 2            # how a block's 32 weights are unpacked (`_weights`)
@@ -311,7 +312,6 @@ def _rows_of(how, tail, offset):
     `_packed_xs`)."""
     q4_0 = how == Q4 and not tail and offset == 8
 
-    @njit
     def rows(qx, dx, sx, q, d, m, h, y, o0, o1):
         """y[:, o0:o1] from the quantised rows (qx, dx, sx) and T's blocks (q; d, m: float16 bits of the scales and
         the Q8_1 kinds' minimums, m read when TAIL is 1; h: Q5's fifth bits) — llama_matvec's sums, in its order.
@@ -348,7 +348,7 @@ def _rows_of(how, tail, offset):
             for o in range(o0, o1):
                 for r in range(r0, r1, 8):
                     _eight_xs(how, tail, qx, dx, sx, q, d, m, h, offset, y, o, r, r1)
-    return rows
+    return njit(named(rows, f"rows32_{how}_{tail}_{offset}"))         # one name a kind (kernel_cache.named)
 
 
 def _matvec_of(kind, how, tail, offset, at_m, at_h):
@@ -368,15 +368,13 @@ def _matvec_of(kind, how, tail, offset, at_m, at_h):
 
     entry.__name__ = entry.__qualname__ = f"_mv_{kind.lower()}"        # kernel_cache's file of each entry
 
-    @njit
     def prep(x):
         return _quantize(x, sums)
 
-    @njit
     def part(x, p, bits, y, o0, o1):
         rows(p[0], p[1], p[2], bits[0], bits[1], bits[at_m], bits[at_h], y, o0, o1)
 
-    ROWS[kind] = (prep, part)
+    ROWS[kind] = (njit(named(prep, f"prep_{kind.lower()}")), njit(named(part, f"part_{kind.lower()}")))
     return njit(parallel=True)(entry)
 
 
@@ -452,13 +450,15 @@ def _k_prefetch(how, qs, qh, sc, o, b):
 def _k_rows_of(how):
     """The row kernel of a K-quant (HOW, a constant of the compiled code)."""
 
-    @njit
     def rows(qx, dx, bsums, qs, qh, d, dmin, sc, mn, y, o0, o1):
         """y[:, o0:o1] from the Q8_K rows (qx, dx, bsums) and T's super-blocks (qs, qh: integers; d, dmin: float16
         bits; sc, mn: sub-block scales and mins, Q6_K's 16 int8 scales in sc) — llama_matvec's sums, in its order:
         per super-block the 8 integer lanes of llama_arith.k_lanes, each chunk of 32 times its scales (exact, int32),
-        acc_k ← the fused multiply-add with fp32(d_x·d_w), and the mins as the definition adds them."""
+        acc_k ← the fused multiply-add with fp32(d_x·d_w), and the mins as the definition adds them (a Q4_K T whose rows
+        are a multiple of 8: llama.cpp's repacked order, the lanes and the mins each summed whole, two float chains; a
+        prompt's whole fours of rows, as its gemm, a multiply-add each pair of sub-blocks)."""
         R, nb = dx.shape
+        packed = how == K4 and d.shape[0] % 8 == 0        # llama.cpp's repacked Q4_K: whole sums, two chains
         tile = _x_tile(256 * nb)
         w = np.empty((nb if R > 1 else 0, 256), np.int8)  # several rows of x: row o's integers unpacked once
         for r0 in range(0, R, tile):                      # a tile of rows of x against every row of T
@@ -468,10 +468,13 @@ def _k_rows_of(how):
                         bstore(_k_chunk(how, qs, qh, o, b, c), w[b, 32 * c:])
                 for r in range(r0, min(R, r0 + tile)):
                     acc, acc_m, summs = fzero(), fzero(), np.float32(0)
+                    whole, less = np.float32(0), np.float32(0)
+                    pairs = packed and r < R - R % 4              # ggml's gemm rows: a multiply-add a pair
                     for b in range(nb):
                         if r == r0:                       # the next row of T's super-block asked for meanwhile
                             _k_prefetch(how, qs, qh, sc, min(o + 1, o1 - 1), b)
-                        lanes = lzero()
+                        scale = dx[r, b] * f16(d[o, b])
+                        lanes, pair = lzero(), lzero()
                         for c in range(8):                # lane k: positions 4k..4k+3 of each 32
                             x = bytes32(qx[r, b, 32 * c:])
                             if how == K6:
@@ -479,25 +482,45 @@ def _k_rows_of(how):
                             else:
                                 s0 = s1 = np.int32(sc[o, b, c])
                             wc = _k_chunk(how, qs, qh, o, b, c) if R == 1 else bytes32(w[b, 32 * c:])
-                            lanes = ladd(lanes, sdot(wc, x, s0, s1))
+                            part = sdot(wc, x, s0, s1)
+                            lanes = ladd(lanes, part)
+                            if pairs:                     # sub-blocks c − 1, c: one multiply-add
+                                pair = ladd(pair, part)
+                                if c % 2 == 1:
+                                    whole = fma1(scale, np.float32(lsum(pair)), whole)
+                                    pair = lzero()
                         if how == K6:                     # the −32 through the sums of sub-blocks 2k, 2k+1
                             lanes = lsub(lanes, lscale(lpairsums(bsums[r, b], sc[o, b]), 32))
-                            acc = fma8(acc, dx[r, b] * f16(d[o, b]), lanes)   # |lane| < 2²⁶
+                            acc = fma8(acc, scale, lanes)         # |lane| < 2²⁶
                             continue
-                        acc = fma8(acc, dx[r, b] * f16(d[o, b]), lanes)   # ≤ 31·127·4·63·8 < 2²³
+                        if packed:                        # Σ sc·Σ q·x and Σ m·S whole, as ggml's gemv
+                            low = dx[r, b] * f16(dmin[o, b])
+                            m_s = lmins(bsums[r, b], mn[o, b])          # lane i: m_i·S_i
+                            if pairs:                                     # ggml's gemm: each pair of sub-blocks
+                                m_pairs = lhalves(m_s)
+                                for k in range(4):
+                                    less = fma1(low, np.float32(llane(m_pairs, k)), less)
+                            else:
+                                whole = fma1(scale, np.float32(lsum(lanes)), whole)
+                                less = fma1(low, np.float32(lsum(m_s)), less)
+                            continue
+                        acc = fma8(acc, scale, lanes)             # ≤ 31·127·4·63·8 < 2²³
                         dmin_b = -(dx[r, b] * f16(dmin[o, b]))    # float32
                         mins = lmins(bsums[r, b], mn[o, b])       # lane i: m_i·S_i
                         if how == K4:                             # 4 lanes: m_2k·S_2k + m_2k+1·S_2k+1
                             acc_m = fma8(acc_m, dmin_b, lhalves(mins))
                         else:                                     # fused, as gcc contracts it
                             summs = fma1(dmin_b, np.float32(lsum(mins)), summs)
+                    if packed:
+                        y[r, o] = whole - less
+                        continue
                     v = hsum8(acc)
                     if how == K4:
                         v = v + hsum4(acc_m)                      # (a0+a2)+(a1+a3)
                     elif how == K5:
                         v = v + summs
                     y[r, o] = v
-    return rows
+    return njit(named(rows, f"rows_k{how}"))                          # one name a kind (kernel_cache.named)
 
 
 _rows_q4_k, _rows_q5_k, _rows_q6_k = _k_rows_of(K4), _k_rows_of(K5), _k_rows_of(K6)

@@ -22,7 +22,7 @@ vfmadd231ps), where scalar code per lane ran at a tenth of the speed.
     lhalves(a)              lanes 0–3: a[2k] + a[2k + 1]; lanes 4–7: 0       lsum(a)   Σ lanes (int32)
     lstore(a, out)          out[0:8] = a (int32)
     lrows(a0, …, a7)        lane j = Σ lanes of a_j: eight rows' lanes to one whole sum a row (the repacked Q4_0)
-    lsplat(k)               k in each lane (an int32)
+    lsplat(k)               k in each lane (an int32)       llane(a, k)   lane k (an int32)
     fzero()                 0 in the 8 float32 lanes
     fvec(s0, …, s7)         the 8 float32s as lanes          fscale(v, s)   v·s in each lane (one rounding)
     fhalves(h0, …, h7)      the 8 float16s whose bits are the uint16s h_k, as float32 lanes (exact; F16C: vcvtph2ps)
@@ -326,6 +326,13 @@ def lrows(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
                for i in (0, 2)]                                    # [a_i..i+3 lanes 0–3, then lanes 4–7]
         return pairs(two[0], two[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
     return i32x8(*[i32x8] * 8), codegen
+
+
+@intrinsic
+def llane(typingctx, a, k):
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
+    return types.int32(i32x8, types.intp), codegen
 
 
 @intrinsic
