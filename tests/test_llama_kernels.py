@@ -21,7 +21,7 @@ from make_gguf_fixtures import random_blocks   # noqa: E402  (gguf.quants cannot
 
 D_IN, D_OUT = 160, 37                      # 5 blocks of 32; an odd count of output rows (two chunks of threads)
 D_IN_K = 512                               # the K-quants: 2 super-blocks of 256
-PACKED = 40                                # rows of a Q4_0 llama.cpp repacks (a multiple of 8; two chunks of threads)
+PACKED = 40                                # rows of a Q4_0 / Q4_K llama.cpp repacks (a multiple of 8; two chunks)
 
 
 def d_in(kind: str) -> int:

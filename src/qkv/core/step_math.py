@@ -25,8 +25,6 @@ TANH_B = np.float32(2.0 * math.sqrt(2.0 / math.pi))
 SQRT_HALF = np.float32(1.0 / math.sqrt(2.0))                       # ops.gelu's 1/√2
 
 
-
-
 def _pairwise_of(kind):
     """The sum of a[0:n] in np.add.reduce's order, its partial sums in KIND (np.float32, or np.float64 for a sum of
     float32 numbers in float64): NumPy's pairwise summation. A block of n ≤ 128 is summed in eight accumulators

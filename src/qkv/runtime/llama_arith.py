@@ -32,7 +32,7 @@ scales):
            its gemm, the whole fours of a prompt's rows, a multiply-add each pair of sub-blocks instead of each 8)
 qkv follows it for those matrices: equal to ggml's gemv and gemm to the bit (tests/fixtures/gguf/ggml_ops.npz),
 and the 1B-shaped Q4_0 file's first logits equal llama.cpp's (0.045 apart before; Q4_K_M's stay apart through
-SiLU, above). ARM builds repack in other layouts, and llama.cpp may take tinyBLAS for float matrices.
+SiLU, below). ARM builds repack in other layouts, and llama.cpp may take tinyBLAS for float matrices.
 
 The K-quants multiply Q8_K activations (blocks of 256: d_x float32 = 1/iscale with iscale = −127/(the signed
 largest value), q_x = min(127, rne(iscale·x)), and the 16 sums of each 16 q_x), per super-block of 256 of the
@@ -78,6 +78,9 @@ LANES = 8                     # AVX2: 8 float32 lanes, each the integer sum of 4
 PRODUCTS_32 = ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1")          # blocks of 32 (weight_integers)
 PRODUCTS_K = ("Q4_K", "Q5_K", "Q6_K")                            # super-blocks of 256 (k_weight_integers)
 PRODUCTS = PRODUCTS_32 + PRODUCTS_K                              # the weight kinds llama_matvec multiplies
+REPACKED = ("Q4_0", "Q4_K")    # kinds llama.cpp (x86, AVX2) repacks when their rows are a multiple of REPACK_ROWS
+REPACK_ROWS = 8                # rows of T in one repacked block (its q4_0_8x8, q4_K_8x8)
+GEMM_ROWS = 4                  # rows of x its gemm takes at once (the whole fours of a prompt's; the rest: gemv)
 
 
 @dataclass
@@ -266,15 +269,15 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
 def repacked(kind: str, d_out: int) -> bool:
     """Whether llama.cpp (x86, AVX2) multiplies a KIND matrix of D_OUT rows repacked, each block's sum whole: a
     Q4_0 or Q4_K matrix whose rows are a multiple of 8 (module docstring)."""
-    return kind in ("Q4_0", "Q4_K") and d_out % 8 == 0
+    return kind in REPACKED and d_out % REPACK_ROWS == 0
 
 
 def llama_matvec(w, x: np.ndarray, ties: str = "even") -> np.ndarray:
     """x (..., d_in) @ W with llama.cpp's arithmetic, for W a runtime.stored.StoredMatrix of a PRODUCTS kind.
 
     y[r, o] = hsum8( Σ_b^(fma) fp32(d_w[o,b]·d_x[r,b]) · lane_k(Σ q_w·q_x) ) (+ Σ_b fp32(m_w[o,b]·s_x[r,b]))
-    (a repacked Q4_0: Σ_b^(fma) fp32(d_w·d_x) · Σ q_w·q_x; the K-quants: `_k_matvec`) → (..., d_out) float32. Readable and slow (a loop over blocks): the definition,
-    not the fast path."""
+    (a repacked Q4_0: Σ_b^(fma) fp32(d_w·d_x) · Σ q_w·q_x; the K-quants: `_k_matvec`) → (..., d_out) float32.
+    Readable and slow (a loop over blocks): the definition, not the fast path."""
     if w.kind in PRODUCTS_K:
         return _k_matvec(w, x, ties)
     qw, dw, mw = weight_integers(w)                                     # (d_out, nb, 32), (d_out, nb), (d_out, nb)
@@ -352,7 +355,7 @@ def _k_matvec(w, x: np.ndarray, ties: str) -> np.ndarray:
     a = quantize_activations(x, "Q8_K", ties)                            # q (R, nb, 256), d (R, nb), bsums (R, nb, 16)
     R, nb = a.d.shape
     if repacked(w.kind, w.d_out):
-        return _q4_k_repacked(kw, a, R - R % 4).reshape(*np.shape(x)[:-1], w.d_out)
+        return _q4_k_repacked(kw, a, R - R % GEMM_ROWS).reshape(*np.shape(x)[:-1], w.d_out)
     acc = np.zeros((R, w.d_out, LANES), np.float32)                     # (R, d_out, 8)
     acc_m = np.zeros((R, w.d_out, 4), np.float32)                       # (R, d_out, 4) Q4_K's mins
     summs = np.zeros((R, w.d_out), np.float32)                          # (R, d_out) Q5_K's mins

@@ -68,6 +68,7 @@ from numba import njit, prange
 
 from . import kernel_cache, llama_simd, simd, stored_kernels
 from .kernel_cache import named
+from .llama_arith import GEMM_ROWS, REPACK_ROWS
 from .llama_simd import (bor, bstore, bsub, bytes32, dot, fhalves, field32, flane, fma1, fma8, fmav, fscale, fvec,
                          fzero, half_round, hbits32, hsum4, hsum8, ladd, lhalves, llane, lmins, lpairsums, lrows, lscale,
                          lsplat, lsub, lsum, lzero, nibbles32, prefetch, sdot, udot)
@@ -319,7 +320,7 @@ def _rows_of(how, tail, offset):
         T, eight rows of x at a time. A last group of fewer than eight repeats its last row (the same number written
         again)."""
         R, nb = dx.shape
-        if q4_0 and d.shape[0] % 8 == 0:                  # llama.cpp's repacked Q4_0: eight rows in the lanes
+        if q4_0 and d.shape[0] % REPACK_ROWS == 0:        # llama.cpp's repacked Q4_0: eight rows in the lanes
             if R < 8:
                 for r in range(R):
                     for o in range(o0, o1, 8):
@@ -458,7 +459,7 @@ def _k_rows_of(how):
         are a multiple of 8: llama.cpp's repacked order, the lanes and the mins each summed whole, two float chains; a
         prompt's whole fours of rows, as its gemm, a multiply-add each pair of sub-blocks)."""
         R, nb = dx.shape
-        packed = how == K4 and d.shape[0] % 8 == 0        # llama.cpp's repacked Q4_K: whole sums, two chains
+        packed = how == K4 and d.shape[0] % REPACK_ROWS == 0   # llama.cpp's repacked Q4_K: whole sums, two chains
         tile = _x_tile(256 * nb)
         w = np.empty((nb if R > 1 else 0, 256), np.int8)  # several rows of x: row o's integers unpacked once
         for r0 in range(0, R, tile):                      # a tile of rows of x against every row of T
@@ -469,7 +470,7 @@ def _k_rows_of(how):
                 for r in range(r0, min(R, r0 + tile)):
                     acc, acc_m, summs = fzero(), fzero(), np.float32(0)
                     whole, less = np.float32(0), np.float32(0)
-                    pairs = packed and r < R - R % 4              # ggml's gemm rows: a multiply-add a pair
+                    pairs = packed and r < R - R % GEMM_ROWS      # ggml's gemm rows: a multiply-add a pair
                     for b in range(nb):
                         if r == r0:                       # the next row of T's super-block asked for meanwhile
                             _k_prefetch(how, qs, qh, sc, min(o + 1, o1 - 1), b)

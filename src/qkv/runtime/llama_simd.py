@@ -329,13 +329,6 @@ def lrows(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @intrinsic
-def llane(typingctx, a, k):
-    def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
-    return types.int32(i32x8, types.intp), codegen
-
-
-@intrinsic
 def lsplat(typingctx, k):
     def codegen(context, builder, sig, args):
         return splat(builder, builder.trunc(args[0], _I32), 8)
@@ -378,11 +371,17 @@ def fmav(typingctx, acc, v, lanes):
     return f32x8(f32x8, f32x8, i32x8), codegen
 
 
-@intrinsic
-def flane(typingctx, v, k):
-    def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
-    return types.float32(f32x8, types.intp), codegen
+def _lane_of(vector, element):
+    @intrinsic
+    def lane(typingctx, v, k):
+        """Lane k of V (a VECTOR of ELEMENTs)."""
+        def codegen(context, builder, sig, args):
+            return builder.extract_element(args[0], builder.trunc(args[1], _I32))
+        return element(vector, types.intp), codegen
+    return lane
+
+
+llane, flane = _lane_of(i32x8, types.int32), _lane_of(f32x8, types.float32)
 
 
 @intrinsic
