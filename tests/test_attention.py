@@ -137,3 +137,36 @@ def test_one_rule_for_every_mask(window):
     block = kernels._block_mask(pos, np.arange(m), True, window)
     assert block is None and want.all() or np.array_equal(block, want)
     assert masks.visible(pos, np.arange(m), False) is None                # not causal, no window: nothing to build
+
+
+@pytest.mark.parametrize("dk", [1, 5, 64, 200])
+@pytest.mark.parametrize("how", ["loops", "numpy", "numpy-by-one-key"])
+def test_one_query_is_summed_in_qkvs_own_order(dk, how, monkeypatch):
+    """A single query (a cached step) is not left to BLAS's order (the library's, its CPU kernel's, gemv's or
+    gemm's): each product rounded, q·k_j over d_k and Σ_j a_j·v_j over the keys added one term after another —
+    the compiled loops and NumPy (in any chunks of keys) the same numbers, near the float64 loop."""
+    monkeypatch.setattr(A, "_compiled_loops", lambda: how == "loops")
+    if how == "numpy-by-one-key":
+        monkeypatch.setattr(A, "ONE_QUERY_CHUNK", 1)
+    rng = np.random.default_rng(dk)
+    B, H, Hkv, m = 2, 4, 2, 37
+    q = rng.standard_normal((B, H, 1, dk)).astype(np.float32)
+    k, v = (rng.standard_normal((B, Hkv, m, dk)).astype(np.float32) for _ in range(2))
+    z, w, s = A.scaled_dot_product_attention(q, k, v, keep_scores=True)
+    scale = np.float32(1 / math.sqrt(dk))
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            dots = []
+            for j in range(m):
+                acc = q[b, h, 0, 0] * k[b, g, j, 0]
+                for i in range(1, dk):
+                    acc = acc + q[b, h, 0, i] * k[b, g, j, i]
+                dots.append(acc)
+            assert np.array_equal(s[b, h, 0], np.array(dots, np.float32) * scale)
+            acc = w[b, h, 0, 0] * v[b, g, 0]
+            for j in range(1, m):
+                acc = acc + w[b, h, 0, j] * v[b, g, j]
+            assert np.array_equal(z[b, h, 0], acc)
+    z64, w64 = naive_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    assert np.allclose(w, w64, atol=1e-5) and np.allclose(z, z64, atol=1e-4)

@@ -74,7 +74,10 @@ def attention_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None, c
     Hkv, m = k.shape[1], k.shape[2]
     G = H // Hkv
     qg = q.reshape(B, Hkv, G * n, dk)                    # (B, Hkv, G·n, d_k)
-    s = np.matmul(qg, k.transpose(0, 1, 3, 2))           # (B, Hkv, G·n, m)
+    if n == 1:                                           # one query (a cached step): qkv's own order
+        s = one_query_dots(qg, k)                        # (B, Hkv, G, m)
+    else:
+        s = np.matmul(qg, k.transpose(0, 1, 3, 2))       # (B, Hkv, G·n, m)
     s *= 1.0 / math.sqrt(dk) if scale is None else scale   # Python float: keeps float32
     if cap is not None:
         soft_cap_(s, cap)
@@ -94,8 +97,71 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
     B, H, n, m = weights.shape
     Hkv, dk = v.shape[1], v.shape[3]
     G = H // Hkv
-    z = np.matmul(weights.reshape(B, Hkv, G * n, m), v)  # (B, Hkv, G·n, d_k)
+    if n == 1:                                           # one query (a cached step): qkv's own order
+        z = one_query_sum(weights.reshape(B, Hkv, G, m), v)                                # (B, Hkv, G, d_k)
+    else:
+        z = np.matmul(weights.reshape(B, Hkv, G * n, m), v)                               # (B, Hkv, G·n, d_k)
     return z.reshape(B, H, n, dk)
+
+
+# One query's scores and weighted sum are summed in an order qkv defines, not BLAS's (whose order depends on the
+# library, its kernel for the CPU, and the shapes: gemv or gemm), so that the compiled one-token step
+# (core/step_compiled.py) is the readable one to the bit on any machine: each product rounded to float32, and every
+# sum one term after another in order — q·k_j over d_k, Σ_j a_j·v_j over the keys (np.add.accumulate's order).
+# With numba they run as core/step_math's loops (the compiled step's own; NumPy's accumulate over many short rows
+# is ~10× slower there), else in NumPy, ONE_QUERY_CHUNK products at a time: the same numbers (tests/test_attention.py).
+ONE_QUERY_CHUNK = 1 << 22
+
+
+def _compiled_loops() -> bool:
+    from .step_compiled import has_numba
+    return has_numba()
+
+
+def one_query_dots(q: np.ndarray, k: np.ndarray, loops: bool | None = None) -> np.ndarray:
+    """S[…, g, j] = q_g·k_j, its d_k products added in order: q (B, Hkv, G, d_k), k (B, Hkv, m, d_k) → (B, Hkv, G,
+    m). LOOPS: step_math's compiled loops (None: where numba is installed and both are float32)."""
+    B, Hkv, G, dk = q.shape
+    m = k.shape[2]
+    dtype = np.result_type(q, k)
+    if loops is None:
+        loops = dtype == np.float32 and dk > 0 and _compiled_loops()
+    if loops:
+        from . import step_math
+        s = np.empty((B, Hkv * G, m), np.float32)
+        step_math.one_query_dots(np.ascontiguousarray(q).reshape(B, Hkv * G * dk), k, s)
+        return s.reshape(B, Hkv, G, m)
+    s = np.empty((B, Hkv, G, m), dtype)
+    step = max(1, ONE_QUERY_CHUNK // max(1, B * Hkv * G * dk))
+    for j0 in range(0, m, step):
+        j1 = min(m, j0 + step)
+        terms = np.multiply(q[:, :, :, None, :], k[:, :, None, j0:j1], out=np.empty((B, Hkv, G, j1 - j0, dk), dtype))
+        s[..., j0:j1] = np.add.accumulate(terms, axis=-1)[..., -1] if dk else 0           # over d_k, in order
+    return s
+
+
+def one_query_sum(a: np.ndarray, v: np.ndarray, loops: bool | None = None) -> np.ndarray:
+    """Z[…, g, :] = Σ_j a_gj·v_j, the keys added in their order: a (B, Hkv, G, m), v (B, Hkv, m, d_k) → (B, Hkv, G,
+    d_k). LOOPS: as `one_query_dots`."""
+    B, Hkv, G, m = a.shape
+    dk = v.shape[3]
+    dtype = np.result_type(a, v)
+    if loops is None:
+        loops = dtype == np.float32 and m > 0 and _compiled_loops()
+    if loops:
+        from . import step_math
+        z = np.empty((B, Hkv * G * dk), np.float32)
+        step_math.one_query_sum(np.ascontiguousarray(a).reshape(B, Hkv * G, m), v, z)
+        return z.reshape(B, Hkv, G, dk)
+    z = None
+    step = max(1, ONE_QUERY_CHUNK // max(1, B * Hkv * G * dk))
+    for j0 in range(0, m, step):
+        j1 = min(m, j0 + step)
+        terms = np.multiply(a[..., j0:j1, None], v[:, :, None, j0:j1], out=np.empty((B, Hkv, G, j1 - j0, dk), dtype))
+        if z is not None:
+            terms[..., 0, :] += z                        # the keys before, then this chunk's first
+        z = np.add.accumulate(terms, axis=-2)[..., -1, :]                                  # (B, Hkv, G, d_k)
+    return np.zeros((B, Hkv, G, dk), dtype) if z is None else z
 
 
 def scaled_dot_product_attention(

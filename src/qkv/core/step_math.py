@@ -1,8 +1,9 @@
 """The float32 steps of the compiled one-token step (core/step_compiled.py), each the readable step's to the bit
 where NumPy's own order can be followed: np.add.reduce's pairwise sums (`pairwise32`, `pairwise64`), NumPy's
 float32 exp (`exp32`), the activations of ops.ACTIVATIONS (`act`), RMSNorm and LayerNorm (`norm_of`), and the
-scores' dot products and the weighted sum of V as sgemm sums them (`dots`, `weigh`). numba code: compiled where
-first called, kept on disk with the layers that call it (runtime.kernel_cache)."""
+scores' dot products and the weighted sum of V in attention.one_query_dots' and one_query_sum's orders (`dots`,
+`weigh`). numba code: compiled where first called, kept on disk with the layers that call it
+(runtime.kernel_cache)."""
 
 from __future__ import annotations
 
@@ -126,13 +127,20 @@ if njit is not None:
 
 
 if njit is not None:
-    @njit(fastmath={"contract"})
+    @njit
     def dots(qkv, b, at, g, kc, m, dk, s):
-        """s_j = q·K_g[j] of the query at column AT of row b, each summed in order, one fused multiply-add a term
-        (BLAS's sgemm sums so: S is then the readable step's to the bit), eight keys side by side."""
+        """s_j = q·K_g[j] of the query at column AT of row b, as attention.one_query_dots defines it: each product
+        rounded to float32, added in the order of d_k (no fused multiply-add); eight keys side by side."""
         for j0 in range(0, m - m % 8, 8):
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
-            for i in range(dk):
+            a0 = qkv[b, at] * kc[b, g, j0, 0]
+            a1 = qkv[b, at] * kc[b, g, j0 + 1, 0]
+            a2 = qkv[b, at] * kc[b, g, j0 + 2, 0]
+            a3 = qkv[b, at] * kc[b, g, j0 + 3, 0]
+            a4 = qkv[b, at] * kc[b, g, j0 + 4, 0]
+            a5 = qkv[b, at] * kc[b, g, j0 + 5, 0]
+            a6 = qkv[b, at] * kc[b, g, j0 + 6, 0]
+            a7 = qkv[b, at] * kc[b, g, j0 + 7, 0]
+            for i in range(1, dk):
                 q = qkv[b, at + i]
                 a0 += q * kc[b, g, j0, i]
                 a1 += q * kc[b, g, j0 + 1, i]
@@ -145,17 +153,40 @@ if njit is not None:
             s[j0], s[j0 + 1], s[j0 + 2], s[j0 + 3] = a0, a1, a2, a3
             s[j0 + 4], s[j0 + 5], s[j0 + 6], s[j0 + 7] = a4, a5, a6, a7
         for j in range(m - m % 8, m):
-            acc = np.float32(0)
-            for i in range(dk):
+            acc = qkv[b, at] * kc[b, g, j, 0]
+            for i in range(1, dk):
                 acc += qkv[b, at + i] * kc[b, g, j, i]
             s[j] = acc
 
-    @njit(fastmath={"contract"})
+    @njit
     def weigh(a, vc, b, g, m, z, at, dk):
-        """z[b, at:at + d_k] = Σ_j a_j·V_g[j] in the order of j, one fused multiply-add a term (as sgemm)."""
-        for j in range(m):
+        """z[b, at:at + d_k] = Σ_j a_j·V_g[j] as attention.one_query_sum defines it: each product rounded to
+        float32, the keys added in their order (no fused multiply-add)."""
+        if m == 0:
+            return
+        for i in range(dk):
+            z[b, at + i] = a[0] * vc[b, g, 0, i]
+        for j in range(1, m):
             for i in range(dk):
                 z[b, at + i] += a[j] * vc[b, g, j, i]
+
+    @njit
+    def one_query_dots(q, k, s):
+        """attention.one_query_dots with `dots`: q (B, Hkv·G·d_k), k (B, Hkv, m, d_k) → s (B, Hkv·G, m)."""
+        B, Hkv, m, dk = k.shape
+        G = q.shape[1] // (Hkv * dk)
+        for b in range(B):
+            for h in range(Hkv * G):
+                dots(q, b, h * dk, h // G, k, m, dk, s[b, h])
+
+    @njit
+    def one_query_sum(a, v, z):
+        """attention.one_query_sum with `weigh`: a (B, Hkv·G, m), v (B, Hkv, m, d_k) → z (B, Hkv·G·d_k)."""
+        B, Hkv, m, dk = v.shape
+        G = a.shape[1] // Hkv
+        for b in range(B):
+            for h in range(Hkv * G):
+                weigh(a[b, h], v, b, h // G, m, z, h * dk, dk)
 
 
 if njit is not None:
@@ -219,3 +250,10 @@ def norm_of(ggml: bool):
                 dst[b, dt + i] = (src[b, at + i] / root) * g[i]
 
     return njit(_named(norm, "norm_ggml" if ggml else "norm_exact"))
+
+
+if njit is not None:
+    from pathlib import Path
+
+    from ..runtime import kernel_cache
+    kernel_cache.keep([one_query_dots, one_query_sum], [Path(__file__)])       # the readable step calls them
