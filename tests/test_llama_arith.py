@@ -18,6 +18,7 @@ Measured (max |qkv − llama.cpp| over the stored logits):
         llama.cpp products                0.81 – 0.98; 0 at the first position of fox and code, 0.46 of chat
         + ggml's RMSNorm (rms_norm)       0 for the first 3 / 3 / 6 positions
         + ggml's RoPE angles              0 for the first 7 / 3 / 6 positions, then 0.71 – 0.86 (mean 0.48 – 0.54)
+        + ggml's SiLU (its own e^x)       0 for the first 7 / 7 / 6 positions, then up to 0.63 / 0.79 / 1.0
         (llama.cpp's float16 cache, q, k, v and A rounded to float16: 0 for the first 1 / 3 / 4 positions)
     Past those SmolLM2 is as far from llama.cpp as llama.cpp is from itself: one ulp anywhere (here the order
     of attention's sums) moves a block's 8-bit rounding by a whole step, and 30 layers spread it (llama.cpp
@@ -297,6 +298,24 @@ def test_a_repacked_matrix_is_ggmls_gemv_and_gemm_to_the_bit(kind):
     assert np.allclose(ref[f"{at}vec_dot"], gemv, rtol=1e-5, atol=1e-5)            # of the same integers
 
 
+def test_silu_and_swiglu_are_ggmls_to_the_bit():
+    """ggml's SiLU of a row (its own e^x polynomial eight at a time, the C library's expf for the last n mod 8) and
+    SwiGLU silu(g)·u, against ggml_vec_silu_f32 / ggml_vec_swiglu_f32 themselves (tests/fixtures/gguf/ggml_ops.npz:
+    4,101 numbers, the range where e^x over- and underflows, ±0, ±3.4e38, a tail of 5): every one equal, where
+    qkv's exact SiLU (NumPy's exp) differs in the last bit of many."""
+    from qkv.core.ops import silu as exact_silu
+
+    ref = np.load(GGUF / "ggml_ops.npz")
+    x, g = ref["silu_x"], ref["silu_g"]
+    ours = llama_arith.silu(x)
+    assert np.array_equal(ours.view(np.uint32), ref["silu"].view(np.uint32))
+    with np.errstate(over="ignore"):
+        assert np.array_equal((ours * g).view(np.uint32), ref["swiglu"].view(np.uint32))
+        assert (exact_silu(x).view(np.uint32) != ref["silu"].view(np.uint32)).sum() > 100
+    rows = np.stack([x[:4096], x[5:4101]])                                         # row by row, the last axis
+    assert np.array_equal(llama_arith.silu(rows)[1], llama_arith.silu(x[5:4101]))
+
+
 def test_ggml_rms_norm_and_rope_angles_are_qkvs_up_to_float32_rounding():
     from qkv.core.ops import rms_norm
     from qkv.core.positions import rope_cos_sin, rope_inv_freq
@@ -386,14 +405,15 @@ def test_tiny_k_quant_models_equal_llama_cpp_with_its_arithmetic(fixture, name):
 
 
 def test_smollm2_leading_positions_equal_llama_cpp_with_its_arithmetic_norm_and_rope(fixture):
-    """Products, RMSNorm and RoPE's angles as ggml computes them: the first positions to the bit (float32 KV cache:
-    measured 7 / 3 / 6 positions of fox / chat / code, asserted 3, where llama.cpp agrees with itself for 3 / 6 / 5;
-    its float16 cache: the first position, its dot products of float16 K with q in their own order)."""
+    """Products, RMSNorm, RoPE's angles and SiLU as ggml computes them: the first positions to the bit (float32 KV
+    cache: measured 7 / 7 / 6 positions of fox / chat / code with ggml's SiLU (7 / 3 / 6 without), asserted 6, where
+    llama.cpp agrees with itself for 3 / 6 / 5; its float16 cache: the first position, its dot products of float16
+    K with q in their own order)."""
     from qkv.checkpoints import smollm2_file
 
     same_file(fixture, "smollm2", smollm2_file())
     model, exact = qkv.load(smollm2_file(), arith="llama.cpp"), qkv.load(smollm2_file())
-    lead, step = 3, 32                                                             # every 32nd logit is stored
+    lead, step = 6, 32                                                             # every 32nd logit is stored
     for prompt in PROMPTS:
         key = f"smollm2/{prompt}"
         for cache, n in (("f32kv", lead), ("f16kv", 1)):

@@ -303,3 +303,32 @@ def test_import_qkv_leaves_numba_to_its_first_use():
     done = subprocess.run([sys.executable, "-c", "import sys, qkv, qkv.core.stack; print('numba' in sys.modules)"],
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_the_compiled_ggml_silu_is_llama_arith_s_to_the_bit():
+    """llama.cpp arithmetic's SiLU in the compiled layer (step_math.act's GGML_SILU, its e^x ggml's own polynomial;
+    GGML_SILU + 1 for a row's last n mod 8, the C library's expf) against llama_arith.silu, the definition equal to
+    ggml's (tests/fixtures/gguf/ggml_ops.npz: 4,101 numbers, e^x's over- and underflow, ±0, ±3.4e38, a tail of 5);
+    and a llama.cpp-arithmetic plan's switches choose it, an exact one's not."""
+    from numba import njit
+
+    from qkv.runtime import llama_arith
+
+    assert sm.GGML_SILU == sc.GGML_SILU
+    x = np.load(FIXTURES / "gguf" / "ggml_ops.npz")["silu_x"]
+
+    @njit
+    def each(no, x, vec):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = sm.act(no + 1 if no == sm.GGML_SILU and i >= vec else no, x[i])
+        return out
+
+    want = llama_arith.silu(x)
+    got = each(sm.GGML_SILU, x, x.shape[0] - x.shape[0] % 8)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(each(0, x, 0).view(np.uint32), want.view(np.uint32))    # qkv's own SiLU differs
+    path = FIXTURES / "gguf" / "tiny-llama-q4_0.gguf"
+    for arith, no in (("llama.cpp", sc.GGML_SILU), ("exact", sc.ACTS.index("silu"))):
+        model = qkv.load(path, arith=arith)
+        assert sc.switches(model.config, model.weights.blocks[0])[2] == no

@@ -341,7 +341,10 @@ def cross_memory(encoded: np.ndarray, blocks: list[BlockWeights], cfg: ModelConf
 
 def activation_of(w: FFNWeights, cfg: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
     """act of the FFN W: the config's activation (ops.ACTIVATIONS), or xIELU with W's own learned scalars
-    (cfg.activation "xielu": Apertus, ops.xielu), so every reader of a neuron's act(u) calls this one."""
+    (cfg.activation "xielu": Apertus, ops.xielu), so every reader of a neuron's act(u) calls this one. In llama.cpp's
+    arithmetic (cfg.arith) SiLU is ggml's (llama_arith.silu: its own e^x)."""
+    if cfg.activation == "silu" and cfg.arith == "llama.cpp":
+        return llama_arith.silu
     if cfg.activation != "xielu":
         return ACTIVATIONS[cfg.activation]
     p = w.xielu

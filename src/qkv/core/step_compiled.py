@@ -53,6 +53,7 @@ from .config import ModelConfig
 from .weights import BlockWeights, FFNWeights, NormWeights
 
 ACTS = ("silu", "gelu", "gelu_tanh", "relu", "relu2")     # the FFN activations it computes (step_math.act's codes)
+GGML_SILU = len(ACTS)                                       # and llama.cpp arithmetic's SiLU (+ 1: a row's tail)
 QK_NORMS = ("", "head", "turned", "all")                    # norms on q and k: none, each head's (before RoPE, after
                                                             # it), all of q and of k (OLMo 2)
 
@@ -151,11 +152,13 @@ def plan_of(cfg: ModelConfig, w: BlockWeights) -> Plan:
 
 def switches(cfg: ModelConfig, w: BlockWeights) -> tuple[int, ...]:
     """What the compiled layer does differently for W's family, as its `how` argument (ints): RoPE's pairs
-    interleaved (2i, 2i + 1) or halves (i, i + d/2); a gated FFN; its activation (in ACTS); LayerNorm or RMSNorm;
+    interleaved (2i, 2i + 1) or halves (i, i + d/2); a gated FFN; its activation (in ACTS; llama.cpp arithmetic's SiLU
+    GGML_SILU); LayerNorm or RMSNorm;
     norms before the boxes (OLMo 2: none); the norms on q and k (in QK_NORMS); norms on each box's output (OLMo 2,
     Gemma 2/3, GLM-4); a parallel block x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (GPT-NeoX, Phi, GPT-J, Falcon)."""
     qk = "" if cfg.qk_norm is None else "turned" if cfg.qk_norm_after_rope else cfg.qk_norm
-    return (int(bool(cfg.rope_interleaved)), int(w.ffn.W_gate is not None), ACTS.index(cfg.activation),
+    act = GGML_SILU if cfg.activation == "silu" and cfg.arith == "llama.cpp" else ACTS.index(cfg.activation)
+    return (int(bool(cfg.rope_interleaved)), int(w.ffn.W_gate is not None), act,
             int(cfg.norm == "layer"), int(w.attn_norm is not None), QK_NORMS.index(qk),
             int(w.attn_out_norm is not None), int(bool(cfg.parallel_residual)))
 
@@ -438,16 +441,18 @@ def _layer_of(plan: Plan, qkv_rows: list, o_rows, in_rows, out_rows):
             in_part(h, p, in_bits, u, o0, o1)
         d_ff = wide // 2 if gated else wide
         hid = np.empty((B, d_ff), np.float32)
+        vec = d_ff - d_ff % 8                                             # ggml's SiLU: its last n mod 8 apart
         for c in prange(CHUNKS):                                          # act(g + b) ⊙ (u + b), or act(u + b)
             i0, i1 = _chunk(d_ff, c)
             for b in range(B):
                 for i in range(i0, i1):
+                    no = act_no + 1 if act_no == GGML_SILU and i >= vec else act_no
                     if gated:
                         gv = u[b, i] + b_gate[i] if b_gate.shape[0] > 0 else u[b, i]
                         iv = u[b, d_ff + i] + b_in[i] if b_in.shape[0] > 0 else u[b, d_ff + i]
-                        hid[b, i] = act(act_no, gv) * iv
+                        hid[b, i] = act(no, gv) * iv
                     else:
-                        hid[b, i] = act(act_no, u[b, i] + b_in[i] if b_in.shape[0] > 0 else u[b, i])
+                        hid[b, i] = act(no, u[b, i] + b_in[i] if b_in.shape[0] > 0 else u[b, i])
         p = out_prep(hid)
         y = np.empty((B, d), np.float32)
         for c in prange(CHUNKS):                                          # hidden·W_out

@@ -189,11 +189,37 @@ if njit is not None:
                 weigh(a[b, h], v, b, h // G, m, z, h * dk, dk)
 
 
+# ggml's float32 e^x (llama_arith.ggml_expf: its AVX2 ggml_v_expf), for llama.cpp arithmetic's SiLU.
+_G_R, _G_LOG2E = np.float32(float.fromhex("0x1.8p23")), np.float32(float.fromhex("0x1.715476p+0"))
+_G_LN2 = (np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20")))
+_G_C = tuple(np.float32(float.fromhex(h)) for h in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3",
+                                                      "0x1.573e2ep-5", "0x1.0e4020p-7"))
+GGML_SILU = 5                      # act's code of ggml's SiLU, step_compiled.GGML_SILU (+ 1: a row's last n mod 8)
+
 if njit is not None:
     @njit(inline="always")
+    def ggml_expf(x):
+        """e^x of a float32 as llama_arith.ggml_expf, its 2^n and the scaled path's two factors by ldexp (exact)."""
+        if x != x:
+            return x
+        z = fma1(x, _G_LOG2E, _G_R)
+        n = z - _G_R
+        b = fma1(-n, _G_LN2[1], fma1(-n, _G_LN2[0], x))
+        u = b * b
+        j = fma1(fma1(fma1(_G_C[4], b, _G_C[3]), u, fma1(_G_C[2], b, _G_C[1])), u, _G_C[0] * b)
+        if abs(n) > 192:
+            return np.float32(np.inf) if n > 0 else np.float32(0)
+        if abs(n) > 126:                                  # 2^n as two factors, as ggml's s1 and s2
+            s1 = np.float32(2.0 ** -125) if n <= 0 else np.float32(2.0 ** 127)
+            s2 = np.float32(math.ldexp(1.0, int(n) + (125 if n <= 0 else -127)))
+            return fma1(s2, j, s2) * s1
+        k = np.float32(math.ldexp(1.0, int(n)))
+        return fma1(k, j, k)
+
+    @njit(inline="always")
     def act(no, v):
-        """ops.ACTIVATIONS' activation NO (its place in step_compiled.ACTS) of one float32 number, in its float32
-        steps (its exp NumPy's: `exp32`)."""
+        """ops.ACTIVATIONS' activation NO (its place in step_compiled.ACTS; GGML_SILU, + 1: llama.cpp arithmetic's) of
+        one float32 number, in its float32 steps (its exp NumPy's: `exp32`)."""
         if no == 0:                                       # SiLU: v / (1 + e^(−v))
             return v / (np.float32(1) + exp32(-v))
         if no == 1:                                       # GELU: ½v(1 + erf(v/√2)), ops.erf's rational form
@@ -210,6 +236,10 @@ if njit is not None:
             return v / (exp32(e) + np.float32(1))
         if no == 3:                                       # ReLU
             return max(v, np.float32(0))
+        if no == GGML_SILU:                               # llama.cpp arithmetic: ggml's SiLU (llama_arith.silu)
+            return v / (np.float32(1) + ggml_expf(-v))
+        if no == GGML_SILU + 1:                           # the same, a row's last n mod 8: the C library's expf
+            return v / (np.float32(1) + np.float32(math.exp(-np.float64(v))))
         r = max(v, np.float32(0))                         # ReLU²
         return r * r
 

@@ -52,10 +52,10 @@ its siblings) keep the same 8 lanes — lane k the positions 4k..4k+3 of each 32
 
 (The integer lanes are converted to float32 with one rounding, as _mm256_cvtepi32_ps: exact below 2²⁴.)
 
-Two of the steps between the products, as ggml computes them (`rms_norm`, `rope_cos_sin`): with int8 blocks a
-one-ulp difference before a product can move a rounding by a whole block step, so following llama.cpp past
-the first position needs its norms and RoPE angles to the bit too (and its SiLU, whose e^x is ggml's own
-polynomial, and further on its attention's order of summation: not defined here).
+Three of the steps between the products, as ggml computes them (`rms_norm`, `rope_cos_sin`, `silu`: its SwiGLU's
+e^x is its own polynomial, not the C library's): with int8 blocks a one-ulp difference before a product can move
+a rounding by a whole block step, so following llama.cpp past the first position needs its norms, RoPE angles
+and SiLU to the bit too (and, further on, its attention's order of summation, not defined here).
 
 `qkv.load(path, arith="llama.cpp")` runs a model this way: each StoredMatrix multiplies by `llama_matvec`'s
 arithmetic (compiled: runtime.llama_kernels, bit-equal to it; without numba `llama_matvec` itself), and the
@@ -391,6 +391,53 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     mean = (sq / x.shape[-1]).astype(np.float32)                              # (..., 1)
     r = (np.float32(1) / np.sqrt(mean + np.float32(eps))).astype(np.float32)  # (..., 1)
     return (x * r) * weight                                                  # (..., d)
+
+
+def _hex32(h: str) -> np.float32:
+    return np.float32(float.fromhex(h))
+
+
+# ggml's float32 e^x on AVX2 (ggml_v_expf, from Arm's optimized routines; within 1.5 ulp): x = n·ln 2 + b, n an
+# integer by the 1.5·2²³ trick, b in two parts; e^b by a polynomial in b and b², then times 2^n (the exponent's
+# bits), with a scaled path for |n| > 126 and ±inf / 0 past 192.
+_EXPF = dict(r=_hex32("0x1.8p23"), log2e=_hex32("0x1.715476p+0"), ln2=(_hex32("0x1.62e4p-1"), _hex32("0x1.7f7d1cp-20")),
+             c=(_hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.555e66p-3"), _hex32("0x1.573e2ep-5"),
+                _hex32("0x1.0e4020p-7")))
+
+
+def ggml_expf(x: np.ndarray) -> np.ndarray:
+    """e^x of float32 X as ggml's AVX2 ggml_v_expf computes it, step for step (each fused multiply-add `_fma32`)."""
+    x = np.asarray(x, np.float32)
+    e_, (c1, c2, c3, c4, c5) = _EXPF, _EXPF["c"]
+    with np.errstate(over="ignore", invalid="ignore"):                     # inf and 0 past the range, as ggml's
+        z = _fma32(x, e_["log2e"], e_["r"])
+        n = z - e_["r"]                                                    # the integer n, as float32
+        b = _fma32(-n, e_["ln2"][1], _fma32(-n, e_["ln2"][0], x))          # x − n·ln 2
+        e = z.view(np.int32) << np.int32(23)                               # n in the exponent's bits
+        k = (e + np.float32(1).view(np.int32)).view(np.float32)            # 2^n
+        u = b * b
+        j = _fma32(_fma32(_fma32(c5, b, c4), u, _fma32(c3, b, c2)), u, c1 * b)   # e^b − 1
+        near = _fma32(k, j, k)
+        g = np.where(n <= 0, np.int32(-0x7E000000), np.int32(0))           # 0x82000000: the scaled path's sign
+        s1 = (g + np.int32(0x7F000000)).view(np.float32)
+        s2 = (e - g).view(np.float32)
+        scaled = _fma32(s2, j, s2) * s1                                    # |n| > 126: 2^n in two factors
+        far = s1 * s1                                                      # |n| > 192: inf or 0
+    return np.where(np.abs(n) > 192, far, np.where(np.abs(n) > 126, scaled, near)).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU x / (1 + e^(−x)) of float32 rows as ggml's AVX2 ggml_vec_silu_f32 / ggml_vec_swiglu_f32 compute each row
+    (the last axis): eight at a time with `ggml_expf`, the row's last n mod 8 with the C library's expf (here float64's
+    e^x rounded: glibc's is within 0.502 ulp of it). SwiGLU is silu(g)·u, one float32 product."""
+    x = np.asarray(x, np.float32)
+    vec = x.shape[-1] - x.shape[-1] % 8
+    out = np.empty_like(x)
+    with np.errstate(over="ignore"):
+        out[..., :vec] = x[..., :vec] / (np.float32(1) + ggml_expf(-x[..., :vec]))
+        tail = x[..., vec:]
+        out[..., vec:] = tail / (np.float32(1) + np.exp(-tail.astype(np.float64)).astype(np.float32))
+    return out
 
 
 def rope_cos_sin(positions: np.ndarray, d_rot: int, theta: float, interleaved: bool = False
