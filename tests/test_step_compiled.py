@@ -275,14 +275,19 @@ def test_plans_kept_on_disk_are_read_back_and_meet_in_a_third_process(gguf_maker
     path = gguf_maker.make(tmp_path / "tiny.gguf", "llama", "F32")       # F32 rows: the quickest plans to compile
     exact, ggml = f"{path}@exact", f"{path}@llama.cpp"
 
-    def child(*args) -> dict:
-        done = subprocess.run([sys.executable, "-c", PLANS_CHILD, *args], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
+    def child(*args) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", PLANS_CHILD, *args], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
-    assert child(exact)["loaded"] == 0 and child(ggml)["loaded"] == 0
+    def result(p: subprocess.Popen) -> dict:
+        out, err = p.communicate()
+        assert p.returncode == 0, err[-3000:]
+        return json.loads(out.splitlines()[-1])
+
+    first = [child(exact), child(ggml)]                                   # side by side, one cache
+    assert [result(p)["loaded"] for p in first] == [0, 0]
     assert len(list((tmp_path / "cache" / "kernels").rglob("_layer_*.nbk"))) == 2
-    both = child(exact, ggml)
+    both = result(child(exact, ggml))
     assert both["loaded"] == 2 and max(both["rel"].values()) <= REL
 
 
