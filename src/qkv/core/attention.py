@@ -109,7 +109,8 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
 # (core/step_compiled.py) is the readable one to the bit on any machine: each product rounded to float32, and every
 # sum one term after another in order — q·k_j over d_k, Σ_j a_j·v_j over the keys (np.add.accumulate's order).
 # With numba they run as core/step_math's loops (the compiled step's own; NumPy's accumulate over many short rows
-# is ~10× slower there), else in NumPy, ONE_QUERY_CHUNK products at a time: the same numbers (tests/test_attention.py).
+# is several times slower), else in NumPy, ONE_QUERY_CHUNK products at a time: the same numbers
+# (tests/test_attention.py).
 ONE_QUERY_CHUNK = 1 << 22
 
 
@@ -118,50 +119,53 @@ def _compiled_loops() -> bool:
     return has_numba()
 
 
-def one_query_dots(q: np.ndarray, k: np.ndarray, loops: bool | None = None) -> np.ndarray:
+def _loops(dtype, n: int) -> bool:
+    """Whether step_math's loops sum N > 0 terms of DTYPE (float32, where numba is installed)."""
+    return dtype == np.float32 and n > 0 and _compiled_loops()
+
+
+def _key_chunks(m: int, per_key: int):
+    """(j0, j1): the keys in chunks of at most ONE_QUERY_CHUNK products, PER_KEY a key."""
+    step = max(1, ONE_QUERY_CHUNK // max(1, per_key))
+    return ((j0, min(m, j0 + step)) for j0 in range(0, m, step))
+
+
+def one_query_dots(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """S[…, g, j] = q_g·k_j, its d_k products added in order: q (B, Hkv, G, d_k), k (B, Hkv, m, d_k) → (B, Hkv, G,
-    m). LOOPS: step_math's compiled loops (None: where numba is installed and both are float32)."""
+    m)."""
     B, Hkv, G, dk = q.shape
     m = k.shape[2]
     dtype = np.result_type(q, k)
-    if loops is None:
-        loops = dtype == np.float32 and dk > 0 and _compiled_loops()
-    if loops:
+    if _loops(dtype, dk):
         from . import step_math
         s = np.empty((B, Hkv * G, m), np.float32)
         step_math.one_query_dots(np.ascontiguousarray(q).reshape(B, Hkv * G * dk), k, s)
         return s.reshape(B, Hkv, G, m)
     s = np.empty((B, Hkv, G, m), dtype)
-    step = max(1, ONE_QUERY_CHUNK // max(1, B * Hkv * G * dk))
-    for j0 in range(0, m, step):
-        j1 = min(m, j0 + step)
+    for j0, j1 in _key_chunks(m, B * Hkv * G * dk):
         terms = np.multiply(q[:, :, :, None, :], k[:, :, None, j0:j1], out=np.empty((B, Hkv, G, j1 - j0, dk), dtype))
         s[..., j0:j1] = np.add.accumulate(terms, axis=-1)[..., -1] if dk else 0           # over d_k, in order
     return s
 
 
-def one_query_sum(a: np.ndarray, v: np.ndarray, loops: bool | None = None) -> np.ndarray:
+def one_query_sum(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Z[…, g, :] = Σ_j a_gj·v_j, the keys added in their order: a (B, Hkv, G, m), v (B, Hkv, m, d_k) → (B, Hkv, G,
-    d_k). LOOPS: as `one_query_dots`."""
+    d_k)."""
     B, Hkv, G, m = a.shape
     dk = v.shape[3]
     dtype = np.result_type(a, v)
-    if loops is None:
-        loops = dtype == np.float32 and m > 0 and _compiled_loops()
-    if loops:
+    if _loops(dtype, m):
         from . import step_math
         z = np.empty((B, Hkv * G * dk), np.float32)
         step_math.one_query_sum(np.ascontiguousarray(a).reshape(B, Hkv * G, m), v, z)
         return z.reshape(B, Hkv, G, dk)
-    z = None
-    step = max(1, ONE_QUERY_CHUNK // max(1, B * Hkv * G * dk))
-    for j0 in range(0, m, step):
-        j1 = min(m, j0 + step)
+    z = np.zeros((B, Hkv, G, dk), dtype)
+    for j0, j1 in _key_chunks(m, B * Hkv * G * dk):
         terms = np.multiply(a[..., j0:j1, None], v[:, :, None, j0:j1], out=np.empty((B, Hkv, G, j1 - j0, dk), dtype))
-        if z is not None:
+        if j0:
             terms[..., 0, :] += z                        # the keys before, then this chunk's first
         z = np.add.accumulate(terms, axis=-2)[..., -1, :]                                  # (B, Hkv, G, d_k)
-    return np.zeros((B, Hkv, G, dk), dtype) if z is None else z
+    return z
 
 
 def scaled_dot_product_attention(
