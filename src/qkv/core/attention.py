@@ -13,8 +13,10 @@ Who may see whom is one rule (masks.visible), made into a pass's mask in one pla
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -114,9 +116,10 @@ def attend(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
 ONE_QUERY_CHUNK = 1 << 22
 
 
+@cache
 def _compiled_loops() -> bool:
-    from .step_compiled import has_numba
-    return has_numba()
+    """Whether numba is installed (imported only when the loops first run: `import qkv` stays without it)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def _loops(dtype, n: int) -> bool:
