@@ -23,9 +23,11 @@ The products are the kernels' own row functions (runtime.stored_kernels.ROWS, ru
 same numbers as the readable step's for stored weights (bit for bit, in both arithmetics); a float32 matrix
 is multiplied by columns here instead of by BLAS. The norms, RoPE, the activations, the softmax's exp and sum
 are the readable step's float32 steps in its order (core/step_math.py: its sums np.add.reduce's pairwise order,
-its exp NumPy's, the scores' dot products sgemm's), to the bit on most families; where BLAS sums the scores in
-another order (one query row per K/V head, few keys) the step equals the readable one to float32 rounding
-(tests/test_step_compiled.py: each logits vector within 1e-6 relative, the same 200 greedy tokens).
+its exp NumPy's, the scores and the weighted sum in attention.one_query_dots' and one_query_sum's order, which
+the readable step runs through the same loops): to the bit with stored weights in either arithmetic; with float32
+weights on most families, and where BLAS sums the readable step's product in another order (BLOOM, MPT, Falcon-RW's
+W_out; Gemma 2's soft-cap, NumPy's tanh) to float32 rounding (tests/test_step_compiled.py: each logits vector
+within 1e-6 relative, the same 200 greedy tokens).
 
 What it takes (`refusal` says why not, and the layer then takes the readable step): a pre-norm block with
 RMSNorm or LayerNorm (or none), sequential or parallel, attention with RoPE or none (any table: LongRoPE, YaRN,
