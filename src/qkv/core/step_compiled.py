@@ -269,13 +269,13 @@ def _rows_table(arith: str) -> dict:
 
 def _compile(plan: Plan):
     """The compiled layer of PLAN (made once a process, read from the kernel cache when kept)."""
-    from ..runtime import kernel_cache, llama_kernels, llama_simd, simd, stored_kernels
+    from ..runtime import kernel_cache, llama_arith, llama_kernels, llama_simd, simd, stored_kernels
     from . import ops, step_math
     rows = [_rows_table(plan.arith)[k] for k in plan.kinds]
     fn = _layer_of(plan, rows[:-3], *rows[-3:])
     kernel_cache.keep([fn], [Path(__file__), Path(stored_kernels.__file__), Path(llama_kernels.__file__),
-                             Path(simd.__file__), Path(llama_simd.__file__), Path(ops.__file__),
-                             Path(step_math.__file__)])
+                             Path(simd.__file__), Path(llama_simd.__file__), Path(llama_arith.__file__),
+                             Path(ops.__file__), Path(step_math.__file__)])
     _compiled[plan] = fn
     return fn
 

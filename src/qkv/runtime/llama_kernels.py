@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from . import kernel_cache, llama_simd, simd, stored_kernels
+from . import kernel_cache, llama_arith, llama_simd, simd, stored_kernels
 from .kernel_cache import named
 from .llama_arith import GEMM_ROWS, REPACK_ROWS
 from .llama_simd import (bor, bstore, bsub, bytes32, dot, fhalves, field32, flane, fma1, fma8, fmav, fscale, fvec,
@@ -578,4 +578,4 @@ MATVEC = {"Q8_0": _mv_q8_0, "Q4_0": _mv_q4_0, "Q4_1": _mv_q4_1, "Q5_0": _mv_q5_0
 
 # What Python calls, kept on disk whole (their callees, stored_kernels' _chunk too, are compiled into them).
 kernel_cache.keep(list(MATVEC.values()), [Path(__file__), Path(stored_kernels.__file__), Path(simd.__file__),
-                                         Path(llama_simd.__file__)])
+                                         Path(llama_simd.__file__), Path(llama_arith.__file__)])
