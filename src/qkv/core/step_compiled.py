@@ -325,7 +325,8 @@ def _layer_of(plan: Plan, qkv_rows: list, o_rows, in_rows, out_rows):
         """z_h = softmax(q_h·K_gᵀ·scale + M)·V_g for query head HEAD of row b; cap > 0: S = cap·tanh(S/cap) before
         M (Gemma 2); M (B or 1, H or 1, m): a mask, ALiBi's bias. The scaling, cap and mask one float32 step each
         as attention_scores takes them (no fused multiply-add anywhere: the scores and the weighted sum in
-        attention.one_query_dots' and one_query_sum's orders), the softmax as ops.softmax_ (a row whose every key is masked gives zeros)."""
+        attention.one_query_dots' and one_query_sum's orders), the softmax as ops.softmax_ (a row whose every key
+        is masked gives zeros)."""
         s = np.empty(m, np.float32)
         at = head * dk
         dots(qkv, b, at, g, kc, m, dk, s)

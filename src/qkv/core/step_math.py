@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..runtime.kernel_cache import named as _named
+from ..runtime.llama_arith import GGML_EXPF
 from .ops import _ERF_ALPHA, _ERF_BETA
 
 try:
@@ -189,11 +190,8 @@ if njit is not None:
                 weigh(a[b, h], v, b, h // G, m, z, h * dk, dk)
 
 
-# ggml's float32 e^x (llama_arith.ggml_expf: its AVX2 ggml_v_expf), for llama.cpp arithmetic's SiLU.
-_G_R, _G_LOG2E = np.float32(float.fromhex("0x1.8p23")), np.float32(float.fromhex("0x1.715476p+0"))
-_G_LN2 = (np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20")))
-_G_C = tuple(np.float32(float.fromhex(h)) for h in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3",
-                                                      "0x1.573e2ep-5", "0x1.0e4020p-7"))
+# ggml's float32 e^x (llama_arith.ggml_expf: its AVX2 ggml_v_expf), for llama.cpp arithmetic's SiLU: its constants.
+_G_R, _G_LOG2E, _G_LN2, _G_C = (GGML_EXPF[k] for k in ("r", "log2e", "ln2", "c"))
 GGML_SILU = 5                      # act's code of ggml's SiLU, step_compiled.GGML_SILU (+ 1: a row's last n mod 8)
 
 if njit is not None:

@@ -400,15 +400,16 @@ def _hex32(h: str) -> np.float32:
 # ggml's float32 e^x on AVX2 (ggml_v_expf, from Arm's optimized routines; within 1.5 ulp): x = n·ln 2 + b, n an
 # integer by the 1.5·2²³ trick, b in two parts; e^b by a polynomial in b and b², then times 2^n (the exponent's
 # bits), with a scaled path for |n| > 126 and ±inf / 0 past 192.
-_EXPF = dict(r=_hex32("0x1.8p23"), log2e=_hex32("0x1.715476p+0"), ln2=(_hex32("0x1.62e4p-1"), _hex32("0x1.7f7d1cp-20")),
-             c=(_hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.555e66p-3"), _hex32("0x1.573e2ep-5"),
-                _hex32("0x1.0e4020p-7")))
+GGML_EXPF = dict(r=_hex32("0x1.8p23"), log2e=_hex32("0x1.715476p+0"),
+                 ln2=(_hex32("0x1.62e4p-1"), _hex32("0x1.7f7d1cp-20")),
+                 c=(_hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.555e66p-3"), _hex32("0x1.573e2ep-5"),
+                    _hex32("0x1.0e4020p-7")))
 
 
 def ggml_expf(x: np.ndarray) -> np.ndarray:
     """e^x of float32 X as ggml's AVX2 ggml_v_expf computes it, step for step (each fused multiply-add `_fma32`)."""
     x = np.asarray(x, np.float32)
-    e_, (c1, c2, c3, c4, c5) = _EXPF, _EXPF["c"]
+    e_, (c1, c2, c3, c4, c5) = GGML_EXPF, GGML_EXPF["c"]
     with np.errstate(over="ignore", invalid="ignore"):                     # inf and 0 past the range, as ggml's
         z = _fma32(x, e_["log2e"], e_["r"])
         n = z - e_["r"]                                                    # the integer n, as float32
